@@ -1,0 +1,57 @@
+"""amm-rules: declarative rules for Dask's Active Memory Manager.
+
+The package has two halves. The language half (loading, schema, expressions,
+diagnostics, ``amm-rules validate``) imports nothing from ``distributed`` so that
+validating a rules file is fast and works where no cluster exists. The scheduler
+half (:class:`RulesPolicy` and its planner, annotations and runtime helpers) is
+imported lazily, on first access of one of its names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from amm_rules.diagnostics import Diagnostic, RulesError
+from amm_rules.loader import load_ruleset
+from amm_rules.ruleset import Pool, RebalanceSettings, Rule, Ruleset, Target
+
+__version__ = "0.1.0"
+
+#: Names of the scheduler half, resolved on first access (they import distributed).
+_LAZY = {
+    "RulesPolicy": "amm_rules.policy",
+    "annotate": "amm_rules.annotations",
+    "replicate": "amm_rules.runtime",
+}
+
+__all__ = [
+    "Diagnostic",
+    "Pool",
+    "RebalanceSettings",
+    "Rule",
+    "Ruleset",
+    "RulesError",
+    "Target",
+    "load_ruleset",
+    *_LAZY,
+]
+
+if TYPE_CHECKING:
+    from amm_rules.annotations import annotate
+    from amm_rules.policy import RulesPolicy
+    from amm_rules.runtime import replicate
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'amm_rules' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
