@@ -23,6 +23,8 @@ _LAZY = {
     "RulesPolicy": "amm_rules.policy",
     "annotate": "amm_rules.annotations",
     "replicate": "amm_rules.runtime",
+    "explain": "amm_rules.runtime",
+    "status": "amm_rules.runtime",
 }
 
 __all__ = [
@@ -34,13 +36,18 @@ __all__ = [
     "RulesError",
     "Target",
     "load_ruleset",
-    *_LAZY,
+    # lazy, see _LAZY
+    "RulesPolicy",
+    "annotate",
+    "explain",
+    "replicate",
+    "status",
 ]
 
 if TYPE_CHECKING:
     from amm_rules.annotations import annotate
     from amm_rules.policy import RulesPolicy
-    from amm_rules.runtime import replicate
+    from amm_rules.runtime import explain, replicate, status
 
 
 def __getattr__(name: str) -> Any:

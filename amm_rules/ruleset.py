@@ -108,6 +108,9 @@ class Pool:
     source: str
     predicate: Predicate
     position: Position | None = None
+    #: Worker attributes the expression reads (names from :data:`WORKER_ATTRIBUTES`);
+    #: the engine re-evaluates pools every cycle only if one reads ``memory*``.
+    depends: frozenset[str] = frozenset(WORKER_ATTRIBUTES)
 
     def __repr__(self) -> str:
         return f"<Pool {self.name!r}: {self.source}>"
