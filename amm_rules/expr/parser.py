@@ -58,19 +58,28 @@ def grammar_text() -> str:
     )
 
 
+#: Options of the shared parser; part of the prebuilt table's identity.
+LARK_OPTIONS = {"parser": "lalr", "propagate_positions": True, "maybe_placeholders": False}
+
+
+def build_parser(grammar: str) -> Lark:
+    return Lark(grammar, **LARK_OPTIONS)
+
+
 def get_parser() -> Lark:
-    """The shared parser. Building it takes tens of milliseconds, so it is done on
-    first use, not at import (``amm-rules validate`` must start fast)."""
+    """The shared parser, made on first use, not at import (``amm-rules validate`` must
+    start fast): from the prebuilt table when it matches the grammar (see
+    :mod:`amm_rules.expr.table`), else built from the grammar, which takes tens of
+    milliseconds."""
     global _parser
     if _parser is None:
         with _parser_lock:
             if _parser is None:
-                _parser = Lark(
-                    grammar_text(),
-                    parser="lalr",
-                    propagate_positions=True,
-                    maybe_placeholders=False,
-                )
+                from amm_rules.expr import table
+
+                grammar = grammar_text()
+                digest = table.grammar_hash(grammar, LARK_OPTIONS)
+                _parser = table.load_parser(digest) or build_parser(grammar)
     return _parser
 
 
