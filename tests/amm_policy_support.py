@@ -1,0 +1,63 @@
+"""Helpers shared by the real-cluster tests of RulesPolicy (``tests/test_policy_*.py``).
+
+Clusters come from ``distributed.utils_test.gen_cluster``; :func:`amm_config` turns on
+the scheduler's own AMM with a short interval and RulesPolicy as its only policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+from distributed.utils_test import inc
+
+from amm_rules.policy import RulesPolicy
+
+__all__ = ["amm_config", "events", "holders", "inc", "no_errors", "policy_of", "rules"]
+
+#: Short enough that a test sees several cycles in a fraction of a second.
+INTERVAL = 0.05
+
+
+def rules(*entries: Mapping[str, Any], pools: Mapping[str, str] | None = None, **top: Any) -> dict:
+    """An inline rules mapping: ``rules({"name": ..., "match": ..., "replicate": 2})``."""
+    out: dict[str, Any] = {"version": 1, "rules": list(entries)}
+    if pools:
+        out["pools"] = dict(pools)
+    out.update({k.replace("_", "-"): v for k, v in top.items()})
+    return out
+
+
+def amm_config(rules_: Any, *, start: bool = True, **kwargs: Any) -> dict[str, Any]:
+    """gen_cluster ``config``: the scheduler's AMM runs RulesPolicy only (or nothing,
+    with ``start=False``, for tests that drive an ad-hoc manager)."""
+    prefix = "distributed.scheduler.active-memory-manager"
+    return {
+        f"{prefix}.start": start,
+        f"{prefix}.interval": INTERVAL,
+        f"{prefix}.policies": [{"class": "amm_rules.RulesPolicy", "rules": rules_, **kwargs}]
+        if start
+        else [],
+        "optimization.fuse.active": False,
+    }
+
+
+def policy_of(scheduler: Any) -> RulesPolicy:
+    (policy,) = [p for p in scheduler.extensions["amm"].policies if isinstance(p, RulesPolicy)]
+    return policy
+
+
+def events(scheduler: Any, action: str | None = None) -> list[dict[str, Any]]:
+    out = [msg for _, msg in scheduler.get_events("amm-rules")]
+    return [m for m in out if action is None or m["action"] == action]
+
+
+def no_errors(scheduler: Any) -> None:
+    """The engine logged no failed cycle and no failing expression."""
+    bad = [m for m in events(scheduler) if m["action"] in ("error", "rule-error")]
+    assert not bad, bad
+
+
+def holders(scheduler: Any, key: Hashable) -> set[str]:
+    ts = scheduler.tasks.get(key)
+    return {ws.address for ws in (ts.who_has or ())} if ts is not None else set()

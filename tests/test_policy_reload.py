@@ -1,0 +1,128 @@
+"""Hot reload of a rules file on a real scheduler: good changes apply at the next cycle;
+a bad, missing or unreadable file keeps the running rules and logs one event."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from amm_policy_support import amm_config, events, holders, no_errors
+from distributed.active_memory_manager import ActiveMemoryManagerExtension
+from distributed.utils_test import gen_cluster
+
+from amm_rules.policy import RulesPolicy
+
+GOOD = """\
+version: 1
+rules:
+  - name: keep
+    match: task.key matches "x-*"
+    replicate: {n}
+"""
+BAD = """\
+version: 1
+rules:
+  - name: keep
+    match: task.key matchs "x-*"
+    replicate: 2
+"""
+
+
+async def cycles(amm: ActiveMemoryManagerExtension, n: int = 5) -> None:
+    """Run the manager ``n`` times, letting transfers land in between."""
+    for _ in range(n):
+        amm.run_once()
+        await asyncio.sleep(0.05)
+
+
+def write(path: Path, text: str) -> None:
+    # Atomic replace, as editors and config tools do: the new file is a new inode.
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 4, config=amm_config(None, start=False))
+async def test_reload_good_and_bad(c, s, w1, w2, w3, w4, tmp_path):
+    path = _rules_file(tmp_path, GOOD.format(n=2))
+    policy = RulesPolicy(str(path))
+    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
+    futures = await c.scatter({"x-1": 1})
+    await cycles(amm)
+    assert len(holders(s, "x-1")) == 2
+
+    # A good change applies at the next cycle, to keys already in memory.
+    write(path, GOOD.format(n=3))
+    await cycles(amm)
+    assert len(holders(s, "x-1")) == 3
+    (reload,) = events(s, "reload")
+    assert reload["source"] == str(path) and reload["rules"] == 1
+
+    # A bad change keeps the running rules and is reported once.
+    write(path, BAD)
+    await cycles(amm)
+    (error,) = events(s, "reload-error")
+    assert error["error"].startswith(f"{path}:4:")
+    assert len(holders(s, "x-1")) == 3
+    assert policy.ruleset.rules[0].actions.replicate.min == 3
+    assert policy.reload_errors[-1]["error"] == error["error"]
+
+    # Missing, then a directory: the rules stay, one event per distinct state.
+    path.unlink()
+    await cycles(amm, 2)
+    path.mkdir()
+    await cycles(amm, 2)
+    errors = [e["error"] for e in events(s, "reload-error")]
+    assert len(errors) == 3, errors
+    assert "no such file" in errors[1] and "is a directory" in errors[2]
+
+    # Fixed again: reloaded.
+    path.rmdir()
+    write(path, GOOD.format(n=1))
+    await cycles(amm)
+    assert len(holders(s, "x-1")) == 1
+    assert len(events(s, "reload")) == 2
+    assert list(futures) == ["x-1"]
+    no_errors(s)
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root reads any file")
+@gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(None, start=False))
+async def test_reload_permission_denied_keeps_rules(c, s, a, tmp_path):
+    path = _rules_file(tmp_path, GOOD.format(n=1))
+    policy = RulesPolicy(str(path))
+    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
+    path.chmod(0)
+    try:
+        write(path, GOOD.format(n=2))
+        path.chmod(0)
+        await cycles(amm, 2)
+    finally:
+        path.chmod(0o644)
+    (error,) = events(s, "reload-error")
+    assert "ermission" in error["error"]
+    no_errors(s)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(None, start=False))
+async def test_no_reload_when_disabled(c, s, a, tmp_path):
+    path = _rules_file(tmp_path, GOOD.format(n=1))
+    amm = ActiveMemoryManagerExtension(
+        s, {RulesPolicy(str(path), reload=False)}, register=False, start=False
+    )
+    write(path, BAD)
+    await cycles(amm, 2)
+    assert not events(s, "reload-error") and not events(s, "reload")
+
+
+def _rules_file(directory: Path, text: str) -> Path:
+    path = directory / "rules.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_repr_names_the_file(tmp_path):
+    path = _rules_file(tmp_path, GOOD.format(n=1))
+    assert repr(RulesPolicy(str(path))) == f"RulesPolicy(rules={str(path)!r}, 1 rules, 0 pools)"
