@@ -1,0 +1,490 @@
+"""``amm-rules demo``: a local cluster obeying a rules file, shown before and after.
+
+Starts four in-process workers (two of them with ``resources={"GPU": 1}``) and a
+scheduler whose Active Memory Manager runs :class:`amm_rules.RulesPolicy` with the
+demo rules (``examples/rules/demo.yaml``, or the copy shipped in the package), puts
+data in the wrong places, then lets the AMM work and prints what changed: a table per
+rule (keys, copies wanted and held, placement) and a table per worker (keys, managed
+bytes, pools).
+
+The tables are computed on the client from the rules file (the language half:
+:meth:`Ruleset.resolve` and the pool expressions) and from where the scheduler says
+the data is, so the demo's verdict is an independent check of what the engine did.
+The command line (:mod:`amm_rules.cli`) calls :func:`main`.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import click
+import dask
+from dask.utils import format_bytes, key_split
+
+from amm_rules.diagnostics import RulesError
+from amm_rules.loader import load_ruleset
+from amm_rules.ruleset import UNGOVERNED, Desired, Ruleset, TaskFacts, WorkerFacts
+
+__all__ = ["default_rules_path", "main"]
+
+#: Bytes per demo key: big enough to show in the memory table, small enough to be quick.
+KEY_NBYTES = 256 * 2**10
+#: How often the demo looks at the cluster while the AMM works.
+POLL_INTERVAL = 0.25
+#: The AMM interval used by the demo (the default, 2 s, would make the demo slow).
+AMM_INTERVAL = "500ms"
+
+
+def default_rules_path() -> Path:
+    """``examples/rules/demo.yaml`` in a source checkout, else the copy the wheel
+    ships as ``amm_rules/data/demo.yaml`` (the build maps the one file to the other)."""
+    checkout = Path(__file__).resolve().parent.parent / "examples" / "rules" / "demo.yaml"
+    if checkout.is_file():
+        return checkout
+    return Path(str(resources.files("amm_rules") / "data" / "demo.yaml"))
+
+
+def main(
+    rules: str | Path | None = None,
+    *,
+    workers: int = 4,
+    duration: float = 30.0,
+) -> int:
+    """Run the demo; return 0 if every target was met within ``duration`` seconds, else 1.
+
+    ``rules`` is a rules file (default: the demo rules). Half of the ``workers`` (at
+    least one) have a ``GPU`` resource.
+    """
+    path = Path(rules) if rules is not None else default_rules_path()
+    try:
+        ruleset = load_ruleset(path)
+    except RulesError as err:
+        click.echo(f"amm-rules demo: the rules file cannot be used:\n{err}", err=True)
+        return 1
+    except OSError as err:
+        click.echo(f"amm-rules demo: cannot read {path}: {err}", err=True)
+        return 1
+
+    from distributed import Client
+
+    with _demo_cluster(path, workers) as cluster, Client(cluster) as client:
+        client.wait_for_workers(workers)
+        hosts = {w["host"] for w in client.scheduler_info()["workers"].values()}
+        click.echo(f"amm-rules demo: {workers} workers on {len(hosts)} hosts, rules from {path}")
+        if len(hosts) < workers:
+            click.echo("  (workers share a host here: 'spread: host' falls back to any worker)")
+        for pool in ruleset.pools.values():
+            click.echo(f"  pool {pool.name}: {pool.source}")
+
+        futures = _workload(client)
+        before = _snapshot(client, ruleset, futures)
+        click.echo("\nBefore the Active Memory Manager runs:\n")
+        _print_tables(before)
+
+        click.echo(f"\nActive Memory Manager running every {AMM_INTERVAL}:")
+        client.amm.start()
+        after = _wait_for_targets(client, ruleset, futures, duration)
+
+        click.echo("\nAfter:\n")
+        _print_tables(after)
+        if after.all_ok:
+            click.echo("\nEvery target is met.")
+            return 0
+        click.echo("\nSome targets are not met:", err=True)
+        for line in _explain_unmet(client, after, futures):
+            click.echo(f"  {line}", err=True)
+        return 1
+
+
+# ----------------------------------------------------------------------------------
+# The cluster
+
+
+def _loopback_hosts(n: int) -> list[str]:
+    """Distinct loopback addresses if this system routes 127.0.0.0/8 (Linux does),
+    so that each worker is on its own "host" and ``spread: host`` has room to act."""
+    hosts = [f"127.0.0.{i + 1}" for i in range(n)]
+    for host in hosts[1:]:
+        try:
+            with socket.socket() as sock:
+                sock.bind((host, 0))
+        except OSError:
+            return ["127.0.0.1"] * n
+    return hosts
+
+
+@contextmanager
+def _demo_cluster(rules: Path, n_workers: int) -> Iterator[Any]:
+    from distributed import Scheduler, SpecCluster, Worker
+
+    n_gpu = max(1, n_workers // 2)
+    hosts = _loopback_hosts(n_workers)
+    workers = {
+        f"{'gpu' if i < n_gpu else 'cpu'}-{i}": {
+            "cls": Worker,
+            "options": {
+                "host": hosts[i],
+                "nthreads": 1,
+                "memory_limit": "1 GiB",
+                "resources": {"GPU": 1} if i < n_gpu else {},
+            },
+        }
+        for i in range(n_workers)
+    }
+    scheduler = {
+        "cls": Scheduler,
+        "options": {"host": hosts[0], "port": 0, "dashboard": False, "protocol": "tcp"},
+    }
+    # The scheduler reads its AMM settings when it starts, in this process. The AMM
+    # starts stopped so that the demo can show the cluster before it acts.
+    config = {
+        "distributed.scheduler.active-memory-manager.start": False,
+        "distributed.scheduler.active-memory-manager.interval": AMM_INTERVAL,
+        "distributed.scheduler.active-memory-manager.policies": [
+            {"class": "amm_rules.RulesPolicy", "rules": str(rules)}
+        ],
+    }
+    with (
+        dask.config.set(config),
+        SpecCluster(
+            workers=workers, scheduler=scheduler, silence_logs=logging.ERROR, name="amm-rules-demo"
+        ) as cluster,
+    ):
+        yield cluster
+
+
+def _make(nbytes: int, seed: int) -> bytes:
+    return bytes([seed % 256]) * nbytes
+
+
+def _workload(client: Any) -> list[Any]:
+    """Put data where the demo rules do not want it.
+
+    - ``precious-*`` all on one worker: the rules want 3 copies on distinct hosts;
+    - ``device-*`` on CPU workers: the rules want them in the ``gpu`` pool;
+    - ``host-*`` on GPU workers: the rules want them off the ``gpu`` pool;
+    - ``scratch-*`` copied to every worker: no rule sets a target, so with
+      ``reduce-replicas`` the extra copies are trimmed.
+    """
+    info = client.scheduler_info()["workers"]
+    gpu = sorted(a for a, w in info.items() if w["resources"].get("GPU"))
+    cpu = sorted(a for a in info if a not in gpu) or gpu
+
+    def pinned(prefix: str, count: int, where: Sequence[str]) -> list[Any]:
+        return [
+            client.submit(
+                _make,
+                KEY_NBYTES,
+                i,
+                key=f"{prefix}-{i}",
+                workers=[where[i % len(where)]],
+                allow_other_workers=False,
+                pure=False,
+            )
+            for i in range(count)
+        ]
+
+    futures = pinned("precious", 3, cpu[:1])
+    futures += pinned("device", 4, cpu)
+    futures += pinned("host", 4, gpu)
+    futures += pinned("scratch", 3, gpu[:1])
+    from distributed import wait
+
+    wait(futures)
+    broadcast = [f for f in futures if key_split(f.key) == "scratch"]
+    client.replicate(broadcast)
+    return futures
+
+
+# ----------------------------------------------------------------------------------
+# What the rules want, and what the cluster holds
+
+
+@dataclass
+class KeyState:
+    key: str
+    desired: Desired
+    holders: tuple[str, ...]
+    #: The number of copies is within the target.
+    copies_ok: bool
+    #: Every copy is on a worker the rules allow (and on distinct hosts if spread).
+    placement_ok: bool
+    nbytes: int
+    #: Nothing more can be done: the target is met, or held as far as the eligible
+    #: workers allow (the engine reports the rest as unmet).
+    settled: bool
+
+
+@dataclass
+class RuleRow:
+    rule: str
+    wanted: str
+    keys: list[KeyState] = field(default_factory=list)
+
+
+@dataclass
+class WorkerRow:
+    address: str
+    name: str
+    host: str
+    pools: tuple[str, ...]
+    keys: int
+    managed: int
+
+
+@dataclass
+class Snapshot:
+    rules: list[RuleRow]
+    workers: list[WorkerRow]
+    keys: list[KeyState]
+
+    @property
+    def all_ok(self) -> bool:
+        return all(k.copies_ok and k.placement_ok for k in self.keys)
+
+    @property
+    def settled(self) -> bool:
+        return all(k.settled and k.placement_ok for k in self.keys)
+
+    @property
+    def summary(self) -> str:
+        ok = sum(k.copies_ok and k.placement_ok for k in self.keys)
+        copies = sum(len(k.holders) for k in self.keys)
+        return f"{ok}/{len(self.keys)} keys where the rules want them, {copies} copies held"
+
+
+def _worker_facts(address: str, info: Mapping[str, Any]) -> WorkerFacts:
+    memory_limit = info.get("memory_limit") or 0
+    memory = info.get("metrics", {}).get("managed_bytes", 0)
+    return WorkerFacts(
+        address=address,
+        name=str(info.get("name", "")),
+        host=info.get("host", ""),
+        resources=dict(info.get("resources", {})),
+        memory_limit=memory_limit,
+        nthreads=info.get("nthreads", 1),
+        memory=memory,
+        memory_fraction=memory / memory_limit if memory_limit else 0.0,
+    )
+
+
+def _snapshot(client: Any, ruleset: Ruleset, futures: list[Any]) -> Snapshot:
+    info = client.scheduler_info()["workers"]
+    facts = {a: _worker_facts(a, w) for a, w in info.items()}
+    pools = {
+        a: tuple(name for name, pool in ruleset.pools.items() if pool.predicate(f))
+        for a, f in facts.items()
+    }
+    keys = [f.key for f in futures]
+    who_has = client.who_has(futures)
+    nbytes = client.nbytes(keys, summary=False)
+
+    states = []
+    for key in keys:
+        holders = tuple(who_has.get(key, ()))
+        task = TaskFacts(
+            key=str(key),
+            prefix=key_split(key),
+            group=key_split(key),
+            type="bytes",
+            nbytes=nbytes.get(key, 0),
+            replicas=len(holders),
+        )
+        desired = ruleset.resolve(task)
+        copies_ok, settled, placement_ok = _judge(desired, holders, pools, facts, ruleset)
+        states.append(
+            KeyState(str(key), desired, holders, copies_ok, placement_ok, task.nbytes, settled)
+        )
+
+    workers = [
+        WorkerRow(
+            address=a,
+            name=str(info[a].get("name", "")),
+            host=facts[a].host,
+            pools=pools[a],
+            keys=sum(a in s.holders for s in states),
+            managed=sum(s.nbytes for s in states if a in s.holders),
+        )
+        for a in sorted(info, key=lambda a: str(info[a].get("name", a)))
+    ]
+    return Snapshot(_rule_rows(ruleset, states), workers, states)
+
+
+def _eligible(desired: Desired, pools: Mapping[str, tuple[str, ...]]) -> set[str]:
+    out = set(pools)
+    if desired.pool is not None:
+        out = {a for a in out if set(pools[a]) & set(desired.pool)}
+    if desired.avoid is not None:
+        out = {a for a in out if not set(pools[a]) & set(desired.avoid)}
+    return out
+
+
+def _judge(
+    desired: Desired,
+    holders: tuple[str, ...],
+    pools: Mapping[str, tuple[str, ...]],
+    facts: Mapping[str, WorkerFacts],
+    ruleset: Ruleset,
+) -> tuple[bool, bool, bool]:
+    """Is the number of copies right (and if not, can it get better), and are the
+    copies in the right places?"""
+    if desired.move == "never":
+        # amm-rules leaves the key alone: whatever it holds is what the rules want.
+        return True, True, True
+    eligible = _eligible(desired, pools)
+    held = len(holders)
+    if desired.replicate is not None:
+        low, high = desired.replicate.min, desired.replicate.max
+        copies_ok = low <= held and (high is None or held <= high)
+        # A target larger than the eligible workers is held as far as it can be.
+        settled = min(low, max(1, len(eligible))) <= held and (high is None or held <= high)
+    else:
+        copies_ok = settled = held == 1 if ruleset.reduce_replicas else held >= 1
+    placement_ok = not eligible or all(h in eligible for h in holders)
+    if desired.spread == "host" and placement_ok:
+        hosts = {facts[h].host for h in holders if h in facts}
+        eligible_hosts = {facts[a].host for a in eligible}
+        placement_ok = len(hosts) >= min(held, len(eligible_hosts))
+    return copies_ok, settled, placement_ok
+
+
+def _rule_rows(ruleset: Ruleset, states: list[KeyState]) -> list[RuleRow]:
+    """One row per rule that decides a field of some key, in file order, then the
+    keys no rule governs. A key counts for every rule that decided one of its fields."""
+    rows = []
+    for rule in ruleset.rules:
+        row = RuleRow(rule.name, _describe(rule.actions))
+        row.keys = [
+            s for s in states if any(r.rule == rule.name for r in s.desired.reasons.values())
+        ]
+        rows.append(row)
+    rest = [s for s in states if s.desired is UNGOVERNED or not s.desired.governed]
+    if rest:
+        wanted = "1 (reduce-replicas)" if ruleset.reduce_replicas else "any"
+        rows.append(RuleRow("(no rule)", wanted, rest))
+    return rows
+
+
+def _describe(actions: Any) -> str:
+    parts = []
+    if actions.replicate is not None:
+        parts.append(f"{actions.replicate} copies")
+    if actions.pool is not None:
+        parts.append(f"in {','.join(actions.pool)}")
+    if actions.avoid is not None:
+        parts.append(f"not in {','.join(actions.avoid)}")
+    if actions.spread == "host":
+        parts.append("spread over hosts")
+    if actions.move == "never":
+        parts.append("never moved")
+    return ", ".join(parts) or "-"
+
+
+def _wait_for_targets(
+    client: Any, ruleset: Ruleset, futures: list[Any], duration: float
+) -> Snapshot:
+    """Poll until every key is where the rules want it (or as close as the cluster
+    allows), printing each change."""
+    start = time.monotonic()
+    snapshot = _snapshot(client, ruleset, futures)
+    last = ""
+    while True:
+        elapsed = time.monotonic() - start
+        if snapshot.summary != last:
+            last = snapshot.summary
+            click.echo(f"  {elapsed:5.1f} s  {last}")
+        if snapshot.settled or elapsed >= duration:
+            return snapshot
+        time.sleep(POLL_INTERVAL)
+        snapshot = _snapshot(client, ruleset, futures)
+
+
+# ----------------------------------------------------------------------------------
+# Output
+
+
+def _table(
+    headers: Sequence[str], rows: Iterable[Sequence[Any]], right: Iterable[int] = ()
+) -> str:
+    """A plain-text table; columns listed in ``right`` are right-aligned (numbers)."""
+    cells = [list(map(str, headers)), *([str(c) for c in row] for row in rows)]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    right = set(right)
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append(
+            "  ".join(
+                c.rjust(w) if i in right else c.ljust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+        )
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _count_range(values: list[int]) -> str:
+    if not values:
+        return "-"
+    lo, hi = min(values), max(values)
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def _print_tables(snapshot: Snapshot) -> None:
+    click.echo(
+        _table(
+            ("rule", "wants", "keys", "copies held", "copies ok", "placement ok"),
+            (
+                (
+                    r.rule,
+                    r.wanted,
+                    len(r.keys),
+                    _count_range([len(k.holders) for k in r.keys]),
+                    f"{sum(k.copies_ok for k in r.keys)}/{len(r.keys)}",
+                    f"{sum(k.placement_ok for k in r.keys)}/{len(r.keys)}",
+                )
+                for r in snapshot.rules
+            ),
+            right=(2, 3, 4, 5),
+        )
+    )
+    click.echo()
+    click.echo(
+        _table(
+            ("worker", "host", "pools", "keys", "managed"),
+            (
+                (w.name, w.host, ",".join(w.pools) or "-", w.keys, format_bytes(w.managed))
+                for w in snapshot.workers
+            ),
+            right=(3, 4),
+        )
+    )
+
+
+def _explain_unmet(client: Any, snapshot: Snapshot, futures: list[Any]) -> list[str]:
+    """The engine's own account of up to five keys that are not where they should be."""
+    from amm_rules.runtime import explain
+
+    unmet = {k.key for k in snapshot.keys if not (k.copies_ok and k.placement_ok)}
+    chosen = [f for f in futures if str(f.key) in unmet][:5]
+    try:
+        answer = explain(chosen, client=client)
+    except Exception as err:  # the demo must end cleanly even if explain fails
+        return [f"(explain failed: {err})"]
+    lines = []
+    for f in chosen:
+        why = answer.get(str(f.key), {})
+        unmet = why.get("unmet") or "no reason given"
+        lines.append(
+            f"{f.key}: on {len(why.get('holders', []))} workers, wants "
+            f"{why.get('desired', '?')}; engine says: {unmet}"
+        )
+    return lines
