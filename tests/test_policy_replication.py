@@ -138,7 +138,9 @@ async def test_unmet_target_is_held_reported_and_not_retried(c, s, *workers):
     },
 )
 async def test_stock_reduce_replicas_is_removed_with_a_warning(c, s, *workers):
-    assert s.extensions["amm"].policies == {policy_of(s)}
+    # The AMM adds configured policies in set order: if ReduceReplicas came after
+    # RulesPolicy, it is removed at the first cycle rather than at attach.
+    await async_poll_for(lambda: s.extensions["amm"].policies == {policy_of(s)}, timeout=5)
     (event,) = events(s, "reduce-replicas-removed")
     assert "would undo every replication target" in event["reason"]
     futures = await c.scatter({"x-1": 1})
