@@ -36,6 +36,9 @@ class Diagnostic:
     #: A short stable identifier of the kind of problem, e.g. ``"yaml"``, ``"schema"``,
     #: ``"unknown-attribute"``, ``"shadowed-rule"``.
     code: str = "error"
+    #: Column just past the offending token, when it is known and on the same line;
+    #: the text reporter underlines from ``column`` up to it.
+    end_column: int | None = None
 
     @property
     def is_error(self) -> bool:

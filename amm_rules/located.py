@@ -102,6 +102,7 @@ class Locator:
         label = field_label(path)
         node = self.source.values.get(path) if self.source is not None else None
         for problem in problems:
+            end_column = None
             if isinstance(node, ScalarNode) and problem.line > 0:
                 line, column = expression_position(
                     self.source,
@@ -109,12 +110,28 @@ class Locator:
                     problem.line,
                     problem.column,
                 )
+                if problem.end_column is not None and problem.end_column > problem.column:
+                    end = expression_position(
+                        self.source,
+                        node,  # type: ignore[arg-type]
+                        problem.line,
+                        problem.end_column,
+                    )
+                    if end[0] == line and end[1] > column:
+                        end_column = end[1]
             else:
                 line, column = self.position(path)
             message = f"{label}: {problem.message}" if label else problem.message
             self.diagnostics.append(
                 Diagnostic(
-                    self.file, line, column, "error", message, self.entry(path), problem.code
+                    self.file,
+                    line,
+                    column,
+                    "error",
+                    message,
+                    self.entry(path),
+                    problem.code,
+                    end_column,
                 )
             )
         self._mark(path)

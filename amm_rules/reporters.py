@@ -53,7 +53,8 @@ def format_text(results: Sequence[CheckResult]) -> str:
                 prefix = "".join(
                     c if c == "\t" else " " for c in source[: max(diag.column - 1, 0)]
                 )
-                out.append(f"  {prefix}^")
+                width = (diag.end_column or diag.column + 1) - diag.column
+                out.append(f"  {prefix}^{'~' * max(width - 1, 0)}")
     out.append(summary(results))
     return "\n".join(out) + "\n"
 
