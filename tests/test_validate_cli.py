@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples" / "rules").glob("*.yaml"))
 
 CLEAN = 'version: 1\nrules:\n  - name: keep\n    match: task.prefix == "a"\n    replicate: 2\n'
-WARNING = "version: 1\nrebalance:\n  sender-min: 70%\n  recipient-max: 40%\n"
+WARNING = "version: 1\nrebalance:\n  sender-min: 70%\n  recipient-max: 0%\n"
 ERRORS = 'version: 1\nrules:\n  - name: bad\n    match: task.prefx == "a"\n    replicate: 0\n'
 
 
@@ -45,7 +45,7 @@ def test_clean_file(files: dict[str, str]) -> None:
 def test_warnings_pass_unless_strict(files: dict[str, str]) -> None:
     status, output = run("validate", files["warning"])
     assert status == 0
-    assert f"{files['warning']}:4:18: warning: recipient-max (40%) is below" in output
+    assert f"{files['warning']}:4:18: warning: recipient-max is 0%: no worker" in output
     assert output.endswith("1 file checked: 1 warning\n")
     status, _ = run("validate", "--strict", files["warning"])
     assert status == 1
@@ -60,7 +60,8 @@ def test_text_format_shows_source_and_caret(files: dict[str, str]) -> None:
         "did you mean 'task.prefix'? (in rule 'bad')"
     )
     assert lines[1] == '      match: task.prefx == "a"'
-    assert lines[2] == "  " + " " * 16 + "^"
+    # The whole misspelt attribute is underlined; a YAML value gets a single caret.
+    assert lines[2] == "  " + " " * 16 + "^~~~~"
     assert lines[3].startswith(f"{files['errors']}:5:16: error: replicate: must be at least 1")
     assert lines[4:6] == ["      replicate: 0", "  " + " " * 15 + "^"]
     assert lines[-1] == "1 file checked: 2 errors"
@@ -77,7 +78,9 @@ def test_json_format(files: dict[str, str]) -> None:
         (files["errors"], 5, 16, "error", "bad-value", "bad"),
         (files["warning"], 4, 18, "warning", "inverted-thresholds", "rebalance"),
     ]
-    assert set(items[0]) == {"file", "line", "column", "severity", "message", "rule", "code"}
+    assert set(items[0]) == {
+        "file", "line", "column", "end_column", "severity", "message", "rule", "code"
+    }
 
 
 def test_json_format_clean_is_an_empty_list(files: dict[str, str]) -> None:
@@ -177,5 +180,5 @@ def test_caret_lines_up_after_tabs_and_crlf() -> None:
     source, caret = lines[at + 1], lines[at + 2]
     assert "\r" not in source
     assert source == "      match: \"task.prefix ==\t'a' and task.nbytes > 1 Mib\""
-    assert caret == "  " + " " * 26 + "\t" + " " * 24 + "^"
-    assert source[len(caret) - 1 :].startswith("Mib")
+    assert caret == "  " + " " * 26 + "\t" + " " * 24 + "^~~"
+    assert source[caret.index("^") :].startswith("Mib")
