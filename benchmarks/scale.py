@@ -1,0 +1,646 @@
+"""Scheduler cost of amm-rules at scale: a million keys, a thousand workers, 20 rules.
+
+Builds a real ``distributed.Scheduler`` state in this process (see ``_state.py``: real
+workers, tasks, groups and prefixes, no network), lays the data out as
+``benchmarks/rules/scale.yaml`` wants it, and measures side by side, on each size:
+
+- ``attach``: creating ``RulesPolicy`` and an ad-hoc AMM on a scheduler that already
+  holds the state, then its first cycle (which classifies every key in memory);
+- ``steady``: a RulesPolicy cycle when every target is met (nothing to do);
+- ``changed``: the first cycle after 1% of the keys changed (0.5% new keys computed
+  through the scheduler's transitions, 0.5% of keys lost a copy);
+- ``reduce-only``: RulesPolicy with a rules file without rules (only
+  ``reduce-replicas``), on the steady state;
+- ``stock``: distributed's own ``ReduceReplicas`` on the steady and changed states.
+  In the steady state 10% of the keys hold 2 or 3 copies (their rules want them), so
+  the stock policy, which knows no rules, asks to drop every extra copy;
+- ``memory``: bytes the engine holds per governed key (tracemalloc around an attach);
+- ``transitions``: the scheduler's transition throughput on a 100k-task graph with
+  and without amm-rules (its scheduler plugin and its wrappers of the scheduler's
+  replica methods), and the cost of the plugin's transition hook alone.
+
+A cycle is ``ActiveMemoryManagerExtension.run_once()`` of a manager holding only the
+policy measured, so the AMM's own work (reading worker memory, validating and grouping
+suggestions) is included: it is what the event loop pays. Transfers are stubbed (the
+state does not change between cycles), so repeated cycles measure the same work.
+
+Usage: ``python benchmarks/scale.py [--quick] [--cycles N] [--profile] [--size KEYSxWORKERS]``
+
+Prints a table and writes ``benchmarks/results/scale.json`` (``--quick``: 100k keys
+and 100 workers only, a 20k-task graph for transitions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+# Run against this checkout even when the package is not installed.
+sys.path.insert(0, str(ROOT))
+
+import _state  # noqa: E402
+import distributed  # noqa: E402
+from distributed.active_memory_manager import (  # noqa: E402
+    ActiveMemoryManagerExtension,
+    ReduceReplicas,
+)
+from distributed.diagnostics.plugin import SchedulerPlugin  # noqa: E402
+
+from amm_rules import RulesPolicy, load_ruleset  # noqa: E402
+
+RULES = ROOT / "benchmarks" / "rules" / "scale.yaml"
+RESULTS = ROOT / "benchmarks" / "results" / "scale.json"
+#: Only ``reduce-replicas`` (on by default): what the stock policy does, by amm-rules.
+NO_RULES: dict[str, Any] = {"version": 1}
+
+#: (keys in memory, workers)
+FULL_SIZES = [(100_000, 100), (100_000, 1_000), (1_000_000, 100), (1_000_000, 1_000)]
+QUICK_SIZES = [(100_000, 100)]
+
+TARGET_STEADY_S = 0.020
+TARGET_HOOK_OVERHEAD = 0.05
+
+
+# ---------------------------------------------------------------------------------
+# Timing helpers
+# ---------------------------------------------------------------------------------
+
+
+def summary(samples: list[float], **extra: Any) -> dict[str, Any]:
+    """Median and p95 (nearest rank) of samples in seconds, plus the samples."""
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered) + 0.5) - 1))]
+    return {
+        "median_s": statistics.median(ordered),
+        "p95_s": p95,
+        "n": len(ordered),
+        "samples_s": samples,
+        **extra,
+    }
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+class GcWatch:
+    """Time spent in the cyclic garbage collector, and full collections, while active.
+
+    A cycle that allocates much (a Suggestion and a set per dropped copy, the AMM's
+    pending entries) triggers collections; a full one walks every object not frozen.
+    Reported next to the times, so that a p95 far above the median can be read."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+            self.full += info["generation"] == 2
+
+    def __enter__(self) -> GcWatch:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def report(self) -> dict[str, Any]:
+        return {"gc_s": self.seconds, "gc_full_collections": self.full}
+
+
+def new_manager(scheduler: Any, policy: Any) -> ActiveMemoryManagerExtension:
+    """An ad-hoc AMM running only ``policy``, as ``retire_workers`` makes one."""
+    return ActiveMemoryManagerExtension(scheduler, {policy}, register=False, start=False)
+
+
+def detach(scheduler: Any, policy: RulesPolicy) -> None:
+    """Remove the policy's scheduler plugin, so that it no longer sees transitions, and
+    switch off its other scheduler hooks (they stay installed but pass through)."""
+    for name, plugin in list(scheduler.plugins.items()):
+        if plugin is policy.index:
+            scheduler.remove_plugin(name=name)
+    if hasattr(policy.index, "active"):
+        policy.index.active = False
+
+
+def reattach(scheduler: Any, policy: RulesPolicy) -> None:
+    """Undo :func:`detach` (nothing to do if attached)."""
+    if not any(plugin is policy.index for plugin in scheduler.plugins.values()):
+        scheduler.add_plugin(policy.index, name=f"amm-rules-{id(policy)}")
+    if hasattr(policy.index, "active"):
+        policy.index.active = True
+
+
+def engine_digest() -> str:
+    """A digest of the engine's source, to tie numbers to the code that produced them."""
+    digest = hashlib.sha256()
+    for path in sorted((ROOT / "amm_rules").rglob("*.py")):
+        digest.update(path.relative_to(ROOT).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cycles(
+    state: _state.BenchState, manager: ActiveMemoryManagerExtension, n: int
+) -> tuple[list[float], int, int]:
+    """Run ``n`` cycles; return their times and what the last one asked for."""
+    times = []
+    copies = drops = 0
+    for _ in range(n):
+        state.transfers.clear()
+        times.append(timed(manager.run_once))
+        copies, drops = state.transfers.copies, state.transfers.drops
+    state.transfers.clear()
+    return times, copies, drops
+
+
+def timed_cycles(
+    state: _state.BenchState, manager: ActiveMemoryManagerExtension, n: int
+) -> dict[str, Any]:
+    with GcWatch() as watch:
+        times, copies, drops = cycles(state, manager, n)
+    return summary(times, copies=copies, drops=drops, **watch.report())
+
+
+def settle(state: _state.BenchState, manager: ActiveMemoryManagerExtension, limit: int = 8) -> int:
+    """Let the policy's transfers land until it asks for nothing; return the cycles run."""
+    for n in range(1, limit + 1):
+        state.transfers.clear()
+        manager.run_once()
+        if not (state.transfers.acquire or state.transfers.remove):
+            return n
+        state.transfers.apply(state.scheduler)
+    raise RuntimeError(f"the policy still asks for transfers after {limit} cycles")
+
+
+def governed(policy: RulesPolicy) -> int:
+    return len(policy.index)
+
+
+# ---------------------------------------------------------------------------------
+# Measurements on one state
+# ---------------------------------------------------------------------------------
+
+
+def measure_attach(
+    state: _state.BenchState,
+) -> tuple[RulesPolicy, ActiveMemoryManagerExtension, dict]:
+    """Attach the 20-rule policy to the state and run its first cycle."""
+    scheduler = state.scheduler
+    gc.collect()
+    policy: RulesPolicy | None = None
+    manager: ActiveMemoryManagerExtension | None = None
+
+    def attach() -> None:
+        nonlocal policy, manager
+        policy = RulesPolicy(rules=RULES)
+        manager = new_manager(scheduler, policy)
+
+    attach_s = timed(attach)
+    assert policy is not None and manager is not None
+    state.transfers.clear()
+    first_s = timed(manager.run_once)
+    out = {
+        "attach_s": attach_s,
+        "first_cycle_s": first_s,
+        "governed_keys": governed(policy),
+        "copies": state.transfers.copies,
+        "drops": state.transfers.drops,
+    }
+    state.transfers.clear()
+    return policy, manager, out
+
+
+def measure_memory(state: _state.BenchState) -> dict[str, Any]:
+    """Bytes allocated by attaching a RulesPolicy and running its first cycle, per
+    governed key (tracemalloc; the policy is detached afterwards)."""
+    scheduler = state.scheduler
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    policy = RulesPolicy(rules=RULES)
+    manager = new_manager(scheduler, policy)
+    manager.run_once()
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    state.transfers.clear()
+    n = governed(policy)
+    detach(scheduler, policy)
+    held = after - before
+    return {"bytes": held, "governed_keys": n, "bytes_per_governed_key": held / n if n else None}
+
+
+def measure_reduce_only(state: _state.BenchState, n_cycles: int) -> dict[str, Any]:
+    """RulesPolicy without rules (only reduce-replicas), on the steady state."""
+    policy = RulesPolicy(rules=NO_RULES)
+    manager = new_manager(state.scheduler, policy)
+    state.transfers.clear()
+    first_s = timed(manager.run_once)
+    state.transfers.clear()
+    out = timed_cycles(state, manager, n_cycles)
+    detach(state.scheduler, policy)
+    return {**out, "first_cycle_s": first_s}
+
+
+def measure_changed(
+    state: _state.BenchState,
+    manager: ActiveMemoryManagerExtension,
+    stock: ActiveMemoryManagerExtension,
+    rounds: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """1% of the keys change, then one RulesPolicy cycle and one stock cycle; the
+    requested transfers then land, the new keys are released, and the next round
+    starts from the steady state again."""
+    n_keys = len(state.keys)
+    n_new = n_lost = max(1, n_keys // 200)
+    rules_times: list[float] = []
+    stock_times: list[float] = []
+    asked: dict[str, int] = {"copies": 0, "drops": 0, "stock_drops": 0}
+    rules_gc, stock_gc = GcWatch(), GcWatch()
+    for r in range(rounds):
+        keys = _state.new_key_names(state, n_new)
+        _state.compute_keys(state, keys, stimulus=f"changed-{r}")
+        _state.lose_copies(state, n_lost, seed=r)
+        state.transfers.clear()
+        gc.collect()
+        with rules_gc:
+            rules_times.append(timed(manager.run_once))
+        requested = state.transfers.take()
+        asked["copies"] += requested.copies
+        asked["drops"] += requested.drops
+        with stock_gc:
+            stock_times.append(timed(stock.run_once))
+        asked["stock_drops"] += state.transfers.take().drops
+        # Back to the steady state, untimed.
+        requested.apply(state.scheduler)
+        settle(state, manager)
+        _state.release_keys(state, keys, stimulus=f"changed-{r}")
+        settle(state, manager)
+    per_round = {k: v / rounds for k, v in asked.items()}
+    return (
+        summary(
+            rules_times,
+            new_keys=n_new,
+            lost_copies=n_lost,
+            copies=per_round["copies"],
+            drops=per_round["drops"],
+            **rules_gc.report(),
+        ),
+        summary(stock_times, drops=per_round["stock_drops"], **stock_gc.report()),
+    )
+
+
+def measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) -> dict[str, Any]:
+    return asyncio.run(_measure_state(n_keys, n_workers, args))
+
+
+async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) -> dict[str, Any]:
+    ruleset = load_ruleset(RULES)
+    out: dict[str, Any] = {"keys": n_keys, "workers": n_workers}
+    log(f"{n_keys:,} keys, {n_workers:,} workers: building the state")
+    start = time.perf_counter()
+    state = await _state.build_state(n_keys, n_workers, ruleset)
+    out["build_s"] = time.perf_counter() - start
+    # A full collection walks every object of the process: at a million keys it takes
+    # seconds, whoever triggered it. Freezing the built state keeps that cost, which
+    # belongs to the scheduler's heap and not to a policy, from landing at random in
+    # timed cycles; collections of what a policy allocates are still counted (gc_s).
+    gc.collect()
+    gc.freeze()
+    out["census"] = dict(state.census)
+    scheduler = state.scheduler
+    big = n_keys >= 1_000_000
+    n_cycles = args.cycles
+    # The stock policy takes seconds per cycle at a million keys: fewer samples there.
+    n_stock = 3 if big else n_cycles
+    try:
+        log("  attach + first cycle")
+        policy, manager, out["attach"] = measure_attach(state)
+        log("  steady cycles")
+        out["steady"] = timed_cycles(state, manager, n_cycles)
+        if args.profile:
+            out["profile"] = profile_cycle(manager)
+        log("  stock ReduceReplicas on the steady state")
+        stock = new_manager(scheduler, ReduceReplicas())
+        out["stock_steady"] = timed_cycles(state, stock, n_stock)
+        log("  reduce-replicas only")
+        detach(scheduler, policy)  # one plugin at a time
+        out["reduce_only"] = measure_reduce_only(state, n_stock)
+        reattach(scheduler, policy)
+        log("  1% of keys changed")
+        out["changed"], out["stock_changed"] = measure_changed(
+            state, manager, stock, min(args.rounds, 2) if big else args.rounds
+        )
+        if args.memory == "all" or (args.memory == "first" and not args.memory_done):
+            log("  memory (tracemalloc)")
+            detach(scheduler, policy)
+            out["memory"] = measure_memory(state)
+            args.memory_done = True
+    finally:
+        await scheduler.close()
+        gc.unfreeze()
+    return out
+
+
+# ---------------------------------------------------------------------------------
+# Transition throughput
+# ---------------------------------------------------------------------------------
+
+
+def measure_transitions(n_tasks: int, repeats: int) -> dict[str, Any]:
+    return asyncio.run(_measure_transitions(n_tasks, repeats))
+
+
+async def _measure_transitions(n_tasks: int, repeats: int) -> dict[str, Any]:
+    """Throughput of the scheduler's transitions on an ``n_tasks`` graph, with and
+    without amm-rules, in ABBA order to cancel drift.
+
+    On its own state (100k keys, 100 workers), so that exactly one RulesPolicy has
+    ever been attached: "without" removes its plugin and its wrappers of the
+    scheduler's methods (``add_replica``...), "with" puts them back.
+
+    Each run submits ``n_tasks / 2`` chains of two tasks through
+    ``_create_taskstate_from_graph`` (update_graph's own code), answers every
+    ``compute-task`` message with ``handle_task_finished`` as a worker would, then has
+    the client release the results: every key goes released -> waiting -> processing
+    -> memory -> released -> forgotten, on the scheduler's real code, with the
+    scheduler's own plugins (work stealing, shuffle) installed in both cases.
+    """
+    state = await _state.build_state(100_000, 100, load_ruleset(RULES))
+    scheduler = state.scheduler
+    gc.collect()
+    gc.freeze()
+    try:
+        before = dict(vars(scheduler))
+        policy = RulesPolicy(rules=RULES)
+        new_manager(scheduler, policy).run_once()
+        wrappers = {
+            name: value
+            for name, value in vars(scheduler).items()
+            if callable(value) and before.get(name) is not value
+        }
+
+        def amm_rules(on: bool) -> None:
+            for name, value in wrappers.items():
+                if on:
+                    setattr(scheduler, name, value)
+                elif name in before:
+                    setattr(scheduler, name, before[name])
+                elif name in vars(scheduler):
+                    delattr(scheduler, name)  # the class's own method shows through
+            (reattach if on else detach)(scheduler, policy)
+
+        rates: dict[str, list[float]] = {"without": [], "with": []}
+        counts: list[int] = []
+        for r in range(repeats):
+            # ABBA order: consecutive runs on this machine alternate fast and slow
+            # (seen without any plugin), and drift; ABBA cancels both.
+            for mode in ("without", "with") if r % 2 == 0 else ("with", "without"):
+                amm_rules(mode == "with")
+                keys = _state.new_key_names(state, n_tasks // 2)
+                gc.collect()
+                start = time.perf_counter()
+                n = _state.compute_keys(state, keys, chains=True, stimulus=f"tput-{r}")
+                n += _state.release_keys(state, keys, stimulus=f"tput-{r}")
+                elapsed = time.perf_counter() - start
+                rates[mode].append(n / elapsed)
+                counts.append(n)
+        amm_rules(False)
+        hook = hook_cost(state, policy, n_tasks)
+    finally:
+        await scheduler.close()
+        gc.unfreeze()
+    without = statistics.median(rates["without"])
+    with_ = statistics.median(rates["with"])
+    # Runs of the same work vary by 10-15% on a shared 2-core machine: compare each
+    # run with amm-rules to the run without it just before, and take the median.
+    paired = statistics.median(
+        w / wo for w, wo in zip(rates["with"], rates["without"], strict=True)
+    )
+    return {
+        "tasks": n_tasks,
+        "transitions_per_run": counts[0],
+        "wrapped_methods": sorted(wrappers),
+        "without_per_s": without,
+        "with_per_s": with_,
+        "samples_without_per_s": rates["without"],
+        "samples_with_per_s": rates["with"],
+        "overhead": 1 - paired,
+        "hook_s_per_transition": hook,
+        "hook_overhead": hook * without,
+    }
+
+
+class _Recorder(SchedulerPlugin):
+    """A scheduler plugin keeping every ``transition`` call as the scheduler made it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, str, str, dict[str, Any]]] = []
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        self.calls.append((key, start, finish, kwargs))
+
+
+def hook_cost(state: _state.BenchState, policy: RulesPolicy, n_tasks: int) -> float:
+    """Seconds per call of the engine's ``transition`` hook.
+
+    The calls of one (untimed) run of the graph are recorded with their arguments,
+    then replayed on a fresh index, calling the hook as ``_transition`` does. A steadier
+    estimate of the overhead than the difference of two noisy throughputs; it leaves
+    out the scheduler's loop over its plugins, a few tens of nanoseconds."""
+    scheduler = state.scheduler
+    recorder = _Recorder()
+    scheduler.add_plugin(recorder, name="bench-recorder")
+    keys = _state.new_key_names(state, n_tasks // 2)
+    _state.compute_keys(state, keys, chains=True, stimulus="record")
+    _state.release_keys(state, keys, stimulus="record")
+    scheduler.remove_plugin(name="bench-recorder")
+    calls = recorder.calls
+    best = float("inf")
+    for _ in range(5):
+        hook = type(policy.index)().transition
+        start = time.perf_counter()
+        for key, begin, finish, kwargs in calls:
+            hook(key, begin, finish, **kwargs)
+        best = min(best, time.perf_counter() - start)
+    return best / max(1, len(calls))
+
+
+# ---------------------------------------------------------------------------------
+# Profiling
+# ---------------------------------------------------------------------------------
+
+
+def profile_cycle(manager: ActiveMemoryManagerExtension) -> str | None:
+    """pyinstrument's text profile of three steady cycles, if pyinstrument is installed."""
+    try:
+        from pyinstrument import Profiler
+    except ImportError:
+        return None
+    profiler = Profiler(interval=0.0005)
+    profiler.start()
+    for _ in range(3):
+        manager.run_once()
+    profiler.stop()
+    text = profiler.output_text(unicode=False, color=False)
+    print(text)
+    return text
+
+
+# ---------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------
+
+
+def ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:,.1f}"
+
+
+def table(results: list[dict[str, Any]], t: dict[str, Any] | None) -> str:
+    head = (
+        f"{'keys':>9} {'workers':>7} {'governed':>8} | "
+        f"{'measurement':<34} {'median ms':>10} {'p95 ms':>10} {'asked':>16}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in results:
+        label = f"{r['keys']:>9,} {r['workers']:>7,} {r['attach']['governed_keys']:>8,} | "
+        pad = " " * (len(label) - 2) + "| "
+        rows = [
+            ("RulesPolicy attach (constructor)", r["attach"]["attach_s"], None, ""),
+            ("RulesPolicy first cycle", r["attach"]["first_cycle_s"], None, asked(r["attach"])),
+            ("RulesPolicy steady", r["steady"]["median_s"], r["steady"]["p95_s"], asked(r["steady"])),
+            ("RulesPolicy 1% changed", r["changed"]["median_s"], r["changed"]["p95_s"], asked(r["changed"])),
+            ("RulesPolicy reduce-replicas only", r["reduce_only"]["median_s"], r["reduce_only"]["p95_s"], asked(r["reduce_only"])),
+            ("stock ReduceReplicas, steady", r["stock_steady"]["median_s"], r["stock_steady"]["p95_s"], asked(r["stock_steady"])),
+            ("stock ReduceReplicas, 1% changed", r["stock_changed"]["median_s"], r["stock_changed"]["p95_s"], asked(r["stock_changed"])),
+        ]  # fmt: skip
+        for n, (name, median, p95, what) in enumerate(rows):
+            lines.append(
+                f"{label if n == 0 else pad}{name:<34} {ms(median):>10} {ms(p95):>10} {what:>16}"
+            )
+        if "memory" in r:
+            m = r["memory"]
+            lines.append(
+                f"{pad}{'engine memory per governed key':<34} {m['bytes_per_governed_key']:>10,.0f} B"
+            )
+        lines.append("")
+    if t:
+        lines.append(
+            f"transitions ({t['tasks']:,}-task graph, {t['transitions_per_run']:,} transitions): "
+            f"{t['without_per_s']:,.0f}/s without amm-rules, {t['with_per_s']:,.0f}/s with "
+            f"(paired overhead {t['overhead']:+.1%}); hook {t['hook_s_per_transition'] * 1e6:.2f} us "
+            f"per transition = {t['hook_overhead']:.1%} of throughput"
+        )
+    return "\n".join(lines)
+
+
+def asked(m: dict[str, Any]) -> str:
+    copies, drops = m.get("copies", 0), m.get("drops", 0)
+    return f"+{copies:,.0f} -{drops:,.0f}"
+
+
+def targets(results: list[dict[str, Any]], transitions: dict[str, Any] | None) -> dict[str, Any]:
+    """Which targets of the scale issue the numbers meet."""
+    out: dict[str, Any] = {}
+    by_size = {(r["keys"], r["workers"]): r for r in results}
+    top = by_size.get((1_000_000, 1_000))
+    if top:
+        out["steady_1M_1000w_le_20ms"] = top["steady"]["median_s"] <= TARGET_STEADY_S
+    out["reduce_only_not_slower_than_stock"] = all(
+        r["reduce_only"]["median_s"] <= r["stock_steady"]["median_s"] for r in results
+    )
+    for workers in (100, 1_000):
+        small, large = by_size.get((100_000, workers)), by_size.get((1_000_000, workers))
+        if small and large:
+            out[f"steady_growth_100k_to_1M_{workers}w"] = (
+                large["steady"]["median_s"] / small["steady"]["median_s"]
+            )
+    if transitions:
+        out["hook_overhead_le_5pct"] = transitions["hook_overhead"] <= TARGET_HOOK_OVERHEAD
+        out["paired_overhead_le_5pct"] = transitions["overhead"] <= TARGET_HOOK_OVERHEAD
+    return out
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="100k keys and 100 workers only")
+    parser.add_argument("--cycles", type=int, default=9, help="timed steady cycles per size")
+    parser.add_argument("--rounds", type=int, default=4, help="change rounds per size")
+    parser.add_argument(
+        "--profile", action="store_true", help="print a pyinstrument profile of steady cycles"
+    )
+    parser.add_argument("--memory", choices=["first", "all", "none"], default=None,
+                        help="sizes to measure memory at with tracemalloc, which slows the attach it "
+                             "wraps several times (default: the first size)")  # fmt: skip
+    parser.add_argument("--size", action="append", default=None, metavar="KEYSxWORKERS",
+                        help="measure only these sizes, e.g. --size 1000000x1000 (repeatable)")  # fmt: skip
+    parser.add_argument("--no-transitions", dest="transitions", action="store_false")
+    parser.add_argument("--json", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    if args.size:
+        sizes = [tuple(int(n) for n in size.lower().split("x")) for size in args.size]  # type: ignore[misc]
+    args.graph = 20_000 if args.quick else 100_000
+    args.repeats = 3 if args.quick else 2
+    args.memory_done = False
+    if args.memory is None:
+        args.memory = "first"
+    # The scheduler logs every worker registration and close at INFO: not our business.
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+
+    started = time.time()
+    results = [measure_state(n_keys, n_workers, args) for n_keys, n_workers in sizes]
+    transitions = None
+    if args.transitions:
+        log(f"transition throughput, {args.graph:,}-task graph")
+        transitions = measure_transitions(args.graph, args.repeats)
+    report = {
+        "date": time.strftime("%Y-%m-%d", time.localtime(started)),
+        "mode": "quick" if args.quick else "full",
+        "duration_s": time.time() - started,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "python": platform.python_version(),
+        "distributed": distributed.__version__,
+        "engine_digest": engine_digest(),
+        "rules": str(RULES.relative_to(ROOT)),
+        "results": results,
+        "transitions": transitions,
+        "targets": targets(results, transitions),
+    }
+    print(table(results, transitions))
+    print(json.dumps(report["targets"], indent=2))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    for r in results:
+        r.pop("profile", None)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.json.relative_to(ROOT) if args.json.is_relative_to(ROOT) else args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Smoke test of the scale benchmark's state builder (``benchmarks/_state.py``).
+
+The benchmark's numbers mean something only if the state it builds is a consistent
+scheduler state in which the rules are already met. This builds a small one (2,000
+keys, 10 workers) and checks the scheduler's own bookkeeping, then runs one RulesPolicy
+cycle and one stock ReduceReplicas cycle on it. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from distributed.active_memory_manager import ActiveMemoryManagerExtension, ReduceReplicas
+
+from amm_rules import load_ruleset
+from amm_rules.policy import RulesPolicy
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+RULES = BENCHMARKS / "rules" / "scale.yaml"
+N_KEYS = 2_000
+N_WORKERS = 10
+
+
+def _load_state_module() -> ModuleType:
+    # benchmarks/ is not a package: load the builder from its file.
+    spec = importlib.util.spec_from_file_location(
+        "amm_rules_bench_state", BENCHMARKS / "_state.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while defining
+    spec.loader.exec_module(module)
+    return module
+
+
+_state = _load_state_module()
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture
+def state(loop: asyncio.AbstractEventLoop) -> Iterator[Any]:
+    built = loop.run_until_complete(_state.build_state(N_KEYS, N_WORKERS, load_ruleset(RULES)))
+    yield built
+    loop.run_until_complete(built.scheduler.close())
+
+
+def manager(scheduler: Any, policy: Any) -> ActiveMemoryManagerExtension:
+    return ActiveMemoryManagerExtension(scheduler, {policy}, register=False, start=False)
+
+
+def run_cycle(state: Any, amm: ActiveMemoryManagerExtension) -> tuple[list, list]:
+    """One AMM cycle; the copies and drops it asked for, as sorted (key, address) pairs."""
+    state.transfers.clear()
+    amm.run_once()
+    asked = state.transfers.take()
+    copies = sorted((k, a) for a, keys in asked.acquire for k in keys)
+    drops = sorted((k, a) for a, keys in asked.remove for k in keys)
+    return copies, drops
+
+
+def test_state_is_consistent(state: Any) -> None:
+    s = state.scheduler
+    in_memory = [ts for ts in s.tasks.values() if ts.state == "memory"]
+    assert len(in_memory) == N_KEYS == len(state.keys)
+    assert len(s.workers) == N_WORKERS == len(s.running)
+    assert len(s.task_prefixes) == len(_state.PREFIXES)
+    # 2 of every 10 workers declare a GPU, through the scheduler's resource bookkeeping.
+    assert len(s.resources["GPU"]) == 2 * N_WORKERS // 10
+    assert sum(len(dh["addresses"]) for dh in s.host_info.values()) == N_WORKERS
+
+    # who_has and has_what are two views of the same relation; nbytes add up.
+    for ts in in_memory:
+        assert ts.who_has
+        assert ts.nbytes > 0
+        for ws in ts.who_has:
+            assert ts in ws.has_what
+    for ws in s.workers.values():
+        for ts in ws.has_what:
+            assert ws in ts.who_has
+        assert ws.nbytes == sum(ts.nbytes for ts in ws.has_what)
+    assert s.replicated_tasks == {ts for ts in in_memory if len(ts.who_has) > 1}
+
+    # 10% of the keys are under a replication target, and hold it.
+    assert state.census["under a replication target"] == N_KEYS // 10
+    assert {len(ts.who_has) for ts in s.replicated_tasks} == {2, 3}
+    assert all(ts.type for ts in in_memory)
+
+
+def test_rules_met_and_extra_copies_dropped(state: Any) -> None:
+    s = state.scheduler
+    policy = RulesPolicy(rules=RULES)
+    rules_amm = manager(s, policy)
+    stock_amm = manager(s, ReduceReplicas())
+
+    # The steady state: the rules want exactly what the cluster holds.
+    assert run_cycle(state, rules_amm) == ([], [])
+    assert len(policy.index) == state.census["governed"]
+    assert run_cycle(state, rules_amm) == ([], [])
+
+    # The stock policy, which knows no rules, drops every extra copy.
+    copies, drops = run_cycle(state, stock_amm)
+    assert copies == []
+    assert len(drops) == sum(len(ts.who_has) - 1 for ts in s.replicated_tasks)
+
+    # One extra copy of a key with `replicate: 2` and of a key no rule governs.
+    two = next(ts.key for ts in s.replicated_tasks if ts.prefix.name == "read_parquet_0")
+    free = next(
+        ts.key
+        for ts in s.tasks.values()
+        if ts.prefix.name == "mul_0" and ts.key not in policy.index
+    )
+    _state.add_copies(state, [two, free])
+    copies, drops = run_cycle(state, rules_amm)
+    assert copies == []
+    assert sorted(k for k, _ in drops) == sorted([two, free])
+
+
+def test_lost_copies_and_new_keys(state: Any) -> None:
+    s = state.scheduler
+    policy = RulesPolicy(rules=RULES)
+    rules_amm = manager(s, policy)
+    assert run_cycle(state, rules_amm) == ([], [])
+
+    # A replicated key that lost a copy gets it back.
+    (lost,) = _state.lose_copies(state, 1)
+    copies, drops = run_cycle(state, rules_amm)
+    assert [k for k, _ in copies] == [lost] and drops == []
+
+    # New keys go through the scheduler's transitions into memory and out again.
+    keys = _state.new_key_names(state, 100)
+    transitions = _state.compute_keys(state, keys)
+    assert transitions >= 3 * len(keys)  # released -> waiting -> processing -> memory
+    assert all(s.tasks[k].state == "memory" for k in keys)
+    assert not state.outbox
+    _state.release_keys(state, keys)
+    assert not any(k in s.tasks for k in keys)
