@@ -1,32 +1,49 @@
 """Classification: what the rules, the key's ``amm`` annotation and its runtime target
 want for one key in memory (a :class:`~amm_rules.ruleset.Desired`).
 
-:class:`Classifier` wraps a :class:`~amm_rules.ruleset.Ruleset` for use in the scheduler:
+:class:`Classifier` wraps a :class:`~amm_rules.ruleset.Ruleset` for use in the scheduler.
+It gives exactly the answer of :meth:`Ruleset.resolve <amm_rules.ruleset.Ruleset.resolve>`
+(the cascade), at a cost that follows the *classes* of keys rather than keys x rules:
 
-- the cascade itself is :meth:`Ruleset.resolve <amm_rules.ruleset.Ruleset.resolve>`;
-- a match that reads only class attributes (prefix, group, type, annotations: see
-  :data:`~amm_rules.ruleset.CLASS_ATTRIBUTES`) is evaluated once per distinct value of
-  those attributes, not once per key; when every match is like that, the whole
-  resolution is memoized per class;
+- a key's class is the values of the class attributes the rules read (prefix, group,
+  type, annotations: see :data:`~amm_rules.ruleset.CLASS_ATTRIBUTES`), read once per key,
+  plus its parsed ``amm`` annotation and its runtime target;
+- per class, the cascade is run once over the rules whose match reads only class
+  attributes (:class:`_ClassCascade`). What is left is the rules that read the key
+  itself (``task.key``, ``task.nbytes``, ``task.replicas``) and could still decide a
+  field, in file order: usually none, and the class's ``Desired`` is shared by its keys;
+- otherwise a key evaluates only those remaining matches, and the ``Desired`` is shared
+  by the keys of the class with the same outcomes;
 - a match that raises counts as "no match" and is reported once per rule;
 - an ``amm`` annotation is parsed once per distinct value; an invalid one is ignored
   for its keys and reported once per distinct value.
 
 Its neighbours: :mod:`amm_rules.index` calls it for keys that entered memory;
 :mod:`amm_rules.handlers` for ``explain``. It reads tasks through
-:class:`~amm_rules.view.TaskFactsAdapter` and does not import ``distributed``.
+:class:`~amm_rules.view.TaskFactsAdapter` and :func:`~amm_rules.view.class_reader`, and
+does not import ``distributed``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Hashable
 from typing import Any
 
 from amm_rules.actions import ActionError, parse_actions
-from amm_rules.ruleset import CLASS_ATTRIBUTES, Actions, Desired, Rule, Ruleset, Target
-from amm_rules.view import TaskFactsAdapter, freeze
+from amm_rules.ruleset import (
+    ACTION_FIELDS,
+    CLASS_ATTRIBUTES,
+    UNGOVERNED,
+    Actions,
+    Desired,
+    Predicate,
+    Reason,
+    Rule,
+    Ruleset,
+    Target,
+)
+from amm_rules.view import TaskFactsAdapter, class_reader, freeze
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +52,81 @@ logger = logging.getLogger(__name__)
 MEMO_LIMIT = 100_000
 
 _INVALID = object()
+_ALL_FIELDS = len(ACTION_FIELDS)
+
+#: One step of a class's remaining cascade: the rule, the fields it sets, and its match
+#: if it must be evaluated per key (None: it matches every key of the class).
+_Step = tuple[Rule, tuple[str, ...], Predicate | None]
+
+
+class _ClassCascade:
+    """The cascade for one class of keys (class attributes, annotation, runtime target),
+    with the rules that read only class attributes already evaluated.
+
+    ``base`` holds the fields decided before the first rule that reads the key itself;
+    ``steps`` the rules after it that may still decide a field for some key. Without a
+    per-key step, :attr:`desired` is the answer for every key of the class.
+    """
+
+    __slots__ = ("base", "reasons", "steps", "desired", "_by_outcome")
+
+    def __init__(self, base: dict[str, Any], reasons: dict[str, Reason], steps: list[_Step]):
+        self.base = base
+        self.reasons = reasons
+        self.steps = tuple(steps)
+        #: Outcomes of the per-key matches evaluated, in order -> the Desired they give.
+        self._by_outcome: dict[tuple[bool, ...], Desired] = {}
+        self.desired: Desired | None = (
+            None if any(match is not None for _, _, match in steps) else self._build(())
+        )
+
+    def resolve(self, facts: Any) -> Desired:
+        """The Desired of one key of the class (``facts`` adapts that key)."""
+        if self.desired is not None:
+            return self.desired
+        # Walk the remaining steps as Ruleset.resolve would, recording only the
+        # outcomes of per-key matches: they determine the path, hence the answer.
+        decided = set(self.base)
+        outcomes: list[bool] = []
+        for _rule, fields, match in self.steps:
+            if len(decided) == _ALL_FIELDS:
+                break
+            if decided.issuperset(fields):
+                continue
+            if match is not None:
+                hit = match(facts)
+                outcomes.append(hit)
+                if not hit:
+                    continue
+            decided.update(fields)
+        path = tuple(outcomes)
+        try:
+            return self._by_outcome[path]
+        except KeyError:
+            pass
+        desired = self._build(path)
+        if len(self._by_outcome) >= MEMO_LIMIT:
+            self._by_outcome.clear()
+        self._by_outcome[path] = desired
+        return desired
+
+    def _build(self, path: tuple[bool, ...]) -> Desired:
+        """Replay the steps with the given per-key outcomes, keeping values and reasons."""
+        values = dict(self.base)
+        reasons = dict(self.reasons)
+        outcomes = iter(path)
+        for rule, fields, match in self.steps:
+            if len(values) == _ALL_FIELDS:
+                break
+            todo = [f for f in fields if f not in values]
+            if not todo or (match is not None and not next(outcomes)):
+                continue
+            for name in todo:
+                values[name] = getattr(rule.actions, name)
+                reasons[name] = Reason("rule", rule.name)
+        if not values:
+            return UNGOVERNED
+        return Desired(reasons=reasons, **values)
 
 
 class Classifier:
@@ -52,15 +144,15 @@ class Classifier:
         self._on_invalid_annotation = on_invalid_annotation
         self._reported_rules: set[str] = set()
         self._annotations: dict[Hashable, Any] = {}
-        self._match_memo: dict[tuple[int, Hashable], bool] = {}
-        self._desired_memo: dict[Hashable, Desired] = {}
-        #: The class attributes every match reads, if no match reads anything else.
-        self._class_attributes: frozenset[str] | None = (
-            ruleset.depends if ruleset.depends <= CLASS_ATTRIBUTES else None
+        #: Each rule once: (rule, its set fields, reads only class attributes, safe match).
+        self._rules = tuple(
+            (rule, rule.actions.set_fields(), rule.depends <= CLASS_ATTRIBUTES, self._safe(rule))
+            for rule in ruleset.rules
         )
-        self._engine = dataclasses.replace(
-            ruleset, rules=tuple(self._wrap(i, r) for i, r in enumerate(ruleset.rules))
-        )
+        #: The class of a task: the class attributes any rule reads.
+        self._class_of = class_reader(ruleset.depends & CLASS_ATTRIBUTES)
+        #: (class, annotation, runtime target) -> its cascade.
+        self._cascades: dict[Hashable, _ClassCascade] = {}
 
     @property
     def replicas_sensitive(self) -> bool:
@@ -68,21 +160,20 @@ class Classifier:
         return "replicas" in self.ruleset.depends
 
     def resolve(self, ts: Any, runtime: Target | None = None) -> Desired:
-        """The :class:`Desired` of a scheduler ``TaskState`` (or anything duck-alike)."""
-        facts = TaskFactsAdapter(ts)
+        """The :class:`Desired` of a scheduler ``TaskState`` (or anything duck-alike):
+        the same as ``ruleset.resolve(TaskFactsAdapter(ts), annotation, runtime)``."""
         annotation = self.annotation(ts)
-        if self._class_attributes is None:
-            return self._engine.resolve(facts, annotation=annotation, runtime=runtime)
-        memo_key = (facts.class_key(self._class_attributes), annotation, runtime)
-        try:
-            return self._desired_memo[memo_key]
-        except KeyError:
-            pass
-        desired = self._engine.resolve(facts, annotation=annotation, runtime=runtime)
-        if len(self._desired_memo) >= MEMO_LIMIT:
-            self._desired_memo.clear()
-        self._desired_memo[memo_key] = desired
-        return desired
+        memo_key = (self._class_of(ts), annotation, runtime)
+        cascade = self._cascades.get(memo_key)
+        if cascade is not None and cascade.desired is not None:
+            return cascade.desired
+        facts = TaskFactsAdapter(ts)
+        if cascade is None:
+            cascade = self._cascade(facts, annotation, runtime)
+            if len(self._cascades) >= MEMO_LIMIT:
+                self._cascades.clear()
+            self._cascades[memo_key] = cascade
+        return cascade.resolve(facts)
 
     def annotation(self, ts: Any) -> Actions | None:
         """The key's parsed ``amm`` annotation; None if absent or invalid."""
@@ -107,12 +198,45 @@ class Classifier:
             self._annotations[frozen] = parsed
         return None if parsed is _INVALID else parsed
 
-    def _wrap(self, index: int, rule: Rule) -> Rule:
-        """The rule with a match that never raises, memoized per class if it can be."""
+    def _cascade(
+        self, facts: Any, annotation: Actions | None, runtime: Target | None
+    ) -> _ClassCascade:
+        """Run the cascade of ``Ruleset.resolve`` for the class of ``facts`` as far as
+        class attributes allow (see :class:`_ClassCascade`)."""
+        values: dict[str, Any] = {}
+        reasons: dict[str, Reason] = {}
+        if runtime is not None:
+            values["replicate"] = runtime
+            reasons["replicate"] = Reason("runtime")
+        if annotation is not None:
+            for name in annotation.set_fields():
+                if name not in values:
+                    values[name] = getattr(annotation, name)
+                    reasons[name] = Reason("annotation")
+        steps: list[_Step] = []
+        for rule, fields, class_only, match in self._rules:
+            if len(values) == _ALL_FIELDS:
+                break
+            todo = [f for f in fields if f not in values]
+            if not todo:
+                continue  # decided for every key of the class: never evaluated
+            if not class_only:
+                steps.append((rule, fields, match))
+            elif not match(facts):
+                continue
+            elif steps:
+                # Matches the whole class, but whether it decides a field depends on
+                # the per-key rules before it.
+                steps.append((rule, fields, None))
+            else:
+                for name in todo:
+                    values[name] = getattr(rule.actions, name)
+                    reasons[name] = Reason("rule", rule.name)
+        return _ClassCascade(values, reasons, steps)
+
+    def _safe(self, rule: Rule) -> Predicate:
+        """The rule's match, never raising: an exception is "no match", reported once."""
         predicate = rule.match
-        class_only = rule.depends <= CLASS_ATTRIBUTES
-        attributes = rule.depends
-        memo = self._match_memo
 
         def safe(facts: Any) -> bool:
             try:
@@ -121,19 +245,7 @@ class Classifier:
                 self._rule_failed(rule, exc)
                 return False
 
-        def memoized(facts: Any) -> bool:
-            memo_key = (index, facts.class_key(attributes))
-            try:
-                return memo[memo_key]
-            except KeyError:
-                pass
-            result = safe(facts)
-            if len(memo) >= MEMO_LIMIT:
-                memo.clear()
-            memo[memo_key] = result
-            return result
-
-        return dataclasses.replace(rule, match=memoized if class_only else safe)
+        return safe
 
     def _rule_failed(self, rule: Rule, exc: Exception) -> None:
         if rule.name in self._reported_rules:

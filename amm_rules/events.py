@@ -11,7 +11,10 @@ Clients read them with ``client.get_events("amm-rules")``. Every event is a dict
 - ``"rule-error"``: a match or pool expression raised on some input (``rule``, ``error``);
 - ``"reduce-replicas-removed"``: the stock ReduceReplicas was taken out of the AMM;
 - ``"cycle"``: what was done since the last such event, per rule (``rules``: label ->
-  ``{governed, requested, dropped, unmet}``), only when something was done;
+  ``{governed, requested, dropped, unmet}``), only when something was done; with
+  rebalancing on, also ``rebalance``: moves started, bytes, drops, moves done and void
+  (by reason), keys skipped (by reason) added up since the last event, and the roles,
+  mean and stop reason of the latest plan;
 - ``"error"``: a cycle failed and was skipped (a bug: please report it).
 
 Rate limits: an identical error is logged once (:meth:`EventLog.once`); cycle summaries
@@ -46,6 +49,7 @@ class EventLog:
         self._last_summary = float("-inf")
         self._pending: dict[str, dict[str, int]] = {}
         self._pending_work = False
+        self._rebalance: dict[str, Any] = {}
 
     def emit(self, action: str, **fields: Any) -> None:
         msg = {"action": action, **fields}
@@ -67,9 +71,17 @@ class EventLog:
         self.emit(action, **fields)
         return True
 
-    def summary(self, per_rule: Mapping[str, Mapping[str, int]], now: float) -> bool:
+    def summary(
+        self,
+        per_rule: Mapping[str, Mapping[str, int]],
+        now: float,
+        rebalance: Mapping[str, Any] | None = None,
+    ) -> bool:
         """Add one cycle's counters; emit a ``cycle`` event if the interval has passed
-        and something was requested or dropped since the last one."""
+        and something was requested or dropped since the last one. ``rebalance``: the
+        cycle's :meth:`~amm_rules.rebalancing.Rebalancer.cycle_summary`."""
+        if rebalance:
+            self._add_rebalance(rebalance)
         for label, counts in per_rule.items():
             acc = self._pending.setdefault(label, dict.fromkeys(COUNTERS, 0))
             acc["requested"] += counts.get("requested", 0)
@@ -82,13 +94,32 @@ class EventLog:
         if not self._pending_work or now - self._last_summary < self.summary_interval:
             return False
         rules = {k: v for k, v in self._pending.items() if v["requested"] or v["dropped"]}
+        extra = {"rebalance": self._rebalance} if self._rebalance else {}
         self.emit(
             "cycle",
             rules=rules,
             requested=sum(v["requested"] for v in rules.values()),
             dropped=sum(v["dropped"] for v in rules.values()),
+            **extra,
         )
         self._last_summary = now
         self._pending = {}
         self._pending_work = False
+        self._rebalance = {}
         return True
+
+    def _add_rebalance(self, cycle: Mapping[str, Any]) -> None:
+        """Flows (moves, bytes, drops, done, void, skipped) add up between two events;
+        states (roles, mean, why planning stopped) are the latest."""
+        acc = self._rebalance
+        for name in ("moves", "bytes", "drops", "done", "refused"):
+            acc[name] = acc.get(name, 0) + cycle.get(name, 0)
+        for name in ("void", "skipped"):
+            counts = acc.setdefault(name, {})
+            for reason, n in cycle.get(name, {}).items():
+                counts[reason] = counts.get(reason, 0) + n
+        for name in ("roles", "mean", "stopped"):
+            if name in cycle:
+                acc[name] = cycle[name]
+        if cycle.get("moves") or cycle.get("drops") or cycle.get("done") or cycle.get("void"):
+            self._pending_work = True

@@ -8,7 +8,9 @@ Active Memory Manager; called by :mod:`amm_rules.runtime` (``replicate``, ``expl
   replication target on keys in memory; returns ``{"set": n, "missing": [keys]}``;
 - ``amm_rules_explain(keys)``: per ``str(key)``, where the key is, what is wanted for
   it and why, and what the planner would do now;
-- ``amm_rules_status()``: the rules in force, per-rule counters, reload errors.
+- ``amm_rules_status()``: the rules in force, per-rule counters, reload errors, and
+  rebalancing (``rebalance``: settings, the last plan's roles and skipped keys, moves in
+  flight, totals, why moves were abandoned).
 
 Bad input raises ``ValueError`` with a message (the client sees it); nothing here may
 break the scheduler. Answers are plain msgpack-able data.
@@ -104,7 +106,8 @@ class Handlers:
         keys = _keys(keys)
         policy = self.policy
         cluster = policy._worker_views()
-        settings = policy.settings(time.monotonic())
+        now = time.monotonic()
+        settings = policy.settings(now)
         out: dict[str, dict[str, Any]] = {}
         for key in keys:
             ts = self._task(key)
@@ -147,6 +150,9 @@ class Handlers:
                 "workers": explain_workers(view, cluster),
                 "annotation_ignored": bool((ts.annotations or {}).get("amm") is not None)
                 and policy.classifier.annotation(ts) is None,
+                # Mid-move (copy in flight or landed, sender's drop pending) or cooling
+                # down after a move; None otherwise.
+                "rebalance": policy.rebalancer.explain(ts.key, now),
             }
             # Explaining must not change the index: the tally in `cluster` is local.
         return out
@@ -177,6 +183,7 @@ class Handlers:
                 for label in sorted(labels)
             },
             "reload_errors": list(policy.reload_errors),
+            "rebalance": policy.rebalancer.status(),
         }
 
 

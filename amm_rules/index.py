@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -101,6 +101,10 @@ class KeyIndex(SchedulerPlugin):
         #: (the scheduler's ``replicated_tasks`` minus governed keys, kept up to date
         #: from :attr:`touched`, so governed keys cost nothing there).
         self.replicated_free: dict[Hashable, Any] = {}
+        #: Governed keys that lost a copy with its worker (the worker died or left).
+        #: Copies of them in flight may be fetched from that worker, and a fetch from
+        #: a dead worker can hang until the comm times out: the policy gives them up.
+        self.source_lost: set[Hashable] = set()
 
     # -- SchedulerPlugin hooks: keep them minimal, they run on every transition ----------
 
@@ -132,6 +136,7 @@ class KeyIndex(SchedulerPlugin):
         self.runtime.pop(key, None)
         self.inflight.pop(key, None)
         self.backoff.pop(key, None)
+        self.source_lost.discard(key)
 
     def put(self, key: Hashable, ts: Any, desired: Desired) -> None:
         """Index a governed key (or move it to its new group)."""
@@ -140,6 +145,8 @@ class KeyIndex(SchedulerPlugin):
             return
         if old is not None:
             self.unindex(key)
+        # A governed key is never in replicated_free: reduce-replicas need not ask.
+        self.replicated_free.pop(key, None)
         self.desired[key] = desired
         self.groups.setdefault(PlanClass.of(desired), {})[key] = ts
         self.governed_by.update(_labels(desired))
@@ -205,16 +212,18 @@ class KeyIndex(SchedulerPlugin):
         return _chain_unique(checked, spread)
 
 
-def watch_scheduler(scheduler: Any, index: KeyIndex) -> None:
+def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
     """Wrap the scheduler's ``add_replica``, ``remove_replica`` and ``update_data`` so
     the index learns which keys' copies changed and which keys entered memory without
-    a transition (scattered data).
+    a transition (scattered data). Returns the function that undoes it.
 
     Every change of ``ts.who_has`` in the scheduler goes through ``add_replica`` /
     ``remove_replica`` (``remove_all_replicas`` only runs when a key leaves memory, which
     the transition hook sees). The wrappers are per scheduler instance, chain if two
     policies attach, and add one set insertion to a replica change at most.
     """
+    before = {name: vars(scheduler).get(name) for name in _WATCHED}
+    handler_before = scheduler.handlers.get("update_data")
     add_replica = scheduler.add_replica
     remove_replica = scheduler.remove_replica
     update_data = scheduler.update_data
@@ -231,6 +240,10 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> None:
         remove_replica(ts, ws)
         if index.active and ts.key in desired:
             index.touched.add(ts.key)
+            # remove_worker marks the worker closed before it removes its copies; a
+            # drop leaves it running.
+            if getattr(ws.status, "name", ws.status) == "closed":
+                index.source_lost.add(ts.key)
 
     def update_data_watched(*args: Any, **kwargs: Any) -> Any:
         result = update_data(*args, **kwargs)
@@ -240,11 +253,35 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> None:
         return result
 
     update_data_watched.__name__ = "update_data"
-    scheduler.add_replica = add_replica_watched
-    scheduler.remove_replica = remove_replica_watched
-    scheduler.update_data = update_data_watched
+    wrappers = {
+        "add_replica": add_replica_watched,
+        "remove_replica": remove_replica_watched,
+        "update_data": update_data_watched,
+    }
+    for name, wrapper in wrappers.items():
+        setattr(scheduler, name, wrapper)
     if "update_data" in scheduler.handlers:
         scheduler.handlers["update_data"] = update_data_watched
+
+    def unwatch() -> None:
+        """Put back what the wrappers replaced. A wrapper that something else wrapped
+        since stays in that chain, inactive (``index.active`` is False): removing it
+        would remove the later wrapper too."""
+        for name, wrapper in wrappers.items():
+            if vars(scheduler).get(name) is not wrapper:
+                continue
+            if before[name] is None:
+                delattr(scheduler, name)  # the class's own method shows through again
+            else:
+                setattr(scheduler, name, before[name])
+        if scheduler.handlers.get("update_data") is update_data_watched:
+            scheduler.handlers["update_data"] = handler_before
+
+    return unwatch
+
+
+#: The scheduler methods :func:`watch_scheduler` wraps.
+_WATCHED = ("add_replica", "remove_replica", "update_data")
 
 
 def _chain_unique(*iterables: Iterator[Any]) -> Iterator[Any]:

@@ -18,9 +18,13 @@ exactly (docs/rules.md lists the same):
     pool in ``pool`` is also avoided, or every pool in ``pool`` has an always-false
     expression, or a pool in ``avoid`` has an always-true expression.
 ``inverted-thresholds``
-    In ``rebalance``: ``gap`` is 100% or more; or ``recipient-max`` is below
-    ``sender-min``; or ``gap`` is at least the distance from ``sender-min`` up to
-    ``recipient-max``.
+    In ``rebalance``, thresholds under which nothing can ever move: ``recipient-max``
+    is 0% (no worker is ever below it, so none receives); or ``sender-min`` is 100%
+    with a measure that Dask's workers never let reach the memory limit (every measure
+    but ``managed_total``, which counts bytes spilled to disk). The gap is measured
+    around the cluster mean and the thresholds are absolute floors and ceilings, so
+    ``recipient-max`` below ``sender-min`` (only the fullest send, only the emptiest
+    receive) and any gap up to 100% can work, and are not reported.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import re
 
 from amm_rules.build import Draft, RuleDraft
 from amm_rules.located import Locator
+from amm_rules.rebalance import MEASURES_WITH_SPILLED
 from amm_rules.units import format_fraction
 
 _STRING_OR_SPACE = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|\s+")
@@ -120,40 +125,37 @@ def _pool_avoid(rule: RuleDraft, draft: Draft, where: Locator) -> None:
 
 
 def _thresholds(draft: Draft, where: Locator) -> None:
+    # Only settings under which no key can ever move are reported. Senders and
+    # recipients are chosen by their distance from the cluster mean (gap / 2 either
+    # side); sender-min is a floor below which a worker never sends and recipient-max a
+    # ceiling above which it never receives. Neither bounds the other: with
+    # recipient-max below sender-min the fullest workers still send to the emptiest.
+    # A gap of 100% still lets a worker at 80% send while the mean is below 30%.
     settings = draft.rebalance
     if settings is None:
         return
     given = draft.rebalance_fields
-    low, high, gap = settings.sender_min, settings.recipient_max, settings.gap
     pct = format_fraction
 
-    def at(*names: str) -> tuple[str, ...]:
-        """The first of ``names`` written in the file, else the section itself."""
-        written = [n for n in names if n in given]
-        return ("rebalance", written[0]) if written else ("rebalance",)
+    def at(name: str) -> tuple[str, ...]:
+        """The field if it is written in the file, else the section itself."""
+        return ("rebalance", name) if name in given else ("rebalance",)
 
-    if gap >= 1:
+    if settings.recipient_max <= 0:
         where.add(
-            at("gap"),
-            f"gap is {pct(gap)}: no worker can ever be that far from the "
-            "mean, so nothing is rebalanced",
+            at("recipient-max"),
+            f"recipient-max is {pct(settings.recipient_max)}: no worker is ever below it, "
+            "so no worker receives and nothing is rebalanced",
             "inverted-thresholds",
             severity="warning",
         )
-    elif high < low:
+    if settings.sender_min >= 1 and settings.measure not in MEASURES_WITH_SPILLED:
         where.add(
-            at("recipient-max", "sender-min"),
-            f"recipient-max ({pct(high)}) is below "
-            f"sender-min ({pct(low)}): the thresholds look inverted",
-            "inverted-thresholds",
-            severity="warning",
-        )
-    elif high > low and gap >= high - low:
-        where.add(
-            at("gap", "recipient-max", "sender-min"),
-            f"gap ({pct(gap)}) is not smaller "
-            f"than the distance from sender-min ({pct(low)}) to recipient-max "
-            f"({pct(high)})",
+            at("sender-min"),
+            f"sender-min is {pct(settings.sender_min)}: by measure '{settings.measure}' a "
+            "worker would send only once it holds its whole memory limit, which Dask's "
+            "workers do not reach (they pause at 80% and restart at 95%), so nothing is "
+            "rebalanced; only 'managed_total', which counts spilled bytes, goes past it",
             "inverted-thresholds",
             severity="warning",
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,8 +95,21 @@ def check_path(path: str | os.PathLike[str], display: str | None = None) -> Chec
     try:
         if os.path.isdir(path):
             return _file_problem(name, "is a directory, not a rules file", "unreadable")
-        with open(path, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)  # enough to know the file is too large
+        # Non-blocking: opening a named pipe for reading would otherwise wait for a
+        # writer, forever, on the scheduler's event loop (at start or at a reload).
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return _file_problem(
+                    name,
+                    "is not a regular file (a pipe, socket or device); "
+                    "rules files are regular files",
+                    "unreadable",
+                )
+            with open(fd, "rb", closefd=False) as f:
+                raw = f.read(MAX_BYTES + 1)  # enough to know the file is too large
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         return _file_problem(name, "no such file", "unreadable")
     except PermissionError:

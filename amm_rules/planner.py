@@ -206,7 +206,9 @@ def plan_key(key: KeyView, cluster: ClusterView, settings: PlanSettings) -> KeyP
     if spread:
         reachable = cluster.recipient_hosts(d.pool, d.avoid) | {cluster.host(a) for a in good}
         host_goal = min(lo, len(reachable))
-    exclude = set(key.holders) | key.pending_add | backoff.keys()
+    # A worker with the copy still in flight is not asked again: it already counts
+    # (and asking it twice would not add a copy, so the loop would ask a third worker).
+    exclude = set(key.holders) | key.pending_add | backoff.keys() | inflight.keys()
     while True:
         short = lo - len(counted)
         host_short = host_goal - len(hosts)
@@ -270,6 +272,9 @@ def plan_key(key: KeyView, cluster: ClusterView, settings: PlanSettings) -> KeyP
     # Case 6: trim good copies above hi.
     if hi is not None:
         keep = set(good)
+        # Copies that will count next cycle besides the landed good ones (in flight,
+        # added by other policies): spread is judged on all of them, as case 4 does.
+        coming = counted - good
         excess = len(keep) - hi
         while excess > 0 and len(remaining) > 1:
             dup_hosts = _duplicated_hosts(keep, cluster) if spread else set()
@@ -277,6 +282,21 @@ def plan_key(key: KeyView, cluster: ClusterView, settings: PlanSettings) -> KeyP
             if not choices:
                 plan.deferred.append("trim waits: dependents are processing on every holder")
                 break
+            if spread:
+                # Never thin out a host that spread needs: case 4 would copy the key
+                # back there next cycle (ping-pong). Happens when the copies on shared
+                # hosts cannot be dropped because dependents are processing there.
+                choices = [
+                    a
+                    for a in choices
+                    if cluster.host(a) in dup_hosts
+                    or len({cluster.host(b) for b in (keep | coming) - {a}}) >= host_goal
+                ]
+                if not choices:
+                    plan.deferred.append(
+                        "trim waits: dependents are processing on the copies that share a host"
+                    )
+                    break
             victim = min(
                 choices,
                 key=lambda a: (

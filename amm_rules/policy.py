@@ -12,9 +12,11 @@ Each AMM cycle (every 2 s by default, on the scheduler's event loop) the policy:
    it, or have copies in flight, with :func:`amm_rules.planner.plan_key`;
 5. yields a ``Suggestion`` per planned action, with the chosen worker as the only
    candidate, and remembers the copies the AMM accepted (with a deadline);
-6. applies the stock ReduceReplicas arithmetic to replicated keys nobody governs (if
+6. rebalances, if the rules have a ``rebalance`` section or moves are still in flight
+   (:class:`~amm_rules.rebalancing.Rebalancer`); keys mid-move are not trimmed;
+7. applies the stock ReduceReplicas arithmetic to replicated keys nobody governs (if
    the ruleset's ``reduce-replicas`` is on);
-7. counts per rule what was done, for ``amm_rules_status`` and the ``cycle`` event.
+8. counts per rule what was done, for ``amm_rules_status`` and the ``cycle`` event.
 
 Neighbours: :mod:`amm_rules.planner` decides, :mod:`amm_rules.view` adapts scheduler
 objects, :mod:`amm_rules.index` tracks keys, :mod:`amm_rules.events` writes events,
@@ -27,7 +29,8 @@ import logging
 import os
 import time
 from collections import Counter, defaultdict
-from collections.abc import Generator, Hashable, Mapping
+from collections.abc import Callable, Generator, Hashable, Mapping
+from operator import attrgetter
 from typing import Any
 
 from distributed.active_memory_manager import (
@@ -48,6 +51,7 @@ from amm_rules.planner import (
     plan_key,
     reduce_replicas_excess,
 )
+from amm_rules.rebalancing import Rebalancer
 from amm_rules.ruleset import Pool, Rule, Ruleset
 from amm_rules.view import (
     ClusterView,
@@ -70,6 +74,16 @@ key_logger = logging.getLogger(__name__ + ".keys")
 VOLATILE_WORKER_ATTRIBUTES = frozenset({"memory", "memory_fraction"})
 #: How many reload errors ``amm_rules_status`` keeps.
 RELOAD_ERRORS_KEPT = 10
+#: Longest text taken from a client's value into an event or a log line.
+CLIP = 300
+#: Keys classified between two looks at the clock (see ``classify_seconds``).
+CLASSIFY_CHUNK = 256
+
+_STATUS = attrgetter("status")
+
+
+def _clip(text: str, limit: int = CLIP) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 class RulesPolicy(ActiveMemoryManagerPolicy):
@@ -88,6 +102,13 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         worker avoided for as long again). Default: ``max(3 * AMM interval, 10)``.
     summary_interval:
         Minimum seconds between two ``cycle`` events.
+    classify_seconds, classify_keys:
+        The classification budget of one cycle: at most this many seconds, and at most
+        this many keys (None: no limit), spent resolving keys that entered memory. Keys
+        left over are classified in the next cycles, and until then are neither planned
+        nor trimmed by reduce-replicas. Attaching to a scheduler that already holds a
+        million keys thus costs a few cycles of ``classify_seconds`` each instead of
+        one cycle of seconds on the event loop.
     """
 
     #: The rules in force.
@@ -111,6 +132,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     #: Number of cycles run, and the duration of the last one in seconds.
     cycles: int
     last_cycle_seconds: float
+    #: The classification budget of a cycle (see the parameters).
+    classify_seconds: float | None
+    classify_keys: int | None
 
     def __init__(
         self,
@@ -119,6 +143,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         reload: bool = True,
         inflight_timeout: float | None = None,
         summary_interval: float = 10.0,
+        classify_seconds: float | None = 0.1,
+        classify_keys: int | None = None,
     ):
         self.path = None
         if isinstance(rules, Ruleset):
@@ -138,8 +164,14 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.totals = defaultdict(Counter)
         self.cycles = 0
         self.last_cycle_seconds = 0.0
+        self.classify_seconds = None if classify_seconds is None else float(classify_seconds)
+        self.classify_keys = None if classify_keys is None else max(1, int(classify_keys))
         self._manager: ActiveMemoryManagerExtension | None = None
+        #: Undoes the wrappers of the scheduler's replica methods (see detach).
+        self._unwatch: Callable[[], None] | None = None
         self._stat: tuple[Any, ...] | None = self._file_signature()
+        #: The ``rebalance:`` section at work; kept across reloads (moves in flight).
+        self.rebalancer = Rebalancer()
         self._install(ruleset)
 
     # ------------------------------------------------------------------ attach
@@ -168,7 +200,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         scheduler = self.scheduler
         self.events.scheduler = scheduler
         scheduler.add_plugin(self.index, name=f"amm-rules-{id(self)}", idempotent=True)
-        watch_scheduler(scheduler, self.index)
+        self._unwatch = watch_scheduler(scheduler, self.index)
         register(scheduler, self)
         # The one allowed scan of scheduler.tasks: keys already in memory when attached.
         self.index.dirty.update(k for k, ts in scheduler.tasks.items() if ts.state == "memory")
@@ -185,6 +217,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
 
         scheduler = manager.scheduler
         self.index.active = False
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
         for name, plugin in list(scheduler.plugins.items()):
             if plugin is self.index:
                 scheduler.remove_plugin(name=name)
@@ -241,6 +276,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self._placements: dict[PlanClass, Placement] = {}
         self._status_signature: tuple[Any, ...] = ()
         self.index.workers_changed = True
+        self.rebalancer.configure(ruleset.rebalance, self._rebalance_match_error)
 
     def _file_signature(self) -> tuple[Any, ...] | None:
         if self.path is None:
@@ -298,13 +334,21 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.events.once(("rule-error", rule.name), "rule-error", rule=rule.name, error=repr(exc))
 
     def _invalid_annotation(self, value: Any, exc: Exception, key: Hashable) -> None:
-        logger.warning("amm-rules: ignoring invalid amm annotation %r: %s", value, exc)
+        # The value comes from a client and may be megabytes: the log line, the event
+        # (kept in the scheduler's memory) and the rate-limit token get a prefix.
+        shown, error = _clip(repr(value)), _clip(str(exc))
+        logger.warning("amm-rules: ignoring invalid amm annotation %s: %s", shown, error)
         self.events.once(
-            ("invalid-annotation", repr(value)),
+            ("invalid-annotation", shown),
             "invalid-annotation",
-            annotation=repr(value),
-            error=str(exc),
-            example_key=str(key),
+            annotation=shown,
+            error=error,
+            example_key=_clip(str(key)),
+        )
+
+    def _rebalance_match_error(self, exc: Exception) -> None:
+        self.events.once(
+            ("rule-error", "rebalance.match"), "rule-error", rule="rebalance.match", error=repr(exc)
         )
 
     def _pool_error(self, pool: Pool, exc: Exception) -> None:
@@ -320,7 +364,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         every governed key is checked this cycle."""
         scheduler = self.scheduler
         workers = scheduler.workers
-        signature = tuple((a, ws.status) for a, ws in workers.items())
+        # Workers joining or leaving set index.workers_changed; a status change (paused,
+        # resumed, retiring) has no hook, hence this signature, taken every cycle. The
+        # scheduler's SortedDict iterates slowly from Python: read its dict in C.
+        values = dict.values(workers) if isinstance(workers, dict) else workers.values()
+        signature = tuple(map(_STATUS, values))
         if (
             not self.index.workers_changed
             and not self._volatile_pools
@@ -408,6 +456,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         full = self._refresh_workers()
         fresh = self._classify_dirty()
         self._absorb_touched(fresh)
+        self._give_up_orphaned_copies()
 
         now = time.monotonic()
         stats: dict[str, Counter[str]] = defaultdict(Counter)
@@ -418,6 +467,19 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         if todo:
             yield from self._plan_and_suggest(todo, now, stats)
 
+        if not self.rebalancer.idle:
+            # After replication planning, so that its copies count in the loads and its
+            # keys stay put; before reduce-replicas, which must spare keys mid-move.
+            yield from self.rebalancer.run(
+                self.scheduler,
+                self.manager,
+                now=now,
+                desired=self.index.desired,
+                inflight=self.index.inflight,
+                cluster=self._worker_views,
+                stats=stats,
+            )
+
         if self.ruleset.reduce_replicas:
             yield from self._reduce_replicas(stats)
 
@@ -427,28 +489,64 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         for label, c in stats.items():
             self.totals[label]["requested"] += c["requested"]
             self.totals[label]["dropped"] += c["dropped"]
-        self.events.summary(self.last_cycle, now)
+        self.events.summary(self.last_cycle, now, rebalance=self.rebalancer.cycle_summary())
 
     def _classify_dirty(self) -> set[Hashable]:
         """Resolve the keys that entered memory (or got a runtime target) since the last
-        cycle; file governed ones in the index. Returns the keys it looked at."""
+        cycle, within the cycle's classification budget; file governed ones in the
+        index. Returns the keys it looked at; the others stay in ``index.dirty`` for the
+        next cycles, and are neither planned nor reduced until then."""
         index = self.index
         tasks = self.scheduler.tasks
         classifier = self.classifier
-        dirty, index.dirty = index.dirty, set()
+        dirty = index.dirty
         if classifier.replicas_sensitive:
             # A match reading task.replicas can change its mind when copies come and go.
             dirty |= index.touched
-        for key in dirty:
-            ts = tasks.get(key)
-            if ts is None or ts.state != "memory":
-                continue
-            desired = classifier.resolve(ts, index.runtime.get(key))
-            if desired.governed:
-                index.put(key, ts, desired)
-            else:
-                index.unindex(key)
-        return dirty
+        if not dirty:
+            return set()
+        limit = len(dirty) if self.classify_keys is None else self.classify_keys
+        deadline = (
+            None if self.classify_seconds is None else time.perf_counter() + self.classify_seconds
+        )
+        done: set[Hashable] = set()
+        while dirty and len(done) < limit:
+            # In chunks, so that the clock is read once per chunk, not once per key.
+            for _ in range(min(CLASSIFY_CHUNK, len(dirty), limit - len(done))):
+                key = dirty.pop()
+                done.add(key)
+                ts = tasks.get(key)
+                if ts is None or ts.state != "memory":
+                    continue
+                desired = classifier.resolve(ts, index.runtime.get(key))
+                if desired.governed:
+                    index.put(key, ts, desired)
+                else:
+                    index.unindex(key)
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
+        if dirty:
+            logger.debug(
+                "amm-rules: classified %d keys; %d left for the next cycles", len(done), len(dirty)
+            )
+        return done
+
+    def _give_up_orphaned_copies(self) -> None:
+        """Copies in flight of a key that lost a holder with its worker may be fetched
+        from that dead worker, and such a fetch can hang until the comm times out
+        (seconds to minutes) while the key is short. Forget them, and pass their
+        recipients over for this one cycle, so that other workers are asked first;
+        with no other worker, the same one is asked again a cycle later (which
+        refreshes its list of holders). Once per lost holder, never once per cycle."""
+        index = self.index
+        until = time.monotonic() + self.manager.interval / 2
+        for key in index.source_lost:
+            entry = index.inflight.pop(key, None)
+            if entry:
+                backoff = index.backoff.setdefault(key, {})
+                for addr in entry:
+                    backoff[addr] = max(backoff.get(addr, until), until)
+        index.source_lost.clear()
 
     def _absorb_touched(self, fresh: set[Hashable]) -> None:
         """Route keys whose copies changed: governed ones are checked this cycle, the
@@ -496,6 +594,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             ts = tasks.get(key)
             if ts is not None:
                 todo[key] = ts
+        if index.dirty:
+            # Left over by the classification budget: what they want is not known yet
+            # (a reload or a runtime target may have changed it). Planned once classified.
+            unclassified = index.dirty
+            todo = {key: ts for key, ts in todo.items() if key not in unclassified}
         return todo
 
     def key_view(self, ts: Any, desired: Any, pending: Mapping[Any, Any] | None = None) -> KeyView:
@@ -537,6 +640,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         settings = self.settings(now)
         pending = self.manager.pending
         workers = self.scheduler.workers
+        moving = self.rebalancer.moving
         for key, ts in todo.items():
             desired = index.desired.get(key)
             if desired is None or ts.state != "memory":
@@ -549,6 +653,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             for action in plan.actions:
                 ws = workers.get(action.worker)
                 if ws is None:  # pragma: no cover - the view was built from these workers
+                    continue
+                if action.op == "drop" and key in moving:
+                    # Mid-move the key holds one extra copy until the move's own drop;
+                    # trimming now could drop the new copy and undo the move.
+                    plan.deferred.append(f"drop from {action.worker} waits: key mid-move")
                     continue
                 choice = yield Suggestion(action.op, ts, {ws})
                 accepted = choice is not None
@@ -598,22 +707,40 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         the keys nobody governs that hold several copies (``index.replicated_free``),
         which is the scheduler's ``replicated_tasks`` without the governed keys."""
         index = self.index
+        replicated = index.replicated_free
         pending = self.manager.pending
+        moving = self.rebalancer.moving
+        # Keys left over by the classification budget: a rule may yet govern them.
+        unclassified = index.dirty
+        stale = []
         dropped = 0
-        for key, ts in list(index.replicated_free.items()):
-            if ts.state != "memory" or key in index.desired or len(ts.who_has or ()) < 2:
-                del index.replicated_free[key]
+        # This loop runs for every replicated key each cycle (120,000 drops at a million
+        # keys in the scale benchmark), so it is the stock policy's loop plus only
+        # what the index needs: no copy of the table (nothing can change it while the
+        # AMM drives this generator: the AMM only records suggestions), set lookups
+        # only when the sets are not empty, and no candidate set (None: any holder,
+        # as the stock policy; the AMM copies ``who_has`` itself and picks the most
+        # loaded holder).
+        for key, ts in replicated.items():
+            who_has = ts.who_has
+            # (Governed keys are never here: KeyIndex.put takes them out.)
+            if ts.state != "memory" or who_has is None or len(who_has) < 2:
+                stale.append(key)
                 continue
+            if (moving and key in moving) or (unclassified and key in unclassified):
+                continue  # mid-move (the move drops its extra copy), or not classified yet
+            if ts.waiters:
+                excess = reduce_replicas_excess(len(who_has), stock_waiter_count(ts))
+            else:
+                excess = len(who_has) - 1  # the same arithmetic, without waiters
             entry = pending.get(ts)
-            excess = reduce_replicas_excess(
-                len(ts.who_has),
-                stock_waiter_count(ts),
-                len(entry[0]) if entry else 0,
-                len(entry[1]) if entry else 0,
-            )
+            if entry is not None:
+                # What other policies had the AMM accept for the key in this cycle.
+                excess += len(entry[0]) - len(entry[1])
             for _ in range(excess):
-                # Explicit candidates: any holder; the AMM picks the most loaded.
-                if (yield Suggestion("drop", ts, set(ts.who_has))) is not None:
+                if (yield Suggestion("drop", ts)) is not None:
                     dropped += 1
+        for key in stale:
+            del replicated[key]
         if dropped:
             stats[DEFAULT_SOURCE]["dropped"] += dropped

@@ -126,8 +126,15 @@ class Actions:
     spread: Literal["host", "none"] | None = None
     move: Literal["allowed", "never"] | None = None
 
+    def __post_init__(self) -> None:
+        # The cascade asks every rule for its set fields for every key it resolves:
+        # computed once here (the dataclass is frozen, hence object.__setattr__).
+        fields = tuple(f for f in ACTION_FIELDS if getattr(self, f) is not None)
+        object.__setattr__(self, "_set_fields", fields)
+
     def set_fields(self) -> tuple[str, ...]:
-        return tuple(f for f in ACTION_FIELDS if getattr(self, f) is not None)
+        """The fields this rule or annotation sets, in :data:`ACTION_FIELDS` order."""
+        return self._set_fields  # type: ignore[attr-defined,no-any-return]
 
 
 @dataclass(frozen=True)

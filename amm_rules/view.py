@@ -17,6 +17,7 @@ import heapq
 import logging
 from collections.abc import Callable, Container, Hashable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Literal
 
 from amm_rules.ruleset import Desired, Pool, WorkerFacts
@@ -296,11 +297,10 @@ class TaskFactsAdapter:
     Attributes are read from the task on access, so a match pays only for what it reads.
     """
 
-    __slots__ = ("_ts", "_class_keys")
+    __slots__ = ("_ts",)
 
     def __init__(self, ts: Any):
         self._ts = ts
-        self._class_keys: dict[frozenset[str], Hashable] | None = None
 
     @property
     def key(self) -> str:
@@ -330,18 +330,30 @@ class TaskFactsAdapter:
     def annotations(self) -> Mapping[str, Any]:
         return self._ts.annotations or {}
 
-    def class_key(self, attributes: frozenset[str]) -> Hashable:
-        """The values of class attributes (prefix, group, type, annotations) a match
-        reads, as a hashable tuple: equal for every key of the same class."""
-        if self._class_keys is None:
-            self._class_keys = {}
-        try:
-            return self._class_keys[attributes]
-        except KeyError:
-            pass
-        values = tuple(
-            freeze(self.annotations) if a == "annotations" else getattr(self, a)
-            for a in sorted(attributes)
-        )
-        self._class_keys[attributes] = values
-        return values
+
+#: Where the plain class attributes live on a ``TaskState`` (for :func:`class_reader`).
+_CLASS_PATHS: Mapping[str, str] = {"prefix": "prefix.name", "group": "group.name", "type": "type"}
+
+
+def class_reader(attributes: Iterable[str]) -> Callable[[Any], Hashable]:
+    """A function of a ``TaskState`` returning the values of the class attributes
+    (``prefix``, ``group``, ``type``, ``annotations``) among ``attributes``: equal for
+    every key of the same class, and hashable. It runs once per key classified, so the
+    plain attributes are read by one ``attrgetter`` call (C code) and annotations are
+    frozen only when a key has some."""
+    names = sorted(attributes)
+    paths = [_CLASS_PATHS[a] for a in names if a in _CLASS_PATHS]
+    plain: Callable[[Any], Hashable] | None = attrgetter(*paths) if paths else None
+    if "annotations" not in names:
+        return plain if plain is not None else _no_class
+
+    def with_annotations(ts: Any) -> Hashable:
+        annotations = ts.annotations
+        frozen = freeze(annotations) if annotations else None
+        return frozen if plain is None else (plain(ts), frozen)
+
+    return with_annotations
+
+
+def _no_class(ts: Any) -> Hashable:
+    return None

@@ -1,0 +1,421 @@
+"""Safety properties of the pure planner, over random clusters (hypothesis, no cluster).
+
+Each example draws workers (hosts, pools, running / paused / retiring, memory) and keys
+(targets exact or ``{min, max}``, ``pool``, ``avoid``, ``spread``, ``move``, copies on
+live and departed workers, waiters and dependents processing, copies in flight with
+live or expired deadlines, workers backed off, what other policies had accepted in the
+same cycle), plans every key with :func:`amm_rules.planner.plan_key` on one shared
+:class:`~amm_rules.view.ClusterView` as the policy does, and checks what the engine
+promises (docs/policy.md, "Safety guarantees"):
+
+- never drops the last copy; never drops where a dependent is processing; drops only
+  copies that exist and that no other policy is already dropping;
+- never drops below a key's ``min`` while it is unmet: eligible copies are never trimmed
+  below the target, and a misplaced copy goes only once the eligible copies hold the
+  target (as far as the pool allows) or the key is above ``max``;
+- a new copy goes only to a running worker inside the key's pool, outside its avoided
+  pools, that neither holds the key, nor has it in flight, nor is backed off;
+- ``move: never`` keys are never touched;
+- no oscillation: a plan never copies to and drops from the same worker; playing plans
+  until nothing is left reaches a fixed point in a few cycles, without ever dropping a
+  copy from a worker it copied to (or copying back to one it dropped from);
+- a repeated cycle with no change in the cluster asks for nothing new.
+
+Example counts: about 3,000 examples in all under the ``ci`` profile (``CI=true``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from amm_rules.planner import KeyPlan, PlanSettings, plan_key, target_bounds
+from amm_rules.ruleset import Desired, Reason, Target
+from amm_rules.view import ClusterView, KeyView, WorkerView
+
+NOW = 1_000.0
+SETTINGS = PlanSettings(now=NOW, inflight_timeout=10.0, backoff=10.0)
+POOLS = ("gpu", "spot", "big")
+HOSTS = ("h0", "h1", "h2", "h3")
+#: A worker that held copies or had copies in flight and has since left.
+GONE = "gone"
+
+# ---------------------------------------------------------------------------------
+# Strategies
+
+
+# Every draw is a small integer or a bit mask, decoded below: far cheaper to generate
+# than nested sets and dictionaries (thousands of examples fit the CI budget), and
+# still shrinking towards small clusters, few copies and plain targets.
+
+STATUSES = ("running", "running", "running", "running", "paused", "closing")
+DEADLINES = (NOW - 5.0, NOW, NOW + 0.5, NOW + 5.0)
+SPREADS = (None, None, "host", "none")
+MOVES = (None, None, None, "allowed", "never")
+KINDS = ("rule", "annotation", "runtime")
+
+worker_specs = st.lists(
+    st.tuples(
+        st.integers(0, len(HOSTS) - 1),
+        st.integers(0, len(STATUSES) - 1),
+        st.integers(0, 2 ** len(POOLS) - 1),
+        st.integers(0, 1_000),
+    ),
+    min_size=1,
+    max_size=8,
+)
+#: (replicate kind, exact n, min, max - min or -1, pool mask, avoid mask, spread, move, reason kind)
+wish_specs = st.tuples(
+    st.integers(0, 2),
+    st.integers(1, 6),
+    st.integers(1, 4),
+    st.integers(-1, 3),
+    st.integers(0, 2 ** len(POOLS) - 1),
+    st.integers(0, 2 ** len(POOLS) - 1),
+    st.integers(0, len(SPREADS) - 1),
+    st.integers(0, len(MOVES) - 1),
+    st.integers(0, len(KINDS) - 1),
+)
+MASK = st.integers(0, 2**9 - 1)
+#: (holders, inflight, inflight deadlines, backoff, backoff deadlines, busy, pending
+#: add, pending drop, nbytes, waiters)
+key_specs = st.tuples(
+    st.integers(1, 2**9 - 1),
+    MASK,
+    st.integers(0, 4**9 - 1),
+    MASK,
+    st.integers(0, 4**9 - 1),
+    MASK,
+    MASK,
+    MASK,
+    st.integers(0, 300),
+    st.integers(0, 3),
+)
+
+
+def pools_of(mask: int) -> tuple[str, ...]:
+    return tuple(p for i, p in enumerate(POOLS) if mask >> i & 1)
+
+
+def decode_workers(specs: list[tuple[int, int, int, int]]) -> list[WorkerView]:
+    return [
+        WorkerView(f"w{i}", HOSTS[h], STATUSES[st_], frozenset(pools_of(p)), mem)  # type: ignore[arg-type]
+        for i, (h, st_, p, mem) in enumerate(specs)
+    ]
+
+
+def decode_wish(spec: tuple[int, ...]) -> Desired:
+    kind, n, lo, extra, pool, avoid, spread, move, why = spec
+    fields: dict[str, Any] = {
+        "replicate": (
+            None
+            if kind == 0
+            else Target.exact(n)
+            if kind == 1
+            else Target(lo, None if extra < 0 else lo + extra)
+        ),
+        "pool": pools_of(pool) or None,
+        "avoid": pools_of(avoid) or None,
+        "spread": SPREADS[spread],
+        "move": MOVES[move],
+    }
+    fields = {k: v for k, v in fields.items() if v is not None}
+    if not fields:  # the policy plans governed keys only
+        fields["replicate"] = Target.exact(2)
+    return Desired(reasons={f: Reason(KINDS[why], "r") for f in fields}, **fields)
+
+
+def decode_key(
+    name: str, addresses: list[str], wish: tuple[int, ...], spec: tuple[int, ...]
+) -> KeyView:
+    everywhere = [*addresses, GONE]
+
+    def members(mask: int) -> set[str]:
+        return {a for i, a in enumerate(everywhere) if mask >> i & 1}
+
+    def timed(mask: int, digits: int) -> dict[str, float]:
+        return {
+            a: DEADLINES[digits >> 2 * i & 3] for i, a in enumerate(everywhere) if mask >> i & 1
+        }
+
+    holders_m, inflight_m, inflight_t, backoff_m, backoff_t, busy_m, add_m, drop_m, nb, wt = spec
+    holders = members(holders_m) or {everywhere[0]}
+    live = holders - {GONE}
+    pending_drop = members(drop_m) & live
+    if pending_drop and pending_drop == live:  # the AMM never lets the last copy go
+        pending_drop.discard(min(pending_drop))
+    return KeyView(
+        key=name,
+        desired=decode_wish(wish),
+        holders=frozenset(holders),
+        nbytes=nb,
+        waiters=wt,
+        busy=frozenset(members(busy_m) & live),
+        inflight=timed(inflight_m, inflight_t),
+        backoff=timed(backoff_m, backoff_t),
+        pending_add=frozenset(members(add_m) - holders - {GONE}),
+        pending_drop=frozenset(pending_drop),
+    )
+
+
+@st.composite
+def scenarios(
+    draw: st.DrawFn, max_keys: int = 6, pending: bool = True
+) -> tuple[list[WorkerView], list[KeyView]]:
+    workers = decode_workers(draw(worker_specs))
+    addresses = [w.address for w in workers]
+    specs = draw(st.lists(st.tuples(wish_specs, key_specs), min_size=1, max_size=max_keys))
+    views = [decode_key(f"k{i}", addresses, w, k) for i, (w, k) in enumerate(specs)]
+    if not pending:
+        views = [replace(v, pending_add=frozenset(), pending_drop=frozenset()) for v in views]
+    return workers, views
+
+
+reduce_flags = st.booleans()
+
+# ---------------------------------------------------------------------------------
+# Checks
+
+
+def placeable(workers: dict[str, WorkerView], d: Desired) -> set[str]:
+    """Workers where a copy of the key counts (allowed and not retiring)."""
+    return {
+        a
+        for a, w in workers.items()
+        if (d.pool is None or not w.pools.isdisjoint(d.pool))
+        and (d.avoid is None or w.pools.isdisjoint(d.avoid))
+        and w.status != "closing"
+    }
+
+
+def check_plan(view: KeyView, plan: KeyPlan, workers: dict[str, WorkerView], reduce: bool) -> None:
+    """Every safety property of one key's plan, judged from the cluster before it."""
+    d = view.desired
+    adds = [a.worker for a in plan.actions if a.op == "replicate"]
+    drops = [a.worker for a in plan.actions if a.op == "drop"]
+    context = f"{view}\nplan: {plan.actions}"
+
+    # move: never is never touched.
+    if d.move == "never":
+        assert plan.actions == [] and plan.inflight == {}, context
+        return
+
+    # No worker is asked twice, nor both to copy and to drop.
+    assert len(set(adds)) == len(adds), context
+    assert len(set(drops)) == len(drops), context
+    assert not set(adds) & set(drops), context
+
+    # New copies: running, inside the pool, outside avoided pools, not holding the key,
+    # not already receiving it (from us or another policy), not backed off.
+    live_backoff = {a for a, t in view.backoff.items() if t > NOW}
+    expired = {a for a, t in view.inflight.items() if t <= NOW and a not in view.holders}
+    still_inflight = {
+        a for a, t in view.inflight.items() if t > NOW and a in workers and a not in view.holders
+    }
+    for a in adds:
+        w = workers.get(a)
+        assert w is not None and w.status == "running", context
+        assert d.pool is None or not w.pools.isdisjoint(d.pool), context
+        assert d.avoid is None or w.pools.isdisjoint(d.avoid), context
+        assert a not in view.holders and a not in view.pending_add, context
+        assert a not in still_inflight, f"copy requested again while in flight\n{context}"
+        assert a not in live_backoff and a not in expired, context
+
+    # Drops: of live copies nobody else is dropping, never where a dependent runs.
+    holders = {a for a in view.holders if a in workers} - view.pending_drop
+    for a in drops:
+        assert a in holders, context
+        assert a not in view.busy, context
+    remaining = holders - set(drops)
+    # Never the last copy.
+    if holders:
+        assert remaining, f"last copy dropped\n{context}"
+
+    # Never below min: eligible copies are never trimmed below the target ...
+    lo, hi = target_bounds(d, view.waiters, reduce)
+    ok = placeable(workers, d)
+    good = holders & ok
+    assert len(good - set(drops)) >= min(len(good), lo), f"trimmed below min\n{context}"
+    # ... and a misplaced copy goes only once the eligible copies hold the target (as
+    # far as the pool allows), or when the key holds more than max.
+    misplaced_dropped = [a for a in drops if a not in ok]
+    if misplaced_dropped:
+        holds_target = len(good) >= max(1, min(lo, len(ok)))
+        above_max = hi is not None and len(remaining) >= hi
+        assert holds_target or above_max, f"misplaced copy dropped below min\n{context}"
+    # Good copies are trimmed only above max, and never while copies are being added.
+    good_dropped = [a for a in drops if a in ok]
+    if good_dropped:
+        assert hi is not None and len(good) > hi, context
+        if adds:
+            # Only under spread: host, thinning out a host that holds two copies
+            # while a copy goes to a new host (a move between hosts).
+            hosts = [workers[a].host for a in good]
+            shared = all(hosts.count(workers[a].host) > 1 for a in good_dropped)
+            assert d.spread == "host" and shared, f"trims while it adds\n{context}"
+
+
+def plan_all(
+    workers: list[WorkerView], views: list[KeyView], reduce: bool
+) -> tuple[ClusterView, list[KeyPlan]]:
+    cluster = ClusterView(workers)
+    plans = [plan_key(v, cluster, replace(SETTINGS, reduce_replicas=reduce)) for v in views]
+    return cluster, plans
+
+
+# ---------------------------------------------------------------------------------
+# Properties
+
+
+@settings(max_examples=1_500)
+@given(scenarios(), reduce_flags)
+def test_one_cycle_is_safe(scenario: tuple[list[WorkerView], list[KeyView]], reduce: bool) -> None:
+    workers, views = scenario
+    by_address = {w.address: w for w in workers}
+    _, plans = plan_all(workers, views, reduce)
+    for view, plan in zip(views, plans, strict=True):
+        check_plan(view, plan, by_address, reduce)
+
+
+def apply(view: KeyView, plan: KeyPlan, now: float) -> KeyView:
+    """The next cycle's view of the key: every copy landed, every drop happened, and
+    what other policies did last cycle is no longer pending."""
+    holders = set(view.holders) - view.pending_drop | view.pending_add
+    for a in plan.actions:
+        (holders.add if a.op == "replicate" else holders.discard)(a.worker)
+    return replace(
+        view,
+        holders=frozenset(holders),
+        inflight=plan.inflight,
+        backoff=plan.backoff,
+        pending_add=frozenset(),
+        pending_drop=frozenset(),
+        busy=view.busy & holders,
+    )
+
+
+def land(
+    workers: list[WorkerView], views: list[KeyView], plans: list[KeyPlan]
+) -> list[WorkerView]:
+    """Workers' memory after the plans were enacted (as the next cycle measures it)."""
+    memory = {w.address: w.memory for w in workers}
+    for view, plan in zip(views, plans, strict=True):
+        for a in plan.actions:
+            delta = view.nbytes if a.op == "replicate" else -view.nbytes
+            memory[a.worker] = max(0, memory[a.worker] + delta)
+    return [replace(w, memory=memory[w.address]) for w in workers]
+
+
+@settings(max_examples=800)
+@given(scenarios(max_keys=4), reduce_flags)
+def test_plans_settle_without_oscillation(
+    scenario: tuple[list[WorkerView], list[KeyView]], reduce: bool
+) -> None:
+    """Play cycles (every copy lands, every drop happens, time stands still) until the
+    planner asks for nothing: no copy dropped from a worker it was sent to, no copy
+    sent back to a worker it was dropped from, and a fixed point within a few cycles."""
+    workers, views = scenario
+    by_address = {w.address: w for w in workers}
+    history: list[list[set[tuple[str, str]]]] = [[] for _ in views]
+    for _ in range(8):
+        _, plans = plan_all(workers, views, reduce)
+        if not any(p.actions for p in plans):
+            break
+        for i, (view, plan) in enumerate(zip(views, plans, strict=True)):
+            check_plan(view, plan, by_address, reduce)
+            history[i].append({(a.op, a.worker) for a in plan.actions})
+        workers = land(workers, views, plans)
+        views = [apply(v, p, NOW) for v, p in zip(views, plans, strict=True)]
+    else:
+        raise AssertionError(f"no fixed point after 8 cycles: {history}")
+    for steps in history:
+        added = {w for step in steps for op, w in step if op == "replicate"}
+        dropped = {w for step in steps for op, w in step if op == "drop"}
+        assert not added & dropped, f"ping-pong: {steps}"
+
+
+@settings(max_examples=700)
+@given(scenarios(pending=False), reduce_flags)
+def test_a_repeated_cycle_with_no_change_asks_for_nothing_new(
+    scenario: tuple[list[WorkerView], list[KeyView]], reduce: bool
+) -> None:
+    """The next cycle comes before any requested copy landed (a slow transfer). Drops
+    are not in flight: the scheduler forgets a dropped copy the moment the AMM asks
+    for the drop. The planner remembers the copies it asked for and asks for nothing."""
+    workers, views = scenario
+    _, first = plan_all(workers, views, reduce)
+    again = []
+    for view, plan in zip(views, first, strict=True):
+        holders = set(view.holders) - view.pending_drop - set(plan.drops)
+        again.append(
+            replace(
+                view,
+                holders=frozenset(holders),
+                inflight=plan.inflight,
+                backoff=plan.backoff,
+                pending_add=frozenset(),
+                pending_drop=frozenset(),
+                busy=view.busy & holders,
+            )
+        )
+    _, second = plan_all(workers, again, reduce)
+    for view, p1, p2 in zip(again, first, second, strict=True):
+        assert p2.actions == [], f"{view}\nfirst: {p1.actions}\nsecond: {p2.actions}"
+
+
+@settings(max_examples=300)
+@given(scenarios(), reduce_flags)
+def test_a_cycle_at_the_fixed_point_asks_for_nothing(
+    scenario: tuple[list[WorkerView], list[KeyView]], reduce: bool
+) -> None:
+    """Once a cycle asked for nothing, the same cycle again (same cluster, in-flight
+    copies carried over) asks for nothing either: no action storm on an unmet target."""
+    workers, views = scenario
+    for _ in range(8):
+        _, plans = plan_all(workers, views, reduce)
+        if not any(p.actions for p in plans):
+            break
+        workers = land(workers, views, plans)
+        views = [apply(v, p, NOW) for v, p in zip(views, plans, strict=True)]
+    views = [
+        replace(v, inflight=p.inflight, backoff=p.backoff)
+        for v, p in zip(views, plans, strict=True)
+    ]
+    for _ in range(3):
+        _, plans = plan_all(workers, views, reduce)
+        assert not any(p.actions for p in plans), [p.actions for p in plans]
+
+
+# ---------------------------------------------------------------------------------
+# Regressions: the smallest cases these properties found
+
+
+def test_a_copy_in_flight_is_not_requested_again_when_the_key_is_short() -> None:
+    """A holder died while a copy was in flight: the key is short again. The worker
+    receiving the copy already counts; the missing copy goes to another worker."""
+    workers = [WorkerView("w0"), WorkerView("w1"), WorkerView("w2", memory=500)]
+    d = Desired(replicate=Target.exact(3), reasons={"replicate": Reason("rule", "r")})
+    view = KeyView("k", d, holders=frozenset({"w0"}), inflight={"w1": NOW + 5})
+    (plan,) = plan_all(workers, [view], True)[1]
+    assert plan.replicas == ["w2"]
+    assert set(plan.inflight) == {"w1", "w2"}
+
+
+def test_spread_trim_does_not_thin_out_a_host_spread_needs() -> None:
+    """Two copies share a host and dependents run on both; the third copy, alone on
+    its host, is not trimmed instead (spread would copy it back next cycle)."""
+    workers = [WorkerView("a1", "A"), WorkerView("a2", "A"), WorkerView("b1", "B")]
+    d = Desired(
+        replicate=Target.exact(2),
+        spread="host",
+        reasons={"replicate": Reason("rule", "r"), "spread": Reason("rule", "r")},
+    )
+    view = KeyView("k", d, holders=frozenset({"a1", "a2", "b1"}), busy=frozenset({"a1", "a2"}))
+    (plan,) = plan_all(workers, [view], True)[1]
+    assert plan.actions == [] and plan.deferred
+    # Once a dependent finishes, the shared host is thinned out.
+    (plan,) = plan_all(workers, [replace(view, busy=frozenset({"a1"}))], True)[1]
+    assert plan.drops == ["a2"]
