@@ -211,6 +211,15 @@ def _yaml_problem(exc: Exception) -> SourceProblem:
     """A PyYAML exception as a positioned problem."""
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         line, column = mark_position(exc.problem_mark)
+        if "nesting depth" in str(exc.problem):
+            # Newer libyaml stops at its own depth limit while reading ahead, before
+            # the pre-scan sees our (lower) limit: the same refusal, said our way.
+            return SourceProblem(
+                line,
+                column,
+                f"nesting deeper than {MAX_DEPTH} levels is not allowed in a rules file",
+                "too-deep",
+            )
         message = f"YAML syntax error: {exc.problem}"
         if exc.context and exc.context_mark is not None:
             message += f" ({exc.context} on line {exc.context_mark.line + 1})"
