@@ -161,7 +161,10 @@ def _rules(section: Any, where: Locator, draft: Draft, known: set[str]) -> list[
         actions = _actions(item, path, where, known)
         if compiled is None or actions is None or where.reported_under(path):
             continue
-        assert isinstance(name, str) and text is not None
+        if not isinstance(name, str) or text is None:
+            # Already an error elsewhere: the YAML reader drops an entry whose key it
+            # refuses (a tag on the key `name`), and says so at the key.
+            continue
         draft.rules.append(RuleDraft(index, name, text, compiled.constant, actions))
         out.append(
             Rule(

@@ -25,7 +25,7 @@ is what rebalancing moves and what the ``rebalance`` rules here measure; process
 includes interpreter and allocator overhead that no placement changes), ``spilled`` and
 ``process``. Worker processes run single-threaded BLAS.
 
-    python benchmarks/rebalance.py            # about 15 minutes on 2 cores
+    python benchmarks/rebalance.py            # about 30 minutes on 2 cores
     python benchmarks/rebalance.py --quick    # smaller data, shorter runs, 3 minutes
 
 Scenario 3 runs each mode ``--repeats`` times (default 3), interleaved, and reports each
@@ -51,6 +51,7 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
+import re  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from collections import Counter  # noqa: E402
@@ -639,6 +640,20 @@ def plot(results: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
     plt.close(fig)
 
 
+def dump_json(doc: Any) -> str:
+    """Indented JSON with each list of numbers (the time series) on one line, so that the
+    file stays small and a re-run shows up as a readable diff."""
+    text = json.dumps(doc, indent=1, default=str)
+    return (
+        re.sub(
+            r"\[\s*(-?[\d.e+-]+(?:,\s*-?[\d.e+-]+)*)\s*\]",
+            lambda m: "[" + ", ".join(v.strip() for v in m[1].split(",")) + "]",
+            text,
+        )
+        + "\n"
+    )
+
+
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Each numeric metric's median over the repeats; the first run's series; every
     repeat's metrics under ``repeats``."""
@@ -687,7 +702,7 @@ async def main(quick: bool, repeats: int) -> None:
         "target_ratio": TARGET_RATIO,
         "results": results,
     }
-    (RESULTS / f"rebalance{suffix}.json").write_text(json.dumps(doc, indent=1, default=str))
+    (RESULTS / f"rebalance{suffix}.json").write_text(dump_json(doc))
     plot(results, RESULTS / f"rebalance{suffix}.png")
     print(f"\nwrote {RESULTS / f'rebalance{suffix}.json'} and rebalance{suffix}.png")
 

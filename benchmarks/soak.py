@@ -42,6 +42,7 @@ import dask  # noqa: E402
 from chaos_support import (  # noqa: E402
     ChaosStats,
     busiest_holders,
+    combine,
     held_rules,
     kill,
     kill_round,
@@ -163,8 +164,6 @@ async def one_round(
             max_cycles=args.max_cycles,
         )
         return
-    from chaos_support import combine
-
     futures = [
         c.submit(combine, held[k], held[keys[0]], key=f"combine-{kind}-{stats.rounds}-{k}")
         for k in keys

@@ -13,7 +13,8 @@ What must hold (docs/reliability.md):
   the engine recovers when it unblocks.
 
 Workers are in-process (``gen_cluster``); "killed without warning" is
-``Worker.close()`` with no retirement: the scheduler just loses the worker's copies.
+``chaos_support.kill``: the worker's connections are cut, as a crashed process's are,
+and it stops, with no retirement: the scheduler just loses the worker's copies.
 The soak variants (``@pytest.mark.slow``, ``--run-slow``) and ``benchmarks/soak.py``
 run many more rounds.
 """
@@ -29,7 +30,9 @@ from amm_policy_support import amm_config, events, holders, no_errors, rules
 from chaos_support import (
     ChaosStats,
     busiest_holders,
+    combine,
     copies,
+    expected_combine,
     held_rules,
     kill,
     kill_round,
@@ -133,8 +136,6 @@ async def test_paused_worker_keeps_its_copies_and_receives_none(c, s, *workers):
 @gen_cluster(client=True, nthreads=[("", 1)] * 6, config=_held_config(), timeout=60)
 async def test_retiring_the_busiest_holders_while_computing(c, s, *workers):
     held = await make_held(c, s, KEYS, N)
-    from chaos_support import combine, expected_combine
-
     futures = [c.submit(combine, held[k], held[KEYS[0]], key=f"combine-r-{k}") for k in KEYS]
     leaving = busiest_holders(s, KEYS, 2)
     await c.retire_workers(leaving)
@@ -151,8 +152,6 @@ async def test_workers_joining_mid_run_take_copies_up_to_the_target(c, s, a, b, 
     """Target 3 on 3 workers; one dies (held as far as possible: 2), a new worker
     joins mid-computation and the target is met again, on it."""
     held = await make_held(c, s, KEYS, N)
-    from chaos_support import combine
-
     futures = [c.submit(combine, held[k], held[k], key=f"combine-j-{k}") for k in KEYS]
     await kill(w3)
     await async_poll_for(lambda: all(copies(s, k) == 2 for k in KEYS), timeout=10)

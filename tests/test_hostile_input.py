@@ -176,6 +176,12 @@ YAML_CASES = [
     ("version: 1\n# " + "x" * MAX_BYTES, "too-large", "larger than the limit"),
     ("version: 1\n---\nversion: 1\n", "yaml", "second one"),
     ("version: 1\nx: \x00\n", "binary", "NUL"),
+    # A tag on a rule's `name` key (found by the long fuzz run: it was an internal error).
+    (
+        "version: 1\nrules:\n  - !custom name: r\n    match: task.replicas == 0\n    replicate: 2\n",
+        "yaml-tag",
+        "not allowed on a key",
+    ),
 ]
 
 
