@@ -64,8 +64,14 @@ def format_json(results: Sequence[CheckResult]) -> str:
     return json.dumps(items, indent=2) + "\n"
 
 
+#: Characters other than CR and LF that end a line for a reader splitting lines the
+#: Unicode way; an annotation must stay on one line, so they are written as escapes.
+_OTHER_LINE_ENDS = {c: f"\\u{ord(c):04x}" for c in "\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
 def _escape_data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.translate(str.maketrans(_OTHER_LINE_ENDS))
 
 
 def _escape_property(text: str) -> str:
