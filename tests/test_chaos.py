@@ -88,6 +88,41 @@ async def test_kill_busiest_holder_each_round(c, s, *workers):
     no_errors(s)
 
 
+def _rebalancing_config() -> dict[str, Any]:
+    """Held keys plus a rebalance section that moves data on these small workers:
+    any worker above the mean sends, a small budget keeps moves in flight across
+    cycles, so that kills land mid-move."""
+    held = held_rules(N)
+    held["rebalance"] = {
+        "measure": "managed",
+        "sender-min": 0,
+        "recipient-max": 1,
+        "gap": 0,
+        "max-bytes-per-cycle": 300_000,
+    }
+    return amm_config(held, inflight_timeout=INFLIGHT_TIMEOUT)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 7,
+    config=_rebalancing_config(),
+    worker_kwargs={"memory_limit": "1 GiB"},
+    timeout=60,
+)
+async def test_kill_busiest_holder_each_round_while_rebalancing(c, s, *workers):
+    # Ballast on one worker keeps the rebalancer busy for the whole run.
+    ballast = await c.scatter(
+        {f"ballast-{i}": b"x" * 100_000 for i in range(40)}, workers=[workers[0].address]
+    )
+    stats = await _rounds(c, s, list(workers), rounds=3)
+    assert stats.kills == 3
+    totals = policy_of(s).rebalancer.status()["totals"]
+    assert totals["moves"] > 0 and totals["done"] > 0, totals  # it really moved data
+    del ballast
+    no_errors(s)
+
+
 @gen_cluster(client=True, nthreads=[("", 1)] * 8, config=_held_config(), timeout=60)
 async def test_kill_two_of_three_holders_at_once(c, s, *workers):
     """Two of a key's three holders die between two cycles: one copy survives, and
