@@ -6,6 +6,7 @@ the scheduler's own AMM with a short interval and RulesPolicy as its only policy
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Hashable, Mapping
 from typing import Any
 
@@ -13,7 +14,17 @@ from distributed.utils_test import inc
 
 from amm_rules.policy import RulesPolicy
 
-__all__ = ["amm_config", "events", "holders", "inc", "no_errors", "policy_of", "rules"]
+__all__ = [
+    "amm_config",
+    "copies",
+    "events",
+    "holders",
+    "inc",
+    "more_cycles",
+    "no_errors",
+    "policy_of",
+    "rules",
+]
 
 #: Short enough that a test sees several cycles in a fraction of a second.
 INTERVAL = 0.05
@@ -28,9 +39,12 @@ def rules(*entries: Mapping[str, Any], pools: Mapping[str, str] | None = None, *
     return out
 
 
-def amm_config(rules_: Any, *, start: bool = True, **kwargs: Any) -> dict[str, Any]:
+def amm_config(rules_: Any = None, *, start: bool = True, **kwargs: Any) -> dict[str, Any]:
     """gen_cluster ``config``: the scheduler's AMM runs RulesPolicy only (or nothing,
-    with ``start=False``, for tests that drive an ad-hoc manager)."""
+    with ``start=False``, for tests that drive an ad-hoc manager). No rules: an empty
+    rules file (reduce-replicas only)."""
+    if rules_ is None:
+        rules_ = {"version": 1}
     prefix = "distributed.scheduler.active-memory-manager"
     return {
         f"{prefix}.start": start,
@@ -61,3 +75,16 @@ def no_errors(scheduler: Any) -> None:
 def holders(scheduler: Any, key: Hashable) -> set[str]:
     ts = scheduler.tasks.get(key)
     return {ws.address for ws in (ts.who_has or ())} if ts is not None else set()
+
+
+def copies(scheduler: Any, key: Hashable) -> int:
+    """Copies of ``key`` in memory (0 once it is released or lost)."""
+    ts = scheduler.tasks.get(key)
+    return len(ts.who_has or ()) if ts is not None and ts.state == "memory" else 0
+
+
+async def more_cycles(scheduler: Any, n: int = 3) -> None:
+    """Run n more AMM cycles, letting the messages of each reach the workers."""
+    for _ in range(n):
+        scheduler.extensions["amm"].run_once()
+        await asyncio.sleep(0.05)

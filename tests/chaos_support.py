@@ -21,6 +21,8 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from amm_policy_support import copies, policy_of
+
 #: key -> number of times its task ran, for every key computed by produce().
 EXECUTIONS: Counter[str] = Counter()
 _LOCK = threading.Lock()
@@ -55,11 +57,6 @@ def held_rules(n: int, prefix: str = "held-") -> dict[str, Any]:
 LEAVING = frozenset({"closing", "closing_gracefully", "closed"})
 
 
-def copies(s: Any, key: Hashable) -> int:
-    ts = s.tasks.get(key)
-    return len(ts.who_has or ()) if ts is not None and ts.state == "memory" else 0
-
-
 def lost(s: Any, keys: Iterable[Hashable]) -> list[Hashable]:
     """Held keys that are no longer in memory anywhere."""
     return [k for k in keys if copies(s, k) == 0]
@@ -70,13 +67,6 @@ def busiest_holders(s: Any, keys: Sequence[Hashable], n: int = 1) -> list[str]:
     wanted = set(keys)
     load = {a: sum(ts.key in wanted for ts in ws.has_what) for a, ws in s.workers.items()}
     return sorted(load, key=lambda a: (-load[a], a))[:n]
-
-
-def policy_of(s: Any) -> Any:
-    from amm_rules.policy import RulesPolicy
-
-    (policy,) = [p for p in s.extensions["amm"].policies if isinstance(p, RulesPolicy)]
-    return policy
 
 
 async def wait_for_targets(

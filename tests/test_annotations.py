@@ -3,11 +3,9 @@ their effect on a real scheduler running :class:`amm_rules.RulesPolicy`."""
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 import dask
 import pytest
+from amm_policy_support import amm_config, copies, more_cycles
 from distributed.utils_test import async_poll_for, gen_cluster, inc
 from hypothesis import given
 from hypothesis import strategies as st
@@ -15,18 +13,6 @@ from hypothesis import strategies as st
 import amm_rules
 from amm_rules.actions import ActionError, parse_actions
 from amm_rules.annotations import validate_annotation
-
-
-def amm_config(rules: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Dask config for a scheduler whose AMM runs only RulesPolicy, every 50 ms."""
-    return {
-        "distributed.scheduler.active-memory-manager.start": True,
-        "distributed.scheduler.active-memory-manager.interval": 0.05,
-        "distributed.scheduler.active-memory-manager.policies": [
-            {"class": "amm_rules.RulesPolicy", "rules": rules or {"version": 1}}
-        ],
-    }
-
 
 GPU_RULES = {"version": 1, "pools": {"gpu": "worker.resources.GPU >= 1"}}
 
@@ -136,18 +122,6 @@ def test_plain_values_mean_the_same_as_the_input(fields):
 
 # ----------------------------------------------------------------------------------
 # On a cluster
-
-
-async def more_cycles(s: Any, n: int = 3) -> None:
-    """Run n more AMM cycles, letting the messages of each reach the workers."""
-    for _ in range(n):
-        s.extensions["amm"].run_once()
-        await asyncio.sleep(0.05)
-
-
-def copies(s: Any, key: Any) -> int:
-    ts = s.tasks.get(key)
-    return len(ts.who_has or ()) if ts is not None else 0
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config())

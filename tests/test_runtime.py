@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Iterator
 from typing import Any
 
 import dask
 import pytest
+from amm_policy_support import amm_config, copies, more_cycles
 from distributed import Client, LocalCluster
 from distributed.utils_test import async_poll_for, div, gen_cluster, inc, poll_for
 
@@ -17,35 +17,11 @@ import amm_rules
 from amm_rules.actions import ActionError
 from amm_rules.runtime import EngineNotFoundError
 
-
-def amm_config(rules: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Dask config for a scheduler whose AMM runs only RulesPolicy, every 50 ms."""
-    return {
-        "distributed.scheduler.active-memory-manager.start": True,
-        "distributed.scheduler.active-memory-manager.interval": 0.05,
-        "distributed.scheduler.active-memory-manager.policies": [
-            {"class": "amm_rules.RulesPolicy", "rules": rules or {"version": 1}}
-        ],
-    }
-
-
 #: Keys with the prefix "three" have 3 copies by rule.
 THREE_RULES = {
     "version": 1,
     "rules": [{"name": "three", "match": 'task.prefix == "three"', "replicate": 3}],
 }
-
-
-async def more_cycles(s: Any, n: int = 3) -> None:
-    """Run n more AMM cycles, letting the messages of each reach the workers."""
-    for _ in range(n):
-        s.extensions["amm"].run_once()
-        await asyncio.sleep(0.05)
-
-
-def copies(s: Any, key: Any) -> int:
-    ts = s.tasks.get(key)
-    return len(ts.who_has or ()) if ts is not None else 0
 
 
 # ----------------------------------------------------------------------------------
