@@ -42,6 +42,7 @@ from amm_rules.ruleset import (
     Rule,
     Ruleset,
     Target,
+    overrides,
 )
 from amm_rules.view import TaskFactsAdapter, class_reader, freeze
 
@@ -203,16 +204,7 @@ class Classifier:
     ) -> _ClassCascade:
         """Run the cascade of ``Ruleset.resolve`` for the class of ``facts`` as far as
         class attributes allow (see :class:`_ClassCascade`)."""
-        values: dict[str, Any] = {}
-        reasons: dict[str, Reason] = {}
-        if runtime is not None:
-            values["replicate"] = runtime
-            reasons["replicate"] = Reason("runtime")
-        if annotation is not None:
-            for name in annotation.set_fields():
-                if name not in values:
-                    values[name] = getattr(annotation, name)
-                    reasons[name] = Reason("annotation")
+        values, reasons = overrides(annotation, runtime)
         steps: list[_Step] = []
         for rule, fields, class_only, match in self._rules:
             if len(values) == _ALL_FIELDS:

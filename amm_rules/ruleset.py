@@ -213,6 +213,24 @@ class Desired:
         return ", ".join(parts) or "no rule applies"
 
 
+def overrides(
+    annotation: Actions | None, runtime: Target | None
+) -> tuple[dict[str, Any], dict[str, Reason]]:
+    """The fields decided before any rule is looked at: a runtime target decides
+    ``replicate``, then the ``amm`` annotation decides the fields it sets."""
+    decided: dict[str, Any] = {}
+    reasons: dict[str, Reason] = {}
+    if runtime is not None:
+        decided["replicate"] = runtime
+        reasons["replicate"] = Reason("runtime")
+    if annotation is not None:
+        for name in annotation.set_fields():
+            if name not in decided:
+                decided[name] = getattr(annotation, name)
+                reasons[name] = Reason("annotation")
+    return decided, reasons
+
+
 #: The :class:`Desired` of a key no rule, annotation or runtime target governs.
 UNGOVERNED = Desired()
 
@@ -249,16 +267,7 @@ class Ruleset:
         only if the rule could still decide a field; evaluation stops once every field
         is decided.
         """
-        decided: dict[str, Any] = {}
-        reasons: dict[str, Reason] = {}
-        if runtime is not None:
-            decided["replicate"] = runtime
-            reasons["replicate"] = Reason("runtime")
-        if annotation is not None:
-            for name in annotation.set_fields():
-                if name not in decided:
-                    decided[name] = getattr(annotation, name)
-                    reasons[name] = Reason("annotation")
+        decided, reasons = overrides(annotation, runtime)
         for rule in self.rules:
             if len(decided) == len(ACTION_FIELDS):
                 break
