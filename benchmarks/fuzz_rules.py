@@ -30,33 +30,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from rules_fuzzer import cases, seed_files  # noqa: E402
-
-from amm_rules.loader import check_text  # noqa: E402
-from amm_rules.ruleset import TaskFacts, WorkerFacts  # noqa: E402
+from rules_fuzzer import cases, check_and_run, seed_files  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "fuzz_rules.json"
-TASKS = [
-    TaskFacts(key="x-1", prefix="stage1", nbytes=10, replicas=2, annotations={"tier": "gold"}),
-    TaskFacts(key="a" * 5000, type="numpy.ndarray", nbytes=2**40),
-    TaskFacts(key="", annotations={"tier": float("nan"), "x-y": [1, "a"], "a": None}),
-]
-WORKERS = [
-    WorkerFacts(address="tcp://10.0.0.1:1", host="10.0.0.1", resources={"GPU": 1}),
-    WorkerFacts(address="", memory_limit=2**40, memory=2**39, memory_fraction=0.5),
-]
 
 
 def check_one(data: bytes) -> tuple[bool, list[str], str | None]:
     """(valid, diagnostic codes, failure or None)."""
     try:
-        ruleset, diagnostics = check_text(data, "fuzz.yaml")
-        if ruleset is not None:
-            for task in TASKS:
-                ruleset.resolve(task)
-            for pool in ruleset.pools.values():
-                for worker in WORKERS:
-                    pool.predicate(worker)
+        ruleset, diagnostics = check_and_run(data)
     except Exception as exc:
         return False, [], f"{type(exc).__name__}: {exc}"
     codes = [d.code for d in diagnostics]

@@ -20,6 +20,10 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+from amm_rules.diagnostics import Diagnostic
+from amm_rules.loader import check_text
+from amm_rules.ruleset import Ruleset, TaskFacts, WorkerFacts
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -403,3 +407,30 @@ def cases(seed: int, n: int, seeds: list[bytes] | None = None) -> Iterator[tuple
         else:
             a = rng.choice(pool) if rng.random() < 0.5 else generated(rng)
             yield "spliced", mutate(rng, splice(rng, a, rng.choice(pool)), rng.randint(0, 2))
+
+
+#: Facts a fuzzed ruleset's matches and pools are run on: odd keys, huge sizes, NaN and
+#: nested values in annotations, missing attributes.
+TASKS = [
+    TaskFacts(key="x-1", prefix="stage1", nbytes=10, replicas=2, annotations={"tier": "gold"}),
+    TaskFacts(key="a" * 5000, prefix="", type="numpy.ndarray", nbytes=2**40),
+    TaskFacts(key="", annotations={"tier": float("nan"), "x-y": [1, "a"], "a": None}),
+]
+WORKERS = [
+    WorkerFacts(address="tcp://10.0.0.1:1", host="10.0.0.1", resources={"GPU": 1}),
+    WorkerFacts(address="", memory_limit=2**40, memory=2**39, memory_fraction=0.5, nthreads=64),
+]
+
+
+def check_and_run(data: bytes) -> tuple[Ruleset | None, list[Diagnostic]]:
+    """Check one fuzzed file and, if it gives a ruleset, run every match (through the
+    cascade) and every pool on :data:`TASKS` and :data:`WORKERS`. Raises whatever
+    escapes; a caller counts that as a failure."""
+    ruleset, diagnostics = check_text(data, "fuzz.yaml")
+    if ruleset is not None:
+        for task in TASKS:
+            ruleset.resolve(task)
+        for pool in ruleset.pools.values():
+            for worker in WORKERS:
+                pool.predicate(worker)
+    return ruleset, diagnostics

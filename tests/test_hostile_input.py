@@ -39,7 +39,7 @@ import pytest
 from amm_policy_support import amm_config, events, holders, inc, no_errors, policy_of, rules
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import async_poll_for, gen_cluster
-from rules_fuzzer import cases, seed_files
+from rules_fuzzer import cases, check_and_run, seed_files
 
 import amm_rules
 from amm_rules.actions import ActionError
@@ -47,7 +47,7 @@ from amm_rules.expr import MAX_DEPTH, MAX_LENGTH, MAX_LIST_ITEMS
 from amm_rules.expr.glob import compile_glob, glob_match
 from amm_rules.loader import check_path, check_text, load_ruleset
 from amm_rules.policy import RulesPolicy
-from amm_rules.ruleset import TaskFacts, WorkerFacts
+from amm_rules.ruleset import TaskFacts
 from amm_rules.yaml_source import MAX_BYTES
 
 #: Generous per-file bound: checking a rules file takes milliseconds.
@@ -95,16 +95,6 @@ def _main_thread() -> bool:
 # ---------------------------------------------------------------------------------
 # Rules files: fuzzing
 
-TASKS = [
-    TaskFacts(key="x-1", prefix="stage1", nbytes=10, replicas=2, annotations={"tier": "gold"}),
-    TaskFacts(key="a" * 5000, prefix="", type="numpy.ndarray", nbytes=2**40),
-    TaskFacts(key="", annotations={"tier": float("nan"), "x-y": [1, "a"], "a": None}),
-]
-WORKERS = [
-    WorkerFacts(address="tcp://10.0.0.1:1", host="10.0.0.1", resources={"GPU": 1}),
-    WorkerFacts(address="", memory_limit=2**40, memory=2**39, memory_fraction=0.5, nthreads=64),
-]
-
 
 def test_fuzzed_rules_files_give_diagnostics_never_exceptions_nor_hangs() -> None:
     """FUZZ_CASES files (10,000 by default; seed in AMM_RULES_HOSTILE_SEED): every one
@@ -116,13 +106,7 @@ def test_fuzzed_rules_files_give_diagnostics_never_exceptions_nor_hangs() -> Non
         where = f"seed {FUZZ_SEED} case {i} ({kind}): {data[:300]!r}"
         try:
             with hang_bound():
-                ruleset, diagnostics = check_text(data, "fuzz.yaml")
-                if ruleset is not None:
-                    for task in TASKS:
-                        ruleset.resolve(task)
-                    for pool in ruleset.pools.values():
-                        for worker in WORKERS:
-                            pool.predicate(worker)
+                ruleset, diagnostics = check_and_run(data)
         except (Exception, Hang) as exc:
             failures.append(f"{where}\n  {type(exc).__name__}: {exc}")
             continue
