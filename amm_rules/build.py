@@ -3,7 +3,8 @@
 Runs after the schema check (:mod:`amm_rules.schema_errors`) and skips whatever it
 already reported, so each problem is told once. Checks here: expressions (pools in the
 ``worker`` context, matches in the ``task`` context), unique rule names, unknown pool
-names in ``pool``/``avoid``, ``replicate`` bounds, and rebalance percentages and sizes.
+names in ``pool``/``avoid``, ``replicate`` bounds, and rebalance percentages, sizes and
+durations.
 Action fields are converted by :func:`amm_rules.actions.parse_actions`, the same
 function that reads ``amm`` annotations, so a field means the same in both places.
 
@@ -21,6 +22,7 @@ from amm_rules.actions import ActionError, parse_actions, parse_target, unknown_
 from amm_rules.located import Locator
 from amm_rules.ruleset import (
     ACTION_FIELDS,
+    MAX_REBALANCE_SECONDS,
     Actions,
     Pool,
     Position,
@@ -28,9 +30,16 @@ from amm_rules.ruleset import (
     Rule,
     Ruleset,
 )
-from amm_rules.units import UnitError, parse_fraction, parse_size
+from amm_rules.units import UnitError, parse_duration, parse_fraction, parse_size
 
 _FRACTIONS = {"sender-min": "sender_min", "recipient-max": "recipient_max", "gap": "gap"}
+#: Rebalance durations: field → (attribute, whether 0 is allowed). A cool-down of 0 means
+#: none; a timeout of 0 would abandon every move before its copy could land.
+_DURATIONS = {
+    "cool-down": ("cooldown", True),
+    "copy-timeout": ("copy_timeout", False),
+    "drop-timeout": ("drop_timeout", False),
+}
 
 
 @dataclass
@@ -247,6 +256,11 @@ def _rebalance(section: Any, where: Locator, draft: Draft) -> RebalanceSettings:
             kwargs["max_bytes_per_cycle"] = parse_size(section[key])
         except UnitError as exc:
             where.add(("rebalance", key), f"{key}: {exc}", exc.code)
+    for key, (attr, zero) in _DURATIONS.items():
+        if key in section and not where.reported_under(("rebalance", key)):
+            seconds = _duration(section[key], key, zero, where)
+            if seconds is not None:
+                kwargs[attr] = seconds
     text = expression_text(section.get("match"))
     if text is not None and not where.reported_under(("rebalance", "match")):
         compiled = _compile(text, "task", ("rebalance", "match"), where)
@@ -257,3 +271,26 @@ def _rebalance(section: Any, where: Locator, draft: Draft) -> RebalanceSettings:
     draft.rebalance = settings
     draft.rebalance_fields = frozenset(str(k) for k in section)
     return settings
+
+
+def _duration(value: Any, key: str, zero: bool, where: Locator) -> float | None:
+    """A rebalance duration in seconds, or ``None`` after reporting why it is not one.
+    The schema bounds plain numbers; text (``"0s"``, ``"48h"``) is bounded here."""
+    path = ("rebalance", key)
+    try:
+        seconds = parse_duration(value)
+    except UnitError as exc:
+        where.add(path, f"{key}: {exc}", exc.code)
+        return None
+    shown = value.strip() if isinstance(value, str) else value
+    if seconds == 0 and not zero:
+        where.add(path, f"{key}: must be more than 0 seconds, got {shown!r}", "bad-value")
+        return None
+    if seconds > MAX_REBALANCE_SECONDS:
+        where.add(
+            path,
+            f"{key}: must be at most {MAX_REBALANCE_SECONDS} seconds (one day), got {shown!r}",
+            "bad-value",
+        )
+        return None
+    return seconds

@@ -8,7 +8,8 @@ an iterator of candidate keys per worker, and predicates), and returns data.
 Neighbours:
 
 - :mod:`amm_rules.ruleset` holds the settings (``measure``, ``sender-min``,
-  ``recipient-max``, ``gap``, ``max-bytes-per-cycle``, ``match``).
+  ``recipient-max``, ``gap``, ``max-bytes-per-cycle``, ``match``, and the timings
+  ``cool-down``, ``copy-timeout``, ``drop-timeout`` that :class:`MoveBook` applies).
 - The scheduler engine (:mod:`amm_rules.policy`) builds the view each AMM cycle, after
   replication planning; supplies the predicates that carry the rules (``move: never``,
   ``match``, pools, ``avoid``, ``spread``, keys read by running tasks); turns
@@ -77,6 +78,8 @@ SIZE_MISSES = 16
 NO_ROOM = "no recipient has room for it"
 #: Keys skipped and kept with their reason in :attr:`RebalancePlan.examples`.
 EXAMPLES = 50
+#: The defaults of the timings, from the one place that states them.
+_DEFAULT = RebalanceSettings()
 
 
 # --- the view ---------------------------------------------------------------------
@@ -256,7 +259,7 @@ def plan_rebalance(
     ``workers``: every worker that may take part (see :class:`WorkerLoad`).
     ``keys_on(address, newest_first)``: the keys in memory on a worker, lazily.
     ``can_move(key, sender)``: may this key leave this sender now? The engine refuses
-    ``move: never``, keys outside ``rebalance.match``, keys a queued or running task is
+    ``move: never``, keys outside ``rebalance.match``, keys a task still to run is
     about to read, and keys the replication planner touched this cycle.
     ``can_place(key, recipient)``: may this worker hold a copy? The engine refuses
     workers that already hold one and those that ``pool``/``avoid``/``spread`` exclude.
@@ -550,8 +553,8 @@ def settle_moves(
     now: float,
     can_drop: Check | None = None,
     refused: Container[Key] = (),
-    copy_timeout: float = 30.0,
-    drop_timeout: float = 30.0,
+    copy_timeout: float = _DEFAULT.copy_timeout,
+    drop_timeout: float = _DEFAULT.drop_timeout,
 ) -> Settlement:
     """Look at the moves in flight against the cluster as it is now.
 
@@ -621,25 +624,49 @@ class MoveBook:
     ``cooling=book.cooling(now)`` and ``previous=book.roles``, then :meth:`start` for
     each move the AMM accepted and :meth:`refuse` for each it rejected, and finally
     :meth:`remember` the plan.
+
+    The timings (seconds) are the rules file's ``cool-down``, ``copy-timeout`` and
+    ``drop-timeout``; :meth:`retime` changes them on a reload.
     """
 
     def __init__(
-        self, *, cooldown: float = 60.0, copy_timeout: float = 30.0, drop_timeout: float = 30.0
+        self,
+        *,
+        cooldown: float = _DEFAULT.cooldown,
+        copy_timeout: float = _DEFAULT.copy_timeout,
+        drop_timeout: float = _DEFAULT.drop_timeout,
     ):
         #: Seconds after a move finishes (or is abandoned) during which its key stays put.
         self.cooldown = cooldown
+        #: Seconds from the copy's request after which a copy that has not landed is void.
         self.copy_timeout = copy_timeout
+        #: Seconds from the copy's landing after which a sender copy not yet dropped is
+        #: left in place and the move is void.
         self.drop_timeout = drop_timeout
         #: key → move in flight.
         self.pending: dict[Key, PendingMove] = {}
         #: Roles of the last plan, for ``plan_rebalance(previous=...)``.
         self.roles: dict[str, str] = {}
-        # key → end of its cool-down. Insertion order is expiry order because cooldown
-        # is constant and the clock monotonic, so expired keys are pruned from the front.
+        # key → end of its cool-down. Insertion order is expiry order because every key
+        # cools for the same time (retime shifts them all alike) and the clock is
+        # monotonic, so expired keys are pruned from the front.
         self._cooling: dict[Key, float] = {}
 
     def __repr__(self) -> str:
         return f"<MoveBook {len(self.pending)} in flight, {len(self._cooling)} cooling>"
+
+    def retime(self, *, cooldown: float, copy_timeout: float, drop_timeout: float) -> None:
+        """New timings (a reloaded rules file). Moves in flight keep going: the timeouts
+        are compared with each move's own start and landing at every :meth:`settle`, so
+        the new ones apply to them at once. A new cool-down applies to the keys already
+        cooling too, counted from when each started: shifting every end by the same
+        amount keeps them in expiry order, which :meth:`cooling` relies on."""
+        shift = cooldown - self.cooldown
+        if shift:
+            self._cooling = {key: until + shift for key, until in self._cooling.items()}
+        self.cooldown = cooldown
+        self.copy_timeout = copy_timeout
+        self.drop_timeout = drop_timeout
 
     def cooling(self, now: float) -> Collection[Key]:
         """Keys that may not be moved yet (moves in flight are in :attr:`pending`)."""

@@ -13,7 +13,7 @@ policy (hot reloads keep it); each AMM cycle :meth:`Rebalancer.run`:
    plus what the AMM has already accepted in this cycle (other policies and the replication
    half of RulesPolicy);
 3. plans (:func:`~amm_rules.rebalance.plan_rebalance`) with the rules as predicates:
-   ``move: never``, ``rebalance.match``, keys read by queued or running tasks, keys another
+   ``move: never``, ``rebalance.match``, keys read by tasks still to run, keys another
    decision touched this cycle stay put; recipients must be allowed by the key's
    ``pool``/``avoid``/``spread``;
 4. suggests one ``replicate`` per move, with the recipient as the only candidate, and
@@ -42,7 +42,6 @@ from distributed.active_memory_manager import Suggestion
 from amm_rules.rebalance import MoveBook, RebalancePlan, Settlement, WorkerLoad, plan_rebalance
 from amm_rules.ruleset import UNGOVERNED, RebalanceSettings
 from amm_rules.view import (
-    WAITERS_LOOKUP_LIMIT,
     ClusterView,
     TaskFactsAdapter,
     key_string,
@@ -55,8 +54,8 @@ key_logger = logging.getLogger("amm_rules.policy.keys")
 
 #: Counter label of copies and drops made by rebalancing (``amm_rules_status``, events).
 SOURCE = "(rebalance)"
-#: Waiter states in which a dependent is about to read its inputs where they are now.
-READING_STATES = frozenset({"processing", "queued", "no-worker"})
+#: Why a key with dependents still to run is not moved.
+READ_SOON = "read by a task still to run"
 #: How many void reasons and examples ``status`` keeps from the last plan.
 EXAMPLES_KEPT = 10
 
@@ -67,7 +66,8 @@ Emit = Callable[..., Any]
 class Rebalancer:
     """The ``rebalance:`` section of the rules, run each AMM cycle (see the module doc).
 
-    Parameters are the :class:`~amm_rules.rebalance.MoveBook` timings, in seconds.
+    Starts with the default settings (disabled); :meth:`configure` installs the rules',
+    timings of the :class:`~amm_rules.rebalance.MoveBook` included.
     """
 
     #: The settings in force (replaced on reload by :meth:`configure`).
@@ -79,12 +79,10 @@ class Rebalancer:
     #: What the last settlement decided.
     last_settlement: Settlement | None
 
-    def __init__(
-        self, *, cooldown: float = 60.0, copy_timeout: float = 30.0, drop_timeout: float = 30.0
-    ):
-        self.settings = RebalanceSettings()
+    def __init__(self) -> None:
+        self.settings = s = RebalanceSettings()
         self.book = MoveBook(
-            cooldown=cooldown, copy_timeout=copy_timeout, drop_timeout=drop_timeout
+            cooldown=s.cooldown, copy_timeout=s.copy_timeout, drop_timeout=s.drop_timeout
         )
         self.last_plan = None
         self.last_settlement = None
@@ -117,11 +115,18 @@ class Rebalancer:
         Moves in flight are kept and settled even if rebalancing was switched off: their
         copies were asked for, and the sender's copy must still go once they land (or the
         key keeps an extra copy that only replication would trim). Keys cooling down
-        keep cooling. The roles of the last plan are forgotten when the thresholds
-        changed: they carry the old band's hysteresis.
+        keep cooling. New timings apply at once: the timeouts to the moves in flight, a
+        new cool-down to the keys already cooling as well, counted from when each started
+        (see :meth:`MoveBook.retime`). The roles of the last plan are forgotten when the
+        settings changed: they carry the old band's hysteresis.
         """
         if settings != self.settings:
             self.book.roles = {}
+        self.book.retime(
+            cooldown=settings.cooldown,
+            copy_timeout=settings.copy_timeout,
+            drop_timeout=settings.drop_timeout,
+        )
         self.settings = settings
         self._on_match_error = on_match_error
 
@@ -342,15 +347,14 @@ class Rebalancer:
             d = desired.get(key, UNGOVERNED)
             if d.move == "never":
                 return f"move: never ({d.reasons['move']})"
-            waiters = ts.waiters
-            if waiters:
-                # Moving a key that a dependent is about to read on the sender makes it
-                # fetch the key or race with the drop. Capped like the stock waiter count:
-                # with many dependents, one is surely about to run.
-                if len(waiters) >= WAITERS_LOOKUP_LIMIT:
-                    return "read by a queued or running task"
-                if any(w.state in READING_STATES for w in waiters):
-                    return "read by a queued or running task"
+            if ts.waiters:
+                # A dependent still to run reads the key soon: on the sender if it is
+                # queued or running there, else wherever it is scheduled once its other
+                # inputs are ready. Moving the key now races with that read or pays a
+                # transfer (under spilling, also a read from disk) for no relief: a key
+                # no client wants is released once its dependents ran, a wanted one can
+                # move then.
+                return READ_SOON
             if match is not None:
                 try:
                     if not match(TaskFactsAdapter(ts)):
@@ -442,6 +446,9 @@ class Rebalancer:
             "gap": s.gap,
             "max_bytes_per_cycle": s.max_bytes_per_cycle,
             "match": s.match_source,
+            "cool_down": s.cooldown,
+            "copy_timeout": s.copy_timeout,
+            "drop_timeout": s.drop_timeout,
             "in_flight": len(self.book.pending),
             "in_flight_bytes": sum(p.nbytes for p in self.book.pending.values()),
             "cooling": len(self.book.cooling(time.monotonic())),

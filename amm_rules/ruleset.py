@@ -165,6 +165,22 @@ class RebalanceSettings:
     max_bytes_per_cycle: int = 512 * 2**20
     match_source: str | None = None
     match: Predicate | None = None
+    #: Seconds during which a key whose move finished, was abandoned or was refused is
+    #: not moved again (``cool-down``; 0: no cool-down). Keeps a key from bouncing
+    #: between workers while the measures catch up with the move.
+    cooldown: float = 60.0
+    #: Seconds after which a move whose copy has not landed is abandoned
+    #: (``copy-timeout``); the sender keeps its copy.
+    copy_timeout: float = 30.0
+    #: Seconds after the copy landed after which a move whose sender copy could not be
+    #: dropped is abandoned (``drop-timeout``); the key keeps an extra copy.
+    drop_timeout: float = 30.0
+
+
+#: Longest rebalance timing a rules file may set, in seconds (one day). Longer is a typo
+#: (``60h`` for ``60s``) rather than a wish, and keys cooling down are remembered by the
+#: engine for the whole cool-down.
+MAX_REBALANCE_SECONDS = 86_400
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from amm_rules.actions import MAX_REPLICAS, MOVE_VALUES, POOL_NAME, SPREAD_VALUES
-from amm_rules.ruleset import ACTION_FIELDS
+from amm_rules.ruleset import ACTION_FIELDS, MAX_REBALANCE_SECONDS
 
 MEASURES = ("process", "optimistic", "managed", "managed_total")
 
@@ -52,6 +52,25 @@ _SIZE = {
         {"title": "a number of bytes", "type": "integer", "minimum": 1},
     ],
 }
+_DURATION_TEXT = {
+    "title": "a duration like '30s'",
+    "type": "string",
+    # No sign: a negative duration is a shape an editor can flag. The unit is checked
+    # by amm_rules.build, which can suggest the nearest one.
+    "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*[A-Za-z]*\s*$",
+    "errorMessage": "expected a duration like '30s' or '500ms' (units: ms, s, m, min, h; "
+    "never negative)",
+}
+
+
+def _duration(*, positive: bool) -> dict[str, Any]:
+    """A duration: text with a unit, or a number of seconds; at most one day, and more
+    than 0 when ``positive`` (else 0 or more)."""
+    seconds: dict[str, Any] = {"title": "a number of seconds", "type": "number"}
+    seconds["exclusiveMinimum" if positive else "minimum"] = 0
+    seconds["maximum"] = MAX_REBALANCE_SECONDS
+    return {"title": "duration", "oneOf": [_DURATION_TEXT, seconds]}
+
 
 #: The action fields, shared by rules (and documented for ``amm`` annotations).
 ACTION_PROPERTIES: dict[str, Any] = {
@@ -218,6 +237,25 @@ SCHEMA: dict[str, Any] = {
                 "match": {
                     **_TASK_EXPRESSION,
                     "description": "Which keys may be moved (default: all).",
+                },
+                "cool-down": {
+                    "description": "A key whose move finished or was abandoned is not "
+                    "moved again for this long (0: no cool-down). At most one day.",
+                    "default": "60s",
+                    **_duration(positive=False),
+                },
+                "copy-timeout": {
+                    "description": "A move whose copy has not landed by then is abandoned; "
+                    "the sender keeps its copy. At most one day.",
+                    "default": "30s",
+                    **_duration(positive=True),
+                },
+                "drop-timeout": {
+                    "description": "A move whose sender copy could not be dropped by then "
+                    "(after the copy landed) is abandoned; the key keeps an extra copy. At "
+                    "most one day.",
+                    "default": "30s",
+                    **_duration(positive=True),
                 },
             },
         },

@@ -1,4 +1,4 @@
-"""Sizes and percentages written as YAML values (``512 MiB``, ``30%``).
+"""Sizes, percentages and durations written as YAML values (``512 MiB``, ``30%``, ``30s``).
 
 Used by :mod:`amm_rules.build` for the ``rebalance:`` section. The expression language
 (:mod:`amm_rules.expr`) has its own size and percentage literals with the same units;
@@ -23,8 +23,24 @@ SIZE_UNITS: dict[str, int] = {
     "TiB": 2**40,
 }
 
+#: Duration units, case-sensitive like the size units, in seconds. ``m`` and ``min`` are
+#: both minutes (there is no month to confuse them with); no days: no timing of the
+#: rules may be longer than one.
+DURATION_UNITS: dict[str, float] = {
+    "ms": 0.001,
+    "s": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "h": 3600.0,
+}
+
 _SIZE = re.compile(r"^\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]*)\s*$")
 _PERCENT = re.compile(r"^\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*%\s*$")
+# A leading minus is read, to be refused as negative: clearer than "expected a duration".
+_DURATION = re.compile(
+    r"^\s*(?P<sign>-?)\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]*)\s*$"
+)
+_DURATION_EXAMPLE = "expected a duration like '30s' or '500ms', or a number of seconds"
 
 
 class UnitError(ValueError):
@@ -79,6 +95,41 @@ def parse_fraction(value: object) -> float:
     if number > 100:
         raise UnitError(f"a percentage is at most 100%, got {value.strip()}")
     return number / 100
+
+
+def parse_duration(value: object) -> float:
+    """``"30s"`` → 30.0, ``"500ms"`` → 0.5, ``"1.5 min"`` → 90.0; a plain number (or a
+    number without a unit) is seconds. Never negative, never NaN or infinite: a timing
+    that cannot be compared with a clock is refused here, not discovered mid-cycle."""
+    if isinstance(value, bool):
+        raise UnitError(f"{_DURATION_EXAMPLE}, got {value!r}")
+    if isinstance(value, (int, float)):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer beyond any float
+            seconds = math.inf if value > 0 else -math.inf
+        if math.isnan(seconds) or seconds < 0:
+            what = "cannot be negative" if seconds < 0 else "must be a number of seconds"
+            raise UnitError(f"a duration {what}, got {value!r}")
+        if math.isinf(seconds):
+            raise UnitError(f"a duration must be a finite number of seconds, got {value!r}")
+        return seconds + 0.0  # -0.0 → 0.0
+    if not isinstance(value, str) or not (m := _DURATION.match(value)):
+        raise UnitError(f"{_DURATION_EXAMPLE}, got {value!r}")
+    if m["sign"]:
+        raise UnitError(f"a duration cannot be negative, got {value.strip()!r}")
+    unit = m["unit"] or "s"
+    if unit not in DURATION_UNITS:
+        from amm_rules.suggest import closest
+
+        near = closest(unit, DURATION_UNITS, ignore_case=True)
+        hint = (
+            f"; did you mean {near!r}?"
+            if near
+            else f"; expected one of {', '.join(DURATION_UNITS)}"
+        )
+        raise UnitError(f"unknown duration unit {unit!r}{hint}", code="unknown-unit")
+    return float(m["number"]) * DURATION_UNITS[unit]
 
 
 def format_fraction(value: float) -> str:

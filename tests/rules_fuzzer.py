@@ -100,6 +100,9 @@ REBALANCE_FIELDS = [
     "gap",
     "max-bytes-per-cycle",
     "match",
+    "cool-down",
+    "copy-timeout",
+    "drop-timeout",
     "bogus",
 ]
 SCALARS = [
@@ -136,6 +139,9 @@ SCALARS = [
     "30%",
     "1 GiB",
     "0 B",
+    "30s",
+    "-1s",
+    "500 ms",
     "2001-01-01",
     "0x1F",
     "0o17",

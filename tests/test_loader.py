@@ -143,6 +143,23 @@ def test_rebalance_section() -> None:
     assert off.rebalance.enabled is False
 
 
+def test_rebalance_timings() -> None:
+    defaults = load_ruleset({"version": 1, "rebalance": {}}).rebalance
+    assert (defaults.cooldown, defaults.copy_timeout, defaults.drop_timeout) == (60, 30, 30)
+    settings = load_ruleset(
+        {
+            "version": 1,
+            "rebalance": {"cool-down": "2 min", "copy-timeout": "500ms", "drop-timeout": 45},
+        }
+    ).rebalance
+    assert settings.cooldown == 120.0
+    assert settings.copy_timeout == 0.5
+    assert settings.drop_timeout == 45.0
+    assert load_ruleset({"version": 1, "rebalance": {"cool-down": 0}}).rebalance.cooldown == 0
+    with pytest.raises(RulesError, match="copy-timeout: must be more than 0 seconds"):
+        load_ruleset({"version": 1, "rebalance": {"copy-timeout": "0s"}})
+
+
 def test_load_ruleset_raises_with_every_error(tmp_path: Path) -> None:
     path = tmp_path / "rules.yaml"
     path.write_text(

@@ -1,11 +1,13 @@
 """Hot reload of a rules file on a real scheduler: good changes apply at the next cycle;
-a bad, missing or unreadable file keeps the running rules and logs one event."""
+a bad, missing or unreadable file keeps the running rules and logs one event. (The
+rebalance timings' reload needs no cluster: it is checked on the policy alone.)"""
 
 from __future__ import annotations
 
 import asyncio
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from amm_policy_support import amm_config, events, holders, no_errors
@@ -13,6 +15,7 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
 from amm_rules.policy import RulesPolicy
+from amm_rules.rebalance import Move, PendingMove
 
 GOOD = """\
 version: 1
@@ -20,6 +23,13 @@ rules:
   - name: keep
     match: task.key matches "x-*"
     replicate: {n}
+"""
+TIMED = """\
+version: 1
+rebalance:
+  cool-down: {cool}
+  copy-timeout: {copy}
+  drop-timeout: {drop}
 """
 BAD = """\
 version: 1
@@ -126,3 +136,31 @@ def _rules_file(directory: Path, text: str) -> Path:
 def test_repr_names_the_file(tmp_path):
     path = _rules_file(tmp_path, GOOD.format(n=1))
     assert repr(RulesPolicy(str(path))) == f"RulesPolicy(rules={str(path)!r}, 1 rules, 0 pools)"
+
+
+def test_rebalance_timings_reach_the_move_book_and_follow_a_reload(tmp_path):
+    path = _rules_file(tmp_path, TIMED.format(cool="90s", copy="10s", drop="2 min"))
+    policy = RulesPolicy(str(path))
+    rebalancer = policy.rebalancer
+    book = rebalancer.book
+    assert (book.cooldown, book.copy_timeout, book.drop_timeout) == (90.0, 10.0, 120.0)
+    # A key cooling down and a move in flight when the file changes.
+    book.refuse(Move("cooling", "a", "b", 1), now=0.0)
+    book.start(Move("moving", "a", "b", 1), now=0.0)
+
+    # The reload itself reads only the scheduler's tasks (to re-classify them).
+    policy._manager = SimpleNamespace(scheduler=SimpleNamespace(tasks={}))
+    write(path, TIMED.format(cool="0", copy="5s", drop="1s"))
+    policy._maybe_reload()
+    assert policy.rebalancer is rebalancer and rebalancer.book is book
+    assert (book.cooldown, book.copy_timeout, book.drop_timeout) == (0.0, 5.0, 1.0)
+    assert rebalancer.status()["cool_down"] == 0.0
+    assert rebalancer.status()["copy_timeout"] == 5.0
+    # The new cool-down counts from when the key started cooling: 0 s is over already.
+    assert "cooling" not in book.cooling(0.0)
+    # The move in flight is kept, and the new copy-timeout applies to it.
+    assert list(book.pending) == ["moving"]
+    settled = book.settle(6.0, holders={"moving": {"a"}}.get, alive={"a", "b"})
+    assert settled.void == (
+        (PendingMove("moving", "a", "b", 1, 0.0), "copy did not land within 5s"),
+    )

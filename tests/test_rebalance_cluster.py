@@ -24,6 +24,7 @@ from distributed.utils_test import BlockedGetData, async_poll_for, gen_cluster
 
 from amm_rules.policy import RulesPolicy
 from amm_rules.rebalance import WorkerLoad, minimum_bytes_to_balance
+from amm_rules.rebalancing import READ_SOON
 
 MiB = 2**20
 LIMIT = 10 * MiB
@@ -254,7 +255,7 @@ async def test_rebalance_while_computing_erres_and_recomputes_nothing(c, s, a, *
     data = c.map(make, range(40), key=keys, workers=[a.address], priority=10)
     first = c.map(gated_sum, data[:10], key=[f"first-{i}" for i in range(10)])
     policy = policy_of(s)
-    reading = "read by a queued or running task"
+    reading = READ_SOON
 
     def skipped() -> Counter[str]:
         out: Counter[str] = Counter()
@@ -282,6 +283,49 @@ async def test_rebalance_while_computing_erres_and_recomputes_nothing(c, s, a, *
     assert max(counter.processing.values()) == 1, "a key was computed twice"
     assert all(len(holders(s, f.key)) == 1 for f in data)
     assert [float(x[0]) for x in await c.gather(data)] == list(range(40))
+    no_errors(s)
+
+
+def gated_input() -> float:
+    Event("input-go").wait()
+    return 1.0
+
+
+def add_sum(x: np.ndarray, y: float) -> float:
+    return float(x.sum()) + y
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 4,
+    worker_kwargs={"memory_limit": LIMIT},
+    config=config(),
+)
+async def test_a_key_whose_dependent_still_waits_stays_put(c, s, a, *others):
+    """A dependent waiting for another input will read the key wherever it is then
+    scheduled: moving the key now buys nothing, while the other keys move."""
+    data = await c.scatter({f"x-{i}": array(i) for i in range(40)}, workers=[a.address])
+    go = Event("input-go")
+    other = c.submit(gated_input, key="other-input", workers=[others[0].address])
+    waiting = c.submit(add_sum, data["x-0"], other, key="waits")
+    await async_poll_for(
+        lambda: "waits" in s.tasks and s.tasks["waits"].state == "waiting", timeout=5
+    )
+    policy = policy_of(s)
+
+    def skipped(reason: str) -> int:
+        return sum(
+            e.get("rebalance", {}).get("skipped", {}).get(reason, 0) for e in events(s, "cycle")
+        )
+
+    await async_poll_for(
+        lambda: policy.rebalancer.totals["done"] >= 10 and skipped(READ_SOON) > 0, timeout=10
+    )
+    assert holders(s, "x-0") == {a.address}
+    await go.set()
+    assert await waiting == float(KEY // 8 * 0) + 1.0
+    del waiting, other
+    await async_poll_for(lambda: settled(s) and spread_ratio(s) <= 1.15, timeout=15)
     no_errors(s)
 
 

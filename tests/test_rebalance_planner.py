@@ -613,6 +613,45 @@ def test_movebook_cools_keys_down_after_their_move():
     assert not book.pending
 
 
+def test_a_short_copy_timeout_abandons_the_move_and_cools_its_key():
+    book = MoveBook(cooldown=5.0, copy_timeout=2.0, drop_timeout=1.0)
+    book.start(Move("slow", "a", "b", 100), now=0.0)
+    book.start(Move("fast", "a", "c", 100), now=0.0)
+    who_has = {"slow": {"a"}, "fast": {"a", "c"}}
+    # At the timeout itself the copy may still land; the fast one did, its drop is asked.
+    s = book.settle(2.0, holders=who_has.get, alive={"a", "b", "c"})
+    assert [p.key for p in s.drops] == ["fast"] and set(book.pending) == {"slow", "fast"}
+    # Past it, the slow move is abandoned: nothing dropped, the key cools down. The fast
+    # one's drop did not happen within drop-timeout of its landing: abandoned too.
+    s = book.settle(3.5, holders=who_has.get, alive={"a", "b", "c"})
+    assert [(p.key, why) for p, why in s.void] == [
+        ("slow", "copy did not land within 2s"),
+        ("fast", "sender's copy not dropped within 1s"),
+    ]
+    assert s.drops == () and not book.pending
+    assert set(book.cooling(8.4)) == {"slow", "fast"} and not book.cooling(8.5)
+
+
+def test_movebook_retime_applies_to_moves_in_flight_and_keys_cooling():
+    book = MoveBook(cooldown=60.0, copy_timeout=30.0, drop_timeout=30.0)
+    for i, now in enumerate([0.0, 10.0, 20.0]):
+        book.refuse(Move(f"k{i}", "a", "b", 1), now=now)
+    book.start(Move("x", "a", "b", 1), now=0.0)
+    # Shorter: each key's cool-down now ends 15 s after it started, in the same order.
+    book.retime(cooldown=15.0, copy_timeout=5.0, drop_timeout=5.0)
+    assert list(book.cooling(14.9)) == ["k0", "k1", "k2"]
+    assert list(book.cooling(25.0)) == ["k2"]
+    book.refuse(Move("k3", "a", "b", 1), now=26.0)
+    assert list(book.cooling(35.0)) == ["k3"] and not book.cooling(41.0)
+    # Longer: keys already cooling wait for the new length too.
+    book.refuse(Move("k4", "a", "b", 1), now=50.0)
+    book.retime(cooldown=100.0, copy_timeout=5.0, drop_timeout=5.0)
+    assert "k4" in book.cooling(149.9) and not book.cooling(150.0)
+    # The move in flight was kept; the new copy-timeout applies to it.
+    s = book.settle(6.0, holders={"x": {"a"}}.get, alive={"a", "b"})
+    assert [why for _, why in s.void] == ["copy did not land within 5s"]
+
+
 # --- properties -------------------------------------------------------------------------
 
 
