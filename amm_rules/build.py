@@ -183,6 +183,7 @@ def _rules(section: Any, where: Locator, draft: Draft, known: set[str]) -> list[
                 actions,
                 frozenset(compiled.depends),
                 _position(where, path),
+                compiled.conjuncts,
             )
         )
     return out

@@ -145,9 +145,10 @@ class Classifier:
         self._on_invalid_annotation = on_invalid_annotation
         self._reported_rules: set[str] = set()
         self._annotations: dict[Hashable, Any] = {}
-        #: Each rule once: (rule, its set fields, reads only class attributes, safe match).
+        #: Each rule once: (rule, its set fields, reads only class attributes, safe
+        #: match, safe class part or None); see :meth:`_split`.
         self._rules = tuple(
-            (rule, rule.actions.set_fields(), rule.depends <= CLASS_ATTRIBUTES, self._safe(rule))
+            (rule, rule.actions.set_fields(), rule.depends <= CLASS_ATTRIBUTES, *self._split(rule))
             for rule in ruleset.rules
         )
         #: The class of a task: the class attributes any rule reads.
@@ -206,13 +207,15 @@ class Classifier:
         class attributes allow (see :class:`_ClassCascade`)."""
         values, reasons = overrides(annotation, runtime)
         steps: list[_Step] = []
-        for rule, fields, class_only, match in self._rules:
+        for rule, fields, class_only, match, class_part in self._rules:
             if len(values) == _ALL_FIELDS:
                 break
             todo = [f for f in fields if f not in values]
             if not todo:
                 continue  # decided for every key of the class: never evaluated
             if not class_only:
+                if class_part is not None and not class_part(facts):
+                    continue  # false for the whole class: no key matches
                 steps.append((rule, fields, match))
             elif not match(facts):
                 continue
@@ -226,9 +229,28 @@ class Classifier:
                     reasons[name] = Reason("rule", rule.name)
         return _ClassCascade(values, reasons, steps)
 
-    def _safe(self, rule: Rule) -> Predicate:
-        """The rule's match, never raising: an exception is "no match", reported once."""
-        predicate = rule.match
+    def _split(self, rule: Rule) -> tuple[Predicate, Predicate | None]:
+        """The rule's match as (what each key evaluates, what its class evaluates once).
+
+        A match ``a and b`` whose operands read class attributes only in part is split:
+        the class operands are evaluated once per class, and the keys of a class for
+        which they hold evaluate only the others (``task.type == "numpy.ndarray" and
+        task.nbytes >= 1 GiB`` reads ``nbytes`` only for numpy arrays). Operands have
+        no side effects and never raise for the documented facts, so evaluating them in
+        another order gives the same answer. Any other match: (the whole match, None)."""
+        if rule.depends <= CLASS_ATTRIBUTES or not rule.conjuncts:
+            return self._safe(rule), None
+        by_class = [fn for fn, depends in rule.conjuncts if depends <= CLASS_ATTRIBUTES]
+        per_key = [fn for fn, depends in rule.conjuncts if not depends <= CLASS_ATTRIBUTES]
+        if not by_class:
+            return self._safe(rule), None
+        return self._safe(rule, _all_of(per_key)), self._safe(rule, _all_of(by_class))
+
+    def _safe(self, rule: Rule, predicate: Predicate | None = None) -> Predicate:
+        """The rule's match (or a part of it), never raising: an exception is "no
+        match", reported once per rule."""
+        if predicate is None:
+            predicate = rule.match
 
         def safe(facts: Any) -> bool:
             try:
@@ -248,3 +270,18 @@ class Classifier:
         )
         if self._on_rule_error is not None:
             self._on_rule_error(rule, exc)
+
+
+def _all_of(predicates: list[Predicate]) -> Predicate:
+    """True where every predicate is (in order, stopping at the first false)."""
+    if len(predicates) == 1:
+        return predicates[0]
+    chain = tuple(predicates)
+
+    def every(facts: Any) -> bool:
+        for predicate in chain:  # noqa: SIM110 - a plain loop: no generator frame per call
+            if not predicate(facts):
+                return False
+        return True
+
+    return every

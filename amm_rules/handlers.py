@@ -170,6 +170,8 @@ class Handlers:
             "pools": sorted(ruleset.pools),
             "reduce_replicas": ruleset.reduce_replicas,
             "governed": len(policy.index),
+            # Keys in memory the classification budget has not reached yet.
+            "unclassified": len(policy.index.dirty),
             "in_flight": sum(len(v) for v in policy.index.inflight.values()),
             "runtime_targets": len(policy.index.runtime),
             "cycles": policy.cycles,
@@ -183,6 +185,11 @@ class Handlers:
                 for label in sorted(labels)
             },
             "reload_errors": list(policy.reload_errors),
+            "audit": {
+                "sweeps": policy.auditor.sweeps,
+                "sweeping": policy.auditor.sweeping,
+                "last": policy.auditor.last,
+            },
             "rebalance": policy.rebalancer.status(),
         }
 

@@ -40,6 +40,7 @@ from distributed.active_memory_manager import (
     Suggestion,
 )
 
+from amm_rules.audit import Auditor
 from amm_rules.classify import Classifier
 from amm_rules.diagnostics import RulesError
 from amm_rules.events import COUNTERS, EventLog
@@ -109,6 +110,13 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         nor trimmed by reduce-replicas. Attaching to a scheduler that already holds a
         million keys thus costs a few cycles of ``classify_seconds`` each instead of
         one cycle of seconds on the event loop.
+    audit_interval:
+        Seconds between the starts of two audit sweeps (None: never). The engine learns
+        of changes through scheduler hooks; the audit is the safety net behind them
+        (see :mod:`amm_rules.audit`): a sweep checks every governed key and every key
+        the scheduler lists as replicated, 1,000 of each per cycle, and repairs what
+        the hooks missed. A sweep that found something is reported as an ``audit``
+        event and a warning.
     """
 
     #: The rules in force.
@@ -135,6 +143,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     #: The classification budget of a cycle (see the parameters).
     classify_seconds: float | None
     classify_keys: int | None
+    #: The audit sweeps (see the parameters): ``auditor.last`` is what the last found.
+    auditor: Auditor
 
     def __init__(
         self,
@@ -145,6 +155,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         summary_interval: float = 10.0,
         classify_seconds: float | None = 0.1,
         classify_keys: int | None = None,
+        audit_interval: float | None = 60.0,
     ):
         self.path = None
         if isinstance(rules, Ruleset):
@@ -166,6 +177,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.last_cycle_seconds = 0.0
         self.classify_seconds = None if classify_seconds is None else float(classify_seconds)
         self.classify_keys = None if classify_keys is None else max(1, int(classify_keys))
+        self.auditor = Auditor(None if audit_interval is None else float(audit_interval))
         self._manager: ActiveMemoryManagerExtension | None = None
         #: Undoes the wrappers of the scheduler's replica methods (see detach).
         self._unwatch: Callable[[], None] | None = None
@@ -205,6 +217,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         # The one allowed scan of scheduler.tasks: keys already in memory when attached.
         self.index.dirty.update(k for k, ts in scheduler.tasks.items() if ts.state == "memory")
         self.index.workers_changed = True
+        self.auditor.start_in(time.monotonic())
         self._remove_reduce_replicas()
 
     def detach(self) -> None:
@@ -453,6 +466,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     def _cycle(self) -> Generator[Suggestion, Any, None]:
         self._remove_reduce_replicas()
         self._maybe_reload()
+        self._audit_step()
         full = self._refresh_workers()
         fresh = self._classify_dirty()
         self._absorb_touched(fresh)
@@ -490,6 +504,21 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             self.totals[label]["requested"] += c["requested"]
             self.totals[label]["dropped"] += c["dropped"]
         self.events.summary(self.last_cycle, now, rebalance=self.rebalancer.cycle_summary())
+
+    def _audit_step(self) -> None:
+        """This cycle's slice of the audit sweep; report a finished sweep that found
+        state the hooks had missed (it has been repaired by then)."""
+        index = self.index
+        classifier = self.classifier
+        found = self.auditor.step(
+            time.monotonic(),
+            index,
+            self.scheduler,
+            lambda ts: classifier.resolve(ts, index.runtime.get(ts.key)),
+        )
+        if found is not None and any(found.values()):
+            logger.warning("amm-rules: the audit found state the hooks missed: %s", found)
+            self.events.emit("audit", **found)
 
     def _classify_dirty(self) -> set[Hashable]:
         """Resolve the keys that entered memory (or got a runtime target) since the last

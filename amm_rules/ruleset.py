@@ -148,6 +148,9 @@ class Rule:
     #: Task attributes the match reads (names from :data:`TASK_ATTRIBUTES`).
     depends: frozenset[str] = frozenset(TASK_ATTRIBUTES)
     position: Position | None = None
+    #: For a match ``a and b and ...``: each operand's predicate and the attributes it
+    #: reads (see :attr:`amm_rules.expr.CompiledExpression.conjuncts`); else empty.
+    conjuncts: tuple[tuple[Predicate, frozenset[str]], ...] = ()
 
     def __repr__(self) -> str:
         return f"<Rule {self.name!r}: {self.match_source}>"

@@ -25,10 +25,10 @@ is what rebalancing moves and what the ``rebalance`` rules here measure; process
 includes interpreter and allocator overhead that no placement changes), ``spilled`` and
 ``process``. Worker processes run single-threaded BLAS.
 
-    python benchmarks/rebalance.py            # about 30 minutes on 2 cores
+    python benchmarks/rebalance.py            # about 40 minutes on 2 cores
     python benchmarks/rebalance.py --quick    # smaller data, shorter runs, 3 minutes
 
-Scenario 3 runs each mode ``--repeats`` times (default 3), interleaved, and reports each
+Scenario 3 runs each mode ``--repeats`` times (default 5), interleaved, and reports each
 metric's median: wall time and peaks vary by several percent from run to run on a small
 machine.
 
@@ -72,12 +72,14 @@ from amm_rules.rebalance import WorkerLoad, minimum_bytes_to_balance  # noqa: E4
 MiB = 2**20
 GiB = 2**30
 RESULTS = Path(__file__).parent / "results"
+#: The scenarios, in the order they run (``--only`` picks one).
+SCENARIOS = ("at_rest", "computing", "all_to_all")
 #: The issue's target for a balanced cluster: fullest worker over the mean.
 TARGET_RATIO = 1.15
 AMM = "distributed.scheduler.active-memory-manager"
 STOCK = [{"class": "distributed.active_memory_manager.ReduceReplicas"}]
-#: The rebalance section every amm-rules run with rebalancing uses: the defaults of the
-#: issue, measured on managed memory (see the module docstring).
+#: The rebalance section of scenarios 1 and 2: the documented defaults, measured on managed
+#: memory, as the legacy ``client.rebalance()`` is configured here (see the module docstring).
 REBALANCE = {
     "enabled": True,
     "measure": "managed",
@@ -86,6 +88,10 @@ REBALANCE = {
     "gap": "10%",
     "max-bytes-per-cycle": "512 MiB",
 }
+#: Scenario 3 computes while it spills. There a worker that just spilled looks empty to
+#: ``managed``; the default ``optimistic`` measure (RAM of the process minus what it
+#: recently allocated) is what rebalancing would use on such a cluster.
+REBALANCE_COMPUTING = {**REBALANCE, "measure": "optimistic"}
 
 
 @dataclass(frozen=True)
@@ -263,16 +269,18 @@ def rules_policy(scheduler: Any) -> Any:
     return found[0] if found else None
 
 
-def amm_config(mode: str, *, start: bool = True) -> dict[str, Any]:
+def amm_config(
+    mode: str, *, start: bool = True, rebalance: dict[str, Any] = REBALANCE
+) -> dict[str, Any]:
     """AMM settings of a mode: ``amm-off``, ``stock``/``none``/``legacy`` (Dask's
-    defaults), ``amm-rules`` (no rebalance), ``amm-rules+rebalance``."""
+    defaults), ``amm-rules`` (no rebalance), ``amm-rules+rebalance`` (with ``rebalance``)."""
     if mode == "amm-off":
         return {f"{AMM}.start": False, f"{AMM}.policies": []}
     if mode in ("stock", "none", "legacy"):
         return {f"{AMM}.start": True, f"{AMM}.policies": STOCK}
     rules: dict[str, Any] = {"version": 1}
     if mode.endswith("rebalance"):
-        rules["rebalance"] = REBALANCE
+        rules["rebalance"] = rebalance
     policy = {"class": "amm_rules.RulesPolicy", "rules": rules, "summary_interval": 0}
     return {f"{AMM}.start": start, f"{AMM}.policies": [policy]}
 
@@ -447,7 +455,8 @@ async def _legacy_once(client: Client) -> dict[str, Any]:
 
 
 async def all_to_all(size: Size, mode: str) -> dict[str, Any]:
-    async with local_cluster(size, size.matrix_limit, amm_config(mode)) as (client, s):
+    config = amm_config(mode, rebalance=REBALANCE_COMPUTING)
+    async with local_cluster(size, size.matrix_limit, config) as (client, s):
         rng = da.random.default_rng(42)
         x = rng.random(size.shape, chunks=size.blocks)
         x = client.persist(x)
@@ -490,6 +499,9 @@ def _mib(n: Any) -> str:
 
 
 def table(title: str, header: list[str], rows: list[list[Any]]) -> str:
+    """A plain-text table; empty for a scenario that did not run (``--only``)."""
+    if not rows:
+        return ""
     cells = [header] + [["-" if v is None else str(v) for v in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = [title]
@@ -507,7 +519,7 @@ def table(title: str, header: list[str], rows: list[list[Any]]) -> str:
 
 def report(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     out = []
-    r1 = results["at_rest"]
+    r1 = results.get("at_rest", {})
     out.append(
         table(
             "1. Imbalanced cluster at rest",
@@ -536,7 +548,7 @@ def report(results: dict[str, dict[str, dict[str, Any]]]) -> str:
             ],
         )
     )
-    r2 = results["computing"]
+    r2 = results.get("computing", {})
     out.append(
         table(
             "2. Imbalanced cluster while tasks read the data",
@@ -567,7 +579,7 @@ def report(results: dict[str, dict[str, dict[str, Any]]]) -> str:
             ],
         )
     )
-    r3 = results["all_to_all"]
+    r3 = results.get("all_to_all", {})
     out.append(
         table(
             "3. All-to-all: (x @ x.T).sum()",
@@ -596,7 +608,7 @@ def report(results: dict[str, dict[str, dict[str, Any]]]) -> str:
             ],
         )
     )
-    return "\n\n".join(out)
+    return "\n\n".join(t for t in out if t)
 
 
 def plot(results: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
@@ -665,32 +677,32 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-async def main(quick: bool, repeats: int) -> None:
+async def main(quick: bool, repeats: int, only: str | None = None) -> None:
     size = QUICK if quick else FULL
-    results: dict[str, dict[str, dict[str, Any]]] = {
-        "at_rest": {},
-        "computing": {},
-        "all_to_all": {},
-    }
-    for mode in ("none", "legacy", "amm-rules"):
-        print(f"at rest: {mode}", flush=True)
-        results["at_rest"][mode] = await at_rest(size, mode)
-    for mode in ("none", "amm-rules", "legacy"):
-        print(f"computing: {mode}", flush=True)
-        results["computing"][mode] = await computing(size, mode)
-    modes = ("amm-off", "stock", "amm-rules", "amm-rules+rebalance")
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
-    for n in range(repeats):  # interleaved, so that drifts of the machine hit every mode
+    scenarios = [only] if only else list(SCENARIOS)
+    results: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in scenarios}
+    if "at_rest" in results:
+        for mode in ("none", "legacy", "amm-rules"):
+            print(f"at rest: {mode}", flush=True)
+            results["at_rest"][mode] = await at_rest(size, mode)
+    if "computing" in results:
+        for mode in ("none", "amm-rules", "legacy"):
+            print(f"computing: {mode}", flush=True)
+            results["computing"][mode] = await computing(size, mode)
+    if "all_to_all" in results:
+        modes = ("amm-off", "stock", "amm-rules", "amm-rules+rebalance")
+        runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+        for n in range(repeats):  # interleaved, so that drifts of the machine hit every mode
+            for mode in modes:
+                print(f"all-to-all: {mode} ({n + 1}/{repeats})", flush=True)
+                runs[mode].append(await all_to_all(size, mode))
         for mode in modes:
-            print(f"all-to-all: {mode} ({n + 1}/{repeats})", flush=True)
-            runs[mode].append(await all_to_all(size, mode))
-    for mode in modes:
-        results["all_to_all"][mode] = median_run(runs[mode])
+            results["all_to_all"][mode] = median_run(runs[mode])
 
     print()
     print(report(results))
     RESULTS.mkdir(exist_ok=True)
-    suffix = "-quick" if quick else ""
+    suffix = ("-quick" if quick else "") + (f"-{only}" if only else "")
     doc = {
         "machine": {
             "python": platform.python_version(),
@@ -699,6 +711,7 @@ async def main(quick: bool, repeats: int) -> None:
         },
         "size": size.__dict__,
         "rebalance_rules": REBALANCE,
+        "rebalance_rules_all_to_all": REBALANCE_COMPUTING,
         "target_ratio": TARGET_RATIO,
         "results": results,
     }
@@ -711,8 +724,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller data, shorter runs")
     parser.add_argument(
-        "--repeats", type=int, default=3, help="runs of each all-to-all mode (median reported)"
+        "--repeats", type=int, default=5, help="runs of each all-to-all mode (median reported)"
+    )
+    parser.add_argument(
+        "--only",
+        choices=SCENARIOS,
+        help="run one scenario; results go to rebalance-SCENARIO.json and .png",
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    asyncio.run(main(args.quick, 1 if args.quick else max(1, args.repeats)))
+    asyncio.run(main(args.quick, 1 if args.quick else max(1, args.repeats), args.only))

@@ -35,6 +35,11 @@ MATCHES = (
     'task.type == "numpy.ndarray" and task.nbytes >= 100',
     'task.prefix == "b" or task.nbytes < 50',
     'not (task.group == "g2" and task.key matches "*3")',
+    # Split into a class part and a per-key part (in either order, with several of each).
+    'task.prefix in ["a", "b"] and task.key matches "*1*"',
+    'task.nbytes >= 60 and task.annotations.pin and task.group matches "g1*"',
+    'task.replicas >= 1 and task.type == "builtins.bytes" and task.nbytes < 5000',
+    "task.key matches 'c-*' and (task.prefix == 'c' or task.nbytes == 10)",
     "true",
 )
 ACTIONS = st.fixed_dictionaries(
@@ -134,6 +139,43 @@ def test_keys_of_one_class_share_one_desired():
     assert all(d is small[0] for d in small) and all(d is large[0] for d in large)
     assert small[0].explain() == "replicate=2 from rule a"
     assert large[0].explain() == "replicate=2 from rule a, move=never from rule big"
+
+
+def test_a_split_match_reads_the_key_only_where_its_class_part_holds():
+    """``task.type == ... and task.nbytes >= ...``: the type is read once per class,
+    the size only for keys of the classes of that type."""
+    ruleset = load_ruleset(
+        {
+            "version": 1,
+            "rules": [
+                {
+                    "name": "big-arrays",
+                    "match": 'task.nbytes >= 100 and task.type == "numpy.ndarray"',
+                    "move": "never",
+                },
+            ],
+        }
+    )
+    classifier = Classifier(ruleset)
+    reads: list[str] = []
+
+    class Task(SimpleNamespace):
+        @property
+        def nbytes(self) -> int:
+            reads.append(self.key)
+            return self.size
+
+    def task(key: str, type_: str, size: int) -> Task:
+        return Task(
+            key=key, prefix=SimpleNamespace(name="p"), type=type_, size=size,
+            who_has=set(), annotations=None,
+        )  # fmt: skip
+
+    frames = [classifier.resolve(task(f"f-{i}", "pandas.DataFrame", 1000)) for i in range(5)]
+    arrays = [classifier.resolve(task(f"a-{i}", "numpy.ndarray", 10**i)) for i in range(5)]
+    assert not any(d.governed for d in frames)
+    assert [d.move for d in arrays] == [None, None, "never", "never", "never"]
+    assert reads == [f"a-{i}" for i in range(5)]
 
 
 def test_a_raising_match_is_no_match_reported_once():

@@ -109,6 +109,12 @@ def test_rules_met_and_extra_copies_dropped(state: Any) -> None:
     assert run_cycle(state, rules_amm) == ([], [])
     assert len(policy.index) == state.census["governed"]
     assert run_cycle(state, rules_amm) == ([], [])
+    # An audit sweep of this state finds nothing the hooks missed, and asks for nothing.
+    policy.auditor.next_sweep = 0.0
+    sweeps = policy.auditor.sweeps
+    while policy.auditor.sweeps == sweeps:
+        assert run_cycle(state, rules_amm) == ([], [])
+    assert policy.auditor.last == {"governed_gone": 0, "replicated_unknown": 0}
 
     # The stock policy, which knows no rules, drops every extra copy.
     copies, drops = run_cycle(state, stock_amm)

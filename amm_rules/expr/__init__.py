@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from amm_rules.expr.ast import Node
+from amm_rules.expr.ast import And, Node
 from amm_rules.expr.attributes import CONTEXTS, Context
 from amm_rules.expr.checker import check
 from amm_rules.expr.compiler import compile_condition
@@ -34,6 +34,10 @@ __all__ = [
     "Problem",
     "compile_expression",
 ]
+
+
+#: One operand of a top-level ``and``: its predicate and the attribute roots it reads.
+Conjunct = tuple[Callable[[Any], bool], frozenset[str]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,6 +60,12 @@ class CompiledExpression:
     constant: bool | None
     #: The root of the syntax tree.
     ast: Node
+    #: For a top-level ``a and b and ...``: each operand that is not constant, compiled
+    #: on its own, with the attribute roots it reads (in source order); else empty. A
+    #: caller that knows some attributes to be shared by many facts objects can evaluate
+    #: the operands reading only those once for all of them (the rules engine does so
+    #: per class of keys).
+    conjuncts: tuple[Conjunct, ...] = ()
 
     def __call__(self, facts: Any) -> bool:
         return self.predicate(facts)
@@ -92,4 +102,17 @@ def compile_expression(text: str, context: Context) -> CompiledExpression:
         value = bool(code.value)
         predicate: Callable[[Any], bool] = (lambda _f: True) if value else (lambda _f: False)
         return CompiledExpression(text, context, predicate, frozenset(), value, root)
-    return CompiledExpression(text, context, code.fn, code.depends, None, root)
+    return CompiledExpression(
+        text, context, code.fn, code.depends, None, root, _conjuncts(root, checked)
+    )
+
+
+def _conjuncts(root: Node, checked: Any) -> tuple[Conjunct, ...]:
+    if not isinstance(root, And):
+        return ()
+    out = []
+    for operand in root.operands:
+        code = compile_condition(operand, checked)
+        if code.fn is not None:  # a constant true operand changes nothing (false: constant)
+            out.append((code.fn, code.depends))
+    return tuple(out) if len(out) > 1 else ()
