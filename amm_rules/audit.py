@@ -27,7 +27,7 @@ cycle, before classification, and reports a finished sweep that found something 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from amm_rules.index import KeyIndex, PlanClass
@@ -51,7 +51,8 @@ class Auditor:
         #: Sweeps finished, and what the last one found.
         self.sweeps = 0
         self.last: dict[str, int] | None = None
-        self._governed: list[Hashable] = []
+        #: The sweep's governed keys still to look at, by plan class.
+        self._governed: list[tuple[PlanClass, list[Hashable]]] = []
         self._replicated: list[Any] = []
         self._found = dict.fromkeys(FOUND, 0)
         self._sweeping = False
@@ -71,18 +72,21 @@ class Auditor:
         index: KeyIndex,
         scheduler: Any,
         resolve: Callable[[Any], Any],
+        suspects: Callable[[PlanClass, list[Any]], Iterable[Any]],
     ) -> dict[str, int] | None:
         """This cycle's slice of the sweep. Returns the counts of a sweep that finished
-        in this cycle, else None. ``resolve(ts)`` is what the rules want for a task."""
+        in this cycle, else None. ``resolve(ts)`` is what the rules want for a task;
+        ``suspects(cls, tasks)`` those of a class's tasks that may need the planner
+        (:meth:`KeyIndex.suspects` with the class's placement)."""
         if not self._sweeping:
             if self.interval is None or now < self.next_sweep:
                 return None
             self.next_sweep = now + self.interval
-            self._governed = list(index.desired)
+            self._governed = [(cls, list(group)) for cls, group in index.groups.items()]
             self._replicated = list(scheduler.replicated_tasks)
             self._found = dict.fromkeys(FOUND, 0)
             self._sweeping = True
-        self._check_governed(index, scheduler.tasks)
+        self._check_governed(index, scheduler.tasks, suspects)
         self._check_replicated(index, resolve)
         if self._governed or self._replicated:
             return None
@@ -91,20 +95,34 @@ class Auditor:
         self.last = dict(self._found)
         return self.last
 
-    def _check_governed(self, index: KeyIndex, tasks: Any) -> None:
-        todo = self._governed
-        desired, groups = index.desired, index.groups
-        for _ in range(min(self.chunk, len(todo))):
-            key = todo.pop()
-            d = desired.get(key)
-            if d is None:
-                continue  # left since the sweep started, and the hooks saw it
-            ts = groups[PlanClass.of(d)][key]
-            if ts.state != "memory" or tasks.get(key) is not ts:
-                index.forget(key)
-                self._found["governed_gone"] += 1
-            else:
-                index.recheck.add(key)
+    def _check_governed(
+        self,
+        index: KeyIndex,
+        tasks: Any,
+        suspects: Callable[[PlanClass, list[Any]], Iterable[Any]],
+    ) -> None:
+        budget = self.chunk
+        while budget and self._governed:
+            cls, keys = self._governed[-1]
+            take = keys[-budget:]
+            del keys[-budget:]
+            if not keys:
+                self._governed.pop()
+            budget -= len(take)
+            group = index.groups.get(cls, {})
+            alive = []
+            for key in take:
+                ts = group.get(key)
+                if ts is None:
+                    continue  # left or re-filed since the sweep started: the hooks saw it
+                if ts.state != "memory" or tasks.get(key) is not ts:
+                    index.forget(key)
+                    self._found["governed_gone"] += 1
+                else:
+                    alive.append(ts)
+            # The planner's own cheap test (copies, placement); keys that fail it are
+            # planned in this cycle, as after workers change.
+            index.recheck.update(ts.key for ts in suspects(cls, alive))
 
     def _check_replicated(self, index: KeyIndex, resolve: Callable[[Any], Any]) -> None:
         todo = self._replicated

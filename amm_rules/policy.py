@@ -466,8 +466,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     def _cycle(self) -> Generator[Suggestion, Any, None]:
         self._remove_reduce_replicas()
         self._maybe_reload()
-        self._audit_step()
         full = self._refresh_workers()
+        self._audit_step()  # after the placements are fresh, before classification
         fresh = self._classify_dirty()
         self._absorb_touched(fresh)
         self._give_up_orphaned_copies()
@@ -510,11 +510,15 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         state the hooks had missed (it has been repaired by then)."""
         index = self.index
         classifier = self.classifier
+        reduce_replicas = self.ruleset.reduce_replicas
         found = self.auditor.step(
             time.monotonic(),
             index,
             self.scheduler,
-            lambda ts: classifier.resolve(ts, index.runtime.get(ts.key)),
+            resolve=lambda ts: classifier.resolve(ts, index.runtime.get(ts.key)),
+            suspects=lambda cls, members: index.suspects(
+                cls, self._placement(cls), reduce_replicas, members
+            ),
         )
         if found is not None and any(found.values()):
             logger.warning("amm-rules: the audit found state the hooks missed: %s", found)
