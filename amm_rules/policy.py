@@ -455,7 +455,13 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         rest of the cycle is skipped, so the other policies still run."""
         start = time.perf_counter()
         try:
-            yield from self._cycle()
+            stats = yield from self._plan()
+            if self.ruleset.reduce_replicas:
+                # Delegated from here, not from _plan: every suggestion passes through
+                # each generator between the AMM and the one yielding it, and this one
+                # yields a drop per excess copy (120,000 per cycle at a million keys).
+                yield from self._reduce_replicas(stats)
+            self._count(stats)
         except Exception as exc:
             logger.exception("amm-rules: cycle failed; skipped")
             self.events.once(("error", repr(exc)), "error", error=repr(exc))
@@ -463,7 +469,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             self.cycles += 1
             self.last_cycle_seconds = time.perf_counter() - start
 
-    def _cycle(self) -> Generator[Suggestion, Any, None]:
+    def _plan(self) -> Generator[Suggestion, Any, dict[str, Counter[str]]]:
+        """The cycle up to reduce-replicas: rules, classification, audit, replication
+        planning, rebalancing. Returns the cycle's counters so far."""
         self._remove_reduce_replicas()
         self._maybe_reload()
         full = self._refresh_workers()
@@ -494,9 +502,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 stats=stats,
             )
 
-        if self.ruleset.reduce_replicas:
-            yield from self._reduce_replicas(stats)
+        return stats
 
+    def _count(self, stats: dict[str, Counter[str]]) -> None:
+        """Keep the cycle's counters (status, totals) and emit its summary event."""
+        now = time.monotonic()
         self.last_cycle = {
             label: {c: counts[c] for c in COUNTERS} for label, counts in stats.items()
         }
@@ -756,8 +766,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         # loaded holder).
         for key, ts in replicated.items():
             who_has = ts.who_has
-            # (Governed keys are never here: KeyIndex.put takes them out.)
-            if ts.state != "memory" or who_has is None or len(who_has) < 2:
+            # (Governed keys are never here: KeyIndex.put takes them out.) Only a key in
+            # memory has copies, so this also finds keys that left memory.
+            if who_has is None or len(who_has) < 2:
                 stale.append(key)
                 continue
             if (moving and key in moving) or (unclassified and key in unclassified):
