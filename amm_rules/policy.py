@@ -82,6 +82,20 @@ CLASSIFY_CHUNK = 256
 
 _STATUS = attrgetter("status")
 
+if Suggestion._fields == ("op", "ts", "candidates"):
+    _new_tuple = tuple.__new__
+
+    def _drop_suggestion(ts: Any) -> Suggestion:
+        """``Suggestion("drop", ts)``, built as that NamedTuple's own ``__new__`` builds
+        it after binding its arguments in Python, which costs more than the rest of
+        reduce-replicas' work for a key."""
+        return _new_tuple(Suggestion, ("drop", ts, None))
+
+else:  # pragma: no cover - another layout of Suggestion in a later distributed
+
+    def _drop_suggestion(ts: Any) -> Suggestion:
+        return Suggestion("drop", ts)
+
 
 def _clip(text: str, limit: int = CLIP) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
@@ -763,7 +777,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         # AMM drives this generator: the AMM only records suggestions), set lookups
         # only when the sets are not empty, and no candidate set (None: any holder,
         # as the stock policy; the AMM copies ``who_has`` itself and picks the most
-        # loaded holder).
+        # loaded holder). The suggestion is built once per key (see _drop_suggestion).
+        drop_suggestion = _drop_suggestion
         for key, ts in replicated.items():
             who_has = ts.who_has
             # (Governed keys are never here: KeyIndex.put takes them out.) Only a key in
@@ -781,8 +796,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             if entry is not None:
                 # What other policies had the AMM accept for the key in this cycle.
                 excess += len(entry[0]) - len(entry[1])
+            if excess <= 0:
+                continue
+            drop = drop_suggestion(ts)
             for _ in range(excess):
-                if (yield Suggestion("drop", ts)) is not None:
+                if (yield drop) is not None:
                     dropped += 1
         for key in stale:
             del replicated[key]

@@ -116,3 +116,14 @@ async def test_detach_alone_restores_the_originals(c, s, a, b):
         assert s.handlers["update_data"] == handler
     futures = await c.scatter({"x-1": 1}, broadcast=True)
     assert list(futures) == ["x-1"]
+
+
+def test_the_fast_drop_suggestion_is_the_stock_suggestion():
+    from distributed.active_memory_manager import Suggestion
+
+    from amm_rules.policy import _drop_suggestion
+
+    ts = object()
+    made = _drop_suggestion(ts)
+    assert made == Suggestion("drop", ts) and type(made) is Suggestion
+    assert (made.op, made.ts, made.candidates) == ("drop", ts, None)
