@@ -55,11 +55,8 @@ class Auditor:
         self._governed: list[tuple[PlanClass, list[Hashable]]] = []
         self._replicated: list[Any] = []
         self._found = dict.fromkeys(FOUND, 0)
-        self._sweeping = False
-
-    @property
-    def sweeping(self) -> bool:
-        return self._sweeping
+        #: Whether a sweep is under way.
+        self.sweeping = False
 
     def start_in(self, now: float) -> None:
         """No sweep before ``now + interval`` (called when the policy attaches)."""
@@ -78,19 +75,19 @@ class Auditor:
         in this cycle, else None. ``resolve(ts)`` is what the rules want for a task;
         ``suspects(cls, tasks)`` those of a class's tasks that may need the planner
         (:meth:`KeyIndex.suspects` with the class's placement)."""
-        if not self._sweeping:
+        if not self.sweeping:
             if self.interval is None or now < self.next_sweep:
                 return None
             self.next_sweep = now + self.interval
             self._governed = [(cls, list(group)) for cls, group in index.groups.items()]
             self._replicated = list(scheduler.replicated_tasks)
             self._found = dict.fromkeys(FOUND, 0)
-            self._sweeping = True
+            self.sweeping = True
         self._check_governed(index, scheduler.tasks, suspects)
         self._check_replicated(index, resolve)
         if self._governed or self._replicated:
             return None
-        self._sweeping = False
+        self.sweeping = False
         self.sweeps += 1
         self.last = dict(self._found)
         return self.last

@@ -244,7 +244,11 @@ class Classifier:
         per_key = [fn for fn, depends in rule.conjuncts if not depends <= CLASS_ATTRIBUTES]
         if not by_class:
             return self._safe(rule), None
-        return self._safe(rule, _all_of(per_key)), self._safe(rule, _all_of(by_class))
+        # Imported here: the expression package loads the parser, which a Classifier of
+        # an already compiled ruleset has no other use for.
+        from amm_rules.expr.compiler import all_of
+
+        return self._safe(rule, all_of(per_key)), self._safe(rule, all_of(by_class))
 
     def _safe(self, rule: Rule, predicate: Predicate | None = None) -> Predicate:
         """The rule's match (or a part of it), never raising: an exception is "no
@@ -270,18 +274,3 @@ class Classifier:
         )
         if self._on_rule_error is not None:
             self._on_rule_error(rule, exc)
-
-
-def _all_of(predicates: list[Predicate]) -> Predicate:
-    """True where every predicate is (in order, stopping at the first false)."""
-    if len(predicates) == 1:
-        return predicates[0]
-    chain = tuple(predicates)
-
-    def every(facts: Any) -> bool:
-        for predicate in chain:  # noqa: SIM110 - a plain loop: no generator frame per call
-            if not predicate(facts):
-                return False
-        return True
-
-    return every

@@ -15,6 +15,7 @@ from distributed.utils_test import inc
 from amm_rules.policy import RulesPolicy
 
 __all__ = [
+    "RELOADABLE",
     "amm_config",
     "copies",
     "events",
@@ -28,6 +29,15 @@ __all__ = [
 
 #: Short enough that a test sees several cycles in a fraction of a second.
 INTERVAL = 0.05
+
+#: A rules file for hot-reload tests: ``x-*`` keys held at ``n`` copies.
+RELOADABLE = """\
+version: 1
+rules:
+  - name: keep
+    match: task.key matches "x-*"
+    replicate: {n}
+"""
 
 
 def rules(*entries: Mapping[str, Any], pools: Mapping[str, str] | None = None, **top: Any) -> dict:

@@ -36,7 +36,16 @@ from typing import Any
 
 import dask
 import pytest
-from amm_policy_support import amm_config, events, holders, inc, no_errors, policy_of, rules
+from amm_policy_support import (
+    RELOADABLE,
+    amm_config,
+    events,
+    holders,
+    inc,
+    no_errors,
+    policy_of,
+    rules,
+)
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import async_poll_for, gen_cluster
 from rules_fuzzer import cases, check_and_run, seed_files
@@ -470,14 +479,6 @@ async def test_runtime_calls_with_garbage_are_errors_and_targets_stay(c, s, *wor
 # ---------------------------------------------------------------------------------
 # Hot reload
 
-GOOD = """\
-version: 1
-rules:
-  - name: keep
-    match: task.key matches "x-*"
-    replicate: {n}
-"""
-
 
 async def cycles(amm: ActiveMemoryManagerExtension, n: int = 3) -> None:
     for _ in range(n):
@@ -496,7 +497,7 @@ def replace_with(path: Path, make: Callable[[Path], None]) -> None:
 
 def _half_written(path: Path) -> None:
     # A non-atomic write caught in the middle: the expression's string is cut open.
-    text = GOOD.format(n=3)
+    text = RELOADABLE.format(n=3)
     path.write_text(text[: text.index("x-*")])
 
 
@@ -526,14 +527,18 @@ if hasattr(os, "mkfifo"):
     HOSTILE_STATES.append(("named pipe", lambda p: os.mkfifo(p), "not a regular file"))
 if os.name == "posix" and os.geteuid() != 0:
     HOSTILE_STATES.append(
-        ("permission denied", lambda p: (p.write_text(GOOD.format(n=3)), p.chmod(0)), "ermission")
+        (
+            "permission denied",
+            lambda p: (p.write_text(RELOADABLE.format(n=3)), p.chmod(0)),
+            "ermission",
+        )
     )
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(None, start=False))
 async def test_hot_reload_of_hostile_files_keeps_the_running_rules(c, s, *workers, tmp_path):
     path = tmp_path / "rules.yaml"
-    path.write_text(GOOD.format(n=2))
+    path.write_text(RELOADABLE.format(n=2))
     policy = RulesPolicy(str(path))
     amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
     running = policy.ruleset
@@ -552,7 +557,7 @@ async def test_hot_reload_of_hostile_files_keeps_the_running_rules(c, s, *worker
     if path.exists() and not path.is_dir():
         path.chmod(0o644)
     # Fixed: reloaded at the next cycle.
-    replace_with(path, lambda p: p.write_text(GOOD.format(n=3)))
+    replace_with(path, lambda p: p.write_text(RELOADABLE.format(n=3)))
     await cycles(amm)
     assert policy.ruleset is not running
     assert len(holders(s, "x-1")) == 3

@@ -11,8 +11,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from amm_policy_support import amm_config, copies, events, more_cycles, no_errors, policy_of, rules
+from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
+
+from amm_rules.policy import RulesPolicy
 
 PAIR = {"name": "pair", "match": 'task.key matches "pair-*"', "replicate": 2}
 
@@ -135,4 +139,30 @@ async def test_an_audit_that_finds_nothing_is_silent(c, s, *workers):
     del free
     assert policy.auditor.last == {"governed_gone": 0, "replicated_unknown": 0}
     assert not events(s, "audit")
+    no_errors(s)
+
+
+@pytest.mark.parametrize("audit_interval", [None, 0.0])
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(start=False))
+async def test_a_governed_key_filed_as_ungoverned_keeps_its_copies(c, s, *workers, audit_interval):
+    """A key whose entry into memory went unseen, but whose copies changed, is filed
+    for reduce-replicas without being classified. Without audits it is trimmed to one
+    copy although its rule wants three; an audit classifies it first."""
+    held = await c.scatter({"pair-0": 0}, broadcast=True)  # noqa: F841 - keeps the key
+    three = {**PAIR, "replicate": 3}
+    policy = RulesPolicy(rules(three), audit_interval=audit_interval)
+    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
+    # What the hooks leave behind when the transition into memory was missed.
+    policy.index.dirty.discard("pair-0")
+    policy.index.replicated_free["pair-0"] = s.tasks["pair-0"]
+    for _ in range(3):
+        amm.run_once()
+        await asyncio.sleep(0.1)
+    if audit_interval is None:
+        assert copies(s, "pair-0") == 1  # the harm the audit exists to prevent
+        assert "pair-0" not in policy.index
+    else:
+        assert copies(s, "pair-0") == 3
+        assert "pair-0" in policy.index
+        assert events(s, "audit")[0]["replicated_unknown"] == 1
     no_errors(s)

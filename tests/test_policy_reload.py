@@ -10,20 +10,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from amm_policy_support import amm_config, events, holders, no_errors
+from amm_policy_support import RELOADABLE, amm_config, events, holders, no_errors
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
 from amm_rules.policy import RulesPolicy
 from amm_rules.rebalance import Move, PendingMove
 
-GOOD = """\
-version: 1
-rules:
-  - name: keep
-    match: task.key matches "x-*"
-    replicate: {n}
-"""
 TIMED = """\
 version: 1
 rebalance:
@@ -56,7 +49,7 @@ def write(path: Path, text: str) -> None:
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 4, config=amm_config(None, start=False))
 async def test_reload_good_and_bad(c, s, w1, w2, w3, w4, tmp_path):
-    path = _rules_file(tmp_path, GOOD.format(n=2))
+    path = _rules_file(tmp_path, RELOADABLE.format(n=2))
     policy = RulesPolicy(str(path))
     amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
     futures = await c.scatter({"x-1": 1})
@@ -64,7 +57,7 @@ async def test_reload_good_and_bad(c, s, w1, w2, w3, w4, tmp_path):
     assert len(holders(s, "x-1")) == 2
 
     # A good change applies at the next cycle, to keys already in memory.
-    write(path, GOOD.format(n=3))
+    write(path, RELOADABLE.format(n=3))
     await cycles(amm)
     assert len(holders(s, "x-1")) == 3
     (reload,) = events(s, "reload")
@@ -90,7 +83,7 @@ async def test_reload_good_and_bad(c, s, w1, w2, w3, w4, tmp_path):
 
     # Fixed again: reloaded.
     path.rmdir()
-    write(path, GOOD.format(n=1))
+    write(path, RELOADABLE.format(n=1))
     await cycles(amm)
     assert len(holders(s, "x-1")) == 1
     assert len(events(s, "reload")) == 2
@@ -101,12 +94,12 @@ async def test_reload_good_and_bad(c, s, w1, w2, w3, w4, tmp_path):
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root reads any file")
 @gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(None, start=False))
 async def test_reload_permission_denied_keeps_rules(c, s, a, tmp_path):
-    path = _rules_file(tmp_path, GOOD.format(n=1))
+    path = _rules_file(tmp_path, RELOADABLE.format(n=1))
     policy = RulesPolicy(str(path))
     amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
     path.chmod(0)
     try:
-        write(path, GOOD.format(n=2))
+        write(path, RELOADABLE.format(n=2))
         path.chmod(0)
         await cycles(amm, 2)
     finally:
@@ -118,7 +111,7 @@ async def test_reload_permission_denied_keeps_rules(c, s, a, tmp_path):
 
 @gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(None, start=False))
 async def test_no_reload_when_disabled(c, s, a, tmp_path):
-    path = _rules_file(tmp_path, GOOD.format(n=1))
+    path = _rules_file(tmp_path, RELOADABLE.format(n=1))
     amm = ActiveMemoryManagerExtension(
         s, {RulesPolicy(str(path), reload=False)}, register=False, start=False
     )
@@ -134,7 +127,7 @@ def _rules_file(directory: Path, text: str) -> Path:
 
 
 def test_repr_names_the_file(tmp_path):
-    path = _rules_file(tmp_path, GOOD.format(n=1))
+    path = _rules_file(tmp_path, RELOADABLE.format(n=1))
     assert repr(RulesPolicy(str(path))) == f"RulesPolicy(rules={str(path)!r}, 1 rules, 0 pools)"
 
 

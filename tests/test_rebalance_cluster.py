@@ -67,6 +67,14 @@ def minimum_to_balance(s: Any) -> int:
     )
 
 
+def skipped(s: Any) -> Counter[str]:
+    """Keys rebalancing looked at and did not move, by reason, over the cycle events."""
+    out: Counter[str] = Counter()
+    for e in events(s, "cycle"):
+        out.update(e.get("rebalance", {}).get("skipped", {}))
+    return out
+
+
 def settled(s: Any) -> bool:
     """Nothing in flight and the last plan found nothing to do."""
     r = policy_of(s).rebalancer
@@ -216,11 +224,9 @@ async def test_pools_move_never_and_match_are_respected(c, s, g1, g2, w1, w2):
     assert gpu_moved == {g2.address}, "pool keys move inside the pool only"
     assert any(where[f"x-{i}"] & {w1.address, w2.address} for i in range(16))
 
-    skipped = Counter()
-    for e in events(s, "cycle"):
-        skipped.update(e.get("rebalance", {}).get("skipped", {}))
-    assert skipped["move: never (rule frozen)"] > 0
-    assert skipped["outside rebalance.match"] > 0
+    reasons = skipped(s)
+    assert reasons["move: never (rule frozen)"] > 0
+    assert reasons["outside rebalance.match"] > 0
     no_errors(s)
 
 
@@ -255,16 +261,9 @@ async def test_rebalance_while_computing_erres_and_recomputes_nothing(c, s, a, *
     data = c.map(make, range(40), key=keys, workers=[a.address], priority=10)
     first = c.map(gated_sum, data[:10], key=[f"first-{i}" for i in range(10)])
     policy = policy_of(s)
-    reading = READ_SOON
-
-    def skipped() -> Counter[str]:
-        out: Counter[str] = Counter()
-        for e in events(s, "cycle"):
-            out.update(e.get("rebalance", {}).get("skipped", {}))
-        return out
-
     await async_poll_for(
-        lambda: policy.rebalancer.totals["done"] >= 10 and skipped()[reading] > 0, timeout=10
+        lambda: policy.rebalancer.totals["done"] >= 10 and skipped(s)[READ_SOON] > 0,
+        timeout=10,
     )
     assert all(holders(s, f.key) == {a.address} for f in data[:10])
     await go.set()
@@ -312,14 +311,9 @@ async def test_a_key_whose_dependent_still_waits_stays_put(c, s, a, *others):
         lambda: "waits" in s.tasks and s.tasks["waits"].state == "waiting", timeout=5
     )
     policy = policy_of(s)
-
-    def skipped(reason: str) -> int:
-        return sum(
-            e.get("rebalance", {}).get("skipped", {}).get(reason, 0) for e in events(s, "cycle")
-        )
-
     await async_poll_for(
-        lambda: policy.rebalancer.totals["done"] >= 10 and skipped(READ_SOON) > 0, timeout=10
+        lambda: policy.rebalancer.totals["done"] >= 10 and skipped(s)[READ_SOON] > 0,
+        timeout=10,
     )
     assert holders(s, "x-0") == {a.address}
     await go.set()

@@ -140,7 +140,7 @@ class _Compiler:
             depends |= code.depends
         if not fns:
             return constant(not stop)
-        return Code(_any(fns) if stop else _all(fns), depends=depends)
+        return Code(_any(fns) if stop else all_of(fns), depends=depends)
 
     def _truth(self, node: ast.Attribute) -> Code:
         resolved = self.checked.attributes[id(node)]
@@ -266,7 +266,8 @@ def getter(resolved: Resolved) -> Fn:
     return read_key
 
 
-def _all(fns: list[Fn]) -> Fn:
+def all_of(fns: list[Fn]) -> Fn:
+    """True where every function is (in order, stopping at the first false)."""
     if len(fns) == 1:
         return fns[0]
     if len(fns) == 2:
