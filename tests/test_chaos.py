@@ -25,6 +25,7 @@ import asyncio
 from collections import Counter
 from typing import Any
 
+import amm_policy_support
 import pytest
 from amm_policy_support import amm_config, events, holders, no_errors, rules
 from chaos_support import (
@@ -58,6 +59,10 @@ INFLIGHT_TIMEOUT = 1.0
 #: transfer that hung on a dead source, plus a few cycles; generous, as transfers
 #: are real.
 MAX_CYCLES = 60
+#: Cycles of one in-flight timeout. Each worker killed at once can hang one more
+#: transfer (measured on two of three holders killed: 1 to 3 cycles, or about 21 with
+#: one hung transfer; once, on a loaded machine, more than 60, with two).
+HUNG_CYCLES = round(INFLIGHT_TIMEOUT / amm_policy_support.INTERVAL)
 
 
 def _held_config() -> dict[str, Any]:
@@ -73,8 +78,9 @@ def _check(stats: ChaosStats, keys: list[str]) -> None:
 async def _rounds(c: Any, s: Any, workers: list[Any], rounds: int, kills: int = 1) -> ChaosStats:
     held = await make_held(c, s, KEYS, N)
     stats = ChaosStats(keys=len(KEYS))
+    max_cycles = MAX_CYCLES + (kills - 1) * HUNG_CYCLES
     for _ in range(rounds):
-        await kill_round(c, s, workers, held, N, stats, kills=kills, max_cycles=MAX_CYCLES)
+        await kill_round(c, s, workers, held, N, stats, kills=kills, max_cycles=max_cycles)
     _check(stats, KEYS)
     assert await c.gather(list(held.values())) == [k.encode().ljust(1_000, b".") for k in KEYS]
     return stats
