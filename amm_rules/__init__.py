@@ -12,19 +12,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from amm_rules.diagnostics import Diagnostic, RulesError
-from amm_rules.loader import load_ruleset
-from amm_rules.ruleset import Pool, RebalanceSettings, Rule, Ruleset, Target
+from amm_rules.language.diagnostics import Diagnostic, RulesError
+from amm_rules.language.loader import load_ruleset
+from amm_rules.language.ruleset import Pool, RebalanceSettings, Rule, Ruleset, Target
 
 __version__ = "0.1.0"
 
 #: Names of the scheduler half, resolved on first access (they import distributed).
 _LAZY = {
-    "RulesPolicy": "amm_rules.policy",
-    "annotate": "amm_rules.annotations",
-    "replicate": "amm_rules.runtime",
-    "explain": "amm_rules.runtime",
-    "status": "amm_rules.runtime",
+    "RulesPolicy": "amm_rules.engine.policy",
+    "annotate": "amm_rules.client",
+    "replicate": "amm_rules.client",
+    "explain": "amm_rules.client",
+    "status": "amm_rules.client",
 }
 
 __all__ = [
@@ -45,9 +45,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from amm_rules.annotations import annotate
-    from amm_rules.policy import RulesPolicy
-    from amm_rules.runtime import explain, replicate, status
+    from amm_rules.client import annotate, explain, replicate, status
+    from amm_rules.engine.policy import RulesPolicy
 
 
 def __getattr__(name: str) -> Any:

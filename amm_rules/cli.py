@@ -49,8 +49,8 @@ def validate(files: tuple[str, ...], fmt: str, strict: bool) -> None:
 
 
 def _validate(files: list[str], fmt: str, strict: bool) -> int:
-    from amm_rules.loader import check_path
-    from amm_rules.reporters import REPORTERS
+    from amm_rules.language.loader import check_path
+    from amm_rules.language.reporters import REPORTERS
 
     results = [check_path(f) for f in files]
     click.echo(REPORTERS[fmt](results), nl=False)
@@ -67,7 +67,7 @@ def schema() -> None:
 def schema_text() -> str:
     import json
 
-    from amm_rules.schema import SCHEMA
+    from amm_rules.language.schema import SCHEMA
 
     return json.dumps(SCHEMA, indent=2) + "\n"
 

@@ -29,9 +29,9 @@ import click
 import dask
 from dask.utils import format_bytes, key_split
 
-from amm_rules.diagnostics import RulesError
-from amm_rules.loader import load_ruleset
-from amm_rules.ruleset import UNGOVERNED, Desired, Ruleset, TaskFacts, WorkerFacts
+from amm_rules.language.diagnostics import RulesError
+from amm_rules.language.loader import load_ruleset
+from amm_rules.language.ruleset import UNGOVERNED, Desired, Ruleset, TaskFacts, WorkerFacts
 
 __all__ = ["default_rules_path", "main"]
 
@@ -471,7 +471,7 @@ def _print_tables(snapshot: Snapshot) -> None:
 
 def _explain_unmet(client: Any, snapshot: Snapshot, futures: list[Any]) -> list[str]:
     """The engine's own account of up to five keys that are not where they should be."""
-    from amm_rules.runtime import explain
+    from amm_rules.client import explain
 
     unmet = {k.key for k in snapshot.keys if not (k.copies_ok and k.placement_ok)}
     chosen = [f for f in futures if str(f.key) in unmet][:5]

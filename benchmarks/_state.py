@@ -47,7 +47,7 @@ from distributed import Scheduler
 from distributed.core import Status
 from distributed.scheduler import TaskState, WorkerState
 
-from amm_rules.ruleset import Desired, Ruleset, TaskFacts, WorkerFacts
+from amm_rules.language.ruleset import Desired, Ruleset, TaskFacts, WorkerFacts
 
 GiB = 2**30
 MiB = 2**20

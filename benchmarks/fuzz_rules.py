@@ -2,7 +2,7 @@
 
 The files come from the seeded generator the tests use (``tests/rules_fuzzer.py``):
 rules files built from the format's vocabulary, mutated seed files (every case file and
-example), and splices of both. Each file is checked with ``amm_rules.loader.check_text``;
+example), and splices of both. Each file is checked with ``amm_rules.language.loader.check_text``;
 a file without errors is compiled, and its matches and pools run on a few facts.
 
 A *failure* is an exception, an ``internal`` diagnostic, a disagreement between "has an

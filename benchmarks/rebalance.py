@@ -67,7 +67,7 @@ import numpy as np  # noqa: E402
 from distributed import Client, LocalCluster, wait  # noqa: E402
 from distributed.diagnostics.plugin import SchedulerPlugin  # noqa: E402
 
-from amm_rules.rebalance import WorkerLoad, minimum_bytes_to_balance  # noqa: E402
+from amm_rules.engine.rebalance.planner import WorkerLoad, minimum_bytes_to_balance  # noqa: E402
 
 MiB = 2**20
 GiB = 2**30
@@ -262,7 +262,7 @@ def bytes_copied(before: dict[str, frozenset[str]], after: dict[str, frozenset[s
 
 
 def rules_policy(scheduler: Any) -> Any:
-    from amm_rules.policy import RulesPolicy
+    from amm_rules.engine.policy import RulesPolicy
 
     amm = scheduler.extensions.get("amm")
     found = [p for p in (amm.policies if amm else ()) if isinstance(p, RulesPolicy)]

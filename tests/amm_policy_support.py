@@ -12,7 +12,7 @@ from typing import Any
 
 from distributed.utils_test import inc
 
-from amm_rules.policy import RulesPolicy
+from amm_rules.engine.policy import RulesPolicy
 
 __all__ = [
     "RELOADABLE",

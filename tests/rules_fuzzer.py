@@ -20,9 +20,9 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
-from amm_rules.diagnostics import Diagnostic
-from amm_rules.loader import check_text
-from amm_rules.ruleset import Ruleset, TaskFacts, WorkerFacts
+from amm_rules.language.diagnostics import Diagnostic
+from amm_rules.language.loader import check_text
+from amm_rules.language.ruleset import Ruleset, TaskFacts, WorkerFacts
 
 ROOT = Path(__file__).resolve().parent.parent
 

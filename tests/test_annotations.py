@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import amm_rules
-from amm_rules.actions import ActionError, parse_actions
-from amm_rules.annotations import validate_annotation
+from amm_rules.client import validate_annotation
+from amm_rules.language.fields import ActionError, parse_actions
 
 GPU_RULES = {"version": 1, "pools": {"gpu": "worker.resources.GPU >= 1"}}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from amm_rules.loader import check_text
+from amm_rules.language.loader import check_text
 
 CASES = Path(__file__).parent / "cases"
 EXPECT = re.compile(
@@ -77,7 +77,7 @@ def test_invalid_case(path: Path) -> None:
 
 def test_every_expression_code_is_covered() -> None:
     """The invalid cases exercise every code an expression error can carry."""
-    from amm_rules.expr.errors import CODES
+    from amm_rules.language.expr.errors import CODES
 
     seen = {code for path in _cases("invalid") for *_, code, _ in expectations(path.read_bytes())}
     assert seen >= CODES, f"no case for {sorted(CODES - seen)}"
@@ -106,7 +106,7 @@ def test_pure_python_yaml_gives_the_same_diagnostics(
     """libyaml is used when PyYAML has it; without it, positions and codes are the same."""
     import yaml
 
-    from amm_rules import yaml_source
+    from amm_rules.language import yaml_source
 
     raw = path.read_bytes()
     fast = [(d.line, d.column, d.code) for d in check_text(raw)[1]]

@@ -82,9 +82,7 @@ async def test_sigkill_of_worker_processes_loses_no_held_key() -> None:
                 assert lost(s, KEYS) == []
                 await wait_for_targets(s, KEYS, N, max_cycles=400)
                 results = await c.gather(sums)
-                assert results == [
-                    a.encode() * REPEAT + b.encode() * REPEAT for a, b in pairs
-                ]
+                assert results == [a.encode() * REPEAT + b.encode() * REPEAT for a, b in pairs]
                 del sums
 
             # The nannies brought the cluster back to four workers, and the new ones
@@ -92,9 +90,7 @@ async def test_sigkill_of_worker_processes_loses_no_held_key() -> None:
             while len(s.workers) < 4:
                 await asyncio.sleep(0.05)
             await wait_for_targets(s, KEYS, N, max_cycles=400)
-            assert await c.gather([held[k] for k in KEYS]) == [
-                k.encode() * REPEAT for k in KEYS
-            ]
+            assert await c.gather([held[k] for k in KEYS]) == [k.encode() * REPEAT for k in KEYS]
             assert {k: executions.processing[k] for k in KEYS} == dict.fromkeys(KEYS, 1)
             assert policy_of(s).cycles > 0
             no_errors(s)

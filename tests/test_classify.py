@@ -1,8 +1,8 @@
 """The classifier's per-class memo gives exactly the cascade's answer.
 
-:class:`amm_rules.classify.Classifier` runs the rules that read only class attributes
+:class:`amm_rules.engine.classify.Classifier` runs the rules that read only class attributes
 once per class of keys and keeps, per class, only the rules that read the key itself.
-These tests compare it with :meth:`Ruleset.resolve <amm_rules.ruleset.Ruleset.resolve>`
+These tests compare it with :meth:`Ruleset.resolve <amm_rules.language.ruleset.Ruleset.resolve>`
 (the definition of the cascade) on random rules files and random tasks, the tasks of
 one example all going through one classifier so that memo entries are reused across
 keys, annotations and runtime targets.
@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amm_rules import load_ruleset
-from amm_rules.classify import Classifier
-from amm_rules.ruleset import Target
-from amm_rules.view import TaskFactsAdapter
+from amm_rules.engine.classify import Classifier
+from amm_rules.engine.view import TaskFactsAdapter
+from amm_rules.language.ruleset import Target
 
 #: Matches reading class attributes only, the key itself only, or both.
 MATCHES = (

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from amm_rules.cli import schema_text
-from amm_rules.loader import check_file, check_text
-from amm_rules.schema import SCHEMA
+from amm_rules.language.loader import check_file, check_text
+from amm_rules.language.schema import SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples" / "rules").glob("*.yaml"))

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from amm_rules.expr.glob import GlobError, compile_glob, glob_match
+from amm_rules.language.expr.glob import GlobError, compile_glob, glob_match
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from amm_rules.expr import CompiledExpression, ExpressionError, compile_expression
-from amm_rules.ruleset import TaskFacts, WorkerFacts
+from amm_rules.language.expr import CompiledExpression, ExpressionError, compile_expression
+from amm_rules.language.ruleset import TaskFacts, WorkerFacts
 
 VALID_TASK = [
     'task.prefix == "stage1" or task.key matches "checkpoint-*"',

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from amm_rules.expr import parser, table
+from amm_rules.language.expr import parser, table
 
 EXPRESSIONS = [
     'task.prefix == "a" and task.nbytes > 5 MiB or not (task.key matches "x*")',
@@ -20,7 +20,7 @@ def test_shipped_table_is_current():
     grammar = parser.grammar_text()
     digest = table.grammar_hash(grammar, parser.LARK_OPTIONS)
     assert table.load_parser(digest) is not None, (
-        "amm_rules/expr/parse_table.json is stale: run `python -m amm_rules.expr.table`"
+        "amm_rules/expr/parse_table.json is stale: run `python -m amm_rules.language.expr.table`"
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from amm_rules.expr import (
+from amm_rules.language.expr import (
     MAX_DEPTH,
     MAX_LENGTH,
     CompiledExpression,
@@ -24,9 +24,9 @@ from amm_rules.expr import (
     ast,
     compile_expression,
 )
-from amm_rules.expr.attributes import ATTRIBUTES, ValueType
-from amm_rules.expr.parser import get_parser, grammar_text, parse
-from amm_rules.ruleset import TASK_ATTRIBUTES, WORKER_ATTRIBUTES, TaskFacts, WorkerFacts
+from amm_rules.language.expr.attributes import ATTRIBUTES, ValueType
+from amm_rules.language.expr.parser import get_parser, grammar_text, parse
+from amm_rules.language.ruleset import TASK_ATTRIBUTES, WORKER_ATTRIBUTES, TaskFacts, WorkerFacts
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30

@@ -16,8 +16,8 @@ import rules_fuzzer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amm_rules.loader import CheckResult, check_text
-from amm_rules.reporters import format_github, format_json, format_text
+from amm_rules.language.loader import CheckResult, check_text
+from amm_rules.language.reporters import format_github, format_json, format_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = [p.read_bytes() for p in sorted((ROOT / "tests" / "cases" / "valid").glob("*.yaml"))]

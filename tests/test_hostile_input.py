@@ -51,13 +51,13 @@ from distributed.utils_test import async_poll_for, gen_cluster
 from rules_fuzzer import cases, check_and_run, seed_files
 
 import amm_rules
-from amm_rules.actions import ActionError
-from amm_rules.expr import MAX_DEPTH, MAX_LENGTH, MAX_LIST_ITEMS
-from amm_rules.expr.glob import compile_glob, glob_match
-from amm_rules.loader import check_path, check_text, load_ruleset
-from amm_rules.policy import RulesPolicy
-from amm_rules.ruleset import TaskFacts
-from amm_rules.yaml_source import MAX_BYTES
+from amm_rules.engine.policy import RulesPolicy
+from amm_rules.language.expr import MAX_DEPTH, MAX_LENGTH, MAX_LIST_ITEMS
+from amm_rules.language.expr.glob import compile_glob, glob_match
+from amm_rules.language.fields import ActionError
+from amm_rules.language.loader import check_path, check_text, load_ruleset
+from amm_rules.language.ruleset import TaskFacts
+from amm_rules.language.yaml_source import MAX_BYTES
 
 #: Generous per-file bound: checking a rules file takes milliseconds.
 HANG_SECONDS = 5.0

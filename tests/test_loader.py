@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from amm_rules import RulesError, load_ruleset
-from amm_rules.actions import parse_actions
-from amm_rules.loader import check_file, check_mapping, check_text
-from amm_rules.ruleset import Target, TaskFacts, WorkerFacts
-from amm_rules.scalar_positions import source_indices
-from amm_rules.yaml_source import MAX_BYTES, read_yaml
+from amm_rules.language.fields import parse_actions
+from amm_rules.language.loader import check_file, check_mapping, check_text
+from amm_rules.language.ruleset import Target, TaskFacts, WorkerFacts
+from amm_rules.language.scalar_positions import source_indices
+from amm_rules.language.yaml_source import MAX_BYTES, read_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "examples" / "rules" / "demo.yaml"

@@ -47,10 +47,10 @@ def wheel_names(wheel) -> set[str]:
     "name",
     [
         "amm_rules/grammar/expr.lark",
-        "amm_rules/expr/parse_table.json",
+        "amm_rules/language/expr/parse_table.json",
         "amm_rules/data/demo.yaml",
         "amm_rules/py.typed",
-        "amm_rules/policy.py",
+        "amm_rules/engine/policy.py",
     ],
 )
 def test_wheel_contains(wheel_names, name):

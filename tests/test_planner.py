@@ -12,15 +12,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from amm_rules.planner import (
+from amm_rules.engine.planner import (
     DEFAULT_SOURCE,
     KeyPlan,
     PlanSettings,
     plan_key,
     reduce_replicas_excess,
 )
-from amm_rules.ruleset import Desired, Reason, Target
-from amm_rules.view import ClusterView, KeyView, WorkerView, stock_waiter_count
+from amm_rules.engine.view import ClusterView, KeyView, WorkerView, stock_waiter_count
+from amm_rules.language.ruleset import Desired, Reason, Target
 
 NOW = 1000.0
 SETTINGS = PlanSettings(now=NOW, inflight_timeout=10.0, backoff=10.0)

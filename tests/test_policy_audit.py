@@ -16,7 +16,7 @@ from amm_policy_support import amm_config, copies, events, more_cycles, no_error
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
-from amm_rules.policy import RulesPolicy
+from amm_rules.engine.policy import RulesPolicy
 
 PAIR = {"name": "pair", "match": 'task.key matches "pair-*"', "replicate": 2}
 

@@ -15,7 +15,7 @@ from amm_policy_support import amm_config, rules
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
-from amm_rules.policy import RulesPolicy
+from amm_rules.engine.policy import RulesPolicy
 
 X_THREE = rules({"name": "three", "match": 'task.key matches "x-*"', "replicate": 3})
 N = 12
@@ -121,7 +121,7 @@ async def test_detach_alone_restores_the_originals(c, s, a, b):
 def test_the_fast_drop_suggestion_is_the_stock_suggestion():
     from distributed.active_memory_manager import Suggestion
 
-    from amm_rules.policy import _drop_suggestion
+    from amm_rules.engine.policy import _drop_suggestion
 
     ts = object()
     made = _drop_suggestion(ts)

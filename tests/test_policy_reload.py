@@ -14,8 +14,8 @@ from amm_policy_support import RELOADABLE, amm_config, events, holders, no_error
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
-from amm_rules.policy import RulesPolicy
-from amm_rules.rebalance import Move, PendingMove
+from amm_rules.engine.policy import RulesPolicy
+from amm_rules.engine.rebalance.planner import Move, PendingMove
 
 TIMED = """\
 version: 1

@@ -18,7 +18,7 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import async_poll_for, gen_cluster
 
 from amm_rules import RulesError
-from amm_rules.policy import RulesPolicy
+from amm_rules.engine.policy import RulesPolicy
 
 TWO = rules({"name": "two", "match": 'task.prefix == "inc"', "replicate": 2})
 X_THREE = rules({"name": "three", "match": 'task.key matches "x-*"', "replicate": 3})

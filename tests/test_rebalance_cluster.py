@@ -22,9 +22,9 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils_test import BlockedGetData, async_poll_for, gen_cluster
 
-from amm_rules.policy import RulesPolicy
-from amm_rules.rebalance import WorkerLoad, minimum_bytes_to_balance
-from amm_rules.rebalancing import READ_SOON
+from amm_rules.engine.policy import RulesPolicy
+from amm_rules.engine.rebalance.planner import WorkerLoad, minimum_bytes_to_balance
+from amm_rules.engine.rebalance.rebalancer import READ_SOON
 
 MiB = 2**20
 LIMIT = 10 * MiB

@@ -1,4 +1,4 @@
-"""Pure tests of the rebalance decisions (:mod:`amm_rules.rebalance`): no cluster.
+"""Pure tests of the rebalance decisions (:mod:`amm_rules.engine.rebalance.planner`): no cluster.
 
 Most tests build a small :class:`Model` of a cluster (workers with limits, keys with
 sizes and holders), plan one cycle, and look at the plan; the convergence tests apply
@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from amm_rules.rebalance import (
+from amm_rules.engine.rebalance.planner import (
     SIZE_MISSES,
     Move,
     MoveBook,
@@ -27,7 +27,7 @@ from amm_rules.rebalance import (
     plan_rebalance,
     settle_moves,
 )
-from amm_rules.ruleset import RebalanceSettings
+from amm_rules.language.ruleset import RebalanceSettings
 
 MiB = 2**20
 GiB = 2**30

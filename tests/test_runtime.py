@@ -14,8 +14,8 @@ from distributed import Client, LocalCluster
 from distributed.utils_test import async_poll_for, div, gen_cluster, inc, poll_for
 
 import amm_rules
-from amm_rules.actions import ActionError
-from amm_rules.runtime import EngineNotFoundError
+from amm_rules.client import EngineNotFoundError
+from amm_rules.language.fields import ActionError
 
 #: Keys with the prefix "three" have 3 copies by rule.
 THREE_RULES = {

@@ -20,7 +20,7 @@ import pytest
 from distributed.active_memory_manager import ActiveMemoryManagerExtension, ReduceReplicas
 
 from amm_rules import load_ruleset
-from amm_rules.policy import RulesPolicy
+from amm_rules.engine.policy import RulesPolicy
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 RULES = BENCHMARKS / "rules" / "scale.yaml"

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from amm_rules.units import DURATION_UNITS, UnitError, parse_duration
+from amm_rules.language.fields import DURATION_UNITS, UnitError, parse_duration
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from amm_rules.cli import main
-from amm_rules.schema import SCHEMA
+from amm_rules.language.schema import SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples" / "rules").glob("*.yaml"))
@@ -79,7 +79,14 @@ def test_json_format(files: dict[str, str]) -> None:
         (files["warning"], 4, 18, "warning", "inverted-thresholds", "rebalance"),
     ]
     assert set(items[0]) == {
-        "file", "line", "column", "end_column", "severity", "message", "rule", "code"
+        "file",
+        "line",
+        "column",
+        "end_column",
+        "severity",
+        "message",
+        "rule",
+        "code",
     }
 
 
@@ -106,9 +113,9 @@ def test_github_format(files: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_github_escapes() -> None:
-    from amm_rules.diagnostics import Diagnostic
-    from amm_rules.loader import CheckResult
-    from amm_rules.reporters import format_github
+    from amm_rules.language.diagnostics import Diagnostic
+    from amm_rules.language.loader import CheckResult
+    from amm_rules.language.reporters import format_github
 
     diag = Diagnostic("a,b:c.yaml", 1, 2, "warning", "100% sure\nreally", None, "x")
     out = format_github([CheckResult("a,b:c.yaml", None, [diag])])

@@ -1,0 +1,296 @@
+"""What a client calls: :func:`annotate`, :func:`replicate`, :func:`explain`,
+:func:`status`.
+
+- ``amm`` annotations, checked on the client. A task's ``amm`` annotation
+  (``dask.annotate(amm={...})``) carries the same action fields as a rule
+  (``replicate``, ``pool``, ``avoid``, ``spread``, ``move``) and overrides the rules
+  field by field for that task. The engine reads it from ``TaskState.annotations`` and
+  checks it again with the scheduler's pool names; an invalid annotation there is
+  ignored for that key and reported as a warning event, never raised. :func:`annotate`
+  finds the mistakes a client can find *before* a graph is built, through
+  :func:`amm_rules.language.fields.parse_actions`, the same function the rules file and
+  the scheduler use, so that a field means the same thing everywhere.
+- Runtime targets and introspection: thin wrappers over the scheduler handlers that
+  :class:`amm_rules.RulesPolicy` registers when it is attached to a scheduler's Active
+  Memory Manager (``amm_rules_set_target``, ``amm_rules_explain``,
+  ``amm_rules_status``); the engine owns the targets, this module only checks arguments
+  on the client and calls it. Like ``client.amm`` in distributed, every function is
+  synchronous with a synchronous client and returns an awaitable with an asynchronous
+  one.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import dask
+from distributed import Client, Future, get_client
+
+# _wait is what Client.replicate uses to let futures finish from inside a coroutine,
+# for synchronous and asynchronous clients alike; the public wait() cannot do that.
+from distributed.client import _wait, futures_of
+
+from amm_rules.language.fields import ActionError, parse_actions, parse_target
+from amm_rules.language.ruleset import ACTION_FIELDS, Actions, Target
+
+__all__ = [
+    "ActionError",
+    "EngineNotFoundError",
+    "annotate",
+    "explain",
+    "plain_actions",
+    "plain_target",
+    "replicate",
+    "status",
+    "validate_annotation",
+]
+
+# --- annotations ----------------------------------------------------------------------
+
+#: The annotation name the scheduler reads (``ts.annotations["amm"]``).
+ANNOTATION = "amm"
+
+
+def plain_target(target: Target) -> int | dict[str, int]:
+    """A :class:`Target` as the value a user would write: ``3`` or ``{"min": 2, "max": 5}``."""
+    if target.max == target.min:
+        return target.min
+    out = {"min": target.min}
+    if target.max is not None:
+        out["max"] = target.max
+    return out
+
+
+def plain_actions(actions: Actions) -> dict[str, Any]:
+    """Checked :class:`Actions` as plain, msgpack-friendly values.
+
+    The result goes over the wire inside the task graph, so it uses only ints, strings,
+    lists and dicts; :func:`parse_actions` turns it back into the same ``Actions``.
+    """
+    out: dict[str, Any] = {}
+    for name in ACTION_FIELDS:
+        value = getattr(actions, name)
+        if value is None:
+            continue
+        if name == "replicate":
+            value = plain_target(value)
+        elif isinstance(value, tuple):
+            # One pool is written as its name, several as a list, as in a rules file.
+            value = value[0] if len(value) == 1 else list(value)
+        out[name] = value
+    return out
+
+
+def validate_annotation(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Check an ``amm`` annotation the way the scheduler will, except for pool names.
+
+    Returns the fields as plain values (``2.0`` becomes ``2``, a repeated pool name is
+    kept once). Raises :class:`~amm_rules.language.fields.ActionError` (a ``ValueError``) naming
+    the first invalid field.
+    """
+    try:
+        actions = parse_actions(fields)
+    except ActionError as err:
+        # Re-raise with the context a user needs to find the call that failed.
+        raise ActionError(err.field, f"{err.message} (in an amm annotation)") from None
+    return plain_actions(actions)
+
+
+def annotate(**fields: Any) -> AnnotateContext:
+    """Annotate the tasks submitted inside the block with amm-rules action fields.
+
+    ::
+
+        with amm_rules.annotate(replicate=4, pool="gpu"):
+            x = client.persist(x)
+
+    The fields are checked now, on the client: ``amm_rules.annotate(replicate=0)``
+    raises :class:`ValueError` before any graph is built. Pool *names* are only checked
+    for their spelling here; whether a pool of that name exists is known only to the
+    scheduler's rules, which ignore the annotation of a key naming an unknown pool and
+    log a warning event under the topic ``amm-rules``.
+
+    Inside the block, ``dask.annotate(amm={...})`` is in effect. Nested blocks combine
+    field by field: the inner block's fields win, fields it does not set are kept from
+    the outer ``amm`` annotation.
+
+    Wrap the call that sends the graph to the scheduler (``client.persist``,
+    ``client.compute``, ``client.submit``, ``dask.persist``): annotations set only
+    around the construction of a collection may be dropped by graph optimization.
+    """
+    return AnnotateContext(validate_annotation(fields))
+
+
+class AnnotateContext:
+    """What :func:`annotate` returns: checked fields, entered later.
+
+    A class rather than a generator-based context manager so that the fields are
+    checked when ``annotate(...)`` is called, not when the ``with`` block is entered,
+    and so that the outer annotation is read at entry, not at the call.
+    """
+
+    def __init__(self, fields: dict[str, Any]):
+        #: The checked fields, as plain values.
+        self.fields = fields
+        self._stack: list[Any] = []
+
+    def __repr__(self) -> str:
+        return f"amm_rules.annotate({', '.join(f'{k}={v!r}' for k, v in self.fields.items())})"
+
+    def __enter__(self) -> dict[str, Any]:
+        cm = _enter(self.fields)
+        merged = cm.__enter__()
+        self._stack.append(cm)
+        return merged
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stack.pop().__exit__(*exc_info)
+
+
+@contextmanager
+def _enter(fields: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    outer = dask.get_annotations().get(ANNOTATION)
+    merged = {**outer, **fields} if isinstance(outer, Mapping) else dict(fields)
+    with dask.annotate(**{ANNOTATION: merged}):
+        yield merged
+
+
+# --- runtime targets and introspection --------------------------------------------------
+
+#: The scheduler handlers the helpers call; registered by RulesPolicy at attach.
+HANDLERS = ("amm_rules_set_target", "amm_rules_explain", "amm_rules_status")
+
+
+class EngineNotFoundError(RuntimeError):
+    """The scheduler runs no :class:`amm_rules.RulesPolicy`."""
+
+
+def replicate(
+    futures_or_collection: Any,
+    n: int | Mapping[str, int] | None = 4,
+    client: Client | None = None,
+) -> Any:
+    """Hold ``n`` copies of data already in memory, until the keys are released.
+
+    ``futures_or_collection`` is a Future, a list, set, tuple or dict of futures, or a
+    persisted dask collection. ``n`` is a number of copies or ``{"min": a, "max": b}``
+    (add copies below ``min``, trim above ``max``); ``None`` removes the target, so
+    the rules decide again. A runtime target overrides the ``replicate`` field of the
+    rules and of ``amm`` annotations; pools, ``avoid`` and ``spread`` still apply.
+
+    ``n`` is checked here, before anything is sent. The call waits for the futures
+    to finish, then returns the scheduler's answer ``{"set": <keys given the target>,
+    "missing": [<keys not in memory>]}`` (an awaitable of it with an asynchronous
+    client). The copies themselves are made by the Active Memory Manager in its next
+    cycles, not by this call.
+    """
+    target = None if n is None else plain_target(parse_target(n, "n"))
+    futures = _futures(futures_or_collection)
+    client = _client(futures, client)
+    return client.sync(_set_target, client, futures, target)
+
+
+def explain(futures_or_collection: Any, client: Client | None = None) -> Any:
+    """Why are these keys where they are?
+
+    Returns the scheduler's answer for each key, by ``str(key)``: the workers holding
+    it, what the rules, annotations and runtime targets want for it (each field with
+    the rule or source that decided it), how many workers are eligible, copies in
+    flight, and why a target is not met. Does not wait for the futures.
+    """
+    futures = _futures(futures_or_collection)
+    client = _client(futures, client)
+    return client.sync(_explain, client, [f.key for f in futures])
+
+
+def status(client: Client | None = None) -> Any:
+    """The rules engine's state: the rules' source, counters per rule (keys governed,
+    copies requested and dropped, targets unmet) and recent reload errors."""
+    client = client or get_client()
+    return client.sync(_status, client)
+
+
+# ----------------------------------------------------------------------------------
+# Client side: arguments
+
+
+def _futures(obj: Any) -> list[Future]:
+    futures = futures_of(obj)
+    if not futures and dask.is_dask_collection(obj):
+        # A collection that was never persisted has tasks, not futures: there is no
+        # data in memory to hold a target on.
+        raise ValueError(
+            "the collection holds no futures; persist it first "
+            "(x = client.persist(x)) and pass the persisted collection"
+        )
+    return futures
+
+
+def _client(futures: list[Future], client: Client | None) -> Client:
+    if client is not None:
+        return client
+    for future in futures:
+        if future.client is not None:
+            return future.client
+    return get_client()
+
+
+# ----------------------------------------------------------------------------------
+# Coroutines run by client.sync (on the client's event loop)
+
+
+#: Clients known to talk to a scheduler with the handlers, with that scheduler's address.
+_confirmed: weakref.WeakKeyDictionary[Client, str] = weakref.WeakKeyDictionary()
+
+
+async def _require_engine(client: Client) -> None:
+    # A scheduler without the handler does not answer an unknown operation: it logs
+    # a warning and the caller would wait forever. Ask first, and say why. Handlers
+    # are never unregistered, so a positive answer holds for that scheduler.
+    address = client.scheduler.address
+    if _confirmed.get(client) == address:
+        return
+    try:
+        found = await client.run_on_scheduler(_engine_attached, asynchronous=True)
+    except Exception:
+        # run_function may be disabled on this scheduler; try the call anyway.
+        return
+    if found:
+        _confirmed[client] = address
+    else:
+        raise EngineNotFoundError(
+            "the scheduler runs no amm-rules engine: add "
+            "{'class': 'amm_rules.RulesPolicy', 'rules': ...} to the dask config "
+            "distributed.scheduler.active-memory-manager.policies of the scheduler"
+        )
+
+
+def _engine_attached(dask_scheduler: Any) -> bool:
+    """Runs in the scheduler: are the amm-rules handlers registered?"""
+    return all(name in dask_scheduler.handlers for name in HANDLERS)
+
+
+async def _set_target(
+    client: Client, futures: list[Future], target: int | dict[str, int] | None
+) -> Any:
+    if futures:
+        # Like Client.replicate: the target is for data in memory, so let the data land.
+        await _wait(futures)
+    await _require_engine(client)
+    keys = list(dict.fromkeys(f.key for f in futures))
+    answer = await client.scheduler.amm_rules_set_target(keys=keys, target=target)
+    # Lists come back as tuples over TCP (msgpack) but as lists in-process: pick one.
+    return {**answer, "missing": list(answer.get("missing", ()))}
+
+
+async def _explain(client: Client, keys: list[Any]) -> Any:
+    await _require_engine(client)
+    return await client.scheduler.amm_rules_explain(keys=list(dict.fromkeys(keys)))
+
+
+async def _status(client: Client) -> Any:
+    await _require_engine(client)
+    return await client.scheduler.amm_rules_status()

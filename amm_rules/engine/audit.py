@@ -1,0 +1,137 @@
+"""The audit: the safety net behind the engine's scheduler hooks.
+
+The engine learns of changes through hooks (a scheduler plugin for keys entering and
+leaving memory, wrappers of ``add_replica``/``remove_replica``/``update_data``; see
+:mod:`amm_rules.engine.index`). A change that reaches the scheduler some other way, in this
+version of ``distributed`` or a later one, would leave the index wrong for good. The
+audit compares the index with the scheduler, a slice per cycle, and repairs it:
+
+- a governed key whose task left memory, or was replaced by a new task under the same
+  key, is forgotten (``governed_gone``);
+- every other governed key is checked by the planner again, as after workers change, so
+  that copies made or lost unseen are seen;
+- a key the scheduler lists as holding several copies (``replicated_tasks``) that the
+  engine does not know as governed is classified again if the hooks never reported its
+  copies, or if the rules say it is governed after all (``replicated_unknown``): until
+  then reduce-replicas would trim it like a key no rule governs.
+
+A sweep looks at every governed key and every replicated key once, :data:`CHUNK` of each
+per cycle, from lists taken when it starts; a key that changed since is looked up afresh.
+A sweep starts every ``audit_interval`` seconds, or when the previous one ends if that is
+later. It never scans ``scheduler.tasks``.
+
+Neighbours: :class:`amm_rules.engine.policy.RulesPolicy` calls :meth:`Auditor.step` once per
+cycle, before classification, and reports a finished sweep that found something as an
+``audit`` event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+from amm_rules.engine.index import KeyIndex, PlanClass
+
+#: Governed keys, and replicated keys, looked at per cycle.
+CHUNK = 1_000
+
+#: What a sweep counts (all zero on a consistent index).
+FOUND = ("governed_gone", "replicated_unknown")
+
+
+class Auditor:
+    """Sweeps the index against the scheduler, :data:`CHUNK` keys of each kind per cycle."""
+
+    def __init__(self, interval: float | None, chunk: int = CHUNK):
+        #: Seconds between the starts of two sweeps; None: never audit.
+        self.interval = interval
+        self.chunk = chunk
+        #: When the next sweep may start (``time.monotonic()``).
+        self.next_sweep = 0.0
+        #: Sweeps finished, and what the last one found.
+        self.sweeps = 0
+        self.last: dict[str, int] | None = None
+        #: The sweep's governed keys still to look at, by plan class.
+        self._governed: list[tuple[PlanClass, list[Hashable]]] = []
+        self._replicated: list[Any] = []
+        self._found = dict.fromkeys(FOUND, 0)
+        #: Whether a sweep is under way.
+        self.sweeping = False
+
+    def start_in(self, now: float) -> None:
+        """No sweep before ``now + interval`` (called when the policy attaches)."""
+        if self.interval is not None:
+            self.next_sweep = now + self.interval
+
+    def step(
+        self,
+        now: float,
+        index: KeyIndex,
+        scheduler: Any,
+        resolve: Callable[[Any], Any],
+        suspects: Callable[[PlanClass, list[Any]], Iterable[Any]],
+    ) -> dict[str, int] | None:
+        """This cycle's slice of the sweep. Returns the counts of a sweep that finished
+        in this cycle, else None. ``resolve(ts)`` is what the rules want for a task;
+        ``suspects(cls, tasks)`` those of a class's tasks that may need the planner
+        (:meth:`KeyIndex.suspects` with the class's placement)."""
+        if not self.sweeping:
+            if self.interval is None or now < self.next_sweep:
+                return None
+            self.next_sweep = now + self.interval
+            self._governed = [(cls, list(group)) for cls, group in index.groups.items()]
+            self._replicated = list(scheduler.replicated_tasks)
+            self._found = dict.fromkeys(FOUND, 0)
+            self.sweeping = True
+        self._check_governed(index, scheduler.tasks, suspects)
+        self._check_replicated(index, resolve)
+        if self._governed or self._replicated:
+            return None
+        self.sweeping = False
+        self.sweeps += 1
+        self.last = dict(self._found)
+        return self.last
+
+    def _check_governed(
+        self,
+        index: KeyIndex,
+        tasks: Any,
+        suspects: Callable[[PlanClass, list[Any]], Iterable[Any]],
+    ) -> None:
+        budget = self.chunk
+        while budget and self._governed:
+            cls, keys = self._governed[-1]
+            take = keys[-budget:]
+            del keys[-budget:]
+            if not keys:
+                self._governed.pop()
+            budget -= len(take)
+            group = index.groups.get(cls, {})
+            alive = []
+            for key in take:
+                ts = group.get(key)
+                if ts is None:
+                    continue  # left or re-filed since the sweep started: the hooks saw it
+                if ts.state != "memory" or tasks.get(key) is not ts:
+                    index.forget(key)
+                    self._found["governed_gone"] += 1
+                else:
+                    alive.append(ts)
+            # The planner's own cheap test (copies, placement); keys that fail it are
+            # planned in this cycle, as after workers change.
+            index.recheck.update(ts.key for ts in suspects(cls, alive))
+
+    def _check_replicated(self, index: KeyIndex, resolve: Callable[[Any], Any]) -> None:
+        todo = self._replicated
+        desired, dirty, free = index.desired, index.dirty, index.replicated_free
+        for _ in range(min(self.chunk, len(todo))):
+            ts = todo.pop()
+            key = ts.key
+            if ts.state != "memory" or key in desired or key in dirty:
+                continue
+            if key not in free or resolve(ts).governed:
+                # Unknown to reduce-replicas' walk, or filed there though a rule
+                # governs it: classified again in this cycle.
+                free.pop(key, None)
+                dirty.add(key)
+                self._found["replicated_unknown"] += 1

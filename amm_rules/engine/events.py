@@ -1,0 +1,125 @@
+"""Events of the rules engine in the scheduler's event log, topic ``amm-rules``.
+
+Clients read them with ``client.get_events("amm-rules")``. Every event is a dict with an
+``"action"``:
+
+- ``"reload"``: the rules file changed and was loaded (``rules``, ``pools``, ``source``);
+- ``"reload-error"``: it changed but cannot be used; the running rules stay
+  (``error``: the diagnostics text);
+- ``"invalid-annotation"``: an ``amm`` annotation that cannot be used; its keys follow
+  the rules (``error``, ``annotation``, ``example_key``);
+- ``"rule-error"``: a match or pool expression raised on some input (``rule``, ``error``);
+- ``"reduce-replicas-removed"``: the stock ReduceReplicas was taken out of the AMM;
+- ``"cycle"``: what was done since the last such event, per rule (``rules``: label ->
+  ``{governed, requested, dropped, unmet}``), only when something was done; with
+  rebalancing on, also ``rebalance``: moves started, bytes, drops, moves done and void
+  (by reason), keys skipped (by reason) added up since the last event, and the roles,
+  mean and stop reason of the latest plan;
+- ``"error"``: a cycle failed and was skipped (a bug: please report it).
+
+Rate limits: an identical error is logged once (:meth:`EventLog.once`); cycle summaries
+at most once per ``summary_interval`` seconds, adding up what happened in between.
+:mod:`amm_rules.engine.policy` owns the instance; nothing here knows about rules.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+TOPIC = "amm-rules"
+#: At most this many distinct "once" tokens are remembered; then the memory is reset
+#: (so a flood of distinct errors costs bounded memory and is still rate-limited).
+ONCE_LIMIT = 10_000
+COUNTERS = ("governed", "requested", "dropped", "unmet")
+
+
+class EventLog:
+    """Writes ``amm-rules`` events to a scheduler (or anything with ``log_event``)."""
+
+    def __init__(self, scheduler: Any = None, summary_interval: float = 10.0):
+        #: Where events go; None until the policy is attached (events are then dropped).
+        self.scheduler = scheduler
+        #: Minimum seconds between two ``cycle`` events.
+        self.summary_interval = summary_interval
+        self._seen: set[Hashable] = set()
+        self._last_summary = float("-inf")
+        self._pending: dict[str, dict[str, int]] = {}
+        self._pending_work = False
+        self._rebalance: dict[str, Any] = {}
+
+    def emit(self, action: str, **fields: Any) -> None:
+        msg = {"action": action, **fields}
+        if self.scheduler is None:
+            logger.debug("amm-rules event before attach: %s", msg)
+            return
+        try:
+            self.scheduler.log_event(TOPIC, msg)
+        except Exception:  # an event must never break a cycle
+            logger.exception("amm-rules: could not log event %r", action)
+
+    def once(self, token: Hashable, action: str, **fields: Any) -> bool:
+        """Emit unless an event with the same ``token`` was emitted before."""
+        if token in self._seen:
+            return False
+        if len(self._seen) >= ONCE_LIMIT:
+            self._seen.clear()
+        self._seen.add(token)
+        self.emit(action, **fields)
+        return True
+
+    def summary(
+        self,
+        per_rule: Mapping[str, Mapping[str, int]],
+        now: float,
+        rebalance: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Add one cycle's counters; emit a ``cycle`` event if the interval has passed
+        and something was requested or dropped since the last one. ``rebalance``: the
+        cycle's :meth:`~amm_rules.engine.rebalance.rebalancer.Rebalancer.cycle_summary`."""
+        if rebalance:
+            self._add_rebalance(rebalance)
+        for label, counts in per_rule.items():
+            acc = self._pending.setdefault(label, dict.fromkeys(COUNTERS, 0))
+            acc["requested"] += counts.get("requested", 0)
+            acc["dropped"] += counts.get("dropped", 0)
+            # Governed and unmet are states, not flows: report the latest.
+            acc["governed"] = counts.get("governed", 0)
+            acc["unmet"] = counts.get("unmet", 0)
+            if counts.get("requested", 0) or counts.get("dropped", 0):
+                self._pending_work = True
+        if not self._pending_work or now - self._last_summary < self.summary_interval:
+            return False
+        rules = {k: v for k, v in self._pending.items() if v["requested"] or v["dropped"]}
+        extra = {"rebalance": self._rebalance} if self._rebalance else {}
+        self.emit(
+            "cycle",
+            rules=rules,
+            requested=sum(v["requested"] for v in rules.values()),
+            dropped=sum(v["dropped"] for v in rules.values()),
+            **extra,
+        )
+        self._last_summary = now
+        self._pending = {}
+        self._pending_work = False
+        self._rebalance = {}
+        return True
+
+    def _add_rebalance(self, cycle: Mapping[str, Any]) -> None:
+        """Flows (moves, bytes, drops, done, void, skipped) add up between two events;
+        states (roles, mean, why planning stopped) are the latest."""
+        acc = self._rebalance
+        for name in ("moves", "bytes", "drops", "done", "refused"):
+            acc[name] = acc.get(name, 0) + cycle.get(name, 0)
+        for name in ("void", "skipped"):
+            counts = acc.setdefault(name, {})
+            for reason, n in cycle.get(name, {}).items():
+                counts[reason] = counts.get(reason, 0) + n
+        for name in ("roles", "mean", "stopped"):
+            if name in cycle:
+                acc[name] = cycle[name]
+        if cycle.get("moves") or cycle.get("drops") or cycle.get("done") or cycle.get("void"):
+            self._pending_work = True

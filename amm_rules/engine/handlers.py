@@ -1,0 +1,202 @@
+"""Scheduler handlers: how clients talk to the rules engine.
+
+Registered on the scheduler by :class:`amm_rules.RulesPolicy` when it is attached to an
+Active Memory Manager; called by :mod:`amm_rules.client` (``replicate``, ``explain``,
+``status``) as ``client.scheduler.<name>(...)``:
+
+- ``amm_rules_set_target(keys, target)``: set (``target=None``: remove) a runtime
+  replication target on keys in memory; returns ``{"set": n, "missing": [keys]}``;
+- ``amm_rules_explain(keys)``: per ``str(key)``, where the key is, what is wanted for
+  it and why, and what the planner would do now;
+- ``amm_rules_status()``: the rules in force, per-rule counters, reload errors, and
+  rebalancing (``rebalance``: settings, the last plan's roles and skipped keys, moves in
+  flight, totals, why moves were abandoned).
+
+Bad input raises ``ValueError`` with a message (the client sees it); nothing here may
+break the scheduler. Answers are plain msgpack-able data.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
+
+from amm_rules.engine.planner import explain_workers, plan_key, source_label, target_bounds
+from amm_rules.engine.view import key_string
+from amm_rules.language.fields import ActionError, parse_target
+from amm_rules.language.ruleset import ACTION_FIELDS, Target
+
+if TYPE_CHECKING:
+    from amm_rules.engine.policy import RulesPolicy
+
+logger = logging.getLogger(__name__)
+
+#: Names under which the handlers are registered on the scheduler.
+HANDLER_NAMES = ("amm_rules_set_target", "amm_rules_explain", "amm_rules_status")
+#: Most keys one call may name (a guard against a runaway client, not a real limit).
+MAX_KEYS = 1_000_000
+
+
+def register(scheduler: Any, policy: RulesPolicy) -> None:
+    """Install the handlers of ``policy`` on ``scheduler`` (replacing any earlier ones)."""
+    handlers = Handlers(policy)
+    scheduler.handlers["amm_rules_set_target"] = handlers.amm_rules_set_target
+    scheduler.handlers["amm_rules_explain"] = handlers.amm_rules_explain
+    scheduler.handlers["amm_rules_status"] = handlers.amm_rules_status
+
+
+def unregister(scheduler: Any, policy: RulesPolicy) -> None:
+    """Remove the handlers of ``policy`` (not those of another policy attached later)."""
+    for name in HANDLER_NAMES:
+        handler = scheduler.handlers.get(name)
+        if getattr(getattr(handler, "__self__", None), "policy", None) is policy:
+            del scheduler.handlers[name]
+
+
+def _keys(keys: Any) -> list[Hashable]:
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, (list, tuple, set, frozenset)):
+        raise ValueError(f"keys: expected a list of keys, got {type(keys).__name__}")
+    if len(keys) > MAX_KEYS:
+        raise ValueError(f"keys: at most {MAX_KEYS} keys per call, got {len(keys)}")
+    return list(keys)
+
+
+class Handlers:
+    """The handlers of one policy (bound methods are what the scheduler calls)."""
+
+    def __init__(self, policy: RulesPolicy):
+        self.policy = policy
+
+    def _task(self, key: Any) -> Any:
+        try:
+            return self.policy.scheduler.tasks.get(key)
+        except TypeError:  # an unhashable "key"
+            return None
+
+    def amm_rules_set_target(self, keys: Any = (), target: Any = None) -> dict[str, Any]:
+        """Set a lasting replication target on keys in memory; None removes it."""
+        keys = _keys(keys)
+        parsed: Target | None = None
+        if target is not None:
+            try:
+                parsed = parse_target(target, "target")
+            except ActionError as exc:
+                raise ValueError(str(exc)) from None
+        index = self.policy.index
+        missing = []
+        n = 0
+        for key in keys:
+            ts = self._task(key)
+            if ts is None or ts.state != "memory":
+                missing.append(key)
+                continue
+            if parsed is None:
+                index.runtime.pop(ts.key, None)
+            else:
+                index.runtime[ts.key] = parsed
+            index.dirty.add(ts.key)  # re-classified at the next cycle
+            n += 1
+        logger.debug("amm-rules: runtime target %s set on %d keys", parsed, n)
+        return {"set": n, "missing": missing}
+
+    def amm_rules_explain(self, keys: Any = ()) -> dict[str, dict[str, Any]]:
+        """Why is each key where it is, and what would the engine do now?"""
+        keys = _keys(keys)
+        policy = self.policy
+        cluster = policy._worker_views()
+        now = time.monotonic()
+        settings = policy.settings(now)
+        out: dict[str, dict[str, Any]] = {}
+        for key in keys:
+            ts = self._task(key)
+            name = key_string(key)
+            if ts is None or ts.state != "memory":
+                out[name] = {
+                    "state": ts.state if ts is not None else "unknown",
+                    "holders": [],
+                    "governed": False,
+                    "desired": "not in memory",
+                }
+                continue
+            runtime = policy.index.runtime.get(ts.key)
+            desired = policy.classifier.resolve(ts, runtime)
+            view = policy.key_view(ts, desired)
+            plan = plan_key(view, cluster, settings)
+            lo, hi = target_bounds(desired, view.waiters, settings.reduce_replicas)
+            out[name] = {
+                "state": ts.state,
+                "holders": sorted(view.holders),
+                "governed": desired.governed,
+                "desired": desired.explain(),
+                "fields": {
+                    f: _plain(getattr(desired, f))
+                    for f in ACTION_FIELDS
+                    if getattr(desired, f) is not None
+                },
+                "reasons": {f: str(r) for f, r in desired.reasons.items()},
+                "target": {"min": lo, "max": hi, "source": source_label(desired, "replicate")},
+                "eligible": plan.eligible,
+                "in_flight": sorted(view.inflight),
+                "misplaced": dict(plan.misplaced),
+                "unmet": plan.unmet,
+                "would": [
+                    {"op": a.op, "worker": a.worker, "reason": a.reason} for a in plan.actions
+                ]
+                if desired.governed
+                else [],
+                "deferred": list(plan.deferred),
+                "workers": explain_workers(view, cluster),
+                "annotation_ignored": bool((ts.annotations or {}).get("amm") is not None)
+                and policy.classifier.annotation(ts) is None,
+                # Mid-move (copy in flight or landed, sender's drop pending) or cooling
+                # down after a move; None otherwise.
+                "rebalance": policy.rebalancer.explain(ts.key, now),
+            }
+            # Explaining must not change the index: the tally in `cluster` is local.
+        return out
+
+    def amm_rules_status(self) -> dict[str, Any]:
+        """The rules in force, counters per rule (last cycle and totals), reload errors."""
+        policy = self.policy
+        ruleset = policy.ruleset
+        labels = set(policy.last_cycle) | set(policy.totals)
+        return {
+            "source": policy.path if policy.path is not None else ruleset.source,
+            "loaded_at": policy.loaded_at,
+            "reload": policy.reload,
+            "rules": [r.name for r in ruleset.rules],
+            "pools": sorted(ruleset.pools),
+            "reduce_replicas": ruleset.reduce_replicas,
+            "governed": len(policy.index),
+            # Keys in memory the classification budget has not reached yet.
+            "unclassified": len(policy.index.dirty),
+            "in_flight": sum(len(v) for v in policy.index.inflight.values()),
+            "runtime_targets": len(policy.index.runtime),
+            "cycles": policy.cycles,
+            "last_cycle_ms": round(policy.last_cycle_seconds * 1000, 3),
+            "last_cycle": policy.last_cycle,
+            "totals": {
+                label: {
+                    "requested": policy.totals[label]["requested"],
+                    "dropped": policy.totals[label]["dropped"],
+                }
+                for label in sorted(labels)
+            },
+            "reload_errors": list(policy.reload_errors),
+            "audit": {
+                "sweeps": policy.auditor.sweeps,
+                "sweeping": policy.auditor.sweeping,
+                "last": policy.auditor.last,
+            },
+            "rebalance": policy.rebalancer.status(),
+        }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Target):
+        return {"min": value.min, "max": value.max}
+    if isinstance(value, tuple):
+        return list(value)
+    return value

@@ -1,0 +1,293 @@
+"""The governed-key index: which keys in memory amm-rules governs, grouped by what they
+want, and which of them changed since the last cycle, so that a cycle never scans
+``scheduler.tasks`` and, in the steady state, looks only at keys that changed.
+
+:class:`KeyIndex` is fed by three deliberately tiny hooks (they run on the scheduler's
+hot paths):
+
+- the ``SchedulerPlugin.transition`` hook: a key entering memory goes into
+  :attr:`~KeyIndex.dirty` (to be classified at the next cycle); a key leaving memory is
+  forgotten at once, with its runtime target and in-flight copies;
+- wrappers of the scheduler's ``add_replica`` / ``remove_replica``
+  (:func:`watch_scheduler`): a governed key that gained or lost a copy, or any key that
+  now has more than one, goes into :attr:`~KeyIndex.touched`. The AMM gets no
+  notification of replica changes (dependency transfers, ``client.replicate``, drops,
+  dead workers all change ``ts.who_has`` silently), so this is how a cycle learns
+  which keys to look at;
+- a wrapper of ``update_data``: scattered data enters memory without a transition;
+- ``add_worker`` / ``remove_worker``: pools and placements are recomputed and every
+  governed key is checked once.
+
+Governed keys live in :attr:`~KeyIndex.groups`, one group per :data:`PlanClass` (the
+resolved fields that decide the plan, plus the label of the replication target), so a
+full check (:meth:`~KeyIndex.suspects`) costs one length comparison per key.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from typing import Any, NamedTuple
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from amm_rules.engine.planner import source_label, target_bounds
+from amm_rules.language.ruleset import Desired, Target
+
+logger = logging.getLogger(__name__)
+
+
+class PlanClass(NamedTuple):
+    """The part of a :class:`Desired` the planner acts on, plus the label counters use."""
+
+    replicate: Target | None
+    pool: tuple[str, ...] | None
+    avoid: tuple[str, ...] | None
+    spread: str | None
+    move: str | None
+    source: str
+
+    @classmethod
+    def of(cls, d: Desired) -> PlanClass:
+        return cls(d.replicate, d.pool, d.avoid, d.spread, d.move, source_label(d, "replicate"))
+
+
+class Placement(NamedTuple):
+    """What a :class:`PlanClass` allows on the current workers (recomputed when they change)."""
+
+    #: Workers a good copy may be on (WorkerState objects), or None for any worker.
+    ok: frozenset[Any] | None
+    #: How many workers may hold a good copy.
+    achievable: int
+    #: How many distinct hosts those workers are on.
+    hosts: int
+
+
+def _labels(d: Desired) -> set[str]:
+    return {source_label(d, f) for f in d.reasons}
+
+
+class KeyIndex(SchedulerPlugin):
+    """Governed keys in memory, by plan class; plus per-key engine state."""
+
+    idempotent = False
+
+    def __init__(self) -> None:
+        #: Keys that entered memory (or must be classified again) since the last cycle.
+        self.dirty: set[Hashable] = set()
+        #: Governed key -> its resolved wishes.
+        self.desired: dict[Hashable, Desired] = {}
+        #: Plan class -> {key: TaskState} for every governed key.
+        self.groups: dict[PlanClass, dict[Hashable, Any]] = {}
+        #: Runtime targets set through the ``amm_rules_set_target`` handler.
+        self.runtime: dict[Hashable, Target] = {}
+        #: Copies asked for and not yet seen land: key -> {address: deadline}.
+        self.inflight: dict[Hashable, dict[str, float]] = {}
+        #: Workers not to ask again before a time: key -> {address: until}.
+        self.backoff: dict[Hashable, dict[str, float]] = {}
+        #: Governed keys per counter label (rule name, ``(annotation)``, ``(runtime)``).
+        self.governed_by: Counter[str] = Counter()
+        #: Set when a worker joined or left; the policy recomputes pools and clears it.
+        self.workers_changed: bool = True
+        #: False once the policy is detached: the scheduler wrappers then only pass through.
+        self.active: bool = True
+        #: Keys whose copies changed since the last cycle (see :func:`watch_scheduler`).
+        self.touched: set[Hashable] = set()
+        #: Governed keys to look at again next cycle (an action refused or deferred,
+        #: copies held for waiters, a worker backed off).
+        self.recheck: set[Hashable] = set()
+        #: Keys nobody governs that hold more than one copy: what reduce-replicas walks
+        #: (the scheduler's ``replicated_tasks`` minus governed keys, kept up to date
+        #: from :attr:`touched`, so governed keys cost nothing there).
+        self.replicated_free: dict[Hashable, Any] = {}
+        #: Governed keys that lost a copy with its worker (the worker died or left).
+        #: Copies of them in flight may be fetched from that worker, and a fetch from
+        #: a dead worker can hang until the comm times out: the policy gives them up.
+        self.source_lost: set[Hashable] = set()
+
+    # -- SchedulerPlugin hooks: keep them minimal, they run on every transition ----------
+
+    def transition(
+        self, key: Hashable, start: str, finish: str, *args: Any, **kwargs: Any
+    ) -> None:
+        if finish == "memory":
+            self.dirty.add(key)
+        elif start == "memory":
+            self.forget(key)
+
+    def add_worker(self, scheduler: Any = None, worker: str = "") -> None:
+        self.workers_changed = True
+
+    def remove_worker(self, scheduler: Any = None, worker: str = "", **kwargs: Any) -> None:
+        # In-flight copies to the worker are cleared by the planner (case 2b) when the
+        # key is next planned; every governed key is checked at the next cycle.
+        self.workers_changed = True
+
+    # -- bookkeeping -----------------------------------------------------------------
+
+    def forget(self, key: Hashable) -> None:
+        """The key left memory: drop everything known about it."""
+        self.unindex(key)
+        self.dirty.discard(key)
+        self.touched.discard(key)
+        self.recheck.discard(key)
+        self.replicated_free.pop(key, None)
+        self.runtime.pop(key, None)
+        self.inflight.pop(key, None)
+        self.backoff.pop(key, None)
+        self.source_lost.discard(key)
+
+    def put(self, key: Hashable, ts: Any, desired: Desired) -> None:
+        """Index a governed key (or move it to its new group)."""
+        old = self.desired.get(key)
+        if old is desired:
+            return
+        if old is not None:
+            self.unindex(key)
+        # A governed key is never in replicated_free: reduce-replicas need not ask.
+        self.replicated_free.pop(key, None)
+        self.desired[key] = desired
+        self.groups.setdefault(PlanClass.of(desired), {})[key] = ts
+        self.governed_by.update(_labels(desired))
+
+    def unindex(self, key: Hashable) -> None:
+        """The key is no longer governed (or is being re-filed)."""
+        old = self.desired.pop(key, None)
+        if old is None:
+            return
+        cls = PlanClass.of(old)
+        group = self.groups.get(cls)
+        if group is not None:
+            group.pop(key, None)
+            if not group:
+                del self.groups[cls]
+        self.governed_by.subtract(_labels(old))
+        self.governed_by += Counter()  # drop zero counts
+
+    def __len__(self) -> int:
+        return len(self.desired)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.desired
+
+    # -- the per-cycle check ---------------------------------------------------------
+
+    def suspects(
+        self,
+        cls: PlanClass,
+        placement: Placement,
+        reduce_replicas: bool,
+        members: Iterable[Any] | None = None,
+    ) -> Iterator[Any]:
+        """Tasks of a group (or of ``members``, tasks of that group) that may need
+        action: one length comparison per key, plus a subset test when the class
+        restricts placement. Keys that pass hold their target as far as the workers
+        allow; the others go to the planner, which may still decide nothing."""
+        if members is None:
+            members = self.groups.get(cls, {}).values()
+        if cls.move == "never":
+            return iter(())
+        lo, hi = target_bounds(Desired(replicate=cls.replicate), 1, reduce_replicas)
+        if cls.replicate is None and not reduce_replicas:
+            hi = None
+        top = hi if hi is not None else 1 << 62
+        ok = placement.ok
+        if placement.achievable == 0:
+            # Nothing can be placed: only trimming above hi remains possible.
+            return (ts for ts in members if len(ts.who_has or ()) > top)
+        low = min(lo, placement.achievable)
+        if ok is None:
+            checked = (ts for ts in members if not low <= len(ts.who_has or ()) <= top)
+        else:
+            checked = (
+                ts
+                for ts in members
+                if not (low <= len(ts.who_has or ()) <= top and (ts.who_has or set()) <= ok)
+            )
+        if cls.spread != "host" or placement.hosts < 2:
+            return checked
+        goal = min(lo, placement.hosts)
+        spread = (ts for ts in members if len({ws.host for ws in ts.who_has or ()}) < goal)
+        return _chain_unique(checked, spread)
+
+
+def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
+    """Wrap the scheduler's ``add_replica``, ``remove_replica`` and ``update_data`` so
+    the index learns which keys' copies changed and which keys entered memory without
+    a transition (scattered data). Returns the function that undoes it.
+
+    Every change of ``ts.who_has`` in the scheduler goes through ``add_replica`` /
+    ``remove_replica`` (``remove_all_replicas`` only runs when a key leaves memory, which
+    the transition hook sees). The wrappers are per scheduler instance, chain if two
+    policies attach, and add one set insertion to a replica change at most.
+    """
+    before = {name: vars(scheduler).get(name) for name in _WATCHED}
+    handler_before = scheduler.handlers.get("update_data")
+    add_replica = scheduler.add_replica
+    remove_replica = scheduler.remove_replica
+    update_data = scheduler.update_data
+    desired = index.desired  # never rebound; index.touched is, so read it each time
+
+    def add_replica_watched(ts: Any, ws: Any) -> None:
+        add_replica(ts, ws)
+        if (
+            index.active and len(ts.who_has) > 1
+        ):  # the first copy is a key entering memory: see dirty
+            index.touched.add(ts.key)
+
+    def remove_replica_watched(ts: Any, ws: Any) -> None:
+        remove_replica(ts, ws)
+        if index.active and ts.key in desired:
+            index.touched.add(ts.key)
+            # remove_worker marks the worker closed before it removes its copies; a
+            # drop leaves it running.
+            if getattr(ws.status, "name", ws.status) == "closed":
+                index.source_lost.add(ts.key)
+
+    def update_data_watched(*args: Any, **kwargs: Any) -> Any:
+        result = update_data(*args, **kwargs)
+        who_has = kwargs.get("who_has")
+        if index.active and who_has:
+            index.dirty.update(who_has)
+        return result
+
+    update_data_watched.__name__ = "update_data"
+    wrappers = {
+        "add_replica": add_replica_watched,
+        "remove_replica": remove_replica_watched,
+        "update_data": update_data_watched,
+    }
+    for name, wrapper in wrappers.items():
+        setattr(scheduler, name, wrapper)
+    if "update_data" in scheduler.handlers:
+        scheduler.handlers["update_data"] = update_data_watched
+
+    def unwatch() -> None:
+        """Put back what the wrappers replaced. A wrapper that something else wrapped
+        since stays in that chain, inactive (``index.active`` is False): removing it
+        would remove the later wrapper too."""
+        for name, wrapper in wrappers.items():
+            if vars(scheduler).get(name) is not wrapper:
+                continue
+            if before[name] is None:
+                delattr(scheduler, name)  # the class's own method shows through again
+            else:
+                setattr(scheduler, name, before[name])
+        if scheduler.handlers.get("update_data") is update_data_watched:
+            scheduler.handlers["update_data"] = handler_before
+
+    return unwatch
+
+
+#: The scheduler methods :func:`watch_scheduler` wraps.
+_WATCHED = ("add_replica", "remove_replica", "update_data")
+
+
+def _chain_unique(*iterables: Iterator[Any]) -> Iterator[Any]:
+    seen: set[int] = set()
+    for it in iterables:
+        for ts in it:
+            if id(ts) not in seen:
+                seen.add(id(ts))
+                yield ts

@@ -1,0 +1,411 @@
+"""The decision logic of amm-rules: what to copy and what to drop, for one key at a time.
+
+:func:`plan_key` is a pure function of a :class:`~amm_rules.engine.view.KeyView` (the key's
+copies, resolved wishes, in-flight copies, waiters) and a
+:class:`~amm_rules.engine.view.ClusterView` (workers, their pools and memory). It returns a
+:class:`KeyPlan`: the actions to take, each naming the exact worker and carrying its
+reason, plus what the key's state is (copies counted, eligible workers, unmet target),
+and the in-flight bookkeeping to keep for the next cycle.
+
+:mod:`amm_rules.engine.policy` turns actions into AMM ``Suggestion``s with the chosen worker as
+the only candidate, so the AMM validates each decision but does not second-guess it;
+the planner picks workers the way the AMM would (least memory for a copy; paused or
+retiring workers first, then most memory, for a drop), so that plans are deterministic
+and testable without a cluster. :mod:`amm_rules.engine.handlers` runs the same planner, with
+nothing enacted, to answer "why is this key on these workers?".
+
+Keys that no rule governs follow the stock ReduceReplicas arithmetic
+(:func:`reduce_replicas_excess`), applied by the policy on the scheduler's
+``replicated_tasks``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from amm_rules.engine.view import ClusterView, KeyView
+from amm_rules.language.ruleset import Desired
+
+logger = logging.getLogger(__name__)
+
+#: Counter label of targets that come from the reduce-replicas default, not a field.
+DEFAULT_SOURCE = "(reduce-replicas)"
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """Knobs of the planner that are not in the rules."""
+
+    #: Current time (seconds, the same clock as in-flight deadlines).
+    now: float
+    #: How long a requested copy counts as in flight before it is given up.
+    inflight_timeout: float = 10.0
+    #: After a copy to a worker timed out, do not ask that worker again for this long.
+    backoff: float = 10.0
+    #: The ruleset's ``reduce-replicas``: keys without a replication target keep one
+    #: copy plus those their waiters need.
+    reduce_replicas: bool = True
+
+
+@dataclass(frozen=True)
+class Action:
+    """One copy to create or drop, on one worker, and why."""
+
+    op: Literal["replicate", "drop"]
+    key: Hashable
+    worker: str
+    #: Human words: ``"below replicate=3 (rule precious)"``, ``"outside pool gpu"``...
+    reason: str
+    #: Counter label: the rule name, ``(annotation)``, ``(runtime)`` or the default.
+    source: str
+
+
+@dataclass
+class KeyPlan:
+    """The planner's answer for one key."""
+
+    key: Hashable
+    actions: list[Action] = field(default_factory=list)
+    #: Effective bounds: keep at least ``lo`` copies, at most ``hi`` (None: no trim).
+    lo: int = 0
+    hi: int | None = None
+    #: Counter label of the replication target.
+    source: str = DEFAULT_SOURCE
+    #: Landed copies on eligible workers (inside the pool, not avoided, not retiring).
+    good: frozenset[str] = frozenset()
+    #: Landed copies that should move: address -> why (outside pool, avoided, retiring).
+    misplaced: dict[str, str] = field(default_factory=dict)
+    #: Workers that may hold a copy of the key (allowed and not retiring).
+    eligible: int = 0
+    #: Why the target is not met after this plan, if it is not.
+    unmet: str | None = None
+    #: Why an action that is due was not taken this cycle.
+    deferred: list[str] = field(default_factory=list)
+    #: In-flight copies to remember after this cycle (including the new ones):
+    #: address -> deadline. The policy removes those the AMM refuses.
+    inflight: dict[str, float] = field(default_factory=dict)
+    #: Workers not to ask again before a time.
+    backoff: dict[str, float] = field(default_factory=dict)
+    #: In-flight copies seen landing in this cycle.
+    landed: frozenset[str] = frozenset()
+    #: The key is left alone entirely (``move: never``).
+    frozen: bool = False
+
+    @property
+    def replicas(self) -> list[str]:
+        return [a.worker for a in self.actions if a.op == "replicate"]
+
+    @property
+    def drops(self) -> list[str]:
+        return [a.worker for a in self.actions if a.op == "drop"]
+
+
+def source_label(desired: Desired, name: str) -> str:
+    """Counter label of the field ``name`` of a resolved key."""
+    reason = desired.reasons.get(name)
+    if reason is None:
+        return DEFAULT_SOURCE
+    if reason.kind == "rule":
+        return reason.rule or "?"
+    return f"({reason.kind})"
+
+
+def target_bounds(desired: Desired, waiters: int, reduce_replicas: bool) -> tuple[int, int | None]:
+    """``(lo, hi)`` for a governed key. Without ``replicate``, a key keeps one copy,
+    trimmed as ReduceReplicas would (one plus what its waiters need) when
+    reduce-replicas is on, never trimmed otherwise."""
+    if desired.replicate is not None:
+        return desired.replicate.min, desired.replicate.max
+    if reduce_replicas:
+        return 1, max(1, waiters)
+    return 1, None
+
+
+def reduce_replicas_excess(
+    holders: int, waiters: int, pending_add: int = 0, pending_drop: int = 0
+) -> int:
+    """Copies the stock ReduceReplicas would drop from a key nobody governs.
+
+    ``waiters`` is :func:`amm_rules.engine.view.stock_waiter_count`; ``pending_*`` count
+    what other policies had the AMM accept for the key earlier in the same cycle.
+    """
+    return holders - max(1, waiters) + pending_add - pending_drop
+
+
+def plan_key(key: KeyView, cluster: ClusterView, settings: PlanSettings) -> KeyPlan:
+    """Decide the copies to create and drop for one governed key.
+
+    The cases, in order:
+
+    1. ``move: never``: nothing, ever.
+    2. In-flight bookkeeping: a copy asked for earlier has landed (forget it), its
+       worker left (forget it), its deadline passed (forget it, back off from that
+       worker), or it is still in flight (it counts toward the target).
+    3. Split the landed copies into good ones (on allowed workers that are not
+       retiring) and misplaced ones.
+    4. Add copies on eligible running workers until ``lo`` is counted (landed good
+       plus in flight), then, with ``spread: host``, until the copies cover as many
+       hosts as they can. No eligible worker: the target is unmet, nothing is asked.
+    5. Drop misplaced copies once the good copies alone hold the target (a move:
+       copy first, drop after the copy landed), or when they exceed ``hi``.
+    6. Trim good copies above ``hi``: duplicated hosts first (spread), then paused,
+       then not the copy just landed, then the most loaded. Never below ``lo``.
+    7. Never drop the last copy; never drop where a dependent is processing (the AMM
+       would refuse): that drop waits for a later cycle.
+    """
+    d = key.desired
+    plan = KeyPlan(key=key.key)
+
+    # Case 1: move: never.
+    if d.move == "never":
+        plan.frozen = True
+        plan.lo = plan.hi = len(key.holders)  # type: ignore[assignment]
+        plan.good = key.holders
+        plan.source = source_label(d, "move")
+        return plan
+
+    workers = cluster.workers
+    now = settings.now
+    holders = frozenset(a for a in key.holders if a in workers) - key.pending_drop
+
+    # Case 2: in-flight bookkeeping.
+    backoff = {a: t for a, t in key.backoff.items() if t > now and a in workers}
+    inflight: dict[str, float] = {}
+    landed = []
+    for addr, deadline in key.inflight.items():
+        if addr in holders:
+            landed.append(addr)  # 2a: landed
+        elif addr not in workers or addr in cluster.closing:
+            pass  # 2b: the worker left or is leaving
+        elif deadline <= now:
+            backoff[addr] = now + settings.backoff  # 2c: gave up, back off
+        else:
+            inflight[addr] = deadline  # 2d: still in flight
+    plan.landed = frozenset(landed)
+
+    lo, hi = target_bounds(d, key.waiters, settings.reduce_replicas)
+    plan.lo, plan.hi = lo, hi
+    plan.source = source_label(d, "replicate")
+
+    # Case 3: good and misplaced copies.
+    placeable = cluster.placeable(d.pool, d.avoid)
+    good = frozenset(a for a in holders if a in placeable)
+    for addr in holders - good:
+        plan.misplaced[addr] = _misplaced_reason(addr, d, cluster)
+    plan.good = good
+    plan.eligible = len(placeable)
+    counted = set(good) | set(inflight) | (key.pending_add & placeable)
+
+    # Case 4: add copies, each on the least loaded eligible worker not holding one.
+    spread = d.spread == "host"
+    hosts = {cluster.host(a) for a in counted}
+    host_goal = 0
+    if spread:
+        reachable = cluster.recipient_hosts(d.pool, d.avoid) | {cluster.host(a) for a in good}
+        host_goal = min(lo, len(reachable))
+    # A worker with the copy still in flight is not asked again: it already counts
+    # (and asking it twice would not add a copy, so the loop would ask a third worker).
+    exclude = set(key.holders) | key.pending_add | backoff.keys() | inflight.keys()
+    while True:
+        short = lo - len(counted)
+        host_short = host_goal - len(hosts)
+        if short <= 0 and host_short <= 0:
+            break
+        reason = (
+            f"below replicate={lo} ({plan.source})"
+            if d.replicate
+            else "no copy on an eligible worker"
+        )
+        source = plan.source
+        choice = None
+        if spread:
+            choice = cluster.least_loaded(
+                d.pool, d.avoid, exclude, lambda a: cluster.host(a) not in hosts
+            )
+            if choice is not None and short <= 0:
+                reason = "spread: host"
+                source = source_label(d, "spread")
+        if choice is None and short > 0:
+            choice = cluster.least_loaded(d.pool, d.avoid, exclude)
+        if choice is None:
+            break
+        plan.actions.append(Action("replicate", key.key, choice, reason, source))
+        cluster.add_memory(choice, key.nbytes)
+        inflight[choice] = now + settings.inflight_timeout
+        counted.add(choice)
+        exclude.add(choice)
+        hosts.add(cluster.host(choice))
+    if len(counted) < lo:
+        plan.unmet = _unmet_reason(lo, counted, placeable, backoff, cluster)
+
+    # Cases 5-7: drops, of landed copies only.
+    busy = key.busy
+    remaining = set(holders)
+
+    def drop(addr: str, reason: str, source: str) -> None:
+        plan.actions.append(Action("drop", key.key, addr, reason, source))
+        remaining.discard(addr)
+        cluster.add_memory(addr, -key.nbytes)
+
+    # Case 5: misplaced copies.
+    need_good = max(1, min(lo, len(placeable)))
+    if len(good) >= need_good:
+        n_bad = len(plan.misplaced)
+    elif hi is not None:
+        n_bad = min(len(plan.misplaced), len(holders) - hi)
+    else:
+        n_bad = 0
+    for addr in sorted(plan.misplaced, key=lambda a: _drop_rank(a, cluster, plan.landed)):
+        if n_bad <= 0:
+            break
+        if len(remaining) <= 1:  # Case 7: never the last copy
+            break
+        if addr in busy:
+            plan.deferred.append(f"drop from {addr} waits: a dependent is processing there")
+            continue
+        drop(addr, plan.misplaced[addr], _misplaced_source(addr, d, cluster))
+        n_bad -= 1
+
+    # Case 6: trim good copies above hi.
+    if hi is not None:
+        keep = set(good)
+        # Copies that will count next cycle besides the landed good ones (in flight,
+        # added by other policies): spread is judged on all of them, as case 4 does.
+        coming = counted - good
+        excess = len(keep) - hi
+        while excess > 0 and len(remaining) > 1:
+            dup_hosts = _duplicated_hosts(keep, cluster) if spread else set()
+            choices = [a for a in keep if a not in busy]
+            if not choices:
+                plan.deferred.append("trim waits: dependents are processing on every holder")
+                break
+            if spread:
+                # Never thin out a host that spread needs: case 4 would copy the key
+                # back there next cycle (ping-pong). Happens when the copies on shared
+                # hosts cannot be dropped because dependents are processing there.
+                choices = [
+                    a
+                    for a in choices
+                    if cluster.host(a) in dup_hosts
+                    or len({cluster.host(b) for b in (keep | coming) - {a}}) >= host_goal
+                ]
+                if not choices:
+                    plan.deferred.append(
+                        "trim waits: dependents are processing on the copies that share a host"
+                    )
+                    break
+            victim = min(
+                choices,
+                key=lambda a: (
+                    cluster.host(a) not in dup_hosts,
+                    *_drop_rank(a, cluster, plan.landed),
+                ),
+            )
+            why = "spread: host" if cluster.host(victim) in dup_hosts else "above max"
+            drop(
+                victim,
+                f"{why}: {len(keep)} copies, replicate max {hi} ({plan.source})",
+                plan.source,
+            )
+            keep.discard(victim)
+            excess -= 1
+
+    plan.inflight = inflight
+    plan.backoff = backoff
+    return plan
+
+
+def _drop_rank(
+    addr: str, cluster: ClusterView, landed: frozenset[str]
+) -> tuple[bool, bool, int, str]:
+    """Sort key, smallest dropped first: paused or retiring workers first (as the AMM
+    does), a copy that just landed last (no ping-pong), then the most loaded."""
+    return (
+        cluster.workers[addr].status == "running",
+        addr in landed,
+        -cluster.memory[addr],
+        addr,
+    )
+
+
+def _duplicated_hosts(addresses: set[str], cluster: ClusterView) -> set[str]:
+    seen: set[str] = set()
+    dup: set[str] = set()
+    for a in addresses:
+        h = cluster.host(a)
+        (dup if h in seen else seen).add(h)
+    return dup
+
+
+def _misplaced_reason(addr: str, d: Desired, cluster: ClusterView) -> str:
+    w = cluster.workers[addr]
+    if d.pool is not None and w.pools.isdisjoint(d.pool):
+        return f"outside pool {','.join(d.pool)}"
+    if d.avoid is not None and not w.pools.isdisjoint(d.avoid):
+        return f"in avoided pool {','.join(sorted(w.pools & set(d.avoid)))}"
+    return "worker is retiring"
+
+
+def _misplaced_source(addr: str, d: Desired, cluster: ClusterView) -> str:
+    w = cluster.workers[addr]
+    if d.pool is not None and w.pools.isdisjoint(d.pool):
+        return source_label(d, "pool")
+    if d.avoid is not None and not w.pools.isdisjoint(d.avoid):
+        return source_label(d, "avoid")
+    return source_label(d, "replicate")
+
+
+def _unmet_reason(
+    lo: int,
+    counted: set[str],
+    placeable: frozenset[str],
+    backoff: dict[str, float],
+    cluster: ClusterView,
+) -> str:
+    """``"wants 3 copies, holds 2: 2 eligible workers (1 paused); 4 not eligible"``."""
+    paused = sum(1 for a in placeable if cluster.workers[a].status == "paused")
+    parts = [f"{len(placeable)} eligible workers"]
+    extra = []
+    if paused:
+        extra.append(f"{paused} paused")
+    if backoff:
+        extra.append(f"{len(backoff)} backing off after a timed-out copy")
+    if extra:
+        parts[0] += f" ({', '.join(extra)})"
+    others = len(cluster.workers) - len(placeable)
+    if others:
+        parts.append(f"{others} outside the pool, avoided or retiring")
+    return f"wants {lo} copies, holds or awaits {len(counted)}: " + "; ".join(parts)
+
+
+def explain_workers(key: KeyView, cluster: ClusterView) -> dict[str, str]:
+    """Why each worker is or is not a candidate for a new copy of the key.
+
+    Slower than :func:`plan_key` (it names every worker); for introspection only.
+    """
+    d = key.desired
+    allowed = cluster.allowed(d.pool, d.avoid)
+    hosts = {cluster.host(a) for a in key.holders if a in cluster.workers}
+    out: dict[str, str] = {}
+    for addr, w in sorted(cluster.workers.items()):
+        if addr in key.holders:
+            why = "holds a copy"
+        elif addr in key.inflight:
+            why = "copy in flight"
+        elif addr not in allowed:
+            why = _misplaced_reason(addr, d, cluster)
+        elif w.status == "paused":
+            why = "paused"
+        elif w.status == "closing":
+            why = "retiring"
+        elif addr in key.backoff:
+            why = "backing off after a timed-out copy"
+        elif d.spread == "host" and w.host in hosts:
+            why = "candidate (same host as a copy)"
+        else:
+            why = "candidate"
+        out[addr] = why
+    return out

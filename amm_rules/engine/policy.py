@@ -1,0 +1,811 @@
+"""``RulesPolicy``: the rules engine as a policy of distributed's Active Memory Manager.
+
+Each AMM cycle (every 2 s by default, on the scheduler's event loop) the policy:
+
+1. reloads the rules file if it changed on disk (:meth:`RulesPolicy._maybe_reload`);
+2. recomputes pool membership if workers joined, left or changed status (or every
+   cycle, if a pool reads worker memory);
+3. classifies the keys that entered memory since the last cycle
+   (:class:`~amm_rules.engine.classify.Classifier`), filing governed ones in the
+   :class:`~amm_rules.engine.index.KeyIndex`;
+4. checks every governed key with one cheap comparison, and plans the few that fail
+   it, or have copies in flight, with :func:`amm_rules.engine.planner.plan_key`;
+5. yields a ``Suggestion`` per planned action, with the chosen worker as the only
+   candidate, and remembers the copies the AMM accepted (with a deadline);
+6. rebalances, if the rules have a ``rebalance`` section or moves are still in flight
+   (:class:`~amm_rules.engine.rebalance.rebalancer.Rebalancer`); keys mid-move are not trimmed;
+7. applies the stock ReduceReplicas arithmetic to replicated keys nobody governs (if
+   the ruleset's ``reduce-replicas`` is on);
+8. counts per rule what was done, for ``amm_rules_status`` and the ``cycle`` event.
+
+Neighbours: :mod:`amm_rules.engine.planner` decides, :mod:`amm_rules.engine.view` adapts scheduler
+objects, :mod:`amm_rules.engine.index` tracks keys, :mod:`amm_rules.engine.events` writes events,
+:mod:`amm_rules.engine.handlers` answers clients. This module only wires them to the AMM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Generator, Hashable, Mapping
+from operator import attrgetter
+from typing import Any
+
+from distributed.active_memory_manager import (
+    ActiveMemoryManagerExtension,
+    ActiveMemoryManagerPolicy,
+    ReduceReplicas,
+    Suggestion,
+)
+
+from amm_rules.engine.audit import Auditor
+from amm_rules.engine.classify import Classifier
+from amm_rules.engine.events import COUNTERS, EventLog
+from amm_rules.engine.index import KeyIndex, Placement, PlanClass, watch_scheduler
+from amm_rules.engine.planner import (
+    DEFAULT_SOURCE,
+    KeyPlan,
+    PlanSettings,
+    plan_key,
+    reduce_replicas_excess,
+)
+from amm_rules.engine.rebalance.rebalancer import Rebalancer
+from amm_rules.engine.view import (
+    ClusterView,
+    KeyView,
+    WorkerView,
+    busy_workers,
+    pool_membership,
+    stock_waiter_count,
+    worker_facts,
+    worker_status,
+)
+from amm_rules.language.diagnostics import RulesError
+from amm_rules.language.ruleset import Pool, Rule, Ruleset
+
+# Main logger: terse, also at DEBUG level.
+logger = logging.getLogger(__name__)
+# Per-key logger, verbose at DEBUG level; one line shape: "(op, key, worker) reason".
+key_logger = logging.getLogger(__name__ + ".keys")
+
+#: Worker attributes that change while a worker runs: a pool reading one of them is
+#: re-evaluated every cycle instead of when workers join or leave.
+VOLATILE_WORKER_ATTRIBUTES = frozenset({"memory", "memory_fraction"})
+#: How many reload errors ``amm_rules_status`` keeps.
+RELOAD_ERRORS_KEPT = 10
+#: Longest text taken from a client's value into an event or a log line.
+CLIP = 300
+#: Keys classified between two looks at the clock (see ``classify_seconds``).
+CLASSIFY_CHUNK = 256
+
+_STATUS = attrgetter("status")
+
+if Suggestion._fields == ("op", "ts", "candidates"):
+    _new_tuple = tuple.__new__
+
+    def _drop_suggestion(ts: Any) -> Suggestion:
+        """``Suggestion("drop", ts)``, built as that NamedTuple's own ``__new__`` builds
+        it after binding its arguments in Python, which costs more than the rest of
+        reduce-replicas' work for a key."""
+        return _new_tuple(Suggestion, ("drop", ts, None))
+
+else:  # pragma: no cover - another layout of Suggestion in a later distributed
+
+    def _drop_suggestion(ts: Any) -> Suggestion:
+        return Suggestion("drop", ts)
+
+
+def _clip(text: str, limit: int = CLIP) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+class RulesPolicy(ActiveMemoryManagerPolicy):
+    """Hold the replication targets, pools, spread and exclusions of a rules file.
+
+    Parameters
+    ----------
+    rules:
+        A path to a rules file, the rules as an inline mapping, or a compiled
+        :class:`~amm_rules.language.ruleset.Ruleset`. Loaded here, so that a scheduler
+        configured with an invalid file fails to start with the diagnostics.
+    reload:
+        Reload a rules *file* when it changes on disk (checked once per cycle).
+    inflight_timeout:
+        Seconds a requested copy counts as in flight before it is given up (and its
+        worker avoided for as long again). Default: ``max(3 * AMM interval, 10)``.
+    summary_interval:
+        Minimum seconds between two ``cycle`` events.
+    classify_seconds, classify_keys:
+        The classification budget of one cycle: at most this many seconds, and at most
+        this many keys (None: no limit), spent resolving keys that entered memory. Keys
+        left over are classified in the next cycles, and until then are neither planned
+        nor trimmed by reduce-replicas. Attaching to a scheduler that already holds a
+        million keys thus costs a few cycles of ``classify_seconds`` each instead of
+        one cycle of seconds on the event loop.
+    audit_interval:
+        Seconds between the starts of two audit sweeps (None: never). The engine learns
+        of changes through scheduler hooks; the audit is the safety net behind them
+        (see :mod:`amm_rules.engine.audit`): a sweep checks every governed key and every key
+        the scheduler lists as replicated, 1,000 of each per cycle, and repairs what
+        the hooks missed. A sweep that found something is reported as an ``audit``
+        event and a warning.
+    """
+
+    #: The rules in force.
+    ruleset: Ruleset
+    #: What was passed as ``rules`` if it is a path (watched for changes), else None.
+    path: str | None
+    #: Whether a changed rules file is reloaded.
+    reload: bool
+    #: Wall-clock time (seconds since the epoch) when the rules in force were loaded.
+    loaded_at: float
+    #: The recent reload errors, newest last: ``{"time", "error"}``.
+    reload_errors: list[dict[str, Any]]
+    #: Governed keys and per-key engine state; also the scheduler plugin feeding them.
+    index: KeyIndex
+    #: The ``amm-rules`` event log.
+    events: EventLog
+    #: Counters of the last cycle: label -> {governed, requested, dropped, unmet}.
+    last_cycle: dict[str, dict[str, int]]
+    #: Copies requested and dropped since the policy started: label -> counts.
+    totals: dict[str, Counter[str]]
+    #: Number of cycles run, and the duration of the last one in seconds.
+    cycles: int
+    last_cycle_seconds: float
+    #: The classification budget of a cycle (see the parameters).
+    classify_seconds: float | None
+    classify_keys: int | None
+    #: The audit sweeps (see the parameters): ``auditor.last`` is what the last found.
+    auditor: Auditor
+
+    def __init__(
+        self,
+        rules: str | os.PathLike[str] | Mapping[str, Any] | Ruleset,
+        *,
+        reload: bool = True,
+        inflight_timeout: float | None = None,
+        summary_interval: float = 10.0,
+        classify_seconds: float | None = 0.1,
+        classify_keys: int | None = None,
+        audit_interval: float | None = 60.0,
+    ):
+        self.path = None
+        if isinstance(rules, Ruleset):
+            ruleset = rules
+        else:
+            from amm_rules.language.loader import load_ruleset
+
+            if isinstance(rules, (str, os.PathLike)):
+                self.path = os.fspath(rules)
+            ruleset = load_ruleset(rules)  # a RulesError here fails the scheduler start
+        self.reload = bool(reload)
+        self._inflight_timeout = inflight_timeout
+        self.index = KeyIndex()
+        self.events = EventLog(summary_interval=summary_interval)
+        self.reload_errors = []
+        self.last_cycle = {}
+        self.totals = defaultdict(Counter)
+        self.cycles = 0
+        self.last_cycle_seconds = 0.0
+        self.classify_seconds = None if classify_seconds is None else float(classify_seconds)
+        self.classify_keys = None if classify_keys is None else max(1, int(classify_keys))
+        self.auditor = Auditor(None if audit_interval is None else float(audit_interval))
+        self._manager: ActiveMemoryManagerExtension | None = None
+        #: Undoes the wrappers of the scheduler's replica methods (see detach).
+        self._unwatch: Callable[[], None] | None = None
+        self._stat: tuple[Any, ...] | None = self._file_signature()
+        #: The ``rebalance:`` section at work; kept across reloads (moves in flight).
+        self.rebalancer = Rebalancer()
+        self._install(ruleset)
+
+    # ------------------------------------------------------------------ attach
+
+    @property  # type: ignore[override]
+    def manager(self) -> ActiveMemoryManagerExtension:
+        if self._manager is None:
+            raise AttributeError("RulesPolicy is not attached to an Active Memory Manager")
+        return self._manager
+
+    @manager.setter
+    def manager(self, manager: ActiveMemoryManagerExtension) -> None:
+        # The AMM sets this in add_policy, right after __init__: attaching here (rather
+        # than at the first cycle) registers the handlers as soon as the scheduler
+        # exists, so clients can set targets before the first cycle.
+        self._manager = manager
+        self._attach()
+
+    @property
+    def scheduler(self) -> Any:
+        return self.manager.scheduler
+
+    def _attach(self) -> None:
+        from amm_rules.engine.handlers import register
+
+        scheduler = self.scheduler
+        self.events.scheduler = scheduler
+        scheduler.add_plugin(self.index, name=f"amm-rules-{id(self)}", idempotent=True)
+        self._unwatch = watch_scheduler(scheduler, self.index)
+        register(scheduler, self)
+        # The one allowed scan of scheduler.tasks: keys already in memory when attached.
+        self.index.dirty.update(k for k, ts in scheduler.tasks.items() if ts.state == "memory")
+        self.index.workers_changed = True
+        self.auditor.start_in(time.monotonic())
+        self._remove_reduce_replicas()
+
+    def detach(self) -> None:
+        """Stop listening to the scheduler (plugin, replica wrappers, handlers) and leave
+        the manager. The policy can not be attached again."""
+        manager = self._manager
+        if manager is None:
+            return
+        from amm_rules.engine.handlers import unregister
+
+        scheduler = manager.scheduler
+        self.index.active = False
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
+        for name, plugin in list(scheduler.plugins.items()):
+            if plugin is self.index:
+                scheduler.remove_plugin(name=name)
+        unregister(scheduler, self)
+        manager.policies.discard(self)
+        self._manager = None
+
+    def _remove_reduce_replicas(self) -> None:
+        manager = self._manager
+        if manager is None:
+            return
+        for policy in list(manager.policies):
+            if type(policy) is ReduceReplicas:
+                manager.policies.discard(policy)
+                why = (
+                    "amm-rules removed the stock ReduceReplicas policy from the Active "
+                    "Memory Manager: it drops every extra copy each cycle and would undo "
+                    "every replication target. RulesPolicy applies the same reduction to "
+                    "keys no rule governs (reduce-replicas in the rules file)."
+                )
+                logger.warning(why)
+                self.events.emit("reduce-replicas-removed", reason=why)
+
+    @property
+    def inflight_timeout(self) -> float:
+        """Seconds a requested copy counts as in flight (see the class docstring)."""
+        if self._inflight_timeout is not None:
+            return float(self._inflight_timeout)
+        interval = self._manager.interval if self._manager is not None else 2.0
+        return max(3.0 * interval, 10.0)
+
+    def __repr__(self) -> str:
+        source = self.path if self.path is not None else self.ruleset.source
+        return (
+            f"RulesPolicy(rules={source!r}, {len(self.ruleset.rules)} rules, "
+            f"{len(self.ruleset.pools)} pools)"
+        )
+
+    # ------------------------------------------------------------------ rules
+
+    def _install(self, ruleset: Ruleset) -> None:
+        self.ruleset = ruleset
+        self.loaded_at = time.time()
+        self.classifier = Classifier(
+            ruleset,
+            on_rule_error=self._rule_error,
+            on_invalid_annotation=self._invalid_annotation,
+        )
+        #: Pools re-evaluated every cycle because they read worker memory.
+        self._volatile_pools = any(
+            not VOLATILE_WORKER_ATTRIBUTES.isdisjoint(p.depends) for p in ruleset.pools.values()
+        )
+        self._pools: dict[str, frozenset[str]] = {}
+        self._placements: dict[PlanClass, Placement] = {}
+        self._status_signature: tuple[Any, ...] = ()
+        self.index.workers_changed = True
+        self.rebalancer.configure(ruleset.rebalance, self._rebalance_match_error)
+
+    def _file_signature(self) -> tuple[Any, ...] | None:
+        if self.path is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            return ("error", type(exc).__name__, exc.errno)
+        return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)
+
+    def _maybe_reload(self) -> None:
+        """Reload the rules file if its stat changed; keep the running rules if the new
+        file cannot be used (reported once per distinct file state and error)."""
+        if self.path is None or not self.reload:
+            return
+        before = self._file_signature()
+        if before == self._stat:
+            return
+        from amm_rules.language.loader import load_ruleset
+
+        try:
+            ruleset = load_ruleset(self.path)
+        except RulesError as exc:
+            error = str(exc)
+        except Exception as exc:  # OSError and anything else: the running rules stay
+            error = f"{self.path}: error: {exc}"
+        else:
+            if self._file_signature() != before:
+                return  # the file changed while being read: try again next cycle
+            self._stat = before
+            self._install(ruleset)
+            # Re-classify every key in memory: a new rule may govern keys that were not
+            # indexed. This is the one pass over scheduler.tasks a reload costs.
+            self.index.dirty.update(
+                k for k, ts in self.scheduler.tasks.items() if ts.state == "memory"
+            )
+            logger.info("amm-rules: reloaded %s", self)
+            self.events.emit(
+                "reload", source=self.path, rules=len(ruleset.rules), pools=len(ruleset.pools)
+            )
+            return
+        self._stat = before
+        logger.error(
+            "amm-rules: cannot reload %s; keeping the running rules:\n%s", self.path, error
+        )
+        self.reload_errors = [
+            *self.reload_errors[-(RELOAD_ERRORS_KEPT - 1) :],
+            {"time": time.time(), "error": error},
+        ]
+        self.events.once(
+            ("reload-error", before, error), "reload-error", source=self.path, error=error
+        )
+
+    def _rule_error(self, rule: Rule, exc: Exception) -> None:
+        self.events.once(("rule-error", rule.name), "rule-error", rule=rule.name, error=repr(exc))
+
+    def _invalid_annotation(self, value: Any, exc: Exception, key: Hashable) -> None:
+        # The value comes from a client and may be megabytes: the log line, the event
+        # (kept in the scheduler's memory) and the rate-limit token get a prefix.
+        shown, error = _clip(repr(value)), _clip(str(exc))
+        logger.warning("amm-rules: ignoring invalid amm annotation %s: %s", shown, error)
+        self.events.once(
+            ("invalid-annotation", shown),
+            "invalid-annotation",
+            annotation=shown,
+            error=error,
+            example_key=_clip(str(key)),
+        )
+
+    def _rebalance_match_error(self, exc: Exception) -> None:
+        self.events.once(
+            ("rule-error", "rebalance.match"),
+            "rule-error",
+            rule="rebalance.match",
+            error=repr(exc),
+        )
+
+    def _pool_error(self, pool: Pool, exc: Exception) -> None:
+        self.events.once(
+            ("pool-error", pool.name), "rule-error", rule=f"pools.{pool.name}", error=repr(exc)
+        )
+
+    # ------------------------------------------------------------------ workers
+
+    def _refresh_workers(self) -> bool:
+        """Recompute pools and placements if workers joined, left or changed status (or
+        every cycle, if a pool reads worker memory). True if they were recomputed: then
+        every governed key is checked this cycle."""
+        scheduler = self.scheduler
+        workers = scheduler.workers
+        # Workers joining or leaving set index.workers_changed; a status change (paused,
+        # resumed, retiring) has no hook, hence this signature, taken every cycle. The
+        # scheduler's SortedDict iterates slowly from Python: read its dict in C.
+        values = dict.values(workers) if isinstance(workers, dict) else workers.values()
+        signature = tuple(map(_STATUS, values))
+        if (
+            not self.index.workers_changed
+            and not self._volatile_pools
+            and signature == self._status_signature
+        ):
+            return False
+        self.index.workers_changed = False
+        self._status_signature = signature
+        measure = self.manager.measure
+        pools = self.ruleset.pools
+        self._pools = {
+            a: pool_membership(
+                worker_facts(ws, getattr(ws.memory, measure)), pools, self._pool_error
+            )
+            for a, ws in workers.items()
+        }
+        self._placements = {}
+        return True
+
+    def _worker_views(self) -> ClusterView:
+        """The planner's view of the workers. Memory is the AMM's tally during a cycle
+        (downstream of what other policies had accepted), else measured afresh."""
+        manager = self.manager
+        memory = getattr(manager, "workers_memory", None)
+        if memory is None:
+            memory = {
+                ws: getattr(ws.memory, manager.measure) for ws in self.scheduler.workers.values()
+            }
+        pools = self._pools
+        return ClusterView(
+            WorkerView(a, ws.host, worker_status(ws), pools.get(a, frozenset()), memory.get(ws, 0))
+            for a, ws in self.scheduler.workers.items()
+        )
+
+    def _placement(self, cls: PlanClass, cluster: ClusterView | None = None) -> Placement:
+        try:
+            return self._placements[cls]
+        except KeyError:
+            pass
+        workers = self.scheduler.workers
+        want = frozenset(cls.pool) if cls.pool is not None else None
+        shun = frozenset(cls.avoid or ())
+        ok = []
+        for a, ws in workers.items():
+            pools = self._pools.get(a, frozenset())
+            if want is not None and want.isdisjoint(pools):
+                continue
+            if not shun.isdisjoint(pools) or worker_status(ws) == "closing":
+                continue
+            ok.append(ws)
+        restricted = len(ok) < len(workers)
+        placement = Placement(
+            ok=frozenset(ok) if restricted else None,
+            achievable=len(ok),
+            hosts=len({ws.host for ws in ok}),
+        )
+        self._placements[cls] = placement
+        return placement
+
+    def _class_unmet(self, cls: PlanClass) -> bool:
+        """Too few eligible workers for the class's target, whatever the key."""
+        if cls.move == "never":
+            return False
+        lo = cls.replicate.min if cls.replicate is not None else 1
+        return lo > self._placement(cls).achievable
+
+    # ------------------------------------------------------------------ the cycle
+
+    def run(self) -> Generator[Suggestion, Any, None]:
+        """One AMM cycle. Never raises: a failure is logged as an ``error`` event and the
+        rest of the cycle is skipped, so the other policies still run."""
+        start = time.perf_counter()
+        try:
+            stats = yield from self._plan()
+            if self.ruleset.reduce_replicas:
+                # Delegated from here, not from _plan: every suggestion passes through
+                # each generator between the AMM and the one yielding it, and this one
+                # yields a drop per excess copy (120,000 per cycle at a million keys).
+                yield from self._reduce_replicas(stats)
+            self._count(stats)
+        except Exception as exc:
+            logger.exception("amm-rules: cycle failed; skipped")
+            self.events.once(("error", repr(exc)), "error", error=repr(exc))
+        finally:
+            self.cycles += 1
+            self.last_cycle_seconds = time.perf_counter() - start
+
+    def _plan(self) -> Generator[Suggestion, Any, dict[str, Counter[str]]]:
+        """The cycle up to reduce-replicas: rules, classification, audit, replication
+        planning, rebalancing. Returns the cycle's counters so far."""
+        self._remove_reduce_replicas()
+        self._maybe_reload()
+        full = self._refresh_workers()
+        self._audit_step()  # after the placements are fresh, before classification
+        fresh = self._classify_dirty()
+        self._absorb_touched(fresh)
+        self._give_up_orphaned_copies()
+
+        now = time.monotonic()
+        stats: dict[str, Counter[str]] = defaultdict(Counter)
+        for label, n in self.index.governed_by.items():
+            stats[label]["governed"] = n
+
+        todo = self._suspects(stats, full)
+        if todo:
+            yield from self._plan_and_suggest(todo, now, stats)
+
+        if not self.rebalancer.idle:
+            # After replication planning, so that its copies count in the loads and its
+            # keys stay put; before reduce-replicas, which must spare keys mid-move.
+            yield from self.rebalancer.run(
+                self.scheduler,
+                self.manager,
+                now=now,
+                desired=self.index.desired,
+                inflight=self.index.inflight,
+                cluster=self._worker_views,
+                stats=stats,
+            )
+
+        return stats
+
+    def _count(self, stats: dict[str, Counter[str]]) -> None:
+        """Keep the cycle's counters (status, totals) and emit its summary event."""
+        now = time.monotonic()
+        self.last_cycle = {
+            label: {c: counts[c] for c in COUNTERS} for label, counts in stats.items()
+        }
+        for label, c in stats.items():
+            self.totals[label]["requested"] += c["requested"]
+            self.totals[label]["dropped"] += c["dropped"]
+        self.events.summary(self.last_cycle, now, rebalance=self.rebalancer.cycle_summary())
+
+    def _audit_step(self) -> None:
+        """This cycle's slice of the audit sweep; report a finished sweep that found
+        state the hooks had missed (it has been repaired by then)."""
+        index = self.index
+        classifier = self.classifier
+        reduce_replicas = self.ruleset.reduce_replicas
+        found = self.auditor.step(
+            time.monotonic(),
+            index,
+            self.scheduler,
+            resolve=lambda ts: classifier.resolve(ts, index.runtime.get(ts.key)),
+            suspects=lambda cls, members: index.suspects(
+                cls, self._placement(cls), reduce_replicas, members
+            ),
+        )
+        if found is not None and any(found.values()):
+            logger.warning("amm-rules: the audit found state the hooks missed: %s", found)
+            self.events.emit("audit", **found)
+
+    def _classify_dirty(self) -> set[Hashable]:
+        """Resolve the keys that entered memory (or got a runtime target) since the last
+        cycle, within the cycle's classification budget; file governed ones in the
+        index. Returns the keys it looked at; the others stay in ``index.dirty`` for the
+        next cycles, and are neither planned nor reduced until then."""
+        index = self.index
+        tasks = self.scheduler.tasks
+        classifier = self.classifier
+        dirty = index.dirty
+        if classifier.replicas_sensitive:
+            # A match reading task.replicas can change its mind when copies come and go.
+            dirty |= index.touched
+        if not dirty:
+            return set()
+        limit = len(dirty) if self.classify_keys is None else self.classify_keys
+        deadline = (
+            None if self.classify_seconds is None else time.perf_counter() + self.classify_seconds
+        )
+        done: set[Hashable] = set()
+        while dirty and len(done) < limit:
+            # In chunks, so that the clock is read once per chunk, not once per key.
+            for _ in range(min(CLASSIFY_CHUNK, len(dirty), limit - len(done))):
+                key = dirty.pop()
+                done.add(key)
+                ts = tasks.get(key)
+                if ts is None or ts.state != "memory":
+                    continue
+                desired = classifier.resolve(ts, index.runtime.get(key))
+                if desired.governed:
+                    index.put(key, ts, desired)
+                else:
+                    index.unindex(key)
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
+        if dirty:
+            logger.debug(
+                "amm-rules: classified %d keys; %d left for the next cycles", len(done), len(dirty)
+            )
+        return done
+
+    def _give_up_orphaned_copies(self) -> None:
+        """Copies in flight of a key that lost a holder with its worker may be fetched
+        from that dead worker, and such a fetch can hang until the comm times out
+        (seconds to minutes) while the key is short. Forget them, and pass their
+        recipients over for this one cycle, so that other workers are asked first;
+        with no other worker, the same one is asked again a cycle later (which
+        refreshes its list of holders). Once per lost holder, never once per cycle."""
+        index = self.index
+        until = time.monotonic() + self.manager.interval / 2
+        for key in index.source_lost:
+            entry = index.inflight.pop(key, None)
+            if entry:
+                backoff = index.backoff.setdefault(key, {})
+                for addr in entry:
+                    backoff[addr] = max(backoff.get(addr, until), until)
+        index.source_lost.clear()
+
+    def _absorb_touched(self, fresh: set[Hashable]) -> None:
+        """Route keys whose copies changed: governed ones are checked this cycle, the
+        others join reduce-replicas' walk if they hold more than one copy."""
+        index = self.index
+        tasks = self.scheduler.tasks
+        touched, index.touched = index.touched, set()
+        for key in touched | fresh:
+            if key in index.desired:
+                index.recheck.add(key)
+                index.replicated_free.pop(key, None)
+                continue
+            ts = tasks.get(key)
+            if ts is not None and ts.state == "memory" and len(ts.who_has or ()) > 1:
+                index.replicated_free[key] = ts
+
+    def _suspects(self, stats: dict[str, Counter[str]], full: bool) -> dict[Hashable, Any]:
+        """Governed keys that may need action this cycle (see KeyIndex.suspects): all
+        of them after workers changed, else only those whose copies changed, those
+        with copies in flight and those left to look at again."""
+        index = self.index
+        reduce_replicas = self.ruleset.reduce_replicas
+        for cls, group in index.groups.items():
+            if self._class_unmet(cls):
+                # Held as far as possible; every key of the class is unmet.
+                stats[cls.source]["unmet"] += len(group)
+        recheck, index.recheck = index.recheck, set()
+        todo: dict[Hashable, Any] = {}
+        if full:
+            for cls in index.groups:
+                for ts in index.suspects(cls, self._placement(cls), reduce_replicas):
+                    todo[ts.key] = ts
+        else:
+            by_class: dict[PlanClass, list[Any]] = defaultdict(list)
+            for key in recheck:
+                desired = index.desired.get(key)
+                if desired is not None:
+                    cls = PlanClass.of(desired)
+                    by_class[cls].append(index.groups[cls][key])
+            for cls, members in by_class.items():
+                for ts in index.suspects(cls, self._placement(cls), reduce_replicas, members):
+                    todo[ts.key] = ts
+        tasks = self.scheduler.tasks
+        for key in index.inflight:
+            ts = tasks.get(key)
+            if ts is not None:
+                todo[key] = ts
+        if index.dirty:
+            # Left over by the classification budget: what they want is not known yet
+            # (a reload or a runtime target may have changed it). Planned once classified.
+            unclassified = index.dirty
+            todo = {key: ts for key, ts in todo.items() if key not in unclassified}
+        return todo
+
+    def key_view(self, ts: Any, desired: Any, pending: Mapping[Any, Any] | None = None) -> KeyView:
+        """The planner's view of one scheduler task."""
+        key = ts.key
+        add = drop = frozenset()
+        if pending:
+            entry = pending.get(ts)
+            if entry is not None:
+                add = frozenset(ws.address for ws in entry[0])
+                drop = frozenset(ws.address for ws in entry[1])
+        return KeyView(
+            key=key,
+            desired=desired,
+            holders=frozenset(ws.address for ws in ts.who_has or ()),
+            nbytes=max(ts.nbytes, 0),
+            waiters=stock_waiter_count(ts) if desired.replicate is None else 0,
+            busy=busy_workers(ts),
+            inflight=self.index.inflight.get(key, {}),
+            backoff=self.index.backoff.get(key, {}),
+            pending_add=add,
+            pending_drop=drop,
+        )
+
+    def settings(self, now: float) -> PlanSettings:
+        timeout = self.inflight_timeout
+        return PlanSettings(
+            now=now,
+            inflight_timeout=timeout,
+            backoff=timeout,
+            reduce_replicas=self.ruleset.reduce_replicas,
+        )
+
+    def _plan_and_suggest(
+        self, todo: dict[Hashable, Any], now: float, stats: dict[str, Counter[str]]
+    ) -> Generator[Suggestion, Any, None]:
+        index = self.index
+        cluster = self._worker_views()
+        settings = self.settings(now)
+        pending = self.manager.pending
+        workers = self.scheduler.workers
+        moving = self.rebalancer.moving
+        for key, ts in todo.items():
+            desired = index.desired.get(key)
+            if desired is None or ts.state != "memory":
+                index.inflight.pop(key, None)
+                continue
+            plan = plan_key(self.key_view(ts, desired, pending), cluster, settings)
+            if plan.unmet and not self._class_unmet(PlanClass.of(desired)):
+                stats[plan.source]["unmet"] += 1
+            refused = False
+            for action in plan.actions:
+                ws = workers.get(action.worker)
+                if ws is None:  # pragma: no cover - the view was built from these workers
+                    continue
+                if action.op == "drop" and key in moving:
+                    # Mid-move the key holds one extra copy until the move's own drop;
+                    # trimming now could drop the new copy and undo the move.
+                    plan.deferred.append(f"drop from {action.worker} waits: key mid-move")
+                    continue
+                choice = yield Suggestion(action.op, ts, {ws})
+                accepted = choice is not None
+                refused |= not accepted
+                key_logger.debug(
+                    "(%s, %s, %s) %s: %s",
+                    action.op,
+                    key,
+                    action.worker,
+                    "accepted" if accepted else "refused",
+                    action.reason,
+                )
+                if action.op == "replicate":
+                    if accepted:
+                        stats[action.source]["requested"] += 1
+                    else:
+                        plan.inflight.pop(action.worker, None)
+                elif accepted:
+                    stats[action.source]["dropped"] += 1
+            self._store(key, plan)
+            if (
+                refused
+                or plan.deferred
+                or plan.backoff
+                or (desired.replicate is None and len(plan.good) + len(plan.misplaced) > 1)
+            ):
+                # Nothing else may touch the key before this is worth another look:
+                # a refused or deferred action, a back-off ending, copies held for
+                # waiters that may finish.
+                index.recheck.add(key)
+
+    def _store(self, key: Hashable, plan: KeyPlan) -> None:
+        index = self.index
+        if plan.inflight:
+            index.inflight[key] = plan.inflight
+        else:
+            index.inflight.pop(key, None)
+        if plan.backoff:
+            index.backoff[key] = plan.backoff
+        else:
+            index.backoff.pop(key, None)
+
+    def _reduce_replicas(self, stats: dict[str, Counter[str]]) -> Generator[Suggestion, Any, None]:
+        """The stock ReduceReplicas, for keys nobody governs: keep one copy plus one per
+        worker where waiters of the key run (see :func:`~amm_rules.engine.view.stock_waiter_count`),
+        taking into account what other policies had accepted in this cycle. It walks
+        the keys nobody governs that hold several copies (``index.replicated_free``),
+        which is the scheduler's ``replicated_tasks`` without the governed keys."""
+        index = self.index
+        replicated = index.replicated_free
+        pending = self.manager.pending
+        moving = self.rebalancer.moving
+        # Keys left over by the classification budget: a rule may yet govern them.
+        unclassified = index.dirty
+        stale = []
+        dropped = 0
+        # This loop runs for every replicated key each cycle (120,000 drops at a million
+        # keys in the scale benchmark), so it is the stock policy's loop plus only
+        # what the index needs: no copy of the table (nothing can change it while the
+        # AMM drives this generator: the AMM only records suggestions), set lookups
+        # only when the sets are not empty, and no candidate set (None: any holder,
+        # as the stock policy; the AMM copies ``who_has`` itself and picks the most
+        # loaded holder). The suggestion is built once per key (see _drop_suggestion).
+        drop_suggestion = _drop_suggestion
+        for key, ts in replicated.items():
+            who_has = ts.who_has
+            # (Governed keys are never here: KeyIndex.put takes them out.) Only a key in
+            # memory has copies, so this also finds keys that left memory.
+            if who_has is None or len(who_has) < 2:
+                stale.append(key)
+                continue
+            if (moving and key in moving) or (unclassified and key in unclassified):
+                continue  # mid-move (the move drops its extra copy), or not classified yet
+            if ts.waiters:
+                excess = reduce_replicas_excess(len(who_has), stock_waiter_count(ts))
+            else:
+                excess = len(who_has) - 1  # the same arithmetic, without waiters
+            entry = pending.get(ts)
+            if entry is not None:
+                # What other policies had the AMM accept for the key in this cycle.
+                excess += len(entry[0]) - len(entry[1])
+            if excess <= 0:
+                continue
+            drop = drop_suggestion(ts)
+            for _ in range(excess):
+                if (yield drop) is not None:
+                    dropped += 1
+        for key in stale:
+            del replicated[key]
+        if dropped:
+            stats[DEFAULT_SOURCE]["dropped"] += dropped

@@ -1,0 +1,497 @@
+"""Rebalancing inside :class:`~amm_rules.engine.policy.RulesPolicy`: the adapter between the
+scheduler's objects and the pure planner of :mod:`amm_rules.engine.rebalance.planner`.
+
+:mod:`amm_rules.engine.rebalance.planner` decides from plain data (:class:`~amm_rules.engine.rebalance.planner.WorkerLoad`,
+keys with sizes, predicates) and keeps the moves in flight in a
+:class:`~amm_rules.engine.rebalance.planner.MoveBook`. This module reads the live scheduler to feed it, and
+turns its answers into AMM ``Suggestion``\\ s. One :class:`Rebalancer` lives as long as its
+policy (hot reloads keep it); each AMM cycle :meth:`Rebalancer.run`:
+
+1. settles the moves in flight (:meth:`MoveBook.settle`): for each copy that landed, asks the
+   sender to drop its copy; forgets moves that are complete or void;
+2. measures every worker that is not retiring with the ``rebalance.measure`` of the rules,
+   plus what the AMM has already accepted in this cycle (other policies and the replication
+   half of RulesPolicy);
+3. plans (:func:`~amm_rules.engine.rebalance.planner.plan_rebalance`) with the rules as predicates:
+   ``move: never``, ``rebalance.match``, keys read by tasks still to run, keys another
+   decision touched this cycle stay put; recipients must be allowed by the key's
+   ``pool``/``avoid``/``spread``;
+4. suggests one ``replicate`` per move, with the recipient as the only candidate, and
+   records what the AMM accepted.
+
+Neighbours: :mod:`amm_rules.engine.policy` calls :meth:`Rebalancer.run` after replication planning
+and skips trimming keys in :attr:`Rebalancer.moving`; :mod:`amm_rules.engine.handlers` reports
+:meth:`Rebalancer.status` and :meth:`Rebalancer.explain`; :mod:`amm_rules.engine.events` adds
+:meth:`Rebalancer.cycle_summary` to ``cycle`` events.
+
+Cost per cycle: O(workers) to measure, plus the planner's O(keys moved) and the moves in
+flight; a disabled rebalancer with nothing in flight costs nothing. It never scans
+``scheduler.tasks``: candidate keys are read lazily from the senders' ``has_what``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Collection, Generator, Hashable, Iterable, Mapping
+from typing import Any
+
+from distributed.active_memory_manager import Suggestion
+
+from amm_rules.engine.rebalance.planner import (
+    MoveBook,
+    RebalancePlan,
+    Settlement,
+    WorkerLoad,
+    plan_rebalance,
+)
+from amm_rules.engine.view import (
+    ClusterView,
+    TaskFactsAdapter,
+    key_string,
+    worker_status,
+)
+from amm_rules.language.ruleset import UNGOVERNED, RebalanceSettings
+
+logger = logging.getLogger(__name__)
+# Same logger and line shape as the rest of the engine: "(op, key, worker) reason".
+key_logger = logging.getLogger("amm_rules.engine.policy.keys")
+
+#: Counter label of copies and drops made by rebalancing (``amm_rules_status``, events).
+SOURCE = "(rebalance)"
+#: Why a key with dependents still to run is not moved.
+READ_SOON = "read by a task still to run"
+#: How many void reasons and examples ``status`` keeps from the last plan.
+EXAMPLES_KEPT = 10
+
+Key = Hashable
+Emit = Callable[..., Any]
+
+
+class Rebalancer:
+    """The ``rebalance:`` section of the rules, run each AMM cycle (see the module doc).
+
+    Starts with the default settings (disabled); :meth:`configure` installs the rules',
+    timings of the :class:`~amm_rules.engine.rebalance.planner.MoveBook` included.
+    """
+
+    #: The settings in force (replaced on reload by :meth:`configure`).
+    settings: RebalanceSettings
+    #: Moves in flight, keys cooling down, roles of the last plan.
+    book: MoveBook
+    #: The plan of the last cycle that planned (``None`` before the first).
+    last_plan: RebalancePlan | None
+    #: What the last settlement decided.
+    last_settlement: Settlement | None
+
+    def __init__(self) -> None:
+        self.settings = s = RebalanceSettings()
+        self.book = MoveBook(
+            cooldown=s.cooldown, copy_timeout=s.copy_timeout, drop_timeout=s.drop_timeout
+        )
+        self.last_plan = None
+        self.last_settlement = None
+        #: Since the policy started: moves started, bytes copied, moves done, drops
+        #: accepted, copies the AMM refused, moves void.
+        self.totals: Counter[str] = Counter()
+        #: Since the policy started: why moves were abandoned.
+        self.void_reasons: Counter[str] = Counter()
+        #: This cycle's facts for the ``cycle`` event (see :meth:`cycle_summary`).
+        self._cycle: dict[str, Any] = {}
+        self._on_match_error: Callable[[Exception], None] | None = None
+        # The sender the planner is considering for a key: ``can_move(key, sender)`` is
+        # asked right before ``can_place(key, ...)`` for the same key, and ``spread: host``
+        # must not count the sender's own host (its copy is the one that leaves).
+        self._sender: tuple[Key, str] | None = None
+
+    def __repr__(self) -> str:
+        state = "enabled" if self.settings.enabled else "disabled"
+        return f"<Rebalancer {state}, {self.book!r}>"
+
+    # ------------------------------------------------------------------ rules
+
+    def configure(
+        self,
+        settings: RebalanceSettings,
+        on_match_error: Callable[[Exception], None] | None = None,
+    ) -> None:
+        """Install the settings of a (re)loaded ruleset.
+
+        Moves in flight are kept and settled even if rebalancing was switched off: their
+        copies were asked for, and the sender's copy must still go once they land (or the
+        key keeps an extra copy that only replication would trim). Keys cooling down
+        keep cooling. New timings apply at once: the timeouts to the moves in flight, a
+        new cool-down to the keys already cooling as well, counted from when each started
+        (see :meth:`MoveBook.retime`). The roles of the last plan are forgotten when the
+        settings changed: they carry the old band's hysteresis.
+        """
+        if settings != self.settings:
+            self.book.roles = {}
+        self.book.retime(
+            cooldown=settings.cooldown,
+            copy_timeout=settings.copy_timeout,
+            drop_timeout=settings.drop_timeout,
+        )
+        self.settings = settings
+        self._on_match_error = on_match_error
+
+    @property
+    def moving(self) -> Collection[Key]:
+        """Keys with a move in flight: other trimming must leave their copies alone, or
+        it could drop the new copy and undo the move."""
+        return self.book.pending.keys()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to do this cycle: disabled and no move in flight."""
+        return not self.settings.enabled and not self.book.pending
+
+    # ------------------------------------------------------------------ the cycle
+
+    def run(
+        self,
+        scheduler: Any,
+        manager: Any,
+        *,
+        now: float,
+        desired: Mapping[Key, Any],
+        inflight: Mapping[Key, Mapping[str, float]],
+        cluster: Callable[[], ClusterView],
+        stats: Mapping[str, Counter[str]],
+    ) -> Generator[Suggestion, Any, None]:
+        """One cycle. ``desired``: governed keys' resolved wishes (others are ungoverned);
+        ``inflight``: keys with replication copies in flight; ``cluster``: builds the
+        planner's view of the workers (pools), called at most once, when a key with a
+        ``pool`` or ``avoid`` needs a recipient; ``stats``: the cycle's counters, by label.
+        """
+        self._cycle = {}
+        if self.idle:
+            return
+        settings = self.settings
+        tasks = scheduler.tasks
+        workers = scheduler.workers
+
+        # 1. Measure before anything is yielded: the AMM's tally moves with each accepted
+        #    suggestion, and this cycle's drops of landed moves are already counted by
+        #    the planner through the moves in flight.
+        loads = self._loads(workers, manager) if settings.enabled else []
+
+        # 2. Settle the moves in flight.
+        alive = {a for a, ws in workers.items() if worker_status(ws) != "closing"}
+
+        def holders(key: Key) -> Collection[str] | None:
+            ts = tasks.get(key)
+            if ts is None or ts.state != "memory" or not ts.who_has:
+                return None
+            return {ws.address for ws in ts.who_has}
+
+        def can_drop(key: Key, sender: str) -> str | None:
+            ts = tasks[key]
+            for waiter in ts.waiters or ():
+                if waiter.processing_on is not None and waiter.processing_on.address == sender:
+                    return "a dependent is processing on the sender"
+            return None
+
+        settlement = self.book.settle(now, holders=holders, alive=alive, can_drop=can_drop)
+        self.last_settlement = settlement
+        dropped = 0
+        for p in settlement.drops:
+            ts = tasks.get(p.key)
+            ws = workers.get(p.sender)
+            if ts is None or ws is None:  # pragma: no cover - settle checked both
+                continue
+            accepted = (yield Suggestion("drop", ts, {ws})) is not None
+            dropped += accepted
+            key_logger.debug(
+                "(drop, %s, %s) %s: rebalance, copy landed on %s",
+                p.key,
+                p.sender,
+                "accepted" if accepted else "refused",
+                p.recipient,
+            )
+        void = Counter(reason for _, reason in settlement.void)
+        for p, reason in settlement.void:
+            key_logger.debug("(move, %s, %s) abandoned: %s", p.key, p.sender, reason)
+        self.totals["done"] += len(settlement.done)
+        self.totals["drops"] += dropped
+        self.totals["void"] += len(settlement.void)
+        self.void_reasons.update(void)
+        if dropped:
+            stats[SOURCE]["dropped"] += dropped
+        self._cycle = {
+            "drops": dropped,
+            "done": len(settlement.done),
+            "void": dict(void),
+        }
+        if not settings.enabled:
+            return
+
+        # 3. Plan.
+        plan = plan_rebalance(
+            loads,
+            settings,
+            keys_on=self._keys_on(workers),
+            can_move=self._can_move(tasks, manager, desired, inflight),
+            can_place=self._can_place(tasks, workers, manager, desired, inflight, cluster),
+            pending=self.book.pending.values(),
+            cooling=self.book.cooling(now),
+            previous=self.book.roles,
+        )
+        self._sender = None
+
+        # 4. Copy.
+        started = refused = copied = 0
+        for move in plan.moves:
+            ts = tasks.get(move.key)
+            ws = workers.get(move.recipient)
+            if ts is None or ws is None:  # pragma: no cover - the plan read them just now
+                continue
+            accepted = (yield Suggestion("replicate", ts, {ws})) is not None
+            if accepted:
+                self.book.start(move, now)
+                started += 1
+                copied += move.nbytes
+            else:
+                self.book.refuse(move, now)
+                refused += 1
+            key_logger.debug(
+                "(replicate, %s, %s) %s: rebalance from %s; %s",
+                move.key,
+                move.recipient,
+                "accepted" if accepted else "refused",
+                move.sender,
+                move.reason,
+            )
+        self.book.remember(plan)
+        self.last_plan = plan
+        self.totals["moves"] += started
+        self.totals["bytes"] += copied
+        self.totals["refused"] += refused
+        if started:
+            stats[SOURCE]["requested"] += started
+        self._cycle.update(
+            moves=started,
+            bytes=copied,
+            refused=refused,
+            mean=plan.mean,
+            stopped=plan.stopped,
+            roles=dict(plan.roles),
+            skipped=dict(plan.skipped),
+        )
+        if started or dropped or settlement.void:
+            logger.debug(
+                "amm-rules rebalance: %d moves (%d B), %d drops, %d done, %d void; %r",
+                started,
+                copied,
+                dropped,
+                len(settlement.done),
+                len(settlement.void),
+                plan,
+            )
+
+    def _loads(self, workers: Mapping[str, Any], manager: Any) -> list[WorkerLoad]:
+        """Every worker that is not retiring, by the rules' measure, plus the bytes the AMM
+        has accepted for it so far in this cycle (the AMM's tally minus its own measure,
+        so this works whatever measure the AMM itself uses)."""
+        measure = self.settings.measure
+        tally = getattr(manager, "workers_memory", None)
+        amm_measure = getattr(manager, "measure", measure)
+        out = []
+        for address, ws in workers.items():
+            status = worker_status(ws)
+            if status == "closing":
+                continue
+            memory = ws.memory  # a property that builds a new object: read it once
+            delta = 0
+            if tally is not None and ws in tally:
+                delta = tally[ws] - getattr(memory, amm_measure)
+            out.append(
+                WorkerLoad(
+                    address,
+                    max(0, getattr(memory, measure) + delta),
+                    ws.memory_limit or 0,
+                    running=status == "running",
+                    spilled=memory.spilled,
+                )
+            )
+        return out
+
+    # ------------------------------------------------------------------ predicates
+
+    @staticmethod
+    def _keys_on(workers: Mapping[str, Any]) -> Callable[[str, bool], Iterable[tuple[Key, int]]]:
+        def keys_on(address: str, newest_first: bool) -> Iterable[tuple[Key, int]]:
+            # has_what is insertion-ordered: oldest first. Lazy, so the planner pays
+            # only for the keys it looks at.
+            has_what = workers[address].has_what
+            order = reversed(has_what) if newest_first else has_what
+            return ((ts.key, max(ts.nbytes, 0)) for ts in order)
+
+        return keys_on
+
+    def _can_move(
+        self,
+        tasks: Mapping[Key, Any],
+        manager: Any,
+        desired: Mapping[Key, Any],
+        inflight: Mapping[Key, Mapping[str, float]],
+    ) -> Callable[[Key, str], str | None]:
+        pending = getattr(manager, "pending", None) or {}
+        match = self.settings.match
+
+        def can_move(key: Key, sender: str) -> str | None:
+            ts = tasks.get(key)
+            if ts is None or ts.state != "memory":
+                return "not in memory"
+            if ts.actor:
+                return "actor"
+            if ts in pending:
+                return "another decision about it this cycle"
+            if key in inflight:
+                return "replication copy in flight"
+            d = desired.get(key, UNGOVERNED)
+            if d.move == "never":
+                return f"move: never ({d.reasons['move']})"
+            if ts.waiters:
+                # A dependent still to run reads the key soon: on the sender if it is
+                # queued or running there, else wherever it is scheduled once its other
+                # inputs are ready. Moving the key now races with that read or pays a
+                # transfer (under spilling, also a read from disk) for no relief: a key
+                # no client wants is released once its dependents ran, a wanted one can
+                # move then.
+                return READ_SOON
+            if match is not None:
+                try:
+                    if not match(TaskFactsAdapter(ts)):
+                        return "outside rebalance.match"
+                except Exception as exc:
+                    if self._on_match_error is not None:
+                        self._on_match_error(exc)
+                    return "rebalance.match raised"
+            self._sender = (key, sender)
+            return None
+
+        return can_move
+
+    def _can_place(
+        self,
+        tasks: Mapping[Key, Any],
+        workers: Mapping[str, Any],
+        manager: Any,
+        desired: Mapping[Key, Any],
+        inflight: Mapping[Key, Mapping[str, float]],
+        cluster: Callable[[], ClusterView],
+    ) -> Callable[[Key, str], str | None]:
+        pending = getattr(manager, "pending", None) or {}
+        view: list[ClusterView] = []
+
+        def can_place(key: Key, recipient: str) -> str | None:
+            ts = tasks[key]
+            ws = workers[recipient]
+            who_has = ts.who_has or ()
+            if ws in who_has:
+                return "holds a copy"
+            if recipient in inflight.get(key, ()):
+                return "replication copy in flight there"
+            entry = pending.get(ts)
+            if entry is not None and ws in entry[0]:
+                return "copy pending this cycle"
+            d = desired.get(key, UNGOVERNED)
+            if d.pool is not None or d.avoid is not None:
+                if not view:
+                    view.append(cluster())
+                if recipient not in view[0].recipients(d.pool, d.avoid):
+                    if d.pool is not None and ws.address not in view[0].allowed(d.pool, None):
+                        return f"outside pool {','.join(d.pool)}"
+                    return f"in avoided pool {','.join(d.avoid or ())}"
+            if d.spread == "host":
+                sender = self._sender[1] if self._sender and self._sender[0] == key else None
+                if any(h.host == ws.host and h.address != sender for h in who_has):
+                    return "a copy is on the same host (spread: host)"
+            return None
+
+        return can_place
+
+    # ------------------------------------------------------------------ reporting
+
+    def cycle_summary(self) -> dict[str, Any]:
+        """This cycle's facts, for the ``cycle`` event; empty when idle. Read once: a
+        cycle that does not run the rebalancer must not report the last one's again."""
+        out, self._cycle = self._cycle, {}
+        return out
+
+    def explain(self, key: Key, now: float | None = None) -> dict[str, Any] | None:
+        """Whether ``key`` is mid-move or cooling down; ``None`` if neither."""
+        now = time.monotonic() if now is None else now
+        p = self.book.pending.get(key)
+        if p is not None:
+            return {
+                "moving": True,
+                "sender": p.sender,
+                "recipient": p.recipient,
+                "nbytes": p.nbytes,
+                "landed": p.landed is not None,
+                "seconds": round(now - p.started, 3),
+            }
+        if key in self.book.cooling(now):
+            return {"moving": False, "cooling": True}
+        return None
+
+    def status(self) -> dict[str, Any]:
+        """The ``rebalance`` section of ``amm_rules_status``: settings, the last plan
+        (roles, skipped keys by reason, why it stopped), moves in flight, totals."""
+        s = self.settings
+        plan = self.last_plan
+        settled = self.last_settlement
+        out: dict[str, Any] = {
+            "enabled": s.enabled,
+            "measure": s.measure,
+            "sender_min": s.sender_min,
+            "recipient_max": s.recipient_max,
+            "gap": s.gap,
+            "max_bytes_per_cycle": s.max_bytes_per_cycle,
+            "match": s.match_source,
+            "cool_down": s.cooldown,
+            "copy_timeout": s.copy_timeout,
+            "drop_timeout": s.drop_timeout,
+            "in_flight": len(self.book.pending),
+            "in_flight_bytes": sum(p.nbytes for p in self.book.pending.values()),
+            "cooling": len(self.book.cooling(time.monotonic())),
+            "totals": dict(self.totals),
+            "void_reasons": dict(self.void_reasons),
+            "last_plan": None,
+            "last_settle": None,
+        }
+        if plan is not None:
+            out["last_plan"] = {
+                "moves": len(plan.moves),
+                "bytes": plan.bytes,
+                "budget": plan.budget,
+                "mean": plan.mean,
+                "stopped": plan.stopped,
+                "roles": dict(plan.roles),
+                "skipped": dict(plan.skipped),
+                "examples": [
+                    {"key": key_string(e.key), "sender": e.sender, "reason": e.reason}
+                    for e in plan.examples[:EXAMPLES_KEPT]
+                ],
+            }
+        if settled is not None:
+            out["last_settle"] = {
+                "drops": len(settled.drops),
+                "done": len(settled.done),
+                "void": [
+                    {
+                        "key": key_string(p.key),
+                        "sender": p.sender,
+                        "recipient": p.recipient,
+                        "reason": reason,
+                    }
+                    for p, reason in settled.void[:EXAMPLES_KEPT]
+                ],
+            }
+        return out
+
+
+__all__ = ["SOURCE", "Rebalancer"]

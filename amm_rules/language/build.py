@@ -1,0 +1,305 @@
+"""Checked data → :class:`~amm_rules.language.ruleset.Ruleset`: the meaning of a rules file.
+
+Runs after the schema check (:mod:`amm_rules.language.schema_check`) and skips whatever it
+already reported, so each problem is told once. Checks here: expressions (pools in the
+``worker`` context, matches in the ``task`` context), unique rule names, unknown pool
+names in ``pool``/``avoid``, ``replicate`` bounds, and rebalance percentages, sizes and
+durations.
+Action fields are converted by :func:`amm_rules.language.fields.parse_actions`, the same
+function that reads ``amm`` annotations, so a field means the same in both places.
+
+Besides the :class:`Ruleset` (``None`` when there are errors), :func:`build` returns a
+:class:`Draft`: what :mod:`amm_rules.language.lint` needs to look for suspicious rules, kept for
+every entry that compiled even when other entries did not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from amm_rules.language.fields import (
+    ActionError,
+    UnitError,
+    parse_actions,
+    parse_duration,
+    parse_fraction,
+    parse_size,
+    parse_target,
+    unknown_pool_message,
+)
+from amm_rules.language.locator import Locator
+from amm_rules.language.ruleset import (
+    ACTION_FIELDS,
+    MAX_REBALANCE_SECONDS,
+    Actions,
+    Pool,
+    Position,
+    RebalanceSettings,
+    Rule,
+    Ruleset,
+)
+
+_FRACTIONS = {"sender-min": "sender_min", "recipient-max": "recipient_max", "gap": "gap"}
+#: Rebalance durations: field → (attribute, whether 0 is allowed). A cool-down of 0 means
+#: none; a timeout of 0 would abandon every move before its copy could land.
+_DURATIONS = {
+    "cool-down": ("cooldown", True),
+    "copy-timeout": ("copy_timeout", False),
+    "drop-timeout": ("drop_timeout", False),
+}
+
+
+@dataclass
+class RuleDraft:
+    """A rule whose match and actions compiled."""
+
+    index: int
+    name: str
+    match_source: str
+    #: True/False when the match folds to a constant, else None.
+    constant: bool | None
+    actions: Actions
+
+
+@dataclass
+class Draft:
+    """What lint looks at: compiled parts of the file, with their constants."""
+
+    #: Pool name → constant value of its expression (None: depends on the worker).
+    pools: dict[str, bool | None] = field(default_factory=dict)
+    rules: list[RuleDraft] = field(default_factory=list)
+    rebalance: RebalanceSettings | None = None
+    #: Which rebalance fields the file sets explicitly.
+    rebalance_fields: frozenset[str] = frozenset()
+
+
+def expression_text(value: Any) -> str | None:
+    """The expression a YAML value stands for (``match: true`` is the text ``true``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value if isinstance(value, str) else None
+
+
+def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, Draft]:
+    draft = Draft()
+    if not isinstance(data, dict):
+        return None, draft
+    pools = _pools(data.get("pools"), where, draft)
+    rules = _rules(data.get("rules"), where, draft, known=set(_pool_names(data)))
+    rebalance = _rebalance(data.get("rebalance"), where, draft)
+    reduce = data.get("reduce-replicas", True)
+    if where.has_errors:
+        return None, draft
+    ruleset = Ruleset(
+        pools=pools,
+        rules=tuple(rules),
+        rebalance=rebalance,
+        reduce_replicas=reduce if isinstance(reduce, bool) else True,
+        source=source_name,
+        version=1,
+    )
+    return ruleset, draft
+
+
+def _pool_names(data: dict[str, Any]) -> list[str]:
+    pools = data.get("pools")
+    return [str(k) for k in pools] if isinstance(pools, dict) else []
+
+
+def _compile(text: str, context: str, path: tuple[Any, ...], where: Locator) -> Any:
+    from amm_rules.language.expr import ExpressionError, compile_expression
+
+    try:
+        return compile_expression(text, context)
+    except ExpressionError as exc:
+        where.add_expression(path, exc.problems)
+        return None
+
+
+def _position(where: Locator, path: tuple[Any, ...], at_key: bool = False) -> Position | None:
+    line, column = where.position(path, at_key)
+    return Position(line, column) if line else None
+
+
+# -- pools --------------------------------------------------------------------------
+
+
+def _pools(section: Any, where: Locator, draft: Draft) -> dict[str, Pool]:
+    out: dict[str, Pool] = {}
+    if not isinstance(section, dict):
+        return out
+    for name, value in section.items():
+        path = ("pools", name)
+        text = expression_text(value)
+        if text is None or where.reported_under(path):
+            continue
+        compiled = _compile(text, "worker", path, where)
+        if compiled is None:
+            continue
+        draft.pools[str(name)] = compiled.constant
+        out[str(name)] = Pool(
+            str(name),
+            text,
+            compiled.predicate,
+            _position(where, path, True),
+            frozenset(compiled.depends),
+        )
+    return out
+
+
+# -- rules --------------------------------------------------------------------------
+
+
+def _rules(section: Any, where: Locator, draft: Draft, known: set[str]) -> list[Rule]:
+    out: list[Rule] = []
+    if not isinstance(section, list):
+        return out
+    first_use: dict[str, int] = {}
+    for index, item in enumerate(section):
+        if not isinstance(item, dict):
+            continue
+        path: tuple[Any, ...] = ("rules", index)
+        name = item.get("name")
+        if isinstance(name, str) and name:
+            if name in first_use:
+                where.add(
+                    (*path, "name"),
+                    f"duplicate rule name '{name}'; rule names must be "
+                    f"unique (first used on line {first_use[name]})",
+                    "duplicate-rule",
+                )
+            else:
+                first_use[name] = where.position((*path, "name"))[0]
+        text = expression_text(item.get("match"))
+        compiled = None
+        if text is not None and not where.reported_under((*path, "match")):
+            compiled = _compile(text, "task", (*path, "match"), where)
+        actions = _actions(item, path, where, known)
+        if compiled is None or actions is None or where.reported_under(path):
+            continue
+        if not isinstance(name, str) or text is None:
+            # Already an error elsewhere: the YAML reader drops an entry whose key it
+            # refuses (a tag on the key `name`), and says so at the key.
+            continue
+        draft.rules.append(RuleDraft(index, name, text, compiled.constant, actions))
+        out.append(
+            Rule(
+                name,
+                text,
+                compiled.predicate,
+                actions,
+                frozenset(compiled.depends),
+                _position(where, path),
+                compiled.conjuncts,
+            )
+        )
+    return out
+
+
+def _actions(
+    item: dict[str, Any], path: tuple[Any, ...], where: Locator, known: set[str]
+) -> Actions | None:
+    fields = {f: item[f] for f in ACTION_FIELDS if f in item}
+    if not fields:
+        return None  # the schema reported "rule has no action"
+    ok = True
+    if "replicate" in fields and not where.reported_under((*path, "replicate")):
+        try:
+            parse_target(fields["replicate"])
+        except ActionError as exc:
+            # "max (2) is below min (5)": the max is what to change.
+            at = (
+                (*path, "replicate", "max") if "below min" in exc.message else (*path, "replicate")
+            )
+            where.add(at, str(exc), "bad-value")
+            ok = False
+    for name in ("pool", "avoid"):
+        if name in fields and not where.reported_under((*path, name)):
+            ok &= _check_pools(fields[name], (*path, name), where, known)
+    if not ok or where.reported_under(path):
+        return None
+    try:
+        return parse_actions(fields, known_pools=None)
+    except ActionError as exc:  # not reached after the checks above; kept as a guard
+        where.add((*path, exc.field.split(".")[0]), str(exc), "bad-value")
+        return None
+
+
+def _check_pools(value: Any, path: tuple[Any, ...], where: Locator, known: set[str]) -> bool:
+    if isinstance(value, str):
+        items = [(value, path)]
+    elif isinstance(value, list):
+        items = [(v, (*path, i)) for i, v in enumerate(value)]
+    else:
+        return True  # a wrong type was reported by the schema check
+    ok = True
+    for name, at in items:
+        if isinstance(name, str) and name not in known:
+            where.add(at, f"{path[-1]}: {unknown_pool_message(name, known)}", "unknown-pool")
+            ok = False
+    return ok
+
+
+# -- rebalance ----------------------------------------------------------------------
+
+
+def _rebalance(section: Any, where: Locator, draft: Draft) -> RebalanceSettings:
+    if not isinstance(section, dict):
+        return RebalanceSettings()
+    kwargs: dict[str, Any] = {}
+    # Writing the section turns rebalancing on unless it says `enabled: false`.
+    enabled = section.get("enabled", True)
+    kwargs["enabled"] = enabled if isinstance(enabled, bool) else True
+    if isinstance(section.get("measure"), str):
+        kwargs["measure"] = section["measure"]
+    for key, attr in _FRACTIONS.items():
+        if key in section and not where.reported_under(("rebalance", key)):
+            try:
+                kwargs[attr] = parse_fraction(section[key])
+            except UnitError as exc:
+                where.add(("rebalance", key), f"{key}: {exc}", exc.code)
+    key = "max-bytes-per-cycle"
+    if key in section and not where.reported_under(("rebalance", key)):
+        try:
+            kwargs["max_bytes_per_cycle"] = parse_size(section[key])
+        except UnitError as exc:
+            where.add(("rebalance", key), f"{key}: {exc}", exc.code)
+    for key, (attr, zero) in _DURATIONS.items():
+        if key in section and not where.reported_under(("rebalance", key)):
+            seconds = _duration(section[key], key, zero, where)
+            if seconds is not None:
+                kwargs[attr] = seconds
+    text = expression_text(section.get("match"))
+    if text is not None and not where.reported_under(("rebalance", "match")):
+        compiled = _compile(text, "task", ("rebalance", "match"), where)
+        if compiled is not None:
+            kwargs["match_source"] = text
+            kwargs["match"] = compiled.predicate
+    settings = RebalanceSettings(**kwargs)
+    draft.rebalance = settings
+    draft.rebalance_fields = frozenset(str(k) for k in section)
+    return settings
+
+
+def _duration(value: Any, key: str, zero: bool, where: Locator) -> float | None:
+    """A rebalance duration in seconds, or ``None`` after reporting why it is not one.
+    The schema bounds plain numbers; text (``"0s"``, ``"48h"``) is bounded here."""
+    path = ("rebalance", key)
+    try:
+        seconds = parse_duration(value)
+    except UnitError as exc:
+        where.add(path, f"{key}: {exc}", exc.code)
+        return None
+    shown = value.strip() if isinstance(value, str) else value
+    if seconds == 0 and not zero:
+        where.add(path, f"{key}: must be more than 0 seconds, got {shown!r}", "bad-value")
+        return None
+    if seconds > MAX_REBALANCE_SECONDS:
+        where.add(
+            path,
+            f"{key}: must be at most {MAX_REBALANCE_SECONDS} seconds (one day), got {shown!r}",
+            "bad-value",
+        )
+        return None
+    return seconds

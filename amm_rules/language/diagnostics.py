@@ -1,0 +1,87 @@
+"""Diagnostics: what is wrong with a rules file, and where.
+
+A :class:`Diagnostic` is plain data (file, line, column, severity, message, rule,
+code). Every part of the language half produces them; the reporters in
+:mod:`amm_rules.language.reporters` turn them into text, JSON or GitHub annotations. Positions
+are 1-based and are attached where the text enters (the YAML loader, the expression
+parser), never rebuilt later.
+
+:class:`RulesError` carries the diagnostics of a rules file that cannot be used; it is
+what :func:`amm_rules.load_ruleset` raises and what a scheduler start fails with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One problem found in one rules file."""
+
+    #: Path of the file as the user named it, or ``"<rules>"`` for inline rules.
+    file: str
+    #: 1-based line of the offending token (0 when the problem concerns the whole file).
+    line: int
+    #: 1-based column of the offending token (0 when the problem concerns the whole file).
+    column: int
+    severity: Severity
+    message: str
+    #: Name of the rule (or ``pools.NAME``, ``rebalance``) the problem is in, if any.
+    rule: str | None = None
+    #: A short stable identifier of the kind of problem, e.g. ``"yaml"``, ``"schema"``,
+    #: ``"unknown-attribute"``, ``"shadowed-rule"``.
+    code: str = "error"
+    #: Column just past the offending token, when it is known and on the same line;
+    #: the text reporter underlines from ``column`` up to it.
+    end_column: int | None = None
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == "error"
+
+    def location(self) -> str:
+        if self.line <= 0:
+            return self.file
+        return f"{self.file}:{self.line}:{self.column}"
+
+    def __str__(self) -> str:
+        where = f" (in {_context(self.rule)})" if self.rule else ""
+        return f"{self.location()}: {self.severity}: {self.message}{where}"
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _context(rule: str) -> str:
+    """``rule 'precious'`` for a rule, ``pool 'gpu'`` for a pool, else the section."""
+    if rule.startswith("pools."):
+        return f"pool '{rule[len('pools.') :]}'"
+    if rule in ("rebalance", "pools", "rules", "version", "reduce-replicas"):
+        return f"section '{rule}'"
+    return f"rule '{rule}'"
+
+
+def sort_key(diag: Diagnostic) -> tuple[str, int, int, str]:
+    return (diag.file, diag.line, diag.column, diag.message)
+
+
+class RulesError(ValueError):
+    """A rules file (or inline rules mapping) that cannot be used.
+
+    ``str(error)`` lists every error, one ``path:line:column: error: message`` per line,
+    exactly as ``amm-rules validate`` prints them.
+    """
+
+    def __init__(self, diagnostics: Iterable[Diagnostic]):
+        self.diagnostics: list[Diagnostic] = sorted(diagnostics, key=sort_key)
+        errors = [d for d in self.diagnostics if d.is_error] or self.diagnostics
+        super().__init__("\n".join(str(d) for d in errors))
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.is_error]

@@ -1,0 +1,249 @@
+"""The attributes an expression can read, their value types, and their lookup.
+
+This registry is the single description of ``task.*`` (a rule's ``match``) and
+``worker.*`` (a pool): :mod:`amm_rules.language.expr.checker` resolves attribute nodes here,
+:mod:`amm_rules.language.expr.compiler` builds getters from the result, and the attribute
+tables in ``docs/expressions.md`` describe the same entries. The root names are those
+of :data:`amm_rules.language.ruleset.TASK_ATTRIBUTES` and :data:`~amm_rules.language.ruleset.WORKER_ATTRIBUTES`,
+i.e. the fields of :class:`~amm_rules.language.ruleset.TaskFacts` and
+:class:`~amm_rules.language.ruleset.WorkerFacts`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from amm_rules.language.expr.ast import Attribute, Span
+from amm_rules.language.expr.errors import BAD_LITERAL, UNKNOWN_ATTRIBUTE, WRONG_CONTEXT, Problem
+from amm_rules.language.spelling import closest
+
+Context = Literal["task", "worker"]
+CONTEXTS: tuple[Context, ...] = ("task", "worker")
+
+
+class ValueType(enum.Enum):
+    """The static type of a value. The value is the phrase used in messages."""
+
+    STRING = "a string"
+    COUNT = "a count"
+    SIZE = "a size in bytes"
+    FRACTION = "a fraction between 0 and 1"
+    #: A plain numeric literal, or a worker resource: fits any numeric type.
+    NUMBER = "a number"
+    BOOL = "true or false"
+    LIST = "a list"
+    #: An annotation: its type is only known at run time.
+    ANY = "a value of any type"
+    #: Something that already produced a problem; never reported again.
+    ERROR = "an invalid value"
+
+
+NUMERIC: frozenset[ValueType] = frozenset(
+    {ValueType.COUNT, ValueType.SIZE, ValueType.FRACTION, ValueType.NUMBER}
+)
+
+#: How to write a value that fits each type: the end of a type-mismatch message.
+HINTS: dict[ValueType, str] = {
+    ValueType.STRING: "compare it with a quoted string such as 'x'",
+    ValueType.COUNT: "compare it with a whole number such as 2",
+    ValueType.SIZE: "compare it with a size such as 512 MiB",
+    ValueType.FRACTION: "compare it with a percentage such as 30% or a number such as 0.3",
+    ValueType.NUMBER: "compare it with a number such as 1",
+    ValueType.BOOL: "compare it with true or false",
+}
+
+
+@dataclass(frozen=True)
+class AttributeSpec:
+    """One attribute: ``task.nbytes``, or a keyed family like ``worker.resources.NAME``."""
+
+    context: Context
+    #: The root: a field of the facts object (``"nbytes"``, ``"resources"``).
+    name: str
+    type: ValueType
+    #: What it is, for the documentation.
+    description: str
+    #: True for ``annotations`` and ``resources``: a mapping read by ``.NAME``.
+    keyed: bool = False
+    #: The value of a missing key of a keyed attribute.
+    default: Any = None
+
+    @property
+    def display(self) -> str:
+        return f"{self.context}.{self.name}" + (".NAME" if self.keyed else "")
+
+
+_T = ValueType
+ATTRIBUTES: dict[Context, dict[str, AttributeSpec]] = {
+    "task": {
+        spec.name: spec
+        for spec in (
+            AttributeSpec("task", "key", _T.STRING, "the key, as a string"),
+            AttributeSpec("task", "prefix", _T.STRING, "the key prefix, e.g. 'read_parquet'"),
+            AttributeSpec("task", "group", _T.STRING, "the task group name"),
+            AttributeSpec(
+                "task",
+                "type",
+                _T.STRING,
+                "fully qualified type name of the result, e.g. 'pandas.core.frame.DataFrame';"
+                " null while unknown",
+            ),
+            AttributeSpec("task", "nbytes", _T.SIZE, "size of the result"),
+            AttributeSpec("task", "replicas", _T.COUNT, "how many workers hold the result"),
+            AttributeSpec(
+                "task",
+                "annotations",
+                _T.ANY,
+                "the annotation NAME; null if not set",
+                keyed=True,
+                default=None,
+            ),
+        )
+    },
+    "worker": {
+        spec.name: spec
+        for spec in (
+            AttributeSpec(
+                "worker", "address", _T.STRING, "the address, e.g. 'tcp://10.0.0.1:4567'"
+            ),
+            AttributeSpec("worker", "name", _T.STRING, "the worker's name, as a string"),
+            AttributeSpec("worker", "host", _T.STRING, "the host part of the address"),
+            AttributeSpec(
+                "worker",
+                "resources",
+                _T.NUMBER,
+                "the amount of resource NAME; 0 if not set",
+                keyed=True,
+                default=0,
+            ),
+            AttributeSpec("worker", "memory_limit", _T.SIZE, "the memory limit"),
+            AttributeSpec("worker", "nthreads", _T.COUNT, "number of threads"),
+            AttributeSpec("worker", "memory", _T.SIZE, "memory in use, by the configured measure"),
+            AttributeSpec(
+                "worker",
+                "memory_fraction",
+                _T.FRACTION,
+                "memory in use, as a fraction of the limit",
+            ),
+        )
+    },
+}
+
+_WHERE = {"task": "a rule's match", "worker": "a pool"}
+_OTHER: dict[Context, Context] = {"task": "worker", "worker": "task"}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """An attribute node resolved against the registry: ``spec`` plus, for a keyed
+    attribute, the ``key`` (``"GPU"`` in ``worker.resources.GPU``)."""
+
+    spec: AttributeSpec
+    key: str | None = None
+
+
+def resolve(node: Attribute, context: Context) -> Resolved | Problem:
+    """Look ``node`` up for ``context``; a :class:`Problem` says why it is not valid."""
+    root, rest = node.parts[0], node.parts[1:]
+    if root not in CONTEXTS:
+        return _unknown_root(node, context)
+    if root != context:
+        where, other = _WHERE[context], _OTHER[context]
+        return _problem(
+            node.span,
+            WRONG_CONTEXT,
+            f"{root} attributes cannot be used in {where}; {where} selects "
+            f"{'keys' if context == 'task' else 'workers'} by {context}.* attributes"
+            f" ({root}.* belongs in {_WHERE[other]})",
+        )
+    names = ATTRIBUTES[context]
+    if not rest:
+        return _problem(
+            node.span,
+            UNKNOWN_ATTRIBUTE,
+            f"'{root}' needs an attribute, e.g. {root}.{next(iter(names))}; "
+            f"{root} attributes are {_listing(context)}",
+        )
+    spec = names.get(rest[0])
+    if spec is None:
+        hint = closest(rest[0], names, ignore_case=True)
+        detail = (
+            f"did you mean '{root}.{hint}'?"
+            if hint
+            else f"{root} attributes are {_listing(context)}"
+        )
+        return _problem(
+            node.part_spans[1], UNKNOWN_ATTRIBUTE, f"{root} has no attribute {rest[0]!r}; {detail}"
+        )
+    if spec.keyed:
+        if len(rest) == 1:
+            return _problem(
+                node.span,
+                UNKNOWN_ATTRIBUTE,
+                f"{root}.{spec.name} needs a name, e.g. {root}.{spec.name}."
+                f"{'GPU' if spec.name == 'resources' else 'priority'}",
+            )
+        if len(rest) > 2:
+            return _problem(
+                node.part_spans[3].to(node.span),
+                UNKNOWN_ATTRIBUTE,
+                f"{root}.{spec.name}.NAME takes exactly one name; "
+                f'use {root}.{spec.name}["..."] for a name containing dots',
+            )
+        return Resolved(spec, rest[1])
+    if len(rest) > 1:
+        return _problem(
+            node.part_spans[2].to(node.span),
+            UNKNOWN_ATTRIBUTE,
+            f"{root}.{spec.name} has no attributes ({root}.{spec.name} is {spec.type.value})",
+        )
+    return Resolved(spec)
+
+
+def _unknown_root(node: Attribute, context: Context) -> Problem:
+    root = node.parts[0]
+    span = node.part_spans[0]
+    if len(node.parts) == 1:
+        # A bare word: a forgotten prefix, a forgotten quote, or a literal from
+        # another language.
+        if root in ATTRIBUTES[context]:
+            return _problem(
+                span, UNKNOWN_ATTRIBUTE, f"unknown name {root!r}; did you mean '{context}.{root}'?"
+            )
+        if root in ("null", "None", "nil", "none", "NULL"):
+            return _problem(
+                span,
+                BAD_LITERAL,
+                f"there is no {root!r}: any comparison with a missing value is false; "
+                f"test for a value with the attribute alone, e.g. 'not {context}."
+                f"{'annotations.NAME' if context == 'task' else 'resources.NAME'}'",
+            )
+        if root in ("True", "False", "TRUE", "FALSE"):
+            return _problem(
+                span, UNKNOWN_ATTRIBUTE, f"unknown name {root!r}; did you mean {root.lower()!r}?"
+            )
+        hint = closest(root, ("task", "worker"), ignore_case=True)
+        if hint:
+            return _problem(
+                span, UNKNOWN_ATTRIBUTE, f"unknown name {root!r}; did you mean {hint!r}?"
+            )
+        return _problem(
+            span,
+            UNKNOWN_ATTRIBUTE,
+            f"unknown name {root!r}; attributes start with '{context}.', and a string needs "
+            f'quotes: "{root}"',
+        )
+    hint = closest(root, CONTEXTS, ignore_case=True)
+    detail = f"did you mean {hint!r}?" if hint else f"attributes start with '{context}.'"
+    return _problem(span, UNKNOWN_ATTRIBUTE, f"unknown name {root!r}; {detail}")
+
+
+def _listing(context: Context) -> str:
+    return ", ".join(spec.name for spec in ATTRIBUTES[context].values())
+
+
+def _problem(span: Span, code: str, message: str) -> Problem:
+    end = span.end_column if span.end_line == span.line else None
+    return Problem(message, span.line, span.column, code, end)

@@ -1,0 +1,256 @@
+"""Static checks of an AST: attribute names, context, types and literal patterns.
+
+Runs after :mod:`amm_rules.language.expr.parser` and before :mod:`amm_rules.language.expr.compiler`.
+It walks the whole tree and collects every problem (one bad operand does not hide
+another), then hands the compiler what it learnt: the type of every node, the
+registry entry of every attribute (:mod:`amm_rules.language.expr.attributes`) and the
+precompiled matcher of every literal glob pattern (:mod:`amm_rules.language.expr.glob`).
+
+The typing rules, in short: numbers fit any numeric type, but sizes, counts and
+fractions do not fit each other; strings fit strings; ``true``/``false`` fit each
+other and cannot be ordered; annotations (type *any*) fit everything and are checked
+at run time; lists appear only on the right of ``in``/``not in``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from amm_rules.language.expr import ast
+from amm_rules.language.expr.attributes import (
+    HINTS,
+    NUMERIC,
+    Context,
+    Resolved,
+    ValueType,
+    resolve,
+)
+from amm_rules.language.expr.errors import BAD_LITERAL, TYPE_MISMATCH, Problem
+from amm_rules.language.expr.glob import GlobError, Matcher, compile_glob
+
+_LITERAL_TYPES = {
+    "string": ValueType.STRING,
+    "number": ValueType.NUMBER,
+    "size": ValueType.SIZE,
+    "fraction": ValueType.FRACTION,
+    "bool": ValueType.BOOL,
+    "invalid": ValueType.ERROR,
+}
+_ORDERING = frozenset({"<", "<=", ">", ">="})
+
+
+@dataclass
+class Checked:
+    """What the checker learnt, keyed by ``id()`` of the AST nodes (the tree is alive
+    for as long as this is used)."""
+
+    types: dict[int, ValueType] = field(default_factory=dict)
+    attributes: dict[int, Resolved] = field(default_factory=dict)
+    patterns: dict[int, Matcher] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+
+def check(root: ast.Node, context: Context) -> Checked:
+    """Check ``root`` as a condition in ``context``; problems are in the result."""
+    checker = _Checker(context)
+    checker.condition(root)
+    return checker.result
+
+
+def fits(a: ValueType, b: ValueType) -> bool:
+    """Can values of types ``a`` and ``b`` be compared with ``==``?"""
+    if ValueType.LIST in (a, b):
+        return False
+    if a is b or ValueType.ANY in (a, b):
+        return True
+    return a in NUMERIC and b in NUMERIC and ValueType.NUMBER in (a, b)
+
+
+class _Checker:
+    def __init__(self, context: Context):
+        self.context = context
+        self.result = Checked()
+
+    # -- conditions and values -------------------------------------------------------
+
+    def condition(self, node: ast.Node) -> None:
+        """``node`` is used as true/false: an operand of and/or/not, or the whole."""
+        if isinstance(node, ast.Attribute):
+            # Any attribute may stand alone: it is tested for truth (0, "" and null
+            # are false), as in 'not worker.resources.GPU'.
+            self.value(node)
+            return
+        if isinstance(node, (ast.Literal, ast.ListLiteral)):
+            kind = self.value(node)
+            if kind not in (ValueType.BOOL, ValueType.ERROR):
+                self._not_a_condition(node, kind)
+            return
+        if isinstance(node, (ast.And, ast.Or)):
+            for operand in node.operands:
+                self.condition(operand)
+        elif isinstance(node, ast.Not):
+            self.condition(node.operand)
+        else:
+            self.compare(node)
+        self.result.types[id(node)] = ValueType.BOOL
+
+    def value(self, node: ast.Node) -> ValueType:
+        """The type of ``node`` used as an operand of a comparison."""
+        if isinstance(node, ast.Attribute):
+            resolved = resolve(node, self.context)
+            if isinstance(resolved, Problem):
+                self.result.problems.append(resolved)
+                kind = ValueType.ERROR
+            else:
+                self.result.attributes[id(node)] = resolved
+                kind = resolved.spec.type
+        elif isinstance(node, ast.Literal):
+            kind = _LITERAL_TYPES[node.kind]
+        elif isinstance(node, ast.ListLiteral):
+            for item in node.items:
+                self.result.types[id(item)] = _LITERAL_TYPES[item.kind]
+            kind = ValueType.LIST
+        else:
+            self.condition(node)
+            kind = ValueType.BOOL
+        self.result.types[id(node)] = kind
+        return kind
+
+    # -- comparisons -----------------------------------------------------------------
+
+    def compare(self, node: ast.Compare) -> None:
+        left = self.value(node.left)
+        right = self.value(node.right)
+        if ValueType.ERROR in (left, right):
+            return
+        if node.op in ("in", "not in"):
+            self._membership(node, left, right)
+        elif node.op == "matches":
+            self._matches(node, left, right)
+        else:
+            self._comparison(node, left, right)
+
+    def _comparison(self, node: ast.Compare, left: ValueType, right: ValueType) -> None:
+        for side, kind in ((node.left, left), (node.right, right)):
+            if kind is ValueType.LIST:
+                self._problem(side, f"a list can only follow 'in' or 'not in', not {node.op!r}")
+                return
+        if node.op in _ORDERING:
+            for side, kind in ((node.left, left), (node.right, right)):
+                if kind is ValueType.BOOL:
+                    self._problem(
+                        side, f"true and false cannot be ordered with {node.op!r}; use == or !="
+                    )
+                    return
+        if not fits(left, right):
+            self._mismatch(node.left, left, node.right, right)
+
+    def _membership(self, node: ast.Compare, left: ValueType, right: ValueType) -> None:
+        if left is ValueType.LIST:
+            self._problem(
+                node.left, f"a list cannot be looked up with {node.op!r}; only single values"
+            )
+            return
+        if isinstance(node.right, ast.ListLiteral):
+            for item in node.right.items:
+                kind = _LITERAL_TYPES[item.kind]
+                if kind is not ValueType.ERROR and not fits(left, kind):
+                    self._mismatch(node.left, left, item, kind)
+                    return
+            return
+        if right is not ValueType.ANY:
+            hint = (
+                "; to look for a part of a string, use matches with a pattern such as '*part*'"
+                if right is ValueType.STRING
+                else ""
+            )
+            self._problem(
+                node.right,
+                f"{node.op!r} needs a list on its right, such as ['a', 'b'], but "
+                f"{_describe(node.right)} is {right.value}{hint}",
+            )
+
+    def _matches(self, node: ast.Compare, left: ValueType, right: ValueType) -> None:
+        ok = (ValueType.STRING, ValueType.ANY)
+        if left not in ok:
+            self._problem(
+                node.left,
+                f"'matches' compares a string with a glob pattern, but {_describe(node.left)} "
+                f"is {left.value}",
+            )
+        if right not in ok:
+            self._problem(
+                node.right,
+                f"'matches' needs a glob pattern (a string such as 'x-*') on its right, but "
+                f"{_describe(node.right)} is {right.value}",
+            )
+            return
+        pattern = node.right
+        if isinstance(pattern, ast.Literal) and isinstance(pattern.value, str):
+            try:
+                self.result.patterns[id(pattern)] = compile_glob(pattern.value)
+            except GlobError as error:
+                span = pattern.span
+                column = span.column
+                end = span.end_column if span.end_line == span.line else None
+                if "\\" not in pattern.text:
+                    # Without escapes, character i of the pattern is column + 1 + i.
+                    column = span.column + 1 + error.offset
+                    end = column + 1
+                self.result.problems.append(
+                    Problem(f"bad pattern: {error.message}", span.line, column, BAD_LITERAL, end)
+                )
+
+    # -- messages --------------------------------------------------------------------
+
+    def _mismatch(
+        self, left: ast.Node, left_type: ValueType, right: ast.Node, right_type: ValueType
+    ) -> None:
+        """Report two operands that do not fit, at the one most likely wrong: the
+        literal next to an attribute, else the right-hand side."""
+        if _is_literal(left) and not _is_literal(right):
+            known, known_type, culprit, culprit_type = right, right_type, left, left_type
+        else:
+            known, known_type, culprit, culprit_type = left, left_type, right, right_type
+        hint = HINTS.get(known_type)
+        if isinstance(known, ast.Attribute) and hint:
+            message = (
+                f"{known.name} is {known_type.value}; {hint} "
+                f"({_describe(culprit)} is {culprit_type.value})"
+            )
+        else:
+            message = (
+                f"cannot compare {_describe(known)} ({known_type.value}) with "
+                f"{_describe(culprit)} ({culprit_type.value})"
+            )
+        self._problem(culprit, message)
+
+    def _not_a_condition(self, node: ast.Node, kind: ValueType) -> None:
+        example = ""
+        if isinstance(node, ast.Literal) and kind is ValueType.STRING:
+            name = "prefix" if self.context == "task" else "name"
+            example = f", e.g. {self.context}.{name} == {node.text}"
+        self._problem(
+            node,
+            f"{_describe(node)} is {kind.value}, not a condition; compare an attribute "
+            f"with it{example}",
+        )
+
+    def _problem(self, node: ast.Node, message: str) -> None:
+        span = node.span
+        end = span.end_column if span.end_line == span.line else None
+        self.result.problems.append(Problem(message, span.line, span.column, TYPE_MISMATCH, end))
+
+
+def _is_literal(node: ast.Node) -> bool:
+    return isinstance(node, (ast.Literal, ast.ListLiteral))
+
+
+def _describe(node: ast.Node) -> str:
+    if isinstance(node, ast.Attribute):
+        return node.name
+    if isinstance(node, ast.Literal):
+        return node.text
+    if isinstance(node, ast.ListLiteral):
+        return "the list"
+    return "the condition"

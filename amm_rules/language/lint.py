@@ -1,0 +1,161 @@
+"""Warnings: what is legal in a rules file but almost certainly not what was meant.
+
+Each check reads the :class:`~amm_rules.language.build.Draft` (compiled entries and the
+constants their expressions fold to) and reports through a
+:class:`~amm_rules.language.locator.Locator` with ``severity="warning"``. What is detected,
+exactly (docs/rules.md lists the same):
+
+``shadowed-rule``
+    Every action field the rule sets is also set by an earlier rule whose match is
+    always true, or whose match is the same text (ignoring spaces outside quotes).
+    Such an earlier rule decides the field first for every key the later one matches.
+``never-matches``
+    The rule's match is always false.
+``pool-avoid-conflict``
+    A pool is named both in the rule's ``pool`` and its ``avoid``.
+``unsatisfiable-target``
+    The rule's own ``pool``/``avoid`` leave no worker that could hold its keys: every
+    pool in ``pool`` is also avoided, or every pool in ``pool`` has an always-false
+    expression, or a pool in ``avoid`` has an always-true expression.
+``inverted-thresholds``
+    In ``rebalance``, thresholds under which nothing can ever move: ``recipient-max``
+    is 0% (no worker is ever below it, so none receives); or ``sender-min`` is 100%
+    with a measure that Dask's workers never let reach the memory limit (every measure
+    but ``managed_total``, which counts bytes spilled to disk). The gap is measured
+    around the cluster mean and the thresholds are absolute floors and ceilings, so
+    ``recipient-max`` below ``sender-min`` (only the fullest send, only the emptiest
+    receive) and any gap up to 100% can work, and are not reported.
+"""
+
+from __future__ import annotations
+
+import re
+
+from amm_rules.language.build import Draft, RuleDraft
+from amm_rules.language.fields import format_fraction
+from amm_rules.language.locator import Locator
+from amm_rules.language.ruleset import MEASURES_WITH_SPILLED
+
+_STRING_OR_SPACE = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|\s+")
+
+
+def normalize(expression: str) -> str:
+    """The expression with runs of whitespace outside string literals removed."""
+    return _STRING_OR_SPACE.sub(lambda m: "" if m.group().isspace() else m.group(), expression)
+
+
+def lint(draft: Draft, where: Locator) -> None:
+    _shadowed(draft.rules, where)
+    for rule in draft.rules:
+        _pool_avoid(rule, draft, where)
+    _thresholds(draft, where)
+
+
+def _shadowed(rules: list[RuleDraft], where: Locator) -> None:
+    # For each field: the first rule that sets it and always matches; and for each
+    # (match text, field): the first rule that sets it with that match. One pass, so
+    # that files with many rules stay linear.
+    always: dict[str, RuleDraft] = {}
+    same: dict[tuple[str, str], RuleDraft] = {}
+    for rule in rules:
+        path = ("rules", rule.index)
+        fields = rule.actions.set_fields()
+        if rule.constant is False:
+            where.add(
+                (*path, "match"),
+                f"rule '{rule.name}' never matches: its match is always false",
+                "never-matches",
+                severity="warning",
+            )
+            continue
+        text = normalize(rule.match_source)
+        shadows = []
+        for name in fields:
+            candidates = [r for r in (always.get(name), same.get((text, name))) if r]
+            if not candidates:
+                break
+            earlier = min(candidates, key=lambda r: r.index)
+            why = "always matches" if earlier.constant is True else "has the same match"
+            shadows.append(f"{name} by rule '{earlier.name}' (which {why})")
+        else:
+            if shadows:
+                where.add(
+                    (*path, "name"),
+                    f"rule '{rule.name}' can never decide anything: earlier rules always "
+                    f"decide first: {'; '.join(shadows)}",
+                    "shadowed-rule",
+                    severity="warning",
+                )
+        for name in fields:
+            if rule.constant is True:
+                always.setdefault(name, rule)
+            same.setdefault((text, name), rule)
+
+
+def _pool_avoid(rule: RuleDraft, draft: Draft, where: Locator) -> None:
+    path = ("rules", rule.index)
+    pool = rule.actions.pool or ()
+    avoid = rule.actions.avoid or ()
+    both = [p for p in pool if p in avoid]
+    if both:
+        names = ", ".join(f"'{p}'" for p in both)
+        where.add(
+            (*path, "avoid"),
+            f"avoid: {names} also named in 'pool'; avoid wins, so those workers are never used",
+            "pool-avoid-conflict",
+            severity="warning",
+        )
+    reason = None
+    if pool and all(p in avoid for p in pool):
+        reason = "every pool in 'pool' is also in 'avoid'"
+    elif pool and all(draft.pools.get(p) is False for p in pool):
+        reason = "every pool in 'pool' has an expression that is always false"
+    else:
+        everything = [p for p in avoid if draft.pools.get(p) is True]
+        if everything:
+            reason = f"pool '{everything[0]}' in 'avoid' has an expression that is always true"
+    if reason:
+        at = "pool" if pool else "avoid"
+        where.add(
+            (*path, at),
+            f"no worker could hold this rule's keys: {reason}",
+            "unsatisfiable-target",
+            severity="warning",
+        )
+
+
+def _thresholds(draft: Draft, where: Locator) -> None:
+    # Only settings under which no key can ever move are reported. Senders and
+    # recipients are chosen by their distance from the cluster mean (gap / 2 either
+    # side); sender-min is a floor below which a worker never sends and recipient-max a
+    # ceiling above which it never receives. Neither bounds the other: with
+    # recipient-max below sender-min the fullest workers still send to the emptiest.
+    # A gap of 100% still lets a worker at 80% send while the mean is below 30%.
+    settings = draft.rebalance
+    if settings is None:
+        return
+    given = draft.rebalance_fields
+    pct = format_fraction
+
+    def at(name: str) -> tuple[str, ...]:
+        """The field if it is written in the file, else the section itself."""
+        return ("rebalance", name) if name in given else ("rebalance",)
+
+    if settings.recipient_max <= 0:
+        where.add(
+            at("recipient-max"),
+            f"recipient-max is {pct(settings.recipient_max)}: no worker is ever below it, "
+            "so no worker receives and nothing is rebalanced",
+            "inverted-thresholds",
+            severity="warning",
+        )
+    if settings.sender_min >= 1 and settings.measure not in MEASURES_WITH_SPILLED:
+        where.add(
+            at("sender-min"),
+            f"sender-min is {pct(settings.sender_min)}: by measure '{settings.measure}' a "
+            "worker would send only once it holds its whole memory limit, which Dask's "
+            "workers do not reach (they pause at 80% and restart at 95%), so nothing is "
+            "rebalanced; only 'managed_total', which counts spilled bytes, goes past it",
+            "inverted-thresholds",
+            severity="warning",
+        )

@@ -1,0 +1,233 @@
+"""Reading rules: from a file, YAML text or an inline mapping to a checked Ruleset.
+
+The pipeline, each step in its own module:
+
+1. :mod:`amm_rules.language.yaml_source`: bytes → positioned plain data (safety limits, YAML
+   syntax, tags, duplicate keys);
+2. :mod:`amm_rules.language.schema_check`: structure, against :mod:`amm_rules.language.schema`;
+3. :mod:`amm_rules.language.build`: meaning (expressions, names, units) → :class:`Ruleset`;
+4. :mod:`amm_rules.language.lint`: warnings.
+
+Every step reports through one :class:`~amm_rules.language.locator.Locator`, so every problem
+of a file is collected, not just the first. :func:`load_ruleset` is the strict entry
+point used by the scheduler half; the ``check_*`` functions return all diagnostics
+(warnings included) for ``amm-rules validate`` and other tools.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from amm_rules.language.diagnostics import Diagnostic, RulesError, sort_key
+from amm_rules.language.ruleset import Ruleset
+
+logger = logging.getLogger("amm_rules")
+
+#: Name used for rules that do not come from a file.
+INLINE = "<rules>"
+
+
+@dataclass
+class CheckResult:
+    """Everything known about one checked rules source."""
+
+    file: str
+    ruleset: Ruleset | None
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    #: The decoded text, when there was one (reporters show source lines from it).
+    text: str | None = None
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.is_error]
+
+
+def load_ruleset(source: Any, *, filename: str | None = None) -> Ruleset:
+    """A :class:`Ruleset` from a path or an inline mapping (dask config ``rules:``).
+
+    Raises :class:`RulesError` listing every error. Warnings are logged.
+    """
+    if isinstance(source, Ruleset):
+        return source
+    if isinstance(source, Mapping):
+        result = check_mapping_result(source, filename or INLINE)
+    elif isinstance(source, (str, os.PathLike)):
+        result = check_path(source, display=filename)
+    else:
+        raise TypeError(f"rules must be a path or a mapping, got {type(source).__name__}")
+    if result.ruleset is None:
+        raise RulesError(result.diagnostics)
+    for diag in result.diagnostics:
+        logger.warning("%s", diag)
+    return result.ruleset
+
+
+def check_file(path: str | os.PathLike[str]) -> tuple[Ruleset | None, list[Diagnostic]]:
+    result = check_path(path)
+    return result.ruleset, result.diagnostics
+
+
+def check_text(
+    text: str | bytes, filename: str = INLINE
+) -> tuple[Ruleset | None, list[Diagnostic]]:
+    result = check_source(text, filename)
+    return result.ruleset, result.diagnostics
+
+
+def check_mapping(mapping: Any, filename: str = INLINE) -> tuple[Ruleset | None, list[Diagnostic]]:
+    result = check_mapping_result(mapping, filename)
+    return result.ruleset, result.diagnostics
+
+
+# -- the three sources --------------------------------------------------------------
+
+
+def check_path(path: str | os.PathLike[str], display: str | None = None) -> CheckResult:
+    """Read and check a file; problems reading it are diagnostics about the file."""
+    from amm_rules.language.yaml_source import MAX_BYTES
+
+    name = display or os.fspath(path)
+    try:
+        if os.path.isdir(path):
+            return _file_problem(name, "is a directory, not a rules file", "unreadable")
+        # Non-blocking: opening a named pipe for reading would otherwise wait for a
+        # writer, forever, on the scheduler's event loop (at start or at a reload).
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return _file_problem(
+                    name,
+                    "is not a regular file (a pipe, socket or device); "
+                    "rules files are regular files",
+                    "unreadable",
+                )
+            with open(fd, "rb", closefd=False) as f:
+                raw = f.read(MAX_BYTES + 1)  # enough to know the file is too large
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        return _file_problem(name, "no such file", "unreadable")
+    except PermissionError:
+        return _file_problem(name, "cannot read the file: permission denied", "unreadable")
+    except OSError as exc:
+        return _file_problem(name, f"cannot read the file: {exc.strerror or exc}", "unreadable")
+    return check_source(raw, name)
+
+
+def check_source(content: str | bytes, filename: str = INLINE) -> CheckResult:
+    """Check YAML text (or its bytes)."""
+    try:
+        return _guarded_source(content, filename)
+    except Exception as exc:  # a bug must still come out as a diagnostic, not a traceback
+        return _internal(filename, exc)
+
+
+def check_mapping_result(mapping: Any, filename: str = INLINE) -> CheckResult:
+    """Check an inline mapping (no positions: line and column are 0)."""
+    from amm_rules.language.locator import Locator
+
+    try:
+        where = Locator(filename, None)
+        data = _plain(mapping, (), where)
+        where.data = data
+        return _check_data(data, where, filename, text=None)
+    except Exception as exc:
+        return _internal(filename, exc)
+
+
+# -- internals ----------------------------------------------------------------------
+
+
+def _guarded_source(content: str | bytes, filename: str) -> CheckResult:
+    from amm_rules.language.locator import Locator
+    from amm_rules.language.yaml_source import decode, read_yaml
+
+    if isinstance(content, bytes):
+        text, problems = decode(content)
+        if text is None:
+            return CheckResult(filename, None, [_diag(filename, p) for p in problems])
+    else:
+        text = content.removeprefix("\ufeff")
+    source, problems = read_yaml(text)
+    diagnostics = [_diag(filename, p) for p in problems]
+    if source is None:
+        return CheckResult(filename, None, diagnostics, text)
+    where = Locator(filename, source.data, source)
+    where.diagnostics.extend(diagnostics)
+    return _check_data(source.data, where, filename, text)
+
+
+def _check_data(data: Any, where: Any, filename: str, text: str | None) -> CheckResult:
+    from amm_rules.language.build import build
+    from amm_rules.language.lint import lint
+    from amm_rules.language.schema_check import describe, schema_problems
+
+    if data is None and not where.diagnostics:
+        where.add((), "the rules file is empty; it needs at least 'version: 1'", "empty")
+    elif not isinstance(data, dict):
+        if not where.has_errors:
+            where.add(
+                (),
+                "a rules file is a mapping with 'version', 'pools', 'rules', "
+                f"'rebalance' and 'reduce-replicas'; got {describe(data)}",
+                "wrong-type",
+            )
+    else:
+        where.add_schema(schema_problems(data))
+        ruleset, draft = build(data, where, filename)
+        lint(draft, where)
+        if where.has_errors:
+            ruleset = None
+        return CheckResult(filename, ruleset, sorted(where.diagnostics, key=sort_key), text)
+    return CheckResult(filename, None, sorted(where.diagnostics, key=sort_key), text)
+
+
+def _plain(value: Any, path: tuple[Any, ...], where: Any, depth: int = 0) -> Any:
+    """Copy an inline mapping into YAML-like plain data, reporting what is not."""
+    from amm_rules.language.yaml_source import MAX_DEPTH
+
+    if depth > MAX_DEPTH:
+        where.add(path, f"nesting deeper than {MAX_DEPTH} levels", "too-deep")
+        return None
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                where.add(path, f"keys must be strings, got {key!r}", "wrong-type")
+                continue
+            out[key] = _plain(item, (*path, key), where, depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(item, (*path, i), where, depth + 1) for i, item in enumerate(value)]
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    where.add(
+        path,
+        f"{type(value).__name__} is not plain data (use strings, numbers, "
+        "booleans, lists and mappings)",
+        "wrong-type",
+    )
+    return None
+
+
+def _diag(filename: str, problem: Any) -> Diagnostic:
+    return Diagnostic(
+        filename, problem.line, problem.column, "error", problem.message, None, problem.code
+    )
+
+
+def _file_problem(name: str, message: str, code: str) -> CheckResult:
+    return CheckResult(name, None, [Diagnostic(name, 0, 0, "error", message, None, code)])
+
+
+def _internal(name: str, exc: Exception) -> CheckResult:
+    logger.debug("internal error while checking %s", name, exc_info=True)
+    message = (
+        f"internal error while checking this file ({type(exc).__name__}: {exc}); please report it"
+    )
+    return CheckResult(name, None, [Diagnostic(name, 0, 0, "error", message, None, "internal")])

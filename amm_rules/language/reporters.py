@@ -1,0 +1,98 @@
+"""Reporters: diagnostics → text, JSON or GitHub workflow commands.
+
+Reporters only format; they never decide what is a problem. Each takes the
+:class:`~amm_rules.language.loader.CheckResult` of every file, in the order the files were
+named, and returns the whole report as a string.
+
+- ``text``: ``path:line:column: severity: message (in rule 'NAME')``, then the source
+  line and a caret under the column, and a summary line at the end;
+- ``json``: a list of objects with ``file, line, column, severity, message, rule, code``;
+- ``github``: ``::error file=...,line=...,col=...::message`` lines, which GitHub Actions
+  turns into annotations on the pull request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+
+from amm_rules.language.diagnostics import Diagnostic, sort_key
+from amm_rules.language.loader import CheckResult
+
+
+def _sorted(results: Sequence[CheckResult]) -> list[tuple[CheckResult, list[Diagnostic]]]:
+    return [(r, sorted(r.diagnostics, key=sort_key)) for r in results]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def summary(results: Sequence[CheckResult]) -> str:
+    """``"2 files checked: 1 error, 1 warning"``."""
+    errors = sum(d.is_error for r in results for d in r.diagnostics)
+    warnings = sum(not d.is_error for r in results for d in r.diagnostics)
+    counts = [_plural(errors, "error")] if errors else []
+    if warnings:
+        counts.append(_plural(warnings, "warning"))
+    return f"{_plural(len(results), 'file')} checked: {', '.join(counts) or 'no problems'}"
+
+
+def format_text(results: Sequence[CheckResult]) -> str:
+    from amm_rules.language.yaml_source import split_lines
+
+    out: list[str] = []
+    for result, diagnostics in _sorted(results):
+        lines = split_lines(result.text) if result.text is not None else []
+        for diag in diagnostics:
+            out.append(str(diag))
+            if 0 < diag.line <= len(lines):
+                source = lines[diag.line - 1]
+                out.append(f"  {source}")
+                # Keep tabs so the caret lines up under tab-indented text.
+                prefix = "".join(
+                    c if c == "\t" else " " for c in source[: max(diag.column - 1, 0)]
+                )
+                width = (diag.end_column or diag.column + 1) - diag.column
+                out.append(f"  {prefix}^{'~' * max(width - 1, 0)}")
+    out.append(summary(results))
+    return "\n".join(out) + "\n"
+
+
+def format_json(results: Sequence[CheckResult]) -> str:
+    items = [d.to_dict() for _, diagnostics in _sorted(results) for d in diagnostics]
+    return json.dumps(items, indent=2) + "\n"
+
+
+#: Characters other than CR and LF that end a line for a reader splitting lines the
+#: Unicode way; an annotation must stay on one line, so they are written as escapes.
+_OTHER_LINE_ENDS = {c: f"\\u{ord(c):04x}" for c in "\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def _escape_data(text: str) -> str:
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.translate(str.maketrans(_OTHER_LINE_ENDS))
+
+
+def _escape_property(text: str) -> str:
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def format_github(results: Sequence[CheckResult]) -> str:
+    out = []
+    for _, diagnostics in _sorted(results):
+        for d in diagnostics:
+            props = [f"file={_escape_property(d.file)}"]
+            if d.line > 0:
+                props += [f"line={d.line}", f"col={d.column}"]
+            props.append(f"title={_escape_property('amm-rules ' + d.code)}")
+            message = str(d)[len(d.location()) + len(": ") + len(d.severity) + len(": ") :]
+            out.append(f"::{d.severity} {','.join(props)}::{_escape_data(message)}")
+    return "".join(line + "\n" for line in out)
+
+
+REPORTERS: dict[str, Callable[[Sequence[CheckResult]], str]] = {
+    "text": format_text,
+    "json": format_json,
+    "github": format_github,
+}

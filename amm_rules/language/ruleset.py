@@ -1,0 +1,320 @@
+"""The compiled, immutable form of a rules file: :class:`Ruleset` and its parts.
+
+:mod:`amm_rules.language.loader` builds a :class:`Ruleset` from YAML (or an inline mapping);
+the scheduler half (:mod:`amm_rules.engine.policy`, :mod:`amm_rules.engine.planner`) only reads it.
+Nothing here imports ``distributed``.
+
+Matches and pool expressions are compiled callables (see :mod:`amm_rules.language.expr`). They
+take a *facts* object: anything with the attributes of :class:`TaskFacts` (for
+``match``) or :class:`WorkerFacts` (for pools). The engine adapts scheduler objects
+to these; tests can pass plain instances.
+
+How rules combine (the cascade): for each key and each action field, the first rule
+in file order that matches the key and sets that field decides it. A per-key ``amm``
+annotation overrides the rules field by field, and a runtime target set with
+:func:`amm_rules.replicate` overrides ``replicate`` again. Every decided field keeps
+its reason, so that "why" can always be answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+#: The fields a rule (or an ``amm`` annotation) can set, in the order they are reported.
+ACTION_FIELDS: tuple[str, ...] = ("replicate", "pool", "avoid", "spread", "move")
+
+#: Task attributes a ``match`` may read (``annotations`` stands for ``annotations.NAME``).
+TASK_ATTRIBUTES: tuple[str, ...] = (
+    "key",
+    "prefix",
+    "group",
+    "type",
+    "nbytes",
+    "replicas",
+    "annotations",
+)
+#: Task attributes whose value is the same for every key of a (prefix, group, type,
+#: annotations) class; a match reading only these can be evaluated once per class.
+CLASS_ATTRIBUTES: frozenset[str] = frozenset({"prefix", "group", "type", "annotations"})
+#: Worker attributes a pool expression may read.
+WORKER_ATTRIBUTES: tuple[str, ...] = (
+    "address",
+    "name",
+    "host",
+    "resources",
+    "memory_limit",
+    "nthreads",
+    "memory",
+    "memory_fraction",
+)
+
+Predicate = Callable[[Any], bool]
+
+
+@dataclass(frozen=True)
+class Position:
+    """1-based line and column in the rules file."""
+
+    line: int
+    column: int
+
+
+@dataclass(frozen=True)
+class Target:
+    """A replication target: keep between ``min`` and ``max`` copies.
+
+    ``replicate: 3`` is ``Target(3, 3)``; ``{min: 2}`` is ``Target(2, None)`` (add
+    copies below 2, never trim); ``{max: 5}`` is ``Target(1, 5)``.
+    """
+
+    min: int
+    max: int | None
+
+    @classmethod
+    def exact(cls, n: int) -> Target:
+        return cls(n, n)
+
+    def __str__(self) -> str:
+        if self.max == self.min:
+            return str(self.min)
+        if self.max is None:
+            return f"{{min: {self.min}}}"
+        return f"{{min: {self.min}, max: {self.max}}}"
+
+
+@dataclass(frozen=True)
+class TaskFacts:
+    """What a ``match`` can see of a key. The engine uses its own adapters with the
+    same attribute names; this class is for tests and tools."""
+
+    key: str
+    prefix: str = ""
+    group: str = ""
+    type: str | None = None
+    nbytes: int = 0
+    replicas: int = 1
+    annotations: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorkerFacts:
+    """What a pool expression can see of a worker."""
+
+    address: str
+    name: str = ""
+    host: str = ""
+    resources: Mapping[str, float] = field(default_factory=dict)
+    memory_limit: int = 0
+    nthreads: int = 1
+    memory: int = 0
+    memory_fraction: float = 0.0
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A named set of workers, given by a worker expression."""
+
+    name: str
+    source: str
+    predicate: Predicate
+    position: Position | None = None
+    #: Worker attributes the expression reads (names from :data:`WORKER_ATTRIBUTES`);
+    #: the engine re-evaluates pools every cycle only if one reads ``memory*``.
+    depends: frozenset[str] = frozenset(WORKER_ATTRIBUTES)
+
+    def __repr__(self) -> str:
+        return f"<Pool {self.name!r}: {self.source}>"
+
+
+@dataclass(frozen=True)
+class Actions:
+    """Action fields of one rule or annotation; ``None`` means "not set here"."""
+
+    replicate: Target | None = None
+    pool: tuple[str, ...] | None = None
+    avoid: tuple[str, ...] | None = None
+    spread: Literal["host", "none"] | None = None
+    move: Literal["allowed", "never"] | None = None
+
+    def __post_init__(self) -> None:
+        # The cascade asks every rule for its set fields for every key it resolves:
+        # computed once here (the dataclass is frozen, hence object.__setattr__).
+        fields = tuple(f for f in ACTION_FIELDS if getattr(self, f) is not None)
+        object.__setattr__(self, "_set_fields", fields)
+
+    def set_fields(self) -> tuple[str, ...]:
+        """The fields this rule or annotation sets, in :data:`ACTION_FIELDS` order."""
+        return self._set_fields  # type: ignore[attr-defined,no-any-return]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One entry of ``rules:``."""
+
+    name: str
+    match_source: str
+    match: Predicate
+    actions: Actions
+    #: Task attributes the match reads (names from :data:`TASK_ATTRIBUTES`).
+    depends: frozenset[str] = frozenset(TASK_ATTRIBUTES)
+    position: Position | None = None
+    #: For a match ``a and b and ...``: each operand's predicate and the attributes it
+    #: reads (see :attr:`amm_rules.language.expr.CompiledExpression.conjuncts`); else empty.
+    conjuncts: tuple[tuple[Predicate, frozenset[str]], ...] = ()
+
+    def __repr__(self) -> str:
+        return f"<Rule {self.name!r}: {self.match_source}>"
+
+
+#: The memory measures a ``rebalance:`` section may name: attributes of
+#: ``distributed.scheduler.MemoryState``, read by the engine for each worker.
+MEASURES = ("process", "optimistic", "managed", "managed_total")
+#: The measures whose value includes bytes spilled to disk.
+MEASURES_WITH_SPILLED = frozenset({"managed_total"})
+
+
+@dataclass(frozen=True)
+class RebalanceSettings:
+    """The ``rebalance:`` section. Fractions are of each worker's own memory limit."""
+
+    enabled: bool = False
+    measure: str = "optimistic"
+    sender_min: float = 0.30
+    recipient_max: float = 0.60
+    gap: float = 0.10
+    max_bytes_per_cycle: int = 512 * 2**20
+    match_source: str | None = None
+    match: Predicate | None = None
+    #: Seconds during which a key whose move finished, was abandoned or was refused is
+    #: not moved again (``cool-down``; 0: no cool-down). Keeps a key from bouncing
+    #: between workers while the measures catch up with the move.
+    cooldown: float = 60.0
+    #: Seconds after which a move whose copy has not landed is abandoned
+    #: (``copy-timeout``); the sender keeps its copy.
+    copy_timeout: float = 30.0
+    #: Seconds after the copy landed after which a move whose sender copy could not be
+    #: dropped is abandoned (``drop-timeout``); the key keeps an extra copy.
+    drop_timeout: float = 30.0
+
+
+#: Longest rebalance timing a rules file may set, in seconds (one day). Longer is a typo
+#: (``60h`` for ``60s``) rather than a wish, and keys cooling down are remembered by the
+#: engine for the whole cool-down.
+MAX_REBALANCE_SECONDS = 86_400
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Where a decided field came from."""
+
+    #: ``"rule"``, ``"annotation"`` or ``"runtime"``.
+    kind: str
+    #: The rule's name, for ``kind == "rule"``.
+    rule: str | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "rule":
+            return f"rule {self.rule}"
+        if self.kind == "runtime":
+            return "runtime target"
+        return "amm annotation"
+
+
+@dataclass(frozen=True)
+class Desired:
+    """The resolved wishes for one key, each decided field with its reason."""
+
+    replicate: Target | None = None
+    pool: tuple[str, ...] | None = None
+    avoid: tuple[str, ...] | None = None
+    spread: str | None = None
+    move: str | None = None
+    reasons: Mapping[str, Reason] = field(default_factory=dict)
+
+    @property
+    def governed(self) -> bool:
+        """True if anything beyond the defaults applies to the key."""
+        return bool(self.reasons)
+
+    def explain(self) -> str:
+        """``"replicate=3 from rule stage-one, pool=gpu from rule device-arrays"``."""
+        parts = []
+        for name in ACTION_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, tuple):
+                value = ",".join(value)
+            parts.append(f"{name}={value} from {self.reasons[name]}")
+        return ", ".join(parts) or "no rule applies"
+
+
+def overrides(
+    annotation: Actions | None, runtime: Target | None
+) -> tuple[dict[str, Any], dict[str, Reason]]:
+    """The fields decided before any rule is looked at: a runtime target decides
+    ``replicate``, then the ``amm`` annotation decides the fields it sets."""
+    decided: dict[str, Any] = {}
+    reasons: dict[str, Reason] = {}
+    if runtime is not None:
+        decided["replicate"] = runtime
+        reasons["replicate"] = Reason("runtime")
+    if annotation is not None:
+        for name in annotation.set_fields():
+            if name not in decided:
+                decided[name] = getattr(annotation, name)
+                reasons[name] = Reason("annotation")
+    return decided, reasons
+
+
+#: The :class:`Desired` of a key no rule, annotation or runtime target governs.
+UNGOVERNED = Desired()
+
+
+@dataclass(frozen=True)
+class Ruleset:
+    """A compiled rules file."""
+
+    pools: Mapping[str, Pool] = field(default_factory=dict)
+    rules: tuple[Rule, ...] = ()
+    rebalance: RebalanceSettings = field(default_factory=RebalanceSettings)
+    reduce_replicas: bool = True
+    #: Where the rules came from: a path, or ``"<rules>"`` for an inline mapping.
+    source: str = "<rules>"
+    version: int = 1
+
+    @property
+    def depends(self) -> frozenset[str]:
+        """Every task attribute any rule's match reads."""
+        out: frozenset[str] = frozenset()
+        for rule in self.rules:
+            out |= rule.depends
+        return out
+
+    def resolve(
+        self,
+        task: Any,
+        annotation: Actions | None = None,
+        runtime: Target | None = None,
+    ) -> Desired:
+        """Apply the cascade to one key.
+
+        ``task`` has the attributes of :class:`TaskFacts`. A rule's match is evaluated
+        only if the rule could still decide a field; evaluation stops once every field
+        is decided.
+        """
+        decided, reasons = overrides(annotation, runtime)
+        for rule in self.rules:
+            if len(decided) == len(ACTION_FIELDS):
+                break
+            fields = [f for f in rule.actions.set_fields() if f not in decided]
+            if not fields or not rule.match(task):
+                continue
+            for name in fields:
+                decided[name] = getattr(rule.actions, name)
+                reasons[name] = Reason("rule", rule.name)
+        if not decided:
+            return UNGOVERNED
+        return Desired(reasons=reasons, **decided)

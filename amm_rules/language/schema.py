@@ -1,0 +1,261 @@
+"""The JSON Schema (draft 2020-12) of a rules file, version 1.
+
+One schema serves three readers: editors (through ``amm-rules schema`` and the
+``# yaml-language-server: $schema=`` line), :mod:`amm_rules.language.schema_check` (which
+validates with it and rewrites jsonschema's errors for humans), and the docs. Titles
+and descriptions are written for the editor's hover text. ``errorMessage`` is a
+non-standard keyword that some editors show and that :mod:`amm_rules.language.schema_check`
+uses for pattern failures; validators ignore it.
+
+The schema checks shape only. Meaning (expressions, pool names, units, duplicate
+rule names) is checked by :mod:`amm_rules.language.build`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amm_rules.language.fields import MAX_REPLICAS, MOVE_VALUES, POOL_NAME, SPREAD_VALUES
+from amm_rules.language.ruleset import ACTION_FIELDS, MAX_REBALANCE_SECONDS, MEASURES
+
+_POOL_NAME = {
+    "type": "string",
+    "pattern": POOL_NAME.pattern,
+    "errorMessage": "a pool name is letters, digits, '_' and '-', starting with a letter or "
+    "'_' (at most 64 characters)",
+}
+_COUNT = {"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS}
+_PERCENT = {
+    "title": "percentage or fraction",
+    "oneOf": [
+        {
+            "title": "a percentage like '30%'",
+            "type": "string",
+            "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*%\s*$",
+            "errorMessage": "expected a percentage like '30%'",
+        },
+        {"title": "a fraction from 0 to 1", "type": "number", "minimum": 0, "maximum": 1},
+    ],
+}
+_SIZE = {
+    "title": "size",
+    "oneOf": [
+        {
+            "title": "a size like '512 MiB'",
+            "type": "string",
+            "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*[A-Za-z]*\s*$",
+            "errorMessage": "expected a size like '512 MiB' (units: B, kB, MB, GB, TB, KiB, "
+            "MiB, GiB, TiB)",
+        },
+        {"title": "a number of bytes", "type": "integer", "minimum": 1},
+    ],
+}
+_DURATION_TEXT = {
+    "title": "a duration like '30s'",
+    "type": "string",
+    # No sign: a negative duration is a shape an editor can flag. The unit is checked
+    # by amm_rules.language.build, which can suggest the nearest one.
+    "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*[A-Za-z]*\s*$",
+    "errorMessage": "expected a duration like '30s' or '500ms' (units: ms, s, m, min, h; "
+    "never negative)",
+}
+
+
+def _duration(*, positive: bool) -> dict[str, Any]:
+    """A duration: text with a unit, or a number of seconds; at most one day, and more
+    than 0 when ``positive`` (else 0 or more)."""
+    seconds: dict[str, Any] = {"title": "a number of seconds", "type": "number"}
+    seconds["exclusiveMinimum" if positive else "minimum"] = 0
+    seconds["maximum"] = MAX_REBALANCE_SECONDS
+    return {"title": "duration", "oneOf": [_DURATION_TEXT, seconds]}
+
+
+#: The action fields, shared by rules (and documented for ``amm`` annotations).
+ACTION_PROPERTIES: dict[str, Any] = {
+    "replicate": {
+        "title": "replication target",
+        "description": "How many copies of each matching key to keep: a number (exact "
+        "target) or {min, max}. Without max, extra copies are never trimmed.",
+        "oneOf": [
+            {"title": "a number of copies", **_COUNT},
+            {
+                "title": "a mapping with 'min' and/or 'max'",
+                "type": "object",
+                "properties": {
+                    "min": {"description": "Add copies while there are fewer.", **_COUNT},
+                    "max": {"description": "Drop copies while there are more.", **_COUNT},
+                },
+                "additionalProperties": False,
+                "minProperties": 1,
+            },
+        ],
+    },
+    "pool": {
+        "title": "allowed pools",
+        "description": "Keep replicas only on workers of these pools (a name or a list).",
+        "$ref": "#/$defs/poolNames",
+    },
+    "avoid": {
+        "title": "avoided pools",
+        "description": "Never keep replicas on workers of these pools (a name or a list).",
+        "$ref": "#/$defs/poolNames",
+    },
+    "spread": {
+        "title": "spread",
+        "description": "'host': put replicas on distinct hosts where possible.",
+        "enum": list(SPREAD_VALUES),
+    },
+    "move": {
+        "title": "move",
+        "description": "'never': amm-rules never copies, drops or rebalances the key.",
+        "enum": list(MOVE_VALUES),
+        "default": "allowed",
+    },
+}
+
+_TASK_EXPRESSION = {
+    "title": "task expression",
+    "description": 'Which keys the rule applies to, e.g. task.prefix == "stage1". '
+    "See docs/expressions.md.",
+    "type": ["string", "boolean"],
+}
+_WORKER_EXPRESSION = {
+    "title": "worker expression",
+    "description": "Which workers belong to the pool, e.g. worker.resources.GPU >= 1. "
+    "See docs/expressions.md.",
+    "type": ["string", "boolean"],
+}
+
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "amm-rules rules file",
+    "description": "Where in-memory Dask data should live and how many copies it should "
+    "have. See docs/rules.md.",
+    "type": "object",
+    "required": ["version"],
+    "additionalProperties": False,
+    "properties": {
+        "version": {
+            "title": "format version",
+            "description": "Version of the rules file format; only 1 exists.",
+            "const": 1,
+        },
+        "pools": {
+            "title": "pools",
+            "description": "Named sets of workers, each given by a worker expression.",
+            "type": "object",
+            "propertyNames": _POOL_NAME,
+            "additionalProperties": _WORKER_EXPRESSION,
+        },
+        "rules": {
+            "title": "rules",
+            "description": "For each key and each action field, the first matching rule "
+            "that sets the field decides it.",
+            "type": "array",
+            "items": {"$ref": "#/$defs/rule"},
+        },
+        "rebalance": {"$ref": "#/$defs/rebalance"},
+        "reduce-replicas": {
+            "title": "reduce replicas",
+            "description": "Keys without a replication target keep one copy.",
+            "type": "boolean",
+            "default": True,
+        },
+    },
+    "$defs": {
+        "poolNames": {
+            "oneOf": [
+                {"title": "a pool name", **_POOL_NAME},
+                {
+                    "title": "a list of pool names",
+                    "type": "array",
+                    "items": _POOL_NAME,
+                    "minItems": 1,
+                    "uniqueItems": True,
+                },
+            ],
+        },
+        "rule": {
+            "title": "rule",
+            "type": "object",
+            "required": ["name", "match"],
+            "properties": {
+                "name": {
+                    "title": "rule name",
+                    "description": "Unique name, shown in diagnostics and explanations.",
+                    "type": "string",
+                    "maxLength": 100,
+                    "pattern": r"^\S(.*\S)?$",
+                    "errorMessage": "a rule name is one line without leading or trailing spaces",
+                },
+                "match": _TASK_EXPRESSION,
+                **ACTION_PROPERTIES,
+            },
+            "additionalProperties": False,
+            "anyOf": [{"required": [name]} for name in ACTION_FIELDS],
+        },
+        "rebalance": {
+            "title": "rebalance",
+            "description": "Move keys from workers with much memory to workers with little.",
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "enabled": {
+                    "description": "Defaults to true when the section is present.",
+                    "type": "boolean",
+                    "default": True,
+                },
+                "measure": {
+                    "description": "Which memory measure decides senders and recipients.",
+                    "enum": list(MEASURES),
+                    "default": "optimistic",
+                },
+                "sender-min": {
+                    "description": "Workers above this fraction of their memory limit may send.",
+                    "default": "30%",
+                    **_PERCENT,
+                },
+                "recipient-max": {
+                    "description": "Workers below this fraction of their memory limit may "
+                    "receive.",
+                    "default": "60%",
+                    **_PERCENT,
+                },
+                "gap": {
+                    "description": "Smallest difference from the mean that makes a worker a "
+                    "sender or a recipient.",
+                    "default": "10%",
+                    **_PERCENT,
+                },
+                "max-bytes-per-cycle": {
+                    "description": "Most bytes moved per AMM cycle.",
+                    "default": "512 MiB",
+                    **_SIZE,
+                },
+                "match": {
+                    **_TASK_EXPRESSION,
+                    "description": "Which keys may be moved (default: all).",
+                },
+                "cool-down": {
+                    "description": "A key whose move finished or was abandoned is not "
+                    "moved again for this long (0: no cool-down). At most one day.",
+                    "default": "60s",
+                    **_duration(positive=False),
+                },
+                "copy-timeout": {
+                    "description": "A move whose copy has not landed by then is abandoned; "
+                    "the sender keeps its copy. At most one day.",
+                    "default": "30s",
+                    **_duration(positive=True),
+                },
+                "drop-timeout": {
+                    "description": "A move whose sender copy could not be dropped by then "
+                    "(after the copy landed) is abandoned; the key keeps an extra copy. At "
+                    "most one day.",
+                    "default": "30s",
+                    **_duration(positive=True),
+                },
+            },
+        },
+    },
+}
