@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from amm_rules import load_ruleset
 from amm_rules.engine.classify import Classifier
-from amm_rules.engine.view import TaskFactsAdapter
+from amm_rules.engine.adapters import TaskFactsAdapter
 from amm_rules.language.ruleset import Target
 
 #: Matches reading class attributes only, the key itself only, or both.

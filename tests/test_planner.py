@@ -19,7 +19,8 @@ from amm_rules.engine.planner import (
     plan_key,
     reduce_replicas_excess,
 )
-from amm_rules.engine.view import ClusterView, KeyView, WorkerView, stock_waiter_count
+from amm_rules.engine.adapters import stock_waiter_count
+from amm_rules.engine.view import ClusterView, KeyView, WorkerView
 from amm_rules.language.ruleset import Desired, Reason, Target
 
 NOW = 1000.0

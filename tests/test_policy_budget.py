@@ -121,7 +121,7 @@ async def test_detach_alone_restores_the_originals(c, s, a, b):
 def test_the_fast_drop_suggestion_is_the_stock_suggestion():
     from distributed.active_memory_manager import Suggestion
 
-    from amm_rules.engine.policy import _drop_suggestion
+    from amm_rules.engine.reduce_replicas import _drop_suggestion
 
     ts = object()
     made = _drop_suggestion(ts)

@@ -9,3 +9,9 @@ cycle), :mod:`.adapters` (scheduler objects as views), :mod:`.index` (governed k
 the scheduler hooks), :mod:`.placement`, :mod:`.rules_file`, :mod:`.audit`,
 :mod:`.events`, :mod:`.handlers` and :mod:`.rebalance.rebalancer`.
 """
+
+import logging
+
+#: The per-key logger of the whole engine, verbose at DEBUG level, one line shape:
+#: ``(op, key, worker) outcome: reason``. Named once here: ``amm_rules.engine.keys``.
+key_logger = logging.getLogger(f"{__name__}.keys")

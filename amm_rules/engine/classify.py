@@ -20,7 +20,7 @@ It gives exactly the answer of :meth:`Ruleset.resolve <amm_rules.language.rulese
 
 Its neighbours: :mod:`amm_rules.engine.index` calls it for keys that entered memory;
 :mod:`amm_rules.engine.handlers` for ``explain``. It reads tasks through
-:class:`~amm_rules.engine.view.TaskFactsAdapter` and :func:`~amm_rules.engine.view.class_reader`, and
+:class:`~amm_rules.engine.adapters.TaskFactsAdapter` and :func:`~amm_rules.engine.adapters.class_reader`, and
 does not import ``distributed``.
 """
 
@@ -30,7 +30,7 @@ import logging
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from amm_rules.engine.view import TaskFactsAdapter, class_reader, freeze
+from amm_rules.engine.adapters import TaskFactsAdapter, class_reader, freeze
 from amm_rules.language.fields import ActionError, parse_actions
 from amm_rules.language.ruleset import (
     ACTION_FIELDS,

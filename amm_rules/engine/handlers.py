@@ -84,7 +84,6 @@ class Handlers:
                 parsed = parse_target(target, "target")
             except ActionError as exc:
                 raise ValueError(str(exc)) from None
-        index = self.policy.index
         missing = []
         n = 0
         for key in keys:
@@ -92,11 +91,7 @@ class Handlers:
             if ts is None or ts.state != "memory":
                 missing.append(key)
                 continue
-            if parsed is None:
-                index.runtime.pop(ts.key, None)
-            else:
-                index.runtime[ts.key] = parsed
-            index.dirty.add(ts.key)  # re-classified at the next cycle
+            self.policy.set_runtime_target(ts.key, parsed)
             n += 1
         logger.debug("amm-rules: runtime target %s set on %d keys", parsed, n)
         return {"set": n, "missing": missing}
@@ -105,7 +100,7 @@ class Handlers:
         """Why is each key where it is, and what would the engine do now?"""
         keys = _keys(keys)
         policy = self.policy
-        cluster = policy._worker_views()
+        cluster = policy.cluster_view()
         now = time.monotonic()
         settings = policy.settings(now)
         out: dict[str, dict[str, Any]] = {}
@@ -120,8 +115,7 @@ class Handlers:
                     "desired": "not in memory",
                 }
                 continue
-            runtime = policy.index.runtime.get(ts.key)
-            desired = policy.classifier.resolve(ts, runtime)
+            desired = policy.resolve(ts)
             view = policy.key_view(ts, desired)
             plan = plan_key(view, cluster, settings)
             lo, hi = target_bounds(desired, view.waiters, settings.reduce_replicas)

@@ -25,7 +25,6 @@ full check (:meth:`~KeyIndex.suspects`) costs one length comparison per key.
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, NamedTuple
@@ -34,8 +33,6 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from amm_rules.engine.planner import source_label, target_bounds
 from amm_rules.language.ruleset import Desired, Target
-
-logger = logging.getLogger(__name__)
 
 
 class PlanClass(NamedTuple):

@@ -21,15 +21,12 @@ Keys that no rule governs follow the stock ReduceReplicas arithmetic
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from amm_rules.engine.view import ClusterView, KeyView
 from amm_rules.language.ruleset import Desired
-
-logger = logging.getLogger(__name__)
 
 #: Counter label of targets that come from the reduce-replicas default, not a field.
 DEFAULT_SOURCE = "(reduce-replicas)"
@@ -129,7 +126,7 @@ def reduce_replicas_excess(
 ) -> int:
     """Copies the stock ReduceReplicas would drop from a key nobody governs.
 
-    ``waiters`` is :func:`amm_rules.engine.view.stock_waiter_count`; ``pending_*`` count
+    ``waiters`` is :func:`amm_rules.engine.adapters.stock_waiter_count`; ``pending_*`` count
     what other policies had the AMM accept for the key earlier in the same cycle.
     """
     return holders - max(1, waiters) + pending_add - pending_drop

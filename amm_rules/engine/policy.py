@@ -30,7 +30,6 @@ import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Generator, Hashable, Mapping
-from operator import attrgetter
 from typing import Any
 
 from distributed.active_memory_manager import (
@@ -40,61 +39,31 @@ from distributed.active_memory_manager import (
     Suggestion,
 )
 
+from amm_rules.engine import key_logger
+from amm_rules.engine.adapters import key_view
 from amm_rules.engine.audit import Auditor
 from amm_rules.engine.classify import Classifier
 from amm_rules.engine.events import COUNTERS, EventLog
-from amm_rules.engine.index import KeyIndex, Placement, PlanClass, watch_scheduler
+from amm_rules.engine.index import KeyIndex, PlanClass, watch_scheduler
+from amm_rules.engine.placement import Placements
 from amm_rules.engine.planner import (
-    DEFAULT_SOURCE,
     KeyPlan,
     PlanSettings,
     plan_key,
-    reduce_replicas_excess,
 )
 from amm_rules.engine.rebalance.rebalancer import Rebalancer
-from amm_rules.engine.view import (
-    ClusterView,
-    KeyView,
-    WorkerView,
-    busy_workers,
-    pool_membership,
-    stock_waiter_count,
-    worker_facts,
-    worker_status,
-)
-from amm_rules.language.diagnostics import RulesError
-from amm_rules.language.ruleset import Pool, Rule, Ruleset
+from amm_rules.engine.reduce_replicas import reduce_replicas
+from amm_rules.engine.rules_file import ReloadFailed, RulesFile
+from amm_rules.engine.view import ClusterView, KeyView
+from amm_rules.language.ruleset import Desired, Pool, Rule, Ruleset, Target
 
-# Main logger: terse, also at DEBUG level.
+# Terse, also at DEBUG level. The per-key logger is amm_rules.engine.key_logger.
 logger = logging.getLogger(__name__)
-# Per-key logger, verbose at DEBUG level; one line shape: "(op, key, worker) reason".
-key_logger = logging.getLogger(__name__ + ".keys")
 
-#: Worker attributes that change while a worker runs: a pool reading one of them is
-#: re-evaluated every cycle instead of when workers join or leave.
-VOLATILE_WORKER_ATTRIBUTES = frozenset({"memory", "memory_fraction"})
-#: How many reload errors ``amm_rules_status`` keeps.
-RELOAD_ERRORS_KEPT = 10
 #: Longest text taken from a client's value into an event or a log line.
 CLIP = 300
 #: Keys classified between two looks at the clock (see ``classify_seconds``).
 CLASSIFY_CHUNK = 256
-
-_STATUS = attrgetter("status")
-
-if Suggestion._fields == ("op", "ts", "candidates"):
-    _new_tuple = tuple.__new__
-
-    def _drop_suggestion(ts: Any) -> Suggestion:
-        """``Suggestion("drop", ts)``, built as that NamedTuple's own ``__new__`` builds
-        it after binding its arguments in Python, which costs more than the rest of
-        reduce-replicas' work for a key."""
-        return _new_tuple(Suggestion, ("drop", ts, None))
-
-else:  # pragma: no cover - another layout of Suggestion in a later distributed
-
-    def _drop_suggestion(ts: Any) -> Suggestion:
-        return Suggestion("drop", ts)
 
 
 def _clip(text: str, limit: int = CLIP) -> str:
@@ -135,14 +104,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
 
     #: The rules in force.
     ruleset: Ruleset
-    #: What was passed as ``rules`` if it is a path (watched for changes), else None.
-    path: str | None
-    #: Whether a changed rules file is reloaded.
-    reload: bool
-    #: Wall-clock time (seconds since the epoch) when the rules in force were loaded.
-    loaded_at: float
-    #: The recent reload errors, newest last: ``{"time", "error"}``.
-    reload_errors: list[dict[str, Any]]
+    #: Where the rules came from (path, reload, loaded at, reload errors).
+    rules_file: RulesFile
+    #: Pool membership of the workers and where each class of keys may live.
+    placements: Placements
     #: Governed keys and per-key engine state; also the scheduler plugin feeding them.
     index: KeyIndex
     #: The ``amm-rules`` event log.
@@ -171,20 +136,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         classify_keys: int | None = None,
         audit_interval: float | None = 60.0,
     ):
-        self.path = None
-        if isinstance(rules, Ruleset):
-            ruleset = rules
-        else:
-            from amm_rules.language.loader import load_ruleset
-
-            if isinstance(rules, (str, os.PathLike)):
-                self.path = os.fspath(rules)
-            ruleset = load_ruleset(rules)  # a RulesError here fails the scheduler start
-        self.reload = bool(reload)
+        self.rules_file = RulesFile(rules, reload)
+        ruleset = self.rules_file.load(rules)  # a RulesError here fails the scheduler start
         self._inflight_timeout = inflight_timeout
         self.index = KeyIndex()
         self.events = EventLog(summary_interval=summary_interval)
-        self.reload_errors = []
         self.last_cycle = {}
         self.totals = defaultdict(Counter)
         self.cycles = 0
@@ -195,9 +151,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self._manager: ActiveMemoryManagerExtension | None = None
         #: Undoes the wrappers of the scheduler's replica methods (see detach).
         self._unwatch: Callable[[], None] | None = None
-        self._stat: tuple[Any, ...] | None = self._file_signature()
         #: The ``rebalance:`` section at work; kept across reloads (moves in flight).
         self.rebalancer = Rebalancer()
+        self.placements = Placements(on_pool_error=self._pool_error)
         self._install(ruleset)
 
     # ------------------------------------------------------------------ attach
@@ -227,6 +183,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.events.scheduler = scheduler
         scheduler.add_plugin(self.index, name=f"amm-rules-{id(self)}", idempotent=True)
         self._unwatch = watch_scheduler(scheduler, self.index)
+        self.placements.attach(scheduler.workers)
         register(scheduler, self)
         # The one allowed scan of scheduler.tasks: keys already in memory when attached.
         self.index.dirty.update(k for k, ts in scheduler.tasks.items() if ts.state == "memory")
@@ -278,6 +235,26 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         interval = self._manager.interval if self._manager is not None else 2.0
         return max(3.0 * interval, 10.0)
 
+    @property
+    def path(self) -> str | None:
+        """The rules file's path, if the rules came from a file, else None."""
+        return self.rules_file.path
+
+    @property
+    def reload(self) -> bool:
+        """Whether a changed rules file is reloaded."""
+        return self.rules_file.reload
+
+    @property
+    def loaded_at(self) -> float:
+        """Wall-clock time (seconds since the epoch) when the rules in force were loaded."""
+        return self.rules_file.loaded_at
+
+    @property
+    def reload_errors(self) -> list[dict[str, Any]]:
+        """The recent reload errors, newest last: ``{"time", "error"}``."""
+        return self.rules_file.errors
+
     def __repr__(self) -> str:
         source = self.path if self.path is not None else self.ruleset.source
         return (
@@ -289,72 +266,44 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
 
     def _install(self, ruleset: Ruleset) -> None:
         self.ruleset = ruleset
-        self.loaded_at = time.time()
+        self.rules_file.installed()
         self.classifier = Classifier(
             ruleset,
             on_rule_error=self._rule_error,
             on_invalid_annotation=self._invalid_annotation,
         )
-        #: Pools re-evaluated every cycle because they read worker memory.
-        self._volatile_pools = any(
-            not VOLATILE_WORKER_ATTRIBUTES.isdisjoint(p.depends) for p in ruleset.pools.values()
-        )
-        self._pools: dict[str, frozenset[str]] = {}
-        self._placements: dict[PlanClass, Placement] = {}
-        self._status_signature: tuple[Any, ...] = ()
+        self.placements.configure(ruleset)
         self.index.workers_changed = True
         self.rebalancer.configure(ruleset.rebalance, self._rebalance_match_error)
 
-    def _file_signature(self) -> tuple[Any, ...] | None:
-        if self.path is None:
-            return None
-        try:
-            st = os.stat(self.path)
-        except OSError as exc:
-            return ("error", type(exc).__name__, exc.errno)
-        return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)
-
     def _maybe_reload(self) -> None:
-        """Reload the rules file if its stat changed; keep the running rules if the new
-        file cannot be used (reported once per distinct file state and error)."""
-        if self.path is None or not self.reload:
+        """Reload the rules file if it changed; keep the running rules if the new file
+        cannot be used (reported once per distinct file state and error)."""
+        outcome = self.rules_file.poll()
+        if outcome is None:
             return
-        before = self._file_signature()
-        if before == self._stat:
-            return
-        from amm_rules.language.loader import load_ruleset
-
-        try:
-            ruleset = load_ruleset(self.path)
-        except RulesError as exc:
-            error = str(exc)
-        except Exception as exc:  # OSError and anything else: the running rules stay
-            error = f"{self.path}: error: {exc}"
-        else:
-            if self._file_signature() != before:
-                return  # the file changed while being read: try again next cycle
-            self._stat = before
-            self._install(ruleset)
-            # Re-classify every key in memory: a new rule may govern keys that were not
-            # indexed. This is the one pass over scheduler.tasks a reload costs.
-            self.index.dirty.update(
-                k for k, ts in self.scheduler.tasks.items() if ts.state == "memory"
+        if isinstance(outcome, ReloadFailed):
+            logger.error(
+                "amm-rules: cannot reload %s; keeping the running rules:\n%s",
+                self.path,
+                outcome.error,
             )
-            logger.info("amm-rules: reloaded %s", self)
-            self.events.emit(
-                "reload", source=self.path, rules=len(ruleset.rules), pools=len(ruleset.pools)
+            self.events.once(
+                ("reload-error", outcome.signature, outcome.error),
+                "reload-error",
+                source=self.path,
+                error=outcome.error,
             )
             return
-        self._stat = before
-        logger.error(
-            "amm-rules: cannot reload %s; keeping the running rules:\n%s", self.path, error
+        self._install(outcome)
+        # Re-classify every key in memory: a new rule may govern keys that were not
+        # indexed. This is the one pass over scheduler.tasks a reload costs.
+        self.index.dirty.update(
+            k for k, ts in self.scheduler.tasks.items() if ts.state == "memory"
         )
-        self.reload_errors = [
-            *self.reload_errors[-(RELOAD_ERRORS_KEPT - 1) :],
-            {"time": time.time(), "error": error},
-        ]
-        self.events.once(
-            ("reload-error", before, error), "reload-error", source=self.path, error=error
+        logger.info("amm-rules: reloaded %s", self)
+        self.events.emit(
+            "reload", source=self.path, rules=len(outcome.rules), pools=len(outcome.pools)
         )
 
     def _rule_error(self, rule: Rule, exc: Exception) -> None:
@@ -392,33 +341,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         """Recompute pools and placements if workers joined, left or changed status (or
         every cycle, if a pool reads worker memory). True if they were recomputed: then
         every governed key is checked this cycle."""
-        scheduler = self.scheduler
-        workers = scheduler.workers
-        # Workers joining or leaving set index.workers_changed; a status change (paused,
-        # resumed, retiring) has no hook, hence this signature, taken every cycle. The
-        # scheduler's SortedDict iterates slowly from Python: read its dict in C.
-        values = dict.values(workers) if isinstance(workers, dict) else workers.values()
-        signature = tuple(map(_STATUS, values))
-        if (
-            not self.index.workers_changed
-            and not self._volatile_pools
-            and signature == self._status_signature
-        ):
-            return False
+        changed = self.index.workers_changed
         self.index.workers_changed = False
-        self._status_signature = signature
-        measure = self.manager.measure
-        pools = self.ruleset.pools
-        self._pools = {
-            a: pool_membership(
-                worker_facts(ws, getattr(ws.memory, measure)), pools, self._pool_error
-            )
-            for a, ws in workers.items()
-        }
-        self._placements = {}
-        return True
+        return self.placements.refresh(self.manager.measure, changed)
 
-    def _worker_views(self) -> ClusterView:
+    def cluster_view(self) -> ClusterView:
         """The planner's view of the workers. Memory is the AMM's tally during a cycle
         (downstream of what other policies had accepted), else measured afresh."""
         manager = self.manager
@@ -427,43 +354,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             memory = {
                 ws: getattr(ws.memory, manager.measure) for ws in self.scheduler.workers.values()
             }
-        pools = self._pools
-        return ClusterView(
-            WorkerView(a, ws.host, worker_status(ws), pools.get(a, frozenset()), memory.get(ws, 0))
-            for a, ws in self.scheduler.workers.items()
-        )
-
-    def _placement(self, cls: PlanClass, cluster: ClusterView | None = None) -> Placement:
-        try:
-            return self._placements[cls]
-        except KeyError:
-            pass
-        workers = self.scheduler.workers
-        want = frozenset(cls.pool) if cls.pool is not None else None
-        shun = frozenset(cls.avoid or ())
-        ok = []
-        for a, ws in workers.items():
-            pools = self._pools.get(a, frozenset())
-            if want is not None and want.isdisjoint(pools):
-                continue
-            if not shun.isdisjoint(pools) or worker_status(ws) == "closing":
-                continue
-            ok.append(ws)
-        restricted = len(ok) < len(workers)
-        placement = Placement(
-            ok=frozenset(ok) if restricted else None,
-            achievable=len(ok),
-            hosts=len({ws.host for ws in ok}),
-        )
-        self._placements[cls] = placement
-        return placement
-
-    def _class_unmet(self, cls: PlanClass) -> bool:
-        """Too few eligible workers for the class's target, whatever the key."""
-        if cls.move == "never":
-            return False
-        lo = cls.replicate.min if cls.replicate is not None else 1
-        return lo > self._placement(cls).achievable
+        return self.placements.cluster_view(memory)
 
     # ------------------------------------------------------------------ the cycle
 
@@ -477,7 +368,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 # Delegated from here, not from _plan: every suggestion passes through
                 # each generator between the AMM and the one yielding it, and this one
                 # yields a drop per excess copy (120,000 per cycle at a million keys).
-                yield from self._reduce_replicas(stats)
+                yield from reduce_replicas(
+                    self.index, self.manager.pending, self.rebalancer.moving, stats
+                )
             self._count(stats)
         except Exception as exc:
             logger.exception("amm-rules: cycle failed; skipped")
@@ -515,7 +408,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 now=now,
                 desired=self.index.desired,
                 inflight=self.index.inflight,
-                cluster=self._worker_views,
+                cluster=self.cluster_view,
                 stats=stats,
             )
 
@@ -536,15 +429,14 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         """This cycle's slice of the audit sweep; report a finished sweep that found
         state the hooks had missed (it has been repaired by then)."""
         index = self.index
-        classifier = self.classifier
         reduce_replicas = self.ruleset.reduce_replicas
         found = self.auditor.step(
             time.monotonic(),
             index,
             self.scheduler,
-            resolve=lambda ts: classifier.resolve(ts, index.runtime.get(ts.key)),
+            resolve=self.resolve,
             suspects=lambda cls, members: index.suspects(
-                cls, self._placement(cls), reduce_replicas, members
+                cls, self.placements.of(cls), reduce_replicas, members
             ),
         )
         if found is not None and any(found.values()):
@@ -630,14 +522,14 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         index = self.index
         reduce_replicas = self.ruleset.reduce_replicas
         for cls, group in index.groups.items():
-            if self._class_unmet(cls):
+            if self.placements.class_unmet(cls):
                 # Held as far as possible; every key of the class is unmet.
                 stats[cls.source]["unmet"] += len(group)
         recheck, index.recheck = index.recheck, set()
         todo: dict[Hashable, Any] = {}
         if full:
             for cls in index.groups:
-                for ts in index.suspects(cls, self._placement(cls), reduce_replicas):
+                for ts in index.suspects(cls, self.placements.of(cls), reduce_replicas):
                     todo[ts.key] = ts
         else:
             by_class: dict[PlanClass, list[Any]] = defaultdict(list)
@@ -647,7 +539,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                     cls = PlanClass.of(desired)
                     by_class[cls].append(index.groups[cls][key])
             for cls, members in by_class.items():
-                for ts in index.suspects(cls, self._placement(cls), reduce_replicas, members):
+                for ts in index.suspects(cls, self.placements.of(cls), reduce_replicas, members):
                     todo[ts.key] = ts
         tasks = self.scheduler.tasks
         for key in index.inflight:
@@ -662,26 +554,26 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         return todo
 
     def key_view(self, ts: Any, desired: Any, pending: Mapping[Any, Any] | None = None) -> KeyView:
-        """The planner's view of one scheduler task."""
+        """The planner's view of one scheduler task, with the engine's copies in flight
+        and back-offs for it (see :func:`amm_rules.engine.adapters.key_view`)."""
         key = ts.key
-        add = drop = frozenset()
-        if pending:
-            entry = pending.get(ts)
-            if entry is not None:
-                add = frozenset(ws.address for ws in entry[0])
-                drop = frozenset(ws.address for ws in entry[1])
-        return KeyView(
-            key=key,
-            desired=desired,
-            holders=frozenset(ws.address for ws in ts.who_has or ()),
-            nbytes=max(ts.nbytes, 0),
-            waiters=stock_waiter_count(ts) if desired.replicate is None else 0,
-            busy=busy_workers(ts),
-            inflight=self.index.inflight.get(key, {}),
-            backoff=self.index.backoff.get(key, {}),
-            pending_add=add,
-            pending_drop=drop,
+        index = self.index
+        return key_view(
+            ts, desired, index.inflight.get(key, {}), index.backoff.get(key, {}), pending
         )
+
+    def resolve(self, ts: Any) -> Desired:
+        """What the rules, the key's annotation and its runtime target want for a key."""
+        return self.classifier.resolve(ts, self.index.runtime.get(ts.key))
+
+    def set_runtime_target(self, key: Hashable, target: Target | None) -> None:
+        """Set (None: remove) a lasting replication target on a key in memory; it takes
+        effect when the key is classified again, at the next cycle."""
+        if target is None:
+            self.index.runtime.pop(key, None)
+        else:
+            self.index.runtime[key] = target
+        self.index.dirty.add(key)
 
     def settings(self, now: float) -> PlanSettings:
         timeout = self.inflight_timeout
@@ -696,7 +588,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self, todo: dict[Hashable, Any], now: float, stats: dict[str, Counter[str]]
     ) -> Generator[Suggestion, Any, None]:
         index = self.index
-        cluster = self._worker_views()
+        cluster = self.cluster_view()
         settings = self.settings(now)
         pending = self.manager.pending
         workers = self.scheduler.workers
@@ -707,7 +599,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 index.inflight.pop(key, None)
                 continue
             plan = plan_key(self.key_view(ts, desired, pending), cluster, settings)
-            if plan.unmet and not self._class_unmet(PlanClass.of(desired)):
+            if plan.unmet and not self.placements.class_unmet(PlanClass.of(desired)):
                 stats[plan.source]["unmet"] += 1
             refused = False
             for action in plan.actions:
@@ -759,53 +651,3 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             index.backoff[key] = plan.backoff
         else:
             index.backoff.pop(key, None)
-
-    def _reduce_replicas(self, stats: dict[str, Counter[str]]) -> Generator[Suggestion, Any, None]:
-        """The stock ReduceReplicas, for keys nobody governs: keep one copy plus one per
-        worker where waiters of the key run (see :func:`~amm_rules.engine.view.stock_waiter_count`),
-        taking into account what other policies had accepted in this cycle. It walks
-        the keys nobody governs that hold several copies (``index.replicated_free``),
-        which is the scheduler's ``replicated_tasks`` without the governed keys."""
-        index = self.index
-        replicated = index.replicated_free
-        pending = self.manager.pending
-        moving = self.rebalancer.moving
-        # Keys left over by the classification budget: a rule may yet govern them.
-        unclassified = index.dirty
-        stale = []
-        dropped = 0
-        # This loop runs for every replicated key each cycle (120,000 drops at a million
-        # keys in the scale benchmark), so it is the stock policy's loop plus only
-        # what the index needs: no copy of the table (nothing can change it while the
-        # AMM drives this generator: the AMM only records suggestions), set lookups
-        # only when the sets are not empty, and no candidate set (None: any holder,
-        # as the stock policy; the AMM copies ``who_has`` itself and picks the most
-        # loaded holder). The suggestion is built once per key (see _drop_suggestion).
-        drop_suggestion = _drop_suggestion
-        for key, ts in replicated.items():
-            who_has = ts.who_has
-            # (Governed keys are never here: KeyIndex.put takes them out.) Only a key in
-            # memory has copies, so this also finds keys that left memory.
-            if who_has is None or len(who_has) < 2:
-                stale.append(key)
-                continue
-            if (moving and key in moving) or (unclassified and key in unclassified):
-                continue  # mid-move (the move drops its extra copy), or not classified yet
-            if ts.waiters:
-                excess = reduce_replicas_excess(len(who_has), stock_waiter_count(ts))
-            else:
-                excess = len(who_has) - 1  # the same arithmetic, without waiters
-            entry = pending.get(ts)
-            if entry is not None:
-                # What other policies had the AMM accept for the key in this cycle.
-                excess += len(entry[0]) - len(entry[1])
-            if excess <= 0:
-                continue
-            drop = drop_suggestion(ts)
-            for _ in range(excess):
-                if (yield drop) is not None:
-                    dropped += 1
-        for key in stale:
-            del replicated[key]
-        if dropped:
-            stats[DEFAULT_SOURCE]["dropped"] += dropped

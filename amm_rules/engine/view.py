@@ -1,34 +1,22 @@
-"""The small view of the cluster that the planner reads, and adapters that build it.
+"""The small view of the cluster that the planners read.
 
-:mod:`amm_rules.engine.planner` decides from plain data: a :class:`WorkerView` per worker and a
-:class:`KeyView` per key. This module defines that data and the adapters from the
-scheduler's own objects (``WorkerState``, ``TaskState``), duck-typed so that nothing here
-imports ``distributed``: the same view can be built from a live scheduler (by
-:mod:`amm_rules.engine.policy`), from a saved cluster state, or by hand in tests.
-
-The adapters also give the language half what it reads: :class:`TaskFactsAdapter` has the
-attributes of :class:`amm_rules.language.ruleset.TaskFacts` and :func:`worker_facts` returns a
-:class:`amm_rules.language.ruleset.WorkerFacts`.
+:mod:`amm_rules.engine.planner` decides from plain data: a :class:`WorkerView` per worker
+and a :class:`KeyView` per key, gathered in a :class:`ClusterView`. Nothing here reads a
+scheduler object: :mod:`amm_rules.engine.adapters` builds these views from a live
+scheduler, and the same views can be built from a saved cluster state or by hand in
+tests. :func:`pool_membership` evaluates the rules' pool expressions on a worker's facts.
 """
 
 from __future__ import annotations
 
 import heapq
-import logging
 from collections.abc import Callable, Container, Hashable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any, Literal
 
 from amm_rules.language.ruleset import Desired, Pool, WorkerFacts
 
-logger = logging.getLogger(__name__)
-
 WorkerStatus = Literal["running", "paused", "closing"]
-
-#: Above this many waiters the stock ReduceReplicas does not look at where they run
-#: (the look is costly), and neither do we: the count of waiters is used as is.
-WAITERS_LOOKUP_LIMIT = 20
 
 
 @dataclass(frozen=True)
@@ -55,7 +43,7 @@ class KeyView:
     #: Addresses of the workers holding a copy.
     holders: frozenset[str]
     nbytes: int = 0
-    #: Waiters as the stock ReduceReplicas counts them (see :func:`stock_waiter_count`).
+    #: Waiters as the stock ReduceReplicas counts them (see :func:`amm_rules.engine.adapters.stock_waiter_count`).
     waiters: int = 0
     #: Workers where a dependent of the key is processing: the AMM will not drop there.
     busy: frozenset[str] = frozenset()
@@ -199,36 +187,6 @@ class ClusterView:
         return f"<ClusterView: {len(self.workers)} workers, {len(self.running)} running>"
 
 
-# ---------------------------------------------------------------------------------
-# Adapters from scheduler objects (duck-typed: distributed is not imported here)
-# ---------------------------------------------------------------------------------
-
-
-def worker_status(ws: Any) -> WorkerStatus:
-    """Map a ``WorkerState.status`` to the planner's three states."""
-    name = getattr(ws.status, "name", ws.status)
-    if name == "running":
-        return "running"
-    if name == "paused":
-        return "paused"
-    return "closing"
-
-
-def worker_facts(ws: Any, memory: int) -> WorkerFacts:
-    """What a pool expression sees of a ``WorkerState``; ``memory`` by the AMM measure."""
-    limit = ws.memory_limit or 0
-    return WorkerFacts(
-        address=ws.address,
-        name=str(ws.name),
-        host=ws.host,
-        resources=dict(ws.resources or {}),
-        memory_limit=limit,
-        nthreads=ws.nthreads,
-        memory=memory,
-        memory_fraction=memory / limit if limit else 0.0,
-    )
-
-
 def pool_membership(
     facts: WorkerFacts, pools: Mapping[str, Pool], on_error: Any = None
 ) -> frozenset[str]:
@@ -250,110 +208,6 @@ def pool_membership(
     return frozenset(out)
 
 
-def stock_waiter_count(ts: Any) -> int:
-    """Waiters of a key, counted as the stock ReduceReplicas counts them.
-
-    Waiters already assigned to the same worker count once; unassigned waiters count
-    one each. Above :data:`WAITERS_LOOKUP_LIMIT` waiters the plain count is used.
-    """
-    waiters = ts.waiters
-    if not waiters:
-        return 0
-    n = len(waiters)
-    if 1 < n < WAITERS_LOOKUP_LIMIT:
-        n = len({w.processing_on or w for w in waiters})
-    return n
-
-
-def busy_workers(ts: Any) -> frozenset[str]:
-    """Addresses of workers where a dependent of ``ts`` is processing."""
-    return frozenset(
-        w.processing_on.address for w in ts.waiters or () if w.processing_on is not None
-    )
-
-
 def key_string(key: Hashable) -> str:
     """The string form of a key that matches and explanations use."""
     return key if isinstance(key, str) else str(key)
-
-
-def freeze(value: Any) -> Hashable:
-    """A hashable, canonical stand-in for any annotation value (for memo tables)."""
-    if isinstance(value, Mapping):
-        items = [(str(k), freeze(v)) for k, v in value.items()]
-        return ("map", tuple(sorted(items, key=lambda kv: kv[0])))
-    if isinstance(value, (list, tuple)):
-        return ("seq", tuple(freeze(v) for v in value))
-    if isinstance(value, float):
-        return ("float", repr(value))  # NaN != NaN: compare by spelling instead
-    if isinstance(value, (str, int, bool, type(None))):
-        return (type(value).__name__, value)
-    return ("repr", type(value).__name__, repr(value))
-
-
-class TaskFactsAdapter:
-    """A ``TaskState`` seen through the attributes of :class:`~amm_rules.language.ruleset.TaskFacts`.
-
-    Attributes are read from the task on access, so a match pays only for what it reads.
-    """
-
-    __slots__ = ("_ts",)
-
-    def __init__(self, ts: Any):
-        self._ts = ts
-
-    @property
-    def key(self) -> str:
-        return key_string(self._ts.key)
-
-    @property
-    def prefix(self) -> str:
-        return self._ts.prefix.name
-
-    @property
-    def group(self) -> str:
-        return self._ts.group.name
-
-    @property
-    def type(self) -> str | None:
-        return self._ts.type
-
-    @property
-    def nbytes(self) -> int:
-        return max(self._ts.nbytes, 0)
-
-    @property
-    def replicas(self) -> int:
-        return len(self._ts.who_has or ())
-
-    @property
-    def annotations(self) -> Mapping[str, Any]:
-        return self._ts.annotations or {}
-
-
-#: Where the plain class attributes live on a ``TaskState`` (for :func:`class_reader`).
-_CLASS_PATHS: Mapping[str, str] = {"prefix": "prefix.name", "group": "group.name", "type": "type"}
-
-
-def class_reader(attributes: Iterable[str]) -> Callable[[Any], Hashable]:
-    """A function of a ``TaskState`` returning the values of the class attributes
-    (``prefix``, ``group``, ``type``, ``annotations``) among ``attributes``: equal for
-    every key of the same class, and hashable. It runs once per key classified, so the
-    plain attributes are read by one ``attrgetter`` call (C code) and annotations are
-    frozen only when a key has some."""
-    names = sorted(attributes)
-    paths = [_CLASS_PATHS[a] for a in names if a in _CLASS_PATHS]
-    plain: Callable[[Any], Hashable] | None = attrgetter(*paths) if paths else None
-    if "annotations" not in names:
-        return plain if plain is not None else _no_class
-
-    def with_annotations(ts: Any) -> Hashable:
-        annotations = ts.annotations
-        frozen = freeze(annotations) if annotations else None
-        return frozen if plain is None else (plain(ts), frozen)
-
-    return with_annotations
-
-
-def _no_class(ts: Any) -> Hashable:
-    return None

@@ -26,7 +26,7 @@ from typing import Any
 from amm_rules.language.diagnostics import Diagnostic, RulesError, sort_key
 from amm_rules.language.ruleset import Ruleset
 
-logger = logging.getLogger("amm_rules")
+logger = logging.getLogger(__name__)
 
 #: Name used for rules that do not come from a file.
 INLINE = "<rules>"

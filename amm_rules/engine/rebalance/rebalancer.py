@@ -39,6 +39,8 @@ from typing import Any
 
 from distributed.active_memory_manager import Suggestion
 
+from amm_rules.engine import key_logger
+from amm_rules.engine.adapters import TaskFactsAdapter, worker_status
 from amm_rules.engine.rebalance.planner import (
     MoveBook,
     RebalancePlan,
@@ -46,17 +48,10 @@ from amm_rules.engine.rebalance.planner import (
     WorkerLoad,
     plan_rebalance,
 )
-from amm_rules.engine.view import (
-    ClusterView,
-    TaskFactsAdapter,
-    key_string,
-    worker_status,
-)
+from amm_rules.engine.view import ClusterView, key_string
 from amm_rules.language.ruleset import UNGOVERNED, RebalanceSettings
 
 logger = logging.getLogger(__name__)
-# Same logger and line shape as the rest of the engine: "(op, key, worker) reason".
-key_logger = logging.getLogger("amm_rules.engine.policy.keys")
 
 #: Counter label of copies and drops made by rebalancing (``amm_rules_status``, events).
 SOURCE = "(rebalance)"

@@ -1,0 +1,187 @@
+"""Adapters from the scheduler's own objects (``WorkerState``, ``TaskState``) to what the
+engine's pure parts read.
+
+- :func:`key_view`, :func:`worker_status`: the planner's views (:mod:`amm_rules.engine.view`);
+- :class:`TaskFactsAdapter`, :func:`worker_facts`: what rule and pool expressions read
+  (:class:`~amm_rules.language.ruleset.TaskFacts`,
+  :class:`~amm_rules.language.ruleset.WorkerFacts`);
+- :func:`class_reader`, :func:`freeze`: the class of a key for the classifier's memo;
+- :func:`stock_waiter_count`, :func:`busy_workers`: waiters as the stock ReduceReplicas
+  counts them, and where dependents run.
+
+Duck-typed: nothing here imports ``distributed``, so the classifier and the planners stay
+pure and tests can pass stand-ins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from operator import attrgetter
+from typing import Any
+
+from amm_rules.engine.view import KeyView, WorkerStatus, key_string
+from amm_rules.language.ruleset import Desired, WorkerFacts
+
+#: Above this many waiters the stock ReduceReplicas does not look at where they run
+#: (the look is costly), and neither do we: the count of waiters is used as is.
+WAITERS_LOOKUP_LIMIT = 20
+
+
+def worker_status(ws: Any) -> WorkerStatus:
+    """Map a ``WorkerState.status`` to the planner's three states."""
+    name = getattr(ws.status, "name", ws.status)
+    if name == "running":
+        return "running"
+    if name == "paused":
+        return "paused"
+    return "closing"
+
+
+def worker_facts(ws: Any, memory: int) -> WorkerFacts:
+    """What a pool expression sees of a ``WorkerState``; ``memory`` by the AMM measure."""
+    limit = ws.memory_limit or 0
+    return WorkerFacts(
+        address=ws.address,
+        name=str(ws.name),
+        host=ws.host,
+        resources=dict(ws.resources or {}),
+        memory_limit=limit,
+        nthreads=ws.nthreads,
+        memory=memory,
+        memory_fraction=memory / limit if limit else 0.0,
+    )
+
+
+def stock_waiter_count(ts: Any) -> int:
+    """Waiters of a key, counted as the stock ReduceReplicas counts them.
+
+    Waiters already assigned to the same worker count once; unassigned waiters count
+    one each. Above :data:`WAITERS_LOOKUP_LIMIT` waiters the plain count is used.
+    """
+    waiters = ts.waiters
+    if not waiters:
+        return 0
+    n = len(waiters)
+    if 1 < n < WAITERS_LOOKUP_LIMIT:
+        n = len({w.processing_on or w for w in waiters})
+    return n
+
+
+def busy_workers(ts: Any) -> frozenset[str]:
+    """Addresses of workers where a dependent of ``ts`` is processing."""
+    return frozenset(
+        w.processing_on.address for w in ts.waiters or () if w.processing_on is not None
+    )
+
+
+def freeze(value: Any) -> Hashable:
+    """A hashable, canonical stand-in for any annotation value (for memo tables)."""
+    if isinstance(value, Mapping):
+        items = [(str(k), freeze(v)) for k, v in value.items()]
+        return ("map", tuple(sorted(items, key=lambda kv: kv[0])))
+    if isinstance(value, (list, tuple)):
+        return ("seq", tuple(freeze(v) for v in value))
+    if isinstance(value, float):
+        return ("float", repr(value))  # NaN != NaN: compare by spelling instead
+    if isinstance(value, (str, int, bool, type(None))):
+        return (type(value).__name__, value)
+    return ("repr", type(value).__name__, repr(value))
+
+
+class TaskFactsAdapter:
+    """A ``TaskState`` seen through the attributes of :class:`~amm_rules.language.ruleset.TaskFacts`.
+
+    Attributes are read from the task on access, so a match pays only for what it reads.
+    """
+
+    __slots__ = ("_ts",)
+
+    def __init__(self, ts: Any):
+        self._ts = ts
+
+    @property
+    def key(self) -> str:
+        return key_string(self._ts.key)
+
+    @property
+    def prefix(self) -> str:
+        return self._ts.prefix.name
+
+    @property
+    def group(self) -> str:
+        return self._ts.group.name
+
+    @property
+    def type(self) -> str | None:
+        return self._ts.type
+
+    @property
+    def nbytes(self) -> int:
+        return max(self._ts.nbytes, 0)
+
+    @property
+    def replicas(self) -> int:
+        return len(self._ts.who_has or ())
+
+    @property
+    def annotations(self) -> Mapping[str, Any]:
+        return self._ts.annotations or {}
+
+
+#: Where the plain class attributes live on a ``TaskState`` (for :func:`class_reader`).
+_CLASS_PATHS: Mapping[str, str] = {"prefix": "prefix.name", "group": "group.name", "type": "type"}
+
+
+def class_reader(attributes: Iterable[str]) -> Callable[[Any], Hashable]:
+    """A function of a ``TaskState`` returning the values of the class attributes
+    (``prefix``, ``group``, ``type``, ``annotations``) among ``attributes``: equal for
+    every key of the same class, and hashable. It runs once per key classified, so the
+    plain attributes are read by one ``attrgetter`` call (C code) and annotations are
+    frozen only when a key has some."""
+    names = sorted(attributes)
+    paths = [_CLASS_PATHS[a] for a in names if a in _CLASS_PATHS]
+    plain: Callable[[Any], Hashable] | None = attrgetter(*paths) if paths else None
+    if "annotations" not in names:
+        return plain if plain is not None else _no_class
+
+    def with_annotations(ts: Any) -> Hashable:
+        annotations = ts.annotations
+        frozen = freeze(annotations) if annotations else None
+        return frozen if plain is None else (plain(ts), frozen)
+
+    return with_annotations
+
+
+def _no_class(ts: Any) -> Hashable:
+    return None
+
+
+def key_view(
+    ts: Any,
+    desired: Desired,
+    inflight: Mapping[str, float],
+    backoff: Mapping[str, float],
+    pending: Mapping[Any, Any] | None = None,
+) -> KeyView:
+    """The planner's view of one scheduler task: its holders, size and waiters, the
+    copies the engine has in flight (``inflight``, worker -> deadline) and the workers it
+    backs off from, and what other policies had the AMM accept for it in this cycle
+    (``pending``: the AMM's ``manager.pending``)."""
+    add = drop = frozenset()
+    if pending:
+        entry = pending.get(ts)
+        if entry is not None:
+            add = frozenset(ws.address for ws in entry[0])
+            drop = frozenset(ws.address for ws in entry[1])
+    return KeyView(
+        key=ts.key,
+        desired=desired,
+        holders=frozenset(ws.address for ws in ts.who_has or ()),
+        nbytes=max(ts.nbytes, 0),
+        waiters=stock_waiter_count(ts) if desired.replicate is None else 0,
+        busy=busy_workers(ts),
+        inflight=inflight,
+        backoff=backoff,
+        pending_add=add,
+        pending_drop=drop,
+    )

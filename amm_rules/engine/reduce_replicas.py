@@ -1,0 +1,92 @@
+"""Reduce-replicas for the keys no rule governs: the stock ``ReduceReplicas`` arithmetic.
+
+amm-rules removes distributed's own ``ReduceReplicas`` policy (it would undo every
+replication target) and applies the same reduction here to the keys nobody governs, when
+the rules file's ``reduce-replicas`` is on. :func:`reduce_replicas` is delegated to
+directly from :meth:`amm_rules.engine.policy.RulesPolicy.run`: every suggestion passes
+through each generator between the AMM and the one yielding it, and this one yields a
+drop per excess copy (120,000 per cycle at a million keys in the scale benchmark).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Generator, Hashable, Mapping
+from typing import Any
+
+from distributed.active_memory_manager import Suggestion
+
+from amm_rules.engine.adapters import stock_waiter_count
+from amm_rules.engine.index import KeyIndex
+from amm_rules.engine.planner import DEFAULT_SOURCE, reduce_replicas_excess
+
+if Suggestion._fields == ("op", "ts", "candidates"):
+    _new_tuple = tuple.__new__
+
+    def _drop_suggestion(ts: Any) -> Suggestion:
+        """``Suggestion("drop", ts)``, built as that NamedTuple's own ``__new__`` builds
+        it after binding its arguments in Python, which costs more than the rest of
+        reduce-replicas' work for a key."""
+        return _new_tuple(Suggestion, ("drop", ts, None))
+
+else:  # pragma: no cover - another layout of Suggestion in a later distributed
+
+    def _drop_suggestion(ts: Any) -> Suggestion:
+        return Suggestion("drop", ts)
+
+
+def reduce_replicas(
+    index: KeyIndex,
+    pending: Mapping[Any, Any],
+    moving: Collection[Hashable],
+    stats: dict[str, Counter[str]],
+) -> Generator[Suggestion, Any, None]:
+    """The stock ReduceReplicas, for keys nobody governs: keep one copy plus one per
+    worker where waiters of the key run (see :func:`~amm_rules.engine.adapters.stock_waiter_count`),
+    taking into account what other policies had accepted in this cycle. It walks
+    the keys nobody governs that hold several copies (``index.replicated_free``),
+    which is the scheduler's ``replicated_tasks`` without the governed keys.
+
+    ``pending`` is the AMM's ``manager.pending``; ``moving`` the keys mid-move (the
+    rebalancer drops their extra copy itself); ``stats`` gets the drops, under the
+    ungoverned label."""
+    replicated = index.replicated_free
+    # Keys left over by the classification budget: a rule may yet govern them.
+    unclassified = index.dirty
+    stale = []
+    dropped = 0
+    # This loop runs for every replicated key each cycle (120,000 drops at a million
+    # keys in the scale benchmark), so it is the stock policy's loop plus only
+    # what the index needs: no copy of the table (nothing can change it while the
+    # AMM drives this generator: the AMM only records suggestions), set lookups
+    # only when the sets are not empty, and no candidate set (None: any holder,
+    # as the stock policy; the AMM copies ``who_has`` itself and picks the most
+    # loaded holder). The suggestion is built once per key (see _drop_suggestion).
+    drop_suggestion = _drop_suggestion
+    for key, ts in replicated.items():
+        who_has = ts.who_has
+        # (Governed keys are never here: KeyIndex.put takes them out.) Only a key in
+        # memory has copies, so this also finds keys that left memory.
+        if who_has is None or len(who_has) < 2:
+            stale.append(key)
+            continue
+        if (moving and key in moving) or (unclassified and key in unclassified):
+            continue  # mid-move (the move drops its extra copy), or not classified yet
+        if ts.waiters:
+            excess = reduce_replicas_excess(len(who_has), stock_waiter_count(ts))
+        else:
+            excess = len(who_has) - 1  # the same arithmetic, without waiters
+        entry = pending.get(ts)
+        if entry is not None:
+            # What other policies had the AMM accept for the key in this cycle.
+            excess += len(entry[0]) - len(entry[1])
+        if excess <= 0:
+            continue
+        drop = drop_suggestion(ts)
+        for _ in range(excess):
+            if (yield drop) is not None:
+                dropped += 1
+    for key in stale:
+        del replicated[key]
+    if dropped:
+        stats[DEFAULT_SOURCE]["dropped"] += dropped

@@ -1,0 +1,111 @@
+"""Where the rules in force came from, and reloading them when their file changes.
+
+:class:`RulesFile` owns the rules file of one :class:`~amm_rules.engine.policy.RulesPolicy`:
+its path (None when the rules were given inline or as a compiled
+:class:`~amm_rules.language.ruleset.Ruleset`), whether it is watched, when the rules in
+force were loaded, and the recent reload errors. The policy asks :meth:`RulesFile.poll`
+once per cycle; loading and checking is the language half's
+(:func:`amm_rules.language.loader.load_ruleset`).
+
+A file that cannot be used never replaces the running rules: the error is kept (and
+reported once per distinct file state and error by the policy).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from amm_rules.language.diagnostics import RulesError
+from amm_rules.language.ruleset import Ruleset
+
+#: How many reload errors are kept (``amm_rules_status`` shows them).
+RELOAD_ERRORS_KEPT = 10
+
+Signature = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class ReloadFailed:
+    """A changed rules file that could not be used; the running rules stay."""
+
+    #: The file's state when it was read (the policy reports each state once).
+    signature: Signature | None
+    #: The diagnostics, as ``validate`` prints them, or the I/O error.
+    error: str
+
+
+class RulesFile:
+    """The source of a policy's rules (see the module docstring)."""
+
+    #: The path, if the rules came from a file (watched for changes), else None.
+    path: str | None
+    #: Whether a changed file is reloaded.
+    reload: bool
+    #: Wall-clock time (seconds since the epoch) when the rules in force were loaded.
+    loaded_at: float
+    #: The recent reload errors, newest last: ``{"time", "error"}``.
+    errors: list[dict[str, Any]]
+
+    def __init__(self, rules: str | os.PathLike[str] | Mapping[str, Any] | Ruleset, reload: bool):
+        self.path = os.fspath(rules) if isinstance(rules, (str, os.PathLike)) else None
+        self.reload = bool(reload)
+        self.errors = []
+        self.loaded_at = time.time()
+        self._signature = self._stat()
+
+    def load(self, rules: str | os.PathLike[str] | Mapping[str, Any] | Ruleset) -> Ruleset:
+        """The first rules: a :class:`RulesError` here fails the scheduler's start with the
+        diagnostics, which is what a user configuring an invalid file should see."""
+        if isinstance(rules, Ruleset):
+            return rules
+        from amm_rules.language.loader import load_ruleset
+
+        return load_ruleset(rules)
+
+    def installed(self) -> None:
+        """Note that the rules just loaded are now in force."""
+        self.loaded_at = time.time()
+
+    def poll(self) -> Ruleset | ReloadFailed | None:
+        """A new ruleset if the file changed and can be used, :class:`ReloadFailed` if it
+        changed and cannot, None if there is nothing to do (not a file, not watched,
+        unchanged, or changing while it was read: then it is read again next time)."""
+        if self.path is None or not self.reload:
+            return None
+        before = self._stat()
+        if before == self._signature:
+            return None
+        from amm_rules.language.loader import load_ruleset
+
+        try:
+            ruleset = load_ruleset(self.path)
+        except RulesError as exc:
+            error = str(exc)
+        except Exception as exc:  # OSError and anything else: the running rules stay
+            error = f"{self.path}: error: {exc}"
+        else:
+            if self._stat() != before:
+                return None  # the file changed while being read: try again next cycle
+            self._signature = before
+            return ruleset
+        self._signature = before
+        self.errors = [
+            *self.errors[-(RELOAD_ERRORS_KEPT - 1) :],
+            {"time": time.time(), "error": error},
+        ]
+        return ReloadFailed(before, error)
+
+    def _stat(self) -> Signature | None:
+        """What tells a changed file: its modification time, size, inode and mode; or
+        the error reading them (a file that disappears is a change too)."""
+        if self.path is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            return ("error", type(exc).__name__, exc.errno)
+        return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)
