@@ -25,8 +25,8 @@ is what rebalancing moves and what the ``rebalance`` rules here measure; process
 includes interpreter and allocator overhead that no placement changes), ``spilled`` and
 ``process``. Worker processes run single-threaded BLAS.
 
-    python benchmarks/rebalance.py            # about 40 minutes on 2 cores
-    python benchmarks/rebalance.py --quick    # smaller data, shorter runs, 3 minutes
+    python -m benchmarks.rebalance            # about 40 minutes on 2 cores
+    python -m benchmarks.rebalance --quick    # smaller data, shorter runs, 3 minutes
 
 Scenario 3 runs each mode ``--repeats`` times (default 5), interleaved, and reports each
 metric's median: wall time and peaks vary by several percent from run to run on a small

@@ -12,8 +12,8 @@ each worker's limit), bytes copied against the minimum needed to balance
 max; settle time included). Also the cost of one cycle on a balanced cluster (the steady
 state) and on an imbalanced one with the default budget, at the largest size.
 
-    python benchmarks/rebalance_model.py            # all sizes, up to 1,000 workers / 1M keys
-    python benchmarks/rebalance_model.py --quick    # skip the largest size
+    python -m benchmarks.rebalance_model            # all sizes, up to 1,000 workers / 1M keys
+    python -m benchmarks.rebalance_model --quick    # skip the largest size
 
 Prints a table and writes ``benchmarks/results/rebalance_model.json``.
 """

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dask
 import pytest
-from amm_policy_support import amm_config, copies, more_cycles
 from distributed.utils_test import async_poll_for, gen_cluster, inc
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,6 +12,7 @@ from hypothesis import strategies as st
 import amm_rules
 from amm_rules.client import validate_annotation
 from amm_rules.language.fields import ActionError, parse_actions
+from tests.support.cluster import amm_config, copies, more_cycles
 
 GPU_RULES = {"version": 1, "pools": {"gpu": "worker.resources.GPU >= 1"}}
 

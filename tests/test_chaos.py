@@ -25,10 +25,12 @@ import asyncio
 from collections import Counter
 from typing import Any
 
-import amm_policy_support
 import pytest
-from amm_policy_support import amm_config, events, holders, no_errors, rules
-from chaos_support import (
+from distributed import Worker
+from distributed.core import Status
+from distributed.utils_test import BlockedGatherDep, async_poll_for, gen_cluster
+
+from tests.support.chaos import (
     ChaosStats,
     busiest_holders,
     combine,
@@ -43,9 +45,7 @@ from chaos_support import (
     recomputed,
     wait_for_targets,
 )
-from distributed import Worker
-from distributed.core import Status
-from distributed.utils_test import BlockedGatherDep, async_poll_for, gen_cluster
+from tests.support.cluster import INTERVAL, amm_config, events, holders, no_errors, rules
 
 #: Copies each held key keeps.
 N = 3
@@ -62,7 +62,7 @@ MAX_CYCLES = 60
 #: Cycles of one in-flight timeout. Each worker killed at once can hang one more
 #: transfer (measured on two of three holders killed: 1 to 3 cycles, or about 21 with
 #: one hung transfer; once, on a loaded machine, more than 60, with two).
-HUNG_CYCLES = round(INFLIGHT_TIMEOUT / amm_policy_support.INTERVAL)
+HUNG_CYCLES = round(INFLIGHT_TIMEOUT / INTERVAL)
 
 
 def _held_config() -> dict[str, Any]:

@@ -20,11 +20,12 @@ from typing import Any
 
 import dask
 import pytest
-from amm_policy_support import amm_config, no_errors, policy_of
-from chaos_support import busiest_holders, held_rules, lost, wait_for_targets
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils_test import gen_test
+
+from tests.support.chaos import busiest_holders, held_rules, lost, wait_for_targets
+from tests.support.cluster import amm_config, no_errors, policy_of
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import rules_fuzzer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amm_rules.language.loader import CheckResult, check_text
 from amm_rules.language.reporters import format_github, format_json, format_text
+from tests.support import fuzzer
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = [p.read_bytes() for p in sorted((ROOT / "tests" / "cases" / "valid").glob("*.yaml"))]
@@ -27,7 +27,7 @@ EXAMPLES = int(
 )
 
 # The shared fuzzer's tokens, plus a few that only byte-level mutation needs.
-TOKENS = [*rules_fuzzer.TOKENS, b"-", b"*b ", b"...", b"true", b"null", b"0"]
+TOKENS = [*fuzzer.TOKENS, b"-", b"*b ", b"...", b"true", b"null", b"0"]
 
 
 @st.composite

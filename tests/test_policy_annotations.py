@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import dask
-from amm_policy_support import amm_config, events, holders, inc, no_errors, policy_of, rules
 from distributed.utils_test import async_poll_for, gen_cluster
+
+from tests.support.cluster import amm_config, events, holders, inc, no_errors, policy_of, rules
 
 RULES = rules(
     {"name": "inc-three", "match": 'task.prefix == "inc"', "replicate": 3, "spread": "host"},

@@ -12,11 +12,19 @@ import asyncio
 from typing import Any
 
 import pytest
-from amm_policy_support import amm_config, copies, events, more_cycles, no_errors, policy_of, rules
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.policy import RulesPolicy
+from tests.support.cluster import (
+    amm_config,
+    copies,
+    events,
+    more_cycles,
+    no_errors,
+    policy_of,
+    rules,
+)
 
 PAIR = {"name": "pair", "match": 'task.key matches "pair-*"', "replicate": 2}
 

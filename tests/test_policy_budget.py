@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from amm_policy_support import amm_config, rules
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.policy import RulesPolicy
+from tests.support.cluster import amm_config, rules
 
 X_THREE = rules({"name": "three", "match": 'task.key matches "x-*"', "replicate": 3})
 N = 12

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from amm_policy_support import amm_config, holders, inc, no_errors, policy_of, rules
 from distributed.utils_test import async_poll_for, gen_cluster
+
+from tests.support.cluster import amm_config, holders, inc, no_errors, policy_of, rules
 
 RULES = rules(
     {"name": "two", "match": 'task.prefix == "inc"', "replicate": 2},

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from amm_policy_support import amm_config, holders, inc, no_errors, policy_of, rules
 from distributed.utils_test import async_poll_for, gen_cluster
+
+from tests.support.cluster import amm_config, holders, inc, no_errors, policy_of, rules
 
 GPU = {"resources": {"GPU": 1}}
 POOLS = {"gpu": "worker.resources.GPU >= 1", "spot": "worker.resources.SPOT >= 1"}

@@ -10,12 +10,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from amm_policy_support import RELOADABLE, amm_config, events, holders, no_errors
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.engine.rebalance.planner import Move, PendingMove
+from tests.support.cluster import RELOADABLE, amm_config, events, holders, no_errors
 
 TIMED = """\
 version: 1

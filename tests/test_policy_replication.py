@@ -12,13 +12,13 @@ import asyncio
 
 import dask
 import pytest
-from amm_policy_support import amm_config, events, holders, inc, no_errors, policy_of, rules
 from distributed import Scheduler
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import async_poll_for, gen_cluster
 
 from amm_rules import RulesError
 from amm_rules.engine.policy import RulesPolicy
+from tests.support.cluster import amm_config, events, holders, inc, no_errors, policy_of, rules
 
 TWO = rules({"name": "two", "match": 'task.prefix == "inc"', "replicate": 2})
 X_THREE = rules({"name": "three", "match": 'task.key matches "x-*"', "replicate": 3})

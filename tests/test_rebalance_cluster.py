@@ -16,7 +16,6 @@ from collections.abc import Generator, Hashable
 from typing import Any
 
 import numpy as np
-from amm_policy_support import amm_config, events, holders, no_errors, policy_of, rules
 from distributed import Event
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -25,6 +24,7 @@ from distributed.utils_test import BlockedGetData, async_poll_for, gen_cluster
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.engine.rebalance.planner import WorkerLoad, minimum_bytes_to_balance
 from amm_rules.engine.rebalance.rebalancer import READ_SOON
+from tests.support.cluster import amm_config, events, holders, no_errors, policy_of, rules
 
 MiB = 2**20
 LIMIT = 10 * MiB

@@ -9,13 +9,13 @@ from typing import Any
 
 import dask
 import pytest
-from amm_policy_support import amm_config, copies, more_cycles
 from distributed import Client, LocalCluster
 from distributed.utils_test import async_poll_for, div, gen_cluster, inc, poll_for
 
 import amm_rules
 from amm_rules.client import EngineNotFoundError
 from amm_rules.language.fields import ActionError
+from tests.support.cluster import amm_config, copies, more_cycles
 
 #: Keys with the prefix "three" have 3 copies by rule.
 THREE_RULES = {

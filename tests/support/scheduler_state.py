@@ -1,9 +1,10 @@
 """A real ``distributed.Scheduler`` holding a large cluster state, built in one process.
 
-The scale benchmark (``benchmarks/scale.py``) and its smoke test need a scheduler that
-looks, to the Active Memory Manager and to amm-rules, exactly like one that has run a
-large computation: real ``WorkerState``, ``TaskPrefix``, ``TaskGroup`` and ``TaskState``
-objects, linked the way the scheduler links them. Nothing here opens a socket:
+The scale benchmark (``benchmarks/scale.py``) and its smoke test
+(``tests/test_scale_benchmark.py``) need a scheduler that looks, to the Active Memory
+Manager and to amm-rules, exactly like one that has run a large computation: real
+``WorkerState``, ``TaskPrefix``, ``TaskGroup`` and ``TaskState`` objects, linked the way
+the scheduler links them. Nothing here opens a socket:
 
 - the scheduler is constructed (inside a running asyncio loop) but never started;
 - workers are registered with the bookkeeping of ``Scheduler.add_worker`` (workers,

@@ -24,7 +24,7 @@ from amm_rules.language.diagnostics import Diagnostic
 from amm_rules.language.loader import check_text
 from amm_rules.language.ruleset import Ruleset, TaskFacts, WorkerFacts
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def seed_files() -> list[bytes]:

@@ -1,5 +1,5 @@
 """Chaos on a real cluster, shared by ``tests/test_chaos.py`` (short rounds in CI) and
-``benchmarks/soak.py`` (minutes of rounds).
+``benchmarks/soak.py`` (minutes of rounds); cluster helpers from :mod:`tests.support.cluster`.
 
 The data are *held keys*: each computed by :func:`produce` under its own key, which
 counts its executions in :data:`EXECUTIONS` (workers run in this process), so a key
@@ -21,7 +21,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from amm_policy_support import copies, policy_of
+from tests.support.cluster import copies, policy_of
 
 #: key -> number of times its task ran, for every key computed by produce().
 EXECUTIONS: Counter[str] = Counter()

@@ -1,4 +1,5 @@
-"""Helpers shared by the real-cluster tests of RulesPolicy (``tests/test_policy_*.py``).
+"""Helpers shared by the tests that run RulesPolicy on a real scheduler (policy, client,
+rebalance and chaos tests) and by :mod:`tests.support.chaos`.
 
 Clusters come from ``distributed.utils_test.gen_cluster``; :func:`amm_config` turns on
 the scheduler's own AMM with a short interval and RulesPolicy as its only policy.
@@ -15,6 +16,7 @@ from distributed.utils_test import inc
 from amm_rules.engine.policy import RulesPolicy
 
 __all__ = [
+    "INTERVAL",
     "RELOADABLE",
     "amm_config",
     "copies",
