@@ -4,8 +4,8 @@
 
 - :mod:`.scale`: the scheduler's cost at up to a million keys and a thousand workers;
 - :mod:`.startup`: start-up time of ``amm-rules validate``;
-- :mod:`.rebalance_model`: the rebalance planner on simulated clusters (no Dask);
-- :mod:`.rebalance`: rebalancing on a real local cluster, against Dask's own tools;
+- :mod:`.rebalance_planner`: the pure rebalance planner on simulated clusters (no Dask);
+- :mod:`.rebalance_cluster`: rebalancing on a real local cluster, against Dask's own tools;
 - :mod:`.soak`: minutes of chaos under replication targets;
 - :mod:`.fuzz_rules`: a long fuzz run of the rules-file checker.
 """

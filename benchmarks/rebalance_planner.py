@@ -12,10 +12,10 @@ each worker's limit), bytes copied against the minimum needed to balance
 max; settle time included). Also the cost of one cycle on a balanced cluster (the steady
 state) and on an imbalanced one with the default budget, at the largest size.
 
-    python -m benchmarks.rebalance_model            # all sizes, up to 1,000 workers / 1M keys
-    python -m benchmarks.rebalance_model --quick    # skip the largest size
+    python -m benchmarks.rebalance_planner            # all sizes, up to 1,000 workers / 1M keys
+    python -m benchmarks.rebalance_planner --quick    # skip the largest size
 
-Prints a table and writes ``benchmarks/results/rebalance_model.json``.
+Prints a table and writes ``benchmarks/results/rebalance_planner.json``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from amm_rules.language.ruleset import RebalanceSettings
 
 MiB = 2**20
 GiB = 2**30
-RESULTS = Path(__file__).parent / "results" / "rebalance_model.json"
+RESULTS = Path(__file__).parent / "results" / "rebalance_planner.json"
 
 
 class Cluster:

@@ -25,15 +25,15 @@ is what rebalancing moves and what the ``rebalance`` rules here measure; process
 includes interpreter and allocator overhead that no placement changes), ``spilled`` and
 ``process``. Worker processes run single-threaded BLAS.
 
-    python -m benchmarks.rebalance            # about 40 minutes on 2 cores
-    python -m benchmarks.rebalance --quick    # smaller data, shorter runs, 3 minutes
+    python -m benchmarks.rebalance_cluster            # about 40 minutes on 2 cores
+    python -m benchmarks.rebalance_cluster --quick    # smaller data, shorter runs, 3 minutes
 
 Scenario 3 runs each mode ``--repeats`` times (default 5), interleaved, and reports each
 metric's median: wall time and peaks vary by several percent from run to run on a small
 machine.
 
-Prints a table per scenario, writes ``benchmarks/results/rebalance.json`` and the plot
-``benchmarks/results/rebalance.png`` (per-worker managed memory over time, every run).
+Prints a table per scenario, writes ``benchmarks/results/rebalance_cluster.json`` and
+the plot ``benchmarks/results/rebalance_cluster.png`` (per-worker managed memory over time, every run).
 """
 
 from __future__ import annotations
@@ -715,9 +715,11 @@ async def main(quick: bool, repeats: int, only: str | None = None) -> None:
         "target_ratio": TARGET_RATIO,
         "results": results,
     }
-    (RESULTS / f"rebalance{suffix}.json").write_text(dump_json(doc))
-    plot(results, RESULTS / f"rebalance{suffix}.png")
-    print(f"\nwrote {RESULTS / f'rebalance{suffix}.json'} and rebalance{suffix}.png")
+    (RESULTS / f"rebalance_cluster{suffix}.json").write_text(dump_json(doc))
+    plot(results, RESULTS / f"rebalance_cluster{suffix}.png")
+    print(
+        f"\nwrote {RESULTS / f'rebalance_cluster{suffix}.json'} and rebalance_cluster{suffix}.png"
+    )
 
 
 if __name__ == "__main__":
@@ -729,7 +731,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--only",
         choices=SCENARIOS,
-        help="run one scenario; results go to rebalance-SCENARIO.json and .png",
+        help="run one scenario; results go to rebalance_cluster-SCENARIO.json and .png",
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
