@@ -13,7 +13,7 @@ New workers join to replace the lost ones, mid-computation. After each round:
 - at the end, no held key was ever computed twice (each is computed by a task under
   its own key that counts its runs), and the engine logged no ``error`` event.
 
-The round logic is shared with ``tests/test_chaos.py`` (:mod:`tests.support.chaos`).
+The round logic is shared with ``tests/engine/test_chaos.py`` (:mod:`tests.support.chaos`).
 From the repository root:
 
     python -m benchmarks.soak --minutes 3

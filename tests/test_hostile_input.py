@@ -3,7 +3,7 @@ with diagnostics, errors or events, never a traceback, never a hang, and the sch
 keeps running with everything else intact.
 
 - Rules files: a seeded fuzz run of 10,000 generated, mutated and spliced files
-  (``tests/rules_fuzzer.py``; ``benchmarks/fuzz_rules.py`` runs longer ones), each
+  (:mod:`tests.support.fuzzer`; ``benchmarks/fuzz_rules.py`` runs longer ones), each
   checked under a per-file alarm as a hang detector.
 - YAML: tags that construct objects are errors and construct nothing; alias bombs,
   recursive aliases and deep nesting are refused with a clear error before they cost

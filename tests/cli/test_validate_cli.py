@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from amm_rules.cli import main
 from amm_rules.language.schema import SCHEMA
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples" / "rules").glob("*.yaml"))
 
 CLEAN = 'version: 1\nrules:\n  - name: keep\n    match: task.prefix == "a"\n    replicate: 2\n'

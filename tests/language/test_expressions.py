@@ -28,7 +28,7 @@ from amm_rules.language.expr.attributes import ATTRIBUTES, ValueType
 from amm_rules.language.expr.parser import get_parser, grammar_text, parse
 from amm_rules.language.ruleset import TASK_ATTRIBUTES, WORKER_ATTRIBUTES, TaskFacts, WorkerFacts
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GiB = 2**30
 MiB = 2**20
 

@@ -19,7 +19,7 @@ from amm_rules.language.loader import CheckResult, check_text
 from amm_rules.language.reporters import format_github, format_json, format_text
 from tests.support import fuzzer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEEDS = [p.read_bytes() for p in sorted((ROOT / "tests" / "cases" / "valid").glob("*.yaml"))]
 SEEDS += [p.read_bytes() for p in sorted((ROOT / "examples" / "rules").glob("*.yaml"))]
 EXAMPLES = int(

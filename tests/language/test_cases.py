@@ -1,5 +1,5 @@
-"""Data-driven rules files: ``cases/valid`` must load cleanly; each file in
-``cases/invalid`` states, in ``# expect:`` comments, exactly the diagnostics it yields.
+"""Data-driven rules files: ``tests/cases/valid`` must load cleanly; each file in
+``tests/cases/invalid`` states, in ``# expect:`` comments, exactly the diagnostics it yields.
 
 An expectation reads ``# expect: LINE:COLUMN SEVERITY CODE "message fragment"``. The
 test checks that the diagnostics and the expectations pair up one to one: same
@@ -15,7 +15,7 @@ import pytest
 
 from amm_rules.language.loader import check_text
 
-CASES = Path(__file__).parent / "cases"
+CASES = Path(__file__).resolve().parents[1] / "cases"
 EXPECT = re.compile(
     r"^#\s*expect:\s*(?P<line>\d+):(?P<column>\d+)\s+(?P<severity>error|warning)\s+"
     r'(?P<code>[\w-]+)(?:\s+"(?P<fragment>.*)")?\s*$'

@@ -17,7 +17,7 @@ from amm_rules.language.ruleset import Target, TaskFacts, WorkerFacts
 from amm_rules.language.scalar_positions import source_indices
 from amm_rules.language.yaml_source import MAX_BYTES, read_yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "rules" / "demo.yaml"
 
 

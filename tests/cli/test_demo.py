@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from amm_rules import demo
 from amm_rules.cli import main as cli
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_demo(*args: str) -> tuple[int, str]:
