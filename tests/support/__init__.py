@@ -9,4 +9,6 @@
   ``benchmarks/fuzz_rules.py``);
 - :mod:`.scheduler_state`: a real scheduler holding a large cluster state, built in one
   process without a network (``benchmarks/scale.py`` and its smoke test).
+- :mod:`.layout`: the package's imports read with :mod:`ast`, and the layout rules
+  (``tests/test_layout.py``).
 """
