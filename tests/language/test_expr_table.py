@@ -20,7 +20,7 @@ def test_shipped_table_is_current():
     grammar = parser.grammar_text()
     digest = table.grammar_hash(grammar, parser.LARK_OPTIONS)
     assert table.load_parser(digest) is not None, (
-        "amm_rules/expr/parse_table.json is stale: run `python -m amm_rules.language.expr.table`"
+        "amm_rules/language/expr/parse_table.json is stale: run `python -m amm_rules.language.expr.table`"
     )
 
 
