@@ -1,6 +1,6 @@
 """A long fuzz run of the rules-file checker: hostile files in, diagnostics out.
 
-The files come from the seeded generator the tests use (``tests/rules_fuzzer.py``):
+The files come from the seeded generator the tests use (:mod:`tests.support.fuzzer`):
 rules files built from the format's vocabulary, mutated seed files (every case file and
 example), and splices of both. Each file is checked with ``amm_rules.language.loader.check_text``;
 a file without errors is compiled, and its matches and pools run on a few facts.
@@ -8,10 +8,10 @@ a file without errors is compiled, and its matches and pools run on a few facts.
 A *failure* is an exception, an ``internal`` diagnostic, a disagreement between "has an
 error" and "has a ruleset", or a file that takes longer than ``--hang`` seconds (the
 hang detector; a file takes milliseconds). Failures are written out with their seed and
-index so that each one is reproduced by ``cases(seed, n)``.
+index so that each one is reproduced by ``cases(seed, n)``. From the repository root:
 
-    python benchmarks/fuzz_rules.py                  # 200,000 cases, seed 1
-    python benchmarks/fuzz_rules.py --cases 20000 --seed 7
+    python -m benchmarks.fuzz_rules                  # 200,000 cases, seed 1
+    python -m benchmarks.fuzz_rules --cases 20000 --seed 7
 
 Prints a table and writes ``benchmarks/results/fuzz_rules.json``.
 """
@@ -21,17 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from tests.support.fuzzer import cases, check_and_run, seed_files
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from rules_fuzzer import cases, check_and_run, seed_files  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results" / "fuzz_rules.json"
 
 

@@ -1,8 +1,9 @@
 """Scheduler cost of amm-rules at scale: a million keys, a thousand workers, 20 rules.
 
-Builds a real ``distributed.Scheduler`` state in this process (see ``_state.py``: real
-workers, tasks, groups and prefixes, no network), lays the data out as
-``benchmarks/rules/scale.yaml`` wants it, and measures side by side, on each size:
+Builds a real ``distributed.Scheduler`` state in this process (see
+:mod:`tests.support.scheduler_state`: real workers, tasks, groups and prefixes, no
+network), lays the data out as ``benchmarks/rules/scale.yaml`` wants it, and measures
+side by side, on each size:
 
 - ``attach``: creating ``RulesPolicy`` and an ad-hoc AMM on a scheduler that already
   holds the state, then its first cycle, and the cycles until every key in memory is
@@ -25,7 +26,8 @@ policy measured, so the AMM's own work (reading worker memory, validating and gr
 suggestions) is included: it is what the event loop pays. Transfers are stubbed (the
 state does not change between cycles), so repeated cycles measure the same work.
 
-Usage: ``python benchmarks/scale.py [--quick] [--cycles N] [--profile] [--size KEYSxWORKERS]``
+Usage, from the repository root:
+``python -m benchmarks.scale [--quick] [--cycles N] [--profile] [--size KEYSxWORKERS]``
 
 Prints a table and writes ``benchmarks/results/scale.json`` (``--quick``: 100k keys
 and 100 workers only, a 20k-task graph for transitions).
@@ -49,20 +51,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import distributed
+from distributed.active_memory_manager import ActiveMemoryManagerExtension, ReduceReplicas
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from amm_rules import RulesPolicy, load_ruleset
+from tests.support import scheduler_state
+
 ROOT = Path(__file__).resolve().parent.parent
-# Run against this checkout even when the package is not installed.
-sys.path.insert(0, str(ROOT))
-
-import _state  # noqa: E402
-import distributed  # noqa: E402
-from distributed.active_memory_manager import (  # noqa: E402
-    ActiveMemoryManagerExtension,
-    ReduceReplicas,
-)
-from distributed.diagnostics.plugin import SchedulerPlugin  # noqa: E402
-
-from amm_rules import RulesPolicy, load_ruleset  # noqa: E402
-
 RULES = ROOT / "benchmarks" / "rules" / "scale.yaml"
 RESULTS = ROOT / "benchmarks" / "results" / "scale.json"
 #: Only ``reduce-replicas`` (on by default): what the stock policy does, by amm-rules.
@@ -166,7 +162,7 @@ def engine_digest() -> str:
 
 
 def cycles(
-    state: _state.BenchState, manager: ActiveMemoryManagerExtension, n: int
+    state: scheduler_state.BenchState, manager: ActiveMemoryManagerExtension, n: int
 ) -> tuple[list[float], int, int]:
     """Run ``n`` cycles; return their times and what the last one asked for."""
     times = []
@@ -180,14 +176,16 @@ def cycles(
 
 
 def timed_cycles(
-    state: _state.BenchState, manager: ActiveMemoryManagerExtension, n: int
+    state: scheduler_state.BenchState, manager: ActiveMemoryManagerExtension, n: int
 ) -> dict[str, Any]:
     with GcWatch() as watch:
         times, copies, drops = cycles(state, manager, n)
     return summary(times, copies=copies, drops=drops, **watch.report())
 
 
-def settle(state: _state.BenchState, manager: ActiveMemoryManagerExtension, limit: int = 8) -> int:
+def settle(
+    state: scheduler_state.BenchState, manager: ActiveMemoryManagerExtension, limit: int = 8
+) -> int:
     """Let the policy's transfers land until it asks for nothing and has classified
     every key; return the cycles run."""
     for n in range(1, limit + 1):
@@ -204,7 +202,9 @@ def unclassified(manager: ActiveMemoryManagerExtension) -> int:
     return sum(len(p.index.dirty) for p in manager.policies if isinstance(p, RulesPolicy))
 
 
-def catch_up(state: _state.BenchState, manager: ActiveMemoryManagerExtension) -> dict[str, Any]:
+def catch_up(
+    state: scheduler_state.BenchState, manager: ActiveMemoryManagerExtension
+) -> dict[str, Any]:
     """Run cycles until the policy has classified every key in memory (the
     classification budget spreads the keys found at attach over several cycles)."""
     times = []
@@ -225,7 +225,7 @@ def governed(policy: RulesPolicy) -> int:
 
 
 def measure_attach(
-    state: _state.BenchState,
+    state: scheduler_state.BenchState,
 ) -> tuple[RulesPolicy, ActiveMemoryManagerExtension, dict]:
     """Attach the 20-rule policy to the state and run its first cycle."""
     scheduler = state.scheduler
@@ -259,7 +259,7 @@ def measure_attach(
 
 
 def measure_audit(
-    state: _state.BenchState, manager: ActiveMemoryManagerExtension, policy: RulesPolicy
+    state: scheduler_state.BenchState, manager: ActiveMemoryManagerExtension, policy: RulesPolicy
 ) -> dict[str, Any]:
     """The cycles of one audit sweep (each checks up to 1,000 governed and 1,000
     replicated keys) on the steady state. The policy's own sweeps are an hour apart, so
@@ -280,7 +280,7 @@ def measure_audit(
     )
 
 
-def measure_memory(state: _state.BenchState) -> dict[str, Any]:
+def measure_memory(state: scheduler_state.BenchState) -> dict[str, Any]:
     """Bytes allocated by attaching a RulesPolicy and running its first cycle, per
     governed key (tracemalloc; the policy is detached afterwards)."""
     scheduler = state.scheduler
@@ -302,7 +302,7 @@ def measure_memory(state: _state.BenchState) -> dict[str, Any]:
 
 
 def measure_reduce_only(
-    state: _state.BenchState, stock: ActiveMemoryManagerExtension, n_cycles: int
+    state: scheduler_state.BenchState, stock: ActiveMemoryManagerExtension, n_cycles: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """RulesPolicy without rules (only reduce-replicas) and the stock ReduceReplicas,
     on the steady state, cycle for cycle in ABBA order: the two do the same work, and
@@ -351,7 +351,7 @@ def measure_reduce_only(
 
 
 def measure_changed(
-    state: _state.BenchState,
+    state: scheduler_state.BenchState,
     manager: ActiveMemoryManagerExtension,
     stock: ActiveMemoryManagerExtension,
     rounds: int,
@@ -366,9 +366,9 @@ def measure_changed(
     asked: dict[str, int] = {"copies": 0, "drops": 0, "stock_drops": 0}
     rules_gc, stock_gc = GcWatch(), GcWatch()
     for r in range(rounds):
-        keys = _state.new_key_names(state, n_new)
-        _state.compute_keys(state, keys, stimulus=f"changed-{r}")
-        _state.lose_copies(state, n_lost, seed=r)
+        keys = scheduler_state.new_key_names(state, n_new)
+        scheduler_state.compute_keys(state, keys, stimulus=f"changed-{r}")
+        scheduler_state.lose_copies(state, n_lost, seed=r)
         state.transfers.clear()
         gc.collect()
         with rules_gc:
@@ -382,7 +382,7 @@ def measure_changed(
         # Back to the steady state, untimed.
         requested.apply(state.scheduler)
         settle(state, manager)
-        _state.release_keys(state, keys, stimulus=f"changed-{r}")
+        scheduler_state.release_keys(state, keys, stimulus=f"changed-{r}")
         settle(state, manager)
     per_round = {k: v / rounds for k, v in asked.items()}
     return (
@@ -407,7 +407,7 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
     out: dict[str, Any] = {"keys": n_keys, "workers": n_workers}
     log(f"{n_keys:,} keys, {n_workers:,} workers: building the state")
     start = time.perf_counter()
-    state = await _state.build_state(n_keys, n_workers, ruleset)
+    state = await scheduler_state.build_state(n_keys, n_workers, ruleset)
     out["build_s"] = time.perf_counter() - start
     # A full collection walks every object of the process: at a million keys it takes
     # seconds, whoever triggered it. Freezing the built state keeps that cost, which
@@ -473,7 +473,7 @@ async def _measure_transitions(n_tasks: int, repeats: int) -> dict[str, Any]:
     -> memory -> released -> forgotten, on the scheduler's real code, with the
     scheduler's own plugins (work stealing, shuffle) installed in both cases.
     """
-    state = await _state.build_state(100_000, 100, load_ruleset(RULES))
+    state = await scheduler_state.build_state(100_000, 100, load_ruleset(RULES))
     scheduler = state.scheduler
     gc.collect()
     gc.freeze()
@@ -504,11 +504,11 @@ async def _measure_transitions(n_tasks: int, repeats: int) -> dict[str, Any]:
             # (seen without any plugin), and drift; ABBA cancels both.
             for mode in ("without", "with") if r % 2 == 0 else ("with", "without"):
                 amm_rules(mode == "with")
-                keys = _state.new_key_names(state, n_tasks // 2)
+                keys = scheduler_state.new_key_names(state, n_tasks // 2)
                 gc.collect()
                 start = time.perf_counter()
-                n = _state.compute_keys(state, keys, chains=True, stimulus=f"tput-{r}")
-                n += _state.release_keys(state, keys, stimulus=f"tput-{r}")
+                n = scheduler_state.compute_keys(state, keys, chains=True, stimulus=f"tput-{r}")
+                n += scheduler_state.release_keys(state, keys, stimulus=f"tput-{r}")
                 elapsed = time.perf_counter() - start
                 rates[mode].append(n / elapsed)
                 counts.append(n)
@@ -548,7 +548,7 @@ class _Recorder(SchedulerPlugin):
         self.calls.append((key, start, finish, kwargs))
 
 
-def hook_cost(state: _state.BenchState, policy: RulesPolicy, n_tasks: int) -> float:
+def hook_cost(state: scheduler_state.BenchState, policy: RulesPolicy, n_tasks: int) -> float:
     """Seconds per call of the engine's ``transition`` hook.
 
     The calls of one (untimed) run of the graph are recorded with their arguments,
@@ -558,9 +558,9 @@ def hook_cost(state: _state.BenchState, policy: RulesPolicy, n_tasks: int) -> fl
     scheduler = state.scheduler
     recorder = _Recorder()
     scheduler.add_plugin(recorder, name="bench-recorder")
-    keys = _state.new_key_names(state, n_tasks // 2)
-    _state.compute_keys(state, keys, chains=True, stimulus="record")
-    _state.release_keys(state, keys, stimulus="record")
+    keys = scheduler_state.new_key_names(state, n_tasks // 2)
+    scheduler_state.compute_keys(state, keys, chains=True, stimulus="record")
+    scheduler_state.release_keys(state, keys, stimulus="record")
     scheduler.remove_plugin(name="bench-recorder")
     calls = recorder.calls
     best = float("inf")

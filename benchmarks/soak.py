@@ -13,10 +13,11 @@ New workers join to replace the lost ones, mid-computation. After each round:
 - at the end, no held key was ever computed twice (each is computed by a task under
   its own key that counts its runs), and the engine logged no ``error`` event.
 
-The round logic is shared with ``tests/test_chaos.py`` (``tests/chaos_support.py``).
+The round logic is shared with ``tests/engine/test_chaos.py`` (:mod:`tests.support.chaos`).
+From the repository root:
 
-    python benchmarks/soak.py --minutes 3
-    python benchmarks/soak.py --minutes 0.5 --workers 8 --keys 40
+    python -m benchmarks.soak --minutes 3
+    python -m benchmarks.soak --minutes 0.5 --workers 8 --keys 40
 
 Prints a table and writes ``benchmarks/results/soak.json``.
 """
@@ -30,16 +31,15 @@ import logging
 import platform
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import dask
+from distributed import Client, Scheduler, Worker
+from distributed.core import Status
 
-import dask  # noqa: E402
-from chaos_support import (  # noqa: E402
+from tests.support.chaos import (
     ChaosStats,
     busiest_holders,
     combine,
@@ -51,9 +51,8 @@ from chaos_support import (  # noqa: E402
     recomputed,
     wait_for_targets,
 )
-from distributed import Client, Scheduler, Worker  # noqa: E402
-from distributed.core import Status  # noqa: E402
 
+ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "soak.json"
 N = 3
 

@@ -15,7 +15,7 @@ writes ``benchmarks/results/startup.json``. Commands run round-robin after one u
 warm-up each; bytecode is written (to a temporary directory), as it is for an
 installed package.
 
-Usage: ``python benchmarks/startup.py [--runs N]``
+Usage, from the repository root: ``python -m benchmarks.startup [--runs N]``
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ with diagnostics, errors or events, never a traceback, never a hang, and the sch
 keeps running with everything else intact.
 
 - Rules files: a seeded fuzz run of 10,000 generated, mutated and spliced files
-  (``tests/rules_fuzzer.py``; ``benchmarks/fuzz_rules.py`` runs longer ones), each
+  (:mod:`tests.support.fuzzer`; ``benchmarks/fuzz_rules.py`` runs longer ones), each
   checked under a per-file alarm as a hang detector.
 - YAML: tags that construct objects are errors and construct nothing; alias bombs,
   recursive aliases and deep nesting are refused with a clear error before they cost
@@ -36,19 +36,8 @@ from typing import Any
 
 import dask
 import pytest
-from amm_policy_support import (
-    RELOADABLE,
-    amm_config,
-    events,
-    holders,
-    inc,
-    no_errors,
-    policy_of,
-    rules,
-)
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import async_poll_for, gen_cluster
-from rules_fuzzer import cases, check_and_run, seed_files
 
 import amm_rules
 from amm_rules.engine.policy import RulesPolicy
@@ -58,6 +47,17 @@ from amm_rules.language.fields import ActionError
 from amm_rules.language.loader import check_path, check_text, load_ruleset
 from amm_rules.language.ruleset import TaskFacts
 from amm_rules.language.yaml_source import MAX_BYTES
+from tests.support.cluster import (
+    RELOADABLE,
+    amm_config,
+    events,
+    holders,
+    inc,
+    no_errors,
+    policy_of,
+    rules,
+)
+from tests.support.fuzzer import cases, check_and_run, seed_files
 
 #: Generous per-file bound: checking a rules file takes milliseconds.
 HANG_SECONDS = 5.0

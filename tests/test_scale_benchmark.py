@@ -1,4 +1,4 @@
-"""Smoke test of the scale benchmark's state builder (``benchmarks/_state.py``).
+"""Smoke test of the scale benchmark's state builder (:mod:`tests.support.scheduler_state`).
 
 The benchmark's numbers mean something only if the state it builds is a consistent
 scheduler state in which the rules are already met. This builds a small one (2,000
@@ -9,11 +9,8 @@ cycle and one stock ReduceReplicas cycle on it. No timing is asserted.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -21,26 +18,12 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension, Redu
 
 from amm_rules import load_ruleset
 from amm_rules.engine.policy import RulesPolicy
+from tests.support import scheduler_state
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 RULES = BENCHMARKS / "rules" / "scale.yaml"
 N_KEYS = 2_000
 N_WORKERS = 10
-
-
-def _load_state_module() -> ModuleType:
-    # benchmarks/ is not a package: load the builder from its file.
-    spec = importlib.util.spec_from_file_location(
-        "amm_rules_bench_state", BENCHMARKS / "_state.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while defining
-    spec.loader.exec_module(module)
-    return module
-
-
-_state = _load_state_module()
 
 
 @pytest.fixture
@@ -52,7 +35,9 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 @pytest.fixture
 def state(loop: asyncio.AbstractEventLoop) -> Iterator[Any]:
-    built = loop.run_until_complete(_state.build_state(N_KEYS, N_WORKERS, load_ruleset(RULES)))
+    built = loop.run_until_complete(
+        scheduler_state.build_state(N_KEYS, N_WORKERS, load_ruleset(RULES))
+    )
     yield built
     loop.run_until_complete(built.scheduler.close())
 
@@ -76,7 +61,7 @@ def test_state_is_consistent(state: Any) -> None:
     in_memory = [ts for ts in s.tasks.values() if ts.state == "memory"]
     assert len(in_memory) == N_KEYS == len(state.keys)
     assert len(s.workers) == N_WORKERS == len(s.running)
-    assert len(s.task_prefixes) == len(_state.PREFIXES)
+    assert len(s.task_prefixes) == len(scheduler_state.PREFIXES)
     # 2 of every 10 workers declare a GPU, through the scheduler's resource bookkeeping.
     assert len(s.resources["GPU"]) == 2 * N_WORKERS // 10
     assert sum(len(dh["addresses"]) for dh in s.host_info.values()) == N_WORKERS
@@ -128,7 +113,7 @@ def test_rules_met_and_extra_copies_dropped(state: Any) -> None:
         for ts in s.tasks.values()
         if ts.prefix.name == "mul_0" and ts.key not in policy.index
     )
-    _state.add_copies(state, [two, free])
+    scheduler_state.add_copies(state, [two, free])
     copies, drops = run_cycle(state, rules_amm)
     assert copies == []
     assert sorted(k for k, _ in drops) == sorted([two, free])
@@ -141,15 +126,15 @@ def test_lost_copies_and_new_keys(state: Any) -> None:
     assert run_cycle(state, rules_amm) == ([], [])
 
     # A replicated key that lost a copy gets it back.
-    (lost,) = _state.lose_copies(state, 1)
+    (lost,) = scheduler_state.lose_copies(state, 1)
     copies, drops = run_cycle(state, rules_amm)
     assert [k for k, _ in copies] == [lost] and drops == []
 
     # New keys go through the scheduler's transitions into memory and out again.
-    keys = _state.new_key_names(state, 100)
-    transitions = _state.compute_keys(state, keys)
+    keys = scheduler_state.new_key_names(state, 100)
+    transitions = scheduler_state.compute_keys(state, keys)
     assert transitions >= 3 * len(keys)  # released -> waiting -> processing -> memory
     assert all(s.tasks[k].state == "memory" for k in keys)
     assert not state.outbox
-    _state.release_keys(state, keys)
+    scheduler_state.release_keys(state, keys)
     assert not any(k in s.tasks for k in keys)

@@ -1,0 +1,100 @@
+"""``amm-rules demo``, end to end: a real local cluster obeying the demo rules."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from amm_rules import demo
+from amm_rules.cli import main as cli
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_demo(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["demo", *args], catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def table_row(output: str, section: str, rule: str) -> list[str]:
+    """The cells of ``rule``'s row in the per-rule table following ``section``."""
+    text = output.split(section, 1)[1]
+    for line in text.splitlines():
+        if line.startswith(rule + " "):
+            return re.split(r"\s{2,}", line.strip())
+    raise AssertionError(f"no row for {rule!r} after {section!r} in:\n{output}")
+
+
+def test_demo_meets_every_target():
+    code, output = run_demo()
+    assert code == 0, output
+    assert "Every target is met." in output
+    for rule in ("precious", "device-data", "host-data", "big-frames"):
+        table_row(output, "Before", rule)
+        table_row(output, "After", rule)
+    # Before: precious keys have one copy each and device/host data sit on the wrong
+    # workers; after: three copies, and every placement is right.
+    assert table_row(output, "Before", "precious")[-3:] == ["1", "0/3", "3/3"]
+    assert table_row(output, "After", "precious")[-3:] == ["3", "3/3", "3/3"]
+    assert table_row(output, "Before", "device-data")[-1] == "0/4"
+    assert table_row(output, "After", "device-data")[-1] == "4/4"
+    assert table_row(output, "After", "host-data")[-1] == "4/4"
+    # Broadcast scratch data, which no rule targets, is trimmed back to one copy.
+    assert table_row(output, "After", "(no rule)")[-3:] == ["1", "3/3", "3/3"]
+    # The per-worker table names every worker and its pool.
+    after = output.split("After", 1)[1]
+    assert re.search(r"^gpu-0\s+\S+\s+gpu\s", after, re.M)
+    assert re.search(r"^cpu-3\s+\S+\s+cpu\s", after, re.M)
+
+
+def test_demo_with_another_rules_file(tmp_path):
+    rules = tmp_path / "mine.yaml"
+    rules.write_text(
+        "version: 1\n"
+        "rules:\n"
+        "  - name: two-of-each\n"
+        '    match: task.prefix in ["precious", "device", "host"]\n'
+        "    replicate: 2\n"
+    )
+    code, output = run_demo("--rules", str(rules))
+    assert code == 0, output
+    assert table_row(output, "After", "two-of-each")[-3:] == ["2", "11/11", "11/11"]
+
+
+def test_demo_refuses_an_invalid_rules_file(tmp_path):
+    rules = tmp_path / "broken.yaml"
+    rules.write_text(
+        "version: 1\nrules:\n  - name: x\n    match: task.prefx == 1\n    replicate: 2\n"
+    )
+    code, output = run_demo("--rules", str(rules))
+    assert code == 1
+    assert f"{rules}:4:" in output
+
+
+def test_demo_rules_default_to_the_examples_file():
+    assert demo.default_rules_path() == REPO / "examples" / "rules" / "demo.yaml"
+
+
+def test_demo_reports_a_target_it_cannot_meet(tmp_path):
+    # Two GPU workers cannot hold three copies: the demo stops once nothing more can be
+    # done, exits 1, and shows the engine's own explanation.
+    rules = tmp_path / "too-many.yaml"
+    rules.write_text(
+        "version: 1\n"
+        "pools:\n"
+        "  gpu: worker.resources.GPU >= 1\n"
+        "rules:\n"
+        "  - name: too-many\n"
+        '    match: task.prefix == "device"\n'
+        "    replicate: 3\n"
+        "    pool: gpu\n"
+    )
+    code, output = run_demo("--rules", str(rules))
+    assert code == 1
+    assert table_row(output, "After", "too-many")[-3:] == ["2", "0/4", "4/4"]
+    assert "Some targets are not met" in output
+    assert re.search(
+        r"^  device-0: on 2 workers, wants replicate=3 from rule too-many", output, re.M
+    )

@@ -1,0 +1,97 @@
+"""Chaos with real worker processes: a worker process is killed with SIGKILL, as the
+kernel's out-of-memory killer or a failing machine would, and its nanny starts a new one.
+
+The in-process chaos tests (``tests/engine/test_chaos.py``) imitate a crash by cutting the
+worker's connections; here the operating system does it. What must hold is the same:
+no held key loses its data while fewer holders than its target die at once, targets
+come back (the new worker counts as soon as it joins), no held key is recomputed, and
+results stay correct.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import os
+import signal
+import sys
+from collections import Counter
+from typing import Any
+
+import dask
+import pytest
+from distributed import Client, LocalCluster
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.utils_test import gen_test
+
+from tests.support.chaos import busiest_holders, held_rules, lost, wait_for_targets
+from tests.support.cluster import amm_config, no_errors, policy_of
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+
+N = 2
+KEYS = [f"held-{i}" for i in range(16)]
+#: Bytes of a held key: its name repeated, so that every key's data is distinct.
+REPEAT = 2_000
+
+
+class Executions(SchedulerPlugin):
+    """Counts, on the scheduler, how often each key started processing."""
+
+    def __init__(self) -> None:
+        self.processing: Counter[str] = Counter()
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kw: Any) -> None:
+        if finish == "processing":
+            self.processing[key] += 1
+
+
+@gen_test(timeout=180)
+async def test_sigkill_of_worker_processes_loses_no_held_key() -> None:
+    # Builtins only: worker processes cannot import this test module.
+    with dask.config.set(amm_config(held_rules(N), inflight_timeout=2.0)):
+        async with (
+            LocalCluster(
+                n_workers=4,
+                threads_per_worker=1,
+                processes=True,
+                asynchronous=True,
+                dashboard_address=":0",
+                memory_limit="1 GiB",
+            ) as cluster,
+            Client(cluster, asynchronous=True) as c,
+        ):
+            s = cluster.scheduler
+            executions = Executions()
+            s.add_plugin(executions, name="executions")
+            held = {k: c.submit(operator.mul, k.encode(), REPEAT, key=k) for k in KEYS}
+            await c.gather(list(held.values()))
+            await wait_for_targets(s, KEYS, N, max_cycles=400)
+
+            for round_ in range(2):
+                # A computation over the held keys runs while the process dies.
+                pairs = [(KEYS[i], KEYS[(i * 5 + 3) % len(KEYS)]) for i in range(len(KEYS))]
+                sums = [
+                    c.submit(operator.add, held[a], held[b], key=f"sum-{round_}-{i}")
+                    for i, (a, b) in enumerate(pairs)
+                ]
+                (victim,) = busiest_holders(s, KEYS, 1)
+                pids = await c.run(os.getpid, workers=[victim])
+                os.kill(pids[victim], signal.SIGKILL)
+                while victim in s.workers:
+                    await asyncio.sleep(0.01)
+                assert lost(s, KEYS) == []
+                await wait_for_targets(s, KEYS, N, max_cycles=400)
+                results = await c.gather(sums)
+                assert results == [a.encode() * REPEAT + b.encode() * REPEAT for a, b in pairs]
+                del sums
+
+            # The nannies brought the cluster back to four workers, and the new ones
+            # took copies like any other worker.
+            while len(s.workers) < 4:
+                await asyncio.sleep(0.05)
+            await wait_for_targets(s, KEYS, N, max_cycles=400)
+            assert await c.gather([held[k] for k in KEYS]) == [k.encode() * REPEAT for k in KEYS]
+            assert {k: executions.processing[k] for k in KEYS} == dict.fromkeys(KEYS, 1)
+            assert policy_of(s).cycles > 0
+            no_errors(s)

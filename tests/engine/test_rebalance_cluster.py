@@ -1,0 +1,434 @@
+"""Rebalancing in RulesPolicy on real clusters (``gen_cluster``, AMM every 50 ms).
+
+Workers run in one process, so process memory says nothing about any one of them: the
+rules measure ``managed`` memory (the bytes of the keys each worker holds), against a
+small memory limit so that a few 100 kB arrays make meaningful fractions. The worker's
+own memory monitor (spill, pause, terminate) is switched off: it reads process memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import Counter
+from collections.abc import Generator, Hashable
+from typing import Any
+
+import numpy as np
+from distributed import Event
+from distributed.active_memory_manager import ActiveMemoryManagerExtension
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.utils_test import BlockedGetData, async_poll_for, gen_cluster
+
+from amm_rules.engine.policy import RulesPolicy
+from amm_rules.engine.rebalance.planner import WorkerLoad, minimum_bytes_to_balance
+from amm_rules.engine.rebalance.rebalancer import READ_SOON
+from tests.support.cluster import amm_config, events, holders, no_errors, policy_of, rules
+
+MiB = 2**20
+LIMIT = 10 * MiB
+#: Bytes of one test key (a numpy array: its nbytes are exact).
+KEY = 100_000
+GPU = {"resources": {"GPU": 1}}
+AMM = "distributed.scheduler.active-memory-manager"
+
+
+def config(*entries: dict[str, Any], pools: dict[str, str] | None = None, **rebalance: Any):
+    """gen_cluster config: RulesPolicy with a ``rebalance`` section measuring managed
+    memory, a ``cycle`` event per busy cycle, and no worker memory monitor."""
+    section = {"measure": "managed", "sender-min": "10%", **rebalance}
+    out = amm_config(rules(*entries, pools=pools, rebalance=section), summary_interval=0)
+    for name in ("target", "spill", "pause", "terminate"):
+        out[f"distributed.worker.memory.{name}"] = False
+    return out
+
+
+def array(i: int) -> np.ndarray:
+    return np.full(KEY // 8, float(i))
+
+
+def fractions(s: Any) -> dict[str, float]:
+    return {a: ws.memory.managed / ws.memory_limit for a, ws in s.workers.items()}
+
+
+def spread_ratio(s: Any) -> float:
+    """Fullest worker over the mean, as fractions of each worker's limit."""
+    f = fractions(s)
+    mean = sum(ws.memory.managed for ws in s.workers.values()) / sum(
+        ws.memory_limit for ws in s.workers.values()
+    )
+    return max(f.values()) / mean
+
+
+def minimum_to_balance(s: Any) -> int:
+    return minimum_bytes_to_balance(
+        WorkerLoad(a, ws.memory.managed, ws.memory_limit) for a, ws in s.workers.items()
+    )
+
+
+def skipped(s: Any) -> Counter[str]:
+    """Keys rebalancing looked at and did not move, by reason, over the cycle events."""
+    out: Counter[str] = Counter()
+    for e in events(s, "cycle"):
+        out.update(e.get("rebalance", {}).get("skipped", {}))
+    return out
+
+
+def settled(s: Any) -> bool:
+    """Nothing in flight and the last plan found nothing to do."""
+    r = policy_of(s).rebalancer
+    return r.last_plan is not None and not r.book.pending and not r.last_plan.moves
+
+
+def observe_copies(policy: Any) -> list[int]:
+    """Record, per AMM cycle, the bytes of the copies the AMM accepted from the policy.
+    Wraps the policy's ``run`` generator and passes every suggestion and answer through."""
+    per_cycle: list[int] = []
+    run = policy.run
+
+    def observed() -> Generator[Any, Any, None]:
+        gen = run()
+        copied = 0
+        answer = None
+        try:
+            while True:
+                suggestion = gen.send(answer)
+                answer = yield suggestion
+                if suggestion.op == "replicate" and answer is not None:
+                    copied += suggestion.ts.nbytes
+        except StopIteration:
+            pass
+        per_cycle.append(copied)
+
+    policy.run = observed
+    return per_cycle
+
+
+class TransitionCounter(SchedulerPlugin):
+    """Counts, per key, how often it started processing and how often it erred."""
+
+    def __init__(self) -> None:
+        self.processing: Counter[Hashable] = Counter()
+        self.erred: Counter[Hashable] = Counter()
+
+    def transition(self, key: Hashable, start: str, finish: str, *args: Any, **kw: Any) -> None:
+        if finish == "processing":
+            self.processing[key] += 1
+        elif finish == "erred":
+            self.erred[key] += 1
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 4,
+    worker_kwargs={"memory_limit": LIMIT},
+    config=config({"name": "pair", "match": 'task.key matches "pair-*"', "replicate": 2}),
+)
+async def test_converges_from_an_imbalance(c, s, a, *others):
+    pairs = await c.scatter({f"pair-{i}": array(i) for i in range(5)}, workers=[a.address])
+    await async_poll_for(lambda: all(len(holders(s, k)) == 2 for k in pairs), timeout=5)
+    data = await c.scatter({f"x-{i}": array(i) for i in range(40)}, workers=[a.address])
+    policy = policy_of(s)
+    assert fractions(s)[a.address] > 0.4
+    needed = minimum_to_balance(s)
+
+    await async_poll_for(lambda: spread_ratio(s) <= 1.15 and settled(s), timeout=15)
+    status = policy.rebalancer.status()
+    # Bytes copied against the least that had to move (each copy is a whole key).
+    assert status["totals"]["bytes"] <= 1.2 * needed + KEY
+    assert status["totals"]["done"] == status["totals"]["moves"] > 0
+    assert status["void_reasons"] == {}
+    # A move is a copy and a drop: every key keeps its number of copies.
+    assert all(len(holders(s, k)) == 1 for k in data)
+    assert all(len(holders(s, k)) == 2 for k in pairs)
+    assert policy.totals["pair"]["dropped"] == 0
+    assert [float(x[0]) for x in await c.gather(list(data.values()))] == list(range(40))
+
+    # Reported: counters under (rebalance), a rebalance section in the cycle event.
+    assert policy.totals["(rebalance)"]["requested"] == status["totals"]["moves"]
+    cycle = [e for e in events(s, "cycle") if e.get("rebalance", {}).get("moves")]
+    assert cycle and cycle[0]["rebalance"]["roles"][a.address] == "sender"
+    explained = await c.scheduler.amm_rules_explain(keys=["x-0", "pair-0"])
+    assert explained["x-0"]["rebalance"] in (None, {"moving": False, "cooling": True})
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 3,
+    worker_kwargs={"memory_limit": LIMIT},
+    # The AMM starts once all the data is in place.
+    config={**config(**{"sender-min": "0%", "gap": "10%"}), f"{AMM}.start": False},
+)
+async def test_no_movement_inside_the_gap(c, s, a, b, w):
+    # 11%, 10% and 9% of the limit against a mean of 10%: all within gap / 2.
+    futures = []
+    for worker, n in ((a, 11), (b, 10), (w, 9)):
+        size = int(LIMIT * n / 100 / 10) // 8
+        data = {f"{worker.name}-{i}": np.ones(size) for i in range(10)}
+        futures += (await c.scatter(data, workers=[worker.address])).values()
+    before = {k: holders(s, k) for k in s.tasks}
+    policy = policy_of(s)
+    cycles = policy.cycles
+    await c.amm.start()
+    await async_poll_for(lambda: policy.cycles >= cycles + 10, timeout=5)
+    assert {k: holders(s, k) for k in s.tasks} == before
+    assert policy.rebalancer.totals["moves"] == 0
+    assert set(policy.rebalancer.last_plan.roles.values()) == {"within gap"}
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 4,
+    worker_kwargs={"memory_limit": LIMIT},
+    config=config(**{"max-bytes-per-cycle": 3 * KEY + KEY // 2}),
+)
+async def test_budget_is_respected_every_cycle(c, s, a, *others):
+    per_cycle = observe_copies(policy_of(s))
+    data = await c.scatter({f"x-{i}": array(i) for i in range(40)}, workers=[a.address])
+    await async_poll_for(lambda: settled(s) and spread_ratio(s) <= 1.15, timeout=15)
+    # 3.5 keys of budget: three whole keys per cycle, never more, over several cycles.
+    assert max(per_cycle) == 3 * KEY
+    assert sum(1 for b in per_cycle if b) >= 30 // 3
+    assert all(len(holders(s, k)) == 1 for k in data)
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1, GPU), ("", 1, GPU), ("", 1), ("", 1)],
+    worker_kwargs={"memory_limit": LIMIT},
+    config=config(
+        {"name": "frozen", "match": 'task.key matches "frozen-*"', "move": "never"},
+        {"name": "device", "match": 'task.key matches "gpu-*"', "pool": "gpu"},
+        pools={"gpu": "worker.resources.GPU >= 1"},
+        match='not (task.key matches "pinned-*")',
+    ),
+)
+async def test_pools_move_never_and_match_are_respected(c, s, g1, g2, w1, w2):
+    # Oldest keys are offered first: the frozen and pinned ones, then the pool's, then free.
+    futures = {}
+    for prefix, n in (("frozen", 8), ("pinned", 8), ("gpu", 16), ("x", 16)):
+        data = {f"{prefix}-{i}": array(i) for i in range(n)}
+        futures.update(await c.scatter(data, workers=[g1.address]))
+    policy = policy_of(s)
+    await async_poll_for(lambda: settled(s) and policy.rebalancer.totals["moves"] > 0, timeout=15)
+
+    where = {k: holders(s, k) for k in s.tasks}
+    assert all(where[f"frozen-{i}"] == {g1.address} for i in range(8))
+    assert all(where[f"pinned-{i}"] == {g1.address} for i in range(8))
+    assert all(len(where[f"gpu-{i}"]) == 1 for i in range(16))
+    gpu_moved = {next(iter(where[f"gpu-{i}"])) for i in range(16)} - {g1.address}
+    assert gpu_moved == {g2.address}, "pool keys move inside the pool only"
+    assert any(where[f"x-{i}"] & {w1.address, w2.address} for i in range(16))
+
+    reasons = skipped(s)
+    assert reasons["move: never (rule frozen)"] > 0
+    assert reasons["outside rebalance.match"] > 0
+    no_errors(s)
+
+
+def slow_sum(x: np.ndarray) -> float:
+    time.sleep(0.02)
+    return float(x.sum())
+
+
+def gated_sum(x: np.ndarray) -> float:
+    Event("readers-go").wait()
+    return float(x.sum())
+
+
+def make(i: int) -> np.ndarray:
+    return array(i)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 4,
+    worker_kwargs={"memory_limit": LIMIT},
+    config=config(**{"max-bytes-per-cycle": 4 * KEY}),
+)
+async def test_rebalance_while_computing_erres_and_recomputes_nothing(c, s, a, *others):
+    counter = TransitionCounter()
+    s.add_plugin(counter, name="transition-counter")
+    go = Event("readers-go")
+    # Readers of the first quarter are submitted with the data and held until rebalance
+    # has run: the keys they read stay put while the others move. (The data goes first:
+    # a blocked reader holds the worker's only thread.)
+    keys = [f"data-{i}" for i in range(40)]
+    data = c.map(make, range(40), key=keys, workers=[a.address], priority=10)
+    first = c.map(gated_sum, data[:10], key=[f"first-{i}" for i in range(10)])
+    policy = policy_of(s)
+    await async_poll_for(
+        lambda: policy.rebalancer.totals["done"] >= 10 and skipped(s)[READ_SOON] > 0,
+        timeout=10,
+    )
+    assert all(holders(s, f.key) == {a.address} for f in data[:10])
+    await go.set()
+    expected = [float(KEY // 8 * i) for i in range(40)]
+    assert await c.gather(first) == expected[:10]
+
+    # Waves of readers while rebalance goes on.
+    for wave in range(8):
+        part = slice(wave % 4 * 10, (wave % 4 + 1) * 10)
+        readers = c.map(slow_sum, data[part], key=[f"sum-{wave}-{i}" for i in range(10)])
+        assert await c.gather(readers) == expected[part]
+        del readers
+    await async_poll_for(lambda: settled(s) and spread_ratio(s) <= 1.15, timeout=15)
+
+    assert not counter.erred
+    assert max(counter.processing.values()) == 1, "a key was computed twice"
+    assert all(len(holders(s, f.key)) == 1 for f in data)
+    assert [float(x[0]) for x in await c.gather(data)] == list(range(40))
+    no_errors(s)
+
+
+def gated_input() -> float:
+    Event("input-go").wait()
+    return 1.0
+
+
+def add_sum(x: np.ndarray, y: float) -> float:
+    return float(x.sum()) + y
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 4,
+    worker_kwargs={"memory_limit": LIMIT},
+    config=config(),
+)
+async def test_a_key_whose_dependent_still_waits_stays_put(c, s, a, *others):
+    """A dependent waiting for another input will read the key wherever it is then
+    scheduled: moving the key now buys nothing, while the other keys move."""
+    data = await c.scatter({f"x-{i}": array(i) for i in range(40)}, workers=[a.address])
+    go = Event("input-go")
+    other = c.submit(gated_input, key="other-input", workers=[others[0].address])
+    waiting = c.submit(add_sum, data["x-0"], other, key="waits")
+    await async_poll_for(
+        lambda: "waits" in s.tasks and s.tasks["waits"].state == "waiting", timeout=5
+    )
+    policy = policy_of(s)
+    await async_poll_for(
+        lambda: policy.rebalancer.totals["done"] >= 10 and skipped(s)[READ_SOON] > 0,
+        timeout=10,
+    )
+    assert holders(s, "x-0") == {a.address}
+    await go.set()
+    assert await waiting == float(KEY // 8 * 0) + 1.0
+    del waiting, other
+    await async_poll_for(lambda: settled(s) and spread_ratio(s) <= 1.15, timeout=15)
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 4,
+    Worker=BlockedGetData,
+    worker_kwargs={"memory_limit": LIMIT},
+    config=config(),
+)
+async def test_recipient_dying_mid_move_loses_nothing(c, s, a, b, w1, w2):
+    for worker in (b, w1, w2):
+        worker.block_get_data.set()
+    data = await c.scatter({f"x-{i}": array(i) for i in range(40)}, workers=[a.address])
+    policy = policy_of(s)
+    # The sender does not answer: the copies stay in flight.
+    await a.in_get_data.wait()
+    await async_poll_for(
+        lambda: any(p.recipient == b.address for p in policy.rebalancer.book.pending.values()),
+        timeout=5,
+    )
+    await b.close()
+    await async_poll_for(lambda: b.address not in s.workers, timeout=5)
+    await async_poll_for(
+        lambda: policy.rebalancer.void_reasons["recipient left the cluster"] > 0, timeout=5
+    )
+    assert all(holders(s, k) for k in data), "a key lost its last copy"
+
+    a.block_get_data.set()
+    await async_poll_for(lambda: settled(s) and spread_ratio(s) <= 1.15, timeout=20)
+    assert all(len(holders(s, k)) == 1 for k in data)
+    assert [float(x[0]) for x in await c.gather(list(data.values()))] == list(range(40))
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 3,
+    worker_kwargs={"memory_limit": LIMIT},
+    config=config(),
+)
+async def test_sender_dying_after_the_copy_landed_loses_nothing(c, s, a, b, w):
+    data = await c.scatter({f"x-{i}": array(i) for i in range(30)}, workers=[a.address])
+    policy = policy_of(s)
+    await async_poll_for(lambda: policy.rebalancer.totals["done"] >= 5, timeout=10)
+    moved = [k for k in data if holders(s, k) - {a.address}]
+    await a.close()
+    await async_poll_for(lambda: a.address not in s.workers, timeout=5)
+    # The keys that had moved are still there; the others were lost with their only
+    # copy, as they would have been without rebalancing.
+    assert moved and all(holders(s, k) for k in moved)
+    await asyncio.sleep(0.2)
+    no_errors(s)
+
+
+REBALANCE_FILE = """\
+version: 1
+rebalance:
+  enabled: {enabled}
+  measure: managed
+  sender-min: 10%
+"""
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 3,
+    Worker=BlockedGetData,
+    worker_kwargs={"memory_limit": LIMIT},
+    config={**config(), **amm_config(None, start=False)},
+)
+async def test_moves_in_flight_are_finished_after_a_reload_turns_rebalance_off(
+    c, s, a, b, w, tmp_path
+):
+    for worker in (b, w):
+        worker.block_get_data.set()
+    path = tmp_path / "rules.yaml"
+    path.write_text(REBALANCE_FILE.format(enabled="true"))
+    policy = RulesPolicy(str(path))
+    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
+    data = await c.scatter({f"x-{i}": array(i) for i in range(30)}, workers=[a.address])
+    amm.run_once()
+    started = policy.rebalancer.totals["moves"]
+    assert started > 0 and len(policy.rebalancer.book.pending) == started
+    await a.in_get_data.wait()  # the copies are stuck on the sender
+    moving = next(iter(policy.rebalancer.book.pending.values()))
+    explained = s.handlers["amm_rules_explain"](keys=[moving.key])[moving.key]["rebalance"]
+    assert explained["moving"] and not explained["landed"]
+    assert (explained["sender"], explained["recipient"]) == (a.address, moving.recipient)
+    status = s.handlers["amm_rules_status"]()["rebalance"]
+    assert status["in_flight"] == started and status["in_flight_bytes"] == started * KEY
+
+    # Atomic replace: a new inode, so the reload is seen even within the same mtime tick.
+    tmp = tmp_path / "rules.tmp"
+    tmp.write_text(REBALANCE_FILE.format(enabled="false"))
+    os.replace(tmp, path)
+    amm.run_once()
+    assert not policy.ruleset.rebalance.enabled
+    assert len(policy.rebalancer.book.pending) == started, "moves in flight are kept"
+
+    a.block_get_data.set()
+    for _ in range(40):
+        amm.run_once()
+        await asyncio.sleep(0.02)
+        if not policy.rebalancer.book.pending:
+            break
+    # Each move finished: a copy landed and the sender's copy was dropped; none started.
+    assert policy.rebalancer.totals["done"] == started == policy.rebalancer.totals["moves"]
+    assert all(len(holders(s, k)) == 1 for k in data)
+    assert sum(a.address in holders(s, k) for k in data) == 30 - started
+    no_errors(s)
+    policy.detach()

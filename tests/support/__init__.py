@@ -1,0 +1,14 @@
+"""Helpers shared by the tests and the benchmarks, imported as modules
+(``from tests.support.cluster import amm_config``):
+
+- :mod:`.cluster`: real-cluster helpers for RulesPolicy (``amm_config``, ``copies``,
+  ``more_cycles``, ``policy_of``, shared rules texts);
+- :mod:`.chaos`: rounds of killing, pausing and retiring workers (the chaos tests and
+  ``benchmarks/soak.py``);
+- :mod:`.fuzzer`: the seeded generator of hostile rules files (the hostile-input tests and
+  ``benchmarks/fuzz_rules.py``);
+- :mod:`.scheduler_state`: a real scheduler holding a large cluster state, built in one
+  process without a network (``benchmarks/scale.py`` and its smoke test).
+- :mod:`.layout`: the package's imports read with :mod:`ast`, and the layout rules
+  (``tests/test_layout.py``).
+"""

@@ -1,0 +1,305 @@
+"""The package's layout, kept by reading its imports with :mod:`ast` (nothing is imported).
+
+The checker and the precise rules are in :mod:`tests.support.layout`; in short, a test
+fails, naming ``file:line`` and the rule, when
+
+1. anything under ``amm_rules/language/`` imports ``dask``, ``distributed`` or any part of
+   ``amm_rules`` outside ``amm_rules.language`` (``TYPE_CHECKING`` imports too);
+2. the language half, or one of the engine's pure parts (``engine/planner.py``,
+   ``engine/view.py``, ``engine/classify.py``, ``engine/rebalance/planner.py``), imports
+   ``dask`` or ``distributed``, itself or through what it imports at run time;
+3. a part of the package (the root module, ``language``, ``engine`` with ``engine.rebalance``
+   inside it, ``client``, ``cli``, ``demo``, ...) imports another that imports it back,
+   directly or through others, by any import (``TYPE_CHECKING`` and in functions too): the
+   parts form a ladder, computed from the imports;
+4. modules import each other, directly or through others, at run time (module-level
+   imports; those in functions and under ``TYPE_CHECKING`` are exempt);
+5. anything in ``tests/`` or ``benchmarks/`` edits ``sys.path`` or loads a module by its
+   file path.
+
+The checker first runs on small trees written to a temporary directory, one planted
+violation of each rule and a clean tree that must pass, so that a clean result means a
+clean package and not a blind checker; and the scan of the real package must find the
+modules the rules name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from tests.support.layout import (
+    Tree,
+    Violation,
+    check_language,
+    check_module_cycles,
+    check_no_dask,
+    check_package,
+    check_package_cycles,
+    check_paths,
+    read_tree,
+    within,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = "amm_rules"
+LANGUAGE = "amm_rules.language"
+#: The engine's pure parts: run by tests, hypothesis and the benchmarks without a cluster.
+PURE = (
+    "amm_rules.engine.planner",
+    "amm_rules.engine.view",
+    "amm_rules.engine.classify",
+    "amm_rules.engine.rebalance.planner",
+)
+#: Where shared code is imported as modules (rule 5).
+SCRIPT_DIRS = ("tests", "benchmarks")
+
+
+# -- the package ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def package() -> Tree:
+    return read_tree(REPO, PACKAGE)
+
+
+def test_the_scan_finds_the_modules_the_rules_name(package: Tree) -> None:
+    assert set(PURE) <= set(package.modules), "a pure module moved: update PURE"
+    assert len([m for m in package.modules if within(m, LANGUAGE)]) >= 10
+    assert {"amm_rules", "amm_rules.engine.policy", "amm_rules.cli"} <= set(package.modules)
+    # Imports of every kind are seen, so a rule that skips some kinds is not vacuous.
+    kinds = {i.where for i in package.imports if within(i.target, PACKAGE)}
+    assert kinds == {"module", "function", "type-checking"}
+
+
+def test_the_language_half_imports_only_itself(package: Tree) -> None:
+    found = check_language(package, LANGUAGE, PACKAGE)
+    assert not found, "\n".join(map(str, found))
+
+
+def test_the_language_and_the_pure_parts_never_import_distributed(package: Tree) -> None:
+    language = [m for m in package.modules if within(m, LANGUAGE)]
+    found = check_no_dask(package, language, PACKAGE, direct=False)
+    found += check_no_dask(package, PURE, PACKAGE)
+    assert not found, "\n".join(map(str, found))
+
+
+def test_the_parts_of_the_package_form_a_ladder(package: Tree) -> None:
+    found = check_package_cycles(package, PACKAGE)
+    assert not found, "\n".join(map(str, found))
+
+
+def test_no_modules_import_each_other_at_run_time(package: Tree) -> None:
+    found = check_module_cycles(package, PACKAGE)
+    assert not found, "\n".join(map(str, found))
+
+
+def test_tests_and_benchmarks_import_shared_code_as_modules() -> None:
+    found = check_paths(REPO, SCRIPT_DIRS)
+    assert not found, "\n".join(map(str, found))
+
+
+# -- the checker, on planted violations -----------------------------------------------------
+
+
+def write_tree(root: Path, files: Mapping[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for directory in {(root / rel).parent for rel in files}:
+        while directory != root and not (directory / "__init__.py").exists():
+            (directory / "__init__.py").write_text("")
+            directory = directory.parent
+
+
+CLEAN = {
+    "pkg/__init__.py": (
+        "from typing import TYPE_CHECKING\nfrom pkg.language.rules import Rules\n"
+        "if TYPE_CHECKING:\n    from pkg.engine.policy import Policy\n"
+    ),
+    "pkg/language/rules.py": "import yaml\nfrom .expr import compile\nclass Rules: ...\n",
+    "pkg/language/expr/__init__.py": "from pkg.language.expr.parser import compile\n",
+    "pkg/language/expr/parser.py": "def compile():\n    from pkg.language import rules\n",
+    "pkg/engine/planner.py": (
+        "from pkg.engine.view import View\nfrom pkg.language.rules import Rules\n"
+    ),
+    "pkg/engine/view.py": "from typing import TYPE_CHECKING\nclass View: ...\n",
+    "pkg/engine/policy.py": (
+        "import distributed\nfrom pkg.engine.rebalance.rebalancer import Rebalancer\n"
+        "def attach():\n    from pkg.engine.handlers import register\n"
+    ),
+    "pkg/engine/handlers.py": (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from pkg.engine.policy import Policy\n"
+    ),
+    "pkg/engine/rebalance/rebalancer.py": (
+        "from pkg.engine.view import View\nclass Rebalancer: ...\n"
+    ),
+    "pkg/client.py": (
+        "import dask\nfrom pkg.language.rules import Rules\n"
+        "def explain():\n    from pkg.engine.view import View\n"
+    ),
+    "pkg/cli.py": (
+        "import importlib\nfrom pkg import Rules\n"
+        "def demo():\n    importlib.import_module('pkg.demo')\n"
+    ),
+    "pkg/demo.py": "from pkg.client import annotate\n",
+}
+CLEAN_PURE = ("pkg.engine.planner", "pkg.engine.view")
+
+
+def violations(tmp_path: Path, files: Mapping[str, str]) -> list[Violation]:
+    write_tree(tmp_path, files)
+    return check_package(read_tree(tmp_path, "pkg"), "pkg", "pkg.language", CLEAN_PURE)
+
+
+def test_a_clean_tree_passes(tmp_path: Path) -> None:
+    """Two-way imports through functions or TYPE_CHECKING, a subpackage importing its
+    parent, relative imports: none of them is a violation."""
+    assert violations(tmp_path, CLEAN) == []
+
+
+@pytest.mark.parametrize(
+    ("planted", "expected"),
+    [
+        pytest.param(
+            {"pkg/language/rules.py": "import yaml\n\n\ndef f():\n    import distributed\n"},
+            [
+                "pkg/language/rules.py:5: [language] imports distributed (function)",
+                # The language modules that import it, reported once, at the line to change.
+                "pkg/language/rules.py:5: [no-distributed] pkg.language.expr.parser imports"
+                " distributed at run time through pkg.language.expr.parser ->"
+                " pkg.language.rules -> distributed (pkg/language/rules.py:5)"
+                " (and 2 more guarded modules)",
+                # The pure modules, at the import by which they leave the pure ones.
+                "pkg/engine/planner.py:2: [no-distributed] pkg.engine.planner imports"
+                " distributed at run time through pkg.engine.planner -> pkg.language.rules",
+                "pkg/__init__.py:2: [no-distributed] pkg.engine.view imports distributed at run"
+                " time through pkg.engine.view -> pkg (its package) -> pkg.language.rules",
+            ],
+            id="language-function-import",
+        ),
+        pytest.param(
+            {"pkg/language/expr/parser.py": "if TYPE_CHECKING:\n    from dask import delayed\n"},
+            ["pkg/language/expr/parser.py:2: [language] imports dask (type-checking)"],
+            id="language-type-checking",
+        ),
+        pytest.param(
+            {"pkg/language/rules.py": "from pkg import __version__\n"},
+            [
+                "pkg/language/rules.py:1: [language] imports pkg, outside pkg.language (module)",
+                "pkg/__init__.py:2: [package-cycle] parts of the package import each other:"
+                " pkg -> pkg.language -> pkg; pkg -> pkg.language (pkg/__init__.py:2 module);"
+                " pkg.language -> pkg (pkg/language/rules.py:1 module)",
+                "pkg/__init__.py:2: [module-cycle] modules import each other:"
+                " pkg -> pkg.language.rules -> pkg;",
+            ],
+            id="language-imports-the-root",
+        ),
+        pytest.param(
+            {"pkg/language/rules.py": "from ..engine import view\n"},
+            [
+                "pkg/language/rules.py:1: [language] imports pkg.engine.view, outside",
+                "pkg/engine/planner.py:2: [package-cycle] parts of the package import each"
+                " other: pkg.engine -> pkg.language -> pkg.engine;",
+            ],
+            id="language-relative-import",
+        ),
+        pytest.param(
+            {"pkg/language/rules.py": "if TYPE_CHECKING:\n    from pkg.cli import main\n"},
+            [
+                "pkg/language/rules.py:2: [language] imports pkg.cli, outside pkg.language",
+                "pkg/__init__.py:2: [package-cycle] parts of the package import each other:"
+                " pkg -> pkg.language -> pkg.cli -> pkg; pkg -> pkg.language"
+                " (pkg/__init__.py:2 module); pkg.language -> pkg.cli (pkg/language/rules.py:2"
+                " type-checking); pkg.cli -> pkg (pkg/cli.py:2 module)",
+            ],
+            id="package-cycle-type-checking",
+        ),
+        pytest.param(
+            {"pkg/engine/view.py": "if TYPE_CHECKING:\n    from distributed import Scheduler\n"},
+            ["pkg/engine/view.py:2: [no-distributed] pkg.engine.view imports distributed"],
+            id="pure-type-checking",
+        ),
+        pytest.param(
+            {
+                "pkg/engine/view.py": "def f():\n    from pkg.engine import index\n",
+                "pkg/engine/index.py": "from distributed.diagnostics import plugin\n",
+            },
+            [
+                "pkg/engine/view.py:2: [no-distributed] pkg.engine.view imports"
+                " distributed.diagnostics at run time through pkg.engine.view ->"
+                " pkg.engine.index -> distributed.diagnostics (pkg/engine/index.py:1)"
+                " (and 1 more guarded module)",
+            ],
+            id="pure-through-another-module",
+        ),
+        pytest.param(
+            {"pkg/engine/__init__.py": "from pkg.engine.policy import Policy\n"},
+            [
+                "pkg/engine/__init__.py:1: [no-distributed] pkg.engine.planner imports"
+                " distributed at run time through pkg.engine.planner -> pkg.engine (its"
+                " package) -> pkg.engine.policy -> distributed (pkg/engine/policy.py:1)"
+                " (and 1 more guarded module)",
+            ],
+            id="pure-through-its-package",
+        ),
+        pytest.param(
+            {"pkg/engine/view.py": "def f():\n    from pkg.client import annotate\n"},
+            [
+                "pkg/client.py:4: [package-cycle] parts of the package import each other:"
+                " pkg.client -> pkg.engine -> pkg.client;"
+                " pkg.client -> pkg.engine (pkg/client.py:4 function);"
+                " pkg.engine -> pkg.client (pkg/engine/view.py:2 function)",
+                "pkg/engine/view.py:2: [no-distributed] pkg.engine.view imports dask at run time"
+                " through pkg.engine.view -> pkg.client -> dask (pkg/client.py:1)"
+                " (and 1 more guarded module)",
+            ],
+            id="package-cycle-function",
+        ),
+        pytest.param(
+            {
+                "pkg/engine/a.py": "import pkg.engine.b\n",
+                "pkg/engine/b.py": "try:\n    from pkg.engine import c\nexcept ImportError: ...\n",
+                "pkg/engine/c.py": "class C:\n    from pkg.engine.a import x\n",
+            },
+            [
+                "pkg/engine/a.py:1: [module-cycle] modules import each other:"
+                " pkg.engine.a -> pkg.engine.b -> pkg.engine.c -> pkg.engine.a;"
+                " pkg.engine.a -> pkg.engine.b (pkg/engine/a.py:1 module);"
+                " pkg.engine.b -> pkg.engine.c (pkg/engine/b.py:2 module);"
+                " pkg.engine.c -> pkg.engine.a (pkg/engine/c.py:2 module)"
+            ],
+            id="module-cycle",
+        ),
+    ],
+)
+def test_each_rule_catches_a_planted_violation(
+    tmp_path: Path, planted: Mapping[str, str], expected: list[str]
+) -> None:
+    found = sorted(map(str, violations(tmp_path, {**CLEAN, **planted})))
+    assert len(found) == len(expected), "\n".join(found)
+    for start in expected:
+        assert any(line.startswith(start) for line in found), f"{start!r} not in {found}"
+
+
+def test_path_edits_and_loading_by_file_path_are_caught(tmp_path: Path) -> None:
+    write_tree(
+        tmp_path,
+        {
+            "tests/test_x.py": "import sys\nsys.path.insert(0, 'tests')\nsys.path += ['x']\n",
+            "benchmarks/b.py": (
+                "import importlib.util as u\nspec = u.spec_from_file_location('s', 'b.py')\n"
+            ),
+            "benchmarks/ok.py": "from tests.support import cluster\n",
+        },
+    )
+    found = sorted(str(v) for v in check_paths(tmp_path, SCRIPT_DIRS))
+    assert found == [
+        "benchmarks/b.py:2: [path] calls u.spec_from_file_location",
+        "tests/test_x.py:2: [path] calls sys.path.insert",
+        "tests/test_x.py:3: [path] assigns sys.path",
+    ]
