@@ -3,8 +3,8 @@
 Runs after the schema check (:mod:`amm_rules.language.schema_check`) and skips whatever it
 already reported, so each problem is told once. Checks here: expressions (pools in the
 ``worker`` context, matches in the ``task`` context), unique rule names, unknown pool
-names in ``pool``/``avoid``, ``replicate`` bounds, and rebalance percentages, sizes and
-durations.
+names in ``pool``/``avoid``, ``replicate`` bounds, and the percentages, sizes and
+durations of the ``rebalance`` and ``paused-workers`` sections.
 Action fields are converted by :func:`amm_rules.language.fields.parse_actions`, the same
 function that reads ``amm`` annotations, so a field means the same in both places.
 
@@ -33,6 +33,7 @@ from amm_rules.language.ruleset import (
     ACTION_FIELDS,
     MAX_REBALANCE_SECONDS,
     Actions,
+    PausedWorkersSettings,
     Pool,
     Position,
     RebalanceSettings,
@@ -47,6 +48,13 @@ _DURATIONS = {
     "cool-down": ("cooldown", True),
     "copy-timeout": ("copy_timeout", False),
     "drop-timeout": ("drop_timeout", False),
+}
+#: Paused-workers fields → attributes, by kind. ``after: 0`` would act on every pause,
+#: however brief (a worker pauses routinely while it spills); a cool-down of 0 is none.
+_PAUSED_DURATIONS = {"after": ("after", False), "cool-down": ("cooldown", True)}
+_PAUSED_FRACTIONS = {
+    "require-unmanaged": "require_unmanaged",
+    "max-paused-fraction": "max_paused_fraction",
 }
 
 
@@ -72,6 +80,9 @@ class Draft:
     rebalance: RebalanceSettings | None = None
     #: Which rebalance fields the file sets explicitly.
     rebalance_fields: frozenset[str] = frozenset()
+    paused_workers: PausedWorkersSettings | None = None
+    #: Which paused-workers fields the file sets explicitly.
+    paused_workers_fields: frozenset[str] = frozenset()
 
 
 def expression_text(value: Any) -> str | None:
@@ -88,6 +99,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
     pools = _pools(data.get("pools"), where, draft)
     rules = _rules(data.get("rules"), where, draft, known=set(_pool_names(data)))
     rebalance = _rebalance(data.get("rebalance"), where, draft)
+    paused = _paused_workers(data.get("paused-workers"), where, draft)
     reduce = data.get("reduce-replicas", True)
     if where.has_errors:
         return None, draft
@@ -95,6 +107,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
         pools=pools,
         rules=tuple(rules),
         rebalance=rebalance,
+        paused_workers=paused,
         reduce_replicas=reduce if isinstance(reduce, bool) else True,
         source=source_name,
         version=1,
@@ -267,7 +280,7 @@ def _rebalance(section: Any, where: Locator, draft: Draft) -> RebalanceSettings:
             where.add(("rebalance", key), f"{key}: {exc}", exc.code)
     for key, (attr, zero) in _DURATIONS.items():
         if key in section and not where.reported_under(("rebalance", key)):
-            seconds = _duration(section[key], key, zero, where)
+            seconds = _duration(section[key], ("rebalance", key), zero, where)
             if seconds is not None:
                 kwargs[attr] = seconds
     text = expression_text(section.get("match"))
@@ -282,10 +295,10 @@ def _rebalance(section: Any, where: Locator, draft: Draft) -> RebalanceSettings:
     return settings
 
 
-def _duration(value: Any, key: str, zero: bool, where: Locator) -> float | None:
-    """A rebalance duration in seconds, or ``None`` after reporting why it is not one.
-    The schema bounds plain numbers; text (``"0s"``, ``"48h"``) is bounded here."""
-    path = ("rebalance", key)
+def _duration(value: Any, path: tuple[str, str], zero: bool, where: Locator) -> float | None:
+    """A duration in seconds, or ``None`` after reporting why it is not one. The schema
+    bounds plain numbers; text (``"0s"``, ``"48h"``) is bounded here."""
+    key = path[-1]
     try:
         seconds = parse_duration(value)
     except UnitError as exc:
@@ -303,3 +316,45 @@ def _duration(value: Any, key: str, zero: bool, where: Locator) -> float | None:
         )
         return None
     return seconds
+
+
+# -- paused-workers -----------------------------------------------------------------
+
+
+def _paused_workers(section: Any, where: Locator, draft: Draft) -> PausedWorkersSettings | None:
+    """The ``paused-workers`` section (None when the file has none). Shapes, the action
+    and ``max-concurrent`` were checked by the schema; units and bounds are checked here."""
+    if not isinstance(section, dict):
+        return None
+    kwargs: dict[str, Any] = {}
+
+    def fresh(key: str) -> bool:
+        return key in section and not where.reported_under(("paused-workers", key))
+
+    if fresh("action") and isinstance(section["action"], str):
+        kwargs["action"] = section["action"]
+    count = section.get("max-concurrent")
+    if fresh("max-concurrent") and isinstance(count, int) and not isinstance(count, bool):
+        kwargs["max_concurrent"] = count
+    for key, (attr, zero) in _PAUSED_DURATIONS.items():
+        if fresh(key):
+            seconds = _duration(section[key], ("paused-workers", key), zero, where)
+            if seconds is not None:
+                kwargs[attr] = seconds
+    for key, attr in _PAUSED_FRACTIONS.items():
+        if fresh(key):
+            try:
+                kwargs[attr] = parse_fraction(section[key])
+            except UnitError as exc:
+                where.add(("paused-workers", key), f"{key}: {exc}", exc.code)
+    if fresh("max-bytes-per-cycle"):
+        try:
+            kwargs["max_bytes_per_cycle"] = parse_size(section["max-bytes-per-cycle"])
+        except UnitError as exc:
+            where.add(
+                ("paused-workers", "max-bytes-per-cycle"), f"max-bytes-per-cycle: {exc}", exc.code
+            )
+    settings = PausedWorkersSettings(**kwargs)
+    draft.paused_workers = settings
+    draft.paused_workers_fields = frozenset(str(k) for k in section)
+    return settings

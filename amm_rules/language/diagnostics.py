@@ -31,7 +31,8 @@ class Diagnostic:
     column: int
     severity: Severity
     message: str
-    #: Name of the rule (or ``pools.NAME``, ``rebalance``) the problem is in, if any.
+    #: Name of the rule (or ``pools.NAME``, ``rebalance``, ``paused-workers``) the problem is
+    #: in, if any.
     rule: str | None = None
     #: A short stable identifier of the kind of problem, e.g. ``"yaml"``, ``"schema"``,
     #: ``"unknown-attribute"``, ``"shadowed-rule"``.
@@ -61,7 +62,7 @@ def _context(rule: str) -> str:
     """``rule 'precious'`` for a rule, ``pool 'gpu'`` for a pool, else the section."""
     if rule.startswith("pools."):
         return f"pool '{rule[len('pools.') :]}'"
-    if rule in ("rebalance", "pools", "rules", "version", "reduce-replicas"):
+    if rule in ("rebalance", "paused-workers", "pools", "rules", "version", "reduce-replicas"):
         return f"section '{rule}'"
     return f"rule '{rule}'"
 

@@ -25,6 +25,10 @@ exactly (docs/rules.md lists the same):
     around the cluster mean and the thresholds are absolute floors and ceilings, so
     ``recipient-max`` below ``sender-min`` (only the fullest send, only the emptiest
     receive) and any gap up to 100% can work, and are not reported.
+``never-acts``
+    In ``paused-workers``, settings under which no worker is ever restarted or retired
+    although the action asks for it: ``max-paused-fraction`` is 0% (one paused worker is
+    already more than 0% of the cluster, so the section only ever reports).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ def lint(draft: Draft, where: Locator) -> None:
     for rule in draft.rules:
         _pool_avoid(rule, draft, where)
     _thresholds(draft, where)
+    _paused_workers(draft, where)
 
 
 def _shadowed(rules: list[RuleDraft], where: Locator) -> None:
@@ -159,3 +164,19 @@ def _thresholds(draft: Draft, where: Locator) -> None:
             "inverted-thresholds",
             severity="warning",
         )
+
+
+def _paused_workers(draft: Draft, where: Locator) -> None:
+    settings = draft.paused_workers
+    if settings is None or settings.action == "report" or settings.max_paused_fraction > 0:
+        return
+    given = draft.paused_workers_fields
+    at = ("paused-workers", "max-paused-fraction")
+    where.add(
+        at if "max-paused-fraction" in given else at[:1],
+        f"max-paused-fraction is 0%: one paused worker is already more than 0% of the "
+        f"cluster, so no worker is ever {'restarted' if settings.action == 'restart' else 'retired'}"
+        "; write 'action: report' if only reports are wanted",
+        "never-acts",
+        severity="warning",
+    )

@@ -199,10 +199,37 @@ class RebalanceSettings:
     drop_timeout: float = 30.0
 
 
-#: Longest rebalance timing a rules file may set, in seconds (one day). Longer is a typo
-#: (``60h`` for ``60s``) rather than a wish, and keys cooling down are remembered by the
-#: engine for the whole cool-down.
+#: Longest timing a rules file may set (in ``rebalance`` and ``paused-workers``), in
+#: seconds (one day). Longer is a typo (``60h`` for ``60s``) rather than a wish, and keys
+#: or workers cooling down are remembered by the engine for the whole cool-down.
 MAX_REBALANCE_SECONDS = 86_400
+
+
+#: What ``paused-workers`` does with a worker paused for too long.
+PAUSED_ACTIONS = ("restart", "retire", "report")
+#: Most workers ``paused-workers`` may handle at once (``max-concurrent``).
+MAX_CONCURRENT = 1_000
+
+
+@dataclass(frozen=True)
+class PausedWorkersSettings:
+    """The ``paused-workers:`` section. Fractions are of each worker's own memory limit,
+    or of the cluster's workers (``max_paused_fraction``); durations are in seconds."""
+
+    #: Seconds a worker must stay paused, continuously, before anything happens.
+    after: float = 300.0
+    #: ``restart`` (through its nanny), ``retire``, or ``report`` (events and metrics only).
+    action: str = "restart"
+    #: Act only when the worker's unmanaged memory is at least this fraction of its limit.
+    require_unmanaged: float = 0.50
+    #: Workers handled (copying their keys away, restarting, retiring) at once.
+    max_concurrent: int = 1
+    #: When more than this fraction of the workers is paused, only report.
+    max_paused_fraction: float = 0.25
+    #: Seconds during which a worker that was restarted (by its name) is left alone.
+    cooldown: float = 900.0
+    #: Most bytes copied off paused workers per AMM cycle.
+    max_bytes_per_cycle: int = 512 * 2**20
 
 
 @dataclass(frozen=True)
@@ -280,6 +307,8 @@ class Ruleset:
     pools: Mapping[str, Pool] = field(default_factory=dict)
     rules: tuple[Rule, ...] = ()
     rebalance: RebalanceSettings = field(default_factory=RebalanceSettings)
+    #: The ``paused-workers:`` section, or None when the file has none (nothing is done).
+    paused_workers: PausedWorkersSettings | None = None
     reduce_replicas: bool = True
     #: Where the rules came from: a path, or ``"<rules>"`` for an inline mapping.
     source: str = "<rules>"

@@ -16,7 +16,13 @@ from __future__ import annotations
 from typing import Any
 
 from amm_rules.language.fields import MAX_REPLICAS, MOVE_VALUES, POOL_NAME, SPREAD_VALUES
-from amm_rules.language.ruleset import ACTION_FIELDS, MAX_REBALANCE_SECONDS, MEASURES
+from amm_rules.language.ruleset import (
+    ACTION_FIELDS,
+    MAX_CONCURRENT,
+    MAX_REBALANCE_SECONDS,
+    MEASURES,
+    PAUSED_ACTIONS,
+)
 
 _POOL_NAME = {
     "type": "string",
@@ -155,6 +161,7 @@ SCHEMA: dict[str, Any] = {
             "items": {"$ref": "#/$defs/rule"},
         },
         "rebalance": {"$ref": "#/$defs/rebalance"},
+        "paused-workers": {"$ref": "#/$defs/pausedWorkers"},
         "reduce-replicas": {
             "title": "reduce replicas",
             "description": "Keys without a replication target keep one copy.",
@@ -254,6 +261,58 @@ SCHEMA: dict[str, Any] = {
                     "most one day.",
                     "default": "30s",
                     **_duration(positive=True),
+                },
+            },
+        },
+        "pausedWorkers": {
+            "title": "paused workers",
+            "description": "What to do with a worker that stays paused (memory above its "
+            "pause threshold): copy its keys away by the rules, then restart or retire it, "
+            "or only report. See docs/paused-workers.md.",
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "after": {
+                    "description": "How long a worker must stay paused, continuously, "
+                    "before anything happens. More than 0, at most one day.",
+                    "default": "5m",
+                    **_duration(positive=True),
+                },
+                "action": {
+                    "description": "restart: through the worker's nanny (a worker without "
+                    "one is retired); retire: retire it; report: events and metrics only.",
+                    "enum": list(PAUSED_ACTIONS),
+                    "default": "restart",
+                },
+                "require-unmanaged": {
+                    "description": "Act only when the worker's unmanaged memory (not Dask's "
+                    "data) is at least this share of its memory limit.",
+                    "default": "50%",
+                    **_PERCENT,
+                },
+                "max-concurrent": {
+                    "description": "Workers handled at once.",
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_CONCURRENT,
+                    "default": 1,
+                },
+                "max-paused-fraction": {
+                    "description": "When more of the cluster's workers than this are paused, "
+                    "only report.",
+                    "default": "25%",
+                    **_PERCENT,
+                },
+                "cool-down": {
+                    "description": "A worker restarted or retired (by its name) is left alone "
+                    "this long (0: no cool-down). At most one day.",
+                    "default": "15m",
+                    **_duration(positive=False),
+                },
+                "max-bytes-per-cycle": {
+                    "description": "Most bytes copied off paused workers per AMM cycle.",
+                    "default": "512 MiB",
+                    **_SIZE,
                 },
             },
         },

@@ -33,7 +33,14 @@ _TYPE_NAMES = {
     "array": "a list",
     "null": "null",
 }
-_SECTIONS = {"rules": "rule", "pools": "pool", "rebalance": "rebalance section"}
+_SECTIONS = {
+    "rules": "rule",
+    "pools": "pool",
+    "rebalance": "rebalance section",
+    "paused-workers": "paused-workers section",
+}
+#: Top-level mappings of settings: a field in them is named without the section.
+_SETTINGS_SECTIONS = ("rebalance", "paused-workers")
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,7 @@ def field_label(path: Path) -> str:
     """The field a path names, relative to its entry: ``replicate.min``, ``gap``."""
     if path and path[0] in ("rules", "pools"):
         rel = path[2:] if len(path) >= 2 else path
-    elif path and path[0] == "rebalance" and len(path) >= 2:
+    elif path and path[0] in _SETTINGS_SECTIONS and len(path) >= 2:
         rel = path[1:]
     else:
         rel = path
@@ -93,11 +100,12 @@ def _say(path: Path, message: str) -> str:
 
 
 def _entry_kind(path: Path) -> str:
-    """``rule``, ``pool``, ``rebalance section``, or ``rules file`` for the top level."""
+    """``rule``, ``pool``, ``rebalance section``, ``paused-workers section``, or ``rules
+    file`` for the top level."""
     if not path:
         return "rules file"
-    if path[0] == "rebalance":
-        return _SECTIONS["rebalance"]
+    if path[0] in _SETTINGS_SECTIONS:
+        return _SECTIONS[path[0]]
     return _SECTIONS.get(path[0], "rules file") if len(path) >= 2 else "rules file"
 
 
