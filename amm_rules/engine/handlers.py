@@ -10,7 +10,9 @@ Active Memory Manager; called by :mod:`amm_rules.client` (``replicate``, ``expla
   it and why, and what the planner would do now;
 - ``amm_rules_status()``: the rules in force, per-rule counters, reload errors, and
   rebalancing (``rebalance``: settings, the last plan's roles and skipped keys, moves in
-  flight, totals, why moves were abandoned).
+  flight, totals, why moves were abandoned), paused workers (``paused_workers``: the
+  section, a line per paused worker, cool-downs, totals) and retirements placed by the
+  rules (``retirements``).
 
 Bad input raises ``ValueError`` with a message (the client sees it); nothing here may
 break the scheduler. Answers are plain msgpack-able data.
@@ -147,6 +149,8 @@ class Handlers:
                 # Mid-move (copy in flight or landed, sender's drop pending) or cooling
                 # down after a move; None otherwise.
                 "rebalance": policy.rebalancer.explain(ts.key, now),
+                # Paused workers holding the key, and whether it keeps one from leaving.
+                "paused_workers": policy.paused.explain(ts),
             }
             # Explaining must not change the index: the tally in `cluster` is local.
         return out
@@ -185,6 +189,8 @@ class Handlers:
                 "last": policy.auditor.last,
             },
             "rebalance": policy.rebalancer.status(),
+            "paused_workers": policy.paused.status(),
+            "retirements": policy.retirements.status(),
         }
 
 

@@ -12,7 +12,10 @@ Each AMM cycle (every 2 s by default, on the scheduler's event loop) the policy:
    it, or have copies in flight, with :func:`amm_rules.engine.planner.plan_key`;
 5. yields a ``Suggestion`` per planned action, with the chosen worker as the only
    candidate, and remembers the copies the AMM accepted (with a deadline);
-6. rebalances, if the rules have a ``rebalance`` section or moves are still in flight
+6. copies the keys of workers paused for too long away, then restarts or retires them,
+   if the rules have a ``paused-workers`` section
+   (:class:`~amm_rules.engine.paused.PausedWorkers`); rebalances, if the rules have a
+   ``rebalance`` section or moves are still in flight
    (:class:`~amm_rules.engine.rebalance.rebalancer.Rebalancer`); keys mid-move are not trimmed;
 7. applies the stock ReduceReplicas arithmetic to replicated keys nobody governs (if
    the ruleset's ``reduce-replicas`` is on);
@@ -20,7 +23,8 @@ Each AMM cycle (every 2 s by default, on the scheduler's event loop) the policy:
 
 Neighbours: :mod:`amm_rules.engine.planner` decides, :mod:`amm_rules.engine.view` adapts scheduler
 objects, :mod:`amm_rules.engine.index` tracks keys, :mod:`amm_rules.engine.events` writes events,
-:mod:`amm_rules.engine.handlers` answers clients. This module only wires them to the AMM.
+:mod:`amm_rules.engine.handlers` answers clients, :mod:`amm_rules.engine.retire` makes
+``retire_workers`` place keys by the rules. This module only wires them to the AMM.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from amm_rules.engine.audit import Auditor
 from amm_rules.engine.classify import Classifier
 from amm_rules.engine.events import COUNTERS, EventLog
 from amm_rules.engine.index import KeyIndex, PlanClass, watch_scheduler
+from amm_rules.engine.paused import PausedWorkers
 from amm_rules.engine.placement import Placements
 from amm_rules.engine.planner import (
     KeyPlan,
@@ -53,6 +58,7 @@ from amm_rules.engine.planner import (
 )
 from amm_rules.engine.rebalance.rebalancer import Rebalancer
 from amm_rules.engine.reduce_replicas import reduce_replicas
+from amm_rules.engine.retire import Retirements
 from amm_rules.engine.rules_file import ReloadFailed, RulesFile
 from amm_rules.engine.view import ClusterView, KeyView
 from amm_rules.language.ruleset import Desired, Pool, Rule, Ruleset, Target
@@ -100,6 +106,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         the scheduler lists as replicated, 1,000 of each per cycle, and repairs what
         the hooks missed. A sweep that found something is reported as an ``audit``
         event and a warning.
+    retire_by_rules:
+        Place the keys of retiring workers (``retire_workers``, adaptive scale-down) by
+        the rules (see :mod:`amm_rules.engine.retire`). False leaves distributed's own
+        ``RetireWorker`` alone: each key goes to the running worker with the least
+        memory, and the rules move it afterwards.
     """
 
     #: The rules in force.
@@ -124,6 +135,12 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     classify_keys: int | None
     #: The audit sweeps (see the parameters): ``auditor.last`` is what the last found.
     auditor: Auditor
+    #: The ``paused-workers:`` section at work (see :mod:`amm_rules.engine.paused`).
+    paused: PausedWorkers
+    #: Retirements placed by the rules (see :mod:`amm_rules.engine.retire`).
+    retirements: Retirements
+    #: Whether retiring workers' keys are placed by the rules (see the parameters).
+    retire_by_rules: bool
 
     def __init__(
         self,
@@ -135,6 +152,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         classify_seconds: float | None = 0.1,
         classify_keys: int | None = None,
         audit_interval: float | None = 60.0,
+        retire_by_rules: bool = True,
     ):
         self.rules_file = RulesFile(rules, reload)
         ruleset = self.rules_file.load(rules)  # a RulesError here fails the scheduler start
@@ -154,6 +172,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         #: The ``rebalance:`` section at work; kept across reloads (moves in flight).
         self.rebalancer = Rebalancer()
         self.placements = Placements(on_pool_error=self._pool_error)
+        self.paused = PausedWorkers()
+        self.retirements = Retirements()
+        self.retire_by_rules = bool(retire_by_rules)
         self._install(ruleset)
 
     # ------------------------------------------------------------------ attach
@@ -190,6 +211,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.index.workers_changed = True
         self.auditor.start_in(time.monotonic())
         self._remove_reduce_replicas()
+        self.paused.attach(self)
+        if self.retire_by_rules:
+            self.retirements.attach(self)
 
     def detach(self) -> None:
         """Stop listening to the scheduler (plugin, replica wrappers, handlers) and leave
@@ -208,6 +232,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             if plugin is self.index:
                 scheduler.remove_plugin(name=name)
         unregister(scheduler, self)
+        self.paused.detach()
+        self.retirements.detach()
         manager.policies.discard(self)
         self._manager = None
 
@@ -275,6 +301,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.placements.configure(ruleset)
         self.index.workers_changed = True
         self.rebalancer.configure(ruleset.rebalance, self._rebalance_match_error)
+        self.paused.configure(ruleset.paused_workers)
 
     def _maybe_reload(self) -> None:
         """Reload the rules file if it changed; keep the running rules if the new file
@@ -398,6 +425,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         todo = self._suspects(stats, full)
         if todo:
             yield from self._plan_and_suggest(todo, now, stats)
+        # Paused workers: after replication planning (its copies count), before
+        # rebalancing (which then sees the loads they add).
+        yield from self.paused.run(now, stats)
 
         if not self.rebalancer.idle:
             # After replication planning, so that its copies count in the loads and its

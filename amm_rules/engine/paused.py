@@ -1,0 +1,770 @@
+"""The ``paused-workers`` section: workers that stay paused are emptied by the rules,
+then restarted or retired, or only reported.
+
+A worker pauses when its process memory passes ``distributed.worker.memory.pause``. If
+the memory is not Dask's data (a leak in a library), it never unpauses: it keeps its
+data but runs and fetches nothing, and nothing in distributed acts on it (dask issue
+5999). Each AMM cycle, :meth:`PausedWorkers.run`:
+
+1. learns when each worker paused from the scheduler's own status changes
+   (:class:`PauseClock`, a scheduler plugin reading the ``worker-status-change`` events;
+   checked against the workers' statuses every cycle); a worker that unpauses is
+   forgotten;
+2. for a worker paused for ``after`` seconds, checks the guards, in this order: not every
+   worker is paused, no more than ``max-paused-fraction`` of them, no actors on it, its
+   unmanaged memory (``ws.memory.unmanaged``) at least ``require-unmanaged`` of its
+   limit, not cooling down (by worker name, which a nanny restart keeps), not blocked at
+   its last attempt, fewer than ``max-concurrent`` workers handled; ``action: report``
+   stops at the report;
+3. copies the keys it holds alone, or below their target on the other workers, by the
+   rules (:func:`~amm_rules.engine.evacuate.plan_evacuation`: pools, ``avoid``,
+   ``spread``), to workers with room: below their own pause threshold after receiving,
+   less :data:`ROOM_MARGIN` of their limit, counting the copies they were sent and have
+   not reported in a heartbeat since. At most ``max-bytes-per-cycle`` per cycle, and
+   :data:`KEYS_PER_CYCLE` keys looked at;
+4. once a full pass over its keys finds every one held where it should be, spawns (on
+   the scheduler's event loop, never waiting for it in the cycle) a coroutine that retires
+   it through ``Scheduler.retire_workers`` (whose placement is the rules', see
+   :mod:`amm_rules.engine.retire`; it flushes what landed on the worker meanwhile) and,
+   for ``restart``, then restarts it through its nanny (a worker without a nanny is
+   retired instead, and the event says so);
+5. a key that may not be copied (``move: never``), or that has no eligible worker, or no
+   worker with room, blocks the worker: an event names the keys and rules, and the worker
+   is looked at again ``after`` seconds later. Nothing is dropped to make room.
+
+Every step is an ``amm-rules`` event (``action: "paused-worker"``, with a ``step``), a
+line of :meth:`PausedWorkers.status` and a counter of :meth:`PausedWorkers.metrics`.
+
+Neighbours: :mod:`amm_rules.engine.policy` calls :meth:`PausedWorkers.run` in its cycle;
+:mod:`amm_rules.engine.evacuate` plans; :mod:`amm_rules.engine.retire` supplies the glue
+and the retirement under the rules; :mod:`amm_rules.engine.handlers` shows the status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Generator, Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import dask
+from distributed.active_memory_manager import Suggestion
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.metrics import time as heartbeat_clock
+
+from amm_rules.engine import key_logger
+from amm_rules.engine.adapters import worker_status
+from amm_rules.engine.evacuate import Evacuation, plan_evacuation
+from amm_rules.engine.retire import (
+    CopyBook,
+    evacuation_input,
+    leaving_addresses,
+    record_copy,
+    shown_keys,
+)
+from amm_rules.language.fields import format_fraction
+from amm_rules.language.ruleset import PausedWorkersSettings
+
+if TYPE_CHECKING:
+    from amm_rules.engine.policy import RulesPolicy
+
+logger = logging.getLogger(__name__)
+
+#: Counter label of the copies made off paused workers (in ``cycle`` events).
+SOURCE = "(paused-workers)"
+#: Share of a recipient's memory limit kept free below its pause threshold.
+ROOM_MARGIN = 0.10
+#: Keys of a handled worker looked at per cycle (its keys are gone through in turns).
+KEYS_PER_CYCLE = 10_000
+#: Seconds given to ``retire_workers`` and to the nanny's restart.
+RESTART_TIMEOUT = 60.0
+
+#: Why a worker paused for long enough is not acted on (the ``reason`` of ``held``).
+HOLD_REASONS = (
+    "all-paused",
+    "too-many-paused",
+    "actors",
+    "no-memory-limit",
+    "managed-memory",
+    "cooling-down",
+    "blocked-recently",
+    "max-concurrent",
+)
+
+
+class PauseClock(SchedulerPlugin):
+    """When each worker paused, from the scheduler's ``worker-status-change`` events
+    (the scheduler logs one under the worker's address for every status change)."""
+
+    name = "amm-rules-pause-clock"
+
+    def __init__(self) -> None:
+        #: address -> monotonic time the worker was seen pausing.
+        self.since: dict[str, float] = {}
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        # Runs for every event the scheduler logs: one dict lookup for the others.
+        if type(msg) is not dict or msg.get("action") != "worker-status-change":
+            return
+        if msg.get("status") == "paused":
+            self.since.setdefault(topic, time.monotonic())
+        else:
+            self.since.pop(topic, None)
+
+    def remove_worker(self, scheduler: Any = None, worker: str = "", **kwargs: Any) -> None:
+        self.since.pop(worker, None)
+
+    def reconcile(self, workers: Any, now: float) -> None:
+        """Agree with the workers' statuses: a worker that joined paused, or whose event
+        was missed, is taken as pausing now; one that is not paused is forgotten."""
+        since = self.since
+        for addr, ws in workers.items():
+            if getattr(ws.status, "name", ws.status) == "paused":
+                since.setdefault(addr, now)
+            else:
+                since.pop(addr, None)
+        for addr in [a for a in since if a not in workers]:
+            del since[addr]
+
+
+@dataclass
+class Handling:
+    """A paused worker being emptied, then restarted or retired."""
+
+    address: str
+    name: str
+    #: ``"restart"`` or ``"retire"`` (a restart without a nanny becomes a retirement).
+    action: str
+    started: float
+    #: ``evacuating``, then ``restarting`` or ``retiring``.
+    state: str = "evacuating"
+    #: Keys left to look at in this pass over the worker's keys.
+    pending: list[Hashable] = field(default_factory=list)
+    #: No key needed a copy so far in this pass.
+    clean: bool = True
+    keys: int = 0
+    copies: int = 0
+    bytes: int = 0
+    #: Why a restart became a retirement (no nanny), for the events.
+    note: str | None = None
+
+
+class PausedWorkers:
+    """The ``paused-workers`` section at work (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.policy: RulesPolicy | None = None
+        #: The section in force; None when the rules have none.
+        self.settings: PausedWorkersSettings | None = None
+        self.clock = PauseClock()
+        #: address -> the workers being handled.
+        self.handling: dict[str, Handling] = {}
+        #: worker name -> monotonic time until which it is left alone (``cool-down``).
+        self.cooling: dict[str, float] = {}
+        #: address -> monotonic time before which a blocked worker is not tried again.
+        self.retry: dict[str, float] = {}
+        #: address -> {key: (why, rule)}: what blocked the worker at its last attempt.
+        self.stuck: dict[str, dict[Hashable, tuple[str, str]]] = {}
+        #: address -> the latest decision about a paused worker (for ``status``).
+        self.notes: dict[str, dict[str, Any]] = {}
+        #: Counters since the policy started (metrics); see :meth:`metrics`.
+        self.counters: Counter[str] = Counter()
+        #: Seconds workers spent paused in pauses that ended.
+        self.paused_seconds_done = 0.0
+        #: Copies of ungoverned keys in flight.
+        self.book = CopyBook()
+        #: recipient -> {key: [bytes, landed_at or None, deadline]}: copies sent that the
+        #: recipient's heartbeat may not show yet (see :meth:`_room`).
+        self.sent: dict[str, dict[Hashable, list[Any]]] = {}
+        #: The restart and retirement coroutines running.
+        self.tasks: set[asyncio.Future[Any]] = set()
+        self._known: dict[str, float] = {}
+
+    # -- attach ----------------------------------------------------------------------
+
+    def attach(self, policy: RulesPolicy) -> None:
+        self.policy = policy
+        policy.scheduler.add_plugin(self.clock, name=f"amm-rules-pause-clock-{id(self)}")
+
+    def detach(self) -> None:
+        policy = self.policy
+        if policy is None or policy._manager is None:
+            return
+        scheduler = policy.scheduler
+        for name, plugin in list(scheduler.plugins.items()):
+            if plugin is self.clock:
+                scheduler.remove_plugin(name=name)
+        self.policy = None
+
+    def configure(self, settings: PausedWorkersSettings | None) -> None:
+        """The rules changed (start or reload). Workers being emptied under the old
+        section stop if the new one has none; restarts already begun finish."""
+        self.settings = settings
+        if settings is None:
+            for addr in [a for a, h in self.handling.items() if h.state == "evacuating"]:
+                del self.handling[addr]
+                self._emit(
+                    "stopped", addr, reason="the rules no longer have a paused-workers section"
+                )
+
+    @property
+    def leaving(self) -> set[str]:
+        """Workers being handled: their copies are about to vanish."""
+        return set(self.handling)
+
+    # -- the cycle ---------------------------------------------------------------------
+
+    def run(self, now: float, stats: dict[str, Counter[str]]) -> Generator[Suggestion, Any, None]:
+        """One cycle (see the module docstring); yields the copies."""
+        policy = self.policy
+        if policy is None:
+            return
+        workers = policy.scheduler.workers
+        self.clock.reconcile(workers, now)
+        self._account_pauses(now)
+        settings = self.settings
+        if settings is None:
+            return
+        self.book.prune(now)
+        self._settle_sent(workers, now)
+        census = _Census.of(workers)
+        budget = [settings.max_bytes_per_cycle]
+        for h in [h for h in self.handling.values() if h.state == "evacuating"]:
+            yield from self._evacuate(h, now, census, budget, stats)
+        for addr, since in sorted(self.clock.since.items(), key=lambda kv: kv[1]):
+            if addr in self.handling or now - since < settings.after:
+                continue
+            ws = workers.get(addr)
+            if ws is None:
+                continue
+            self._detected(ws, since, now)
+            if settings.action == "report":
+                continue
+            hold = self._hold(ws, census, now, starting=True)
+            if hold is not None:
+                self._held(ws, since, now, *hold)
+                continue
+            h = self._start(ws, now)
+            yield from self._evacuate(h, now, census, budget, stats)
+
+    def _account_pauses(self, now: float) -> None:
+        """Forget what ended: pauses (adding up their seconds), notes, retry times."""
+        since = self.clock.since
+        for addr in [a for a in self._known if a not in since]:
+            self.paused_seconds_done += now - self._known.pop(addr)
+            self.notes.pop(addr, None)
+            self.retry.pop(addr, None)
+            self.stuck.pop(addr, None)
+            h = self.handling.get(addr)
+            if h is not None and h.state == "evacuating":
+                del self.handling[addr]
+                self.counters["recovered"] += 1
+                self._emit("recovered", addr, name=h.name, copies=h.copies)
+        for addr, t in since.items():
+            self._known.setdefault(addr, t)
+        for name in [n for n, until in self.cooling.items() if until <= now]:
+            del self.cooling[name]
+
+    # -- guards ------------------------------------------------------------------------
+
+    def _hold(
+        self, ws: Any, census: _Census, now: float, *, starting: bool
+    ) -> tuple[str, str] | None:
+        """Why the worker is not acted on now, as (reason code, words); None: go."""
+        settings = self.settings
+        assert settings is not None
+        if census.paused >= census.active:
+            return "all-paused", "every worker is paused: there is nowhere to copy its keys"
+        share = census.paused / census.active
+        if share > settings.max_paused_fraction:
+            return "too-many-paused", (
+                f"{census.paused} of {census.active} workers are paused, more than "
+                f"max-paused-fraction {format_fraction(settings.max_paused_fraction)}"
+            )
+        if ws.actors:
+            return "actors", "it holds actors, which cannot move"
+        limit = ws.memory_limit or 0
+        if not limit:
+            return "no-memory-limit", "it has no memory limit"
+        unmanaged = ws.memory.unmanaged / limit
+        if unmanaged < settings.require_unmanaged:
+            return "managed-memory", (
+                f"unmanaged memory is {format_fraction(round(unmanaged, 3))} of its limit, "
+                f"below require-unmanaged {format_fraction(settings.require_unmanaged)}: "
+                "the pause comes from Dask's data, which a restart would only move"
+            )
+        if not starting:
+            return None
+        until = self.cooling.get(str(ws.name))
+        if until is not None and until > now:
+            return "cooling-down", (
+                f"worker {ws.name} was restarted or retired {settings.cooldown - (until - now):.0f}s "
+                f"ago; cool-down {settings.cooldown:g}s"
+            )
+        retry = self.retry.get(ws.address)
+        if retry is not None and retry > now:
+            return (
+                "blocked-recently",
+                f"blocked at its last attempt; tried again in {retry - now:.0f}s",
+            )
+        if len(self.handling) >= settings.max_concurrent:
+            return "max-concurrent", (
+                f"{len(self.handling)} workers are being handled (max-concurrent "
+                f"{settings.max_concurrent})"
+            )
+        return None
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def _detected(self, ws: Any, since: float, now: float) -> None:
+        """First cycle past ``after``: the report every action makes."""
+        addr = ws.address
+        note = self.notes.get(addr)
+        if note is not None and note.get("since") == since:
+            return
+        limit = ws.memory_limit or 0
+        self.counters["paused"] += 1
+        report = self.settings is not None and self.settings.action == "report"
+        self.notes[addr] = {"since": since, "state": "reported" if report else "paused"}
+        self._emit(
+            "paused",
+            addr,
+            name=str(ws.name),
+            paused_for=round(now - since, 3),
+            unmanaged=round(ws.memory.unmanaged / limit, 4) if limit else None,
+            process=ws.memory.process,
+            keys=len(ws.has_what),
+            bytes=ws.nbytes,
+            then=self.settings.action if self.settings else None,
+        )
+
+    def _held(self, ws: Any, since: float, now: float, code: str, words: str) -> None:
+        self.notes[ws.address] = {"since": since, "state": "held", "reason": code, "detail": words}
+        policy = self.policy
+        assert policy is not None
+        if policy.events.once(
+            ("paused-held", ws.address, since, code),
+            "paused-worker",
+            step="held",
+            worker=ws.address,
+            name=str(ws.name),
+            reason=code,
+            detail=words,
+        ):
+            self.counters["held"] += 1
+            logger.info("amm-rules: paused worker %s left alone: %s", ws.address, words)
+
+    def _start(self, ws: Any, now: float) -> Handling:
+        settings = self.settings
+        assert settings is not None
+        action, note = settings.action, None
+        if action == "restart" and not ws.nanny:
+            action, note = "retire", "it has no nanny to restart it: retired instead"
+        h = Handling(ws.address, str(ws.name), action, now, keys=len(ws.has_what), note=note)
+        self.handling[ws.address] = h
+        self.stuck.pop(ws.address, None)
+        self.counters["evacuations"] += 1
+        self.notes[ws.address] = {
+            **self.notes.get(ws.address, {}),
+            "state": "evacuating",
+            "reason": None,
+        }
+        self._emit(
+            "evacuating",
+            ws.address,
+            name=h.name,
+            keys=h.keys,
+            bytes=ws.nbytes,
+            then=action,
+            note=note,
+        )
+        logger.warning(
+            "amm-rules: worker %s paused for too long; copying its keys away, then %s",
+            ws.address,
+            "restarting it"
+            if action == "restart"
+            else f"retiring it ({note or 'action: retire'})",
+        )
+        return h
+
+    def _evacuate(
+        self,
+        h: Handling,
+        now: float,
+        census: _Census,
+        budget: list[int],
+        stats: dict[str, Counter[str]],
+    ) -> Generator[Suggestion, Any, None]:
+        """One cycle of copying a handled worker's keys away (cases in order: the
+        worker left, unpaused, a guard holds it; then a turn of its keys)."""
+        policy = self.policy
+        assert policy is not None
+        ws = policy.scheduler.workers.get(h.address)
+        if ws is None or worker_status(ws) != "paused":
+            return  # left or unpaused: _account_pauses forgets it next cycle
+        hold = self._hold(ws, census, now, starting=False)
+        if hold is not None:
+            del self.handling[h.address]
+            self._held(ws, self.clock.since.get(h.address, now), now, *hold)
+            return
+        if not h.pending:
+            h.pending = [ts.key for ts in ws.has_what if not ts.actor]
+            h.clean = True
+        batch, h.pending = h.pending[:KEYS_PER_CYCLE], h.pending[KEYS_PER_CYCLE:]
+        tasks = policy.scheduler.tasks
+        has_what = ws.has_what
+        todo = [ts for k in batch if (ts := tasks.get(k)) is not None and ts in has_what]
+        views, cluster = evacuation_input(policy, todo, leaving_addresses(policy), self.book)
+        room = self._room(cluster)
+        plan = plan_evacuation(
+            views,
+            cluster,
+            now=now,
+            room=room,
+            budget=max(budget[0], 0),
+            first_free=budget[0] == self.settings.max_bytes_per_cycle,  # type: ignore[union-attr]
+        )
+        if plan.stuck or _no_room(plan):
+            self._block(h, plan, now)
+            return
+        yield from self._copy(h, plan, todo, now, budget, stats)
+        if plan.copies or plan.waiting:
+            h.clean = False
+        if not h.pending and h.clean:
+            self._finish(h)
+
+    def _copy(
+        self,
+        h: Handling,
+        plan: Evacuation,
+        todo: list[Any],
+        now: float,
+        budget: list[int],
+        stats: dict[str, Counter[str]],
+    ) -> Generator[Suggestion, Any, None]:
+        policy = self.policy
+        assert policy is not None
+        by_key = {ts.key: ts for ts in todo}
+        workers = policy.scheduler.workers
+        for copy in plan.copies:
+            ts = by_key[copy.key]
+            choice = yield Suggestion("replicate", ts, {workers[copy.worker]})
+            key_logger.debug(
+                "(replicate, %s, %s) %s: %s (paused %s)",
+                copy.key,
+                copy.worker,
+                "accepted" if choice else "refused",
+                copy.reason,
+                h.address,
+            )
+            if choice is None:
+                continue
+            record_copy(policy, self.book, ts, copy.worker, now)
+            self.sent.setdefault(copy.worker, {})[copy.key] = [
+                copy.nbytes,
+                None,
+                now + policy.inflight_timeout,
+            ]
+            budget[0] -= copy.nbytes
+            h.copies += 1
+            h.bytes += copy.nbytes
+            self.counters["copies"] += 1
+            self.counters["bytes"] += copy.nbytes
+            stats[SOURCE]["requested"] += 1
+
+    def _block(self, h: Handling, plan: Evacuation, now: float) -> None:
+        """Keys that may not go elsewhere: the worker stays; tried again ``after`` later."""
+        settings = self.settings
+        assert settings is not None
+        del self.handling[h.address]
+        self.retry[h.address] = now + settings.after
+        if plan.stuck:
+            stuck = {s.key: (s.why, s.rule) for s in plan.stuck}
+        else:
+            stuck = {
+                k: (why, SOURCE)
+                for k, why in plan.waiting.items()
+                if why.startswith("no eligible")
+            }
+        self.stuck[h.address] = stuck
+        rules = sorted({rule for _, rule in stuck.values()})
+        whys = sorted({why for why, _ in stuck.values()})
+        self.counters["blocked"] += 1
+        self.notes[h.address] = {
+            **self.notes.get(h.address, {}),
+            "state": "blocked",
+            "reason": "; ".join(whys),
+        }
+        logger.warning(
+            "amm-rules: not %s paused worker %s: %d keys may not go elsewhere (%s; %s)",
+            "restarting" if h.action == "restart" else "retiring",
+            h.address,
+            len(stuck),
+            "; ".join(whys),
+            ", ".join(rules),
+        )
+        self._emit(
+            "blocked",
+            h.address,
+            name=h.name,
+            keys=shown_keys(stuck),
+            count=len(stuck),
+            rules=rules,
+            why=whys,
+            retry_in=settings.after,
+        )
+
+    def _finish(self, h: Handling) -> None:
+        """Every key is held elsewhere: retire (and restart) without blocking the cycle."""
+        h.state = "restarting" if h.action == "restart" else "retiring"
+        self.notes[h.address] = {**self.notes.get(h.address, {}), "state": h.state, "reason": None}
+        self._emit(h.state, h.address, name=h.name, copies=h.copies, bytes=h.bytes, note=h.note)
+        task = asyncio.ensure_future(self._restart_or_retire(h))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _restart_or_retire(self, h: Handling) -> None:
+        policy = self.policy
+        assert policy is not None
+        scheduler = policy.scheduler
+        stimulus_id = f"amm-rules-paused-workers-{time.time()}"
+        addr = h.address
+        try:
+            restart = h.action == "restart"
+            # Through retire_workers in both cases: what landed on the worker since the
+            # last pass is placed by the rules (RulesRetireWorker), and a key with
+            # nowhere to go fails it instead of being lost.
+            retired = await asyncio.wait_for(
+                scheduler.retire_workers(
+                    workers=[addr],
+                    close_workers=not restart,
+                    remove=not restart,
+                    stimulus_id=stimulus_id,
+                ),
+                RESTART_TIMEOUT,
+            )
+            if addr not in retired:
+                self._failed(h, "its retirement failed: a key it holds has nowhere to go")
+                return
+            if restart:
+                result = await scheduler.restart_workers(
+                    [addr],
+                    timeout=RESTART_TIMEOUT,
+                    wait_for_workers=False,
+                    on_error="return",
+                    stimulus_id=stimulus_id,
+                )
+                if result.get(addr) != "OK":
+                    self._failed(h, f"the nanny did not restart it: {result.get(addr)!r}")
+                    return
+        except Exception as exc:  # never let a restart take anything else down
+            logger.exception("amm-rules: handling paused worker %s failed", addr)
+            self._failed(h, repr(exc))
+            return
+        self._done(h)
+
+    def _done(self, h: Handling) -> None:
+        settings = self.settings
+        self.handling.pop(h.address, None)
+        if settings is not None and settings.cooldown > 0:
+            self.cooling[h.name] = time.monotonic() + settings.cooldown
+        step = "restarted" if h.action == "restart" else "retired"
+        self.counters[step] += 1
+        self.notes.pop(h.address, None)
+        logger.warning("amm-rules: paused worker %s (%s) %s", h.address, h.name, step)
+        self._emit(step, h.address, name=h.name, copies=h.copies, bytes=h.bytes, note=h.note)
+
+    def _failed(self, h: Handling, why: str) -> None:
+        settings = self.settings
+        self.handling.pop(h.address, None)
+        self.retry[h.address] = time.monotonic() + (settings.after if settings else 0.0)
+        self.counters["failed"] += 1
+        self.notes[h.address] = {**self.notes.get(h.address, {}), "state": "failed", "reason": why}
+        logger.warning("amm-rules: paused worker %s not handled: %s", h.address, why)
+        self._emit("failed", h.address, name=h.name, error=why)
+
+    # -- room on the recipients ------------------------------------------------------
+
+    def _room(self, cluster: Any) -> dict[str, int]:
+        """Bytes each running worker may still receive: up to its pause threshold less
+        the margin, by its process memory at its last heartbeat plus the copies sent to
+        it that no heartbeat has shown yet."""
+        policy = self.policy
+        assert policy is not None
+        workers = policy.scheduler.workers
+        pause = _pause_fraction()
+        room = {}
+        for addr in cluster.running:
+            ws = workers[addr]
+            limit = ws.memory_limit or 0
+            if not limit:
+                room[addr] = 1 << 62
+                continue
+            unseen = sum(entry[0] for entry in self.sent.get(addr, {}).values())
+            room[addr] = int((pause - ROOM_MARGIN) * limit) - ws.memory.process - unseen
+        return room
+
+    def _settle_sent(self, workers: Any, now: float) -> None:
+        """A copy counts against its recipient's room until a heartbeat after it landed
+        (heartbeats carry the process memory), or until it is given up."""
+        tasks = self.policy.scheduler.tasks  # type: ignore[union-attr]
+        for addr in list(self.sent):
+            ws = workers.get(addr)
+            entries = self.sent[addr]
+            for key in list(entries):
+                nbytes, landed, deadline = entries[key]
+                if ws is None:
+                    del entries[key]
+                elif landed is None:
+                    ts = tasks.get(key)
+                    if ts is not None and ws in (ts.who_has or ()):
+                        entries[key][1] = heartbeat_clock()
+                    elif deadline <= now:
+                        del entries[key]
+                elif ws.last_seen > landed:
+                    del entries[key]
+            if not entries:
+                del self.sent[addr]
+
+    # -- reporting -----------------------------------------------------------------------
+
+    def _emit(self, step: str, worker: str, **fields: Any) -> None:
+        policy = self.policy
+        if policy is not None:
+            policy.events.emit("paused-worker", step=step, worker=worker, **fields)
+
+    def status(self) -> dict[str, Any]:
+        """For ``amm_rules_status()["paused_workers"]``: the section, one line per paused
+        worker (and per worker being restarted), cool-downs, totals."""
+        settings = self.settings
+        now = time.monotonic()
+        lines = []
+        workers = self.policy.scheduler.workers if self.policy is not None else {}
+        for addr in sorted(set(self.clock.since) | set(self.handling)):
+            since = self.clock.since.get(addr)
+            h = self.handling.get(addr)
+            note = self.notes.get(addr, {})
+            ws = workers.get(addr)
+            state = h.state if h is not None else note.get("state")
+            if state is None:
+                state = "waiting"
+            lines.append(
+                {
+                    "worker": addr,
+                    "name": str(ws.name) if ws is not None else (h.name if h else None),
+                    "paused_for": round(now - since, 3) if since is not None else None,
+                    "state": state,
+                    "reason": note.get("detail") or note.get("reason"),
+                    "keys": len(ws.has_what) if ws is not None else 0,
+                    "copies": h.copies if h is not None else 0,
+                    "bytes": h.bytes if h is not None else 0,
+                }
+            )
+        return {
+            "settings": None if settings is None else _plain_settings(settings),
+            "workers": lines,
+            "cooling": {n: round(u - now, 3) for n, u in sorted(self.cooling.items())},
+            "totals": dict(self.counters),
+        }
+
+    def metrics(self) -> dict[str, float]:
+        """Counters and gauges for a metrics collector (Prometheus or other): the
+        counters of :attr:`counters` (``paused``, ``held``, ``evacuations``, ``copies``,
+        ``bytes``, ``blocked``, ``restarted``, ``retired``, ``failed``, ``recovered``),
+        plus ``paused_workers`` and ``handling`` now and ``paused_seconds`` (total time
+        workers spent paused, the current pauses included)."""
+        now = time.monotonic()
+        out: dict[str, float] = {name: float(self.counters[name]) for name in _COUNTERS}
+        out["paused_workers"] = float(len(self.clock.since))
+        out["handling"] = float(len(self.handling))
+        out["paused_seconds"] = self.paused_seconds_done + sum(
+            now - t for t in self._known.values()
+        )
+        return out
+
+    def explain(self, ts: Any) -> list[dict[str, Any]]:
+        """For ``explain``: the paused workers holding the key, and whether the key
+        keeps one of them from being restarted or retired."""
+        out = []
+        for ws in ts.who_has or ():
+            addr = ws.address
+            if addr not in self.clock.since and addr not in self.handling:
+                continue
+            note = self.notes.get(addr, {})
+            entry: dict[str, Any] = {
+                "worker": addr,
+                "state": self.handling[addr].state
+                if addr in self.handling
+                else note.get("state", "waiting"),
+            }
+            stuck = self.stuck.get(addr, {}).get(ts.key)
+            if stuck is not None:
+                why, rule = stuck
+                entry["blocks"] = f"keeps the worker from leaving: {why} ({rule})"
+            out.append(entry)
+        return out
+
+
+_COUNTERS = (
+    "paused",
+    "held",
+    "evacuations",
+    "copies",
+    "bytes",
+    "blocked",
+    "restarted",
+    "retired",
+    "failed",
+    "recovered",
+)
+
+
+@dataclass(frozen=True)
+class _Census:
+    """Workers that are running or paused (not leaving), and how many are paused."""
+
+    active: int
+    paused: int
+
+    @classmethod
+    def of(cls, workers: Any) -> _Census:
+        active = paused = 0
+        for ws in workers.values():
+            status = worker_status(ws)
+            if status != "closing":
+                active += 1
+                paused += status == "paused"
+        return cls(max(active, 1), paused)
+
+
+def _no_room(plan: Evacuation) -> bool:
+    """Keys wait for room and nothing moves: the recipients are full."""
+    return (
+        not plan.copies
+        and any(why.startswith("no eligible worker has room") for why in plan.waiting.values())
+        and not any(why == "copy in flight" for why in plan.waiting.values())
+    )
+
+
+def _pause_fraction() -> float:
+    """The workers' pause threshold, as the scheduler's dask config says (workers are
+    normally configured alike); 95% when pausing is off."""
+    value = dask.config.get("distributed.worker.memory.pause", 0.8)
+    if value is False or value is None:
+        return 0.95
+    return float(value)
+
+
+def _plain_settings(s: PausedWorkersSettings) -> dict[str, Any]:
+    return {
+        "after": s.after,
+        "action": s.action,
+        "require-unmanaged": s.require_unmanaged,
+        "max-concurrent": s.max_concurrent,
+        "max-paused-fraction": s.max_paused_fraction,
+        "cool-down": s.cooldown,
+        "max-bytes-per-cycle": s.max_bytes_per_cycle,
+    }

@@ -1,0 +1,485 @@
+"""Retirement that keeps the rules: where a retiring worker's keys go while
+RulesPolicy is attached.
+
+``client.retire_workers``, adaptive scale-down and the restarts of
+:mod:`amm_rules.engine.paused` all go through ``Scheduler.retire_workers``, which adds one
+``RetireWorker`` policy per worker to the AMM and waits for its ``done()``. The stock
+policy copies each key held only there to the running worker with the least memory,
+ignoring pools, ``avoid``, ``spread`` and ``move: never``, and the rules then undo it a
+cycle later. Here:
+
+- :class:`Retirements` wraps the manager's ``add_policy`` (and converts the instances
+  already there) so that every ``RetireWorker`` the scheduler adds becomes a
+  :class:`RulesRetireWorker` *before* it runs once: the object ``retire_workers`` holds
+  and polls is the same, only its class changes (same slots, no new state);
+- :meth:`RulesRetireWorker.run` asks :func:`~amm_rules.engine.evacuate.plan_evacuation`
+  which copies must exist first and where (pools, ``avoid``, ``spread``, replication
+  targets on the workers that stay), suggests them with the recipient as the only
+  candidate, and drops the retiring worker's copy of a key once the key is held where
+  the rules want it; RulesPolicy's own planning of the same keys in the same cycle sees
+  these copies (pending or in flight) and asks for none besides;
+- a key that has no copy elsewhere and may not get one (``move: never``, or no eligible
+  worker left) fails the retirement of its worker as distributed fails it when no
+  worker can receive a key: ``no_recipients`` is set, the worker keeps running and is
+  not in ``retire_workers``' answer, and a ``retirement`` event names the keys and rule;
+- :meth:`RulesRetireWorker.done` waits until every key is held where the rules want it
+  on the workers that stay (the stock one waits for any second copy, even one on
+  another retiring worker);
+- :class:`DownscalingGuard`, a scheduler plugin, keeps out of adaptive scale-down's
+  candidates the workers whose departure the rules would refuse: adaptive closes the
+  workers it chose whether or not their retirement succeeded.
+
+Neighbours: :mod:`amm_rules.engine.policy` owns the :class:`Retirements` (attach, detach,
+status); :mod:`amm_rules.engine.paused` uses :func:`evacuation_input` and :class:`CopyBook`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections import Counter
+from collections.abc import Callable, Generator, Hashable, Iterable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from distributed.active_memory_manager import RetireWorker, Suggestion
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from amm_rules.engine import key_logger
+from amm_rules.engine.adapters import worker_status
+from amm_rules.engine.evacuate import (
+    Evacuation,
+    leaving_view,
+    needed_copies,
+    plan_evacuation,
+)
+from amm_rules.engine.view import ClusterView, KeyView, key_string
+from amm_rules.language.ruleset import UNGOVERNED, Desired
+
+if TYPE_CHECKING:
+    from amm_rules.engine.policy import RulesPolicy
+
+logger = logging.getLogger(__name__)
+
+#: Keys named in an event or a status line (the count is always given).
+KEYS_SHOWN = 20
+
+#: The Retirements of the RulesPolicy attached to each manager.
+_ENGINES: weakref.WeakKeyDictionary[Any, Retirements] = weakref.WeakKeyDictionary()
+
+
+# --------------------------------------------------------------------------------------
+# Glue shared with the paused-workers section
+# --------------------------------------------------------------------------------------
+
+
+class CopyBook:
+    """Copies asked for off leaving workers, for keys nobody governs: key -> {address:
+    deadline}. (A governed key's copies go to the index's in-flight table, where the
+    planner counts them.)"""
+
+    def __init__(self) -> None:
+        self.entries: dict[Hashable, dict[str, float]] = {}
+
+    def get(self, key: Hashable) -> dict[str, float]:
+        return self.entries.get(key, {})
+
+    def prune(self, now: float) -> None:
+        """Forget copies whose deadline passed (landed or given up alike)."""
+        for key in [k for k, e in self.entries.items() if all(d <= now for d in e.values())]:
+            del self.entries[key]
+
+
+def desired_of(policy: RulesPolicy, ts: Any) -> Desired:
+    """What the rules want for a key in memory, classifying it now if the policy has not
+    yet (it entered memory since the last cycle)."""
+    index = policy.index
+    key = ts.key
+    if key in index.dirty:
+        desired = policy.resolve(ts)
+        index.dirty.discard(key)
+        if desired.governed:
+            index.put(key, ts, desired)
+        else:
+            index.unindex(key)
+        return desired
+    return index.desired.get(key, UNGOVERNED)
+
+
+def leaving_addresses(policy: RulesPolicy) -> set[str]:
+    """Workers whose copies are about to vanish: retiring or closing, or being handled
+    by the paused-workers section."""
+    out = {a for a, ws in policy.scheduler.workers.items() if worker_status(ws) == "closing"}
+    return out | policy.paused.leaving
+
+
+def evacuation_input(
+    policy: RulesPolicy, tasks: Iterable[Any], leaving: Iterable[str], book: CopyBook
+) -> tuple[list[KeyView], ClusterView]:
+    """Key views of ``tasks`` and the cluster with ``leaving`` marked, for
+    :func:`~amm_rules.engine.evacuate.plan_evacuation`."""
+    manager = policy.manager
+    pending = getattr(manager, "pending", None)  # only exists during an AMM cycle
+    cluster = leaving_view(policy.cluster_view().workers.values(), leaving)
+    views = []
+    for ts in tasks:
+        desired = desired_of(policy, ts)
+        view = policy.key_view(ts, desired, pending)
+        if not desired.governed:
+            view = replace(view, inflight=book.get(ts.key))
+        views.append(view)
+    return views, cluster
+
+
+def record_copy(policy: RulesPolicy, book: CopyBook, ts: Any, address: str, now: float) -> None:
+    """Remember a copy the AMM accepted, until it lands or its deadline passes."""
+    deadline = now + policy.inflight_timeout
+    table = policy.index.inflight if ts.key in policy.index.desired else book.entries
+    table.setdefault(ts.key, {})[address] = deadline
+
+
+def shown_keys(keys: Iterable[Hashable]) -> list[str]:
+    return [key_string(k) for k in list(keys)[:KEYS_SHOWN]]
+
+
+# --------------------------------------------------------------------------------------
+# The policy
+# --------------------------------------------------------------------------------------
+
+
+class RulesRetireWorker(RetireWorker):
+    """A ``RetireWorker`` whose keys are placed by the rules (see the module docstring).
+
+    Instances are never created: :class:`Retirements` changes the class of the
+    ``RetireWorker`` objects the scheduler adds. Without an attached RulesPolicy (it was
+    detached meanwhile) it behaves exactly as ``RetireWorker``.
+    """
+
+    __slots__ = ()
+
+    def run(self) -> Generator[Suggestion, Any, None]:
+        engine = _ENGINES.get(self.manager)
+        ws = self.manager.scheduler.workers.get(self.address)
+        if engine is None or ws is None or ws.actors:
+            # Stock behaviour: no rules, or nothing to place (gone), or actors (which
+            # cannot move: the stock policy refuses the retirement).
+            yield from RetireWorker.run(self)
+            return
+        yield from engine.run_for(self, ws)
+
+    def done(self) -> bool:
+        engine = _ENGINES.get(self.manager)
+        if engine is None or self not in self.manager.policies:
+            return RetireWorker.done(self)
+        return engine.placed(self.address)
+
+
+class Retirements:
+    """Retirements under the rules, for one RulesPolicy (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.policy: RulesPolicy | None = None
+        #: Copies of ungoverned keys in flight off retiring workers.
+        self.book = CopyBook()
+        #: Per retiring worker: what its keys need (key -> (copies, eligible workers or
+        #: None for any worker that stays)), as of its policy's last run.
+        self.needs: dict[str, dict[Hashable, tuple[int, frozenset[str] | None]]] = {}
+        #: Per retiring worker, for ``status``: keys, copies asked, first seen.
+        self.active: dict[str, dict[str, Any]] = {}
+        #: Counters since the policy started (metrics): ``retirements``, ``copies``,
+        #: ``bytes``, ``drops``, ``blocked``, ``placed``, ``downscaling_kept``.
+        self.counters: Counter[str] = Counter()
+        self._unwrap: Callable[[], None] | None = None
+        self._guard: DownscalingGuard | None = None
+
+    # -- attach ----------------------------------------------------------------------
+
+    def attach(self, policy: RulesPolicy) -> None:
+        self.policy = policy
+        manager = policy.manager
+        _ENGINES[manager] = self
+        self._unwrap = _wrap_add_policy(manager)
+        self._guard = DownscalingGuard(self)
+        policy.scheduler.add_plugin(self._guard, name=f"amm-rules-downscaling-{id(self)}")
+
+    def detach(self) -> None:
+        policy = self.policy
+        if policy is None:
+            return
+        manager = policy._manager
+        if manager is not None and _ENGINES.get(manager) is self:
+            del _ENGINES[manager]
+        if self._unwrap is not None:
+            self._unwrap()
+            self._unwrap = None
+        if self._guard is not None and manager is not None:
+            scheduler = manager.scheduler
+            for name, plugin in list(scheduler.plugins.items()):
+                if plugin is self._guard:
+                    scheduler.remove_plugin(name=name)
+        self._guard = None
+        self.policy = None
+
+    # -- one retiring worker, one cycle ----------------------------------------------
+
+    def run_for(self, rw: RulesRetireWorker, ws: Any) -> Generator[Suggestion, Any, None]:
+        policy = self.policy
+        assert policy is not None
+        manager = rw.manager
+        now = time.monotonic()
+        self.book.prune(now)
+        tasks = [ts for ts in ws.has_what if not ts.actor]
+        views, cluster = evacuation_input(policy, tasks, leaving_addresses(policy), self.book)
+        plan = plan_evacuation(views, cluster, now=now)
+        self._remember_needs(ws.address, views, cluster)
+        first = ws.address not in self.active
+        if first:
+            self.counters["retirements"] += 1
+            self.active[ws.address] = {"keys": len(tasks), "copies": 0, "since": time.time()}
+        if plan.stuck:
+            self._refuse(rw, ws, plan)
+            return
+        if first:
+            policy.events.emit(
+                "retirement",
+                step="placing",
+                worker=ws.address,
+                keys=len(tasks),
+                copies=len(plan.copies),
+                held_elsewhere=len(plan.satisfied),
+            )
+        by_key = {ts.key: ts for ts in tasks}
+        workers = manager.scheduler.workers
+        for copy in plan.copies:
+            ts = by_key[copy.key]
+            choice = yield Suggestion("replicate", ts, {workers[copy.worker]})
+            key_logger.debug(
+                "(replicate, %s, %s) %s: %s (retiring %s)",
+                copy.key,
+                copy.worker,
+                "accepted" if choice else "refused",
+                copy.reason,
+                ws.address,
+            )
+            if choice is not None:
+                record_copy(policy, self.book, ts, copy.worker, now)
+                self.counters["copies"] += 1
+                self.counters["bytes"] += copy.nbytes
+                self.active[ws.address]["copies"] += 1
+        yield from self._drop_placed(ws, plan, by_key)
+
+    def _drop_placed(
+        self, ws: Any, plan: Evacuation, by_key: dict[Hashable, Any]
+    ) -> Generator[Suggestion, Any, None]:
+        """Drop the retiring worker's copy of keys held where the rules want them
+        elsewhere: its memory is freed early, as the stock policy does (a spilled worker
+        reads its keys back from disk to send them)."""
+        index = self.policy.index  # type: ignore[union-attr]
+        for key in plan.satisfied:
+            desired = index.desired.get(key)
+            if desired is not None and desired.move == "never":
+                continue  # never dropped by amm-rules; it vanishes with the worker
+            if (yield Suggestion("drop", by_key[key], {ws})) is not None:
+                self.counters["drops"] += 1
+
+    def _refuse(self, rw: RulesRetireWorker, ws: Any, plan: Evacuation) -> None:
+        """Fail the retirement as distributed does when no worker can receive a key."""
+        policy = self.policy
+        assert policy is not None
+        rw.no_recipients = True
+        rw.manager.policies.discard(rw)
+        self.counters["blocked"] += 1
+        self.active.pop(ws.address, None)
+        self.needs.pop(ws.address, None)
+        rules = sorted({s.rule for s in plan.stuck})
+        whys = sorted({s.why for s in plan.stuck})
+        logger.warning(
+            "amm-rules: not retiring %s: %d keys held only there may not go elsewhere "
+            "(%s; rules %s), e.g. %s",
+            ws.address,
+            len(plan.stuck),
+            "; ".join(whys),
+            ", ".join(rules),
+            shown_keys(s.key for s in plan.stuck)[:3],
+        )
+        policy.events.emit(
+            "retirement",
+            step="blocked",
+            worker=ws.address,
+            keys=shown_keys(s.key for s in plan.stuck),
+            count=len(plan.stuck),
+            rules=rules,
+            why=whys,
+        )
+
+    def _remember_needs(self, address: str, views: list[KeyView], cluster: ClusterView) -> None:
+        needs: dict[Hashable, tuple[int, frozenset[str] | None]] = {}
+        for view in views:
+            d = view.desired
+            if d.move == "never":
+                needs[view.key] = (1, None)
+                continue
+            eligible = cluster.placeable(d.pool, d.avoid)
+            reachable = eligible & (cluster.running | view.holders)
+            want = min(needed_copies(d), len(reachable))
+            needs[view.key] = (want, eligible) if want else (1, None)
+        self.needs[address] = needs
+
+    def placed(self, address: str) -> bool:
+        """``done()`` of the retirement of ``address``: every key it holds is held where
+        the rules want it on workers that stay. Cheap (it runs every few tens of ms
+        while a retirement waits): it checks what the last run found each key needs."""
+        policy = self.policy
+        assert policy is not None
+        scheduler = policy.scheduler
+        ws = scheduler.workers.get(address)
+        if ws is None:
+            return True
+        needs = self.needs.get(address)
+        if needs is None:
+            return False
+        leaving = leaving_addresses(policy)
+        for ts in ws.has_what:
+            if ts.actor:
+                continue
+            need = needs.get(ts.key)
+            if need is None:
+                return False  # arrived since the last run: wait for it to be planned
+            want, eligible = need
+            staying = {w.address for w in ts.who_has or ()} - leaving
+            if eligible is not None:
+                staying &= eligible
+            if len(staying) < want:
+                return False
+        if address in self.active:
+            info = self.active.pop(address)
+            self.counters["placed"] += 1
+            policy.events.emit(
+                "retirement",
+                step="placed",
+                worker=address,
+                keys=info["keys"],
+                copies=info["copies"],
+            )
+        self.needs.pop(address, None)
+        return True
+
+    # -- status ------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "retiring": {a: dict(info) for a, info in self.active.items()},
+            "totals": dict(self.counters),
+        }
+
+
+def _wrap_add_policy(manager: Any) -> Callable[[], None]:
+    """Make every ``RetireWorker`` added to ``manager`` (and those already there) a
+    :class:`RulesRetireWorker`. Returns the function that undoes the wrapper."""
+    before = vars(manager).get("add_policy")
+    add_policy = manager.add_policy
+
+    def add_policy_ruled(policy: Any) -> None:
+        if type(policy) is RetireWorker:
+            policy.__class__ = RulesRetireWorker
+        add_policy(policy)
+
+    manager.add_policy = add_policy_ruled
+    for policy in manager.policies:
+        if type(policy) is RetireWorker:
+            policy.__class__ = RulesRetireWorker
+
+    def unwrap() -> None:
+        if vars(manager).get("add_policy") is add_policy_ruled:
+            if before is None:
+                del manager.add_policy
+            else:
+                manager.add_policy = before
+
+    return unwrap
+
+
+# --------------------------------------------------------------------------------------
+# Adaptive scale-down
+# --------------------------------------------------------------------------------------
+
+
+class DownscalingGuard(SchedulerPlugin):
+    """Keeps out of ``Scheduler.workers_to_close`` (adaptive scale-down) the workers
+    whose departure the rules would refuse, since adaptive closes the workers it chose
+    whether or not their retirement succeeded.
+
+    For each class of governed keys restricted to a pool (or by ``avoid``) whose
+    eligible running workers are all candidates, one of them is kept: the one with the
+    most data, which ``workers_to_close`` would close last anyway. For ``move: never``
+    keys, and keys with no eligible running worker at all, whose every copy is on
+    candidates, a holder is kept. Cost: one set operation per class, plus one per key of
+    those last two kinds.
+    """
+
+    name = "amm-rules-downscaling"
+
+    def __init__(self, retirements: Retirements):
+        self.retirements = retirements
+
+    def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
+        policy = self.retirements.policy
+        if policy is None or not workers:
+            return workers
+        try:
+            keep = self._keep(policy, workers)
+        except Exception:  # never break adaptive scaling
+            logger.exception("amm-rules: downscaling guard failed; not filtering")
+            return workers
+        if not keep:
+            return workers
+        self.retirements.counters["downscaling_kept"] += len(keep)
+        policy.events.once(
+            ("downscaling-kept", frozenset(keep)),
+            "retirement",
+            step="kept",
+            workers=sorted(keep),
+            why="their keys have nowhere else to go under the rules",
+        )
+        return [ws for ws in workers if ws.address not in keep]
+
+    def _keep(self, policy: RulesPolicy, workers: list[Any]) -> set[str]:
+        candidates = {ws.address: ws for ws in workers}
+        all_workers = policy.scheduler.workers
+        running = {a for a, ws in all_workers.items() if worker_status(ws) == "running"}
+        pools = policy.placements.pools
+        keep: set[str] = set()
+
+        def most_data(addresses: Iterable[str]) -> str:
+            return max(addresses, key=lambda a: (all_workers[a].nbytes, a))
+
+        for cls, group in policy.index.groups.items():
+            if not group:
+                continue
+            if cls.move == "never":
+                for ts in group.values():
+                    holders = {w.address for w in ts.who_has or ()}
+                    if holders and holders <= candidates.keys() - keep:
+                        keep.add(most_data(holders))
+                continue
+            if cls.pool is None and cls.avoid is None:
+                continue
+            want = set(cls.pool) if cls.pool is not None else None
+            shun = set(cls.avoid or ())
+            eligible = {
+                a
+                for a in running
+                if (want is None or not want.isdisjoint(pools.get(a, ())))
+                and shun.isdisjoint(pools.get(a, ()))
+            }
+            if eligible - (candidates.keys() - keep):
+                continue  # an eligible worker stays
+            if eligible:
+                keep.add(most_data(eligible))
+                continue
+            for ts in group.values():  # nowhere eligible: keep the data where it is
+                holders = {w.address for w in ts.who_has or ()}
+                if holders and holders <= candidates.keys() - keep:
+                    keep.add(most_data(holders))
+        return keep

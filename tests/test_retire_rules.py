@@ -1,0 +1,297 @@
+"""Retirement that keeps the rules (docs/retirement.md): with RulesPolicy attached, the
+keys of a retiring worker go where the rules allow, and nowhere else first.
+
+Every test logs each copy the scheduler records during the retirement
+(:class:`retire_support.ReplicaLog`) and checks every worker a key was ever on, not only
+where it ends. Most tests run twice: with the rules' placement and with distributed's
+own ``RetireWorker`` (``placement="stock"``), which must break the same check, so that
+the test can fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from amm_policy_support import amm_config, events, holders, no_errors, policy_of, rules
+from distributed.utils_test import async_poll_for, gen_cluster
+from retire_support import ReplicaLog, amm_measure
+
+GPU = {"resources": {"GPU": 1}}
+SPOT = {"resources": {"SPOT": 1}}
+POOLS = {"gpu": "worker.resources.GPU >= 1", "spot": "worker.resources.SPOT >= 1"}
+PLACEMENTS = ["rules", "stock"]
+
+
+def config(*entries, **top):
+    return {**amm_config(rules(*entries, pools=POOLS, **top)), **amm_measure()}
+
+
+def use(s, placement: str) -> None:
+    """``stock``: distributed's retirement alone places the keys. The AMM is stopped, so
+    that ``retire_workers`` runs ``RetireWorker`` in its own manager, without the rules
+    (with them in the same manager, the outcome depends on the arbitrary order in which
+    the AMM runs its policies: see benchmarks/retirement.py); :func:`resume` starts it
+    again, and the rules then correct what the retirement did."""
+    if placement == "stock":
+        policy_of(s).retirements.detach()
+        s.extensions["amm"].stop()
+
+
+def resume(s) -> None:
+    s.extensions["amm"].start()
+
+
+async def load(c, worker, nbytes: int, key: str, kept: list) -> None:
+    """Make ``worker`` hold more data (the AMM's measure is ``managed`` here); its
+    future goes to ``kept``, which the test keeps (else the data is released)."""
+    kept.append(await c.scatter({key: b"." * nbytes}, workers=[worker.address]))
+
+
+def device(key: str) -> bytes:
+    return key.encode() * 100
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1, GPU), ("", 1, GPU), ("", 1), ("", 1)],
+    config=config({"name": "device", "match": 'task.key matches "dev-*"', "pool": "gpu"}),
+)
+async def test_pool_a_retiring_workers_keys_stay_in_their_pool(
+    c, s, gpu0, gpu1, cpu0, cpu1, placement
+):
+    """The case of the issue: gpu1 holds more memory than the CPU workers, so
+    RetireWorker's choice (least memory) is a CPU worker."""
+    use(s, placement)
+    kept: list = []
+    await load(c, gpu1, 2_000_000, "blob", kept)
+    futures = [
+        c.submit(device, f"dev-{i}", key=f"dev-{i}", workers=[gpu0.address]) for i in range(3)
+    ]
+    await c.gather(futures)
+    log = ReplicaLog(s)
+    retired = await c.retire_workers([gpu0.address])
+    resume(s)
+    assert gpu0.address in retired
+    keys = [f.key for f in futures]
+    await async_poll_for(lambda: all(holders(s, k) == {gpu1.address} for k in keys), timeout=10)
+    seen = set().union(*(log.seen(k) for k in keys))
+    if placement == "rules":
+        assert seen == {gpu1.address}
+        (placed,) = [e for e in events(s, "retirement") if e["step"] == "placed"]
+        assert placed["worker"] == gpu0.address and placed["keys"] == 3
+    else:
+        assert seen & {cpu0.address, cpu1.address}  # the transit the rules avoid
+    assert await c.gather(futures) == [device(k) for k in keys]
+    no_errors(s)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1), ("", 1), ("", 1, SPOT), ("", 1, SPOT)],
+    config=config({"name": "safe", "match": 'task.key matches "x-*"', "avoid": "spot"}),
+)
+async def test_avoid_a_retiring_workers_keys_never_touch_the_avoided_pool(
+    c, s, a, b, spot0, spot1, placement
+):
+    use(s, placement)
+    kept: list = []
+    await load(c, b, 2_000_000, "blob", kept)  # the spot workers are the emptiest
+    futures = await c.scatter({f"x-{i}": i for i in range(3)}, workers=[a.address])
+    log = ReplicaLog(s)
+    assert a.address in await c.retire_workers([a.address])
+    resume(s)
+    await async_poll_for(lambda: all(holders(s, k) == {b.address} for k in futures), timeout=10)
+    seen = set().union(*(log.seen(k) for k in futures))
+    if placement == "rules":
+        assert seen == {b.address}
+    else:
+        assert seen & {spot0.address, spot1.address}
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[
+        ("127.0.0.1", 1),
+        ("127.0.0.1", 1),
+        ("127.0.0.2", 1),
+        ("127.0.0.3", 1),
+        ("127.0.0.4", 1),
+    ],
+    config=config(
+        {"name": "spread", "match": 'task.key matches "x-*"', "replicate": 2, "spread": "host"}
+    ),
+)
+async def test_spread_several_workers_retiring_at_once_keep_copies_on_distinct_hosts(
+    c, s, a1, a2, b, c3, d
+):
+    """Both holders of each key retire at once: each key needs two new copies, on two
+    distinct hosts among the workers that stay (two of them share a host)."""
+    kept: list = []
+    await load(c, a1, 1_000_000, "blob-a1", kept)
+    await load(c, a2, 1_000_000, "blob-a2", kept)
+    await load(c, d, 3_000_000, "blob-d", kept)
+    futures = await c.scatter({f"x-{i}": i for i in range(4)}, workers=[b.address])
+    await async_poll_for(
+        lambda: all(holders(s, k) == {b.address, c3.address} for k in futures), timeout=10
+    )
+    log = ReplicaLog(s)
+    retired = await c.retire_workers([b.address, c3.address])
+    assert set(retired) == {b.address, c3.address}
+    for k in futures:
+        new = log.seen(k)
+        # Two copies, on the two hosts that stay; never both on the shared one.
+        assert len(new) == 2 and {s.workers[w].host for w in new} == {"127.0.0.1", "127.0.0.4"}
+        assert holders(s, k) == new
+    assert await c.gather(futures) == {f"x-{i}": i for i in range(4)}
+    no_errors(s)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 3,
+    config=config({"name": "frozen", "match": 'task.key matches "x-*"', "move": "never"}),
+)
+async def test_move_never_key_alone_fails_the_retirement(c, s, a, b, w3, placement):
+    """``move: never`` data is not copied: the worker holding it alone is not retired
+    (as distributed refuses a retirement when no worker can receive a key)."""
+    use(s, placement)
+    futures = await c.scatter({"x-1": 1, "x-2": 2}, workers=[a.address])
+    log = ReplicaLog(s)
+    retired = await c.retire_workers([a.address])
+    if placement == "stock":
+        assert a.address in retired and log.seen("x-1")  # moved, against the rule
+        return
+    assert retired == {}
+    await async_poll_for(lambda: s.workers[a.address].status.name == "running", timeout=5)
+    assert log.seen("x-1") == log.seen("x-2") == set()
+    (blocked,) = [e for e in events(s, "retirement") if e["step"] == "blocked"]
+    assert blocked["worker"] == a.address
+    assert sorted(blocked["keys"]) == ["x-1", "x-2"] and blocked["rules"] == ["frozen"]
+    assert blocked["why"] == ["move: never"]
+    # A copy elsewhere is enough: the worker may go then (its copy just vanishes).
+    await c.replicate([futures["x-1"], futures["x-2"]], n=2, workers=[a.address, b.address])
+    assert a.address in await c.retire_workers([a.address])
+    assert await c.gather(futures) == {"x-1": 1, "x-2": 2}
+    no_errors(s)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1, GPU), ("", 1), ("", 1)],
+    config=config({"name": "device", "match": 'task.key matches "dev-*"', "pool": "gpu"}),
+)
+async def test_no_eligible_recipient_fails_the_retirement_and_names_key_and_rule(
+    c, s, gpu0, cpu0, cpu1, placement
+):
+    use(s, placement)
+    future = c.submit(device, "dev-1", key="dev-1", workers=[gpu0.address])
+    await future
+    log = ReplicaLog(s)
+    retired = await c.retire_workers([gpu0.address])
+    if placement == "stock":
+        assert gpu0.address in retired and log.seen("dev-1") <= {cpu0.address, cpu1.address}
+        return
+    assert retired == {} and log.seen("dev-1") == set()
+    assert holders(s, "dev-1") == {gpu0.address}
+    (blocked,) = [e for e in events(s, "retirement") if e["step"] == "blocked"]
+    assert blocked["keys"] == ["dev-1"] and blocked["rules"] == ["device"]
+    assert blocked["why"] == ["no eligible worker: pool gpu has no running worker that stays"]
+    # The worker runs again, and the retirement is over (nothing left in the AMM).
+    await async_poll_for(lambda: s.workers[gpu0.address].status.name == "running", timeout=5)
+    assert not [
+        p for p in s.extensions["amm"].policies if type(p).__name__.endswith("RetireWorker")
+    ]
+    assert policy_of(s).retirements.status()["totals"]["blocked"] == 1
+    no_errors(s)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 5,
+    config=config({"name": "three", "match": 'task.key matches "x-*"', "replicate": 3}),
+)
+async def test_targets_are_recreated_before_the_worker_leaves(c, s, *workers, placement):
+    leaving = workers[0]
+    futures = await c.scatter({f"x-{i}": i for i in range(4)}, workers=[leaving.address])
+    await async_poll_for(lambda: all(len(holders(s, k)) == 3 for k in futures), timeout=10)
+    use(s, placement)
+    log = ReplicaLog(s)
+    assert leaving.address in await c.retire_workers([leaving.address])
+    staying = {k: holders(s, k) - {leaving.address} for k in futures}
+    resume(s)
+    counts = {k: len(v) for k, v in staying.items()}
+    if placement == "rules":
+        # When retire_workers returns, every key already holds its target elsewhere.
+        assert counts == dict.fromkeys(futures, 3)
+        assert all(log.seen(k) <= staying[k] for k in futures)
+    else:
+        assert counts == dict.fromkeys(futures, 2)  # re-created only afterwards
+    await async_poll_for(lambda: all(len(holders(s, k)) == 3 for k in futures), timeout=10)
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1, GPU), ("", 1, GPU), ("", 1), ("", 1)],
+    config=config(
+        {"name": "device", "match": 'task.key matches "dev-*"', "pool": "gpu"},
+        {"name": "host", "match": 'task.key matches "cpu-*"', "avoid": "gpu", "replicate": 2},
+    ),
+)
+async def test_a_gpu_and_a_cpu_worker_retiring_at_once(c, s, gpu0, gpu1, cpu0, cpu1):
+    kept: list = []
+    await load(c, gpu1, 2_000_000, "blob", kept)
+    dev = await c.scatter({f"dev-{i}": i for i in range(3)}, workers=[gpu0.address])
+    host = await c.scatter({f"cpu-{i}": i for i in range(3)}, workers=[cpu0.address])
+    await async_poll_for(
+        lambda: all(holders(s, k) == {cpu0.address, cpu1.address} for k in host), timeout=10
+    )
+    log = ReplicaLog(s)
+    retired = await c.retire_workers([gpu0.address, cpu0.address])
+    assert set(retired) == {gpu0.address, cpu0.address}
+    assert all(log.seen(k) == {gpu1.address} for k in dev)
+    # The CPU keys keep a copy on cpu1; their second copy has nowhere to go (gpu is
+    # avoided, cpu0 left): nothing is made outside the rules to meet it.
+    assert all(log.seen(k) == set() and holders(s, k) == {cpu1.address} for k in host)
+    await asyncio.sleep(0.3)
+    assert all(holders(s, k) == {cpu1.address} for k in host)
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1, GPU), ("", 1, GPU), ("", 1), ("", 1)],
+    config=config(
+        {"name": "device", "match": 'task.key matches "dev-*"', "pool": "gpu"},
+        {"name": "frozen", "match": 'task.key matches "frozen-*"', "move": "never"},
+    ),
+)
+async def test_workers_to_close_leaves_out_the_workers_the_rules_keep(
+    c, s, gpu0, gpu1, cpu0, cpu1
+):
+    """Adaptive scale-down closes the workers it chose even when their retirement fails:
+    the rules keep the holders of data that could not leave out of its choice."""
+    kept: list = []
+    await load(c, gpu1, 2_000_000, "blob", kept)
+    dev = await c.scatter({"dev-1": 1}, workers=[gpu0.address])
+    frozen = await c.scatter({"frozen-1": 1}, workers=[cpu0.address])
+    policy = policy_of(s)
+    await async_poll_for(lambda: {"dev-1", "frozen-1"} <= policy.index.desired.keys(), timeout=5)
+    chosen = s.workers_to_close(n=4)
+    # The gpu pool keeps one worker (the one with most data: gpu1); cpu0 holds the only
+    # copy of a move: never key.
+    assert set(chosen) == {gpu0.address, cpu1.address}
+    (guard,) = [e for e in events(s, "retirement") if e["step"] == "kept"]
+    assert guard["workers"] == sorted([gpu1.address, cpu0.address])
+    log = ReplicaLog(s)
+    assert set(await c.retire_workers(chosen)) == set(chosen)
+    assert log.seen("dev-1") == {gpu1.address} and log.seen("frozen-1") == set()
+    assert await c.gather([dev["dev-1"], frozen["frozen-1"]]) == [1, 1]
+    no_errors(s)
