@@ -62,12 +62,14 @@ def process_cluster(n_workers: int = 2) -> LocalCluster:
     )
 
 
-async def add_leaky_worker(cluster: LocalCluster, client: Client, name: str = "leaky") -> str:
-    """One more worker like the others, with the resource ``LEAKY``: the leaky tasks run
-    there only, and nothing steals them away. Its nanny restarts it with the same name
-    and resource. Returns its address."""
+async def add_leaky_worker(
+    cluster: LocalCluster, client: Client, name: str = "leaky", resource: str = "LEAKY"
+) -> str:
+    """One more worker like the others, with the resource ``resource``: the leaky tasks
+    run there only, and nothing steals them away. Its nanny restarts it with the same
+    name and resource. Returns its address."""
     ((_, spec),) = cluster.new_worker_spec().items()
-    options = {**spec["options"], "resources": {"LEAKY": 1}, "name": name}
+    options = {**spec["options"], "resources": {resource: 1}, "name": name}
     cluster.worker_spec[name] = {**spec, "options": options}
     await cluster._correct_state()
     await client.wait_for_workers(len(cluster.worker_spec))
@@ -100,6 +102,18 @@ async def stalled(futures: list[Any], quiet: float = 3.0, limit: float = 30.0) -
             return True
         await asyncio.sleep(0.1)
     raise AssertionError(f"neither finished nor stalled after {limit}s")
+
+
+def address_of(s: Any, name: str) -> str:
+    (address,) = [a for a, ws in s.workers.items() if str(ws.name) == name]
+    return address
+
+
+def held_event(s: Any, worker: str) -> dict[str, Any]:
+    (event,) = [
+        e for e in events(s, "paused-worker") if e["worker"] == worker and e["step"] == "held"
+    ]
+    return event
 
 
 def steps(s: Any, worker: str | None = None) -> list[str]:
@@ -166,4 +180,110 @@ async def test_a_leaking_worker_stalls_the_workload_until_the_section_restarts_i
             assert metrics["restarted"] == 1 and metrics["copies"] >= 3
             assert metrics["paused_seconds"] > 1
             assert policy.paused.status()["cooling"].keys() == {"leaky"}
+            no_errors(s)
+
+
+def rules_text(**fields: Any) -> str:
+    lines = ["version: 1", "rules:", "  - name: frozen", '    match: task.key matches "frozen-*"']
+    lines += ["    move: never", "paused-workers:", "  after: 1s", "  require-unmanaged: 40%"]
+    lines += ["  max-paused-fraction: 50%"] + [f"  {k}: {v}" for k, v in fields.items()]
+    return "\n".join(lines) + "\n"
+
+
+@gen_test(timeout=120)
+async def test_a_pause_from_dasks_data_and_a_move_never_key_alone_are_left_alone(tmp_path):
+    """Real memory: worker "managed" pauses under 160 MiB of persisted data (unmanaged
+    memory stays low: ``require-unmanaged`` keeps the section away); worker "leaky" leaks
+    until it pauses but holds the only copy of a ``move: never`` key (blocked, named)."""
+    rules_file = tmp_path / "rules.yaml"
+    write_rules(rules_file, rules_text())
+    config = {
+        **amm_config(str(rules_file)),
+        "distributed.scheduler.active-memory-manager.interval": 0.1,
+        **worker_config(pause=0.5),
+    }
+    with dask.config.set(config):
+        async with process_cluster() as cluster, Client(cluster, asynchronous=True) as c:
+            s = cluster.scheduler
+            managed = await add_leaky_worker(cluster, c, "managed", "MANAGED")
+            leaker = await add_leaky_worker(cluster, c, "leaky", "LEAKY")
+            big = c.submit(held, "big-1", 160 * 2**20, key="big-1", resources={"MANAGED": 1})
+            frozen = c.submit(held, "frozen-1", SIZE, key="frozen-1", resources={"LEAKY": 1})
+            plain = c.submit(held, "plain-1", SIZE, key="plain-1", resources={"LEAKY": 1})
+            await c.gather([big, frozen, plain])
+            work = [c.submit(leaky, i, LEAK_MIB, resources={"LEAKY": 1}) for i in range(6)]
+            await async_poll_for(
+                lambda: (
+                    s.workers[managed].status.name == s.workers[leaker].status.name == "paused"
+                ),
+                timeout=30,
+            )
+            # The leaker is tried again `after` later: a second "blocked" event.
+            await async_poll_for(lambda: steps(s, leaker).count("blocked") >= 2, timeout=30)
+            assert set(steps(s, leaker)) == {"paused", "evacuating", "blocked", "held"}
+            (blocked, *_) = [e for e in events(s, "paused-worker") if e["step"] == "blocked"]
+            assert blocked["keys"] == ["frozen-1"] and blocked["rules"] == ["frozen"]
+            assert held_event(s, leaker)["reason"] == "blocked-recently"
+            assert steps(s, managed) == ["paused", "held"]
+            assert held_event(s, managed)["reason"] == "managed-memory"
+            assert managed in s.workers and leaker in s.workers
+            assert holders(s, "frozen-1") == {leaker} and holders(s, "big-1") == {managed}
+            assert holders(s, "plain-1") == {leaker}  # nothing copied for a blocked worker
+            assert sum(f.done() for f in work) < len(work)  # still stalled, as it must be
+            assert await c.gather([frozen, plain]) == [
+                held("frozen-1", SIZE),
+                held("plain-1", SIZE),
+            ]
+            assert len(await c.gather(big)) == 160 * 2**20
+            no_errors(s)
+
+
+@gen_test(timeout=180)
+async def test_two_leaking_workers_are_restarted_one_at_a_time_then_cool_down(tmp_path):
+    rules_file = tmp_path / "rules.yaml"
+    write_rules(rules_file, rules_text(**{"max-concurrent": 1, "cool-down": "1h"}))
+    config = {
+        **amm_config(str(rules_file)),
+        "distributed.scheduler.active-memory-manager.interval": 0.1,
+        **worker_config(pause=0.5),
+    }
+    with dask.config.set(config):
+        async with process_cluster() as cluster, Client(cluster, asynchronous=True) as c:
+            s = cluster.scheduler
+            first = await add_leaky_worker(cluster, c, "leaky-a", "LEAKY_A")
+            second = await add_leaky_worker(cluster, c, "leaky-b", "LEAKY_B")
+            work = [
+                c.submit(leaky, i, LEAK_MIB, resources={r: 1}, pure=False)
+                for r in ("LEAKY_A", "LEAKY_B")
+                for i in range(7)
+            ]
+            assert await asyncio.wait_for(c.gather(work), 90) == list(range(7)) * 2
+            await async_poll_for(lambda: steps(s).count("restarted") == 2, timeout=60)
+            order = [
+                (e["name"], e["step"])
+                for e in events(s, "paused-worker")
+                if e["step"] in ("evacuating", "restarted")
+            ]
+            a, b = order[0][0], order[2][0]
+            assert {a, b} == {"leaky-a", "leaky-b"}
+            assert order == [
+                (a, "evacuating"),
+                (a, "restarted"),
+                (b, "evacuating"),
+                (b, "restarted"),
+            ]
+            later = first if a == "leaky-b" else second
+            assert held_event(s, later)["reason"] == "max-concurrent"
+            # The first one restarted leaks again: left alone during its cool-down.
+            await async_poll_for(lambda: len(s.workers) == 4, timeout=30)
+            again = address_of(s, a)
+            resource = "LEAKY_A" if a == "leaky-a" else "LEAKY_B"
+            more = [
+                c.submit(leaky, i, LEAK_MIB, resources={resource: 1}, pure=False) for i in range(7)
+            ]
+            await async_poll_for(lambda: "held" in steps(s, again), timeout=30)
+            assert held_event(s, again)["reason"] == "cooling-down"
+            assert await stalled(more)
+            assert steps(s, again) == ["paused", "held"]
+            assert policy_of(s).paused.metrics()["restarted"] == 2
             no_errors(s)
