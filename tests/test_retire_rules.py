@@ -14,6 +14,7 @@ import asyncio
 
 import pytest
 from amm_policy_support import amm_config, events, holders, no_errors, policy_of, rules
+from distributed import Worker
 from distributed.utils_test import async_poll_for, gen_cluster
 from retire_support import ReplicaLog, amm_measure
 
@@ -294,4 +295,26 @@ async def test_workers_to_close_leaves_out_the_workers_the_rules_keep(
     assert set(await c.retire_workers(chosen)) == set(chosen)
     assert log.seen("dev-1") == {gpu1.address} and log.seen("frozen-1") == set()
     assert await c.gather([dev["dev-1"], frozen["frozen-1"]]) == [1, 1]
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1), ("", 1)],
+    config={
+        **config({"name": "safe", "match": 'task.key matches "x-*"', "avoid": "spot"}),
+        "distributed.scheduler.active-memory-manager.interval": 3600,
+    },
+)
+async def test_a_worker_that_joined_since_the_last_cycle_is_in_its_pools(c, s, a, b):
+    """The retirement's own AMM cycle may run before the policy has seen the new worker:
+    the new spot worker, the emptiest, is still known to be in pool spot."""
+    kept: list = []
+    await load(c, b, 2_000_000, "blob", kept)
+    futures = await c.scatter({f"x-{i}": i for i in range(3)}, workers=[a.address])
+    async with Worker(s.address, nthreads=1, resources={"SPOT": 1}) as spot:
+        log = ReplicaLog(s)
+        assert a.address in await c.retire_workers([a.address])
+        assert all(log.seen(k) == {b.address} for k in futures)
+        assert spot.address in s.workers
     no_errors(s)

@@ -86,6 +86,18 @@ class Placements:
         self._by_class = {}
         return True
 
+    def include_new_workers(self, measure: str) -> None:
+        """Pool membership of the workers that joined since the last refresh, without
+        refreshing (the next refresh still recomputes everything): for decisions taken
+        before the policy's next cycle, such as a retirement's, in which a worker missing
+        here would be in no pool, and so eligible for keys that avoid one."""
+        assert self._ruleset is not None
+        pools = self._ruleset.pools
+        for a, ws in self._workers.items():
+            if a not in self.pools:
+                facts = worker_facts(ws, getattr(ws.memory, measure))
+                self.pools[a] = pool_membership(facts, pools, self._on_pool_error)
+
     def of(self, cls: PlanClass) -> Placement:
         """Where keys of ``cls`` may live: inside its pools, outside its avoided pools, on
         workers that are not closing. ``ok`` is None when every worker is eligible."""

@@ -114,11 +114,18 @@ def leaving_addresses(policy: RulesPolicy) -> set[str]:
     return out | policy.paused.leaving
 
 
+def ensure_pools(policy: RulesPolicy) -> None:
+    """Pool membership of the workers that joined since the policy's last cycle: a
+    retirement may come before that cycle."""
+    policy.placements.include_new_workers(policy.manager.measure)
+
+
 def evacuation_input(
     policy: RulesPolicy, tasks: Iterable[Any], leaving: Iterable[str], book: CopyBook
 ) -> tuple[list[KeyView], ClusterView]:
     """Key views of ``tasks`` and the cluster with ``leaving`` marked, for
     :func:`~amm_rules.engine.evacuate.plan_evacuation`."""
+    ensure_pools(policy)
     manager = policy.manager
     pending = getattr(manager, "pending", None)  # only exists during an AMM cycle
     cluster = leaving_view(policy.cluster_view().workers.values(), leaving)
@@ -445,6 +452,7 @@ class DownscalingGuard(SchedulerPlugin):
         return [ws for ws in workers if ws.address not in keep]
 
     def _keep(self, policy: RulesPolicy, workers: list[Any]) -> set[str]:
+        ensure_pools(policy)
         candidates = {ws.address: ws for ws in workers}
         all_workers = policy.scheduler.workers
         running = {a for a, ws in all_workers.items() if worker_status(ws) == "running"}
