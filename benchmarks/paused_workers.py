@@ -4,7 +4,7 @@ workers stay paused and when it completes.
 Each run starts a ``LocalCluster`` of worker processes with nannies (two plain workers
 and one that runs the leaky tasks, each with a 400 MiB limit, pausing at 50%), persists
 nine keys (three per worker), then submits the workload: leaky tasks that each leak
-``--leak`` MiB outside Dask's data (``tests/leak_support.py``) on the leaky worker, and
+``--leak`` MiB outside Dask's data (:mod:`tests.support.leak`) on the leaky worker, and
 ordinary tasks on the others. The leaky worker pauses after five leaky tasks.
 
 - ``without``: the rules have no ``paused-workers`` section. The run stops at
@@ -18,7 +18,7 @@ workers spent paused in that time (the engine's pause clock, from the scheduler'
 status changes), restarts, keys copied off the paused worker, persisted keys lost or
 recomputed. Runs alternate between the two modes; the table gives medians.
 
-Usage: ``python benchmarks/paused_workers.py [--repeats N] [--after S] [--cap S]``;
+Usage: ``python -m benchmarks.paused_workers [--repeats N] [--after S] [--cap S]``;
 writes ``benchmarks/results/paused_workers.json``.
 """
 
@@ -30,21 +30,20 @@ import json
 import logging
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import dask
+from distributed import Client, LocalCluster
+from distributed.diagnostics.plugin import SchedulerPlugin
 
-import dask  # noqa: E402
-import leak_support  # noqa: E402
-from distributed import Client, LocalCluster  # noqa: E402
-from distributed.diagnostics.plugin import SchedulerPlugin  # noqa: E402
-from leak_support import held, leaky, worker_config  # noqa: E402
+from tests.support import leak
+from tests.support.leak import held, leaky, worker_config
+
+ROOT = Path(__file__).resolve().parent.parent
 
 RESULTS = ROOT / "benchmarks" / "results" / "paused_workers.json"
 LIMIT = 400 * 2**20
@@ -149,7 +148,7 @@ def median(values: list[float | None]) -> float | None:
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    leak_support.ship()
+    leak.ship()
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.repeats):

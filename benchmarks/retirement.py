@@ -3,7 +3,7 @@
 
 Each scenario builds a small in-process cluster with RulesPolicy attached to the
 scheduler's AMM, places data, logs every copy the scheduler records
-(``tests/retire_support.py``), retires one or two workers with ``retire_workers`` and
+(:class:`tests.support.retire.ReplicaLog`), retires one or two workers with ``retire_workers`` and
 checks what the rules forbid. It runs twice per repeat, interleaved: ``rules`` (the
 default) and ``stock`` (``RulesPolicy(retire_by_rules=False)``: RetireWorker places the
 keys, the rules move them afterwards). With both in the AMM, which of RetireWorker and
@@ -13,7 +13,7 @@ run: the table gives, per scenario, in how many runs the rule was broken.
 The AMM compares workers by ``managed`` memory (in-process workers share one process,
 so the other measures cannot tell them apart).
 
-Usage: ``python benchmarks/retirement.py [--repeats N]``; writes
+Usage: ``python -m benchmarks.retirement [--repeats N]``; writes
 ``benchmarks/results/retirement.json``.
 """
 
@@ -25,18 +25,17 @@ import contextlib
 import json
 import logging
 import platform
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import dask
+from distributed import Client, Scheduler, Worker
 
-import dask  # noqa: E402
-from distributed import Client, Scheduler, Worker  # noqa: E402
-from retire_support import ReplicaLog  # noqa: E402
+from tests.support.retire import ReplicaLog
+
+ROOT = Path(__file__).resolve().parent.parent
 
 RESULTS = ROOT / "benchmarks" / "results" / "retirement.json"
 POOLS = {"gpu": "worker.resources.GPU >= 1", "spot": "worker.resources.SPOT >= 1"}

@@ -6,7 +6,8 @@ fails, naming ``file:line`` and the rule, when
 1. anything under ``amm_rules/language/`` imports ``dask``, ``distributed`` or any part of
    ``amm_rules`` outside ``amm_rules.language`` (``TYPE_CHECKING`` imports too);
 2. the language half, or one of the engine's pure parts (``engine/planner.py``,
-   ``engine/view.py``, ``engine/classify.py``, ``engine/rebalance/planner.py``), imports
+   ``engine/view.py``, ``engine/classify.py``, ``engine/evacuate.py``,
+   ``engine/rebalance/planner.py``), imports
    ``dask`` or ``distributed``, itself or through what it imports at run time;
 3. a part of the package (the root module, ``language``, ``engine`` with ``engine.rebalance``
    inside it, ``client``, ``cli``, ``demo``, ...) imports another that imports it back,
@@ -51,6 +52,7 @@ PURE = (
     "amm_rules.engine.planner",
     "amm_rules.engine.view",
     "amm_rules.engine.classify",
+    "amm_rules.engine.evacuate",
     "amm_rules.engine.rebalance.planner",
 )
 #: Where shared code is imported as modules (rule 5).

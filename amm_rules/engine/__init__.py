@@ -3,11 +3,13 @@ AMM cycle, inside the scheduler.
 
 Pure parts (no ``distributed`` import, run by tests, hypothesis and the benchmarks
 without a cluster): :mod:`.planner` (one key's plan), :mod:`.view` (the small view of
-the cluster the planners read), :mod:`.classify` (rules cascade per key) and
-:mod:`.rebalance.planner`. Scheduler glue: :mod:`.policy` (the AMM contract and the
-cycle), :mod:`.adapters` (scheduler objects as views), :mod:`.index` (governed keys and
-the scheduler hooks), :mod:`.placement`, :mod:`.rules_file`, :mod:`.audit`,
-:mod:`.events`, :mod:`.handlers` and :mod:`.rebalance.rebalancer`.
+the cluster the planners read), :mod:`.classify` (rules cascade per key),
+:mod:`.evacuate` (where a leaving worker's keys go) and :mod:`.rebalance.planner`.
+Scheduler glue: :mod:`.policy` (the AMM contract and the cycle), :mod:`.adapters`
+(scheduler objects as views), :mod:`.index` (governed keys and the scheduler hooks),
+:mod:`.placement`, :mod:`.rules_file`, :mod:`.audit`, :mod:`.events`, :mod:`.handlers`,
+:mod:`.retire` (retirement by the rules), :mod:`.paused` (the ``paused-workers`` section)
+and :mod:`.rebalance.rebalancer`.
 """
 
 import logging

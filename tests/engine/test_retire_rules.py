@@ -2,7 +2,7 @@
 keys of a retiring worker go where the rules allow, and nowhere else first.
 
 Every test logs each copy the scheduler records during the retirement
-(:class:`retire_support.ReplicaLog`) and checks every worker a key was ever on, not only
+(:class:`tests.support.retire.ReplicaLog`) and checks every worker a key was ever on, not only
 where it ends. Most tests run twice: with the rules' placement and with distributed's
 own ``RetireWorker`` (``placement="stock"``), which must break the same check, so that
 the test can fail.
@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from amm_policy_support import amm_config, events, holders, no_errors, policy_of, rules
 from distributed import Worker
 from distributed.utils_test import async_poll_for, gen_cluster
-from retire_support import ReplicaLog, amm_measure
+
+from tests.support.cluster import amm_config, events, holders, no_errors, policy_of, rules
+from tests.support.retire import ReplicaLog, amm_measure
 
 GPU = {"resources": {"GPU": 1}}
 SPOT = {"resources": {"SPOT": 1}}

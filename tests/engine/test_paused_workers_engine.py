@@ -4,7 +4,7 @@ The workers' memory monitors pause them for real, but their process memory is se
 each test (``monitor.get_process_memory``, which distributed provides to be replaced in
 tests), since in-process workers share one process. The AMM runs only when a test says
 so, one cycle at a time. Workers here have no nanny: a restart is a retirement, as the
-events say. The leak on real processes is in ``tests/test_paused_workers.py``.
+events say. The leak on real processes is in ``tests/engine/test_paused_workers.py``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from amm_policy_support import amm_config, events, holders, no_errors, policy_of, rules
 from distributed import Worker
 from distributed.utils_test import async_poll_for, gen_cluster
-from retire_support import ReplicaLog
+
+from tests.support.cluster import amm_config, events, holders, no_errors, policy_of, rules
+from tests.support.retire import ReplicaLog
 
 LIMIT = 2**30
 GPU = {"resources": {"GPU": 1}, "memory_limit": LIMIT}

@@ -1,5 +1,5 @@
-"""A leaking workload for the paused-workers tests (``tests/test_paused_workers*.py``)
-and ``benchmarks/paused_workers.py``.
+"""A leaking workload for the paused-workers tests (``tests/engine/test_paused_workers*.py``)
+and :mod:`benchmarks.paused_workers`.
 
 :func:`leaky` leaks memory outside Dask's data, as a library with a leak does: it keeps
 a ``bytearray`` in a list of a module of the worker process, where no Dask measure of

@@ -6,10 +6,11 @@ closes them; every copy made on the way is where the rules allow.
 from __future__ import annotations
 
 import dask
-from amm_policy_support import amm_config, events, holders, no_errors, policy_of, rules
 from distributed import Client, LocalCluster
 from distributed.utils_test import async_poll_for, gen_test
-from retire_support import ReplicaLog, amm_measure
+
+from tests.support.cluster import amm_config, events, holders, no_errors, policy_of, rules
+from tests.support.retire import ReplicaLog, amm_measure
 
 POOLS = {"a": 'worker.name in ["0", "1"]', "b": 'worker.name in ["2", "3"]'}
 RULES = rules(

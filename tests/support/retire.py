@@ -1,5 +1,5 @@
-"""Helpers shared by the retirement tests (``tests/test_retire_*.py``) and
-``benchmarks/retirement.py``: a log of every copy the scheduler records, so that a test
+"""Helpers shared by the retirement tests (``tests/engine/test_retire_*.py``) and
+:mod:`benchmarks.retirement`: a log of every copy the scheduler records, so that a test
 checks every worker a key was ever on, not only where it ends.
 """
 

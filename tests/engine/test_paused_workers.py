@@ -1,7 +1,7 @@
 """The ``paused-workers`` section on real worker processes with nannies
 (docs/paused-workers.md).
 
-A task leaks memory outside Dask's data (:mod:`leak_support`) until its worker pauses.
+A task leaks memory outside Dask's data (:mod:`tests.support.leak`) until its worker pauses.
 Without the section the workload stalls; with it, the worker's keys are copied away,
 it is restarted through its nanny, the workload completes, no persisted key is lost and
 nothing held elsewhere is recomputed.
@@ -15,15 +15,16 @@ from collections import Counter
 from typing import Any
 
 import dask
-import leak_support
-from amm_policy_support import amm_config, events, holders, no_errors, policy_of
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils_test import async_poll_for, gen_test
-from leak_support import held, leaky, worker_config
-from retire_support import ReplicaLog
 
-leak_support.ship()
+from tests.support import leak
+from tests.support.cluster import amm_config, events, holders, no_errors, policy_of
+from tests.support.leak import held, leaky, worker_config
+from tests.support.retire import ReplicaLog
+
+leak.ship()
 
 LIMIT = 400 * 2**20
 #: Each leaky task leaks this much; its worker pauses (at 50% of 400 MiB) after five.
