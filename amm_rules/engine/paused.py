@@ -104,6 +104,13 @@ class PauseClock(SchedulerPlugin):
     def __init__(self) -> None:
         #: address -> monotonic time the worker was seen pausing.
         self.since: dict[str, float] = {}
+        #: The restart and retirement coroutines of the section, cancelled if the
+        #: scheduler closes before they end.
+        self.tasks: set[asyncio.Future[Any]] = set()
+
+    async def close(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
 
     def log_event(self, topic: str, msg: Any) -> None:
         # Runs for every event the scheduler logs: one dict lookup for the others.
@@ -179,8 +186,9 @@ class PausedWorkers:
         #: recipient -> {key: [bytes, landed_at or None, deadline]}: copies sent that the
         #: recipient's heartbeat may not show yet (see :meth:`_room`).
         self.sent: dict[str, dict[Hashable, list[Any]]] = {}
-        #: The restart and retirement coroutines running.
-        self.tasks: set[asyncio.Future[Any]] = set()
+        #: The restart and retirement coroutines running (shared with the clock, which
+        #: cancels them when the scheduler closes).
+        self.tasks: set[asyncio.Future[Any]] = self.clock.tasks
         self._known: dict[str, float] = {}
 
     # -- attach ----------------------------------------------------------------------

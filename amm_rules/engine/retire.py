@@ -192,7 +192,8 @@ class Retirements:
         #: Per retiring worker: what its keys need (key -> (copies, eligible workers or
         #: None for any worker that stays)), as of its policy's last run.
         self.needs: dict[str, dict[Hashable, tuple[int, frozenset[str] | None]]] = {}
-        #: Per retiring worker, for ``status``: keys, copies asked, first seen.
+        #: Per retiring worker, until it leaves, for ``status``: ``state`` (``placing``,
+        #: ``placed``), keys, copies asked, start time.
         self.active: dict[str, dict[str, Any]] = {}
         #: Counters since the policy started (metrics): ``retirements``, ``copies``,
         #: ``bytes``, ``drops``, ``blocked``, ``placed``, ``downscaling_kept``.
@@ -243,7 +244,12 @@ class Retirements:
         first = ws.address not in self.active
         if first:
             self.counters["retirements"] += 1
-            self.active[ws.address] = {"keys": len(tasks), "copies": 0, "since": time.time()}
+            self.active[ws.address] = {
+                "state": "placing",
+                "keys": len(tasks),
+                "copies": 0,
+                "since": time.time(),
+            }
         if plan.stuck:
             self._refuse(rw, ws, plan)
             return
@@ -359,8 +365,11 @@ class Retirements:
                 staying &= eligible
             if len(staying) < want:
                 return False
-        if address in self.active:
-            info = self.active.pop(address)
+        info = self.active.get(address)
+        if info is not None and info["state"] != "placed":
+            # The worker leaves now (or, for a restart, is about to be killed); the policy
+            # keeps running for it until it is gone, as the stock one does.
+            info["state"] = "placed"
             self.counters["placed"] += 1
             policy.events.emit(
                 "retirement",
@@ -369,8 +378,12 @@ class Retirements:
                 keys=info["keys"],
                 copies=info["copies"],
             )
-        self.needs.pop(address, None)
         return True
+
+    def forget(self, address: str) -> None:
+        """The worker left: its retirement is over."""
+        self.active.pop(address, None)
+        self.needs.pop(address, None)
 
     # -- status ------------------------------------------------------------------------
 
@@ -429,6 +442,9 @@ class DownscalingGuard(SchedulerPlugin):
 
     def __init__(self, retirements: Retirements):
         self.retirements = retirements
+
+    def remove_worker(self, scheduler: Any = None, worker: str = "", **kwargs: Any) -> None:
+        self.retirements.forget(worker)
 
     def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
         policy = self.retirements.policy

@@ -164,6 +164,11 @@ async def test_a_leaking_worker_stalls_the_workload_until_the_section_restarts_i
             assert await asyncio.wait_for(c.gather(work), 60) == list(range(8))
             await async_poll_for(lambda: "restarted" in steps(s), timeout=30)
             assert steps(s, leaker) == ["paused", "evacuating", "restarting", "restarted"]
+            # The restart went through a retirement by the rules, which found the keys
+            # already copied.
+            retirement = [e for e in events(s, "retirement") if e["worker"] == leaker]
+            assert [e["step"] for e in retirement] == ["placing", "placed"]
+            assert retirement[0]["copies"] == 0
             assert leaker not in s.workers
             await async_poll_for(lambda: len(s.workers) == 3, timeout=30)
             assert "leaky" in {str(ws.name) for ws in s.workers.values()}
@@ -212,7 +217,7 @@ async def test_a_pause_from_dasks_data_and_a_move_never_key_alone_are_left_alone
             frozen = c.submit(held, "frozen-1", SIZE, key="frozen-1", resources={"LEAKY": 1})
             plain = c.submit(held, "plain-1", SIZE, key="plain-1", resources={"LEAKY": 1})
             await c.gather([big, frozen, plain])
-            work = [c.submit(leaky, i, LEAK_MIB, resources={"LEAKY": 1}) for i in range(6)]
+            work = [c.submit(leaky, i, LEAK_MIB, resources={"LEAKY": 1}) for i in range(10)]
             await async_poll_for(
                 lambda: (
                     s.workers[managed].status.name == s.workers[leaker].status.name == "paused"
@@ -280,7 +285,8 @@ async def test_two_leaking_workers_are_restarted_one_at_a_time_then_cool_down(tm
             again = address_of(s, a)
             resource = "LEAKY_A" if a == "leaky-a" else "LEAKY_B"
             more = [
-                c.submit(leaky, i, LEAK_MIB, resources={resource: 1}, pure=False) for i in range(7)
+                c.submit(leaky, i, LEAK_MIB, resources={resource: 1}, pure=False)
+                for i in range(10)
             ]
             await async_poll_for(lambda: "held" in steps(s, again), timeout=30)
             assert held_event(s, again)["reason"] == "cooling-down"
