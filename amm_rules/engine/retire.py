@@ -393,6 +393,17 @@ class Retirements:
             "totals": dict(self.counters),
         }
 
+    def metrics(self) -> dict[str, float]:
+        """Counters and a gauge for a metrics collector, computed when called: the
+        counters of :attr:`counters` (``retirements``, ``copies``, ``bytes``, ``drops``,
+        ``placed``, ``blocked``, ``downscaling_kept``) and ``retiring`` (now)."""
+        out = {name: float(self.counters[name]) for name in _COUNTERS}
+        out["retiring"] = float(len(self.active))
+        return out
+
+
+_COUNTERS = ("retirements", "copies", "bytes", "drops", "placed", "blocked", "downscaling_kept")
+
 
 def _wrap_add_policy(manager: Any) -> Callable[[], None]:
     """Make every ``RetireWorker`` added to ``manager`` (and those already there) a

@@ -83,6 +83,8 @@ async def test_pool_a_retiring_workers_keys_stay_in_their_pool(
         assert seen == {gpu1.address}
         (placed,) = [e for e in events(s, "retirement") if e["step"] == "placed"]
         assert placed["worker"] == gpu0.address and placed["keys"] == 3
+        metrics = policy_of(s).retirements.metrics()
+        assert metrics["placed"] == 1 and metrics["copies"] == 3 and metrics["retiring"] == 0
     else:
         assert seen & {cpu0.address, cpu1.address}  # the transit the rules avoid
     assert await c.gather(futures) == [device(k) for k in keys]
@@ -209,7 +211,8 @@ async def test_no_eligible_recipient_fails_the_retirement_and_names_key_and_rule
     assert not [
         p for p in s.extensions["amm"].policies if type(p).__name__.endswith("RetireWorker")
     ]
-    assert policy_of(s).retirements.status()["totals"]["blocked"] == 1
+    metrics = policy_of(s).retirements.metrics()
+    assert metrics["blocked"] == 1 and metrics["copies"] == 0 and metrics["retiring"] == 0
     no_errors(s)
 
 
