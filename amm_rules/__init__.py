@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from amm_rules.language.diagnostics import Diagnostic, RulesError
 from amm_rules.language.loader import load_ruleset
-from amm_rules.language.ruleset import Pool, RebalanceSettings, Rule, Ruleset, Target
+from amm_rules.language.ruleset import (
+    PausedWorkersSettings,
+    Pool,
+    RebalanceSettings,
+    Rule,
+    Ruleset,
+    Target,
+)
 
 __version__ = "0.1.0"
 
@@ -29,6 +36,7 @@ _LAZY = {
 
 __all__ = [
     "Diagnostic",
+    "PausedWorkersSettings",
     "Pool",
     "RebalanceSettings",
     "Rule",
