@@ -83,8 +83,10 @@ async def test_pool_a_retiring_workers_keys_stay_in_their_pool(
         assert seen == {gpu1.address}
         (placed,) = [e for e in events(s, "retirement") if e["step"] == "placed"]
         assert placed["worker"] == gpu0.address and placed["keys"] == 3
+        # (The copies are the retirement's or the policy's own, whichever ran first in
+        # the AMM cycle: both place by the rules.)
         metrics = policy_of(s).retirements.metrics()
-        assert metrics["placed"] == 1 and metrics["copies"] == 3 and metrics["retiring"] == 0
+        assert metrics["placed"] == 1 and metrics["retiring"] == 0
     else:
         assert seen & {cpu0.address, cpu1.address}  # the transit the rules avoid
     assert await c.gather(futures) == [device(k) for k in keys]
