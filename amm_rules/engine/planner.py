@@ -152,23 +152,90 @@ def plan_key(key: KeyView, cluster: ClusterView, settings: PlanSettings) -> KeyP
        then not the copy just landed, then the most loaded. Never below ``lo``.
     7. Never drop the last copy; never drop where a dependent is processing (the AMM
        would refuse): that drop waits for a later cycle.
+
+    This runs for every key to plan, up to a million in one AMM cycle, and most keys
+    already hold their target: each case's helper is called only when the case can
+    apply, so such a key pays for no call, set or closure that it does not use.
     """
     d = key.desired
     plan = KeyPlan(key=key.key)
 
-    # Case 1: move: never.
+    # 1. move: never.
     if d.move == "never":
-        plan.frozen = True
-        plan.lo = plan.hi = len(key.holders)  # type: ignore[assignment]
-        plan.good = key.holders
-        plan.source = source_label(d, "move")
-        return plan
+        return _frozen(plan, key)
 
+    holders = frozenset(a for a in key.holders if a in cluster.workers) - key.pending_drop
+
+    # 2. In-flight bookkeeping.
+    if key.inflight or key.backoff:
+        inflight, backoff = _inflight_bookkeeping(plan, key, holders, cluster, settings)
+    else:
+        inflight, backoff = {}, {}
+
+    lo, hi = target_bounds(d, key.waiters, settings.reduce_replicas)
+    plan.lo, plan.hi = lo, hi
+    plan.source = source_label(d, "replicate")
+
+    # 3. Good and misplaced copies.
+    placeable = cluster.placeable(d.pool, d.avoid)
+    good = frozenset(a for a in holders if a in placeable)
+    if len(good) < len(holders):
+        for addr in holders - good:
+            plan.misplaced[addr] = _misplaced_reason(addr, d, cluster)
+    plan.good = good
+    plan.eligible = len(placeable)
+    counted = set(good) | set(inflight) | (key.pending_add & placeable)
+
+    # 4. Add copies: below the target, or (spread) on fewer hosts than it could be.
+    spread = d.spread == "host"
+    host_goal = _host_goal(lo, good, cluster, d) if spread else 0
+    if spread or len(counted) < lo:
+        _add_copies(plan, key, cluster, settings, counted, inflight, backoff, spread, host_goal)
+    if len(counted) < lo:
+        plan.unmet = _unmet_reason(lo, counted, placeable, backoff, cluster)
+
+    # Cases 5 and 6 drop landed copies only, and keep to case 7 through ``remaining``.
+    trim = hi is not None and len(good) > hi
+    if plan.misplaced or trim:
+        remaining = set(holders)
+        # 5. Misplaced copies.
+        if plan.misplaced:
+            _drop_misplaced(plan, key, cluster, holders, remaining)
+        # 6. Good copies above hi.
+        if trim:
+            _trim(plan, key, cluster, counted, remaining, spread, host_goal)
+
+    plan.inflight = inflight
+    plan.backoff = backoff
+    return plan
+
+
+def _frozen(plan: KeyPlan, key: KeyView) -> KeyPlan:
+    """Case 1, ``move: never``: the copies stay exactly where they are, so the bounds
+    are what the key holds and no action, in-flight copy or backoff is kept."""
+    plan.frozen = True
+    plan.lo = plan.hi = len(key.holders)  # type: ignore[assignment]
+    plan.good = key.holders
+    plan.source = source_label(key.desired, "move")
+    return plan
+
+
+def _inflight_bookkeeping(
+    plan: KeyPlan,
+    key: KeyView,
+    holders: frozenset[str],
+    cluster: ClusterView,
+    settings: PlanSettings,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Case 2: what to remember of the copies asked for in earlier cycles.
+
+    Returns ``(inflight, backoff)`` for this cycle and sets :attr:`KeyPlan.landed`. A
+    copy still in flight counts toward the target, so that it is not asked for twice;
+    one whose deadline passed is forgotten and its worker left alone for a while, so
+    that a worker that cannot take the copy is not asked again every cycle.
+    """
     workers = cluster.workers
     now = settings.now
-    holders = frozenset(a for a in key.holders if a in workers) - key.pending_drop
-
-    # Case 2: in-flight bookkeeping.
     backoff = {a: t for a, t in key.backoff.items() if t > now and a in workers}
     inflight: dict[str, float] = {}
     landed = []
@@ -182,27 +249,38 @@ def plan_key(key: KeyView, cluster: ClusterView, settings: PlanSettings) -> KeyP
         else:
             inflight[addr] = deadline  # 2d: still in flight
     plan.landed = frozenset(landed)
+    return inflight, backoff
 
-    lo, hi = target_bounds(d, key.waiters, settings.reduce_replicas)
-    plan.lo, plan.hi = lo, hi
-    plan.source = source_label(d, "replicate")
 
-    # Case 3: good and misplaced copies.
-    placeable = cluster.placeable(d.pool, d.avoid)
-    good = frozenset(a for a in holders if a in placeable)
-    for addr in holders - good:
-        plan.misplaced[addr] = _misplaced_reason(addr, d, cluster)
-    plan.good = good
-    plan.eligible = len(placeable)
-    counted = set(good) | set(inflight) | (key.pending_add & placeable)
+def _host_goal(lo: int, good: frozenset[str], cluster: ClusterView, d: Desired) -> int:
+    """With ``spread: host``, how many hosts the copies should cover: one per copy of
+    the target, but no more than the hosts that can hold one (those of the recipients,
+    and those of the good copies, paused workers included)."""
+    reachable = cluster.recipient_hosts(d.pool, d.avoid) | {cluster.host(a) for a in good}
+    return min(lo, len(reachable))
 
-    # Case 4: add copies, each on the least loaded eligible worker not holding one.
-    spread = d.spread == "host"
+
+def _add_copies(
+    plan: KeyPlan,
+    key: KeyView,
+    cluster: ClusterView,
+    settings: PlanSettings,
+    counted: set[str],
+    inflight: dict[str, float],
+    backoff: dict[str, float],
+    spread: bool,
+    host_goal: int,
+) -> None:
+    """Case 4: copies on the least loaded eligible workers not holding one, until
+    ``lo`` copies are counted and (spread) ``host_goal`` hosts covered.
+
+    Each copy is added to ``counted`` and ``inflight`` and its size to the worker's
+    memory tally, so that the next pick, here and for the next keys of the cycle,
+    sees it (as the AMM does).
+    """
+    d = key.desired
+    lo = plan.lo
     hosts = {cluster.host(a) for a in counted}
-    host_goal = 0
-    if spread:
-        reachable = cluster.recipient_hosts(d.pool, d.avoid) | {cluster.host(a) for a in good}
-        host_goal = min(lo, len(reachable))
     # A worker with the copy still in flight is not asked again: it already counts
     # (and asking it twice would not add a copy, so the loop would ask a third worker).
     exclude = set(key.holders) | key.pending_add | backoff.keys() | inflight.keys()
@@ -231,88 +309,135 @@ def plan_key(key: KeyView, cluster: ClusterView, settings: PlanSettings) -> KeyP
             break
         plan.actions.append(Action("replicate", key.key, choice, reason, source))
         cluster.add_memory(choice, key.nbytes)
-        inflight[choice] = now + settings.inflight_timeout
+        inflight[choice] = settings.now + settings.inflight_timeout
         counted.add(choice)
         exclude.add(choice)
         hosts.add(cluster.host(choice))
-    if len(counted) < lo:
-        plan.unmet = _unmet_reason(lo, counted, placeable, backoff, cluster)
 
-    # Cases 5-7: drops, of landed copies only.
-    busy = key.busy
-    remaining = set(holders)
 
-    def drop(addr: str, reason: str, source: str) -> None:
-        plan.actions.append(Action("drop", key.key, addr, reason, source))
-        remaining.discard(addr)
-        cluster.add_memory(addr, -key.nbytes)
+def _drop(
+    plan: KeyPlan,
+    key: KeyView,
+    cluster: ClusterView,
+    remaining: set[str],
+    addr: str,
+    reason: str,
+    source: str,
+) -> None:
+    """One drop, taken off ``remaining`` (so that case 7 sees it) and off the worker's
+    memory tally (so that later choices of the cycle see it)."""
+    plan.actions.append(Action("drop", key.key, addr, reason, source))
+    remaining.discard(addr)
+    cluster.add_memory(addr, -key.nbytes)
 
-    # Case 5: misplaced copies.
-    need_good = max(1, min(lo, len(placeable)))
-    if len(good) >= need_good:
+
+def _drop_misplaced(
+    plan: KeyPlan,
+    key: KeyView,
+    cluster: ClusterView,
+    holders: frozenset[str],
+    remaining: set[str],
+) -> None:
+    """Case 5: drop copies outside the pool, in an avoided pool or on a retiring worker.
+
+    All of them once the good copies alone hold the target (or one copy on every
+    eligible worker, and at least one copy): until then the misplaced copies are what
+    keeps the key's replicas, and a move is a copy first and a drop once it landed.
+    Before that, only the copies above ``hi``.
+    """
+    d = key.desired
+    hi = plan.hi
+    need_good = max(1, min(plan.lo, plan.eligible))
+    if len(plan.good) >= need_good:
         n_bad = len(plan.misplaced)
     elif hi is not None:
         n_bad = min(len(plan.misplaced), len(holders) - hi)
     else:
         n_bad = 0
+    busy = key.busy
     for addr in sorted(plan.misplaced, key=lambda a: _drop_rank(a, cluster, plan.landed)):
         if n_bad <= 0:
             break
-        if len(remaining) <= 1:  # Case 7: never the last copy
+        if len(remaining) <= 1:  # 7. never the last copy
             break
         if addr in busy:
             plan.deferred.append(f"drop from {addr} waits: a dependent is processing there")
             continue
-        drop(addr, plan.misplaced[addr], _misplaced_source(addr, d, cluster))
+        _drop(
+            plan,
+            key,
+            cluster,
+            remaining,
+            addr,
+            plan.misplaced[addr],
+            _misplaced_source(addr, d, cluster),
+        )
         n_bad -= 1
 
-    # Case 6: trim good copies above hi.
-    if hi is not None:
-        keep = set(good)
-        # Copies that will count next cycle besides the landed good ones (in flight,
-        # added by other policies): spread is judged on all of them, as case 4 does.
-        coming = counted - good
-        excess = len(keep) - hi
-        while excess > 0 and len(remaining) > 1:
-            dup_hosts = _duplicated_hosts(keep, cluster) if spread else set()
-            choices = [a for a in keep if a not in busy]
-            if not choices:
-                plan.deferred.append("trim waits: dependents are processing on every holder")
-                break
-            if spread:
-                # Never thin out a host that spread needs: case 4 would copy the key
-                # back there next cycle (ping-pong). Happens when the copies on shared
-                # hosts cannot be dropped because dependents are processing there.
-                choices = [
-                    a
-                    for a in choices
-                    if cluster.host(a) in dup_hosts
-                    or len({cluster.host(b) for b in (keep | coming) - {a}}) >= host_goal
-                ]
-                if not choices:
-                    plan.deferred.append(
-                        "trim waits: dependents are processing on the copies that share a host"
-                    )
-                    break
-            victim = min(
-                choices,
-                key=lambda a: (
-                    cluster.host(a) not in dup_hosts,
-                    *_drop_rank(a, cluster, plan.landed),
-                ),
-            )
-            why = "spread: host" if cluster.host(victim) in dup_hosts else "above max"
-            drop(
-                victim,
-                f"{why}: {len(keep)} copies, replicate max {hi} ({plan.source})",
-                plan.source,
-            )
-            keep.discard(victim)
-            excess -= 1
 
-    plan.inflight = inflight
-    plan.backoff = backoff
-    return plan
+def _trim(
+    plan: KeyPlan,
+    key: KeyView,
+    cluster: ClusterView,
+    counted: set[str],
+    remaining: set[str],
+    spread: bool,
+    host_goal: int,
+) -> None:
+    """Case 6: drop good copies above ``hi``, one at a time, re-ranking after each.
+
+    Duplicated hosts go first under spread; then :func:`_drop_rank`. A copy where a
+    dependent is processing stays (7), and so, under spread, does one whose host the
+    copies need: case 4 would copy the key back there next cycle.
+    """
+    hi = plan.hi
+    assert hi is not None
+    busy = key.busy
+    keep = set(plan.good)
+    # Copies that will count next cycle besides the landed good ones (in flight,
+    # added by other policies): spread is judged on all of them, as case 4 does.
+    coming = counted - plan.good
+    excess = len(keep) - hi
+    while excess > 0 and len(remaining) > 1:
+        dup_hosts = _duplicated_hosts(keep, cluster) if spread else set()
+        choices = [a for a in keep if a not in busy]
+        if not choices:
+            plan.deferred.append("trim waits: dependents are processing on every holder")
+            break
+        if spread:
+            # Never thin out a host that spread needs: case 4 would copy the key
+            # back there next cycle (ping-pong). Happens when the copies on shared
+            # hosts cannot be dropped because dependents are processing there.
+            choices = [
+                a
+                for a in choices
+                if cluster.host(a) in dup_hosts
+                or len({cluster.host(b) for b in (keep | coming) - {a}}) >= host_goal
+            ]
+            if not choices:
+                plan.deferred.append(
+                    "trim waits: dependents are processing on the copies that share a host"
+                )
+                break
+        victim = min(
+            choices,
+            key=lambda a: (
+                cluster.host(a) not in dup_hosts,
+                *_drop_rank(a, cluster, plan.landed),
+            ),
+        )
+        why = "spread: host" if cluster.host(victim) in dup_hosts else "above max"
+        _drop(
+            plan,
+            key,
+            cluster,
+            remaining,
+            victim,
+            f"{why}: {len(keep)} copies, replicate max {hi} ({plan.source})",
+            plan.source,
+        )
+        keep.discard(victim)
+        excess -= 1
 
 
 def _drop_rank(

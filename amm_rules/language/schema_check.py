@@ -109,77 +109,128 @@ def _entry_kind(path: Path) -> str:
     return _SECTIONS.get(path[0], "rules file") if len(path) >= 2 else "rules file"
 
 
-def _translate(error: Any) -> Iterable[SchemaProblem]:  # noqa: C901 - a flat list of cases
+def _translate(error: Any) -> Iterable[SchemaProblem]:
+    """One jsonschema error as the problems a person reads, in the words of a rules file.
+
+    The cases, in order; the first that fits decides:
+
+    1. A pool name that is not a valid name.
+    2. Unknown fields.
+    3. Missing required fields.
+    4. A rule without any action field.
+    5. A value that fits none of several alternatives.
+    6. Any other single keyword (type, const, enum, bounds, lengths, pattern...).
+    """
     path: Path = tuple(error.absolute_path)
     kind = error.validator
-    value = error.validator_value
-    instance = error.instance
-    schema = error.schema if isinstance(error.schema, dict) else {}
 
     # 1. A pool name (a mapping key) that is not a valid name: point at the key.
     if "propertyNames" in error.schema_path:
-        message = schema.get("errorMessage", "not a valid name")
-        yield SchemaProblem(
-            (*path, instance),
-            f"invalid pool name {instance!r}: {message}",
-            "bad-name",
-            at_key=True,
-        )
-        return
+        return [_bad_name(error, path)]
     # 2. Unknown fields: one problem per key, at the key, with a suggestion.
     if kind == "additionalProperties":
-        allowed = list(error.schema.get("properties", {}))
-        for key in instance:
-            if key in allowed:
-                continue
-            hint = did_you_mean(str(key), allowed) or f"; expected one of {', '.join(allowed)}"
-            where = "top-level field" if not path else "field"
-            yield SchemaProblem(
-                (*path, key), f"unknown {where} '{key}'{hint}", "unknown-field", at_key=True
-            )
-        return
+        return _unknown_fields(error, path)
     # 3. Missing fields, reported at the mapping that lacks them.
     if kind == "required":
-        for name in value:
-            if isinstance(instance, dict) and name not in instance:
-                if not path:
-                    yield SchemaProblem(
-                        path,
-                        f"missing required field '{name}'; a rules file starts with 'version: 1'",
-                        "missing-field",
-                    )
-                else:
-                    yield SchemaProblem(
-                        path,
-                        f"{_entry_kind(path)} is missing required field '{name}'",
-                        "missing-field",
-                    )
-        return
+        return _missing_fields(error, path)
     # 4. A rule without any action field.
-    if kind == "anyOf" and all(set(branch) == {"required"} for branch in value):
-        fields = ", ".join(branch["required"][0] for branch in value)
-        yield SchemaProblem(path, f"rule has no action; set at least one of {fields}", "no-action")
-        return
-    # 5. Alternatives (replicate, pool lists, percentages, sizes): if the value has the
-    #    type of one alternative, explain what is wrong within it; else list them.
+    if kind == "anyOf" and all(set(branch) == {"required"} for branch in error.validator_value):
+        return [_no_action(error, path)]
+    # 5. Alternatives (replicate, pool lists, percentages, sizes).
     if kind in ("oneOf", "anyOf"):
-        by_branch: dict[int, list[Any]] = defaultdict(list)
-        for sub in error.context:
-            by_branch[sub.relative_schema_path[0]].append(sub)
-        for index in sorted(by_branch):
-            errors = by_branch[index]
-            if not any(e.validator == "type" and not e.relative_path for e in errors):
-                for sub in errors:
-                    yield from _translate(sub)
-                return
-        titles = [b.get("title") or _type_name(b.get("type")) for b in value]
-        yield SchemaProblem(
-            path,
-            _say(path, f"expected {' or '.join(titles)}, got {describe(instance)}"),
-            "wrong-type",
-        )
-        return
+        return _alternatives(error, path)
     # 6. Single-keyword failures.
+    return _single_keyword(error, path)
+
+
+def _schema(error: Any) -> dict[str, Any]:
+    """The schema that failed, as a mapping (``{}`` for a boolean schema)."""
+    return error.schema if isinstance(error.schema, dict) else {}
+
+
+def _bad_name(error: Any, path: Path) -> SchemaProblem:
+    """Case 1: jsonschema reports a bad mapping key at the mapping; the problem is the
+    key itself, so it is placed there, with the schema's own words for a valid name."""
+    name = error.instance
+    message = _schema(error).get("errorMessage", "not a valid name")
+    return SchemaProblem(
+        (*path, name), f"invalid pool name {name!r}: {message}", "bad-name", at_key=True
+    )
+
+
+def _unknown_fields(error: Any, path: Path) -> Iterable[SchemaProblem]:
+    """Case 2: jsonschema reports every unknown field of a mapping at once; each gets its
+    own problem at its own key, with the nearest known name (a typo, most often) or the
+    list of the known ones."""
+    allowed = list(error.schema.get("properties", {}))
+    for key in error.instance:
+        if key in allowed:
+            continue
+        hint = did_you_mean(str(key), allowed) or f"; expected one of {', '.join(allowed)}"
+        where = "top-level field" if not path else "field"
+        yield SchemaProblem(
+            (*path, key), f"unknown {where} '{key}'{hint}", "unknown-field", at_key=True
+        )
+
+
+def _missing_fields(error: Any, path: Path) -> Iterable[SchemaProblem]:
+    """Case 3: missing fields, at the mapping that lacks them (they have no position of
+    their own). A file missing a top-level field most likely lacks ``version: 1``, the
+    only one required: say how a rules file starts."""
+    instance = error.instance
+    for name in error.validator_value:
+        if isinstance(instance, dict) and name not in instance:
+            if not path:
+                yield SchemaProblem(
+                    path,
+                    f"missing required field '{name}'; a rules file starts with 'version: 1'",
+                    "missing-field",
+                )
+            else:
+                yield SchemaProblem(
+                    path,
+                    f"{_entry_kind(path)} is missing required field '{name}'",
+                    "missing-field",
+                )
+
+
+def _no_action(error: Any, path: Path) -> SchemaProblem:
+    """Case 4: the schema says "one of these fields is required" as an ``anyOf`` of
+    ``required`` branches; jsonschema's message lists the branches, a person wants the
+    fields."""
+    fields = ", ".join(branch["required"][0] for branch in error.validator_value)
+    return SchemaProblem(path, f"rule has no action; set at least one of {fields}", "no-action")
+
+
+def _alternatives(error: Any, path: Path) -> Iterable[SchemaProblem]:
+    """Case 5: a value that fits none of several alternatives (replicate, pool lists,
+    percentages, sizes). If it has the type of one alternative, that is the one meant:
+    explain what is wrong within it. Else list the alternatives by name."""
+    by_branch: dict[int, list[Any]] = defaultdict(list)
+    for sub in error.context:
+        by_branch[sub.relative_schema_path[0]].append(sub)
+    for index in sorted(by_branch):
+        errors = by_branch[index]
+        if not any(e.validator == "type" and not e.relative_path for e in errors):
+            for sub in errors:
+                yield from _translate(sub)
+            return
+    titles = [b.get("title") or _type_name(b.get("type")) for b in error.validator_value]
+    yield SchemaProblem(
+        path,
+        _say(path, f"expected {' or '.join(titles)}, got {describe(error.instance)}"),
+        "wrong-type",
+    )
+
+
+def _single_keyword(error: Any, path: Path) -> Iterable[SchemaProblem]:  # noqa: C901 - a flat list of keywords
+    """Case 6: one keyword failed; say what it expects in the rules file's words (a
+    "whole number", not an "integer"), with the value found. A keyword this module does
+    not know still gets a positioned problem, with jsonschema's own message."""
+    kind = error.validator
+    value = error.validator_value
+    instance = error.instance
+    schema = _schema(error)
     if kind == "type":
         if "expression" in str(schema.get("title", "")):
             expected = "an expression (text)"

@@ -245,108 +245,108 @@ def prescan(text: str) -> list[SourceProblem]:
     for, so that a "billion laughs" file is refused at the alias that exceeds the
     limits instead of being expanded.
     """
-    anchors: dict[str, tuple[int, int]] = {}  # name -> (values, depth) of the anchored node
-    open_anchors: set[str] = set()
-    stack: list[_Frame] = []
-    expanded = aliases = documents = 0
-
-    def done(size: int, depth: int, anchor: str | None) -> None:
-        if anchor is not None:
-            anchors[anchor] = (size, depth)
-            open_anchors.discard(anchor)
-        if stack:
-            stack[-1].size += size
-            stack[-1].depth = max(stack[-1].depth, depth + 1)
-
+    scan = _Prescan()
     try:
         for event in yaml.parse(text, Loader=_LOADER):
-            line, column = mark_position(event.start_mark)
-            if isinstance(event, yaml.DocumentStartEvent):
-                documents += 1
-                if documents > 1:
-                    return [
-                        SourceProblem(
-                            line,
-                            column,
-                            "a rules file holds one YAML document; this starts a second one",
-                            "yaml",
-                        )
-                    ]
-            elif isinstance(event, yaml.CollectionStartEvent):
-                if len(stack) >= MAX_DEPTH:
-                    return [
-                        SourceProblem(
-                            line,
-                            column,
-                            f"nesting deeper than {MAX_DEPTH} "
-                            "levels is not allowed in a rules file",
-                            "too-deep",
-                        )
-                    ]
-                stack.append(_Frame(event.anchor))
-                if event.anchor is not None:
-                    open_anchors.add(event.anchor)
-            elif isinstance(event, yaml.CollectionEndEvent):
-                frame = stack.pop()
-                done(frame.size, frame.depth, frame.anchor)
-            elif isinstance(event, yaml.ScalarEvent):
-                done(1, 0, event.anchor)
-            elif isinstance(event, yaml.AliasEvent):
-                aliases += 1
-                name = event.anchor
-                if aliases > MAX_ALIASES:
-                    return [
-                        SourceProblem(
-                            line,
-                            column,
-                            f"more than {MAX_ALIASES} aliases; refusing to expand them",
-                            "alias-limit",
-                        )
-                    ]
-                if name in open_anchors:
-                    return [
-                        SourceProblem(
-                            line,
-                            column,
-                            f"alias '*{name}' refers to a node "
-                            "that contains it (a recursive structure)",
-                            "alias-limit",
-                        )
-                    ]
-                if name not in anchors:
-                    return [
-                        SourceProblem(
-                            line,
-                            column,
-                            f"alias '*{name}' refers to no anchor '&{name}' defined before it",
-                            "yaml",
-                        )
-                    ]
-                size, depth = anchors[name]
-                expanded += size
-                if len(stack) + depth > MAX_DEPTH:
-                    return [
-                        SourceProblem(
-                            line,
-                            column,
-                            f"alias '*{name}' expands to nesting deeper than {MAX_DEPTH} levels",
-                            "too-deep",
-                        )
-                    ]
-                done(size, depth, None)
-            if expanded > MAX_EXPANDED:
-                return [
-                    SourceProblem(
-                        line,
-                        column,
-                        f"aliases expand to more than {MAX_EXPANDED} values (an alias bomb?); "
-                        "refusing to read the file",
-                        "alias-limit",
-                    )
-                ]
+            refused = scan.event(event)
+            if refused is not None:
+                line, column = mark_position(event.start_mark)
+                return [SourceProblem(line, column, *refused)]
     except yaml.YAMLError as exc:
         return [_yaml_problem(exc)]
     return []
+
+
+class _Prescan:
+    """What :func:`prescan` knows of the events so far: the collections still open, the
+    size and depth of every anchored node, and the counts that the limits bound."""
+
+    __slots__ = ("anchors", "open_anchors", "stack", "expanded", "aliases", "documents")
+
+    def __init__(self) -> None:
+        #: name -> (values, depth) of the anchored node
+        self.anchors: dict[str, tuple[int, int]] = {}
+        #: Anchors of the collections still open: an alias to one of them is recursive.
+        self.open_anchors: set[str] = set()
+        self.stack: list[_Frame] = []
+        #: Values that the aliases so far stand for.
+        self.expanded = 0
+        self.aliases = 0
+        self.documents = 0
+
+    def event(self, event: Any) -> tuple[str, str] | None:
+        """Count one event; ``(message, code)`` when it breaks a limit."""
+        # 1. A second document: a rules file is one, and saying so here is clearer than
+        #    the composer's error.
+        if isinstance(event, yaml.DocumentStartEvent):
+            self.documents += 1
+            if self.documents > 1:
+                return "a rules file holds one YAML document; this starts a second one", "yaml"
+        # 2. A mapping or list opens: refused past the depth limit before it is built.
+        elif isinstance(event, yaml.CollectionStartEvent):
+            if len(self.stack) >= MAX_DEPTH:
+                return (
+                    f"nesting deeper than {MAX_DEPTH} levels is not allowed in a rules file",
+                    "too-deep",
+                )
+            self.stack.append(_Frame(event.anchor))
+            if event.anchor is not None:
+                self.open_anchors.add(event.anchor)
+        # 3. It closes: its size and depth are known now, for its parent and its anchor.
+        elif isinstance(event, yaml.CollectionEndEvent):
+            frame = self.stack.pop()
+            self._done(frame.size, frame.depth, frame.anchor)
+        # 4. A scalar: one value.
+        elif isinstance(event, yaml.ScalarEvent):
+            self._done(1, 0, event.anchor)
+        # 5. An alias: as large and as deep as the node it names.
+        elif isinstance(event, yaml.AliasEvent):
+            refused = self._alias(event.anchor)
+            if refused is not None:
+                return refused
+        # 6. Whatever the event, the aliases so far must not stand for too many values.
+        if self.expanded > MAX_EXPANDED:
+            return (
+                f"aliases expand to more than {MAX_EXPANDED} values (an alias bomb?); "
+                "refusing to read the file",
+                "alias-limit",
+            )
+        return None
+
+    def _alias(self, name: str) -> tuple[str, str] | None:
+        """Case 5: an alias is refused before it is expanded: one too many, one to a node
+        that contains it (expanding it would never end), one to no anchor, or one that
+        would nest too deep where it stands. Else it counts as a copy of its node."""
+        self.aliases += 1
+        if self.aliases > MAX_ALIASES:
+            return f"more than {MAX_ALIASES} aliases; refusing to expand them", "alias-limit"
+        if name in self.open_anchors:
+            return (
+                f"alias '*{name}' refers to a node that contains it (a recursive structure)",
+                "alias-limit",
+            )
+        if name not in self.anchors:
+            return f"alias '*{name}' refers to no anchor '&{name}' defined before it", "yaml"
+        size, depth = self.anchors[name]
+        self.expanded += size
+        if len(self.stack) + depth > MAX_DEPTH:
+            return (
+                f"alias '*{name}' expands to nesting deeper than {MAX_DEPTH} levels",
+                "too-deep",
+            )
+        self._done(size, depth, None)
+        return None
+
+    def _done(self, size: int, depth: int, anchor: str | None) -> None:
+        """A node is complete: remember its size and depth under its anchor, and add
+        them to the collection that holds it."""
+        if anchor is not None:
+            self.anchors[anchor] = (size, depth)
+            self.open_anchors.discard(anchor)
+        if self.stack:
+            parent = self.stack[-1]
+            parent.size += size
+            parent.depth = max(parent.depth, depth + 1)
 
 
 # -- 4. compose and walk ------------------------------------------------------------

@@ -204,7 +204,7 @@ class _Side:
     """A sender or recipient while planning: its memory so far and what it may still
     send or receive (``left``, in bytes, up to the mean)."""
 
-    __slots__ = ("seq", "address", "limit", "memory", "left", "keys", "scanned", "misses")
+    __slots__ = ("seq", "address", "limit", "memory", "left", "scanned", "misses")
 
     def __init__(self, seq: int, address: str, limit: int, memory: int, left: int):
         #: Tie-breaker in the heaps, so that sides are never compared.
@@ -213,7 +213,6 @@ class _Side:
         self.limit = limit
         self.memory = memory
         self.left = left
-        self.keys: Iterator[tuple[Key, int]] | None = None
         self.scanned = 0
         self.misses = 0
 
@@ -270,6 +269,10 @@ def plan_rebalance(
 
     Fractions are of each worker's own memory limit, and the mean is total memory over
     total limit, so a worker twice as large is expected to hold twice the bytes.
+
+    The steps, in order: (1) the workers' memory once the moves in flight are complete
+    (:func:`_after_pending`), (2) each worker's role (:func:`_roles`), (3) pairing
+    senders with recipients key by key (:class:`_Pairing`).
     """
     budget = settings.max_bytes_per_cycle if budget is None else max(0, budget)
     if not settings.enabled:
@@ -283,6 +286,49 @@ def plan_rebalance(
             loads[w.address] = w
         else:
             roles[w.address] = "no memory limit"
+    memory, sending, receiving, in_flight = _after_pending(loads, pending)
+    if not loads:
+        return RebalancePlan(roles=roles, budget=budget, stopped="no senders")
+    mean = sum(memory.values()) / sum(w.memory_limit for w in loads.values())
+
+    # 2. Roles: who sends, who receives, and why every other worker does neither.
+    senders, recipients = _roles(
+        loads, memory, mean, settings, previous or {}, sending, receiving, roles
+    )
+    if not senders or not recipients:
+        stopped = "no senders" if not senders else "no recipients"
+        return RebalancePlan(mean=mean, roles=roles, budget=budget, stopped=stopped)
+
+    # 3. Pair senders with recipients, one key at a time.
+    pairing = _Pairing(
+        senders,
+        recipients,
+        loads,
+        mean,
+        budget,
+        keys_on=keys_on,
+        can_move=can_move,
+        can_place=can_place,
+        in_flight=in_flight,
+        cooling=cooling,
+        sender_scan_limit=sender_scan_limit,
+        cycle_scan_limit=cycle_scan_limit,
+    )
+    stopped = pairing.run()
+    return pairing.plan(roles, stopped)
+
+
+def _after_pending(
+    loads: Mapping[str, WorkerLoad], pending: Iterable[PendingMove]
+) -> tuple[dict[str, int], set[str], set[str], set[Key]]:
+    """Step 1 of :func:`plan_rebalance`: each worker's memory as if the moves in flight
+    were complete, so that bytes already on their way are not sent twice.
+
+    Returns ``(memory, sending, receiving, in_flight)``: bytes by address, the workers
+    sending and receiving a move in flight (they keep that role until it finishes),
+    and the keys being moved. A recipient is counted its copy only until it has
+    landed: from then on its own measure holds the bytes.
+    """
     memory = {a: w.memory for a, w in loads.items()}
     sending: set[str] = set()
     receiving: set[str] = set()
@@ -295,27 +341,38 @@ def plan_rebalance(
             memory[p.sender] -= p.nbytes
         if p.landed is None and p.recipient in memory:
             memory[p.recipient] += p.nbytes
-    if not loads:
-        return RebalancePlan(roles=roles, budget=budget, stopped="no senders")
-    mean = sum(memory.values()) / sum(w.memory_limit for w in loads.values())
+    return memory, sending, receiving, in_flight
+
+
+def _roles(
+    loads: Mapping[str, WorkerLoad],
+    memory: Mapping[str, int],
+    mean: float,
+    settings: RebalanceSettings,
+    previous: Mapping[str, str],
+    sending: Container[str],
+    receiving: Container[str],
+    roles: dict[str, str],
+) -> tuple[list[tuple[float, int, _Side]], list[tuple[float, int, _Side]]]:
+    """Step 2 of :func:`plan_rebalance`: each worker's role, written into ``roles``;
+    returns the senders and the recipients, as heaps.
+
+    Senders shed towards the mean and recipients fill towards it, never past it: so a
+    sender cannot become a recipient (nor the reverse) by this plan, and the dead band
+    around the mean keeps them from trading places on the next cycles. Both aim at the
+    mean, the middle of the band, not at its edge (where the legacy rebalance stops): a
+    worker brought there needs a change of gap/2 to start again, and one sender is not
+    left outside the band by recipients that each stopped a little short of the mean.
+    """
     half_gap = settings.gap / 2
     # A sender that started stops this close to the mean: with keys of finite size the
     # exact mean is out of reach, and chasing it would keep it sending crumbs. Recipients
     # have no such tolerance: when one sender feeds many recipients, the recipients'
     # shortfalls add up on the sender, which would be left stranded outside the band.
     near = settings.gap / 8
-
-    # 2. Roles. Senders shed towards the mean and recipients fill towards it, never past
-    #    it: so a sender cannot become a recipient (nor the reverse) by this plan, and the
-    #    dead band around the mean keeps them from trading places on the next cycles.
-    #    Both aim at the mean, the middle of the band, not at its edge (where the legacy
-    #    rebalance stops): a worker brought there needs a change of gap/2 to start
-    #    again, and one sender is not left outside the band by recipients that each
-    #    stopped a little short of the mean.
     senders: list[tuple[float, int, _Side]] = []
     recipients: list[tuple[float, int, _Side]] = []
     reserve: list[_Side] = []
-    previous = previous or {}
     for seq, (address, w) in enumerate(loads.items()):
         mem = memory[address]
         frac = mem / w.memory_limit
@@ -369,47 +426,175 @@ def plan_rebalance(
             for side in reserve:
                 recipients.append(side.entry(mean))
                 roles[side.address] = "recipient"
-    if not senders or not recipients:
-        stopped = "no senders" if not senders else "no recipients"
-        return RebalancePlan(mean=mean, roles=roles, budget=budget, stopped=stopped)
     heapq.heapify(senders)
     heapq.heapify(recipients)
+    return senders, recipients
 
-    # 3. Pair the sender farthest above the mean with the recipient farthest below it,
-    #    one key at a time, until one side runs out or the budget is spent.
-    moves: list[Move] = []
-    taken: set[Key] = set()
-    skipped: Counter[str] = Counter()
-    examples: list[Skip] = []
-    left = budget
-    scanned = 0
-    budget_misses = 0
-    stopped = ""
 
-    def skip(key: Key, sender: _Side, reason: str) -> None:
-        nonlocal scanned
-        scanned += 1
+class _Pairing:
+    """Step 3 of :func:`plan_rebalance`: pair the sender farthest above the mean with the
+    recipient farthest below it, one key at a time, until one side runs out or the
+    budget is spent.
+
+    One object per cycle, so that the loop over the moves (:meth:`run`) and the scans
+    of the senders' keys (:meth:`_offers`, which may look at thousands of keys) share
+    the cycle's counters.
+    """
+
+    __slots__ = (
+        "senders",
+        "recipients",
+        "loads",
+        "mean",
+        "budget",
+        "keys_on",
+        "can_move",
+        "can_place",
+        "in_flight",
+        "cooling",
+        "sender_scan_limit",
+        "cycle_scan_limit",
+        "moves",
+        "taken",
+        "skipped",
+        "examples",
+        "left",
+        "scanned",
+        "budget_misses",
+    )
+
+    def __init__(
+        self,
+        senders: list[tuple[float, int, _Side]],
+        recipients: list[tuple[float, int, _Side]],
+        loads: Mapping[str, WorkerLoad],
+        mean: float,
+        budget: int,
+        *,
+        keys_on: KeysOn,
+        can_move: Check,
+        can_place: Check,
+        in_flight: Container[Key],
+        cooling: Container[Key],
+        sender_scan_limit: int,
+        cycle_scan_limit: int,
+    ):
+        self.senders = senders
+        self.recipients = recipients
+        self.loads = loads
+        self.mean = mean
+        self.budget = budget
+        self.keys_on = keys_on
+        self.can_move = can_move
+        self.can_place = can_place
+        self.in_flight = in_flight
+        self.cooling = cooling
+        self.sender_scan_limit = sender_scan_limit
+        self.cycle_scan_limit = cycle_scan_limit
+        self.moves: list[Move] = []
+        #: Keys moved by this plan: a key with several holders moves once.
+        self.taken: set[Key] = set()
+        self.skipped: Counter[str] = Counter()
+        self.examples: list[Skip] = []
+        #: Bytes of the budget left.
+        self.left = budget
+        #: Keys examined and not moved, over the whole cluster.
+        self.scanned = 0
+        #: Keys too large for what is left of the budget.
+        self.budget_misses = 0
+
+    def run(self) -> str:
+        """Choose the moves; returns why planning ended (:attr:`RebalancePlan.stopped`)."""
+        senders, recipients = self.senders, self.recipients
+        taken, moves, mean = self.taken, self.moves, self.mean
+        # Each sender's scan, resumed at each of its turns. Kept here, not on the sender:
+        # a scan refers to its sender, and the reference cycle would be left for the
+        # garbage collector to free.
+        offers: dict[_Side, Iterator[tuple[Key, int, _Side]]] = {}
+        cycle_scan_limit = self.cycle_scan_limit
+        while senders and recipients:
+            if self.left <= 0 or self.budget_misses >= SIZE_MISSES:
+                return "budget spent"
+            if self.scanned >= cycle_scan_limit:
+                return "scan limit"
+            snd = senders[0][2]
+            scan = offers.get(snd)
+            if scan is None:
+                scan = offers[snd] = self._offers(snd)
+            moved = next(scan, None)
+            if moved is None:
+                if self.budget_misses >= SIZE_MISSES:
+                    return "budget spent"
+                # 3e. This sender has nothing more that can move this cycle.
+                heapq.heappop(senders)
+                continue
+            # 3f. Record the move and update both sides; each stays while it is still far
+            #     enough from the mean, and is re-sorted by its new distance.
+            key, nbytes, rec = moved
+            taken.add(key)
+            self.left -= nbytes
+            moves.append(
+                Move(
+                    key,
+                    snd.address,
+                    rec.address,
+                    nbytes,
+                    snd.memory / snd.limit,
+                    rec.memory / rec.limit,
+                    mean,
+                )
+            )
+            snd.memory -= nbytes
+            snd.left -= nbytes
+            rec.memory += nbytes
+            rec.left -= nbytes
+            if snd.left > 0:
+                heapq.heapreplace(senders, snd.entry(mean))
+            else:
+                heapq.heappop(senders)
+            if rec.left > 0:
+                heapq.heappush(recipients, rec.entry(mean))
+        return "recipients full" if senders else "senders done"
+
+    def plan(self, roles: dict[str, str], stopped: str) -> RebalancePlan:
+        """The plan of this pairing, with the roles of step 2."""
+        return RebalancePlan(
+            moves=tuple(self.moves),
+            mean=self.mean,
+            roles=roles,
+            skipped=dict(self.skipped),
+            examples=tuple(self.examples),
+            bytes=self.budget - self.left,
+            budget=self.budget,
+            stopped=stopped,
+        )
+
+    def _skip(self, key: Key, sender: _Side, reason: str) -> None:
+        self.scanned += 1
         sender.scanned += 1
-        skipped[reason] += 1
-        if len(examples) < EXAMPLES:
-            examples.append(Skip(key, sender.address, reason))
+        self.skipped[reason] += 1
+        if len(self.examples) < EXAMPLES:
+            self.examples.append(Skip(key, sender.address, reason))
 
-    while senders and recipients:
-        if left <= 0 or budget_misses >= SIZE_MISSES:
-            stopped = "budget spent"
-            break
-        if scanned >= cycle_scan_limit:
-            stopped = "scan limit"
-            break
-        snd = senders[0][2]
-        if snd.keys is None:
-            # Spilling workers offer their newest keys first: under LRU spilling the
-            # newest are the likeliest to be in RAM, so moving them brings real relief.
-            # Others offer their oldest first: long-lived data, rather than
-            # intermediates that their dependents are about to consume and release.
-            snd.keys = iter(keys_on(snd.address, loads[snd.address].spilled > 0))
-        moved = None
-        for key, nbytes in snd.keys:
+    def _offers(self, snd: _Side) -> Iterator[tuple[Key, int, _Side]]:
+        """The keys of ``snd`` that can move, each with the recipient that takes it
+        (popped off the heap), until this sender has nothing more to offer this cycle.
+        Each key passed over is counted as skipped, with its reason.
+
+        A generator, resumed at each of the sender's turns: after each move the sender
+        farthest from the mean may be another one, and this one later resumes where it
+        left off. Its set-up (the locals below) is paid once per sender, not per move.
+        """
+        # Spilling workers offer their newest keys first: under LRU spilling the
+        # newest are the likeliest to be in RAM, so moving them brings real relief.
+        # Others offer their oldest first: long-lived data, rather than intermediates
+        # that their dependents are about to consume and release.
+        keys = self.keys_on(snd.address, self.loads[snd.address].spilled > 0)
+        skip = self._skip
+        taken, in_flight, cooling = self.taken, self.in_flight, self.cooling
+        can_move, can_place, recipients = self.can_move, self.can_place, self.recipients
+        sender_scan_limit, cycle_scan_limit = self.sender_scan_limit, self.cycle_scan_limit
+        for key, nbytes in keys:
             # 3a. Cheap refusals first: the key is already spoken for.
             if key in taken:
                 skip(key, snd, "moved by this plan from another holder")
@@ -424,79 +609,29 @@ def plan_rebalance(
                 skip(key, snd, "larger than what the sender has to lose")
                 snd.misses += 1
                 if snd.misses >= SIZE_MISSES:
-                    break
-            elif nbytes > left:
+                    return
+            elif nbytes > self.left:
                 skip(key, snd, "larger than the budget left this cycle")
-                budget_misses += 1
-                if budget_misses >= SIZE_MISSES:
-                    break
+                self.budget_misses += 1
+                if self.budget_misses >= SIZE_MISSES:
+                    return
             # 3c. The rules and the running computation, through the engine.
             elif (why := _refusal(can_move(key, snd.address), "may not move")) is not None:
                 skip(key, snd, why)
             # 3d. A recipient with room that may hold it.
             else:
                 rec, why = _find_recipient(recipients, key, nbytes, can_place)
-                if rec is None:
-                    skip(key, snd, why)
-                    if why == NO_ROOM:
-                        snd.misses += 1
-                        if snd.misses >= SIZE_MISSES:
-                            break
-                else:
-                    moved = (key, nbytes, rec)
-                    break
-            if snd.scanned >= sender_scan_limit or scanned >= cycle_scan_limit:
-                skipped["scan limit reached on a sender"] += 1
-                break
-
-        if moved is None and budget_misses >= SIZE_MISSES:
-            stopped = "budget spent"
-            break
-        if moved is None:
-            # 3e. This sender has nothing more that can move this cycle.
-            heapq.heappop(senders)
-            continue
-
-        # 3f. Record the move and update both sides; each stays while it is still far
-        #     enough from the mean, and is re-sorted by its new distance.
-        key, nbytes, rec = moved
-        taken.add(key)
-        left -= nbytes
-        moves.append(
-            Move(
-                key,
-                snd.address,
-                rec.address,
-                nbytes,
-                snd.memory / snd.limit,
-                rec.memory / rec.limit,
-                mean,
-            )
-        )
-        snd.memory -= nbytes
-        snd.left -= nbytes
-        rec.memory += nbytes
-        rec.left -= nbytes
-        if snd.left > 0:
-            heapq.heapreplace(senders, snd.entry(mean))
-        else:
-            heapq.heappop(senders)
-        if rec.left > 0:
-            heapq.heappush(recipients, rec.entry(mean))
-
-    else:
-        stopped = "recipients full" if senders else "senders done"
-
-    return RebalancePlan(
-        moves=tuple(moves),
-        mean=mean,
-        roles=roles,
-        skipped=dict(skipped),
-        examples=tuple(examples),
-        bytes=budget - left,
-        budget=budget,
-        stopped=stopped,
-    )
+                if rec is not None:
+                    yield key, nbytes, rec
+                    continue
+                skip(key, snd, why)
+                if why == NO_ROOM:
+                    snd.misses += 1
+                    if snd.misses >= SIZE_MISSES:
+                        return
+            if snd.scanned >= sender_scan_limit or self.scanned >= cycle_scan_limit:
+                self.skipped["scan limit reached on a sender"] += 1
+                return
 
 
 def _find_recipient(

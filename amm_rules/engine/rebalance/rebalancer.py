@@ -172,23 +172,56 @@ class Rebalancer:
         #    the planner through the moves in flight.
         loads = self._loads(workers, manager) if settings.enabled else []
 
-        # 2. Settle the moves in flight.
+        # 2. Settle the moves in flight, even when rebalancing is off: their copies were
+        #    asked for, and the senders' copies must still go once they land.
+        settlement, dropped = yield from self._settle(tasks, workers, now, stats)
+        if not settings.enabled:
+            return
+
+        # 3. Plan.
+        plan = plan_rebalance(
+            loads,
+            settings,
+            keys_on=self._keys_on(workers),
+            can_move=self._can_move(tasks, manager, desired, inflight),
+            can_place=self._can_place(tasks, workers, manager, desired, inflight, cluster),
+            pending=self.book.pending.values(),
+            cooling=self.book.cooling(now),
+            previous=self.book.roles,
+        )
+        self._sender = None
+
+        # 4. Copy.
+        started, copied = yield from self._copy(plan, tasks, workers, now, stats)
+        if started or dropped or settlement.void:
+            logger.debug(
+                "amm-rules rebalance: %d moves (%d B), %d drops, %d done, %d void; %r",
+                started,
+                copied,
+                dropped,
+                len(settlement.done),
+                len(settlement.void),
+                plan,
+            )
+
+    def _settle(
+        self,
+        tasks: Mapping[Key, Any],
+        workers: Mapping[str, Any],
+        now: float,
+        stats: Mapping[str, Counter[str]],
+    ) -> Generator[Suggestion, Any, tuple[Settlement, int]]:
+        """Step 2 of :meth:`run`: for each move whose copy landed, ask the sender to drop
+        its copy; forget the moves that are complete or void. Returns the settlement and
+        the number of drops the AMM accepted.
+
+        A refused drop is not retried here: the move stays in flight, and the next
+        cycles ask again until the move's drop timeout (:meth:`MoveBook.settle`).
+        """
         alive = {a for a, ws in workers.items() if worker_status(ws) != "closing"}
-
-        def holders(key: Key) -> Collection[str] | None:
-            ts = tasks.get(key)
-            if ts is None or ts.state != "memory" or not ts.who_has:
-                return None
-            return {ws.address for ws in ts.who_has}
-
-        def can_drop(key: Key, sender: str) -> str | None:
-            ts = tasks[key]
-            for waiter in ts.waiters or ():
-                if waiter.processing_on is not None and waiter.processing_on.address == sender:
-                    return "a dependent is processing on the sender"
-            return None
-
-        settlement = self.book.settle(now, holders=holders, alive=alive, can_drop=can_drop)
+        settlement = self.book.settle(
+            now, holders=self._holders(tasks), alive=alive, can_drop=self._can_drop(tasks)
+        )
         self.last_settlement = settlement
         dropped = 0
         for p in settlement.drops:
@@ -219,23 +252,22 @@ class Rebalancer:
             "done": len(settlement.done),
             "void": dict(void),
         }
-        if not settings.enabled:
-            return
+        return settlement, dropped
 
-        # 3. Plan.
-        plan = plan_rebalance(
-            loads,
-            settings,
-            keys_on=self._keys_on(workers),
-            can_move=self._can_move(tasks, manager, desired, inflight),
-            can_place=self._can_place(tasks, workers, manager, desired, inflight, cluster),
-            pending=self.book.pending.values(),
-            cooling=self.book.cooling(now),
-            previous=self.book.roles,
-        )
-        self._sender = None
-
-        # 4. Copy.
+    def _copy(
+        self,
+        plan: RebalancePlan,
+        tasks: Mapping[Key, Any],
+        workers: Mapping[str, Any],
+        now: float,
+        stats: Mapping[str, Counter[str]],
+    ) -> Generator[Suggestion, Any, tuple[int, int]]:
+        """Step 4 of :meth:`run`: one ``replicate`` per move, with the recipient as the
+        only candidate, so that the AMM validates the planner's choice instead of making
+        its own. An accepted copy starts the move in the book; a refused one only cools
+        the key down, so that it is not proposed again before its cool-down ends.
+        Returns the moves started and their bytes.
+        """
         started = refused = copied = 0
         for move in plan.moves:
             ts = tasks.get(move.key)
@@ -274,16 +306,7 @@ class Rebalancer:
             roles=dict(plan.roles),
             skipped=dict(plan.skipped),
         )
-        if started or dropped or settlement.void:
-            logger.debug(
-                "amm-rules rebalance: %d moves (%d B), %d drops, %d done, %d void; %r",
-                started,
-                copied,
-                dropped,
-                len(settlement.done),
-                len(settlement.void),
-                plan,
-            )
+        return started, copied
 
     def _loads(self, workers: Mapping[str, Any], manager: Any) -> list[WorkerLoad]:
         """Every worker that is not retiring, by the rules' measure, plus the bytes the AMM
@@ -324,6 +347,27 @@ class Rebalancer:
             return ((ts.key, max(ts.nbytes, 0)) for ts in order)
 
         return keys_on
+
+    @staticmethod
+    def _holders(tasks: Mapping[Key, Any]) -> Callable[[Key], Collection[str] | None]:
+        def holders(key: Key) -> Collection[str] | None:
+            ts = tasks.get(key)
+            if ts is None or ts.state != "memory" or not ts.who_has:
+                return None
+            return {ws.address for ws in ts.who_has}
+
+        return holders
+
+    @staticmethod
+    def _can_drop(tasks: Mapping[Key, Any]) -> Callable[[Key, str], str | None]:
+        def can_drop(key: Key, sender: str) -> str | None:
+            ts = tasks[key]
+            for waiter in ts.waiters or ():
+                if waiter.processing_on is not None and waiter.processing_on.address == sender:
+                    return "a dependent is processing on the sender"
+            return None
+
+        return can_drop
 
     def _can_move(
         self,
