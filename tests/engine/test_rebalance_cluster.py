@@ -303,13 +303,18 @@ def add_sum(x: np.ndarray, y: float) -> float:
 async def test_a_key_whose_dependent_still_waits_stays_put(c, s, a, *others):
     """A dependent waiting for another input will read the key wherever it is then
     scheduled: moving the key now buys nothing, while the other keys move."""
+    amm = s.extensions["amm"]
+    # Nothing moves before the dependent waits: else x-0 may move first, and the test
+    # would see a move that was right when it was made.
+    amm.stop()
     data = await c.scatter({f"x-{i}": array(i) for i in range(40)}, workers=[a.address])
     go = Event("input-go")
     other = c.submit(gated_input, key="other-input", workers=[others[0].address])
     waiting = c.submit(add_sum, data["x-0"], other, key="waits")
     await async_poll_for(
-        lambda: "waits" in s.tasks and s.tasks["waits"].state == "waiting", timeout=5
+        lambda: "waits" in s.tasks and s.tasks["waits"].state == "waiting", timeout=10
     )
+    amm.start()
     policy = policy_of(s)
     await async_poll_for(
         lambda: policy.rebalancer.totals["done"] >= 10 and skipped(s)[READ_SOON] > 0,
