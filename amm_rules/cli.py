@@ -1,12 +1,18 @@
 """The ``amm-rules`` command line (also ``python -m amm_rules``).
 
 Commands: ``validate`` (check rules files, report every problem), ``schema`` (print the
-JSON Schema for editors) and ``demo`` (run :mod:`amm_rules.demo`, or validate the
-shipped examples when that module is not there).
+JSON Schema for editors), ``demo`` (run :mod:`amm_rules.demo`, or validate the
+shipped examples when that module is not there), and, against a running scheduler,
+``status`` (per-rule conformance and the engine's work) and ``explain`` (why keys are
+where they are); see :mod:`amm_rules.observe.remote`.
 
 This module and everything ``validate`` needs belong to the language half: nothing
 here imports ``distributed``, and heavy imports are made inside the commands, so the
 command starts about as fast as its parsing dependencies import.
+
+Exit status of every command: 0 success, 1 a problem found (invalid rules, an
+unreachable scheduler, no engine there, unknown keys, ``status --check`` with a rule
+not satisfied), 2 usage.
 """
 
 from __future__ import annotations
@@ -108,3 +114,136 @@ def demo(rules: str | None) -> None:
             )
     click.echo("amm_rules.demo is not available; validating the example rules instead.", err=True)
     sys.exit(_validate(files, "text", strict=False))
+
+
+# ---------------------------------------------------------------------------------
+# Against a running scheduler
+# ---------------------------------------------------------------------------------
+
+_scheduler_option = click.option(
+    "--scheduler",
+    "address",
+    default=None,
+    metavar="ADDRESS",
+    help="The scheduler's address (default: DASK_SCHEDULER_ADDRESS, or dask config "
+    "'scheduler-address').",
+)
+_timeout_option = click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Seconds to wait for the scheduler at each step.",
+)
+_format_option = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(("text", "json")),
+    default="text",
+    show_default=True,
+    help="Output format.",
+)
+
+
+def _address(given: str | None) -> str:
+    from amm_rules.observe.remote import scheduler_address
+
+    address = scheduler_address(given)
+    if not address:
+        raise click.UsageError(
+            "no scheduler address: pass --scheduler ADDRESS, or set DASK_SCHEDULER_ADDRESS"
+        )
+    return address
+
+
+def _fail(message: str) -> None:
+    click.echo(f"amm-rules: error: {message}", err=True)
+    sys.exit(1)
+
+
+@main.command()
+@_scheduler_option
+@_format_option
+@click.option("--check", is_flag=True, help="Exit 1 when any rule is not 'satisfied'.")
+@_timeout_option
+def status(address: str | None, fmt: str, check: bool, timeout: float) -> None:
+    """Per-rule conformance and the engine's work, from a running scheduler.
+
+    One row per rule (and for annotations and runtime targets): its state
+    (satisfied, in-progress, unsatisfiable), keys, bytes, keys meeting their target
+    and not; then the rules file, cycle times, the classification backlog and
+    rebalancing. Exit status: 0, or 1 if the scheduler cannot be reached, runs no
+    amm-rules engine, or (with --check) a rule is not satisfied; 2 for usage errors.
+    """
+    from amm_rules.observe.remote import RemoteError, status_command
+
+    where = _address(address)
+    try:
+        text, code = status_command(where, fmt, check, timeout)
+    except RemoteError as exc:
+        _fail(str(exc))
+    click.echo(text, nl=False)
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("keys", nargs=-1, metavar="KEY...")
+@_scheduler_option
+@click.option("--unmet", is_flag=True, help="Explain keys whose target is unmet.")
+@click.option("--rule", default=None, metavar="NAME", help="With --unmet: keys of this rule.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --unmet: at most this many keys (default 10).",
+)
+@_format_option
+@_timeout_option
+def explain(
+    keys: tuple[str, ...],
+    address: str | None,
+    unmet: bool,
+    rule: str | None,
+    limit: int | None,
+    fmt: str,
+    timeout: float,
+) -> None:
+    """Why keys are where they are: a summary line, the key's facts, the rules
+    cascade, one decision per worker (yes, no, throttled, holds) and the engine's
+    last decisions for the key.
+
+    KEY is written as dask prints it: x-1a2b, or a tuple such as "('x-1a2b', 0)"
+    (read as data, never run as code). With --unmet instead of keys, explains keys
+    whose target or placement is unmet, as far as --limit. Exit status: 0, or 1 for
+    unknown keys, an unreachable scheduler or one without amm-rules; 2 for usage
+    errors.
+    """
+    from amm_rules.observe.keys import parse_key
+    from amm_rules.observe.remote import RemoteError, explain_command
+
+    if unmet == bool(keys):
+        raise click.UsageError("give keys to explain, or --unmet (not both)")
+    if not unmet and (rule is not None or limit is not None):
+        raise click.UsageError("--rule and --limit go with --unmet")
+    try:
+        parsed = [parse_key(k) for k in keys]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="KEY") from None
+    where = _address(address)
+    try:
+        out, errors, code = explain_command(
+            where,
+            parsed,
+            list(keys),
+            unmet=unmet,
+            rule=rule,
+            limit=limit or 10,
+            fmt=fmt,
+            timeout=timeout,
+        )
+    except RemoteError as exc:
+        _fail(str(exc))
+    click.echo(out, nl=False)
+    for line in errors:
+        click.echo(f"amm-rules: error: {line}", err=True)
+    sys.exit(code)

@@ -175,8 +175,9 @@ def replicate(
 ) -> Any:
     """Hold ``n`` copies of data already in memory, until the keys are released.
 
-    ``futures_or_collection`` is a Future, a list, set, tuple or dict of futures, or a
-    persisted dask collection. ``n`` is a number of copies or ``{"min": a, "max": b}``
+    ``futures_or_collection`` is a Future, a persisted dask collection, a key (a
+    string, or a tuple such as ``('x-1a2b', 0)``), or a list, set, tuple or dict of
+    those; anything else raises :class:`TypeError`. ``n`` is a number of copies or ``{"min": a, "max": b}``
     (add copies below ``min``, trim above ``max``); ``None`` removes the target, so
     the rules decide again. A runtime target overrides the ``replicate`` field of the
     rules and of ``amm`` annotations; pools, ``avoid`` and ``spread`` still apply.
@@ -188,22 +189,28 @@ def replicate(
     cycles, not by this call.
     """
     target = None if n is None else plain_target(parse_target(n, "n"))
-    futures = _futures(futures_or_collection)
+    futures, keys = _futures_and_keys(futures_or_collection)
     client = _client(futures, client)
-    return client.sync(_set_target, client, futures, target)
+    return client.sync(_set_target, client, futures, keys, target)
 
 
 def explain(futures_or_collection: Any, client: Client | None = None) -> Any:
     """Why are these keys where they are?
 
-    Returns the scheduler's answer for each key, by ``str(key)``: the workers holding
-    it, what the rules, annotations and runtime targets want for it (each field with
-    the rule or source that decided it), how many workers are eligible, copies in
-    flight, and why a target is not met. Does not wait for the futures.
+    ``futures_or_collection`` is what :func:`replicate` takes: futures, persisted
+    collections, keys (strings or tuples), or containers of those.
+
+    Returns the scheduler's answer for each key, by ``str(key)``: a one-line
+    ``summary``, the key's ``facts``, the ``cascade`` of rules, a decision per worker
+    (``decisions``: yes, no, throttled, holds, with the deciders), the engine's last
+    decisions for it (``history``), and the earlier fields (holders, what the rules,
+    annotations and runtime targets want with the source of each field, eligible
+    workers, copies in flight, why a target is not met...). Does not wait for the
+    futures.
     """
-    futures = _futures(futures_or_collection)
+    futures, keys = _futures_and_keys(futures_or_collection)
     client = _client(futures, client)
-    return client.sync(_explain, client, [f.key for f in futures])
+    return client.sync(_explain, client, [f.key for f in futures] + keys)
 
 
 def status(client: Client | None = None) -> Any:
@@ -217,16 +224,57 @@ def status(client: Client | None = None) -> Any:
 # Client side: arguments
 
 
-def _futures(obj: Any) -> list[Future]:
-    futures = futures_of(obj)
-    if not futures and dask.is_dask_collection(obj):
-        # A collection that was never persisted has tasks, not futures: there is no
-        # data in memory to hold a target on.
-        raise ValueError(
-            "the collection holds no futures; persist it first "
-            "(x = client.persist(x)) and pass the persisted collection"
+#: How deep containers of futures and keys are looked into.
+NESTING_LIMIT = 10
+
+
+def is_key(obj: Any) -> bool:
+    """A dask key as a user names one: a string, or a tuple that starts with a string
+    and holds strings, numbers and such tuples (``('x-1a2b', 0)``)."""
+    if isinstance(obj, str):
+        return True
+    if not isinstance(obj, tuple) or not obj or not isinstance(obj[0], str):
+        return False
+    return all(
+        isinstance(x, (str, int, float)) and not isinstance(x, bool) or is_key(x) for x in obj
+    )
+
+
+def _futures_and_keys(obj: Any, depth: int = 0) -> tuple[list[Future], list[Any]]:
+    """The futures and the plain keys ``obj`` names (see :func:`replicate`)."""
+    if isinstance(obj, Future):
+        return [obj], []
+    if is_key(obj):
+        return [], [obj]
+    if dask.is_dask_collection(obj):
+        futures = futures_of(obj)
+        if not futures:
+            # A collection that was never persisted has tasks, not futures: there is
+            # no data in memory to hold a target on.
+            raise ValueError(
+                "the collection holds no futures; persist it first "
+                "(x = client.persist(x)) and pass the persisted collection"
+            )
+        return futures, []
+    if isinstance(obj, Mapping):
+        items: Any = obj.values()
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        items = obj
+    else:
+        items = None
+    if items is None or depth >= NESTING_LIMIT:
+        raise TypeError(
+            "expected a Future, a persisted dask collection, a key (a string, or a tuple "
+            "such as ('x-1a2b', 0)), or a list, set, tuple or dict of those; "
+            f"got {type(obj).__name__}"
         )
-    return futures
+    futures: list[Future] = []
+    keys: list[Any] = []
+    for item in items:
+        f, k = _futures_and_keys(item, depth + 1)
+        futures += f
+        keys += k
+    return futures, keys
 
 
 def _client(futures: list[Future], client: Client | None) -> Client:
@@ -274,13 +322,13 @@ def _engine_attached(dask_scheduler: Any) -> bool:
 
 
 async def _set_target(
-    client: Client, futures: list[Future], target: int | dict[str, int] | None
+    client: Client, futures: list[Future], keys: list[Any], target: int | dict[str, int] | None
 ) -> Any:
     if futures:
         # Like Client.replicate: the target is for data in memory, so let the data land.
         await _wait(futures)
     await _require_engine(client)
-    keys = list(dict.fromkeys(f.key for f in futures))
+    keys = list(dict.fromkeys([*(f.key for f in futures), *keys]))
     answer = await client.scheduler.amm_rules_set_target(keys=keys, target=target)
     # Lists come back as tuples over TCP (msgpack) but as lists in-process: pick one.
     return {**answer, "missing": list(answer.get("missing", ()))}

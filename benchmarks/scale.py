@@ -17,6 +17,11 @@ side by side, on each size:
   In the steady state 10% of the keys hold 2 or 3 copies (their rules want them), so
   the stock policy, which knows no rules, asks to drop every extra copy;
 - ``memory``: bytes the engine holds per governed key (tracemalloc around an attach);
+- ``observe``: what looking at the engine costs on the event loop: a ``status_report``
+  (``amm-rules status``), a Prometheus scrape of the engine's collector (computing
+  and formatting every ``dask_amm_rules_*`` sample), and ``explain`` of one governed
+  key, on the steady state; then steady cycles again, each after a scrape, to show that
+  the collector adds nothing to the cycle;
 - ``transitions``: the scheduler's transition throughput on a 100k-task graph with
   and without amm-rules (its scheduler plugin and its wrappers of the scheduler's
   replica methods), and the cost of the plugin's transition hook alone.
@@ -56,6 +61,9 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension, Redu
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from amm_rules import RulesPolicy, load_ruleset
+from amm_rules.observe.explain import explain_keys
+from amm_rules.observe.metrics import RulesCollector
+from amm_rules.observe.status import status_report
 from tests.support import scheduler_state
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +80,7 @@ FULL_SIZES = [(100_000, 100), (100_000, 1_000), (1_000_000, 100), (1_000_000, 1_
 QUICK_SIZES = [(100_000, 100)]
 
 TARGET_STEADY_S = 0.020
+TARGET_OBSERVE_S = 0.005
 TARGET_HOOK_OVERHEAD = 0.05
 
 
@@ -280,6 +289,54 @@ def measure_audit(
     )
 
 
+def measure_observe(
+    state: scheduler_state.BenchState,
+    manager: ActiveMemoryManagerExtension,
+    policy: RulesPolicy,
+    n: int,
+) -> dict[str, Any]:
+    """Status, scrape and explain on the steady state, ``n`` times each, interleaved;
+    then ``n`` steady cycles, each after a scrape."""
+    import prometheus_client
+
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    collector = RulesCollector()
+    collector.policies.append(policy)
+    registry.register(collector)
+    key = next(iter(next(iter(policy.index.groups.values()))))
+    times: dict[str, list[float]] = {"status": [], "scrape": [], "explain": []}
+    sizes = {}
+    for _ in range(n):
+        gc.collect()
+        start = time.perf_counter()
+        report = status_report(policy)
+        times["status"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        text = prometheus_client.generate_latest(registry)
+        times["scrape"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        explain_keys(policy, [key])
+        times["explain"].append(time.perf_counter() - start)
+        sizes = {"status_json_bytes": len(json.dumps(report)), "scrape_bytes": len(text)}
+    cycle_times = []
+    with GcWatch() as watch:
+        for _ in range(n):
+            prometheus_client.generate_latest(registry)
+            state.transfers.clear()
+            cycle_times.append(timed(manager.run_once))
+    copies, drops = state.transfers.copies, state.transfers.drops
+    state.transfers.clear()
+    after = summary(cycle_times, copies=copies, drops=drops, **watch.report())
+    return {
+        "status": summary(times["status"]),
+        "scrape": summary(times["scrape"]),
+        "explain_one_key": summary(times["explain"]),
+        "steady_after_scrapes": after,
+        "fraction": report["conformance"]["fraction"],
+        **sizes,
+    }
+
+
 def measure_memory(state: scheduler_state.BenchState) -> dict[str, Any]:
     """Bytes allocated by attaching a RulesPolicy and running its first cycle, per
     governed key (tracemalloc; the policy is detached afterwards)."""
@@ -427,6 +484,8 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
         out["steady"] = timed_cycles(state, manager, n_cycles)
         log("  audit cycles")
         out["audit"] = measure_audit(state, manager, policy)
+        log("  status, scrape, explain")
+        out["observe"] = measure_observe(state, manager, policy, n_cycles)
         if args.profile:
             out["profile"] = profile_cycle(manager)
         log("  reduce-replicas only and stock ReduceReplicas, interleaved")
@@ -618,6 +677,10 @@ def table(results: list[dict[str, Any]], t: dict[str, Any] | None) -> str:
             ("RulesPolicy classifying, all cycles", r["attach"]["classify_total_s"], r["attach"]["classify_max_cycle_s"], f"{r['attach']['classified_after_cycles']} cycles"),
             ("RulesPolicy steady", r["steady"]["median_s"], r["steady"]["p95_s"], asked(r["steady"])),
             ("RulesPolicy audit sweep, per cycle", r["audit"]["median_s"], r["audit"]["p95_s"], found(r["audit"])),
+            ("status report", r["observe"]["status"]["median_s"], r["observe"]["status"]["p95_s"], f"{r['observe']['status_json_bytes']:,} B json"),
+            ("Prometheus scrape (amm-rules)", r["observe"]["scrape"]["median_s"], r["observe"]["scrape"]["p95_s"], f"{r['observe']['scrape_bytes']:,} B"),
+            ("explain one governed key", r["observe"]["explain_one_key"]["median_s"], r["observe"]["explain_one_key"]["p95_s"], ""),
+            ("RulesPolicy steady, after scrapes", r["observe"]["steady_after_scrapes"]["median_s"], r["observe"]["steady_after_scrapes"]["p95_s"], asked(r["observe"]["steady_after_scrapes"])),
             ("RulesPolicy 1% changed", r["changed"]["median_s"], r["changed"]["p95_s"], asked(r["changed"])),
             ("RulesPolicy reduce-replicas only", r["reduce_only"]["median_s"], r["reduce_only"]["p95_s"], asked(r["reduce_only"])),
             ("stock ReduceReplicas, steady", r["stock_steady"]["median_s"], r["stock_steady"]["p95_s"], asked(r["stock_steady"])),
@@ -661,6 +724,8 @@ def targets(results: list[dict[str, Any]], transitions: dict[str, Any] | None) -
     top = by_size.get((1_000_000, 1_000))
     if top:
         out["steady_1M_1000w_le_20ms"] = top["steady"]["median_s"] <= TARGET_STEADY_S
+        out["status_1M_1000w_le_5ms"] = top["observe"]["status"]["median_s"] <= TARGET_OBSERVE_S
+        out["scrape_1M_1000w_le_5ms"] = top["observe"]["scrape"]["median_s"] <= TARGET_OBSERVE_S
     out["reduce_only_not_slower_than_stock"] = all(
         r["reduce_only"]["median_s"] <= r["stock_steady"]["median_s"] for r in results
     )

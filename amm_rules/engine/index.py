@@ -61,7 +61,9 @@ class Placement(NamedTuple):
     hosts: int
 
 
-def _labels(d: Desired) -> set[str]:
+def labels_of(d: Desired) -> set[str]:
+    """The counter labels of the fields of a resolved key (a rule's name,
+    ``(annotation)``, ``(runtime)``): the rules a key counts towards."""
     return {source_label(d, f) for f in d.reasons}
 
 
@@ -85,6 +87,16 @@ class KeyIndex(SchedulerPlugin):
         self.backoff: dict[Hashable, dict[str, float]] = {}
         #: Governed keys per counter label (rule name, ``(annotation)``, ``(runtime)``).
         self.governed_by: Counter[str] = Counter()
+        #: Bytes of one copy of the governed keys, per counter label (kept up to date
+        #: as keys are filed, so that status and metrics never sum over keys).
+        self.bytes_by: Counter[str] = Counter()
+        #: Plan class -> governed keys per counter label: how a class's keys count
+        #: towards each rule (the keys of one class may take fields from other rules).
+        self.class_labels: dict[PlanClass, Counter[str]] = {}
+        #: Governed keys that the last plan left short of their target or placement:
+        #: key -> (reason, sentence) (see :mod:`amm_rules.engine.journal`). Keys of a
+        #: class the workers cannot satisfy at all are counted by class, not here.
+        self.shortfall: dict[Hashable, tuple[str, str]] = {}
         #: Set when a worker joined or left; the policy recomputes pools and clears it.
         self.workers_changed: bool = True
         #: False once the policy is detached: the scheduler wrappers then only pass through.
@@ -134,6 +146,7 @@ class KeyIndex(SchedulerPlugin):
         self.inflight.pop(key, None)
         self.backoff.pop(key, None)
         self.source_lost.discard(key)
+        self.shortfall.pop(key, None)
 
     def put(self, key: Hashable, ts: Any, desired: Desired) -> None:
         """Index a governed key (or move it to its new group)."""
@@ -145,22 +158,45 @@ class KeyIndex(SchedulerPlugin):
         # A governed key is never in replicated_free: reduce-replicas need not ask.
         self.replicated_free.pop(key, None)
         self.desired[key] = desired
-        self.groups.setdefault(PlanClass.of(desired), {})[key] = ts
-        self.governed_by.update(_labels(desired))
+        cls = PlanClass.of(desired)
+        self.groups.setdefault(cls, {})[key] = ts
+        labels = labels_of(desired)
+        self.governed_by.update(labels)
+        counts = self.class_labels.get(cls)
+        if counts is None:
+            counts = self.class_labels[cls] = Counter()
+        counts.update(labels)
+        nbytes = max(ts.nbytes, 0)
+        if nbytes:
+            bytes_by = self.bytes_by
+            for label in labels:
+                bytes_by[label] += nbytes
 
     def unindex(self, key: Hashable) -> None:
         """The key is no longer governed (or is being re-filed)."""
         old = self.desired.pop(key, None)
         if old is None:
             return
+        self.shortfall.pop(key, None)
         cls = PlanClass.of(old)
         group = self.groups.get(cls)
+        ts = None
         if group is not None:
-            group.pop(key, None)
+            ts = group.pop(key, None)
             if not group:
                 del self.groups[cls]
-        self.governed_by.subtract(_labels(old))
-        self.governed_by += Counter()  # drop zero counts
+        labels = labels_of(old)
+        _subtract(self.governed_by, labels, 1)
+        counts = self.class_labels.get(cls)
+        if counts is not None:
+            _subtract(counts, labels, 1)
+            if not counts:
+                del self.class_labels[cls]
+        # The size the key was filed with: a task's nbytes changes only on its way into
+        # memory, or when scattered again (update_data, which un-files the key first).
+        nbytes = max(ts.nbytes, 0) if ts is not None else 0
+        if nbytes:
+            _subtract(self.bytes_by, labels, nbytes)
 
     def __len__(self) -> int:
         return len(self.desired)
@@ -243,8 +279,14 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
                 index.source_lost.add(ts.key)
 
     def update_data_watched(*args: Any, **kwargs: Any) -> Any:
-        result = update_data(*args, **kwargs)
         who_has = kwargs.get("who_has")
+        if index.active and who_has:
+            # Scattered again, maybe with a new size: un-filed now (with the size it was
+            # filed with), filed again when classified.
+            for key in who_has:
+                if key in desired:
+                    index.unindex(key)
+        result = update_data(*args, **kwargs)
         if index.active and who_has:
             index.dirty.update(who_has)
         return result
@@ -279,6 +321,16 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
 
 #: The scheduler methods :func:`watch_scheduler` wraps.
 _WATCHED = ("add_replica", "remove_replica", "update_data")
+
+
+def _subtract(counter: Counter[str], labels: Iterable[str], n: int) -> None:
+    """Take ``n`` from each label's count, dropping counts that reach zero."""
+    for label in labels:
+        left = counter[label] - n
+        if left > 0:
+            counter[label] = left
+        else:
+            del counter[label]
 
 
 def _chain_unique(*iterables: Iterator[Any]) -> Iterator[Any]:

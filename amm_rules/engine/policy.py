@@ -43,12 +43,13 @@ from distributed.active_memory_manager import (
     Suggestion,
 )
 
-from amm_rules.engine import key_logger
+from amm_rules.engine import key_logger, observers
 from amm_rules.engine.adapters import key_view
 from amm_rules.engine.audit import Auditor
 from amm_rules.engine.classify import Classifier
 from amm_rules.engine.events import COUNTERS, EventLog
 from amm_rules.engine.index import KeyIndex, PlanClass, watch_scheduler
+from amm_rules.engine.journal import Journal, shortfall
 from amm_rules.engine.paused import PausedWorkers
 from amm_rules.engine.placement import Placements
 from amm_rules.engine.planner import (
@@ -141,6 +142,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     retirements: Retirements
     #: Whether retiring workers' keys are placed by the rules (see the parameters).
     retire_by_rules: bool
+    #: Recent decisions, cycle durations, reloads by result, classification backlog,
+    #: and which keys the last plans left short (read by :mod:`amm_rules.observe`).
+    journal: Journal
 
     def __init__(
         self,
@@ -166,6 +170,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.classify_seconds = None if classify_seconds is None else float(classify_seconds)
         self.classify_keys = None if classify_keys is None else max(1, int(classify_keys))
         self.auditor = Auditor(None if audit_interval is None else float(audit_interval))
+        self.journal = Journal()
         self._manager: ActiveMemoryManagerExtension | None = None
         #: Undoes the wrappers of the scheduler's replica methods (see detach).
         self._unwatch: Callable[[], None] | None = None
@@ -206,6 +211,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self._unwatch = watch_scheduler(scheduler, self.index)
         self.placements.attach(scheduler.workers)
         register(scheduler, self)
+        observers.attached(scheduler, self)
         # The one allowed scan of scheduler.tasks: keys already in memory when attached.
         self.index.dirty.update(k for k, ts in scheduler.tasks.items() if ts.state == "memory")
         self.index.workers_changed = True
@@ -234,6 +240,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         unregister(scheduler, self)
         self.paused.detach()
         self.retirements.detach()
+        observers.detached(scheduler, self)
         manager.policies.discard(self)
         self._manager = None
 
@@ -309,6 +316,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         outcome = self.rules_file.poll()
         if outcome is None:
             return
+        self.journal.reloads["error" if isinstance(outcome, ReloadFailed) else "ok"] += 1
         if isinstance(outcome, ReloadFailed):
             logger.error(
                 "amm-rules: cannot reload %s; keeping the running rules:\n%s",
@@ -389,6 +397,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         """One AMM cycle. Never raises: a failure is logged as an ``error`` event and the
         rest of the cycle is skipped, so the other policies still run."""
         start = time.perf_counter()
+        # The AMM measured every worker for this cycle: kept for status reports.
+        self.journal.worker_memory = getattr(self._manager, "workers_memory", {})
         try:
             stats = yield from self._plan()
             if self.ruleset.reduce_replicas:
@@ -405,6 +415,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         finally:
             self.cycles += 1
             self.last_cycle_seconds = time.perf_counter() - start
+            self.journal.cycle(self.last_cycle_seconds)
 
     def _plan(self) -> Generator[Suggestion, Any, dict[str, Counter[str]]]:
         """The cycle up to reduce-replicas: rules, classification, audit, replication
@@ -432,7 +443,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         if not self.rebalancer.idle:
             # After replication planning, so that its copies count in the loads and its
             # keys stay put; before reduce-replicas, which must spare keys mid-move.
-            yield from self.rebalancer.run(
+            moves = self.rebalancer.run(
                 self.scheduler,
                 self.manager,
                 now=now,
@@ -441,6 +452,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 cluster=self.cluster_view,
                 stats=stats,
             )
+            yield from self.journal.rebalancing(moves, self.rebalancer.book.pending)
 
         return stats
 
@@ -485,6 +497,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         if classifier.replicas_sensitive:
             # A match reading task.replicas can change its mind when copies come and go.
             dirty |= index.touched
+        self.journal.backlog = 0
         if not dirty:
             return set()
         limit = len(dirty) if self.classify_keys is None else self.classify_keys
@@ -511,6 +524,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             logger.debug(
                 "amm-rules: classified %d keys; %d left for the next cycles", len(done), len(dirty)
             )
+        self.journal.backlog = len(dirty)
         return done
 
     def _give_up_orphaned_copies(self) -> None:
@@ -576,6 +590,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             ts = tasks.get(key)
             if ts is not None:
                 todo[key] = ts
+        if index.shortfall:
+            # Checked this cycle and not to be planned: they hold their target now.
+            checked = index.shortfall.keys() if full else recheck & index.shortfall.keys()
+            for key in [k for k in checked if k not in todo]:
+                del index.shortfall[key]
         if index.dirty:
             # Left over by the classification budget: what they want is not known yet
             # (a reload or a runtime target may have changed it). Planned once classified.
@@ -623,6 +642,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         pending = self.manager.pending
         workers = self.scheduler.workers
         moving = self.rebalancer.moving
+        journal = self.journal
         for key, ts in todo.items():
             desired = index.desired.get(key)
             if desired is None or ts.state != "memory":
@@ -644,6 +664,14 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 choice = yield Suggestion(action.op, ts, {ws})
                 accepted = choice is not None
                 refused |= not accepted
+                journal.decision(
+                    key,
+                    action.op,
+                    action.worker,
+                    "accepted" if accepted else "refused",
+                    action.reason,
+                    action.source,
+                )
                 key_logger.debug(
                     "(%s, %s, %s) %s: %s",
                     action.op,
@@ -660,6 +688,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 elif accepted:
                     stats[action.source]["dropped"] += 1
             self._store(key, plan)
+            short = shortfall(plan, refused)
+            if short is None:
+                index.shortfall.pop(key, None)
+            else:
+                index.shortfall[key] = short
             if (
                 refused
                 or plan.deferred

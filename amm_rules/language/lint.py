@@ -17,6 +17,12 @@ exactly (docs/rules.md lists the same):
     The rule's own ``pool``/``avoid`` leave no worker that could hold its keys: every
     pool in ``pool`` is also avoided, or every pool in ``pool`` has an always-false
     expression, or a pool in ``avoid`` has an always-true expression.
+``replicate-move-never``
+    The keys of a rule get both a ``replicate`` target and ``move: never``: from the
+    rule itself, or from rules that certainly match the same keys (a rule whose match
+    is always true, or the same text) with no other rule deciding first. ``move: never``
+    wins: the engine leaves such keys alone, so the replication target is never held.
+    Reported once, on the later of the two rules.
 ``inverted-thresholds``
     In ``rebalance``, thresholds under which nothing can ever move: ``recipient-max``
     is 0% (no worker is ever below it, so none receives); or ``sender-min`` is 100%
@@ -52,6 +58,7 @@ def lint(draft: Draft, where: Locator) -> None:
     _shadowed(draft.rules, where)
     for rule in draft.rules:
         _pool_avoid(rule, draft, where)
+    _replicate_move_never(draft.rules, where)
     _thresholds(draft, where)
     _paused_workers(draft, where)
 
@@ -95,6 +102,58 @@ def _shadowed(rules: list[RuleDraft], where: Locator) -> None:
             if rule.constant is True:
                 always.setdefault(name, rule)
             same.setdefault((text, name), rule)
+
+
+def _replicate_move_never(rules: list[RuleDraft], where: Locator) -> None:
+    # For each rule R: the rules that certainly match every key R matches (R itself,
+    # rules whose match is always true, rules with the same match text). If one of them
+    # sets replicate, every key of R gets some replication target (from whichever rule
+    # matches first); it certainly gets move: never if the first of them that sets move
+    # says never and so does every rule before it that sets move.
+    live = [r for r in rules if r.constant is not False]
+    always = {id(r) for r in live if r.constant is True}
+    texts: dict[str, set[int]] = {}
+    for r in live:
+        texts.setdefault(normalize(r.match_source), set()).add(id(r))
+    for rule in live:
+        certain = always | texts[normalize(rule.match_source)]
+        replicate = next(
+            (r for r in live if id(r) in certain and r.actions.replicate is not None), None
+        )
+        move = None
+        for r in live:
+            if r.actions.move is None:
+                continue
+            if r.actions.move != "never":
+                break
+            if id(r) in certain:
+                move = r
+                break
+        if replicate is None or move is None:
+            continue
+        if max(replicate, move, key=lambda r: r.index) is not rule:
+            continue  # reported once, on the later of the two rules
+        target = replicate.actions.replicate
+        if replicate is move:
+            message = (
+                f"rule '{rule.name}' sets both replicate and move: never; move: never wins, "
+                "so its keys are left alone and the replication target is never held"
+            )
+            at = "move"
+        else:
+            other = move if rule is replicate else replicate
+            why = "always matches" if other.constant is True else "has the same match"
+            given = (
+                f"move: never from rule '{other.name}'"
+                if other is move
+                else f"replicate: {target} from rule '{other.name}'"
+            )
+            message = (
+                f"every key of rule '{rule.name}' also gets {given} (which {why}); "
+                f"move: never wins, so replicate: {target} is never held for them"
+            )
+            at = "replicate" if rule is replicate else "move"
+        where.add(("rules", rule.index, at), message, "replicate-move-never", severity="warning")
 
 
 def _pool_avoid(rule: RuleDraft, draft: Draft, where: Locator) -> None:

@@ -16,11 +16,13 @@ point used by the scheduler half; the ``check_*`` functions return all diagnosti
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from amm_rules.language.diagnostics import Diagnostic, RulesError, sort_key
@@ -41,6 +43,8 @@ class CheckResult:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     #: The decoded text, when there was one (reporters show source lines from it).
     text: str | None = None
+    #: SHA-256 (hex) of the bytes read, or of an inline mapping's canonical JSON.
+    sha256: str | None = None
 
     @property
     def errors(self) -> list[Diagnostic]:
@@ -64,7 +68,7 @@ def load_ruleset(source: Any, *, filename: str | None = None) -> Ruleset:
         raise RulesError(result.diagnostics)
     for diag in result.diagnostics:
         logger.warning("%s", diag)
-    return result.ruleset
+    return replace(result.ruleset, text=result.text, sha256=result.sha256)
 
 
 def check_file(path: str | os.PathLike[str]) -> tuple[Ruleset | None, list[Diagnostic]]:
@@ -122,20 +126,29 @@ def check_path(path: str | os.PathLike[str], display: str | None = None) -> Chec
 def check_source(content: str | bytes, filename: str = INLINE) -> CheckResult:
     """Check YAML text (or its bytes)."""
     try:
-        return _guarded_source(content, filename)
+        result = _guarded_source(content, filename)
     except Exception as exc:  # a bug must still come out as a diagnostic, not a traceback
-        return _internal(filename, exc)
+        result = _internal(filename, exc)
+    # Of the bytes as read, so that it matches `sha256sum` of the file.
+    raw = content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass")
+    result.sha256 = hashlib.sha256(raw).hexdigest()
+    return result
 
 
 def check_mapping_result(mapping: Any, filename: str = INLINE) -> CheckResult:
-    """Check an inline mapping (no positions: line and column are 0)."""
+    """Check an inline mapping (no positions: line and column are 0). Its text is its
+    canonical JSON (sorted keys), which status and cluster dumps show."""
     from amm_rules.language.locator import Locator
 
     try:
         where = Locator(filename, None)
         data = _plain(mapping, (), where)
         where.data = data
-        return _check_data(data, where, filename, text=None)
+        result = _check_data(data, where, filename, text=None)
+        if result.ruleset is not None:
+            result.text = json.dumps(data, sort_keys=True, ensure_ascii=False)
+            result.sha256 = hashlib.sha256(result.text.encode()).hexdigest()
+        return result
     except Exception as exc:
         return _internal(filename, exc)
 

@@ -313,6 +313,12 @@ class Ruleset:
     #: Where the rules came from: a path, or ``"<rules>"`` for an inline mapping.
     source: str = "<rules>"
     version: int = 1
+    #: The text the rules were read from (an inline mapping: its canonical JSON), and
+    #: the SHA-256 of the file's bytes (of that JSON for a mapping), as hex. Set by
+    #: :func:`~amm_rules.language.loader.load_ruleset`; None for a Ruleset built by hand.
+    #: Status, metrics and cluster dumps name the rules in force by this digest.
+    text: str | None = field(default=None, compare=False, repr=False)
+    sha256: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def depends(self) -> frozenset[str]:

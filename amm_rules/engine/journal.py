@@ -1,0 +1,154 @@
+"""The engine's journal: what it decided recently, how long its cycles took, how its
+reloads went, and which governed keys its last plans left short of their target.
+
+:class:`~amm_rules.engine.policy.RulesPolicy` writes here from its cycle, at a cost of
+a few dictionary or deque operations per *action* (never per key in memory);
+:mod:`amm_rules.observe` reads it to answer ``status``, ``explain``, the Prometheus
+collector and cluster dumps. Everything kept is bounded.
+
+Shortfall reasons (:func:`shortfall`, kept per key in
+:attr:`amm_rules.engine.index.KeyIndex.shortfall`) are the ``in-progress`` half of a
+rule's conformance: a key is short because copies or drops it asked for are still in
+flight (``in-flight``), because an action waits for a dependent processing on a holder
+or for a rebalancing move (``busy``), or because eligible workers cannot take a copy
+right now (paused, backing off after a timed-out copy, a suggestion refused:
+``waiting``). The ``unsatisfiable`` half is a property of a key's class on the current
+workers, computed by :mod:`amm_rules.observe.conformance`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Generator, Hashable, Mapping
+from itertools import islice
+from typing import Any, NamedTuple
+
+#: Decisions kept (across all keys); ``explain`` shows a key's own among them.
+DECISIONS_KEPT = 10_000
+#: Cycle durations kept (the recent cycles of ``status``: median and worst).
+CYCLES_KEPT = 100
+
+#: Counter label of rebalancing moves (as :mod:`amm_rules.engine.rebalance.rebalancer`).
+REBALANCE = "(rebalance)"
+
+#: Shortfall reasons of keys the workers can satisfy (in-progress).
+IN_FLIGHT = "in-flight"
+BUSY = "busy"
+WAITING = "waiting"
+IN_PROGRESS_REASONS = (IN_FLIGHT, BUSY, WAITING)
+
+
+class Decision(NamedTuple):
+    """One suggestion the engine made (or held back) for a key."""
+
+    #: Wall-clock time (seconds since the epoch).
+    time: float
+    key: Hashable
+    #: ``"replicate"`` or ``"drop"``.
+    op: str
+    worker: str
+    #: ``"accepted"`` or ``"refused"`` by the AMM, or ``"deferred"`` (not suggested).
+    outcome: str
+    reason: str
+    #: Counter label: rule name, ``(annotation)``, ``(runtime)``, ``(rebalance)``...
+    source: str
+
+
+class Journal:
+    """Bounded records of the engine's recent work (see the module docstring)."""
+
+    def __init__(self) -> None:
+        #: The latest decisions, oldest first.
+        self.decisions: deque[Decision] = deque(maxlen=DECISIONS_KEPT)
+        #: Durations (seconds) of the latest cycles, oldest first.
+        self.cycle_seconds: deque[float] = deque(maxlen=CYCLES_KEPT)
+        #: Cycles run and their total duration since the policy started.
+        self.cycles = 0
+        self.cycle_seconds_total = 0.0
+        #: Reloads of the rules file by result (``ok``, ``error``).
+        self.reloads: Counter[str] = Counter()
+        #: Keys the classification budget left for later cycles, at the last cycle.
+        self.backlog = 0
+        #: The AMM's own measure of every worker in the last cycle (the AMM builds it
+        #: each cycle, and updates it as it accepts suggestions): kept by reference, so
+        #: that a status report need not measure a thousand workers again.
+        self.worker_memory: Mapping[Any, int] = {}
+
+    def decision(
+        self, key: Hashable, op: str, worker: str, outcome: str, reason: str, source: str
+    ) -> None:
+        self.decisions.append(Decision(time.time(), key, op, worker, outcome, reason, source))
+
+    def cycle(self, seconds: float) -> None:
+        self.cycles += 1
+        self.cycle_seconds_total += seconds
+        self.cycle_seconds.append(seconds)
+
+    def for_key(self, key: Hashable, limit: int = 10) -> list[Decision]:
+        """The key's latest decisions, oldest first (a scan of the bounded ring)."""
+        out: list[Decision] = []
+        for d in reversed(self.decisions):
+            if d.key == key:
+                out.append(d)
+                if len(out) >= limit:
+                    break
+        out.reverse()
+        return out
+
+    def recent(self, limit: int) -> list[Decision]:
+        """The latest ``limit`` decisions, oldest first."""
+        out = list(islice(reversed(self.decisions), limit))
+        out.reverse()
+        return out
+
+    def rebalancing(
+        self, moves: Generator[Any, Any, None], pending: Mapping[Hashable, Any]
+    ) -> Generator[Any, Any, None]:
+        """Pass the rebalancer's suggestions through to the AMM (and its answers back),
+        writing each to the journal. ``pending``: the rebalancer's moves in flight."""
+        choice = None
+        while True:
+            try:
+                suggestion = moves.send(choice)
+            except StopIteration:
+                return
+            choice = yield suggestion
+            key = suggestion.ts.key
+            (ws,) = suggestion.candidates or (None,)
+            move = pending.get(key)
+            if suggestion.op == "replicate":
+                why = f"rebalance: move from {move.sender}" if move else "rebalance: move"
+            else:
+                why = f"rebalance: the copy landed on {move.recipient}" if move else "rebalance"
+            outcome = "accepted" if choice is not None else "refused"
+            self.decision(key, suggestion.op, getattr(ws, "address", "?"), outcome, why, REBALANCE)
+
+
+def shortfall(plan: Any, refused: bool) -> tuple[str, str] | None:
+    """Why a planned key does not hold its target and placement yet, or None if it
+    does: ``(reason, sentence)``, reason one of :data:`IN_PROGRESS_REASONS`.
+
+    ``plan`` is the :class:`~amm_rules.engine.planner.KeyPlan` as enacted (refused
+    copies already taken out of ``plan.inflight``); ``refused``: the AMM refused one
+    of its suggestions.
+    """
+    if plan.frozen:
+        return None
+    copies = [a for a in plan.actions if a.op == "replicate"]
+    drops = [a for a in plan.actions if a.op == "drop"]
+    if plan.inflight:
+        n = len(plan.inflight)
+        return IN_FLIGHT, f"{n} {'copy' if n == 1 else 'copies'} in flight"
+    if drops and not refused:
+        return IN_FLIGHT, f"{len(drops)} {'drop' if len(drops) == 1 else 'drops'} requested"
+    if plan.deferred:
+        return BUSY, plan.deferred[0]
+    if plan.unmet:
+        return WAITING, plan.unmet
+    if refused or copies:
+        return WAITING, "a suggestion was refused by the Active Memory Manager; retried"
+    if plan.misplaced:
+        where = ", ".join(sorted(set(plan.misplaced.values())))
+        return WAITING, f"{len(plan.misplaced)} misplaced (copies {where})"
+    return None

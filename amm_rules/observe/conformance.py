@@ -1,0 +1,262 @@
+"""Conformance: how far the cluster holds what each rule asks, in one word and one
+sentence per rule, and the fraction of governed keys that meet their target.
+
+The states (TiDB's ``SHOW PLACEMENT`` has the same three):
+
+- ``satisfied``: every key the rule governs holds its target inside its pool, out of
+  its avoided pools, and spread over hosts as asked;
+- ``in-progress``: some keys do not yet, but the engine is on it: copies or drops in
+  flight, an action waiting for a busy worker (a dependent processing there, a
+  rebalancing move), eligible workers paused or backing off, or keys in memory that
+  the classification budget has not reached;
+- ``unsatisfiable``: the current workers cannot satisfy some keys at all: fewer
+  eligible workers than copies wanted, fewer hosts than ``spread: host`` needs, or a
+  ``replicate`` target together with ``move: never`` (which wins: the keys are left
+  alone), with the number of keys and why.
+
+A key counts towards every rule that decided one of its fields, so one key short of
+its target shows under each of them; annotations and runtime targets are two groups,
+``(annotation)`` and ``(runtime)``.
+
+Computed from the engine's own bookkeeping, never from ``scheduler.tasks``: the keys
+per class and label (:attr:`KeyIndex.class_labels`), the placement of each class on the
+current workers (cached by the policy per worker change), and the keys the last plans
+left short (:attr:`KeyIndex.shortfall`). The figures are those of the last cycle.
+
+Neighbours: :mod:`amm_rules.observe.status` and :mod:`amm_rules.observe.metrics` show it;
+:mod:`amm_rules.engine.journal` defines the in-progress reasons.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from amm_rules.engine.index import PlanClass, labels_of
+from amm_rules.engine.journal import BUSY, IN_FLIGHT, IN_PROGRESS_REASONS, WAITING
+
+if TYPE_CHECKING:
+    from amm_rules.engine.policy import RulesPolicy
+
+SATISFIED = "satisfied"
+IN_PROGRESS = "in-progress"
+UNSATISFIABLE = "unsatisfiable"
+#: Every state, best first.
+STATES = (SATISFIED, IN_PROGRESS, UNSATISFIABLE)
+
+#: Why keys cannot be satisfied on the current workers.
+MOVE_NEVER = "move-never"
+TOO_FEW_WORKERS = "too-few-workers"
+TOO_FEW_HOSTS = "too-few-hosts"
+UNSATISFIABLE_REASONS = (TOO_FEW_WORKERS, TOO_FEW_HOSTS, MOVE_NEVER)
+#: Every reason a key does not meet its target (the ``reason`` label of the metrics).
+REASONS = (*UNSATISFIABLE_REASONS, *IN_PROGRESS_REASONS)
+
+#: The groups of targets that do not come from a rule.
+ANNOTATION = "(annotation)"
+RUNTIME = "(runtime)"
+
+#: How each in-progress reason is told, per key count.
+_PROGRESS_WORDS = {
+    IN_FLIGHT: "with copies or drops in flight",
+    BUSY: "waiting for a busy worker",
+    WAITING: "waiting for eligible workers (paused, backing off or refused)",
+}
+
+
+@dataclass
+class RuleConformance:
+    """The conformance of one rule, or of the annotation or runtime group."""
+
+    #: The rule's name, or ``(annotation)`` / ``(runtime)``.
+    name: str
+    #: ``"rule"``, ``"annotation"`` or ``"runtime"``.
+    kind: str
+    #: False for a rule that is no longer in the file (keys not classified again yet).
+    in_file: bool = True
+    keys: int = 0
+    bytes: int = 0
+    #: Keys not meeting their target, by reason (see :data:`REASONS`).
+    unmet: Counter[str] = field(default_factory=Counter)
+    #: One sentence per reason, as the engine words it.
+    why: dict[str, str] = field(default_factory=dict)
+    state: str = SATISFIED
+    sentence: str = ""
+
+    @property
+    def met(self) -> int:
+        return max(0, self.keys - sum(self.unmet.values()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "in_file": self.in_file,
+            "state": self.state,
+            "sentence": self.sentence,
+            "keys": self.keys,
+            "bytes": self.bytes,
+            "met": self.met,
+            "unmet": sum(self.unmet.values()),
+            "unmet_by_reason": dict(self.unmet),
+            "why": dict(self.why),
+        }
+
+
+@dataclass
+class Conformance:
+    """Every rule's conformance, in file order, then ``(annotation)`` and ``(runtime)``."""
+
+    rules: list[RuleConformance]
+    #: Governed keys, and those among them that meet target and placement.
+    governed: int
+    met: int
+    #: Keys in memory the classification budget left for the next cycles.
+    backlog: int
+
+    @property
+    def fraction(self) -> float:
+        """Governed keys meeting target and placement (1.0 when nothing is governed)."""
+        return self.met / self.governed if self.governed else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "governed": self.governed,
+            "met": self.met,
+            "fraction": self.fraction,
+            "classification_backlog": self.backlog,
+            "rules": [r.to_dict() for r in self.rules],
+        }
+
+
+def conformance(policy: RulesPolicy) -> Conformance:
+    """The conformance of every rule of ``policy`` (see the module docstring)."""
+    index = policy.index
+    rows = _rows(policy)
+
+    def row(label: str) -> RuleConformance:
+        r = rows.get(label)
+        if r is None:  # a rule of the previous rules file, keys not classified again yet
+            r = rows[label] = RuleConformance(label, "rule", in_file=False)
+        return r
+
+    for label, n in index.governed_by.items():
+        row(label).keys = n
+    for label, n in index.bytes_by.items():
+        row(label).bytes = n
+
+    # 1. Whole classes the current workers cannot satisfy.
+    unmet = 0
+    hopeless: set[PlanClass] = set()
+    for cls, counts in index.class_labels.items():
+        problem = class_problem(policy, cls)
+        if problem is None:
+            continue
+        reason, sentence = problem
+        hopeless.add(cls)
+        unmet += len(index.groups.get(cls, ()))
+        for label, n in counts.items():
+            r = row(label)
+            r.unmet[reason] += n
+            r.why.setdefault(reason, sentence)
+
+    # 2. Keys the last plans left short (a few: what the engine is working on).
+    desired = index.desired
+    for key, (reason, sentence) in index.shortfall.items():
+        d = desired.get(key)
+        if d is None or PlanClass.of(d) in hopeless:
+            continue
+        unmet += 1
+        for label in labels_of(d):
+            r = row(label)
+            r.unmet[reason] += 1
+            r.why.setdefault(reason, sentence)
+
+    backlog = policy.journal.backlog
+    for r in rows.values():
+        r.state, r.sentence = _judge(r, backlog)
+    governed = len(index)
+    return Conformance(
+        rules=list(rows.values()), governed=governed, met=governed - unmet, backlog=backlog
+    )
+
+
+def class_problem(policy: RulesPolicy, cls: PlanClass) -> tuple[str, str] | None:
+    """Why the current workers cannot satisfy any key of a plan class, as
+    ``(reason, sentence)``; None if they can."""
+    if cls.move == "never":
+        if cls.replicate is None:
+            return None  # left alone, as asked
+        return MOVE_NEVER, (
+            f"move: never leaves them alone, so replicate: {cls.replicate} is not held"
+        )
+    placement = policy.placements.of(cls)
+    lo = cls.replicate.min if cls.replicate is not None else 1
+    where = _where(cls)
+    if lo > placement.achievable:
+        if placement.achievable == 0:
+            return TOO_FEW_WORKERS, f"no eligible worker{where}"
+        wanted = f"wants {lo} copies" if cls.replicate is not None else "wants a copy"
+        return TOO_FEW_WORKERS, f"{wanted}, {_workers(placement.achievable)} eligible{where}"
+    if cls.spread == "host" and lo > placement.hosts:
+        return TOO_FEW_HOSTS, (
+            f"spread: host wants {lo} hosts, eligible workers are on "
+            f"{placement.hosts} host{'s' if placement.hosts != 1 else ''}"
+        )
+    return None
+
+
+def _where(cls: PlanClass) -> str:
+    parts = []
+    if cls.pool is not None:
+        parts.append(f"pool {','.join(cls.pool)}")
+    if cls.avoid is not None:
+        parts.append(f"avoiding {','.join(cls.avoid)}")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker{'s' if n != 1 else ''}"
+
+
+def _rows(policy: RulesPolicy) -> dict[str, RuleConformance]:
+    rows = {r.name: RuleConformance(r.name, "rule") for r in policy.ruleset.rules}
+    rows[ANNOTATION] = RuleConformance(ANNOTATION, "annotation")
+    rows[RUNTIME] = RuleConformance(RUNTIME, "runtime")
+    return rows
+
+
+def _judge(r: RuleConformance, backlog: int) -> tuple[str, str]:
+    """The state and the sentence of one row."""
+    hopeless = {k: n for k, n in r.unmet.items() if k in UNSATISFIABLE_REASONS and n}
+    progress = {k: n for k, n in r.unmet.items() if k in IN_PROGRESS_REASONS and n}
+    if hopeless:
+        n = sum(hopeless.values())
+        why = "; ".join(r.why[k] for k in UNSATISFIABLE_REASONS if k in hopeless)
+        sentence = f"{_keys(n)} of {r.keys:,} cannot be satisfied now: {why}"
+        if progress:
+            sentence += f"; {_progress(progress, r)}"
+        return UNSATISFIABLE, sentence
+    if progress:
+        return IN_PROGRESS, f"{_progress(progress, r)}"
+    if backlog:
+        return IN_PROGRESS, (
+            f"{_keys(backlog)} in memory not classified yet (classification budget); "
+            f"{r.keys:,} governed so far hold their target"
+        )
+    if not r.keys:
+        return SATISFIED, "no keys in memory"
+    if r.keys == 1:
+        return SATISFIED, "its one key holds its target and placement"
+    return SATISFIED, f"all {_keys(r.keys)} hold their target and placement"
+
+
+def _progress(progress: dict[str, int], r: RuleConformance) -> str:
+    parts = [f"{_keys(n)} {_PROGRESS_WORDS[k]}" for k, n in progress.items()]
+    first = next(iter(progress))
+    return f"{', '.join(parts)} (e.g. {r.why[first]})"
+
+
+def _keys(n: int) -> str:
+    return f"{n:,} key{'s' if n != 1 else ''}"

@@ -1,0 +1,523 @@
+"""``explain``: why one key is where it is, in one screen.
+
+For each key (the form of Elasticsearch's allocation explain, with amm-rules' deciders):
+
+1. ``summary``: one line that answers the question, e.g. ``wants 3 copies, holds 1:
+   move: never from rule 'big' forbids new copies``;
+2. ``facts``: prefix, group, type, size, annotations, waiters, holders with their pools;
+3. ``cascade``: the runtime target, the ``amm`` annotation, then every rule in file
+   order, matched or not, with the fields each decided and those already decided by
+   something earlier (overridden);
+4. ``decisions``: per worker, ``holds``, ``yes`` (a copy may go there now),
+   ``throttled`` (not now: paused, a copy on its way, backing off, the key not
+   classified yet) or ``no`` (``move: never``, pool, avoid, retiring, spread), with the
+   deciders that said no or throttled, the planner's pick for the next cycle, and the
+   worker's role in the last rebalancing plan;
+5. ``history``: the engine's latest decisions about the key (its bounded journal).
+
+The engine's own fields (``desired``, ``target``, ``eligible``, ``would``,
+``workers``...: :mod:`amm_rules.engine.handlers`) are kept alongside. :func:`unmet_keys` picks keys whose
+targets are unmet, as allocation explain picks an unassigned shard when asked nothing.
+:func:`amm_rules.observe.text.render_explain` is ``amm-rules explain``'s text.
+
+Runs the same planner as the cycle (:func:`amm_rules.engine.planner.plan_key`) on a
+throw-away view: explaining changes nothing. Neighbours:
+:mod:`amm_rules.engine.handlers` calls it for ``amm_rules_explain``;
+:mod:`amm_rules.observe.conformance` says which classes the workers cannot satisfy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Iterable, Mapping
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from amm_rules.engine.index import PlanClass, labels_of
+from amm_rules.engine.planner import (
+    KeyPlan,
+    plan_key,
+    reduce_replicas_excess,
+    target_bounds,
+)
+from amm_rules.engine.view import ClusterView, KeyView, TaskFactsAdapter, key_string
+from amm_rules.language.fields import ActionError, parse_actions
+from amm_rules.language.ruleset import Actions, Desired, Reason, Target, overrides
+from amm_rules.observe.conformance import TOO_FEW_HOSTS, class_problem
+from amm_rules.observe.status import decision_dict
+
+if TYPE_CHECKING:
+    from amm_rules.engine.policy import RulesPolicy
+
+#: Decisions of a key shown (the newest).
+HISTORY_SHOWN = 10
+#: Longest text taken from an annotation value.
+CLIP = 200
+
+YES, NO, THROTTLED, HOLDS = "yes", "no", "throttled", "holds"
+
+
+def explain_keys(policy: RulesPolicy, keys: Any) -> dict[str, dict[str, Any]]:
+    """Per ``str(key)``, the engine's own explanation of each key
+    (:meth:`amm_rules.engine.handlers.Handlers.amm_rules_explain`: holders, desired,
+    target, eligible, would, workers...) with the fields of this module added (see the
+    module docstring). ``keys``: a list, tuple or set of keys (``ValueError`` else)."""
+    from amm_rules.engine.handlers import Handlers
+
+    answers = Handlers(policy).amm_rules_explain(keys)
+    cluster = policy.cluster_view()
+    now = time.monotonic()
+    for key in keys:
+        answers[key_string(key)].update(explain_key(policy, key, cluster, now))
+    return answers
+
+
+def unmet_keys(policy: RulesPolicy, rule: str | None = None, limit: int = 10) -> list[Hashable]:
+    """Up to ``limit`` governed keys whose target or placement is unmet (of ``rule``, a
+    rule's name or ``(annotation)``/``(runtime)``, if given): keys of classes the
+    workers cannot satisfy first, then keys the engine is working on. Raises
+    ``ValueError`` for a rule that governs nothing and is not in the rules."""
+    index = policy.index
+    known = {r.name for r in policy.ruleset.rules} | {"(annotation)", "(runtime)"}
+    if rule is not None and rule not in known and rule not in index.governed_by:
+        names = ", ".join(sorted(known))
+        raise ValueError(f"rule: no rule named {rule!r}; the rules are {names}")
+    limit = max(0, int(limit))
+    out: list[Hashable] = []
+    seen: set[Hashable] = set()
+
+    def take(candidates: Iterable[Hashable]) -> None:
+        for key in candidates:
+            if len(out) >= limit:
+                return
+            d = index.desired.get(key)
+            if key in seen or d is None or (rule is not None and rule not in labels_of(d)):
+                continue
+            seen.add(key)
+            out.append(key)
+
+    for cls, counts in list(index.class_labels.items()):
+        if rule is not None and not counts.get(rule):
+            continue
+        if class_problem(policy, cls) is not None:
+            group = index.groups.get(cls, {})
+            # Bounded: a class's keys all have the class's problem; a rule filter may
+            # skip some (they take the field from another rule), so look a little further.
+            take(islice(group, limit * 4 if rule is not None else limit))
+    take(list(index.shortfall))
+    return out
+
+
+def explain_key(
+    policy: RulesPolicy, key: Hashable, cluster: ClusterView, now: float
+) -> dict[str, Any]:
+    """This module's fields for one key: ``key``, ``summary``, ``facts``, ``cascade``,
+    ``decisions``, ``history``, ``unclassified`` and ``problem``. ``cluster`` is the
+    planner's view of the workers (what the planner decides here is tallied in it, as
+    in a cycle)."""
+    ts = _task(policy, key)
+    name = key_string(key)
+    if ts is None or ts.state != "memory":
+        state = ts.state if ts is not None else "unknown"
+        summary = "not known to the scheduler" if ts is None else f"not in memory ({state})"
+        return {"key": name, "summary": summary, "history": _history(policy, key)}
+    index = policy.index
+    runtime = index.runtime.get(ts.key)
+    desired = policy.resolve(ts)
+    view = policy.key_view(ts, desired)
+    plan = plan_key(view, cluster, policy.settings(now))
+    lo, hi = target_bounds(desired, view.waiters, policy.ruleset.reduce_replicas)
+    unclassified = ts.key in index.dirty
+    problem = class_problem(policy, PlanClass.of(desired)) if desired.governed else None
+    annotation, annotation_error = _annotation(policy, ts)
+    return {
+        "key": name,
+        "summary": _summary(policy, view, plan, cluster, lo, hi, problem, unclassified),
+        "facts": _facts(policy, ts, view, cluster),
+        "cascade": _cascade(policy, ts, annotation, annotation_error, runtime),
+        "decisions": _decisions(policy, view, plan, cluster, unclassified),
+        "history": _history(policy, ts.key),
+        "unclassified": unclassified,
+        "problem": None if problem is None else {"reason": problem[0], "why": problem[1]},
+    }
+
+
+def _task(policy: RulesPolicy, key: Any) -> Any:
+    try:
+        return policy.scheduler.tasks.get(key)
+    except TypeError:  # an unhashable "key"
+        return None
+
+
+# ---------------------------------------------------------------------------------
+# 1. The summary line
+# ---------------------------------------------------------------------------------
+
+
+def wants(lo: int, hi: int | None) -> str:
+    """``wants 3 copies``, ``wants 2 to 5 copies``, ``wants at least 2 copies``."""
+    if hi == lo:
+        return f"wants {lo} {'copy' if lo == 1 else 'copies'}"
+    if hi is None:
+        return f"wants at least {lo} {'copy' if lo == 1 else 'copies'}"
+    return f"wants {lo} to {hi} copies"
+
+
+def _summary(
+    policy: RulesPolicy,
+    view: KeyView,
+    plan: KeyPlan,
+    cluster: ClusterView,
+    lo: int,
+    hi: int | None,
+    problem: tuple[str, str] | None,
+    unclassified: bool,
+) -> str:
+    line = _summary_line(policy, view, plan, cluster, lo, hi, problem)
+    if unclassified:
+        line += " (not classified by the engine yet: classification budget)"
+    return line
+
+
+def _summary_line(
+    policy: RulesPolicy,
+    view: KeyView,
+    plan: KeyPlan,
+    cluster: ClusterView,
+    lo: int,
+    hi: int | None,
+    problem: tuple[str, str] | None,
+) -> str:
+    d = view.desired
+    n = len(view.holders)
+    holds = f"holds {n}"
+    # 1. Nobody governs the key.
+    if not d.governed:
+        if not policy.ruleset.reduce_replicas:
+            return f"no rule governs it and reduce-replicas is off: left alone; {holds}"
+        excess = reduce_replicas_excess(n, view.waiters) if n else 0
+        extra = f"; the next cycle drops {excess}" if excess > 0 else ""
+        return (
+            "no rule governs it: reduce-replicas keeps one copy plus one per worker where "
+            f"its waiters run; {holds}{extra}"
+        )
+    # 2. move: never.
+    if d.move == "never":
+        by = f"move: never from {d.reasons['move']}"
+        if d.replicate is None:
+            return f"left alone by {by}; {holds}"
+        t = d.replicate
+        if n < t.min:
+            return f"{wants(t.min, t.max)}, {holds}: {by} forbids new copies"
+        if t.max is not None and n > t.max:
+            return f"{wants(t.min, t.max)}, {holds}: {by} forbids dropping copies"
+        return f"{wants(t.min, t.max)} and {holds}, but {by}: the engine leaves it alone"
+    want = wants(lo, hi) if d.replicate is not None else "wants a copy"
+    good = len(plan.good)
+    where = _placement_words(d)
+    # 3. The workers cannot satisfy it.
+    if problem is not None:
+        return f"{want}{where}, holds {good}: {_problem_words(policy, d, problem[0])}"
+    copies = [a for a in plan.actions if a.op == "replicate"]
+    drops = [a for a in plan.actions if a.op == "drop"]
+    # 4. The next cycle acts.
+    if copies or drops:
+        parts = []
+        if copies:
+            parts.append(f"copies to {', '.join(a.worker for a in copies)} ({copies[0].reason})")
+        if drops:
+            parts.append(f"drops from {', '.join(a.worker for a in drops)} ({drops[0].reason})")
+        return f"{want}{where}, {holds}: the next cycle {' and '.join(parts)}"
+    # 5. Short and waiting.
+    if plan.unmet:
+        return plan.unmet
+    if plan.inflight:
+        return (
+            f"{want}{where}, {holds}: {len(plan.inflight)} more on the way to "
+            f"{', '.join(sorted(plan.inflight))}"
+        )
+    if plan.deferred:
+        return f"{want}{where}, {holds}: {plan.deferred[0]}"
+    if plan.misplaced:
+        return (
+            f"{want}{where}, {holds}: copies misplaced "
+            f"({'; '.join(f'{a} {why}' for a, why in sorted(plan.misplaced.items()))})"
+        )
+    # 6. Met.
+    hosts = ""
+    if d.spread == "host":
+        n_hosts = len({cluster.host(a) for a in plan.good})
+        hosts = f" on {n_hosts} host{'s' if n_hosts != 1 else ''}"
+    return f"holds its target: {n} {'copy' if n == 1 else 'copies'}{hosts} ({d.explain()})"
+
+
+def _problem_words(policy: RulesPolicy, d: Desired, reason: str) -> str:
+    placement = policy.placements.of(PlanClass.of(d))
+    if reason == TOO_FEW_HOSTS:
+        n = placement.hosts
+        return f"the eligible workers are on only {n} host{'s' if n != 1 else ''}"
+    n = placement.achievable
+    if n == 0:
+        return "no worker is eligible"
+    return f"only {n} worker{'s are' if n != 1 else ' is'} eligible"
+
+
+def _placement_words(d: Desired) -> str:
+    parts = []
+    if d.pool is not None:
+        parts.append(f"in pool {','.join(d.pool)}")
+    if d.avoid is not None:
+        parts.append(f"outside {','.join(d.avoid)}")
+    if d.spread == "host":
+        parts.append("on distinct hosts")
+    return f" {' '.join(parts)}" if parts else ""
+
+
+# ---------------------------------------------------------------------------------
+# 2. Facts
+# ---------------------------------------------------------------------------------
+
+
+def _facts(policy: RulesPolicy, ts: Any, view: KeyView, cluster: ClusterView) -> dict[str, Any]:
+    facts = TaskFactsAdapter(ts)
+    holders = []
+    for address in sorted(view.holders):
+        w = cluster.workers.get(address)
+        holders.append(
+            {
+                "address": address,
+                "host": w.host if w is not None else "",
+                "status": w.status if w is not None else "gone",
+                "pools": sorted(w.pools) if w is not None else [],
+            }
+        )
+    return {
+        "prefix": facts.prefix,
+        "group": facts.group,
+        "type": facts.type,
+        "nbytes": facts.nbytes,
+        "annotations": plain(dict(facts.annotations)),
+        "waiters": len(ts.waiters or ()),
+        "holders": holders,
+    }
+
+
+def plain(value: Any, depth: int = 0) -> Any:
+    """``value`` as plain msgpack/JSON data; anything else as its (clipped) repr."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return value if len(value) <= CLIP else value[:CLIP] + "..."
+    if depth < 6 and isinstance(value, Mapping):
+        return {str(k): plain(v, depth + 1) for k, v in islice(value.items(), 50)}
+    if depth < 6 and isinstance(value, (list, tuple)):
+        return [plain(v, depth + 1) for v in value[:50]]
+    text = repr(value)
+    return text if len(text) <= CLIP else text[:CLIP] + "..."
+
+
+# ---------------------------------------------------------------------------------
+# 3. The cascade
+# ---------------------------------------------------------------------------------
+
+
+def _annotation(policy: RulesPolicy, ts: Any) -> tuple[Actions | None, str | None]:
+    """The key's ``amm`` annotation as the engine reads it, and why it is ignored."""
+    value = (ts.annotations or {}).get("amm")
+    if value is None:
+        return None, None
+    try:
+        return parse_actions(value, known_pools=policy.ruleset.pools), None
+    except ActionError as exc:
+        return None, str(exc)
+
+
+def _cascade(
+    policy: RulesPolicy,
+    ts: Any,
+    annotation: Actions | None,
+    annotation_error: str | None,
+    runtime: Target | None,
+) -> list[dict[str, Any]]:
+    """Every source of fields in the order the cascade consults them, with what each
+    decided and what was already decided before it (overridden)."""
+    decided, reasons = overrides(annotation, runtime)
+    out: list[dict[str, Any]] = [
+        {
+            "source": "runtime target",
+            "sets": {"replicate": str(runtime)} if runtime is not None else {},
+            "decided": ["replicate"] if runtime is not None else [],
+            "overridden": {},
+        }
+    ]
+    entry: dict[str, Any] = {
+        "source": "amm annotation",
+        "sets": {},
+        "decided": [],
+        "overridden": {},
+    }
+    if annotation_error is not None:
+        entry["error"] = f"ignored: {annotation_error}"
+    if annotation is not None:
+        for f in annotation.set_fields():
+            entry["sets"][f] = _field_text(getattr(annotation, f))
+            if reasons[f].kind == "annotation":
+                entry["decided"].append(f)
+            else:
+                entry["overridden"][f] = str(reasons[f])
+    out.append(entry)
+    facts = TaskFactsAdapter(ts)
+    for rule in policy.ruleset.rules:
+        sets = {f: _field_text(getattr(rule.actions, f)) for f in rule.actions.set_fields()}
+        row: dict[str, Any] = {
+            "rule": rule.name,
+            "match": rule.match_source,
+            "matched": None,
+            "sets": sets,
+            "decided": [],
+            "overridden": {},
+        }
+        try:
+            row["matched"] = bool(rule.match(facts))
+        except Exception as exc:  # as in the engine: an error is "no match"
+            row["error"] = f"match raised {exc!r}: no match"
+            row["matched"] = False
+        if row["matched"]:
+            for f in sets:
+                if f in decided:
+                    row["overridden"][f] = str(reasons[f])
+                else:
+                    decided[f] = getattr(rule.actions, f)
+                    reasons[f] = Reason("rule", rule.name)
+                    row["decided"].append(f)
+        out.append(row)
+    return out
+
+
+def _field_text(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return str(value)
+
+
+# ---------------------------------------------------------------------------------
+# 4. Per-worker decisions
+# ---------------------------------------------------------------------------------
+
+
+def _decisions(
+    policy: RulesPolicy,
+    view: KeyView,
+    plan: KeyPlan,
+    cluster: ClusterView,
+    unclassified: bool,
+) -> dict[str, dict[str, Any]]:
+    d = view.desired
+    copy_to = {a.worker: a.reason for a in plan.actions if a.op == "replicate"}
+    drop_from = {a.worker: a.reason for a in plan.actions if a.op == "drop"}
+    holder_hosts = {cluster.host(a) for a in view.holders if a in cluster.workers}
+    spread = d.spread == "host"
+    other_hosts = spread and any(
+        cluster.host(a) not in holder_hosts for a in cluster.recipients(d.pool, d.avoid)
+    )
+    settings = policy.rebalancer.settings
+    last = policy.rebalancer.last_plan
+    roles = last.roles if last is not None and settings.enabled else {}
+    out: dict[str, dict[str, Any]] = {}
+    for address, w in sorted(cluster.workers.items()):
+        if address in view.holders:
+            deciders = []
+            if address in plan.misplaced:
+                why = plan.misplaced[address]
+                deciders.append(_decider(_misplaced_decider(why), NO, why))
+            decision = HOLDS
+            note = (
+                f"the next cycle drops this copy: {drop_from[address]}"
+                if address in drop_from
+                else None
+            )
+        else:
+            deciders = _deciders(
+                d, w, address, view, unclassified, spread, holder_hosts, other_hosts
+            )
+            says = {x["says"] for x in deciders}
+            decision = NO if NO in says else THROTTLED if THROTTLED in says else YES
+            note = (
+                f"the next cycle copies here: {copy_to[address]}" if address in copy_to else None
+            )
+        out[address] = {
+            "decision": decision,
+            "deciders": deciders,
+            "next": note,
+            "rebalance": roles.get(address),
+        }
+    return out
+
+
+def _deciders(
+    d: Desired,
+    w: Any,
+    address: str,
+    view: KeyView,
+    unclassified: bool,
+    spread: bool,
+    holder_hosts: set[str],
+    other_hosts: bool,
+) -> list[dict[str, str]]:
+    """What says no or throttled to a new copy of the key on a worker without one."""
+    out = []
+    if not d.governed:
+        out.append(
+            _decider("no target", NO, "no rule governs the key: amm-rules makes no copies of it")
+        )
+    elif d.move == "never":
+        out.append(
+            _decider("move: never", NO, f"move: never from {d.reasons['move']}: no copy is made")
+        )
+    if d.pool is not None and w.pools.isdisjoint(d.pool):
+        out.append(_decider("pool", NO, f"outside pool {','.join(d.pool)}"))
+    if d.avoid is not None and not w.pools.isdisjoint(d.avoid):
+        out.append(
+            _decider("avoid", NO, f"in avoided pool {','.join(sorted(w.pools & set(d.avoid)))}")
+        )
+    if w.status == "closing":
+        out.append(_decider("retiring", NO, "retiring or leaving: its copies do not count"))
+    if spread and w.host in holder_hosts and other_hosts:
+        out.append(_decider("spread", NO, "same host as a copy, and other hosts are eligible"))
+    if w.status == "paused":
+        out.append(_decider("paused", THROTTLED, "paused: receives no copy until it resumes"))
+    if address in view.inflight:
+        out.append(_decider("in flight", THROTTLED, "a copy is on its way here"))
+    if address in view.backoff:
+        out.append(
+            _decider("backoff", THROTTLED, "a copy here timed out: not asked again for a while")
+        )
+    if unclassified:
+        out.append(
+            _decider("budget", THROTTLED, "the key is not classified yet (classification budget)")
+        )
+    return out
+
+
+def _decider(name: str, says: str, why: str) -> dict[str, str]:
+    return {"decider": name, "says": says, "why": why}
+
+
+def _misplaced_decider(why: str) -> str:
+    if why.startswith("outside pool"):
+        return "pool"
+    if why.startswith("in avoided pool"):
+        return "avoid"
+    return "retiring"
+
+
+# ---------------------------------------------------------------------------------
+# 5. History
+# ---------------------------------------------------------------------------------
+
+
+def _history(policy: RulesPolicy, key: Hashable) -> list[dict[str, Any]]:
+    try:
+        return [decision_dict(d) for d in policy.journal.for_key(key, HISTORY_SHOWN)]
+    except TypeError:  # an unhashable "key" compares unequal to every key anyway
+        return []

@@ -1,0 +1,163 @@
+"""What makes an attached :class:`~amm_rules.engine.policy.RulesPolicy` seen: the engine
+observer that :func:`activate` adds to :mod:`amm_rules.engine.observers`.
+
+When a policy attaches to a scheduler, the observer
+
+- puts an :class:`EngineExtension` in ``scheduler.extensions["amm-rules"]``.
+  distributed writes every extension with a ``_to_dict`` into
+  ``Client.dump_cluster_state``, so a dump carries the rules in force (source, text,
+  SHA-256, load time), the status report (per-rule conformance included) and the
+  engine's recent decisions: a dump sent with a bug report explains itself. The
+  scheduler calls its ``teardown`` when it closes, which takes the policy off
+  ``/metrics``. :func:`engine_of` finds the policy of a scheduler from there (for a
+  dashboard page or an HTTP route);
+- answers ``amm_rules_status`` with :func:`~amm_rules.observe.status.status_report` and
+  ``amm_rules_explain`` with :func:`~amm_rules.observe.explain.explain_keys` (each a
+  superset of the engine's own answer, which it extends);
+- has the Prometheus collector scrape it (:mod:`amm_rules.observe.metrics`).
+
+When the policy detaches, all three are undone (the handlers with the engine's own). If
+two policies are attached to one scheduler, the extension and the handlers belong to
+the last one attached, and both are scraped.
+
+Importing this module activates the observer (:func:`activate`, idempotent); it is
+where ``amm_rules.RulesPolicy``, the name dask configurations use, is looked up, so
+every policy configured by that name is observed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Container
+from typing import Any
+
+from amm_rules.engine import observers
+from amm_rules.engine.policy import RulesPolicy
+
+__all__ = ["EngineExtension", "RulesPolicy", "activate", "engine_of"]
+
+logger = logging.getLogger(__name__)
+
+#: The name of the extension in ``scheduler.extensions``.
+NAME = "amm-rules"
+#: Decisions a cluster dump carries.
+DUMP_DECISIONS = 1_000
+#: The engine's handlers this module answers instead, with more.
+HANDLERS = ("amm_rules_status", "amm_rules_explain")
+
+
+class EngineExtension:
+    """The engine's entry in ``scheduler.extensions`` (see the module docstring)."""
+
+    def __init__(self, policy: RulesPolicy):
+        self.policy = policy
+
+    def __repr__(self) -> str:
+        return f"<amm-rules extension of {self.policy!r}>"
+
+    def _to_dict(self, *, exclude: Container[str] = ()) -> dict[str, Any]:
+        """What ``Client.dump_cluster_state`` writes under
+        ``scheduler.extensions.amm-rules``: ``rules`` (``source``, ``sha256``,
+        ``loaded_at``, ``text``), ``status`` (:func:`~amm_rules.observe.status.status_report`)
+        and ``decisions`` (the latest, oldest first)."""
+        from amm_rules.observe.status import decision_dict, status_report
+
+        policy = self.policy
+        ruleset = policy.ruleset
+        out: dict[str, Any] = {
+            "rules": {
+                "source": policy.path if policy.path is not None else ruleset.source,
+                "sha256": ruleset.sha256,
+                "loaded_at": policy.loaded_at,
+                "text": ruleset.text,
+            },
+            "status": status_report(policy),
+            "decisions": [decision_dict(d) for d in policy.journal.recent(DUMP_DECISIONS)],
+        }
+        return {k: v for k, v in out.items() if k not in exclude}
+
+    def teardown(self) -> None:
+        """The scheduler is closing: stop publishing metrics for it."""
+        from amm_rules.observe import metrics
+
+        metrics.unregister(self.policy)
+
+
+class Answers:
+    """The ``amm_rules_status`` and ``amm_rules_explain`` handlers of one policy. Like the
+    engine's handlers, they carry ``policy``, so the engine removes them at detach."""
+
+    def __init__(self, policy: RulesPolicy):
+        self.policy = policy
+
+    def amm_rules_status(self) -> dict[str, Any]:
+        """:func:`amm_rules.observe.status.status_report` of the policy."""
+        from amm_rules.observe.status import status_report
+
+        return status_report(self.policy)
+
+    def amm_rules_explain(
+        self, keys: Any = (), unmet: bool = False, rule: Any = None, limit: Any = 10
+    ) -> dict[str, dict[str, Any]]:
+        """Why is each key where it is (see :mod:`amm_rules.observe.explain`)? With
+        ``unmet=True``, for up to ``limit`` keys whose target is unmet (of ``rule``, a
+        rule's name, if given) instead of ``keys``. Bad arguments raise ``ValueError``."""
+        from amm_rules.engine.handlers import MAX_KEYS
+        from amm_rules.observe.explain import explain_keys, unmet_keys
+
+        if unmet:
+            if rule is not None and not isinstance(rule, str):
+                raise ValueError(f"rule: expected a rule's name, got {type(rule).__name__}")
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise ValueError(f"limit: expected a whole number of keys >= 1, got {limit!r}")
+            keys = unmet_keys(self.policy, rule, min(limit, MAX_KEYS))
+        return explain_keys(self.policy, keys)
+
+
+class _Observer:
+    """Installs and removes what makes one policy seen (see the module docstring)."""
+
+    def __repr__(self) -> str:
+        return "<amm-rules observe>"
+
+    def attached(self, scheduler: Any, policy: RulesPolicy) -> None:
+        from amm_rules.observe import metrics
+
+        scheduler.extensions[NAME] = EngineExtension(policy)
+        answers = Answers(policy)
+        for name in HANDLERS:
+            scheduler.handlers[name] = getattr(answers, name)
+        try:
+            metrics.register(policy)
+        except Exception:  # metrics are a convenience: never fail the scheduler for them
+            logger.exception("amm-rules: could not register Prometheus metrics")
+
+    def detached(self, scheduler: Any, policy: RulesPolicy) -> None:
+        from amm_rules.observe import metrics
+
+        extension = scheduler.extensions.get(NAME)
+        if isinstance(extension, EngineExtension) and extension.policy is policy:
+            del scheduler.extensions[NAME]
+        for name in HANDLERS:
+            handler = scheduler.handlers.get(name)
+            if getattr(getattr(handler, "__self__", None), "policy", None) is policy:
+                del scheduler.handlers[name]
+        metrics.unregister(policy)
+
+
+OBSERVER = _Observer()
+
+
+def activate() -> None:
+    """Observe every policy that attaches from now on (idempotent)."""
+    observers.add(OBSERVER)
+
+
+def engine_of(scheduler: Any) -> RulesPolicy | None:
+    """The :class:`~amm_rules.engine.policy.RulesPolicy` attached to ``scheduler``
+    (the last one attached), or None."""
+    extension = getattr(scheduler, "extensions", {}).get(NAME)
+    return extension.policy if isinstance(extension, EngineExtension) else None
+
+
+activate()

@@ -1,0 +1,83 @@
+"""Keys typed on a command line, as dask prints them, turned back into keys.
+
+Dask keys are strings, bytes, integers, floats, or tuples of those (``('x-1a2b', 0)``);
+``str(key)`` is how dask prints them (in the dashboard, logs and errors), so that is
+what users paste. :func:`parse_key` reads that text without evaluating code: the text is
+parsed into Python's syntax tree (``ast.parse``, which runs nothing), and only string,
+bytes and number literals, negative numbers and tuples of them are accepted; anything
+else is a plain string key, or, if it opens a tuple, an error.
+
+Imports nothing from dask or distributed (the command line loads it before connecting).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Hashable
+
+
+class KeyTextError(ValueError):
+    """Text that starts like a tuple key but is not one."""
+
+
+def parse_key(text: str) -> list[Hashable]:
+    """The keys ``text`` may stand for, most likely first.
+
+    - ``('x-1a2b', 0)`` (a tuple, as dask prints it): that tuple;
+    - ``'x'`` or ``"x"`` (quoted): the string inside;
+    - ``5`` or ``2.5``: the string first, then the number (dask prints both alike);
+    - anything else: the text itself, as a string key.
+
+    Raises :class:`ValueError` for a text that opens a tuple and is not one of
+    literals (``(1 + 2, 'x')``, ``('x', foo)``...).
+    """
+    stripped = text.strip()
+    if stripped.startswith("("):
+        value = _literal(stripped)
+        if not isinstance(value, tuple):
+            raise KeyTextError(
+                f"{text!r} is not a key: a tuple key is written like ('name-1a2b', 0), "
+                "of strings and numbers only"
+            )
+        return [value]
+    if stripped[:1] in ("'", '"') or stripped[:2] in ("b'", 'b"'):
+        try:
+            value = _literal(stripped)
+        except KeyTextError:
+            return [text]
+        return [value] if isinstance(value, (str, bytes)) else [text]
+    try:
+        number = _literal(stripped)
+    except KeyTextError:
+        return [text]
+    if isinstance(number, (int, float)) and not isinstance(number, bool):
+        return [text, number]
+    return [text]
+
+
+def _literal(text: str) -> Hashable:
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError) as exc:
+        raise KeyTextError(
+            f"{text!r} is not a key: {exc.msg if isinstance(exc, SyntaxError) else exc}"
+        ) from None
+    return _value(tree.body, text)
+
+
+def _value(node: ast.AST, text: str) -> Hashable:
+    if isinstance(node, ast.Constant) and type(node.value) in (str, bytes, int, float):
+        return node.value  # type: ignore[no-any-return]
+    if (
+        isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, ast.USub)
+        and isinstance(node.operand, ast.Constant)
+        and type(node.operand.value) in (int, float)
+    ):
+        return -node.operand.value  # type: ignore[operator,no-any-return]
+    if isinstance(node, ast.Tuple):
+        return tuple(_value(elt, text) for elt in node.elts)
+    raise KeyTextError(
+        f"{text!r} is not a key: only strings, numbers and tuples of them may appear "
+        f"in a key, not {type(node).__name__.lower()}"
+    )

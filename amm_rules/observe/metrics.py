@@ -1,0 +1,293 @@
+"""Prometheus metrics of the rules engine: ``dask_amm_rules_*`` on the scheduler's
+``/metrics``.
+
+distributed serves ``/metrics`` from ``prometheus_client``'s global registry when that
+package is installed. One collector per process (:class:`RulesCollector`, a
+``distributed.http.prometheus.PrometheusCollector``, so the namespace is dask's
+``distributed.dashboard.prometheus.namespace``, ``dask`` by default) is registered there
+while at least one :class:`~amm_rules.engine.policy.RulesPolicy` is attached, and
+removed when the last one detaches or its scheduler closes. It computes everything at
+scrape time from the engine's counters and index (never in the AMM cycle, never by
+scanning keys). Every sample carries a ``scheduler`` label (the scheduler's address),
+so that several schedulers in one process, which share that registry, each keep their
+own series.
+
+The metrics (``rule``: a rule's name, ``(annotation)`` or ``(runtime)``; the copy
+counters also ``(reduce-replicas)`` and ``(rebalance)``):
+
+========================================================  =======  =====================
+name                                                      type     labels
+========================================================  =======  =====================
+``dask_amm_rules_governed_keys``                          gauge    scheduler, rule
+``dask_amm_rules_governed_bytes``                         gauge    scheduler, rule
+``dask_amm_rules_keys_met``                               gauge    scheduler, rule
+``dask_amm_rules_keys_unmet``                             gauge    scheduler, rule, reason
+``dask_amm_rules_rule_state``                             gauge    scheduler, rule, state
+``dask_amm_rules_keys_met_ratio``                         gauge    scheduler
+``dask_amm_rules_copies_requested_total``                 counter  scheduler, rule
+``dask_amm_rules_copies_dropped_total``                   counter  scheduler, rule
+``dask_amm_rules_copies_in_flight``                       gauge    scheduler
+``dask_amm_rules_rebalance_moves_total``                  counter  scheduler
+``dask_amm_rules_rebalance_moved_bytes_total``            counter  scheduler
+``dask_amm_rules_rebalance_moves_in_flight``              gauge    scheduler
+``dask_amm_rules_cycle_duration_seconds`` (_count, _sum)  summary  scheduler
+``dask_amm_rules_last_cycle_duration_seconds``            gauge    scheduler
+``dask_amm_rules_classification_backlog_keys``            gauge    scheduler
+``dask_amm_rules_reloads_total``                          counter  scheduler, result
+``dask_amm_rules_rules_info``                             info     scheduler, source,
+                                                                   sha256, loaded_at
+``dask_amm_rules_rules_loaded_timestamp_seconds``         gauge    scheduler
+========================================================  =======  =====================
+
+``docs/observe.md`` describes each. Neighbours: :mod:`amm_rules.observe.extension`
+registers and unregisters policies here; :mod:`amm_rules.observe.conformance` computes
+the per-rule figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from distributed.http.prometheus import PrometheusCollector
+
+from amm_rules.observe.conformance import REASONS, STATES, conformance
+
+if TYPE_CHECKING:
+    from amm_rules.engine.policy import RulesPolicy
+
+logger = logging.getLogger(__name__)
+
+SUBSYSTEM = "amm_rules"
+
+_lock = threading.Lock()
+#: The registered collector, while a policy is attached in this process.
+_collector: RulesCollector | None = None
+
+
+def available() -> bool:
+    """Whether ``prometheus_client`` can be imported (without importing it twice)."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def register(policy: RulesPolicy) -> bool:
+    """Have ``policy``'s figures scraped (registering the collector with the first
+    policy). False if ``prometheus_client`` is not installed."""
+    global _collector
+    if not available():
+        return False
+    import prometheus_client
+
+    with _lock:
+        if _collector is None:
+            collector = RulesCollector()
+            prometheus_client.REGISTRY.register(collector)
+            _collector = collector
+        if policy not in _collector.policies:
+            _collector.policies.append(policy)
+    return True
+
+
+def unregister(policy: RulesPolicy) -> None:
+    """Stop scraping ``policy`` (unregistering the collector with the last policy)."""
+    global _collector
+    with _lock:
+        collector = _collector
+        if collector is None or policy not in collector.policies:
+            return
+        collector.policies.remove(policy)
+        if collector.policies:
+            return
+        _collector = None
+    import prometheus_client
+
+    with contextlib.suppress(KeyError):  # already gone (unregistered by someone else)
+        prometheus_client.REGISTRY.unregister(collector)
+
+
+def registered() -> RulesCollector | None:
+    """The collector in the registry now, if any."""
+    return _collector
+
+
+class RulesCollector(PrometheusCollector):
+    """Collects every attached policy's figures at scrape time (see the module doc)."""
+
+    def __init__(self) -> None:
+        super().__init__(server=None)
+        self.subsystem = SUBSYSTEM
+        #: Policies scraped, in the order they attached.
+        self.policies: list[RulesPolicy] = []
+        self._failed: set[str] = set()
+
+    def describe(self) -> list[Any]:
+        # No names announced: the registry then does not call collect() when this
+        # collector is registered (that would compute every figure once for nothing).
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        families = _Families(self)
+        for policy in list(self.policies):
+            try:
+                families.add(policy)
+            except Exception as exc:  # a scrape must never fail because of one engine
+                token = repr(exc)
+                if token not in self._failed:
+                    self._failed.add(token)
+                    logger.exception("amm-rules: metrics of %r could not be collected", policy)
+        yield from families.all()
+
+
+class _Families:
+    """The metric families of one scrape, filled policy by policy."""
+
+    def __init__(self, collector: RulesCollector):
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            InfoMetricFamily,
+            SummaryMetricFamily,
+        )
+
+        name = collector.build_name
+        s, rule = ["scheduler"], ["scheduler", "rule"]
+        self.governed_keys = GaugeMetricFamily(
+            name("governed_keys"), "Keys in memory governed by a rule or group", labels=rule
+        )
+        self.governed_bytes = GaugeMetricFamily(
+            name("governed_bytes"),
+            "Bytes of one copy of the keys governed by a rule or group",
+            labels=rule,
+        )
+        self.keys_met = GaugeMetricFamily(
+            name("keys_met"), "Governed keys holding their target and placement", labels=rule
+        )
+        self.keys_unmet = GaugeMetricFamily(
+            name("keys_unmet"),
+            "Governed keys not holding their target or placement, by reason (reasons with "
+            "keys only)",
+            labels=[*rule, "reason"],
+        )
+        self.rule_state = GaugeMetricFamily(
+            name("rule_state"),
+            "Conformance state of a rule or group: 1 for the current state, 0 for the others",
+            labels=[*rule, "state"],
+        )
+        self.met_ratio = GaugeMetricFamily(
+            name("keys_met_ratio"),
+            "Fraction of governed keys holding their target and placement",
+            labels=s,
+        )
+        self.requested = CounterMetricFamily(
+            name("copies_requested"),
+            "Copies requested since the policy started, by rule or group",
+            labels=rule,
+        )
+        self.dropped = CounterMetricFamily(
+            name("copies_dropped"),
+            "Copies dropped since the policy started, by rule or group",
+            labels=rule,
+        )
+        self.in_flight = GaugeMetricFamily(
+            name("copies_in_flight"), "Replication copies requested and not landed", labels=s
+        )
+        self.moves = CounterMetricFamily(
+            name("rebalance_moves"), "Rebalancing moves started", labels=s
+        )
+        self.moved_bytes = CounterMetricFamily(
+            name("rebalance_moved_bytes"), "Bytes copied by rebalancing moves", labels=s
+        )
+        self.moves_in_flight = GaugeMetricFamily(
+            name("rebalance_moves_in_flight"), "Rebalancing moves not finished", labels=s
+        )
+        self.cycle = SummaryMetricFamily(
+            name("cycle_duration_seconds"), "Duration of the policy's AMM cycles", labels=s
+        )
+        self.last_cycle = GaugeMetricFamily(
+            name("last_cycle_duration_seconds"), "Duration of the last AMM cycle", labels=s
+        )
+        self.backlog = GaugeMetricFamily(
+            name("classification_backlog_keys"),
+            "Keys in memory left unclassified by the last cycle's classification budget",
+            labels=s,
+        )
+        self.reloads = CounterMetricFamily(
+            name("reloads"),
+            "Reloads of the rules file, by result (ok, error)",
+            labels=[*s, "result"],
+        )
+        self.info = InfoMetricFamily(
+            name("rules"),
+            "The rules in force: their source, the SHA-256 of the file, when they were loaded",
+            labels=s,
+        )
+        self.loaded = GaugeMetricFamily(
+            name("rules_loaded_timestamp_seconds"),
+            "When the rules in force were loaded (seconds since the epoch)",
+            labels=s,
+        )
+
+    def add(self, policy: RulesPolicy) -> None:
+        where = [_scheduler_label(policy)]
+        c = conformance(policy)
+        for r in c.rules:
+            at = [*where, r.name]
+            self.governed_keys.add_metric(at, r.keys)
+            self.governed_bytes.add_metric(at, r.bytes)
+            self.keys_met.add_metric(at, r.met)
+            # Only the reasons that have keys: with every reason of every rule at zero,
+            # formatting the scrape would cost more than computing it.
+            for reason in REASONS:
+                n = r.unmet.get(reason, 0)
+                if n:
+                    self.keys_unmet.add_metric([*at, reason], n)
+            for state in STATES:
+                self.rule_state.add_metric([*at, state], 1.0 if r.state == state else 0.0)
+        self.met_ratio.add_metric(where, c.fraction)
+        for label, counts in sorted(policy.totals.items()):
+            self.requested.add_metric([*where, label], counts["requested"])
+            self.dropped.add_metric([*where, label], counts["dropped"])
+        index = policy.index
+        self.in_flight.add_metric(where, sum(len(v) for v in index.inflight.values()))
+        rebalancer = policy.rebalancer
+        self.moves.add_metric(where, rebalancer.totals["moves"])
+        self.moved_bytes.add_metric(where, rebalancer.totals["bytes"])
+        self.moves_in_flight.add_metric(where, len(rebalancer.book.pending))
+        journal = policy.journal
+        self.cycle.add_metric(where, journal.cycles, journal.cycle_seconds_total)
+        self.last_cycle.add_metric(where, policy.last_cycle_seconds)
+        self.backlog.add_metric(where, journal.backlog)
+        for result in ("ok", "error"):
+            self.reloads.add_metric([*where, result], journal.reloads[result])
+        ruleset = policy.ruleset
+        self.info.add_metric(
+            where,
+            {
+                "source": policy.path if policy.path is not None else ruleset.source,
+                "sha256": ruleset.sha256 or "",
+                "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(policy.loaded_at)),
+            },
+        )
+        self.loaded.add_metric(where, policy.loaded_at)
+
+    def all(self) -> Iterator[Any]:
+        return iter(vars(self).values())
+
+
+def _scheduler_label(policy: RulesPolicy) -> str:
+    try:
+        scheduler = policy.scheduler
+    except AttributeError:
+        return ""
+    try:
+        return str(scheduler.address)
+    except ValueError:  # not listening yet
+        return str(getattr(scheduler, "id", ""))

@@ -1,0 +1,210 @@
+"""``amm-rules status`` and ``amm-rules explain`` against a running scheduler.
+
+The command line talks to the scheduler over its own comm (``distributed.core.rpc``,
+with dask's security settings), as a client would, without starting a ``Client``:
+
+1. connect and ask ``identity`` (a short timeout: an unreachable address fails fast,
+   and an address that is not a scheduler is named as such);
+2. ask whether the amm-rules handlers are registered: a scheduler does not answer an
+   operation it has no handler for, so calling it blindly would wait for the timeout
+   (the probe runs a function of this package on the scheduler, as
+   :func:`amm_rules.status` does; where running functions is not allowed, the handler
+   is called and its silence reported after the timeout);
+3. call ``amm_rules_status`` or ``amm_rules_explain`` and render the answer.
+
+Every failure is a :class:`RemoteError` with one line for the user; the command line
+prints it and exits 1. Neighbours: :mod:`amm_rules.cli` defines the commands;
+:mod:`amm_rules.observe.status` and :mod:`amm_rules.observe.explain` render the answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+#: Seconds to wait for the scheduler at each step (connect, probe, answer).
+DEFAULT_TIMEOUT = 5.0
+CONNECT = "connect to"
+
+
+class RemoteError(Exception):
+    """A problem reaching the engine, told in one line."""
+
+
+def scheduler_address(given: str | None) -> str | None:
+    """``--scheduler``, else dask's ``scheduler-address`` (also set by the environment
+    variable ``DASK_SCHEDULER_ADDRESS``), else None."""
+    if given:
+        return given
+    import dask
+
+    value = dask.config.get("scheduler-address", None)
+    return str(value) if value else None
+
+
+def ask(address: str, op: str, timeout: float = DEFAULT_TIMEOUT, **kwargs: Any) -> Any:
+    """Call the handler ``op`` of the amm-rules engine of the scheduler at ``address``."""
+    return asyncio.run(_ask(address, op, timeout, kwargs))
+
+
+async def _ask(address: str, op: str, timeout: float, kwargs: dict[str, Any]) -> Any:
+    from distributed.core import rpc
+    from distributed.security import Security
+
+    try:
+        remote = rpc(
+            address,
+            timeout=timeout,
+            connection_args=Security().get_connection_args("client"),
+        )
+    except (ValueError, TypeError) as exc:  # a malformed address
+        raise RemoteError(f"{address}: not a scheduler address ({exc})") from None
+    try:
+        identity = await _step(remote.identity(), address, timeout, CONNECT)
+        kind = identity.get("type") if isinstance(identity, dict) else None
+        if kind != "Scheduler":
+            raise RemoteError(f"{address} is a {kind or 'server'}, not a Dask scheduler")
+        await _probe(remote, address, timeout, op)
+        return await _step(
+            getattr(remote, op)(**kwargs),
+            address,
+            timeout,
+            "get an answer from the amm-rules engine of",
+        )
+    finally:
+        await remote.close_rpc()
+
+
+async def _step(call: Any, address: str, timeout: float, what: str) -> Any:
+    try:
+        return await asyncio.wait_for(call, timeout)
+    except asyncio.TimeoutError:
+        raise RemoteError(
+            f"could not {what} the scheduler at {address} within {timeout:g} s"
+        ) from None
+    except RemoteError:
+        raise
+    except Exception as exc:
+        if isinstance(exc, OSError) or what == CONNECT:
+            # Refused, unreachable, a malformed address, TLS: the comm's own words.
+            raise RemoteError(
+                f"could not {what} the scheduler at {address}: {_first_line(exc)}"
+            ) from None
+        # Raised by the handler on the scheduler (a bad rule name...).
+        raise RemoteError(f"the scheduler at {address} answered: {_first_line(exc)}") from None
+
+
+async def _probe(remote: Any, address: str, timeout: float, op: str) -> None:
+    from distributed.protocol.pickle import dumps
+
+    from amm_rules.client import _engine_attached
+
+    try:
+        answer = await asyncio.wait_for(
+            remote.run_function(function=dumps(_engine_attached)), timeout
+        )
+    except Exception:
+        return  # cannot tell (running functions is not allowed there): call the handler
+    if not isinstance(answer, dict) or answer.get("status") != "OK":
+        return
+    if not answer.get("result"):
+        raise RemoteError(
+            f"the scheduler at {address} runs no amm-rules engine: add "
+            "{'class': 'amm_rules.RulesPolicy', 'rules': ...} to its dask config "
+            "distributed.scheduler.active-memory-manager.policies"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+# ---------------------------------------------------------------------------------
+# The two commands, as (output, exit status)
+# ---------------------------------------------------------------------------------
+
+
+def status_command(address: str, fmt: str, check: bool, timeout: float) -> tuple[str, int]:
+    from amm_rules.observe.status import all_satisfied
+    from amm_rules.observe.text import render_status
+
+    report = ask(address, "amm_rules_status", timeout)
+    text = (
+        json.dumps(report, indent=2, default=str) + "\n"
+        if fmt == "json"
+        else render_status(report)
+    )
+    return text, 1 if check and not all_satisfied(report) else 0
+
+
+def explain_command(
+    address: str,
+    keys: Sequence[Sequence[Hashable]],
+    texts: Sequence[str],
+    *,
+    unmet: bool,
+    rule: str | None,
+    limit: int,
+    fmt: str,
+    timeout: float,
+) -> tuple[str, list[str], int]:
+    """Output, lines for stderr, exit status. ``keys``: per argument, its candidate
+    keys (see :func:`amm_rules.observe.keys.parse_key`); ``texts``: the arguments."""
+    from amm_rules.observe.text import render_explain
+
+    if unmet:
+        if rule is not None:
+            _check_rule(address, rule, timeout)
+        answers = ask(address, "amm_rules_explain", timeout, unmet=True, rule=rule, limit=limit)
+        if not answers:
+            scope = f" of rule {rule!r}" if rule else ""
+            return f"every governed key{scope} meets its target and placement\n", [], 0
+        errors: list[str] = []
+    else:
+        answers, errors = _explain_candidates(address, keys, texts, timeout)
+    if fmt == "json":
+        out = json.dumps(answers, indent=2, default=str) + "\n"
+    else:
+        out = render_explain(answers) if answers else ""
+    return out, errors, 1 if errors else 0
+
+
+def _check_rule(address: str, rule: str, timeout: float) -> None:
+    """An unknown rule name is the user's typo: said here, in one line, rather than
+    by an exception raised in the scheduler (which logs it with a traceback)."""
+    report = ask(address, "amm_rules_status", timeout)
+    names = [r["name"] for r in report["conformance"]["rules"]]
+    if rule not in names:
+        raise RemoteError(f"--rule: no rule named {rule!r}; the rules are {', '.join(names)}")
+
+
+def _explain_candidates(
+    address: str, keys: Sequence[Sequence[Hashable]], texts: Sequence[str], timeout: float
+) -> tuple[dict[str, Any], list[str]]:
+    """Ask for each argument's most likely key; for the arguments the scheduler does not
+    know, ask again with their next candidate (``5`` the string, then ``5`` the number)."""
+    answers: dict[str, Any] = {}
+    todo = [(text, list(candidates)) for text, candidates in zip(texts, keys, strict=True)]
+    errors = []
+    while todo:
+        batch = [(text, candidates.pop(0), candidates) for text, candidates in todo]
+        got = ask(address, "amm_rules_explain", timeout, keys=[key for _, key, _ in batch])
+        todo = []
+        for text, key, rest in batch:
+            answer = _answer_for(got, key)
+            if answer is not None and answer.get("state") != "unknown":
+                answers[text] = answer
+            elif rest:
+                todo.append((text, rest))
+            else:
+                errors.append(f"unknown key: {text} (not known to the scheduler)")
+    return answers, errors
+
+
+def _answer_for(got: Any, key: Hashable) -> Any:
+    from amm_rules.engine.view import key_string
+
+    return got.get(key_string(key)) if isinstance(got, dict) else None

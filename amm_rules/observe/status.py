@@ -1,0 +1,265 @@
+"""The engine's state as one JSON-able report, and its rendering as text.
+
+:func:`status_report` is the one source of ``amm-rules status --format json``, of the
+``amm_rules_status`` scheduler handler (hence :func:`amm_rules.status`), of the
+``status`` part of cluster dumps, and of anything that draws the engine (a dashboard
+page, a JSON route): they all show the same figures.
+:func:`amm_rules.observe.text.render_status` is ``amm-rules status``'s text.
+
+Costs (see ``benchmarks/scale.py``): the report reads counters and per-class
+tables, plus one line per worker; nothing scans ``scheduler.tasks``.
+
+Neighbours: :mod:`amm_rules.observe.conformance` computes the per-rule states;
+:mod:`amm_rules.engine.journal` keeps cycle durations, decisions and reloads;
+:mod:`amm_rules.engine.rebalance.rebalancer` reports its own section.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from amm_rules.engine.journal import Decision
+from amm_rules.engine.view import key_string, worker_status
+from amm_rules.observe.conformance import SATISFIED, conformance
+
+if TYPE_CHECKING:
+    from amm_rules.engine.policy import RulesPolicy
+
+#: Latest events and decisions a report carries.
+EVENTS_KEPT = 20
+DECISIONS_SHOWN = 20
+#: Workers in no pool, in ``memory_by_pool``.
+NO_POOL = "(no pool)"
+
+
+def status_report(policy: RulesPolicy) -> dict[str, Any]:
+    """Everything ``amm-rules status`` shows, as plain data (str keys, numbers, strings,
+    lists, dicts, None), for one attached :class:`~amm_rules.engine.policy.RulesPolicy`.
+
+    The shape (times are seconds since the epoch; sizes are bytes)::
+
+        {
+          "scheduler": "tcp://10.0.0.1:8786",        # None before the scheduler starts
+          "time": 1764500000.0,                       # when the report was made
+          # the rules in force
+          "source": "/etc/dask/rules.yaml",           # or "<rules>" for inline rules
+          "sha256": "3f2a...",                        # of the file's bytes (None: unknown)
+          "loaded_at": 1764400000.0,
+          "reload": True,                             # reloaded when the file changes
+          "reloads": {"ok": 2, "error": 1},           # since the policy started
+          "reload_errors": [{"time": ..., "error": "rules.yaml:6:17: error: ..."}],
+          "last_reload_error": {"time": ..., "error": ...} or None,
+          "rules": ["precious", ...],                 # rule names, file order
+          "pools": ["gpu", ...],
+          "reduce_replicas": True,
+          # conformance (amm_rules.observe.conformance)
+          "conformance": {
+            "governed": 1200, "met": 1180, "fraction": 0.983,
+            "classification_backlog": 0,
+            "rules": [                                 # rules in file order, then the groups
+              {"name": "precious", "kind": "rule",    # or "annotation", "runtime"
+               "in_file": True,
+               "state": "unsatisfiable",              # "satisfied", "in-progress"
+               "sentence": "20 keys of 200 cannot be satisfied now: wants 3 copies, ...",
+               "keys": 200, "bytes": 1073741824, "met": 180, "unmet": 20,
+               "unmet_by_reason": {"too-few-workers": 20},
+               "why": {"too-few-workers": "wants 3 copies, 2 workers eligible (pool gpu)"}},
+              ...
+            ],
+          },
+          "states": {"precious": "unsatisfiable", ...},   # name -> state, same rows
+          # the engine's work
+          "governed": 1200,                           # keys governed
+          "unclassified": 0,                          # keys waiting for classification now
+          "classification_backlog": 0,                # left over by the last cycle's budget
+          "in_flight": 3, "in_flight_keys": 2,        # replication copies requested
+          "runtime_targets": 1,
+          "cycles": 340, "last_cycle_ms": 1.9,
+          "cycle_ms": {"last": 1.9, "median": 1.7, "worst": 8.2, "mean": 2.0, "recent": 100},
+          "last_cycle": {label: {"governed", "requested", "dropped", "unmet"}},
+          "totals": {label: {"requested": n, "dropped": n}},   # since the policy started
+          "audit": {"sweeps": n, "sweeping": bool, "last": {...} or None},
+          "rebalance": {... Rebalancer.status(): settings (sender_min, recipient_max, gap,
+                        measure, ...), in_flight, in_flight_bytes, totals, last_plan
+                        (with the roles and the cluster "mean") ...},
+          # the workers, for charts: memory by the rebalance measure when rebalancing is
+          # enabled, else by the AMM's measure
+          "memory_measure": "optimistic",
+          "workers": {"address": [...], "name": [...], "host": [...],   # columns:
+                      "status": [...],          # running/paused/closing   # a worker
+                      "pools": [[...], ...], "memory": [...],              # per index
+                      "memory_limit": [...], "fraction": [... or None],
+                      "spilled": [...], "role": [... or None]},  # role in the last plan
+          "memory_by_pool": {"gpu": {"workers": [addresses], "memory": n,
+                                     "memory_limit": n}, "(no pool)": {...}},
+          # the latest events of the topic "amm-rules" (but cycle summaries) and decisions
+          "events": [{"time": ..., "action": "reload-error", ...}],
+          "decisions": [{"time", "key", "op", "worker", "outcome", "reason", "source"}],
+        }
+    """
+    from amm_rules.engine.handlers import Handlers
+
+    report = Handlers(policy).amm_rules_status()  # the engine's own counters
+    c = conformance(policy)
+    errors = report["reload_errors"]
+    journal = policy.journal
+    report.update(
+        scheduler=_address(policy),
+        time=time.time(),
+        sha256=policy.ruleset.sha256,
+        reloads={"ok": journal.reloads["ok"], "error": journal.reloads["error"]},
+        last_reload_error=errors[-1] if errors else None,
+        conformance=c.to_dict(),
+        states={r.name: r.state for r in c.rules},
+        classification_backlog=journal.backlog,
+        in_flight_keys=len(policy.index.inflight),
+        cycle_ms=_cycle_ms(policy),
+        rebalance=_finite(report["rebalance"]),
+        **_workers(policy),
+        events=_events(policy),
+        decisions=[decision_dict(d) for d in journal.recent(DECISIONS_SHOWN)],
+    )
+    return report
+
+
+def all_satisfied(report: Mapping[str, Any]) -> bool:
+    """True when every rule of a report is ``satisfied`` (``amm-rules status --check``)."""
+    return all(r["state"] == SATISFIED for r in report["conformance"]["rules"])
+
+
+def decision_dict(d: Decision) -> dict[str, Any]:
+    return {
+        "time": d.time,
+        "key": key_string(d.key),
+        "op": d.op,
+        "worker": d.worker,
+        "outcome": d.outcome,
+        "reason": d.reason,
+        "source": d.source,
+    }
+
+
+def _address(policy: RulesPolicy) -> str | None:
+    try:
+        return str(policy.scheduler.address)
+    except (AttributeError, ValueError):  # not attached, or not started yet
+        return None
+
+
+def _cycle_ms(policy: RulesPolicy) -> dict[str, Any]:
+    journal = policy.journal
+    recent = list(journal.cycle_seconds)
+    if not recent:
+        return {"last": None, "median": None, "worst": None, "mean": None, "recent": 0}
+    return {
+        "last": round(recent[-1] * 1000, 3),
+        "median": round(statistics.median(recent) * 1000, 3),
+        "worst": round(max(recent) * 1000, 3),
+        "mean": round(journal.cycle_seconds_total / journal.cycles * 1000, 3),
+        "recent": len(recent),
+    }
+
+
+#: The columns of ``workers`` in a report, in order.
+WORKER_COLUMNS = (
+    "address",
+    "name",
+    "host",
+    "status",
+    "pools",
+    "memory",
+    "memory_limit",
+    "fraction",
+    "spilled",
+    "role",
+)
+
+
+def _workers(policy: RulesPolicy) -> dict[str, Any]:
+    """The workers as columns (one list per field, a worker per index: what a chart's
+    data source takes, and a third of the JSON of one mapping per worker) and the
+    totals per pool."""
+    try:
+        scheduler = policy.scheduler
+        manager = policy.manager
+    except AttributeError:
+        return {"memory_measure": None, "workers": _columns([]), "memory_by_pool": {}}
+    rebalancer = policy.rebalancer
+    settings = rebalancer.settings
+    measure = settings.measure if settings.enabled else manager.measure
+    plan = rebalancer.last_plan
+    roles = plan.roles if plan is not None and settings.enabled else {}
+    pools = policy.placements.pools
+    # The AMM measured every worker in its last cycle: reuse that when it is the measure
+    # shown (building a worker's MemoryState costs microseconds, a thousand of them
+    # milliseconds); measure afresh otherwise, and for workers that joined since.
+    measured = policy.journal.worker_memory if measure == manager.measure else {}
+    named: dict[frozenset[str], list[str]] = {}
+    rows = []
+    workers = scheduler.workers
+    # The scheduler's SortedDict iterates slowly from Python: read its dict in C.
+    items = dict.items(workers) if isinstance(workers, dict) else workers.items()
+    for address, ws in items:
+        memory = measured.get(ws)
+        if memory is None:
+            memory = getattr(ws.memory, measure)
+        memory = max(0, int(memory))
+        limit = ws.memory_limit or 0
+        member = pools.get(address, frozenset())
+        names = named.get(member)
+        if names is None:
+            names = named[member] = sorted(member)
+        spilled = ws.metrics.get("spilled_bytes", {}).get("disk", 0)
+        fraction = memory / limit if limit else None
+        rows.append(
+            (address, str(ws.name), ws.host, worker_status(ws), names, memory, limit, fraction,
+             spilled, roles.get(address))
+        )  # fmt: skip
+    by_pool: dict[str, dict[str, Any]] = {}
+    for address, _, _, _, names, memory, limit, *_ in rows:
+        for name in names or (NO_POOL,):
+            acc = by_pool.get(name)
+            if acc is None:
+                acc = by_pool[name] = {"workers": [], "memory": 0, "memory_limit": 0}
+            acc["workers"].append(address)
+            acc["memory"] += memory
+            acc["memory_limit"] += limit
+    return {"memory_measure": measure, "workers": _columns(rows), "memory_by_pool": by_pool}
+
+
+def _columns(rows: list[tuple[Any, ...]]) -> dict[str, list[Any]]:
+    if not rows:
+        return {name: [] for name in WORKER_COLUMNS}
+    return dict(zip(WORKER_COLUMNS, map(list, zip(*rows, strict=True)), strict=True))
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities as None: the report is served as strict JSON
+    (a plan with no worker to measure has no mean)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _events(policy: RulesPolicy) -> list[dict[str, Any]]:
+    try:
+        events = policy.scheduler.get_events("amm-rules")
+    except (AttributeError, KeyError):
+        return []
+    out = []
+    for stamp, msg in reversed(events):
+        if not isinstance(msg, dict) or msg.get("action") == "cycle":
+            continue
+        out.append({"time": stamp, **msg})
+        if len(out) >= EVENTS_KEPT:
+            break
+    out.reverse()
+    return out

@@ -1,0 +1,249 @@
+"""The text of ``amm-rules status`` and ``amm-rules explain``, made from the plain data
+of :func:`amm_rules.observe.status.status_report` and
+:func:`amm_rules.observe.explain.explain_keys` (as they arrive over the comm: lists may
+be tuples). Only rendering here: every figure is computed by those modules.
+
+Sizes are shown as dask shows them (``152.59 MiB``), times as local dates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from amm_rules.observe.conformance import SATISFIED
+
+
+# ---------------------------------------------------------------------------------
+# status
+# ---------------------------------------------------------------------------------
+def render_status(report: Mapping[str, Any]) -> str:
+    """``amm-rules status``: the rules file, one row per rule, then the engine's work."""
+    lines = [f"amm-rules on {report.get('scheduler') or 'a scheduler'}"]
+    lines += _render_rules_file(report)
+    lines.append("")
+    lines += _render_rules(report)
+    lines.append("")
+    lines += _render_engine(report)
+    return "\n".join(lines) + "\n"
+
+
+def _render_rules_file(report: Mapping[str, Any]) -> list[str]:
+    digest = report.get("sha256")
+    reload = "reloaded when it changes" if report.get("reload") else "not reloaded"
+    out = [
+        f"rules        {report['source']}",
+        f"  sha256     {digest or '(unknown: rules given as a compiled Ruleset)'}",
+        f"  loaded     {format_time(report['loaded_at'])} ({reload})",
+    ]
+    last = report.get("last_reload_error")
+    if last:
+        first, *more = str(last["error"]).splitlines() or [""]
+        extra = f" (+{len(more)} more lines)" if more else ""
+        out.append(f"  last reload error at {format_time(last['time'])}: {first}{extra}")
+    else:
+        out.append("  last reload error: none")
+    return out
+
+
+def _render_rules(report: Mapping[str, Any]) -> list[str]:
+    from dask.utils import format_bytes
+
+    c = report["conformance"]
+    rows = c["rules"]
+    out = [
+        f"conformance  {c['fraction']:.1%} of {c['governed']:,} governed keys meet their "
+        "target and placement"
+    ]
+    header = ("rule", "state", "keys", "bytes", "met", "unmet")
+    table = [
+        (
+            r["name"] + ("" if r["in_file"] else " (removed)"),
+            r["state"],
+            f"{r['keys']:,}",
+            format_bytes(r["bytes"]),
+            f"{r['met']:,}",
+            f"{r['unmet']:,}",
+        )
+        for r in rows
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *table, strict=False)]
+    for n, cells in enumerate([header, *table]):
+        left = [f"{cells[i]:<{widths[i]}}" for i in range(2)]
+        right = [f"{cells[i]:>{widths[i]}}" for i in range(2, len(cells))]
+        out.append("  " + "  ".join(left + right).rstrip())
+        if n and rows[n - 1]["state"] != SATISFIED:
+            out.append(f"    {rows[n - 1]['sentence']}")
+    return out
+
+
+def _render_engine(report: Mapping[str, Any]) -> list[str]:
+    from dask.utils import format_bytes
+
+    cycles = report["cycle_ms"]
+    if cycles["recent"]:
+        timing = (
+            f"{report['cycles']:,} cycles; last {cycles['last']:.1f} ms, median "
+            f"{cycles['median']:.1f} ms, worst {cycles['worst']:.1f} ms of the last "
+            f"{cycles['recent']}"
+        )
+    else:
+        timing = "no cycle yet"
+    out = [
+        f"cycles       {timing}",
+        f"backlog      {report['classification_backlog']:,} keys waiting for classification",
+        f"in flight    {report['in_flight']:,} copies of {report['in_flight_keys']:,} keys",
+    ]
+    r = report["rebalance"]
+    if not r.get("enabled") and not r.get("in_flight"):
+        out.append("rebalance    off")
+        return out
+    totals = r.get("totals", {})
+    settings = (
+        f"{r['measure']}, sender-min {r['sender_min']:.0%}, "
+        f"recipient-max {r['recipient_max']:.0%}, gap {r['gap']:.0%}"
+    )
+    state = "on" if r.get("enabled") else "off (moves in flight finish)"
+    out.append(f"rebalance    {state} ({settings})")
+    out.append(
+        f"  {r['in_flight']:,} moves in flight ({format_bytes(r['in_flight_bytes'])}); "
+        f"{totals.get('moves', 0):,} moves, {format_bytes(totals.get('bytes', 0))} copied, "
+        f"{totals.get('done', 0):,} done, {totals.get('void', 0):,} abandoned since start"
+    )
+    plan = r.get("last_plan")
+    if plan:
+        mean = plan.get("mean")
+        mean_text = f"mean {mean:.0%}, " if isinstance(mean, float) else ""
+        out.append(
+            f"  last plan: {plan['moves']:,} moves ({format_bytes(plan['bytes'])}), "
+            f"{mean_text}stopped: {plan['stopped']}"
+        )
+    return out
+
+
+def format_time(stamp: float | None) -> str:
+    """A wall-clock time as a local date: ``2026-11-30 14:02:11 +0100``."""
+    if stamp is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(stamp))
+
+
+# ---------------------------------------------------------------------------------
+# explain
+# ---------------------------------------------------------------------------------
+
+#: Above this many workers, workers without a copy are grouped by decision.
+WORKERS_LISTED = 12
+
+
+def render_explain(answers: Mapping[str, Mapping[str, Any]]) -> str:
+    """``amm-rules explain``: one block per key, the summary line first."""
+    blocks = [_render_one(name, a) for name, a in answers.items()]
+    return "\n".join(blocks)
+
+
+def _render_one(name: str, a: Mapping[str, Any]) -> str:
+    from dask.utils import format_bytes
+
+    lines = [f"{name}: {a['summary']}"]
+    facts = a.get("facts")
+    if facts is None:
+        lines += _render_history(a.get("history", []))
+        return "\n".join(lines) + "\n"
+    lines.append(
+        f"  task     prefix {facts['prefix']}, group {facts['group']}, type {facts['type']}, "
+        f"{format_bytes(facts['nbytes'])}, {facts['waiters']} waiting tasks"
+    )
+    if facts["annotations"]:
+        lines.append(f"  annotations  {facts['annotations']}")
+    for n, h in enumerate(facts["holders"]):
+        pools = ",".join(h["pools"]) or "no pool"
+        head = "  holders  " if n == 0 else "           "
+        lines.append(f"{head}{h['address']} ({pools}; host {h['host']}; {h['status']})")
+    lines.append("  cascade")
+    lines += _render_cascade(a["cascade"])
+    lines.append("  workers")
+    lines += _render_workers(a["decisions"])
+    if a.get("rebalance"):
+        lines.append(f"  rebalance  {_rebalance_words(a['rebalance'])}")
+    lines += _render_history(a.get("history", []))
+    return "\n".join(lines) + "\n"
+
+
+def _render_cascade(cascade: list[Mapping[str, Any]]) -> list[str]:
+    rows = []
+    n = 0
+    for entry in cascade:
+        if "rule" in entry:
+            n += 1
+            label = f"{n}. {entry['rule']}"
+            if entry.get("error"):
+                what = entry["error"]
+            else:
+                what = "matched" if entry["matched"] else "no match"
+        else:
+            label = entry["source"]
+            what = entry.get("error") or ("sets" if entry["sets"] else "none")
+        parts = [what]
+        if entry["decided"]:
+            parts.append(
+                "decided " + ", ".join(f"{f}={entry['sets'][f]}" for f in entry["decided"])
+            )
+        if entry["overridden"]:
+            parts.append(
+                "overridden: "
+                + ", ".join(f"{f} (by {by})" for f, by in entry["overridden"].items())
+            )
+        if "rule" in entry and entry["matched"] is False and entry["sets"]:
+            parts.append("sets " + ", ".join(f"{f}={v}" for f, v in entry["sets"].items()))
+        rows.append((label, "; ".join(parts)))
+    width = max(len(label) for label, _ in rows)
+    return [f"    {label:<{width}}  {text}" for label, text in rows]
+
+
+def _render_workers(decisions: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    def why(d: Mapping[str, Any]) -> str:
+        parts = [x["why"] for x in d["deciders"]]
+        if d.get("next"):
+            parts.append(d["next"])
+        if d.get("rebalance"):
+            parts.append(f"rebalance: {d['rebalance']}")
+        return "; ".join(parts)
+
+    items = list(decisions.items())
+    width = max((len(a) for a, _ in items), default=0)
+    if len(items) <= WORKERS_LISTED:
+        return [f"    {a:<{width}}  {d['decision']:<9}  {why(d)}".rstrip() for a, d in items]
+    out = []
+    groups: dict[tuple[str, str], list[str]] = {}
+    for address, d in items:
+        if d["decision"] == "holds" or d.get("next"):
+            out.append(f"    {address:<{width}}  {d['decision']:<9}  {why(d)}".rstrip())
+        else:
+            text = "; ".join(x["why"] for x in d["deciders"])
+            groups.setdefault((d["decision"], text), []).append(address)
+    for (decision, text), addresses in sorted(groups.items(), key=lambda g: -len(g[1])):
+        examples = ", ".join(addresses[:3]) + (", ..." if len(addresses) > 3 else "")
+        out.append(f"    {len(addresses)} workers  {decision:<9}  {text or '-'}  ({examples})")
+    return out
+
+
+def _rebalance_words(r: Mapping[str, Any]) -> str:
+    if r.get("moving"):
+        landed = "landed" if r.get("landed") else "in flight"
+        return f"moving from {r['sender']} to {r['recipient']} (copy {landed})"
+    return "cooling down after a move: not moved again yet"
+
+
+def _render_history(history: list[Mapping[str, Any]]) -> list[str]:
+    if not history:
+        return ["  last decisions: none kept"]
+    out = ["  last decisions"]
+    for h in history:
+        stamp = time.strftime("%H:%M:%S", time.localtime(h["time"]))
+        source = "" if h["source"] in h["reason"] else f" [{h['source']}]"
+        out.append(
+            f"    {stamp}  {h['op']:<9} {h['worker']}  {h['outcome']}: {h['reason']}{source}"
+        )
+    return out

@@ -1,0 +1,67 @@
+"""The index's per-rule bookkeeping that status and metrics read instead of walking keys:
+keys and bytes per rule, keys per class and rule, keys left short. Pure: keys are plain
+objects with the attributes the index reads."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from amm_rules.engine.index import KeyIndex, PlanClass
+from amm_rules.engine.journal import IN_FLIGHT, Journal
+from amm_rules.language.ruleset import Desired, Reason, Target
+
+THREE = Desired(replicate=Target.exact(3), reasons={"replicate": Reason("rule", "three")})
+THREE_GPU = Desired(
+    replicate=Target.exact(3),
+    pool=("gpu",),
+    reasons={"replicate": Reason("rule", "three"), "pool": Reason("rule", "gpu")},
+)
+ANNOTATED = Desired(spread="host", reasons={"spread": Reason("annotation")})
+
+
+def task(key: str, nbytes: int) -> SimpleNamespace:
+    return SimpleNamespace(key=key, nbytes=nbytes, who_has=set())
+
+
+def test_keys_and_bytes_per_rule_and_class():
+    index = KeyIndex()
+    a, b, c = task("a", 100), task("b", 1000), task("c", -1)  # -1: size unknown
+    index.put("a", a, THREE)
+    index.put("b", b, THREE_GPU)
+    index.put("c", c, ANNOTATED)
+    assert index.governed_by == {"three": 2, "gpu": 1, "(annotation)": 1}
+    assert index.bytes_by == {"three": 1100, "gpu": 1000}
+    assert index.class_labels == {
+        PlanClass.of(THREE): {"three": 1},
+        PlanClass.of(THREE_GPU): {"three": 1, "gpu": 1},
+        PlanClass.of(ANNOTATED): {"(annotation)": 1},
+    }
+
+    # Re-filed under another class: counted once, in its new place.
+    index.put("b", b, THREE)
+    assert index.governed_by == {"three": 2, "(annotation)": 1}
+    assert index.bytes_by == {"three": 1100}
+    assert PlanClass.of(THREE_GPU) not in index.class_labels
+    assert index.class_labels[PlanClass.of(THREE)] == {"three": 2}
+
+    # Left memory: nothing remains, not even zero counts.
+    index.shortfall["a"] = (IN_FLIGHT, "1 copy in flight")
+    index.forget("a")
+    index.forget("b")
+    index.unindex("c")
+    assert not index.governed_by and not index.bytes_by and not index.class_labels
+    assert not index.shortfall
+
+
+def test_the_journal_is_bounded_and_finds_a_keys_decisions():
+    journal = Journal()
+    for i in range(journal.decisions.maxlen + 5):
+        journal.decision(f"k-{i % 7}", "replicate", "tcp://w:1", "accepted", "why", "rule")
+    assert len(journal.decisions) == journal.decisions.maxlen
+    mine = journal.for_key("k-3", limit=4)
+    assert len(mine) == 4 and all(d.key == "k-3" for d in mine)
+    assert mine == [d for d in journal.decisions if d.key == "k-3"][-4:]
+    assert journal.recent(3) == list(journal.decisions)[-3:]
+    for seconds in (0.1, 0.3, 0.2):
+        journal.cycle(seconds)
+    assert journal.cycles == 3 and abs(journal.cycle_seconds_total - 0.6) < 1e-9

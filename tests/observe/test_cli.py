@@ -1,0 +1,205 @@
+"""``amm-rules status`` and ``amm-rules explain`` against real schedulers: the command
+runs as a separate process, as an operator's shell runs it, and connects to the
+scheduler of a ``gen_cluster`` by its address."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dask.utils import format_bytes
+from distributed.utils_test import async_poll_for, gen_cluster, inc
+
+import amm_rules
+from amm_rules.observe.keys import parse_key
+from amm_rules.observe.status import status_report
+from tests.support.cluster import amm_config, copies, policy_of, rules
+
+#: Where amm_rules is imported from here, so that the command imports the same.
+PACKAGE_ROOT = Path(amm_rules.__file__).resolve().parent.parent
+
+RULES = rules(
+    {"name": "two", "match": 'task.prefix == "two"', "replicate": 2},
+    {"name": "five", "match": 'task.prefix == "five"', "replicate": 5},
+)
+
+
+def environment(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+async def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``amm-rules ARGS`` in its own process, without blocking the cluster's loop."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "amm_rules", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment(**env),
+    )
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------------
+# Keys as dask prints them
+
+
+@pytest.mark.parametrize(
+    ("text", "keys"),
+    [
+        ("x-1a2b", ["x-1a2b"]),
+        ("('x-1a2b', 0)", [("x-1a2b", 0)]),
+        ("('x-1a2b', 0, 3)", [("x-1a2b", 0, 3)]),
+        ("  ('x', -1, 2.5)  ", [("x", -1, 2.5)]),
+        ("('x', ('y', 1))", [("x", ("y", 1))]),
+        ("'quoted'", ["quoted"]),
+        ("5", ["5", 5]),
+        ("2.5", ["2.5", 2.5]),
+        ("inc-abc (copy)", ["inc-abc (copy)"]),
+        ("__import__('os')", ["__import__('os')"]),  # a plain string: never run
+    ],
+)
+def test_keys_are_read_as_dask_prints_them(text, keys):
+    assert parse_key(text) == keys
+
+
+@pytest.mark.parametrize(
+    "text", ["('x', foo)", "('x', 1 + 2)", "('x', [1])", "(__import__('os'), 0)", "('x',"]
+)
+def test_a_tuple_that_is_not_made_of_literals_is_refused(text):
+    with pytest.raises(ValueError, match="is not a key"):
+        parse_key(text)
+
+
+# ----------------------------------------------------------------------------------
+# Against a scheduler
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 2, config=amm_config(RULES), timeout=120)
+async def test_status_and_explain_from_the_shell(c, s, a, b):
+    futures = c.map(inc, range(2), key=["two-1", ("five-1a2b", 0)])
+    await c.gather(futures)
+    await async_poll_for(lambda: all(copies(s, f.key) == 2 for f in futures), timeout=10)
+    await async_poll_for(
+        lambda: status_report(policy_of(s))["states"]["two"] == "satisfied", timeout=10
+    )
+
+    text = await cli("status", "--scheduler", s.address)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0] == f"amm-rules on {s.address}"
+    assert f"  sha256     {policy_of(s).ruleset.sha256}" in lines
+    assert "  last reload error: none" in lines
+    (two,) = [line for line in lines if line.split()[:2] == ["two", "satisfied"]]
+    size = format_bytes(s.tasks["two-1"].nbytes)
+    assert two.split()[2:] == ["1", *size.split(), "1", "0"]
+    (five,) = [line for line in lines if line.split()[:2] == ["five", "unsatisfiable"]]
+    assert five.split()[-2:] == ["0", "1"]
+    assert "    1 key of 1 cannot be satisfied now: wants 5 copies, 2 workers eligible" in lines
+    assert any(line.startswith("cycles       ") and "median" in line for line in lines)
+
+    # --check: a rule is not satisfied.
+    checked = await cli("status", "--check", "--format", "json", "--scheduler", s.address)
+    assert checked.returncode == 1
+    report = json.loads(checked.stdout)
+    assert report["states"] == {
+        "two": "satisfied",
+        "five": "unsatisfiable",
+        "(annotation)": "satisfied",
+        "(runtime)": "satisfied",
+    }
+    assert report["scheduler"] == s.address
+
+    # explain: a tuple key as dask prints it, the address from the environment.
+    why = await cli("explain", "('five-1a2b', 0)", "two-1", DASK_SCHEDULER_ADDRESS=s.address)
+    assert why.returncode == 0, why.stderr
+    out = why.stdout.splitlines()
+    assert out[0] == "('five-1a2b', 0): wants 5 copies, holds 2: only 2 workers are eligible"
+    assert "two-1: holds its target: 2 copies (replicate=2 from rule two)" in out
+    assert any(line.strip().startswith("1. two") and "no match" in line for line in out)
+
+    # --unmet picks the unsatisfiable key; JSON is the handler's answer.
+    unmet = await cli("explain", "--unmet", "--format", "json", "--scheduler", s.address)
+    assert unmet.returncode == 0, unmet.stderr
+    assert list(json.loads(unmet.stdout)) == ["('five-1a2b', 0)"]
+
+    # An unknown key: the others are explained, then one line, exit 1.
+    unknown = await cli("explain", "two-1", "nope-1", "--scheduler", s.address)
+    assert unknown.returncode == 1
+    assert unknown.stdout.startswith("two-1: holds its target")
+    assert unknown.stderr == "amm-rules: error: unknown key: nope-1 (not known to the scheduler)\n"
+
+    # A rule that does not exist: one line, exit 1, nothing raised in the scheduler.
+    bad_rule = await cli("explain", "--unmet", "--rule", "fiv", "--scheduler", s.address)
+    assert bad_rule.returncode == 1
+    assert bad_rule.stderr == (
+        "amm-rules: error: --rule: no rule named 'fiv'; the rules are two, five, "
+        "(annotation), (runtime)\n"
+    )
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], timeout=120)
+async def test_a_scheduler_without_the_engine_is_one_line(c, s, a):
+    for args in (["status"], ["explain", "x-1"]):
+        result = await cli(*args, "--scheduler", s.address)
+        assert result.returncode == 1
+        assert result.stdout == ""
+        assert result.stderr.startswith(
+            f"amm-rules: error: the scheduler at {s.address} runs no amm-rules engine"
+        )
+        assert len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["status"], "no scheduler address"),
+        (["explain", "x-1", "--unmet", "--scheduler", "tcp://127.0.0.1:1"], "not both"),
+        (["explain", "--scheduler", "tcp://127.0.0.1:1"], "give keys to explain"),
+        (["explain", "x", "--limit", "3", "--scheduler", "tcp://127.0.0.1:1"], "go with --unmet"),
+        (["explain", "('x', foo)", "--scheduler", "tcp://127.0.0.1:1"], "is not a key"),
+        (["status", "--format", "yaml", "--scheduler", "tcp://127.0.0.1:1"], "'yaml' is not"),
+    ],
+)
+def test_usage_errors_exit_2(args, message):
+    result = subprocess.run(
+        [sys.executable, "-m", "amm_rules", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment(),
+    )
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_unreachable_scheduler_is_one_line():
+    address = f"tcp://127.0.0.1:{closed_port()}"
+    result = subprocess.run(
+        [sys.executable, "-m", "amm_rules", "status", "--scheduler", address, "--timeout", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment(),
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith(
+        f"amm-rules: error: could not connect to the scheduler at {address}"
+    )
+    assert len(result.stderr.splitlines()) == 1

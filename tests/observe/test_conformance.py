@@ -1,0 +1,204 @@
+"""Per-rule conformance (satisfied / in-progress / unsatisfiable) and the fraction of
+governed keys meeting their target, on real schedulers and workers, as
+``status_report`` (hence ``amm-rules status`` and ``amm_rules.status()``) reports them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from distributed import wait
+from distributed.core import Status
+from distributed.utils_test import BlockedGetData, async_poll_for, gen_cluster, inc
+
+from amm_rules.observe.metrics import RulesCollector
+from amm_rules.observe.status import all_satisfied, status_report
+from tests.support.cluster import amm_config, copies, policy_of, rules
+
+CLASSES = rules(
+    {"name": "two", "match": 'task.prefix == "two"', "replicate": 2},
+    {"name": "five", "match": 'task.prefix == "five"', "replicate": 5},
+    {"name": "hosts", "match": 'task.prefix == "hosts"', "replicate": 2, "spread": "host"},
+    {"name": "frozen", "match": 'task.prefix == "frozen"', "replicate": 2, "move": "never"},
+    {"name": "left-alone", "match": 'task.prefix == "alone"', "move": "never"},
+    {"name": "gpu-only", "match": 'task.prefix == "gpu"', "pool": "gpu"},
+    pools={"gpu": "worker.resources.GPU >= 1"},
+)
+
+
+def rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in report["conformance"]["rules"]}
+
+
+async def report_until(
+    s: Any, check: Callable[[dict[str, Any]], bool], timeout: float = 10
+) -> dict[str, Any]:
+    """The status report, once ``check`` holds for it (fails after ``timeout``)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        report = status_report(policy_of(s))
+        if check(report):
+            return report
+        assert asyncio.get_running_loop().time() < deadline, rows(report)
+        await asyncio.sleep(0.05)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(CLASSES))
+async def test_states_with_reasons_and_the_fraction(c, s, *workers):
+    keys = ["two-1", "five-1", "hosts-1", "frozen-1", "alone-1", "gpu-1", "free-1"]
+    futures = c.map(inc, range(len(keys)), key=keys)
+    await c.gather(futures)
+    await async_poll_for(lambda: copies(s, "two-1") == 2 and copies(s, "five-1") == 3, 10)
+    report = await report_until(s, lambda r: rows(r)["two"]["state"] == "satisfied")
+    by = rows(report)
+
+    assert by["two"]["sentence"] == "its one key holds its target and placement"
+    assert (by["two"]["keys"], by["two"]["met"], by["two"]["unmet"]) == (1, 1, 0)
+    assert by["two"]["bytes"] == s.tasks["two-1"].nbytes > 0
+
+    five = by["five"]
+    assert five["state"] == "unsatisfiable"
+    assert five["unmet_by_reason"] == {"too-few-workers": 1}
+    assert five["sentence"] == (
+        "1 key of 1 cannot be satisfied now: wants 5 copies, 3 workers eligible"
+    )
+    # All workers of a gen_cluster share one host.
+    assert by["hosts"]["state"] == "unsatisfiable"
+    assert by["hosts"]["unmet_by_reason"] == {"too-few-hosts": 1}
+    assert "spread: host wants 2 hosts, eligible workers are on 1 host" in by["hosts"]["sentence"]
+    # replicate with move: never: move: never wins, the target is never held.
+    assert by["frozen"]["unmet_by_reason"] == {"move-never": 1}
+    assert "move: never leaves them alone" in by["frozen"]["sentence"]
+    # move: never alone asks for nothing: satisfied.
+    assert by["left-alone"]["state"] == "satisfied" and by["left-alone"]["keys"] == 1
+    # A pool without workers.
+    assert by["gpu-only"]["unmet_by_reason"] == {"too-few-workers": 1}
+    assert "no eligible worker (pool gpu)" in by["gpu-only"]["sentence"]
+    assert by["(annotation)"]["state"] == by["(runtime)"]["state"] == "satisfied"
+
+    c_ = report["conformance"]
+    # free-1 is governed by nothing; of six governed keys, two meet (two-1, alone-1).
+    assert (c_["governed"], c_["met"]) == (6, 2)
+    assert c_["fraction"] == 2 / 6
+    assert report["states"]["five"] == "unsatisfiable"
+    assert not all_satisfied(report)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 2,
+    Worker=BlockedGetData,
+    config=amm_config(rules({"name": "two", "match": 'task.prefix == "two"', "replicate": 2})),
+)
+async def test_a_copy_in_flight_is_in_progress(c, s, a, b):
+    x = c.submit(inc, 1, key="two-1", workers=[a.address])
+    await wait(x)  # (not `await x`: that would fetch the result from a, which is blocked)
+    await a.in_get_data.wait()  # b asked a for the copy; a does not answer yet
+    report = await report_until(s, lambda r: rows(r)["two"]["state"] == "in-progress")
+    two = rows(report)["two"]
+    assert two["unmet_by_reason"] == {"in-flight": 1}
+    assert two["sentence"] == "1 key with copies or drops in flight (e.g. 1 copy in flight)"
+    assert report["in_flight"] == 1 and report["conformance"]["met"] == 0
+
+    a.block_get_data.set()
+    await report_until(s, lambda r: rows(r)["two"]["state"] == "satisfied")
+    assert copies(s, "two-1") == 2
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 2,
+    config={
+        **amm_config(rules({"name": "two", "match": 'task.prefix == "two"', "replicate": 2})),
+        # The memory monitor would resume the worker paused by hand.
+        "distributed.worker.memory.pause": False,
+    },
+)
+async def test_waiting_for_a_paused_worker_is_in_progress(c, s, a, b):
+    b.status = Status.paused
+    await async_poll_for(lambda: s.workers[b.address].status == Status.paused, timeout=5)
+    x = c.submit(inc, 1, key="two-1", workers=[a.address])
+    await x
+    report = await report_until(s, lambda r: rows(r)["two"]["state"] == "in-progress")
+    two = rows(report)["two"]
+    assert two["unmet_by_reason"] == {"waiting": 1}
+    assert "1 paused" in two["why"]["waiting"]
+
+    b.status = Status.running
+    await report_until(s, lambda r: rows(r)["two"]["state"] == "satisfied")
+    assert copies(s, "two-1") == 2
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)],
+    config=amm_config(
+        rules({"name": "data", "match": 'task.prefix == "data"', "replicate": 1}),
+        classify_keys=5,
+    ),
+)
+async def test_keys_waiting_for_classification_make_rules_in_progress(c, s, a):
+    data = await c.scatter({f"data-{i}": i for i in range(50)})
+    report = await report_until(s, lambda r: r["classification_backlog"] > 0)
+    row = rows(report)["data"]
+    assert row["state"] == "in-progress"
+    assert "not classified yet (classification budget)" in row["sentence"]
+    assert row["unmet"] == 0  # nothing is known to be short: the keys are not read yet
+    report = await report_until(s, lambda r: rows(r)["data"]["keys"] == len(data))
+    assert rows(report)["data"]["state"] == "satisfied"
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 2,
+    config=amm_config(rules({"name": "data", "match": 'task.prefix == "data"', "replicate": 1})),
+)
+async def test_bytes_follow_keys_scattered_again(c, s, a, b):
+    small_data = await c.scatter({"data-1": b"x" * 1000})
+    report = await report_until(s, lambda r: rows(r)["data"]["keys"] == 1)
+    small = rows(report)["data"]["bytes"]
+    assert small == s.tasks["data-1"].nbytes
+    # The same key scattered again, ten times larger: counted once, at its new size.
+    large_data = await c.scatter({"data-1": b"x" * 10_000})
+    report = await report_until(s, lambda r: rows(r)["data"]["bytes"] > small)
+    assert rows(report)["data"]["bytes"] == s.tasks["data-1"].nbytes
+    assert rows(report)["data"]["keys"] == 1
+    del small_data, large_data
+
+
+class CountingDict(dict):
+    """``scheduler.tasks`` that counts every walk over it."""
+
+    walks = 0
+
+    def __iter__(self):
+        type(self).walks += 1
+        return super().__iter__()
+
+    def items(self):
+        type(self).walks += 1
+        return super().items()
+
+    def values(self):
+        type(self).walks += 1
+        return super().values()
+
+    def keys(self):
+        type(self).walks += 1
+        return super().keys()
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(CLASSES))
+async def test_status_and_metrics_never_walk_the_scheduler_tasks(c, s, *workers):
+    futures = c.map(inc, range(20), key=[f"{p}-{i}" for p in ("two", "five") for i in range(10)])
+    await c.gather(futures)
+    await report_until(s, lambda r: rows(r)["two"]["met"] == 10)
+    s.tasks = CountingDict(s.tasks)
+    CountingDict.walks = 0
+    status_report(policy_of(s))
+    collector = RulesCollector()
+    collector.policies.append(policy_of(s))
+    families = list(collector.collect())
+    assert families
+    assert CountingDict.walks == 0

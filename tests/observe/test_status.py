@@ -1,0 +1,78 @@
+"""The status report's workers, pools and rebalancing, and its text, on a real cluster
+that rebalances (workers in one process: the rules measure ``managed`` memory against a
+small limit, and the workers' own memory monitor is off)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+from distributed.utils_test import async_poll_for, gen_cluster
+
+from amm_rules.observe.status import status_report
+from amm_rules.observe.text import render_status
+from tests.support.cluster import amm_config, policy_of, rules
+
+MiB = 2**20
+LIMIT = 10 * MiB
+GPU = {"resources": {"GPU": 1}}
+
+
+def config() -> dict:
+    out = amm_config(
+        rules(
+            {"name": "pinned", "match": 'task.prefix == "pinned"', "pool": "gpu"},
+            pools={"gpu": "worker.resources.GPU >= 1"},
+            rebalance={"measure": "managed", "sender-min": "10%", "gap": "10%"},
+        )
+    )
+    for name in ("target", "spill", "pause", "terminate"):
+        out[f"distributed.worker.memory.{name}"] = False
+    return out
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1, GPU), ("", 1), ("", 1)],
+    worker_kwargs={"memory_limit": LIMIT},
+    config=config(),
+)
+async def test_workers_by_pool_and_rebalancing(c, s, gpu, b, w):
+    data = await c.scatter(
+        {f"x-{i}": np.full(100_000 // 8, float(i)) for i in range(40)}, workers=[gpu.address]
+    )
+    policy = policy_of(s)
+    await async_poll_for(lambda: policy.rebalancer.totals["done"] > 0, timeout=15)
+    report = status_report(policy)
+
+    assert report["memory_measure"] == "managed"
+    columns = report["workers"]
+    assert {len(column) for column in columns.values()} == {len(s.workers)}
+    by_address = {
+        address: {name: column[i] for name, column in columns.items()}
+        for i, address in enumerate(columns["address"])
+    }
+    assert set(by_address) == set(s.workers)
+    row = by_address[gpu.address]
+    assert row["pools"] == ["gpu"] and row["memory_limit"] == LIMIT
+    assert row["memory"] == s.workers[gpu.address].memory.managed
+    assert math.isclose(row["fraction"], row["memory"] / LIMIT)
+    assert by_address[b.address]["pools"] == []
+    # The roles of the last rebalancing plan.
+    assert set(columns["role"]) <= set(policy.rebalancer.last_plan.roles.values())
+    pools = report["memory_by_pool"]
+    assert pools["gpu"]["workers"] == [gpu.address]
+    assert sorted(pools["(no pool)"]["workers"]) == sorted([b.address, w.address])
+    assert pools["gpu"]["memory"] + pools["(no pool)"]["memory"] == sum(columns["memory"])
+    rebalance = report["rebalance"]
+    assert rebalance["enabled"] and rebalance["sender_min"] == 0.10
+    # Strict JSON (a dashboard route serves it as is): no NaN anywhere.
+    json.dumps(report, allow_nan=False)
+
+    text = render_status(report)
+    assert "rebalance    on (managed, sender-min 10%, recipient-max 60%, gap 10%)" in text
+    assert "moves, " in text and "since start" in text
+    # Decisions of rebalancing moves are journaled with their source.
+    assert any(d["source"] == "(rebalance)" for d in report["decisions"])
+    assert len(data) == 40
