@@ -33,6 +33,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from amm_rules.engine.adapters import TaskFactsAdapter
 from amm_rules.engine.index import PlanClass, labels_of
 from amm_rules.engine.planner import (
     KeyPlan,
@@ -40,7 +41,7 @@ from amm_rules.engine.planner import (
     reduce_replicas_excess,
     target_bounds,
 )
-from amm_rules.engine.view import ClusterView, KeyView, TaskFactsAdapter, key_string
+from amm_rules.engine.view import ClusterView, KeyView, key_string
 from amm_rules.language.fields import ActionError, parse_actions
 from amm_rules.language.ruleset import Actions, Desired, Reason, Target, overrides
 from amm_rules.observe.conformance import TOO_FEW_HOSTS, class_problem

@@ -22,8 +22,9 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from amm_rules.engine.adapters import worker_status
 from amm_rules.engine.journal import Decision
-from amm_rules.engine.view import key_string, worker_status
+from amm_rules.engine.view import key_string
 from amm_rules.observe.conformance import SATISFIED, conformance
 
 if TYPE_CHECKING:
