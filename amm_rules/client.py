@@ -214,8 +214,10 @@ def explain(futures_or_collection: Any, client: Client | None = None) -> Any:
 
 
 def status(client: Client | None = None) -> Any:
-    """The rules engine's state: the rules' source, counters per rule (keys governed,
-    copies requested and dropped, targets unmet) and recent reload errors."""
+    """The rules engine's status report: per-rule conformance (``satisfied``,
+    ``in-progress`` or ``unsatisfiable``, with a sentence, keys and bytes, targets met
+    and unmet), the rules in force, counters per rule, cycle times, workers and memory
+    by pool, recent events and decisions (see ``docs/observe.md``)."""
     client = client or get_client()
     return client.sync(_status, client)
 

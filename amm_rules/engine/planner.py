@@ -515,6 +515,9 @@ def explain_workers(key: KeyView, cluster: ClusterView) -> dict[str, str]:
     for addr, w in sorted(cluster.workers.items()):
         if addr in key.holders:
             why = "holds a copy"
+        elif d.move == "never":
+            # No copy is ever made (plan_key's case 1), whatever replicate says.
+            why = f"move: never ({d.reasons['move']})"
         elif addr in key.inflight:
             why = "copy in flight"
         elif addr not in allowed:

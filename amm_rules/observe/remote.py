@@ -99,8 +99,6 @@ async def _step(call: Any, address: str, timeout: float, what: str) -> Any:
 async def _probe(remote: Any, address: str, timeout: float, op: str) -> None:
     from distributed.protocol.pickle import dumps
 
-    from amm_rules.client import _engine_attached
-
     try:
         answer = await asyncio.wait_for(
             remote.run_function(function=dumps(_engine_attached)), timeout
@@ -115,6 +113,13 @@ async def _probe(remote: Any, address: str, timeout: float, op: str) -> None:
             "{'class': 'amm_rules.RulesPolicy', 'rules': ...} to its dask config "
             "distributed.scheduler.active-memory-manager.policies"
         )
+
+
+def _engine_attached(dask_scheduler: Any) -> bool:
+    """Runs in the scheduler: are the amm-rules handlers registered?"""
+    from amm_rules.engine.handlers import HANDLER_NAMES
+
+    return all(name in dask_scheduler.handlers for name in HANDLER_NAMES)
 
 
 def _first_line(exc: BaseException) -> str:
