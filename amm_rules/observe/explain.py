@@ -66,7 +66,11 @@ def explain_keys(policy: RulesPolicy, keys: Any) -> dict[str, dict[str, Any]]:
     from amm_rules.engine.handlers import Handlers
 
     answers = Handlers(policy).amm_rules_explain(keys)
-    cluster = policy.cluster_view()
+    # Workers' memory as the AMM measured it in the last cycle, rather than measured
+    # afresh a second time (the engine's answer just did): a thousand workers' memory
+    # costs milliseconds, and the next cycle measures again anyway.
+    measured = policy.journal.worker_memory
+    cluster = policy.placements.cluster_view(measured) if measured else policy.cluster_view()
     now = time.monotonic()
     for key in keys:
         answers[key_string(key)].update(explain_key(policy, key, cluster, now))
