@@ -37,7 +37,15 @@ name                                                      type     labels
 ``dask_amm_rules_rules_info``                             info     scheduler, source,
                                                                    sha256, loaded_at
 ``dask_amm_rules_rules_loaded_timestamp_seconds``         gauge    scheduler
+``dask_amm_rules_paused_workers`` (and ``_handling``)       gauge    scheduler
+``dask_amm_rules_paused_workers_*_total`` (see below)       counter  scheduler
+``dask_amm_rules_retiring_workers``                       gauge    scheduler
+``dask_amm_rules_retirement*_total`` (see below)            counter  scheduler
 ========================================================  =======  =====================
+
+The paused-workers and retirement figures are the engine's own ``metrics()`` of
+:class:`~amm_rules.engine.paused.PausedWorkers` and
+:class:`~amm_rules.engine.retire.Retirements`, named by :data:`SECTION_METRICS`.
 
 ``docs/observe.md`` describes each. Neighbours: :mod:`amm_rules.observe.extension`
 registers and unregisters policies here; :mod:`amm_rules.observe.conformance` computes
@@ -63,6 +71,88 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SUBSYSTEM = "amm_rules"
+
+#: The engine's sections with a ``metrics()`` method: attribute of the policy -> each
+#: figure's (name, type, help). A figure not listed here is published as a gauge named
+#: after the section and the figure (and docs/observe.md's table, which a test compares
+#: with a scrape, must say so).
+SECTION_METRICS: dict[str, tuple[str, dict[str, tuple[str, str, str]]]] = {
+    "paused": (
+        "paused_workers",
+        {
+            "paused_workers": ("paused_workers", "gauge", "Workers paused now"),
+            "handling": (
+                "paused_workers_handling",
+                "gauge",
+                "Paused workers being emptied, restarted or retired now",
+            ),
+            "paused": ("paused_workers_pauses", "counter", "Workers seen pausing"),
+            "held": ("paused_workers_held", "counter", "Paused workers held (not acted on)"),
+            "evacuations": (
+                "paused_workers_evacuations",
+                "counter",
+                "Paused workers whose keys were copied away",
+            ),
+            "copies": (
+                "paused_workers_copies",
+                "counter",
+                "Copies made to empty paused workers",
+            ),
+            "bytes": (
+                "paused_workers_copied_bytes",
+                "counter",
+                "Bytes copied to empty paused workers",
+            ),
+            "blocked": (
+                "paused_workers_blocked",
+                "counter",
+                "Paused workers that could not be emptied (keys with nowhere to go)",
+            ),
+            "restarted": ("paused_workers_restarted", "counter", "Paused workers restarted"),
+            "retired": ("paused_workers_retired", "counter", "Paused workers retired"),
+            "failed": (
+                "paused_workers_failed",
+                "counter",
+                "Restarts or retirements of paused workers that failed",
+            ),
+            "recovered": (
+                "paused_workers_recovered",
+                "counter",
+                "Paused workers that resumed before being acted on",
+            ),
+            "paused_seconds": (
+                "paused_workers_paused_seconds",
+                "counter",
+                "Time workers spent paused, the current pauses included",
+            ),
+        },
+    ),
+    "retirements": (
+        "retirement",
+        {
+            "retiring": ("retiring_workers", "gauge", "Workers retiring now"),
+            "retirements": ("retirements", "counter", "Retirements placed by the rules"),
+            "copies": ("retirement_copies", "counter", "Copies made for retirements"),
+            "bytes": ("retirement_copied_bytes", "counter", "Bytes copied for retirements"),
+            "drops": ("retirement_drops", "counter", "Copies dropped for retirements"),
+            "placed": (
+                "retirement_placed",
+                "counter",
+                "Retirements whose keys all found their place",
+            ),
+            "blocked": (
+                "retirement_blocked",
+                "counter",
+                "Retirements refused: keys with nowhere to go",
+            ),
+            "downscaling_kept": (
+                "retirement_downscaling_kept",
+                "counter",
+                "Workers kept out of adaptive scale-down by the rules",
+            ),
+        },
+    ),
+}
 
 _lock = threading.Lock()
 #: The registered collector, while a policy is attached in this process.
@@ -158,6 +248,11 @@ class _Families:
         )
 
         name = collector.build_name
+        self._name = name
+        self._counter = CounterMetricFamily
+        self._gauge = GaugeMetricFamily
+        #: Families of the engine's sections, by name, made when first met.
+        self._extra: dict[str, Any] = {}
         s, rule = ["scheduler"], ["scheduler", "rule"]
         self.governed_keys = GaugeMetricFamily(
             name("governed_keys"), "Keys in memory governed by a rule or group", labels=rule
@@ -277,9 +372,29 @@ class _Families:
             },
         )
         self.loaded.add_metric(where, policy.loaded_at)
+        self._sections(policy, where)
+
+    def _sections(self, policy: RulesPolicy, where: list[str]) -> None:
+        """The figures of the engine's sections that have ``metrics()``."""
+        for attribute, (prefix, known) in SECTION_METRICS.items():
+            section = getattr(policy, attribute, None)
+            if section is None or not hasattr(section, "metrics"):
+                continue
+            for figure, value in section.metrics().items():
+                name, kind, doc = known.get(
+                    figure, (f"{prefix}_{figure}", "gauge", f"{attribute}: {figure}")
+                )
+                family = self._extra.get(name)
+                if family is None:
+                    factory = self._counter if kind == "counter" else self._gauge
+                    family = self._extra[name] = factory(
+                        self._name(name), doc, labels=["scheduler"]
+                    )
+                family.add_metric(where, value)
 
     def all(self) -> Iterator[Any]:
-        return iter(vars(self).values())
+        fixed = [v for k, v in vars(self).items() if not k.startswith("_")]
+        return iter([*fixed, *self._extra.values()])
 
 
 def _scheduler_label(policy: RulesPolicy) -> str:
