@@ -14,7 +14,9 @@ Clients read them with ``client.get_events("amm-rules")``. Every event is a dict
   ``{governed, requested, dropped, unmet}``), only when something was done; with
   rebalancing on, also ``rebalance``: moves started, bytes, drops, moves done and void
   (by reason), keys skipped (by reason) added up since the last event, and the roles,
-  mean and stop reason of the latest plan;
+  mean and stop reason of the latest plan; with rules in dry-run, also ``dry_run``:
+  label -> ``{would_request, would_drop}`` of the latest cycle (what enforcing them
+  would do now; see :mod:`amm_rules.engine.dryrun`);
 - ``"error"``: a cycle failed and was skipped (a bug: please report it).
 
 Rate limits: an identical error is logged once (:meth:`EventLog.once`); cycle summaries
@@ -35,6 +37,8 @@ TOPIC = "amm-rules"
 #: (so a flood of distinct errors costs bounded memory and is still rate-limited).
 ONCE_LIMIT = 10_000
 COUNTERS = ("governed", "requested", "dropped", "unmet")
+#: Counters of suggestions held back by dry-run (see amm_rules.engine.dryrun).
+DRY_RUN_COUNTERS = ("would_request", "would_drop")
 
 
 class EventLog:
@@ -50,6 +54,7 @@ class EventLog:
         self._pending: dict[str, dict[str, int]] = {}
         self._pending_work = False
         self._rebalance: dict[str, Any] = {}
+        self._dry_run: dict[str, dict[str, int]] = {}
 
     def emit(self, action: str, **fields: Any) -> None:
         msg = {"action": action, **fields}
@@ -91,10 +96,21 @@ class EventLog:
             acc["unmet"] = counts.get("unmet", 0)
             if counts.get("requested", 0) or counts.get("dropped", 0):
                 self._pending_work = True
+        # Held back by dry-run: a state (what enforcing would do now), the latest cycle's.
+        dry_run = {
+            label: would
+            for label, counts in per_rule.items()
+            if (would := {c: counts.get(c, 0) for c in DRY_RUN_COUNTERS if counts.get(c, 0)})
+        }
+        if dry_run:
+            self._dry_run = dry_run
+            self._pending_work = True
         if not self._pending_work or now - self._last_summary < self.summary_interval:
             return False
         rules = {k: v for k, v in self._pending.items() if v["requested"] or v["dropped"]}
-        extra = {"rebalance": self._rebalance} if self._rebalance else {}
+        extra: dict[str, Any] = {"rebalance": self._rebalance} if self._rebalance else {}
+        if self._dry_run:
+            extra["dry_run"] = self._dry_run
         self.emit(
             "cycle",
             rules=rules,
@@ -106,6 +122,7 @@ class EventLog:
         self._pending = {}
         self._pending_work = False
         self._rebalance = {}
+        self._dry_run = {}
         return True
 
     def _add_rebalance(self, cycle: Mapping[str, Any]) -> None:

@@ -7,8 +7,10 @@ Active Memory Manager; called by :mod:`amm_rules.client` (``replicate``, ``expla
 - ``amm_rules_set_target(keys, target)``: set (``target=None``: remove) a runtime
   replication target on keys in memory; returns ``{"set": n, "missing": [keys]}``;
 - ``amm_rules_explain(keys)``: per ``str(key)``, where the key is, what is wanted for
-  it and why, and what the planner would do now;
-- ``amm_rules_status()``: the rules in force, per-rule counters, reload errors, and
+  it and why, and what the planner would do now (``dry_run``: the rule holding its
+  actions back, if it is in dry-run);
+- ``amm_rules_status()``: the rules in force (and which are in dry-run), per-rule
+  counters (``would_request``/``would_drop`` for what dry-run held back), reload errors, and
   rebalancing (``rebalance``: settings, the last plan's roles and skipped keys, moves in
   flight, totals, why moves were abandoned), paused workers (``paused_workers``: the
   section, a line per paused worker, cool-downs, totals) and retirements placed by the
@@ -143,6 +145,9 @@ class Handlers:
                 if desired.governed
                 else [],
                 "deferred": list(plan.deferred),
+                # In dry-run: the label its actions are held back under ("would" lists
+                # them); None when they are enacted.
+                "dry_run": policy.dry_run.label(desired),
                 "workers": explain_workers(view, cluster),
                 "annotation_ignored": bool((ts.annotations or {}).get("amm") is not None)
                 and policy.classifier.annotation(ts) is None,
@@ -167,6 +172,11 @@ class Handlers:
             "rules": [r.name for r in ruleset.rules],
             "pools": sorted(ruleset.pools),
             "reduce_replicas": ruleset.reduce_replicas,
+            "enforcement": ruleset.enforcement,
+            "dry_run": {
+                "rules": sorted(policy.dry_run.rules),
+                "rebalance": policy.dry_run.rebalance,
+            },
             "governed": len(policy.index),
             # Keys in memory the classification budget has not reached yet.
             "unclassified": len(policy.index.dirty),

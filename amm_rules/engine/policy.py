@@ -47,6 +47,7 @@ from amm_rules.engine import key_logger, observers
 from amm_rules.engine.adapters import key_view
 from amm_rules.engine.audit import Auditor
 from amm_rules.engine.classify import Classifier
+from amm_rules.engine.dryrun import DryRun, dry_run_counts
 from amm_rules.engine.events import COUNTERS, EventLog
 from amm_rules.engine.index import KeyIndex, PlanClass, watch_scheduler
 from amm_rules.engine.journal import Journal, shortfall
@@ -308,7 +309,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.placements.configure(ruleset)
         self.index.workers_changed = True
         self.rebalancer.configure(ruleset.rebalance, self._rebalance_match_error)
-        self.paused.configure(ruleset.paused_workers)
+        #: What of the rules is in dry-run (``enforcement: dry-run``): planned and
+        #: reported, its suggestions held back (see amm_rules.engine.dryrun).
+        self.dry_run = DryRun(ruleset)
+        self.paused.configure(self.dry_run.paused_settings(ruleset.paused_workers))
 
     def _maybe_reload(self) -> None:
         """Reload the rules file if it changed; keep the running rules if the new file
@@ -435,7 +439,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
 
         todo = self._suspects(stats, full)
         if todo:
-            yield from self._plan_and_suggest(todo, now, stats)
+            yield from self.dry_run.replication(
+                self._plan_and_suggest(todo, now, stats), self.index.desired, stats
+            )
         # Paused workers: after replication planning (its copies count), before
         # rebalancing (which then sees the loads they add).
         yield from self.paused.run(now, stats)
@@ -452,6 +458,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 cluster=self.cluster_view,
                 stats=stats,
             )
+            # Held back by dry-run before the journal: it records what the AMM was asked.
+            moves = self.dry_run.rebalancing(moves, self.index.desired, stats)
             yield from self.journal.rebalancing(moves, self.rebalancer.book.pending)
 
         return stats
@@ -460,7 +468,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         """Keep the cycle's counters (status, totals) and emit its summary event."""
         now = time.monotonic()
         self.last_cycle = {
-            label: {c: counts[c] for c in COUNTERS} for label, counts in stats.items()
+            label: {**{c: counts[c] for c in COUNTERS}, **dry_run_counts(counts)}
+            for label, counts in stats.items()
         }
         for label, c in stats.items():
             self.totals[label]["requested"] += c["requested"]

@@ -101,6 +101,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
     rebalance = _rebalance(data.get("rebalance"), where, draft)
     paused = _paused_workers(data.get("paused-workers"), where, draft)
     reduce = data.get("reduce-replicas", True)
+    enforcement = data.get("enforcement")
     if where.has_errors:
         return None, draft
     ruleset = Ruleset(
@@ -111,8 +112,15 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
         reduce_replicas=reduce if isinstance(reduce, bool) else True,
         source=source_name,
         version=1,
+        enforcement=enforcement if isinstance(enforcement, str) else "enforce",
     )
     return ruleset, draft
+
+
+def _enforcement(entry: dict[str, Any]) -> str | None:
+    """An entry's own ``enforcement`` (the schema checked its value), or None."""
+    value = entry.get("enforcement")
+    return value if isinstance(value, str) else None
 
 
 def _pool_names(data: dict[str, Any]) -> list[str]:
@@ -205,6 +213,7 @@ def _rules(section: Any, where: Locator, draft: Draft, known: set[str]) -> list[
                 frozenset(compiled.depends),
                 _position(where, path),
                 compiled.conjuncts,
+                _enforcement(item),
             )
         )
     return out
@@ -289,6 +298,7 @@ def _rebalance(section: Any, where: Locator, draft: Draft) -> RebalanceSettings:
         if compiled is not None:
             kwargs["match_source"] = text
             kwargs["match"] = compiled.predicate
+    kwargs["enforcement"] = _enforcement(section)
     settings = RebalanceSettings(**kwargs)
     draft.rebalance = settings
     draft.rebalance_fields = frozenset(str(k) for k in section)

@@ -160,6 +160,9 @@ MAX_REPLICAS = 10_000
 POOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 SPREAD_VALUES = ("host", "none")
 MOVE_VALUES = ("allowed", "never")
+#: ``enforcement`` of a rules file, a rule or the rebalance section: ``enforce`` acts,
+#: ``dry-run`` classifies, plans and reports without acting.
+ENFORCEMENT_VALUES = ("enforce", "dry-run")
 
 
 class ActionError(ValueError):

@@ -52,6 +52,9 @@ WORKER_ATTRIBUTES: tuple[str, ...] = (
 
 Predicate = Callable[[Any], bool]
 
+#: The ``enforcement`` value under which rules classify, plan and report, but act not.
+DRY_RUN = "dry-run"
+
 
 @dataclass(frozen=True)
 class Position:
@@ -163,6 +166,8 @@ class Rule:
     #: For a match ``a and b and ...``: each operand's predicate and the attributes it
     #: reads (see :attr:`amm_rules.language.expr.CompiledExpression.conjuncts`); else empty.
     conjuncts: tuple[tuple[Predicate, frozenset[str]], ...] = ()
+    #: ``"enforce"`` or ``"dry-run"`` as written on the rule; None: the file's.
+    enforcement: str | None = None
 
     def __repr__(self) -> str:
         return f"<Rule {self.name!r}: {self.match_source}>"
@@ -197,6 +202,8 @@ class RebalanceSettings:
     #: Seconds after the copy landed after which a move whose sender copy could not be
     #: dropped is abandoned (``drop-timeout``); the key keeps an extra copy.
     drop_timeout: float = 30.0
+    #: ``"enforce"`` or ``"dry-run"`` as written in the section; None: the file's.
+    enforcement: str | None = None
 
 
 #: Longest timing a rules file may set (in ``rebalance`` and ``paused-workers``), in
@@ -319,6 +326,21 @@ class Ruleset:
     #: Status, metrics and cluster dumps name the rules in force by this digest.
     text: str | None = field(default=None, compare=False, repr=False)
     sha256: str | None = field(default=None, compare=False, repr=False)
+    #: The file's ``enforcement``: ``"enforce"``, or ``"dry-run"`` (nothing the file
+    #: decides is enacted, unless a rule or the rebalance section says ``enforce``).
+    enforcement: str = "enforce"
+
+    @property
+    def dry_run_rules(self) -> frozenset[str]:
+        """Names of the rules in dry-run: by their own ``enforcement``, else the file's."""
+        return frozenset(
+            r.name for r in self.rules if (r.enforcement or self.enforcement) == DRY_RUN
+        )
+
+    @property
+    def rebalance_dry_run(self) -> bool:
+        """Whether rebalancing plans and reports without moving anything."""
+        return (self.rebalance.enforcement or self.enforcement) == DRY_RUN
 
     @property
     def depends(self) -> frozenset[str]:

@@ -15,7 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from amm_rules.language.fields import MAX_REPLICAS, MOVE_VALUES, POOL_NAME, SPREAD_VALUES
+from amm_rules.language.fields import (
+    ENFORCEMENT_VALUES,
+    MAX_REPLICAS,
+    MOVE_VALUES,
+    POOL_NAME,
+    SPREAD_VALUES,
+)
 from amm_rules.language.ruleset import (
     ACTION_FIELDS,
     MAX_CONCURRENT,
@@ -119,6 +125,19 @@ ACTION_PROPERTIES: dict[str, Any] = {
     },
 }
 
+
+def _enforcement(what: str, default: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "title": "enforcement",
+        "description": f"'dry-run': {what} is classified, planned and reported (status, "
+        "explain, events) but makes no copy and drops none. See docs/rules.md.",
+        "enum": list(ENFORCEMENT_VALUES),
+    }
+    if default is not None:
+        out["default"] = default
+    return out
+
+
 _TASK_EXPRESSION = {
     "title": "task expression",
     "description": 'Which keys the rule applies to, e.g. task.prefix == "stage1". '
@@ -162,6 +181,7 @@ SCHEMA: dict[str, Any] = {
         },
         "rebalance": {"$ref": "#/$defs/rebalance"},
         "paused-workers": {"$ref": "#/$defs/pausedWorkers"},
+        "enforcement": _enforcement("everything the file decides", "enforce"),
         "reduce-replicas": {
             "title": "reduce replicas",
             "description": "Keys without a replication target keep one copy.",
@@ -197,6 +217,7 @@ SCHEMA: dict[str, Any] = {
                 },
                 "match": _TASK_EXPRESSION,
                 **ACTION_PROPERTIES,
+                "enforcement": _enforcement("this rule (default: the file's enforcement)", None),
             },
             "additionalProperties": False,
             "anyOf": [{"required": [name]} for name in ACTION_FIELDS],
@@ -243,6 +264,7 @@ SCHEMA: dict[str, Any] = {
                     **_TASK_EXPRESSION,
                     "description": "Which keys may be moved (default: all).",
                 },
+                "enforcement": _enforcement("rebalancing (default: the file's enforcement)", None),
                 "cool-down": {
                     "description": "A key whose move finished or was abandoned is not "
                     "moved again for this long (0: no cool-down). At most one day.",
