@@ -1,18 +1,21 @@
 """The ``amm-rules`` command line (also ``python -m amm_rules``).
 
-Commands: ``validate`` (check rules files, report every problem), ``schema`` (print the
-JSON Schema for editors), ``demo`` (run :mod:`amm_rules.demo`, or validate the
+Commands: ``validate`` (check rules files, report every problem; with ``--dump``, also
+what needs a cluster), ``schema`` (print the JSON Schema for editors), ``simulate`` (what
+the rules would do to a recorded or running cluster), ``diff`` (what changing them would
+do), ``test`` (rule tests), ``demo`` (run :mod:`amm_rules.demo`, or validate the
 shipped examples when that module is not there), and, against a running scheduler,
 ``status`` (per-rule conformance and the engine's work) and ``explain`` (why keys are
 where they are); see :mod:`amm_rules.observe.remote`.
 
 This module and everything ``validate`` needs belong to the language half: nothing
-here imports ``distributed``, and heavy imports are made inside the commands, so the
-command starts about as fast as its parsing dependencies import.
+here imports ``distributed``, and heavy imports are made inside the commands (the
+offline ones live in :mod:`amm_rules.offline.commands`), so the command starts about
+as fast as its parsing dependencies import.
 
 Exit status of every command: 0 success, 1 a problem found (invalid rules, an
 unreachable scheduler, no engine there, unknown keys, ``status --check`` with a rule
-not satisfied), 2 usage.
+not satisfied, data lost by ``simulate --kill``, a failed rule test), 2 usage.
 """
 
 from __future__ import annotations
@@ -62,6 +65,113 @@ def _validate(files: list[str], fmt: str, strict: bool) -> int:
     click.echo(REPORTERS[fmt](results), nl=False)
     failed = any(d.is_error or strict for r in results for d in r.diagnostics)
     return 1 if failed else 0
+
+
+CLUSTER_HELP = (
+    "--dump FILE: a cluster dump written by Client.dump_cluster_state (.msgpack.gz or "
+    ".yaml); --scheduler ADDRESS: the state of a running scheduler."
+)
+
+
+@main.command()
+@click.argument("rules", metavar="RULES")
+@click.option(
+    "--dump",
+    type=click.Path(dir_okay=False),
+    help="Cluster dump (Client.dump_cluster_state: .msgpack.gz or .yaml).",
+)
+@click.option("--scheduler", metavar="ADDRESS", help="Read the state of a running scheduler.")
+@click.option(
+    "--cycles",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Stop after N cycles (1: exactly the next cycle's suggestions). Default: until "
+    "nothing changes.",
+)
+@click.option("--kill", multiple=True, metavar="WORKER", help="Lose a worker (address or name).")
+@click.option("--kill-host", multiple=True, metavar="HOST", help="Lose every worker of a host.")
+@click.option("--kill-pool", multiple=True, metavar="NAME", help="Lose every worker of a pool.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(("text", "json")),
+    default="text",
+    show_default=True,
+    help="Output format.",
+)
+def simulate(
+    rules: str,
+    dump: str | None,
+    scheduler: str | None,
+    cycles: int | None,
+    kill: tuple[str, ...],
+    kill_host: tuple[str, ...],
+    kill_pool: tuple[str, ...],
+    fmt: str,
+) -> None:
+    """What RULES would do to a cluster, cycle after cycle, until nothing changes.
+
+    Runs the engine's own classifier and planners on the cluster of --dump or
+    --scheduler; copies land between cycles; the computation is frozen. Reports per
+    rule, per pool and per worker, the keys left unmet, and with --kill* what losing
+    those workers does.
+
+    Exit status: 0; 1 when a --kill* loses the last copy of a key, or the rules or the
+    cluster cannot be read; 2 for usage errors.
+    """
+    from amm_rules.offline.commands import simulate as run
+
+    sys.exit(
+        run(
+            rules,
+            dump,
+            scheduler,
+            cycles=cycles,
+            kill=kill,
+            kill_host=kill_host,
+            kill_pool=kill_pool,
+            fmt=fmt,
+        )
+    )
+
+
+@main.command()
+@click.argument("old", metavar="OLD")
+@click.argument("new", metavar="NEW")
+@click.option(
+    "--dump",
+    type=click.Path(dir_okay=False),
+    help="Cluster dump (Client.dump_cluster_state: .msgpack.gz or .yaml).",
+)
+@click.option("--scheduler", metavar="ADDRESS", help="Read the state of a running scheduler.")
+@click.option(
+    "--cycles",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Stop the new rules after N cycles. Default: until nothing changes.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(("text", "json")),
+    default="text",
+    show_default=True,
+    help="Output format.",
+)
+def diff(
+    old: str, new: str, dump: str | None, scheduler: str | None, cycles: int | None, fmt: str
+) -> None:
+    """What replacing the rules OLD by NEW would do to a cluster.
+
+    OLD settles on the cluster first; then every key whose target or placement changes
+    is listed, and NEW runs until nothing changes: copies added and dropped, bytes
+    transferred, per rule and in total.
+
+    Exit status: 0; 1 when the rules or the cluster cannot be read; 2 for usage errors.
+    """
+    from amm_rules.offline.commands import diff as run
+
+    sys.exit(run(old, new, dump, scheduler, cycles=cycles, fmt=fmt))
 
 
 @main.command()

@@ -1,0 +1,250 @@
+"""The offline commands behind :mod:`amm_rules.cli`: ``simulate`` and ``diff``.
+
+:mod:`amm_rules.cli` declares the commands and their options (and stays importable
+without ``distributed``); this module does the work: it reads the rules (reporting their
+diagnostics as ``validate`` does), reads the cluster (a dump, or the state of a running
+scheduler), resolves ``--kill*`` to workers, runs the simulator and prints the report.
+Every problem with the input is one clear message: :class:`click.UsageError` (exit 2)
+for arguments that name nothing, :class:`click.ClickException` (exit 1) for a dump that
+cannot be read or a scheduler that cannot be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from amm_rules.language.ruleset import Ruleset
+from amm_rules.offline.dump import ClusterState, DumpError, read_dump
+
+#: What a dump of a running scheduler leaves out: logs and histories the simulator does
+#: not read (they are most of a dump's size).
+SCHEDULER_DUMP_EXCLUDE = (
+    "run_spec",
+    "transition_log",
+    "log",
+    "logs",
+    "stimulus_log",
+    "transfer_incoming_log",
+    "transfer_outgoing_log",
+    "events",
+    "task_groups",
+)
+
+
+def load_rules(path: str) -> Ruleset | None:
+    """The rules file's ruleset, or None after printing its errors (as validate does)."""
+    from amm_rules.language.loader import check_path
+    from amm_rules.language.reporters import format_text
+
+    result = check_path(path)
+    if result.ruleset is None:
+        click.echo(format_text([result]), nl=False, err=True)
+        return None
+    return result.ruleset
+
+
+def load_cluster(dump: str | None, scheduler: str | None) -> ClusterState:
+    """The cluster of ``--dump FILE`` or ``--scheduler ADDRESS`` (exactly one)."""
+    if (dump is None) == (scheduler is None):
+        raise click.UsageError("give the cluster with either --dump FILE or --scheduler ADDRESS")
+    try:
+        if dump is not None:
+            return read_dump(dump)
+        assert scheduler is not None
+        return read_scheduler(scheduler)
+    except DumpError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def read_scheduler(address: str, timeout: float = 30.0) -> ClusterState:
+    """The state of a running scheduler, through a cluster dump it writes for us."""
+    from distributed import Client
+
+    try:
+        client = Client(address, timeout=timeout, set_as_default=False)
+    except Exception as exc:  # OSError, TimeoutError, a bad address...
+        raise click.ClickException(
+            f"cannot reach the scheduler at {address}: {exc or type(exc).__name__}"
+        ) from None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "cluster")
+            client.dump_cluster_state(path, exclude=SCHEDULER_DUMP_EXCLUDE, format="msgpack")
+            state = read_dump(path + ".msgpack.gz")
+    finally:
+        client.close()
+    state.source = address
+    return state
+
+
+def resolve_kills(
+    state: ClusterState,
+    pools: dict[str, frozenset[str]],
+    ruleset: Ruleset,
+    workers: Sequence[str],
+    hosts: Sequence[str],
+    pool_names: Sequence[str],
+) -> list[str]:
+    """Addresses of the workers named by ``--kill`` (address or name), ``--kill-host``
+    and ``--kill-pool``, in the dump's order."""
+    chosen: set[str] = set()
+    for name in workers:
+        found = [a for a, w in state.workers.items() if name in (a, w.name, a.split("://")[-1])]
+        if not found:
+            raise click.UsageError(
+                f"--kill {name}: no worker with that address or name in {state.source}"
+                + _listing("workers", list(state.workers))
+            )
+        chosen.update(found)
+    for host in hosts:
+        found = [a for a, w in state.workers.items() if w.host == host]
+        if not found:
+            known = sorted({w.host for w in state.workers.values()})
+            raise click.UsageError(
+                f"--kill-host {host}: no worker on that host in {state.source}"
+                + _listing("hosts", known)
+            )
+        chosen.update(found)
+    for pool in pool_names:
+        if pool not in ruleset.pools:
+            raise click.UsageError(
+                f"--kill-pool {pool}: the rules define no such pool"
+                + _listing("pools", list(ruleset.pools))
+            )
+        chosen.update(a for a, names in pools.items() if pool in names)
+    return [a for a in state.workers if a in chosen]
+
+
+def _listing(what: str, names: list[str]) -> str:
+    shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+    return f" ({what}: {shown})" if names else f" (it has no {what})"
+
+
+def simulate(
+    rules: str,
+    dump: str | None,
+    scheduler: str | None,
+    *,
+    cycles: int | None,
+    kill: Sequence[str] = (),
+    kill_host: Sequence[str] = (),
+    kill_pool: Sequence[str] = (),
+    fmt: str = "text",
+) -> int:
+    """``amm-rules simulate``. Exit status: 1 if a kill loses data (or the input is bad)."""
+    from amm_rules.offline.report import render_text
+    from amm_rules.offline.simulate import amm_defaults
+
+    ruleset = load_rules(rules)
+    if ruleset is None:
+        return 1
+    state = load_cluster(dump, scheduler)
+    measure, interval = amm_defaults()
+    report = run_simulation(
+        ruleset,
+        state,
+        measure=measure,
+        interval=interval,
+        cycles=cycles,
+        kill=(kill, kill_host, kill_pool),
+        rules_file=rules,
+    )
+    if fmt == "json":
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(render_text(report), nl=False)
+    for warning in state.warnings:
+        click.echo(f"warning: {state.source}: {warning}", err=True)
+    return 1 if report["lost"] else 0
+
+
+def run_simulation(
+    ruleset: Ruleset,
+    state: ClusterState,
+    *,
+    measure: str,
+    interval: float,
+    cycles: int | None = None,
+    kill: tuple[Sequence[str], Sequence[str], Sequence[str]] = ((), (), ()),
+    rules_file: str = "",
+) -> dict[str, Any]:
+    """Simulate ``ruleset`` on ``state`` (after the kills) and return the report."""
+    from amm_rules.offline.report import simulation_report
+    from amm_rules.offline.simulate import Simulation
+    from amm_rules.offline.views import SimCluster
+
+    sim = Simulation(ruleset, SimCluster(state), measure=measure, interval=interval)
+    report = None
+    if any(kill):
+        victims = resolve_kills(state, sim.initial_pools, ruleset, *kill)
+        report = kill_workers(sim, victims)
+    result = sim.run(cycles)
+    return simulation_report(sim, result, report, rules_file=rules_file)
+
+
+def kill_workers(sim: Any, victims: list[str]) -> Any:
+    """Kill workers in a simulation before its first cycle; what that does."""
+    from amm_rules.engine.planner import source_label
+    from amm_rules.offline.report import KillReport
+
+    governed = dict(sim.desired)
+    lost = sim.kill(victims)
+    below = [
+        (ts.key, source_label(d, "replicate"), lo, len(ts.who_has or ()))
+        for ts, d, lo in sim.below_target()
+    ]
+    return KillReport(
+        workers=victims,
+        lost=[
+            (
+                ts.key,
+                ts.nbytes,
+                source_label(governed[ts.key], "replicate") if ts.key in governed else None,
+            )
+            for ts in lost
+        ],
+        below=below,
+    )
+
+
+def diff(
+    old: str,
+    new: str,
+    dump: str | None,
+    scheduler: str | None,
+    *,
+    cycles: int | None,
+    fmt: str = "text",
+) -> int:
+    """``amm-rules diff``."""
+    from amm_rules.offline.diff import diff_rules, render_diff
+    from amm_rules.offline.simulate import amm_defaults
+
+    rulesets = [load_rules(old), load_rules(new)]
+    if None in rulesets:
+        return 1
+    state = load_cluster(dump, scheduler)
+    measure, interval = amm_defaults()
+    report = diff_rules(
+        rulesets[0],  # type: ignore[arg-type]
+        rulesets[1],  # type: ignore[arg-type]
+        state,
+        measure=measure,
+        interval=interval,
+        cycles=cycles,
+        old_file=old,
+        new_file=new,
+    )
+    if fmt == "json":
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(render_diff(report), nl=False)
+    for warning in state.warnings:
+        click.echo(f"warning: {state.source}: {warning}", err=True)
+    return 0

@@ -1,0 +1,419 @@
+"""Reading cluster dumps: what ``Client.dump_cluster_state`` writes, as plain records.
+
+distributed writes the scheduler's state (and each worker's) as ``.msgpack.gz`` (gzip of
+msgpack) or ``.yaml``. Plain values survive as they are; references between objects do
+not: ``who_has`` is a list of ``WorkerState`` reprs
+(``"<WorkerState 'tcp://10.0.0.1:4000', name: a, status: running, memory: 3, ...>"``),
+``waiters`` and ``has_what`` lists of ``TaskState`` reprs (``"<TaskState ('x', 0)
+memory>"``), a task's prefix the repr of its ``TaskPrefix`` (``"<x: memory: 1>"``), a
+status the repr of an enum. This module parses those texts (addresses and keys with
+:func:`ast.literal_eval`, which reads Python literals and nothing else) into a
+:class:`ClusterState`: :class:`WorkerRecord` and :class:`TaskRecord` objects, keyed by
+address and by key (tuples for tuple keys, as the scheduler has them).
+
+A file that is not a readable dump (unknown layout, truncated gzip or msgpack, YAML
+cut short, not a dump at all) raises :class:`DumpError`, whose text is one line naming
+the file and what is wrong. References that cannot be resolved (a holder that is not in
+the dump's workers, a repr in an unknown shape) are skipped and counted in
+:attr:`ClusterState.warnings`.
+
+Nothing here imports ``distributed`` or the engine: :mod:`amm_rules.offline.views`
+turns the records into the scheduler-shaped objects the engine reads, and
+``amm-rules validate --dump`` reads pools from them.
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import os
+import re
+import zlib
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Key = Hashable
+
+_WORKER_REPR = re.compile(r"""^<WorkerState (?P<addr>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""")
+_TASK_REPR = re.compile(r"^<TaskState (?P<key>.+) (?P<state>[A-Za-z_-]+)>$", re.DOTALL)
+# "<name: memory: 3, released: 1>": the name is everything before the last ": " that is
+# followed by the state counts (names may contain ": " themselves).
+_NAMED_REPR = re.compile(r"^<(?P<name>.*): (?:[a-z_-]+: \d+(?:, [a-z_-]+: \d+)*)?>$", re.DOTALL)
+_STATUS_REPR = re.compile(r"Status\.(?P<name>\w+)")
+_HOST = re.compile(r"^(?:[a-z+]+://)?(?P<host>\[[^\]]*\]|[^:/]*)")
+#: The measures of ``distributed.scheduler.MemoryState`` a dump records per worker.
+MEASURES = ("process", "managed", "spilled", "unmanaged_old")
+
+
+class DumpError(Exception):
+    """A cluster dump that cannot be read; ``str()`` is one line for the user."""
+
+
+@dataclass
+class WorkerRecord:
+    """One worker as the scheduler saw it."""
+
+    address: str
+    name: str
+    host: str
+    #: The name of its ``distributed.core.Status``: ``running``, ``paused``,
+    #: ``closing_gracefully``...
+    status: str
+    resources: dict[str, float] = field(default_factory=dict)
+    nthreads: int = 1
+    memory_limit: int = 0
+    #: ``process``, ``managed``, ``spilled``, ``unmanaged_old`` in bytes (the parts
+    #: every other measure is computed from).
+    memory: dict[str, int] = field(default_factory=dict)
+    #: Keys in memory on it, in the scheduler's order (oldest first).
+    has_what: list[Key] = field(default_factory=list)
+
+
+@dataclass
+class TaskRecord:
+    """One task as the scheduler saw it."""
+
+    key: Key
+    state: str
+    prefix: str
+    group: str
+    type: str | None = None
+    nbytes: int = 0
+    #: Addresses of the workers holding it in memory.
+    who_has: tuple[str, ...] = ()
+    #: Keys of the tasks waiting for it.
+    waiters: tuple[Key, ...] = ()
+    #: Address of the worker it is processing on, if it is.
+    processing_on: str | None = None
+    annotations: dict[str, Any] = field(default_factory=dict)
+    actor: bool = False
+
+
+@dataclass
+class ClusterState:
+    """A cluster at one moment: from a dump, a running scheduler or a test fixture."""
+
+    #: Where it came from (a path, an address, a test file).
+    source: str
+    workers: dict[str, WorkerRecord] = field(default_factory=dict)
+    tasks: dict[Key, TaskRecord] = field(default_factory=dict)
+    #: What could not be read and was left out (one line each).
+    warnings: list[str] = field(default_factory=list)
+
+    def in_memory(self) -> Iterable[TaskRecord]:
+        return (t for t in self.tasks.values() if t.state == "memory" and t.who_has)
+
+    def __repr__(self) -> str:
+        n = sum(1 for _ in self.in_memory())
+        return f"<ClusterState {self.source}: {len(self.workers)} workers, {n} keys in memory>"
+
+
+# -- files --------------------------------------------------------------------------
+
+
+def read_dump(path: str | os.PathLike[str]) -> ClusterState:
+    """Read a ``.msgpack.gz`` or ``.yaml`` cluster dump (also ``.msgpack``, ``.yaml.gz``)."""
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as f:
+            raw = f.read()
+    except IsADirectoryError:
+        raise DumpError(f"{name}: is a directory, not a cluster dump") from None
+    except FileNotFoundError:
+        raise DumpError(f"{name}: no such file") from None
+    except OSError as exc:
+        raise DumpError(f"{name}: cannot read the file: {exc.strerror or exc}") from None
+    return parse_state(decode(raw, name), name)
+
+
+def decode(raw: bytes, name: str) -> Any:
+    """The plain data of a dump file's bytes (gzip, then msgpack or YAML)."""
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except EOFError:
+            raise DumpError(f"{name}: the gzip data ends early (the file is truncated)") from None
+        except (OSError, zlib.error) as exc:
+            raise DumpError(f"{name}: not readable as gzip ({exc})") from None
+    if not raw.strip():
+        raise DumpError(f"{name}: the file is empty")
+    first = raw[0]
+    if 0x80 <= first <= 0x8F or first in (0xDE, 0xDF):  # a msgpack map
+        return _msgpack(raw, name)
+    return _yaml(raw, name)
+
+
+def _msgpack(raw: bytes, name: str) -> Any:
+    import msgpack
+
+    try:
+        return msgpack.unpackb(raw, strict_map_key=False, raw=False)
+    except msgpack.ExtraData:
+        raise DumpError(
+            f"{name}: data after the end of the dump (not one msgpack document)"
+        ) from None
+    except ValueError as exc:  # msgpack's "incomplete input" and format errors
+        why = (
+            "the msgpack data ends early (the file is truncated)"
+            if "incomplete" in str(exc)
+            else f"not readable as msgpack ({exc})"
+        )
+        raise DumpError(f"{name}: {why}") from None
+    except Exception as exc:  # msgpack's other errors (StackError, FormatError...)
+        raise DumpError(f"{name}: not readable as msgpack ({type(exc).__name__})") from None
+
+
+def _yaml(raw: bytes, name: str) -> Any:
+    import yaml
+
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DumpError(
+            f"{name}: not a cluster dump (neither msgpack nor YAML text; "
+            "Client.dump_cluster_state writes .msgpack.gz or .yaml)"
+        ) from None
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        return yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise DumpError(f"{name}{where}: not readable as YAML ({problem})") from None
+
+
+# -- layout ---------------------------------------------------------------------------
+
+
+def parse_state(data: Any, source: str) -> ClusterState:
+    """A :class:`ClusterState` from a dump's plain data."""
+    scheduler = _section(data, source)
+    state = ClusterState(source)
+    refs = _Refs()
+    for address, entry in _mapping(scheduler, "workers", source).items():
+        worker = _worker(address, entry, source, refs)
+        state.workers[worker.address] = worker
+    for name, entry in _mapping(scheduler, "tasks", source).items():
+        task = _task(name, entry, source, refs, state.workers)
+        state.tasks[task.key] = task
+    for worker in state.workers.values():
+        worker.has_what = [k for k in worker.has_what if k in state.tasks]
+    state.warnings.extend(refs.warnings())
+    return state
+
+
+def _section(data: Any, source: str) -> Mapping[str, Any]:
+    hint = "a dump from Client.dump_cluster_state has 'scheduler', 'workers' and 'versions'"
+    if not isinstance(data, Mapping):
+        raise DumpError(f"{source}: not a cluster dump ({hint})")
+    scheduler = data.get("scheduler")
+    if not isinstance(scheduler, Mapping):
+        raise DumpError(f"{source}: not a cluster dump: no 'scheduler' section ({hint})")
+    for section in ("versions", "workers"):
+        if section not in data:
+            raise DumpError(
+                f"{source}: incomplete cluster dump: no '{section}' section "
+                "(was the file cut short?)"
+            )
+    return scheduler
+
+
+def _mapping(scheduler: Mapping[str, Any], name: str, source: str) -> Mapping[Any, Any]:
+    value = scheduler.get(name)
+    if not isinstance(value, Mapping):
+        raise DumpError(
+            f"{source}: unknown cluster dump layout: scheduler.{name} is "
+            f"{'missing' if value is None else type(value).__name__}, expected a mapping"
+        )
+    return value
+
+
+def _worker(address: Any, entry: Any, source: str, refs: _Refs) -> WorkerRecord:
+    if not isinstance(entry, Mapping):
+        raise DumpError(
+            f"{source}: unknown cluster dump layout: worker {address!r} is not a mapping"
+        )
+    address = str(entry.get("address") or address)
+    memory = entry.get("memory")
+    memory = memory if isinstance(memory, Mapping) else {}
+    resources = entry.get("resources")
+    name = entry.get("name")
+    return WorkerRecord(
+        address=address,
+        name=address if name is None else str(name),
+        host=str(entry.get("host") or host_of(address)),
+        status=status_name(entry.get("status")),
+        resources={str(k): v for k, v in (resources or {}).items() if isinstance(v, (int, float))}
+        if isinstance(resources, Mapping)
+        else {},
+        nthreads=_int(entry.get("nthreads"), 1),
+        memory_limit=_int(entry.get("memory_limit"), 0),
+        memory={m: _int(memory.get(m), 0) for m in MEASURES},
+        has_what=[k for k in map(refs.task, entry.get("has_what") or ()) if k is not None],
+    )
+
+
+def _task(
+    name: Any, entry: Any, source: str, refs: _Refs, workers: Mapping[str, WorkerRecord]
+) -> TaskRecord:
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("state"), str):
+        raise DumpError(f"{source}: unknown cluster dump layout: task {name!r} has no 'state'")
+    key = freeze_key(entry["key"]) if "key" in entry else refs.literal_key(name)
+    who_has = []
+    for ref in entry.get("who_has") or ():
+        address = refs.worker(ref)
+        if address is not None and address in workers:
+            who_has.append(address)
+        elif address is not None:
+            refs.unknown_holders += 1
+    processing_on = refs.worker(entry.get("processing_on")) if entry.get("processing_on") else None
+    annotations = entry.get("annotations")
+    type_ = entry.get("type")
+    return TaskRecord(
+        key=key,
+        state=entry["state"],
+        prefix=refs.named(entry.get("prefix")) or prefix_of(key),
+        group=str(entry.get("group_key") or refs.named(entry.get("group")) or prefix_of(key)),
+        type=type_ if isinstance(type_, str) else None,
+        nbytes=max(_int(entry.get("nbytes"), 0), 0),
+        who_has=tuple(who_has),
+        waiters=tuple(k for k in map(refs.task, entry.get("waiters") or ()) if k is not None),
+        processing_on=processing_on,
+        annotations=dict(annotations) if isinstance(annotations, Mapping) else {},
+        actor=bool(entry.get("actor")),
+    )
+
+
+# -- the texts that stand for objects ----------------------------------------------------
+
+
+class _Refs:
+    """Parses reprs, each distinct text once, and counts those it cannot read."""
+
+    def __init__(self) -> None:
+        self._workers: dict[str, str | None] = {}
+        self._tasks: dict[str, Key | None] = {}
+        self._named: dict[str, str | None] = {}
+        self.bad: dict[str, int] = {}
+        self.unknown_holders = 0
+
+    def worker(self, ref: Any) -> str | None:
+        """The address in a ``WorkerState`` repr (or a plain address)."""
+        if not isinstance(ref, str):
+            return self._fail("worker reference")
+        try:
+            return self._workers[ref]
+        except KeyError:
+            pass
+        address: str | None
+        if ref.startswith("<"):
+            m = _WORKER_REPR.match(ref)
+            address = _literal(m["addr"]) if m else None
+            if not isinstance(address, str):
+                address = self._fail("worker reference")
+        else:
+            address = ref
+        self._workers[ref] = address
+        return address
+
+    def task(self, ref: Any) -> Key | None:
+        """The key in a ``TaskState`` repr."""
+        if not isinstance(ref, str):
+            return self._fail("task reference")
+        try:
+            return self._tasks[ref]
+        except KeyError:
+            pass
+        m = _TASK_REPR.match(ref)
+        key = freeze_key(_literal(m["key"])) if m else None
+        if key is None:
+            self._fail("task reference")
+        self._tasks[ref] = key
+        return key
+
+    def literal_key(self, text: Any) -> Key:
+        """A key written as a mapping key of ``scheduler.tasks`` (``"['x', 0]"``)."""
+        if isinstance(text, str) and text[:1] in "[(":
+            value = _literal(text)
+            if value is not None:
+                return freeze_key(value)
+        return freeze_key(text)
+
+    def named(self, ref: Any) -> str | None:
+        """The name in a ``TaskPrefix``/``TaskGroup`` repr (or a plain name)."""
+        if not isinstance(ref, str) or not ref:
+            return None
+        try:
+            return self._named[ref]
+        except KeyError:
+            pass
+        if ref.startswith("<"):
+            m = _NAMED_REPR.match(ref)
+            name = m["name"] if m else None
+        else:
+            name = ref
+        self._named[ref] = name
+        return name
+
+    def _fail(self, what: str) -> None:
+        self.bad[what] = self.bad.get(what, 0) + 1
+        return None
+
+    def warnings(self) -> list[str]:
+        out = [f"{n} {what}s could not be read and were left out" for what, n in self.bad.items()]
+        if self.unknown_holders:
+            out.append(
+                f"{self.unknown_holders} copies on workers that are not in the dump were left out"
+            )
+        return out
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+
+
+def freeze_key(value: Any) -> Key:
+    """A key as the scheduler has it: lists (how dumps store tuples) become tuples."""
+    if isinstance(value, list):
+        return tuple(freeze_key(v) for v in value)
+    if isinstance(value, (str, bytes, int, float, tuple)) or value is None:
+        return value
+    return str(value)
+
+
+def status_name(value: Any) -> str:
+    """``"<Status.running: 'running'>"`` (or ``"running"``) -> ``"running"``."""
+    if not isinstance(value, str):
+        return "running" if value is None else str(value)
+    m = _STATUS_REPR.search(value)
+    return m["name"] if m else value
+
+
+def host_of(address: str) -> str:
+    """The host part of an address (``tcp://10.0.0.1:4000`` -> ``10.0.0.1``)."""
+    m = _HOST.match(address)
+    host = m["host"] if m else ""
+    return host.strip("[]") or address
+
+
+def prefix_of(key: Key) -> str:
+    """What dask names the prefix of a key (its first word without a hash), as
+    :func:`dask.utils.key_split` does; used when a dump has no prefix for a task."""
+    from dask.utils import key_split
+
+    return str(key_split(key))
+
+
+def _int(value: Any, default: int) -> int:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value == value and abs(value) < 2**63:
+        return int(value)
+    return default

@@ -1,0 +1,420 @@
+"""What a simulation found, as data (``--format json``) and as text.
+
+:func:`simulation_report` turns a :class:`~amm_rules.offline.simulate.Result` (and, with
+``--kill``, what the kill did) into plain data: per rule (keys and bytes governed, copies
+added and dropped, bytes transferred, the state after: satisfied, unsatisfiable with
+reasons, in progress, dry-run), per worker and per pool (memory before and after), the
+actions, the keys left unmet, lost or below target, and the cycles taken. Keys are
+``str(key)``. :func:`render_text` lays the same data out for a terminal, with long lists
+cut short (the JSON has everything).
+
+Neighbours: :mod:`amm_rules.offline.simulate` produces the result; the ``simulate`` and
+``diff`` commands of :mod:`amm_rules.cli` print what this module renders.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from amm_rules.engine.dryrun import REBALANCE_LABEL
+from amm_rules.engine.planner import DEFAULT_SOURCE, source_label
+from amm_rules.engine.view import key_string
+from amm_rules.language.ruleset import Desired, Ruleset
+from amm_rules.offline.simulate import Result, SimAction, Simulation
+
+#: Entries of a long list the text report shows (the JSON report has them all).
+TEXT_LIMIT = 10
+#: Distinct reasons shown per rule in the text report.
+REASONS_SHOWN = 3
+
+
+@dataclass
+class KillReport:
+    """What ``--kill``, ``--kill-host`` and ``--kill-pool`` took away, before the first cycle."""
+
+    #: Addresses of the workers killed.
+    workers: list[str] = field(default_factory=list)
+    #: Keys left with no copy: (key, bytes, label of its target or None).
+    lost: list[tuple[Hashable, int, str | None]] = field(default_factory=list)
+    #: Governed keys below their target's minimum after the kill: (key, label, min, copies).
+    below: list[tuple[Hashable, str, int, int]] = field(default_factory=list)
+
+
+def labels(desired: Desired) -> set[str]:
+    """Every counter label a key's wishes come from (one per deciding rule or source)."""
+    return {source_label(desired, name) for name in desired.reasons}
+
+
+def action_dict(a: SimAction) -> dict[str, Any]:
+    return {
+        "op": a.op,
+        "key": key_string(a.key),
+        "worker": a.worker,
+        "rule": a.rule,
+        "bytes": a.nbytes,
+        "cycle": a.cycle,
+        "reason": a.reason,
+    }
+
+
+def simulation_report(
+    sim: Simulation, result: Result, kill: KillReport | None = None, *, rules_file: str = ""
+) -> dict[str, Any]:
+    """The whole report of one run, as plain (JSON-able) data."""
+    cluster = sim.cluster
+    in_memory = list(cluster.in_memory())
+    add = [a for a in result.actions if a.op == "replicate"]
+    drop = [a for a in result.actions if a.op == "drop"]
+    restoring = []
+    if kill is not None and kill.below:
+        short = {k for k, *_ in kill.below}
+        restoring = [a for a in add if a.key in short]
+    out: dict[str, Any] = {
+        "rules_file": rules_file,
+        "cluster": cluster.source,
+        "cycles": sim.last_active,
+        "cycles_run": result.cycles,
+        "settled": result.settled,
+        "totals": {
+            "workers": len(result.before),
+            "keys_in_memory": len(in_memory),
+            "bytes_in_memory": sum(ts.nbytes for ts in in_memory),
+            "governed": len(result.keys),
+            "copies_added": len(add),
+            "copies_dropped": len(drop),
+            "bytes_transferred": sum(a.nbytes for a in add),
+        },
+        "rules": rules_section(sim.ruleset, sim, result),
+        "workers": workers_section(sim, result, kill),
+        "pools": pools_section(sim.ruleset, result),
+        "actions": [action_dict(a) for a in result.actions],
+        "dry_run": [action_dict(a) for a in result.dry_run],
+        "unmet": [
+            {"key": key_string(s.key), "rule": s.rule, "reason": s.unmet}
+            for s in result.keys.values()
+            if s.unmet and sim.dry.label(s.desired) is None
+        ],
+        "misplaced": [
+            {"key": key_string(s.key), "worker": w, "reason": why}
+            for s in result.keys.values()
+            if sim.dry.label(s.desired) is None
+            for w, why in sorted(s.misplaced.items())
+        ],
+        "killed": kill.workers if kill is not None else [],
+        "lost": [{"key": key_string(k), "bytes": n, "rule": label} for k, n, label in kill.lost]
+        if kill is not None
+        else [],
+        "below_target": [
+            {"key": key_string(k), "rule": label, "target": lo, "copies": n}
+            for k, label, lo, n in kill.below
+        ]
+        if kill is not None
+        else [],
+        "restoring": {"copies": len(restoring), "bytes": sum(a.nbytes for a in restoring)},
+        "warnings": list(result.warnings),
+    }
+    return out
+
+
+def rules_section(ruleset: Ruleset, sim: Simulation, result: Result) -> dict[str, Any]:
+    """Per label: keys and bytes governed, copies added/dropped, bytes moved, state."""
+    order = [r.name for r in ruleset.rules]
+    stats: dict[str, dict[str, Any]] = {}
+
+    def entry(label: str) -> dict[str, Any]:
+        if label not in stats:
+            stats[label] = {
+                "keys": 0,
+                "bytes": 0,
+                "add": 0,
+                "drop": 0,
+                "bytes_transferred": 0,
+                "would_add": 0,
+                "would_drop": 0,
+                "unmet": 0,
+                "misplaced": 0,
+                "pending": 0,
+                "reasons": Counter(),
+            }
+        return stats[label]
+
+    for name in order:
+        entry(name)
+    tasks = sim.cluster.tasks
+    for state in result.keys.values():
+        nbytes = tasks[state.key].nbytes
+        for label in labels(state.desired):
+            e = entry(label)
+            e["keys"] += 1
+            e["bytes"] += nbytes
+        if sim.dry.label(state.desired) is not None:
+            continue
+        if state.unmet:
+            e = entry(state.rule)
+            e["unmet"] += 1
+            e["reasons"][state.unmet] += 1
+        for why in state.misplaced.values():
+            label = _placement_label(state.desired)
+            e = entry(label)
+            e["misplaced"] += 1
+            e["reasons"][f"a copy stays where it should not be: {why}"] += 1
+        if state.pending:
+            entry(state.rule)["pending"] += state.pending
+    for a in result.actions:
+        e = entry(a.rule)
+        if a.op == "replicate":
+            e["add"] += 1
+            e["bytes_transferred"] += a.nbytes
+        else:
+            e["drop"] += 1
+    for a in result.dry_run:
+        entry(a.rule)["would_add" if a.op == "replicate" else "would_drop"] += 1
+    dry = sim.dry
+    for label, e in stats.items():
+        in_dry_run = label in dry.rules or (dry.file and label.startswith("("))
+        if label == REBALANCE_LABEL:
+            in_dry_run = dry.rebalance
+        if label == DEFAULT_SOURCE:
+            in_dry_run = False
+        if in_dry_run:
+            e["state"] = "dry-run"
+        elif e["unmet"] or e["misplaced"]:
+            e["state"] = "unsatisfiable"
+        elif e["pending"]:
+            e["state"] = "in progress"
+        else:
+            e["state"] = "satisfied"
+        e["reasons"] = dict(e["reasons"].most_common())
+    known = [k for k in order if k in stats]
+    return {k: stats[k] for k in [*known, *sorted(set(stats) - set(known))]}
+
+
+def _placement_label(desired: Desired) -> str:
+    for name in ("pool", "avoid"):
+        if name in desired.reasons:
+            return source_label(desired, name)
+    return source_label(desired, "replicate")
+
+
+def workers_section(
+    sim: Simulation, result: Result, kill: KillReport | None
+) -> dict[str, dict[str, Any]]:
+    killed = set(kill.workers) if kill is not None else set()
+    out = {}
+    for address in sorted(result.before):
+        name, host = sim.names[address]
+        out[address] = {
+            "name": name,
+            "host": host,
+            "pools": sorted(result.pools.get(address, ())),
+            "before": result.before[address],
+            "after": result.after.get(address, 0),
+            "killed": address in killed,
+        }
+    return out
+
+
+def pools_section(ruleset: Ruleset, result: Result) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name in ruleset.pools:
+        members = [a for a, pools in result.pools.items() if name in pools]
+        out[name] = {
+            "workers": len(members),
+            "before": sum(result.before.get(a, 0) for a in members),
+            "after": sum(result.after.get(a, 0) for a in members),
+        }
+    return out
+
+
+# -- text ----------------------------------------------------------------------------------
+
+
+def size(n: int) -> str:
+    from dask.utils import format_bytes
+
+    return format_bytes(n)
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    """Columns padded to their widest cell; numbers right-aligned."""
+    rows = [[str(c) for c in r] for r in rows]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
+    numeric = [all(_numeric(r[i]) for r in rows) and bool(rows) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            c.rjust(w) if num else c.ljust(w)
+            for c, w, num in zip(cells, widths, numeric, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    return [line(header), *(line(r) for r in rows)]
+
+
+def _numeric(cell: str) -> bool:
+    head = cell.split(" ")[0].replace(",", "").replace(".", "").lstrip("+-")
+    return head.isdigit()
+
+
+def _more(items: Sequence[Any], shown: int = TEXT_LIMIT) -> list[str]:
+    rest = len(items) - shown
+    return [f"  ... and {rest} more (--format json lists them all)"] if rest > 0 else []
+
+
+def render_text(report: Mapping[str, Any]) -> str:
+    """The report for a terminal."""
+    t = report["totals"]
+    lines = [
+        f"cluster: {report['cluster']}: {t['workers']} workers, {t['keys_in_memory']} keys in "
+        f"memory ({size(t['bytes_in_memory'])}), {t['governed']} governed by the rules",
+    ]
+    lines += kill_lines(report)
+    if report["settled"]:
+        lines.append(f"settled after {report['cycles']} cycles")
+    else:
+        lines.append(
+            f"not settled after {report['cycles_run']} cycles (stopped by --cycles or the "
+            "cycle limit)"
+        )
+    lines.append(
+        f"copies added: {t['copies_added']} ({size(t['bytes_transferred'])}), "
+        f"copies dropped: {t['copies_dropped']}"
+    )
+    lines += ["", *rule_lines(report["rules"])]
+    if report["pools"]:
+        lines += ["", *pool_lines(report["pools"])]
+    lines += ["", *worker_lines(report["workers"])]
+    lines += list_lines(report)
+    return "\n".join(lines) + "\n"
+
+
+def kill_lines(report: Mapping[str, Any]) -> list[str]:
+    if not report["killed"]:
+        return []
+    lost = report["lost"]
+    lines = [f"killed: {len(report['killed'])} workers: {', '.join(report['killed'])}"]
+    if lost:
+        lines.append(
+            f"DATA LOSS: {len(lost)} keys lose their last copy "
+            f"({size(sum(x['bytes'] for x in lost))}):"
+        )
+        lines += [
+            f"  {x['key']}" + (f" (rule {x['rule']})" if x["rule"] else "")
+            for x in lost[:TEXT_LIMIT]
+        ]
+        lines += _more(lost)
+    else:
+        lines.append("no key loses its last copy")
+    below = report["below_target"]
+    if below:
+        r = report["restoring"]
+        lines.append(
+            f"{len(below)} keys fall below their target; {r['copies']} copies "
+            f"({size(r['bytes'])}) restore them:"
+        )
+        lines += [
+            f"  {x['key']}: {x['copies']} of {x['target']} copies ({x['rule']})"
+            for x in below[:TEXT_LIMIT]
+        ]
+        lines += _more(below)
+    return lines
+
+
+def rule_lines(rules: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    rows = []
+    notes = []
+    for label, e in rules.items():
+        add, drop = e["add"], e["drop"]
+        if e["state"] == "dry-run":
+            add, drop = f"({e['would_add']})", f"({e['would_drop']})"
+        rows.append(
+            [
+                label,
+                e["keys"],
+                size(e["bytes"]),
+                add,
+                drop,
+                size(e["bytes_transferred"]),
+                e["state"],
+            ]
+        )
+        for reason, n in list(e["reasons"].items())[:REASONS_SHOWN]:
+            notes.append(f"  {label}: {n} keys: {reason}")
+    out = table(["rule", "keys", "bytes", "add", "drop", "transfer", "state"], rows)
+    if any(e["state"] == "dry-run" for e in rules.values()):
+        out.append("(in dry-run: what enforcing would add and drop, in parentheses)")
+    if notes:
+        out += ["", "why not satisfied:", *notes]
+    return out
+
+
+def pool_lines(pools: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    rows = [
+        [name, p["workers"], size(p["before"]), size(p["after"]), _change(p["before"], p["after"])]
+        for name, p in pools.items()
+    ]
+    return table(["pool", "workers", "before", "after", "change"], rows)
+
+
+def worker_lines(workers: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    rows = []
+    for address, w in workers.items():
+        after = "killed" if w["killed"] else size(w["after"])
+        change = "" if w["killed"] else _change(w["before"], w["after"])
+        rows.append(
+            [
+                address,
+                w["name"],
+                w["host"],
+                ",".join(w["pools"]) or "-",
+                size(w["before"]),
+                after,
+                change,
+            ]
+        )
+    return table(["worker", "name", "host", "pools", "before", "after", "change"], rows)
+
+
+def _change(before: int, after: int) -> str:
+    delta = after - before
+    if not delta:
+        return "0"
+    return ("+" if delta > 0 else "-") + size(abs(delta))
+
+
+def list_lines(report: Mapping[str, Any]) -> list[str]:
+    out: list[str] = []
+    unmet = report["unmet"]
+    if unmet:
+        out += ["", f"keys left below target ({len(unmet)}):"]
+        out += [f"  {x['key']} ({x['rule']}): {x['reason']}" for x in unmet[:TEXT_LIMIT]]
+        out += _more(unmet)
+    misplaced = report["misplaced"]
+    if misplaced:
+        out += ["", f"copies left where they should not be ({len(misplaced)}):"]
+        out += [f"  {x['key']} on {x['worker']}: {x['reason']}" for x in misplaced[:TEXT_LIMIT]]
+        out += _more(misplaced)
+    dry = report["dry_run"]
+    if dry:
+        out += ["", f"held back by dry-run ({len(dry)}):"]
+        out += [f"  {x['op']} {x['key']} on {x['worker']} ({x['rule']})" for x in dry[:TEXT_LIMIT]]
+        out += _more(dry)
+    actions = report["actions"]
+    if actions:
+        out += ["", f"actions ({len(actions)}):"]
+        out += [
+            f"  cycle {x['cycle']}: {x['op']} {x['key']} on {x['worker']} ({x['rule']})"
+            for x in actions[:TEXT_LIMIT]
+        ]
+        out += _more(actions)
+    for w in report["warnings"]:
+        out += [f"warning: {w}"]
+    return out
+
+
+__all__ = ["KillReport", "render_text", "simulation_report"]

@@ -1,0 +1,333 @@
+"""A recorded cluster as the engine sees a live one: scheduler-shaped objects.
+
+The engine reads the scheduler through duck-typed adapters
+(:mod:`amm_rules.engine.view`: ``TaskFactsAdapter``, ``worker_facts``,
+``stock_waiter_count``, ``busy_workers``...), the rebalancer reads ``tasks``/``workers``
+and the Active Memory Manager reads ``workers``, ``running`` and each worker's
+``memory``. :class:`SimCluster` offers exactly those attributes, built from a
+:class:`~amm_rules.offline.dump.ClusterState` (a dump, a running scheduler's state, a
+test file's fixture): :class:`SimTask` stands for a ``TaskState``, :class:`SimWorker`
+for a ``WorkerState`` with a real ``distributed.scheduler.MemoryState``. So the same
+adapters turn them into the engine's views
+(:class:`~amm_rules.engine.view.ClusterView`, :class:`~amm_rules.engine.view.KeyView`,
+task facts), and nothing of the rules is implemented twice.
+
+A :class:`SimCluster` changes only as the simulator says: :meth:`SimCluster.add_replica`
+and :meth:`SimCluster.remove_replica` move copies (and bytes), and record which keys
+changed; :meth:`SimCluster.remove_workers` takes workers away (with the copies they
+held). The computation itself is frozen: no task runs, none is released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from typing import Any
+
+from distributed.core import Status
+from distributed.scheduler import MemoryState
+
+from amm_rules.engine.view import (
+    ClusterView,
+    KeyView,
+    WorkerView,
+    busy_workers,
+    pool_membership,
+    stock_waiter_count,
+    worker_facts,
+    worker_status,
+)
+from amm_rules.language.ruleset import Desired, Pool
+from amm_rules.offline.dump import ClusterState, TaskRecord, WorkerRecord
+
+Key = Hashable
+
+
+class Named:
+    """A ``TaskPrefix`` or ``TaskGroup``: what the engine reads of one is its name."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+class SimWorker:
+    """A ``WorkerState`` of a recorded cluster."""
+
+    __slots__ = (
+        "address",
+        "name",
+        "host",
+        "status",
+        "resources",
+        "nthreads",
+        "memory_limit",
+        "has_what",
+        "processing",
+        "_base",
+        "delta",
+    )
+
+    def __init__(self, record: WorkerRecord):
+        self.address = record.address
+        self.name = record.name
+        self.host = record.host
+        self.status: Status = Status.__members__.get(record.status, Status.closed)
+        self.resources = dict(record.resources)
+        self.nthreads = record.nthreads
+        self.memory_limit = record.memory_limit
+        #: Keys in memory here, oldest first (a dict used as an ordered set).
+        self.has_what: dict[SimTask, None] = {}
+        self.processing: set[SimTask] = set()
+        self._base = dict(record.memory)
+        #: Bytes added (or removed) by the copies the simulation made or dropped.
+        self.delta = 0
+
+    @property
+    def memory(self) -> MemoryState:
+        """Memory as recorded, plus what the simulation added: a copy counts in every
+        measure (managed and process alike), as once the worker has reported it."""
+        b = self._base
+        return MemoryState(
+            process=max(0, b.get("process", 0) + self.delta),
+            unmanaged_old=b.get("unmanaged_old", 0),
+            managed=max(0, b.get("managed", 0) + self.delta),
+            spilled=b.get("spilled", 0),
+        )
+
+    def __repr__(self) -> str:
+        return f"<SimWorker {self.address!r}, name: {self.name}, status: {self.status.name}>"
+
+
+class SimTask:
+    """A ``TaskState`` of a recorded cluster."""
+
+    __slots__ = (
+        "key",
+        "state",
+        "prefix",
+        "group",
+        "type",
+        "nbytes",
+        "who_has",
+        "waiters",
+        "processing_on",
+        "annotations",
+        "actor",
+    )
+
+    def __init__(self, record: TaskRecord, prefix: Named, group: Named):
+        self.key = record.key
+        self.state = record.state
+        self.prefix = prefix
+        self.group = group
+        self.type = record.type
+        self.nbytes = record.nbytes
+        self.who_has: set[SimWorker] | None = None
+        self.waiters: set[SimTask] | None = None
+        self.processing_on: SimWorker | None = None
+        self.annotations = record.annotations
+        self.actor = record.actor
+
+    def __repr__(self) -> str:
+        return f"<SimTask {self.key!r} {self.state}>"
+
+
+class SimCluster:
+    """The scheduler of a recorded cluster: ``tasks``, ``workers`` and what the Active
+    Memory Manager calls. Transfers it is asked for are kept until :meth:`enact`."""
+
+    #: The AMM checks its suggestions' invariants when the scheduler validates.
+    validate = True
+
+    def __init__(self, state: ClusterState):
+        self.source = state.source
+        self.workers: dict[str, SimWorker] = {a: SimWorker(w) for a, w in state.workers.items()}
+        self.tasks: dict[Key, SimTask] = {}
+        names: dict[str, Named] = {}
+        for record in state.tasks.values():
+            prefix = names.setdefault(record.prefix, Named(record.prefix))
+            group = names.setdefault(record.group, Named(record.group))
+            self.tasks[record.key] = SimTask(record, prefix, group)
+        self._link(state)
+        #: Keys whose copies changed since :meth:`take_touched`.
+        self.touched: set[Key] = set()
+        #: Transfers the AMM asked for: (op, worker address, key).
+        self.requested: list[tuple[str, str, Key]] = []
+
+    def _link(self, state: ClusterState) -> None:
+        workers, tasks = self.workers, self.tasks
+        for record in state.tasks.values():
+            ts = tasks[record.key]
+            holders = {workers[a] for a in record.who_has}
+            if record.state == "memory" and holders:
+                ts.who_has = holders
+            elif record.state == "memory":
+                ts.state = "released"  # in memory nowhere: nothing to plan
+            if record.waiters:
+                ts.waiters = {tasks[k] for k in record.waiters if k in tasks}
+            if record.processing_on in workers:
+                ts.processing_on = workers[record.processing_on]
+                ts.processing_on.processing.add(ts)
+        # Keys in each worker's order as recorded, then any the record missed.
+        for address, record in state.workers.items():
+            ws = workers[address]
+            for key in record.has_what:
+                ts = tasks[key]
+                if ts.who_has and ws in ts.who_has:
+                    ws.has_what[ts] = None
+        for ts in tasks.values():
+            for ws in ts.who_has or ():
+                ws.has_what.setdefault(ts, None)
+
+    # -- what the AMM reads and calls ----------------------------------------------------
+
+    @property
+    def running(self) -> set[SimWorker]:
+        return {ws for ws in self.workers.values() if ws.status == Status.running}
+
+    @property
+    def memory(self) -> MemoryState:
+        return MemoryState.sum(*(ws.memory for ws in self.workers.values()))
+
+    def request_acquire_replicas(
+        self, addr: str, keys: Iterable[Key], *, stimulus_id: str = ""
+    ) -> None:
+        self.requested.extend(("replicate", addr, k) for k in keys)
+
+    def request_remove_replicas(
+        self, addr: str, keys: Iterable[Key], *, stimulus_id: str = ""
+    ) -> None:
+        self.requested.extend(("drop", addr, k) for k in keys)
+
+    # -- changes ------------------------------------------------------------------------
+
+    def enact(self) -> list[tuple[str, str, Key]]:
+        """Land every requested copy and drop every requested copy (never the last
+        one), as the workers would before the next cycle; returns what was done."""
+        done = []
+        requested, self.requested = self.requested, []
+        for op, addr, key in sorted(requested, key=lambda r: r[0] != "replicate"):
+            ts = self.tasks.get(key)
+            ws = self.workers.get(addr)
+            if ts is None or ws is None or ts.state != "memory" or not ts.who_has:
+                continue
+            if op == "replicate" and ws not in ts.who_has:
+                self.add_replica(ts, ws)
+                done.append((op, addr, key))
+            elif op == "drop" and ws in ts.who_has and len(ts.who_has) > 1:
+                self.remove_replica(ts, ws)
+                done.append((op, addr, key))
+        return done
+
+    def add_replica(self, ts: SimTask, ws: SimWorker) -> None:
+        assert ts.who_has is not None
+        ts.who_has.add(ws)
+        ws.has_what[ts] = None
+        ws.delta += ts.nbytes
+        self.touched.add(ts.key)
+
+    def remove_replica(self, ts: SimTask, ws: SimWorker) -> None:
+        assert ts.who_has is not None
+        ts.who_has.discard(ws)
+        ws.has_what.pop(ts, None)
+        ws.delta -= ts.nbytes
+        self.touched.add(ts.key)
+
+    def remove_workers(self, addresses: Iterable[str]) -> list[SimTask]:
+        """Workers leave with their copies (as when they die). Returns the keys left
+        with no copy: they are no longer in memory."""
+        lost = []
+        for address in addresses:
+            ws = self.workers.pop(address, None)
+            if ws is None:
+                continue
+            for ts in list(ws.has_what):
+                assert ts.who_has is not None
+                ts.who_has.discard(ws)
+                self.touched.add(ts.key)
+                if not ts.who_has:
+                    ts.who_has = None
+                    ts.state = "released"
+                    lost.append(ts)
+            ws.has_what.clear()
+            for ts in ws.processing:
+                ts.processing_on = None  # to be rescheduled elsewhere
+            ws.processing.clear()
+        return lost
+
+    def take_touched(self) -> set[Key]:
+        out, self.touched = self.touched, set()
+        return out
+
+    # -- reading ------------------------------------------------------------------------
+
+    def in_memory(self) -> Iterator[SimTask]:
+        return (ts for ts in self.tasks.values() if ts.state == "memory" and ts.who_has)
+
+    def measure(self, measure: str) -> dict[str, int]:
+        """Memory of each worker by ``measure`` (a ``MemoryState`` attribute)."""
+        return {a: getattr(ws.memory, measure) for a, ws in self.workers.items()}
+
+    def __repr__(self) -> str:
+        return f"<SimCluster {self.source}: {len(self.workers)} workers, {len(self.tasks)} tasks>"
+
+
+# -- the engine's views of it ----------------------------------------------------------------
+
+
+def pools_of(
+    cluster: SimCluster, pools: Mapping[str, Pool], measure: str, on_error: Any = None
+) -> dict[str, frozenset[str]]:
+    """Address -> names of the pools each worker is in (as the policy computes them)."""
+    return {
+        a: pool_membership(worker_facts(ws, getattr(ws.memory, measure)), pools, on_error)
+        for a, ws in cluster.workers.items()
+    }
+
+
+def cluster_view(
+    cluster: SimCluster,
+    pools: Mapping[str, frozenset[str]],
+    memory: Mapping[Any, int] | None,
+    measure: str,
+) -> ClusterView:
+    """The planner's view of the workers: ``memory`` is the AMM's tally during a cycle
+    (downstream of what it accepted so far), else each worker's measure."""
+    out = []
+    for a, ws in cluster.workers.items():
+        mem = memory[ws] if memory is not None and ws in memory else getattr(ws.memory, measure)
+        out.append(WorkerView(a, ws.host, worker_status(ws), pools.get(a, frozenset()), mem))
+    return ClusterView(out)
+
+
+def key_view(
+    ts: SimTask,
+    desired: Desired,
+    *,
+    inflight: Mapping[str, float] | None = None,
+    backoff: Mapping[str, float] | None = None,
+    pending: Mapping[Any, Any] | None = None,
+) -> KeyView:
+    """The planner's view of one key, as the policy builds it for a scheduler task."""
+    add = drop = frozenset()
+    if pending:
+        entry = pending.get(ts)
+        if entry is not None:
+            add = frozenset(ws.address for ws in entry[0])
+            drop = frozenset(ws.address for ws in entry[1])
+    return KeyView(
+        key=ts.key,
+        desired=desired,
+        holders=frozenset(ws.address for ws in ts.who_has or ()),
+        nbytes=max(ts.nbytes, 0),
+        waiters=stock_waiter_count(ts) if desired.replicate is None else 0,
+        busy=busy_workers(ts),
+        inflight=inflight or {},
+        backoff=backoff or {},
+        pending_add=add,
+        pending_drop=drop,
+    )
