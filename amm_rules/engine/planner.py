@@ -289,12 +289,11 @@ def _add_copies(
         host_short = host_goal - len(hosts)
         if short <= 0 and host_short <= 0:
             break
-        reason = (
-            f"below replicate={lo} ({plan.source})"
-            if d.replicate
-            else "no copy on an eligible worker"
-        )
-        source = plan.source
+        if d.replicate:
+            reason, source = f"below replicate={lo} ({plan.source})", plan.source
+        else:
+            # No target of its own: the copy moves the key where its pool or avoid wants it.
+            reason, source = "no copy on an eligible worker", _placement_source(d, plan.source)
         choice = None
         if spread:
             choice = cluster.least_loaded(
@@ -469,6 +468,14 @@ def _misplaced_reason(addr: str, d: Desired, cluster: ClusterView) -> str:
     if d.avoid is not None and not w.pools.isdisjoint(d.avoid):
         return f"in avoided pool {','.join(sorted(w.pools & set(d.avoid)))}"
     return "worker is retiring"
+
+
+def _placement_source(d: Desired, default: str) -> str:
+    """Counter label of the rule placing a key (its ``pool``, else its ``avoid``)."""
+    for name in ("pool", "avoid"):
+        if getattr(d, name) is not None:
+            return source_label(d, name)
+    return default
 
 
 def _misplaced_source(addr: str, d: Desired, cluster: ClusterView) -> str:

@@ -62,10 +62,14 @@ def load_cluster(dump: str | None, scheduler: str | None) -> ClusterState:
         raise click.ClickException(str(exc)) from None
 
 
-def read_scheduler(address: str, timeout: float = 30.0) -> ClusterState:
-    """The state of a running scheduler, through a cluster dump it writes for us."""
+def read_scheduler(address: str) -> ClusterState:
+    """The state of a running scheduler, through a cluster dump it writes for us. Waits
+    for the scheduler as long as dask's ``distributed.comm.timeouts.connect`` says."""
+    import dask
+    from dask.utils import parse_timedelta
     from distributed import Client
 
+    timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"))
     try:
         client = Client(address, timeout=timeout, set_as_default=False)
     except Exception as exc:  # OSError, TimeoutError, a bad address...

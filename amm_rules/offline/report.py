@@ -65,7 +65,7 @@ def simulation_report(
 ) -> dict[str, Any]:
     """The whole report of one run, as plain (JSON-able) data."""
     cluster = sim.cluster
-    in_memory = list(cluster.in_memory())
+    keys, nbytes = sim.initial_keys
     add = [a for a in result.actions if a.op == "replicate"]
     drop = [a for a in result.actions if a.op == "drop"]
     restoring = []
@@ -80,8 +80,8 @@ def simulation_report(
         "settled": result.settled,
         "totals": {
             "workers": len(result.before),
-            "keys_in_memory": len(in_memory),
-            "bytes_in_memory": sum(ts.nbytes for ts in in_memory),
+            "keys_in_memory": keys,
+            "bytes_in_memory": nbytes,
             "governed": len(result.keys),
             "copies_added": len(add),
             "copies_dropped": len(drop),
@@ -117,6 +117,15 @@ def simulation_report(
         "warnings": list(result.warnings),
     }
     return out
+
+
+def _rule_name(label: str) -> str:
+    """``rule precious`` for a rule, ``(annotation)`` as it is."""
+    return label if label.startswith("(") else f"rule {label}"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def rules_section(ruleset: Ruleset, sim: Simulation, result: Result) -> dict[str, Any]:
@@ -275,11 +284,11 @@ def render_text(report: Mapping[str, Any]) -> str:
     ]
     lines += kill_lines(report)
     if report["settled"]:
-        lines.append(f"settled after {report['cycles']} cycles")
+        lines.append(f"settled after {plural(report['cycles'], 'cycle')}")
     else:
         lines.append(
-            f"not settled after {report['cycles_run']} cycles (stopped by --cycles or the "
-            "cycle limit)"
+            f"not settled after {plural(report['cycles_run'], 'cycle')} (stopped by --cycles "
+            "or the cycle limit)"
         )
     lines.append(
         f"copies added: {t['copies_added']} ({size(t['bytes_transferred'])}), "

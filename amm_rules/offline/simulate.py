@@ -4,12 +4,15 @@
 running scheduler's state or a test fixture) and runs on it what the scheduler runs each
 Active Memory Manager cycle, with the engine's own parts:
 
-- the classifier (:class:`~amm_rules.engine.classify.Classifier`, the rules' cascade)
-  and pool membership (:func:`~amm_rules.engine.view.pool_membership`);
-- the replication planner (:func:`~amm_rules.engine.planner.plan_key`) for governed keys,
-  the rebalancer (:class:`~amm_rules.engine.rebalance.rebalancer.Rebalancer`, with the
-  pure rebalance planner), and the stock reduce-replicas arithmetic
-  (:func:`~amm_rules.engine.planner.reduce_replicas_excess`) for keys nobody governs;
+- the classifier (:class:`~amm_rules.engine.classify.Classifier`, the rules' cascade),
+  the key index (:class:`~amm_rules.engine.index.KeyIndex`: governed keys, copies in
+  flight, back-offs) and pool membership
+  (:class:`~amm_rules.engine.placement.Placements`);
+- the replication planner (:func:`~amm_rules.engine.planner.plan_key`, on
+  :func:`~amm_rules.engine.adapters.key_view`) for governed keys, the rebalancer
+  (:class:`~amm_rules.engine.rebalance.rebalancer.Rebalancer`, with the pure rebalance
+  planner), and reduce-replicas
+  (:func:`~amm_rules.engine.reduce_replicas.reduce_replicas`) for keys nobody governs;
 - the dry-run filter (:class:`~amm_rules.engine.dryrun.DryRun`);
 - distributed's own ``ActiveMemoryManagerExtension``, which validates each suggestion
   and keeps the memory tally, exactly as in the scheduler.
@@ -39,21 +42,24 @@ from distributed.active_memory_manager import (
     Suggestion,
 )
 
+from amm_rules.engine.adapters import key_view
 from amm_rules.engine.classify import Classifier
 from amm_rules.engine.dryrun import REBALANCE_LABEL, DryRun
+from amm_rules.engine.index import KeyIndex
+from amm_rules.engine.placement import VOLATILE_WORKER_ATTRIBUTES, Placements
 from amm_rules.engine.planner import (
     DEFAULT_SOURCE,
     KeyPlan,
     PlanSettings,
     plan_key,
-    reduce_replicas_excess,
     source_label,
     target_bounds,
 )
 from amm_rules.engine.rebalance.rebalancer import Rebalancer
-from amm_rules.engine.view import ClusterView, stock_waiter_count
+from amm_rules.engine.reduce_replicas import reduce_replicas
+from amm_rules.engine.view import ClusterView
 from amm_rules.language.ruleset import Desired, Rule, Ruleset, Target
-from amm_rules.offline.views import SimCluster, SimTask, cluster_view, key_view, pools_of
+from amm_rules.offline.views import SimCluster, SimTask
 
 logger = logging.getLogger(__name__)
 
@@ -134,15 +140,25 @@ class Simulation:
         self.cluster = cluster
         self.measure = measure
         self.interval = interval
-        #: Runtime targets (as ``amm_rules.replicate`` sets them), by key.
-        self.runtime = dict(runtime or {})
         self.warnings: list[str] = []
+        self._reported: set[Any] = set()
         self.classifier = Classifier(
             ruleset, on_rule_error=self._rule_error, on_invalid_annotation=self._bad_annotation
         )
         self.dry = DryRun(ruleset)
         self.rebalancer = Rebalancer()
         self.rebalancer.configure(ruleset.rebalance, self._rebalance_error)
+        self.placements = Placements(self._pool_error)
+        self.placements.attach(cluster.workers)
+        self.placements.configure(ruleset)
+        #: A pool reads worker memory: pools change as copies land; plan every key.
+        self._volatile = any(
+            not VOLATILE_WORKER_ATTRIBUTES.isdisjoint(p.depends) for p in ruleset.pools.values()
+        )
+        #: The engine's own key index, not attached to anything: governed keys and what
+        #: they want, copies in flight, back-offs, keys nobody governs with copies to trim.
+        self.index = KeyIndex()
+        self.index.runtime.update(runtime or {})
         self.amm = ActiveMemoryManagerExtension(
             cluster,  # type: ignore[arg-type]
             {_Cycle(self)},
@@ -153,78 +169,64 @@ class Simulation:
         )
         self.cycle = 0
         self.now = 0.0
-        #: Governed keys in memory -> what they want.
-        self.desired: dict[Key, Desired] = {}
-        self.inflight: dict[Key, dict[str, float]] = {}
-        self.backoff: dict[Key, dict[str, float]] = {}
-        #: Governed keys to plan in the next cycle (None: all of them).
-        self._todo: set[Key] | None = None
-        self._recheck: set[Key] = set()
-        self._pools: dict[str, frozenset[str]] = {}
-        self._pools_stale = True
+        #: The last cycle that enacted something.
+        self.last_active = 0
+        self._full = True
+        self._workers_changed = True
         self.actions: list[SimAction] = []
         self._held: dict[tuple[str, Key, str], SimAction] = {}
         self._cycle_actions: list[SimAction] = []
-        self._reported: set[Any] = set()
-        #: Keys nobody governs with more than one copy (what reduce-replicas walks).
-        self._replicated_free: dict[Key, SimTask] = {}
-        #: The last cycle that enacted something.
-        self.last_active = 0
-        self.classify(k for k in cluster.tasks)
+        self.classify(list(cluster.tasks))
+        self._refresh()
         #: Memory (by the AMM's measure) and pools of every worker before the first cycle.
         self.initial_memory = cluster.measure(measure)
-        self.initial_pools = dict(self.pools)
+        self.initial_pools = dict(self.placements.pools)
+        in_memory = list(cluster.in_memory())
+        #: Keys in memory and their bytes before the first cycle.
+        self.initial_keys = (len(in_memory), sum(ts.nbytes for ts in in_memory))
         #: Address -> (name, host) of every worker there was (killed ones included).
         self.names = {a: (str(ws.name), ws.host) for a, ws in cluster.workers.items()}
+
+    @property
+    def desired(self) -> dict[Key, Desired]:
+        """Governed keys in memory -> what they want."""
+        return self.index.desired
 
     # -- set-up --------------------------------------------------------------------------
 
     def classify(self, keys: Iterable[Key]) -> None:
-        """Resolve keys (again) and file the governed ones."""
+        """Resolve keys (again) and file them: governed ones in the index, the others
+        among the keys reduce-replicas walks if they hold several copies."""
         tasks = self.cluster.tasks
+        index = self.index
         for key in keys:
             ts = tasks.get(key)
             if ts is None or ts.state != "memory" or not ts.who_has:
-                self._forget(key)
+                index.forget(key)
                 continue
-            desired = self.classifier.resolve(ts, self.runtime.get(key))
+            desired = self.classifier.resolve(ts, index.runtime.get(key))
             if desired.governed:
-                self.desired[key] = desired
-                self._replicated_free.pop(key, None)
+                index.put(key, ts, desired)
             else:
-                self._forget(key)
+                index.unindex(key)
                 if len(ts.who_has) > 1:
-                    self._replicated_free[key] = ts
-
-    def _forget(self, key: Key) -> None:
-        self._replicated_free.pop(key, None)
-        self.desired.pop(key, None)
-        self.inflight.pop(key, None)
-        self.backoff.pop(key, None)
+                    index.replicated_free[key] = ts
+                else:
+                    index.replicated_free.pop(key, None)
 
     def kill(self, addresses: Iterable[str]) -> list[SimTask]:
         """Workers die before the next cycle. Returns the keys that lost their last copy."""
         lost = self.cluster.remove_workers(addresses)
         for ts in lost:
-            self._forget(ts.key)
-        self._pools_stale = True
-        self._todo = None
+            self.index.forget(ts.key)
+        self._workers_changed = self._full = True
+        self._refresh()
         return lost
 
-    @property
-    def pools(self) -> dict[str, frozenset[str]]:
-        """Address -> pools, as the policy computes them (again when workers changed, or
-        every cycle if a pool reads worker memory)."""
-        if self._pools_stale or self._volatile_pools:
-            self._pools = pools_of(
-                self.cluster, self.ruleset.pools, self.measure, self._pool_error
-            )
-            self._pools_stale = False
-        return self._pools
-
-    @property
-    def _volatile_pools(self) -> bool:
-        return any({"memory", "memory_fraction"} & p.depends for p in self.ruleset.pools.values())
+    def _refresh(self) -> None:
+        if self.placements.refresh(self.measure, self._workers_changed):
+            self._full = True
+        self._workers_changed = False
 
     # -- running -------------------------------------------------------------------------
 
@@ -236,7 +238,7 @@ class Simulation:
             if not self.step():
                 settled = True
                 break
-        if not settled and self.cycle >= limit:
+        if not settled:
             settled = self._at_rest()
         return Result(
             cycles=self.cycle,
@@ -255,28 +257,36 @@ class Simulation:
         self.cycle += 1
         self.now = self.cycle * self.interval
         self._cycle_actions = []
+        self._refresh()
         self.amm.run_once()
         enacted = self.cluster.enact()
         touched = self.cluster.take_touched()
         if self.classifier.replicas_sensitive:
             self.classify(touched)
-        tasks = self.cluster.tasks
-        for key in touched:
-            ts = tasks[key]
-            if key in self.desired or ts.who_has is None or len(ts.who_has) < 2:
-                self._replicated_free.pop(key, None)
-            else:
-                self._replicated_free[key] = ts
-        self._recheck |= touched
-        self.actions.extend(a for a in self._cycle_actions if not a.dry_run)
+        self._absorb(touched)
+        self.actions.extend(self._cycle_actions)
         if enacted:
             self.last_active = self.cycle
-        return bool(enacted) or bool(self.inflight) or bool(self.rebalancer.book.pending)
+        return bool(enacted) or bool(self.index.inflight) or bool(self.rebalancer.book.pending)
+
+    def _absorb(self, touched: set[Key]) -> None:
+        """Keys whose copies changed: governed ones are planned next cycle, the others
+        join (or leave) reduce-replicas' walk (as the policy routes them)."""
+        index, tasks = self.index, self.cluster.tasks
+        for key in touched:
+            if key in index.desired:
+                index.recheck.add(key)
+                continue
+            ts = tasks[key]
+            if ts.who_has is not None and len(ts.who_has) > 1:
+                index.replicated_free[key] = ts
+            else:
+                index.replicated_free.pop(key, None)
 
     def _at_rest(self) -> bool:
         """Nothing would happen in the next cycle (after a run stopped by its limit)."""
         return (
-            not self.inflight
+            not self.index.inflight
             and not self.rebalancer.book.pending
             and not any(s.pending for s in self.final_states().values())
         )
@@ -287,57 +297,61 @@ class Simulation:
         """What RulesPolicy yields in one cycle: replication of governed keys,
         rebalancing, reduce-replicas of the others; dry-run held back."""
         stats: defaultdict[str, Counter[str]] = defaultdict(Counter)
-        yield from self.dry.replication(self._replicate(), self.desired, stats)
+        index = self.index
+        yield from self.dry.replication(self._replicate(), index.desired, stats)
         if not self.rebalancer.idle:
-            view: list[ClusterView] = []
-
-            def cluster() -> ClusterView:
-                if not view:
-                    view.append(cluster_view(self.cluster, self.pools, None, self.measure))
-                return view[0]
-
             moves = self.rebalancer.run(
                 self.cluster,
                 self.amm,
                 now=self.now,
-                desired=self.desired,
-                inflight=self.inflight,
-                cluster=cluster,
+                desired=index.desired,
+                inflight=index.inflight,
+                cluster=self.cluster_view,
                 stats=stats,
             )
-            yield from self.dry.rebalancing(self._record(moves), self.desired, stats)
+            recorded = self._record(moves, REBALANCE_LABEL)
+            yield from self.dry.rebalancing(recorded, index.desired, stats)
         if self.ruleset.reduce_replicas:
-            yield from self._reduce_replicas()
+            drops = reduce_replicas(index, self.amm.pending, self.rebalancer.moving, stats)
+            yield from self._record(drops, DEFAULT_SOURCE)
 
-    def _todo_keys(self) -> list[Key]:
-        if self._todo is None:
-            todo: Iterable[Key] = self.desired
+    def cluster_view(self) -> ClusterView:
+        """The planner's view of the workers: memory is the AMM's tally during a cycle,
+        else each worker's measure."""
+        memory = getattr(self.amm, "workers_memory", None)
+        if memory is None:
+            memory = {ws: getattr(ws.memory, self.measure) for ws in self.cluster.workers.values()}
+        return self.placements.cluster_view(memory)
+
+    def _todo(self) -> list[Key]:
+        """Governed keys to plan: all of them after workers changed (or when a pool reads
+        worker memory), else those whose copies changed, with copies in flight, or left
+        to look at again."""
+        index = self.index
+        if self._full or self._volatile:
+            todo: Iterable[Key] = list(index.desired)
         else:
-            todo = self._todo | self._recheck | self.inflight.keys()
-        self._todo, self._recheck = set(), set()
-        return [k for k in todo if k in self.desired]
+            todo = index.recheck | index.inflight.keys()
+        self._full = False
+        index.recheck = set()
+        return [k for k in todo if k in index.desired]
 
     def _replicate(self) -> Generator[Suggestion, Any, None]:
         """The policy's replication planning, for the governed keys that may need it."""
-        keys = self._todo_keys()
-        if self._volatile_pools:
-            keys = list(self.desired)
+        keys = self._todo()
         if not keys:
             return
-        cluster = cluster_view(self.cluster, self.pools, self.amm.workers_memory, self.measure)
+        index = self.index
+        cluster = self.cluster_view()
         settings = self.settings()
         pending = self.amm.pending
         tasks, workers = self.cluster.tasks, self.cluster.workers
         moving = self.rebalancer.moving
         for key in keys:
             ts = tasks[key]
-            desired = self.desired[key]
+            desired = index.desired[key]
             view = key_view(
-                ts,
-                desired,
-                inflight=self.inflight.get(key),
-                backoff=self.backoff.get(key),
-                pending=pending,
+                ts, desired, index.inflight.get(key, {}), index.backoff.get(key, {}), pending
             )
             plan = plan_key(view, cluster, settings)
             dry = self.dry.label(desired) is not None
@@ -346,7 +360,8 @@ class Simulation:
                 if action.op == "drop" and key in moving:
                     plan.deferred.append(f"drop from {action.worker} waits: key mid-move")
                     continue
-                accepted = (yield Suggestion(action.op, ts, {workers[action.worker]})) is not None
+                suggestion = Suggestion(action.op, ts, {workers[action.worker]})
+                accepted = (yield suggestion) is not None
                 self._note(
                     action.op, ts, action.worker, action.source, action.reason, dry, accepted
                 )
@@ -361,19 +376,21 @@ class Simulation:
                 or plan.backoff
                 or (desired.replicate is None and len(plan.good) + len(plan.misplaced) > 1)
             ):
-                self._recheck.add(key)
+                index.recheck.add(key)
 
     def _store(self, key: Key, plan: KeyPlan) -> None:
-        for table, value in ((self.inflight, plan.inflight), (self.backoff, plan.backoff)):
+        index = self.index
+        for table, value in ((index.inflight, plan.inflight), (index.backoff, plan.backoff)):
             if value:
                 table[key] = value
             else:
                 table.pop(key, None)
 
     def _record(
-        self, suggestions: Generator[Suggestion, Any, None]
+        self, suggestions: Generator[Suggestion, Any, Any], label: str
     ) -> Generator[Suggestion, Any, None]:
-        """Rebalancing's suggestions, passed on and noted with their answers."""
+        """Suggestions of rebalancing or reduce-replicas, passed on and noted with their
+        answers (the worker the AMM chose, or None)."""
         answer = None
         try:
             while True:
@@ -382,32 +399,21 @@ class Simulation:
                 except StopIteration:
                     return
                 answer = yield s
-                (ws,) = s.candidates
-                dry = self.dry.rebalance or self.dry.label(self.desired.get(s.ts.key)) is not None
-                reason = "rebalance: move" if s.op == "replicate" else "rebalance: copy landed"
-                self._note(
-                    s.op, s.ts, ws.address, REBALANCE_LABEL, reason, dry, answer is not None
-                )
+                ts = s.ts
+                worker = answer.address if answer is not None else None
+                if worker is None and s.candidates:
+                    worker = next(iter(s.candidates)).address
+                if worker is None:
+                    continue
+                if label == REBALANCE_LABEL:
+                    dry = self.dry.rebalance or self.dry.label(self.index.desired.get(ts.key))
+                    why = "rebalance: move" if s.op == "replicate" else "rebalance: copy landed"
+                else:
+                    dry = False
+                    why = f"{len(ts.who_has or ())} copies; no rule governs the key"
+                self._note(s.op, ts, worker, label, why, bool(dry), answer is not None)
         finally:
             suggestions.close()
-
-    def _reduce_replicas(self) -> Generator[Suggestion, Any, None]:
-        """The stock ReduceReplicas for keys nobody governs (the AMM picks the worker)."""
-        pending = self.amm.pending
-        moving = self.rebalancer.moving
-        for key, ts in list(self._replicated_free.items()):
-            who_has = ts.who_has
-            if who_has is None or len(who_has) < 2 or key in moving:
-                continue
-            excess = reduce_replicas_excess(len(who_has), stock_waiter_count(ts))
-            entry = pending.get(ts)
-            if entry is not None:
-                excess += len(entry[0]) - len(entry[1])
-            for _ in range(max(0, excess)):
-                ws = yield Suggestion("drop", ts)
-                if ws is not None:
-                    why = f"{len(who_has)} copies, no rule governs the key"
-                    self._note("drop", ts, ws.address, DEFAULT_SOURCE, why, False, True)
 
     def _note(
         self, op: str, ts: SimTask, worker: str, rule: str, reason: str, dry: bool, accepted: bool
@@ -432,12 +438,12 @@ class Simulation:
     def final_states(self) -> dict[Key, KeyState]:
         """Each governed key planned once more, nothing enacted: its copies, whether its
         target is met, copies still misplaced, actions still due."""
-        cluster = cluster_view(self.cluster, self.pools, None, self.measure)
+        cluster = self.cluster_view()
         settings = self.settings()
         out = {}
-        for key, desired in self.desired.items():
+        for key, desired in self.index.desired.items():
             ts = self.cluster.tasks[key]
-            plan = plan_key(key_view(ts, desired), cluster, settings)
+            plan = plan_key(key_view(ts, desired, {}, {}), cluster, settings)
             pending = [a for a in plan.actions if self.dry.label(desired) is None]
             out[key] = KeyState(
                 key=key,
@@ -454,7 +460,7 @@ class Simulation:
         """Governed keys with fewer copies than their target's minimum: (task, wishes,
         minimum)."""
         out = []
-        for key, desired in self.desired.items():
+        for key, desired in self.index.desired.items():
             ts = self.cluster.tasks[key]
             if desired.move == "never":
                 continue
@@ -477,9 +483,9 @@ class Simulation:
         )
 
     def _bad_annotation(self, value: Any, exc: Exception, key: Key) -> None:
+        shown = repr(value)[:200]
         self._once(
-            ("annotation", repr(value)[:200]),
-            f"ignoring invalid amm annotation {repr(value)[:200]} (key {key!s}): {exc}",
+            ("annotation", shown), f"ignoring invalid amm annotation {shown} (key {key!s}): {exc}"
         )
 
     def _rebalance_error(self, exc: Exception) -> None:

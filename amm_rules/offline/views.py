@@ -1,10 +1,11 @@
 """A recorded cluster as the engine sees a live one: scheduler-shaped objects.
 
 The engine reads the scheduler through duck-typed adapters
-(:mod:`amm_rules.engine.view`: ``TaskFactsAdapter``, ``worker_facts``,
-``stock_waiter_count``, ``busy_workers``...), the rebalancer reads ``tasks``/``workers``
-and the Active Memory Manager reads ``workers``, ``running`` and each worker's
-``memory``. :class:`SimCluster` offers exactly those attributes, built from a
+(:mod:`amm_rules.engine.adapters`: ``TaskFactsAdapter``, ``worker_facts``, ``key_view``,
+``stock_waiter_count``, ``busy_workers``...) and its placements
+(:class:`~amm_rules.engine.placement.Placements`), the rebalancer reads
+``tasks``/``workers`` and the Active Memory Manager reads ``workers``, ``running`` and
+each worker's ``memory``. :class:`SimCluster` offers exactly those attributes, built from a
 :class:`~amm_rules.offline.dump.ClusterState` (a dump, a running scheduler's state, a
 test file's fixture): :class:`SimTask` stands for a ``TaskState``, :class:`SimWorker`
 for a ``WorkerState`` with a real ``distributed.scheduler.MemoryState``. So the same
@@ -20,23 +21,11 @@ held). The computation itself is frozen: no task runs, none is released.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Hashable, Iterable, Iterator
 
 from distributed.core import Status
 from distributed.scheduler import MemoryState
 
-from amm_rules.engine.view import (
-    ClusterView,
-    KeyView,
-    WorkerView,
-    busy_workers,
-    pool_membership,
-    stock_waiter_count,
-    worker_facts,
-    worker_status,
-)
-from amm_rules.language.ruleset import Desired, Pool
 from amm_rules.offline.dump import ClusterState, TaskRecord, WorkerRecord
 
 Key = Hashable
@@ -274,60 +263,3 @@ class SimCluster:
 
     def __repr__(self) -> str:
         return f"<SimCluster {self.source}: {len(self.workers)} workers, {len(self.tasks)} tasks>"
-
-
-# -- the engine's views of it ----------------------------------------------------------------
-
-
-def pools_of(
-    cluster: SimCluster, pools: Mapping[str, Pool], measure: str, on_error: Any = None
-) -> dict[str, frozenset[str]]:
-    """Address -> names of the pools each worker is in (as the policy computes them)."""
-    return {
-        a: pool_membership(worker_facts(ws, getattr(ws.memory, measure)), pools, on_error)
-        for a, ws in cluster.workers.items()
-    }
-
-
-def cluster_view(
-    cluster: SimCluster,
-    pools: Mapping[str, frozenset[str]],
-    memory: Mapping[Any, int] | None,
-    measure: str,
-) -> ClusterView:
-    """The planner's view of the workers: ``memory`` is the AMM's tally during a cycle
-    (downstream of what it accepted so far), else each worker's measure."""
-    out = []
-    for a, ws in cluster.workers.items():
-        mem = memory[ws] if memory is not None and ws in memory else getattr(ws.memory, measure)
-        out.append(WorkerView(a, ws.host, worker_status(ws), pools.get(a, frozenset()), mem))
-    return ClusterView(out)
-
-
-def key_view(
-    ts: SimTask,
-    desired: Desired,
-    *,
-    inflight: Mapping[str, float] | None = None,
-    backoff: Mapping[str, float] | None = None,
-    pending: Mapping[Any, Any] | None = None,
-) -> KeyView:
-    """The planner's view of one key, as the policy builds it for a scheduler task."""
-    add = drop = frozenset()
-    if pending:
-        entry = pending.get(ts)
-        if entry is not None:
-            add = frozenset(ws.address for ws in entry[0])
-            drop = frozenset(ws.address for ws in entry[1])
-    return KeyView(
-        key=ts.key,
-        desired=desired,
-        holders=frozenset(ws.address for ws in ts.who_has or ()),
-        nbytes=max(ts.nbytes, 0),
-        waiters=stock_waiter_count(ts) if desired.replicate is None else 0,
-        busy=busy_workers(ts),
-        inflight=inflight or {},
-        backoff=backoff or {},
-        pending_add=add,
-        pending_drop=drop,
-    )
