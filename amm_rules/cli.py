@@ -174,6 +174,46 @@ def diff(
     sys.exit(run(old, new, dump, scheduler, cycles=cycles, fmt=fmt))
 
 
+@main.command(name="test")
+@click.argument("paths", nargs=-1, metavar="FILE|DIR...", type=click.Path(exists=True))
+@click.option("--coverage", is_flag=True, help="List the rules and pools no case exercised.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(("text", "json")),
+    default="text",
+    show_default=True,
+    help="Output format.",
+)
+@click.option("--schema", "show_schema", is_flag=True, help="Print the test files' JSON Schema.")
+def test_command(paths: tuple[str, ...], coverage: bool, fmt: str, show_schema: bool) -> None:
+    """Run rule tests: test files, or every *_test.yaml under the directories given.
+
+    Each case builds a small cluster, runs the rules on it with the engine's own
+    planners until nothing changes, and checks what was expected. PASS or FAIL per
+    case, with what differed and where.
+
+    Exit status: 0 when every case passed, 1 when a case failed or a test file has
+    errors, 2 for usage errors (including no test file found).
+    """
+    if show_schema:
+        click.echo(test_schema_text(), nl=False)
+        return
+    if not paths:
+        raise click.UsageError("give test files or directories (or --schema)")
+    from amm_rules.offline.commands import run_tests
+
+    sys.exit(run_tests(paths, coverage=coverage, fmt=fmt))
+
+
+def test_schema_text() -> str:
+    import json
+
+    from amm_rules.offline.casefile import TEST_SCHEMA
+
+    return json.dumps(TEST_SCHEMA, indent=2) + "\n"
+
+
 @main.command()
 def schema() -> None:
     """Print the JSON Schema of rules files (for editor completion)."""

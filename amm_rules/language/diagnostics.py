@@ -31,8 +31,8 @@ class Diagnostic:
     column: int
     severity: Severity
     message: str
-    #: Name of the rule (or ``pools.NAME``, ``rebalance``, ``paused-workers``) the problem is
-    #: in, if any.
+    #: Name of the rule (or ``pools.NAME``, ``rebalance``, ``paused-workers``; in a test
+    #: file ``cases.NAME`` or ``workers.NAME``) the problem is in, if any.
     rule: str | None = None
     #: A short stable identifier of the kind of problem, e.g. ``"yaml"``, ``"schema"``,
     #: ``"unknown-attribute"``, ``"shadowed-rule"``.
@@ -58,10 +58,16 @@ class Diagnostic:
         return asdict(self)
 
 
+#: Entries named ``SECTION.NAME`` in :attr:`Diagnostic.rule`, and what each is called
+#: (rules files have pools; the test files of ``amm-rules test`` cases and workers).
+_ENTRIES = {"pools.": "pool", "cases.": "case", "workers.": "worker"}
+
+
 def _context(rule: str) -> str:
     """``rule 'precious'`` for a rule, ``pool 'gpu'`` for a pool, else the section."""
-    if rule.startswith("pools."):
-        return f"pool '{rule[len('pools.') :]}'"
+    for prefix, kind in _ENTRIES.items():
+        if rule.startswith(prefix):
+            return f"{kind} '{rule[len(prefix) :]}'"
     if rule in ("rebalance", "paused-workers", "pools", "rules", "version", "reduce-replicas"):
         return f"section '{rule}'"
     return f"rule '{rule}'"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,14 +33,31 @@ _TYPE_NAMES = {
     "array": "a list",
     "null": "null",
 }
-_SECTIONS = {
-    "rules": "rule",
-    "pools": "pool",
-    "rebalance": "rebalance section",
-    "paused-workers": "paused-workers section",
-}
-#: Top-level mappings of settings: a field in them is named without the section.
-_SETTINGS_SECTIONS = ("rebalance", "paused-workers")
+
+
+@dataclass(frozen=True)
+class FileWords:
+    """How messages name the parts of one kind of file (rules files; the test files of
+    ``amm-rules test`` have their own)."""
+
+    #: What the file is called: ``"rules file"``.
+    file: str
+    #: Top-level sections whose entries are named, and what an entry is called
+    #: (``rules`` -> ``rule``); fields are then named relative to the entry.
+    entries: Mapping[str, str]
+    #: Top-level mappings of settings, and what they are called; a field in them is
+    #: named without the section.
+    mappings: Mapping[str, str]
+    #: Hints after "missing required field 'NAME'" at the top level, by name.
+    top_hints: Mapping[str, str]
+
+
+RULES_FILE = FileWords(
+    "rules file",
+    {"rules": "rule", "pools": "pool"},
+    {"rebalance": "rebalance section", "paused-workers": "paused-workers section"},
+    {"version": "a rules file starts with 'version: 1'"},
+)
 
 
 @dataclass(frozen=True)
@@ -60,11 +77,14 @@ def _validator() -> Any:
     return Draft202012Validator(SCHEMA)
 
 
-def schema_problems(data: Any) -> list[SchemaProblem]:
-    """Every structural problem of ``data`` (plain data read from a rules file)."""
+def schema_problems(
+    data: Any, validator: Any = None, words: FileWords = RULES_FILE
+) -> list[SchemaProblem]:
+    """Every structural problem of ``data`` (plain data read from a rules file, or from
+    another kind of file with its own ``validator`` and ``words``)."""
     out: list[SchemaProblem] = []
-    for error in _validator().iter_errors(data):
-        out.extend(_translate(error))
+    for error in (validator or _validator()).iter_errors(data):
+        out.extend(_translate(error, words))
     return list(dict.fromkeys(out))  # drop repeats, keep order
 
 
@@ -83,33 +103,33 @@ def describe(value: Any) -> str:
     return str(value)
 
 
-def field_label(path: Path) -> str:
+def field_label(path: Path, words: FileWords = RULES_FILE) -> str:
     """The field a path names, relative to its entry: ``replicate.min``, ``gap``."""
-    if path and path[0] in ("rules", "pools"):
+    if path and path[0] in words.entries:
         rel = path[2:] if len(path) >= 2 else path
-    elif path and path[0] in _SETTINGS_SECTIONS and len(path) >= 2:
+    elif path and path[0] in words.mappings and len(path) >= 2:
         rel = path[1:]
     else:
         rel = path
     return ".".join(str(p) for p in rel if not isinstance(p, int))
 
 
-def _say(path: Path, message: str) -> str:
-    label = field_label(path)
+def _say_in(path: Path, message: str, words: FileWords = RULES_FILE) -> str:
+    label = field_label(path, words)
     return f"{label}: {message}" if label else message
 
 
-def _entry_kind(path: Path) -> str:
+def _entry_kind(path: Path, words: FileWords = RULES_FILE) -> str:
     """``rule``, ``pool``, ``rebalance section``, ``paused-workers section``, or ``rules
     file`` for the top level."""
     if not path:
-        return "rules file"
-    if path[0] in _SETTINGS_SECTIONS:
-        return _SECTIONS[path[0]]
-    return _SECTIONS.get(path[0], "rules file") if len(path) >= 2 else "rules file"
+        return words.file
+    if path[0] in words.mappings:
+        return words.mappings[path[0]]
+    return words.entries.get(path[0], words.file) if len(path) >= 2 else words.file
 
 
-def _translate(error: Any) -> Iterable[SchemaProblem]:
+def _translate(error: Any, words: FileWords = RULES_FILE) -> Iterable[SchemaProblem]:
     """One jsonschema error as the problems a person reads, in the words of a rules file.
 
     The cases, in order; the first that fits decides:
@@ -132,15 +152,15 @@ def _translate(error: Any) -> Iterable[SchemaProblem]:
         return _unknown_fields(error, path)
     # 3. Missing fields, reported at the mapping that lacks them.
     if kind == "required":
-        return _missing_fields(error, path)
+        return _missing_fields(error, path, words)
     # 4. A rule without any action field.
     if kind == "anyOf" and all(set(branch) == {"required"} for branch in error.validator_value):
         return [_no_action(error, path)]
     # 5. Alternatives (replicate, pool lists, percentages, sizes).
     if kind in ("oneOf", "anyOf"):
-        return _alternatives(error, path)
+        return _alternatives(error, path, words)
     # 6. Single-keyword failures.
-    return _single_keyword(error, path)
+    return _single_keyword(error, path, words)
 
 
 def _schema(error: Any) -> dict[str, Any]:
@@ -173,7 +193,7 @@ def _unknown_fields(error: Any, path: Path) -> Iterable[SchemaProblem]:
         )
 
 
-def _missing_fields(error: Any, path: Path) -> Iterable[SchemaProblem]:
+def _missing_fields(error: Any, path: Path, words: FileWords) -> Iterable[SchemaProblem]:
     """Case 3: missing fields, at the mapping that lacks them (they have no position of
     their own). A file missing a top-level field most likely lacks ``version: 1``, the
     only one required: say how a rules file starts."""
@@ -181,15 +201,16 @@ def _missing_fields(error: Any, path: Path) -> Iterable[SchemaProblem]:
     for name in error.validator_value:
         if isinstance(instance, dict) and name not in instance:
             if not path:
+                hint = words.top_hints.get(name)
                 yield SchemaProblem(
                     path,
-                    f"missing required field '{name}'; a rules file starts with 'version: 1'",
+                    f"missing required field '{name}'" + (f"; {hint}" if hint else ""),
                     "missing-field",
                 )
             else:
                 yield SchemaProblem(
                     path,
-                    f"{_entry_kind(path)} is missing required field '{name}'",
+                    f"{_entry_kind(path, words)} is missing required field '{name}'",
                     "missing-field",
                 )
 
@@ -202,7 +223,7 @@ def _no_action(error: Any, path: Path) -> SchemaProblem:
     return SchemaProblem(path, f"rule has no action; set at least one of {fields}", "no-action")
 
 
-def _alternatives(error: Any, path: Path) -> Iterable[SchemaProblem]:
+def _alternatives(error: Any, path: Path, words: FileWords) -> Iterable[SchemaProblem]:
     """Case 5: a value that fits none of several alternatives (replicate, pool lists,
     percentages, sizes). If it has the type of one alternative, that is the one meant:
     explain what is wrong within it. Else list the alternatives by name."""
@@ -213,22 +234,26 @@ def _alternatives(error: Any, path: Path) -> Iterable[SchemaProblem]:
         errors = by_branch[index]
         if not any(e.validator == "type" and not e.relative_path for e in errors):
             for sub in errors:
-                yield from _translate(sub)
+                yield from _translate(sub, words)
             return
     titles = [b.get("title") or _type_name(b.get("type")) for b in error.validator_value]
     yield SchemaProblem(
         path,
-        _say(path, f"expected {' or '.join(titles)}, got {describe(error.instance)}"),
+        _say_in(path, f"expected {' or '.join(titles)}, got {describe(error.instance)}", words),
         "wrong-type",
     )
 
 
-def _single_keyword(error: Any, path: Path) -> Iterable[SchemaProblem]:  # noqa: C901 - a flat list of keywords
+def _single_keyword(error: Any, path: Path, words: FileWords) -> Iterable[SchemaProblem]:  # noqa: C901 - a flat list of keywords
     """Case 6: one keyword failed; say what it expects in the rules file's words (a
     "whole number", not an "integer"), with the value found. A keyword this module does
     not know still gets a positioned problem, with jsonschema's own message."""
     kind = error.validator
     value = error.validator_value
+
+    def _say(path: Path, message: str) -> str:
+        return _say_in(path, message, words)
+
     instance = error.instance
     schema = _schema(error)
     if kind == "type":
@@ -259,7 +284,7 @@ def _single_keyword(error: Any, path: Path) -> Iterable[SchemaProblem]:  # noqa:
             kind
         ]
         why = ""
-        if field_label(path).startswith("replicate") and kind == "minimum":
+        if field_label(path, words).startswith("replicate") and kind == "minimum":
             why = " (the AMM never drops the last copy)"
         yield SchemaProblem(
             path,

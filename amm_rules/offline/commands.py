@@ -252,3 +252,27 @@ def diff(
     for warning in state.warnings:
         click.echo(f"warning: {state.source}: {warning}", err=True)
     return 0
+
+
+def run_tests(paths: Sequence[str], *, coverage: bool, fmt: str) -> int:
+    """``amm-rules test``."""
+    from amm_rules.offline.ruletests import (
+        exit_status,
+        find_test_files,
+        render_json,
+        render_text,
+        run_files,
+    )
+
+    files = find_test_files(paths)
+    if not files:
+        raise click.UsageError(
+            f"no test files in {', '.join(paths)} (test files are named *_test.yaml)"
+        )
+    results, cover = run_files(files)
+    shown = cover if coverage else None
+    if fmt == "json":
+        click.echo(json.dumps(render_json(results, shown), indent=2))
+    else:
+        click.echo(render_text(results, shown), nl=False)
+    return exit_status(results)

@@ -1,0 +1,677 @@
+"""Rule test files: their JSON Schema, and reading one into checked fixtures with positions.
+
+A test file (``amm-rules test``) names a rules file, describes a small cluster (workers
+with hosts, resources, memory limits) and lists cases: keys in memory (where, how
+large, of which prefix or type, with which annotations or runtime target), what may
+happen to the cluster first (``kill``), and what is expected: per key (``target``, the
+``rule`` that set it, ``pool``, eventual ``holders``, ``copies``,
+``copies-on-distinct-hosts``, ``unmet``...), and per case (``expect-actions``, the exact
+copies and drops; ``expect-lost``; ``expect-pools``). :data:`TEST_SCHEMA` says all of it
+for editors (``amm-rules test --schema``, the shipped ``amm-rules-test.schema.json``),
+with a description on every field.
+
+Reading goes through the rules files' own machinery, so a test file gets the same
+safety limits and the same ``file:line:column`` diagnostics:
+:mod:`amm_rules.language.yaml_source` (positioned YAML), the schema check of
+:mod:`amm_rules.language.schema_check` (with this schema and its own words), and a
+:class:`~amm_rules.language.locator.Locator` that names entries ``case 'NAME'`` or
+``worker 'NAME'``. Then the meaning: the rules file loads, names refer to workers,
+keys, pools and rules that exist, sizes and targets parse. The result is a
+:class:`TestFile` of plain fixtures; :mod:`amm_rules.offline.ruletests` runs it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from amm_rules.language.diagnostics import Diagnostic
+from amm_rules.language.fields import (
+    ActionError,
+    UnitError,
+    parse_size,
+    parse_target,
+)
+from amm_rules.language.loader import CheckResult, check_path
+from amm_rules.language.locator import Locator
+from amm_rules.language.ruleset import Ruleset, Target
+from amm_rules.language.schema import ACTION_PROPERTIES
+from amm_rules.language.schema_check import FileWords, Path
+
+#: Defaults of a worker's fixture.
+DEFAULT_MEMORY_LIMIT = "16 GiB"
+#: Default size of a key.
+DEFAULT_NBYTES = "1 MiB"
+#: Most keys one ``count`` may generate.
+MAX_COUNT = 100_000
+
+TEST_FILE = FileWords(
+    "test file", {"cases": "case", "workers": "worker"}, {}, {"rules": "the rules file to test"}
+)
+
+_SIZE = {
+    "title": "size",
+    "oneOf": [
+        {
+            "title": "a size like '512 MiB'",
+            "type": "string",
+            "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*[A-Za-z]*\s*$",
+            "errorMessage": "expected a size like '512 MiB' (units: B, kB, MB, GB, TB, KiB, "
+            "MiB, GiB, TiB)",
+        },
+        {"title": "a number of bytes", "type": "integer", "minimum": 0},
+    ],
+}
+_KEY = {
+    "title": "key",
+    "description": "A key: text, or a list for a tuple key (['x', 0] is ('x', 0)).",
+    "oneOf": [
+        {"title": "a key", "type": "string", "minLength": 1},
+        {
+            "title": "a tuple key",
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": ["string", "integer", "number"]},
+        },
+    ],
+}
+_NAMES = {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True}
+_WORKERS = {**_NAMES, "description": "Worker names."}
+_POOLS = {
+    "oneOf": [
+        {"title": "a pool name", "type": "string", "minLength": 1},
+        {"title": "a list of pool names", **_NAMES, "minItems": 1},
+    ]
+}
+
+_WORKER = {
+    "title": "worker",
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {
+            "description": "The worker's name (what worker.name reads; cases name workers by it).",
+            "type": "string",
+            "minLength": 1,
+        },
+        "host": {"description": "Its host (default: its name).", "type": "string", "minLength": 1},
+        "address": {
+            "description": "Its address (default: tcp://HOST:PORT, a port per worker).",
+            "type": "string",
+            "minLength": 1,
+        },
+        "resources": {
+            "description": "Its resources, e.g. {GPU: 1}.",
+            "type": "object",
+            "additionalProperties": {"type": "number"},
+        },
+        "memory-limit": {"description": f"Default {DEFAULT_MEMORY_LIMIT}.", **_SIZE},
+        "memory": {
+            "description": "Memory it uses besides the keys of the case (default 0).",
+            **_SIZE,
+        },
+        "nthreads": {"type": "integer", "minimum": 1, "default": 1},
+        "status": {
+            "description": "'paused' holds data and receives none; 'closing' is retiring.",
+            "enum": ["running", "paused", "closing"],
+            "default": "running",
+        },
+    },
+}
+_KEY_FIXTURE = {
+    "title": "key in memory",
+    "type": "object",
+    "required": ["key", "holders"],
+    "additionalProperties": False,
+    "properties": {
+        "key": _KEY,
+        "holders": {
+            **_WORKERS,
+            "minItems": 1,
+            "description": "The workers holding a copy now.",
+        },
+        "nbytes": {"description": f"Its size (default {DEFAULT_NBYTES}).", **_SIZE},
+        "prefix": {
+            "description": "task.prefix (default: as dask names it from the key).",
+            "type": "string",
+        },
+        "group": {"description": "task.group (default: the prefix).", "type": "string"},
+        "type": {"description": "task.type, e.g. numpy.ndarray.", "type": "string"},
+        "annotations": {
+            "description": "task.annotations; 'amm' is read as the engine reads it.",
+            "type": "object",
+        },
+        "target": {
+            **ACTION_PROPERTIES["replicate"],
+            "title": "runtime target",
+            "description": "A runtime target, as amm_rules.replicate sets it.",
+        },
+        "waiters": {
+            "description": "Dependents still to run (reduce-replicas keeps a copy each).",
+            "type": "integer",
+            "minimum": 0,
+        },
+        "count": {
+            "description": "This many keys, '{i}' in the key replaced by 0, 1, 2...",
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_COUNT,
+        },
+    },
+}
+_EXPECTATION = {
+    "title": "expectation about one key",
+    "type": "object",
+    "required": ["key"],
+    "additionalProperties": False,
+    "properties": {
+        "key": _KEY,
+        "governed": {"description": "A rule, annotation or target governs it.", "type": "boolean"},
+        "target": {
+            "description": "Its replication target (null: none, one copy).",
+            "oneOf": [ACTION_PROPERTIES["replicate"], {"title": "no target", "type": "null"}],
+        },
+        "rule": {
+            "description": "What set its target: a rule name, 'annotation' or 'runtime' "
+            "(null: nothing did).",
+            "type": ["string", "null"],
+        },
+        "rules": {
+            "description": "What decided each field: {pool: NAME, spread: NAME, ...}.",
+            "type": "object",
+            "propertyNames": {"enum": list(ACTION_PROPERTIES)},
+            "additionalProperties": {"type": "string"},
+        },
+        "pool": {"description": "Its resolved pool(s).", **_POOLS},
+        "avoid": {"description": "Its resolved avoided pool(s).", **_POOLS},
+        "spread": {"enum": ["host", "none"]},
+        "move": {"enum": ["allowed", "never"]},
+        "dry-run": {"description": "Its actions are held back by dry-run.", "type": "boolean"},
+        "copies": {"description": "How many copies it ends with.", "type": "integer"},
+        "holders": {**_WORKERS, "description": "Exactly the workers it ends on."},
+        "on": {**_WORKERS, "description": "Workers it ends on (among others)."},
+        "not-on": {**_WORKERS, "description": "Workers it does not end on."},
+        "in-pool": {"description": "Every copy ends in this pool.", "type": "string"},
+        "hosts": {"description": "How many hosts its copies end on.", "type": "integer"},
+        "copies-on-distinct-hosts": {
+            "description": "true: no two copies end on one host; false: some do.",
+            "type": "boolean",
+        },
+        "unmet": {
+            "description": "Its target stays unmet (true/false), or: the reason contains "
+            "this text.",
+            "type": ["boolean", "string"],
+        },
+        "lost": {"description": "A kill left it with no copy.", "type": "boolean"},
+    },
+}
+_ACTION = {
+    "title": "action",
+    "type": "object",
+    "required": ["op", "key", "worker"],
+    "additionalProperties": False,
+    "properties": {
+        "op": {"enum": ["replicate", "drop"]},
+        "key": _KEY,
+        "worker": {"description": "A worker name.", "type": "string"},
+        "rule": {"description": "The rule (counter label) it is made for.", "type": "string"},
+    },
+}
+_CASE = {
+    "title": "case",
+    "type": "object",
+    "required": ["name", "keys"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"description": "Shown with PASS or FAIL.", "type": "string", "minLength": 1},
+        "keys": {"type": "array", "items": _KEY_FIXTURE, "description": "Keys in memory."},
+        "kill": {
+            "description": "Workers lost before the first cycle.",
+            "type": "object",
+            "additionalProperties": False,
+            "minProperties": 1,
+            "properties": {"workers": _WORKERS, "hosts": _NAMES, "pools": _NAMES},
+        },
+        "cycles": {
+            "description": "Stop after this many cycles (default: until nothing changes; "
+            "1: the next cycle's actions).",
+            "type": "integer",
+            "minimum": 1,
+        },
+        "expect": {"type": "array", "items": _EXPECTATION},
+        "expect-actions": {
+            "description": "Exactly these copies and drops, in any order (dry-run ones excluded).",
+            "type": "array",
+            "items": _ACTION,
+        },
+        "expect-lost": {
+            "description": "Exactly these keys lose their last copy.",
+            "type": "array",
+            "items": _KEY,
+        },
+        "expect-pools": {
+            "description": "Exactly these workers in these pools: {gpu: [a, b]}.",
+            "type": "object",
+            "additionalProperties": _WORKERS,
+        },
+    },
+}
+TEST_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "amm-rules test file",
+    "description": "Cases run by 'amm-rules test': a rules file, a small cluster, keys, and "
+    "what the rules should do with them. See docs/testing-rules.md.",
+    "type": "object",
+    "required": ["rules", "workers", "cases"],
+    "additionalProperties": False,
+    "properties": {
+        "rules": {
+            "description": "The rules file to test, relative to this file.",
+            "type": "string",
+            "minLength": 1,
+        },
+        "workers": {"type": "array", "minItems": 1, "items": _WORKER},
+        "cases": {"type": "array", "minItems": 1, "items": _CASE},
+    },
+}
+
+
+# -- the fixtures -----------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerFixture:
+    name: str
+    host: str
+    address: str
+    resources: dict[str, float]
+    memory_limit: int
+    memory: int
+    nthreads: int
+    status: str
+    path: Path
+
+
+@dataclass
+class KeyFixture:
+    key: Hashable
+    holders: list[str]
+    nbytes: int
+    prefix: str | None
+    group: str | None
+    type: str | None
+    annotations: dict[str, Any]
+    target: Target | None
+    waiters: int
+    path: Path
+
+
+@dataclass
+class Case:
+    name: str
+    path: Path
+    keys: list[KeyFixture]
+    kill_workers: list[str] = field(default_factory=list)
+    kill_hosts: list[str] = field(default_factory=list)
+    kill_pools: list[str] = field(default_factory=list)
+    cycles: int | None = None
+    #: (path, the expectation's mapping with its key resolved)
+    expect: list[tuple[Path, dict[str, Any]]] = field(default_factory=list)
+    expect_actions: list[tuple[str, Hashable, str, str | None]] | None = None
+    expect_lost: list[Hashable] | None = None
+    expect_pools: dict[str, list[str]] | None = None
+
+
+@dataclass
+class TestFile:
+    """A checked test file (``cases`` empty when it has errors)."""
+
+    path: str
+    text: str | None
+    locator: Locator | None
+    rules_path: str | None = None
+    rules: CheckResult | None = None
+    workers: list[WorkerFixture] = field(default_factory=list)
+    cases: list[Case] = field(default_factory=list)
+
+    @property
+    def diagnostics(self) -> list[Diagnostic]:
+        return self.locator.diagnostics if self.locator is not None else []
+
+    @property
+    def ok(self) -> bool:
+        return self.locator is not None and not self.locator.has_errors
+
+    def position(self, path: Path) -> tuple[int, int]:
+        return self.locator.position(path) if self.locator is not None else (0, 0)
+
+
+class CaseLocator(Locator):
+    """A :class:`Locator` for test files: entries are ``cases.NAME`` and ``workers.NAME``."""
+
+    def entry(self, path: Path) -> str | None:
+        if len(path) >= 2 and path[0] in ("cases", "workers") and isinstance(path[1], int):
+            items = self.data.get(path[0]) if isinstance(self.data, dict) else None
+            item = items[path[1]] if isinstance(items, list) and path[1] < len(items) else None
+            name = item.get("name") if isinstance(item, dict) else None
+            label = name if isinstance(name, str) and name else f"#{path[1] + 1}"
+            return f"{path[0]}.{label}"
+        return None
+
+
+@lru_cache(maxsize=1)
+def _validator() -> Any:
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(TEST_SCHEMA)
+
+
+def read_test_file(path: str) -> TestFile:
+    """Read and check a test file; problems are positioned diagnostics on the result."""
+    from amm_rules.language.schema_check import schema_problems
+    from amm_rules.language.yaml_source import MAX_BYTES, decode, read_yaml
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    except OSError as exc:
+        where = CaseLocator(path, None)
+        message = f"cannot read the file: {exc.strerror or exc}"
+        where.diagnostics.append(Diagnostic(path, 0, 0, "error", message, None, "unreadable"))
+        return TestFile(path, None, where)
+    text, problems = decode(raw)
+    where = CaseLocator(path, None)
+    if text is None:
+        where.diagnostics.extend(_problem(path, p) for p in problems)
+        return TestFile(path, None, where)
+    source, problems = read_yaml(text)
+    where = CaseLocator(path, source.data if source else None, source)
+    where.diagnostics.extend(_problem(path, p) for p in problems)
+    out = TestFile(path, text, where)
+    if source is None or where.has_errors:
+        return out
+    data = source.data
+    if not isinstance(data, dict):
+        where.add((), "a test file is a mapping with 'rules', 'workers' and 'cases'", "wrong-type")
+        return out
+    where.add_schema(schema_problems(data, _validator(), TEST_FILE))
+    # Meaning is checked too, skipping what the schema reported: every problem is told.
+    _Builder(out, data, where).build()
+    return out
+
+
+def _problem(path: str, p: Any) -> Diagnostic:
+    return Diagnostic(path, p.line, p.column, "error", p.message, None, p.code)
+
+
+class _Builder:
+    """The meaning of a schema-valid test file (names, sizes, targets, the rules file)."""
+
+    def __init__(self, out: TestFile, data: dict[str, Any], where: Locator):
+        self.out = out
+        self.data = data
+        self.where = where
+
+    def error(self, path: Path, message: str, code: str = "bad-value") -> None:
+        self.where.add(path, message, code)
+
+    def skip(self, path: Path) -> bool:
+        """An error was reported at or inside ``path``: leave it alone."""
+        return self.where.reported_under(path)
+
+    def build(self) -> None:
+        if not self.skip(("rules",)) and isinstance(self.data.get("rules"), str):
+            self._rules()
+        if not isinstance(self.data.get("workers"), list) or not isinstance(
+            self.data.get("cases"), list
+        ):
+            return
+        self._workers()
+        names = {w.name for w in self.out.workers}
+        hosts = {w.host for w in self.out.workers}
+        ruleset = self.out.rules.ruleset if self.out.rules is not None else None
+        seen: dict[str, int] = {}
+        cases = []
+        for i, item in enumerate(self.data["cases"]):
+            path = ("cases", i)
+            if self.skip((*path, "name")) or not isinstance(item, dict):
+                continue
+            if item["name"] in seen:
+                self.error(
+                    (*path, "name"), f"duplicate case name '{item['name']}'", "duplicate-case"
+                )
+            seen[item["name"]] = i
+            cases.append(_CaseBuilder(self, item, path, names, hosts, ruleset).build())
+        if not self.where.has_errors:
+            self.out.cases = cases
+
+    def _rules(self) -> None:
+        base = os.path.dirname(os.path.abspath(self.out.path))
+        rel = self.data["rules"]
+        full = os.path.normpath(os.path.join(base, rel))
+        shown = os.path.normpath(os.path.join(os.path.dirname(self.out.path), rel))
+        self.out.rules_path = shown
+        result = check_path(full, display=shown)
+        self.out.rules = result
+        if result.ruleset is None:
+            first = next((d for d in result.diagnostics if d.is_error), None)
+            why = f": {first.message}" if first is not None and first.line == 0 else ""
+            self.error(("rules",), f"the rules file {shown} cannot be used{why}", "bad-rules")
+
+    def _workers(self) -> None:
+        seen_names: set[str] = set()
+        seen_addresses: set[str] = set()
+        for i, item in enumerate(self.data["workers"]):
+            path = ("workers", i)
+            if self.skip(path):
+                continue
+            name = item["name"]
+            host = item.get("host", name)
+            address = item.get("address", f"tcp://{host}:{9000 + i}")
+            if name in seen_names:
+                self.error((*path, "name"), f"duplicate worker name '{name}'", "duplicate-worker")
+            if address in seen_addresses:
+                self.error(path, f"duplicate worker address '{address}'", "duplicate-worker")
+            seen_names.add(name)
+            seen_addresses.add(address)
+            self.out.workers.append(
+                WorkerFixture(
+                    name=name,
+                    host=host,
+                    address=address,
+                    resources=dict(item.get("resources", {})),
+                    memory_limit=self.size(
+                        item.get("memory-limit", DEFAULT_MEMORY_LIMIT), (*path, "memory-limit")
+                    ),
+                    memory=self.size(item.get("memory", 0), (*path, "memory")),
+                    nthreads=item.get("nthreads", 1),
+                    status=item.get("status", "running"),
+                    path=path,
+                )
+            )
+
+    def size(self, value: Any, path: Path) -> int:
+        try:
+            return parse_size(value)
+        except UnitError as exc:
+            self.error(path, f"{path[-1]}: {exc}", exc.code)
+            return 0
+
+    def target(self, value: Any, path: Path) -> Target | None:
+        try:
+            return parse_target(value, str(path[-1]))
+        except ActionError as exc:
+            self.error(path, str(exc))
+            return None
+
+
+def plain_key(value: Any) -> Hashable:
+    """A key as written in a test file: a list is a tuple key."""
+    if isinstance(value, list):
+        return tuple(plain_key(v) for v in value)
+    return value
+
+
+class _CaseBuilder:
+    """One case: its keys (``count`` expanded) and expectations, names checked."""
+
+    def __init__(
+        self,
+        b: _Builder,
+        item: dict[str, Any],
+        path: Path,
+        workers: set[str],
+        hosts: set[str],
+        ruleset: Ruleset | None,
+    ):
+        self.b = b
+        self.item = item
+        self.path = path
+        self.workers = workers
+        self.hosts = hosts
+        self.ruleset = ruleset
+
+    def names(self, values: list[str], path: Path, known: set[str], what: str) -> None:
+        from amm_rules.language.spelling import did_you_mean
+
+        for j, name in enumerate(values):
+            if name not in known:
+                self.b.error(
+                    (*path, j),
+                    f"unknown {what} '{name}'{did_you_mean(name, sorted(known))}",
+                    f"unknown-{what}",
+                )
+
+    def pools(self, value: Any, path: Path) -> None:
+        if self.ruleset is None:
+            return
+        names = [value] if isinstance(value, str) else list(value)
+        paths = [path] if isinstance(value, str) else [(*path, j) for j in range(len(names))]
+        for name, at in zip(names, paths, strict=True):
+            if name not in self.ruleset.pools:
+                from amm_rules.language.fields import unknown_pool_message
+
+                self.b.error(at, unknown_pool_message(name, self.ruleset.pools), "unknown-pool")
+
+    def build(self) -> Case:
+        item, path = self.item, self.path
+        case = Case(item["name"], path, self.keys())
+        skip = self.b.skip
+        kill = item.get("kill", {}) if not skip((*path, "kill")) else {}
+        self.names(kill.get("workers", []), (*path, "kill", "workers"), self.workers, "worker")
+        self.names(kill.get("hosts", []), (*path, "kill", "hosts"), self.hosts, "host")
+        for j, pool in enumerate(kill.get("pools", [])):
+            self.pools(pool, (*path, "kill", "pools", j))
+        case.kill_workers = list(kill.get("workers", []))
+        case.kill_hosts = list(kill.get("hosts", []))
+        case.kill_pools = list(kill.get("pools", []))
+        case.cycles = item.get("cycles")
+        known = {k.key for k in case.keys}
+        expect = item.get("expect")
+        for j, exp in enumerate(expect if isinstance(expect, list) else []):
+            if not skip((*path, "expect", j)):
+                case.expect.append(self.expectation(exp, (*path, "expect", j), known))
+        if "expect-actions" in item and not skip((*path, "expect-actions")):
+            case.expect_actions = []
+            for j, a in enumerate(item["expect-actions"]):
+                at = (*path, "expect-actions", j)
+                key = self.known_key(a["key"], (*at, "key"), known)
+                self.names([a["worker"]], (*at, "worker"), self.workers, "worker")
+                case.expect_actions.append((a["op"], key, a["worker"], a.get("rule")))
+        if "expect-lost" in item and not skip((*path, "expect-lost")):
+            case.expect_lost = [
+                self.known_key(k, (*path, "expect-lost", j), known)
+                for j, k in enumerate(item["expect-lost"])
+            ]
+        if "expect-pools" in item and not skip((*path, "expect-pools")):
+            case.expect_pools = {}
+            for pool, members in item["expect-pools"].items():
+                at = (*path, "expect-pools", pool)
+                self.pools(pool, at)
+                self.names(members, at, self.workers, "worker")
+                case.expect_pools[pool] = list(members)
+        return case
+
+    def keys(self) -> list[KeyFixture]:
+        out: list[KeyFixture] = []
+        seen: set[Hashable] = set()
+        keys = self.item.get("keys")
+        for j, k in enumerate(keys if isinstance(keys, list) else []):
+            at = (*self.path, "keys", j)
+            if self.b.skip(at):
+                continue
+            self.names(k["holders"], (*at, "holders"), self.workers, "worker")
+            nbytes = self.b.size(k.get("nbytes", DEFAULT_NBYTES), (*at, "nbytes"))
+            target = self.b.target(k["target"], (*at, "target")) if "target" in k else None
+            count = k.get("count")
+            raw = k["key"]
+            if count is not None and (not isinstance(raw, str) or "{i}" not in raw):
+                self.b.error((*at, "key"), "with 'count', the key must contain '{i}'", "bad-value")
+                count = None
+            keys = (
+                [raw.replace("{i}", str(i)) for i in range(count)] if count else [plain_key(raw)]
+            )
+            for key in keys:
+                if key in seen:
+                    self.b.error((*at, "key"), f"key {key!r} is listed twice", "duplicate-key")
+                seen.add(key)
+                out.append(
+                    KeyFixture(
+                        key=key,
+                        holders=list(k["holders"]),
+                        nbytes=nbytes,
+                        prefix=k.get("prefix"),
+                        group=k.get("group"),
+                        type=k.get("type"),
+                        annotations=dict(k.get("annotations", {})),
+                        target=target,
+                        waiters=k.get("waiters", 0),
+                        path=at,
+                    )
+                )
+        return out
+
+    def known_key(self, value: Any, path: Path, known: set[Hashable]) -> Hashable:
+        key = plain_key(value)
+        if key not in known:
+            self.b.error(path, f"key {key!r} is not among the case's keys", "unknown-key")
+        return key
+
+    def expectation(
+        self, exp: dict[str, Any], path: Path, known: set[Hashable]
+    ) -> tuple[Path, dict[str, Any]]:
+        out = dict(exp)
+        out["key"] = self.known_key(exp["key"], (*path, "key"), known)
+        if exp.get("target") is not None:
+            out["target"] = self.b.target(exp["target"], (*path, "target"))
+        for name in ("holders", "on", "not-on"):
+            if name in exp:
+                self.names(exp[name], (*path, name), self.workers, "worker")
+        for name in ("pool", "avoid", "in-pool"):
+            if name in exp:
+                self.pools(exp[name], (*path, name))
+        rules = set(r.name for r in self.ruleset.rules) if self.ruleset else None
+        sources = {"annotation", "runtime"}
+        if (
+            rules is not None
+            and exp.get("rule") is not None
+            and exp["rule"] not in rules | sources
+        ):
+            self.b.error((*path, "rule"), self.unknown_rule(exp["rule"], rules), "unknown-rule")
+        for field_name, rule in exp.get("rules", {}).items():
+            if rules is not None and rule not in rules | sources:
+                self.b.error(
+                    (*path, "rules", field_name), self.unknown_rule(rule, rules), "unknown-rule"
+                )
+        return path, out
+
+    @staticmethod
+    def unknown_rule(name: str, rules: set[str]) -> str:
+        from amm_rules.language.spelling import did_you_mean
+
+        hint = did_you_mean(name, sorted(rules | {"annotation", "runtime"}))
+        return f"unknown rule '{name}'{hint} (a rule name, 'annotation' or 'runtime')"
