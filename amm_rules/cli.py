@@ -197,7 +197,7 @@ def test_command(paths: tuple[str, ...], coverage: bool, fmt: str, show_schema: 
     errors, 2 for usage errors (including no test file found).
     """
     if show_schema:
-        click.echo(test_schema_text(), nl=False)
+        click.echo(rule_test_schema_text(), nl=False)
         return
     if not paths:
         raise click.UsageError("give test files or directories (or --schema)")
@@ -206,7 +206,7 @@ def test_command(paths: tuple[str, ...], coverage: bool, fmt: str, show_schema: 
     sys.exit(run_tests(paths, coverage=coverage, fmt=fmt))
 
 
-def test_schema_text() -> str:
+def rule_test_schema_text() -> str:
     import json
 
     from amm_rules.offline.casefile import TEST_SCHEMA

@@ -193,8 +193,8 @@ _EXPECTATION = {
         "dry-run": {"description": "Its actions are held back by dry-run.", "type": "boolean"},
         "copies": {"description": "How many copies it ends with.", "type": "integer"},
         "holders": {**_WORKERS, "description": "Exactly the workers it ends on."},
-        "on": {**_WORKERS, "description": "Workers it ends on (among others)."},
-        "not-on": {**_WORKERS, "description": "Workers it does not end on."},
+        "holders-include": {**_WORKERS, "description": "Workers it ends on (among others)."},
+        "holders-exclude": {**_WORKERS, "description": "Workers it does not end on."},
         "in-pool": {"description": "Every copy ends in this pool.", "type": "string"},
         "hosts": {"description": "How many hosts its copies end on.", "type": "integer"},
         "copies-on-distinct-hosts": {
@@ -467,7 +467,7 @@ class _Builder:
         seen_addresses: set[str] = set()
         for i, item in enumerate(self.data["workers"]):
             path = ("workers", i)
-            if self.skip(path):
+            if self.skip((*path, "name")) or not isinstance(item, dict):
                 continue
             name = item["name"]
             host = item.get("host", name)
@@ -495,6 +495,8 @@ class _Builder:
             )
 
     def size(self, value: Any, path: Path) -> int:
+        if self.skip(path):
+            return 0
         try:
             return parse_size(value)
         except UnitError as exc:
@@ -648,7 +650,7 @@ class _CaseBuilder:
         out["key"] = self.known_key(exp["key"], (*path, "key"), known)
         if exp.get("target") is not None:
             out["target"] = self.b.target(exp["target"], (*path, "target"))
-        for name in ("holders", "on", "not-on"):
+        for name in ("holders", "holders-include", "holders-exclude"):
             if name in exp:
                 self.names(exp[name], (*path, name), self.workers, "worker")
         for name in ("pool", "avoid", "in-pool"):

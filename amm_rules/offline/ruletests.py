@@ -255,12 +255,12 @@ class _Run:
                         )
             elif name == "holders" and sorted(want) != holders:
                 self.fail(at, f"{shown}: holders: expected {sorted(want)}, got {holders}")
-            elif name == "on" and not set(want) <= set(holders):
+            elif name == "holders-include" and not set(want) <= set(holders):
                 self.fail(
                     at,
                     f"{shown}: expected on {sorted(set(want) - set(holders))}; holders: {holders}",
                 )
-            elif name == "not-on" and set(want) & set(holders):
+            elif name == "holders-exclude" and set(want) & set(holders):
                 self.fail(
                     at,
                     f"{shown}: expected not on {sorted(set(want) & set(holders))}; holders: {holders}",

@@ -1,0 +1,235 @@
+"""``amm-rules test``: the shipped example tests pass and cover every example rules file;
+failures say what differed and where; every problem in a test file has a position; the
+test files' JSON Schema is shipped and current."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from amm_rules.cli import main, rule_test_schema_text
+from amm_rules.offline.casefile import TEST_SCHEMA
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = sorted((ROOT / "examples" / "rules").glob("*.yaml"))
+TESTS = sorted((ROOT / "examples" / "tests").glob("*_test.yaml"))
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def test_the_example_tests_pass_and_cover_every_example_rules_file() -> None:
+    status, output = run(
+        "test", str(ROOT / "examples" / "tests"), "--coverage", "--format", "json"
+    )
+    assert status == 0, output
+    report = json.loads(output)
+    assert report["summary"]["failed"] == 0 and report["summary"]["files_with_errors"] == 0
+    assert report["summary"]["cases"] >= 2 * len(RULES)
+    tested = {Path(f["rules"]).resolve() for f in report["files"]}
+    assert tested == {p.resolve() for p in RULES}
+    for name, missing in report["coverage"].items():
+        assert missing == {"rules_not_exercised": [], "pools_not_exercised": []}, name
+
+
+@pytest.mark.parametrize("path", TESTS, ids=lambda p: p.name)
+def test_example_tests_name_the_shipped_schema_and_validate(path: Path) -> None:
+    from jsonschema import Draft202012Validator
+
+    first = path.read_text().splitlines()[0]
+    assert first == "# yaml-language-server: $schema=../../amm-rules-test.schema.json"
+    assert (
+        list(Draft202012Validator(TEST_SCHEMA).iter_errors(yaml.safe_load(path.read_text()))) == []
+    )
+
+
+def test_shipped_schema_is_current_and_valid() -> None:
+    from jsonschema import Draft202012Validator
+
+    Draft202012Validator.check_schema(TEST_SCHEMA)
+    assert (ROOT / "amm-rules-test.schema.json").read_text() == rule_test_schema_text()
+    status, output = run("test", "--schema")
+    assert status == 0 and json.loads(output) == TEST_SCHEMA
+
+
+def test_a_broken_rule_fails_its_example_test(tmp_path: Path) -> None:
+    """The example tests can fail: the same tests against a changed rules file."""
+    rules = (ROOT / "examples" / "rules" / "precious-checkpoints.yaml").read_text()
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "precious-checkpoints.yaml").write_text(
+        rules.replace("replicate: {min: 2, max: 4}", "replicate: {min: 2, max: 5}").replace(
+            "avoid: preemptible\n", ""
+        )
+    )
+    (tmp_path / "tests").mkdir()
+    test = tmp_path / "tests" / "precious-checkpoints_test.yaml"
+    test.write_text((ROOT / "examples" / "tests" / "precious-checkpoints_test.yaml").read_text())
+    status, output = run("test", str(test))
+    assert status == 1
+    assert "FAIL  extra copies are trimmed to four, the preemptible one first" in output
+    assert (
+        f"{test}:21:17: key 'checkpoint-1': target: expected {{min: 2, max: 4}}, got {{min: 2, max: 5}}"
+        in output
+    )
+    assert (
+        f"{test}:23:45: key 'checkpoint-1': avoid decided by: expected 'checkpoints', got nothing"
+        in output
+    )
+    assert f"{test}:41:37: key 'checkpoint-2': copies: expected 4, got 5" in output
+
+
+RULES_TEXT = """\
+version: 1
+pools:
+  gpu: worker.resources.GPU >= 1
+  spare: worker.name matches "spare-*"
+rules:
+  - name: keep-three
+    match: task.prefix == "x"
+    replicate: 3
+  - name: on-gpu
+    match: task.prefix == "dev"
+    pool: gpu
+  - name: unused
+    match: task.prefix == "never"
+    replicate: 2
+"""
+
+FAILING = """\
+rules: rules.yaml
+workers:
+  - {name: a, host: h1, resources: {GPU: 1}}
+  - {name: b, host: h2}
+cases:
+  - name: right
+    keys:
+      - {key: x-1, holders: [a]}
+    expect:
+      - {key: x-1, target: 3, rule: keep-three, copies: 2, unmet: wants 3 copies}
+  - name: wrong
+    keys:
+      - {key: x-2, holders: [a]}
+      - {key: dev-0, holders: [b]}
+    expect:
+      - {key: x-2, copies: 3, rule: on-gpu, copies-on-distinct-hosts: false}
+      - {key: dev-0, holders: [b], in-pool: gpu}
+    expect-actions:
+      - {op: drop, key: x-2, worker: a}
+    expect-pools: {gpu: [a, b]}
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "rules.yaml").write_text(RULES_TEXT)
+    return tmp_path
+
+
+def test_pass_and_fail_with_what_differed_and_where(project: Path) -> None:
+    path = project / "cases_test.yaml"
+    path.write_text(FAILING)
+    status, output = run("test", str(path))
+    assert status == 1
+    lines = output.splitlines()
+    assert lines[0] == f"{path} (rules: {project / 'rules.yaml'})"
+    assert lines[1] == "  PASS  right"
+    assert lines[2] == "  FAIL  wrong"
+    assert lines[3:] == [
+        f"        {path}:16:28: key 'x-2': copies: expected 3, got 2",
+        f"        {path}:16:37: key 'x-2': rule: expected 'on-gpu', got 'keep-three'",
+        f"        {path}:16:71: key 'x-2': copies-on-distinct-hosts: expected false, got true (hosts: h1, h2)",
+        f"        {path}:17:31: key 'dev-0': holders: expected ['b'], got ['a']",
+        f"        {path}:18:5: actions: missing: drop x-2 on a, unexpected: replicate x-2 on b (keep-three); replicate dev-0 on a (on-gpu); drop dev-0 on b (on-gpu)",
+        f"        {path}:20:25: pool 'gpu': expected workers ['a', 'b'], got ['a']",
+        "1 file, 2 cases: 1 passed, 1 failed",
+    ]
+    status, output = run("test", str(path), "--coverage")
+    assert output.splitlines()[-3:] == [
+        f"coverage of {project / 'rules.yaml'}: 2 of 3 rules, 1 of 2 pools exercised",
+        "  not exercised: rule 'unused'",
+        "  not exercised: pool 'spare'",
+    ]
+    status, output = run("test", str(path), "--format", "json")
+    report = json.loads(output)
+    assert status == 1
+    (entry,) = report["files"]
+    assert [c["passed"] for c in entry["cases"]] == [True, False]
+    assert entry["cases"][1]["line"] == 11
+    assert len(entry["cases"][1]["failures"]) == 6
+
+
+BAD = """\
+rules: rules.yaml
+workers:
+  - {name: a, host: h1}
+  - {name: a, host: h2}
+  - {name: c, memory-limit: 1 GiBs, colour: red}
+cases:
+  - name: one
+    keys:
+      - {key: x-1, holders: [a, z]}
+      - {key: x-1, holders: [a]}
+      - {key: "part", count: 3, holders: [a]}
+    kill: {hosts: [h9], pools: [gpus]}
+    expect:
+      - {key: x-9, copies: 2}
+      - {key: x-1, rule: keep-3, in-pool: cpu}
+      - {key: x-1, copies: two}
+    expect-pools: {gpu: [q]}
+  - name: one
+    keys: []
+"""
+
+
+def test_every_problem_of_a_test_file_has_its_position(project: Path) -> None:
+    path = project / "bad_test.yaml"
+    path.write_text(BAD)
+    status, output = run("test", str(path))
+    assert status == 1
+    found = [line.strip() for line in output.splitlines() if ": error: " in line]
+    assert found == [
+        f"{path}:4:12: error: duplicate worker name 'a' (in worker 'a')",
+        f"{path}:5:29: error: memory-limit: unknown size unit 'GiBs'; did you mean 'GiB'? (in worker 'c')",
+        f"{path}:5:37: error: unknown field 'colour'; expected one of name, host, address, resources, memory-limit, memory, nthreads, status (in worker 'c')",
+        f"{path}:9:33: error: unknown worker 'z' (in case 'one')",
+        f"{path}:10:15: error: key 'x-1' is listed twice (in case 'one')",
+        f"{path}:11:15: error: with 'count', the key must contain '{{i}}' (in case 'one')",
+        f"{path}:12:20: error: unknown host 'h9' (in case 'one')",
+        f"{path}:12:33: error: unknown pool 'gpus'; did you mean 'gpu'? (in case 'one')",
+        f"{path}:14:15: error: key 'x-9' is not among the case's keys (in case 'one')",
+        f"{path}:15:26: error: unknown rule 'keep-3'; did you mean 'keep-three'? (a rule name, 'annotation' or 'runtime') (in case 'one')",
+        f"{path}:15:43: error: unknown pool 'cpu'; did you mean 'gpu'? (in case 'one')",
+        f"{path}:16:28: error: expect.copies: expected a whole number, got 'two' (in case 'one')",
+        f"{path}:17:26: error: unknown worker 'q' (in case 'one')",
+        f"{path}:18:11: error: duplicate case name 'one' (in case 'one')",
+    ]
+    assert output.endswith("1 file, 0 cases: 0 passed, 0 failed; 1 file with errors\n")
+
+
+def test_a_rules_file_with_errors_is_reported_with_its_own_positions(tmp_path: Path) -> None:
+    (tmp_path / "rules.yaml").write_text(RULES_TEXT.replace("task.prefix", "task.prefx", 1))
+    path = tmp_path / "x_test.yaml"
+    path.write_text("rules: rules.yaml\nworkers: [{name: a}]\ncases: [{name: c, keys: []}]\n")
+    status, output = run("test", str(path))
+    assert status == 1
+    assert f"{path}:1:8: error: the rules file {tmp_path / 'rules.yaml'} cannot be used" in output
+    assert f"{tmp_path / 'rules.yaml'}:7:17: error: match: task has no attribute 'prefx'" in output
+    missing = tmp_path / "y_test.yaml"
+    missing.write_text("rules: nowhere.yaml\nworkers: [{name: a}]\ncases: [{name: c, keys: []}]\n")
+    status, output = run("test", str(missing))
+    assert status == 1 and "cannot be used: no such file" in output
+
+
+def test_usage_errors(tmp_path: Path) -> None:
+    status, output = run("test")
+    assert status == 2 and "give test files or directories" in output
+    status, output = run("test", str(tmp_path))
+    assert status == 2 and "no test files in" in output
+    status, output = run("test", str(tmp_path / "nothing_test.yaml"))
+    assert status == 2
