@@ -47,21 +47,34 @@ def main() -> None:
     help="Output format.",
 )
 @click.option("--strict", is_flag=True, help="Fail (exit 1) on warnings too.")
-def validate(files: tuple[str, ...], fmt: str, strict: bool) -> None:
+@click.option(
+    "--dump",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also warn about what this cluster (a Client.dump_cluster_state file) cannot "
+    "give the rules: a min above its eligible workers, a pool with no workers, spread: "
+    "host on one host.",
+)
+def validate(files: tuple[str, ...], fmt: str, strict: bool, dump: str | None) -> None:
     """Check rules files and report every problem.
 
     Exit status: 0 when no file has errors (warnings allowed unless --strict),
-    1 when any file has errors (with --strict: errors or warnings), 2 for usage
-    errors.
+    1 when any file has errors (with --strict: errors or warnings) or the dump cannot
+    be read, 2 for usage errors.
     """
-    sys.exit(_validate(list(files), fmt, strict))
+    sys.exit(_validate(list(files), fmt, strict, dump))
 
 
-def _validate(files: list[str], fmt: str, strict: bool) -> int:
+def _validate(files: list[str], fmt: str, strict: bool, dump: str | None = None) -> int:
     from amm_rules.language.loader import check_path
     from amm_rules.language.reporters import REPORTERS
 
     results = [check_path(f) for f in files]
+    if dump is not None:
+        # Only here: reading a dump and computing pools imports the engine (distributed).
+        from amm_rules.offline.commands import add_cluster_warnings
+
+        add_cluster_warnings(results, dump)
     click.echo(REPORTERS[fmt](results), nl=False)
     failed = any(d.is_error or strict for r in results for d in r.diagnostics)
     return 1 if failed else 0

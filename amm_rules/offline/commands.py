@@ -276,3 +276,16 @@ def run_tests(paths: Sequence[str], *, coverage: bool, fmt: str) -> int:
     else:
         click.echo(render_text(results, shown), nl=False)
     return exit_status(results)
+
+
+def add_cluster_warnings(results: Sequence[Any], dump: str) -> None:
+    """``validate --dump``: add the warnings that need a cluster to each checked file."""
+    from amm_rules.language.diagnostics import sort_key
+    from amm_rules.offline.checks import cluster_warnings
+    from amm_rules.offline.simulate import amm_defaults
+
+    state = load_cluster(dump, None)
+    measure, _ = amm_defaults()
+    for result in results:
+        extra = cluster_warnings(result, state, measure)
+        result.diagnostics = sorted([*result.diagnostics, *extra], key=sort_key)

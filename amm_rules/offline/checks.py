@@ -1,0 +1,133 @@
+"""Warnings that need a cluster: ``amm-rules validate RULES --dump FILE``.
+
+``validate`` alone says whether a rules file is well-formed; with a cluster dump it can
+also say what that cluster cannot give the rules. Each check reads the rules (a
+:class:`~amm_rules.language.ruleset.Ruleset`) and the dump's workers, with pool
+membership computed as the engine computes it
+(:class:`~amm_rules.engine.placement.Placements`), and reports a positioned warning
+through the rules file's own :class:`~amm_rules.language.locator.Locator`:
+
+``min-exceeds-eligible``
+    A rule's ``replicate`` minimum is above the number of workers its own ``pool`` and
+    ``avoid`` leave (retiring workers do not count): its keys would stay below target.
+``empty-pool``
+    A pool no worker of the cluster is in.
+``spread-one-host``
+    A rule says ``spread: host`` but the workers it may use are all on one host.
+
+Warnings, not errors: the cluster of a dump is one moment of one cluster, and the same
+file may serve others.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amm_rules.language.diagnostics import Diagnostic, sort_key
+from amm_rules.language.loader import CheckResult
+from amm_rules.language.locator import Locator
+from amm_rules.language.ruleset import Rule, Ruleset
+from amm_rules.offline.dump import ClusterState
+
+
+def cluster_warnings(result: CheckResult, state: ClusterState, measure: str) -> list[Diagnostic]:
+    """The warnings of one checked rules file against a cluster (none if it has errors)."""
+    ruleset = result.ruleset
+    if ruleset is None:
+        return []
+    where = _locator(result)
+    pools = _pools(ruleset, state, measure)
+    running = {a for a, w in state.workers.items() if not _closing(w.status)}
+    hosts = {a: w.host for a, w in state.workers.items()}
+    cluster = f"the cluster of {state.source}"
+    for name in ruleset.pools:
+        if not any(name in p for p in pools.values()):
+            where.add(
+                ("pools", name),
+                f"pool '{name}' has no worker in {cluster} ({len(state.workers)} workers)",
+                "empty-pool",
+                severity="warning",
+                at_key=True,
+            )
+    data_rules = where.data.get("rules") if isinstance(where.data, dict) else None
+    index = {
+        item.get("name"): i
+        for i, item in enumerate(data_rules or [])
+        if isinstance(item, dict)
+    }
+    for rule in ruleset.rules:
+        eligible = _eligible(rule, pools, running)
+        path: tuple[Any, ...] = ("rules", index.get(rule.name, 0))
+        target = rule.actions.replicate
+        if target is not None and target.min > len(eligible):
+            field = "replicate.min" if target.max != target.min else "replicate"
+            scope = _scope(rule)
+            have = (
+                f"only {len(eligible)} worker{'' if len(eligible) == 1 else 's'} {scope} in {cluster}"
+                if scope
+                else f"{cluster} has {len(eligible)} workers"
+            )
+            where.add(
+                (*path, *field.split(".")),
+                f"{field}: wants {target.min} copies, but {have}: its keys would stay "
+                "below target",
+                "min-exceeds-eligible",
+                severity="warning",
+            )
+        if rule.actions.spread == "host":
+            on = sorted({hosts[a] for a in eligible})
+            if len(on) <= 1:
+                where_on = f"on one host ({on[0]})" if on else "on no host"
+                where.add(
+                    (*path, "spread"),
+                    f"spread: host, but the workers it may use in {cluster} are all "
+                    f"{where_on}",
+                    "spread-one-host",
+                    severity="warning",
+                )
+    return sorted(where.diagnostics, key=sort_key)
+
+
+def _locator(result: CheckResult) -> Locator:
+    from amm_rules.language.yaml_source import read_yaml
+
+    source = None
+    if result.text is not None:
+        source, _ = read_yaml(result.text)
+    return Locator(result.file, source.data if source is not None else {}, source)
+
+
+def _pools(ruleset: Ruleset, state: ClusterState, measure: str) -> dict[str, frozenset[str]]:
+    from amm_rules.engine.placement import Placements
+    from amm_rules.offline.views import SimCluster
+
+    cluster = SimCluster(state)
+    placements = Placements(lambda pool, exc: None)
+    placements.attach(cluster.workers)
+    placements.configure(ruleset)
+    placements.refresh(measure, True)
+    return dict(placements.pools)
+
+
+def _eligible(rule: Rule, pools: dict[str, frozenset[str]], running: set[str]) -> list[str]:
+    want = set(rule.actions.pool) if rule.actions.pool is not None else None
+    shun = set(rule.actions.avoid or ())
+    return [
+        a
+        for a in running
+        if (want is None or want & pools.get(a, frozenset())) and not shun & pools.get(a, frozenset())
+    ]
+
+
+def _scope(rule: Rule) -> str:
+    """``in pool gpu and outside spot`` (empty when the rule places nothing)."""
+    parts = []
+    if rule.actions.pool is not None:
+        parts.append(f"in pool {','.join(rule.actions.pool)}")
+    if rule.actions.avoid is not None:
+        parts.append(f"outside {','.join(rule.actions.avoid)}")
+    return " and ".join(parts)
+
+
+def _closing(status: str) -> bool:
+    return status not in ("running", "paused")
