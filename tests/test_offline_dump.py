@@ -151,3 +151,23 @@ def test_references_in_unknown_shapes_are_left_out_and_counted() -> None:
         "1 task references could not be read and were left out",
         "2 worker references could not be read and were left out",
     ]
+
+
+def test_the_shipped_fixture_is_a_real_dump_of_the_demo_cluster() -> None:
+    """``examples/dumps/demo-cluster.msgpack.gz`` (written by ``benchmarks/simulate.py
+    --write-fixture``) reads, and the demo rules have work to do on it."""
+    from amm_rules.language.loader import load_ruleset
+    from amm_rules.offline.simulate import Simulation
+    from amm_rules.offline.views import SimCluster
+
+    root = Path(__file__).resolve().parent.parent
+    state = read_dump(root / "examples" / "dumps" / "demo-cluster.msgpack.gz")
+    assert state.warnings == []
+    assert sorted(w.name for w in state.workers.values()) == ["cpu-1", "cpu-2", "gpu-1", "gpu-2"]
+    assert len({w.host for w in state.workers.values()}) == 2
+    assert sum(1 for w in state.workers.values() if w.resources.get("GPU")) == 2
+    assert {t.prefix for t in state.in_memory()} == {"precious", "device", "host", "other"}
+    sim = Simulation(load_ruleset(root / "examples" / "rules" / "demo.yaml"), SimCluster(state))
+    result = sim.run()
+    assert result.settled and result.actions
+    assert not [k for k in result.keys.values() if k.unmet or k.misplaced]

@@ -228,7 +228,8 @@ async def test_kills_report_data_loss_and_restoring_copies(c, s, *workers, tmp_p
         assert {x["key"] for x in json.loads(output)["lost"]} == only_here
         status, text = cli("simulate", str(rules), "--dump", str(settled), "--kill", address)
         if only_here:
-            assert f"DATA LOSS: {len(only_here)} keys lose their last copy" in text
+            n = len(only_here)
+            assert f"DATA LOSS: {n} key{'s' if n > 1 else ''} lose their last copy" in text
         else:
             assert "no key loses its last copy" in text
 

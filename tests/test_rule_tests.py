@@ -49,6 +49,37 @@ def test_example_tests_name_the_shipped_schema_and_validate(path: Path) -> None:
     )
 
 
+def doc_test_files() -> list[tuple[str, str]]:
+    """Test files in the docs: YAML blocks with ``cases:``."""
+    import re
+
+    out = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        for m in re.finditer(r"^```ya?ml\n(?P<body>.*?)^```", text, re.MULTILINE | re.DOTALL):
+            if "\ncases:" in m["body"]:
+                out.append((f"{doc.name}:{text.count(chr(10), 0, m.start()) + 2}", m["body"]))
+    return out
+
+
+@pytest.mark.parametrize(("where", "body"), doc_test_files(), ids=lambda v: v if ":" in v else "")
+def test_doc_test_files_pass(where: str, body: str, tmp_path: Path) -> None:
+    """Every test file shown in the docs runs, against the example rules, and passes."""
+    import shutil
+
+    shutil.copytree(ROOT / "examples" / "rules", tmp_path / "rules")
+    (tmp_path / "tests").mkdir()
+    path = tmp_path / "tests" / "doc_test.yaml"
+    path.write_text(body)
+    status, output = run("test", str(path))
+    assert status == 0, output
+    assert "FAIL" not in output
+
+
+def test_the_docs_show_test_files() -> None:
+    assert len(doc_test_files()) >= 1
+
+
 def test_shipped_schema_is_current_and_valid() -> None:
     from jsonschema import Draft202012Validator
 

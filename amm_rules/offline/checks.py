@@ -51,9 +51,7 @@ def cluster_warnings(result: CheckResult, state: ClusterState, measure: str) -> 
             )
     data_rules = where.data.get("rules") if isinstance(where.data, dict) else None
     index = {
-        item.get("name"): i
-        for i, item in enumerate(data_rules or [])
-        if isinstance(item, dict)
+        item.get("name"): i for i, item in enumerate(data_rules or []) if isinstance(item, dict)
     }
     for rule in ruleset.rules:
         eligible = _eligible(rule, pools, running)
@@ -80,8 +78,7 @@ def cluster_warnings(result: CheckResult, state: ClusterState, measure: str) -> 
                 where_on = f"on one host ({on[0]})" if on else "on no host"
                 where.add(
                     (*path, "spread"),
-                    f"spread: host, but the workers it may use in {cluster} are all "
-                    f"{where_on}",
+                    f"spread: host, but the workers it may use in {cluster} are all {where_on}",
                     "spread-one-host",
                     severity="warning",
                 )
@@ -115,7 +112,8 @@ def _eligible(rule: Rule, pools: dict[str, frozenset[str]], running: set[str]) -
     return [
         a
         for a in running
-        if (want is None or want & pools.get(a, frozenset())) and not shun & pools.get(a, frozenset())
+        if (want is None or want & pools.get(a, frozenset()))
+        and not shun & pools.get(a, frozenset())
     ]
 
 

@@ -194,23 +194,17 @@ def run_simulation(
 
 def kill_workers(sim: Any, victims: list[str]) -> Any:
     """Kill workers in a simulation before its first cycle; what that does."""
-    from amm_rules.engine.planner import source_label
-    from amm_rules.offline.report import KillReport
+    from amm_rules.offline.report import KillReport, governing_label
 
     governed = dict(sim.desired)
     lost = sim.kill(victims)
     below = [
-        (ts.key, source_label(d, "replicate"), lo, len(ts.who_has or ()))
-        for ts, d, lo in sim.below_target()
+        (ts.key, governing_label(d), lo, len(ts.who_has or ())) for ts, d, lo in sim.below_target()
     ]
     return KillReport(
         workers=victims,
         lost=[
-            (
-                ts.key,
-                ts.nbytes,
-                source_label(governed[ts.key], "replicate") if ts.key in governed else None,
-            )
+            (ts.key, ts.nbytes, governing_label(governed[ts.key]) if ts.key in governed else None)
             for ts in lost
         ],
         below=below,

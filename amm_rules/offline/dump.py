@@ -174,14 +174,44 @@ def _yaml(raw: bytes, name: str) -> Any:
             f"{name}: not a cluster dump (neither msgpack nor YAML text; "
             "Client.dump_cluster_state writes .msgpack.gz or .yaml)"
         ) from None
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    # The safe loader below, driven as yaml.safe_load drives its own.
+    loader = _loader()(text)
     try:
-        return yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
+        return loader.get_single_data()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise DumpError(f"{name}{where}: not readable as YAML ({problem})") from None
+    finally:
+        loader.dispose()
+
+
+def _loader() -> Any:
+    """PyYAML's safe loader (libyaml's when there), remembering the tag of each distinct
+    plain scalar: a dump repeats the same field names and reprs hundreds of thousands of
+    times, and resolving a scalar's tag runs regular expressions in Python."""
+    import yaml
+    from yaml.nodes import ScalarNode
+
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class DumpLoader(base):  # type: ignore[misc, valid-type]
+        def __init__(self, stream: Any):
+            super().__init__(stream)
+            self._tags: dict[tuple[Any, Any], Any] = {}
+
+        def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
+            if kind is not ScalarNode:
+                return super().resolve(kind, value, implicit)
+            memo = (value, implicit)
+            try:
+                return self._tags[memo]
+            except KeyError:
+                tag = self._tags[memo] = super().resolve(kind, value, implicit)
+                return tag
+
+    return DumpLoader
 
 
 # -- layout ---------------------------------------------------------------------------
@@ -327,7 +357,16 @@ class _Refs:
         except KeyError:
             pass
         m = _TASK_REPR.match(ref)
-        key = freeze_key(_literal(m["key"])) if m else None
+        text = m["key"] if m else ""
+        if (
+            len(text) > 1
+            and text[0] == text[-1] == "'"
+            and "'" not in text[1:-1]
+            and "\\" not in text
+        ):
+            key: Key | None = text[1:-1]  # a plain string key: its repr is itself in quotes
+        else:
+            key = freeze_key(_literal(text)) if m else None
         if key is None:
             self._fail("task reference")
         self._tasks[ref] = key

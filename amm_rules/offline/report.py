@@ -82,7 +82,7 @@ def simulation_report(
             "workers": len(result.before),
             "keys_in_memory": keys,
             "bytes_in_memory": nbytes,
-            "governed": len(result.keys),
+            "governed": sim.initial_governed,
             "copies_added": len(add),
             "copies_dropped": len(drop),
             "bytes_transferred": sum(a.nbytes for a in add),
@@ -124,8 +124,26 @@ def _rule_name(label: str) -> str:
     return label if label.startswith("(") else f"rule {label}"
 
 
+def _paren(label: str) -> str:
+    """``(precious)``; ``(annotation)`` as it is."""
+    return label if label.startswith("(") else f"({label})"
+
+
+def governing_label(desired: Desired) -> str:
+    """The label a key is reported under: its target's, else the first field's."""
+    for name in ("replicate", "pool", "avoid", "spread", "move"):
+        if name in desired.reasons:
+            return source_label(desired, name)
+    return DEFAULT_SOURCE
+
+
 def plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
+    """``1 key``, ``2 keys``, ``2 copies``."""
+    if n == 1:
+        return f"{n} {word}"
+    if word.endswith("y") and word[-2:-1] not in ("a", "e", "o", "u"):
+        return f"{n} {word[:-1]}ies"
+    return f"{n} {word}s"
 
 
 def rules_section(ruleset: Ruleset, sim: Simulation, result: Result) -> dict[str, Any]:
@@ -306,10 +324,10 @@ def kill_lines(report: Mapping[str, Any]) -> list[str]:
     if not report["killed"]:
         return []
     lost = report["lost"]
-    lines = [f"killed: {len(report['killed'])} workers: {', '.join(report['killed'])}"]
+    lines = [f"killed: {plural(len(report['killed']), 'worker')}: {', '.join(report['killed'])}"]
     if lost:
         lines.append(
-            f"DATA LOSS: {len(lost)} keys lose their last copy "
+            f"DATA LOSS: {plural(len(lost), 'key')} lose their last copy "
             f"({size(sum(x['bytes'] for x in lost))}):"
         )
         lines += [
@@ -323,11 +341,11 @@ def kill_lines(report: Mapping[str, Any]) -> list[str]:
     if below:
         r = report["restoring"]
         lines.append(
-            f"{len(below)} keys fall below their target; {r['copies']} copies "
-            f"({size(r['bytes'])}) restore them:"
+            f"below target after the kill: {plural(len(below), 'key')}; restored by "
+            f"{plural(r['copies'], 'copy')} ({size(r['bytes'])}):"
         )
         lines += [
-            f"  {x['key']}: {x['copies']} of {x['target']} copies ({x['rule']})"
+            f"  {x['key']}: {x['copies']} of {x['target']} copies {_paren(x['rule'])}"
             for x in below[:TEXT_LIMIT]
         ]
         lines += _more(below)
@@ -401,7 +419,7 @@ def list_lines(report: Mapping[str, Any]) -> list[str]:
     unmet = report["unmet"]
     if unmet:
         out += ["", f"keys left below target ({len(unmet)}):"]
-        out += [f"  {x['key']} ({x['rule']}): {x['reason']}" for x in unmet[:TEXT_LIMIT]]
+        out += [f"  {x['key']} {_paren(x['rule'])}: {x['reason']}" for x in unmet[:TEXT_LIMIT]]
         out += _more(unmet)
     misplaced = report["misplaced"]
     if misplaced:
@@ -411,13 +429,16 @@ def list_lines(report: Mapping[str, Any]) -> list[str]:
     dry = report["dry_run"]
     if dry:
         out += ["", f"held back by dry-run ({len(dry)}):"]
-        out += [f"  {x['op']} {x['key']} on {x['worker']} ({x['rule']})" for x in dry[:TEXT_LIMIT]]
+        out += [
+            f"  {x['op']} {x['key']} on {x['worker']} {_paren(x['rule'])}"
+            for x in dry[:TEXT_LIMIT]
+        ]
         out += _more(dry)
     actions = report["actions"]
     if actions:
         out += ["", f"actions ({len(actions)}):"]
         out += [
-            f"  cycle {x['cycle']}: {x['op']} {x['key']} on {x['worker']} ({x['rule']})"
+            f"  cycle {x['cycle']}: {x['op']} {x['key']} on {x['worker']} {_paren(x['rule'])}"
             for x in actions[:TEXT_LIMIT]
         ]
         out += _more(actions)

@@ -45,14 +45,13 @@ from distributed.active_memory_manager import (
 from amm_rules.engine.adapters import key_view
 from amm_rules.engine.classify import Classifier
 from amm_rules.engine.dryrun import REBALANCE_LABEL, DryRun
-from amm_rules.engine.index import KeyIndex
+from amm_rules.engine.index import KeyIndex, PlanClass
 from amm_rules.engine.placement import VOLATILE_WORKER_ATTRIBUTES, Placements
 from amm_rules.engine.planner import (
     DEFAULT_SOURCE,
     KeyPlan,
     PlanSettings,
     plan_key,
-    source_label,
     target_bounds,
 )
 from amm_rules.engine.rebalance.rebalancer import Rebalancer
@@ -182,8 +181,9 @@ class Simulation:
         self.initial_memory = cluster.measure(measure)
         self.initial_pools = dict(self.placements.pools)
         in_memory = list(cluster.in_memory())
-        #: Keys in memory and their bytes before the first cycle.
+        #: Keys in memory and their bytes, and governed keys, before the first cycle.
         self.initial_keys = (len(in_memory), sum(ts.nbytes for ts in in_memory))
+        self.initial_governed = len(self.index.desired)
         #: Address -> (name, host) of every worker there was (killed ones included).
         self.names = {a: (str(ws.name), ws.host) for a, ws in cluster.workers.items()}
 
@@ -324,16 +324,31 @@ class Simulation:
         return self.placements.cluster_view(memory)
 
     def _todo(self) -> list[Key]:
-        """Governed keys to plan: all of them after workers changed (or when a pool reads
-        worker memory), else those whose copies changed, with copies in flight, or left
-        to look at again."""
-        index = self.index
+        """Governed keys to plan, as the policy picks them: after workers changed (or when
+        a pool reads worker memory) every key that fails the index's cheap check, else
+        those of the keys whose copies changed or were left to look at again, plus the
+        keys with copies in flight."""
+        index, placements = self.index, self.placements
+        reduce = self.ruleset.reduce_replicas
+        recheck, index.recheck = index.recheck, set()
+        todo: dict[Key, None] = {}
         if self._full or self._volatile:
-            todo: Iterable[Key] = list(index.desired)
+            for cls in index.groups:
+                todo.update(
+                    (ts.key, None) for ts in index.suspects(cls, placements.of(cls), reduce)
+                )
         else:
-            todo = index.recheck | index.inflight.keys()
+            by_class: dict[PlanClass, list[Any]] = defaultdict(list)
+            for key in recheck:
+                desired = index.desired.get(key)
+                if desired is not None:
+                    cls = PlanClass.of(desired)
+                    by_class[cls].append(index.groups[cls][key])
+            for cls, members in by_class.items():
+                found = index.suspects(cls, placements.of(cls), reduce, members)
+                todo.update((ts.key, None) for ts in found)
         self._full = False
-        index.recheck = set()
+        todo.update(dict.fromkeys(index.inflight))
         return [k for k in todo if k in index.desired]
 
     def _replicate(self) -> Generator[Suggestion, Any, None]:
@@ -436,24 +451,31 @@ class Simulation:
     # -- where things stand ----------------------------------------------------------------
 
     def final_states(self) -> dict[Key, KeyState]:
-        """Each governed key planned once more, nothing enacted: its copies, whether its
-        target is met, copies still misplaced, actions still due."""
+        """Where each governed key stands, nothing enacted: its copies, whether its
+        target is met, copies still misplaced, actions still due. Keys that pass the
+        index's cheap check in a class that can be met are at rest; the others are
+        planned once more to say why."""
+        index, placements = self.index, self.placements
+        reduce = self.ruleset.reduce_replicas
         cluster = self.cluster_view()
         settings = self.settings()
+        tasks = self.cluster.tasks
         out = {}
-        for key, desired in self.index.desired.items():
-            ts = self.cluster.tasks[key]
-            plan = plan_key(key_view(ts, desired, {}, {}), cluster, settings)
-            pending = [a for a in plan.actions if self.dry.label(desired) is None]
-            out[key] = KeyState(
-                key=key,
-                desired=desired,
-                copies=len(ts.who_has or ()),
-                rule=source_label(desired, "replicate"),
-                unmet=plan.unmet,
-                misplaced=dict(plan.misplaced),
-                pending=len(pending),
-            )
+        for cls, group in index.groups.items():
+            if placements.class_unmet(cls):
+                look = set(group)
+            else:
+                look = {ts.key for ts in index.suspects(cls, placements.of(cls), reduce)}
+            for key, ts in group.items():
+                desired = index.desired[key]
+                state = KeyState(key, desired, len(ts.who_has or ()), cls.source)
+                if key in look:
+                    plan = plan_key(key_view(tasks[key], desired, {}, {}), cluster, settings)
+                    state.unmet = plan.unmet
+                    state.misplaced = dict(plan.misplaced)
+                    if self.dry.label(desired) is None:
+                        state.pending = len(plan.actions)
+                out[key] = state
         return out
 
     def below_target(self) -> list[tuple[SimTask, Desired, int]]:

@@ -144,6 +144,10 @@ class SimCluster:
         self._link(state)
         #: Keys whose copies changed since :meth:`take_touched`.
         self.touched: set[Key] = set()
+        #: Workers with status running (statuses change only when workers are removed).
+        self.running: set[SimWorker] = {
+            ws for ws in self.workers.values() if ws.status == Status.running
+        }
         #: Transfers the AMM asked for: (op, worker address, key).
         self.requested: list[tuple[str, str, Key]] = []
 
@@ -173,10 +177,6 @@ class SimCluster:
                 ws.has_what.setdefault(ts, None)
 
     # -- what the AMM reads and calls ----------------------------------------------------
-
-    @property
-    def running(self) -> set[SimWorker]:
-        return {ws for ws in self.workers.values() if ws.status == Status.running}
 
     @property
     def memory(self) -> MemoryState:
@@ -234,6 +234,7 @@ class SimCluster:
             ws = self.workers.pop(address, None)
             if ws is None:
                 continue
+            self.running.discard(ws)
             for ts in list(ws.has_what):
                 assert ts.who_has is not None
                 ts.who_has.discard(ws)
