@@ -7,5 +7,6 @@
 - :mod:`.rebalance_planner`: the pure rebalance planner on simulated clusters (no Dask);
 - :mod:`.rebalance_cluster`: rebalancing on a real local cluster, against Dask's own tools;
 - :mod:`.soak`: minutes of chaos under replication targets;
-- :mod:`.fuzz_rules`: a long fuzz run of the rules-file checker.
+- :mod:`.fuzz_rules`: a long fuzz run of the rules-file checker;
+- :mod:`.simulate`: ``amm-rules simulate`` on a 100,000-key cluster dump.
 """

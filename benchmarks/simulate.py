@@ -20,7 +20,8 @@ it: read the dump, simulate until nothing changes, build the report (and render 
 JSON). The YAML dump is read once, for reference. Prints a table of medians and writes
 ``benchmarks/results/simulate.json``.
 
-Usage: ``python benchmarks/simulate.py [--keys N] [--workers N] [--repeats N]``
+Usage, from the repository root:
+``python -m benchmarks.simulate [--keys N] [--workers N] [--repeats N] [--write-fixture]``
 """
 
 from __future__ import annotations

@@ -10,5 +10,7 @@
 - :mod:`.scheduler_state`: a real scheduler holding a large cluster state, built in one
   process without a network (``benchmarks/scale.py`` and its smoke test).
 - :mod:`.layout`: the package's imports read with :mod:`ast`, and the layout rules
-  (``tests/test_layout.py``).
+  (``tests/test_layout.py``);
+- :mod:`.dumps`: real cluster dumps of a small cluster with governed keys, and the live
+  engine settled on the same cluster (the offline tests).
 """

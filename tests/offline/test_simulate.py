@@ -14,7 +14,14 @@ from click.testing import CliRunner
 from distributed import Client, LocalCluster
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
-from dump_support import (
+
+from amm_rules.cli import main
+from amm_rules.engine.policy import RulesPolicy
+from amm_rules.language.loader import load_ruleset
+from amm_rules.offline.dump import read_dump
+from amm_rules.offline.simulate import Simulation
+from amm_rules.offline.views import SimCluster
+from tests.support.dumps import (
     CONFIG,
     MEASURE,
     NTHREADS,
@@ -26,13 +33,6 @@ from dump_support import (
     populate,
     settle_live,
 )
-
-from amm_rules.cli import main
-from amm_rules.engine.policy import RulesPolicy
-from amm_rules.language.loader import load_ruleset
-from amm_rules.offline.dump import read_dump
-from amm_rules.offline.simulate import Simulation
-from amm_rules.offline.views import SimCluster
 
 AMM_MEASURE = {"distributed.scheduler.active-memory-manager.measure": MEASURE}
 

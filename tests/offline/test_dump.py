@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from distributed.utils_test import gen_cluster
-from dump_support import CONFIG, NTHREADS, ODD_KEY, RULES, dump, holders, populate
 
 from amm_rules.cli import main
 from amm_rules.offline.dump import ClusterState, DumpError, parse_state, read_dump
+from tests.support.dumps import CONFIG, NTHREADS, ODD_KEY, RULES, dump, holders, populate
 
 
 @gen_cluster(client=True, nthreads=NTHREADS, config=CONFIG)
@@ -160,7 +160,7 @@ def test_the_shipped_fixture_is_a_real_dump_of_the_demo_cluster() -> None:
     from amm_rules.offline.simulate import Simulation
     from amm_rules.offline.views import SimCluster
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     state = read_dump(root / "examples" / "dumps" / "demo-cluster.msgpack.gz")
     assert state.warnings == []
     assert sorted(w.name for w in state.workers.values()) == ["cpu-1", "cpu-2", "gpu-1", "gpu-2"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 from distributed.utils_test import gen_cluster
-from dump_support import CONFIG, NTHREADS, dump, populate
 
 from amm_rules.cli import main
+from tests.support.dumps import CONFIG, NTHREADS, dump, populate
 
 RULES = """\
 version: 1

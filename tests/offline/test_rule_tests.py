@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from amm_rules.cli import main, rule_test_schema_text
 from amm_rules.offline.casefile import TEST_SCHEMA
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RULES = sorted((ROOT / "examples" / "rules").glob("*.yaml"))
 TESTS = sorted((ROOT / "examples" / "tests").glob("*_test.yaml"))
 

@@ -12,7 +12,6 @@ import os
 from collections import Counter, defaultdict
 
 import numpy as np
-from amm_policy_support import amm_config, events, inc, more_cycles, no_errors, policy_of, rules
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import async_poll_for, gen_cluster
 
@@ -20,6 +19,7 @@ from amm_rules.engine.dryrun import DryRun, hold_back
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.language.loader import load_ruleset
 from amm_rules.language.ruleset import Desired, Reason, Target
+from tests.support.cluster import amm_config, events, inc, more_cycles, no_errors, policy_of, rules
 
 MIXED = rules(
     {"name": "three", "match": 'task.prefix == "inc"', "replicate": 3, "enforcement": "dry-run"},

@@ -1,4 +1,4 @@
-"""Real cluster dumps for the offline tests: a small cluster with governed keys, dumped with
+"""Real cluster dumps for the offline tests (``tests/offline``): a small cluster with governed keys, dumped with
 ``Client.dump_cluster_state``, and the real engine run on the same cluster to compare with.
 
 The cluster (:data:`NTHREADS`): four workers on two hosts (``127.0.0.1`` and
