@@ -80,12 +80,6 @@ def _validate(files: list[str], fmt: str, strict: bool, dump: str | None = None)
     return 1 if failed else 0
 
 
-CLUSTER_HELP = (
-    "--dump FILE: a cluster dump written by Client.dump_cluster_state (.msgpack.gz or "
-    ".yaml); --scheduler ADDRESS: the state of a running scheduler."
-)
-
-
 @main.command()
 @click.argument("rules", metavar="RULES")
 @click.option(
