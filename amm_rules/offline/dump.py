@@ -50,7 +50,7 @@ class DumpError(Exception):
     """A cluster dump that cannot be read; ``str()`` is one line for the user."""
 
 
-@dataclass
+@dataclass(slots=True)
 class WorkerRecord:
     """One worker as the scheduler saw it."""
 
@@ -70,7 +70,7 @@ class WorkerRecord:
     has_what: list[Key] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class TaskRecord:
     """One task as the scheduler saw it."""
 

@@ -70,7 +70,7 @@ DEFAULT_MEASURE = "optimistic"
 MAX_CYCLES = 1_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SimAction:
     """One copy made or dropped (or, in dry-run, held back) in a simulated cycle."""
 
@@ -87,7 +87,7 @@ class SimAction:
     dry_run: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class KeyState:
     """Where a governed key stands at the end of a run."""
 
