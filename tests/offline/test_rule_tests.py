@@ -264,3 +264,26 @@ def test_usage_errors(tmp_path: Path) -> None:
     assert status == 2 and "no test files in" in output
     status, output = run("test", str(tmp_path / "nothing_test.yaml"))
     assert status == 2
+
+
+def test_dry_run_rules_are_tested_as_they_act(tmp_path: Path) -> None:
+    (tmp_path / "rules.yaml").write_text(
+        RULES_TEXT.replace("    replicate: 3\n", "    replicate: 3\n    enforcement: dry-run\n")
+    )
+    path = tmp_path / "dry_test.yaml"
+    path.write_text(
+        "rules: rules.yaml\n"
+        "workers: [{name: a}, {name: b}, {name: c}]\n"
+        "cases:\n"
+        "  - name: held back\n"
+        "    keys: [{key: x-1, holders: [a]}, {key: dev-0, holders: [a]}]\n"
+        "    expect:\n"
+        "      - {key: x-1, dry-run: true, target: 3, copies: 1}\n"
+        "      - {key: dev-0, dry-run: false}\n"
+        "    expect-actions: []\n"
+    )
+    status, output = run("test", str(path))
+    assert status == 0, output
+    path.write_text(path.read_text().replace("dry-run: true, target: 3, copies: 1", "copies: 3"))
+    status, output = run("test", str(path))
+    assert status == 1 and "key 'x-1': copies: expected 3, got 1" in output
