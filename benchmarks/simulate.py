@@ -254,6 +254,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write-fixture", action="store_true", help="rewrite the fixture dump")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     if args.write_fixture or not FIXTURE.exists():
         write_fixture()
         print(f"wrote {FIXTURE.relative_to(ROOT)}")
@@ -315,11 +316,14 @@ def main() -> None:
                 "python": sys.version.split()[0],
                 "platform": platform.platform(),
                 "cpus": os.cpu_count(),
+                # The machine is shared: its load (1-minute average) around the runs.
+                "load_average": [load_before, os.getloadavg()[0]],
             },
             indent=2,
         )
         + "\n"
     )
+    print(f"load average (1 min) before and after: {load_before:.1f}, {os.getloadavg()[0]:.1f}")
     print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 

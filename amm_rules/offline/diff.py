@@ -129,15 +129,22 @@ def _empty_rule() -> dict[str, Any]:
 
 def render_diff(report: dict[str, Any]) -> str:
     """The diff for a terminal."""
-    from amm_rules.offline.report import list_lines, pool_lines, size, table, worker_lines
+    from amm_rules.offline.report import (
+        list_lines,
+        plural,
+        pool_lines,
+        size,
+        table,
+        worker_lines,
+    )
 
     t = report["totals"]
     settling = report["old_settling"]
     lines = [f"{report['old_rules_file']} -> {report['new_rules_file']} on {report['cluster']}"]
     if settling["actions"]:
         lines.append(
-            f"the old rules are not at rest on this cluster: {settling['actions']} actions in "
-            f"{settling['cycles']} cycles settle them first (not counted below)"
+            f"the old rules are not at rest on this cluster: {plural(settling['actions'], 'action')}"
+            f" in {plural(settling['cycles'], 'cycle')} settle them first (not counted below)"
         )
     lines.append(
         f"{t['keys_changed']} of {t['keys_in_memory']} keys in memory change what they want"
@@ -161,9 +168,9 @@ def render_diff(report: dict[str, Any]) -> str:
         f"in total: {t['copies_added']} copies added ({size(t['bytes_transferred'])}), "
         f"{t['copies_dropped']} dropped; "
         + (
-            f"settled after {report['cycles']} cycles"
+            f"settled after {plural(report['cycles'], 'cycle')}"
             if report["settled"]
-            else f"not settled after {report['cycles_run']} cycles"
+            else f"not settled after {plural(report['cycles_run'], 'cycle')}"
         ),
     ]
     if report["pools"]:

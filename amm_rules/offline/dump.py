@@ -144,24 +144,57 @@ def decode(raw: bytes, name: str) -> Any:
     return _yaml(raw, name)
 
 
+#: The parts of ``scheduler`` a dump is read for; the rest (the transition log, events,
+#: clients, task groups...) is skipped unread in msgpack dumps, where it is often most of
+#: the file. The workers' own states (top-level ``workers``) are skipped too.
+SCHEDULER_PARTS = frozenset({"address", "id", "workers", "tasks", "memory"})
+
+
 def _msgpack(raw: bytes, name: str) -> Any:
+    """The dump's plain data, streamed: only the parts that are read are built."""
     import msgpack
 
+    unpacker = msgpack.Unpacker(strict_map_key=False, raw=False, max_buffer_size=len(raw) + 1)
+    unpacker.feed(raw)
     try:
-        return msgpack.unpackb(raw, strict_map_key=False, raw=False)
-    except msgpack.ExtraData:
-        raise DumpError(
-            f"{name}: data after the end of the dump (not one msgpack document)"
-        ) from None
-    except ValueError as exc:  # msgpack's "incomplete input" and format errors
-        why = (
-            "the msgpack data ends early (the file is truncated)"
-            if "incomplete" in str(exc)
-            else f"not readable as msgpack ({exc})"
-        )
-        raise DumpError(f"{name}: {why}") from None
-    except Exception as exc:  # msgpack's other errors (StackError, FormatError...)
-        raise DumpError(f"{name}: not readable as msgpack ({type(exc).__name__})") from None
+        out: dict[Any, Any] = {}
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if key == "scheduler":
+                out[key] = _scheduler_part(unpacker)
+            elif key == "workers":
+                unpacker.skip()
+                out[key] = {}
+            else:
+                out[key] = unpacker.unpack()
+    except msgpack.OutOfData:
+        raise DumpError(f"{name}: the msgpack data ends early (the file is truncated)") from None
+    except Exception as exc:  # ValueError and msgpack's own (format, stack, type) errors
+        raise DumpError(f"{name}: not readable as msgpack ({exc or type(exc).__name__})") from None
+    try:
+        unpacker.unpack()
+    except msgpack.OutOfData:
+        return out
+    except Exception:
+        pass
+    raise DumpError(f"{name}: data after the end of the dump (not one msgpack document)")
+
+
+def _scheduler_part(unpacker: Any) -> Any:
+    """The ``scheduler`` mapping with only :data:`SCHEDULER_PARTS` (a non-mapping as is,
+    for :func:`parse_state` to refuse)."""
+    try:
+        n = unpacker.read_map_header()
+    except ValueError:
+        return unpacker.unpack()
+    out = {}
+    for _ in range(n):
+        key = unpacker.unpack()
+        if key in SCHEDULER_PARTS:
+            out[key] = unpacker.unpack()
+        else:
+            unpacker.skip()
+    return out
 
 
 def _yaml(raw: bytes, name: str) -> Any:
