@@ -458,3 +458,13 @@ def test_applying_a_plan_then_planning_again_yields_nothing_opposite(spec, desir
     assert not added & dropped, history  # nothing copied to a worker and dropped there
     # A repeated cycle with no change asks for nothing new.
     assert plan_key(final, cluster, SETTINGS).actions == []
+
+
+def test_a_copy_made_to_move_a_key_into_its_pool_counts_under_the_pool_rule() -> None:
+    """A key with no target of its own, outside its pool: the copy into the pool and the
+    drop outside it are both the pool rule's doing (status counters, simulate reports)."""
+    desired = Desired(pool=("gpu",), reasons={"pool": Reason("rule", "device")})
+    plan = plan_key(key(desired, "a"), workers("a b:gpu"), SETTINGS)
+    assert [(a.op, a.worker, a.source) for a in plan.actions] == [("replicate", "b", "device")]
+    landed = plan_key(key(desired, "a", "b"), workers("a b:gpu"), SETTINGS)
+    assert [(a.op, a.worker, a.source) for a in landed.actions] == [("drop", "a", "device")]
