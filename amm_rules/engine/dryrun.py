@@ -36,8 +36,8 @@ simulator (:mod:`amm_rules.offline.simulate`) uses the same filter.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 from collections.abc import Callable, Generator, Hashable, Mapping, MutableMapping
+from dataclasses import replace
 from typing import Any
 
 from amm_rules.engine.events import DRY_RUN_COUNTERS
