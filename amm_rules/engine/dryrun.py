@@ -45,6 +45,9 @@ from amm_rules.language.ruleset import ACTION_FIELDS, DRY_RUN, Desired, Ruleset
 
 #: Label of rebalancing's held-back suggestions (the rebalancer's own counter label).
 REBALANCE_LABEL = "(rebalance)"
+#: Why a key in dry-run does not hold its target (a shortfall reason, beside those of
+#: :mod:`amm_rules.engine.journal`), and the outcome journalled for what was held back.
+HELD_BACK = "dry-run"
 
 Suggestions = Generator[Any, Any, Any]
 Stats = MutableMapping[str, Counter[str]]
@@ -93,6 +96,21 @@ class DryRun:
             elif self.file:
                 return f"({reason.kind})"
         return None
+
+    def shortfall(
+        self, desired: Desired, plan: Any, short: tuple[str, str] | None
+    ) -> tuple[str, str] | None:
+        """A key's shortfall (see :func:`amm_rules.engine.journal.shortfall`), said as
+        :data:`HELD_BACK` when the key is in dry-run and its plan has actions: the
+        engine is not on it, it is holding back."""
+        label = self.label(desired) if plan.actions else None
+        if label is None:
+            return short
+        first = plan.actions[0]
+        return HELD_BACK, (
+            f"held back by dry-run ({label}): {len(plan.actions)} actions, e.g. "
+            f"{first.op} on {first.worker}"
+        )
 
     def replication(
         self, suggestions: Suggestions, desired: Mapping[Hashable, Desired], stats: Stats

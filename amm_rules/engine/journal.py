@@ -48,7 +48,8 @@ class Decision(NamedTuple):
     #: ``"replicate"`` or ``"drop"``.
     op: str
     worker: str
-    #: ``"accepted"`` or ``"refused"`` by the AMM, or ``"deferred"`` (not suggested).
+    #: ``"accepted"`` or ``"refused"`` by the AMM, ``"deferred"`` (not suggested), or
+    #: ``"dry-run"`` (held back: see :mod:`amm_rules.engine.dryrun`).
     outcome: str
     reason: str
     #: Counter label: rule name, ``(annotation)``, ``(runtime)``, ``(rebalance)``...

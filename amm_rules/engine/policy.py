@@ -47,7 +47,7 @@ from amm_rules.engine import key_logger, observers
 from amm_rules.engine.adapters import key_view
 from amm_rules.engine.audit import Auditor
 from amm_rules.engine.classify import Classifier
-from amm_rules.engine.dryrun import DryRun, dry_run_counts
+from amm_rules.engine.dryrun import HELD_BACK, DryRun, dry_run_counts
 from amm_rules.engine.events import COUNTERS, EventLog
 from amm_rules.engine.index import KeyIndex, PlanClass, watch_scheduler
 from amm_rules.engine.journal import Journal, shortfall
@@ -661,6 +661,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             if plan.unmet and not self.placements.class_unmet(PlanClass.of(desired)):
                 stats[plan.source]["unmet"] += 1
             refused = False
+            # In dry-run the AMM never sees these suggestions (amm_rules.engine.dryrun).
+            held_back = HELD_BACK if self.dry_run.label(desired) is not None else None
             for action in plan.actions:
                 ws = workers.get(action.worker)
                 if ws is None:  # pragma: no cover - the view was built from these workers
@@ -677,7 +679,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                     key,
                     action.op,
                     action.worker,
-                    "accepted" if accepted else "refused",
+                    "accepted" if accepted else held_back or "refused",
                     action.reason,
                     action.source,
                 )
@@ -697,7 +699,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 elif accepted:
                     stats[action.source]["dropped"] += 1
             self._store(key, plan)
-            short = shortfall(plan, refused)
+            short = self.dry_run.shortfall(desired, plan, shortfall(plan, refused))
             if short is None:
                 index.shortfall.pop(key, None)
             else:

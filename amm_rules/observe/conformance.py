@@ -12,7 +12,10 @@ The states (TiDB's ``SHOW PLACEMENT`` has the same three):
 - ``unsatisfiable``: the current workers cannot satisfy some keys at all: fewer
   eligible workers than copies wanted, fewer hosts than ``spread: host`` needs, or a
   ``replicate`` target together with ``move: never`` (which wins: the keys are left
-  alone), with the number of keys and why.
+  alone), with the number of keys and why;
+- ``dry-run``: the rule is in dry-run (``enforcement: dry-run``) and some of its keys do
+  not hold what it asks: the engine planned their copies and drops and held them back
+  (reason ``dry-run``, see :mod:`amm_rules.engine.dryrun`).
 
 A key counts towards every rule that decided one of its fields, so one key short of
 its target shows under each of them; annotations and runtime targets are two groups,
@@ -33,6 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from amm_rules.engine.dryrun import HELD_BACK
 from amm_rules.engine.index import PlanClass, labels_of
 from amm_rules.engine.journal import BUSY, IN_FLIGHT, IN_PROGRESS_REASONS, WAITING
 
@@ -42,8 +46,9 @@ if TYPE_CHECKING:
 SATISFIED = "satisfied"
 IN_PROGRESS = "in-progress"
 UNSATISFIABLE = "unsatisfiable"
-#: Every state, best first.
-STATES = (SATISFIED, IN_PROGRESS, UNSATISFIABLE)
+DRY_RUN = "dry-run"
+#: Every state, best first (``dry-run``: held back by its own enforcement, last).
+STATES = (SATISFIED, IN_PROGRESS, UNSATISFIABLE, DRY_RUN)
 
 #: Why keys cannot be satisfied on the current workers.
 MOVE_NEVER = "move-never"
@@ -51,7 +56,7 @@ TOO_FEW_WORKERS = "too-few-workers"
 TOO_FEW_HOSTS = "too-few-hosts"
 UNSATISFIABLE_REASONS = (TOO_FEW_WORKERS, TOO_FEW_HOSTS, MOVE_NEVER)
 #: Every reason a key does not meet its target (the ``reason`` label of the metrics).
-REASONS = (*UNSATISFIABLE_REASONS, *IN_PROGRESS_REASONS)
+REASONS = (*UNSATISFIABLE_REASONS, *IN_PROGRESS_REASONS, HELD_BACK)
 
 #: The groups of targets that do not come from a rule.
 ANNOTATION = "(annotation)"
@@ -240,6 +245,9 @@ def _judge(r: RuleConformance, backlog: int) -> tuple[str, str]:
         return UNSATISFIABLE, sentence
     if progress:
         return IN_PROGRESS, f"{_progress(progress, r)}"
+    if r.unmet.get(HELD_BACK):
+        n = r.unmet[HELD_BACK]
+        return DRY_RUN, f"{_keys(n)} of {r.keys:,} held back by dry-run (e.g. {r.why[HELD_BACK]})"
     if backlog:
         return IN_PROGRESS, (
             f"{_keys(backlog)} in memory not classified yet (classification budget); "

@@ -26,6 +26,8 @@ name                                                      type     labels
 ``dask_amm_rules_keys_met_ratio``                         gauge    scheduler
 ``dask_amm_rules_copies_requested_total``                 counter  scheduler, rule
 ``dask_amm_rules_copies_dropped_total``                   counter  scheduler, rule
+``dask_amm_rules_dry_run_would_request``                  gauge    scheduler, rule
+``dask_amm_rules_dry_run_would_drop``                     gauge    scheduler, rule
 ``dask_amm_rules_copies_in_flight``                       gauge    scheduler
 ``dask_amm_rules_rebalance_moves_total``                  counter  scheduler
 ``dask_amm_rules_rebalance_moved_bytes_total``            counter  scheduler
@@ -291,6 +293,16 @@ class _Families:
             "Copies dropped since the policy started, by rule or group",
             labels=rule,
         )
+        self.would_request = GaugeMetricFamily(
+            name("dry_run_would_request"),
+            "Copies the rules in dry-run would request now (held back in the last cycle)",
+            labels=rule,
+        )
+        self.would_drop = GaugeMetricFamily(
+            name("dry_run_would_drop"),
+            "Copies the rules in dry-run would drop now (held back in the last cycle)",
+            labels=rule,
+        )
         self.in_flight = GaugeMetricFamily(
             name("copies_in_flight"), "Replication copies requested and not landed", labels=s
         )
@@ -350,6 +362,15 @@ class _Families:
         for label, counts in sorted(policy.totals.items()):
             self.requested.add_metric([*where, label], counts["requested"])
             self.dropped.add_metric([*where, label], counts["dropped"])
+        # Every rule and group (0 when not in dry-run), and any other label holding back.
+        last = policy.last_cycle
+        held = [r.name for r in c.rules]
+        held += sorted(k for k, v in last.items() if k not in held and "would_request" in v)
+        held += sorted(k for k, v in last.items() if k not in held and "would_drop" in v)
+        for label in held:
+            counts = last.get(label, {})
+            self.would_request.add_metric([*where, label], counts.get("would_request", 0))
+            self.would_drop.add_metric([*where, label], counts.get("would_drop", 0))
         index = policy.index
         self.in_flight.add_metric(where, sum(len(v) for v in index.inflight.values()))
         rebalancer = policy.rebalancer

@@ -27,7 +27,7 @@ MIXED = rules(
 )
 
 
-def copies(s, futures) -> list[int]:
+def copies(s, futures) -> list[int]:  # (of each future's key)
     return [len(s.tasks[f.key].who_has or ()) for f in futures]
 
 
@@ -58,6 +58,14 @@ async def test_a_dry_run_rule_makes_no_copy_and_reports_what_it_would(c, s, *wor
     assert mine["dry_run"] == "three"
     assert [w["op"] for w in mine["would"]] == ["replicate", "replicate"]
     assert explained["x-0"]["dry_run"] is None
+
+    # Conformance: the rule is in dry-run, its keys held back (not "in progress").
+    from amm_rules.observe.conformance import conformance
+
+    (three,) = [r for r in conformance(policy).rules if r.name == "three"]
+    assert (three.state, dict(three.unmet)) == ("dry-run", {"dry-run": 3})
+    decisions = [d for d in policy.journal.decisions if d.source == "three"]
+    assert decisions and {d.outcome for d in decisions} == {"dry-run"}
 
     await async_poll_for(lambda: any("dry_run" in e for e in events(s, "cycle")), timeout=5)
     (last,) = [e for e in events(s, "cycle") if "dry_run" in e][-1:]
@@ -204,3 +212,37 @@ def test_hold_back_answers_none_counts_and_returns() -> None:
     assert passed == ["b"]
     assert answers == [("a", None), ("b", "worker"), ("c", None)]
     assert stats["dry"] == Counter({"would_request": 2})
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 3,
+    scheduler_kwargs={"dashboard": True, "dashboard_address": "127.0.0.1:0"},
+    config=amm_config(MIXED),
+)
+async def test_metrics_show_what_dry_run_holds_back(c, s, *workers):
+    from tornado.httpclient import AsyncHTTPClient
+
+    futures = c.map(inc, range(3))
+    await c.gather(futures)
+    policy = policy_of(s)
+    await async_poll_for(
+        lambda: policy.last_cycle.get("three", {}).get("would_request") == 6, timeout=5
+    )
+    url = f"http://127.0.0.1:{s.http_server.port}/metrics"
+    text = (await AsyncHTTPClient().fetch(url)).body.decode()
+
+    def sample(name: str, value: float, **labels: str) -> bool:
+        wanted = [f'{k}="{v}"' for k, v in {**labels, "scheduler": s.address}.items()]
+        return any(
+            line.startswith(name + "{")
+            and line.endswith(f" {value}")
+            and all(w in line for w in wanted)
+            for line in text.splitlines()
+        )
+
+    assert sample("dask_amm_rules_dry_run_would_request", 6.0, rule="three")
+    assert sample("dask_amm_rules_dry_run_would_request", 0.0, rule="two")
+    assert sample("dask_amm_rules_rule_state", 1.0, rule="three", state="dry-run")
+    assert sample("dask_amm_rules_keys_unmet", 3.0, rule="three", reason="dry-run")
+    assert copies(s, futures) == [1, 1, 1]
