@@ -58,8 +58,9 @@ class EngineExtension:
     def _to_dict(self, *, exclude: Container[str] = ()) -> dict[str, Any]:
         """What ``Client.dump_cluster_state`` writes under
         ``scheduler.extensions.amm-rules``: ``rules`` (``source``, ``sha256``,
-        ``loaded_at``, ``text``), ``status`` (:func:`~amm_rules.observe.status.status_report`)
-        and ``decisions`` (the latest, oldest first)."""
+        ``loaded_at``, ``text``), ``status`` (:func:`~amm_rules.observe.status.status_report`),
+        ``decisions`` (the latest, oldest first) and ``runtime_targets`` (``[key, min,
+        max]`` for each key with one, which ``amm-rules simulate`` reads back)."""
         from amm_rules.observe.status import decision_dict, status_report
 
         policy = self.policy
@@ -73,6 +74,9 @@ class EngineExtension:
             },
             "status": status_report(policy),
             "decisions": [decision_dict(d) for d in policy.journal.recent(DUMP_DECISIONS)],
+            "runtime_targets": [
+                [key, target.min, target.max] for key, target in policy.index.runtime.items()
+            ],
         }
         return {k: v for k, v in out.items() if k not in exclude}
 

@@ -180,10 +180,16 @@ def run_simulation(
 ) -> dict[str, Any]:
     """Simulate ``ruleset`` on ``state`` (after the kills) and return the report."""
     from amm_rules.offline.report import simulation_report
-    from amm_rules.offline.simulate import Simulation
+    from amm_rules.offline.simulate import Simulation, runtime_targets
     from amm_rules.offline.views import SimCluster
 
-    sim = Simulation(ruleset, SimCluster(state), measure=measure, interval=interval)
+    sim = Simulation(
+        ruleset,
+        SimCluster(state),
+        measure=measure,
+        interval=interval,
+        runtime=runtime_targets(state),
+    )
     report = None
     if any(kill):
         victims = resolve_kills(state, sim.initial_pools, ruleset, *kill)

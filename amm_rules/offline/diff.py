@@ -27,7 +27,7 @@ from amm_rules.engine.view import key_string
 from amm_rules.language.ruleset import ACTION_FIELDS, Desired, Ruleset
 from amm_rules.offline.dump import ClusterState
 from amm_rules.offline.report import simulation_report
-from amm_rules.offline.simulate import Simulation
+from amm_rules.offline.simulate import Simulation, runtime_targets
 from amm_rules.offline.views import SimCluster
 
 Key = Hashable
@@ -69,14 +69,15 @@ def diff_rules(
 ) -> dict[str, Any]:
     """The report of ``amm-rules diff`` as plain data (see the module docstring)."""
     cluster = SimCluster(state)
-    before = Simulation(old, cluster, measure=measure, interval=interval)
+    runtime = runtime_targets(state)
+    before = Simulation(old, cluster, measure=measure, interval=interval, runtime=runtime)
     settling = before.run()
-    after = Simulation(new, cluster, measure=measure, interval=interval)
+    after = Simulation(new, cluster, measure=measure, interval=interval, runtime=runtime)
     changes = []
     changed_by: Counter[str] = Counter()
     for ts in cluster.in_memory():
-        was = before.classifier.resolve(ts, None)
-        now = after.classifier.resolve(ts, None)
+        was = before.classifier.resolve(ts, runtime.get(ts.key))
+        now = after.classifier.resolve(ts, runtime.get(ts.key))
         fields = changed_fields(was, now)
         if not fields:
             continue

@@ -100,6 +100,9 @@ class ClusterState:
     tasks: dict[Key, TaskRecord] = field(default_factory=dict)
     #: What could not be read and was left out (one line each).
     warnings: list[str] = field(default_factory=list)
+    #: Runtime targets (``amm_rules.replicate``) the engine recorded in the dump:
+    #: key -> (min, max or None).
+    runtime: dict[Key, tuple[int, int | None]] = field(default_factory=dict)
 
     def in_memory(self) -> Iterable[TaskRecord]:
         return (t for t in self.tasks.values() if t.state == "memory" and t.who_has)
@@ -148,6 +151,8 @@ def decode(raw: bytes, name: str) -> Any:
 #: clients, task groups...) is skipped unread in msgpack dumps, where it is often most of
 #: the file. The workers' own states (top-level ``workers``) are skipped too.
 SCHEDULER_PARTS = frozenset({"address", "id", "workers", "tasks", "memory"})
+#: The engine's own part of a dump (``scheduler.extensions``), the one extension read.
+ENGINE_EXTENSION = "amm-rules"
 
 
 def _msgpack(raw: bytes, name: str) -> Any:
@@ -187,10 +192,28 @@ def _scheduler_part(unpacker: Any) -> Any:
         n = unpacker.read_map_header()
     except ValueError:
         return unpacker.unpack()
-    out = {}
+    out: dict[Any, Any] = {}
     for _ in range(n):
         key = unpacker.unpack()
         if key in SCHEDULER_PARTS:
+            out[key] = unpacker.unpack()
+        elif key == "extensions":
+            out[key] = _only(unpacker, ENGINE_EXTENSION)
+        else:
+            unpacker.skip()
+    return out
+
+
+def _only(unpacker: Any, name: str) -> Any:
+    """A mapping with only its entry ``name`` read (the others skipped)."""
+    try:
+        n = unpacker.read_map_header()
+    except ValueError:
+        return unpacker.unpack()
+    out = {}
+    for _ in range(n):
+        key = unpacker.unpack()
+        if key == name:
             out[key] = unpacker.unpack()
         else:
             unpacker.skip()
@@ -263,8 +286,25 @@ def parse_state(data: Any, source: str) -> ClusterState:
         state.tasks[task.key] = task
     for worker in state.workers.values():
         worker.has_what = [k for k in worker.has_what if k in state.tasks]
+    state.runtime = _runtime_targets(scheduler)
     state.warnings.extend(refs.warnings())
     return state
+
+
+def _runtime_targets(scheduler: Mapping[str, Any]) -> dict[Key, tuple[int, int | None]]:
+    """The runtime targets the engine wrote into the dump (none from a dump of a cluster
+    without amm-rules, or from an older one); entries of another shape are left out."""
+    extensions = scheduler.get("extensions")
+    engine = extensions.get(ENGINE_EXTENSION) if isinstance(extensions, Mapping) else None
+    entries = engine.get("runtime_targets") if isinstance(engine, Mapping) else None
+    out: dict[Key, tuple[int, int | None]] = {}
+    for entry in entries if isinstance(entries, list) else ():
+        if not (isinstance(entry, list) and len(entry) == 3):
+            continue
+        key, lo, hi = freeze_key(entry[0]), entry[1], entry[2]
+        if isinstance(lo, int) and (hi is None or isinstance(hi, int)):
+            out[key] = (lo, hi)
+    return out
 
 
 def _section(data: Any, source: str) -> Mapping[str, Any]:

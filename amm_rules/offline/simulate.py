@@ -530,6 +530,11 @@ class _Cycle(ActiveMemoryManagerPolicy):
         return "SimulatedRulesPolicy()"
 
 
+def runtime_targets(state: Any) -> dict[Key, Target]:
+    """The runtime targets a dump recorded (see :attr:`ClusterState.runtime`), as targets."""
+    return {key: Target(lo, hi) for key, (lo, hi) in state.runtime.items()}
+
+
 def amm_defaults() -> tuple[str, float]:
     """The AMM's measure and interval from the dask config (distributed's defaults)."""
     import dask

@@ -365,3 +365,35 @@ async def test_diff_reports_what_the_change_does(c, s, *workers, tmp_path):
     assert status == 0
     assert "7 of 12 keys in memory change what they want" in text
     assert "precious-0: 3 (rule precious) -> 2 (rule precious)" in text
+
+
+@gen_cluster(client=True, nthreads=NTHREADS, config=CONFIG)
+async def test_runtime_targets_come_back_from_the_engines_part_of_the_dump(c, s, *ws, tmp_path):
+    """``amm_rules.replicate`` targets live in the engine, not in the tasks: the engine
+    writes them into dumps, and the simulator reads them back."""
+    from amm_rules import RulesPolicy as ObservedPolicy  # the name configurations use
+
+    futures = await populate(c, s)  # noqa: F841
+    policy = ObservedPolicy(rules_mapping(RULES), audit_interval=None)
+    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False, measure=MEASURE)
+    try:
+        s.handlers["amm_rules_set_target"](keys=[("part", 1)], target={"min": 3})
+        path = await dump(c, tmp_path, "msgpack")
+    finally:
+        policy.detach()
+        del amm
+    state = read_dump(path)
+    assert state.runtime == {("part", 1): (3, None)}
+    status, output = cli(
+        "simulate", str(_rules_file(tmp_path)), "--dump", str(path), "--format", "json"
+    )
+    assert status == 0
+    report = json.loads(output)
+    added = [a for a in report["actions"] if a["key"] == "('part', 1)"]
+    assert [(a["op"], a["rule"]) for a in added] == [("replicate", "(runtime)")] * 2
+
+
+def _rules_file(directory: Any) -> Any:
+    path = directory / "rules.yaml"
+    path.write_text(RULES)
+    return path
