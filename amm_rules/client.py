@@ -54,11 +54,12 @@ __all__ = [
 ANNOTATION = "amm"
 
 
-def plain_target(target: Target) -> int | dict[str, int]:
-    """A :class:`Target` as the value a user would write: ``3`` or ``{"min": 2, "max": 5}``."""
+def plain_target(target: Target) -> Any:
+    """A :class:`Target` as the value a user would write: ``3``, ``"all"``,
+    ``{"min": 2, "max": 5}`` or ``{"min": 2, "max": "all"}``."""
     if target.max == target.min:
         return target.min
-    out = {"min": target.min}
+    out: dict[str, Any] = {"min": target.min}
     if target.max is not None:
         out["max"] = target.max
     return out
@@ -170,17 +171,22 @@ class EngineNotFoundError(RuntimeError):
 
 def replicate(
     futures_or_collection: Any,
-    n: int | Mapping[str, int] | None = 4,
+    n: int | str | Mapping[str, int | str] | None = 4,
     client: Client | None = None,
 ) -> Any:
     """Hold ``n`` copies of data already in memory, until the keys are released.
 
     ``futures_or_collection`` is a Future, a persisted dask collection, a key (a
     string, or a tuple such as ``('x-1a2b', 0)``), or a list, set, tuple or dict of
-    those; anything else raises :class:`TypeError`. ``n`` is a number of copies or ``{"min": a, "max": b}``
-    (add copies below ``min``, trim above ``max``); ``None`` removes the target, so
-    the rules decide again. A runtime target overrides the ``replicate`` field of the
-    rules and of ``amm`` annotations; pools, ``avoid`` and ``spread`` still apply.
+    those; anything else raises :class:`TypeError`. ``n`` is a number of copies,
+    ``"all"`` (one copy on every eligible worker, following workers as they join and
+    leave) or ``{"min": a, "max": b}`` (add copies below ``min``, trim above ``max``;
+    either may be ``"all"``); ``None`` removes the target, so the rules decide again. A
+    runtime target overrides the ``replicate`` field of the rules and of ``amm``
+    annotations; pools, ``avoid`` and ``spread`` still apply. It replaces a target set
+    by an earlier call, including distributed's own ``client.replicate`` and
+    ``scatter(broadcast=...)``, which set runtime targets too unless the rules say
+    ``legacy-replicate: ignore``.
 
     ``n`` is checked here, before anything is sent. The call waits for the futures
     to finish, then returns the scheduler's answer ``{"set": <keys given the target>,
@@ -324,7 +330,7 @@ def _engine_attached(dask_scheduler: Any) -> bool:
 
 
 async def _set_target(
-    client: Client, futures: list[Future], keys: list[Any], target: int | dict[str, int] | None
+    client: Client, futures: list[Future], keys: list[Any], target: Any
 ) -> Any:
     if futures:
         # Like Client.replicate: the target is for data in memory, so let the data land.

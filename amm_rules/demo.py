@@ -171,8 +171,9 @@ def _workload(client: Any) -> list[Any]:
     - ``precious-*`` all on one worker: the rules want 3 copies on distinct hosts;
     - ``device-*`` on CPU workers: the rules want them in the ``gpu`` pool;
     - ``host-*`` on GPU workers: the rules want them off the ``gpu`` pool;
-    - ``scratch-*`` copied to every worker: no rule sets a target, so with
-      ``reduce-replicas`` the extra copies are trimmed.
+    - ``scratch-*`` read by a task on every worker, which copies it there: no rule
+      sets a target, so with ``reduce-replicas`` the extra copies are trimmed once
+      the readers are done.
     """
     info = client.scheduler_info()["workers"]
     gpu = sorted(a for a, w in info.items() if w["resources"].get("GPU"))
@@ -199,8 +200,13 @@ def _workload(client: Any) -> list[Any]:
     from distributed import wait
 
     wait(futures)
-    broadcast = [f for f in futures if key_split(f.key) == "scratch"]
-    client.replicate(broadcast)
+    scratch = [f for f in futures if key_split(f.key) == "scratch"]
+    readers = [
+        client.submit(len, f, workers=[w], allow_other_workers=False, pure=False)
+        for f in scratch
+        for w in info
+    ]
+    wait(readers)
     return futures
 
 
@@ -342,7 +348,7 @@ def _judge(
     eligible = _eligible(desired, pools)
     held = len(holders)
     if desired.replicate is not None:
-        low, high = desired.replicate.min, desired.replicate.max
+        low, high = desired.replicate.bounds(len(eligible))
         copies_ok = low <= held and (high is None or held <= high)
         # A target larger than the eligible workers is held as far as it can be.
         settled = min(low, max(1, len(eligible))) <= held and (high is None or held <= high)

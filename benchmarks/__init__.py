@@ -8,5 +8,7 @@
 - :mod:`.rebalance_cluster`: rebalancing on a real local cluster, against Dask's own tools;
 - :mod:`.soak`: minutes of chaos under replication targets;
 - :mod:`.fuzz_rules`: a long fuzz run of the rules-file checker;
-- :mod:`.simulate`: ``amm-rules simulate`` on a 100,000-key cluster dump.
+- :mod:`.simulate`: ``amm-rules simulate`` on a 100,000-key cluster dump;
+- :mod:`.demand`: copies kept while in demand: a shared table read by waves of tasks,
+  against the stock policy.
 """

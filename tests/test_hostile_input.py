@@ -471,7 +471,7 @@ async def test_runtime_calls_with_garbage_are_errors_and_targets_stay(c, s, *wor
     # The scheduler carries on, and the target set before still holds.
     await asyncio.sleep(0.3)
     assert len(holders(s, "inc-held")) == 3
-    assert policy_of(s).index.runtime[held.key].min == 3
+    assert policy_of(s).index.runtime[held.key].target.min == 3
     assert await c.submit(inc, 41, key="after") == 42
     no_errors(s)
 

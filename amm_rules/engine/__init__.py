@@ -8,8 +8,9 @@ the cluster the planners read), :mod:`.classify` (rules cascade per key),
 Scheduler glue: :mod:`.policy` (the AMM contract and the cycle), :mod:`.adapters`
 (scheduler objects as views), :mod:`.index` (governed keys and the scheduler hooks),
 :mod:`.placement`, :mod:`.rules_file`, :mod:`.audit`, :mod:`.events`, :mod:`.handlers`,
-:mod:`.retire` (retirement by the rules), :mod:`.paused` (the ``paused-workers`` section)
-and :mod:`.rebalance.rebalancer`.
+:mod:`.retire` (retirement by the rules), :mod:`.paused` (the ``paused-workers`` section),
+:mod:`.demand` (a key's reads and waiters), :mod:`.legacy` (distributed's ``replicate``
+and ``scatter(broadcast=...)`` as runtime targets) and :mod:`.rebalance.rebalancer`.
 """
 
 import logging

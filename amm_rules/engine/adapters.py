@@ -92,12 +92,15 @@ class TaskFactsAdapter:
     """A ``TaskState`` seen through the attributes of :class:`~amm_rules.language.ruleset.TaskFacts`.
 
     Attributes are read from the task on access, so a match pays only for what it reads.
+    ``reads`` maps keys to the number of dependents that finished reading them (see
+    :class:`~amm_rules.engine.demand.DemandTracker`); without it ``task.reads`` is 0.
     """
 
-    __slots__ = ("_ts",)
+    __slots__ = ("_ts", "_reads")
 
-    def __init__(self, ts: Any):
+    def __init__(self, ts: Any, reads: Mapping[Hashable, int] | None = None):
         self._ts = ts
+        self._reads = reads
 
     @property
     def key(self) -> str:
@@ -122,6 +125,14 @@ class TaskFactsAdapter:
     @property
     def replicas(self) -> int:
         return len(self._ts.who_has or ())
+
+    @property
+    def waiters(self) -> int:
+        return len(self._ts.waiters or ())
+
+    @property
+    def reads(self) -> int:
+        return self._reads.get(self._ts.key, 0) if self._reads is not None else 0
 
     @property
     def annotations(self) -> Mapping[str, Any]:
@@ -162,11 +173,13 @@ def key_view(
     inflight: Mapping[str, float],
     backoff: Mapping[str, float],
     pending: Mapping[Any, Any] | None = None,
+    held: frozenset[str] = frozenset(),
 ) -> KeyView:
     """The planner's view of one scheduler task: its holders, size and waiters, the
     copies the engine has in flight (``inflight``, worker -> deadline) and the workers it
-    backs off from, and what other policies had the AMM accept for it in this cycle
-    (``pending``: the AMM's ``manager.pending``)."""
+    backs off from, what other policies had the AMM accept for it in this cycle
+    (``pending``: the AMM's ``manager.pending``), and the workers whose copy the demand
+    hold keeps (``held``)."""
     add = drop = frozenset()
     if pending:
         entry = pending.get(ts)
@@ -184,4 +197,5 @@ def key_view(
         backoff=backoff,
         pending_add=add,
         pending_drop=drop,
+        held=held,
     )

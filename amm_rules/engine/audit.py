@@ -124,10 +124,14 @@ class Auditor:
     def _check_replicated(self, index: KeyIndex, resolve: Callable[[Any], Any]) -> None:
         todo = self._replicated
         desired, dirty, free = index.desired, index.dirty, index.replicated_free
+        # Keys whose copies changed since the last cycle are filed by this cycle, after
+        # the audit step: the hooks saw them (a key scattered with one copy, classified,
+        # then broadcast, is in none of the other sets yet).
+        touched = index.touched
         for _ in range(min(self.chunk, len(todo))):
             ts = todo.pop()
             key = ts.key
-            if ts.state != "memory" or key in desired or key in dirty:
+            if ts.state != "memory" or key in desired or key in dirty or key in touched:
                 continue
             if key not in free or resolve(ts).governed:
                 # Unknown to reduce-replicas' walk, or filed there though a rule

@@ -10,7 +10,8 @@ It gives exactly the answer of :meth:`Ruleset.resolve <amm_rules.language.rulese
   plus its parsed ``amm`` annotation and its runtime target;
 - per class, the cascade is run once over the rules whose match reads only class
   attributes (:class:`_ClassCascade`). What is left is the rules that read the key
-  itself (``task.key``, ``task.nbytes``, ``task.replicas``) and could still decide a
+  itself (``task.key``, ``task.nbytes``, ``task.replicas``, ``task.waiters``,
+  ``task.reads``) and could still decide a
   field, in file order: usually none, and the class's ``Desired`` is shared by its keys;
 - otherwise a key evaluates only those remaining matches, and the ``Desired`` is shared
   by the keys of the class with the same outcomes;
@@ -27,7 +28,7 @@ does not import ``distributed``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from amm_rules.engine.adapters import TaskFactsAdapter, class_reader, freeze
@@ -35,6 +36,7 @@ from amm_rules.language.fields import ActionError, parse_actions
 from amm_rules.language.ruleset import (
     ACTION_FIELDS,
     CLASS_ATTRIBUTES,
+    DEMAND_ATTRIBUTES,
     UNGOVERNED,
     Actions,
     Desired,
@@ -42,6 +44,7 @@ from amm_rules.language.ruleset import (
     Reason,
     Rule,
     Ruleset,
+    RuntimeTarget,
     Target,
     overrides,
 )
@@ -138,9 +141,12 @@ class Classifier:
         ruleset: Ruleset,
         on_rule_error: Callable[[Rule, Exception], None] | None = None,
         on_invalid_annotation: Callable[[Any, ActionError, Hashable], None] | None = None,
+        reads: Mapping[Hashable, int] | None = None,
     ):
         #: The ruleset as loaded (what status and explain report).
         self.ruleset = ruleset
+        #: What ``task.reads`` reads (see :class:`~amm_rules.engine.demand.DemandTracker`).
+        self._reads = reads
         self._on_rule_error = on_rule_error
         self._on_invalid_annotation = on_invalid_annotation
         self._reported_rules: set[str] = set()
@@ -161,7 +167,13 @@ class Classifier:
         """True if some match reads ``task.replicas`` (it changes as copies come and go)."""
         return "replicas" in self.ruleset.depends
 
-    def resolve(self, ts: Any, runtime: Target | None = None) -> Desired:
+    @property
+    def demand_sensitive(self) -> bool:
+        """True if some match reads ``task.waiters`` or ``task.reads`` (they change as
+        the key's dependents are submitted and finish)."""
+        return not DEMAND_ATTRIBUTES.isdisjoint(self.ruleset.depends)
+
+    def resolve(self, ts: Any, runtime: Target | RuntimeTarget | None = None) -> Desired:
         """The :class:`Desired` of a scheduler ``TaskState`` (or anything duck-alike):
         the same as ``ruleset.resolve(TaskFactsAdapter(ts), annotation, runtime)``."""
         annotation = self.annotation(ts)
@@ -169,7 +181,7 @@ class Classifier:
         cascade = self._cascades.get(memo_key)
         if cascade is not None and cascade.desired is not None:
             return cascade.desired
-        facts = TaskFactsAdapter(ts)
+        facts = TaskFactsAdapter(ts, self._reads)
         if cascade is None:
             cascade = self._cascade(facts, annotation, runtime)
             if len(self._cascades) >= MEMO_LIMIT:
@@ -201,7 +213,7 @@ class Classifier:
         return None if parsed is _INVALID else parsed
 
     def _cascade(
-        self, facts: Any, annotation: Actions | None, runtime: Target | None
+        self, facts: Any, annotation: Actions | None, runtime: Target | RuntimeTarget | None
     ) -> _ClassCascade:
         """Run the cascade of ``Ruleset.resolve`` for the class of ``facts`` as far as
         class attributes allow (see :class:`_ClassCascade`)."""

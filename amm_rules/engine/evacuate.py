@@ -90,9 +90,10 @@ def leaving_view(workers: Iterable[WorkerView], leaving: Iterable[str]) -> Clust
     )
 
 
-def needed_copies(d: Desired) -> int:
-    """The copies a key should keep on the workers that stay: its target's ``min``."""
-    return d.replicate.min if d.replicate is not None else 1
+def needed_copies(d: Desired, eligible: int) -> int:
+    """The copies a key should keep on the workers that stay: its target's ``min``
+    (``all``: the ``eligible`` workers that stay)."""
+    return d.replicate.bounds(eligible)[0] if d.replicate is not None else 1
 
 
 def plan_evacuation(
@@ -137,7 +138,7 @@ def plan_evacuation(
         placeable = cluster.placeable(d.pool, d.avoid)
         recipients = cluster.recipients(d.pool, d.avoid)
         good = staying & placeable
-        want = min(needed_copies(d), len(good | recipients))
+        want = min(needed_copies(d, len(placeable)), len(good | recipients))
         # Case 2: nowhere eligible.
         if want == 0:
             if staying:
@@ -180,7 +181,7 @@ def _plan_copies(
     hosts = {cluster.host(a) for a in counted | (key.holders - cluster.closing)}
     reason = (
         f"below replicate={want} on the workers that stay"
-        if d.replicate is not None and d.replicate.min > 1
+        if d.replicate is not None and d.replicate.min != 1
         else "held only on leaving workers"
     )
     source = source_label(d, "replicate")

@@ -7,14 +7,16 @@ Active Memory Manager; called by :mod:`amm_rules.client` (``replicate``, ``expla
 - ``amm_rules_set_target(keys, target)``: set (``target=None``: remove) a runtime
   replication target on keys in memory; returns ``{"set": n, "missing": [keys]}``;
 - ``amm_rules_explain(keys)``: per ``str(key)``, where the key is, what is wanted for
-  it and why, and what the planner would do now (``dry_run``: the rule holding its
-  actions back, if it is in dry-run);
+  it and why (a runtime target names its origin: ``amm_rules.replicate``,
+  ``client.replicate`` or ``scatter broadcast``), its demand, and what the planner would
+  do now (``dry_run``: the rule holding its actions back, if it is in dry-run);
 - ``amm_rules_status()``: the rules in force (and which are in dry-run), per-rule
-  counters (``would_request``/``would_drop`` for what dry-run held back), reload errors, and
+  counters (``would_request``/``would_drop`` for what dry-run held back), reload errors,
   rebalancing (``rebalance``: settings, the last plan's roles and skipped keys, moves in
   flight, totals, why moves were abandoned), paused workers (``paused_workers``: the
-  section, a line per paused worker, cool-downs, totals) and retirements placed by the
-  rules (``retirements``).
+  section, a line per paused worker, cool-downs, totals), retirements placed by the
+  rules (``retirements``), the legacy calls honoured (``legacy_replicate``) and the
+  demand hold (``demand``).
 
 Bad input raises ``ValueError`` with a message (the client sees it); nothing here may
 break the scheduler. Answers are plain msgpack-able data.
@@ -120,9 +122,10 @@ class Handlers:
                 }
                 continue
             desired = policy.resolve(ts)
-            view = policy.key_view(ts, desired)
+            view = policy.key_view(ts, desired, now=now)
             plan = plan_key(view, cluster, settings)
-            lo, hi = target_bounds(desired, view.waiters, settings.reduce_replicas)
+            eligible = len(cluster.placeable(desired.pool, desired.avoid))
+            lo, hi = target_bounds(desired, view.waiters, settings.reduce_replicas, eligible)
             out[name] = {
                 "state": ts.state,
                 "holders": sorted(view.holders),
@@ -134,7 +137,22 @@ class Handlers:
                     if getattr(desired, f) is not None
                 },
                 "reasons": {f: str(r) for f, r in desired.reasons.items()},
-                "target": {"min": lo, "max": hi, "source": source_label(desired, "replicate")},
+                # min/max in copies on the current workers; "follows_cluster" when the
+                # target says 'all' (it grows and shrinks as eligible workers come and go).
+                "target": {
+                    "min": lo,
+                    "max": hi,
+                    "source": source_label(desired, "replicate"),
+                    "follows_cluster": bool(
+                        desired.replicate is not None and desired.replicate.follows_cluster
+                    ),
+                },
+                "demand": {
+                    "waiters": len(ts.waiters or ()),
+                    "reads": policy.index.demand.reads.get(ts.key, 0),
+                    "held": sorted(view.held),
+                },
+                "copying": ts.key in policy.legacy.copying,
                 "eligible": plan.eligible,
                 "in_flight": sorted(view.inflight),
                 "misplaced": dict(plan.misplaced),
@@ -201,6 +219,13 @@ class Handlers:
             "rebalance": policy.rebalancer.status(),
             "paused_workers": policy.paused.status(),
             "retirements": policy.retirements.status(),
+            "legacy_replicate": policy.legacy.status(),
+            "demand": {
+                "following": policy.index.demand.enabled,
+                "hold": ruleset.demand.hold,
+                "match": ruleset.demand.match_source,
+                "keys_read": len(policy.index.demand.reads),
+            },
         }
 
 

@@ -16,7 +16,10 @@ hot paths):
   which keys to look at;
 - a wrapper of ``update_data``: scattered data enters memory without a transition;
 - ``add_worker`` / ``remove_worker``: pools and placements are recomputed and every
-  governed key is checked once.
+  governed key is checked once (so a target of ``all`` reaches a worker that joined
+  within one cycle);
+- the same transition hook feeds the :class:`~amm_rules.engine.demand.DemandTracker`
+  (reads and waiters of keys), when the rules read demand.
 
 Governed keys live in :attr:`~KeyIndex.groups`, one group per :data:`PlanClass` (the
 resolved fields that decide the plan, plus the label of the replication target), so a
@@ -31,8 +34,9 @@ from typing import Any, NamedTuple
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from amm_rules.engine.demand import DemandTracker
 from amm_rules.engine.planner import source_label, target_bounds
-from amm_rules.language.ruleset import Desired, Target
+from amm_rules.language.ruleset import Desired, RuntimeTarget, Target
 
 
 class PlanClass(NamedTuple):
@@ -79,8 +83,10 @@ class KeyIndex(SchedulerPlugin):
         self.desired: dict[Hashable, Desired] = {}
         #: Plan class -> {key: TaskState} for every governed key.
         self.groups: dict[PlanClass, dict[Hashable, Any]] = {}
-        #: Runtime targets set through the ``amm_rules_set_target`` handler.
-        self.runtime: dict[Hashable, Target] = {}
+        #: Runtime targets, with their origin: set through the ``amm_rules_set_target``
+        #: handler, or by distributed's ``replicate`` and ``scatter(broadcast=...)``
+        #: (see :mod:`amm_rules.engine.legacy`).
+        self.runtime: dict[Hashable, RuntimeTarget] = {}
         #: Copies asked for and not yet seen land: key -> {address: deadline}.
         self.inflight: dict[Hashable, dict[str, float]] = {}
         #: Workers not to ask again before a time: key -> {address: until}.
@@ -114,6 +120,8 @@ class KeyIndex(SchedulerPlugin):
         #: Copies of them in flight may be fetched from that worker, and a fetch from
         #: a dead worker can hang until the comm times out: the policy gives them up.
         self.source_lost: set[Hashable] = set()
+        #: Reads and waiters of keys (followed only when the rules read demand).
+        self.demand = DemandTracker()
 
     # -- SchedulerPlugin hooks: keep them minimal, they run on every transition ----------
 
@@ -124,6 +132,8 @@ class KeyIndex(SchedulerPlugin):
             self.dirty.add(key)
         elif start == "memory":
             self.forget(key)
+        if self.demand.enabled:
+            self.demand.transition(key, start, finish, kwargs.get("worker"))
 
     def add_worker(self, scheduler: Any = None, worker: str = "") -> None:
         self.workers_changed = True
@@ -147,6 +157,7 @@ class KeyIndex(SchedulerPlugin):
         self.backoff.pop(key, None)
         self.source_lost.discard(key)
         self.shortfall.pop(key, None)
+        self.demand.forget(key)
 
     def put(self, key: Hashable, ts: Any, desired: Desired) -> None:
         """Index a governed key (or move it to its new group)."""
@@ -221,7 +232,9 @@ class KeyIndex(SchedulerPlugin):
             members = self.groups.get(cls, {}).values()
         if cls.move == "never":
             return iter(())
-        lo, hi = target_bounds(Desired(replicate=cls.replicate), 1, reduce_replicas)
+        lo, hi = target_bounds(
+            Desired(replicate=cls.replicate), 1, reduce_replicas, placement.achievable
+        )
         if cls.replicate is None and not reduce_replicas:
             hi = None
         top = hi if hi is not None else 1 << 62

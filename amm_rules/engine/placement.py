@@ -129,8 +129,9 @@ class Placements:
         """Too few eligible workers for the class's target, whatever the key."""
         if cls.move == "never":
             return False
-        lo = cls.replicate.min if cls.replicate is not None else 1
-        return lo > self.of(cls).achievable
+        achievable = self.of(cls).achievable
+        lo = cls.replicate.bounds(achievable)[0] if cls.replicate is not None else 1
+        return lo > achievable
 
     def cluster_view(self, memory: Mapping[Any, int]) -> ClusterView:
         """The planner's view of the workers; ``memory`` maps each ``WorkerState`` to its

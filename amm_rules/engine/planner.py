@@ -110,12 +110,16 @@ def source_label(desired: Desired, name: str) -> str:
     return f"({reason.kind})"
 
 
-def target_bounds(desired: Desired, waiters: int, reduce_replicas: bool) -> tuple[int, int | None]:
-    """``(lo, hi)`` for a governed key. Without ``replicate``, a key keeps one copy,
-    trimmed as ReduceReplicas would (one plus what its waiters need) when
-    reduce-replicas is on, never trimmed otherwise."""
+def target_bounds(
+    desired: Desired, waiters: int, reduce_replicas: bool, eligible: int
+) -> tuple[int, int | None]:
+    """``(lo, hi)`` for a governed key, ``all`` standing for the ``eligible`` workers
+    (those that may hold a copy that counts: inside the pool, outside avoided pools,
+    not retiring). Without ``replicate``, a key keeps one copy, trimmed as
+    ReduceReplicas would (one plus what its waiters need) when reduce-replicas is on,
+    never trimmed otherwise."""
     if desired.replicate is not None:
-        return desired.replicate.min, desired.replicate.max
+        return desired.replicate.bounds(eligible)
     if reduce_replicas:
         return 1, max(1, waiters)
     return 1, None
@@ -149,7 +153,8 @@ def plan_key(key: KeyView, cluster: ClusterView, settings: PlanSettings) -> KeyP
     5. Drop misplaced copies once the good copies alone hold the target (a move:
        copy first, drop after the copy landed), or when they exceed ``hi``.
     6. Trim good copies above ``hi``: duplicated hosts first (spread), then paused,
-       then not the copy just landed, then the most loaded. Never below ``lo``.
+       then not the copy just landed, then the most loaded. Never below ``lo``; for
+       a key without a replication target, never a copy the demand hold keeps.
     7. Never drop the last copy; never drop where a dependent is processing (the AMM
        would refuse): that drop waits for a later cycle.
 
@@ -172,12 +177,11 @@ def plan_key(key: KeyView, cluster: ClusterView, settings: PlanSettings) -> KeyP
     else:
         inflight, backoff = {}, {}
 
-    lo, hi = target_bounds(d, key.waiters, settings.reduce_replicas)
+    # 3. Good and misplaced copies (``all`` in the target counts the eligible workers).
+    placeable = cluster.placeable(d.pool, d.avoid)
+    lo, hi = target_bounds(d, key.waiters, settings.reduce_replicas, len(placeable))
     plan.lo, plan.hi = lo, hi
     plan.source = source_label(d, "replicate")
-
-    # 3. Good and misplaced copies.
-    placeable = cluster.placeable(d.pool, d.avoid)
     good = frozenset(a for a in holders if a in placeable)
     if len(good) < len(holders):
         for addr in holders - good:
@@ -396,10 +400,13 @@ def _trim(
     # Copies that will count next cycle besides the landed good ones (in flight,
     # added by other policies): spread is judged on all of them, as case 4 does.
     coming = counted - plan.good
-    excess = len(keep) - hi
+    # The demand hold (keys without a replication target only): good copies a
+    # dependent read recently are kept, above hi if need be.
+    held = key.held & keep if key.desired.replicate is None else frozenset()
+    excess = len(keep) - max(hi, len(held))
     while excess > 0 and len(remaining) > 1:
         dup_hosts = _duplicated_hosts(keep, cluster) if spread else set()
-        choices = [a for a in keep if a not in busy]
+        choices = [a for a in keep if a not in busy and a not in held]
         if not choices:
             plan.deferred.append("trim waits: dependents are processing on every holder")
             break

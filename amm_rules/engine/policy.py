@@ -18,13 +18,15 @@ Each AMM cycle (every 2 s by default, on the scheduler's event loop) the policy:
    ``rebalance`` section or moves are still in flight
    (:class:`~amm_rules.engine.rebalance.rebalancer.Rebalancer`); keys mid-move are not trimmed;
 7. applies the stock ReduceReplicas arithmetic to replicated keys nobody governs (if
-   the ruleset's ``reduce-replicas`` is on);
+   the ruleset's ``reduce-replicas`` is on), sparing copies the ``demand:`` hold keeps;
 8. counts per rule what was done, for ``amm_rules_status`` and the ``cycle`` event.
 
 Neighbours: :mod:`amm_rules.engine.planner` decides, :mod:`amm_rules.engine.view` adapts scheduler
 objects, :mod:`amm_rules.engine.index` tracks keys, :mod:`amm_rules.engine.events` writes events,
 :mod:`amm_rules.engine.handlers` answers clients, :mod:`amm_rules.engine.retire` makes
-``retire_workers`` place keys by the rules. This module only wires them to the AMM.
+``retire_workers`` place keys by the rules, :mod:`amm_rules.engine.legacy` turns
+distributed's ``replicate`` and ``scatter(broadcast=...)`` into runtime targets,
+:mod:`amm_rules.engine.demand` follows reads. This module only wires them to the AMM.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from amm_rules.engine.events import COUNTERS, EventLog
 from amm_rules.engine.index import KeyIndex, PlanClass, watch_scheduler
 from amm_rules.engine.journal import Journal, shortfall
 from amm_rules.engine.paused import PausedWorkers
+from amm_rules.engine.legacy import LegacyCalls
 from amm_rules.engine.placement import Placements
 from amm_rules.engine.planner import (
     KeyPlan,
@@ -63,7 +66,7 @@ from amm_rules.engine.reduce_replicas import reduce_replicas
 from amm_rules.engine.retire import Retirements
 from amm_rules.engine.rules_file import ReloadFailed, RulesFile
 from amm_rules.engine.view import ClusterView, KeyView
-from amm_rules.language.ruleset import Desired, Pool, Rule, Ruleset, Target
+from amm_rules.language.ruleset import Desired, Pool, Rule, Ruleset, RuntimeTarget, Target
 
 # Terse, also at DEBUG level. The per-key logger is amm_rules.engine.key_logger.
 logger = logging.getLogger(__name__)
@@ -177,10 +180,14 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self._unwatch: Callable[[], None] | None = None
         #: The ``rebalance:`` section at work; kept across reloads (moves in flight).
         self.rebalancer = Rebalancer()
+        self.rebalancer.reads = self.index.demand.reads
         self.placements = Placements(on_pool_error=self._pool_error)
         self.paused = PausedWorkers()
         self.retirements = Retirements()
         self.retire_by_rules = bool(retire_by_rules)
+        #: distributed's replicate and scatter(broadcast=...), honoured as targets.
+        self.legacy = LegacyCalls(self)
+        self._unlegacy: Callable[[], None] | None = None
         self._install(ruleset)
 
     # ------------------------------------------------------------------ attach
@@ -208,8 +215,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
 
         scheduler = self.scheduler
         self.events.scheduler = scheduler
+        self.index.demand.tasks = scheduler.tasks
         scheduler.add_plugin(self.index, name=f"amm-rules-{id(self)}", idempotent=True)
         self._unwatch = watch_scheduler(scheduler, self.index)
+        self._unlegacy = self.legacy.install(scheduler)
         self.placements.attach(scheduler.workers)
         register(scheduler, self)
         observers.attached(scheduler, self)
@@ -232,9 +241,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
 
         scheduler = manager.scheduler
         self.index.active = False
-        if self._unwatch is not None:
-            self._unwatch()
-            self._unwatch = None
+        for undo in (self._unwatch, self._unlegacy):
+            if undo is not None:
+                undo()
+        self._unwatch = self._unlegacy = None
         for name, plugin in list(scheduler.plugins.items()):
             if plugin is self.index:
                 scheduler.remove_plugin(name=name)
@@ -305,7 +315,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             ruleset,
             on_rule_error=self._rule_error,
             on_invalid_annotation=self._invalid_annotation,
+            reads=self.index.demand.reads,
         )
+        self.index.demand.configure(ruleset.demand, ruleset.reads_demand, self._demand_match_error)
+        if ruleset.legacy_replicate == "ignore":
+            self.legacy.forget_targets()
         self.placements.configure(ruleset)
         self.index.workers_changed = True
         self.rebalancer.configure(ruleset.rebalance, self._rebalance_match_error)
@@ -369,6 +383,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             error=repr(exc),
         )
 
+    def _demand_match_error(self, exc: Exception) -> None:
+        self.events.once(
+            ("rule-error", "demand.match"), "rule-error", rule="demand.match", error=repr(exc)
+        )
+
     def _pool_error(self, pool: Pool, exc: Exception) -> None:
         self.events.once(
             ("pool-error", pool.name), "rule-error", rule=f"pools.{pool.name}", error=repr(exc)
@@ -383,6 +402,13 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         changed = self.index.workers_changed
         self.index.workers_changed = False
         return self.placements.refresh(self.manager.measure, changed)
+
+    def refresh_pools(self) -> None:
+        """Bring pool membership up to date between two cycles, for a client call that
+        places copies now (workers may have joined since the last cycle). The next
+        cycle still checks every governed key if the workers had changed."""
+        if self.placements.refresh(self.manager.measure, self.index.workers_changed):
+            self.index.workers_changed = True
 
     def cluster_view(self) -> ClusterView:
         """The planner's view of the workers. Memory is the AMM's tally during a cycle
@@ -410,7 +436,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 # each generator between the AMM and the one yielding it, and this one
                 # yields a drop per excess copy (120,000 per cycle at a million keys).
                 yield from reduce_replicas(
-                    self.index, self.manager.pending, self.rebalancer.moving, stats
+                    self.index,
+                    self.manager.pending,
+                    self.rebalancer.moving,
+                    stats,
+                    time.monotonic(),
                 )
             self._count(stats)
         except Exception as exc:
@@ -507,6 +537,12 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             # A match reading task.replicas can change its mind when copies come and go.
             dirty |= index.touched
         self.journal.backlog = 0
+        demand = index.demand
+        if demand.touched:
+            if classifier.demand_sensitive:
+                # A match reading task.waiters or task.reads: dependents came or went.
+                dirty |= {k for k in demand.touched if k in tasks}
+            demand.touched.clear()
         if not dirty:
             return set()
         limit = len(dirty) if self.classify_keys is None else self.classify_keys
@@ -611,26 +647,42 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             todo = {key: ts for key, ts in todo.items() if key not in unclassified}
         return todo
 
-    def key_view(self, ts: Any, desired: Any, pending: Mapping[Any, Any] | None = None) -> KeyView:
+    def key_view(
+        self,
+        ts: Any,
+        desired: Any,
+        pending: Mapping[Any, Any] | None = None,
+        now: float | None = None,
+    ) -> KeyView:
         """The planner's view of one scheduler task, with the engine's copies in flight
-        and back-offs for it (see :func:`amm_rules.engine.adapters.key_view`)."""
+        and back-offs for it, and the copies the demand hold keeps at ``now`` (see
+        :func:`amm_rules.engine.adapters.key_view`)."""
         key = ts.key
         index = self.index
+        held = (
+            index.demand.held_copies(ts, time.monotonic() if now is None else now)
+            if desired.replicate is None
+            else frozenset()
+        )
         return key_view(
-            ts, desired, index.inflight.get(key, {}), index.backoff.get(key, {}), pending
+            ts, desired, index.inflight.get(key, {}), index.backoff.get(key, {}), pending, held
         )
 
     def resolve(self, ts: Any) -> Desired:
         """What the rules, the key's annotation and its runtime target want for a key."""
         return self.classifier.resolve(ts, self.index.runtime.get(ts.key))
 
-    def set_runtime_target(self, key: Hashable, target: Target | None) -> None:
+    def set_runtime_target(
+        self, key: Hashable, target: Target | None, origin: str = "runtime"
+    ) -> None:
         """Set (None: remove) a lasting replication target on a key in memory; it takes
-        effect when the key is classified again, at the next cycle."""
+        effect when the key is classified again, at the next cycle. ``origin`` (one of
+        :data:`~amm_rules.language.ruleset.RUNTIME_ORIGINS`) is what explanations and
+        counters name as its source."""
         if target is None:
             self.index.runtime.pop(key, None)
         else:
-            self.index.runtime[key] = target
+            self.index.runtime[key] = RuntimeTarget(target, origin)
         self.index.dirty.add(key)
 
     def settings(self, now: float) -> PlanSettings:
@@ -652,12 +704,15 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         workers = self.scheduler.workers
         moving = self.rebalancer.moving
         journal = self.journal
+        copying = self.legacy.copying
         for key, ts in todo.items():
             desired = index.desired.get(key)
             if desired is None or ts.state != "memory":
                 index.inflight.pop(key, None)
                 continue
-            plan = plan_key(self.key_view(ts, desired, pending), cluster, settings)
+            if key in copying:
+                continue  # a replicate or scatter call is copying it: looked at after
+            plan = plan_key(self.key_view(ts, desired, pending, now), cluster, settings)
             if plan.unmet and not self.placements.class_unmet(PlanClass.of(desired)):
                 stats[plan.source]["unmet"] += 1
             refused = False

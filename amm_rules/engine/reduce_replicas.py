@@ -17,6 +17,7 @@ from typing import Any
 from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine.adapters import stock_waiter_count
+from amm_rules.engine.demand import DemandTracker
 from amm_rules.engine.index import KeyIndex
 from amm_rules.engine.planner import DEFAULT_SOURCE, reduce_replicas_excess
 
@@ -40,6 +41,7 @@ def reduce_replicas(
     pending: Mapping[Any, Any],
     moving: Collection[Hashable],
     stats: dict[str, Counter[str]],
+    now: float = 0.0,
 ) -> Generator[Suggestion, Any, None]:
     """The stock ReduceReplicas, for keys nobody governs: keep one copy plus one per
     worker where waiters of the key run (see :func:`~amm_rules.engine.adapters.stock_waiter_count`),
@@ -49,8 +51,12 @@ def reduce_replicas(
 
     ``pending`` is the AMM's ``manager.pending``; ``moving`` the keys mid-move (the
     rebalancer drops their extra copy itself); ``stats`` gets the drops, under the
-    ungoverned label."""
+    ungoverned label. Copies the ``demand:`` hold keeps at time ``now`` are never
+    dropped (see :meth:`~amm_rules.engine.demand.DemandTracker.held_copies`)."""
     replicated = index.replicated_free
+    demand: DemandTracker = index.demand
+    # Keys read recently (only with a demand hold): the few that need a closer look.
+    last_read = demand.last_read if demand.settings.hold > 0 else None
     # Keys left over by the classification budget: a rule may yet govern them.
     unclassified = index.dirty
     stale = []
@@ -83,6 +89,12 @@ def reduce_replicas(
         if excess <= 0:
             continue
         drop = drop_suggestion(ts)
+        if last_read and key in last_read:
+            held = demand.held_copies(ts, now)
+            if held:
+                spare = {ws for ws in who_has if ws.address not in held}
+                excess = min(excess, len(spare))
+                drop = Suggestion("drop", ts, spare)
         for _ in range(excess):
             if (yield drop) is not None:
                 dropped += 1

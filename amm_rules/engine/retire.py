@@ -335,7 +335,7 @@ class Retirements:
                 continue
             eligible = cluster.placeable(d.pool, d.avoid)
             reachable = eligible & (cluster.running | view.holders)
-            want = min(needed_copies(d), len(reachable))
+            want = min(needed_copies(d, len(eligible)), len(reachable))
             needs[view.key] = (want, eligible) if want else (1, None)
         self.needs[address] = needs
 

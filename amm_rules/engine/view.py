@@ -54,6 +54,9 @@ class KeyView:
     #: Copies and drops other policies had accepted in this same AMM cycle.
     pending_add: frozenset[str] = frozenset()
     pending_drop: frozenset[str] = frozenset()
+    #: Workers whose copy the ``demand:`` hold keeps (a dependent read the key there
+    #: recently); heeded for keys without a replication target only.
+    held: frozenset[str] = frozenset()
 
 
 class ClusterView:

@@ -3,8 +3,9 @@
 Runs after the schema check (:mod:`amm_rules.language.schema_check`) and skips whatever it
 already reported, so each problem is told once. Checks here: expressions (pools in the
 ``worker`` context, matches in the ``task`` context), unique rule names, unknown pool
-names in ``pool``/``avoid``, ``replicate`` bounds, and the percentages, sizes and
-durations of the ``rebalance`` and ``paused-workers`` sections.
+names in ``pool``/``avoid``, ``replicate`` bounds, the percentages, sizes and
+durations of the ``rebalance`` and ``paused-workers`` sections, and the ``demand``
+section's hold and match.
 Action fields are converted by :func:`amm_rules.language.fields.parse_actions`, the same
 function that reads ``amm`` annotations, so a field means the same in both places.
 
@@ -31,8 +32,10 @@ from amm_rules.language.fields import (
 from amm_rules.language.locator import Locator
 from amm_rules.language.ruleset import (
     ACTION_FIELDS,
+    LEGACY_REPLICATE_VALUES,
     MAX_REBALANCE_SECONDS,
     Actions,
+    DemandSettings,
     PausedWorkersSettings,
     Pool,
     Position,
@@ -100,8 +103,10 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
     rules = _rules(data.get("rules"), where, draft, known=set(_pool_names(data)))
     rebalance = _rebalance(data.get("rebalance"), where, draft)
     paused = _paused_workers(data.get("paused-workers"), where, draft)
+    demand, demand_depends = _demand(data.get("demand"), where)
     reduce = data.get("reduce-replicas", True)
     enforcement = data.get("enforcement")
+    legacy = data.get("legacy-replicate", "honour")
     if where.has_errors:
         return None, draft
     ruleset = Ruleset(
@@ -110,6 +115,9 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
         rebalance=rebalance,
         paused_workers=paused,
         reduce_replicas=reduce if isinstance(reduce, bool) else True,
+        legacy_replicate=legacy if legacy in LEGACY_REPLICATE_VALUES else "honour",
+        demand=demand,
+        demand_depends=demand_depends,
         source=source_name,
         version=1,
         enforcement=enforcement if isinstance(enforcement, str) else "enforce",
@@ -326,6 +334,29 @@ def _duration(value: Any, path: tuple[str, str], zero: bool, where: Locator) -> 
         )
         return None
     return seconds
+
+
+# -- demand -------------------------------------------------------------------------
+
+
+def _demand(section: Any, where: Locator) -> tuple[DemandSettings, frozenset[str]]:
+    """The ``demand:`` section, and the task attributes its match reads."""
+    if not isinstance(section, dict):
+        return DemandSettings(), frozenset()
+    kwargs: dict[str, Any] = {}
+    depends: frozenset[str] = frozenset()
+    if "hold" in section and not where.reported_under(("demand", "hold")):
+        seconds = _duration(section["hold"], ("demand", "hold"), True, where)
+        if seconds is not None:
+            kwargs["hold"] = seconds
+    text = expression_text(section.get("match"))
+    if text is not None and not where.reported_under(("demand", "match")):
+        compiled = _compile(text, "task", ("demand", "match"), where)
+        if compiled is not None:
+            kwargs["match_source"] = text
+            kwargs["match"] = compiled.predicate
+            depends = frozenset(compiled.depends)
+    return DemandSettings(**kwargs), depends
 
 
 # -- paused-workers -----------------------------------------------------------------

@@ -20,7 +20,7 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from amm_rules.language.ruleset import ACTION_FIELDS, Actions, Target
+from amm_rules.language.ruleset import ACTION_FIELDS, ALL, Actions, Count, Target
 
 # --- units ----------------------------------------------------------------------------
 
@@ -175,6 +175,8 @@ class ActionError(ValueError):
 
 
 def _count(value: Any, field: str) -> int:
+    if isinstance(value, str) and value.strip().lower() == ALL and value != ALL:
+        raise ActionError(field, f"write 'all' in lower case, got {value!r}")
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             value = int(value)
@@ -189,20 +191,36 @@ def _count(value: Any, field: str) -> int:
     return value
 
 
+def _bound(value: Any, field: str) -> Count:
+    """A number of copies, or ``"all"`` (every eligible worker)."""
+    if value == ALL and isinstance(value, str):
+        return ALL
+    try:
+        return _count(value, field)
+    except ActionError as exc:
+        if isinstance(value, str) and "lower case" not in exc.message:
+            raise ActionError(
+                field, f"expected a whole number of copies or 'all', got {value!r}"
+            ) from None
+        raise
+
+
 def parse_target(value: Any, field: str = "replicate") -> Target:
-    """``3`` → ``Target(3, 3)``; ``{"min": 2, "max": 5}`` → ``Target(2, 5)``."""
+    """``3`` → ``Target(3, 3)``; ``{"min": 2, "max": 5}`` → ``Target(2, 5)``;
+    ``"all"`` → ``Target("all", "all")``; ``{"min": 2, "max": "all"}`` →
+    ``Target(2, "all")``."""
     if isinstance(value, Mapping):
         unknown = sorted(str(k) for k in value if k not in ("min", "max"))
         if unknown:
             raise ActionError(field, f"unknown key {unknown[0]!r}; expected 'min' and/or 'max'")
         if not value:
             raise ActionError(field, "expected at least one of 'min' and 'max'")
-        lo = _count(value["min"], f"{field}.min") if "min" in value else 1
-        hi = _count(value["max"], f"{field}.max") if "max" in value else None
-        if hi is not None and hi < lo:
+        lo = _bound(value["min"], f"{field}.min") if "min" in value else 1
+        hi = _bound(value["max"], f"{field}.max") if "max" in value else None
+        if hi is not None and hi != ALL and (lo == ALL or hi < lo):  # type: ignore[operator]
             raise ActionError(field, f"max ({hi}) is below min ({lo})")
         return Target(lo, hi)
-    return Target.exact(_count(value, field))
+    return Target.exact(_bound(value, field))
 
 
 def parse_pools(value: Any, field: str, known: Collection[str] | None) -> tuple[str, ...]:

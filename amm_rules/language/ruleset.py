@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 #: The fields a rule (or an ``amm`` annotation) can set, in the order they are reported.
 ACTION_FIELDS: tuple[str, ...] = ("replicate", "pool", "avoid", "spread", "move")
@@ -33,8 +33,13 @@ TASK_ATTRIBUTES: tuple[str, ...] = (
     "type",
     "nbytes",
     "replicas",
+    "waiters",
+    "reads",
     "annotations",
 )
+#: Task attributes that change as the key's dependents run (its demand): a match reading
+#: one is evaluated again whenever a dependent of the key starts waiting or finishes.
+DEMAND_ATTRIBUTES: frozenset[str] = frozenset({"waiters", "reads"})
 #: Task attributes whose value is the same for every key of a (prefix, group, type,
 #: annotations) class; a match reading only these can be evaluated once per class.
 CLASS_ATTRIBUTES: frozenset[str] = frozenset({"prefix", "group", "type", "annotations"})
@@ -64,20 +69,46 @@ class Position:
     column: int
 
 
+#: A count of copies that follows the cluster: one copy on every eligible worker.
+ALL: Final = "all"
+#: A bound of a :class:`Target`: a number of copies, or :data:`ALL`.
+Count = int | Literal["all"]
+
+
 @dataclass(frozen=True)
 class Target:
     """A replication target: keep between ``min`` and ``max`` copies.
 
     ``replicate: 3`` is ``Target(3, 3)``; ``{min: 2}`` is ``Target(2, None)`` (add
-    copies below 2, never trim); ``{max: 5}`` is ``Target(1, 5)``.
+    copies below 2, never trim); ``{max: 5}`` is ``Target(1, 5)``. A bound may be
+    :data:`ALL`: ``replicate: all`` is ``Target("all", "all")`` (a copy on every
+    eligible worker), ``{min: 2, max: all}`` is ``Target(2, "all")``. What ``all``
+    stands for is known only on a cluster: :meth:`bounds` turns it into a number.
     """
 
-    min: int
-    max: int | None
+    min: Count
+    max: Count | None
 
     @classmethod
-    def exact(cls, n: int) -> Target:
+    def exact(cls, n: Count) -> Target:
         return cls(n, n)
+
+    @property
+    def follows_cluster(self) -> bool:
+        """True if a bound is ``all``: the target grows and shrinks with the workers."""
+        return self.min == ALL or self.max == ALL
+
+    def bounds(self, eligible: int) -> tuple[int, int | None]:
+        """``(lo, hi)`` in copies, with ``all`` standing for ``eligible`` workers (at
+        least 1: a key keeps its last copy even where no worker is eligible). ``hi``
+        is never below ``lo``: ``{min: 3, max: all}`` on two workers wants 3 and trims
+        nothing."""
+        every = max(1, eligible)
+        lo = every if self.min == ALL else self.min
+        hi = every if self.max == ALL else self.max
+        if hi is not None and hi < lo:
+            hi = lo
+        return lo, hi  # type: ignore[return-value]
 
     def __str__(self) -> str:
         if self.max == self.min:
@@ -98,6 +129,8 @@ class TaskFacts:
     type: str | None = None
     nbytes: int = 0
     replicas: int = 1
+    waiters: int = 0
+    reads: int = 0
     annotations: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -239,11 +272,40 @@ class PausedWorkersSettings:
     max_bytes_per_cycle: int = 512 * 2**20
 
 
+#: The values of the top-level ``legacy-replicate``: what distributed's own
+#: ``Client.replicate`` and ``Client.scatter(..., broadcast=...)`` do under amm-rules.
+#: ``honour``: they set a lasting runtime target (and make their first copies as
+#: before); ``ignore``: they behave as with the stock AMM (their copies are trimmed by
+#: reduce-replicas at the next cycle).
+LEGACY_REPLICATE_VALUES: tuple[str, ...] = ("honour", "ignore")
+
+
+@dataclass(frozen=True)
+class DemandSettings:
+    """The ``demand:`` section: copies kept while dependents read them.
+
+    With ``hold`` above 0, the default trimming (reduce-replicas, for keys without a
+    replication target) keeps a key's copy on a worker where a dependent of the key
+    finished reading it less than ``hold`` seconds ago, for keys that ``match``
+    selects (all keys when None).
+    """
+
+    hold: float = 0.0
+    match_source: str | None = None
+    match: Predicate | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.hold > 0
+
+
 @dataclass(frozen=True)
 class Reason:
     """Where a decided field came from."""
 
-    #: ``"rule"``, ``"annotation"`` or ``"runtime"``.
+    #: ``"rule"``, ``"annotation"``, or the origin of a runtime target (one of
+    #: :data:`RUNTIME_ORIGINS`: ``"runtime"``, ``"client.replicate"``,
+    #: ``"scatter broadcast"``).
     kind: str
     #: The rule's name, for ``kind == "rule"``.
     rule: str | None = None
@@ -253,7 +315,26 @@ class Reason:
             return f"rule {self.rule}"
         if self.kind == "runtime":
             return "runtime target"
-        return "amm annotation"
+        if self.kind == "annotation":
+            return "amm annotation"
+        return self.kind  # "client.replicate", "scatter broadcast": the call itself
+
+
+#: Where a runtime target can come from: :func:`amm_rules.replicate` (``"runtime"``),
+#: distributed's ``Client.replicate``, and ``Client.scatter(..., broadcast=...)``.
+RUNTIME_ORIGINS: tuple[str, ...] = ("runtime", "client.replicate", "scatter broadcast")
+
+
+@dataclass(frozen=True)
+class RuntimeTarget:
+    """A replication target set at run time on keys in memory, with its origin (one
+    of :data:`RUNTIME_ORIGINS`), which explanations and counters name."""
+
+    target: Target
+    origin: str = "runtime"
+
+    def __str__(self) -> str:
+        return f"{self.target} ({self.origin})"
 
 
 @dataclass(frozen=True)
@@ -286,13 +367,16 @@ class Desired:
 
 
 def overrides(
-    annotation: Actions | None, runtime: Target | None
+    annotation: Actions | None, runtime: Target | RuntimeTarget | None
 ) -> tuple[dict[str, Any], dict[str, Reason]]:
     """The fields decided before any rule is looked at: a runtime target decides
     ``replicate``, then the ``amm`` annotation decides the fields it sets."""
     decided: dict[str, Any] = {}
     reasons: dict[str, Reason] = {}
-    if runtime is not None:
+    if isinstance(runtime, RuntimeTarget):
+        decided["replicate"] = runtime.target
+        reasons["replicate"] = Reason(runtime.origin)
+    elif runtime is not None:
         decided["replicate"] = runtime
         reasons["replicate"] = Reason("runtime")
     if annotation is not None:
@@ -317,6 +401,11 @@ class Ruleset:
     #: The ``paused-workers:`` section, or None when the file has none (nothing is done).
     paused_workers: PausedWorkersSettings | None = None
     reduce_replicas: bool = True
+    #: ``legacy-replicate``: one of :data:`LEGACY_REPLICATE_VALUES`.
+    legacy_replicate: str = "honour"
+    demand: DemandSettings = field(default_factory=DemandSettings)
+    #: Task attributes the ``demand`` section's match reads.
+    demand_depends: frozenset[str] = frozenset()
     #: Where the rules came from: a path, or ``"<rules>"`` for an inline mapping.
     source: str = "<rules>"
     version: int = 1
@@ -350,11 +439,20 @@ class Ruleset:
             out |= rule.depends
         return out
 
+    @property
+    def reads_demand(self) -> bool:
+        """True if a rule's match or the demand section reads a demand attribute, or
+        the demand section holds copies: the engine then follows each key's readers."""
+        return (
+            not DEMAND_ATTRIBUTES.isdisjoint(self.depends | self.demand_depends)
+            or self.demand.enabled
+        )
+
     def resolve(
         self,
         task: Any,
         annotation: Actions | None = None,
-        runtime: Target | None = None,
+        runtime: Target | RuntimeTarget | None = None,
     ) -> Desired:
         """Apply the cascade to one key.
 

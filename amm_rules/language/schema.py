@@ -24,6 +24,8 @@ from amm_rules.language.fields import (
 )
 from amm_rules.language.ruleset import (
     ACTION_FIELDS,
+    ALL,
+    LEGACY_REPLICATE_VALUES,
     MAX_CONCURRENT,
     MAX_REBALANCE_SECONDS,
     MEASURES,
@@ -37,6 +39,15 @@ _POOL_NAME = {
     "'_' (at most 64 characters)",
 }
 _COUNT = {"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS}
+#: ``all``: one copy on every eligible worker, following the workers as they come and go.
+_ALL = {
+    "title": "'all'",
+    "type": "string",
+    "pattern": f"^{ALL}$",
+    "errorMessage": "expected a number of copies, 'all' (every eligible worker) or a mapping "
+    "with 'min' and/or 'max'",
+}
+_BOUND_ALL = {**_ALL, "errorMessage": "expected a number of copies or 'all'"}
 _PERCENT = {
     "title": "percentage or fraction",
     "oneOf": [
@@ -87,15 +98,24 @@ ACTION_PROPERTIES: dict[str, Any] = {
     "replicate": {
         "title": "replication target",
         "description": "How many copies of each matching key to keep: a number (exact "
-        "target) or {min, max}. Without max, extra copies are never trimmed.",
+        "target), 'all' (one copy on every eligible worker, following workers as they join "
+        "and leave) or {min, max}, where either bound may be 'all'. Without max, extra "
+        "copies are never trimmed.",
         "oneOf": [
             {"title": "a number of copies", **_COUNT},
+            _ALL,
             {
                 "title": "a mapping with 'min' and/or 'max'",
                 "type": "object",
                 "properties": {
-                    "min": {"description": "Add copies while there are fewer.", **_COUNT},
-                    "max": {"description": "Drop copies while there are more.", **_COUNT},
+                    "min": {
+                        "description": "Add copies while there are fewer.",
+                        "oneOf": [{"title": "a number of copies", **_COUNT}, _BOUND_ALL],
+                    },
+                    "max": {
+                        "description": "Drop copies while there are more.",
+                        "oneOf": [{"title": "a number of copies", **_COUNT}, _BOUND_ALL],
+                    },
                 },
                 "additionalProperties": False,
                 "minProperties": 1,
@@ -188,6 +208,17 @@ SCHEMA: dict[str, Any] = {
             "type": "boolean",
             "default": True,
         },
+        "legacy-replicate": {
+            "title": "legacy replicate",
+            "description": "What distributed's Client.replicate and "
+            "Client.scatter(..., broadcast=...) do. 'honour': they set a lasting "
+            "replication target (scatter broadcast: every worker, following the cluster). "
+            "'ignore': as with the stock Active Memory Manager, their extra copies are "
+            "trimmed at the next cycle.",
+            "enum": list(LEGACY_REPLICATE_VALUES),
+            "default": "honour",
+        },
+        "demand": {"$ref": "#/$defs/demand"},
     },
     "$defs": {
         "poolNames": {
@@ -221,6 +252,27 @@ SCHEMA: dict[str, Any] = {
             },
             "additionalProperties": False,
             "anyOf": [{"required": [name]} for name in ACTION_FIELDS],
+        },
+        "demand": {
+            "title": "demand",
+            "description": "Copies kept while dependents read them: the default trimming "
+            "(reduce-replicas) spares a key's copy on a worker where a dependent read it "
+            "within 'hold'.",
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "hold": {
+                    "description": "How long a copy is kept after a dependent last read it "
+                    "on its worker (0: not at all, the stock behaviour). At most one day.",
+                    "default": "0s",
+                    **_duration(positive=False),
+                },
+                "match": {
+                    **_TASK_EXPRESSION,
+                    "description": "Which keys the hold applies to (default: all), e.g. "
+                    "task.reads >= 100.",
+                },
+            },
         },
         "rebalance": {
             "title": "rebalance",

@@ -55,7 +55,11 @@ class FileWords:
 RULES_FILE = FileWords(
     "rules file",
     {"rules": "rule", "pools": "pool"},
-    {"rebalance": "rebalance section", "paused-workers": "paused-workers section"},
+    {
+        "rebalance": "rebalance section",
+        "paused-workers": "paused-workers section",
+        "demand": "demand section",
+    },
     {"version": "a rules file starts with 'version: 1'"},
 )
 

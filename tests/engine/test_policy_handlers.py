@@ -75,7 +75,9 @@ async def test_explain_says_why_a_key_is_where_it_is(c, s, a, b, w3):
     assert list(inc1["holders"]) == sorted(holders(s, "inc-1"))
     assert inc1["desired"] == "replicate=2 from rule two"
     assert inc1["fields"] == {"replicate": {"min": 2, "max": 2}}
-    assert inc1["target"] == {"min": 2, "max": 2, "source": "two"}
+    assert inc1["target"] == {"min": 2, "max": 2, "source": "two", "follows_cluster": False}
+    assert inc1["demand"] == {"waiters": 0, "reads": 0, "held": ()}  # lists arrive as tuples
+    assert inc1["copying"] is False
     assert inc1["eligible"] == 3
     assert inc1["unmet"] is None and not inc1["would"]
     assert sorted(inc1["workers"].values()) == ["candidate", "holds a copy", "holds a copy"]

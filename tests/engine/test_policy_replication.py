@@ -1,7 +1,8 @@
 """RulesPolicy on a real scheduler and workers: replication targets.
 
 Targets held, extra copies made by ``client.replicate`` and ``scatter(broadcast=True)``
-trimmed, lost copies re-created, ``retire_workers`` cooperation, ``move: never``, the
+trimmed under ``legacy-replicate: ignore`` (the stock behaviour; what these calls do
+by default is in ``test_legacy_replicate.py``), lost copies re-created, ``retire_workers`` cooperation, ``move: never``, the
 stock ReduceReplicas replaced, reduce-replicas for ungoverned keys, an invalid rules file
 failing the scheduler start.
 """
@@ -22,13 +23,16 @@ from tests.support.cluster import amm_config, events, holders, inc, no_errors, p
 
 TWO = rules({"name": "two", "match": 'task.prefix == "inc"', "replicate": 2})
 X_THREE = rules({"name": "three", "match": 'task.key matches "x-*"', "replicate": 3})
+# The legacy calls as with the stock AMM: their copies are extra copies.
+TWO_IGNORE = {**TWO, "legacy-replicate": "ignore"}
+X_THREE_IGNORE = {**X_THREE, "legacy-replicate": "ignore"}
 
 
 def counts(s, futures):
     return [len(s.tasks[f.key].who_has or ()) for f in futures]
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 4, config=amm_config(TWO))
+@gen_cluster(client=True, nthreads=[("", 1)] * 4, config=amm_config(TWO_IGNORE))
 async def test_target_is_held_and_others_reduced(c, s, *workers):
     futures = c.map(inc, range(6))
     other = c.submit(sum, [1, 2], key="other-1")
@@ -47,7 +51,7 @@ async def test_target_is_held_and_others_reduced(c, s, *workers):
     no_errors(s)
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 5, config=amm_config(TWO))
+@gen_cluster(client=True, nthreads=[("", 1)] * 5, config=amm_config(TWO_IGNORE))
 async def test_extra_copies_from_replicate_are_trimmed_to_target(c, s, *workers):
     futures = c.map(inc, range(3))
     await c.gather(futures)
@@ -58,7 +62,7 @@ async def test_extra_copies_from_replicate_are_trimmed_to_target(c, s, *workers)
     no_errors(s)
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 4, config=amm_config(X_THREE))
+@gen_cluster(client=True, nthreads=[("", 1)] * 4, config=amm_config(X_THREE_IGNORE))
 async def test_scatter_broadcast_is_trimmed_to_target(c, s, *workers):
     futures = await c.scatter({"x-1": 1, "x-2": 2}, broadcast=True)
     assert len(holders(s, "x-1")) == 4
@@ -96,7 +100,10 @@ async def test_retire_workers_holding_copies(c, s, *workers):
     client=True,
     nthreads=[("", 1)] * 3,
     config=amm_config(
-        rules({"name": "frozen", "match": 'task.key matches "x-*"', "move": "never"})
+        rules(
+            {"name": "frozen", "match": 'task.key matches "x-*"', "move": "never"},
+            legacy_replicate="ignore",
+        )
     ),
 )
 async def test_move_never_is_neither_copied_nor_reduced(c, s, *workers):

@@ -1,10 +1,10 @@
 """Safety properties of the pure planner, over random clusters (hypothesis, no cluster).
 
 Each example draws workers (hosts, pools, running / paused / retiring, memory) and keys
-(targets exact or ``{min, max}``, ``pool``, ``avoid``, ``spread``, ``move``, copies on
+(targets exact, ``{min, max}`` or ``all`` in either bound, ``pool``, ``avoid``, ``spread``, ``move``, copies on
 live and departed workers, waiters and dependents processing, copies in flight with
 live or expired deadlines, workers backed off, what other policies had accepted in the
-same cycle), plans every key with :func:`amm_rules.engine.planner.plan_key` on one shared
+same cycle, copies the demand hold keeps), plans every key with :func:`amm_rules.engine.planner.plan_key` on one shared
 :class:`~amm_rules.engine.view.ClusterView` as the policy does, and checks what the engine
 promises (docs/policy.md, "Safety guarantees"):
 
@@ -16,6 +16,7 @@ promises (docs/policy.md, "Safety guarantees"):
 - a new copy goes only to a running worker inside the key's pool, outside its avoided
   pools, that neither holds the key, nor has it in flight, nor is backed off;
 - ``move: never`` keys are never touched;
+- a key without a replication target never loses a copy the demand hold keeps;
 - no oscillation: a plan never copies to and drops from the same worker; playing plans
   until nothing is left reaches a fixed point in a few cycles, without ever dropping a
   copy from a worker it copied to (or copying back to one it dropped from);
@@ -34,7 +35,7 @@ from hypothesis import strategies as st
 
 from amm_rules.engine.planner import KeyPlan, PlanSettings, plan_key, target_bounds
 from amm_rules.engine.view import ClusterView, KeyView, WorkerView
-from amm_rules.language.ruleset import Desired, Reason, Target
+from amm_rules.language.ruleset import ALL, Desired, Reason, Target
 
 NOW = 1_000.0
 SETTINGS = PlanSettings(now=NOW, inflight_timeout=10.0, backoff=10.0)
@@ -55,7 +56,7 @@ STATUSES = ("running", "running", "running", "running", "paused", "closing")
 DEADLINES = (NOW - 5.0, NOW, NOW + 0.5, NOW + 5.0)
 SPREADS = (None, None, "host", "none")
 MOVES = (None, None, None, "allowed", "never")
-KINDS = ("rule", "annotation", "runtime")
+KINDS = ("rule", "annotation", "runtime", "scatter broadcast")
 
 worker_specs = st.lists(
     st.tuples(
@@ -67,9 +68,10 @@ worker_specs = st.lists(
     min_size=1,
     max_size=8,
 )
-#: (replicate kind, exact n, min, max - min or -1, pool mask, avoid mask, spread, move, reason kind)
+#: (replicate kind: none, exact n, {min, max}, all, {min, max: all}; exact n, min,
+#: max - min or -1, pool mask, avoid mask, spread, move, reason kind)
 wish_specs = st.tuples(
-    st.integers(0, 2),
+    st.integers(0, 4),
     st.integers(1, 6),
     st.integers(1, 4),
     st.integers(-1, 3),
@@ -81,7 +83,7 @@ wish_specs = st.tuples(
 )
 MASK = st.integers(0, 2**9 - 1)
 #: (holders, inflight, inflight deadlines, backoff, backoff deadlines, busy, pending
-#: add, pending drop, nbytes, waiters)
+#: add, pending drop, nbytes, waiters, held by the demand hold)
 key_specs = st.tuples(
     st.integers(1, 2**9 - 1),
     MASK,
@@ -93,6 +95,7 @@ key_specs = st.tuples(
     MASK,
     st.integers(0, 300),
     st.integers(0, 3),
+    MASK,
 )
 
 
@@ -116,6 +119,10 @@ def decode_wish(spec: tuple[int, ...]) -> Desired:
             else Target.exact(n)
             if kind == 1
             else Target(lo, None if extra < 0 else lo + extra)
+            if kind == 2
+            else Target.exact(ALL)
+            if kind == 3
+            else Target(lo, ALL)
         ),
         "pool": pools_of(pool) or None,
         "avoid": pools_of(avoid) or None,
@@ -141,7 +148,19 @@ def decode_key(
             a: DEADLINES[digits >> 2 * i & 3] for i, a in enumerate(everywhere) if mask >> i & 1
         }
 
-    holders_m, inflight_m, inflight_t, backoff_m, backoff_t, busy_m, add_m, drop_m, nb, wt = spec
+    (
+        holders_m,
+        inflight_m,
+        inflight_t,
+        backoff_m,
+        backoff_t,
+        busy_m,
+        add_m,
+        drop_m,
+        nb,
+        wt,
+        held_m,
+    ) = spec
     holders = members(holders_m) or {everywhere[0]}
     live = holders - {GONE}
     pending_drop = members(drop_m) & live
@@ -158,6 +177,7 @@ def decode_key(
         backoff=timed(backoff_m, backoff_t),
         pending_add=frozenset(members(add_m) - holders - {GONE}),
         pending_drop=frozenset(pending_drop),
+        held=frozenset(members(held_m) & live),
     )
 
 
@@ -235,8 +255,8 @@ def check_plan(view: KeyView, plan: KeyPlan, workers: dict[str, WorkerView], red
         assert remaining, f"last copy dropped\n{context}"
 
     # Never below min: eligible copies are never trimmed below the target ...
-    lo, hi = target_bounds(d, view.waiters, reduce)
     ok = placeable(workers, d)
+    lo, hi = target_bounds(d, view.waiters, reduce, len(ok))
     good = holders & ok
     assert len(good - set(drops)) >= min(len(good), lo), f"trimmed below min\n{context}"
     # ... and a misplaced copy goes only once the eligible copies hold the target (as
@@ -248,6 +268,9 @@ def check_plan(view: KeyView, plan: KeyPlan, workers: dict[str, WorkerView], red
         assert holds_target or above_max, f"misplaced copy dropped below min\n{context}"
     # Good copies are trimmed only above max, and never while copies are being added.
     good_dropped = [a for a in drops if a in ok]
+    if d.replicate is None:
+        held = [a for a in good_dropped if a in view.held]
+        assert not held, f"dropped a copy the demand hold keeps\n{context}"
     if good_dropped:
         assert hi is not None and len(good) > hi, context
         if adds:

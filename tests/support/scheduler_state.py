@@ -423,8 +423,9 @@ class Placer:
         return out
 
     def place(self, d: Desired, i: int) -> list[WorkerState]:
-        copies = d.replicate.min if d.replicate is not None and d.move != "never" else 1
         workers = self.eligible(d)
+        wanted = d.replicate is not None and d.move != "never"
+        copies = d.replicate.bounds(len(workers))[0] if wanted else 1  # type: ignore[union-attr]
         start = (i * 7919) % len(workers)  # a stride prime to the pool size spreads keys
         rotated = itertools.chain(workers[start:], workers[:start])
         if d.spread != "host":

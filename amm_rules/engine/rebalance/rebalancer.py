@@ -99,6 +99,8 @@ class Rebalancer:
         # asked right before ``can_place(key, ...)`` for the same key, and ``spread: host``
         # must not count the sender's own host (its copy is the one that leaves).
         self._sender: tuple[Key, str] | None = None
+        #: What ``task.reads`` reads in ``rebalance.match`` (the policy's demand tracker).
+        self.reads: Mapping[Key, int] | None = None
 
     def __repr__(self) -> str:
         state = "enabled" if self.settings.enabled else "disabled"
@@ -402,7 +404,7 @@ class Rebalancer:
                 return READ_SOON
             if match is not None:
                 try:
-                    if not match(TaskFactsAdapter(ts)):
+                    if not match(TaskFactsAdapter(ts, self.reads)):
                         return "outside rebalance.match"
                 except Exception as exc:
                     if self._on_match_error is not None:

@@ -94,6 +94,19 @@ ATTRIBUTES: dict[Context, dict[str, AttributeSpec]] = {
             AttributeSpec("task", "replicas", _T.COUNT, "how many workers hold the result"),
             AttributeSpec(
                 "task",
+                "waiters",
+                _T.COUNT,
+                "how many dependents still to run will read the result (waiting, queued or "
+                "processing); current as they finish",
+            ),
+            AttributeSpec(
+                "task",
+                "reads",
+                _T.COUNT,
+                "how many dependents have finished reading the result since it entered memory",
+            ),
+            AttributeSpec(
+                "task",
                 "annotations",
                 _T.ANY,
                 "the annotation NAME; null if not set",

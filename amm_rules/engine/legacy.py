@@ -1,0 +1,284 @@
+"""distributed's own replication calls, made durable.
+
+``Client.replicate(futures, n=N)`` and ``Client.scatter(..., broadcast=True)`` reach
+the scheduler as its ``replicate`` and ``scatter`` handlers (``scatter`` calls
+``replicate`` itself when asked to broadcast; a client scattering directly to the
+workers calls ``replicate`` afterwards). Stock ``Scheduler.replicate`` copies the keys
+with a tree of ``gather_on_worker`` calls and deletes copies above ``n`` itself; the
+stock AMM's ReduceReplicas then drops every extra copy within a cycle.
+
+With ``legacy-replicate: honour`` (the default), :class:`LegacyCalls` wraps both
+handlers (the handler table and the scheduler's attributes, so that calls from
+Python and from ``scatter`` itself are seen too) and turns each call into a runtime
+target of the rules engine, whose origin explanations and counters name:
+
+- ``replicate(keys, n=N)``: a target of ``N`` copies (``origin="client.replicate"``);
+  ``n=None`` (the default: every worker) is ``all``; with ``workers=[...]``, ``n``
+  is at most the number of those workers that are running;
+- ``scatter(..., broadcast=True)``: ``all``, one copy on every eligible worker,
+  following the cluster (``origin="scatter broadcast"``); ``broadcast=N``: ``N``.
+
+The call then makes its first copies as before, so that the client sees what it saw
+with stock Dask (the data on the workers when the call returns), but restricted to
+where the engine would keep them: the workers inside the key's pool and outside its
+avoided pools, and none for a ``move: never`` key. It never deletes: trimming a
+key above its target is the engine's (which never drops the last copy, nor a copy a
+running dependent reads). While a call copies a key, the engine leaves that key
+alone (:attr:`LegacyCalls.copying`), so the two never copy the same key at once.
+Calls the engine cannot honour (an ``n`` that is not a number of copies, keys not
+in memory) go to the stock handler unchanged, with its answers and errors.
+
+With ``legacy-replicate: ignore``, the wrappers pass every call through: the calls
+behave as with the stock AMM. Switching to ``ignore`` by a reload removes the
+targets these calls had set.
+
+Neighbours: the policy installs this at attach (:meth:`LegacyCalls.install`) and
+removes it at detach; targets live in :attr:`amm_rules.engine.index.KeyIndex.runtime`
+next to those of ``amm_rules.replicate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from amm_rules.language.fields import MAX_REPLICAS
+from amm_rules.language.ruleset import ALL, Target
+
+if TYPE_CHECKING:
+    from amm_rules.engine.policy import RulesPolicy
+
+logger = logging.getLogger(__name__)
+
+#: Origins of the targets this module sets (see ``RuntimeTarget.origin``).
+REPLICATE = "client.replicate"
+BROADCAST = "scatter broadcast"
+ORIGINS = (REPLICATE, BROADCAST)
+#: The scheduler methods (and handlers) wrapped.
+_WRAPPED = ("replicate", "scatter")
+
+
+class LegacyCalls:
+    """The ``replicate`` and ``scatter`` wrappers of one policy."""
+
+    def __init__(self, policy: RulesPolicy):
+        self.policy = policy
+        #: Keys a call is copying right now (a count: calls may overlap).
+        self.copying: Counter[Hashable] = Counter()
+        #: Calls honoured since the policy started, by origin.
+        self.calls: Counter[str] = Counter()
+        self._replicate: Callable[..., Any] | None = None
+
+    @property
+    def honouring(self) -> bool:
+        policy = self.policy
+        return policy.index.active and policy.ruleset.legacy_replicate == "honour"
+
+    # ------------------------------------------------------------------ install
+
+    def install(self, scheduler: Any) -> Callable[[], None]:
+        """Wrap the scheduler's ``replicate`` and ``scatter``; return the undo."""
+        before = {name: vars(scheduler).get(name) for name in _WRAPPED}
+        handlers_before = {name: scheduler.handlers.get(name) for name in _WRAPPED}
+        replicate = self._replicate = scheduler.replicate
+        scatter = scheduler.scatter
+
+        async def replicate_honoured(
+            keys: list[Hashable],
+            n: int | None = None,
+            workers: Iterable[str] | None = None,
+            branching_factor: int = 2,
+            delete: bool = True,
+            stimulus_id: str | None = None,
+        ) -> Any:
+            stock = dict(
+                keys=keys,
+                n=n,
+                workers=workers,
+                branching_factor=branching_factor,
+                delete=delete,
+                stimulus_id=stimulus_id,
+            )
+            if not self.honouring:
+                return await replicate(**stock)
+            target = self._target(n, workers)
+            if target is None or not self._all_in_memory(keys):
+                return await replicate(**stock)  # the stock answer or error
+            await self._honour(keys, target, REPLICATE, workers, branching_factor, stimulus_id)
+            return None
+
+        async def scatter_honoured(
+            data: dict[Hashable, Any],
+            workers: Iterable[str] | None = None,
+            client: str | None = None,
+            broadcast: bool | int = False,
+            timeout: float = 2,
+        ) -> Any:
+            if not broadcast or not self.honouring:
+                return await scatter(
+                    data=data, workers=workers, client=client, broadcast=broadcast, timeout=timeout
+                )
+            keys = await scatter(
+                data=data, workers=workers, client=client, broadcast=False, timeout=timeout
+            )
+            n = None if broadcast is True else broadcast
+            target = self._target(n, workers)
+            if target is None or not self._all_in_memory(keys):
+                await replicate(keys=keys, n=n, workers=workers)  # as the stock scatter does
+            else:
+                await self._honour(keys, target, BROADCAST, workers, 2, None)
+            return keys
+
+        replicate_honoured.__name__ = "replicate"
+        scatter_honoured.__name__ = "scatter"
+        wrappers = {"replicate": replicate_honoured, "scatter": scatter_honoured}
+        for name, wrapper in wrappers.items():
+            setattr(scheduler, name, wrapper)
+            if name in scheduler.handlers:
+                scheduler.handlers[name] = wrapper
+
+        def uninstall() -> None:
+            """Put back what the wrappers replaced (a wrapper something else wrapped
+            since stays in that chain, passing calls through once detached)."""
+            for name, wrapper in wrappers.items():
+                if vars(scheduler).get(name) is wrapper:
+                    if before[name] is None:
+                        delattr(scheduler, name)
+                    else:
+                        setattr(scheduler, name, before[name])
+                if scheduler.handlers.get(name) is wrapper:
+                    scheduler.handlers[name] = handlers_before[name]
+
+        return uninstall
+
+    # ------------------------------------------------------------------ calls
+
+    def _target(self, n: Any, workers: Iterable[str] | None) -> Target | None:
+        """The target a call asks for; None if it is not one (the stock call then
+        answers: ``n=0`` is its "Can not use replicate to delete data")."""
+        scheduler = self.policy.scheduler
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            return None
+        if workers is None:
+            return Target.exact(ALL if n is None else min(n, MAX_REPLICAS))
+        try:
+            addresses = scheduler.workers_list(list(workers))
+            running = [a for a in addresses if _running(scheduler.workers[a])]
+        except (KeyError, TypeError):
+            return None  # the stock call reports the unknown worker
+        if not running:
+            return None
+        return Target.exact(len(running) if n is None else min(n, len(running)))
+
+    def _all_in_memory(self, keys: Iterable[Hashable]) -> bool:
+        tasks = self.policy.scheduler.tasks
+        try:
+            return all((ts := tasks.get(k)) is not None and ts.who_has for k in keys)
+        except TypeError:  # an unhashable key: the stock call says what it says
+            return False
+
+    async def _honour(
+        self,
+        keys: Iterable[Hashable],
+        target: Target,
+        origin: str,
+        workers: Iterable[str] | None,
+        branching_factor: int,
+        stimulus_id: str | None,
+    ) -> None:
+        """Set the target on ``keys``, then make the call's own first copies where the
+        engine would keep them, leaving the keys to the engine afterwards."""
+        policy = self.policy
+        index = policy.index
+        keys = list(dict.fromkeys(keys))
+        for key in keys:
+            policy.set_runtime_target(key, target, origin)  # classified at the next cycle
+        self.calls[origin] += 1
+        logger.debug("amm-rules: %s set %s on %d keys", origin, target, len(keys))
+        self.copying.update(keys)
+        try:
+            groups = self._copy_groups(keys, target, workers)
+            await asyncio.gather(
+                *(
+                    self._copy(group, recipients, n, branching_factor, stimulus_id)
+                    for (recipients, n), group in groups.items()
+                )
+            )
+        finally:
+            self.copying.subtract(keys)
+            for key in keys:
+                if self.copying[key] <= 0:
+                    del self.copying[key]
+            # Classified by now or soon: look at them again once the call is done.
+            index.recheck.update(k for k in keys if k in index.desired)
+
+    def _copy_groups(
+        self, keys: list[Hashable], target: Target, workers: Iterable[str] | None
+    ) -> dict[tuple[tuple[str, ...], int], list[Hashable]]:
+        """Keys by (where the call may copy them, how many copies to reach there)."""
+        policy = self.policy
+        scheduler = policy.scheduler
+        policy.refresh_pools()
+        cluster = policy.cluster_view()
+        only = set(scheduler.workers_list(list(workers))) if workers is not None else None
+        groups: dict[tuple[tuple[str, ...], int], list[Hashable]] = {}
+        for key in keys:
+            ts = scheduler.tasks.get(key)
+            if ts is None or not ts.who_has:
+                continue
+            desired = policy.resolve(ts)  # with the target just set
+            if desired.move == "never":
+                continue  # `move: never` wins: amm-rules neither copies nor drops it
+            recipients = cluster.recipients(desired.pool, desired.avoid)
+            if only is not None:
+                recipients = recipients & only
+            lo, _ = target.bounds(len(cluster.placeable(desired.pool, desired.avoid)))
+            n = min(lo, len(recipients))
+            if n > 0:
+                groups.setdefault((tuple(sorted(recipients)), n), []).append(key)
+        return groups
+
+    async def _copy(
+        self,
+        keys: list[Hashable],
+        recipients: tuple[str, ...],
+        n: int,
+        branching_factor: int,
+        stimulus_id: str | None,
+    ) -> None:
+        """The stock tree copy, restricted to ``recipients``, without its deletions."""
+        assert self._replicate is not None
+        await self._replicate(
+            keys=keys,
+            n=n,
+            workers=list(recipients),
+            branching_factor=branching_factor,
+            delete=False,
+            stimulus_id=stimulus_id,
+        )
+
+    # ------------------------------------------------------------------ rules
+
+    def forget_targets(self) -> int:
+        """Remove the targets these calls had set (``legacy-replicate: ignore``)."""
+        index = self.policy.index
+        gone = [k for k, t in index.runtime.items() if t.origin in ORIGINS]
+        for key in gone:
+            del index.runtime[key]
+            index.dirty.add(key)
+        return len(gone)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "mode": self.policy.ruleset.legacy_replicate,
+            "calls": dict(self.calls),
+            "copying": len(self.copying),
+            "targets": sum(1 for t in self.policy.index.runtime.values() if t.origin in ORIGINS),
+        }
+
+
+def _running(ws: Any) -> bool:
+    return getattr(ws.status, "name", ws.status) == "running"

@@ -1,0 +1,160 @@
+"""A key's demand on real clusters: ``task.waiters`` and ``task.reads`` in a ``match``,
+current as dependents finish; the ``demand:`` hold, which keeps copies that dependents
+read recently out of the default trimming (and only those); the stock behaviour
+without it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from distributed import Event
+from distributed.utils_test import async_poll_for, gen_cluster
+
+from amm_rules.engine.demand import DemandTracker
+from tests.support.cluster import amm_config, holders, inc, no_errors, policy_of, rules
+
+HOT = rules({"name": "hot", "match": "task.waiters >= 3", "replicate": 2})
+SHARED = rules({"name": "shared", "match": "task.reads >= 2", "replicate": 3})
+
+
+def read(x: int, gate: str | None = None) -> int:
+    if gate is not None:
+        Event(gate).wait()
+    return x + 1
+
+
+async def explain(c: Any, key: str) -> dict[str, Any]:
+    return (await c.scheduler.amm_rules_explain(keys=[key]))[key]
+
+
+async def cycles(s: Any, n: int) -> None:
+    policy = policy_of(s)
+    start = policy.cycles
+    await async_poll_for(lambda: policy.cycles >= start + n, timeout=10)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(HOT))
+async def test_waiters_follow_dependents_as_they_finish(c, s, a, b, w3):
+    x = c.submit(inc, 1, key="x-1", workers=[a.address])
+    await x
+    await cycles(s, 3)
+    assert len(holders(s, "x-1")) == 1
+    go = Event("go")
+    # All on the holder: no dependency transfer makes copies here, the rule does.
+    readers = [c.submit(read, x, "go", key=f"read-{i}", workers=[a.address]) for i in range(3)]
+    await async_poll_for(lambda: len(holders(s, "x-1")) == 2, timeout=5)
+    why = await explain(c, "x-1")
+    assert why["desired"] == "replicate=2 from rule hot"
+    assert why["demand"]["waiters"] == 3 and why["demand"]["reads"] == 0
+    await go.set()
+    assert await c.gather(readers) == [3, 3, 3]
+    # No dependent waits any more: the rule lets go, reduce-replicas trims.
+    await async_poll_for(lambda: len(holders(s, "x-1")) == 1, timeout=5)
+    why = await explain(c, "x-1")
+    assert why["desired"] == "no rule applies"
+    assert why["demand"] == {"waiters": 0, "reads": 3, "held": ()}
+    no_errors(s)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(SHARED))
+async def test_reads_count_finished_dependents(c, s, a, b, w3):
+    x = c.submit(inc, 1, key="x-1", workers=[a.address])
+    await x
+    first = c.submit(read, x, key="read-1", workers=[a.address])
+    await first
+    await cycles(s, 3)
+    assert len(holders(s, "x-1")) == 1
+    second = c.submit(read, x, key="read-2", workers=[a.address])
+    await second
+    await async_poll_for(lambda: len(holders(s, "x-1")) == 3, timeout=5)
+    assert (await explain(c, "x-1"))["desired"] == "replicate=3 from rule shared"
+    # A key that leaves memory and comes back starts again from no reads.
+    del x, first, second
+    await async_poll_for(lambda: "x-1" not in s.tasks, timeout=5)
+    assert "x-1" not in policy_of(s).index.demand.reads
+    no_errors(s)
+
+
+async def read_everywhere(c: Any, s: Any, a: Any, others: list[Any]) -> Any:
+    """``x-1`` on ``a``, then read by a task on each of ``others`` (which copies it there)."""
+    x = c.submit(inc, 1, key="x-1", workers=[a.address])
+    await x
+    readers = [c.submit(read, x, key=f"read-{w.name}", workers=[w.address]) for w in others]
+    await c.gather(readers)
+    return x
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 3,
+    config=amm_config(rules(demand={"hold": "60s"})),
+)
+async def test_the_hold_keeps_copies_recently_read(c, s, a, b, w3):
+    x = await read_everywhere(c, s, a, [b, w3])  # noqa: F841 - keeps the key
+    await cycles(s, 10)
+    # The readers' copies stay; the first copy, which no dependent read, may go.
+    assert {b.address, w3.address} <= holders(s, "x-1")
+    why = await explain(c, "x-1")
+    assert set(why["demand"]["held"]) == {b.address, w3.address}
+    status = await c.scheduler.amm_rules_status()
+    assert status["demand"]["following"] is True and status["demand"]["hold"] == 60
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 3,
+    config=amm_config(rules(demand={"hold": "300ms"})),
+)
+async def test_held_copies_go_once_the_hold_is_over(c, s, a, b, w3):
+    x = await read_everywhere(c, s, a, [b, w3])  # noqa: F841 - keeps the key
+    await async_poll_for(lambda: len(holders(s, "x-1")) == 1, timeout=10)
+    # The copy kept is one the hold had kept: a reader's, not necessarily the first.
+    assert policy_of(s).totals["(reduce-replicas)"]["dropped"] == 2
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 3,
+    config=amm_config(rules(demand={"hold": "60s", "match": "task.reads >= 5"})),
+)
+async def test_the_hold_applies_to_the_keys_its_match_selects(c, s, a, b, w3):
+    x = await read_everywhere(c, s, a, [b, w3])  # noqa: F841 - two reads, not five
+    await async_poll_for(lambda: len(holders(s, "x-1")) == 1, timeout=5)
+    no_errors(s)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(rules()))
+async def test_without_demand_rules_copies_go_as_with_stock_dask(c, s, a, b, w3):
+    x = await read_everywhere(c, s, a, [b, w3])  # noqa: F841 - keeps the key
+    await async_poll_for(lambda: len(holders(s, "x-1")) == 1, timeout=5)
+    demand = policy_of(s).index.demand
+    assert demand.enabled is False and not demand.reads
+    no_errors(s)
+
+
+def test_the_tracker_counts_reads_per_worker_and_forgets():
+    """DemandTracker alone, on stand-in tasks: what the plugin hook feeds it."""
+    table = SimpleNamespace(key="table", who_has={"a"})
+    gone = SimpleNamespace(key="gone", who_has=set())
+    reader = SimpleNamespace(key="r-1", dependencies=[table, gone])
+    tracker = DemandTracker()
+    tracker.tasks = {"r-1": reader}
+    tracker.transition("r-1", "released", "waiting", None)
+    assert tracker.touched == {"table"} and not tracker.reads
+    tracker.touched.clear()
+    tracker.transition("r-1", "processing", "memory", "tcp://w1")
+    assert tracker.reads == {"table": 1} and tracker.touched == {"table"}
+    (when,) = tracker.last_read["table"].values()
+    assert tracker.held("table", when + 1, hold=2) == {"tcp://w1"}
+    # Past the hold: nothing held, and the entry is pruned.
+    assert tracker.held("table", when + 3, hold=2) == frozenset()
+    assert "table" not in tracker.last_read
+    # A task leaving memory or erring is no read; unrelated transitions cost nothing.
+    tracker.transition("r-1", "memory", "released", None)
+    tracker.transition("r-1", "processing", "erred", None)
+    assert tracker.reads == {"table": 1}
+    tracker.forget("table")
+    assert not tracker.reads and "table" not in tracker.touched
