@@ -53,8 +53,8 @@ from amm_rules.engine.dryrun import HELD_BACK, DryRun, dry_run_counts
 from amm_rules.engine.events import COUNTERS, EventLog
 from amm_rules.engine.index import KeyIndex, PlanClass, watch_scheduler
 from amm_rules.engine.journal import Journal, shortfall
-from amm_rules.engine.paused import PausedWorkers
 from amm_rules.engine.legacy import LegacyCalls
+from amm_rules.engine.paused import PausedWorkers
 from amm_rules.engine.placement import Placements
 from amm_rules.engine.planner import (
     KeyPlan,
