@@ -179,8 +179,11 @@ async def test_move_never_key_alone_fails_the_retirement(c, s, a, b, w3, placeme
     assert blocked["worker"] == a.address
     assert sorted(blocked["keys"]) == ["x-1", "x-2"] and blocked["rules"] == ["frozen"]
     assert blocked["why"] == ["move: never"]
-    # A copy elsewhere is enough: the worker may go then (its copy just vanishes).
-    await c.replicate([futures["x-1"], futures["x-2"]], n=2, workers=[a.address, b.address])
+    # A copy elsewhere is enough: the worker may go then (its copy just vanishes). Made
+    # by tasks reading the keys on b (client.replicate copies no move: never key).
+    readers = [c.submit(len, [f], workers=[b.address], pure=False) for f in futures.values()]
+    await c.gather(readers)
+    assert all(b.address in holders(s, k) for k in futures)
     assert a.address in await c.retire_workers([a.address])
     assert await c.gather(futures) == {"x-1": 1, "x-2": 2}
     no_errors(s)
