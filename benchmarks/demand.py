@@ -23,10 +23,14 @@ gathered), peak managed memory summed over the workers, the table's copies just 
 the last wave, and the AMM cycles after the last wave until the table is back to one
 copy (``-`` if it is not within 20 seconds).
 
-    python -m benchmarks.demand                  # about 8 minutes on 2 cores
+    python -m benchmarks.demand                  # about 12 minutes on 2 cores
     python -m benchmarks.demand --repeats 1      # one run of each mode
+    python -m benchmarks.demand --append         # add runs to the results file
 
-Prints a table and writes ``benchmarks/results/demand.json``.
+Prints a table and writes ``benchmarks/results/demand.json``; each run records the
+machine's load average when it started (the numbers depend on it on a shared machine).
+``--append`` adds the new runs to those already in the file (same setup and modes) and
+reports medians over all of them.
 """
 
 from __future__ import annotations
@@ -185,6 +189,7 @@ async def local_cluster(mode: str, setup: Setup) -> AsyncIterator[tuple[Client, 
 
 
 async def one_run(mode: str, setup: Setup) -> dict[str, Any]:
+    load = round(os.getloadavg()[0], 1)
     async with local_cluster(mode, setup) as (client, scheduler):
         counter = CycleCounter()
         scheduler.extensions["amm"].add_policy(counter)
@@ -227,14 +232,20 @@ async def one_run(mode: str, setup: Setup) -> dict[str, Any]:
             "peak_managed_mib": round(sampler.peak / MiB, 1),
             "copies_after_last_wave": after_last,
             "cycles_until_one_copy": gone,
+            "load_1min": load,
         }
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each metric's median over the runs (None when any run had None)."""
+    """Each metric's median over the runs (None when any run had None: the copies
+    never went back to one); the load over the runs that recorded it."""
     out: dict[str, Any] = {}
-    for name in runs[0]:
-        values = [r[name] for r in runs]
+    for name in dict.fromkeys(k for r in runs for k in r):
+        values = [r.get(name) for r in runs]
+        if name == "load_1min":
+            values = [v for v in values if v is not None]
+            out[name] = statistics.median(values) if values else None
+            continue
         out[name] = None if any(v is None for v in values) else statistics.median(values)
     out["runs"] = runs
     return out
@@ -250,6 +261,7 @@ def table(results: dict[str, dict[str, Any]], setup: Setup) -> str:
         "peak managed MiB",
         "copies after last wave",
         "cycles until 1 copy",
+        "load",
     ]
     stock = results.get("stock", {}).get("transferred_mib") or None
     rows = []
@@ -265,6 +277,7 @@ def table(results: dict[str, dict[str, Any]], setup: Setup) -> str:
                 r["peak_managed_mib"],
                 r["copies_after_last_wave"],
                 r["cycles_until_one_copy"],
+                r.get("load_1min"),
             ]
         )
     cells = [header] + [["-" if v is None else str(v) for v in row] for row in rows]
@@ -287,8 +300,19 @@ def table(results: dict[str, dict[str, Any]], setup: Setup) -> str:
     return "\n".join(lines)
 
 
-async def main(setup: Setup, repeats: int, modes: tuple[str, ...]) -> None:
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+def previous_runs(path: Path, setup: Setup, modes: tuple[str, ...]) -> dict[str, list[Any]]:
+    """The runs already in the results file, for ``--append``."""
+    if not path.exists():
+        return {m: [] for m in modes}
+    doc = json.loads(path.read_text())
+    if doc.get("setup") != asdict(setup) or set(doc.get("results", {})) != set(modes):
+        raise SystemExit(f"--append: {path} holds results of another setup or other modes")
+    return {m: list(doc["results"][m]["runs"]) for m in modes}
+
+
+async def main(setup: Setup, repeats: int, modes: tuple[str, ...], append: bool) -> None:
+    path = RESULTS / "demand.json"
+    runs = previous_runs(path, setup, modes) if append else {m: [] for m in modes}
     for n in range(repeats):  # interleaved, so that drifts of the machine hit every mode
         for mode in modes:
             print(f"{mode} ({n + 1}/{repeats})", flush=True)
@@ -306,11 +330,10 @@ async def main(setup: Setup, repeats: int, modes: tuple[str, ...]) -> None:
             "note": "a machine shared with other jobs; medians of interleaved runs",
         },
         "setup": asdict(setup),
-        "repeats": repeats,
+        "repeats": len(runs[modes[0]]),
         "rules": {mode: rules_for(mode) for mode in modes},
         "results": results,
     }
-    path = RESULTS / "demand.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"\nwrote {path}")
 
@@ -322,7 +345,10 @@ if __name__ == "__main__":
         "--holds", type=float, nargs="+", default=[2.0, 3.0], help="demand holds, seconds"
     )
     parser.add_argument("--period", type=float, default=Setup.period, help="seconds per wave")
+    parser.add_argument(
+        "--append", action="store_true", help="add the runs to those in the results file"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     setup = Setup(period=args.period)
-    asyncio.run(main(setup, max(1, args.repeats), modes_for(args.holds)))
+    asyncio.run(main(setup, max(1, args.repeats), modes_for(args.holds), args.append))
