@@ -329,9 +329,7 @@ def _engine_attached(dask_scheduler: Any) -> bool:
     return all(name in dask_scheduler.handlers for name in HANDLERS)
 
 
-async def _set_target(
-    client: Client, futures: list[Future], keys: list[Any], target: Any
-) -> Any:
+async def _set_target(client: Client, futures: list[Future], keys: list[Any], target: Any) -> Any:
     if futures:
         # Like Client.replicate: the target is for data in memory, so let the data land.
         await _wait(futures)

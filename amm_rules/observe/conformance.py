@@ -61,6 +61,9 @@ REASONS = (*UNSATISFIABLE_REASONS, *IN_PROGRESS_REASONS, HELD_BACK)
 #: The groups of targets that do not come from a rule.
 ANNOTATION = "(annotation)"
 RUNTIME = "(runtime)"
+#: Runtime targets set by distributed's own calls (``legacy-replicate: honour``): a row
+#: each, of kind ``runtime``, when they govern keys.
+LEGACY_RUNTIME = ("(client.replicate)", "(scatter broadcast)")
 
 #: How each in-progress reason is told, per key count.
 _PROGRESS_WORDS = {
@@ -142,7 +145,9 @@ def conformance(policy: RulesPolicy) -> Conformance:
 
     def row(label: str) -> RuleConformance:
         r = rows.get(label)
-        if r is None:  # a rule of the previous rules file, keys not classified again yet
+        if r is None and label in LEGACY_RUNTIME:
+            r = rows[label] = RuleConformance(label, "runtime")
+        elif r is None:  # a rule of the previous rules file, keys not classified again yet
             r = rows[label] = RuleConformance(label, "rule", in_file=False)
         return r
 
@@ -197,14 +202,16 @@ def class_problem(policy: RulesPolicy, cls: PlanClass) -> tuple[str, str] | None
             f"move: never leaves them alone, so replicate: {cls.replicate} is not held"
         )
     placement = policy.placements.of(cls)
-    lo = cls.replicate.min if cls.replicate is not None else 1
+    # ``all`` stands for the eligible workers: never more than there are.
+    lo = cls.replicate.bounds(placement.achievable)[0] if cls.replicate is not None else 1
+    every = cls.replicate is not None and cls.replicate.min == "all"
     where = _where(cls)
     if lo > placement.achievable:
         if placement.achievable == 0:
             return TOO_FEW_WORKERS, f"no eligible worker{where}"
         wanted = f"wants {lo} copies" if cls.replicate is not None else "wants a copy"
         return TOO_FEW_WORKERS, f"{wanted}, {_workers(placement.achievable)} eligible{where}"
-    if cls.spread == "host" and lo > placement.hosts:
+    if cls.spread == "host" and lo > placement.hosts and not every:
         return TOO_FEW_HOSTS, (
             f"spread: host wants {lo} hosts, eligible workers are on "
             f"{placement.hosts} host{'s' if placement.hosts != 1 else ''}"

@@ -43,7 +43,7 @@ from amm_rules.engine.planner import (
 )
 from amm_rules.engine.view import ClusterView, KeyView, key_string
 from amm_rules.language.fields import ActionError, parse_actions
-from amm_rules.language.ruleset import Actions, Desired, Reason, Target, overrides
+from amm_rules.language.ruleset import Actions, Desired, Reason, RuntimeTarget, overrides
 from amm_rules.observe.conformance import TOO_FEW_HOSTS, class_problem
 from amm_rules.observe.status import decision_dict
 
@@ -84,6 +84,7 @@ def unmet_keys(policy: RulesPolicy, rule: str | None = None, limit: int = 10) ->
     ``ValueError`` for a rule that governs nothing and is not in the rules."""
     index = policy.index
     known = {r.name for r in policy.ruleset.rules} | {"(annotation)", "(runtime)"}
+    known |= {"(client.replicate)", "(scatter broadcast)"}
     if rule is not None and rule not in known and rule not in index.governed_by:
         names = ", ".join(sorted(known))
         raise ValueError(f"rule: no rule named {rule!r}; the rules are {names}")
@@ -131,7 +132,8 @@ def explain_key(
     desired = policy.resolve(ts)
     view = policy.key_view(ts, desired)
     plan = plan_key(view, cluster, policy.settings(now))
-    lo, hi = target_bounds(desired, view.waiters, policy.ruleset.reduce_replicas)
+    eligible = len(cluster.placeable(desired.pool, desired.avoid))
+    lo, hi = target_bounds(desired, view.waiters, policy.ruleset.reduce_replicas, eligible)
     unclassified = ts.key in index.dirty
     problem = class_problem(policy, PlanClass.of(desired)) if desired.governed else None
     annotation, annotation_error = _annotation(policy, ts)
@@ -211,12 +213,12 @@ def _summary_line(
         by = f"move: never from {d.reasons['move']}"
         if d.replicate is None:
             return f"left alone by {by}; {holds}"
-        t = d.replicate
-        if n < t.min:
-            return f"{wants(t.min, t.max)}, {holds}: {by} forbids new copies"
-        if t.max is not None and n > t.max:
-            return f"{wants(t.min, t.max)}, {holds}: {by} forbids dropping copies"
-        return f"{wants(t.min, t.max)} and {holds}, but {by}: the engine leaves it alone"
+        # (lo and hi are the target on the current workers: ``all`` counted.)
+        if n < lo:
+            return f"{wants(lo, hi)}, {holds}: {by} forbids new copies"
+        if hi is not None and n > hi:
+            return f"{wants(lo, hi)}, {holds}: {by} forbids dropping copies"
+        return f"{wants(lo, hi)} and {holds}, but {by}: the engine leaves it alone"
     want = wants(lo, hi) if d.replicate is not None else "wants a copy"
     good = len(plan.good)
     where = _placement_words(d)
@@ -342,15 +344,18 @@ def _cascade(
     ts: Any,
     annotation: Actions | None,
     annotation_error: str | None,
-    runtime: Target | None,
+    runtime: RuntimeTarget | None,
 ) -> list[dict[str, Any]]:
     """Every source of fields in the order the cascade consults them, with what each
-    decided and what was already decided before it (overridden)."""
+    decided and what was already decided before it (overridden). A runtime target is
+    named by its origin (``client.replicate``, ``scatter broadcast``) when a call of
+    distributed's set it."""
     decided, reasons = overrides(annotation, runtime)
+    origin = runtime.origin if runtime is not None else "runtime"
     out: list[dict[str, Any]] = [
         {
-            "source": "runtime target",
-            "sets": {"replicate": str(runtime)} if runtime is not None else {},
+            "source": "runtime target" if origin == "runtime" else origin,
+            "sets": {"replicate": str(runtime.target)} if runtime is not None else {},
             "decided": ["replicate"] if runtime is not None else [],
             "overridden": {},
         }

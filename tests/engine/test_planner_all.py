@@ -141,7 +141,7 @@ def test_the_index_checks_all_against_the_current_workers():
     index = KeyIndex()
     d = rule(replicate=EVERY)
     holders = [Holder("a", "h"), Holder("b", "h")]
-    ts = SimpleNamespace(key="x", who_has=set(holders))
+    ts = SimpleNamespace(key="x", who_has=set(holders), nbytes=8)
     index.put("x", ts, d)
     cls = PlanClass.of(d)
     assert list(index.suspects(cls, Placement(None, 2, 1), True)) == []
