@@ -24,6 +24,7 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import BlockedGetData, async_poll_for, gen_cluster
 
 from amm_rules.engine.policy import RulesPolicy
+from amm_rules.observe.conformance import conformance
 from tests.support.cluster import amm_config, events, holders, inc, no_errors, policy_of, rules
 
 GPU = {"resources": {"GPU": 1}}
@@ -67,6 +68,15 @@ async def test_replicate_and_broadcast_survive_ten_cycles(c, s, *workers):
         "source": "(scatter broadcast)",
         "follows_cluster": True,
     }
+    # What operators read: the cascade names the call, and the calls' targets have
+    # their own rows in the conformance (kind "runtime"), met.
+    assert y_why["cascade"][0]["source"] == "scatter broadcast"
+    assert y_why["cascade"][0]["sets"] == {"replicate": "all"}
+    assert "holds its target: 4 copies" in y_why["summary"]
+    rows = {r.name: r for r in conformance(policy_of(s)).rules}
+    assert rows["(scatter broadcast)"].kind == "runtime"
+    assert rows["(scatter broadcast)"].keys == 1 and rows["(scatter broadcast)"].met == 1
+    assert rows["(client.replicate)"].keys == 1 and rows["(client.replicate)"].met == 1
     status = await c.scheduler.amm_rules_status()
     assert status["legacy_replicate"]["mode"] == "honour"
     assert status["legacy_replicate"]["calls"] == {"client.replicate": 1, "scatter broadcast": 1}
@@ -169,6 +179,12 @@ async def test_move_never_still_wins(c, s, a, b, w3):
     why = await explain(c, "x-1")
     assert why["desired"] == "replicate=3 from client.replicate, move=never from rule frozen"
     assert not why["would"]
+    assert "wants 3 copies, holds 1" in why["summary"] and "forbids new copies" in why["summary"]
+    broadcast = await explain(c, "x-y")
+    assert (
+        broadcast["desired"] == "replicate=all from scatter broadcast, move=never from rule frozen"
+    )
+    assert "wants 3 copies, holds 1" in broadcast["summary"]
     no_errors(s)
 
 
