@@ -30,7 +30,9 @@ in memory) go to the stock handler unchanged, with its answers and errors.
 
 With ``legacy-replicate: ignore``, the wrappers pass every call through: the calls
 behave as with the stock AMM. Switching to ``ignore`` by a reload removes the
-targets these calls had set.
+targets these calls had set. Keys whose wishes are in dry-run (``enforcement:
+dry-run``) get their target recorded, for explain and status, and the stock call
+unchanged: dry-run changes nothing.
 
 Neighbours: the policy installs this at attach (:meth:`LegacyCalls.install`) and
 removes it at detach; targets live in :attr:`amm_rules.engine.index.KeyIndex.runtime`
@@ -107,7 +109,8 @@ class LegacyCalls:
             target = self._target(n, workers)
             if target is None or not self._all_in_memory(keys):
                 return await replicate(**stock)  # the stock answer or error
-            await self._honour(keys, target, REPLICATE, workers, branching_factor, stimulus_id)
+            stock.pop("keys")
+            await self._honour(keys, target, REPLICATE, stock)
             return None
 
         async def scatter_honoured(
@@ -126,10 +129,11 @@ class LegacyCalls:
             )
             n = None if broadcast is True else broadcast
             target = self._target(n, workers)
+            stock = {"n": n, "workers": workers}  # what the stock scatter asks of replicate
             if target is None or not self._all_in_memory(keys):
-                await replicate(keys=keys, n=n, workers=workers)  # as the stock scatter does
+                await replicate(keys=keys, **stock)
             else:
-                await self._honour(keys, target, BROADCAST, workers, 2, None)
+                await self._honour(keys, target, BROADCAST, stock)
             return keys
 
         replicate_honoured.__name__ = "replicate"
@@ -185,13 +189,19 @@ class LegacyCalls:
         keys: Iterable[Hashable],
         target: Target,
         origin: str,
-        workers: Iterable[str] | None,
-        branching_factor: int,
-        stimulus_id: str | None,
+        stock: dict[str, Any],
     ) -> None:
         """Set the target on ``keys``, then make the call's own first copies where the
-        engine would keep them, leaving the keys to the engine afterwards."""
+        engine would keep them, leaving the keys to the engine afterwards.
+
+        ``stock`` holds the arguments of the stock ``replicate`` call besides the keys
+        (``n``, ``workers``, ...). Keys whose wishes are in dry-run get exactly that
+        call: the engine reports what it would do with their target, and changes
+        nothing of what the call does."""
         policy = self.policy
+        workers = stock.get("workers")
+        branching_factor = stock.get("branching_factor", 2)
+        stimulus_id = stock.get("stimulus_id")
         index = policy.index
         keys = list(dict.fromkeys(keys))
         for key in keys:
@@ -200,13 +210,15 @@ class LegacyCalls:
         logger.debug("amm-rules: %s set %s on %d keys", origin, target, len(keys))
         self.copying.update(keys)
         try:
-            groups = self._copy_groups(keys, target, workers)
-            await asyncio.gather(
-                *(
-                    self._copy(group, recipients, n, branching_factor, stimulus_id)
-                    for (recipients, n), group in groups.items()
-                )
-            )
+            groups, dry = self._copy_groups(keys, target, workers)
+            calls = [
+                self._copy(group, recipients, n, branching_factor, stimulus_id)
+                for (recipients, n), group in groups.items()
+            ]
+            if dry:
+                assert self._replicate is not None
+                calls.append(self._replicate(keys=dry, **stock))
+            await asyncio.gather(*calls)
         finally:
             self.copying.subtract(keys)
             for key in keys:
@@ -217,19 +229,24 @@ class LegacyCalls:
 
     def _copy_groups(
         self, keys: list[Hashable], target: Target, workers: Iterable[str] | None
-    ) -> dict[tuple[tuple[str, ...], int], list[Hashable]]:
-        """Keys by (where the call may copy them, how many copies to reach there)."""
+    ) -> tuple[dict[tuple[tuple[str, ...], int], list[Hashable]], list[Hashable]]:
+        """Keys by (where the call may copy them, how many copies to reach there); and
+        the keys in dry-run, which the stock call copies as it would without amm-rules."""
         policy = self.policy
         scheduler = policy.scheduler
         policy.refresh_pools()
         cluster = policy.cluster_view()
         only = set(scheduler.workers_list(list(workers))) if workers is not None else None
         groups: dict[tuple[tuple[str, ...], int], list[Hashable]] = {}
+        dry: list[Hashable] = []
         for key in keys:
             ts = scheduler.tasks.get(key)
             if ts is None or not ts.who_has:
                 continue
             desired = policy.resolve(ts)  # with the target just set
+            if policy.dry_run.label(desired) is not None:
+                dry.append(key)
+                continue
             if desired.move == "never":
                 continue  # `move: never` wins: amm-rules neither copies nor drops it
             recipients = cluster.recipients(desired.pool, desired.avoid)
@@ -239,7 +256,7 @@ class LegacyCalls:
             n = min(lo, len(recipients))
             if n > 0:
                 groups.setdefault((tuple(sorted(recipients)), n), []).append(key)
-        return groups
+        return groups, dry
 
     async def _copy(
         self,

@@ -60,7 +60,10 @@ class EngineExtension:
         ``scheduler.extensions.amm-rules``: ``rules`` (``source``, ``sha256``,
         ``loaded_at``, ``text``), ``status`` (:func:`~amm_rules.observe.status.status_report`),
         ``decisions`` (the latest, oldest first) and ``runtime_targets`` (``[key, min,
-        max]`` for each key with one, which ``amm-rules simulate`` reads back)."""
+        max]`` for each key with one, ``min``/``max`` a number or ``"all"``, and a fourth
+        item naming the origin of a target set by distributed's own calls:
+        ``"client.replicate"`` or ``"scatter broadcast"``; ``amm-rules simulate`` reads
+        them back)."""
         from amm_rules.observe.status import decision_dict, status_report
 
         policy = self.policy
@@ -75,7 +78,8 @@ class EngineExtension:
             "status": status_report(policy),
             "decisions": [decision_dict(d) for d in policy.journal.recent(DUMP_DECISIONS)],
             "runtime_targets": [
-                [key, target.min, target.max] for key, target in policy.index.runtime.items()
+                [key, t.target.min, t.target.max] + ([t.origin] if t.origin != "runtime" else [])
+                for key, t in policy.index.runtime.items()
             ],
         }
         return {k: v for k, v in out.items() if k not in exclude}

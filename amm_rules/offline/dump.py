@@ -100,9 +100,12 @@ class ClusterState:
     tasks: dict[Key, TaskRecord] = field(default_factory=dict)
     #: What could not be read and was left out (one line each).
     warnings: list[str] = field(default_factory=list)
-    #: Runtime targets (``amm_rules.replicate``) the engine recorded in the dump:
-    #: key -> (min, max or None).
-    runtime: dict[Key, tuple[int, int | None]] = field(default_factory=dict)
+    #: Runtime targets the engine recorded in the dump: key -> (min, max or None), each
+    #: a number or ``"all"``.
+    runtime: dict[Key, tuple[Any, Any]] = field(default_factory=dict)
+    #: Where the runtime targets not set with ``amm_rules.replicate`` came from: key ->
+    #: ``"client.replicate"`` or ``"scatter broadcast"``.
+    runtime_origins: dict[Key, str] = field(default_factory=dict)
 
     def in_memory(self) -> Iterable[TaskRecord]:
         return (t for t in self.tasks.values() if t.state == "memory" and t.who_has)
@@ -286,25 +289,42 @@ def parse_state(data: Any, source: str) -> ClusterState:
         state.tasks[task.key] = task
     for worker in state.workers.values():
         worker.has_what = [k for k in worker.has_what if k in state.tasks]
-    state.runtime = _runtime_targets(scheduler)
+    state.runtime, state.runtime_origins = _runtime_targets(scheduler)
     state.warnings.extend(refs.warnings())
     return state
 
 
-def _runtime_targets(scheduler: Mapping[str, Any]) -> dict[Key, tuple[int, int | None]]:
+def _runtime_targets(
+    scheduler: Mapping[str, Any],
+) -> tuple[dict[Key, tuple[Any, Any]], dict[Key, str]]:
     """The runtime targets the engine wrote into the dump (none from a dump of a cluster
-    without amm-rules, or from an older one); entries of another shape are left out."""
+    without amm-rules, or from an older one), and the origins of those that distributed's
+    own calls set; entries of another shape are left out."""
     extensions = scheduler.get("extensions")
     engine = extensions.get(ENGINE_EXTENSION) if isinstance(extensions, Mapping) else None
     entries = engine.get("runtime_targets") if isinstance(engine, Mapping) else None
-    out: dict[Key, tuple[int, int | None]] = {}
+    out: dict[Key, tuple[Any, Any]] = {}
+    origins: dict[Key, str] = {}
     for entry in entries if isinstance(entries, list) else ():
-        if not (isinstance(entry, list) and len(entry) == 3):
+        if not (isinstance(entry, list) and len(entry) in (3, 4)):
             continue
         key, lo, hi = freeze_key(entry[0]), entry[1], entry[2]
-        if isinstance(lo, int) and (hi is None or isinstance(hi, int)):
-            out[key] = (lo, hi)
-    return out
+        if not (_bound(lo) and (hi is None or _bound(hi))):
+            continue
+        out[key] = (lo, hi)
+        if len(entry) == 4 and entry[3] in _LEGACY_ORIGINS:
+            origins[key] = entry[3]
+    return out, origins
+
+
+#: The origins of runtime targets set by distributed's own calls (see
+#: :mod:`amm_rules.engine.legacy`).
+_LEGACY_ORIGINS = ("client.replicate", "scatter broadcast")
+
+
+def _bound(value: Any) -> bool:
+    """A bound of a target as a dump writes it: a whole number, or ``"all"``."""
+    return value == "all" or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def _section(data: Any, source: str) -> Mapping[str, Any]:

@@ -57,7 +57,7 @@ from amm_rules.engine.planner import (
 from amm_rules.engine.rebalance.rebalancer import Rebalancer
 from amm_rules.engine.reduce_replicas import reduce_replicas
 from amm_rules.engine.view import ClusterView
-from amm_rules.language.ruleset import Desired, Rule, Ruleset, Target
+from amm_rules.language.ruleset import Desired, Rule, Ruleset, RuntimeTarget, Target
 from amm_rules.offline.views import SimCluster, SimTask
 
 logger = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class Simulation:
         *,
         measure: str = DEFAULT_MEASURE,
         interval: float = DEFAULT_INTERVAL,
-        runtime: Mapping[Key, Target] | None = None,
+        runtime: Mapping[Key, Target | RuntimeTarget] | None = None,
     ):
         self.ruleset = ruleset
         self.cluster = cluster
@@ -157,7 +157,10 @@ class Simulation:
         #: The engine's own key index, not attached to anything: governed keys and what
         #: they want, copies in flight, back-offs, keys nobody governs with copies to trim.
         self.index = KeyIndex()
-        self.index.runtime.update(runtime or {})
+        self.index.runtime.update(
+            (k, t if isinstance(t, RuntimeTarget) else RuntimeTarget(t))
+            for k, t in (runtime or {}).items()
+        )
         self.amm = ActiveMemoryManagerExtension(
             cluster,  # type: ignore[arg-type]
             {_Cycle(self)},
@@ -486,7 +489,8 @@ class Simulation:
             ts = self.cluster.tasks[key]
             if desired.move == "never":
                 continue
-            lo, _ = target_bounds(desired, 0, self.ruleset.reduce_replicas)
+            eligible = self.placements.of(PlanClass.of(desired)).achievable  # for ``all``
+            lo, _ = target_bounds(desired, 0, self.ruleset.reduce_replicas, eligible)
             if len(ts.who_has or ()) < lo:
                 out.append((ts, desired, lo))
         return out
@@ -530,9 +534,14 @@ class _Cycle(ActiveMemoryManagerPolicy):
         return "SimulatedRulesPolicy()"
 
 
-def runtime_targets(state: Any) -> dict[Key, Target]:
-    """The runtime targets a dump recorded (see :attr:`ClusterState.runtime`), as targets."""
-    return {key: Target(lo, hi) for key, (lo, hi) in state.runtime.items()}
+def runtime_targets(state: Any) -> dict[Key, RuntimeTarget]:
+    """The runtime targets a dump recorded (see :attr:`ClusterState.runtime`), as the
+    engine holds them: each with its origin."""
+    origins = getattr(state, "runtime_origins", {})
+    return {
+        key: RuntimeTarget(Target(lo, hi), origins.get(key, "runtime"))
+        for key, (lo, hi) in state.runtime.items()
+    }
 
 
 def amm_defaults() -> tuple[str, float]:

@@ -340,3 +340,20 @@ async def test_detach_puts_the_scheduler_handlers_back(c, s, a, b):
     (y,) = await c.scatter([70], broadcast=True)
     assert len(holders(s, y.key)) == 2
     assert not policy.index.runtime
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(rules(enforcement="dry-run")))
+async def test_in_dry_run_the_calls_do_what_stock_dask_does(c, s, a, b, w3):
+    """A file in dry-run changes nothing: the call copies and deletes as the stock one
+    does; its target is recorded, so that explain and status say what honouring it
+    would do."""
+    x = c.submit(inc, 1, key="x-1", workers=[a.address])
+    await x
+    await c.replicate([x], n=3)
+    assert len(holders(s, "x-1")) == 3
+    await c.replicate([x], n=1)  # the stock call deletes two copies itself
+    assert len(holders(s, "x-1")) == 1
+    why = await explain(c, "x-1")
+    assert why["desired"] == "replicate=1 from client.replicate"
+    assert policy_of(s).legacy.calls == {"client.replicate": 2}
+    no_errors(s)

@@ -19,7 +19,7 @@ from amm_rules.cli import main
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.language.loader import load_ruleset
 from amm_rules.offline.dump import read_dump
-from amm_rules.offline.simulate import Simulation
+from amm_rules.offline.simulate import Simulation, runtime_targets
 from amm_rules.offline.views import SimCluster
 from tests.support.dumps import (
     CONFIG,
@@ -391,6 +391,34 @@ async def test_runtime_targets_come_back_from_the_engines_part_of_the_dump(c, s,
     report = json.loads(output)
     added = [a for a in report["actions"] if a["key"] == "('part', 1)"]
     assert [(a["op"], a["rule"]) for a in added] == [("replicate", "(runtime)")] * 2
+
+
+@gen_cluster(client=True, nthreads=NTHREADS, config=CONFIG)
+async def test_targets_of_distributeds_own_calls_come_back_with_their_origin(c, s, *ws, tmp_path):
+    """A ``scatter(broadcast=True)`` target is ``all`` and names its origin, in the
+    dump and in the simulation read back from it."""
+    from amm_rules import RulesPolicy as ObservedPolicy  # the name configurations use
+
+    futures = await populate(c, s)  # noqa: F841
+    policy = ObservedPolicy(rules_mapping(RULES), audit_interval=None)
+    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False, measure=MEASURE)
+    try:
+        held = await c.scatter({"model-0": 7}, broadcast=True)  # noqa: F841
+        path = await dump(c, tmp_path, "msgpack")
+    finally:
+        policy.detach()
+        del amm
+    state = read_dump(path)
+    assert state.runtime["model-0"] == ("all", "all")
+    assert state.runtime_origins == {"model-0": "scatter broadcast"}
+    sim = Simulation(
+        load_ruleset(rules_mapping(RULES)),
+        SimCluster(state),
+        measure=MEASURE,
+        interval=2.0,
+        runtime=runtime_targets(state),
+    )
+    assert sim.desired["model-0"].explain() == "replicate=all from scatter broadcast"
 
 
 def _rules_file(directory: Any) -> Any:
