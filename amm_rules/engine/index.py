@@ -8,12 +8,13 @@ hot paths):
 - the ``SchedulerPlugin.transition`` hook: a key entering memory goes into
   :attr:`~KeyIndex.dirty` (to be classified at the next cycle); a key leaving memory is
   forgotten at once, with its runtime target and in-flight copies;
-- wrappers of the scheduler's ``add_replica`` / ``remove_replica``
-  (:func:`watch_scheduler`): a governed key that gained or lost a copy, or any key that
-  now has more than one, goes into :attr:`~KeyIndex.touched`. The AMM gets no
-  notification of replica changes (dependency transfers, ``client.replicate``, drops,
-  dead workers all change ``ts.who_has`` silently), so this is how a cycle learns
-  which keys to look at;
+- wrappers of the scheduler's ``add_replica`` / ``remove_replica`` /
+  ``remove_all_replicas`` (:func:`watch_scheduler`): a governed key that gained or lost
+  a copy, or any key that now has more than one, goes into :attr:`~KeyIndex.touched`,
+  and the copies of governed keys are counted per rule (:attr:`~KeyIndex.copies_by`).
+  The AMM gets no notification of replica changes (dependency transfers,
+  ``client.replicate``, drops, dead workers all change ``ts.who_has`` silently), so
+  this is how a cycle learns which keys to look at;
 - a wrapper of ``update_data``: scattered data enters memory without a transition;
 - ``add_worker`` / ``remove_worker``: pools and placements are recomputed and every
   governed key is checked once (so a target of ``all`` reaches a worker that joined
@@ -96,6 +97,10 @@ class KeyIndex(SchedulerPlugin):
         #: Bytes of one copy of the governed keys, per counter label (kept up to date
         #: as keys are filed, so that status and metrics never sum over keys).
         self.bytes_by: Counter[str] = Counter()
+        #: Copies in memory of the governed keys, per counter label (kept up to date by
+        #: the replica wrappers of :func:`watch_scheduler`: a dashboard shows copies
+        #: held against copies wanted without counting them key by key).
+        self.copies_by: Counter[str] = Counter()
         #: Plan class -> governed keys per counter label: how a class's keys count
         #: towards each rule (the keys of one class may take fields from other rules).
         self.class_labels: dict[PlanClass, Counter[str]] = {}
@@ -182,6 +187,11 @@ class KeyIndex(SchedulerPlugin):
             bytes_by = self.bytes_by
             for label in labels:
                 bytes_by[label] += nbytes
+        held = len(ts.who_has or ())
+        if held:
+            copies_by = self.copies_by
+            for label in labels:
+                copies_by[label] += held
 
     def unindex(self, key: Hashable) -> None:
         """The key is no longer governed (or is being re-filed)."""
@@ -208,6 +218,22 @@ class KeyIndex(SchedulerPlugin):
         nbytes = max(ts.nbytes, 0) if ts is not None else 0
         if nbytes:
             _subtract(self.bytes_by, labels, nbytes)
+        # The copies it holds now: the wrappers counted every change since it was filed.
+        held = len(ts.who_has or ()) if ts is not None else 0
+        if held:
+            _subtract(self.copies_by, labels, held)
+
+    def copies_changed(self, key: Hashable, n: int) -> None:
+        """A governed key gained (``n > 0``) or lost copies (:func:`watch_scheduler`)."""
+        d = self.desired.get(key)
+        if d is None:
+            return
+        labels = labels_of(d)
+        if n > 0:
+            for label in labels:
+                self.copies_by[label] += n
+        else:
+            _subtract(self.copies_by, labels, -n)
 
     def __len__(self) -> int:
         return len(self.desired)
@@ -259,32 +285,40 @@ class KeyIndex(SchedulerPlugin):
 
 
 def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
-    """Wrap the scheduler's ``add_replica``, ``remove_replica`` and ``update_data`` so
-    the index learns which keys' copies changed and which keys entered memory without
-    a transition (scattered data). Returns the function that undoes it.
+    """Wrap the scheduler's ``add_replica``, ``remove_replica``, ``remove_all_replicas``
+    and ``update_data`` so the index learns which keys' copies changed (and how many
+    copies governed keys hold) and which keys entered memory without a transition
+    (scattered data). Returns the function that undoes it.
 
     Every change of ``ts.who_has`` in the scheduler goes through ``add_replica`` /
-    ``remove_replica`` (``remove_all_replicas`` only runs when a key leaves memory, which
-    the transition hook sees). The wrappers are per scheduler instance, chain if two
-    policies attach, and add one set insertion to a replica change at most.
+    ``remove_replica``, or ``remove_all_replicas`` when a key leaves memory (before the
+    transition hook sees it leave). The wrappers are per scheduler instance, chain if two
+    policies attach, and add a set insertion and, for a governed key, a count per rule
+    to a replica change at most.
     """
     before = {name: vars(scheduler).get(name) for name in _WATCHED}
     handler_before = scheduler.handlers.get("update_data")
     add_replica = scheduler.add_replica
     remove_replica = scheduler.remove_replica
+    remove_all_replicas = scheduler.remove_all_replicas
     update_data = scheduler.update_data
     desired = index.desired  # never rebound; index.touched is, so read it each time
 
     def add_replica_watched(ts: Any, ws: Any) -> None:
+        before = len(ts.who_has or ())  # adding a copy a worker already holds is a no-op
         add_replica(ts, ws)
-        if (
-            index.active and len(ts.who_has) > 1
-        ):  # the first copy is a key entering memory: see dirty
+        if not index.active:
+            return
+        held = len(ts.who_has)
+        if held > before and ts.key in desired:
+            index.copies_changed(ts.key, 1)
+        if held > 1:  # the first copy is a key entering memory: see dirty
             index.touched.add(ts.key)
 
     def remove_replica_watched(ts: Any, ws: Any) -> None:
         remove_replica(ts, ws)
         if index.active and ts.key in desired:
+            index.copies_changed(ts.key, -1)
             index.touched.add(ts.key)
             # remove_worker marks the worker closed before it removes its copies; a
             # drop leaves it running.
@@ -304,10 +338,17 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
             index.dirty.update(who_has)
         return result
 
+    def remove_all_replicas_watched(ts: Any) -> None:
+        # A key leaving memory: its copies go here, before the transition hook forgets it.
+        if index.active and ts.who_has and ts.key in desired:
+            index.copies_changed(ts.key, -len(ts.who_has))
+        remove_all_replicas(ts)
+
     update_data_watched.__name__ = "update_data"
     wrappers = {
         "add_replica": add_replica_watched,
         "remove_replica": remove_replica_watched,
+        "remove_all_replicas": remove_all_replicas_watched,
         "update_data": update_data_watched,
     }
     for name, wrapper in wrappers.items():
@@ -333,7 +374,7 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
 
 
 #: The scheduler methods :func:`watch_scheduler` wraps.
-_WATCHED = ("add_replica", "remove_replica", "update_data")
+_WATCHED = ("add_replica", "remove_replica", "remove_all_replicas", "update_data")
 
 
 def _subtract(counter: Counter[str], labels: Iterable[str], n: int) -> None:

@@ -22,9 +22,11 @@ its target shows under each of them; annotations and runtime targets are two gro
 ``(annotation)`` and ``(runtime)``.
 
 Computed from the engine's own bookkeeping, never from ``scheduler.tasks``: the keys
-per class and label (:attr:`KeyIndex.class_labels`), the placement of each class on the
+per class and label (:attr:`KeyIndex.class_labels`, hence the copies wanted), the
+copies held per label (:attr:`KeyIndex.copies_by`), the placement of each class on the
 current workers (cached by the policy per worker change), and the keys the last plans
-left short (:attr:`KeyIndex.shortfall`). The figures are those of the last cycle.
+left short (:attr:`KeyIndex.shortfall`). The figures are those of the last cycle, but
+for the copies held, which the replica hooks keep current.
 
 Neighbours: :mod:`amm_rules.observe.status` and :mod:`amm_rules.observe.metrics` show it;
 :mod:`amm_rules.engine.journal` defines the in-progress reasons.
@@ -85,6 +87,10 @@ class RuleConformance:
     in_file: bool = True
     keys: int = 0
     bytes: int = 0
+    #: Copies the keys hold now, and the copies their targets want at least (a key
+    #: without a ``replicate`` target wants one).
+    copies_held: int = 0
+    copies_wanted: int = 0
     #: Keys not meeting their target, by reason (see :data:`REASONS`).
     unmet: Counter[str] = field(default_factory=Counter)
     #: One sentence per reason, as the engine words it.
@@ -105,6 +111,8 @@ class RuleConformance:
             "sentence": self.sentence,
             "keys": self.keys,
             "bytes": self.bytes,
+            "copies_held": self.copies_held,
+            "copies_wanted": self.copies_wanted,
             "met": self.met,
             "unmet": sum(self.unmet.values()),
             "unmet_by_reason": dict(self.unmet),
@@ -155,11 +163,16 @@ def conformance(policy: RulesPolicy) -> Conformance:
         row(label).keys = n
     for label, n in index.bytes_by.items():
         row(label).bytes = n
+    for label, n in index.copies_by.items():
+        row(label).copies_held = n
 
     # 1. Whole classes the current workers cannot satisfy.
     unmet = 0
     hopeless: set[PlanClass] = set()
     for cls, counts in index.class_labels.items():
+        wanted = cls.replicate.min if cls.replicate is not None else 1
+        for label, n in counts.items():
+            row(label).copies_wanted += n * wanted
         problem = class_problem(policy, cls)
         if problem is None:
             continue

@@ -133,15 +133,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 def status_command(address: str, fmt: str, check: bool, timeout: float) -> tuple[str, int]:
-    from amm_rules.observe.status import all_satisfied
+    from amm_rules.observe.status import all_satisfied, status_json
     from amm_rules.observe.text import render_status
 
     report = ask(address, "amm_rules_status", timeout)
-    text = (
-        json.dumps(report, indent=2, default=str) + "\n"
-        if fmt == "json"
-        else render_status(report)
-    )
+    text = status_json(report) if fmt == "json" else render_status(report)
     return text, 1 if check and not all_satisfied(report) else 0
 
 

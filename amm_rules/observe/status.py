@@ -16,6 +16,7 @@ Neighbours: :mod:`amm_rules.observe.conformance` computes the per-rule states;
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
@@ -67,7 +68,9 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
                "in_file": True,
                "state": "unsatisfiable",              # "satisfied", "in-progress"
                "sentence": "20 keys of 200 cannot be satisfied now: wants 3 copies, ...",
-               "keys": 200, "bytes": 1073741824, "met": 180, "unmet": 20,
+               "keys": 200, "bytes": 1073741824,
+               "copies_held": 560, "copies_wanted": 600,  # copies now; at least wanted
+               "met": 180, "unmet": 20,
                "unmet_by_reason": {"too-few-workers": 20},
                "why": {"too-few-workers": "wants 3 copies, 2 workers eligible (pool gpu)"}},
               ...
@@ -126,6 +129,12 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
         decisions=[decision_dict(d) for d in journal.recent(DECISIONS_SHOWN)],
     )
     return report
+
+
+def status_json(report: Mapping[str, Any]) -> str:
+    """The report as ``amm-rules status --format json`` prints it, and as
+    ``/amm-rules/status.json`` serves it."""
+    return json.dumps(report, indent=2, default=str) + "\n"
 
 
 def all_satisfied(report: Mapping[str, Any]) -> bool:

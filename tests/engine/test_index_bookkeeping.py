@@ -1,5 +1,5 @@
 """The index's per-rule bookkeeping that status and metrics read instead of walking keys:
-keys and bytes per rule, keys per class and rule, keys left short. Pure: keys are plain
+keys, bytes and copies per rule, keys per class and rule, keys left short. Pure: keys are plain
 objects with the attributes the index reads."""
 
 from __future__ import annotations
@@ -51,6 +51,31 @@ def test_keys_and_bytes_per_rule_and_class():
     index.unindex("c")
     assert not index.governed_by and not index.bytes_by and not index.class_labels
     assert not index.shortfall
+
+
+def test_copies_per_rule():
+    index = KeyIndex()
+    a, b = task("a", 100), task("b", 100)
+    a.who_has, b.who_has = {"w1", "w2"}, {"w1"}
+    index.put("a", a, THREE)
+    index.put("b", b, THREE_GPU)
+    assert index.copies_by == {"three": 3, "gpu": 1}
+    # The replica wrappers report each change of a governed key; others are ignored.
+    b.who_has.add("w2")
+    index.copies_changed("b", 1)
+    index.copies_changed("not-governed", 1)
+    assert index.copies_by == {"three": 4, "gpu": 2}
+    # Re-filed: counted once, with the copies it holds now.
+    index.put("b", b, THREE)
+    assert index.copies_by == {"three": 4}
+    # Leaving memory: the scheduler removes every copy (reported), then the key is
+    # forgotten with none left.
+    index.copies_changed("a", -2)
+    a.who_has = None
+    index.forget("a")
+    assert index.copies_by == {"three": 2}
+    index.unindex("b")
+    assert not index.copies_by
 
 
 def test_the_journal_is_bounded_and_finds_a_keys_decisions():

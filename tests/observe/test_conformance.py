@@ -14,7 +14,7 @@ from distributed.utils_test import BlockedGetData, async_poll_for, gen_cluster, 
 
 from amm_rules.observe.metrics import RulesCollector
 from amm_rules.observe.status import all_satisfied, status_report
-from tests.support.cluster import amm_config, copies, policy_of, rules
+from tests.support.cluster import CountingDict, amm_config, copies, policy_of, rules
 
 CLASSES = rules(
     {"name": "two", "match": 'task.prefix == "two"', "replicate": 2},
@@ -167,28 +167,6 @@ async def test_bytes_follow_keys_scattered_again(c, s, a, b):
     del small_data, large_data
 
 
-class CountingDict(dict):
-    """``scheduler.tasks`` that counts every walk over it."""
-
-    walks = 0
-
-    def __iter__(self):
-        type(self).walks += 1
-        return super().__iter__()
-
-    def items(self):
-        type(self).walks += 1
-        return super().items()
-
-    def values(self):
-        type(self).walks += 1
-        return super().values()
-
-    def keys(self):
-        type(self).walks += 1
-        return super().keys()
-
-
 @gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(CLASSES))
 async def test_status_and_metrics_never_walk_the_scheduler_tasks(c, s, *workers):
     futures = c.map(inc, range(20), key=[f"{p}-{i}" for p in ("two", "five") for i in range(10)])
@@ -202,3 +180,62 @@ async def test_status_and_metrics_never_walk_the_scheduler_tasks(c, s, *workers)
     families = list(collector.collect())
     assert families
     assert CountingDict.walks == 0
+
+
+def copies_by_rule(s: Any) -> dict[str, int]:
+    """Copies of the governed keys per rule, counted key by key (what the index's
+    counters must always equal)."""
+    from amm_rules.engine.index import labels_of
+
+    index = policy_of(s).index
+    out: dict[str, int] = {}
+    for key, d in index.desired.items():
+        held = len(s.tasks[key].who_has or ())
+        for label in labels_of(d):
+            out[label] = out.get(label, 0) + held
+    return {k: v for k, v in out.items() if v}
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 3,
+    config=amm_config(
+        rules(
+            {"name": "two", "match": 'task.prefix == "two"', "replicate": 2},
+            {"name": "kept", "match": 'task.prefix == "kept"', "move": "never"},
+        )
+    ),
+)
+async def test_copies_held_and_wanted_follow_every_change(c, s, a, b, w):
+    def held() -> dict[str, int]:
+        counted = {k: v for k, v in policy_of(s).index.copies_by.items() if v}
+        assert counted == copies_by_rule(s)
+        return counted
+
+    two = c.map(inc, range(5), key=[f"two-{i}" for i in range(5)])
+    kept = c.map(inc, range(2), key=[f"kept-{i}" for i in range(2)])
+    await c.gather(two + kept)
+    report = await report_until(s, lambda r: rows(r)["two"]["met"] == 5)
+    assert (rows(report)["two"]["copies_held"], rows(report)["two"]["copies_wanted"]) == (10, 10)
+    assert (rows(report)["kept"]["copies_held"], rows(report)["kept"]["copies_wanted"]) == (2, 2)
+    assert held() == {"two": 10, "kept": 2}
+
+    # A copy too many (client.replicate), trimmed again by the engine.
+    await c.replicate(two[:1], n=3)
+    held()
+    await async_poll_for(lambda: copies(s, "two-0") == 2, timeout=10)
+    assert held()["two"] == 10
+    # A copy made by a dependency transfer of a key nobody copies.
+    total = c.submit(sum, kept, key="free-sum", workers=[w.address])
+    await total
+    assert held()["kept"] == sum(copies(s, k.key) for k in kept)
+
+    # A worker leaves with its copies; keys released.
+    await w.close()
+    await async_poll_for(lambda: w.address not in s.workers, timeout=10)
+    held()
+    del two[3:], total
+    await async_poll_for(lambda: "two-4" not in s.tasks, timeout=10)
+    report = await report_until(s, lambda r: rows(r)["two"]["met"] == 3)
+    assert held()["two"] == 6 == rows(report)["two"]["copies_held"]
+    assert rows(report)["two"]["copies_wanted"] == 6

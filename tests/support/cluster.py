@@ -16,6 +16,7 @@ from distributed.utils_test import inc
 from amm_rules.engine.policy import RulesPolicy
 
 __all__ = [
+    "CountingDict",
     "INTERVAL",
     "RELOADABLE",
     "amm_config",
@@ -100,3 +101,25 @@ async def more_cycles(scheduler: Any, n: int = 3) -> None:
     for _ in range(n):
         scheduler.extensions["amm"].run_once()
         await asyncio.sleep(0.05)
+
+
+class CountingDict(dict):
+    """``scheduler.tasks`` that counts every walk over it."""
+
+    walks = 0
+
+    def __iter__(self):
+        type(self).walks += 1
+        return super().__iter__()
+
+    def items(self):
+        type(self).walks += 1
+        return super().items()
+
+    def values(self):
+        type(self).walks += 1
+        return super().values()
+
+    def keys(self):
+        type(self).walks += 1
+        return super().keys()

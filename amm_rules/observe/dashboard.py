@@ -1,0 +1,619 @@
+"""The amm-rules page of the scheduler's dashboard (``/amm-rules``, and
+``/individual-amm-rules`` among the individual plots), drawn with the dashboard's own
+stack: Bokeh, its page template and its theme.
+
+Once a second the page draws :func:`~amm_rules.observe.status.status_report` of the
+scheduler's :class:`~amm_rules.engine.policy.RulesPolicy`: the same figures as
+``amm-rules status`` and ``/amm-rules/status.json``, computed once and shared by every
+open page for :data:`SHARED_FOR` seconds. Its parts:
+
+- :class:`Header`: the rules in force, their last reload error, the cluster-wide
+  conformance, cycle times and what is in flight; or "no RulesPolicy attached";
+- :class:`RulesTable`: one row per rule (then annotations and runtime targets): state,
+  keys, bytes, copies held / wanted, met, unmet by reason, and the state's sentence;
+- :class:`WorkerMemory`: each worker's memory against its limit, grouped by pool, with
+  the rebalancing thresholds and the cluster mean drawn when rebalancing is on;
+- :class:`InFlight`: copies and rebalancing moves in flight, over the last minutes;
+- :class:`EventsTable`: the latest events (reloads, reload errors, invalid annotations).
+
+Importing this module imports Bokeh; :func:`register` adds the pages to
+``distributed.dashboard.scheduler.applications``, which the scheduler reads when it
+builds its dashboard (so before that: the ``amm_rules.dashboard`` preload does it when
+imported). Neighbours: :mod:`amm_rules.observe.status` makes the report;
+:mod:`amm_rules.observe.extension` finds the policy of a scheduler.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import math
+import time
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from bokeh.core.properties import without_property_validation
+from bokeh.layouts import column, row
+from bokeh.models import (
+    BoxAnnotation,
+    ColumnDataSource,
+    DataTable,
+    Div,
+    FactorRange,
+    HoverTool,
+    HTMLTemplateFormatter,
+    Label,
+    NumberFormatter,
+    NumeralTickFormatter,
+    Range1d,
+    Span,
+    TableColumn,
+)
+from bokeh.plotting import figure
+from dask.utils import format_bytes
+from distributed.dashboard.components import DashboardComponent, add_periodic_callback
+from distributed.dashboard.components.scheduler import BOKEH_THEME, env
+
+from amm_rules.observe.conformance import IN_PROGRESS, SATISFIED, UNSATISFIABLE
+from amm_rules.observe.extension import engine_of
+from amm_rules.observe.status import NO_POOL, status_report
+
+logger = logging.getLogger(__name__)
+
+#: The page, and its entry among the dashboard's individual plots.
+URL = "/amm-rules"
+INDIVIDUAL_URL = "/individual-amm-rules"
+TITLE = "Dask: AMM rules"
+#: Milliseconds between two updates of an open page.
+INTERVAL_MS = 1000
+#: Seconds one report serves every open page: ten browser tabs cost one report.
+SHARED_FOR = 0.5
+#: Events shown, newest first; points of the in-flight chart (ten minutes).
+EVENTS_SHOWN = 10
+HISTORY = 600
+#: Above this many workers, the chart names pools but not workers.
+NAMED_WORKERS = 40
+
+STATE_COLORS = {SATISFIED: "#2e7d32", IN_PROGRESS: "#e65100", UNSATISFIABLE: "#c62828"}
+ROLE_COLORS = {"sender": "#e65100", "recipient": "#2e7d32"}
+BAR_COLOR, PAUSED_COLOR = "#1f77b4", "#9e9e9e"
+NO_POLICY = (
+    "No RulesPolicy attached to this scheduler's Active Memory Manager: list "
+    "<code>amm_rules.RulesPolicy</code> in "
+    "<code>distributed.scheduler.active-memory-manager.policies</code> (see amm-rules' "
+    "docs/deploy.md). This page shows its rules as soon as one attaches."
+)
+
+
+# ---------------------------------------------------------------------------------
+# One report for every open page
+# ---------------------------------------------------------------------------------
+
+_shared: weakref.WeakKeyDictionary[Any, tuple[float, dict[str, Any]]] = weakref.WeakKeyDictionary()
+
+
+def shared_report(scheduler: Any) -> dict[str, Any] | None:
+    """The status report of ``scheduler``'s policy (None without one), made at most
+    once per :data:`SHARED_FOR` seconds whatever the number of open pages."""
+    policy = engine_of(scheduler)
+    if policy is None:
+        return None
+    now = time.monotonic()
+    made = _shared.get(policy)
+    if made is not None and now - made[0] < SHARED_FOR:
+        return made[1]
+    report = status_report(policy)
+    _shared[policy] = (now, report)
+    return report
+
+
+# ---------------------------------------------------------------------------------
+# The parts
+# ---------------------------------------------------------------------------------
+
+
+class Header(DashboardComponent):
+    """The rules in force and the engine's work, in a few lines of text."""
+
+    def __init__(self) -> None:
+        self.root = Div(text="", sizing_mode="stretch_width")
+
+    def update(self, report: Mapping[str, Any] | None, error: str | None = None) -> None:
+        if error is not None:
+            color = STATE_COLORS[UNSATISFIABLE]
+            text = f'{TITLE_HTML}<p style="color: {color}">{html.escape(error)}</p>'
+        else:
+            text = header_html(report)
+        if self.root.text != text:
+            self.root.text = text
+
+
+TITLE_HTML = "<h2>Active Memory Manager rules</h2>"
+
+
+def header_html(report: Mapping[str, Any] | None) -> str:
+    """The header's HTML (every figure from the report; text from it is escaped)."""
+    title = TITLE_HTML
+    if report is None:
+        return f"{title}<p><b>{NO_POLICY}</b></p>"
+    e = html.escape
+    c = report["conformance"]
+    digest = report.get("sha256") or "unknown"
+    last = report.get("last_reload_error")
+    reload_error = (
+        f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}">at {_clock(last["time"])}: '
+        f"{e(_first_line(last['error']))}</span>"
+        if last
+        else "none"
+    )
+    cycles = report["cycle_ms"]
+    timing = (
+        f"last {cycles['last']:.1f} ms, median {cycles['median']:.1f} ms, worst "
+        f"{cycles['worst']:.1f} ms of the last {cycles['recent']}"
+        if cycles["recent"]
+        else "no cycle yet"
+    )
+    r = report["rebalance"]
+    rebalance = (
+        f"on ({e(str(r['measure']))}): {r['in_flight']:,} moves in flight "
+        f"({format_bytes(r['in_flight_bytes'])})"
+        if r.get("enabled")
+        else "off"
+    )
+    lines = [
+        f"<b>rules</b> <code>{e(str(report['source']))}</code> &middot; sha256 "
+        f"<code>{e(digest[:12])}</code> &middot; loaded {_date(report['loaded_at'])}"
+        f" &middot; last reload error: {reload_error}",
+        f"<b>conformance</b> {c['fraction']:.1%} of {c['governed']:,} governed keys "
+        "meet their target and placement",
+        f"<b>in flight</b> {report['in_flight']:,} copies of "
+        f"{report['in_flight_keys']:,} keys &middot; <b>rebalance</b> {rebalance}",
+        f"<b>cycles</b> {report['cycles']:,}; {timing} &middot; <b>backlog</b> "
+        f"{report['classification_backlog']:,} keys waiting for classification",
+    ]
+    return title + "".join(f"<div>{line}</div>" for line in lines)
+
+
+class RulesTable(DashboardComponent):
+    """One row per rule, then ``(annotation)`` and ``(runtime)``."""
+
+    COLUMNS = ("rule", "state", "color", "keys", "bytes", "copies", "met", "unmet", "why")
+
+    def __init__(self) -> None:
+        self.source = ColumnDataSource({name: [] for name in self.COLUMNS})
+        state = HTMLTemplateFormatter(template='<b style="color: <%= color %>"><%- value %></b>')
+        count = NumberFormatter(format="0,0")
+        columns = [
+            TableColumn(field="rule", title="rule", width=160),
+            TableColumn(field="state", title="state", formatter=state, width=110),
+            TableColumn(field="keys", title="keys", formatter=count, width=80),
+            TableColumn(field="bytes", title="bytes", width=90),
+            TableColumn(field="copies", title="copies held / wanted", width=140),
+            TableColumn(field="met", title="met", formatter=count, width=80),
+            TableColumn(field="unmet", title="unmet (reason)", width=200),
+            TableColumn(field="why", title="why", width=600),
+        ]
+        self.root = DataTable(
+            source=self.source,
+            columns=columns,
+            index_position=None,
+            sortable=False,
+            height=_table_height(3),
+            sizing_mode="stretch_width",
+        )
+
+    def update(self, report: Mapping[str, Any] | None) -> None:
+        rows = report["conformance"]["rules"] if report is not None else []
+        data: dict[str, list[Any]] = {name: [] for name in self.COLUMNS}
+        for r in rows:
+            data["rule"].append(r["name"] + ("" if r["in_file"] else " (removed)"))
+            data["state"].append(r["state"])
+            data["color"].append(STATE_COLORS.get(r["state"], "inherit"))
+            data["keys"].append(r["keys"])
+            data["bytes"].append(format_bytes(r["bytes"]))
+            data["copies"].append(f"{r['copies_held']:,} / {r['copies_wanted']:,}")
+            data["met"].append(r["met"])
+            data["unmet"].append(_unmet(r))
+            data["why"].append(r["sentence"])
+        _refill(self.root, data)
+        height = _table_height(len(rows))
+        if self.root.height != height:
+            self.root.height = height
+
+
+def _unmet(r: Mapping[str, Any]) -> str:
+    if not r["unmet"]:
+        return "0"
+    reasons = ", ".join(f"{n:,} {reason}" for reason, n in r["unmet_by_reason"].items() if n)
+    return f"{r['unmet']:,} ({reasons})"
+
+
+class WorkerMemory(DashboardComponent):
+    """Each worker's memory as a fraction of its limit, grouped by pool (a worker in
+    two pools shows in both), coloured by its role in the last rebalancing plan, with
+    ``sender-min``, ``recipient-max``, the cluster mean and the ``gap`` band around it
+    when rebalancing is on."""
+
+    COLUMNS = (
+        "x",
+        "fraction",
+        "color",
+        "worker",
+        "address",
+        "pools",
+        "memory",
+        "limit",
+        "role",
+        "status",
+    )
+
+    def __init__(self) -> None:
+        self.source = ColumnDataSource({name: [] for name in self.COLUMNS})
+        self.root = figure(
+            title="Memory per worker, by pool",
+            x_range=FactorRange(),
+            y_range=Range1d(0, 1),
+            height=320,
+            sizing_mode="stretch_width",
+            tools="",
+            toolbar_location=None,
+        )
+        self.root.vbar(x="x", top="fraction", width=0.8, color="color", source=self.source)
+        self.root.yaxis.formatter = NumeralTickFormatter(format="0%")
+        self.root.yaxis.axis_label = "memory / limit"
+        self.root.xaxis.major_label_orientation = math.pi / 2
+        self.root.xgrid.visible = False
+        self.root.add_tools(
+            HoverTool(
+                tooltips=[
+                    ("worker", "@worker (@address)"),
+                    ("pools", "@pools"),
+                    ("memory", "@memory of @limit (@fraction{0.0%})"),
+                    ("role", "@role"),
+                    ("status", "@status"),
+                ]
+            )
+        )
+        self.band = BoxAnnotation(
+            bottom=0, top=0, fill_alpha=0.08, fill_color="#555555", visible=False
+        )
+        self.mean = Span(location=0, dimension="width", line_color="#555555", visible=False)
+        self.sender_min = Span(
+            location=0,
+            dimension="width",
+            line_dash="dashed",
+            visible=False,
+            line_color=ROLE_COLORS["sender"],
+        )
+        self.recipient_max = Span(
+            location=0,
+            dimension="width",
+            line_dash="dashed",
+            visible=False,
+            line_color=ROLE_COLORS["recipient"],
+        )
+        self.labels = {
+            name: Label(
+                x=4,
+                x_units="screen",
+                y=0,
+                text="",
+                visible=False,
+                text_font_size="11px",
+                text_color=color,
+            )
+            for name, color in (
+                ("sender_min", ROLE_COLORS["sender"]),
+                ("mean", "#555555"),
+                ("recipient_max", ROLE_COLORS["recipient"]),
+            )
+        }
+        for model in (
+            self.band,
+            self.mean,
+            self.sender_min,
+            self.recipient_max,
+            *self.labels.values(),
+        ):
+            self.root.add_layout(model)
+
+    def update(self, report: Mapping[str, Any] | None) -> None:
+        data, factors = worker_bars(report)
+        if list(self.root.x_range.factors) != factors:
+            self.root.x_range.factors = factors
+        _replace(self.source, data)
+        top = max([1.0, *(f for f in data["fraction"] if f is not None)]) * 1.05
+        if self.root.y_range.end != top:
+            self.root.y_range.end = top
+        n = len({a for a in data["address"]})
+        size = "0px" if n > NAMED_WORKERS else "11px"
+        if self.root.xaxis[0].major_label_text_font_size != size:
+            self.root.xaxis[0].major_label_text_font_size = size
+        measure = report.get("memory_measure") if report else None
+        title = f"Memory per worker, by pool ({measure or 'no measure'})"
+        if report and report["rebalance"].get("enabled"):
+            title += ": orange sends, green receives (last rebalancing plan)"
+        if self.root.title.text != title:
+            self.root.title.text = title
+        self._thresholds(report["rebalance"] if report else None)
+
+    def _thresholds(self, r: Mapping[str, Any] | None) -> None:
+        on = bool(r and r.get("enabled"))
+        plan = (r or {}).get("last_plan") or {}
+        mean = plan.get("mean") if on else None
+        lines = {
+            "sender_min": (self.sender_min, r["sender_min"] if on else None, "sender-min"),
+            "recipient_max": (
+                self.recipient_max,
+                r["recipient_max"] if on else None,
+                "recipient-max",
+            ),
+            "mean": (self.mean, mean, "mean"),
+        }
+        for name, (span, value, words) in lines.items():
+            label = self.labels[name]
+            visible = isinstance(value, (int, float))
+            _set(span, visible=visible, location=value if visible else 0)
+            _set(
+                label,
+                visible=visible,
+                y=value if visible else 0,
+                text=f"{words} {value:.0%}" if visible else "",
+            )
+        half = r["gap"] / 2 if on else 0
+        visible = isinstance(mean, (int, float))
+        # Hidden models keep numbers: BokehJS refuses a null coordinate.
+        _set(
+            self.band,
+            visible=visible,
+            bottom=(mean - half) if visible else 0,
+            top=(mean + half) if visible else 0,
+        )
+
+
+def worker_bars(report: Mapping[str, Any] | None) -> tuple[dict[str, list[Any]], list[Any]]:
+    """The chart's columns and its ``(pool, worker)`` factors, pools in name order
+    (workers in no pool last)."""
+    data: dict[str, list[Any]] = {name: [] for name in WorkerMemory.COLUMNS}
+    if report is None:
+        return data, []
+    w = report["workers"]
+    by_pool: dict[str, list[int]] = {}
+    for i, pools in enumerate(w["pools"]):
+        for pool in pools or (NO_POOL,):
+            by_pool.setdefault(pool, []).append(i)
+    order = sorted(by_pool, key=lambda p: (p == NO_POOL, p))
+    factors = []
+    for pool in order:
+        for i in by_pool[pool]:
+            name = _short(str(w["name"][i]))
+            factors.append((pool, name))
+            role, status = w["role"][i], w["status"][i]
+            color = PAUSED_COLOR if status != "running" else ROLE_COLORS.get(role, BAR_COLOR)
+            limit = w["memory_limit"][i]
+            for field_, value in (
+                ("x", (pool, name)),
+                ("fraction", w["fraction"][i] or 0.0),
+                ("color", color),
+                ("worker", name),
+                ("address", w["address"][i]),
+                ("pools", ", ".join(pools) or NO_POOL),
+                ("memory", format_bytes(w["memory"][i])),
+                ("limit", format_bytes(limit) if limit else "no limit"),
+                ("role", role or "-"),
+                ("status", status),
+            ):
+                data[field_].append(value)
+    return data, factors
+
+
+class InFlight(DashboardComponent):
+    """Copies and rebalancing moves in flight, over the last :data:`HISTORY` updates."""
+
+    def __init__(self) -> None:
+        self.source = ColumnDataSource({"time": [], "copies": [], "moves": []})
+        self.root = figure(
+            title="In flight",
+            x_axis_type="datetime",
+            height=240,
+            sizing_mode="stretch_width",
+            tools="",
+            toolbar_location=None,
+        )
+        self.root.line(
+            x="time",
+            y="copies",
+            source=self.source,
+            line_width=2,
+            color=BAR_COLOR,
+            legend_label="copies",
+        )
+        self.root.line(
+            x="time",
+            y="moves",
+            source=self.source,
+            line_width=2,
+            color=ROLE_COLORS["sender"],
+            legend_label="rebalancing moves",
+        )
+        self.root.legend.location = "top_left"
+        self.root.y_range.start = 0
+
+    def update(self, report: Mapping[str, Any] | None) -> None:
+        if report is None:
+            return
+        point = {
+            "time": [report["time"] * 1000],
+            "copies": [report["in_flight"]],
+            "moves": [report["rebalance"].get("in_flight", 0)],
+        }
+        self.source.stream(point, rollover=HISTORY)
+
+
+class EventsTable(DashboardComponent):
+    """The latest events of the topic ``amm-rules``, newest first."""
+
+    COLUMNS = ("time", "action", "detail")
+
+    def __init__(self) -> None:
+        self.source = ColumnDataSource({name: [] for name in self.COLUMNS})
+        columns = [
+            TableColumn(field="time", title="time", width=70),
+            TableColumn(field="action", title="event", width=130),
+            TableColumn(field="detail", title="detail", width=500),
+        ]
+        self.root = DataTable(
+            source=self.source,
+            columns=columns,
+            index_position=None,
+            sortable=False,
+            height=_table_height(EVENTS_SHOWN),
+            sizing_mode="stretch_width",
+        )
+
+    def update(self, report: Mapping[str, Any] | None) -> None:
+        events = list(reversed(report["events"]))[:EVENTS_SHOWN] if report else []
+        data: dict[str, list[Any]] = {name: [] for name in self.COLUMNS}
+        for event in events:
+            data["time"].append(_clock(event["time"]))
+            data["action"].append(str(event.get("action")))
+            data["detail"].append(event_detail(event))
+        _refill(self.root, data)
+
+
+def event_detail(event: Mapping[str, Any]) -> str:
+    """One line saying what an event is about."""
+    if "error" in event:
+        where = f"rule {event['rule']}: " if event.get("rule") else ""
+        key = f" (e.g. key {event['example_key']})" if event.get("example_key") else ""
+        return f"{where}{_first_line(event['error'])}{key}"
+    if event.get("action") == "reload":
+        rules = event.get("rules") or []
+        return f"{event.get('source', '')}: {len(rules)} rules ({', '.join(map(str, rules))})"
+    fields = {k: v for k, v in event.items() if k not in ("time", "action")}
+    return ", ".join(f"{k}={v}" for k, v in fields.items())
+
+
+# ---------------------------------------------------------------------------------
+# The page
+# ---------------------------------------------------------------------------------
+
+
+class RulesPage(DashboardComponent):
+    """The whole page: one report per update, drawn by each part."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.header = Header()
+        self.rules = RulesTable()
+        self.memory = WorkerMemory()
+        self.in_flight = InFlight()
+        self.events = EventsTable()
+        self.root = column(
+            self.header.root,
+            self.rules.root,
+            self.memory.root,
+            row(self.in_flight.root, self.events.root, sizing_mode="stretch_width"),
+            sizing_mode="stretch_width",
+        )
+        self._logged: str | None = None
+
+    @without_property_validation
+    def update(self) -> None:
+        try:
+            report = shared_report(self.scheduler)
+            for part in (self.header, self.rules, self.memory, self.in_flight, self.events):
+                part.update(report)
+        except Exception as exc:  # a bug: say it on the page, log it once, keep serving
+            error = f"this page failed to update: {type(exc).__name__}: {exc}"
+            if error != self._logged:
+                logger.exception("amm-rules: dashboard page")
+                self._logged = error
+            self.header.update(None, error)
+
+
+def _page(scheduler: Any, doc: Any) -> RulesPage:
+    page = RulesPage(scheduler)
+    page.update()
+    add_periodic_callback(doc, page, INTERVAL_MS)
+    doc.add_root(page.root)
+    doc.title = TITLE
+    doc.theme = BOKEH_THEME
+    return page
+
+
+def page_doc(scheduler: Any, extra: Mapping[str, Any], doc: Any) -> None:
+    """``/amm-rules``: the page inside the dashboard's navigation bar."""
+    _page(scheduler, doc)
+    doc.template = env.get_template("simple.html")
+    doc.template_variables.update(extra)
+
+
+def individual_doc(scheduler: Any, extra: Mapping[str, Any], doc: Any) -> None:
+    """``/individual-amm-rules``: the page alone, as the dashboard's individual plots."""
+    _page(scheduler, doc)
+
+
+def register() -> None:
+    """Add the pages to the scheduler dashboard's applications (for schedulers that
+    build their dashboard from now on). Idempotent."""
+    from distributed.dashboard import scheduler as dashboard
+
+    dashboard.applications.setdefault(URL, page_doc)
+    dashboard.applications.setdefault(INDIVIDUAL_URL, individual_doc)
+
+
+# ---------------------------------------------------------------------------------
+# Small helpers
+# ---------------------------------------------------------------------------------
+
+
+def _replace(source: ColumnDataSource, data: dict[str, list[Any]]) -> bool:
+    """Send new columns only when they changed (most seconds, nothing did); whether
+    they did."""
+    if dict(source.data) == data:
+        return False
+    source.data.update(data)
+    return True
+
+
+def _refill(table: DataTable, data: dict[str, list[Any]]) -> None:
+    """New rows for a table. BokehJS redraws a table when its number of rows changes,
+    not when only their values do: then a change of the table itself (its ``tags``,
+    which mean nothing to it) makes it redraw."""
+    source = table.source
+    rows = len(next(iter(source.data.values()), ()))
+    if _replace(source, data) and rows == len(next(iter(data.values()), ())):
+        table.tags = [int(table.tags[0]) + 1 if table.tags else 1]
+
+
+def _short(name: str) -> str:
+    """A worker's name for an axis: without the protocol when it is its address."""
+    return name.split("://", 1)[-1]
+
+
+def _set(model: Any, **values: Any) -> None:
+    changed = {k: v for k, v in values.items() if getattr(model, k) != v}
+    if changed:
+        model.update(**changed)
+
+
+def _table_height(rows: int) -> int:
+    return 30 + 26 * max(rows, 1)
+
+
+def _first_line(text: Any) -> str:
+    lines = str(text).strip().splitlines()
+    more = f" (+{len(lines) - 1} more lines)" if len(lines) > 1 else ""
+    return (lines[0] if lines else "") + more
+
+
+def _clock(stamp: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(stamp))
+
+
+def _date(stamp: float | None) -> str:
+    if stamp is None:
+        return "unknown"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
