@@ -22,6 +22,9 @@ side by side, on each size:
   and formatting every ``dask_amm_rules_*`` sample), and ``explain`` of one governed
   key, on the steady state; then steady cycles again, each after a scrape, to show that
   the collector adds nothing to the cycle;
+- ``page``: the dashboard page (``/amm-rules``) of one open browser tab: opening it, and
+  its update once a second (its status report, its Bokeh models, and the changes
+  serialized as the dashboard's server sends them), each after a steady cycle;
 - ``transitions``: the scheduler's transition throughput on a 100k-task graph with
   and without amm-rules (its scheduler plugin and its wrappers of the scheduler's
   replica methods), and the cost of the plugin's transition hook alone.
@@ -337,6 +340,74 @@ def measure_observe(
     }
 
 
+def measure_page(
+    state: scheduler_state.BenchState,
+    manager: ActiveMemoryManagerExtension,
+    n: int,
+) -> dict[str, Any]:
+    """The dashboard page (``/amm-rules``), as the dashboard's Bokeh server runs it for
+    one open browser tab: opening it (building its models, its first update, the
+    document sent whole), then ``n`` updates, each after a steady cycle (so the report
+    changes as it does live), each timed with its changes serialized as the server
+    sends them (one ``PATCH-DOC`` message per change). Every update makes its own
+    status report (several open tabs would share one)."""
+    from bokeh.document import Document
+    from bokeh.protocol import Protocol
+
+    from amm_rules.observe import dashboard
+
+    protocol = Protocol()
+    events: list[Any] = []
+    gc.collect()
+    start = time.perf_counter()
+    page = dashboard.RulesPage(state.scheduler)
+    page.update()
+    doc = Document()
+    doc.add_root(page.root)
+    whole = _message_bytes(protocol.create("PULL-DOC-REPLY", "open", doc))
+    open_s = time.perf_counter() - start
+    assert page.rules.source.data["rule"], "the page found no policy"
+    doc.on_change(events.append)
+    update_times, send_times, sent, changes = [], [], [], []
+    for _ in range(n):
+        state.transfers.clear()
+        manager.run_once()
+        dashboard._shared.clear()
+        events.clear()
+        gc.collect()
+        start = time.perf_counter()
+        page.update()
+        update_times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        messages = [protocol.create("PATCH-DOC", [event]) for event in events]
+        send_times.append(time.perf_counter() - start)
+        sent.append(sum(_message_bytes(m) for m in messages))
+        changes.append(len(events))
+    state.transfers.clear()
+    # For scale: dask's own chart of memory per worker, opened on the same scheduler
+    # (its /status page needs worker heartbeats, which this state has not).
+    from distributed.dashboard.components.scheduler import WorkersMemory, individual_doc
+
+    gc.collect()
+    start = time.perf_counter()
+    individual_doc(WorkersMemory, 100)(state.scheduler, {}, Document())
+    dask_memory_open_s = time.perf_counter() - start
+    return {
+        "dask_workers_memory_open_s": dask_memory_open_s,
+        "open_s": open_s,
+        "open_bytes": whole,
+        "update": summary(update_times),
+        "patch": summary(send_times),
+        "patch_bytes_median": statistics.median(sent),
+        "changes_median": statistics.median(changes),
+    }
+
+
+def _message_bytes(message: Any) -> int:
+    parts = (message.header_json, message.metadata_json, message.content_json)
+    return sum(map(len, parts)) + sum(len(b.data) for b in message.buffers)
+
+
 def measure_memory(state: scheduler_state.BenchState) -> dict[str, Any]:
     """Bytes allocated by attaching a RulesPolicy and running its first cycle, per
     governed key (tracemalloc; the policy is detached afterwards)."""
@@ -486,6 +557,8 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
         out["audit"] = measure_audit(state, manager, policy)
         log("  status, scrape, explain")
         out["observe"] = measure_observe(state, manager, policy, n_cycles)
+        log("  dashboard page")
+        out["page"] = measure_page(state, manager, n_cycles)
         if args.profile:
             out["profile"] = profile_cycle(manager)
         log("  reduce-replicas only and stock ReduceReplicas, interleaved")
@@ -680,6 +753,10 @@ def table(results: list[dict[str, Any]], t: dict[str, Any] | None) -> str:
             ("status report", r["observe"]["status"]["median_s"], r["observe"]["status"]["p95_s"], f"{r['observe']['status_json_bytes']:,} B json"),
             ("Prometheus scrape (amm-rules)", r["observe"]["scrape"]["median_s"], r["observe"]["scrape"]["p95_s"], f"{r['observe']['scrape_bytes']:,} B"),
             ("explain one governed key", r["observe"]["explain_one_key"]["median_s"], r["observe"]["explain_one_key"]["p95_s"], ""),
+            ("dashboard page, opened", r["page"]["open_s"], None, f"{r['page']['open_bytes']:,} B doc"),
+            ("  (dask's workers memory, opened)", r["page"]["dask_workers_memory_open_s"], None, ""),
+            ("dashboard page update, per second", r["page"]["update"]["median_s"], r["page"]["update"]["p95_s"], f"{r['page']['changes_median']:.0f} changes"),
+            ("  its changes serialized", r["page"]["patch"]["median_s"], r["page"]["patch"]["p95_s"], f"{r['page']['patch_bytes_median']:,.0f} B"),
             ("RulesPolicy steady, after scrapes", r["observe"]["steady_after_scrapes"]["median_s"], r["observe"]["steady_after_scrapes"]["p95_s"], asked(r["observe"]["steady_after_scrapes"])),
             ("RulesPolicy 1% changed", r["changed"]["median_s"], r["changed"]["p95_s"], asked(r["changed"])),
             ("RulesPolicy reduce-replicas only", r["reduce_only"]["median_s"], r["reduce_only"]["p95_s"], asked(r["reduce_only"])),

@@ -31,6 +31,7 @@ import math
 import time
 import weakref
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any
 
 from bokeh.core.properties import without_property_validation
@@ -75,6 +76,8 @@ HISTORY = 600
 #: Above this many workers, the chart names pools but not workers.
 NAMED_WORKERS = 40
 
+#: A cell whose text may be longer than its column: all of it shows on hover.
+LONG_TEXT = '<span title="<%- value %>"><%- value %></span>'
 STATE_COLORS = {SATISFIED: "#2e7d32", IN_PROGRESS: "#e65100", UNSATISFIABLE: "#c62828"}
 ROLE_COLORS = {"sender": "#e65100", "recipient": "#2e7d32"}
 BAR_COLOR, PAUSED_COLOR = "#1f77b4", "#9e9e9e"
@@ -185,14 +188,19 @@ class RulesTable(DashboardComponent):
         state = HTMLTemplateFormatter(template='<b style="color: <%= color %>"><%- value %></b>')
         count = NumberFormatter(format="0,0")
         columns = [
-            TableColumn(field="rule", title="rule", width=160),
-            TableColumn(field="state", title="state", formatter=state, width=110),
-            TableColumn(field="keys", title="keys", formatter=count, width=80),
+            TableColumn(field="rule", title="rule", width=150),
+            TableColumn(field="state", title="state", formatter=state, width=100),
+            TableColumn(field="keys", title="keys", formatter=count, width=70),
             TableColumn(field="bytes", title="bytes", width=90),
-            TableColumn(field="copies", title="copies held / wanted", width=140),
-            TableColumn(field="met", title="met", formatter=count, width=80),
-            TableColumn(field="unmet", title="unmet (reason)", width=200),
-            TableColumn(field="why", title="why", width=600),
+            TableColumn(field="copies", title="copies held / wanted", width=130),
+            TableColumn(field="met", title="met", formatter=count, width=70),
+            TableColumn(field="unmet", title="unmet (reason)", width=170),
+            TableColumn(
+                field="why",
+                title="why",
+                formatter=HTMLTemplateFormatter(template=LONG_TEXT),
+                width=560,
+            ),
         ]
         self.root = DataTable(
             source=self.source,
@@ -201,6 +209,7 @@ class RulesTable(DashboardComponent):
             sortable=False,
             height=_table_height(3),
             sizing_mode="stretch_width",
+            autosize_mode="none",  # the widths above: BokehJS's fitting varies run to run
         )
 
     def update(self, report: Mapping[str, Any] | None) -> None:
@@ -269,7 +278,7 @@ class WorkerMemory(DashboardComponent):
                 tooltips=[
                     ("worker", "@worker (@address)"),
                     ("pools", "@pools"),
-                    ("memory", "@memory of @limit (@fraction{0.0%})"),
+                    ("memory", "@memory{0.00 b} of @limit{0.00 b} (@fraction{0.0%})"),
                     ("role", "@role"),
                     ("status", "@status"),
                 ]
@@ -293,9 +302,10 @@ class WorkerMemory(DashboardComponent):
             visible=False,
             line_color=ROLE_COLORS["recipient"],
         )
+        # The mean's label stands apart: the mean is often close to a threshold.
         self.labels = {
             name: Label(
-                x=4,
+                x=x,
                 x_units="screen",
                 y=0,
                 text="",
@@ -303,12 +313,14 @@ class WorkerMemory(DashboardComponent):
                 text_font_size="11px",
                 text_color=color,
             )
-            for name, color in (
-                ("sender_min", ROLE_COLORS["sender"]),
-                ("mean", "#555555"),
-                ("recipient_max", ROLE_COLORS["recipient"]),
+            for name, color, x in (
+                ("sender_min", ROLE_COLORS["sender"], 4),
+                ("mean", "#555555", 120),
+                ("recipient_max", ROLE_COLORS["recipient"], 4),
             )
         }
+        #: The report's worker columns the bars show.
+        self._drawn: Mapping[str, Any] | None = None
         for model in (
             self.band,
             self.mean,
@@ -319,17 +331,12 @@ class WorkerMemory(DashboardComponent):
             self.root.add_layout(model)
 
     def update(self, report: Mapping[str, Any] | None) -> None:
-        data, factors = worker_bars(report)
-        if list(self.root.x_range.factors) != factors:
-            self.root.x_range.factors = factors
-        _replace(self.source, data)
-        top = max([1.0, *(f for f in data["fraction"] if f is not None)]) * 1.05
-        if self.root.y_range.end != top:
-            self.root.y_range.end = top
-        n = len({a for a in data["address"]})
-        size = "0px" if n > NAMED_WORKERS else "11px"
-        if self.root.xaxis[0].major_label_text_font_size != size:
-            self.root.xaxis[0].major_label_text_font_size = size
+        workers = report["workers"] if report is not None else None
+        # The report reads the AMM's measure of its last cycle: between two cycles the
+        # columns do not change, and comparing them costs less than rebuilding the bars.
+        if workers is None or workers != self._drawn:
+            self._bars(report)
+            self._drawn = workers
         measure = report.get("memory_measure") if report else None
         title = f"Memory per worker, by pool ({measure or 'no measure'})"
         if report and report["rebalance"].get("enabled"):
@@ -337,6 +344,18 @@ class WorkerMemory(DashboardComponent):
         if self.root.title.text != title:
             self.root.title.text = title
         self._thresholds(report["rebalance"] if report else None)
+
+    def _bars(self, report: Mapping[str, Any] | None) -> None:
+        data, factors = worker_bars(report)
+        if list(self.root.x_range.factors) != factors:
+            self.root.x_range.factors = factors
+        _replace(self.source, data)
+        top = max([1.0, *data["fraction"]]) * 1.05
+        if self.root.y_range.end != top:
+            self.root.y_range.end = top
+        size = "0px" if len(factors) > NAMED_WORKERS else "11px"
+        if self.root.xaxis[0].major_label_text_font_size != size:
+            self.root.xaxis[0].major_label_text_font_size = size
 
     def _thresholds(self, r: Mapping[str, Any] | None) -> None:
         on = bool(r and r.get("enabled"))
@@ -374,38 +393,43 @@ class WorkerMemory(DashboardComponent):
 
 def worker_bars(report: Mapping[str, Any] | None) -> tuple[dict[str, list[Any]], list[Any]]:
     """The chart's columns and its ``(pool, worker)`` factors, pools in name order
-    (workers in no pool last)."""
-    data: dict[str, list[Any]] = {name: [] for name in WorkerMemory.COLUMNS}
+    (workers in no pool last). Column by column: at a thousand workers, per-bar Python
+    code is most of what an update costs; sizes are formatted by the browser."""
     if report is None:
-        return data, []
+        return {name: [] for name in WorkerMemory.COLUMNS}, []
     w = report["workers"]
     by_pool: dict[str, list[int]] = {}
     for i, pools in enumerate(w["pools"]):
         for pool in pools or (NO_POOL,):
             by_pool.setdefault(pool, []).append(i)
     order = sorted(by_pool, key=lambda p: (p == NO_POOL, p))
-    factors = []
-    for pool in order:
-        for i in by_pool[pool]:
-            name = _short(str(w["name"][i]))
-            factors.append((pool, name))
-            role, status = w["role"][i], w["status"][i]
-            color = PAUSED_COLOR if status != "running" else ROLE_COLORS.get(role, BAR_COLOR)
-            limit = w["memory_limit"][i]
-            for field_, value in (
-                ("x", (pool, name)),
-                ("fraction", w["fraction"][i] or 0.0),
-                ("color", color),
-                ("worker", name),
-                ("address", w["address"][i]),
-                ("pools", ", ".join(pools) or NO_POOL),
-                ("memory", format_bytes(w["memory"][i])),
-                ("limit", format_bytes(limit) if limit else "no limit"),
-                ("role", role or "-"),
-                ("status", status),
-            ):
-                data[field_].append(value)
-    return data, factors
+    bars = [i for pool in order for i in by_pool[pool]]
+    groups = [pool for pool in order for _ in by_pool[pool]]
+    names = list(map(_short, map(str, w["name"])))
+    colors = [
+        PAUSED_COLOR if status != "running" else ROLE_COLORS.get(role, BAR_COLOR)
+        for status, role in zip(w["status"], w["role"], strict=True)
+    ]
+    # Workers of one membership share its list of pools (the report names each once).
+    joined: dict[int, str] = {}
+    pools_text = [
+        joined.get(id(p)) or joined.setdefault(id(p), ", ".join(p) or NO_POOL) for p in w["pools"]
+    ]
+    columns = {
+        "fraction": [f or 0.0 for f in w["fraction"]],
+        "color": colors,
+        "worker": names,
+        "address": w["address"],
+        "pools": pools_text,
+        "memory": w["memory"],
+        "limit": w["memory_limit"],
+        "role": [role or "-" for role in w["role"]],
+        "status": w["status"],
+    }
+    pick = itemgetter(*bars) if len(bars) > 1 else lambda column: tuple(column[i] for i in bars)
+    factors = list(zip(groups, pick(names), strict=True))
+    data = {"x": factors, **{k: list(pick(column)) for k, column in columns.items()}}
+    return data, list(factors)
 
 
 class InFlight(DashboardComponent):
@@ -461,7 +485,12 @@ class EventsTable(DashboardComponent):
         columns = [
             TableColumn(field="time", title="time", width=70),
             TableColumn(field="action", title="event", width=130),
-            TableColumn(field="detail", title="detail", width=500),
+            TableColumn(
+                field="detail",
+                title="detail",
+                formatter=HTMLTemplateFormatter(template=LONG_TEXT),
+                width=440,
+            ),
         ]
         self.root = DataTable(
             source=self.source,
@@ -470,6 +499,7 @@ class EventsTable(DashboardComponent):
             sortable=False,
             height=_table_height(EVENTS_SHOWN),
             sizing_mode="stretch_width",
+            autosize_mode="none",
         )
 
     def update(self, report: Mapping[str, Any] | None) -> None:
@@ -579,13 +609,15 @@ def _replace(source: ColumnDataSource, data: dict[str, list[Any]]) -> bool:
 
 
 def _refill(table: DataTable, data: dict[str, list[Any]]) -> None:
-    """New rows for a table. BokehJS redraws a table when its number of rows changes,
-    not when only their values do: then a change of the table itself (its ``tags``,
-    which mean nothing to it) makes it redraw."""
+    """New rows for a table. BokehJS redraws a table's rows when its view of the data
+    changes, which a change of the number of rows does, but new values alone do not:
+    then a change of the view's ``tags`` (which mean nothing to it) makes it redraw
+    them, without rebuilding the table."""
     source = table.source
     rows = len(next(iter(source.data.values()), ()))
     if _replace(source, data) and rows == len(next(iter(data.values()), ())):
-        table.tags = [int(table.tags[0]) + 1 if table.tags else 1]
+        view = table.view
+        view.tags = [int(view.tags[0]) + 1 if view.tags else 1]
 
 
 def _short(name: str) -> str:

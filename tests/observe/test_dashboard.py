@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import dask
 import numpy as np
 import pytest
 from bokeh.document import Document
@@ -122,6 +123,17 @@ async def test_the_page_shows_every_rule_and_its_state_live(c, s, *workers):
         assert state(text, "(annotation)") == state(text, "(runtime)") == "satisfied"
         assert "50.0% of 4 governed keys meet their target and placement" in text
         assert "No RulesPolicy attached" not in text
+
+        # An annotation that cannot be used: in the events, newest first.
+        with dask.annotate(amm={"replicate": "lots"}):
+            bad = c.submit(inc, 1, key="annotated-1")
+        await bad
+        text = await browser.wait_for_text(lambda t: "invalid-annotation" in t)
+        event = text.splitlines()[text.splitlines().index("invalid-annotation") + 1]
+        assert (
+            event
+            == "replicate: expected a whole number of copies, got 'lots' (e.g. key annotated-1)"
+        )
 
         # A third GPU worker: the page follows, without a reload.
         async with Worker(s.address, nthreads=1, resources={"GPU": 1}):
@@ -260,8 +272,12 @@ async def test_the_memory_chart_groups_workers_by_pool_with_the_thresholds(c, s,
     mean = chart.mean.location
     assert chart.mean.visible and mean == pytest.approx(plan["mean"], abs=0.05)
     assert (chart.band.bottom, chart.band.top) == pytest.approx((mean - 0.05, mean + 0.05))
-    gpu_bar = chart.source.data["x"].index(("gpu", name[gpu.address]))
-    assert chart.source.data["fraction"][gpu_bar] > 0.1
+    bars = chart.source.data
+    assert bars["pools"] == ["gpu", "(no pool)", "(no pool)"]
+    assert bars["address"][0] == gpu.address and bars["limit"] == [10 * 2**20] * 3
+    at = report["workers"]["address"].index(gpu.address)
+    assert bars["memory"][0] == report["workers"]["memory"][at] > 0
+    assert bars["fraction"][0] == report["workers"]["fraction"][at] > 0.1
     assert "orange sends" in chart.root.title.text
     assert len(data) == 40
 
@@ -435,3 +451,15 @@ def test_dask_scheduler_without_bokeh_logs_one_line_and_serves_the_json(tmp_path
         log = scheduler.stop()
     assert "Traceback" not in log
     assert log.count("amm-rules: no dashboard page") == 1
+
+
+def test_the_docs_show_the_page():
+    """docs/dashboard.md shows a screenshot of the page (taken by
+    ``python -m tests.support.screenshot docs/dashboard.png``)."""
+    docs = PACKAGE_ROOT / "docs"
+    images = re.findall(r"!\[[^\]]+\]\(([^)]+)\)", (docs / "dashboard.md").read_text())
+    assert images == ["dashboard.png"]
+    png = (docs / "dashboard.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert width >= 1200 and height >= 800

@@ -212,12 +212,21 @@ class Browser:
                 raise AssertionError(f"the page never showed what was expected; it shows:\n{text}")
             await asyncio.sleep(0.2)
 
-    async def screenshot(self, path: str | os.PathLike[str]) -> None:
-        """The tab as a PNG image, its whole page (scrolled parts included)."""
+    async def screenshot(self, path: str | os.PathLike[str], settle: float = 1.0) -> None:
+        """The tab as a PNG image, its whole page: the viewport is first made as tall
+        as the page, and the page given ``settle`` seconds to lay itself out again (a
+        capture beyond the viewport would resize it while the picture is taken)."""
         metrics = await self.send("Page.getLayoutMetrics")
         size = metrics.get("cssContentSize") or metrics["contentSize"]
-        clip = {"x": 0, "y": 0, "width": self.width, "height": size["height"], "scale": 1}
-        shot = await self.send(
-            "Page.captureScreenshot", format="png", clip=clip, captureBeyondViewport=True
+        height = max(self.height, int(size["height"]))
+        await self.send(
+            "Emulation.setDeviceMetricsOverride",
+            width=self.width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
         )
+        await asyncio.sleep(settle)
+        shot = await self.send("Page.captureScreenshot", format="png")
+        await self.send("Emulation.clearDeviceMetricsOverride")
         Path(path).write_bytes(base64.b64decode(shot["data"]))
