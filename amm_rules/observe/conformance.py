@@ -170,7 +170,7 @@ def conformance(policy: RulesPolicy) -> Conformance:
     unmet = 0
     hopeless: set[PlanClass] = set()
     for cls, counts in index.class_labels.items():
-        wanted = cls.replicate.min if cls.replicate is not None else 1
+        wanted = copies_wanted(policy, cls)
         for label, n in counts.items():
             row(label).copies_wanted += n * wanted
         problem = class_problem(policy, cls)
@@ -203,6 +203,14 @@ def conformance(policy: RulesPolicy) -> Conformance:
     return Conformance(
         rules=list(rows.values()), governed=governed, met=governed - unmet, backlog=backlog
     )
+
+
+def copies_wanted(policy: RulesPolicy, cls: PlanClass) -> int:
+    """The least copies a key of the class wants on the current workers (``all``: one
+    per eligible worker; without ``replicate``: one)."""
+    if cls.replicate is None:
+        return 1
+    return cls.replicate.bounds(policy.placements.of(cls).achievable)[0]
 
 
 def class_problem(policy: RulesPolicy, cls: PlanClass) -> tuple[str, str] | None:

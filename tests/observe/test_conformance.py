@@ -203,6 +203,7 @@ def copies_by_rule(s: Any) -> dict[str, int]:
         rules(
             {"name": "two", "match": 'task.prefix == "two"', "replicate": 2},
             {"name": "kept", "match": 'task.prefix == "kept"', "move": "never"},
+            {"name": "every", "match": 'task.prefix == "every"', "replicate": "all"},
         )
     ),
 )
@@ -214,15 +215,25 @@ async def test_copies_held_and_wanted_follow_every_change(c, s, a, b, w):
 
     two = c.map(inc, range(5), key=[f"two-{i}" for i in range(5)])
     kept = c.map(inc, range(2), key=[f"kept-{i}" for i in range(2)])
-    await c.gather(two + kept)
-    report = await report_until(s, lambda r: rows(r)["two"]["met"] == 5)
+    every = c.submit(inc, 1, key="every-1")
+    await c.gather([*two, *kept, every])
+    report = await report_until(
+        s, lambda r: rows(r)["two"]["met"] == 5 and rows(r)["every"]["met"] == 1
+    )
     assert (rows(report)["two"]["copies_held"], rows(report)["two"]["copies_wanted"]) == (10, 10)
     assert (rows(report)["kept"]["copies_held"], rows(report)["kept"]["copies_wanted"]) == (2, 2)
-    assert held() == {"two": 10, "kept": 2}
+    # replicate: all wants a copy per eligible worker, as many as there are now.
+    assert (rows(report)["every"]["copies_held"], rows(report)["every"]["copies_wanted"]) == (3, 3)
+    assert held() == {"two": 10, "kept": 2, "every": 3}
 
-    # A copy too many (client.replicate), trimmed again by the engine.
-    await c.replicate(two[:1], n=3)
-    held()
+    # A copy too many (a dependency fetched by a third worker), trimmed again once the
+    # dependent is gone.
+    holders = s.tasks["two-0"].who_has
+    (third,) = [ws.address for ws in s.workers.values() if ws not in holders]
+    dependent = c.submit(inc, two[0], key="dependent-1", workers=[third])
+    await dependent
+    assert held()["two"] in (10, 11)
+    del dependent
     await async_poll_for(lambda: copies(s, "two-0") == 2, timeout=10)
     assert held()["two"] == 10
     # A copy made by a dependency transfer of a key nobody copies.
@@ -239,3 +250,4 @@ async def test_copies_held_and_wanted_follow_every_change(c, s, a, b, w):
     report = await report_until(s, lambda r: rows(r)["two"]["met"] == 3)
     assert held()["two"] == 6 == rows(report)["two"]["copies_held"]
     assert rows(report)["two"]["copies_wanted"] == 6
+    assert rows(report)["every"]["copies_wanted"] == 2 == held()["every"]

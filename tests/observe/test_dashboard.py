@@ -130,9 +130,9 @@ async def test_the_page_shows_every_rule_and_its_state_live(c, s, *workers):
         await bad
         text = await browser.wait_for_text(lambda t: "invalid-annotation" in t)
         event = text.splitlines()[text.splitlines().index("invalid-annotation") + 1]
-        assert (
-            event
-            == "replicate: expected a whole number of copies, got 'lots' (e.g. key annotated-1)"
+        assert event == (
+            "replicate: expected a whole number of copies or 'all', got 'lots'"
+            " (e.g. key annotated-1)"
         )
 
         # A third GPU worker: the page follows, without a reload.
