@@ -1,12 +1,13 @@
 """The ``amm-rules`` command line (also ``python -m amm_rules``).
 
-Commands: ``validate`` (check rules files, report every problem; with ``--dump``, also
-what needs a cluster), ``schema`` (print the JSON Schema for editors), ``simulate`` (what
-the rules would do to a recorded or running cluster), ``diff`` (what changing them would
-do), ``test`` (rule tests), ``demo`` (run :mod:`amm_rules.demo`, or validate the
-shipped examples when that module is not there), and, against a running scheduler,
-``status`` (per-rule conformance and the engine's work) and ``explain`` (why keys are
-where they are); see :mod:`amm_rules.observe.remote`.
+Commands: ``validate`` (check rules files, standard input or the rules of a dask config
+file, report every problem; with ``--dump``, also what needs a cluster), ``schema``
+(print the JSON Schema for editors), ``simulate`` (what the rules would do to a recorded
+or running cluster), ``diff`` (what changing them would do), ``test`` (rule tests),
+``demo`` (run :mod:`amm_rules.demo`, or validate the shipped examples when that module
+is not there), and, against a running scheduler, ``status`` (per-rule conformance and
+the engine's work) and ``explain`` (why keys are where they are); see
+:mod:`amm_rules.observe.remote`.
 
 This module and everything ``validate`` needs belong to the language half: nothing
 here imports ``distributed``, and heavy imports are made inside the commands (the
@@ -37,7 +38,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("files", nargs=-1, required=True, metavar="FILE...")
+@click.argument("files", nargs=-1, metavar="FILE...")
 @click.option(
     "--format",
     "fmt",
@@ -55,29 +56,86 @@ def main() -> None:
     "give the rules: a min above its eligible workers, a pool with no workers, spread: "
     "host on one host.",
 )
-def validate(files: tuple[str, ...], fmt: str, strict: bool, dump: str | None) -> None:
+@click.option(
+    "--disable",
+    "disabled",
+    multiple=True,
+    metavar="CODE",
+    help="Do not report warnings with this code (repeatable).",
+)
+@click.option(
+    "--dask-config",
+    "dask_configs",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="A dask config file: check the rules of its amm_rules.RulesPolicy entries (repeatable).",
+)
+def validate(
+    files: tuple[str, ...],
+    fmt: str,
+    strict: bool,
+    dump: str | None,
+    disabled: tuple[str, ...],
+    dask_configs: tuple[str, ...],
+) -> None:
     """Check rules files and report every problem.
 
-    Exit status: 0 when no file has errors (warnings allowed unless --strict),
-    1 when any file has errors (with --strict: errors or warnings) or the dump cannot
-    be read, 2 for usage errors.
+    FILE '-' reads standard input. Exit status: 0 when no file has errors (warnings
+    allowed unless --strict), 1 when any file has errors (with --strict: errors or
+    warnings) or the dump cannot be read, 2 for usage errors.
     """
-    sys.exit(_validate(list(files), fmt, strict, dump))
+    if not files and not dask_configs:
+        raise click.UsageError("name at least one rules FILE ('-' for standard input)")
+    if disabled:
+        from amm_rules.language.lint import ALL_WARNING_CODES
+
+        unknown = [c for c in disabled if c not in ALL_WARNING_CODES]
+        if unknown:
+            raise click.BadParameter(
+                f"{unknown[0]!r} is not a warning code; only warnings can be disabled: "
+                f"{', '.join(sorted(ALL_WARNING_CODES))}",
+                param_hint="'--disable'",
+            )
+    sys.exit(_validate(list(files), fmt, strict, dump, frozenset(disabled), list(dask_configs)))
 
 
-def _validate(files: list[str], fmt: str, strict: bool, dump: str | None = None) -> int:
-    from amm_rules.language.loader import check_path
+def _validate(
+    files: list[str],
+    fmt: str,
+    strict: bool,
+    dump: str | None = None,
+    disabled: frozenset[str] = frozenset(),
+    dask_configs: list[str] | None = None,
+) -> int:
     from amm_rules.language.reporters import REPORTERS
 
-    results = [check_path(f) for f in files]
+    results = [_check(f) for f in files]
+    if dask_configs:
+        from amm_rules.language.dask_config import check_dask_config
+
+        for config in dask_configs:
+            results += check_dask_config(config)
     if dump is not None:
         # Only here: reading a dump and computing pools imports the engine (distributed).
+        from amm_rules.language.directives import silence
         from amm_rules.offline.commands import add_cluster_warnings
 
         add_cluster_warnings(results, dump)
+        silence(results)  # '# amm-rules: disable=' covers the cluster's warnings too
+    for r in results:
+        r.diagnostics = [d for d in r.diagnostics if d.is_error or d.code not in disabled]
     click.echo(REPORTERS[fmt](results), nl=False)
     failed = any(d.is_error or strict for r in results for d in r.diagnostics)
     return 1 if failed else 0
+
+
+def _check(file: str) -> object:
+    from amm_rules.language.loader import check_path, check_stream
+
+    if file == "-":
+        return check_stream(click.get_binary_stream("stdin"))
+    return check_path(file, streams=True)
 
 
 @main.command()

@@ -38,6 +38,39 @@ class ReloadFailed:
     error: str
 
 
+def in_dask_config(rules: Mapping[str, Any]) -> RulesError | None:
+    """The errors of inline ``rules`` with the lines and columns of the dask config file
+    they were written in, if one of the files dask read its config from has a
+    ``RulesPolicy`` entry with exactly these rules (else None: they were set in code or
+    in the environment, and have no position). Only called when the rules have
+    errors, so reading the config files again costs nothing in normal operation."""
+    import dask.config
+
+    from amm_rules.language.dask_config import entries, inline_diagnostics
+    from amm_rules.language.loader import read_rules_bytes
+    from amm_rules.language.yaml_source import decode
+
+    try:
+        found = list(dask.config.collect_yaml(dask.config.paths, return_paths=True))
+    except Exception:  # an unreadable config file: the errors keep no positions
+        return None
+    for path, config in found:
+        if not any(_entry_at(config, at).get("rules") == rules for at in entries(config)):
+            continue
+        raw = read_rules_bytes(path)
+        text = decode(raw)[0] if isinstance(raw, bytes) else None
+        diagnostics = inline_diagnostics(text, str(path), rules) if text is not None else None
+        if diagnostics and any(d.is_error for d in diagnostics):
+            return RulesError(diagnostics)
+    return None
+
+
+def _entry_at(config: Any, at: tuple[Any, ...]) -> Mapping[str, Any]:
+    for step in at:
+        config = config[step]
+    return config
+
+
 class RulesFile:
     """The source of a policy's rules (see the module docstring)."""
 
@@ -64,7 +97,13 @@ class RulesFile:
             return rules
         from amm_rules.language.loader import load_ruleset
 
-        return load_ruleset(rules)
+        try:
+            return load_ruleset(rules)
+        except RulesError as exc:
+            located = in_dask_config(rules) if isinstance(rules, Mapping) else None
+            if located is None:
+                raise
+            raise located from exc
 
     def installed(self) -> None:
         """Note that the rules just loaded are now in force."""

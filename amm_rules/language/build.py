@@ -100,7 +100,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
     if not isinstance(data, dict):
         return None, draft
     pools = _pools(data.get("pools"), where, draft)
-    rules = _rules(data.get("rules"), where, draft, known=set(_pool_names(data)))
+    rules = _rules(data.get("rules"), where, draft, known=_pool_names(data))
     rebalance = _rebalance(data.get("rebalance"), where, draft)
     paused = _paused_workers(data.get("paused-workers"), where, draft)
     demand, demand_depends = _demand(data.get("demand"), where)
@@ -131,9 +131,14 @@ def _enforcement(entry: dict[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _pool_names(data: dict[str, Any]) -> list[str]:
+def _pool_names(data: dict[str, Any]) -> set[str] | None:
+    """The pool names rules may use; ``None`` when the ``pools`` section is written but
+    is not a mapping: the schema reported that, and "unknown pool" for every name a
+    rule uses would only repeat it."""
     pools = data.get("pools")
-    return [str(k) for k in pools] if isinstance(pools, dict) else []
+    if pools is None:
+        return set()
+    return {str(k) for k in pools} if isinstance(pools, dict) else None
 
 
 def _compile(text: str, context: str, path: tuple[Any, ...], where: Locator) -> Any:
@@ -180,7 +185,7 @@ def _pools(section: Any, where: Locator, draft: Draft) -> dict[str, Pool]:
 # -- rules --------------------------------------------------------------------------
 
 
-def _rules(section: Any, where: Locator, draft: Draft, known: set[str]) -> list[Rule]:
+def _rules(section: Any, where: Locator, draft: Draft, known: set[str] | None) -> list[Rule]:
     out: list[Rule] = []
     if not isinstance(section, list):
         return out
@@ -228,7 +233,7 @@ def _rules(section: Any, where: Locator, draft: Draft, known: set[str]) -> list[
 
 
 def _actions(
-    item: dict[str, Any], path: tuple[Any, ...], where: Locator, known: set[str]
+    item: dict[str, Any], path: tuple[Any, ...], where: Locator, known: set[str] | None
 ) -> Actions | None:
     fields = {f: item[f] for f in ACTION_FIELDS if f in item}
     if not fields:
@@ -256,7 +261,11 @@ def _actions(
         return None
 
 
-def _check_pools(value: Any, path: tuple[Any, ...], where: Locator, known: set[str]) -> bool:
+def _check_pools(
+    value: Any, path: tuple[Any, ...], where: Locator, known: set[str] | None
+) -> bool:
+    if known is None:
+        return True  # the pools section is not a mapping, which is reported already
     if isinstance(value, str):
         items = [(value, path)]
     elif isinstance(value, list):
@@ -291,10 +300,9 @@ def _rebalance(section: Any, where: Locator, draft: Draft) -> RebalanceSettings:
                 where.add(("rebalance", key), f"{key}: {exc}", exc.code)
     key = "max-bytes-per-cycle"
     if key in section and not where.reported_under(("rebalance", key)):
-        try:
-            kwargs["max_bytes_per_cycle"] = parse_size(section[key])
-        except UnitError as exc:
-            where.add(("rebalance", key), f"{key}: {exc}", exc.code)
+        size = _budget(section[key], ("rebalance", key), where)
+        if size is not None:
+            kwargs["max_bytes_per_cycle"] = size
     for key, (attr, zero) in _DURATIONS.items():
         if key in section and not where.reported_under(("rebalance", key)):
             seconds = _duration(section[key], ("rebalance", key), zero, where)
@@ -311,6 +319,23 @@ def _rebalance(section: Any, where: Locator, draft: Draft) -> RebalanceSettings:
     draft.rebalance = settings
     draft.rebalance_fields = frozenset(str(k) for k in section)
     return settings
+
+
+def _budget(value: Any, path: tuple[str, str], where: Locator) -> int | None:
+    """A budget in bytes, or ``None`` after reporting why it is not one. The schema
+    bounds plain numbers; text is bounded here: ``0.5 B`` is less than one byte, and a
+    budget of 0 would never let anything move."""
+    key = path[-1]
+    try:
+        size = parse_size(value)
+    except UnitError as exc:
+        where.add(path, f"{key}: {exc}", exc.code)
+        return None
+    if size < 1:
+        shown = value.strip() if isinstance(value, str) else value
+        where.add(path, f"{key}: must be at least 1 byte, got {shown!r}", "bad-value")
+        return None
+    return size
 
 
 def _duration(value: Any, path: tuple[str, str], zero: bool, where: Locator) -> float | None:
@@ -389,12 +414,10 @@ def _paused_workers(section: Any, where: Locator, draft: Draft) -> PausedWorkers
             except UnitError as exc:
                 where.add(("paused-workers", key), f"{key}: {exc}", exc.code)
     if fresh("max-bytes-per-cycle"):
-        try:
-            kwargs["max_bytes_per_cycle"] = parse_size(section["max-bytes-per-cycle"])
-        except UnitError as exc:
-            where.add(
-                ("paused-workers", "max-bytes-per-cycle"), f"max-bytes-per-cycle: {exc}", exc.code
-            )
+        path = ("paused-workers", "max-bytes-per-cycle")
+        size = _budget(section["max-bytes-per-cycle"], path, where)
+        if size is not None:
+            kwargs["max_bytes_per_cycle"] = size
     settings = PausedWorkersSettings(**kwargs)
     draft.paused_workers = settings
     draft.paused_workers_fields = frozenset(str(k) for k in section)

@@ -67,10 +67,19 @@ def _context(rule: str) -> str:
     """``rule 'precious'`` for a rule, ``pool 'gpu'`` for a pool, else the section."""
     for prefix, kind in _ENTRIES.items():
         if rule.startswith(prefix):
-            return f"{kind} '{rule[len(prefix) :]}'"
+            return f"{kind} '{_one_line(rule[len(prefix) :])}'"
     if rule in ("rebalance", "paused-workers", "pools", "rules", "version", "reduce-replicas"):
         return f"section '{rule}'"
-    return f"rule '{rule}'"
+    return f"rule '{_one_line(rule)}'"
+
+
+def _one_line(name: str) -> str:
+    """A name as it is shown in a one-line problem: line breaks and other characters
+    that are not printable are written as escapes (``'multi\\nline'``), since a
+    rule's name is whatever the file says, including a YAML block scalar."""
+    if name.isprintable():
+        return name
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
 
 
 def sort_key(diag: Diagnostic) -> tuple[str, int, int, str]:

@@ -46,6 +46,27 @@ from amm_rules.language.fields import format_fraction
 from amm_rules.language.locator import Locator
 from amm_rules.language.ruleset import MEASURES_WITH_SPILLED
 
+#: Every code a warning of a rules file can carry.
+WARNING_CODES: frozenset[str] = frozenset(
+    {
+        "shadowed-rule",
+        "never-matches",
+        "pool-avoid-conflict",
+        "unsatisfiable-target",
+        "inverted-thresholds",
+        "never-acts",
+        "replicate-move-never",
+    }
+)
+#: The warnings ``validate --dump`` adds about a recorded cluster
+#: (:mod:`amm_rules.offline.checks`).
+CLUSTER_WARNING_CODES: frozenset[str] = frozenset(
+    {"empty-pool", "min-exceeds-eligible", "spread-one-host"}
+)
+#: What ``# amm-rules: disable=CODE`` and ``validate --disable CODE`` accept, and only
+#: these: a warning is silenced, never an error.
+ALL_WARNING_CODES: frozenset[str] = WARNING_CODES | CLUSTER_WARNING_CODES
+
 _STRING_OR_SPACE = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|\s+")
 
 

@@ -91,35 +91,81 @@ def check_mapping(mapping: Any, filename: str = INLINE) -> tuple[Ruleset | None,
 # -- the three sources --------------------------------------------------------------
 
 
-def check_path(path: str | os.PathLike[str], display: str | None = None) -> CheckResult:
-    """Read and check a file; problems reading it are diagnostics about the file."""
+def check_path(
+    path: str | os.PathLike[str], display: str | None = None, *, streams: bool = False
+) -> CheckResult:
+    """Read and check a file; problems reading it are diagnostics about the file.
+
+    Only regular files are read unless ``streams`` is true: the scheduler reads its
+    rules on its event loop, where waiting for the writer of a named pipe would stall
+    it. ``amm-rules validate`` passes ``streams=True``: at a command line, reading
+    ``/dev/stdin`` or a named pipe until its writer is done is what is asked for.
+    """
+    raw = read_rules_bytes(path, streams=streams)
+    name = display or os.fspath(path)
+    if isinstance(raw, str):
+        return _file_problem(name, raw, "unreadable")
+    return check_source(raw, name)
+
+
+def read_rules_bytes(path: str | os.PathLike[str], *, streams: bool = False) -> bytes | str:
+    """The bytes of a rules file (at most one more than the size limit, enough to know
+    it is too large), or why they cannot be read."""
     from amm_rules.language.yaml_source import MAX_BYTES
 
-    name = display or os.fspath(path)
     try:
         if os.path.isdir(path):
-            return _file_problem(name, "is a directory, not a rules file", "unreadable")
-        # Non-blocking: opening a named pipe for reading would otherwise wait for a
-        # writer, forever, on the scheduler's event loop (at start or at a reload).
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+            return "is a directory, not a rules file"
+        # Non-blocking unless streams are wanted: opening a named pipe for reading
+        # would otherwise wait for a writer, forever, on the scheduler's event loop.
+        flags = os.O_RDONLY | getattr(os, "O_BINARY", 0)
+        fd = os.open(path, flags if streams else flags | getattr(os, "O_NONBLOCK", 0))
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return _file_problem(
-                    name,
+            mode = os.fstat(fd).st_mode
+            if not (stat.S_ISREG(mode) or (streams and _is_stream(mode))):
+                return (
                     "is not a regular file (a pipe, socket or device); "
-                    "rules files are regular files",
-                    "unreadable",
+                    "rules files are regular files"
                 )
             with open(fd, "rb", closefd=False) as f:
-                raw = f.read(MAX_BYTES + 1)  # enough to know the file is too large
+                return read_bounded(f, MAX_BYTES + 1)
         finally:
             os.close(fd)
     except FileNotFoundError:
-        return _file_problem(name, "no such file", "unreadable")
+        return "no such file"
     except PermissionError:
-        return _file_problem(name, "cannot read the file: permission denied", "unreadable")
+        return "cannot read the file: permission denied"
     except OSError as exc:
-        return _file_problem(name, f"cannot read the file: {exc.strerror or exc}", "unreadable")
+        return f"cannot read the file: {exc.strerror or exc}"
+
+
+def _is_stream(mode: int) -> bool:
+    """A named pipe, a terminal or another character device (``/dev/stdin``)."""
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
+
+
+def read_bounded(stream: Any, limit: int) -> bytes:
+    """Up to ``limit`` bytes of a binary stream, until its end (a pipe returns what its
+    writer has written so far at each read)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = stream.read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def check_stream(stream: Any, name: str = "<stdin>") -> CheckResult:
+    """Read a binary stream (standard input) to its end and check what it held."""
+    from amm_rules.language.yaml_source import MAX_BYTES
+
+    try:
+        raw = read_bounded(stream, MAX_BYTES + 1)
+    except OSError as exc:
+        return _file_problem(name, f"cannot read: {exc.strerror or exc}", "unreadable")
     return check_source(raw, name)
 
 
@@ -157,7 +203,6 @@ def check_mapping_result(mapping: Any, filename: str = INLINE) -> CheckResult:
 
 
 def _guarded_source(content: str | bytes, filename: str) -> CheckResult:
-    from amm_rules.language.locator import Locator
     from amm_rules.language.yaml_source import decode, read_yaml
 
     if isinstance(content, bytes):
@@ -170,9 +215,27 @@ def _guarded_source(content: str | bytes, filename: str) -> CheckResult:
     diagnostics = [_diag(filename, p) for p in problems]
     if source is None:
         return CheckResult(filename, None, diagnostics, text)
+    return check_yaml_source(source, filename, diagnostics)
+
+
+def check_yaml_source(
+    source: Any, filename: str, diagnostics: list[Diagnostic] | None = None
+) -> CheckResult:
+    """Check rules read as a positioned :class:`~amm_rules.language.yaml_source.YamlSource`
+    (a whole file, or the ``rules`` of a dask config entry with the config file's
+    positions), after the ``diagnostics`` found while reading it."""
+    from amm_rules.language.locator import Locator
+
     where = Locator(filename, source.data, source)
-    where.diagnostics.extend(diagnostics)
-    return _check_data(source.data, where, filename, text)
+    where.diagnostics.extend(diagnostics or ())
+    result = _check_data(source.data, where, filename, source.text)
+    if "amm-rules:" in source.text:
+        from amm_rules.language import directives
+        from amm_rules.language.lint import ALL_WARNING_CODES
+
+        kept = directives.apply(result.diagnostics, source, filename, ALL_WARNING_CODES)
+        result.diagnostics = sorted(kept, key=sort_key)
+    return result
 
 
 def _check_data(data: Any, where: Any, filename: str, text: str | None) -> CheckResult:

@@ -122,6 +122,8 @@ class Locator:
             else:
                 line, column = self.position(path)
             message = f"{label}: {problem.message}" if label else problem.message
+            if problem.code == "syntax" and isinstance(node, ScalarNode):
+                message += self._comment_hint(node)
             self.diagnostics.append(
                 Diagnostic(
                     self.file,
@@ -135,6 +137,21 @@ class Locator:
                 )
             )
         self._mark(path)
+
+    def _comment_hint(self, node: ScalarNode) -> str:
+        """``"; YAML read ... as a comment: quote ..."`` when a plain (unquoted) value
+        lost its end to a comment, else ``""``."""
+        if node.style not in (None, "") or self.source is None:
+            return ""
+        from amm_rules.language.quoting import comment_hint
+        from amm_rules.language.yaml_source import split_lines
+
+        lines = split_lines(self.source.text)
+        row = node.end_mark.line
+        if node.start_mark.line != row or row >= len(lines):
+            return ""
+        hint = comment_hint(lines[row], node.value)
+        return f"; {hint}" if hint else ""
 
     def _mark(self, path: Path) -> None:
         for n in range(len(path) + 1):

@@ -6,7 +6,8 @@ named, and returns the whole report as a string.
 
 - ``text``: ``path:line:column: severity: message (in rule 'NAME')``, then the source
   line and a caret under the column, and a summary line at the end;
-- ``json``: a list of objects with ``file, line, column, severity, message, rule, code``;
+- ``json``: a list of objects with ``file, line, column, end_column, severity, message,
+  rule, code`` (``line`` and ``column`` are ``null`` for a problem with the whole file);
 - ``github``: ``::error file=...,line=...,col=...::message`` lines, which GitHub Actions
   turns into annotations on the pull request.
 """
@@ -38,30 +39,56 @@ def summary(results: Sequence[CheckResult]) -> str:
     return f"{_plural(len(results), 'file')} checked: {', '.join(counts) or 'no problems'}"
 
 
+#: Longest source line shown under a problem, in characters; a longer one is shown as
+#: the part around the column, with ``...`` for what is left out.
+MAX_SHOWN = 160
+
+
 def format_text(results: Sequence[CheckResult]) -> str:
-    from amm_rules.language.yaml_source import split_lines
+    from amm_rules.language.yaml_source import LINE_BREAK, split_lines
 
     out: list[str] = []
     for result, diagnostics in _sorted(results):
         lines = split_lines(result.text) if result.text is not None else []
         for diag in diagnostics:
-            out.append(str(diag))
+            # One problem, one line: a break in a name or message is shown as an escape.
+            out.append(LINE_BREAK.sub(lambda m: repr(m.group())[1:-1], str(diag)))
             if 0 < diag.line <= len(lines):
-                source = lines[diag.line - 1]
+                width = (diag.end_column or diag.column + 1) - diag.column
+                source, column, width = excerpt(lines[diag.line - 1], diag.column, width)
                 out.append(f"  {source}")
                 # Keep tabs so the caret lines up under tab-indented text.
-                prefix = "".join(
-                    c if c == "\t" else " " for c in source[: max(diag.column - 1, 0)]
-                )
-                width = (diag.end_column or diag.column + 1) - diag.column
+                prefix = "".join(c if c == "\t" else " " for c in source[: max(column - 1, 0)])
                 out.append(f"  {prefix}^{'~' * max(width - 1, 0)}")
     out.append(summary(results))
     return "\n".join(out) + "\n"
 
 
+def excerpt(line: str, column: int, width: int, limit: int = MAX_SHOWN) -> tuple[str, int, int]:
+    """At most ``limit`` characters of ``line`` around ``column``, with ``...`` where it
+    is cut; the column and underline width within what is shown."""
+    if len(line) <= limit:
+        return line, column, width
+    width = max(1, min(width, limit // 2))
+    start = max(0, min(column - 1 - limit // 4, len(line) - limit))
+    shown = line[start : start + limit]
+    head = "..." if start > 0 else ""
+    tail = "..." if start + limit < len(line) else ""
+    return head + shown + tail, column - start + len(head), width
+
+
 def format_json(results: Sequence[CheckResult]) -> str:
-    items = [d.to_dict() for _, diagnostics in _sorted(results) for d in diagnostics]
+    items = [_json_item(d) for _, diagnostics in _sorted(results) for d in diagnostics]
     return json.dumps(items, indent=2) + "\n"
+
+
+def _json_item(diag: Diagnostic) -> dict[str, object]:
+    """A diagnostic as JSON: a problem with the file as a whole (or with inline rules,
+    which have no lines) has ``null`` for its line and column, not 0."""
+    item = diag.to_dict()
+    if diag.line <= 0:
+        item["line"] = item["column"] = item["end_column"] = None
+    return item
 
 
 #: Characters other than CR and LF that end a line for a reader splitting lines the

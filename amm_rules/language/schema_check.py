@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from amm_rules.language.schema import SCHEMA
-from amm_rules.language.spelling import did_you_mean
+from amm_rules.language.spelling import closest, did_you_mean
 
 Path = tuple[Any, ...]
 
@@ -157,9 +157,10 @@ def _translate(error: Any, words: FileWords = RULES_FILE) -> Iterable[SchemaProb
     # 3. Missing fields, reported at the mapping that lacks them.
     if kind == "required":
         return _missing_fields(error, path, words)
-    # 4. A rule without any action field.
+    # 4. A rule without any action field: unless a misspelt action is the cause, which
+    #    case 2 reports at its key, with the action meant.
     if kind == "anyOf" and all(set(branch) == {"required"} for branch in error.validator_value):
-        return [_no_action(error, path)]
+        return [] if _misspelt_action(error) else [_no_action(error, path)]
     # 5. Alternatives (replicate, pool lists, percentages, sizes).
     if kind in ("oneOf", "anyOf"):
         return _alternatives(error, path, words)
@@ -225,6 +226,19 @@ def _no_action(error: Any, path: Path) -> SchemaProblem:
     fields."""
     fields = ", ".join(branch["required"][0] for branch in error.validator_value)
     return SchemaProblem(path, f"rule has no action; set at least one of {fields}", "no-action")
+
+
+def _misspelt_action(error: Any) -> bool:
+    """Case 4's exception: the rule has an unknown field whose nearest known name is an
+    action field (``replicas: 2``). That field is the cause of "no action", and its own
+    problem says which action was meant."""
+    from amm_rules.language.ruleset import ACTION_FIELDS
+
+    rule = error.instance
+    if not isinstance(rule, dict):
+        return False
+    known = list(_schema(error).get("properties", {}))
+    return any(key not in known and closest(str(key), known) in ACTION_FIELDS for key in rule)
 
 
 def _alternatives(error: Any, path: Path, words: FileWords) -> Iterable[SchemaProblem]:

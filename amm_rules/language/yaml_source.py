@@ -356,17 +356,33 @@ def read_yaml(text: str) -> tuple[YamlSource | None, list[SourceProblem]]:
     """Text → :class:`YamlSource`; ``None`` when the text cannot be read as YAML at all."""
     problems = text_problems(text) or prescan(text)
     if problems:
-        return None, problems
+        return None, [_with_hint(text, p) for p in problems]
     try:
         root = yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
-        return None, [_yaml_problem(exc)]
+        return None, [_with_hint(text, _yaml_problem(exc))]
     source = YamlSource(text=text, data=None)
     if root is not None:
         walker = _Walker(source)
         source.data = walker.walk(root, ())
         problems = walker.problems
     return source, problems
+
+
+def _with_hint(text: str, problem: SourceProblem) -> SourceProblem:
+    """A YAML syntax error inside an unquoted expression says to quote it (see
+    :mod:`amm_rules.language.quoting`)."""
+    if problem.code != "yaml" or problem.line <= 0:
+        return problem
+    from amm_rules.language.quoting import yaml_error_hint
+
+    lines = split_lines(text)
+    if problem.line > len(lines):
+        return problem
+    hint = yaml_error_hint(lines[problem.line - 1], problem.column, problem.message)
+    if hint is None:
+        return problem
+    return SourceProblem(problem.line, problem.column, f"{problem.message}; {hint}", problem.code)
 
 
 class _Walker:

@@ -205,6 +205,8 @@ class _Compiler:
             lf, rf = left.as_fn(), right.fn
             return Code(lambda f: _member(lf(f), rf(f), negate), depends=depends)
         items: tuple[Any, ...] = right.value
+        if not items and not negate:
+            return constant(False)  # nothing is in an empty list
         if left.fn is None:
             found = any(kind_of(x) is kind_of(left.value) and x == left.value for x in items)
             return constant(found is not negate)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.resources
+import re
 import threading
 from pathlib import Path
 
@@ -217,7 +218,7 @@ _CHAR_HINTS = {
 def _syntax_problem(exc: UnexpectedInput, text: str) -> Problem:
     if isinstance(exc, UnexpectedCharacters):
         char = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
-        hint = _CHAR_HINTS.get(char)
+        hint = _bracket_hint(text, exc.pos_in_stream) or _CHAR_HINTS.get(char)
         message = f"unexpected character {char!r}" + (f"; {hint}" if hint else "")
         return Problem(message, exc.line, exc.column, SYNTAX, exc.column + 1)
     expected = _expected(exc)
@@ -239,6 +240,26 @@ def _syntax_problem(exc: UnexpectedInput, text: str) -> Problem:
         SYNTAX,
         column + 1,
     )
+
+
+#: An attribute of at least three parts written just before a character: ``task.annotations.x``.
+_ATTRIBUTE_BEFORE = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*){2,})$")
+#: The rest of a name with ``-`` in it: ``-tier``, ``-v2-x``.
+_DASHED_REST = re.compile(r"(?:-[\w]+)+")
+
+
+def _bracket_hint(text: str, pos: int) -> str | None:
+    """``task.annotations.cache-tier``: a name with ``-`` is written in brackets, as
+    ``task.annotations["cache-tier"]``; say so with the attribute rewritten."""
+    if text[pos : pos + 1] != "-":
+        return None
+    before = _ATTRIBUTE_BEFORE.search(text, 0, pos)
+    rest = _DASHED_REST.match(text, pos)
+    if before is None or rest is None:
+        return None
+    *parent, last = before.group(1).split(".")
+    name = last + rest.group()
+    return f"a name with '-' in it is written in brackets: {'.'.join(parent)}[\"{name}\"]"
 
 
 def _expected(exc: UnexpectedInput) -> set[str]:
