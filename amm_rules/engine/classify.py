@@ -16,8 +16,9 @@ It gives exactly the answer of :meth:`Ruleset.resolve <amm_rules.language.rulese
 - otherwise a key evaluates only those remaining matches, and the ``Desired`` is shared
   by the keys of the class with the same outcomes;
 - a match that raises counts as "no match" and is reported once per rule;
-- an ``amm`` annotation is parsed once per distinct value; an invalid one is ignored
-  for its keys and reported once per distinct value.
+- an ``amm`` annotation (and a top-level ``replicate`` annotation, its shorthand for
+  ``amm={"replicate": ...}``) is parsed once per distinct value; an invalid one is
+  ignored for its keys and reported once per distinct value.
 
 Its neighbours: :mod:`amm_rules.engine.index` calls it for keys that entered memory;
 :mod:`amm_rules.engine.handlers` for ``explain``. It reads tasks through
@@ -29,10 +30,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from amm_rules.engine.adapters import TaskFactsAdapter, class_reader, freeze
-from amm_rules.language.fields import ActionError, parse_actions
+from amm_rules.language.fields import ActionError, parse_actions, parse_target
 from amm_rules.language.ruleset import (
     ACTION_FIELDS,
     CLASS_ATTRIBUTES,
@@ -140,7 +142,7 @@ class Classifier:
         self,
         ruleset: Ruleset,
         on_rule_error: Callable[[Rule, Exception], None] | None = None,
-        on_invalid_annotation: Callable[[Any, ActionError, Hashable], None] | None = None,
+        on_invalid_annotation: Callable[..., None] | None = None,
         reads: Mapping[Hashable, int] | None = None,
     ):
         #: The ruleset as loaded (what status and explain report).
@@ -190,27 +192,71 @@ class Classifier:
         return cascade.resolve(facts)
 
     def annotation(self, ts: Any) -> Actions | None:
-        """The key's parsed ``amm`` annotation; None if absent or invalid."""
+        """The key's parsed ``amm`` annotation, with a top-level ``replicate`` annotation
+        as shorthand for ``amm={"replicate": ...}`` (``amm``'s own ``replicate`` wins);
+        None if absent or invalid."""
         annotations = ts.annotations
         if not annotations:
             return None
         value = annotations.get("amm")
-        if value is None:
+        short = annotations.get("replicate")
+        if value is None and short is None:
             return None
-        frozen = freeze(value)
+        frozen = freeze(value) if short is None else (freeze(value), freeze(short))
         try:
             parsed = self._annotations[frozen]
         except KeyError:
-            try:
-                parsed = parse_actions(value, known_pools=self.ruleset.pools)
-            except ActionError as exc:
-                parsed = _INVALID
-                if self._on_invalid_annotation is not None:
-                    self._on_invalid_annotation(value, exc, ts.key)
+            parsed = self._parse_annotation(value, short, ts.key)
             if len(self._annotations) >= MEMO_LIMIT:
                 self._annotations.clear()
             self._annotations[frozen] = parsed
         return None if parsed is _INVALID else parsed
+
+    def _parse_annotation(self, value: Any, short: Any, key: Hashable) -> Any:
+        """Parse once per distinct pair of values. An invalid ``amm`` is ignored as a
+        whole, an invalid ``replicate`` alone; each is reported (never raised)."""
+        amm: Any = None
+        if value is not None:
+            try:
+                amm = parse_actions(value, known_pools=self.ruleset.pools)
+            except ActionError as exc:
+                amm = _INVALID
+                self._invalid(value, exc, key, "amm")
+        if short is None:
+            return amm
+        try:
+            target = parse_target(short)
+        except ActionError as exc:
+            self._invalid(short, exc, key, "replicate")
+            return amm
+        if amm is None or amm is _INVALID:
+            return Actions(replicate=target)
+        return amm if amm.replicate is not None else replace(amm, replicate=target)
+
+    def ignored_annotations(self, ts: Any) -> list[str]:
+        """The names of the key's annotations (``amm``, ``replicate``) that are invalid
+        and ignored, for ``explain`` (not memoized: explain is rare)."""
+        annotations = ts.annotations or {}
+        out = []
+        if annotations.get("amm") is not None:
+            try:
+                parse_actions(annotations["amm"], known_pools=self.ruleset.pools)
+            except ActionError:
+                out.append("amm")
+        if annotations.get("replicate") is not None:
+            try:
+                parse_target(annotations["replicate"])
+            except ActionError:
+                out.append("replicate")
+        return out
+
+    def _invalid(self, value: Any, exc: ActionError, key: Hashable, name: str) -> None:
+        if self._on_invalid_annotation is None:
+            return
+        if name == "amm":
+            self._on_invalid_annotation(value, exc, key)
+        else:
+            self._on_invalid_annotation(value, exc, key, name=name)
 
     def _cascade(
         self, facts: Any, annotation: Actions | None, runtime: Target | RuntimeTarget | None

@@ -167,8 +167,9 @@ class Handlers:
                 # them); None when they are enacted.
                 "dry_run": policy.dry_run.label(desired),
                 "workers": explain_workers(view, cluster),
-                "annotation_ignored": bool((ts.annotations or {}).get("amm") is not None)
-                and policy.classifier.annotation(ts) is None,
+                "annotation_ignored": bool(ignored := policy.classifier.ignored_annotations(ts)),
+                # Which: "amm", "replicate" (the shorthand), or both.
+                "annotations_ignored": ignored,
                 # Mid-move (copy in flight or landed, sender's drop pending) or cooling
                 # down after a move; None otherwise.
                 "rebalance": policy.rebalancer.explain(ts.key, now),

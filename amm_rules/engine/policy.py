@@ -362,14 +362,18 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     def _rule_error(self, rule: Rule, exc: Exception) -> None:
         self.events.once(("rule-error", rule.name), "rule-error", rule=rule.name, error=repr(exc))
 
-    def _invalid_annotation(self, value: Any, exc: Exception, key: Hashable) -> None:
+    def _invalid_annotation(
+        self, value: Any, exc: Exception, key: Hashable, name: str = "amm"
+    ) -> None:
         # The value comes from a client and may be megabytes: the log line, the event
         # (kept in the scheduler's memory) and the rate-limit token get a prefix.
+        # ``name`` is the annotation: ``amm``, or ``replicate`` (its shorthand).
         shown, error = _clip(repr(value)), _clip(str(exc))
-        logger.warning("amm-rules: ignoring invalid amm annotation %s: %s", shown, error)
+        logger.warning("amm-rules: ignoring invalid %s annotation %s: %s", name, shown, error)
         self.events.once(
-            ("invalid-annotation", shown),
+            ("invalid-annotation", name, shown),
             "invalid-annotation",
+            name=name,
             annotation=shown,
             error=error,
             example_key=_clip(str(key)),

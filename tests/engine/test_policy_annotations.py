@@ -65,3 +65,70 @@ async def test_invalid_annotation_is_ignored_with_one_event(c, s, *workers):
     assert len(events(s, "invalid-annotation")) == 2
     assert policy_of(s).last_cycle["inc-three"]["governed"] == 4
     no_errors(s)
+
+
+# -- the top-level `replicate` annotation: shorthand for amm={"replicate": ...} ---------
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 4, config=amm_config(RULES))
+async def test_replicate_annotation_is_shorthand_for_amm(c, s, *workers):
+    with dask.annotate(replicate=3):
+        exact = c.submit(sum, [1, 2], key="short-1")
+    with dask.annotate(replicate={"min": 2, "max": 2}):
+        ranged = c.submit(sum, [1, 3], key="short-2")
+    # Both set: amm's own replicate wins; its other fields combine with the shorthand.
+    with dask.annotate(replicate=4, amm={"replicate": 2}):
+        amm_wins = c.submit(sum, [1, 4], key="short-3")
+    with dask.annotate(replicate=3, amm={"spread": "host"}):
+        combined = c.submit(sum, [1, 5], key="short-4")
+    await c.gather([exact, ranged, amm_wins, combined])
+    keys = ["short-1", "short-2", "short-3", "short-4"]
+    await async_poll_for(lambda: [len(holders(s, k)) for k in keys] == [3, 2, 2, 3], timeout=10)
+    explained = await c.scheduler.amm_rules_explain(keys=keys)
+    assert explained["short-1"]["desired"] == "replicate=3 from amm annotation"
+    assert explained["short-3"]["desired"] == "replicate=2 from amm annotation"
+    assert explained["short-4"]["desired"] == (
+        "replicate=3 from amm annotation, spread=host from amm annotation"
+    )
+    assert all(not explained[k]["annotation_ignored"] for k in keys)
+    no_errors(s)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(RULES))
+async def test_replicate_annotation_on_a_persisted_collection(c, s, *workers):
+    """The chunks of a collection have tuple keys; the annotation reaches every one."""
+    import dask.array as da
+
+    x = da.arange(8, chunks=2) + 1
+    with dask.annotate(replicate=2):
+        x = c.persist(x)
+    await x
+    keys = [ts.key for ts in s.tasks.values() if isinstance(ts.key, tuple) and ts.who_has]
+    assert len(keys) == 4
+    await async_poll_for(lambda: all(len(holders(s, k)) == 2 for k in keys), timeout=10)
+    no_errors(s)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 4, config=amm_config(RULES))
+async def test_invalid_replicate_annotation_is_an_event_never_an_exception(c, s, *workers):
+    with dask.annotate(replicate="many"):
+        bad = c.map(inc, range(2), key=["inc-21", "inc-22"])
+    # An invalid shorthand is ignored alone: a valid amm annotation still applies.
+    with dask.annotate(replicate=0, amm={"replicate": 2}):
+        half = c.submit(inc, 5, key="inc-23")
+    await c.gather([*bad, half])
+    # Ignored: inc-21/22 follow the rules (three copies); inc-23 its amm annotation.
+    await async_poll_for(
+        lambda: [len(holders(s, k)) for k in ("inc-21", "inc-22", "inc-23")] == [3, 3, 2],
+        timeout=10,
+    )
+    invalid = sorted((e["name"], e["error"]) for e in events(s, "invalid-annotation"))
+    assert invalid == [
+        ("replicate", "replicate: expected a whole number of copies, got 'many'"),
+        ("replicate", "replicate: must be at least 1 (the AMM never drops the last copy), got 0"),
+    ]
+    explained = s.handlers["amm_rules_explain"](keys=["inc-21", "inc-23"])
+    assert explained["inc-21"]["annotations_ignored"] == ["replicate"]
+    assert explained["inc-23"]["annotations_ignored"] == ["replicate"]
+    assert explained["inc-23"]["desired"].startswith("replicate=2 from amm annotation")
+    no_errors(s)
