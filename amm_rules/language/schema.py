@@ -35,7 +35,7 @@ from amm_rules.language.ruleset import (
 _POOL_NAME = {
     "type": "string",
     "pattern": POOL_NAME.pattern,
-    "errorMessage": "a pool name is letters, digits, '_' and '-', starting with a letter or "
+    "errorMessage": "a pool name is ASCII letters, digits, '_' and '-', starting with a letter or "
     "'_' (at most 64 characters)",
 }
 _COUNT = {"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS}
