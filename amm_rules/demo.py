@@ -2,10 +2,13 @@
 
 Starts four in-process workers (two of them with ``resources={"GPU": 1}``) and a
 scheduler whose Active Memory Manager runs :class:`amm_rules.RulesPolicy` with the
-demo rules (``examples/rules/demo.yaml``, or the copy shipped in the package), puts
-data in the wrong places, then lets the AMM work and prints what changed: a table per
-rule (keys, copies wanted and held, placement) and a table per worker (keys, managed
-bytes, pools).
+demo rules (``examples/rules/demo.yaml``, or the copy shipped in the package) or the
+file given with ``--rules``. The workload follows the file
+(:mod:`amm_rules.demo_workload`): for each rule, keys it matches, put where the rule
+does not want them; a rule the demo cannot make a key for is named, with what it would
+need. Then the AMM works and the demo prints what changed: a table per rule (keys,
+copies wanted and held, placement), a table per worker (keys, managed bytes, pools),
+what ``move: never`` kept, and the engine's own ``explain`` answer for one key.
 
 The tables are computed on the client from the rules file (the language half:
 :meth:`Ruleset.resolve` and the pool expressions) and from where the scheduler says
@@ -20,7 +23,7 @@ import socket
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -29,14 +32,20 @@ import click
 import dask
 from dask.utils import format_bytes, key_split
 
+from amm_rules.demo_workload import (
+    KEY_NBYTES,
+    KINDS,
+    MAX_NBYTES,
+    Workload,
+    plan,
+    workers_for,
+)
 from amm_rules.language.diagnostics import RulesError
 from amm_rules.language.loader import load_ruleset
 from amm_rules.language.ruleset import UNGOVERNED, Desired, Ruleset, TaskFacts, WorkerFacts
 
 __all__ = ["default_rules_path", "main"]
 
-#: Bytes per demo key: big enough to show in the memory table, small enough to be quick.
-KEY_NBYTES = 256 * 2**10
 #: How often the demo looks at the cluster while the AMM works.
 POLL_INTERVAL = 0.25
 #: The AMM interval used by the demo (the default, 2 s, would make the demo slow).
@@ -84,17 +93,23 @@ def main(
         for pool in ruleset.pools.values():
             click.echo(f"  pool {pool.name}: {pool.source}")
 
-        futures = _workload(client)
-        before = _snapshot(client, ruleset, futures)
+        from distributed.utils import key_split_group
+
+        workload = plan(ruleset, group_of=key_split_group)
+        _print_workload(workload)
+        futures, facts = _workload(client, ruleset, workload)
+        before = _snapshot(client, ruleset, futures, facts)
         click.echo("\nBefore the Active Memory Manager runs:\n")
         _print_tables(before)
 
         click.echo(f"\nActive Memory Manager running every {AMM_INTERVAL}:")
         client.amm.start()
-        after = _wait_for_targets(client, ruleset, futures, duration)
+        after = _wait_for_targets(client, ruleset, futures, facts, duration)
 
         click.echo("\nAfter:\n")
         _print_tables(after)
+        _print_move_never(before, after, workload, ruleset)
+        _print_explain(client, after, futures, workload)
         if after.all_ok:
             click.echo("\nEvery target is met.")
             return 0
@@ -161,53 +176,125 @@ def _demo_cluster(rules: Path, n_workers: int) -> Iterator[Any]:
         yield cluster
 
 
-def _make(nbytes: int, seed: int) -> bytes:
+def _make(kind: str, nbytes: int, seed: int) -> Any:
+    """A value of ``kind`` (see :data:`amm_rules.demo_workload.KINDS`) of about ``nbytes``."""
+    if kind == "numpy":
+        import numpy as np
+
+        return np.full(nbytes, seed % 256, dtype="uint8")
+    if kind == "pandas":
+        import numpy as np
+        import pandas as pd
+
+        return pd.DataFrame({"x": np.full(max(1, nbytes // 8), seed, dtype="int64")})
     return bytes([seed % 256]) * nbytes
 
 
-def _workload(client: Any) -> list[Any]:
-    """Put data where the demo rules do not want it.
+def _print_workload(workload: Workload) -> None:
+    """What the demo makes for each rule, and which rules it cannot make a key for."""
+    for spec in workload.specs:
+        extra = f", annotated {dict(spec.annotations)}" if spec.annotations else ""
+        click.echo(
+            f"  rule {spec.rule}: {spec.count} keys {spec.prefix}-N, "
+            f"{KINDS[spec.kind][0]} of {format_bytes(spec.nbytes)}{extra}"
+        )
+    if workload.unmatched:
+        names = ", ".join(workload.unmatched)
+        click.echo(
+            f"  rules the demo makes no key for: {names}. Its keys are named after the "
+            "strings in a rule's match (task.prefix, task.key, task.group), hold "
+            f"{' or '.join(KINDS[k][0] for k in _kinds())} of up to "
+            f"{format_bytes(MAX_NBYTES)} and carry the "
+            "annotations the match reads; a match on other types (cupy, cudf, ...) or on "
+            "larger sizes needs a real workload."
+        )
 
-    - ``precious-*`` all on one worker: the rules want 3 copies on distinct hosts;
-    - ``device-*`` on CPU workers: the rules want them in the ``gpu`` pool;
-    - ``host-*`` on GPU workers: the rules want them off the ``gpu`` pool;
-    - ``scratch-*`` read by a task on every worker, which copies it there: no rule
-      sets a target, so with ``reduce-replicas`` the extra copies are trimmed once
-      the readers are done.
-    """
-    info = client.scheduler_info()["workers"]
-    gpu = sorted(a for a, w in info.items() if w["resources"].get("GPU"))
-    cpu = sorted(a for a in info if a not in gpu) or gpu
 
-    def pinned(prefix: str, count: int, where: Sequence[str]) -> list[Any]:
-        return [
-            client.submit(
-                _make,
-                KEY_NBYTES,
-                i,
-                key=f"{prefix}-{i}",
-                workers=[where[i % len(where)]],
-                allow_other_workers=False,
-                pure=False,
-            )
-            for i in range(count)
-        ]
+def _kinds() -> list[str]:
+    from amm_rules.demo_workload import available_kinds
 
-    futures = pinned("precious", 3, cpu[:1])
-    futures += pinned("device", 4, cpu)
-    futures += pinned("host", 4, gpu)
-    futures += pinned("scratch", 3, gpu[:1])
+    return available_kinds()
+
+
+def _workload(
+    client: Any, ruleset: Ruleset, workload: Workload
+) -> tuple[list[Any], dict[str, TaskFacts]]:
+    """Make the keys of ``workload``, each where its rule does not want it, plus keys
+    no rule governs copied to every worker (``reduce-replicas`` trims them). Returns the
+    futures and each key's facts as the rules see them."""
     from distributed import wait
 
+    info = client.scheduler_info()["workers"]
+    order = sorted(info, key=lambda a: str(info[a].get("name", a)))
+    pools = _pools(ruleset, info)
+    futures: list[Any] = []
+    facts: dict[str, TaskFacts] = {}
+    two_copies: list[Any] = []
+    for spec in workload.specs:
+        where = workers_for(spec, pools, order)
+        made = _submit(
+            client, spec.prefix, spec.kind, spec.nbytes, spec.count, where, facts, spec.annotations
+        )
+        futures += made
+        if spec.placement == "two-workers":
+            two_copies += made
+    broadcast = []
+    if workload.scratch is not None:
+        broadcast = _submit(client, workload.scratch, "bytes", KEY_NBYTES, 3, order[:1], facts, {})
+        futures += broadcast
     wait(futures)
-    scratch = [f for f in futures if key_split(f.key) == "scratch"]
+    # Extra copies are made by tasks that read the keys elsewhere, as a computation
+    # makes them (client.replicate would set a runtime target instead).
     readers = [
         client.submit(len, f, workers=[w], allow_other_workers=False, pure=False)
-        for f in scratch
-        for w in info
+        for f in two_copies
+        for w in order[:2]
+    ]
+    readers += [
+        client.submit(len, f, workers=[w], allow_other_workers=False, pure=False)
+        for f in broadcast
+        for w in order
     ]
     wait(readers)
-    return futures
+    return futures, facts
+
+
+def _submit(
+    client: Any,
+    prefix: str,
+    kind: str,
+    nbytes: int,
+    count: int,
+    where: Sequence[str],
+    facts: dict[str, TaskFacts],
+    annotations: Mapping[str, Any],
+) -> list[Any]:
+    from distributed.utils import key_split_group
+
+    out = []
+    with dask.annotate(**annotations):
+        for i in range(count):
+            key = f"{prefix}-{i}"
+            out.append(
+                client.submit(
+                    _make,
+                    kind,
+                    nbytes,
+                    i,
+                    key=key,
+                    workers=[where[i % len(where)]],
+                    allow_other_workers=False,
+                    pure=False,
+                )
+            )
+            facts[key] = TaskFacts(
+                key=key,
+                prefix=key_split(key),
+                group=key_split_group(key),
+                type=KINDS[kind][0],
+                annotations=dict(annotations),
+            )
+    return out
 
 
 # ----------------------------------------------------------------------------------
@@ -282,13 +369,21 @@ def _worker_facts(address: str, info: Mapping[str, Any]) -> WorkerFacts:
     )
 
 
-def _snapshot(client: Any, ruleset: Ruleset, futures: list[Any]) -> Snapshot:
-    info = client.scheduler_info()["workers"]
+def _pools(ruleset: Ruleset, info: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Each worker's pools, by address, from the scheduler's view of the workers."""
     facts = {a: _worker_facts(a, w) for a, w in info.items()}
-    pools = {
+    return {
         a: tuple(name for name, pool in ruleset.pools.items() if pool.predicate(f))
         for a, f in facts.items()
     }
+
+
+def _snapshot(
+    client: Any, ruleset: Ruleset, futures: list[Any], made: Mapping[str, TaskFacts]
+) -> Snapshot:
+    info = client.scheduler_info()["workers"]
+    facts = {a: _worker_facts(a, w) for a, w in info.items()}
+    pools = _pools(ruleset, info)
     keys = [f.key for f in futures]
     who_has = client.who_has(futures)
     nbytes = client.nbytes(keys, summary=False)
@@ -296,14 +391,7 @@ def _snapshot(client: Any, ruleset: Ruleset, futures: list[Any]) -> Snapshot:
     states = []
     for key in keys:
         holders = tuple(who_has.get(key, ()))
-        task = TaskFacts(
-            key=str(key),
-            prefix=key_split(key),
-            group=key_split(key),
-            type="bytes",
-            nbytes=nbytes.get(key, 0),
-            replicas=len(holders),
-        )
+        task = replace(made[str(key)], nbytes=nbytes.get(key, 0), replicas=len(holders))
         desired = ruleset.resolve(task)
         copies_ok, settled, placement_ok = _judge(desired, holders, pools, facts, ruleset)
         states.append(
@@ -395,12 +483,16 @@ def _describe(actions: Any) -> str:
 
 
 def _wait_for_targets(
-    client: Any, ruleset: Ruleset, futures: list[Any], duration: float
+    client: Any,
+    ruleset: Ruleset,
+    futures: list[Any],
+    made: Mapping[str, TaskFacts],
+    duration: float,
 ) -> Snapshot:
     """Poll until every key is where the rules want it (or as close as the cluster
     allows), printing each change."""
     start = time.monotonic()
-    snapshot = _snapshot(client, ruleset, futures)
+    snapshot = _snapshot(client, ruleset, futures, made)
     last = ""
     while True:
         elapsed = time.monotonic() - start
@@ -410,7 +502,7 @@ def _wait_for_targets(
         if snapshot.settled or elapsed >= duration:
             return snapshot
         time.sleep(POLL_INTERVAL)
-        snapshot = _snapshot(client, ruleset, futures)
+        snapshot = _snapshot(client, ruleset, futures, made)
 
 
 # ----------------------------------------------------------------------------------
@@ -494,3 +586,55 @@ def _explain_unmet(client: Any, snapshot: Snapshot, futures: list[Any]) -> list[
             f"{why.get('desired', '?')}; engine says: {unmet}"
         )
     return lines
+
+
+def _print_move_never(
+    before: Snapshot, after: Snapshot, workload: Workload, ruleset: Ruleset
+) -> None:
+    """What ``move: never`` kept: the copies its keys were given, which the AMM would
+    otherwise have changed."""
+    kept = [s for s in workload.specs if s.desired.move == "never"]
+    if not kept:
+        return
+    copies_before = {k.key: len(k.holders) for k in before.keys}
+    for spec in kept:
+        keys = [k for k in after.keys if k.key.startswith(f"{spec.prefix}-")]
+        held = [(copies_before.get(k.key, 0), len(k.holders)) for k in keys]
+        same = sum(b == a for b, a in held)
+        copies = _count_range([a for _, a in held])
+        trimmed = (
+            "reduce-replicas would have trimmed them to 1, as it did the keys no rule governs"
+            if ruleset.reduce_replicas
+            else "nothing else would have changed them here (reduce-replicas is off)"
+        )
+        click.echo(
+            f"\nmove: never (rule {spec.rule}): {same}/{len(keys)} keys kept the "
+            f"{copies} copies they were given; without it, {trimmed}."
+        )
+
+
+def _print_explain(client: Any, after: Snapshot, futures: list[Any], workload: Workload) -> None:
+    """The engine's own answer (``amm_rules.explain``) for one key of the first rule
+    that placed or copied something."""
+    spec = next((s for s in workload.specs if s.desired.move != "never"), None)
+    if spec is None:
+        return
+    from amm_rules.client import explain
+
+    future = next(f for f in futures if str(f.key) == f"{spec.prefix}-0")
+    try:
+        answer = explain([future], client=client)[str(future.key)]
+    except Exception as err:  # the demo must end cleanly even if explain fails
+        click.echo(f"\n(explain failed: {err})")
+        return
+    names = {w.address: w.name for w in after.workers}
+    click.echo(f"\nWhy is {future.key} where it is? amm_rules.explain answers:")
+    click.echo(f"  desired: {answer.get('desired')}")
+    holders = ", ".join(names.get(h, h) for h in answer.get("holders", []))
+    click.echo(f"  held by: {holders}")
+    for address, why in sorted(
+        answer.get("workers", {}).items(), key=lambda w: names.get(w[0], w[0])
+    ):
+        click.echo(f"  {names.get(address, address)}: {why}")
+    if answer.get("unmet"):
+        click.echo(f"  unmet: {answer['unmet']}")

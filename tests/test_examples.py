@@ -94,5 +94,5 @@ def test_demo_example_is_the_demo_cluster_rules() -> None:
     assert str(by_name["precious"].replicate) == "3" and by_name["precious"].spread == "host"
     assert by_name["device-data"].pool == ("gpu",)
     assert by_name["host-data"].avoid == ("gpu",)
-    assert by_name["big-frames"].move == "never"
+    assert by_name["pinned"].move == "never"
     assert ruleset.reduce_replicas is True

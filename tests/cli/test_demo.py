@@ -31,7 +31,7 @@ def test_demo_meets_every_target():
     code, output = run_demo()
     assert code == 0, output
     assert "Every target is met." in output
-    for rule in ("precious", "device-data", "host-data", "big-frames"):
+    for rule in ("precious", "device-data", "host-data", "pinned"):
         table_row(output, "Before", rule)
         table_row(output, "After", rule)
     # Before: precious keys have one copy each and device/host data sit on the wrong
@@ -41,26 +41,56 @@ def test_demo_meets_every_target():
     assert table_row(output, "Before", "device-data")[-1] == "0/4"
     assert table_row(output, "After", "device-data")[-1] == "4/4"
     assert table_row(output, "After", "host-data")[-1] == "4/4"
-    # Broadcast scratch data, which no rule targets, is trimmed back to one copy.
+    # Broadcast scratch data, which no rule targets, is trimmed back to one copy...
+    assert table_row(output, "Before", "(no rule)")[-4:] == ["3", "4", "0/3", "3/3"]
     assert table_row(output, "After", "(no rule)")[-3:] == ["1", "3/3", "3/3"]
+    # ... while the keys of the `move: never` rule keep their two copies.
+    assert table_row(output, "Before", "pinned")[-4:] == ["2", "2", "2/2", "2/2"]
+    assert table_row(output, "After", "pinned")[-4:] == ["2", "2", "2/2", "2/2"]
+    assert "move: never (rule pinned): 2/2 keys kept the 2 copies they were given" in output
+    # The engine's own explanation of one key.
+    explained = output.split("Why is precious-0 where it is? amm_rules.explain answers:", 1)[1]
+    assert "  desired: replicate=3 from rule precious, spread=host from rule precious" in explained
+    assert len(re.findall(r"^  \S+: holds a copy$", explained, re.M)) == 3
     # The per-worker table names every worker and its pool.
     after = output.split("After", 1)[1]
     assert re.search(r"^gpu-0\s+\S+\s+gpu\s", after, re.M)
     assert re.search(r"^cpu-3\s+\S+\s+cpu\s", after, re.M)
 
 
-def test_demo_with_another_rules_file(tmp_path):
+def test_demo_workload_follows_another_rules_file(tmp_path):
+    """Keys for each rule of the file (prefixes, key globs, annotations), placed where
+    the rule does not want them; a rule the demo cannot make a key for is named."""
     rules = tmp_path / "mine.yaml"
     rules.write_text(
         "version: 1\n"
+        "pools:\n"
+        "  gpu: worker.resources.GPU >= 1\n"
         "rules:\n"
-        "  - name: two-of-each\n"
-        '    match: task.prefix in ["precious", "device", "host"]\n'
+        "  - name: two-features\n"
+        '    match: task.prefix == "features"\n'
         "    replicate: 2\n"
+        "  - name: gold-on-gpu\n"
+        '    match: task.annotations.tier == "gold"\n'
+        "    pool: gpu\n"
+        "  - name: temporary\n"
+        '    match: task.key matches "tmp-*"\n'
+        "    move: never\n"
+        "  - name: device\n"
+        '    match: task.type == "cupy.ndarray"\n'
+        "    pool: gpu\n"
     )
     code, output = run_demo("--rules", str(rules))
     assert code == 0, output
-    assert table_row(output, "After", "two-of-each")[-3:] == ["2", "11/11", "11/11"]
+    assert "rule gold-on-gpu: 4 keys " in output and "annotated {'tier': 'gold'}" in output
+    assert "rules the demo makes no key for: device." in output
+    assert table_row(output, "Before", "two-features")[-3:] == ["1", "0/3", "3/3"]
+    assert table_row(output, "After", "two-features")[-3:] == ["2", "3/3", "3/3"]
+    assert table_row(output, "Before", "gold-on-gpu")[-1] == "0/4"
+    assert table_row(output, "After", "gold-on-gpu")[-1] == "4/4"
+    assert table_row(output, "After", "temporary")[-4:] == ["2", "2", "2/2", "2/2"]
+    assert "move: never (rule temporary): 2/2 keys kept the 2 copies" in output
+    assert "  desired: replicate=2 from rule two-features" in output
 
 
 def test_demo_refuses_an_invalid_rules_file(tmp_path):
@@ -98,3 +128,4 @@ def test_demo_reports_a_target_it_cannot_meet(tmp_path):
     assert re.search(
         r"^  device-0: on 2 workers, wants replicate=3 from rule too-many", output, re.M
     )
+    assert "  unmet: " in output  # in the explain answer too

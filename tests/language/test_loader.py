@@ -28,7 +28,7 @@ def test_load_demo_ruleset() -> None:
         "precious",
         "device-data",
         "host-data",
-        "big-frames",
+        "pinned",
     ]
     precious, device, host, frames = ruleset.rules
     assert precious.actions.replicate == Target(3, 3)
