@@ -2,7 +2,7 @@
 
 Each run starts a fresh ``LocalCluster`` (worker processes, one thread each; the scheduler
 runs in this process so that its state can be sampled without a network round trip) and
-samples every worker's memory on the scheduler a few times a second. Three scenarios:
+samples every worker's memory on the scheduler a few times a second. Four scenarios:
 
 1. **At rest**: data computed on one worker, nothing else running. ``none`` (Dask's
    defaults: the stock AMM with ``ReduceReplicas``), ``legacy`` (``client.rebalance()``)
@@ -19,18 +19,25 @@ samples every worker's memory on the scheduler a few times a second. Three scena
    tensordot demo at this machine's size). ``amm-off``, ``stock`` (ReduceReplicas),
    ``amm-rules`` (RulesPolicy, rules without rules) and ``amm-rules+rebalance``.
    Reported: peak total and peak per-worker managed memory, peak spilled bytes, wall time.
+4. **Scale-up while spilling**: data persisted on two workers, beyond their spill target
+   (part of it on disk), then two empty workers join and passes over the data begin (each
+   pass sums every chunk). ``stock`` (ReduceReplicas) and ``amm-rules`` (RulesPolicy with a
+   ``rebalance`` section at its defaults). Reported: bytes the workers read from and wrote
+   to disk during the passes (distributed's per-worker ``disk-read`` and ``disk-write``
+   spill metrics), wall time of the passes, and max/mean of the data each worker holds
+   (in memory and on disk) over time after the join.
 
 Memory is the scheduler's view: ``managed`` (bytes of the keys a worker holds in RAM, which
 is what rebalancing moves and what the ``rebalance`` rules here measure; process memory
 includes interpreter and allocator overhead that no placement changes), ``spilled`` and
 ``process``. Worker processes run single-threaded BLAS.
 
-    python -m benchmarks.rebalance_cluster            # about 40 minutes on 2 cores
-    python -m benchmarks.rebalance_cluster --quick    # smaller data, shorter runs, 3 minutes
+    python -m benchmarks.rebalance_cluster            # about 50 minutes on 2 cores
+    python -m benchmarks.rebalance_cluster --quick    # smaller data, shorter runs, 5 minutes
 
-Scenario 3 runs each mode ``--repeats`` times (default 5), interleaved, and reports each
-metric's median: wall time and peaks vary by several percent from run to run on a small
-machine.
+Scenario 3 runs each mode ``--repeats`` times (default 5), scenario 4 at most 3 times,
+interleaved, and reports each metric's median: wall time and peaks vary by several percent
+from run to run on a small machine.
 
 Prints a table per scenario, writes ``benchmarks/results/rebalance_cluster.json`` and
 the plot ``benchmarks/results/rebalance_cluster.png`` (per-worker managed memory over time, every run).
@@ -73,7 +80,7 @@ MiB = 2**20
 GiB = 2**30
 RESULTS = Path(__file__).parent / "results"
 #: The scenarios, in the order they run (``--only`` picks one).
-SCENARIOS = ("at_rest", "computing", "all_to_all")
+SCENARIOS = ("at_rest", "computing", "all_to_all", "scale_up")
 #: The issue's target for a balanced cluster: fullest worker over the mean.
 TARGET_RATIO = 1.15
 AMM = "distributed.scheduler.active-memory-manager"
@@ -92,6 +99,9 @@ REBALANCE = {
 #: ``managed``; the default ``optimistic`` measure (RAM of the process minus what it
 #: recently allocated) is what rebalancing would use on such a cluster.
 REBALANCE_COMPUTING = {**REBALANCE, "measure": "optimistic"}
+#: Scenario 4: the section as a user writes it, every field at its default (the
+#: ``optimistic`` measure: RAM, since a spilled byte moved relieves no RAM).
+REBALANCE_SCALE_UP: dict[str, Any] = {}
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,12 @@ class Size:
     matrix_limit: int
     shape: tuple[int, int]
     blocks: tuple[int, int]
+    #: Scenario 4: memory limit per worker, data per first worker (a multiple of the
+    #: limit: beyond the spill target), chunk size and passes over the data.
+    scale_limit: int
+    scale_data: float
+    scale_chunk: int
+    passes: int
     #: Seconds between two memory samples.
     period: float
 
@@ -120,6 +136,10 @@ FULL = Size(
     matrix_limit=1 * GiB,
     shape=(2048, 131072),
     blocks=(256, 16384),
+    scale_limit=1 * GiB,
+    scale_data=1.0,
+    scale_chunk=16 * MiB,
+    passes=4,
     period=0.25,
 )
 QUICK = Size(
@@ -131,6 +151,10 @@ QUICK = Size(
     matrix_limit=1 * GiB,
     shape=(2048, 32768),
     blocks=(256, 4096),
+    scale_limit=512 * MiB,
+    scale_data=1.0,
+    scale_chunk=8 * MiB,
+    passes=2,
     period=0.2,
 )
 
@@ -145,6 +169,21 @@ def make_chunk(i: int, nbytes: int) -> np.ndarray:
 def checksum(x: np.ndarray) -> float:
     time.sleep(0.05)  # a reader that takes a moment, so that waves overlap the AMM
     return float(x.sum())
+
+
+def total(x: np.ndarray) -> float:
+    return float(x.sum())
+
+
+def disk_metrics(dask_worker: Any) -> dict[str, float]:
+    """The worker's cumulative spill metrics (``disk-read``/``disk-write`` bytes and
+    counts), as its SpillBuffer records them whatever caused the read or write."""
+    metrics = getattr(dask_worker.data, "cumulative_metrics", {})
+    return {
+        f"{label}-{unit}": float(value)
+        for (label, unit), value in metrics.items()
+        if label in ("disk-read", "disk-write") and unit in ("bytes", "count")
+    }
 
 
 # --- measuring ----------------------------------------------------------------------
@@ -177,6 +216,24 @@ class Sampler:
     def start(self) -> None:
         self._t0 = time.monotonic()
         self._task = asyncio.ensure_future(self._run())
+
+    def now(self) -> float:
+        """Seconds since the sampling started (the time axis of the samples)."""
+        return round(time.monotonic() - self._t0, 2)
+
+    def balance(self, since: float, workers: int) -> list[tuple[float, float]]:
+        """(time, max/mean) of the data per worker (in memory and on disk) in the samples
+        from ``since`` on that count ``workers`` workers (the scheduler knows a joining
+        worker a moment after it is asked for)."""
+        out = []
+        for t, row in self.samples:
+            if t < since or len(row) < workers:
+                continue
+            data = [m + d for m, d, _ in row.values()]
+            mean = sum(data) / len(data)
+            if mean:
+                out.append((round(t, 2), round(max(data) / mean, 3)))
+        return out
 
     async def stop(self) -> None:
         self.sample()
@@ -286,7 +343,9 @@ def amm_config(
 
 
 @asynccontextmanager
-async def local_cluster(size: Size, limit: int, config: dict[str, Any]) -> AsyncIterator[Any]:
+async def local_cluster(
+    size: Size, limit: int, config: dict[str, Any], n_workers: int | None = None
+) -> AsyncIterator[Any]:
     base = {
         f"{AMM}.interval": "2s",
         # client.rebalance() measures what the rebalance rules measure.
@@ -295,7 +354,7 @@ async def local_cluster(size: Size, limit: int, config: dict[str, Any]) -> Async
     }
     with dask.config.set({**base, **config}):
         cluster = LocalCluster(
-            n_workers=size.workers,
+            n_workers=n_workers or size.workers,
             threads_per_worker=1,
             processes=True,
             memory_limit=limit,
@@ -303,7 +362,7 @@ async def local_cluster(size: Size, limit: int, config: dict[str, Any]) -> Async
             dashboard_address=None,
         )
         async with cluster, Client(cluster, asynchronous=True) as client:
-            yield client, cluster.scheduler
+            yield client, cluster.scheduler, cluster
 
 
 async def place_on_first_worker(client: Client, scheduler: Any, size: Size) -> list[Any]:
@@ -338,7 +397,7 @@ async def converge(client: Client, scheduler: Any, timeout: float) -> dict[str, 
 
 async def at_rest(size: Size, mode: str) -> dict[str, Any]:
     config = amm_config("amm-rules+rebalance", start=False) if mode == "amm-rules" else {}
-    async with local_cluster(size, size.limit, config or amm_config(mode)) as (client, s):
+    async with local_cluster(size, size.limit, config or amm_config(mode)) as (client, s, _):
         futures = await place_on_first_worker(client, s, size)
         keys = [f.key for f in futures]
         await asyncio.sleep(1.0)  # let heartbeats report
@@ -383,7 +442,7 @@ async def at_rest(size: Size, mode: str) -> dict[str, Any]:
 async def computing(size: Size, mode: str) -> dict[str, Any]:
     config = amm_config("amm-rules+rebalance") if mode == "amm-rules" else amm_config("none")
     expected = [float(make_chunk(i, size.chunk).sum()) for i in range(size.chunks)]
-    async with local_cluster(size, size.limit, config) as (client, s):
+    async with local_cluster(size, size.limit, config) as (client, s, _):
         counter = TransitionCounter()
         s.add_plugin(counter, name="benchmark-transitions")
         futures = await place_on_first_worker(client, s, size)
@@ -456,7 +515,7 @@ async def _legacy_once(client: Client) -> dict[str, Any]:
 
 async def all_to_all(size: Size, mode: str) -> dict[str, Any]:
     config = amm_config(mode, rebalance=REBALANCE_COMPUTING)
-    async with local_cluster(size, size.matrix_limit, config) as (client, s):
+    async with local_cluster(size, size.matrix_limit, config) as (client, s, _):
         rng = da.random.default_rng(42)
         x = rng.random(size.shape, chunks=size.blocks)
         x = client.persist(x)
@@ -489,6 +548,86 @@ async def all_to_all(size: Size, mode: str) -> dict[str, Any]:
             out["amm_moves"] = policy.rebalancer.totals["moves"]
             out["amm_bytes_copied"] = policy.rebalancer.totals["bytes"]
         return out
+
+
+async def scale_up(size: Size, mode: str) -> dict[str, Any]:
+    """Scenario 4: two workers hold data beyond their spill target; two empty workers
+    join; passes over the data start at once (see the module docstring)."""
+    if mode == "amm-rules":
+        config = amm_config("amm-rules+rebalance", rebalance=REBALANCE_SCALE_UP)
+    else:
+        config = amm_config("stock")
+    chunks = 2 * int(size.scale_data * size.scale_limit) // size.scale_chunk
+    async with local_cluster(size, size.scale_limit, config, n_workers=2) as (client, s, cluster):
+        first = sorted(s.workers, key=lambda a: str(s.workers[a].name))
+        keys = [f"data-{i}" for i in range(chunks)]
+        futures = [
+            client.submit(make_chunk, i, size.scale_chunk, key=k, workers=[first[i % 2]])
+            for i, k in enumerate(keys)
+        ]
+        await wait(futures)
+        await asyncio.sleep(2.0)  # heartbeats report memory and spilled bytes
+        out: dict[str, Any] = {
+            "chunks": chunks,
+            "data_bytes": chunks * size.scale_chunk,
+            "spilled_before_join": sum(ws.memory.spilled for ws in s.workers.values()),
+        }
+        sampler = Sampler(s, size.period)
+        sampler.start()
+        await asyncio.sleep(1.0)
+        before = await client.run(disk_metrics)
+        joined = sampler.now()
+        cluster.scale(size.workers)
+        await client.wait_for_workers(size.workers)
+        t0 = time.monotonic()
+        passes = []
+        for p in range(size.passes):
+            start = time.monotonic()
+            parts = client.map(total, futures, key=[f"total-{p}-{i}" for i in range(chunks)])
+            got = await client.gather(parts)
+            del parts
+            passes.append(
+                {
+                    "seconds": round(time.monotonic() - start, 2),
+                    "sum": sum(got),
+                    "t": sampler.now(),
+                }
+            )
+        wall = time.monotonic() - t0
+        after = await client.run(disk_metrics)
+        await sampler.stop()
+        out.update(_disk_delta(before, after))
+        balance = sampler.balance(joined, size.workers)
+        during = [r for t, r in balance if t <= passes[-1]["t"]]
+        policy = rules_policy(s)
+        out.update(
+            wall_seconds=round(wall, 2),
+            pass_seconds=[p["seconds"] for p in passes],
+            same_sums=len({round(p["sum"], 6) for p in passes}) == 1,
+            balance_at_join=balance[0][1] if balance else None,
+            balance_mean=round(statistics.fmean(during), 3) if during else None,
+            balance_max=max(during, default=None),
+            balance_end=during[-1] if during else None,
+            balance_series=balance,
+            events={"join": joined, "passes_end": [p["t"] for p in passes]},
+            series=sampler.series(),
+        )
+        if policy is not None:
+            out["amm_moves"] = policy.rebalancer.totals["moves"]
+            out["amm_bytes_copied"] = policy.rebalancer.totals["bytes"]
+        return out
+
+
+def _disk_delta(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]):
+    """Bytes and counts read and written by every worker between two snapshots (workers
+    that joined in between start from 0), in total and per worker."""
+    per_worker = {
+        w: {k: v - before.get(w, {}).get(k, 0.0) for k, v in metrics.items()}
+        for w, metrics in after.items()
+    }
+    names = ("disk-read-bytes", "disk-write-bytes", "disk-read-count", "disk-write-count")
+    totals = {n.replace("-", "_"): sum(m.get(n, 0.0) for m in per_worker.values()) for n in names}
+    return {**{k: int(v) for k, v in totals.items()}, "disk_per_worker": per_worker}
 
 
 # --- reporting ------------------------------------------------------------------------
@@ -608,6 +747,37 @@ def report(results: dict[str, dict[str, dict[str, Any]]]) -> str:
             ],
         )
     )
+    r4 = results.get("scale_up", {})
+    out.append(
+        table(
+            "4. Two workers join a spilling cluster; passes over the data",
+            [
+                "mode",
+                "disk read MiB",
+                "disk written MiB",
+                "wall s",
+                "s per pass",
+                "max/mean at join",
+                "mean",
+                "end",
+                "moved MiB",
+            ],
+            [
+                [
+                    m,
+                    _mib(r["disk_read_bytes"]),
+                    _mib(r["disk_write_bytes"]),
+                    r["wall_seconds"],
+                    " ".join(str(p) for p in r["pass_seconds"]),
+                    r["balance_at_join"],
+                    r["balance_mean"],
+                    r["balance_end"],
+                    _mib(r.get("amm_bytes_copied")),
+                ]
+                for m, r in r4.items()
+            ],
+        )
+    )
     return "\n\n".join(t for t in out if t)
 
 
@@ -617,7 +787,12 @@ def plot(results: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    titles = {"at_rest": "at rest", "computing": "computing", "all_to_all": "all-to-all"}
+    titles = {
+        "at_rest": "at rest",
+        "computing": "computing",
+        "all_to_all": "all-to-all",
+        "scale_up": "2 workers join",
+    }
     ncols = max(len(v) for v in results.values())
     fig, axes = plt.subplots(
         len(results), ncols, figsize=(3.3 * ncols, 2.5 * len(results)), squeeze=False
@@ -632,13 +807,18 @@ def plot(results: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
             series = r["series"]
             # The all-to-all runs are capped by spilling: there, managed + spilled shows
             # the copies each worker holds; elsewhere nothing spills.
-            with_spilled = scenario == "all_to_all"
+            with_spilled = scenario in ("all_to_all", "scale_up")
             for name, values in series["managed_mib"].items():
                 if with_spilled:
                     values = [
                         m + d for m, d in zip(values, series["spilled_mib"][name], strict=True)
                     ]
                 ax.plot(series["t"], values, linewidth=1, label=f"worker {name}")
+            events = r.get("events") or {}
+            if "join" in events:  # the join and the end of each pass
+                ax.axvline(events["join"], color="black", linewidth=0.8)
+                for t in events.get("passes_end", ()):
+                    ax.axvline(t, color="grey", linewidth=0.6, linestyle=":")
             ax.set_title(f"{titles[scenario]}: {mode}", fontsize=9)
             ax.tick_params(labelsize=7)
             ax.set_xlabel("s", fontsize=7)
@@ -673,7 +853,9 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for name, value in runs[0].items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[name] = statistics.median(r[name] for r in runs)
-    out["repeats"] = [{k: v for k, v in r.items() if k != "series"} for r in runs]
+    out["repeats"] = [
+        {k: v for k, v in r.items() if k not in ("series", "balance_series")} for r in runs
+    ]
     return out
 
 
@@ -698,6 +880,16 @@ async def main(quick: bool, repeats: int, only: str | None = None) -> None:
                 runs[mode].append(await all_to_all(size, mode))
         for mode in modes:
             results["all_to_all"][mode] = median_run(runs[mode])
+    if "scale_up" in results:
+        modes = ("stock", "amm-rules")
+        runs = {m: [] for m in modes}
+        scale_repeats = min(repeats, 3)  # each run is a few minutes
+        for n in range(scale_repeats):
+            for mode in modes:
+                print(f"scale-up: {mode} ({n + 1}/{scale_repeats})", flush=True)
+                runs[mode].append(await scale_up(size, mode))
+        for mode in modes:
+            results["scale_up"][mode] = median_run(runs[mode])
 
     print()
     print(report(results))
@@ -712,6 +904,7 @@ async def main(quick: bool, repeats: int, only: str | None = None) -> None:
         "size": size.__dict__,
         "rebalance_rules": REBALANCE,
         "rebalance_rules_all_to_all": REBALANCE_COMPUTING,
+        "rebalance_rules_scale_up": REBALANCE_SCALE_UP,
         "target_ratio": TARGET_RATIO,
         "results": results,
     }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 
@@ -19,6 +18,8 @@ def closest(name: str, choices: Iterable[str], *, ignore_case: bool = False) -> 
         for option in options:
             if option.casefold() == folded and option != name:
                 return option
+    import difflib  # only when a name is misspelt: validating a clean file never needs it
+
     close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
     return close[0] if close else None
 

@@ -242,10 +242,11 @@ def _syntax_problem(exc: UnexpectedInput, text: str) -> Problem:
     )
 
 
-#: An attribute of at least three parts written just before a character: ``task.annotations.x``.
-_ATTRIBUTE_BEFORE = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*){2,})$")
+#: An attribute of at least three parts written just before a character: ``task.annotations.x``
+#: (compiled on first use, by ``re``'s cache: only an error needs it).
+_ATTRIBUTE_BEFORE = r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*){2,})$"
 #: The rest of a name with ``-`` in it: ``-tier``, ``-v2-x``.
-_DASHED_REST = re.compile(r"(?:-[\w]+)+")
+_DASHED_REST = r"(?:-[\w]+)+"
 
 
 def _bracket_hint(text: str, pos: int) -> str | None:
@@ -253,8 +254,8 @@ def _bracket_hint(text: str, pos: int) -> str | None:
     ``task.annotations["cache-tier"]``; say so with the attribute rewritten."""
     if text[pos : pos + 1] != "-":
         return None
-    before = _ATTRIBUTE_BEFORE.search(text, 0, pos)
-    rest = _DASHED_REST.match(text, pos)
+    before = re.search(_ATTRIBUTE_BEFORE, text[:pos])
+    rest = re.compile(_DASHED_REST).match(text, pos)
     if before is None or rest is None:
         return None
     *parent, last = before.group(1).split(".")
