@@ -123,10 +123,12 @@ async def test_invalid_replicate_annotation_is_an_event_never_an_exception(c, s,
         timeout=10,
     )
     invalid = sorted((e["name"], e["error"]) for e in events(s, "invalid-annotation"))
-    assert invalid == [
-        ("replicate", "replicate: expected a whole number of copies, got 'many'"),
-        ("replicate", "replicate: must be at least 1 (the AMM never drops the last copy), got 0"),
-    ]
+    assert [name for name, _ in invalid] == ["replicate", "replicate"]
+    assert invalid[0][1].startswith("replicate: expected a whole number of copies")
+    assert invalid[0][1].endswith("got 'many'")
+    assert invalid[1][1] == (
+        "replicate: must be at least 1 (the AMM never drops the last copy), got 0"
+    )
     explained = s.handlers["amm_rules_explain"](keys=["inc-21", "inc-23"])
     assert explained["inc-21"]["annotations_ignored"] == ["replicate"]
     assert explained["inc-23"]["annotations_ignored"] == ["replicate"]
