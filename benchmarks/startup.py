@@ -158,7 +158,8 @@ def make_setup(name: str, tmp: Path) -> Setup:
 
 
 def check_setup(setup: Setup) -> str:
-    """Where the set-up's interpreter imports amm_rules from (a sanity check)."""
+    """Where the set-up's interpreter imports amm_rules from (a sanity check): ``this
+    checkout`` or ``site-packages`` (the results name no path of the machine)."""
     out = subprocess.run(
         [setup.python, "-c", "import amm_rules; print(amm_rules.__file__)"],
         env=setup.env,
@@ -167,7 +168,13 @@ def check_setup(setup: Setup) -> str:
         capture_output=True,
         text=True,
     )
-    return out.stdout.strip()
+    return where_label(Path(out.stdout.strip()))
+
+
+def where_label(path: Path) -> str:
+    if path.is_relative_to(ROOT):
+        return "this checkout"
+    return "site-packages" if "site-packages" in path.parts else "elsewhere"
 
 
 # -- measuring ----------------------------------------------------------------------------
