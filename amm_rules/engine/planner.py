@@ -150,6 +150,9 @@ def plan_key(key: KeyView, cluster: ClusterView, settings: PlanSettings) -> KeyP
     4. Add copies on eligible running workers until ``lo`` is counted (landed good
        plus in flight), then, with ``spread: host``, until the copies cover as many
        hosts as they can. No eligible worker: the target is unmet, nothing is asked.
+       Under spread, a copy whose only new host is a worker another policy is dropping
+       the key from in this cycle waits a cycle for it, rather than going to a shared
+       host now and being moved next cycle.
     5. Drop misplaced copies once the good copies alone hold the target (a move:
        copy first, drop after the copy landed), or when they exceed ``hi``.
     6. Trim good copies above ``hi``: duplicated hosts first (spread), then paused,
@@ -307,6 +310,12 @@ def _add_copies(
                 reason = "spread: host"
                 source = source_label(d, "spread")
         if choice is None and short > 0:
+            if (
+                spread
+                and key.pending_drop
+                and _wait_for_dropped_host(plan, key, cluster, hosts, backoff, short)
+            ):
+                break
             choice = cluster.least_loaded(d.pool, d.avoid, exclude)
         if choice is None:
             break
@@ -316,6 +325,41 @@ def _add_copies(
         counted.add(choice)
         exclude.add(choice)
         hosts.add(cluster.host(choice))
+
+
+def _wait_for_dropped_host(
+    plan: KeyPlan,
+    key: KeyView,
+    cluster: ClusterView,
+    hosts: set[str],
+    backoff: dict[str, float],
+    short: int,
+) -> bool:
+    """Case 4, ``spread: host``, no recipient on a new host: True (and the wait noted
+    in :attr:`KeyPlan.deferred`) if each missing copy can go to a new host next cycle,
+    because another policy is dropping, in this cycle, the copy of a worker that would
+    otherwise take one there.
+
+    A second copy on a host that holds one now would be moved off it as soon as that
+    worker is free, a cycle later: three transfers instead of one, and a drop from the
+    worker just copied to. The drop is known to be over by the next cycle (the
+    scheduler forgets a dropped copy as soon as the AMM asks for the drop), unlike a
+    worker paused or backing off, for which the copy is made on a shared host at once.
+    """
+    recipients = cluster.recipients(key.desired.pool, key.desired.avoid)
+    waiting: dict[str, str] = {}
+    for addr in sorted(key.pending_drop):
+        host = cluster.host(addr) if addr in cluster.workers else None
+        if host is not None and host not in hosts and addr in recipients and addr not in backoff:
+            waiting.setdefault(host, addr)
+    if not waiting or short > len(waiting):
+        return False
+    for addr in sorted(waiting.values()):
+        plan.deferred.append(
+            f"copy waits a cycle for {addr}: another policy is dropping its copy there, "
+            "on a host without another copy (spread: host)"
+        )
+    return True
 
 
 def _drop(

@@ -442,3 +442,66 @@ def test_spread_trim_does_not_thin_out_a_host_spread_needs() -> None:
     # Once a dependent finishes, the shared host is thinned out.
     (plan,) = plan_all(workers, [replace(view, busy=frozenset({"a1"}))], True)[1]
     assert plan.drops == ["a2"]
+
+
+def spread_pair() -> Desired:
+    return Desired(
+        replicate=Target.exact(2),
+        spread="host",
+        reasons={"replicate": Reason("rule", "r"), "spread": Reason("rule", "r")},
+    )
+
+
+def test_spread_waits_for_a_host_another_policy_is_dropping_from() -> None:
+    """Another policy drops the only copy on h1 in this cycle; the only other worker is
+    on h0, next to the remaining copy. A copy there would be moved to h1 a cycle later,
+    and dropped from the worker it was sent to: the planner waits one cycle and copies
+    to h1 once the drop is done."""
+    workers = [WorkerView("w0", "h0"), WorkerView("w1", "h0"), WorkerView("w2", "h1")]
+    view = KeyView(
+        "k",
+        spread_pair(),
+        holders=frozenset({"w0", "w2"}),
+        pending_drop=frozenset({"w2"}),
+        nbytes=100,
+    )
+    (plan,) = plan_all(workers, [view], True)[1]
+    assert plan.actions == []
+    assert plan.unmet is not None
+    assert any("waits a cycle for w2" in d for d in plan.deferred), plan.deferred
+    # Next cycle the drop is done: the copy goes back to h1, then nothing moves.
+    history = []
+    view = apply(view, plan, NOW)
+    assert view.holders == {"w0"}
+    for _ in range(4):
+        (plan,) = plan_all(workers, [view], True)[1]
+        if not plan.actions:
+            break
+        history.append([(a.op, a.worker) for a in plan.actions])
+        workers = land(workers, [view], [plan])
+        view = apply(view, plan, NOW)
+    assert history == [[("replicate", "w2")]]
+    assert view.holders == {"w0", "w2"} and plan.unmet is None
+
+
+def test_spread_still_copies_to_a_shared_host_when_it_must() -> None:
+    """The wait covers only the copies the dropped worker's host can take: with three
+    copies wanted and two hosts, the second copy on h0 goes now."""
+    workers = [
+        WorkerView("w0", "h0"),
+        WorkerView("w1", "h0"),
+        WorkerView("w3", "h0", memory=50),
+        WorkerView("w2", "h1"),
+    ]
+    d = replace(spread_pair(), replicate=Target.exact(3))
+    view = KeyView("k", d, holders=frozenset({"w0", "w2"}), pending_drop=frozenset({"w2"}))
+    (plan,) = plan_all(workers, [view], True)[1]
+    assert plan.replicas == ["w1"]
+    assert any("waits a cycle for w2" in d for d in plan.deferred), plan.deferred
+    # A worker on h1 that is paused (not a drop in progress) gets no wait: the copy is
+    # made on the shared host at once.
+    workers[3] = replace(workers[3], status="paused")
+    view = replace(view, pending_drop=frozenset())
+    view = replace(view, holders=frozenset({"w0"}))
+    (plan,) = plan_all(workers, [view], True)[1]
+    assert sorted(plan.replicas) == ["w1", "w3"] and not plan.deferred
