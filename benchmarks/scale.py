@@ -9,6 +9,11 @@ side by side, on each size:
   holds the state, then its first cycle, and the cycles until every key in memory is
   classified (the policy's classification budget spreads them over several cycles);
 - ``steady``: a RulesPolicy cycle when every target is met (nothing to do);
+- ``governed``: time to govern every key when all of them enter memory at once (the
+  transition hook sees each arrive), in cycles of the default classification budget
+  and in seconds, for the 20-rule file (whose matches read sizes and key names) and for
+  ``benchmarks/rules/scale-groups.yaml`` (the same rules reading only group-level
+  attributes: prefix, group, type);
 - ``changed``: the first cycle after 1% of the keys changed (0.5% new keys computed
   through the scheduler's transitions, 0.5% of keys lost a copy);
 - ``reduce-only``: RulesPolicy with a rules file without rules (only
@@ -71,6 +76,9 @@ from tests.support import scheduler_state
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "benchmarks" / "rules" / "scale.yaml"
+#: The same rules with the per-key operands (size, key globs) replaced by group-level
+#: ones (prefix, group, type): what a rules file reading only those costs.
+GROUP_RULES = ROOT / "benchmarks" / "rules" / "scale-groups.yaml"
 RESULTS = ROOT / "benchmarks" / "results" / "scale.json"
 #: Only ``reduce-replicas`` (on by default): what the stock policy does, by amm-rules.
 NO_RULES: dict[str, Any] = {"version": 1}
@@ -268,6 +276,66 @@ def measure_attach(
         "drops": drops,
     }
     return policy, manager, out
+
+
+def measure_governed(
+    state: scheduler_state.BenchState, manager: ActiveMemoryManagerExtension, policy: RulesPolicy
+) -> dict[str, Any]:
+    """Time to govern every key in memory entering memory at once: each key is taken
+    out of the settled policy's index and handed to its transition hook as it enters
+    memory (``processing -> memory``), exactly what the hook sees when a computation
+    of that many chunks finishes; then cycles run, at the policy's default budget,
+    until every key is classified and filed. Reports the cycles, their total time and
+    the slowest, and the time per key."""
+    index = policy.index
+    keys = [k for k, ts in state.scheduler.tasks.items() if ts.state == "memory"]
+    for key in keys:
+        index.forget(key)
+    for key in keys:
+        index.transition(key, "processing", "memory")
+    gc.collect()
+    times = []
+    cpu = time.thread_time()
+    with GcWatch() as watch:
+        while index.dirty:
+            state.transfers.clear()
+            times.append(timed(manager.run_once))
+    cpu = time.thread_time() - cpu
+    copies, drops = state.transfers.copies, state.transfers.drops
+    state.transfers.clear()
+    n = len(keys)
+    return {
+        "keys": n,
+        "governed_keys": governed(policy),
+        "cycles": len(times),
+        "total_s": sum(times),
+        "max_cycle_s": max(times, default=0.0),
+        "us_per_key": sum(times) / n * 1e6,
+        # The processor time of this thread: what the cycles cost when the machine is
+        # shared and the process waits for a core (the budget is wall-clock time).
+        "cpu_s": cpu,
+        "cpu_us_per_key": cpu / n * 1e6,
+        "samples_s": times,
+        "copies": copies,
+        "drops": drops,
+        **watch.report(),
+    }
+
+
+def measure_governed_groups(
+    state: scheduler_state.BenchState, main: RulesPolicy
+) -> dict[str, Any]:
+    """:func:`measure_governed` for the group-level rules file, on a policy of its own
+    (the main policy is detached meanwhile, then attached again)."""
+    scheduler = state.scheduler
+    detach(scheduler, main)
+    policy = RulesPolicy(rules=GROUP_RULES, audit_interval=AUDIT_NEVER_HERE)
+    manager = new_manager(scheduler, policy)
+    settle(state, manager, limit=200)
+    out = measure_governed(state, manager, policy)
+    detach(scheduler, policy)
+    reattach(scheduler, main)
+    return out
 
 
 def measure_audit(
@@ -559,6 +627,10 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
         out["observe"] = measure_observe(state, manager, policy, n_cycles)
         log("  dashboard page")
         out["page"] = measure_page(state, manager, n_cycles)
+        log("  time to govern every key entering memory at once: per-key rules")
+        out["governed_per_key"] = measure_governed(state, manager, policy)
+        log("  time to govern every key entering memory at once: group-level rules")
+        out["governed_groups"] = measure_governed_groups(state, policy)
         if args.profile:
             out["profile"] = profile_cycle(manager)
         log("  reduce-replicas only and stock ReduceReplicas, interleaved")
@@ -749,6 +821,8 @@ def table(results: list[dict[str, Any]], t: dict[str, Any] | None) -> str:
             ("RulesPolicy first cycle", r["attach"]["first_cycle_s"], None, asked(r["attach"])),
             ("RulesPolicy classifying, all cycles", r["attach"]["classify_total_s"], r["attach"]["classify_max_cycle_s"], f"{r['attach']['classified_after_cycles']} cycles"),
             ("RulesPolicy steady", r["steady"]["median_s"], r["steady"]["p95_s"], asked(r["steady"])),
+            ("all keys enter memory: group-level", r["governed_groups"]["total_s"], r["governed_groups"]["max_cycle_s"], per_key(r["governed_groups"])),
+            ("all keys enter memory: per-key", r["governed_per_key"]["total_s"], r["governed_per_key"]["max_cycle_s"], per_key(r["governed_per_key"])),
             ("RulesPolicy audit sweep, per cycle", r["audit"]["median_s"], r["audit"]["p95_s"], found(r["audit"])),
             ("status report", r["observe"]["status"]["median_s"], r["observe"]["status"]["p95_s"], f"{r['observe']['status_json_bytes']:,} B json"),
             ("Prometheus scrape (amm-rules)", r["observe"]["scrape"]["median_s"], r["observe"]["scrape"]["p95_s"], f"{r['observe']['scrape_bytes']:,} B"),
@@ -789,6 +863,11 @@ def found(m: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in repaired.items()) or f"{m['n']} cycles, ok"
 
 
+def per_key(m: dict[str, Any]) -> str:
+    """Cycles until every key was governed, and the time per key."""
+    return f"{m['cycles']} cyc, {m['us_per_key']:.2f} us/k ({m['cpu_us_per_key']:.2f} cpu)"
+
+
 def asked(m: dict[str, Any]) -> str:
     copies, drops = m.get("copies", 0), m.get("drops", 0)
     return f"+{copies:,.0f} -{drops:,.0f}"
@@ -809,6 +888,13 @@ def targets(results: list[dict[str, Any]], transitions: dict[str, Any] | None) -
     for r in results:
         size = f"{r['keys'] // 1000}k_{r['workers']}w"
         out[f"reduce_only_over_stock_paired_{size}"] = r["reduce_only"]["paired_ratio_median"]
+    for r in results:
+        size = f"{r['keys'] // 1000}k_{r['workers']}w"
+        groups, per = r["governed_groups"], r["governed_per_key"]
+        out[f"governed_groups_{size}_us_per_key_le_0.5"] = groups["us_per_key"] <= 0.5
+        out[f"governed_per_key_{size}_us_per_key_le_3"] = per["us_per_key"] <= 3.0
+        if r["keys"] >= 1_000_000:
+            out[f"governed_groups_{size}_within_5_cycles"] = groups["cycles"] <= 5
     for workers in (100, 1_000):
         small, large = by_size.get((100_000, workers)), by_size.get((1_000_000, workers))
         if small and large:

@@ -137,5 +137,7 @@ class Auditor:
                 # Unknown to reduce-replicas' walk, or filed there though a rule
                 # governs it: classified again in this cycle.
                 free.pop(key, None)
-                dirty.add(key)
+                dirty[key] = None
+                # Routed once classified: to reduce-replicas' walk if no rule governs it.
+                index.touched.add(key)
                 self._found["replicated_unknown"] += 1

@@ -20,6 +20,16 @@ It gives exactly the answer of :meth:`Ruleset.resolve <amm_rules.language.rulese
   ``amm={"replicate": ...}``) is parsed once per distinct value; an invalid one is
   ignored for its keys and reported once per distinct value.
 
+Keys arrive in memory by the thousand, and the keys of one task group nearly always
+share their class: :meth:`Classifier.classify` (the cycle's path) remembers, per task
+group, the class its last key had (the group fixes prefix and group name; the type and
+the annotations are compared per key, because they are per task). A key whose type and
+annotations are those of its group's last key gets the group's cascade at the cost of
+a few attribute reads; any other key (another type, other annotations, a runtime
+target) takes the path above, which then becomes its group's last class. What is left
+per key is the cascade's per-key matches, if any, walked as a decision tree of their
+outcomes.
+
 Its neighbours: :mod:`amm_rules.engine.index` calls it for keys that entered memory;
 :mod:`amm_rules.engine.handlers` for ``explain``. It reads tasks through
 :class:`~amm_rules.engine.adapters.TaskFactsAdapter` and :func:`~amm_rules.engine.adapters.class_reader`, and
@@ -29,7 +39,7 @@ does not import ``distributed``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -65,56 +75,84 @@ _ALL_FIELDS = len(ACTION_FIELDS)
 _Step = tuple[Rule, tuple[str, ...], Predicate | None]
 
 
+class _Node:
+    """A per-key match of a class's cascade, and what each of its outcomes leads to:
+    the next match to evaluate or the answer (built on first use)."""
+
+    __slots__ = ("match", "path", "yes", "no")
+
+    def __init__(self, match: Predicate, path: tuple[bool, ...]):
+        self.match = match
+        #: Outcomes of the per-key matches evaluated before this one.
+        self.path = path
+        self.yes: _Node | Desired | None = None
+        self.no: _Node | Desired | None = None
+
+
+_Branch = _Node | Desired
+
+
 class _ClassCascade:
     """The cascade for one class of keys (class attributes, annotation, runtime target),
     with the rules that read only class attributes already evaluated.
 
     ``base`` holds the fields decided before the first rule that reads the key itself;
     ``steps`` the rules after it that may still decide a field for some key. Without a
-    per-key step, :attr:`desired` is the answer for every key of the class.
+    per-key step, :attr:`desired` is the answer for every key of the class. With some,
+    the outcomes of the per-key matches that :meth:`Ruleset.resolve
+    <amm_rules.language.ruleset.Ruleset.resolve>` would evaluate decide the answer:
+    they are walked as a decision tree, each node built when a key first reaches it.
     """
 
-    __slots__ = ("base", "reasons", "steps", "desired", "_by_outcome")
+    __slots__ = ("base", "reasons", "steps", "desired", "_root", "_nodes")
 
     def __init__(self, base: dict[str, Any], reasons: dict[str, Reason], steps: list[_Step]):
         self.base = base
         self.reasons = reasons
         self.steps = tuple(steps)
-        #: Outcomes of the per-key matches evaluated, in order -> the Desired they give.
-        self._by_outcome: dict[tuple[bool, ...], Desired] = {}
-        self.desired: Desired | None = (
-            None if any(match is not None for _, _, match in steps) else self._build(())
-        )
+        self._nodes = 0
+        self._root: _Branch = self._branch(())
+        self.desired: Desired | None = self._root if isinstance(self._root, Desired) else None
 
     def resolve(self, facts: Any) -> Desired:
         """The Desired of one key of the class (``facts`` adapts that key)."""
-        if self.desired is not None:
-            return self.desired
-        # Walk the remaining steps as Ruleset.resolve would, recording only the
-        # outcomes of per-key matches: they determine the path, hence the answer.
+        node = self._root
+        while type(node) is _Node:
+            if node.match(facts):
+                child = node.yes
+                if child is None:
+                    child = node.yes = self._branch((*node.path, True))
+            else:
+                child = node.no
+                if child is None:
+                    child = node.no = self._branch((*node.path, False))
+            node = child
+        return node  # type: ignore[return-value]
+
+    def _branch(self, path: tuple[bool, ...]) -> _Branch:
+        """What follows the per-key outcomes ``path``: the next per-key match that
+        ``Ruleset.resolve`` would evaluate, or the answer when there is none."""
+        if self._nodes >= MEMO_LIMIT:
+            # Keys of one class taking ever new paths: forget the tree, start again.
+            self._nodes = 0
+            self._root = self._branch(())
         decided = set(self.base)
-        outcomes: list[bool] = []
+        outcomes = iter(path)
         for _rule, fields, match in self.steps:
             if len(decided) == _ALL_FIELDS:
                 break
             if decided.issuperset(fields):
                 continue
             if match is not None:
-                hit = match(facts)
-                outcomes.append(hit)
+                try:
+                    hit = next(outcomes)
+                except StopIteration:
+                    self._nodes += 1
+                    return _Node(match, path)
                 if not hit:
                     continue
             decided.update(fields)
-        path = tuple(outcomes)
-        try:
-            return self._by_outcome[path]
-        except KeyError:
-            pass
-        desired = self._build(path)
-        if len(self._by_outcome) >= MEMO_LIMIT:
-            self._by_outcome.clear()
-        self._by_outcome[path] = desired
-        return desired
+        return self._build(path)
 
     def _build(self, path: tuple[bool, ...]) -> Desired:
         """Replay the steps with the given per-key outcomes, keeping values and reasons."""
@@ -133,6 +171,22 @@ class _ClassCascade:
         if not values:
             return UNGOVERNED
         return Desired(reasons=reasons, **values)
+
+
+class _GroupClass:
+    """The class of the last key classified of a task group (see :meth:`Classifier.classify`)."""
+
+    __slots__ = ("type", "annotations", "cascade")
+
+    def __init__(self, type_: Any, annotations: Any, cascade: _ClassCascade):
+        self.type = type_
+        #: The key's annotations, None if it had none.
+        self.annotations = annotations
+        self.cascade = cascade
+
+
+#: Governed keys of one classification that share a ``Desired``: (it, keys, tasks).
+Batch = tuple[Desired, list[Hashable], list[Any]]
 
 
 class Classifier:
@@ -163,6 +217,9 @@ class Classifier:
         self._class_of = class_reader(ruleset.depends & CLASS_ATTRIBUTES)
         #: (class, annotation, runtime target) -> its cascade.
         self._cascades: dict[Hashable, _ClassCascade] = {}
+        #: Task group -> the class of its last key classified (see classify). Holding
+        #: the group keeps its identity unique while remembered.
+        self._groups: dict[Any, _GroupClass] = {}
 
     @property
     def replicas_sensitive(self) -> bool:
@@ -190,6 +247,111 @@ class Classifier:
                 self._cascades.clear()
             self._cascades[memo_key] = cascade
         return cascade.resolve(facts)
+
+    def classify(
+        self,
+        keys: Sequence[Hashable],
+        known: Sequence[Any],
+        tasks: Mapping[Hashable, Any],
+        runtime: Mapping[Hashable, Target],
+        indexed: Mapping[Hashable, Any],
+    ) -> tuple[list[Batch], list[Hashable]]:
+        """Resolve many keys, as :meth:`resolve` each, at a cost per key of a few
+        attribute reads when its task group's last key had the same class.
+
+        ``known`` holds the ``TaskState`` of each key, or None where it is not known:
+        then it is looked up in ``tasks`` (the scheduler's ``tasks``; keys not there are
+        skipped). ``runtime`` holds the runtime targets, ``indexed`` the
+        keys governed so far. Returns ``(batches, dropped)``: the governed keys in
+        memory as :data:`Batch` tuples, one per distinct ``Desired``, and the keys of
+        ``indexed`` that are no longer governed.
+
+        A task's group must be hashable by identity and fix its prefix, as the
+        scheduler's ``TaskGroup`` does (``TaskState.prefix`` is ``group.prefix``).
+        """
+        batches: dict[int, Batch] = {}
+        dropped: list[Hashable] = []
+        get = tasks.get
+        groups = self._groups
+        any_runtime = bool(runtime)
+        # One test in C for the lot: usually none of them is indexed.
+        any_indexed = bool(indexed) and not indexed.keys().isdisjoint(keys)
+        # Keys arrive a group at a time: the batch of the previous key is usually this
+        # key's too, and is appended to without a lookup.
+        previous: Desired | None = None
+        add_key = add_task = dropped.append  # rebound before any use
+        for key, ts in zip(keys, known, strict=True):
+            if ts is None:
+                ts = get(key)
+                if ts is None:
+                    continue
+            # Case 1: the key has its group's last class: the group's cascade.
+            known = groups.get(ts.group)
+            if (
+                known is not None
+                and ts.type == known.type
+                and not (any_runtime and key in runtime)
+            ):
+                mine = ts.annotations
+                if mine:
+                    theirs = known.annotations
+                    same = theirs is not None and (mine is theirs or _same(mine, theirs))
+                else:
+                    same = known.annotations is None
+                cascade = known.cascade if same else self._group_miss(ts, key, runtime)
+            # Case 2: another class, or a runtime target: the class memo.
+            else:
+                cascade = self._group_miss(ts, key, runtime)
+            desired = cascade.desired
+            if desired is None:
+                desired = cascade.resolve(TaskFactsAdapter(ts))
+            if desired is UNGOVERNED:
+                if any_indexed and key in indexed:
+                    dropped.append(key)
+                continue
+            if ts.state != "memory":
+                continue
+            if desired is not previous:
+                batch = batches.get(id(desired))
+                if batch is None:
+                    batch = batches[id(desired)] = (desired, [], [])
+                previous = desired
+                add_key, add_task = batch[1].append, batch[2].append
+            add_key(key)
+            add_task(ts)
+        return list(batches.values()), dropped
+
+    def _group_miss(
+        self, ts: Any, key: Hashable, runtime: Mapping[Hashable, Target]
+    ) -> _ClassCascade:
+        """The cascade of a key whose group's last class does not apply; it becomes
+        the group's last class unless the key has a runtime target (its own)."""
+        target = runtime.get(key)
+        annotation = self.annotation(ts)
+        memo_key = (self._class_of(ts), annotation, target)
+        cascade = self._cascades.get(memo_key)
+        if cascade is None:
+            cascade = self._cascade(TaskFactsAdapter(ts), annotation, target)
+            if len(self._cascades) >= MEMO_LIMIT:
+                self._cascades.clear()
+            self._cascades[memo_key] = cascade
+        if target is None:
+            groups = self._groups
+            if len(groups) >= MEMO_LIMIT:
+                groups.clear()
+            groups[ts.group] = _GroupClass(ts.type, ts.annotations or None, cascade)
+        return cascade
+
+    @property
+    def groups_remembered(self) -> int:
+        """Task groups whose last class is remembered."""
+        return len(self._groups)
+
+    def forget_groups(self, live: Mapping[str, Any]) -> None:
+        """Forget the groups that are no longer the scheduler's (``live``: its
+        ``task_groups``, name -> group): their keys are gone, and remembering them
+        would keep them in memory."""
+        self._groups = {g: c for g, c in self._groups.items() if live.get(g.name) is g}
 
     def annotation(self, ts: Any) -> Actions | None:
         """The key's parsed ``amm`` annotation, with a top-level ``replicate`` annotation
@@ -332,3 +494,33 @@ class Classifier:
         )
         if self._on_rule_error is not None:
             self._on_rule_error(rule, exc)
+
+
+_PLAIN = (str, int, bool, type(None))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """True if two annotation values are the same for every rule and every ``amm``
+    annotation: equal, and of the same types throughout (``1``, ``1.0`` and ``True``
+    are equal in Python but not to a rule). Values of other types are compared by
+    identity only; False sends the key down the full path, which is always right."""
+    if a is b:
+        return True
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is dict:
+        if len(a) != len(b):
+            return False
+        for name, value in a.items():
+            other = b.get(name, _INVALID)
+            if other is _INVALID or not _same(value, other):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if kind is float:
+        return repr(a) == repr(b)  # -0.0 == 0.0, nan != nan: compare the spelling
+    if kind in _PLAIN:
+        return bool(a == b)
+    return False

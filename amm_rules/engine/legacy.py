@@ -285,7 +285,7 @@ class LegacyCalls:
         gone = [k for k, t in index.runtime.items() if t.origin in ORIGINS]
         for key in gone:
             del index.runtime[key]
-            index.dirty.add(key)
+        index.reclassify(gone)
         return len(gone)
 
     def status(self) -> dict[str, Any]:

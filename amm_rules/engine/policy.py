@@ -73,8 +73,6 @@ logger = logging.getLogger(__name__)
 
 #: Longest text taken from a client's value into an event or a log line.
 CLIP = 300
-#: Keys classified between two looks at the clock (see ``classify_seconds``).
-CLASSIFY_CHUNK = 256
 
 
 def _clip(text: str, limit: int = CLIP) -> str:
@@ -223,7 +221,12 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         register(scheduler, self)
         observers.attached(scheduler, self)
         # The one allowed scan of scheduler.tasks: keys already in memory when attached.
-        self.index.dirty.update(k for k, ts in scheduler.tasks.items() if ts.state == "memory")
+        self.index.tasks = scheduler.tasks
+        self.index.dirty.update(
+            (k, ts) for k, ts in scheduler.tasks.items() if ts.state == "memory"
+        )
+        # Keys with several copies already: reduce-replicas' walk if no rule governs them.
+        self.index.touched.update(ts.key for ts in scheduler.replicated_tasks)
         self.index.workers_changed = True
         self.auditor.start_in(time.monotonic())
         self._remove_reduce_replicas()
@@ -351,9 +354,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self._install(outcome)
         # Re-classify every key in memory: a new rule may govern keys that were not
         # indexed. This is the one pass over scheduler.tasks a reload costs.
-        self.index.dirty.update(
-            k for k, ts in self.scheduler.tasks.items() if ts.state == "memory"
-        )
+        self.index.reclassify(k for k, ts in self.scheduler.tasks.items() if ts.state == "memory")
         logger.info("amm-rules: reloaded %s", self)
         self.events.emit(
             "reload", source=self.path, rules=len(outcome.rules), pools=len(outcome.pools)
@@ -462,8 +463,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self._maybe_reload()
         full = self._refresh_workers()
         self._audit_step()  # after the placements are fresh, before classification
-        fresh = self._classify_dirty()
-        self._absorb_touched(fresh)
+        filed = self._classify_dirty()
+        self._absorb_touched()
         self._give_up_orphaned_copies()
 
         now = time.monotonic()
@@ -471,7 +472,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         for label, n in self.index.governed_by.items():
             stats[label]["governed"] = n
 
-        todo = self._suspects(stats, full)
+        todo = self._suspects(stats, full, filed)
         if todo:
             yield from self.dry_run.replication(
                 self._plan_and_suggest(todo, now, stats), self.index.desired, stats
@@ -528,53 +529,43 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             logger.warning("amm-rules: the audit found state the hooks missed: %s", found)
             self.events.emit("audit", **found)
 
-    def _classify_dirty(self) -> set[Hashable]:
+    def _classify_dirty(self) -> dict[PlanClass, list[Any]]:
         """Resolve the keys that entered memory (or got a runtime target) since the last
-        cycle, within the cycle's classification budget; file governed ones in the
-        index. Returns the keys it looked at; the others stay in ``index.dirty`` for the
-        next cycles, and are neither planned nor reduced until then."""
+        cycle, within the cycle's classification budget, and file governed ones in the
+        index. Returns the tasks filed, by plan class; the keys not reached stay in
+        ``index.dirty`` for the next cycles, and are neither planned nor reduced until
+        then. Keys that are no longer governed join ``index.touched``, so that
+        reduce-replicas finds them if they hold several copies."""
         index = self.index
-        tasks = self.scheduler.tasks
         classifier = self.classifier
         dirty = index.dirty
         if classifier.replicas_sensitive:
             # A match reading task.replicas can change its mind when copies come and go.
-            dirty |= index.touched
+            index.reclassify(index.touched)
         self.journal.backlog = 0
         demand = index.demand
         if demand.touched:
             if classifier.demand_sensitive:
                 # A match reading task.waiters or task.reads: dependents came or went.
-                dirty |= {k for k in demand.touched if k in tasks}
+                tasks = self.scheduler.tasks
+                index.reclassify(k for k in demand.touched if k in tasks)
             demand.touched.clear()
         if not dirty:
-            return set()
+            return {}
+        task_groups = self.scheduler.task_groups
+        if classifier.groups_remembered > 2 * len(task_groups) + 1_000:
+            classifier.forget_groups(task_groups)
         limit = len(dirty) if self.classify_keys is None else self.classify_keys
         deadline = (
             None if self.classify_seconds is None else time.perf_counter() + self.classify_seconds
         )
-        done: set[Hashable] = set()
-        while dirty and len(done) < limit:
-            # In chunks, so that the clock is read once per chunk, not once per key.
-            for _ in range(min(CLASSIFY_CHUNK, len(dirty), limit - len(done))):
-                key = dirty.pop()
-                done.add(key)
-                ts = tasks.get(key)
-                if ts is None or ts.state != "memory":
-                    continue
-                desired = classifier.resolve(ts, index.runtime.get(key))
-                if desired.governed:
-                    index.put(key, ts, desired)
-                else:
-                    index.unindex(key)
-            if deadline is not None and time.perf_counter() >= deadline:
-                break
+        filed, done = index.classify(classifier, self.scheduler.tasks, limit, deadline)
         if dirty:
             logger.debug(
-                "amm-rules: classified %d keys; %d left for the next cycles", len(done), len(dirty)
+                "amm-rules: classified %d keys; %d left for the next cycles", done, len(dirty)
             )
         self.journal.backlog = len(dirty)
-        return done
+        return filed
 
     def _give_up_orphaned_copies(self) -> None:
         """Copies in flight of a key that lost a holder with its worker may be fetched
@@ -593,13 +584,13 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                     backoff[addr] = max(backoff.get(addr, until), until)
         index.source_lost.clear()
 
-    def _absorb_touched(self, fresh: set[Hashable]) -> None:
+    def _absorb_touched(self) -> None:
         """Route keys whose copies changed: governed ones are checked this cycle, the
         others join reduce-replicas' walk if they hold more than one copy."""
         index = self.index
         tasks = self.scheduler.tasks
         touched, index.touched = index.touched, set()
-        for key in touched | fresh:
+        for key in touched:
             if key in index.desired:
                 index.recheck.add(key)
                 index.replicated_free.pop(key, None)
@@ -608,10 +599,16 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             if ts is not None and ts.state == "memory" and len(ts.who_has or ()) > 1:
                 index.replicated_free[key] = ts
 
-    def _suspects(self, stats: dict[str, Counter[str]], full: bool) -> dict[Hashable, Any]:
+    def _suspects(
+        self,
+        stats: dict[str, Counter[str]],
+        full: bool,
+        filed: Mapping[PlanClass, list[Any]],
+    ) -> dict[Hashable, Any]:
         """Governed keys that may need action this cycle (see KeyIndex.suspects): all
-        of them after workers changed, else only those whose copies changed, those
-        with copies in flight and those left to look at again."""
+        of them after workers changed, else only those just filed (``filed``, by plan
+        class), those whose copies changed, those with copies in flight and those left
+        to look at again."""
         index = self.index
         reduce_replicas = self.ruleset.reduce_replicas
         for cls, group in index.groups.items():
@@ -632,6 +629,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                     cls = PlanClass.of(desired)
                     by_class[cls].append(index.groups[cls][key])
             for cls, members in by_class.items():
+                for ts in index.suspects(cls, self.placements.of(cls), reduce_replicas, members):
+                    todo[ts.key] = ts
+            for cls, members in filed.items():
                 for ts in index.suspects(cls, self.placements.of(cls), reduce_replicas, members):
                     todo[ts.key] = ts
         tasks = self.scheduler.tasks
@@ -687,7 +687,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             self.index.runtime.pop(key, None)
         else:
             self.index.runtime[key] = RuntimeTarget(target, origin)
-        self.index.dirty.add(key)
+        self.index.reclassify((key,))
 
     def settings(self, now: float) -> PlanSettings:
         timeout = self.inflight_timeout

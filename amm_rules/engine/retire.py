@@ -98,7 +98,7 @@ def desired_of(policy: RulesPolicy, ts: Any) -> Desired:
     key = ts.key
     if key in index.dirty:
         desired = policy.resolve(ts)
-        index.dirty.discard(key)
+        index.dirty.pop(key, None)
         if desired.governed:
             index.put(key, ts, desired)
         else:

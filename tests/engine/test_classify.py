@@ -1,15 +1,20 @@
-"""The classifier's per-class memo gives exactly the cascade's answer.
+"""The classifier's per-class and per-group memos give exactly the cascade's answer.
 
 :class:`amm_rules.engine.classify.Classifier` runs the rules that read only class attributes
 once per class of keys and keeps, per class, only the rules that read the key itself.
 These tests compare it with :meth:`Ruleset.resolve <amm_rules.language.ruleset.Ruleset.resolve>`
 (the definition of the cascade) on random rules files and random tasks, the tasks of
 one example all going through one classifier so that memo entries are reused across
-keys, annotations and runtime targets.
+keys, annotations and runtime targets. The cycle's path (:meth:`KeyIndex.classify
+<amm_rules.engine.index.KeyIndex.classify>`, which classifies by task group) is checked
+the same way while keys change type or annotations within a group, leave and enter
+memory, and the rules are reloaded mid-classification.
 """
 
 from __future__ import annotations
 
+import copy
+from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,6 +24,8 @@ from hypothesis import strategies as st
 from amm_rules import load_ruleset
 from amm_rules.engine.adapters import TaskFactsAdapter
 from amm_rules.engine.classify import Classifier
+from amm_rules.engine.index import KeyIndex, PlanClass
+from amm_rules.engine.planner import source_label
 from amm_rules.language.ruleset import Target
 
 #: Matches reading class attributes only, the key itself only, or both.
@@ -196,3 +203,260 @@ def test_a_raising_match_is_no_match_reported_once():
         )
         assert not classifier.resolve(ts).governed
     assert failed == ["r"]
+
+
+# -- classification by task group, as the cycle runs it (KeyIndex.classify) -----------
+
+
+class Prefix:
+    def __init__(self, name: str):
+        self.name = name
+
+
+class Group:
+    """A task group: hashable by identity, fixing its prefix, as ``TaskGroup``."""
+
+    def __init__(self, name: str, prefix: Prefix):
+        self.name = name
+        self.prefix = prefix
+
+
+class Task:
+    """What the classifier reads of a ``TaskState``; the prefix is the group's."""
+
+    def __init__(self, key: str, group: Group, type_: str | None, nbytes: int, annotations: Any):
+        self.key = key
+        self.group = group
+        self.type = type_
+        self.nbytes = nbytes
+        self.who_has: set[int] = {0}
+        self.annotations = annotations
+        self.state = "memory"
+
+    @property
+    def prefix(self) -> Prefix:
+        return self.group.prefix
+
+
+#: Groups (name, prefix) that the matches of MATCHES tell apart.
+GROUPS = (("g1", "a"), ("g12", "a"), ("g2", "b"), ("g2", "c"), ("g1", "c"))
+TYPES = ("numpy.ndarray", "builtins.bytes", None)
+#: Annotation values that are equal in Python and not to a rule (1, 1.0, True), or not
+#: equal at all; ``shared`` stands for the one dict object the keys of a group share.
+GROUP_ANNOTATIONS = st.sampled_from(
+    [
+        "shared",
+        "copy",
+        None,
+        {},
+        {"tier": "hot"},
+        {"tier": "cold"},
+        {"tier": 1},
+        {"tier": 1.0},
+        {"tier": True},
+        {"pin": True},
+        {"pin": False},
+        {"amm": {"replicate": 2}},
+        {"amm": {"replicate": 3}},
+        {"amm": {"replicate": 2.0}},
+        {"amm": {"replicate": 1}},
+        {"amm": {"replicate": True}},
+        {"amm": {"pool": "p1", "move": "never"}},
+        {"tier": "hot", "amm": {"replicate": 2}},
+    ]
+)
+
+
+@st.composite
+def cluster_keys(draw: Any) -> list[Task]:
+    """Keys of a few task groups; most keys of a group share its type and its
+    annotations (one dict, or equal copies), some do not."""
+    shared = [
+        draw(st.sampled_from([None, {"tier": "hot"}, {"pin": True}, {"amm": {"replicate": 2}}]))
+        for _ in GROUPS
+    ]
+    groups = [Group(name, Prefix(prefix)) for name, prefix in GROUPS]
+    # Two groups of the same name in turn (a group forgotten, then made again).
+    groups.append(Group(groups[0].name, groups[0].prefix))
+    shared.append(shared[0])
+    out = []
+    for i in range(draw(st.integers(1, 40))):
+        g = draw(st.integers(0, len(groups) - 1))
+        usual = TYPES[g % len(TYPES)]
+        type_ = draw(st.sampled_from([usual, usual, usual, *TYPES]))
+        annotations = draw(GROUP_ANNOTATIONS)
+        if annotations == "shared":
+            annotations = shared[g]
+        elif annotations == "copy":
+            annotations = copy.deepcopy(shared[g])
+        nbytes = draw(st.sampled_from([10, 60, 100, 5000]))
+        out.append(Task(f"{groups[g].prefix.name}-{i}", groups[g], type_, nbytes, annotations))
+    return out
+
+
+#: What happens between two classifications: ("classify", how many keys),
+#: ("reload",), ("retype" / "reannotate" / "leave" / "enter" / "runtime" / "copies", key, value).
+STEPS = st.one_of(
+    st.tuples(st.just("classify"), st.integers(1, 12)),
+    st.tuples(st.just("reload")),
+    st.tuples(st.just("retype"), st.integers(0, 39), st.sampled_from(TYPES)),
+    st.tuples(st.just("reannotate"), st.integers(0, 39), GROUP_ANNOTATIONS),
+    st.tuples(st.just("leave"), st.integers(0, 39)),
+    st.tuples(st.just("enter"), st.integers(0, 39)),
+    st.tuples(st.just("runtime"), st.integers(0, 39), RUNTIME),
+    st.tuples(st.just("copies"), st.integers(0, 39), st.integers(1, 3)),
+)
+
+
+class Harness:
+    """A KeyIndex fed as the scheduler and the policy feed it, without a scheduler."""
+
+    def __init__(self, ruleset: Any, keys: list[Task]):
+        self.ruleset = ruleset
+        self.classifier = Classifier(ruleset)
+        self.index = KeyIndex()
+        self.tasks = {ts.key: ts for ts in keys}
+        self.index.tasks = self.tasks
+        for ts in keys:
+            self.index.transition(ts.key, "processing", "memory")
+
+    def classify(self, n: int) -> None:
+        self.index.classify(self.classifier, self.tasks, n)
+
+    def reload(self, ruleset: Any) -> None:
+        """As RulesPolicy._maybe_reload: a new classifier, every key in memory again."""
+        self.ruleset = ruleset
+        self.classifier = Classifier(ruleset)
+        self.index.reclassify(k for k, ts in self.tasks.items() if ts.state == "memory")
+
+    def leave(self, ts: Task) -> None:
+        if ts.state == "memory":
+            ts.state = "released"
+            self.index.transition(ts.key, "memory", "released")
+
+    def enter(self, ts: Task) -> None:
+        if ts.state != "memory":
+            ts.state = "memory"
+            self.index.transition(ts.key, "processing", "memory")
+
+    def step(self, step: tuple, other: Any) -> None:
+        kind = step[0]
+        if kind == "classify":
+            self.classify(step[1])
+            return
+        if kind == "reload":
+            self.reload(other if self.ruleset is not other else self.first)
+            return
+        ts = list(self.tasks.values())[step[1] % len(self.tasks)]
+        if kind in ("retype", "reannotate"):
+            # Recomputed: the key leaves memory and enters it again, changed.
+            self.leave(ts)
+            if kind == "retype":
+                ts.type = step[2]
+            else:
+                ts.annotations = None if step[2] in ("shared", "copy") else step[2]
+            self.enter(ts)
+        elif kind == "leave":
+            self.leave(ts)
+        elif kind == "enter":
+            self.enter(ts)
+        elif kind == "runtime" and ts.state == "memory":
+            # As RulesPolicy.set_runtime_target.
+            if step[2] is None:
+                self.index.runtime.pop(ts.key, None)
+            else:
+                self.index.runtime[ts.key] = step[2]
+            self.index.reclassify((ts.key,))
+        elif kind == "copies" and ts.state == "memory":
+            ts.who_has = set(range(step[2]))
+            if self.classifier.replicas_sensitive:
+                self.index.reclassify((ts.key,))  # as the policy re-dirties touched keys
+
+    def check(self) -> None:
+        """Every key in memory and classified is filed as Ruleset.resolve says; keys
+        out of memory are not filed; the groups and counters agree with the files."""
+        index = self.index
+        for key, ts in self.tasks.items():
+            if ts.state != "memory":
+                assert key not in index.desired and key not in index.dirty
+                continue
+            if key in index.dirty:
+                continue  # not classified yet
+            expected = self.ruleset.resolve(
+                TaskFactsAdapter(ts),
+                annotation=self.classifier.annotation(ts),
+                runtime=index.runtime.get(key),
+            )
+            if expected.governed:
+                assert index.desired.get(key) == expected, (key, index.desired.get(key))
+                assert index.groups[PlanClass.of(expected)][key] is ts
+            else:
+                assert key not in index.desired
+        filed = {k for group in index.groups.values() for k in group}
+        assert filed == set(index.desired)
+        labels: Counter[str] = Counter()
+        for d in index.desired.values():
+            labels.update({source_label(d, f) for f in d.reasons})
+        assert +index.governed_by == labels
+
+
+@settings(max_examples=300, deadline=None)
+@given(rulesets(), rulesets(), cluster_keys(), st.lists(STEPS, max_size=25))
+def test_classification_by_group_gives_the_cascade_answer(first, second, keys, steps):
+    """Keys classified a few at a time by task group, while keys are recomputed with
+    another type or other annotations, leave and enter memory, get runtime targets or
+    copies, and the rules are reloaded mid-way: every key classified is filed exactly
+    as ``Ruleset.resolve`` says, under the rules in force."""
+    first_rules, second_rules = load_ruleset(first), load_ruleset(second)
+    harness = Harness(first_rules, keys)
+    harness.first = first_rules
+    for step in steps:
+        harness.step(step, second_rules)
+        harness.check()
+    harness.classify(len(keys))
+    assert not harness.index.dirty
+    harness.check()
+
+
+def test_a_group_is_classified_once_and_its_keys_only_read():
+    """A thousand keys of one group: the class attributes are read for the first key;
+    the others cost a look at their type and annotations, plus their own operands."""
+    ruleset = load_ruleset(
+        {
+            "version": 1,
+            "rules": [
+                {"name": "a", "match": 'task.prefix == "a"', "replicate": 2},
+                {"name": "big", "match": "task.nbytes >= 100", "move": "never"},
+            ],
+        }
+    )
+    reads = Counter()
+
+    class Counted(Task):
+        @property
+        def prefix(self) -> Prefix:
+            reads["prefix"] += 1
+            return self.group.prefix
+
+        @property
+        def nbytes(self) -> int:  # type: ignore[override]
+            reads["nbytes"] += 1
+            return self.size
+
+        @nbytes.setter
+        def nbytes(self, value: int) -> None:
+            self.size = value
+
+    group = Group("a-1", Prefix("a"))
+    keys = [Counted(f"a-{i}", group, "numpy.ndarray", 10 * (i % 20), None) for i in range(1000)]
+    classifier = Classifier(ruleset)
+    batches, dropped = classifier.classify(
+        [ts.key for ts in keys], [ts for ts in keys], {}, {}, {}
+    )
+    assert reads["prefix"] <= 2 and reads["nbytes"] == 1000 and not dropped
+    by_move = {d.move: len(k) for d, k, _ in batches}
+    assert by_move == {None: 500, "never": 500}
+    # A key of the group with annotations of its own takes the full path, once.
+    odd = Counted("a-odd", group, "numpy.ndarray", 10, {"amm": {"replicate": 3}})
+    (batch,), _ = classifier.classify(["a-odd"], [odd], {}, {}, {})
+    assert batch[0].explain() == "replicate=3 from amm annotation"
