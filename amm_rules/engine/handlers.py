@@ -227,6 +227,8 @@ class Handlers:
                 "match": ruleset.demand.match_source,
                 "keys_read": len(policy.index.demand.reads),
             },
+            # Early AMM cycles: settings, requests, cycles run, the last ones and why.
+            "early_cycles": policy.early.status(),
         }
 
 

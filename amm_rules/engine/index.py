@@ -20,7 +20,12 @@ hot paths):
   governed key is checked once (so a target of ``all`` reaches a worker that joined
   within one cycle);
 - the same transition hook feeds the :class:`~amm_rules.engine.demand.DemandTracker`
-  (reads and waiters of keys), when the rules read demand.
+  (reads and waiters of keys), when the rules read demand;
+- ``log_event``: a worker's status changed (paused, resumed, retiring).
+
+Workers leaving, joining or changing status, and governed keys falling below their
+target, also wake the policy (:attr:`KeyIndex.wake`), which may ask the AMM for an
+early cycle (:mod:`amm_rules.engine.early`).
 
 Governed keys live in :attr:`~KeyIndex.groups`, one group per :data:`PlanClass` (the
 resolved fields that decide the plan, plus the label of the replication target), so a
@@ -126,6 +131,10 @@ class KeyIndex(SchedulerPlugin):
         self.workers_changed: bool = True
         #: False once the policy is detached: the scheduler wrappers then only pass through.
         self.active: bool = True
+        #: Called with a reason when something happened that an early AMM cycle should
+        #: repair (a worker left or joined, changed status, a governed key fell below
+        #: its target); the policy sets it (see :mod:`amm_rules.engine.early`).
+        self.wake: Callable[[str], None] = _no_wake
         #: Keys classified per second, as last measured (sizes the next look at dirty).
         self._classify_rate = 0.0
         #: id(desired) -> (it, its plan class, its labels), for :meth:`file`.
@@ -164,11 +173,23 @@ class KeyIndex(SchedulerPlugin):
 
     def add_worker(self, scheduler: Any = None, worker: str = "") -> None:
         self.workers_changed = True
+        self.wake("worker-joined")
 
     def remove_worker(self, scheduler: Any = None, worker: str = "", **kwargs: Any) -> None:
         # In-flight copies to the worker are cleared by the planner (case 2b) when the
         # key is next planned; every governed key is checked at the next cycle.
         self.workers_changed = True
+        self.wake("worker-left")
+
+    def log_event(self, topic: Any, msg: Any) -> None:
+        # A worker paused, resumed or began retiring: which workers may hold or receive
+        # copies changed. The scheduler logs it as an event; there is no other hook.
+        if (
+            type(msg) is dict
+            and msg.get("action") == "worker-status-change"
+            and msg.get("prev-status") != "init"  # a worker joining: add_worker saw it
+        ):
+            self.wake("worker-status")
 
     # -- bookkeeping -----------------------------------------------------------------
 
@@ -460,13 +481,19 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
 
     def remove_replica_watched(ts: Any, ws: Any) -> None:
         remove_replica(ts, ws)
-        if index.active and ts.key in desired:
+        if not index.active:
+            return
+        wanted = desired.get(ts.key)
+        if wanted is not None:
             index.copies_changed(ts.key, -1)
             index.touched.add(ts.key)
             # remove_worker marks the worker closed before it removes its copies; a
             # drop leaves it running.
             if getattr(ws.status, "name", ws.status) == "closed":
                 index.source_lost.add(ts.key)
+            target = wanted.replicate
+            if target is not None and len(ts.who_has or ()) < target.min:
+                index.wake("copy-lost")
 
     def update_data_watched(*args: Any, **kwargs: Any) -> Any:
         who_has = kwargs.get("who_has")
@@ -514,6 +541,10 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
             scheduler.handlers["update_data"] = handler_before
 
     return unwatch
+
+
+def _no_wake(reason: str) -> None:
+    return None
 
 
 #: The scheduler methods :func:`watch_scheduler` wraps.

@@ -50,6 +50,7 @@ from amm_rules.engine.adapters import key_view
 from amm_rules.engine.audit import Auditor
 from amm_rules.engine.classify import Classifier
 from amm_rules.engine.dryrun import HELD_BACK, DryRun, dry_run_counts
+from amm_rules.engine.early import EarlyCycles
 from amm_rules.engine.events import COUNTERS, EventLog
 from amm_rules.engine.index import KeyIndex, PlanClass, watch_scheduler
 from amm_rules.engine.journal import Journal, shortfall
@@ -102,6 +103,14 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         nor trimmed by reduce-replicas. Attaching to a scheduler that already holds a
         million keys thus costs a few cycles of ``classify_seconds`` each instead of
         one cycle of seconds on the event loop.
+    early_cycle_delay, early_cycle_gap:
+        Early cycles (see :mod:`amm_rules.engine.early`): when a worker leaves, a
+        worker joins (if the rules rebalance or a target is unmet), a worker pauses,
+        resumes or starts retiring, or a governed key falls below its target, the
+        policy asks the AMM for a cycle ``early_cycle_delay`` seconds later (debounce)
+        rather than at its next tick, at least ``early_cycle_gap`` seconds after the
+        start of the previous cycle (None: no early cycles), and at least nine times
+        the last cycle's duration after its end. Only while the AMM runs periodically.
     audit_interval:
         Seconds between the starts of two audit sweeps (None: never). The engine learns
         of changes through scheduler hooks; the audit is the safety net behind them
@@ -147,6 +156,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     #: Recent decisions, cycle durations, reloads by result, classification backlog,
     #: and which keys the last plans left short (read by :mod:`amm_rules.observe`).
     journal: Journal
+    #: Early AMM cycles (see the parameters): counts and the last ones in ``status()``.
+    early: EarlyCycles
 
     def __init__(
         self,
@@ -159,6 +170,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         classify_keys: int | None = None,
         audit_interval: float | None = 60.0,
         retire_by_rules: bool = True,
+        early_cycle_delay: float = 0.02,
+        early_cycle_gap: float | None = 0.25,
     ):
         self.rules_file = RulesFile(rules, reload)
         ruleset = self.rules_file.load(rules)  # a RulesError here fails the scheduler start
@@ -173,6 +186,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.classify_keys = None if classify_keys is None else max(1, int(classify_keys))
         self.auditor = Auditor(None if audit_interval is None else float(audit_interval))
         self.journal = Journal()
+        self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
         self._manager: ActiveMemoryManagerExtension | None = None
         #: Undoes the wrappers of the scheduler's replica methods (see detach).
         self._unwatch: Callable[[], None] | None = None
@@ -229,6 +243,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.index.touched.update(ts.key for ts in scheduler.replicated_tasks)
         self.index.workers_changed = True
         self.auditor.start_in(time.monotonic())
+        self.early.attach(self.manager)
+        self.index.wake = self._wake
         self._remove_reduce_replicas()
         self.paused.attach(self)
         if self.retire_by_rules:
@@ -244,6 +260,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
 
         scheduler = manager.scheduler
         self.index.active = False
+        self.early.close()
         for undo in (self._unwatch, self._unlegacy):
             if undo is not None:
                 undo()
@@ -434,6 +451,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         start = time.perf_counter()
         # The AMM measured every worker for this cycle: kept for status reports.
         self.journal.worker_memory = getattr(self._manager, "workers_memory", {})
+        self.early.cycle_started()
         try:
             stats = yield from self._plan()
             if self.ruleset.reduce_replicas:
@@ -455,6 +473,17 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             self.cycles += 1
             self.last_cycle_seconds = time.perf_counter() - start
             self.journal.cycle(self.last_cycle_seconds)
+            self.early.cycle_ended()
+
+    def _wake(self, reason: str) -> None:
+        """From the index's hooks: something happened that an early cycle should repair.
+        A worker joining matters only to rebalancing and to unmet targets."""
+        if reason == "worker-joined" and not (
+            self.ruleset.rebalance.enabled
+            or any(counts["unmet"] for counts in self.last_cycle.values())
+        ):
+            return
+        self.early.request(reason)
 
     def _plan(self) -> Generator[Suggestion, Any, dict[str, Counter[str]]]:
         """The cycle up to reduce-replicas: rules, classification, audit, replication

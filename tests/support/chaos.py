@@ -70,12 +70,18 @@ def busiest_holders(s: Any, keys: Sequence[Hashable], n: int = 1) -> list[str]:
 
 
 async def wait_for_targets(
-    s: Any, keys: Sequence[Hashable], n: int, max_cycles: int, pause: float = 0.01
+    s: Any,
+    keys: Sequence[Hashable],
+    n: int,
+    max_cycles: int,
+    pause: float = 0.01,
+    since: int | None = None,
 ) -> int:
     """Wait until every key holds ``min(n, workers not leaving)`` copies; return the AMM
-    cycles that took. Fails after ``max_cycles`` cycles."""
+    cycles that took, counted from now or from the policy's cycle count ``since``.
+    Fails after ``max_cycles`` cycles."""
     policy = policy_of(s)
-    start = policy.cycles
+    start = policy.cycles if since is None else since
     while True:
         # (A worker that just joined may still be "init"; one retiring does not count.)
         goal = min(n, sum(ws.status.name not in LEAVING for ws in s.workers.values()))
@@ -125,6 +131,9 @@ class ChaosStats:
     keys: int = 0
     lost: list[Hashable] = field(default_factory=list)
     cycles_to_restore: list[int] = field(default_factory=list)
+    #: Seconds from seeing the lost workers gone (polled every 10 ms) to every target
+    #: restored, per round.
+    seconds_to_restore: list[float] = field(default_factory=list)
     recomputed: list[str] = field(default_factory=list)
     wrong_results: int = 0
     results_checked: int = 0
@@ -152,6 +161,9 @@ async def kill_round(
     ]
     await asyncio.sleep(0.05)  # let the computation start
     victims = [w for w in workers if w.address in busiest_holders(s, keys, kills)]
+    # Cycles are counted from the kill: an early cycle may repair before the loop
+    # below sees the workers gone.
+    since = policy_of(s).cycles
     for w in victims:
         workers.remove(w)
     # No retirement, no warning: the scheduler learns that the copies are gone.
@@ -159,8 +171,10 @@ async def kill_round(
     stats.kills += len(victims)
     while any(w.address in s.workers for w in victims):
         await asyncio.sleep(0.01)
+    gone = time.monotonic()
     stats.lost += lost(s, keys)
-    stats.cycles_to_restore.append(await wait_for_targets(s, keys, n, max_cycles))
+    stats.cycles_to_restore.append(await wait_for_targets(s, keys, n, max_cycles, since=since))
+    stats.seconds_to_restore.append(time.monotonic() - gone)
     results = await c.gather(futures)
     stats.results_checked += len(results)
     stats.wrong_results += sum(

@@ -1,0 +1,237 @@
+"""Early AMM cycles on real clusters (:mod:`amm_rules.engine.early`).
+
+The AMM's interval is set to a minute in these tests, longer than any of them runs: a
+copy re-created after a worker dies, or a target met after a worker joins, can only come
+from an early cycle. What must hold:
+
+- a worker killed without warning (in-process, and a worker process killed with
+  SIGKILL under a nanny) has its governed keys copied again by an early cycle;
+- a worker joining lets an unmet target be met by an early cycle;
+- early cycles are debounced (a worker's removal asks for one cycle per lost copy, and
+  gets one cycle) and rate-limited under churn (never two cycles closer than
+  ``early_cycle_gap``), and a cycle that starts in between answers the request;
+- there are none while the AMM does not run periodically, and none with
+  ``early_cycle_gap: null``; bad parameters are refused with a clear message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import os
+import signal
+import sys
+from typing import Any
+
+import dask
+import pytest
+from distributed import Client, LocalCluster, Worker
+from distributed.active_memory_manager import ActiveMemoryManagerExtension
+from distributed.core import Status
+from distributed.utils_test import async_poll_for, gen_cluster, gen_test
+
+from amm_rules.engine.policy import RulesPolicy
+from tests.support.chaos import busiest_holders, held_rules, kill
+from tests.support.cluster import amm_config, copies, no_errors, policy_of
+
+AMM = "distributed.scheduler.active-memory-manager"
+#: Longer than any test here: no periodic cycle happens after the first.
+LONG = 60.0
+KEYS = [f"held-{i}" for i in range(12)]
+
+
+def long_interval(rules: Any, **kwargs: Any) -> dict[str, Any]:
+    return {**amm_config(rules, **kwargs), f"{AMM}.interval": LONG}
+
+
+async def held(c: Any, s: Any, n: int) -> dict[str, Any]:
+    """Compute the held keys and run one cycle by hand (the periodic ones are a minute
+    apart), then wait for every key to hold ``n`` copies."""
+    futures = {k: c.submit(operator.mul, k.encode(), 100, key=k) for k in KEYS}
+    await c.gather(list(futures.values()))
+    s.extensions["amm"].run_once()
+    await async_poll_for(lambda: all(copies(s, k) == n for k in KEYS), timeout=20)
+    return futures
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 4, config=long_interval(held_rules(2)))
+async def test_a_killed_worker_is_repaired_by_an_early_cycle(c, s, *workers):
+    policy = policy_of(s)
+    futures = await held(c, s, 2)
+    cycles, early = policy.cycles, policy.early.counts["ran"]
+    (victim,) = [w for w in workers if w.address in busiest_holders(s, KEYS, 1)]
+    lost = [k for k in KEYS if victim.address in {ws.address for ws in s.tasks[k].who_has}]
+    assert lost
+    await kill(victim)  # no retirement, no warning
+    # Copies again, with the next periodic cycle a minute away.
+    await async_poll_for(lambda: all(copies(s, k) == 2 for k in KEYS), timeout=20)
+    assert policy.early.counts["ran"] > early
+    # Every cycle since the kill was an early one ...
+    assert policy.cycles - cycles == policy.early.counts["ran"] - early
+    # ... and the first was asked for by the lost copies and the worker's removal,
+    # one cycle for the whole burst of requests.
+    _, reasons = policy.early.history[-(policy.early.counts["ran"] - early)]
+    assert set(reasons) == {"copy-lost", "worker-left"}
+    assert policy.early.counts["requested"] - policy.early.counts["superseded"] >= 1
+    assert policy.totals["held"]["requested"] >= len(lost)
+    assert await c.gather(list(futures.values())) == [k.encode() * 100 for k in KEYS]
+    no_errors(s)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 2, config=long_interval(held_rules(3)))
+async def test_a_joining_worker_meets_an_unmet_target_at_once(c, s, *workers):
+    policy = policy_of(s)
+    # Three copies wanted, two workers.
+    futures = await held(c, s, 2)  # noqa: F841 - keeps the keys
+    s.extensions["amm"].run_once()  # a cycle that counts the unmet keys
+    assert policy.last_cycle["held"]["unmet"] == len(KEYS)
+    async with Worker(s.address, nthreads=1):
+        await async_poll_for(lambda: all(copies(s, k) == 3 for k in KEYS), timeout=20)
+    assert any("worker-joined" in reasons for _, reasons in policy.early.history)
+    no_errors(s)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=long_interval(held_rules(2)))
+async def test_a_joining_worker_wakes_nothing_when_targets_are_met(c, s, *workers):
+    policy = policy_of(s)
+    futures = await held(c, s, 2)  # noqa: F841 - keeps the keys
+    s.extensions["amm"].run_once()
+    requested = policy.early.counts["requested"]
+    async with Worker(s.address, nthreads=1) as newcomer:
+        await async_poll_for(lambda: newcomer.address in s.workers, timeout=10)
+        await async_poll_for(lambda: s.workers[newcomer.address].status.name == "running", 10)
+        assert not policy.early.pending
+        assert policy.early.counts["requested"] == requested
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 4,
+    config={
+        **long_interval(held_rules(2), early_cycle_gap=0.3, early_cycle_delay=0.0),
+        "distributed.worker.memory.pause": False,  # workers are paused by hand
+    },
+)
+async def test_early_cycles_are_rate_limited_under_churn(c, s, *workers):
+    """Workers pause and resume every few milliseconds: each change asks for an early
+    cycle, and they run at most one per ``early_cycle_gap`` after any other cycle."""
+    policy = policy_of(s)
+    futures = await held(c, s, 2)  # noqa: F841 - keeps the keys
+    changes = 0
+    for i in range(120):
+        w = workers[i % len(workers)]
+        w.status = Status.paused if w.status == Status.running else Status.running
+        changes += 1
+        await asyncio.sleep(0.01)
+    for w in workers:
+        w.status = Status.running
+    await async_poll_for(lambda: not policy.early.pending, timeout=20)
+    starts = [t for t, _ in policy.early.history]
+    assert len(starts) >= 2, policy.early.status()
+    # Requests far outnumber cycles: a request while one is pending costs nothing.
+    assert len(starts) < changes / 4
+    assert all(b - a >= 0.3 for a, b in zip(starts, starts[1:], strict=False))
+    assert all("worker-status" in reasons for _, reasons in policy.early.history)
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 2,
+    config=long_interval(held_rules(2), early_cycle_delay=30.0),
+)
+async def test_a_cycle_in_between_answers_the_request(c, s, *workers):
+    policy = policy_of(s)
+    futures = await held(c, s, 2)  # noqa: F841 - keeps the keys
+    await async_poll_for(lambda: not policy.early.pending, timeout=20)
+    before = dict(policy.early.counts)
+    policy.early.request("test")
+    assert policy.early.pending
+    s.extensions["amm"].run_once()  # before the early cycle's time: it answers it
+    assert not policy.early.pending
+    assert policy.early.counts["superseded"] == before.get("superseded", 0) + 1
+    assert policy.early.counts["ran"] == before.get("ran", 0)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(start=False))
+async def test_no_early_cycle_when_the_amm_does_not_run_periodically(c, s, a, b, d):
+    """An ad-hoc manager (``start=False``) runs when asked: early cycles stay out."""
+    policy = RulesPolicy(held_rules(2), early_cycle_delay=0.0)
+    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
+    futures = {k: c.submit(operator.mul, k.encode(), 100, key=k) for k in KEYS}
+    await c.gather(list(futures.values()))
+    amm.run_once()
+    await async_poll_for(lambda: all(copies(s, k) == 2 for k in KEYS), timeout=20)
+    cycles = policy.cycles
+    await kill(b)
+    await async_poll_for(lambda: b.address not in s.workers, timeout=10)
+    # The request was made, and dropped when its time came.
+    await async_poll_for(lambda: not policy.early.pending, timeout=10)
+    assert policy.early.counts["requested"] >= 1
+    assert policy.early.counts["ran"] == 0 and policy.cycles == cycles
+
+
+@gen_cluster(
+    client=True, nthreads=[("", 1)] * 3, config=long_interval(held_rules(2), early_cycle_gap=None)
+)
+async def test_no_early_cycle_when_turned_off(c, s, a, b, d):
+    policy = policy_of(s)
+    futures = await held(c, s, 2)  # noqa: F841 - keeps the keys
+    await kill(b)
+    await async_poll_for(lambda: b.address not in s.workers, timeout=10)
+    assert not policy.early.pending
+    assert policy.early.status()["enabled"] is False
+    assert policy.early.counts["requested"] == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"early_cycle_gap": 0}, "early_cycle_gap: expected a number of seconds (more than 0), got 0"),
+        ({"early_cycle_gap": "1s"}, "early_cycle_gap: expected a number of seconds"),
+        ({"early_cycle_delay": -1}, "early_cycle_delay: expected a number of seconds (at least 0)"),
+        ({"early_cycle_delay": float("nan")}, "early_cycle_delay: expected a number"),
+        ({"early_cycle_gap": True}, "early_cycle_gap: expected a number"),
+    ],
+)  # fmt: skip
+def test_bad_early_cycle_parameters_are_refused(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        RulesPolicy(held_rules(2), **kwargs)
+    assert message in str(info.value)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+@gen_test(timeout=180)
+async def test_sigkill_of_a_worker_process_is_repaired_by_an_early_cycle() -> None:
+    """A worker process killed by the operating system, under a nanny: its copies are
+    requested again before any periodic cycle (a minute away)."""
+    with dask.config.set(long_interval(held_rules(2))):
+        async with (
+            LocalCluster(
+                n_workers=3,
+                threads_per_worker=1,
+                processes=True,
+                asynchronous=True,
+                dashboard_address=":0",
+                memory_limit="1 GiB",
+            ) as cluster,
+            Client(cluster, asynchronous=True) as c,
+        ):
+            s = cluster.scheduler
+            policy = policy_of(s)
+            futures = await held(c, s, 2)  # noqa: F841 - keeps the keys
+            early = policy.early.counts["ran"]
+            (victim,) = busiest_holders(s, KEYS, 1)
+            pids = await c.run(os.getpid, workers=[victim])
+            os.kill(pids[victim], signal.SIGKILL)
+            await async_poll_for(lambda: victim not in s.workers, timeout=60)
+            await async_poll_for(
+                lambda: all(
+                    copies(s, k) == 2 and victim not in {ws.address for ws in s.tasks[k].who_has}
+                    for k in KEYS
+                ),
+                timeout=60,
+            )
+            assert policy.early.counts["ran"] > early
+            assert any("worker-left" in reasons for _, reasons in policy.early.history)
+            no_errors(s)
