@@ -8,10 +8,10 @@ the AMM's own ``ActiveMemoryManagerExtension.run_once()``, the method the AMM's 
 callback calls, so every policy runs and the AMM validates and enacts the suggestions
 as in any cycle. An early cycle is:
 
-- **wanted**: asked for when a worker leaves, a worker joins (if the rules rebalance or
-  some target is unmet), a worker's status changes (paused, resumed, retiring: the
-  workers that may hold or receive a pool's copies change), or a governed key falls
-  below its target's ``min``;
+- **wanted**: asked for when a worker leaves or starts retiring (its copies stop
+  counting), a worker joins or resumes after a pause (if the rules rebalance or some
+  target is unmet: the workers that may receive a pool's copies change), or a governed
+  key falls below its target's ``min``;
 - **debounced**: it runs ``delay`` seconds after the first request, so that a worker's
   removal (a request per key it held) or two workers dying together cost one cycle;
 - **rate-limited**: it starts at least ``gap`` seconds after the start of the previous

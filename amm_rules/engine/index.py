@@ -21,9 +21,9 @@ hot paths):
   within one cycle);
 - the same transition hook feeds the :class:`~amm_rules.engine.demand.DemandTracker`
   (reads and waiters of keys), when the rules read demand;
-- ``log_event``: a worker's status changed (paused, resumed, retiring).
+- ``log_event``: a worker's status changed (retiring, resumed after a pause).
 
-Workers leaving, joining or changing status, and governed keys falling below their
+Workers leaving, joining, retiring or resuming, and governed keys falling below their
 target, also wake the policy (:attr:`KeyIndex.wake`), which may ask the AMM for an
 early cycle (:mod:`amm_rules.engine.early`).
 
@@ -182,14 +182,16 @@ class KeyIndex(SchedulerPlugin):
         self.wake("worker-left")
 
     def log_event(self, topic: Any, msg: Any) -> None:
-        # A worker paused, resumed or began retiring: which workers may hold or receive
-        # copies changed. The scheduler logs it as an event; there is no other hook.
-        if (
-            type(msg) is dict
-            and msg.get("action") == "worker-status-change"
-            and msg.get("prev-status") != "init"  # a worker joining: add_worker saw it
-        ):
-            self.wake("worker-status")
+        # A worker's status changed; the scheduler logs it as an event, there is no
+        # other hook. A retiring worker's copies stop counting (they must be replaced
+        # before it leaves); a resumed one may take copies again. A pause changes
+        # nothing to repair: the paused worker keeps its copies.
+        if type(msg) is dict and msg.get("action") == "worker-status-change":
+            status = msg.get("status")
+            if status == "closing_gracefully":
+                self.wake("worker-retiring")
+            elif status == "running" and msg.get("prev-status") == "paused":
+                self.wake("worker-resumed")
 
     # -- bookkeeping -----------------------------------------------------------------
 

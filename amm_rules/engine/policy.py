@@ -104,9 +104,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         million keys thus costs a few cycles of ``classify_seconds`` each instead of
         one cycle of seconds on the event loop.
     early_cycle_delay, early_cycle_gap:
-        Early cycles (see :mod:`amm_rules.engine.early`): when a worker leaves, a
-        worker joins (if the rules rebalance or a target is unmet), a worker pauses,
-        resumes or starts retiring, or a governed key falls below its target, the
+        Early cycles (see :mod:`amm_rules.engine.early`): when a worker leaves or
+        starts retiring, a worker joins or resumes after a pause (if the rules rebalance
+        or a target is unmet), or a governed key falls below its target, the
         policy asks the AMM for a cycle ``early_cycle_delay`` seconds later (debounce)
         rather than at its next tick, at least ``early_cycle_gap`` seconds after the
         start of the previous cycle (None: no early cycles), and at least nine times
@@ -477,8 +477,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
 
     def _wake(self, reason: str) -> None:
         """From the index's hooks: something happened that an early cycle should repair.
-        A worker joining matters only to rebalancing and to unmet targets."""
-        if reason == "worker-joined" and not (
+        A worker joining or resuming matters only to rebalancing and unmet targets."""
+        if reason in ("worker-joined", "worker-resumed") and not (
             self.ruleset.rebalance.enabled
             or any(counts["unmet"] for counts in self.last_cycle.values())
         ):
