@@ -17,7 +17,9 @@ import pytest
 from distributed.active_memory_manager import ActiveMemoryManagerExtension, ReduceReplicas
 
 from amm_rules import load_ruleset
+from amm_rules.engine.adapters import TaskFactsAdapter
 from amm_rules.engine.policy import RulesPolicy
+from amm_rules.language.ruleset import CLASS_ATTRIBUTES, UNGOVERNED
 from tests.support import scheduler_state
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -138,3 +140,40 @@ def test_lost_copies_and_new_keys(state: Any) -> None:
     assert not state.outbox
     scheduler_state.release_keys(state, keys)
     assert not any(k in s.tasks for k in keys)
+
+
+@pytest.mark.parametrize("name", ["scale.yaml", "scale-groups.yaml"])
+def test_keys_entering_memory_at_once_are_classified_by_the_cascade(state: Any, name: str) -> None:
+    """What the benchmark's time-to-govern rows measure, on real scheduler tasks and
+    groups: every key is handed to the transition hook as it enters memory, the cycles
+    classify them by task group, and each ends up filed as Ruleset.resolve says."""
+    s = state.scheduler
+    ruleset = load_ruleset(BENCHMARKS / "rules" / name)
+    policy = RulesPolicy(rules=ruleset, classify_keys=700)
+    amm = manager(s, policy)
+    run_cycle(state, amm)
+    keys = [k for k, ts in s.tasks.items() if ts.state == "memory"]
+    for key in keys:
+        policy.index.forget(key)
+        policy.index.transition(key, "processing", "memory")
+    cycles = 0
+    while policy.index.dirty:
+        run_cycle(state, amm)
+        cycles += 1
+    assert cycles == -(-len(keys) // 700)
+    for key in keys:
+        ts = s.tasks[key]
+        expected = ruleset.resolve(
+            TaskFactsAdapter(ts), annotation=policy.classifier.annotation(ts)
+        )
+        assert policy.index.desired.get(key, UNGOVERNED) == expected, key
+
+
+def test_the_group_level_rules_read_only_group_level_attributes() -> None:
+    """The benchmark's two rules files differ in what they read, and only there."""
+    per_key = load_ruleset(BENCHMARKS / "rules" / "scale.yaml")
+    groups = load_ruleset(BENCHMARKS / "rules" / "scale-groups.yaml")
+    assert groups.depends <= CLASS_ATTRIBUTES
+    assert per_key.depends - CLASS_ATTRIBUTES == {"key", "nbytes"}
+    assert [r.name for r in groups.rules] == [r.name for r in per_key.rules]
+    assert [r.actions for r in groups.rules] == [r.actions for r in per_key.rules]
