@@ -769,7 +769,9 @@ def hook_cost(state: scheduler_state.BenchState, policy: RulesPolicy, n_tasks: i
     calls = recorder.calls
     best = float("inf")
     for _ in range(5):
-        hook = type(policy.index)().transition
+        index = type(policy.index)()
+        index.tasks = scheduler.tasks  # the hook reads the task of a key entering memory
+        hook = index.transition
         start = time.perf_counter()
         for key, begin, finish, kwargs in calls:
             hook(key, begin, finish, **kwargs)
