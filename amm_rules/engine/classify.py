@@ -253,7 +253,7 @@ class Classifier:
         keys: Sequence[Hashable],
         known: Sequence[Any],
         tasks: Mapping[Hashable, Any],
-        runtime: Mapping[Hashable, Target],
+        runtime: Mapping[Hashable, Target | RuntimeTarget],
         indexed: Mapping[Hashable, Any],
     ) -> tuple[list[Batch], list[Hashable]]:
         """Resolve many keys, as :meth:`resolve` each, at a cost per key of a few
@@ -304,7 +304,7 @@ class Classifier:
                 cascade = self._group_miss(ts, key, runtime)
             desired = cascade.desired
             if desired is None:
-                desired = cascade.resolve(TaskFactsAdapter(ts))
+                desired = cascade.resolve(TaskFactsAdapter(ts, self._reads))
             if desired is UNGOVERNED:
                 if any_indexed and key in indexed:
                     dropped.append(key)
@@ -322,7 +322,7 @@ class Classifier:
         return list(batches.values()), dropped
 
     def _group_miss(
-        self, ts: Any, key: Hashable, runtime: Mapping[Hashable, Target]
+        self, ts: Any, key: Hashable, runtime: Mapping[Hashable, Target | RuntimeTarget]
     ) -> _ClassCascade:
         """The cascade of a key whose group's last class does not apply; it becomes
         the group's last class unless the key has a runtime target (its own)."""
@@ -331,7 +331,7 @@ class Classifier:
         memo_key = (self._class_of(ts), annotation, target)
         cascade = self._cascades.get(memo_key)
         if cascade is None:
-            cascade = self._cascade(TaskFactsAdapter(ts), annotation, target)
+            cascade = self._cascade(TaskFactsAdapter(ts, self._reads), annotation, target)
             if len(self._cascades) >= MEMO_LIMIT:
                 self._cascades.clear()
             self._cascades[memo_key] = cascade
