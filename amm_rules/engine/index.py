@@ -45,7 +45,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from amm_rules.engine.demand import DemandTracker
 from amm_rules.engine.planner import source_label, target_bounds
-from amm_rules.language.ruleset import Desired, RuntimeTarget, Target
+from amm_rules.language.ruleset import ALL, Desired, RuntimeTarget, Target
 
 if TYPE_CHECKING:
     from amm_rules.engine.classify import Batch, Classifier
@@ -494,7 +494,8 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
             if getattr(ws.status, "name", ws.status) == "closed":
                 index.source_lost.add(ts.key)
             target = wanted.replicate
-            if target is not None and len(ts.who_has or ()) < target.min:
+            # Under ``all`` (a copy on every eligible worker) any copy lost is missed.
+            if target is not None and (target.min == ALL or len(ts.who_has or ()) < target.min):
                 index.wake("copy-lost")
 
     def update_data_watched(*args: Any, **kwargs: Any) -> Any:

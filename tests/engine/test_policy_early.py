@@ -78,6 +78,23 @@ async def test_a_killed_worker_is_repaired_by_an_early_cycle(c, s, *workers):
     no_errors(s)
 
 
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=long_interval(held_rules("all")))
+async def test_a_copy_dropped_under_replicate_all_is_repaired_by_an_early_cycle(c, s, *workers):
+    """Under ``replicate: all`` every copy counts: one dropped by someone else (here the
+    scheduler, as another policy would) wakes an early cycle that copies it back."""
+    policy = policy_of(s)
+    futures = await held(c, s, 3)  # noqa: F841 - keeps the keys
+    early = policy.early.counts["ran"]
+    key = KEYS[0]
+    holder = sorted(ws.address for ws in s.tasks[key].who_has)[0]
+    s.request_remove_replicas(holder, [key], stimulus_id="test-drop")
+    assert copies(s, key) == 2
+    await async_poll_for(lambda: copies(s, key) == 3, timeout=20)
+    assert policy.early.counts["ran"] > early
+    assert any("copy-lost" in reasons for _, reasons in policy.early.history)
+    no_errors(s)
+
+
 @gen_cluster(client=True, nthreads=[("", 1)] * 2, config=long_interval(held_rules(3)))
 async def test_a_joining_worker_meets_an_unmet_target_at_once(c, s, *workers):
     policy = policy_of(s)
