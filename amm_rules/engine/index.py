@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 #: Reads a task's size (one copy's bytes; -1 while unknown).
 _NBYTES = attrgetter("nbytes")
+_WHO_HAS = attrgetter("who_has")
 #: Keys classified between two looks at the clock (see :meth:`KeyIndex.classify`).
 CLASSIFY_CHUNK = 4096
 
@@ -310,7 +311,7 @@ class KeyIndex(SchedulerPlugin):
         filed: dict[PlanClass, list[Any]] = {}
         free = self.replicated_free
         derived = self._derived
-        governed_by, bytes_by = self.governed_by, self.bytes_by
+        governed_by, bytes_by, copies_by = self.governed_by, self.bytes_by, self.copies_by
         for desired, keys, members in batches:
             if not fresh and not desired_map.keys().isdisjoint(keys):
                 keys, members = self._refile(desired, keys, members)
@@ -330,11 +331,15 @@ class KeyIndex(SchedulerPlugin):
                 counts = self.class_labels[cls] = Counter()
             n = len(keys)
             nbytes = sum(b for b in map(_NBYTES, members) if b > 0)
+            # The copies they hold now: from here on the replica wrappers count changes.
+            held = sum(map(len, filter(None, map(_WHO_HAS, members))))
             for label in labels:
                 governed_by[label] += n
                 counts[label] += n
                 if nbytes:
                     bytes_by[label] += nbytes
+                if held:
+                    copies_by[label] += held
             filed.setdefault(cls, []).extend(members)
             if free:
                 # A governed key is never in replicated_free: reduce-replicas need not ask.

@@ -368,7 +368,10 @@ class Harness:
                 self.index.runtime[ts.key] = step[2]
             self.index.reclassify((ts.key,))
         elif kind == "copies" and ts.state == "memory":
+            before = len(ts.who_has)
             ts.who_has = set(range(step[2]))
+            if len(ts.who_has) != before:  # as the scheduler's replica wrappers tell it
+                self.index.copies_changed(ts.key, len(ts.who_has) - before)
             if self.classifier.replicas_sensitive:
                 self.index.reclassify((ts.key,))  # as the policy re-dirties touched keys
 
@@ -395,9 +398,14 @@ class Harness:
         filed = {k for group in index.groups.values() for k in group}
         assert filed == set(index.desired)
         labels: Counter[str] = Counter()
-        for d in index.desired.values():
-            labels.update({source_label(d, f) for f in d.reasons})
+        copies: Counter[str] = Counter()
+        for key, d in index.desired.items():
+            mine = {source_label(d, f) for f in d.reasons}
+            labels.update(mine)
+            held = len(self.tasks[key].who_has)
+            copies.update({label: held for label in mine})
         assert +index.governed_by == labels
+        assert +index.copies_by == +copies
 
 
 @settings(max_examples=300, deadline=None)
