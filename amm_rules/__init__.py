@@ -36,6 +36,7 @@ _LAZY = {
     "replicate": "amm_rules.client",
     "explain": "amm_rules.client",
     "status": "amm_rules.client",
+    "memory_flow": "amm_rules.client",
 }
 
 __all__ = [
@@ -52,12 +53,13 @@ __all__ = [
     "RulesPolicy",
     "annotate",
     "explain",
+    "memory_flow",
     "replicate",
     "status",
 ]
 
 if TYPE_CHECKING:
-    from amm_rules.client import annotate, explain, replicate, status
+    from amm_rules.client import annotate, explain, memory_flow, replicate, status
     from amm_rules.engine.policy import RulesPolicy
 
 

@@ -1,5 +1,5 @@
 """What a client calls: :func:`annotate`, :func:`replicate`, :func:`explain`,
-:func:`status`.
+:func:`status`, :func:`memory_flow`.
 
 - ``amm`` annotations, checked on the client. A task's ``amm`` annotation
   (``dask.annotate(amm={...})``) carries the same action fields as a rule
@@ -13,7 +13,7 @@
 - Runtime targets and introspection: thin wrappers over the scheduler handlers that
   :class:`amm_rules.RulesPolicy` registers when it is attached to a scheduler's Active
   Memory Manager (``amm_rules_set_target``, ``amm_rules_explain``,
-  ``amm_rules_status``); the engine owns the targets, this module only checks arguments
+  ``amm_rules_status``, ``amm_rules_memory_flow``); the engine owns the targets, this module only checks arguments
   on the client and calls it. Like ``client.amm`` in distributed, every function is
   synchronous with a synchronous client and returns an awaitable with an asynchronous
   one.
@@ -41,6 +41,7 @@ __all__ = [
     "EngineNotFoundError",
     "annotate",
     "explain",
+    "memory_flow",
     "plain_actions",
     "plain_target",
     "replicate",
@@ -162,7 +163,12 @@ def _enter(fields: dict[str, Any]) -> Iterator[dict[str, Any]]:
 # --- runtime targets and introspection --------------------------------------------------
 
 #: The scheduler handlers the helpers call; registered by RulesPolicy at attach.
-HANDLERS = ("amm_rules_set_target", "amm_rules_explain", "amm_rules_status")
+HANDLERS = (
+    "amm_rules_set_target",
+    "amm_rules_explain",
+    "amm_rules_status",
+    "amm_rules_memory_flow",
+)
 
 
 class EngineNotFoundError(RuntimeError):
@@ -217,6 +223,21 @@ def explain(futures_or_collection: Any, client: Client | None = None) -> Any:
     futures, keys = _futures_and_keys(futures_or_collection)
     client = _client(futures, client)
     return client.sync(_explain, client, [f.key for f in futures] + keys)
+
+
+def memory_flow(client: Client | None = None) -> Any:
+    """Memory flow per task prefix, as the engine saw it since it started:
+    ``{prefix: {"produced", "freed", "freed_by", "live", "tasks", "net_per_task"}}``.
+
+    ``produced``: bytes of results of the prefix's tasks (each task once); ``tasks``:
+    how many finished; ``freed``: bytes of the prefix's keys that left memory (each key
+    once, whatever its replicas); ``freed_by``: bytes of inputs released because a
+    task of the prefix finished (it was the last to need them); ``live``: bytes of the
+    prefix's keys in memory now; ``net_per_task``: ``(produced - freed_by) / tasks``
+    (None before the first task finished). See docs/memory-flow.md.
+    """
+    client = client or get_client()
+    return client.sync(_memory_flow, client)
 
 
 def status(client: Client | None = None) -> Any:
@@ -343,6 +364,11 @@ async def _set_target(client: Client, futures: list[Future], keys: list[Any], ta
 async def _explain(client: Client, keys: list[Any]) -> Any:
     await _require_engine(client)
     return await client.scheduler.amm_rules_explain(keys=list(dict.fromkeys(keys)))
+
+
+async def _memory_flow(client: Client) -> Any:
+    await _require_engine(client)
+    return dict(await client.scheduler.amm_rules_memory_flow())
 
 
 async def _status(client: Client) -> Any:

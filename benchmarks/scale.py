@@ -31,8 +31,9 @@ side by side, on each size:
   its update once a second (its status report, its Bokeh models, and the changes
   serialized as the dashboard's server sends them), each after a steady cycle;
 - ``transitions``: the scheduler's transition throughput on a 100k-task graph with
-  and without amm-rules (its scheduler plugin and its wrappers of the scheduler's
-  replica methods), and the cost of the plugin's transition hook alone.
+  and without amm-rules (its scheduler plugins and its wrappers of the scheduler's
+  replica methods), and the cost of each plugin's transition hook alone (the index's
+  and the memory flow's).
 
 A cycle is ``ActiveMemoryManagerExtension.run_once()`` of a manager holding only the
 policy measured, so the AMM's own work (reading worker memory, validating and grouping
@@ -93,6 +94,8 @@ QUICK_SIZES = [(100_000, 100)]
 TARGET_STEADY_S = 0.020
 TARGET_OBSERVE_S = 0.005
 TARGET_HOOK_OVERHEAD = 0.05
+#: The memory flow's transition hook (engine/flow.py): at most 3% of the throughput.
+TARGET_FLOW_HOOK_OVERHEAD = 0.03
 
 
 # ---------------------------------------------------------------------------------
@@ -154,11 +157,18 @@ def new_manager(scheduler: Any, policy: Any) -> ActiveMemoryManagerExtension:
     return ActiveMemoryManagerExtension(scheduler, {policy}, register=False, start=False)
 
 
+def _transition_plugins(policy: RulesPolicy) -> list[Any]:
+    """The policy's scheduler plugins that see transitions: its index, and its memory
+    flow where the engine has one."""
+    return [policy.index] + ([policy.flow] if hasattr(policy, "flow") else [])
+
+
 def detach(scheduler: Any, policy: RulesPolicy) -> None:
-    """Remove the policy's scheduler plugin, so that it no longer sees transitions, and
-    switch off its other scheduler hooks (they stay installed but pass through)."""
+    """Remove the policy's scheduler plugins, so that they no longer see transitions,
+    and switch off its other scheduler hooks (they stay installed but pass through)."""
+    mine = _transition_plugins(policy)
     for name, plugin in list(scheduler.plugins.items()):
-        if plugin is policy.index:
+        if any(plugin is p for p in mine):
             scheduler.remove_plugin(name=name)
     if hasattr(policy.index, "active"):
         policy.index.active = False
@@ -166,8 +176,9 @@ def detach(scheduler: Any, policy: RulesPolicy) -> None:
 
 def reattach(scheduler: Any, policy: RulesPolicy) -> None:
     """Undo :func:`detach` (nothing to do if attached)."""
-    if not any(plugin is policy.index for plugin in scheduler.plugins.values()):
-        scheduler.add_plugin(policy.index, name=f"amm-rules-{id(policy)}")
+    for plugin in _transition_plugins(policy):
+        if not any(p is plugin for p in scheduler.plugins.values()):
+            scheduler.add_plugin(plugin, name=f"amm-rules-{id(plugin)}")
     if hasattr(policy.index, "active"):
         policy.index.active = True
 
@@ -717,7 +728,7 @@ async def _measure_transitions(n_tasks: int, repeats: int) -> dict[str, Any]:
                 rates[mode].append(n / elapsed)
                 counts.append(n)
         amm_rules(False)
-        hook = hook_cost(state, policy, n_tasks)
+        hook, flow_hook = hook_cost(state, policy, n_tasks)
     finally:
         await scheduler.close()
         gc.unfreeze()
@@ -739,44 +750,70 @@ async def _measure_transitions(n_tasks: int, repeats: int) -> dict[str, Any]:
         "overhead": 1 - paired,
         "hook_s_per_transition": hook,
         "hook_overhead": hook * without,
+        # The memory flow's hook (engine/flow.py), measured the same way; the engine
+        # runs both, so their sum is its hooks' share of the scheduler's throughput.
+        "flow_hook_s_per_transition": flow_hook,
+        "flow_hook_overhead": None if flow_hook is None else flow_hook * without,
+        "hooks_overhead": (hook + (flow_hook or 0.0)) * without,
     }
 
 
 class _Recorder(SchedulerPlugin):
-    """A scheduler plugin keeping every ``transition`` call as the scheduler made it."""
+    """A scheduler plugin keeping every ``transition`` call as the scheduler made it,
+    and each task as it was (its prefix and size stay on the object once forgotten)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tasks: Any) -> None:
         self.calls: list[tuple[Any, str, str, dict[str, Any]]] = []
+        self.tasks: dict[Any, Any] = {}
+        self._live = tasks
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         self.calls.append((key, start, finish, kwargs))
+        ts = self._live.get(key)
+        if ts is not None:
+            self.tasks[key] = ts
 
 
-def hook_cost(state: scheduler_state.BenchState, policy: RulesPolicy, n_tasks: int) -> float:
-    """Seconds per call of the engine's ``transition`` hook.
+def hook_cost(
+    state: scheduler_state.BenchState, policy: RulesPolicy, n_tasks: int
+) -> tuple[float, float | None]:
+    """Seconds per call of the engine's ``transition`` hooks: the index's, and the
+    memory flow's (None where the engine has none).
 
     The calls of one (untimed) run of the graph are recorded with their arguments,
-    then replayed on a fresh index, calling the hook as ``_transition`` does. A steadier
-    estimate of the overhead than the difference of two noisy throughputs; it leaves
-    out the scheduler's loop over its plugins, a few tens of nanoseconds."""
+    then replayed on a fresh index (and a fresh memory flow reading the recorded
+    tasks), calling each hook as ``_transition`` does. A steadier estimate of the
+    overhead than the difference of two noisy throughputs; it leaves out the
+    scheduler's loop over its plugins, a few tens of nanoseconds per plugin."""
     scheduler = state.scheduler
-    recorder = _Recorder()
+    recorder = _Recorder(scheduler.tasks)
     scheduler.add_plugin(recorder, name="bench-recorder")
     keys = scheduler_state.new_key_names(state, n_tasks // 2)
     scheduler_state.compute_keys(state, keys, chains=True, stimulus="record")
     scheduler_state.release_keys(state, keys, stimulus="record")
     scheduler.remove_plugin(name="bench-recorder")
     calls = recorder.calls
-    best = float("inf")
-    for _ in range(5):
+
+    def best_of(make_hook: Callable[[], Callable[..., None]]) -> float:
+        best = float("inf")
+        for _ in range(5):
+            hook = make_hook()
+            start = time.perf_counter()
+            for key, begin, finish, kwargs in calls:
+                hook(key, begin, finish, **kwargs)
+            best = min(best, time.perf_counter() - start)
+        return best / max(1, len(calls))
+
+    def index_hook() -> Callable[..., None]:
         index = type(policy.index)()
         index.tasks = scheduler.tasks  # the hook reads the task of a key entering memory
-        hook = index.transition
-        start = time.perf_counter()
-        for key, begin, finish, kwargs in calls:
-            hook(key, begin, finish, **kwargs)
-        best = min(best, time.perf_counter() - start)
-    return best / max(1, len(calls))
+        return index.transition
+
+    index_cost = best_of(index_hook)
+    flow = getattr(policy, "flow", None)
+    if flow is None:
+        return index_cost, None
+    return index_cost, best_of(lambda: type(flow)(recorder.tasks).transition)
 
 
 # ---------------------------------------------------------------------------------
@@ -856,6 +893,12 @@ def table(results: list[dict[str, Any]], t: dict[str, Any] | None) -> str:
             f"(paired overhead {t['overhead']:+.1%}); hook {t['hook_s_per_transition'] * 1e6:.2f} us "
             f"per transition = {t['hook_overhead']:.1%} of throughput"
         )
+        if t.get("flow_hook_s_per_transition") is not None:
+            lines.append(
+                f"memory-flow hook {t['flow_hook_s_per_transition'] * 1e6:.2f} us per transition "
+                f"= {t['flow_hook_overhead']:.1%} of throughput; both hooks "
+                f"{t['hooks_overhead']:.1%}"
+            )
     return "\n".join(lines)
 
 
@@ -905,6 +948,10 @@ def targets(results: list[dict[str, Any]], transitions: dict[str, Any] | None) -
             )
     if transitions:
         out["hook_overhead_le_5pct"] = transitions["hook_overhead"] <= TARGET_HOOK_OVERHEAD
+        if transitions.get("flow_hook_overhead") is not None:
+            out["flow_hook_overhead_le_3pct"] = (
+                transitions["flow_hook_overhead"] <= TARGET_FLOW_HOOK_OVERHEAD
+            )
         out["paired_overhead_le_5pct"] = transitions["overhead"] <= TARGET_HOOK_OVERHEAD
     return out
 

@@ -20,7 +20,7 @@ from operator import attrgetter
 from typing import Any
 
 from amm_rules.engine.view import KeyView, WorkerStatus, key_string
-from amm_rules.language.ruleset import Desired, WorkerFacts
+from amm_rules.language.ruleset import FLOW_ATTRIBUTES, Desired, WorkerFacts
 
 #: Above this many waiters the stock ReduceReplicas does not look at where they run
 #: (the look is costly), and neither do we: the count of waiters is used as is.
@@ -94,13 +94,42 @@ class TaskFactsAdapter:
     Attributes are read from the task on access, so a match pays only for what it reads.
     ``reads`` maps keys to the number of dependents that finished reading them (see
     :class:`~amm_rules.engine.demand.DemandTracker`); without it ``task.reads`` is 0.
+    The ``task.prefix_*`` attributes come from ``flow``: prefix name -> the published
+    figures of :class:`~amm_rules.engine.flow.PrefixFacts` (null when absent).
     """
 
-    __slots__ = ("_ts", "_reads")
+    __slots__ = ("_ts", "_reads", "_flow")
 
-    def __init__(self, ts: Any, reads: Mapping[Hashable, int] | None = None):
+    def __init__(
+        self,
+        ts: Any,
+        reads: Mapping[Hashable, int] | None = None,
+        flow: Mapping[str, Any] | None = None,
+    ):
         self._ts = ts
         self._reads = reads
+        self._flow = flow
+
+    def _figure(self, name: str) -> Any:
+        flow = self._flow
+        facts = flow.get(self._ts.prefix.name) if flow else None
+        return None if facts is None else getattr(facts, name)
+
+    @property
+    def prefix_tasks(self) -> int | None:
+        return self._figure("tasks")  # type: ignore[no-any-return]
+
+    @property
+    def prefix_produced_per_task(self) -> float | None:
+        return self._figure("produced_per_task")  # type: ignore[no-any-return]
+
+    @property
+    def prefix_freed_by_per_task(self) -> float | None:
+        return self._figure("freed_by_per_task")  # type: ignore[no-any-return]
+
+    @property
+    def prefix_net_per_task(self) -> float | None:
+        return self._figure("net_per_task")  # type: ignore[no-any-return]
 
     @property
     def key(self) -> str:
@@ -143,13 +172,28 @@ class TaskFactsAdapter:
 _CLASS_PATHS: Mapping[str, str] = {"prefix": "prefix.name", "group": "group.name", "type": "type"}
 
 
-def class_reader(attributes: Iterable[str]) -> Callable[[Any], Hashable]:
+def class_reader(
+    attributes: Iterable[str], flow: Mapping[str, Any] | None = None
+) -> Callable[[Any], Hashable]:
     """A function of a ``TaskState`` returning the values of the class attributes
-    (``prefix``, ``group``, ``type``, ``annotations``) among ``attributes``: equal for
-    every key of the same class, and hashable. It runs once per key classified, so the
-    plain attributes are read by one ``attrgetter`` call (C code) and annotations are
-    frozen only when a key has some."""
+    (``prefix``, ``group``, ``type``, ``annotations``, the ``prefix_*`` flow figures)
+    among ``attributes``: equal for every key of the same class, and hashable. It runs
+    once per key classified, so the plain attributes are read by one ``attrgetter`` call
+    (C code), annotations are frozen only when a key has some, and the flow figures are
+    the prefix's published snapshot in ``flow`` (a tuple, or None)."""
     names = sorted(attributes)
+    reader = _plain_reader(names)
+    if flow is None or FLOW_ATTRIBUTES.isdisjoint(names):
+        return reader
+    prefix_of = attrgetter("prefix.name")
+
+    def with_flow(ts: Any) -> Hashable:
+        return (reader(ts), flow.get(prefix_of(ts)))
+
+    return with_flow
+
+
+def _plain_reader(names: list[str]) -> Callable[[Any], Hashable]:
     paths = [_CLASS_PATHS[a] for a in names if a in _CLASS_PATHS]
     plain: Callable[[Any], Hashable] | None = attrgetter(*paths) if paths else None
     if "annotations" not in names:

@@ -6,7 +6,8 @@ It gives exactly the answer of :meth:`Ruleset.resolve <amm_rules.language.rulese
 (the cascade), at a cost that follows the *classes* of keys rather than keys x rules:
 
 - a key's class is the values of the class attributes the rules read (prefix, group,
-  type, annotations: see :data:`~amm_rules.language.ruleset.CLASS_ATTRIBUTES`), read once per key,
+  type, annotations, the published memory flow of the prefix: see
+  :data:`~amm_rules.language.ruleset.CLASS_ATTRIBUTES`), read once per key,
   plus its parsed ``amm`` annotation and its runtime target;
 - per class, the cascade is run once over the rules whose match reads only class
   attributes (:class:`_ClassCascade`). What is left is the rules that read the key
@@ -198,11 +199,14 @@ class Classifier:
         on_rule_error: Callable[[Rule, Exception], None] | None = None,
         on_invalid_annotation: Callable[..., None] | None = None,
         reads: Mapping[Hashable, int] | None = None,
+        flow: Mapping[str, Any] | None = None,
     ):
         #: The ruleset as loaded (what status and explain report).
         self.ruleset = ruleset
         #: What ``task.reads`` reads (see :class:`~amm_rules.engine.demand.DemandTracker`).
         self._reads = reads
+        #: prefix -> its published memory-flow figures (``task.prefix_*``), or None.
+        self.flow = flow
         self._on_rule_error = on_rule_error
         self._on_invalid_annotation = on_invalid_annotation
         self._reported_rules: set[str] = set()
@@ -214,7 +218,7 @@ class Classifier:
             for rule in ruleset.rules
         )
         #: The class of a task: the class attributes any rule reads.
-        self._class_of = class_reader(ruleset.depends & CLASS_ATTRIBUTES)
+        self._class_of = class_reader(ruleset.depends & CLASS_ATTRIBUTES, flow)
         #: (class, annotation, runtime target) -> its cascade.
         self._cascades: dict[Hashable, _ClassCascade] = {}
         #: Task group -> the class of its last key classified (see classify). Holding
@@ -240,7 +244,7 @@ class Classifier:
         cascade = self._cascades.get(memo_key)
         if cascade is not None and cascade.desired is not None:
             return cascade.desired
-        facts = TaskFactsAdapter(ts, self._reads)
+        facts = TaskFactsAdapter(ts, self._reads, self.flow)
         if cascade is None:
             cascade = self._cascade(facts, annotation, runtime)
             if len(self._cascades) >= MEMO_LIMIT:

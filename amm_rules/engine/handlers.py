@@ -15,8 +15,11 @@ Active Memory Manager; called by :mod:`amm_rules.client` (``replicate``, ``expla
   rebalancing (``rebalance``: settings, the last plan's roles and skipped keys, moves in
   flight, totals, why moves were abandoned), paused workers (``paused_workers``: the
   section, a line per paused worker, cool-downs, totals), retirements placed by the
-  rules (``retirements``), the legacy calls honoured (``legacy_replicate``) and the
-  demand hold (``demand``).
+  rules (``retirements``), the legacy calls honoured (``legacy_replicate``), the
+  demand hold (``demand``), the memory flow's top prefixes (``memory_flow``) and the
+  memory-pressure section (``memory_pressure``);
+- ``amm_rules_memory_flow()``: per task prefix, ``{produced, freed, freed_by, live,
+  tasks, net_per_task}`` (see :mod:`amm_rules.engine.flow`).
 
 Bad input raises ``ValueError`` with a message (the client sees it); nothing here may
 break the scheduler. Answers are plain msgpack-able data.
@@ -40,7 +43,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: Names under which the handlers are registered on the scheduler.
-HANDLER_NAMES = ("amm_rules_set_target", "amm_rules_explain", "amm_rules_status")
+HANDLER_NAMES = (
+    "amm_rules_set_target",
+    "amm_rules_explain",
+    "amm_rules_status",
+    "amm_rules_memory_flow",
+)
 #: Most keys one call may name (a guard against a runaway client, not a real limit).
 MAX_KEYS = 1_000_000
 
@@ -51,6 +59,7 @@ def register(scheduler: Any, policy: RulesPolicy) -> None:
     scheduler.handlers["amm_rules_set_target"] = handlers.amm_rules_set_target
     scheduler.handlers["amm_rules_explain"] = handlers.amm_rules_explain
     scheduler.handlers["amm_rules_status"] = handlers.amm_rules_status
+    scheduler.handlers["amm_rules_memory_flow"] = handlers.amm_rules_memory_flow
 
 
 def unregister(scheduler: Any, policy: RulesPolicy) -> None:
@@ -229,7 +238,34 @@ class Handlers:
             },
             # Early AMM cycles: settings, requests, cycles run, the last ones and why.
             "early_cycles": policy.early.status(),
+            "memory_flow": memory_flow_status(policy),
+            "memory_pressure": policy.pressure.status(),
         }
+
+    def amm_rules_memory_flow(self) -> dict[str, dict[str, Any]]:
+        """Per task prefix: bytes produced, freed, freed because a task of the prefix
+        finished, live now, tasks finished and the net bytes per task."""
+        return self.policy.flow.table()
+
+
+#: Prefixes listed per ranking in the status (top producers, top freers).
+STATUS_TOP = 5
+
+
+def memory_flow_status(policy: RulesPolicy) -> dict[str, Any]:
+    """The memory flow in the status: how many prefixes are tracked, and the top
+    producers (largest net bytes per task) and freers (most bytes freed by finishing)."""
+    flow = policy.flow
+    producers = [
+        name for name, e in flow.top(STATUS_TOP, "net_per_task") if (e.net_per_task or 0) > 0
+    ]
+    freers = [name for name, e in flow.top(STATUS_TOP, "freed_by") if e.freed_by > 0]
+    return {
+        "prefixes": len(flow.prefixes),
+        "evicted": flow.evicted,
+        "top_producers": producers,
+        "top_freers": freers,
+    }
 
 
 def _plain(value: Any) -> Any:

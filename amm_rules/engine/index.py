@@ -157,6 +157,8 @@ class KeyIndex(SchedulerPlugin):
         self.source_lost: set[Hashable] = set()
         #: Reads and waiters of keys (followed only when the rules read demand).
         self.demand = DemandTracker()
+        #: Told of scattered keys (``update_data``): ``on_scatter(keys, already_in_memory)``.
+        self.on_scatter: Callable[[Iterable[Hashable], set[Hashable]], None] | None = None
 
     # -- SchedulerPlugin hooks: keep them minimal, they run on every transition ----------
 
@@ -505,6 +507,13 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
 
     def update_data_watched(*args: Any, **kwargs: Any) -> Any:
         who_has = kwargs.get("who_has")
+        on_scatter = index.on_scatter if index.active and who_has else None
+        before: set[Hashable] = set()
+        if on_scatter is not None:
+            tasks = scheduler.tasks
+            before = {
+                k for k in who_has if (ts := tasks.get(k)) is not None and ts.state == "memory"
+            }
         if index.active and who_has:
             # Scattered again, maybe with a new size: un-filed now (with the size it was
             # filed with), filed again when classified.
@@ -514,6 +523,8 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
         result = update_data(*args, **kwargs)
         if index.active and who_has:
             index.dirty.update(dict.fromkeys(who_has))  # un-filed above: not indexed
+            if on_scatter is not None:
+                on_scatter(who_has, before)
         return result
 
     def remove_all_replicas_watched(ts: Any) -> None:

@@ -52,6 +52,7 @@ from amm_rules.engine.classify import Classifier
 from amm_rules.engine.dryrun import HELD_BACK, DryRun, dry_run_counts
 from amm_rules.engine.early import EarlyCycles
 from amm_rules.engine.events import COUNTERS, EventLog
+from amm_rules.engine.flow import MemoryFlow
 from amm_rules.engine.index import KeyIndex, PlanClass, watch_scheduler
 from amm_rules.engine.journal import Journal, shortfall
 from amm_rules.engine.legacy import LegacyCalls
@@ -62,6 +63,7 @@ from amm_rules.engine.planner import (
     PlanSettings,
     plan_key,
 )
+from amm_rules.engine.pressure import MemoryPressure
 from amm_rules.engine.rebalance.rebalancer import Rebalancer
 from amm_rules.engine.reduce_replicas import reduce_replicas
 from amm_rules.engine.retire import Retirements
@@ -158,6 +160,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     journal: Journal
     #: Early AMM cycles (see the parameters): counts and the last ones in ``status()``.
     early: EarlyCycles
+    #: Memory flow per task prefix (see :mod:`amm_rules.engine.flow`).
+    flow: MemoryFlow
+    #: The ``memory-pressure:`` section at work (see :mod:`amm_rules.engine.pressure`).
+    pressure: MemoryPressure
 
     def __init__(
         self,
@@ -200,6 +206,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         #: distributed's replicate and scatter(broadcast=...), honoured as targets.
         self.legacy = LegacyCalls(self)
         self._unlegacy: Callable[[], None] | None = None
+        self.flow = MemoryFlow()
+        self.rebalancer.flow = self.flow.published
+        self.pressure = MemoryPressure(self.flow)
         self._install(ruleset)
 
     # ------------------------------------------------------------------ attach
@@ -249,6 +258,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.paused.attach(self)
         if self.retire_by_rules:
             self.retirements.attach(self)
+        self._attach_flow()
+        self.pressure.attach(self)
 
     def detach(self) -> None:
         """Stop listening to the scheduler (plugin, replica wrappers, handlers) and leave
@@ -269,6 +280,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             if plugin is self.index:
                 scheduler.remove_plugin(name=name)
         unregister(scheduler, self)
+        for name, plugin in list(scheduler.plugins.items()):
+            if plugin is self.flow:
+                scheduler.remove_plugin(name=name)
+        self.index.on_scatter = None
+        self.pressure.detach()
         self.paused.detach()
         self.retirements.detach()
         observers.detached(scheduler, self)
@@ -336,6 +352,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             on_rule_error=self._rule_error,
             on_invalid_annotation=self._invalid_annotation,
             reads=self.index.demand.reads,
+            flow=self.flow.published,
         )
         self.index.demand.configure(ruleset.demand, ruleset.reads_demand, self._demand_match_error)
         if ruleset.legacy_replicate == "ignore":
@@ -347,6 +364,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         #: reported, its suggestions held back (see amm_rules.engine.dryrun).
         self.dry_run = DryRun(ruleset)
         self.paused.configure(self.dry_run.paused_settings(ruleset.paused_workers))
+        self.pressure.configure(ruleset.memory_pressure)
 
     def _maybe_reload(self) -> None:
         """Reload the rules file if it changed; keep the running rules if the new file
@@ -371,7 +389,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self._install(outcome)
         # Re-classify every key in memory: a new rule may govern keys that were not
         # indexed. This is the one pass over scheduler.tasks a reload costs.
-        self.index.reclassify(k for k, ts in self.scheduler.tasks.items() if ts.state == "memory")
+        in_memory = [ts for ts in self.scheduler.tasks.values() if ts.state == "memory"]
+        self.index.reclassify(ts.key for ts in in_memory)
+        self._track_flow_keys(in_memory)
         logger.info("amm-rules: reloaded %s", self)
         self.events.emit(
             "reload", source=self.path, rules=len(outcome.rules), pools=len(outcome.pools)
@@ -414,6 +434,33 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.events.once(
             ("pool-error", pool.name), "rule-error", rule=f"pools.{pool.name}", error=repr(exc)
         )
+
+    # ------------------------------------------------------------------ memory flow
+
+    def _attach_flow(self) -> None:
+        scheduler = self.scheduler
+        self.flow.tasks = scheduler.tasks
+        scheduler.add_plugin(self.flow, name=f"amm-rules-memory-flow-{id(self)}")
+        self.index.on_scatter = self.flow.scattered
+        if self.ruleset.reads_flow:
+            self._track_flow_keys([ts for ts in scheduler.tasks.values() if ts.state == "memory"])
+
+    def _track_flow_keys(self, in_memory: list[Any]) -> None:
+        """Keep (or stop keeping) the keys in memory per prefix, as the rules in force
+        read flow attributes or not; ``in_memory``: the tasks in memory now."""
+        if self.ruleset.reads_flow:
+            self.flow.start_tracking(in_memory)
+        elif self.flow.track_keys:
+            self.flow.stop_tracking()
+
+    def _publish_flow(self) -> None:
+        """Publish the flow figures that moved; while rules read them, classify again
+        the keys in memory of the prefixes whose figures changed (within the cycle's
+        classification budget, like every key that needs classifying)."""
+        republished = self.flow.publish()
+        if republished and self.flow.track_keys:
+            for prefix in republished:
+                self.index.reclassify(self.flow.keys_of(prefix))
 
     # ------------------------------------------------------------------ workers
 
@@ -492,6 +539,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self._maybe_reload()
         full = self._refresh_workers()
         self._audit_step()  # after the placements are fresh, before classification
+        self._publish_flow()
+        self.pressure.ensure_running()
         filed = self._classify_dirty()
         self._absorb_touched()
         self._give_up_orphaned_copies()

@@ -4,8 +4,8 @@ Runs after the schema check (:mod:`amm_rules.language.schema_check`) and skips w
 already reported, so each problem is told once. Checks here: expressions (pools in the
 ``worker`` context, matches in the ``task`` context), unique rule names, unknown pool
 names in ``pool``/``avoid``, ``replicate`` bounds, the percentages, sizes and
-durations of the ``rebalance`` and ``paused-workers`` sections, and the ``demand``
-section's hold and match.
+durations of the ``rebalance``, ``paused-workers`` and ``memory-pressure`` sections,
+and the ``demand`` section's hold and match.
 Action fields are converted by :func:`amm_rules.language.fields.parse_actions`, the same
 function that reads ``amm`` annotations, so a field means the same in both places.
 
@@ -22,6 +22,7 @@ from typing import Any
 from amm_rules.language.fields import (
     ActionError,
     UnitError,
+    format_fraction,
     parse_actions,
     parse_duration,
     parse_fraction,
@@ -32,10 +33,13 @@ from amm_rules.language.fields import (
 from amm_rules.language.locator import Locator
 from amm_rules.language.ruleset import (
     ACTION_FIELDS,
+    DEFAULT_PRODUCERS,
     LEGACY_REPLICATE_VALUES,
     MAX_REBALANCE_SECONDS,
+    PRODUCER_ATTRIBUTES,
     Actions,
     DemandSettings,
+    MemoryPressureSettings,
     PausedWorkersSettings,
     Pool,
     Position,
@@ -59,6 +63,15 @@ _PAUSED_FRACTIONS = {
     "require-unmanaged": "require_unmanaged",
     "max-paused-fraction": "max_paused_fraction",
 }
+#: Memory-pressure fields → attributes, by kind. A check interval of 0 would look at the
+#: workers on every turn of the event loop; holds without a bound could hold for ever.
+_PRESSURE_DURATIONS = {
+    "check-interval": ("check_interval", False),
+    "min-hold": ("min_hold", True),
+    "max-hold": ("max_hold", False),
+    "cool-down": ("cooldown", True),
+}
+_PRESSURE_FRACTIONS = {"threshold": "threshold", "release": "release"}
 
 
 @dataclass
@@ -86,6 +99,7 @@ class Draft:
     paused_workers: PausedWorkersSettings | None = None
     #: Which paused-workers fields the file sets explicitly.
     paused_workers_fields: frozenset[str] = frozenset()
+    memory_pressure: MemoryPressureSettings | None = None
 
 
 def expression_text(value: Any) -> str | None:
@@ -104,6 +118,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
     rebalance = _rebalance(data.get("rebalance"), where, draft)
     paused = _paused_workers(data.get("paused-workers"), where, draft)
     demand, demand_depends = _demand(data.get("demand"), where)
+    pressure = _memory_pressure(data.get("memory-pressure"), where, draft)
     reduce = data.get("reduce-replicas", True)
     enforcement = data.get("enforcement")
     legacy = data.get("legacy-replicate", "honour")
@@ -114,6 +129,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
         rules=tuple(rules),
         rebalance=rebalance,
         paused_workers=paused,
+        memory_pressure=pressure,
         reduce_replicas=reduce if isinstance(reduce, bool) else True,
         legacy_replicate=legacy if legacy in LEGACY_REPLICATE_VALUES else "honour",
         demand=demand,
@@ -422,3 +438,96 @@ def _paused_workers(section: Any, where: Locator, draft: Draft) -> PausedWorkers
     draft.paused_workers = settings
     draft.paused_workers_fields = frozenset(str(k) for k in section)
     return settings
+
+
+# -- memory-pressure ----------------------------------------------------------------
+
+
+def _memory_pressure(section: Any, where: Locator, draft: Draft) -> MemoryPressureSettings | None:
+    """The ``memory-pressure`` section (None when the file has none). Shapes, the
+    measure and the saturation's bounds were checked by the schema; units, bounds and
+    how the fields fit together are checked here."""
+    if not isinstance(section, dict):
+        return None
+    kwargs: dict[str, Any] = {}
+
+    def fresh(key: str) -> bool:
+        return key in section and not where.reported_under(("memory-pressure", key))
+
+    for key, attr in (("enabled", "enabled"), ("require-transfers", "require_transfers")):
+        if fresh(key) and isinstance(section[key], bool):
+            kwargs[attr] = section[key]
+    if fresh("measure") and isinstance(section["measure"], str):
+        kwargs["measure"] = section["measure"]
+    saturation = section.get("saturation")
+    if fresh("saturation") and isinstance(saturation, (int, float)):
+        kwargs["saturation"] = float(saturation)
+    for key, attr in _PRESSURE_FRACTIONS.items():
+        if fresh(key):
+            try:
+                kwargs[attr] = parse_fraction(section[key])
+            except UnitError as exc:
+                where.add(("memory-pressure", key), f"{key}: {exc}", exc.code)
+    for key, (attr, zero) in _PRESSURE_DURATIONS.items():
+        if fresh(key):
+            seconds = _duration(section[key], ("memory-pressure", key), zero, where)
+            if seconds is not None:
+                kwargs[attr] = seconds
+    _producers(section, where, kwargs)
+    settings = MemoryPressureSettings(**kwargs)
+    _pressure_consistency(section, settings, where)
+    draft.memory_pressure = settings
+    return settings
+
+
+def _producers(section: dict[str, Any], where: Locator, kwargs: dict[str, Any]) -> None:
+    """The ``producers`` expression (the default's when absent): a task expression that
+    may read only what every task of a prefix shares."""
+    path = ("memory-pressure", "producers")
+    text = expression_text(section.get("producers", DEFAULT_PRODUCERS))
+    if text is None or where.reported_under(path):
+        return
+    compiled = _compile(text, "task", path, where)
+    if compiled is None:
+        return
+    other = sorted(set(compiled.depends) - PRODUCER_ATTRIBUTES)
+    if other:
+        names = ", ".join(f"task.{name}" for name in other)
+        where.add(
+            path,
+            f"producers: reads {names}; it may read only task.prefix and the task.prefix_* "
+            "memory-flow attributes (a whole prefix is held back, before its tasks run)",
+            "wrong-context",
+        )
+        return
+    kwargs["producers_source"] = text
+    kwargs["producers"] = compiled.predicate
+
+
+def _pressure_consistency(
+    section: dict[str, Any], settings: MemoryPressureSettings, where: Locator
+) -> None:
+    """Fields that are valid alone but not together (each pair checked only when both
+    fields are valid on their own)."""
+
+    def given(*keys: str) -> bool:
+        return any(k in section for k in keys) and not any(
+            where.reported_under(("memory-pressure", k)) for k in keys
+        )
+
+    if given("release", "threshold") and settings.release >= settings.threshold:
+        at = "release" if "release" in section else "threshold"
+        where.add(
+            ("memory-pressure", at),
+            f"{at}: release ({format_fraction(settings.release)}) must be below threshold "
+            f"({format_fraction(settings.threshold)}): holding starts above the threshold and "
+            "ends below release",
+            "bad-value",
+        )
+    if given("max-hold", "min-hold") and settings.max_hold < settings.min_hold:
+        at = "max-hold" if "max-hold" in section else "min-hold"
+        where.add(
+            ("memory-pressure", at),
+            f"{at}: max-hold ({settings.max_hold:g}s) is below min-hold ({settings.min_hold:g}s)",
+            "bad-value",
+        )

@@ -31,8 +31,9 @@ class Diagnostic:
     column: int
     severity: Severity
     message: str
-    #: Name of the rule (or ``pools.NAME``, ``rebalance``, ``paused-workers``; in a test
-    #: file ``cases.NAME`` or ``workers.NAME``) the problem is in, if any.
+    #: Name of the rule (or ``pools.NAME``, ``rebalance``, ``paused-workers``,
+    #: ``memory-pressure``, ``demand``; in a test file ``cases.NAME`` or
+    #: ``workers.NAME``) the problem is in, if any.
     rule: str | None = None
     #: A short stable identifier of the kind of problem, e.g. ``"yaml"``, ``"schema"``,
     #: ``"unknown-attribute"``, ``"shadowed-rule"``.
@@ -61,6 +62,17 @@ class Diagnostic:
 #: Entries named ``SECTION.NAME`` in :attr:`Diagnostic.rule`, and what each is called
 #: (rules files have pools; the test files of ``amm-rules test`` cases and workers).
 _ENTRIES = {"pools.": "pool", "cases.": "case", "workers.": "worker"}
+#: Top-level entries named as ``section 'NAME'`` in messages.
+SECTIONS = (
+    "rebalance",
+    "paused-workers",
+    "memory-pressure",
+    "demand",
+    "pools",
+    "rules",
+    "version",
+    "reduce-replicas",
+)
 
 
 def _context(rule: str) -> str:
@@ -68,7 +80,7 @@ def _context(rule: str) -> str:
     for prefix, kind in _ENTRIES.items():
         if rule.startswith(prefix):
             return f"{kind} '{_one_line(rule[len(prefix) :])}'"
-    if rule in ("rebalance", "paused-workers", "pools", "rules", "version", "reduce-replicas"):
+    if rule in SECTIONS:
         return f"section '{rule}'"
     return f"rule '{_one_line(rule)}'"
 

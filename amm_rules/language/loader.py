@@ -250,7 +250,8 @@ def _check_data(data: Any, where: Any, filename: str, text: str | None) -> Check
             where.add(
                 (),
                 "a rules file is a mapping with 'version', 'pools', 'rules', "
-                f"'rebalance', 'paused-workers' and 'reduce-replicas'; got {describe(data)}",
+                f"'rebalance', 'paused-workers', 'memory-pressure' and 'reduce-replicas'; "
+                f"got {describe(data)}",
                 "wrong-type",
             )
     else:

@@ -5,9 +5,9 @@ The checks (:mod:`amm_rules.language.schema_check`, :mod:`amm_rules.language.bui
 :class:`Locator` knows the file, the data and (for YAML files) the
 :class:`~amm_rules.language.yaml_source.YamlSource`, and from a path derives the position (of
 the key or the value), and the entry the problem is in: the rule's name,
-``pools.NAME``, ``rebalance``, ``paused-workers`` or ``demand``. Inline mappings have no
-positions; their diagnostics have line and column 0 and rely on the entry and field
-named in the message.
+``pools.NAME``, ``rebalance``, ``paused-workers``, ``demand`` or ``memory-pressure``.
+Inline mappings have no positions; their diagnostics have line and column 0 and rely on
+the entry and field named in the message.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Locator:
             return name if isinstance(name, str) and name else f"#{path[1] + 1}"
         if len(path) >= 2 and path[0] == "pools":
             return f"pools.{path[1]}"
-        if path and path[0] in ("rebalance", "paused-workers", "demand"):
+        if path and path[0] in ("rebalance", "paused-workers", "demand", "memory-pressure"):
             return str(path[0])
         return None
 

@@ -36,13 +36,26 @@ TASK_ATTRIBUTES: tuple[str, ...] = (
     "waiters",
     "reads",
     "annotations",
+    "prefix_tasks",
+    "prefix_produced_per_task",
+    "prefix_freed_by_per_task",
+    "prefix_net_per_task",
+)
+#: Task attributes that read the memory flow of the key's prefix (what tasks of its
+#: kind produced and freed so far, as the engine last published it). They are the same
+#: for every key of a prefix at a given moment, and change as its tasks run.
+FLOW_ATTRIBUTES: frozenset[str] = frozenset(
+    {"prefix_tasks", "prefix_produced_per_task", "prefix_freed_by_per_task", "prefix_net_per_task"}
 )
 #: Task attributes that change as the key's dependents run (its demand): a match reading
 #: one is evaluated again whenever a dependent of the key starts waiting or finishes.
 DEMAND_ATTRIBUTES: frozenset[str] = frozenset({"waiters", "reads"})
 #: Task attributes whose value is the same for every key of a (prefix, group, type,
-#: annotations) class; a match reading only these can be evaluated once per class.
-CLASS_ATTRIBUTES: frozenset[str] = frozenset({"prefix", "group", "type", "annotations"})
+#: annotations) class; a match reading only these can be evaluated once per class. The
+#: flow attributes are among them: the engine's classifier reads them with the class.
+CLASS_ATTRIBUTES: frozenset[str] = (
+    frozenset({"prefix", "group", "type", "annotations"}) | FLOW_ATTRIBUTES
+)
 #: Worker attributes a pool expression may read.
 WORKER_ATTRIBUTES: tuple[str, ...] = (
     "address",
@@ -132,6 +145,12 @@ class TaskFacts:
     waiters: int = 0
     reads: int = 0
     annotations: Mapping[str, Any] = field(default_factory=dict)
+    #: The memory flow of the prefix (see :data:`FLOW_ATTRIBUTES`); None (null) before
+    #: a task of the prefix finished.
+    prefix_tasks: int | None = None
+    prefix_produced_per_task: float | None = None
+    prefix_freed_by_per_task: float | None = None
+    prefix_net_per_task: float | None = None
 
 
 @dataclass(frozen=True)
@@ -299,6 +318,48 @@ class DemandSettings:
         return self.hold > 0
 
 
+#: The attributes a ``memory-pressure`` ``producers`` expression may read: what is the
+#: same for every task of a prefix (a prefix is held back, never a single key).
+PRODUCER_ATTRIBUTES: frozenset[str] = frozenset({"prefix"}) | FLOW_ATTRIBUTES
+#: Largest ``saturation`` a ``memory-pressure`` section may set (distributed's default
+#: is 1.1; far above it, holding would queue nothing).
+MAX_SATURATION = 100.0
+#: The ``producers`` expression of a ``memory-pressure`` section that does not set one.
+#: Kinds whose tasks add memory, and kinds not measured yet (their first tasks, and any
+#: task without dependencies, which frees nothing).
+DEFAULT_PRODUCERS = "task.prefix_net_per_task > 0 or not task.prefix_tasks"
+
+
+@dataclass(frozen=True)
+class MemoryPressureSettings:
+    """The ``memory-pressure:`` section. Fractions are of each worker's own memory
+    limit; durations are in seconds. See docs/memory-flow.md."""
+
+    #: False: the section is written but does nothing (``enabled: false``).
+    enabled: bool = True
+    #: The memory measure compared with the thresholds (one of :data:`MEASURES`).
+    measure: str = "process"
+    #: A worker is under pressure at or above this fraction of its memory limit ...
+    threshold: float = 0.60
+    #: ... while it sends or receives data (``require-transfers``).
+    require_transfers: bool = True
+    #: Holding ends once no worker is at or above this fraction (hysteresis).
+    release: float = 0.50
+    #: ``worker-saturation`` while holding: each worker is sent queued (root-ish) tasks
+    #: only while it has fewer than max(1, ceil(saturation x threads)) processing.
+    saturation: float = 0.5
+    #: Which prefixes are producers: held back only while the queue's head holds some.
+    producers_source: str = DEFAULT_PRODUCERS
+    producers: Predicate | None = None
+    #: Seconds between two looks at the workers.
+    check_interval: float = 0.5
+    #: Hold at least this long once started (hysteresis) ...
+    min_hold: float = 2.0
+    #: ... and at most this long in one go; then not again for ``cooldown`` seconds.
+    max_hold: float = 60.0
+    cooldown: float = 30.0
+
+
 @dataclass(frozen=True)
 class Reason:
     """Where a decided field came from."""
@@ -400,6 +461,8 @@ class Ruleset:
     rebalance: RebalanceSettings = field(default_factory=RebalanceSettings)
     #: The ``paused-workers:`` section, or None when the file has none (nothing is done).
     paused_workers: PausedWorkersSettings | None = None
+    #: The ``memory-pressure:`` section, or None when the file has none (nothing is held).
+    memory_pressure: MemoryPressureSettings | None = None
     reduce_replicas: bool = True
     #: ``legacy-replicate``: one of :data:`LEGACY_REPLICATE_VALUES`.
     legacy_replicate: str = "honour"
@@ -447,6 +510,11 @@ class Ruleset:
             not DEMAND_ATTRIBUTES.isdisjoint(self.depends | self.demand_depends)
             or self.demand.enabled
         )
+
+    @property
+    def reads_flow(self) -> bool:
+        """True if some rule's match reads a memory-flow attribute (``task.prefix_*``)."""
+        return not self.depends.isdisjoint(FLOW_ATTRIBUTES)
 
     def resolve(
         self,

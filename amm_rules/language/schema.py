@@ -25,9 +25,11 @@ from amm_rules.language.fields import (
 from amm_rules.language.ruleset import (
     ACTION_FIELDS,
     ALL,
+    DEFAULT_PRODUCERS,
     LEGACY_REPLICATE_VALUES,
     MAX_CONCURRENT,
     MAX_REBALANCE_SECONDS,
+    MAX_SATURATION,
     MEASURES,
     PAUSED_ACTIONS,
 )
@@ -164,6 +166,14 @@ _TASK_EXPRESSION = {
     "See docs/expressions.md.",
     "type": ["string", "boolean"],
 }
+_PRODUCERS_EXPRESSION = {
+    "title": "producers",
+    "description": "Which task prefixes are memory producers, held back under pressure; "
+    "reads task.prefix and the task.prefix_* memory-flow attributes only. See "
+    "docs/memory-flow.md.",
+    "type": ["string", "boolean"],
+    "default": DEFAULT_PRODUCERS,
+}
 _WORKER_EXPRESSION = {
     "title": "worker expression",
     "description": "Which workers belong to the pool, e.g. worker.resources.GPU >= 1. "
@@ -202,6 +212,7 @@ SCHEMA: dict[str, Any] = {
         "rebalance": {"$ref": "#/$defs/rebalance"},
         "paused-workers": {"$ref": "#/$defs/pausedWorkers"},
         "enforcement": _enforcement("everything the file decides", "enforce"),
+        "memory-pressure": {"$ref": "#/$defs/memoryPressure"},
         "reduce-replicas": {
             "title": "reduce replicas",
             "description": "Keys without a replication target keep one copy.",
@@ -387,6 +398,78 @@ SCHEMA: dict[str, Any] = {
                     "description": "Most bytes copied off paused workers per AMM cycle.",
                     "default": "512 MiB",
                     **_SIZE,
+                },
+            },
+        },
+        "memoryPressure": {
+            "title": "memory pressure",
+            "description": "Hold back memory producers while workers are above a share of "
+            "their memory limit with transfers in flight, by lowering the scheduler's "
+            "worker-saturation (the depth of its queue of root-ish tasks). See "
+            "docs/memory-flow.md.",
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "enabled": {
+                    "description": "Defaults to true when the section is present.",
+                    "type": "boolean",
+                    "default": True,
+                },
+                "measure": {
+                    "description": "Which memory measure is compared with the thresholds.",
+                    "enum": list(MEASURES),
+                    "default": "process",
+                },
+                "threshold": {
+                    "description": "A worker at or above this share of its memory limit is "
+                    "under pressure.",
+                    "default": "60%",
+                    **_PERCENT,
+                },
+                "require-transfers": {
+                    "description": "Count a worker as under pressure only while it sends or "
+                    "receives data (as its last heartbeat said).",
+                    "type": "boolean",
+                    "default": True,
+                },
+                "release": {
+                    "description": "Holding ends once no worker is at or above this share "
+                    "of its memory limit; below threshold.",
+                    "default": "50%",
+                    **_PERCENT,
+                },
+                "saturation": {
+                    "description": "worker-saturation while holding: each worker is sent "
+                    "queued tasks while it has fewer than max(1, ceil(saturation x threads)) "
+                    "processing.",
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "maximum": MAX_SATURATION,
+                    "default": 0.5,
+                },
+                "producers": _PRODUCERS_EXPRESSION,
+                "check-interval": {
+                    "description": "How often the workers are looked at. More than 0, at "
+                    "most one day.",
+                    "default": "500ms",
+                    **_duration(positive=True),
+                },
+                "min-hold": {
+                    "description": "Hold at least this long once started. At most one day.",
+                    "default": "2s",
+                    **_duration(positive=False),
+                },
+                "max-hold": {
+                    "description": "Hold at most this long in one go, then cool down. More "
+                    "than 0, at most one day.",
+                    "default": "60s",
+                    **_duration(positive=True),
+                },
+                "cool-down": {
+                    "description": "After a hold that reached max-hold, do not hold again "
+                    "for this long. At most one day.",
+                    "default": "30s",
+                    **_duration(positive=False),
                 },
             },
         },

@@ -101,6 +101,8 @@ class Rebalancer:
         self._sender: tuple[Key, str] | None = None
         #: What ``task.reads`` reads in ``rebalance.match`` (the policy's demand tracker).
         self.reads: Mapping[Key, int] | None = None
+        #: prefix -> published memory-flow figures, for a match reading ``task.prefix_*``.
+        self.flow: Mapping[str, Any] | None = None
 
     def __repr__(self) -> str:
         state = "enabled" if self.settings.enabled else "disabled"
@@ -404,7 +406,7 @@ class Rebalancer:
                 return READ_SOON
             if match is not None:
                 try:
-                    if not match(TaskFactsAdapter(ts, self.reads)):
+                    if not match(TaskFactsAdapter(ts, self.reads, self.flow)):
                         return "outside rebalance.match"
                 except Exception as exc:
                     if self._on_match_error is not None:

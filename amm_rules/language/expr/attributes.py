@@ -113,6 +113,32 @@ ATTRIBUTES: dict[Context, dict[str, AttributeSpec]] = {
                 keyed=True,
                 default=None,
             ),
+            AttributeSpec(
+                "task",
+                "prefix_tasks",
+                _T.COUNT,
+                "tasks of the key's prefix finished so far; null before the first",
+            ),
+            AttributeSpec(
+                "task",
+                "prefix_produced_per_task",
+                _T.SIZE,
+                "bytes a task of the key's prefix produced, on average; null before the first",
+            ),
+            AttributeSpec(
+                "task",
+                "prefix_freed_by_per_task",
+                _T.SIZE,
+                "bytes of inputs released because a task of the key's prefix finished, on "
+                "average; null before the first",
+            ),
+            AttributeSpec(
+                "task",
+                "prefix_net_per_task",
+                _T.SIZE,
+                "produced minus freed-by per task of the key's prefix (negative for kinds "
+                "that free more than they make); null before the first",
+            ),
         )
     },
     "worker": {

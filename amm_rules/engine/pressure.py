@@ -1,0 +1,501 @@
+"""The ``memory-pressure`` section: hold memory producers back while workers are short
+of memory and data is moving between them.
+
+What a scheduler-side engine can do in distributed 2026.8, without patching it and
+with nothing installed on workers (docs/memory-flow.md has the measurements):
+
+- a worker's *paused* status cannot be forced from the scheduler: the worker's memory
+  monitor sets it back at its next check. Not used;
+- root-ish tasks wait in the scheduler's queue while every worker has
+  ``max(1, ceil(worker-saturation x threads))`` tasks processing. The saturation is one
+  number for the cluster (``Scheduler.WORKER_SATURATION``); changing it at run time is
+  safe once the scheduler's idle set is recomputed for every worker
+  (``check_idle_saturated``), and, when it grows, the queue is offered the slots that
+  opened (``stimulus_queue_slots_maybe_opened``). This is the lever: :meth:`hold`
+  lowers it to ``saturation``, :meth:`release` puts back the scheduler's own value;
+- a task group at most twice the cluster's thread count is not root-ish, so its tasks
+  are all sent to workers at once and never queued. When a graph arrives (a scheduler
+  plugin's ``update_graph``, before its tasks are scheduled), the tasks without
+  dependencies of producer prefixes are flagged as data producers (dask's own flag on
+  its task spec, which the scheduler reads in ``is_rootish``), so that they queue like
+  a large root group and the hold reaches them;
+- task priorities can be changed only when a graph arrives, and only reorder what is
+  ready; they hold nothing back. Not used.
+
+Each ``check-interval`` (a periodic callback on the scheduler's event loop, one pass over
+the workers), :meth:`MemoryPressure.check`:
+
+1. finds the workers under pressure: at or above ``threshold`` of their memory limit by
+   ``measure``, with data in flight to or from them (``require-transfers``; the transfer
+   counts of their last heartbeat);
+2. looks at the head of the scheduler's queue: only a producer (the ``producers``
+   expression on its prefix's memory flow, :mod:`amm_rules.engine.flow`) is held back;
+3. holds when some worker is under pressure and the queue's head is a producer, unless
+   cooling down; releases once no worker is at or above ``release`` (after at least
+   ``min-hold``), when the queue's head is no longer a producer, or after ``max-hold``
+   (then cools down for ``cool-down``).
+
+The floors: distributed never sends a worker fewer than one queued task slot, so every
+worker keeps running at least one task, and the cluster at least one per worker and
+``saturation`` of its threads; ``max-hold`` bounds a hold in time. Non-root tasks (those
+that consume what is in memory) are never held. Every hold and release is an
+``amm-rules`` event (``action: "memory-pressure"``), the status says what is held and
+why (:meth:`MemoryPressure.status`), and :meth:`MemoryPressure.metrics` counts.
+
+Neighbours: :mod:`amm_rules.engine.policy` attaches it and passes reloads;
+:mod:`amm_rules.engine.flow` says which prefixes produce memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+from tornado.ioloop import PeriodicCallback
+
+from amm_rules.engine.flow import MemoryFlow, PrefixFlow
+from amm_rules.language.fields import format_fraction
+from amm_rules.language.ruleset import MemoryPressureSettings, TaskFacts
+
+if TYPE_CHECKING:
+    from amm_rules.engine.policy import RulesPolicy
+
+logger = logging.getLogger(__name__)
+
+#: Name of the periodic callback in ``scheduler.periodic_callbacks``.
+CALLBACK = "amm-rules-memory-pressure"
+#: Workers named in an event or the status (the worst first).
+SHOWN_WORKERS = 10
+
+
+def _fmt_bytes(n: float) -> str:
+    sign = "-" if n < 0 else "+"
+    n = abs(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class MemoryPressure(SchedulerPlugin):
+    """The ``memory-pressure`` section at work (see the module docstring)."""
+
+    name = "amm-rules-memory-pressure"
+
+    def __init__(self, flow: MemoryFlow) -> None:
+        self.flow = flow
+        self.policy: RulesPolicy | None = None
+        #: The section in force; None when the rules have none.
+        self.settings: MemoryPressureSettings | None = None
+        #: ``idle``, ``holding``, ``cooling`` (after max-hold) or ``unavailable``.
+        self.state = "idle"
+        #: The scheduler's own worker-saturation, put back at release.
+        self.base: float | None = None
+        #: The saturation set by the hold in force (to notice someone else changing it).
+        self.held_at: float | None = None
+        #: Monotonic time the hold (or the cool-down) started, and when cooling ends.
+        self.since: float | None = None
+        self.cool_until = 0.0
+        #: Why the engine holds or does not, as sentences (the latest check).
+        self.reasons: list[str] = []
+        #: Workers under pressure at the latest check: address -> (fraction, transfers).
+        self.pressured: dict[str, tuple[float, int]] = {}
+        #: The prefix at the head of the queue at the latest check, and whether it counts
+        #: as a producer.
+        self.head: tuple[str, bool] | None = None
+        #: Counters since the policy started (see :meth:`metrics`).
+        self.counters: Counter[str] = Counter()
+        self.held_seconds_done = 0.0
+        self._callback: PeriodicCallback | None = None
+        self._interval: float | None = None
+
+    # -- attach ----------------------------------------------------------------------
+
+    def attach(self, policy: RulesPolicy) -> None:
+        self.policy = policy
+        scheduler = policy.scheduler
+        scheduler.add_plugin(self, name=f"{self.name}-{id(self)}")
+        self.base = float(scheduler.WORKER_SATURATION)
+
+    def detach(self) -> None:
+        """Put the scheduler's saturation back and stop looking."""
+        policy = self.policy
+        if policy is None or policy._manager is None:
+            return
+        if self.state == "holding":
+            self.release(time.monotonic(), "the policy detached")
+        self._stop_callback()
+        scheduler = policy.scheduler
+        for name, plugin in list(scheduler.plugins.items()):
+            if plugin is self:
+                scheduler.remove_plugin(name=name)
+        self.policy = None
+
+    def configure(self, settings: MemoryPressureSettings | None) -> None:
+        """The rules changed (start or reload). A hold in force ends if the new rules
+        have no section, or a disabled one; the new timings apply from the next check."""
+        self.settings = settings if settings is not None and settings.enabled else None
+        if self.settings is None and self.state == "holding":
+            self.release(time.monotonic(), "the rules no longer hold producers back")
+        if self.settings is None:
+            self._stop_callback()
+            self.state = "idle" if self.state != "unavailable" else self.state
+
+    def ensure_running(self) -> None:
+        """Start (or re-time) the periodic check; called from the AMM cycle, which runs on
+        the scheduler's event loop once the scheduler started."""
+        settings, policy = self.settings, self.policy
+        if settings is None or policy is None:
+            return
+        if self._callback is not None and self._interval == settings.check_interval:
+            return
+        self._stop_callback()
+        self._callback = PeriodicCallback(self.check, settings.check_interval * 1000)
+        self._interval = settings.check_interval
+        policy.scheduler.periodic_callbacks[CALLBACK] = self._callback
+        self._callback.start()
+
+    def _stop_callback(self) -> None:
+        if self._callback is None:
+            return
+        self._callback.stop()
+        policy = self.policy
+        if policy is not None and policy._manager is not None:
+            callbacks = policy.scheduler.periodic_callbacks
+            if callbacks.get(CALLBACK) is self._callback:
+                del callbacks[CALLBACK]
+        self._callback = None
+        self._interval = None
+
+    # -- graphs arriving -----------------------------------------------------------------
+
+    def update_graph(self, scheduler: Any, *, tasks: Any = (), **kwargs: Any) -> None:
+        """Flag the new tasks without dependencies of producer prefixes as data
+        producers, so that the scheduler queues them (see the module docstring). Runs
+        before the graph's tasks are scheduled; cost: one look per new task, one
+        evaluation of ``producers`` per prefix."""
+        settings = self.settings
+        if settings is None or math.isinf(scheduler.WORKER_SATURATION):
+            return
+        verdicts: dict[str, bool] = {}
+        flagged = 0
+        for key in tasks:
+            ts = scheduler.tasks.get(key)
+            if ts is None or ts.dependencies or ts.actor or ts.state != "released":
+                continue
+            spec = ts.run_spec
+            if getattr(spec, "_data_producer", True):  # not a task, or flagged already
+                continue
+            prefix = ts.prefix.name
+            verdict = verdicts.get(prefix)
+            if verdict is None:
+                verdict = verdicts[prefix] = self._root_producer(prefix)
+            if verdict:
+                spec._data_producer = True
+                flagged += 1
+        if flagged:
+            self.counters["queued_roots"] += flagged
+            names = sorted(p for p, v in verdicts.items() if v)
+            logger.debug("amm-rules: %d root tasks of %s made queueable", flagged, names)
+
+    def _root_producer(self, prefix: str) -> bool:
+        """Whether the tasks without dependencies of ``prefix`` are producers (the
+        default ``producers`` counts a prefix never measured as one: such a task frees
+        nothing)."""
+        return self._is_producer(prefix, self.flow.prefixes.get(prefix))
+
+    def _is_producer(self, prefix: str, entry: PrefixFlow | None) -> bool:
+        settings = self.settings
+        if settings is None or settings.producers is None:
+            return False
+        facts = _facts(prefix, entry)
+        try:
+            return bool(settings.producers(facts))
+        except Exception:  # the expression is checked; never fail the scheduler for it
+            logger.exception("amm-rules: memory-pressure producers failed on %r", prefix)
+            return False
+
+    # -- the check ---------------------------------------------------------------------
+
+    def check(self) -> None:
+        """One look at the workers and the queue (see the module docstring)."""
+        settings, policy = self.settings, self.policy
+        if settings is None or policy is None or policy._manager is None:
+            return
+        try:
+            self._check(settings, policy.scheduler, time.monotonic())
+        except Exception:
+            logger.exception("amm-rules: memory-pressure check failed")
+
+    def _check(self, settings: MemoryPressureSettings, scheduler: Any, now: float) -> None:
+        if math.isinf(scheduler.WORKER_SATURATION) and self.state != "holding":
+            self._unavailable()
+            return
+        if self.state == "unavailable":
+            self.state = "idle"
+        if self.state == "holding" and self.held_at != scheduler.WORKER_SATURATION:
+            # Someone else set the saturation: theirs wins, ours is forgotten.
+            self._forget_hold(now, "worker-saturation was changed by someone else")
+            return
+        above_release = self._look(settings, scheduler)
+        head = self._head(scheduler)
+        reasons = self._pressure_reasons(settings)
+        if self.state == "holding":
+            self._while_holding(settings, scheduler, now, above_release, head, reasons)
+        else:
+            self._while_idle(settings, scheduler, now, head, reasons)
+
+    def _look(self, settings: MemoryPressureSettings, scheduler: Any) -> bool:
+        """Fill :attr:`pressured`; return whether some worker is at or above release."""
+        measure = settings.measure
+        threshold, release = settings.threshold, settings.release
+        pressured: dict[str, tuple[float, int]] = {}
+        above_release = False
+        for addr, ws in scheduler.workers.items():
+            limit = ws.memory_limit
+            if not limit:
+                continue
+            fraction = getattr(ws.memory, measure) / limit
+            if fraction < release:
+                continue
+            above_release = True
+            if fraction < threshold:
+                continue
+            transfer = (ws.metrics or {}).get("transfer") or {}
+            moving = int(transfer.get("incoming_count", 0)) + int(
+                transfer.get("outgoing_count", 0)
+            )
+            if moving or not settings.require_transfers:
+                pressured[addr] = (fraction, moving)
+        self.pressured = pressured
+        return above_release
+
+    def _head(self, scheduler: Any) -> tuple[str, bool] | None:
+        queued = scheduler.queued
+        if not queued:
+            self.head = None
+            return None
+        prefix = queued.peek().prefix.name
+        self.head = (prefix, self._is_producer(prefix, self.flow.prefixes.get(prefix)))
+        return self.head
+
+    def _pressure_reasons(self, settings: MemoryPressureSettings) -> list[str]:
+        if not self.pressured:
+            what = " with transfers in flight" if settings.require_transfers else ""
+            return [f"no worker at or above {format_fraction(settings.threshold)}{what}"]
+        worst = sorted(self.pressured.items(), key=lambda kv: -kv[1][0])[:SHOWN_WORKERS]
+        shown = ", ".join(f"{a} at {f:.0%} ({n} transfers)" for a, (f, n) in worst)
+        return [
+            f"{len(self.pressured)} workers at or above {format_fraction(settings.threshold)} "
+            f"of their memory limit ({settings.measure}): {shown}"
+        ]
+
+    def _head_reason(self, head: tuple[str, bool] | None) -> str:
+        if head is None:
+            return "nothing is queued"
+        prefix, producer = head
+        entry = self.flow.prefixes.get(prefix)
+        net = entry.net_per_task if entry is not None else None
+        figure = "not measured yet" if net is None else f"net {_fmt_bytes(net)} per task"
+        verdict = "a producer" if producer else "not a producer"
+        return f"the queue's head is {prefix} ({figure}): {verdict}"
+
+    def _while_idle(
+        self,
+        settings: MemoryPressureSettings,
+        scheduler: Any,
+        now: float,
+        head: tuple[str, bool] | None,
+        reasons: list[str],
+    ) -> None:
+        reasons.append(self._head_reason(head))
+        if self.state == "cooling":
+            if now < self.cool_until:
+                reasons.append(f"cooling down for {self.cool_until - now:.0f}s after max-hold")
+                self.reasons = reasons
+                return
+            self.state = "idle"
+        if self.pressured and head is not None and head[1]:
+            self.reasons = reasons
+            self.hold(settings, scheduler, now)
+            return
+        self.reasons = [*reasons, "not holding"]
+
+    def _while_holding(
+        self,
+        settings: MemoryPressureSettings,
+        scheduler: Any,
+        now: float,
+        above_release: bool,
+        head: tuple[str, bool] | None,
+        reasons: list[str],
+    ) -> None:
+        reasons.append(self._head_reason(head))
+        held_for = now - (self.since or now)
+        self.reasons = [*reasons, f"holding for {held_for:.0f}s"]
+        if held_for >= settings.max_hold:
+            self.release(now, f"held for max-hold ({settings.max_hold:g}s)")
+            self.state = "cooling"
+            self.cool_until = now + settings.cooldown
+            return
+        if held_for < settings.min_hold:
+            return
+        if not above_release:
+            self.release(now, f"no worker at or above {format_fraction(settings.release)}")
+        elif head is not None and not head[1]:
+            self.release(now, self._head_reason(head))
+
+    def _unavailable(self) -> None:
+        if self.state != "unavailable":
+            why = (
+                "worker-saturation is inf (the scheduler queues no task): nothing can be held back"
+            )
+            self._emit("unavailable", reason=why)
+            logger.warning("amm-rules: memory-pressure: %s", why)
+        self.state = "unavailable"
+        self.reasons = ["worker-saturation is inf: the scheduler queues nothing to hold back"]
+
+    # -- the lever ---------------------------------------------------------------------
+
+    def hold(self, settings: MemoryPressureSettings, scheduler: Any, now: float) -> None:
+        """Lower the scheduler's worker-saturation to ``saturation``."""
+        base = float(scheduler.WORKER_SATURATION)
+        target = min(settings.saturation, base)
+        self.base = base
+        self.state = "holding"
+        self.since = now
+        self.held_at = target
+        self.counters["holds"] += 1
+        _set_saturation(scheduler, target)
+        self._emit(
+            "hold",
+            saturation=target,
+            base=base,
+            workers={a: round(f, 3) for a, (f, _) in self.pressured.items()},
+            prefix=self.head[0] if self.head else None,
+            reasons=list(self.reasons),
+        )
+
+    def release(self, now: float, why: str) -> None:
+        """Put the scheduler's own worker-saturation back."""
+        policy = self.policy
+        held_for = now - (self.since or now)
+        self.held_seconds_done += held_for
+        self.counters["releases"] += 1
+        if policy is not None and policy._manager is not None and self.base is not None:
+            _set_saturation(policy.scheduler, self.base, opened=True)
+        self.state = "idle"
+        self.since = None
+        self.held_at = None
+        self.reasons = [f"released: {why}"]
+        self._emit("release", reason=why, held_seconds=round(held_for, 3), saturation=self.base)
+
+    def _forget_hold(self, now: float, why: str) -> None:
+        self.held_seconds_done += now - (self.since or now)
+        self.state = "idle"
+        self.since = None
+        self.held_at = None
+        self.reasons = [f"stopped holding: {why}"]
+        self._emit("stopped", reason=why)
+
+    def _emit(self, step: str, **fields: Any) -> None:
+        policy = self.policy
+        if policy is not None:
+            policy.events.emit("memory-pressure", step=step, **fields)
+
+    # -- reading -----------------------------------------------------------------------
+
+    def held_seconds(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        running = now - self.since if self.state == "holding" and self.since else 0.0
+        return self.held_seconds_done + running
+
+    def status(self) -> dict[str, Any] | None:
+        """The section's state for ``amm_rules_status``; None without a section."""
+        settings = self.settings
+        if settings is None and self.state == "idle":
+            return None
+        now = time.monotonic()
+        return {
+            "state": self.state,
+            "settings": None if settings is None else _settings_dict(settings),
+            "saturation": self.held_at if self.state == "holding" else self.base,
+            "scheduler_saturation": self.base,
+            "held_for": round(now - self.since, 3)
+            if self.state == "holding" and self.since
+            else 0,
+            "workers": {
+                a: {"fraction": round(f, 3), "transfers": n}
+                for a, (f, n) in sorted(self.pressured.items(), key=lambda kv: -kv[1][0])[
+                    :SHOWN_WORKERS
+                ]
+            },
+            "queue_head": None
+            if self.head is None
+            else {"prefix": self.head[0], "producer": self.head[1]},
+            "reasons": list(self.reasons),
+            "totals": self.metrics(now),
+        }
+
+    def metrics(self, now: float | None = None) -> dict[str, float]:
+        """Counters for a collector: holds, releases, seconds held, root tasks made
+        queueable, and whether a hold is in force."""
+        return {
+            "holding": float(self.state == "holding"),
+            "holds": float(self.counters["holds"]),
+            "releases": float(self.counters["releases"]),
+            "held_seconds": round(self.held_seconds(now), 3),
+            "queued_roots": float(self.counters["queued_roots"]),
+        }
+
+
+def _set_saturation(scheduler: Any, value: float, opened: bool = False) -> None:
+    """Set ``worker-saturation`` on a running scheduler. Its idle set is recomputed at
+    once for every worker (the scheduler asserts, under validation, that the workers it
+    picks from that set have room by the current value); when slots may have opened, the
+    queue is offered them, as after a task finishes."""
+    scheduler.WORKER_SATURATION = value
+    for ws in scheduler.workers.values():
+        scheduler.check_idle_saturated(ws)
+    if opened:
+        scheduler.stimulus_queue_slots_maybe_opened(
+            stimulus_id=f"amm-rules-memory-pressure-{time.time()}"
+        )
+
+
+def _facts(prefix: str, entry: PrefixFlow | None) -> TaskFacts:
+    """What a ``producers`` expression sees of a prefix: its live memory flow."""
+    if entry is None or not entry.tasks:
+        return TaskFacts(key="", prefix=prefix)
+    n = entry.tasks
+    return TaskFacts(
+        key="",
+        prefix=prefix,
+        prefix_tasks=n,
+        prefix_produced_per_task=entry.produced / n,
+        prefix_freed_by_per_task=entry.freed_by / n,
+        prefix_net_per_task=(entry.produced - entry.freed_by) / n,
+    )
+
+
+def _settings_dict(settings: MemoryPressureSettings) -> dict[str, Any]:
+    return {
+        "measure": settings.measure,
+        "threshold": settings.threshold,
+        "require_transfers": settings.require_transfers,
+        "release": settings.release,
+        "saturation": settings.saturation,
+        "producers": settings.producers_source,
+        "check_interval": settings.check_interval,
+        "min_hold": settings.min_hold,
+        "max_hold": settings.max_hold,
+        "cooldown": settings.cooldown,
+    }
+
+
+__all__ = ["MemoryPressure"]

@@ -1,0 +1,347 @@
+"""Three workloads that produce memory faster than they free it, with and without the
+``memory-pressure`` section: peak managed memory, bytes spilled, seconds paused, wall time.
+
+Each run starts a ``LocalCluster`` of three worker processes with spilling and pausing
+on (distributed's defaults: target 60%, spill 70%, pause 80% of the worker's memory
+limit; terminate off, so that a run is never cut short by a restart), runs one workload
+and measures, from the scheduler (which runs in this process):
+
+- ``peak_managed``: the largest sum over workers of managed memory in RAM
+  (``WorkerState.memory.managed``: Dask's data, replicas included, spilled bytes not),
+  sampled every 50 ms; ``peak_managed_total`` also counts bytes on disk;
+- ``spilled``: bytes written to disk by the workers' spilling (their ``disk-write``
+  metrics, summed by the scheduler from heartbeats);
+- ``paused_s``: seconds workers spent paused, summed over workers (sampled);
+- ``wall_s``: from submitting the graph to having the result.
+
+The workloads (dask/distributed issue 3898 and its neighbours):
+
+- ``W1``: ``(a @ a.T).sum()`` on a random 5000 x 5000 array in chunks of 1000; 1 thread
+  per worker, 400 MiB each;
+- ``W2``: ``(u**2).mean(0)``, ``(v**2).mean(0)``, ``(u*v).mean(0)`` computed together
+  over shared random inputs u and v of 20000 x 2000 in chunks of 1000 rows (dask's
+  "quadratic means"); 1 thread per worker, 250 MiB each;
+- ``W3``: a root group of twice the cluster's threads (the largest group the scheduler
+  does not queue) of 40 MiB chunks, each consumed with its neighbour (a transfer) by a
+  task that sleeps 1 s; 2 threads per worker, 400 MiB each.
+
+Modes: ``without`` runs RulesPolicy with no rules (the engine is there, its memory flow
+included, nothing is held), ``with`` adds a ``memory-pressure`` section with its defaults
+(``--section`` changes them). Runs alternate between the modes, in ABBA order over the
+repeats, and workloads are interleaved, so that a shared machine's changing load falls
+on both modes alike; the load average before each run is recorded.
+
+Usage: ``python -m benchmarks.memory_pressure [--repeats N] [--only W1,W2,W3]``; writes
+``benchmarks/results/memory_pressure.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import dask
+import dask.array as da
+import distributed
+import numpy as np
+from distributed import Client, LocalCluster
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "memory_pressure.json"
+MiB = 2**20
+WORKERS = 3
+#: Workload -> (threads per worker, memory limit per worker).
+SHAPES = {"W1": (1, 400 * MiB), "W2": (1, 250 * MiB), "W3": (2, 400 * MiB)}
+W3_CHUNK = 40 * MiB
+W3_DELAY = 1.0
+#: The section of the ``with`` mode (its defaults unless ``--section`` says otherwise).
+SECTION: dict[str, Any] = {}
+SAMPLE_S = 0.05
+
+
+# -- workloads ----------------------------------------------------------------------
+
+
+def make_chunk(i: int, nbytes: int) -> np.ndarray:
+    return np.random.default_rng(i).random(nbytes // 8)
+
+
+def slow_pair(a: np.ndarray, b: np.ndarray, delay: float) -> float:
+    time.sleep(delay)
+    return float(a[:10].sum() + b[:10].sum())
+
+
+def workload(name: str, threads: int) -> tuple[Any, Any]:
+    """(what to compute, how): a list of collections, or a graph and its output key."""
+    if name == "W1":
+        a = da.random.random((5000, 5000), chunks=1000)
+        return "collections", [(a @ a.T).sum()]
+    if name == "W2":
+        u = da.random.random((20000, 2000), chunks=(1000, 2000))
+        v = da.random.random((20000, 2000), chunks=(1000, 2000))
+        return "collections", [(u**2).mean(0), (v**2).mean(0), (u * v).mean(0)]
+    if name == "W3":
+        n = 2 * WORKERS * threads
+        token = f"{time.time_ns()}"
+        chunk, pair = f"chunk-{token}", f"pair-{token}"
+        dsk: dict[Any, Any] = {(chunk, i): (make_chunk, i, W3_CHUNK) for i in range(n)}
+        for i in range(n):
+            dsk[(pair, i)] = (slow_pair, (chunk, i), (chunk, (i + 1) % n), W3_DELAY)
+        dsk[f"total-{token}"] = (sum, [(pair, i) for i in range(n)])
+        return "graph", (dsk, f"total-{token}")
+    raise ValueError(name)
+
+
+# -- one run ------------------------------------------------------------------------
+
+
+def spilled_bytes(s: Any) -> int:
+    return sum(
+        v
+        for k, v in s.cumulative_worker_metrics.items()
+        if isinstance(k, tuple) and "disk-write" in k and k[-1] == "bytes"
+    )
+
+
+async def sample(s: Any, out: dict[str, float], stop: asyncio.Event) -> None:
+    last = time.monotonic()
+    while not stop.is_set():
+        await asyncio.sleep(SAMPLE_S)
+        now = time.monotonic()
+        dt, last = now - last, now
+        workers = list(s.workers.values())
+        in_ram = sum(ws.memory.managed for ws in workers)
+        total = sum(ws.nbytes for ws in workers)
+        out["peak_managed"] = max(out.get("peak_managed", 0), in_ram)
+        out["peak_managed_total"] = max(out.get("peak_managed_total", 0), total)
+        paused = sum(getattr(ws.status, "name", "") == "paused" for ws in workers)
+        out["paused_s"] = out.get("paused_s", 0.0) + dt * paused
+
+
+def rules_of(mode: str) -> dict[str, Any]:
+    return {"version": 1, **({"memory-pressure": dict(SECTION)} if mode == "with" else {})}
+
+
+async def one_run(name: str, mode: str) -> dict[str, Any]:
+    threads, limit = SHAPES[name]
+    prefix = "distributed.scheduler.active-memory-manager"
+    config = {
+        f"{prefix}.start": True,
+        f"{prefix}.policies": [{"class": "amm_rules.RulesPolicy", "rules": rules_of(mode)}],
+        "distributed.worker.memory.target": 0.6,
+        "distributed.worker.memory.spill": 0.7,
+        "distributed.worker.memory.pause": 0.8,
+        "distributed.worker.memory.terminate": False,
+    }
+    env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    load = os.getloadavg()[0]
+    with dask.config.set(config):
+        async with (
+            LocalCluster(
+                n_workers=WORKERS,
+                threads_per_worker=threads,
+                processes=True,
+                asynchronous=True,
+                dashboard_address=":0",
+                memory_limit=limit,
+                env=env,
+            ) as cluster,
+            Client(cluster, asynchronous=True) as client,
+        ):
+            s = cluster.scheduler
+            (policy,) = [p for p in s.extensions["amm"].policies if hasattr(p, "pressure")]
+            kind, what = workload(name, threads)
+            measured: dict[str, float] = {}
+            stop = asyncio.Event()
+            spilled_before = spilled_bytes(s)
+            sampler = asyncio.create_task(sample(s, measured, stop))
+            start = time.monotonic()
+            if kind == "graph":
+                dsk, key = what
+                await client.gather(client.get(dsk, key, sync=False))
+            else:
+                await client.gather(client.compute(what))
+            wall = time.monotonic() - start
+            pressure = policy.pressure.metrics()
+            flow = policy.flow.table()
+            await asyncio.sleep(1.5)  # the workers' last heartbeats bring their metrics
+            stop.set()
+            await sampler
+            return {
+                "workload": name,
+                "mode": mode,
+                "wall_s": round(wall, 2),
+                "spilled": spilled_bytes(s) - spilled_before,
+                "peak_managed": int(measured.get("peak_managed", 0)),
+                "peak_managed_total": int(measured.get("peak_managed_total", 0)),
+                "paused_s": round(measured.get("paused_s", 0.0), 2),
+                "holds": int(pressure["holds"]),
+                "held_s": pressure["held_seconds"],
+                "queued_roots": int(pressure["queued_roots"]),
+                "load_before": round(load, 2),
+                "flow": top_flow(flow),
+            }
+
+
+def top_flow(table: dict[str, dict[str, Any]], n: int = 4) -> dict[str, dict[str, Any]]:
+    """The prefixes adding the most and freeing the most, for the docs."""
+    rows = [(p, r) for p, r in table.items() if r["net_per_task"] is not None]
+    rows.sort(key=lambda pr: pr[1]["net_per_task"])
+    keep = rows[:n] + rows[-n:]
+    return {p: r for p, r in keep}
+
+
+# -- the series ---------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    out = []
+    for r in range(args.repeats):
+        modes = ("without", "with") if r % 2 == 0 else ("with", "without")
+        for name in args.only:
+            for mode in modes:
+                result = await one_run(name, mode)
+                result["repeat"] = r
+                print(json.dumps({k: v for k, v in result.items() if k != "flow"}), flush=True)
+                out.append(result)
+    return out
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+MEASURES = ("wall_s", "spilled", "peak_managed", "peak_managed_total", "paused_s")
+
+
+def summarize(runs: list[dict[str, Any]], only: list[str]) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for name in only:
+        table[name] = {}
+        for mode in ("without", "with"):
+            rows = [r for r in runs if r["workload"] == name and r["mode"] == mode]
+            if rows:
+                table[name][mode] = {m: spread([r[m] for r in rows]) for m in MEASURES}
+                table[name][mode]["holds"] = spread([r["holds"] for r in rows])
+        both = table[name]
+        if "with" in both and "without" in both:
+            w, wo = both["with"], both["without"]
+            table[name]["spilled_ratio"] = (
+                w["spilled"]["median"] / wo["spilled"]["median"]
+                if wo["spilled"]["median"]
+                else None
+            )
+            table[name]["wall_ratio"] = w["wall_s"]["median"] / wo["wall_s"]["median"]
+    return table
+
+
+def targets(table: dict[str, Any]) -> dict[str, Any]:
+    """The issue's targets: on one workload at least, bytes spilled at most half and wall
+    time no worse; on none, wall time worse by more than 5%."""
+    helped = [
+        name
+        for name, t in table.items()
+        if t.get("spilled_ratio") is not None
+        and t["spilled_ratio"] <= 0.5
+        and t["wall_ratio"] <= 1.0
+    ]
+    worse = [name for name, t in table.items() if t.get("wall_ratio", 1.0) > 1.05]
+    return {"helped": helped, "wall_worse_than_5pct": worse, "met": bool(helped) and not worse}
+
+
+def mib(n: float) -> str:
+    return f"{n / MiB:,.0f}"
+
+
+def one_decimal(x: float) -> str:
+    return f"{x:.1f}"
+
+
+def cell(m: dict[str, Any], key: str, fmt: Any = one_decimal) -> str:
+    """``median (min-max)`` of one measure."""
+    v = m[key]
+    return f"{fmt(v['median'])} ({fmt(v['min'])}-{fmt(v['max'])})"
+
+
+def print_table(table: dict[str, Any], repeats: int) -> None:
+    print(
+        f"\n{'workload':<8} {'mode':<8} {'wall s':>16} {'spilled MiB':>18} "
+        f"{'peak managed MiB':>18} {'paused s':>14} {'holds':>6}"
+    )
+    for name, t in table.items():
+        for mode in ("without", "with"):
+            if mode not in t:
+                continue
+            m = t[mode]
+            print(
+                f"{name:<8} {mode:<8} {cell(m, 'wall_s'):>16} {cell(m, 'spilled', mib):>18} "
+                f"{cell(m, 'peak_managed', mib):>18} {cell(m, 'paused_s'):>14} "
+                f"{m['holds']['median']:>6.0f}"
+            )
+        if t.get("wall_ratio") is not None:
+            ratio = t["spilled_ratio"]
+            shown = "-" if ratio is None else f"{ratio:.2f}"
+            print(f"{'':<8} with/without: spilled {shown}, wall {t['wall_ratio']:.2f}")
+    print(f"medians (min-max) of {repeats} runs per mode")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", default="W1,W2,W3", help="workloads, comma-separated")
+    parser.add_argument(
+        "--section",
+        default="{}",
+        help="the memory-pressure section of the 'with' mode, as JSON (default: {})",
+    )
+    parser.add_argument("--json", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    args.only = [w.strip() for w in args.only.split(",") if w.strip()]
+    SECTION.update(json.loads(args.section))
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)
+    logging.getLogger("amm_rules").setLevel(logging.CRITICAL)
+    started = time.time()
+    runs = asyncio.run(run(args))
+    table = summarize(runs, args.only)
+    print_table(table, args.repeats)
+    goals = targets(table)
+    print(json.dumps(goals))
+    result = {
+        "date": time.strftime("%Y-%m-%d", time.localtime(started)),
+        "duration_s": round(time.time() - started),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "shared": "yes: other work ran on the machine; see load_before per run",
+        },
+        "python": platform.python_version(),
+        "distributed": distributed.__version__,
+        "settings": {
+            "repeats": args.repeats,
+            "workers": WORKERS,
+            "shapes": {k: {"threads": t, "memory_limit": m} for k, (t, m) in SHAPES.items()},
+            "section": SECTION,
+        },
+        "table": table,
+        "targets": goals,
+        "runs": runs,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json.relative_to(ROOT) if args.json.is_relative_to(ROOT) else args.json}")
+
+
+if __name__ == "__main__":
+    main()

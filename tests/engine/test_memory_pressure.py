@@ -1,0 +1,250 @@
+"""The ``memory-pressure`` section on a real scheduler (:mod:`amm_rules.engine.pressure`):
+root tasks of producers made queueable when a graph arrives; holding (the scheduler's
+worker-saturation lowered, its idle set recomputed) while a worker is above the
+threshold and a producer heads the queue; release with hysteresis, after max-hold, when
+the section goes; every worker keeps a task; events, status and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+from distributed.scheduler import _task_slots_available
+from distributed.utils_test import async_poll_for, gen_cluster
+
+from tests.support.cluster import amm_config, events, no_errors, policy_of, rules
+
+MiB = 2**20
+LIMIT = 200 * MiB
+
+
+def section(**fields: Any) -> dict[str, Any]:
+    """A rules mapping with a memory-pressure section that reads managed memory (exact
+    on the scheduler, unlike process memory) and needs no transfers: tests set the
+    pressure by the data they keep."""
+    base = {
+        "measure": "managed",
+        "require-transfers": False,
+        "threshold": "30%",
+        "release": "20%",
+        "check-interval": "50ms",
+        "min-hold": 0,
+    }
+    return rules(**{"memory-pressure": {**base, **fields}})
+
+
+def blob(i: int, mib: int) -> bytes:
+    return bytes(mib * MiB)
+
+
+def slow(i: int, delay: float = 0.2) -> int:
+    import time
+
+    time.sleep(delay)
+    return i
+
+
+async def arrived(s: Any, futures: list[Any]) -> None:
+    """Wait until the scheduler has the futures' tasks (a graph arrives asynchronously)."""
+    await async_poll_for(lambda: all(f.key in s.tasks for f in futures), timeout=5)
+
+
+def consistent(s: Any) -> None:
+    """The scheduler's idle set agrees with its current worker-saturation."""
+    for ws in s.workers.values():
+        has_room = _task_slots_available(ws, s.WORKER_SATURATION) > 0
+        assert (ws in s.idle_task_count) == (has_room and ws.status.name == "running")
+
+
+WORKERS = {"nthreads": [("", 2)] * 2, "worker_kwargs": {"memory_limit": LIMIT}}
+#: The workers share the test's process: its memory must not pause them or make them spill.
+NO_MONITOR = {
+    f"distributed.worker.memory.{name}": False
+    for name in ("target", "spill", "pause", "terminate")
+}
+
+
+def config(rules_: Any = None, **extra: Any) -> dict[str, Any]:
+    return {**amm_config(rules_), **NO_MONITOR, **extra}
+
+
+@gen_cluster(client=True, config=config(section()), **WORKERS)
+async def test_small_root_groups_of_producers_are_made_queueable(c, s, a, b):
+    # Four tasks on four threads: not root-ish for the scheduler, so never queued.
+    futures = c.map(slow, range(4), key=[f"small-{i}" for i in range(4)])
+    await arrived(s, futures)
+    assert all(s.tasks[f.key].run_spec.data_producer for f in futures)
+    assert all(s.is_rootish(s.tasks[f.key]) for f in futures)
+    await c.gather(futures)
+    # Tasks with dependencies are never flagged.
+    total = c.submit(sum, futures, key="total-1")
+    await arrived(s, [total])
+    assert not s.tasks["total-1"].run_spec.data_producer
+    await total
+    assert policy_of(s).pressure.metrics()["queued_roots"] == 4
+
+
+@gen_cluster(
+    client=True,
+    config=config(section(producers='task.prefix == "other"')),
+    **WORKERS,
+)
+async def test_only_producers_are_made_queueable(c, s, a, b):
+    futures = c.map(slow, range(4), key=[f"small-{i}" for i in range(4)])
+    await arrived(s, futures)
+    assert not any(s.tasks[f.key].run_spec.data_producer for f in futures)
+    await c.gather(futures)
+
+
+@gen_cluster(client=True, config=config(), **WORKERS)
+async def test_nothing_is_flagged_or_held_without_the_section(c, s, a, b):
+    futures = c.map(slow, range(4), key=[f"small-{i}" for i in range(4)])
+    await arrived(s, futures)
+    assert not any(s.tasks[f.key].run_spec.data_producer for f in futures)
+    await c.gather(futures)
+    assert policy_of(s).pressure.status() is None
+    assert s.handlers["amm_rules_status"]()["memory_pressure"] is None
+
+
+async def pressure_on(c: Any, s: Any, worker: Any, mib: int = 80) -> Any:
+    """Keep ``mib`` MiB on ``worker``: 40% of its limit, above the 30% threshold."""
+    held = c.submit(blob, 0, mib, key="held-0", workers=[worker.address])
+    await held
+    return held
+
+
+@gen_cluster(client=True, config=config(section()), **WORKERS)
+async def test_holds_while_a_worker_is_under_pressure_and_releases_below_release(c, s, a, b):
+    policy = policy_of(s)
+    base = s.WORKER_SATURATION
+    held = await pressure_on(c, s, a)
+    work = c.map(slow, range(40), key=[f"work-{i}" for i in range(40)])
+    await async_poll_for(lambda: policy.pressure.state == "holding", timeout=10)
+    assert s.WORKER_SATURATION == 0.5 < base
+    consistent(s)
+    status = s.handlers["amm_rules_status"]()["memory_pressure"]
+    assert status["state"] == "holding" and status["saturation"] == 0.5
+    assert list(status["workers"]) == [a.address]
+    assert status["queue_head"] == {"prefix": "work", "producer": True}
+    assert any("the queue's head is work" in r for r in status["reasons"])
+
+    # Half a slot per thread, and the floor: once the tasks sent before the hold are
+    # done, each worker runs one task at a time, never none while tasks are queued.
+    def one_each() -> bool:
+        return all(len(ws.processing) == 1 for ws in s.workers.values())
+
+    await async_poll_for(one_each, timeout=5)
+    for _ in range(5):
+        await asyncio.sleep(0.1)
+        assert s.queued and one_each()
+    (hold,) = [e for e in events(s, "memory-pressure") if e["step"] == "hold"]
+    assert hold["base"] == base and list(hold["workers"]) == [a.address]
+    del held  # memory falls below release: the scheduler's own value comes back
+    await async_poll_for(lambda: policy.pressure.state == "idle", timeout=10)
+    assert base == s.WORKER_SATURATION
+    consistent(s)
+    await c.gather(work)
+    release = [e for e in events(s, "memory-pressure") if e["step"] == "release"]
+    assert release and "no worker at or above 20%" in release[0]["reason"]
+    metrics = policy.pressure.metrics()
+    assert metrics["holds"] == metrics["releases"] == 1 and metrics["held_seconds"] > 0
+    no_errors(s)
+
+
+@gen_cluster(client=True, config=config(section()), **WORKERS)
+async def test_no_hold_without_a_producer_at_the_head_of_the_queue(c, s, a, b):
+    policy = policy_of(s)
+    held = await pressure_on(c, s, a)
+    # Pressure, but nothing queued: nothing to hold back.
+    await asyncio.sleep(0.3)
+    assert policy.pressure.state == "idle"
+    assert "nothing is queued" in policy.pressure.reasons
+    del held
+
+
+@gen_cluster(
+    client=True,
+    config=config(section(producers='task.prefix != "work"')),
+    **WORKERS,
+)
+async def test_a_consumer_at_the_head_of_the_queue_is_not_held(c, s, a, b):
+    policy = policy_of(s)
+    held = await pressure_on(c, s, a)
+    work = c.map(slow, range(40), key=[f"work-{i}" for i in range(40)])
+    await async_poll_for(lambda: s.queued and policy.pressure.head is not None, timeout=5)
+    await asyncio.sleep(0.3)
+    assert policy.pressure.state == "idle"
+    assert any("work" in r and "not a producer" in r for r in policy.pressure.reasons)
+    await c.gather(work)
+    del held
+
+
+@gen_cluster(
+    client=True,
+    config=config(section(**{"max-hold": "300ms", "cool-down": "30s"})),
+    **WORKERS,
+)
+async def test_max_hold_ends_a_hold_and_cools_down(c, s, a, b):
+    policy = policy_of(s)
+    base = s.WORKER_SATURATION
+    held = await pressure_on(c, s, a)
+    work = c.map(slow, range(40), key=[f"work-{i}" for i in range(40)])
+    await async_poll_for(lambda: policy.pressure.state == "cooling", timeout=10)
+    assert base == s.WORKER_SATURATION
+    consistent(s)
+    await asyncio.sleep(0.3)
+    assert policy.pressure.state == "cooling"  # still under pressure, but cooling down
+    assert any("cooling down" in r for r in policy.pressure.reasons)
+    (release,) = [e for e in events(s, "memory-pressure") if e["step"] == "release"]
+    assert "max-hold" in release["reason"]
+    await c.gather(work)
+    del held
+
+
+@gen_cluster(client=True, config=config(section()), **WORKERS)
+async def test_removing_the_section_releases_the_hold(c, s, a, b):
+    from amm_rules import load_ruleset
+
+    policy = policy_of(s)
+    base = s.WORKER_SATURATION
+    held = await pressure_on(c, s, a)
+    work = c.map(slow, range(40), key=[f"work-{i}" for i in range(40)])
+    await async_poll_for(lambda: policy.pressure.state == "holding", timeout=10)
+    policy._install(load_ruleset({"version": 1}))
+    assert base == s.WORKER_SATURATION and policy.pressure.state == "idle"
+    consistent(s)
+    await c.gather(work)
+    del held
+
+
+@gen_cluster(client=True, config=config(section()), **WORKERS)
+async def test_a_saturation_set_by_someone_else_wins(c, s, a, b):
+    policy = policy_of(s)
+    held = await pressure_on(c, s, a)
+    work = c.map(slow, range(40), key=[f"work-{i}" for i in range(40)])
+    await async_poll_for(lambda: policy.pressure.state == "holding", timeout=10)
+    s.WORKER_SATURATION = 2.0
+    for ws in s.workers.values():
+        s.check_idle_saturated(ws)
+    await async_poll_for(lambda: policy.pressure.state != "holding", timeout=5)
+    assert s.WORKER_SATURATION == 2.0
+    assert [e for e in events(s, "memory-pressure") if e["step"] == "stopped"]
+    await c.gather(work)
+    del held
+
+
+@gen_cluster(
+    client=True,
+    config=config(section(), **{"distributed.scheduler.worker-saturation": math.inf}),
+    **WORKERS,
+)
+async def test_without_queuing_nothing_can_be_held_and_it_says_so(c, s, a, b):
+    policy = policy_of(s)
+    futures = c.map(slow, range(4), key=[f"small-{i}" for i in range(4)])
+    await arrived(s, futures)
+    assert not any(s.tasks[f.key].run_spec.data_producer for f in futures)
+    await async_poll_for(lambda: policy.pressure.state == "unavailable", timeout=5)
+    (event,) = [e for e in events(s, "memory-pressure") if e["step"] == "unavailable"]
+    assert "worker-saturation is inf" in event["reason"]
+    await c.gather(futures)
