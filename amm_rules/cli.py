@@ -380,21 +380,43 @@ def _fail(message: str) -> None:
 @_scheduler_option
 @_format_option
 @click.option("--check", is_flag=True, help="Exit 1 when any rule is not 'satisfied'.")
+@click.option(
+    "--memory-flow",
+    "memory_flow",
+    is_flag=True,
+    help="Show the memory flow per task prefix instead: top producers and top freers.",
+)
+@click.option(
+    "--top",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="With --memory-flow: prefixes per table.",
+)
 @_timeout_option
-def status(address: str | None, fmt: str, check: bool, timeout: float) -> None:
+def status(
+    address: str | None, fmt: str, check: bool, memory_flow: bool, top: int, timeout: float
+) -> None:
     """Per-rule conformance and the engine's work, from a running scheduler.
 
     One row per rule (and for annotations and runtime targets): its state
     (satisfied, in-progress, unsatisfiable), keys, bytes, keys meeting their target
-    and not; then the rules file, cycle times, the classification backlog and
-    rebalancing. Exit status: 0, or 1 if the scheduler cannot be reached, runs no
+    and not; then the rules file, cycle times, the classification backlog, the memory
+    flow, memory pressure and rebalancing. With --memory-flow: per task prefix, the
+    bytes produced and freed (the top producers and the top freers; every prefix with
+    --format json). Exit status: 0, or 1 if the scheduler cannot be reached, runs no
     amm-rules engine, or (with --check) a rule is not satisfied; 2 for usage errors.
     """
-    from amm_rules.observe.remote import RemoteError, status_command
+    from amm_rules.observe.remote import RemoteError, memory_flow_command, status_command
 
+    if memory_flow and check:
+        raise click.UsageError("--check and --memory-flow cannot be used together")
     where = _address(address)
     try:
-        text, code = status_command(where, fmt, check, timeout)
+        if memory_flow:
+            text, code = memory_flow_command(where, fmt, top, timeout)
+        else:
+            text, code = status_command(where, fmt, check, timeout)
     except RemoteError as exc:
         _fail(str(exc))
     click.echo(text, nl=False)

@@ -26,12 +26,14 @@ The workloads (dask/distributed issue 3898 and its neighbours):
   task that sleeps 1 s; 2 threads per worker, 400 MiB each.
 
 Modes: ``without`` runs RulesPolicy with no rules (the engine is there, its memory flow
-included, nothing is held), ``with`` adds a ``memory-pressure`` section with its defaults
-(``--section`` changes them). Runs alternate between the modes, in ABBA order over the
-repeats, and workloads are interleaved, so that a shared machine's changing load falls
-on both modes alike; the load average before each run is recorded.
+included, nothing is held); ``with`` adds a ``memory-pressure`` section with its defaults
+(``--section`` changes them); ``always`` a section that holds whenever a producer heads
+the queue, whatever the memory (:data:`SECTIONS`). Runs rotate through the modes, and
+workloads are interleaved, so that a shared machine's changing load falls on every mode
+alike; the load average before each run is recorded.
 
-Usage: ``python -m benchmarks.memory_pressure [--repeats N] [--only W1,W2,W3]``; writes
+Usage: ``python -m benchmarks.memory_pressure [--repeats N] [--only W1,W2,W3]
+[--modes without,with,always] [--section JSON]``; writes
 ``benchmarks/results/memory_pressure.json``.
 """
 
@@ -62,8 +64,21 @@ WORKERS = 3
 SHAPES = {"W1": (1, 400 * MiB), "W2": (1, 250 * MiB), "W3": (2, 400 * MiB)}
 W3_CHUNK = 40 * MiB
 W3_DELAY = 1.0
-#: The section of the ``with`` mode (its defaults unless ``--section`` says otherwise).
-SECTION: dict[str, Any] = {}
+#: The ``memory-pressure`` section of each mode but ``without``. ``with``: every default
+#: (``--section`` changes them); ``always``: hold whenever a producer heads the queue,
+#: whatever the memory (the hold then acts from the graph's first task, as a lower
+#: ``worker-saturation`` would, but for producers only).
+SECTIONS: dict[str, dict[str, Any]] = {
+    "with": {},
+    "always": {
+        "threshold": "1%",
+        "release": "0%",
+        "require-transfers": False,
+        "min-hold": 0,
+        "max-hold": "24h",
+    },
+}
+MODES = ("without", "with", "always")
 SAMPLE_S = 0.05
 
 
@@ -127,7 +142,8 @@ async def sample(s: Any, out: dict[str, float], stop: asyncio.Event) -> None:
 
 
 def rules_of(mode: str) -> dict[str, Any]:
-    return {"version": 1, **({"memory-pressure": dict(SECTION)} if mode == "with" else {})}
+    section = SECTIONS.get(mode)
+    return {"version": 1, **({"memory-pressure": dict(section)} if section is not None else {})}
 
 
 async def one_run(name: str, mode: str) -> dict[str, Any]:
@@ -205,7 +221,9 @@ def top_flow(table: dict[str, dict[str, Any]], n: int = 4) -> dict[str, dict[str
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     out = []
     for r in range(args.repeats):
-        modes = ("without", "with") if r % 2 == 0 else ("with", "without")
+        # Each mode first, middle and last in turn: drift in the machine's load falls on
+        # every mode alike.
+        modes = args.modes[r % len(args.modes) :] + args.modes[: r % len(args.modes)]
         for name in args.only:
             for mode in modes:
                 result = await one_run(name, mode)
@@ -216,48 +234,43 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def spread(values: list[float]) -> dict[str, float]:
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-    }
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-MEASURES = ("wall_s", "spilled", "peak_managed", "peak_managed_total", "paused_s")
+MEASURES = ("wall_s", "spilled", "peak_managed", "peak_managed_total", "paused_s", "holds")
 
 
-def summarize(runs: list[dict[str, Any]], only: list[str]) -> dict[str, Any]:
+def summarize(runs: list[dict[str, Any]], only: list[str], modes: list[str]) -> dict[str, Any]:
+    """Per workload and mode, each measure's median and range; for the modes with a
+    section, their medians over the ``without`` mode's (``spilled_ratio``, ``wall_ratio``)."""
     table: dict[str, Any] = {}
     for name in only:
-        table[name] = {}
-        for mode in ("without", "with"):
-            rows = [r for r in runs if r["workload"] == name and r["mode"] == mode]
-            if rows:
-                table[name][mode] = {m: spread([r[m] for r in rows]) for m in MEASURES}
-                table[name][mode]["holds"] = spread([r["holds"] for r in rows])
-        both = table[name]
-        if "with" in both and "without" in both:
-            w, wo = both["with"], both["without"]
-            table[name]["spilled_ratio"] = (
-                w["spilled"]["median"] / wo["spilled"]["median"]
-                if wo["spilled"]["median"]
-                else None
-            )
-            table[name]["wall_ratio"] = w["wall_s"]["median"] / wo["wall_s"]["median"]
+        rows = {m: [r for r in runs if r["workload"] == name and r["mode"] == m] for m in modes}
+        table[name] = {
+            mode: {k: spread([r[k] for r in got]) for k in MEASURES}
+            for mode, got in rows.items()
+            if got
+        }
+        base = table[name].get("without")
+        for mode, m in table[name].items():
+            if mode == "without" or base is None:
+                continue
+            spilled = base["spilled"]["median"]
+            m["spilled_ratio"] = m["spilled"]["median"] / spilled if spilled else None
+            m["wall_ratio"] = m["wall_s"]["median"] / base["wall_s"]["median"]
     return table
 
 
-def targets(table: dict[str, Any]) -> dict[str, Any]:
-    """The issue's targets: on one workload at least, bytes spilled at most half and wall
-    time no worse; on none, wall time worse by more than 5%."""
+def targets(table: dict[str, Any], mode: str) -> dict[str, Any]:
+    """The issue's targets for one mode: on one workload at least, bytes spilled at most
+    half and wall time no worse; on none, wall time worse by more than 5%."""
+    rows = {name: t[mode] for name, t in table.items() if mode in t and "wall_ratio" in t[mode]}
     helped = [
         name
-        for name, t in table.items()
-        if t.get("spilled_ratio") is not None
-        and t["spilled_ratio"] <= 0.5
-        and t["wall_ratio"] <= 1.0
+        for name, m in rows.items()
+        if m["spilled_ratio"] is not None and m["spilled_ratio"] <= 0.5 and m["wall_ratio"] <= 1.0
     ]
-    worse = [name for name, t in table.items() if t.get("wall_ratio", 1.0) > 1.05]
+    worse = [name for name, m in rows.items() if m["wall_ratio"] > 1.05]
     return {"helped": helped, "wall_worse_than_5pct": worse, "met": bool(helped) and not worse}
 
 
@@ -281,19 +294,17 @@ def print_table(table: dict[str, Any], repeats: int) -> None:
         f"{'peak managed MiB':>18} {'paused s':>14} {'holds':>6}"
     )
     for name, t in table.items():
-        for mode in ("without", "with"):
-            if mode not in t:
-                continue
-            m = t[mode]
+        for mode, m in t.items():
             print(
                 f"{name:<8} {mode:<8} {cell(m, 'wall_s'):>16} {cell(m, 'spilled', mib):>18} "
                 f"{cell(m, 'peak_managed', mib):>18} {cell(m, 'paused_s'):>14} "
                 f"{m['holds']['median']:>6.0f}"
             )
-        if t.get("wall_ratio") is not None:
-            ratio = t["spilled_ratio"]
-            shown = "-" if ratio is None else f"{ratio:.2f}"
-            print(f"{'':<8} with/without: spilled {shown}, wall {t['wall_ratio']:.2f}")
+        for mode, m in t.items():
+            if "wall_ratio" in m:
+                ratio = m["spilled_ratio"]
+                shown = "-" if ratio is None else f"{ratio:.2f}"
+                print(f"{'':<8} {mode}/without: spilled {shown}, wall {m['wall_ratio']:.2f}")
     print(f"medians (min-max) of {repeats} runs per mode")
 
 
@@ -301,6 +312,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", default="W1,W2,W3", help="workloads, comma-separated")
+    parser.add_argument("--modes", default=",".join(MODES), help="modes, comma-separated")
     parser.add_argument(
         "--section",
         default="{}",
@@ -309,14 +321,18 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
     args.only = [w.strip() for w in args.only.split(",") if w.strip()]
-    SECTION.update(json.loads(args.section))
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(args.modes) - set(MODES)) + sorted(set(args.only) - set(SHAPES))
+    if unknown:
+        parser.error(f"unknown {', '.join(unknown)}: modes {MODES}, workloads {tuple(SHAPES)}")
+    SECTIONS["with"].update(json.loads(args.section))
     logging.getLogger("distributed").setLevel(logging.CRITICAL)
     logging.getLogger("amm_rules").setLevel(logging.CRITICAL)
     started = time.time()
     runs = asyncio.run(run(args))
-    table = summarize(runs, args.only)
+    table = summarize(runs, args.only, args.modes)
     print_table(table, args.repeats)
-    goals = targets(table)
+    goals = {mode: targets(table, mode) for mode in args.modes if mode != "without"}
     print(json.dumps(goals))
     result = {
         "date": time.strftime("%Y-%m-%d", time.localtime(started)),
@@ -332,7 +348,8 @@ def main() -> None:
             "repeats": args.repeats,
             "workers": WORKERS,
             "shapes": {k: {"threads": t, "memory_limit": m} for k, (t, m) in SHAPES.items()},
-            "section": SECTION,
+            "modes": args.modes,
+            "sections": {mode: SECTIONS[mode] for mode in args.modes if mode in SECTIONS},
         },
         "table": table,
         "targets": goals,

@@ -17,6 +17,9 @@ Clients read them with ``client.get_events("amm-rules")``. Every event is a dict
   mean and stop reason of the latest plan; with rules in dry-run, also ``dry_run``:
   label -> ``{would_request, would_drop}`` of the latest cycle (what enforcing them
   would do now; see :mod:`amm_rules.engine.dryrun`);
+- ``"memory-pressure"``: the ``memory-pressure`` section held producers back or stopped
+  (``step``: ``hold``, ``release``, ``stopped``, ``unavailable``; see
+  :mod:`amm_rules.engine.pressure`);
 - ``"error"``: a cycle failed and was skipped (a bug: please report it).
 
 Rate limits: an identical error is logged once (:meth:`EventLog.once`); cycle summaries

@@ -52,6 +52,8 @@ MAX_PREFIXES = 10_000
 REPUBLISH_TOLERANCE = 0.10
 #: The figures of one prefix, as ``memory_flow()`` returns them.
 FIELDS = ("produced", "freed", "freed_by", "live", "tasks", "net_per_task")
+#: The counters that only grow (totals over every prefix, see :meth:`MemoryFlow.totals`).
+TOTALS = ("produced", "freed", "freed_by", "tasks")
 
 
 class PrefixFlow:
@@ -129,8 +131,10 @@ class MemoryFlow(SchedulerPlugin):
         self.tasks: Mapping[Hashable, Any] = tasks if tasks is not None else {}
         #: prefix name -> its counters, oldest prefix first.
         self.prefixes: dict[str, PrefixFlow] = {}
-        #: Prefixes forgotten to stay within :data:`MAX_PREFIXES`.
+        #: Prefixes forgotten to stay within :data:`MAX_PREFIXES`, and their counters
+        #: (so that totals over every prefix never decrease).
         self.evicted = 0
+        self.evicted_counts: dict[str, int] = dict.fromkeys(TOTALS, 0)
         #: prefix name -> the figures rules see (see :meth:`publish`).
         self.published: dict[str, PrefixFacts] = {}
         #: Keep the keys in memory per prefix (some rule reads flow attributes).
@@ -210,9 +214,12 @@ class MemoryFlow(SchedulerPlugin):
         before the others."""
         n = max(1, MAX_PREFIXES // 10)
         order = sorted(self.prefixes, key=lambda p: self.prefixes[p].live > 0)
+        counts = self.evicted_counts
         for name in order[:n]:
             entry = self.prefixes.pop(name)
             self.published.pop(name, None)
+            for field in TOTALS:
+                counts[field] += getattr(entry, field)
             if entry is self._by:
                 self._by = None
         prefixes = self.prefixes
@@ -253,6 +260,20 @@ class MemoryFlow(SchedulerPlugin):
         rows = [(name, e) for name, e in self.prefixes.items() if getattr(e, by) is not None]
         rows.sort(key=lambda kv: getattr(kv[1], by), reverse=reverse)
         return rows[:n]
+
+    def totals(self) -> dict[str, int]:
+        """The counters of :data:`TOTALS` over every prefix since the engine started
+        (forgotten prefixes included), and the bytes live now."""
+        out = dict(self.evicted_counts)
+        live = 0
+        for entry in self.prefixes.values():
+            out["produced"] += entry.produced
+            out["freed"] += entry.freed
+            out["freed_by"] += entry.freed_by
+            out["tasks"] += entry.tasks
+            live += max(entry.live, 0)
+        out["live"] = live
+        return out
 
     def facts(self, prefix: str) -> PrefixFacts | None:
         """The published figures of a prefix (None before its first task finished)."""

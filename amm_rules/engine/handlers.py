@@ -253,16 +253,24 @@ STATUS_TOP = 5
 
 
 def memory_flow_status(policy: RulesPolicy) -> dict[str, Any]:
-    """The memory flow in the status: how many prefixes are tracked, and the top
-    producers (largest net bytes per task) and freers (most bytes freed by finishing)."""
+    """The memory flow in the status: how many prefixes are kept, the top producers
+    (largest positive net bytes per task) and freers (most bytes freed by finishing),
+    each with its figures, and the totals over every prefix."""
     flow = policy.flow
     producers = [
-        name for name, e in flow.top(STATUS_TOP, "net_per_task") if (e.net_per_task or 0) > 0
+        {"prefix": name, **e.as_dict()}
+        for name, e in flow.top(STATUS_TOP, "net_per_task")
+        if (e.net_per_task or 0) > 0
     ]
-    freers = [name for name, e in flow.top(STATUS_TOP, "freed_by") if e.freed_by > 0]
+    freers = [
+        {"prefix": name, **e.as_dict()}
+        for name, e in flow.top(STATUS_TOP, "freed_by")
+        if e.freed_by > 0
+    ]
     return {
         "prefixes": len(flow.prefixes),
         "evicted": flow.evicted,
+        "totals": flow.totals(),
         "top_producers": producers,
         "top_freers": freers,
     }

@@ -26,14 +26,18 @@ Each ``check-interval`` (a periodic callback on the scheduler's event loop, one 
 the workers), :meth:`MemoryPressure.check`:
 
 1. finds the workers under pressure: at or above ``threshold`` of their memory limit by
-   ``measure``, with data in flight to or from them (``require-transfers``; the transfer
-   counts of their last heartbeat);
+   ``measure``, with data in flight to or from them (``require-transfers``: keys the
+   scheduler knows they must fetch, and the transfers of their last heartbeat);
 2. looks at the head of the scheduler's queue: only a producer (the ``producers``
    expression on its prefix's memory flow, :mod:`amm_rules.engine.flow`) is held back;
 3. holds when some worker is under pressure and the queue's head is a producer, unless
    cooling down; releases once no worker is at or above ``release`` (after at least
    ``min-hold``), when the queue's head is no longer a producer, or after ``max-hold``
    (then cools down for ``cool-down``).
+
+A graph that arrives with producer tasks without dependencies while a worker is under
+pressure is held at once, before its tasks are scheduled: otherwise a slot's worth of
+them would go to every worker before the next check.
 
 The floors: distributed never sends a worker fewer than one queued task slot, so every
 worker keeps running at least one task, and the cluster at least one per worker and
@@ -66,7 +70,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Name of the periodic callback in ``scheduler.periodic_callbacks``.
+#: Name of the periodic callback in ``scheduler.periodic_callbacks`` (with the id of
+#: the section's object, should two policies share a scheduler).
 CALLBACK = "amm-rules-memory-pressure"
 #: Workers named in an event or the status (the worst first).
 SHOWN_WORKERS = 10
@@ -157,7 +162,7 @@ class MemoryPressure(SchedulerPlugin):
         self._stop_callback()
         self._callback = PeriodicCallback(self.check, settings.check_interval * 1000)
         self._interval = settings.check_interval
-        policy.scheduler.periodic_callbacks[CALLBACK] = self._callback
+        policy.scheduler.periodic_callbacks[f"{CALLBACK}-{id(self)}"] = self._callback
         self._callback.start()
 
     def _stop_callback(self) -> None:
@@ -167,8 +172,9 @@ class MemoryPressure(SchedulerPlugin):
         policy = self.policy
         if policy is not None and policy._manager is not None:
             callbacks = policy.scheduler.periodic_callbacks
-            if callbacks.get(CALLBACK) is self._callback:
-                del callbacks[CALLBACK]
+            name = f"{CALLBACK}-{id(self)}"
+            if callbacks.get(name) is self._callback:
+                del callbacks[name]
         self._callback = None
         self._interval = None
 
@@ -189,19 +195,42 @@ class MemoryPressure(SchedulerPlugin):
             if ts is None or ts.dependencies or ts.actor or ts.state != "released":
                 continue
             spec = ts.run_spec
-            if getattr(spec, "_data_producer", True):  # not a task, or flagged already
+            already = getattr(spec, "_data_producer", None)
+            if already is None:  # not a dask Task (data, an alias): nothing to flag
                 continue
             prefix = ts.prefix.name
             verdict = verdicts.get(prefix)
             if verdict is None:
                 verdict = verdicts[prefix] = self._root_producer(prefix)
-            if verdict:
+            if verdict and not already:
                 spec._data_producer = True
                 flagged += 1
         if flagged:
             self.counters["queued_roots"] += flagged
             names = sorted(p for p, v in verdicts.items() if v)
             logger.debug("amm-rules: %d root tasks of %s made queueable", flagged, names)
+        self.ensure_running()
+        producers = sorted(p for p, v in verdicts.items() if v)
+        if producers and self.state in ("idle", "cooling"):
+            self._hold_at_arrival(settings, scheduler, producers)
+
+    def _hold_at_arrival(
+        self, settings: MemoryPressureSettings, scheduler: Any, producers: list[str]
+    ) -> None:
+        """A graph with producer roots arrives while workers are under pressure: hold
+        now, before its tasks are scheduled, or its first wave (a slot's worth on every
+        worker) would go out before the next check."""
+        now = time.monotonic()
+        if self.state == "cooling" and now < self.cool_until:
+            return
+        self._look(settings, scheduler)
+        if not self.pressured:
+            return
+        self.head = (producers[0], True)
+        reasons = self._pressure_reasons(settings)
+        reasons.append(f"a graph arrived with tasks of producers: {', '.join(producers[:5])}")
+        self.reasons = reasons
+        self.hold(settings, scheduler, now)
 
     def _root_producer(self, prefix: str) -> bool:
         """Whether the tasks without dependencies of ``prefix`` are producers (the
@@ -266,10 +295,7 @@ class MemoryPressure(SchedulerPlugin):
             above_release = True
             if fraction < threshold:
                 continue
-            transfer = (ws.metrics or {}).get("transfer") or {}
-            moving = int(transfer.get("incoming_count", 0)) + int(
-                transfer.get("outgoing_count", 0)
-            )
+            moving = _transfers(ws)
             if moving or not settings.require_transfers:
                 pressured[addr] = (fraction, moving)
         self.pressured = pressured
@@ -442,6 +468,22 @@ class MemoryPressure(SchedulerPlugin):
             "totals": self.metrics(now),
         }
 
+    def explain(self, ts: Any) -> dict[str, Any] | None:
+        """For ``explain`` of a task waiting in the scheduler's queue: whether the
+        section holds it back, and why. None for any other task, or without a section."""
+        if self.settings is None or ts is None or ts.state != "queued":
+            return None
+        prefix = ts.prefix.name
+        producer = self._is_producer(prefix, self.flow.prefixes.get(prefix))
+        held = self.state == "holding" and producer
+        if held:
+            why = f"held back: worker-saturation is {self.held_at:g} while memory is short"
+        elif self.state == "holding":
+            why = f"not held back: {prefix} is not a producer"
+        else:
+            why = f"queued by the scheduler; memory-pressure is {self.state}"
+        return {"held": held, "producer": producer, "summary": why, "reasons": list(self.reasons)}
+
     def metrics(self, now: float | None = None) -> dict[str, float]:
         """Counters for a collector: holds, releases, seconds held, root tasks made
         queueable, and whether a hold is in force."""
@@ -452,6 +494,16 @@ class MemoryPressure(SchedulerPlugin):
             "held_seconds": round(self.held_seconds(now), 3),
             "queued_roots": float(self.counters["queued_roots"]),
         }
+
+
+def _transfers(ws: Any) -> int:
+    """Data moving to or from a worker: the keys the scheduler knows it must fetch for
+    the tasks it was given (``needs_what``, up to date at every transition), and the
+    transfers its last heartbeat reported (those the scheduler cannot see: data sent to
+    other workers, fetches for other reasons)."""
+    transfer = (ws.metrics or {}).get("transfer") or {}
+    reported = int(transfer.get("incoming_count", 0)) + int(transfer.get("outgoing_count", 0))
+    return len(ws.needs_what) + reported
 
 
 def _set_saturation(scheduler: Any, value: float, opened: bool = False) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from amm_rules.language.expr.attributes import ATTRIBUTES, Context
 from amm_rules.language.fields import (
     ENFORCEMENT_VALUES,
     MAX_REPLICAS,
@@ -160,9 +161,15 @@ def _enforcement(what: str, default: str | None) -> dict[str, Any]:
     return out
 
 
+def _attributes(context: Context) -> str:
+    """The attributes of an expression context, for hover text: ``task.key, ...``."""
+    return ", ".join(spec.display for spec in ATTRIBUTES[context].values())
+
+
 _TASK_EXPRESSION = {
     "title": "task expression",
-    "description": 'Which keys the rule applies to, e.g. task.prefix == "stage1". '
+    "description": 'Which keys the rule applies to, e.g. task.prefix == "stage1" or '
+    f"task.prefix_net_per_task > 64 MiB. Attributes: {_attributes('task')}. "
     "See docs/expressions.md.",
     "type": ["string", "boolean"],
 }
@@ -177,7 +184,7 @@ _PRODUCERS_EXPRESSION = {
 _WORKER_EXPRESSION = {
     "title": "worker expression",
     "description": "Which workers belong to the pool, e.g. worker.resources.GPU >= 1. "
-    "See docs/expressions.md.",
+    f"Attributes: {_attributes('worker')}. See docs/expressions.md.",
     "type": ["string", "boolean"],
 }
 

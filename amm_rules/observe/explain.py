@@ -126,7 +126,12 @@ def explain_key(
     if ts is None or ts.state != "memory":
         state = ts.state if ts is not None else "unknown"
         summary = "not known to the scheduler" if ts is None else f"not in memory ({state})"
-        return {"key": name, "summary": summary, "history": _history(policy, key)}
+        out = {"key": name, "summary": summary, "history": _history(policy, key)}
+        pressure = policy.pressure.explain(ts) if hasattr(policy, "pressure") else None
+        if pressure is not None:
+            out["summary"] = f"{summary}: {pressure['summary']}"
+            out["memory_pressure"] = pressure
+        return out
     index = policy.index
     runtime = index.runtime.get(ts.key)
     desired = policy.resolve(ts)
@@ -298,6 +303,8 @@ def _facts(policy: RulesPolicy, ts: Any, view: KeyView, cluster: ClusterView) ->
                 "pools": sorted(w.pools) if w is not None else [],
             }
         )
+    flow = getattr(policy, "flow", None)
+    entry = flow.prefixes.get(facts.prefix) if flow is not None else None
     return {
         "prefix": facts.prefix,
         "group": facts.group,
@@ -306,6 +313,8 @@ def _facts(policy: RulesPolicy, ts: Any, view: KeyView, cluster: ClusterView) ->
         "annotations": plain(dict(facts.annotations)),
         "waiters": len(ts.waiters or ()),
         "holders": holders,
+        # What tasks of the key's kind produce and free (engine/flow.py), if known.
+        "memory_flow": None if entry is None else entry.as_dict(),
     }
 
 

@@ -41,13 +41,19 @@ name                                                      type     labels
 ``dask_amm_rules_rules_loaded_timestamp_seconds``         gauge    scheduler
 ``dask_amm_rules_paused_workers`` (and ``_handling``)       gauge    scheduler
 ``dask_amm_rules_paused_workers_*_total`` (see below)       counter  scheduler
+``dask_amm_rules_memory_flow_*`` (see below)              mixed    scheduler, prefix
+``dask_amm_rules_memory_*_total``, ``_memory_live_bytes``   mixed    scheduler
+``dask_amm_rules_memory_pressure_*`` (see below)          mixed    scheduler
 ``dask_amm_rules_retiring_workers``                       gauge    scheduler
 ``dask_amm_rules_retirement*_total`` (see below)            counter  scheduler
 ========================================================  =======  =====================
 
-The paused-workers and retirement figures are the engine's own ``metrics()`` of
-:class:`~amm_rules.engine.paused.PausedWorkers` and
-:class:`~amm_rules.engine.retire.Retirements`, named by :data:`SECTION_METRICS`.
+The paused-workers, memory-pressure and retirement figures are the engine's own
+``metrics()`` of :class:`~amm_rules.engine.paused.PausedWorkers`,
+:class:`~amm_rules.engine.pressure.MemoryPressure` and
+:class:`~amm_rules.engine.retire.Retirements`, named by :data:`SECTION_METRICS`. The
+memory flow (:mod:`amm_rules.engine.flow`) has series per prefix for the top prefixes
+only (:func:`shown_prefixes`: bounded label cardinality) and totals over every prefix.
 
 ``docs/observe.md`` describes each. Neighbours: :mod:`amm_rules.observe.extension`
 registers and unregisters policies here; :mod:`amm_rules.observe.conformance` computes
@@ -126,6 +132,28 @@ SECTION_METRICS: dict[str, tuple[str, dict[str, tuple[str, str, str]]]] = {
                 "paused_workers_paused_seconds",
                 "counter",
                 "Time workers spent paused, the current pauses included",
+            ),
+        },
+    ),
+    "pressure": (
+        "memory_pressure",
+        {
+            "holding": (
+                "memory_pressure_holding",
+                "gauge",
+                "1 while memory producers are held back (worker-saturation lowered)",
+            ),
+            "holds": ("memory_pressure_holds", "counter", "Holds started"),
+            "releases": ("memory_pressure_releases", "counter", "Holds ended"),
+            "held_seconds": (
+                "memory_pressure_held_seconds",
+                "counter",
+                "Time producers were held back, the current hold included",
+            ),
+            "queued_roots": (
+                "memory_pressure_queued_roots",
+                "counter",
+                "Tasks without dependencies of producer kinds made queueable",
             ),
         },
     ),
@@ -341,6 +369,7 @@ class _Families:
             "When the rules in force were loaded (seconds since the epoch)",
             labels=s,
         )
+        self.flow = _FlowFamilies(name)
 
     def add(self, policy: RulesPolicy) -> None:
         where = [_scheduler_label(policy)]
@@ -393,6 +422,7 @@ class _Families:
             },
         )
         self.loaded.add_metric(where, policy.loaded_at)
+        self.flow.add(policy, where)
         self._sections(policy, where)
 
     def _sections(self, policy: RulesPolicy, where: list[str]) -> None:
@@ -414,8 +444,86 @@ class _Families:
                 family.add_metric(where, value)
 
     def all(self) -> Iterator[Any]:
-        fixed = [v for k, v in vars(self).items() if not k.startswith("_")]
-        return iter([*fixed, *self._extra.values()])
+        fixed = [v for k, v in vars(self).items() if not k.startswith("_") and k != "flow"]
+        return iter([*fixed, *self.flow.all(), *self._extra.values()])
+
+
+#: Prefixes with their own series: those that produced the most bytes, then those with
+#: the most bytes in memory now (bounded label cardinality; the totals count them all).
+FLOW_PREFIXES_BY_PRODUCED = 10
+FLOW_PREFIXES_BY_LIVE = 5
+
+
+class _FlowFamilies:
+    """The memory flow (:mod:`amm_rules.engine.flow`): per prefix for the top prefixes
+    only, and totals over every prefix."""
+
+    PER_PREFIX = (
+        ("produced", "counter", "memory_flow_produced_bytes", "Bytes produced by the prefix's tasks"),
+        ("freed", "counter", "memory_flow_freed_bytes", "Bytes of the prefix's keys freed (each key once)"),
+        ("freed_by", "counter", "memory_flow_freed_by_bytes", "Bytes of inputs freed because a task of the prefix finished"),
+        ("tasks", "counter", "memory_flow_tasks", "Tasks of the prefix finished"),
+        ("live", "gauge", "memory_flow_live_bytes", "Bytes of the prefix's keys in memory now"),
+        ("net_per_task", "gauge", "memory_flow_net_per_task_bytes", "(produced - freed_by) / tasks of the prefix"),
+    )  # fmt: skip
+    TOTALS = (
+        ("produced", "counter", "memory_produced_bytes", "Bytes produced by tasks"),
+        ("freed", "counter", "memory_freed_bytes", "Bytes of keys freed (each key once)"),
+        ("freed_by", "counter", "memory_freed_by_bytes", "Bytes of inputs freed by tasks finishing"),
+        ("tasks", "counter", "memory_tasks", "Tasks finished"),
+        ("live", "gauge", "memory_live_bytes", "Bytes of keys in memory now (each key once)"),
+    )  # fmt: skip
+
+    def __init__(self, name: Any) -> None:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        def family(kind: str, metric: str, doc: str, labels: list[str]) -> Any:
+            factory = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            return factory(name(metric), doc, labels=labels)
+
+        self.per_prefix = {
+            field: family(kind, metric, doc, ["scheduler", "prefix"])
+            for field, kind, metric, doc in self.PER_PREFIX
+        }
+        self.totals = {
+            field: family(kind, metric, doc, ["scheduler"])
+            for field, kind, metric, doc in self.TOTALS
+        }
+        self.prefixes = GaugeMetricFamily(
+            name("memory_flow_prefixes"),
+            "Task prefixes whose memory flow is kept",
+            labels=["scheduler"],
+        )
+
+    def add(self, policy: RulesPolicy, where: list[str]) -> None:
+        flow = getattr(policy, "flow", None)
+        if flow is None:
+            return
+        for name, entry in shown_prefixes(flow):
+            figures = entry.as_dict()
+            for field, family in self.per_prefix.items():
+                value = figures[field]
+                if value is not None:
+                    family.add_metric([*where, name], value)
+        for field, value in flow.totals().items():
+            self.totals[field].add_metric(where, value)
+        self.prefixes.add_metric(where, len(flow.prefixes))
+
+    def all(self) -> list[Any]:
+        return [*self.per_prefix.values(), *self.totals.values(), self.prefixes]
+
+
+def shown_prefixes(flow: Any) -> list[tuple[str, Any]]:
+    """The prefixes with their own series (see :data:`FLOW_PREFIXES_BY_PRODUCED`)."""
+    chosen = flow.top(FLOW_PREFIXES_BY_PRODUCED, "produced")
+    names = {name for name, _ in chosen}
+    for name, entry in flow.top(FLOW_PREFIXES_BY_LIVE + len(names), "live"):
+        if len(chosen) >= FLOW_PREFIXES_BY_PRODUCED + FLOW_PREFIXES_BY_LIVE:
+            break
+        if name not in names and entry.live > 0:
+            chosen.append((name, entry))
+            names.add(name)
+    return chosen
 
 
 def _scheduler_label(policy: RulesPolicy) -> str:

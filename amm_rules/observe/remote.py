@@ -10,7 +10,8 @@ with dask's security settings), as a client would, without starting a ``Client``
    (the probe runs a function of this package on the scheduler, as
    :func:`amm_rules.status` does; where running functions is not allowed, the handler
    is called and its silence reported after the timeout);
-3. call ``amm_rules_status`` or ``amm_rules_explain`` and render the answer.
+3. call ``amm_rules_status``, ``amm_rules_memory_flow`` or ``amm_rules_explain`` and
+   render the answer.
 
 Every failure is a :class:`RemoteError` with one line for the user; the command line
 prints it and exits 1. Neighbours: :mod:`amm_rules.cli` defines the commands;
@@ -139,6 +140,16 @@ def status_command(address: str, fmt: str, check: bool, timeout: float) -> tuple
     report = ask(address, "amm_rules_status", timeout)
     text = status_json(report) if fmt == "json" else render_status(report)
     return text, 1 if check and not all_satisfied(report) else 0
+
+
+def memory_flow_command(address: str, fmt: str, top: int, timeout: float) -> tuple[str, int]:
+    """``amm-rules status --memory-flow``: the flow per prefix (JSON: every prefix)."""
+    from amm_rules.observe.text import render_memory_flow
+
+    table = ask(address, "amm_rules_memory_flow", timeout)
+    if fmt == "json":
+        return json.dumps(table, indent=2, default=str) + "\n", 0
+    return render_memory_flow(table, top), 0
 
 
 def explain_command(

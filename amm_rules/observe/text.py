@@ -95,6 +95,8 @@ def _render_engine(report: Mapping[str, Any]) -> list[str]:
         f"backlog      {report['classification_backlog']:,} keys waiting for classification",
         f"in flight    {report['in_flight']:,} copies of {report['in_flight_keys']:,} keys",
     ]
+    out += _render_flow(report.get("memory_flow"))
+    out += _render_pressure(report.get("memory_pressure"))
     r = report["rebalance"]
     if not r.get("enabled") and not r.get("in_flight"):
         out.append("rebalance    off")
@@ -120,6 +122,105 @@ def _render_engine(report: Mapping[str, Any]) -> list[str]:
             f"{mean_text}stopped: {plan['stopped']}"
         )
     return out
+
+
+def _render_flow(flow: Mapping[str, Any] | None) -> list[str]:
+    """The memory flow's summary line and its top producers and freers."""
+    if not flow:
+        return []
+    from dask.utils import format_bytes
+
+    totals = flow.get("totals") or {}
+    out = [
+        f"memory flow  {flow['prefixes']:,} prefixes; {format_bytes(totals.get('produced', 0))} "
+        f"produced, {format_bytes(totals.get('freed', 0))} freed, "
+        f"{format_bytes(totals.get('live', 0))} live"
+    ]
+    producers = ", ".join(
+        f"{r['prefix']} ({signed_bytes(r['net_per_task'])}/task)" for r in flow["top_producers"]
+    )
+    freers = ", ".join(
+        f"{r['prefix']} ({format_bytes(r['freed_by'])} freed by finishing)"
+        for r in flow["top_freers"]
+    )
+    out.append(f"  producers  {producers or 'none yet'}")
+    out.append(f"  freers     {freers or 'none yet'}")
+    return out
+
+
+def _render_pressure(pressure: Mapping[str, Any] | None) -> list[str]:
+    """The memory-pressure section: its state and why."""
+    if not pressure:
+        return ["pressure     no memory-pressure section"]
+    state = pressure["state"]
+    if state == "holding":
+        head = (
+            f"holding for {pressure['held_for']:.0f}s (worker-saturation "
+            f"{pressure['saturation']:g}, the scheduler's {pressure['scheduler_saturation']:g})"
+        )
+    else:
+        head = state
+    totals = pressure.get("totals") or {}
+    out = [
+        f"pressure     {head}; {totals.get('holds', 0):,.0f} holds, "
+        f"{totals.get('held_seconds', 0):,.1f}s held since start"
+    ]
+    out += [f"  {reason}" for reason in pressure.get("reasons") or ()]
+    return out
+
+
+def signed_bytes(n: float | None) -> str:
+    """``+16.00 MiB``, ``-7.63 MiB``; ``-`` for None."""
+    from dask.utils import format_bytes
+
+    if n is None:
+        return "-"
+    return ("-" if n < 0 else "+") + format_bytes(int(abs(n)))
+
+
+def render_memory_flow(table: Mapping[str, Mapping[str, Any]], top: int) -> str:
+    """``amm-rules status --memory-flow``: the top producers (largest net bytes per
+    task) and the top freers (most bytes freed by their tasks finishing)."""
+    from dask.utils import format_bytes
+
+    rows = [(prefix, row) for prefix, row in table.items()]
+    producers = sorted(
+        (r for r in rows if (r[1]["net_per_task"] or 0) > 0),
+        key=lambda r: -r[1]["net_per_task"],
+    )[:top]
+    freers = sorted((r for r in rows if r[1]["freed_by"] > 0), key=lambda r: -r[1]["freed_by"])[
+        :top
+    ]
+    header = ("prefix", "tasks", "produced", "freed by", "net/task", "freed", "live")
+
+    def cells(prefix: str, r: Mapping[str, Any]) -> tuple[str, ...]:
+        return (
+            prefix,
+            f"{r['tasks']:,}",
+            format_bytes(r["produced"]),
+            format_bytes(r["freed_by"]),
+            signed_bytes(r["net_per_task"]),
+            format_bytes(r["freed"]),
+            format_bytes(r["live"]),
+        )
+
+    out = [f"memory flow of {len(rows):,} task prefixes"]
+    for title, chosen in (
+        ("top producers (net bytes added per task)", producers),
+        ("top freers (bytes of inputs freed by their tasks finishing)", freers),
+    ):
+        out += ["", title]
+        if not chosen:
+            out.append("  none yet")
+            continue
+        table_rows = [header, *(cells(p, r) for p, r in chosen)]
+        widths = [max(len(row[i]) for row in table_rows) for i in range(len(header))]
+        for row in table_rows:
+            text = [f"{row[0]:<{widths[0]}}"] + [
+                f"{row[i]:>{widths[i]}}" for i in range(1, len(row))
+            ]
+            out.append("  " + "  ".join(text).rstrip())
+    return "\n".join(out) + "\n"
 
 
 def format_time(stamp: float | None) -> str:
@@ -149,12 +250,22 @@ def _render_one(name: str, a: Mapping[str, Any]) -> str:
     lines = [f"{name}: {a['summary']}"]
     facts = a.get("facts")
     if facts is None:
+        pressure = a.get("memory_pressure")
+        if pressure:
+            lines += [f"  pressure  {reason}" for reason in pressure.get("reasons") or ()]
         lines += _render_history(a.get("history", []))
         return "\n".join(lines) + "\n"
     lines.append(
         f"  task     prefix {facts['prefix']}, group {facts['group']}, type {facts['type']}, "
         f"{format_bytes(facts['nbytes'])}, {facts['waiters']} waiting tasks"
     )
+    flow = facts.get("memory_flow")
+    if flow and flow.get("tasks"):
+        lines.append(
+            f"  kind     {signed_bytes(flow['net_per_task'])} per task over {flow['tasks']:,} "
+            f"tasks ({format_bytes(flow['produced'])} produced, "
+            f"{format_bytes(flow['freed_by'])} freed by finishing)"
+        )
     if facts["annotations"]:
         lines.append(f"  annotations  {facts['annotations']}")
     for n, h in enumerate(facts["holders"]):

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from dask import delayed
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils_test import async_poll_for, gen_cluster
 
@@ -17,23 +16,15 @@ import amm_rules
 from amm_rules.engine import flow as flow_module
 from amm_rules.engine.flow import MemoryFlow, PrefixFacts
 from tests.support.cluster import amm_config, no_errors, policy_of, rules
+from tests.support.flow import graph as flow_graph
+from tests.support.flow import make
 
 SIZE = 200_000
 
 
-def make(i: int, n: int = SIZE) -> bytes:
-    return bytes([i % 256]) * n
-
-
-def consume(*parts: bytes) -> int:
-    return sum(len(p) for p in parts)
-
-
-def graph(n: int, name: str = "inp") -> Any:
-    """n inputs of prefix ``name`` consumed by one ``cons`` task: only the graph needs
-    the inputs, so the consumer is the last to need each of them."""
-    parts = [delayed(make, pure=True)(i, dask_key_name=(name, i)) for i in range(n)]
-    return delayed(consume, pure=True)(*parts, dask_key_name="cons")
+def graph(n: int) -> Any:
+    """n inputs of prefix ``inp`` consumed by one ``cons`` task (tests.support.flow)."""
+    return flow_graph(n, size=SIZE, consumer="cons")
 
 
 class Stimuli(SchedulerPlugin):
@@ -80,7 +71,7 @@ async def test_produced_freed_freed_by_live_tasks_and_net(c, s, a, b):
 
 @gen_cluster(client=True, config=amm_config())
 async def test_live_bytes_and_freed_by_a_client_are_not_freed_by_a_task(c, s, a, b):
-    futures = c.map(make, range(3), key=[f"held-{i}" for i in range(3)])
+    futures = c.map(make, range(3), n=SIZE, key=[f"held-{i}" for i in range(3)])
     await c.gather(futures)
     table = await amm_rules.memory_flow(c)
     assert table["held"]["live"] == table["held"]["produced"] >= 3 * SIZE
@@ -117,10 +108,17 @@ async def test_replicas_and_scattered_data_count_once(c, s, *workers):
 async def test_status_names_top_producers_and_freers(c, s, a, b):
     await c.compute(graph(3))
     status = s.handlers["amm_rules_status"]()["memory_flow"]
-    assert status["top_producers"][0] == "inp"
-    assert "cons" not in status["top_producers"]
-    assert status["top_freers"] == ["cons"]
+    producers = [row["prefix"] for row in status["top_producers"]]
+    assert producers == ["inp"]  # cons frees more than it makes
+    (freer,) = status["top_freers"]
+    assert freer["prefix"] == "cons" and freer["freed_by"] >= 3 * SIZE
     assert status["prefixes"] == 2 and status["evicted"] == 0
+    assert status["totals"]["tasks"] == 4
+    assert status["totals"]["produced"] == sum(row["produced"] for row in policy_rows(s))
+
+
+def policy_rows(s: Any) -> list[dict[str, Any]]:
+    return list(policy_of(s).flow.table().values())
 
 
 class _Task:
@@ -183,7 +181,7 @@ FLOW_RULE = rules(
 async def test_rules_read_the_flow_and_keys_are_classified_again_as_it_moves(c, s, a, b):
     policy = policy_of(s)
     assert policy.flow.track_keys
-    big = c.map(make, range(4), key=[f"big-{i}" for i in range(4)])
+    big = c.map(make, range(4), n=SIZE, key=[f"big-{i}" for i in range(4)])
     small = c.map(make, range(4), n=10, key=[f"small-{i}" for i in range(4)])
     await c.gather(big + small)
     # Every big key, those classified before their prefix had figures included,
@@ -206,3 +204,33 @@ async def test_keys_are_not_tracked_when_no_rule_reads_the_flow(c, s, a, b):
     policy = policy_of(s)
     assert not policy.flow.track_keys
     assert all(e.keys is None for e in policy.flow.prefixes.values())
+
+
+def test_freed_by_counts_other_keys_of_the_same_stimulus_only():
+    tasks = {
+        "a-1": _Task("a-1", "a", 100),
+        "a-2": _Task("a-2", "a", 100),
+        "b-1": _Task("b-1", "b", 10),
+        "c-1": _Task("c-1", "c", 1),
+    }
+    flow = MemoryFlow(tasks)
+    for key in ("a-1", "a-2"):
+        flow.transition(key, "processing", "memory", stimulus_id=f"done-{key}")
+    flow.transition("b-1", "processing", "memory", stimulus_id="done-b")
+    flow.transition("a-1", "memory", "released", stimulus_id="done-b")  # b's last input
+    flow.transition("b-1", "memory", "forgotten", stimulus_id="done-b")  # b itself
+    flow.transition("a-2", "memory", "released", stimulus_id="client-releases")
+    flow.transition("c-1", "waiting", "memory", stimulus_id="add-keys")  # not computed here
+    table = flow.table()
+    assert table["b"]["freed_by"] == 100  # a-1 only: not a-2, not b's own result
+    assert table["a"]["freed"] == 200 and table["a"]["freed_by"] == 0
+    assert table["b"]["net_per_task"] == -90.0
+    assert table["c"] == {
+        "produced": 0,
+        "freed": 0,
+        "freed_by": 0,
+        "live": 1,
+        "tasks": 0,
+        "net_per_task": None,
+    }
+    assert flow.totals() == {"produced": 210, "freed": 210, "freed_by": 100, "tasks": 3, "live": 1}

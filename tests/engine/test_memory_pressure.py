@@ -8,65 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any
 
-from distributed.scheduler import _task_slots_available
 from distributed.utils_test import async_poll_for, gen_cluster
 
-from tests.support.cluster import amm_config, events, no_errors, policy_of, rules
-
-MiB = 2**20
-LIMIT = 200 * MiB
-
-
-def section(**fields: Any) -> dict[str, Any]:
-    """A rules mapping with a memory-pressure section that reads managed memory (exact
-    on the scheduler, unlike process memory) and needs no transfers: tests set the
-    pressure by the data they keep."""
-    base = {
-        "measure": "managed",
-        "require-transfers": False,
-        "threshold": "30%",
-        "release": "20%",
-        "check-interval": "50ms",
-        "min-hold": 0,
-    }
-    return rules(**{"memory-pressure": {**base, **fields}})
-
-
-def blob(i: int, mib: int) -> bytes:
-    return bytes(mib * MiB)
-
-
-def slow(i: int, delay: float = 0.2) -> int:
-    import time
-
-    time.sleep(delay)
-    return i
-
-
-async def arrived(s: Any, futures: list[Any]) -> None:
-    """Wait until the scheduler has the futures' tasks (a graph arrives asynchronously)."""
-    await async_poll_for(lambda: all(f.key in s.tasks for f in futures), timeout=5)
-
-
-def consistent(s: Any) -> None:
-    """The scheduler's idle set agrees with its current worker-saturation."""
-    for ws in s.workers.values():
-        has_room = _task_slots_available(ws, s.WORKER_SATURATION) > 0
-        assert (ws in s.idle_task_count) == (has_room and ws.status.name == "running")
-
-
-WORKERS = {"nthreads": [("", 2)] * 2, "worker_kwargs": {"memory_limit": LIMIT}}
-#: The workers share the test's process: its memory must not pause them or make them spill.
-NO_MONITOR = {
-    f"distributed.worker.memory.{name}": False
-    for name in ("target", "spill", "pause", "terminate")
-}
-
-
-def config(rules_: Any = None, **extra: Any) -> dict[str, Any]:
-    return {**amm_config(rules_), **NO_MONITOR, **extra}
+from tests.support.cluster import events, no_errors, policy_of
+from tests.support.pressure import (
+    WORKERS,
+    arrived,
+    config,
+    consistent,
+    pressure_on,
+    section,
+    slow,
+)
 
 
 @gen_cluster(client=True, config=config(section()), **WORKERS)
@@ -107,13 +61,6 @@ async def test_nothing_is_flagged_or_held_without_the_section(c, s, a, b):
     assert s.handlers["amm_rules_status"]()["memory_pressure"] is None
 
 
-async def pressure_on(c: Any, s: Any, worker: Any, mib: int = 80) -> Any:
-    """Keep ``mib`` MiB on ``worker``: 40% of its limit, above the 30% threshold."""
-    held = c.submit(blob, 0, mib, key="held-0", workers=[worker.address])
-    await held
-    return held
-
-
 @gen_cluster(client=True, config=config(section()), **WORKERS)
 async def test_holds_while_a_worker_is_under_pressure_and_releases_below_release(c, s, a, b):
     policy = policy_of(s)
@@ -123,6 +70,10 @@ async def test_holds_while_a_worker_is_under_pressure_and_releases_below_release
     await async_poll_for(lambda: policy.pressure.state == "holding", timeout=10)
     assert s.WORKER_SATURATION == 0.5 < base
     consistent(s)
+    # (held when the graph arrived; the next check says what heads the queue)
+    await async_poll_for(
+        lambda: any("the queue's head is work" in r for r in policy.pressure.reasons), 5
+    )
     status = s.handlers["amm_rules_status"]()["memory_pressure"]
     assert status["state"] == "holding" and status["saturation"] == 0.5
     assert list(status["workers"]) == [a.address]
@@ -248,3 +199,20 @@ async def test_without_queuing_nothing_can_be_held_and_it_says_so(c, s, a, b):
     (event,) = [e for e in events(s, "memory-pressure") if e["step"] == "unavailable"]
     assert "worker-saturation is inf" in event["reason"]
     await c.gather(futures)
+
+
+@gen_cluster(client=True, config=config(section()), **WORKERS)
+async def test_a_graph_arriving_under_pressure_is_held_from_its_first_task(c, s, a, b):
+    policy = policy_of(s)
+    held = await pressure_on(c, s, a)
+    # Four tasks on four threads: without the hold, every one would start at once.
+    small = c.map(slow, range(4), delay=1.0, key=[f"small-{i}" for i in range(4)])
+    await arrived(s, small)
+    assert policy.pressure.state == "holding"
+    assert sum(len(ws.processing) for ws in s.workers.values()) == 2  # one per worker
+    assert len(s.queued) == 2
+    (hold,) = [e for e in events(s, "memory-pressure") if e["step"] == "hold"]
+    assert hold["prefix"] == "small"
+    assert "a graph arrived with tasks of producers: small" in hold["reasons"]
+    await c.gather(small)
+    del held

@@ -24,6 +24,7 @@ from amm_rules.cli import main
 from amm_rules.observe.keys import parse_key
 from amm_rules.observe.status import status_report
 from tests.support.cluster import amm_config, copies, policy_of, rules
+from tests.support.flow import graph
 
 #: Where amm_rules is imported from here, so that the command imports the same.
 PACKAGE_ROOT = Path(amm_rules.__file__).resolve().parent.parent
@@ -201,3 +202,47 @@ def test_an_unreachable_scheduler_is_one_line():
         f"amm-rules: error: could not connect to the scheduler at {address}"
     )
     assert len(result.stderr.splitlines()) == 1
+
+
+#: A memory-pressure section that never holds here (no worker reaches 90%).
+PRESSURE = {"version": 1, "memory-pressure": {"threshold": "90%", "release": "80%"}}
+
+
+@gen_cluster(client=True, config=amm_config(PRESSURE), timeout=120)
+async def test_status_memory_flow_from_the_shell(c, s, a, b):
+    await c.compute(graph(4))
+    await async_poll_for(lambda: not s.tasks, timeout=5)  # the result released too
+    table = policy_of(s).flow.table()
+
+    text = await cli("status", "--memory-flow", "--scheduler", s.address)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0] == f"memory flow of {len(table)} task prefixes"
+    producers = lines[lines.index("top producers (net bytes added per task)") + 2 :]
+    assert producers[0].split()[:2] == ["inp", "4"]
+    freers = lines[lines.index("top freers (bytes of inputs freed by their tasks finishing)") :]
+    assert freers[2].split()[:2] == ["cons-inp", "1"]
+    # The consumer frees more than it makes: it is no producer.
+    assert not any(line.split()[:1] == ["cons-inp"] for line in producers[: len(producers) - 3])
+
+    as_json = await cli("status", "--memory-flow", "--format", "json", "--scheduler", s.address)
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == json.loads(json.dumps(table))
+
+    # The plain status has the summary, and the section's state and why.
+    plain = await cli("status", "--scheduler", s.address)
+    assert plain.returncode == 0, plain.stderr
+    out = plain.stdout.splitlines()
+    flow_line = next(line for line in out if line.startswith("memory flow  "))
+    assert flow_line.startswith("memory flow  2 prefixes;")
+    assert any(line.startswith("  producers  inp (+") for line in out)
+    assert any(line.startswith("  freers     cons-inp (") for line in out)
+    assert any(line.startswith("pressure     idle; 0 holds") for line in out)
+    assert any("nothing is queued" in line for line in out)
+
+
+def test_memory_flow_usage_errors_exit_2():
+    both = invoke("status", "--memory-flow", "--check", "--scheduler", "tcp://127.0.0.1:1")
+    assert both.exit_code == 2 and "cannot be used together" in both.stderr
+    zero = invoke("status", "--memory-flow", "--top", "0", "--scheduler", "tcp://127.0.0.1:1")
+    assert zero.exit_code == 2 and "--top" in zero.stderr

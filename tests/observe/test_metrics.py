@@ -17,6 +17,7 @@ from tornado.httpclient import AsyncHTTPClient
 from amm_rules import RulesPolicy
 from amm_rules.observe import metrics
 from tests.support.cluster import amm_config, copies, policy_of, rules
+from tests.support.flow import graph
 
 TWO = rules(
     {"name": "two", "match": 'task.prefix == "two"', "replicate": 2},
@@ -186,3 +187,28 @@ async def test_two_schedulers_in_one_process():
     # Both closed: nothing of amm-rules is left in the process-wide registry.
     assert metrics.registered() is None
     assert "dask_amm_rules_" not in prometheus_client.generate_latest().decode()
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], scheduler_kwargs=HTTP, config=amm_config())
+async def test_metrics_have_top_prefixes_only_and_totals_over_all(c, s, a):
+    here = {"scheduler": s.address}
+    # 20 kinds of task: more prefixes than the metrics show.
+    for n in range(20):
+        await c.compute(graph(1 + n % 3, name=f"k{n}"))
+    policy = policy_of(s)
+    text = await scrape(s)
+    shown = samples(text, "dask_amm_rules_memory_flow_produced_bytes_total", **here)
+    limit = metrics.FLOW_PREFIXES_BY_PRODUCED + metrics.FLOW_PREFIXES_BY_LIVE
+    assert 0 < len(shown) <= limit < len(policy.flow.prefixes)
+    # The prefixes shown are those that produced the most.
+    produced = {p: e.produced for p, e in policy.flow.prefixes.items()}
+    top = sorted(produced.values(), reverse=True)[: metrics.FLOW_PREFIXES_BY_PRODUCED]
+    assert sorted((v for v in shown.values()), reverse=True)[: len(top)] == top
+    totals = policy.flow.totals()
+    assert value(text, "dask_amm_rules_memory_produced_bytes_total", **here) == totals["produced"]
+    assert value(text, "dask_amm_rules_memory_tasks_total", **here) == totals["tasks"]
+    assert value(text, "dask_amm_rules_memory_flow_prefixes", **here) == len(policy.flow.prefixes)
+    assert value(text, "dask_amm_rules_memory_pressure_holding", **here) == 0
+    # (tests/observe/test_metrics.py compares every family with docs/observe.md)
+    documented_flow = {k: v for k, v in documented().items() if "_memory_" in k}
+    assert documented_flow == {k: v for k, v in served(text).items() if "_memory_" in k}

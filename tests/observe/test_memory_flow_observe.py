@@ -1,0 +1,67 @@
+"""The memory flow and the memory-pressure section as operators see them: the status
+report and its text, ``status --memory-flow``'s tables, ``explain`` of a task held back
+and of a key whose kind is known. (The command line and the Prometheus series are tested
+with the others, in test_cli.py and test_metrics.py.)"""
+
+from __future__ import annotations
+
+import json
+
+from distributed.utils_test import async_poll_for, gen_cluster
+
+from amm_rules.engine.view import key_string
+from amm_rules.observe.explain import explain_keys
+from amm_rules.observe.status import status_report
+from amm_rules.observe.text import render_explain, render_memory_flow, render_status
+from tests.support.cluster import amm_config, policy_of
+from tests.support.pressure import WORKERS, pressure_on, section, slow
+from tests.support.pressure import config as pressure_config
+
+PRESSURE = {"version": 1, "memory-pressure": {"threshold": "90%", "release": "80%"}}
+
+
+def test_render_memory_flow_lists_the_top_prefixes_only():
+    table = {
+        f"p{i}": {
+            "produced": 1000 * i,
+            "freed": 0,
+            "freed_by": 10 * i,
+            "live": 0,
+            "tasks": 1,
+            "net_per_task": 990.0 * i,
+        }
+        for i in range(1, 8)
+    }
+    text = render_memory_flow(table, top=3).splitlines()
+    rows = [line.split()[0] for line in text if line.startswith("  p") and "prefix" not in line]
+    assert rows == ["p7", "p6", "p5", "p7", "p6", "p5"]
+
+
+@gen_cluster(client=True, config=amm_config(PRESSURE))
+async def test_the_status_report_carries_the_section(c, s, a, b):
+    report = status_report(policy_of(s))
+    pressure = report["memory_pressure"]
+    assert pressure["settings"]["threshold"] == 0.9 and pressure["state"] == "idle"
+    assert pressure["totals"]["holds"] == 0
+    text = render_status(json.loads(json.dumps(report)))
+    assert "pressure     idle; 0 holds, 0.0s held since start" in text
+
+
+@gen_cluster(client=True, config=pressure_config(section()), **WORKERS)
+async def test_explain_says_a_queued_task_is_held_back_and_what_a_kind_makes(c, s, a, b):
+    policy = policy_of(s)
+    held = await pressure_on(c, s, a)
+    work = c.map(slow, range(40), key=[f"work-{i}" for i in range(40)])
+    await async_poll_for(lambda: policy.pressure.state == "holding" and s.queued, timeout=10)
+    queued = next(iter(s.queued)).key
+    answer = explain_keys(policy, [queued])[key_string(queued)]
+    assert answer["summary"].startswith("not in memory (queued): held back:")
+    assert answer["memory_pressure"]["held"] and answer["memory_pressure"]["producer"]
+    text = render_explain(json.loads(json.dumps({key_string(queued): answer})))
+    assert "  pressure  " in text
+    # A key in memory: what tasks of its kind produce.
+    in_memory = explain_keys(policy, ["held-0"])["held-0"]
+    assert in_memory["facts"]["memory_flow"]["tasks"] == 1
+    assert "  kind     +" in render_explain({"held-0": in_memory})
+    await c.gather(work)
+    del held
