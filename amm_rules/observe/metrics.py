@@ -63,6 +63,7 @@ the per-rule figures.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -369,7 +370,11 @@ class _Families:
             "When the rules in force were loaded (seconds since the epoch)",
             labels=s,
         )
-        self.flow = _FlowFamilies(name)
+
+    @functools.cached_property
+    def flow(self) -> _FlowFamilies:
+        """The memory flow's families (made at first use, like the sections')."""
+        return _FlowFamilies(self._name)
 
     def add(self, policy: RulesPolicy) -> None:
         where = [_scheduler_label(policy)]
