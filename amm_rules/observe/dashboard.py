@@ -14,6 +14,8 @@ open page for :data:`SHARED_FOR` seconds. Its parts:
 - :class:`WorkerMemory`: each worker's memory against its limit, grouped by pool, with
   the rebalancing thresholds and the cluster mean drawn when rebalancing is on;
 - :class:`InFlight`: copies and rebalancing moves in flight, over the last minutes;
+- :class:`MemoryFlowTable`: the memory flow's top producers and freers (task prefixes),
+  and what the ``memory-pressure`` section is doing;
 - :class:`EventsTable`: the latest events (reloads, reload errors, invalid annotations).
 
 Importing this module imports Bokeh; :func:`register` adds the pages to
@@ -59,6 +61,7 @@ from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 from amm_rules.observe.conformance import IN_PROGRESS, SATISFIED, UNSATISFIABLE
 from amm_rules.observe.extension import engine_of
 from amm_rules.observe.status import NO_POOL, status_report
+from amm_rules.observe.text import signed_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -475,6 +478,78 @@ class InFlight(DashboardComponent):
         self.source.stream(point, rollover=HISTORY)
 
 
+class MemoryFlowTable(DashboardComponent):
+    """The task prefixes adding the most memory per task and freeing the most by
+    finishing (the report's ``memory_flow``), under a line on ``memory-pressure``."""
+
+    COLUMNS = ("role", "prefix", "tasks", "produced", "freed_by", "net", "live")
+
+    def __init__(self) -> None:
+        self.source = ColumnDataSource({name: [] for name in self.COLUMNS})
+        count = NumberFormatter(format="0,0")
+        columns = [
+            TableColumn(field="role", title="memory flow", width=90),
+            TableColumn(field="prefix", title="task prefix", width=200),
+            TableColumn(field="tasks", title="tasks", formatter=count, width=70),
+            TableColumn(field="produced", title="produced", width=90),
+            TableColumn(field="freed_by", title="freed by finishing", width=120),
+            TableColumn(field="net", title="net per task", width=100),
+            TableColumn(field="live", title="in memory", width=90),
+        ]
+        self.pressure = Div(text="", sizing_mode="stretch_width")
+        self.table = DataTable(
+            source=self.source,
+            columns=columns,
+            index_position=None,
+            sortable=False,
+            height=_table_height(2),
+            sizing_mode="stretch_width",
+            autosize_mode="none",
+        )
+        self.root = column(self.pressure, self.table, sizing_mode="stretch_width")
+
+    def update(self, report: Mapping[str, Any] | None) -> None:
+        flow = (report or {}).get("memory_flow") or {}
+        data: dict[str, list[Any]] = {name: [] for name in self.COLUMNS}
+        for role, rows in (("producer", "top_producers"), ("freer", "top_freers")):
+            for r in flow.get(rows) or ():
+                data["role"].append(role)
+                data["prefix"].append(r["prefix"])
+                data["tasks"].append(r["tasks"])
+                data["produced"].append(format_bytes(r["produced"]))
+                data["freed_by"].append(format_bytes(r["freed_by"]))
+                data["net"].append(signed_bytes(r["net_per_task"]))
+                data["live"].append(format_bytes(r["live"]))
+        _refill(self.table, data)
+        height = _table_height(len(data["role"]))
+        if self.table.height != height:
+            self.table.height = height
+        text = pressure_html((report or {}).get("memory_pressure"), report is not None)
+        if self.pressure.text != text:
+            self.pressure.text = text
+
+
+def pressure_html(pressure: Mapping[str, Any] | None, attached: bool = True) -> str:
+    """One line on the ``memory-pressure`` section: its state and its latest reasons."""
+    if not attached:
+        return ""
+    if not pressure:
+        return "<div><b>memory pressure</b> no memory-pressure section</div>"
+    e = html.escape
+    totals = pressure.get("totals") or {}
+    state = str(pressure["state"])
+    if state == "holding":
+        state = (
+            f"holding for {pressure['held_for']:.0f}s (worker-saturation "
+            f"{pressure['saturation']:g}, the scheduler's {pressure['scheduler_saturation']:g})"
+        )
+    reasons = "; ".join(str(r) for r in pressure.get("reasons") or ())
+    return (
+        f"<div><b>memory pressure</b> {e(state)} &middot; {totals.get('holds', 0):,.0f} holds, "
+        f"{totals.get('held_seconds', 0):,.0f}s held &middot; {e(reasons)}</div>"
+    )
+
+
 class EventsTable(DashboardComponent):
     """The latest events of the topic ``amm-rules``, newest first."""
 
@@ -540,11 +615,13 @@ class RulesPage(DashboardComponent):
         self.memory = WorkerMemory()
         self.in_flight = InFlight()
         self.events = EventsTable()
+        self.flow = MemoryFlowTable()
         self.root = column(
             self.header.root,
             self.rules.root,
             self.memory.root,
             row(self.in_flight.root, self.events.root, sizing_mode="stretch_width"),
+            self.flow.root,
             sizing_mode="stretch_width",
         )
         self._logged: str | None = None
@@ -553,7 +630,8 @@ class RulesPage(DashboardComponent):
     def update(self) -> None:
         try:
             report = shared_report(self.scheduler)
-            for part in (self.header, self.rules, self.memory, self.in_flight, self.events):
+            parts = (self.header, self.rules, self.memory, self.in_flight, self.events, self.flow)
+            for part in parts:
                 part.update(report)
         except Exception as exc:  # a bug: say it on the page, log it once, keep serving
             error = f"this page failed to update: {type(exc).__name__}: {exc}"

@@ -1,19 +1,26 @@
 """The memory flow and the memory-pressure section as operators see them: the status
 report and its text, ``status --memory-flow``'s tables, ``explain`` of a task held back
-and of a key whose kind is known. (The command line and the Prometheus series are tested
+and of a key whose kind is known, the dashboard page's table and line. (The command line and the Prometheus series are tested
 with the others, in test_cli.py and test_metrics.py.)"""
 
 from __future__ import annotations
 
 import json
 
+from dask.utils import format_bytes
 from distributed.utils_test import async_poll_for, gen_cluster
 
 from amm_rules.engine.view import key_string
 from amm_rules.observe.explain import explain_keys
 from amm_rules.observe.status import status_report
-from amm_rules.observe.text import render_explain, render_memory_flow, render_status
+from amm_rules.observe.text import (
+    render_explain,
+    render_memory_flow,
+    render_status,
+    signed_bytes,
+)
 from tests.support.cluster import amm_config, policy_of
+from tests.support.flow import SIZE, graph
 from tests.support.pressure import WORKERS, pressure_on, section, slow
 from tests.support.pressure import config as pressure_config
 
@@ -63,5 +70,37 @@ async def test_explain_says_a_queued_task_is_held_back_and_what_a_kind_makes(c, 
     in_memory = explain_keys(policy, ["held-0"])["held-0"]
     assert in_memory["facts"]["memory_flow"]["tasks"] == 1
     assert "  kind     +" in render_explain({"held-0": in_memory})
+    await c.gather(work)
+    del held
+
+
+@gen_cluster(client=True, config=pressure_config(section()), **WORKERS)
+async def test_the_dashboard_page_shows_the_flow_and_the_pressure(c, s, a, b):
+    from bokeh.document import Document
+
+    from amm_rules.observe.dashboard import RulesPage
+
+    policy = policy_of(s)
+    page = RulesPage(s)
+    Document().add_root(page.root)
+    page.update()
+    assert page.flow.source.data["prefix"] == []
+    assert "<b>memory pressure</b> idle" in page.flow.pressure.text
+    assert await c.compute(graph(4, "inp")) == 4 * SIZE
+    held = await pressure_on(c, s, a)
+    work = c.map(slow, range(40), key=[f"work-{i}" for i in range(40)])
+    await async_poll_for(lambda: policy.pressure.state == "holding", timeout=10)
+    page.update()
+    rows = page.flow.source.data
+    producers = [
+        p for p, role in zip(rows["prefix"], rows["role"], strict=True) if role == "producer"
+    ]
+    assert producers[:2] == ["held", "inp"]  # 80 MiB per task, then SIZE per task
+    at = rows["prefix"].index("cons-inp")
+    assert rows["role"][at] == "freer" and rows["freed_by"][at] == format_bytes(4 * SIZE)
+    net = policy.flow.table()["cons-inp"]["net_per_task"]
+    assert net < 0 and rows["net"][at] == signed_bytes(net)
+    assert "holding for" in page.flow.pressure.text
+    assert "worker-saturation 0.5" in page.flow.pressure.text
     await c.gather(work)
     del held
