@@ -50,6 +50,7 @@ from amm_rules.language.ruleset import (
     ACTION_FIELDS,
     CLASS_ATTRIBUTES,
     DEMAND_ATTRIBUTES,
+    FLOW_ATTRIBUTES,
     UNGOVERNED,
     Actions,
     Desired,
@@ -177,13 +178,16 @@ class _ClassCascade:
 class _GroupClass:
     """The class of the last key classified of a task group (see :meth:`Classifier.classify`)."""
 
-    __slots__ = ("type", "annotations", "cascade")
+    __slots__ = ("type", "annotations", "cascade", "flow")
 
-    def __init__(self, type_: Any, annotations: Any, cascade: _ClassCascade):
+    def __init__(self, type_: Any, annotations: Any, cascade: _ClassCascade, flow: Any = None):
         self.type = type_
         #: The key's annotations, None if it had none.
         self.annotations = annotations
         self.cascade = cascade
+        #: The published memory flow of the group's prefix the class was made with
+        #: (while rules read ``task.prefix_*``): a republished one is another class.
+        self.flow = flow
 
 
 #: Governed keys of one classification that share a ``Desired``: (it, keys, tasks).
@@ -224,6 +228,9 @@ class Classifier:
         #: Task group -> the class of its last key classified (see classify). Holding
         #: the group keeps its identity unique while remembered.
         self._groups: dict[Any, _GroupClass] = {}
+        #: Rules read ``task.prefix_*``: a group's class holds while its prefix's
+        #: published figures are those it was made with.
+        self._flow_sensitive = flow is not None and not FLOW_ATTRIBUTES.isdisjoint(ruleset.depends)
 
     @property
     def replicas_sensitive(self) -> bool:
@@ -278,6 +285,7 @@ class Classifier:
         get = tasks.get
         groups = self._groups
         any_runtime = bool(runtime)
+        flow = self.flow if self._flow_sensitive else None
         # One test in C for the lot: usually none of them is indexed.
         any_indexed = bool(indexed) and not indexed.keys().isdisjoint(keys)
         # Keys arrive a group at a time: the batch of the previous key is usually this
@@ -295,6 +303,7 @@ class Classifier:
                 known is not None
                 and ts.type == known.type
                 and not (any_runtime and key in runtime)
+                and (flow is None or flow.get(ts.prefix.name) is known.flow)
             ):
                 mine = ts.annotations
                 if mine:
@@ -308,7 +317,7 @@ class Classifier:
                 cascade = self._group_miss(ts, key, runtime)
             desired = cascade.desired
             if desired is None:
-                desired = cascade.resolve(TaskFactsAdapter(ts, self._reads))
+                desired = cascade.resolve(TaskFactsAdapter(ts, self._reads, self.flow))
             if desired is UNGOVERNED:
                 if any_indexed and key in indexed:
                     dropped.append(key)
@@ -335,7 +344,8 @@ class Classifier:
         memo_key = (self._class_of(ts), annotation, target)
         cascade = self._cascades.get(memo_key)
         if cascade is None:
-            cascade = self._cascade(TaskFactsAdapter(ts, self._reads), annotation, target)
+            facts = TaskFactsAdapter(ts, self._reads, self.flow)
+            cascade = self._cascade(facts, annotation, target)
             if len(self._cascades) >= MEMO_LIMIT:
                 self._cascades.clear()
             self._cascades[memo_key] = cascade
@@ -343,7 +353,8 @@ class Classifier:
             groups = self._groups
             if len(groups) >= MEMO_LIMIT:
                 groups.clear()
-            groups[ts.group] = _GroupClass(ts.type, ts.annotations or None, cascade)
+            flow = self.flow.get(ts.prefix.name) if self._flow_sensitive else None  # type: ignore[union-attr]
+            groups[ts.group] = _GroupClass(ts.type, ts.annotations or None, cascade, flow)
         return cascade
 
     @property

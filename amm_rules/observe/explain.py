@@ -385,7 +385,8 @@ def _cascade(
             else:
                 entry["overridden"][f] = str(reasons[f])
     out.append(entry)
-    facts = TaskFactsAdapter(ts)
+    # What the engine's classifier sees: demand, and the published memory flow.
+    facts = TaskFactsAdapter(ts, policy.index.demand.reads, policy.flow.published)
     for rule in policy.ruleset.rules:
         sets = {f: _field_text(getattr(rule.actions, f)) for f in rule.actions.set_fields()}
         row: dict[str, Any] = {
