@@ -97,7 +97,8 @@ class MemoryPressure(SchedulerPlugin):
         self.policy: RulesPolicy | None = None
         #: The section in force; None when the rules have none.
         self.settings: MemoryPressureSettings | None = None
-        #: ``idle``, ``holding``, ``cooling`` (after max-hold) or ``unavailable``.
+        #: ``idle``, ``holding``, ``cooling`` (after max-hold, or after someone else
+        #: changed worker-saturation during a hold) or ``unavailable``.
         self.state = "idle"
         #: The scheduler's own worker-saturation, put back at release.
         self.base: float | None = None
@@ -268,8 +269,11 @@ class MemoryPressure(SchedulerPlugin):
         if self.state == "unavailable":
             self.state = "idle"
         if self.state == "holding" and self.held_at != scheduler.WORKER_SATURATION:
-            # Someone else set the saturation: theirs wins, ours is forgotten.
+            # Someone else set the saturation: theirs wins, ours is forgotten, and no
+            # hold overrides it before a cool-down.
             self._forget_hold(now, "worker-saturation was changed by someone else")
+            self.state = "cooling"
+            self.cool_until = now + settings.cooldown
             return
         above_release = self._look(settings, scheduler)
         head = self._head(scheduler)
@@ -342,7 +346,7 @@ class MemoryPressure(SchedulerPlugin):
         reasons.append(self._head_reason(head))
         if self.state == "cooling":
             if now < self.cool_until:
-                reasons.append(f"cooling down for {self.cool_until - now:.0f}s after max-hold")
+                reasons.append(f"cooling down for {self.cool_until - now:.0f}s")
                 self.reasons = reasons
                 return
             self.state = "idle"

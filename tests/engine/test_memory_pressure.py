@@ -181,6 +181,11 @@ async def test_a_saturation_set_by_someone_else_wins(c, s, a, b):
     await async_poll_for(lambda: policy.pressure.state != "holding", timeout=5)
     assert s.WORKER_SATURATION == 2.0
     assert [e for e in events(s, "memory-pressure") if e["step"] == "stopped"]
+    # Still under pressure: theirs stays through the cool-down all the same.
+    assert policy.pressure.state == "cooling"
+    for _ in range(5):
+        await asyncio.sleep(0.1)  # two checks each
+        assert s.WORKER_SATURATION == 2.0 and policy.pressure.state == "cooling"
     await c.gather(work)
     del held
 
