@@ -1,16 +1,31 @@
-"""Shared test configuration: hypothesis profiles and the ``slow`` marker.
+"""Shared test configuration: hypothesis profiles, the ``slow`` marker, and two checks
+every test gets.
 
 ``CI=true`` selects the ``ci`` hypothesis profile (bounded, derandomized example counts
 so a CI run is reproducible and fits its time budget); long stress and soak runs are
 marked ``slow`` and only run with ``--run-slow``.
+
+Every test fails, after its own checks pass:
+
+- if the engine emitted an ``error``, ``rule-error`` or ``audit`` event while it ran
+  (:mod:`tests.support.engine_errors`), unless it is marked
+  ``@pytest.mark.engine_errors("error", ...)`` with the actions it provokes on purpose;
+- if the deadlines of its waits add up to more than its own timeout
+  (:mod:`tests.support.waiting`): a wait must fail with its own message, before the
+  test's timeout cuts it short.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.support import engine_errors
+from tests.support.waiting import BUDGET, declared_timeout
 
 settings.register_profile(
     "ci",
@@ -35,3 +50,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def _timeout_of(item: pytest.Item) -> float:
+    """The test's own timeout: gen_cluster's or gen_test's, else pytest-timeout's."""
+    declared = declared_timeout(getattr(item, "obj", None))
+    if declared is not None:
+        return declared
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and marker.args:
+        return float(marker.args[0])
+    return float(item.config.getini("timeout") or 300)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    BUDGET.reset()
+    with engine_errors.recording() as seen:
+        result = yield
+    marker = item.get_closest_marker("engine_errors")
+    allowed = set(engine_errors.ERROR_ACTIONS if marker and not marker.args else ())
+    if marker is not None:
+        allowed.update(marker.args)
+    unexpected = [e for e in seen if e["action"] not in allowed]
+    if unexpected:
+        pytest.fail(
+            f"the engine reported {len(unexpected)} unexpected event(s): {unexpected[:5]} "
+            "(a test that provokes them says so with @pytest.mark.engine_errors(...))",
+            pytrace=False,
+        )
+    timeout = _timeout_of(item)
+    if BUDGET.spent >= timeout:
+        pytest.fail(
+            f"the deadlines of this test's {BUDGET.waits} waits add up to {BUDGET.spent:.0f} s, "
+            f"not less than its timeout of {timeout:.0f} s: raise the timeout (a slow run "
+            "must fail at the wait that names its condition)",
+            pytrace=False,
+        )
+    return result

@@ -4,17 +4,20 @@ their effect on a real scheduler running :class:`amm_rules.RulesPolicy`."""
 from __future__ import annotations
 
 import dask
+import dask.array as da
 import pytest
-from distributed.utils_test import async_poll_for, gen_cluster, inc
+from distributed.utils_test import gen_cluster, inc
 from hypothesis import given
 from hypothesis import strategies as st
 
 import amm_rules
 from amm_rules.client import validate_annotation
 from amm_rules.language.fields import ActionError, parse_actions
-from tests.support.cluster import amm_config, copies, more_cycles
+from tests.support.cluster import Requests, amm_config, copies, counts
+from tests.support.rulesets import GPU, GPU_POOL
+from tests.support.waiting import wait_cycles, wait_for
 
-GPU_RULES = {"version": 1, "pools": {"gpu": "worker.resources.GPU >= 1"}}
+GPU_RULES = {"version": 1, "pools": GPU_POOL}
 
 
 # ----------------------------------------------------------------------------------
@@ -124,45 +127,42 @@ def test_plain_values_mean_the_same_as_the_input(fields):
 # On a cluster
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config())
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(), timeout=60)
 async def test_annotate_around_submit_holds_copies(c, s, *workers):
     with amm_rules.annotate(replicate=2):
         x = c.submit(inc, 1, key="x-1")
     y = c.submit(inc, 2, key="y-1")  # outside the block: not annotated
     await c.gather([x, y])
     assert s.tasks["x-1"].annotations["amm"] == {"replicate": 2}
-    await async_poll_for(lambda: copies(s, "x-1") == 2, timeout=10)
-    # The target is held, not just reached: more cycles change nothing.
-    await more_cycles(s)
-    assert copies(s, "x-1") == 2
-    assert copies(s, "y-1") == 1
+    assert "amm" not in (s.tasks["y-1"].annotations or {})
+    await wait_for(lambda: copies(s, "x-1") == 2, "x-1 at its annotated 2 copies")
+    # The target is held, not just reached: more cycles ask for nothing more.
+    requests = Requests(s)
+    await wait_cycles(s, 10)
+    assert (requests.acquire, requests.remove) == ({}, {})
+    assert counts(s, ["x-1", "y-1"]) == [2, 1]
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 4, config=amm_config())
 async def test_dask_annotate_around_persist_of_an_array(c, s, *workers):
-    da = pytest.importorskip("dask.array")
     x = da.ones(100, chunks=25) + 1
     with dask.annotate(amm={"replicate": 3}):
         x = c.persist(x)
     await x
     keys = [f.key for f in c.futures_of(x)]
     assert len(keys) == 4
-    await async_poll_for(lambda: all(copies(s, k) == 3 for k in keys), timeout=10)
+    await wait_for(lambda: counts(s, keys) == [3] * 4, "every chunk at 3 copies")
 
 
-@gen_cluster(
-    client=True,
-    nthreads=[("", 1), ("", 1, {"resources": {"GPU": 1}})],
-    config=amm_config(GPU_RULES),
-)
+@gen_cluster(client=True, nthreads=[("", 1), ("", 1, GPU)], config=amm_config(GPU_RULES))
 async def test_annotation_pool_moves_data_into_the_pool(c, s, a, b):
     with amm_rules.annotate(pool="gpu"):
         x = c.submit(inc, 1, key="x-1", workers=[a.address])
     await x
-    await async_poll_for(lambda: s.tasks["x-1"].who_has == {s.workers[b.address]}, timeout=10)
+    await wait_for(lambda: s.tasks["x-1"].who_has == {s.workers[b.address]}, "x-1 moved to b")
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(GPU_RULES))
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(GPU_RULES), timeout=60)
 async def test_invalid_annotation_is_ignored_with_a_warning_event(c, s, *workers):
     # Raw dask.annotate is not checked on the client, so bad values reach the scheduler.
     with dask.annotate(amm={"replicate": 0}):
@@ -179,14 +179,15 @@ async def test_invalid_annotation_is_ignored_with_a_warning_event(c, s, *workers
             for _, msg in s.get_events("amm-rules")
         )
 
-    await async_poll_for(
-        lambda: all(warned(k) for k in ("bad-1", "unknown-1", "garbage-1")), timeout=10
+    await wait_for(
+        lambda: all(warned(k) for k in ("bad-1", "unknown-1", "garbage-1")),
+        "an invalid-annotation event for each key",
     )
     # The scheduler and the policy keep working: a valid annotation is still obeyed,
     # and the keys with invalid annotations are left under the rules (one copy).
     with amm_rules.annotate(replicate=3):
         good = c.submit(inc, 4, key="good-1")
     await good
-    await async_poll_for(lambda: copies(s, "good-1") == 3, timeout=10)
-    assert all(copies(s, k) == 1 for k in ("bad-1", "unknown-1", "garbage-1"))
+    await wait_for(lambda: copies(s, "good-1") == 3, "good-1 at its annotated 3 copies")
+    assert counts(s, ["bad-1", "unknown-1", "garbage-1"]) == [1, 1, 1]
     assert await c.submit(inc, 10) == 11

@@ -5,23 +5,22 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
-from typing import Any
 
 import dask
+import dask.array as da
 import pytest
 from distributed import Client, LocalCluster
-from distributed.utils_test import async_poll_for, div, gen_cluster, inc, poll_for
+from distributed.utils_test import div, gen_cluster, inc
 
 import amm_rules
 from amm_rules.client import EngineNotFoundError
 from amm_rules.language.fields import ActionError
-from tests.support.cluster import amm_config, copies, more_cycles
+from tests.support.cluster import Requests, amm_config, copies, holders, who_has
+from tests.support.rulesets import rules
+from tests.support.waiting import wait_cycles, wait_for, wait_for_sync
 
 #: Keys with the prefix "three" have 3 copies by rule.
-THREE_RULES = {
-    "version": 1,
-    "rules": [{"name": "three", "match": 'task.prefix == "three"', "replicate": 3}],
-}
+THREE_RULES = rules({"name": "three", "match": 'task.prefix == "three"', "replicate": 3})
 
 
 # ----------------------------------------------------------------------------------
@@ -46,7 +45,6 @@ def test_bad_n_raises_on_the_client(n, message):
 
 
 def test_a_collection_that_was_not_persisted_is_refused():
-    da = pytest.importorskip("dask.array")
     with pytest.raises(ValueError, match="persist it first"):
         amm_rules.replicate(da.ones(10, chunks=5), n=2)
 
@@ -67,30 +65,25 @@ def sync_client() -> Iterator[Client]:
         yield client
 
 
-def who_has(client: Client, future: Any) -> int:
-    return len(client.who_has(future).get(future.key, ()))
-
-
 def test_replicate_sync_sets_and_removes_a_target(sync_client):
     client = sync_client
     x = client.submit(inc, 1, key="x-1")
     # The call waits for the task, sets the target and returns the handler's answer.
     assert amm_rules.replicate(x, n=3) == {"set": 1, "missing": []}
-    poll_for(lambda: who_has(client, x) == 3, timeout=10)
+    wait_for_sync(lambda: who_has(client, x) == 3, "x-1 at its runtime target of 3")
 
     # n=None removes the target: reduce-replicas trims the extra copies.
-    assert amm_rules.replicate(x, n=None, client=client)["set"] == 1
-    poll_for(lambda: who_has(client, x) == 1, timeout=10)
+    assert amm_rules.replicate(x, n=None, client=client) == {"set": 1, "missing": []}
+    wait_for_sync(lambda: who_has(client, x) == 1, "x-1 trimmed to 1 copy")
 
 
 def test_replicate_sync_min_max_and_collections(sync_client):
-    da = pytest.importorskip("dask.array")
     client = sync_client
     arr = client.persist(da.ones(40, chunks=10) + 1)
     answer = amm_rules.replicate(arr, n={"min": 2, "max": 3})
     assert answer == {"set": 4, "missing": []}
     futures = client.futures_of(arr)
-    poll_for(lambda: all(who_has(client, f) == 2 for f in futures), timeout=10)
+    wait_for_sync(lambda: all(who_has(client, f) == 2 for f in futures), "every chunk at 2")
     # distributed's own Client.replicate sets a target too (legacy-replicate: honour),
     # which replaces this one: its four copies stay.
     client.replicate(futures, n=4)
@@ -104,72 +97,84 @@ def test_replicate_reports_keys_not_in_memory(sync_client):
     ok = client.submit(inc, 1, key="ok-1")
     failed = client.submit(div, 1, 0, key="failed-1")
     answer = amm_rules.replicate([ok, failed], n=2)
-    assert answer["set"] == 1
-    assert answer["missing"] == ["failed-1"]
+    assert answer == {"set": 1, "missing": ["failed-1"]}
 
 
 def test_runtime_target_overrides_the_rules(sync_client):
     client = sync_client
     x = client.submit(inc, 1, key="three-1")
     x.result()
-    poll_for(lambda: who_has(client, x) == 3, timeout=10)
+    wait_for_sync(lambda: who_has(client, x) == 3, "three-1 at its rule's 3 copies")
     amm_rules.replicate({"a": x}, n=1)
-    poll_for(lambda: who_has(client, x) == 1, timeout=10)
+    wait_for_sync(lambda: who_has(client, x) == 1, "three-1 at its runtime target of 1")
     # Removing the runtime target gives the key back to its rule.
     amm_rules.replicate(x, n=None)
-    poll_for(lambda: who_has(client, x) == 3, timeout=10)
+    wait_for_sync(lambda: who_has(client, x) == 3, "three-1 back at its rule's 3 copies")
 
 
 def test_explain_and_status_sync(sync_client):
     client = sync_client
     x = client.submit(inc, 1, key="three-1")
-    poll_for(lambda: who_has(client, x) == 3, timeout=10)
+    wait_for_sync(lambda: who_has(client, x) == 3, "three-1 at its rule's 3 copies")
     answer = amm_rules.explain([x])
     assert set(answer) == {"three-1"}
-    assert "three" in str(answer["three-1"])  # the rule that decided the target
+    explained = answer["three-1"]
+    # The rule that decided the target, and where the copies are.
+    assert explained["desired"] == "replicate=3 from rule three"
+    assert explained["target"] == {"min": 3, "max": 3, "source": "three", "follows_cluster": False}
+    assert len(explained["holders"]) == 3 and explained["eligible"] == 4
+    assert explained["unmet"] is None and explained["would"] == []
 
     status = amm_rules.status(client)
-    assert isinstance(status, dict)
-    assert "three" in str(status)
+    assert (status["source"], status["rules"], status["governed"]) == ("<rules>", ["three"], 1)
+    assert status["totals"]["three"] == {"requested": 2, "dropped": 0}
 
 
 def test_helpers_use_the_default_client(sync_client):
     assert amm_rules.replicate([], n=2) == {"set": 0, "missing": []}
-    assert isinstance(amm_rules.status(), dict)
+    status = amm_rules.status()
+    assert (status["rules"], status["governed"], status["runtime_targets"]) == (["three"], 0, 0)
 
 
 # ----------------------------------------------------------------------------------
 # Asynchronous client
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config())
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(), timeout=60)
 async def test_replicate_async_returns_an_awaitable(c, s, *workers):
     x = c.submit(inc, 1, key="x-1")
     pending = amm_rules.replicate(x, n=3)
     assert inspect.isawaitable(pending)
     assert await pending == {"set": 1, "missing": []}
-    await async_poll_for(lambda: copies(s, "x-1") == 3, timeout=10)
+    await wait_for(lambda: copies(s, "x-1") == 3, "x-1 at its runtime target of 3")
+    status = await amm_rules.status(c)
+    assert (status["governed"], status["runtime_targets"]) == (1, 1)
 
     answer = await amm_rules.replicate([x], n=None)
-    assert answer["set"] == 1
-    await async_poll_for(lambda: copies(s, "x-1") == 1, timeout=10)
+    assert answer == {"set": 1, "missing": []}
+    await wait_for(lambda: copies(s, "x-1") == 1, "x-1 trimmed to 1 copy")
 
     explained = await amm_rules.explain(x)
     assert set(explained) == {"x-1"}
-    assert isinstance(await amm_rules.status(c), dict)
+    assert explained["x-1"]["desired"] == "no rule applies"
+    assert list(explained["x-1"]["holders"]) == sorted(holders(s, "x-1"))  # (msgpack: a tuple)
+    status = await amm_rules.status(c)
+    assert (status["governed"], status["runtime_targets"]) == (0, 0)
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config())
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(), timeout=90)
 async def test_a_runtime_target_lasts_until_the_key_is_released(c, s, *workers):
     x = c.submit(inc, 1, key="x-1")
     await amm_rules.replicate(x, n=2)
-    await async_poll_for(lambda: copies(s, "x-1") == 2, timeout=10)
+    await wait_for(lambda: copies(s, "x-1") == 2, "x-1 at its runtime target of 2")
     del x
-    await async_poll_for(lambda: "x-1" not in s.tasks, timeout=10)
+    await wait_for(lambda: "x-1" not in s.tasks, "x-1 released")
     # Same key again: the old target went with the released key.
+    requests = Requests(s)
     x = c.submit(inc, 1, key="x-1")
     await x
-    await more_cycles(s)
+    await wait_cycles(s, 10)
+    assert requests.of("x-1") == ({}, {})
     assert copies(s, "x-1") == 1
 
 

@@ -10,22 +10,19 @@ results stay correct.
 
 from __future__ import annotations
 
-import asyncio
 import operator
 import os
 import signal
 import sys
-from collections import Counter
-from typing import Any
 
 import dask
 import pytest
 from distributed import Client, LocalCluster
-from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils_test import gen_test
 
 from tests.support.chaos import busiest_holders, held_rules, lost, wait_for_targets
-from tests.support.cluster import amm_config, no_errors, policy_of
+from tests.support.cluster import TransitionCounter, amm_config, policy_of
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 
@@ -35,18 +32,7 @@ KEYS = [f"held-{i}" for i in range(16)]
 REPEAT = 2_000
 
 
-class Executions(SchedulerPlugin):
-    """Counts, on the scheduler, how often each key started processing."""
-
-    def __init__(self) -> None:
-        self.processing: Counter[str] = Counter()
-
-    def transition(self, key: Any, start: str, finish: str, *args: Any, **kw: Any) -> None:
-        if finish == "processing":
-            self.processing[key] += 1
-
-
-@gen_test(timeout=180)
+@gen_test(timeout=280)
 async def test_sigkill_of_worker_processes_loses_no_held_key() -> None:
     # Builtins only: worker processes cannot import this test module.
     with dask.config.set(amm_config(held_rules(N), inflight_timeout=2.0)):
@@ -62,8 +48,7 @@ async def test_sigkill_of_worker_processes_loses_no_held_key() -> None:
             Client(cluster, asynchronous=True) as c,
         ):
             s = cluster.scheduler
-            executions = Executions()
-            s.add_plugin(executions, name="executions")
+            executions = TransitionCounter.on(s)
             held = {k: c.submit(operator.mul, k.encode(), REPEAT, key=k) for k in KEYS}
             await c.gather(list(held.values()))
             await wait_for_targets(s, KEYS, N, max_cycles=400)
@@ -78,8 +63,7 @@ async def test_sigkill_of_worker_processes_loses_no_held_key() -> None:
                 (victim,) = busiest_holders(s, KEYS, 1)
                 pids = await c.run(os.getpid, workers=[victim])
                 os.kill(pids[victim], signal.SIGKILL)
-                while victim in s.workers:
-                    await asyncio.sleep(0.01)
+                await wait_for(lambda v=victim: v not in s.workers, "the killed worker gone")
                 assert lost(s, KEYS) == []
                 await wait_for_targets(s, KEYS, N, max_cycles=400)
                 results = await c.gather(sums)
@@ -88,10 +72,8 @@ async def test_sigkill_of_worker_processes_loses_no_held_key() -> None:
 
             # The nannies brought the cluster back to four workers, and the new ones
             # took copies like any other worker.
-            while len(s.workers) < 4:
-                await asyncio.sleep(0.05)
+            await wait_for(lambda: len(s.workers) == 4, "four workers again")
             await wait_for_targets(s, KEYS, N, max_cycles=400)
             assert await c.gather([held[k] for k in KEYS]) == [k.encode() * REPEAT for k in KEYS]
             assert {k: executions.processing[k] for k in KEYS} == dict.fromkeys(KEYS, 1)
             assert policy_of(s).cycles > 0
-            no_errors(s)

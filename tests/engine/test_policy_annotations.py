@@ -3,16 +3,17 @@ the rules field by field; an invalid annotation is an event, never an exception.
 
 from __future__ import annotations
 
-import asyncio
-
 import dask
-from distributed.utils_test import async_poll_for, gen_cluster
+import dask.array as da
+from distributed.utils_test import gen_cluster
 
-from tests.support.cluster import amm_config, events, holders, inc, no_errors, policy_of, rules
+from tests.support.cluster import amm_config, counts, events, holders, inc, policy_of
+from tests.support.rulesets import GPU_POOL, rules
+from tests.support.waiting import wait_cycles, wait_for
 
 RULES = rules(
     {"name": "inc-three", "match": 'task.prefix == "inc"', "replicate": 3, "spread": "host"},
-    pools={"gpu": "worker.resources.GPU >= 1"},
+    pools=GPU_POOL,
 )
 
 
@@ -23,14 +24,15 @@ async def test_annotation_through_submit_overrides_the_rules_field_by_field(c, s
         annotated = c.submit(inc, 2, key="inc-2")
         other = c.submit(sum, [1, 2], key="sum-1")
     await c.gather([plain, annotated, other])
-    await async_poll_for(
-        lambda: [len(holders(s, k)) for k in ("inc-1", "inc-2", "sum-1")] == [3, 2, 2], timeout=5
+    await wait_for(
+        lambda: counts(s, ["inc-1", "inc-2", "sum-1"]) == [3, 2, 2],
+        "3 copies by rule, 2 by annotation (also for a key no rule governs)",
+        show=lambda: counts(s, ["inc-1", "inc-2", "sum-1"]),
     )
     explained = await c.scheduler.amm_rules_explain(keys=["inc-2"])
     assert explained["inc-2"]["desired"] == (
         "replicate=2 from amm annotation, spread=host from rule inc-three"
     )
-    no_errors(s)
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(RULES))
@@ -39,11 +41,10 @@ async def test_annotation_through_persist(c, s, *workers):
     with dask.annotate(amm={"replicate": 3}):
         x = c.persist(x)
     await x
-    await async_poll_for(lambda: len(holders(s, "total")) == 3, timeout=5)
-    no_errors(s)
+    await wait_for(lambda: len(holders(s, "total")) == 3, "total at its annotated 3 copies")
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(RULES))
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(RULES), timeout=60)
 async def test_invalid_annotation_is_ignored_with_one_event(c, s, *workers):
     with dask.annotate(amm={"replicate": -1}):
         bad = c.map(inc, range(3), key=["inc-11", "inc-12", "inc-13"])
@@ -51,9 +52,9 @@ async def test_invalid_annotation_is_ignored_with_one_event(c, s, *workers):
         unknown_pool = c.submit(inc, 10, key="inc-14")
     await c.gather([*bad, unknown_pool])
     # Ignored: the keys follow the rules (three copies).
-    await async_poll_for(
-        lambda: all(len(holders(s, k)) == 3 for k in ("inc-11", "inc-12", "inc-13", "inc-14")),
-        timeout=5,
+    await wait_for(
+        lambda: counts(s, ["inc-11", "inc-12", "inc-13", "inc-14"]) == [3] * 4,
+        "the four keys at their rule's 3 copies",
     )
     invalid = sorted(e["error"] for e in events(s, "invalid-annotation"))
     assert len(invalid) == 2, invalid  # once per distinct value, not per key
@@ -61,10 +62,10 @@ async def test_invalid_annotation_is_ignored_with_one_event(c, s, *workers):
     assert invalid[1].startswith("replicate: must be at least 1")
     explained = s.handlers["amm_rules_explain"](keys=["inc-11"])["inc-11"]
     assert explained["annotation_ignored"] is True
-    await asyncio.sleep(0.2)
+    # Once, not once per cycle.
+    await wait_cycles(s, 10)
     assert len(events(s, "invalid-annotation")) == 2
     assert policy_of(s).last_cycle["inc-three"]["governed"] == 4
-    no_errors(s)
 
 
 # -- the top-level `replicate` annotation: shorthand for amm={"replicate": ...} ---------
@@ -83,7 +84,11 @@ async def test_replicate_annotation_is_shorthand_for_amm(c, s, *workers):
         combined = c.submit(sum, [1, 5], key="short-4")
     await c.gather([exact, ranged, amm_wins, combined])
     keys = ["short-1", "short-2", "short-3", "short-4"]
-    await async_poll_for(lambda: [len(holders(s, k)) for k in keys] == [3, 2, 2, 3], timeout=10)
+    await wait_for(
+        lambda: counts(s, keys) == [3, 2, 2, 3],
+        "the shorthand's targets held",
+        show=lambda: counts(s, keys),
+    )
     explained = await c.scheduler.amm_rules_explain(keys=keys)
     assert explained["short-1"]["desired"] == "replicate=3 from amm annotation"
     assert explained["short-3"]["desired"] == "replicate=2 from amm annotation"
@@ -91,22 +96,18 @@ async def test_replicate_annotation_is_shorthand_for_amm(c, s, *workers):
         "replicate=3 from amm annotation, spread=host from amm annotation"
     )
     assert all(not explained[k]["annotation_ignored"] for k in keys)
-    no_errors(s)
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(RULES))
 async def test_replicate_annotation_on_a_persisted_collection(c, s, *workers):
     """The chunks of a collection have tuple keys; the annotation reaches every one."""
-    import dask.array as da
-
     x = da.arange(8, chunks=2) + 1
     with dask.annotate(replicate=2):
         x = c.persist(x)
     await x
     keys = [ts.key for ts in s.tasks.values() if isinstance(ts.key, tuple) and ts.who_has]
     assert len(keys) == 4
-    await async_poll_for(lambda: all(len(holders(s, k)) == 2 for k in keys), timeout=10)
-    no_errors(s)
+    await wait_for(lambda: counts(s, keys) == [2] * 4, "every chunk at 2 copies")
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 4, config=amm_config(RULES))
@@ -118,9 +119,9 @@ async def test_invalid_replicate_annotation_is_an_event_never_an_exception(c, s,
         half = c.submit(inc, 5, key="inc-23")
     await c.gather([*bad, half])
     # Ignored: inc-21/22 follow the rules (three copies); inc-23 its amm annotation.
-    await async_poll_for(
-        lambda: [len(holders(s, k)) for k in ("inc-21", "inc-22", "inc-23")] == [3, 3, 2],
-        timeout=10,
+    await wait_for(
+        lambda: counts(s, ["inc-21", "inc-22", "inc-23"]) == [3, 3, 2],
+        "inc-21 and inc-22 at the rule's 3 copies, inc-23 at its annotation's 2",
     )
     invalid = sorted((e["name"], e["error"]) for e in events(s, "invalid-annotation"))
     assert [name for name, _ in invalid] == ["replicate", "replicate"]
@@ -133,4 +134,3 @@ async def test_invalid_replicate_annotation_is_an_event_never_an_exception(c, s,
     assert explained["inc-21"]["annotations_ignored"] == ["replicate"]
     assert explained["inc-23"]["annotations_ignored"] == ["replicate"]
     assert explained["inc-23"]["desired"].startswith("replicate=2 from amm annotation")
-    no_errors(s)

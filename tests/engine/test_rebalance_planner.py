@@ -545,6 +545,42 @@ def test_budget_slows_but_does_not_stop_convergence():
     assert max_over_mean(m) <= 1.15
 
 
+# --- the yardstick: the least that must move ----------------------------------------------
+
+
+def test_minimum_bytes_to_balance_on_worked_examples():
+    def load(address: str, memory: int, limit: int) -> WorkerLoad:
+        return WorkerLoad(address, memory, limit)
+
+    assert minimum_bytes_to_balance([]) == 0
+    # Everybody at the mean: nothing to move.
+    assert minimum_bytes_to_balance([load("a", 30, 100), load("b", 60, 200)]) == 0
+    # Equal limits, all on one worker: half of it moves.
+    assert minimum_bytes_to_balance([load("a", 100, 100), load("b", 0, 100)]) == 50
+    # Fractions of each worker's own limit: the mean is 60 / 300 = 20%, so a (limit 100)
+    # keeps 20 and b (limit 200) should hold 40: 40 bytes move.
+    assert minimum_bytes_to_balance([load("a", 60, 100), load("b", 0, 200)]) == 40
+    # 600 bytes on 3,000 of limits: 20%, a share of 200 each. a sends its 300 above it
+    # (100 to b, 200 to c).
+    loads = [load("a", 500, 1_000), load("b", 100, 1_000), load("c", 0, 1_000)]
+    assert minimum_bytes_to_balance(loads) == 300
+    # A worker without a memory limit has no fraction: it is left out.
+    unlimited = load("n", 10**9, 0)
+    assert minimum_bytes_to_balance([load("a", 100, 100), load("b", 0, 100), unlimited]) == 50
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**9), st.integers(1, 10**9)), min_size=1, max_size=12))
+def test_minimum_bytes_to_balance_is_what_the_emptiest_workers_lack(pairs):
+    """What must leave the workers above the mean is what the workers below it lack:
+    the yardstick, computed from the senders' side, equals the recipients' side."""
+    loads = [WorkerLoad(f"w{i}", m, limit) for i, (m, limit) in enumerate(pairs)]
+    mean = sum(m for m, _ in pairs) / sum(limit for _, limit in pairs)
+    lacking = sum(max(0.0, mean * limit - m) for m, limit in pairs)
+    minimum = minimum_bytes_to_balance(loads)
+    assert abs(minimum - lacking) <= 1 + 1e-9 * lacking
+    assert 0 <= minimum <= sum(m for m, _ in pairs)
+
+
 # --- settling moves ----------------------------------------------------------------------
 
 

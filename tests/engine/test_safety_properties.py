@@ -33,7 +33,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amm_rules.engine.planner import KeyPlan, PlanSettings, plan_key, target_bounds
+from amm_rules.engine.planner import KeyPlan, PlanSettings, plan_key
 from amm_rules.engine.view import ClusterView, KeyView, WorkerView
 from amm_rules.language.ruleset import ALL, Desired, Reason, Target
 
@@ -211,6 +211,27 @@ def placeable(workers: dict[str, WorkerView], d: Desired) -> set[str]:
     }
 
 
+def documented_bounds(
+    d: Desired, waiters: int, reduce: bool, eligible: int
+) -> tuple[int, int | None]:
+    """The copies a governed key may hold, ``(least, most)``, as docs/rules.md and
+    docs/policy.md state them (written here from the docs, not taken from the planner):
+    ``replicate: n`` is exactly n, ``{min, max}`` is min to max (no max: no upper
+    bound), and ``all`` is the number of eligible workers (at least one: a key keeps its
+    last copy), a ``max: all`` below ``min`` trimming nothing. Without ``replicate`` a key
+    keeps one copy, and with reduce-replicas on it is trimmed as the stock
+    ReduceReplicas trims, to one copy per worker where its waiters run (``waiters``, at
+    least one); with reduce-replicas off it is never trimmed."""
+    if d.replicate is None:
+        return 1, (max(waiters, 1) if reduce else None)
+    every = max(eligible, 1)
+    least = every if d.replicate.min == ALL else d.replicate.min
+    most = every if d.replicate.max == ALL else d.replicate.max
+    if most is not None and most < least:
+        most = least  # only where max is all: an explicit max below min does not load
+    return least, most
+
+
 def check_plan(view: KeyView, plan: KeyPlan, workers: dict[str, WorkerView], reduce: bool) -> None:
     """Every safety property of one key's plan, judged from the cluster before it."""
     d = view.desired
@@ -256,7 +277,7 @@ def check_plan(view: KeyView, plan: KeyPlan, workers: dict[str, WorkerView], red
 
     # Never below min: eligible copies are never trimmed below the target ...
     ok = placeable(workers, d)
-    lo, hi = target_bounds(d, view.waiters, reduce, len(ok))
+    lo, hi = documented_bounds(d, view.waiters, reduce, len(ok))
     good = holders & ok
     assert len(good - set(drops)) >= min(len(good), lo), f"trimmed below min\n{context}"
     # ... and a misplaced copy goes only once the eligible copies hold the target (as

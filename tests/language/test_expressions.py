@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from amm_rules.language.expr import (
@@ -78,6 +79,171 @@ def test_docs_have_examples_of_every_kind() -> None:
     assert set(kinds) == {"amm-expr-task", "amm-expr-worker", "amm-expr-invalid"}
 
 
+#: What each example of docs/expressions.md means: facts it is true of, and facts it
+#: is false of (what the page says of it, or of the attributes and operators it uses).
+MEANING: dict[str, list[tuple[Any, bool]]] = {
+    'task.prefix == "read_parquet"': [
+        (task(prefix="read_parquet"), True),
+        (task(prefix="read_csv"), False),
+    ],
+    'task.type == "pandas.core.frame.DataFrame" and task.nbytes > 100 MiB': [
+        (task(type="pandas.core.frame.DataFrame", nbytes=100 * MiB + 1), True),
+        (task(type="pandas.core.frame.DataFrame", nbytes=100 * MiB), False),
+        (task(type="numpy.ndarray", nbytes=GiB), False),
+    ],
+    "task.replicas < 2": [(task(replicas=1), True), (task(replicas=2), False)],
+    "task.annotations.priority >= 10": [
+        (task(annotations={"priority": 10}), True),
+        (task(annotations={"priority": 9}), False),
+        (task(annotations={}), False),  # not set: null, and null >= 10 is false
+        (task(annotations={"priority": "10"}), False),  # a string is not a number
+    ],
+    'task.annotations["cache-tier"] == "hot"': [
+        (task(annotations={"cache-tier": "hot"}), True),
+        (task(annotations={"cache-tier": "cold"}), False),
+        (task(annotations={"cache_tier": "hot"}), False),
+    ],
+    "worker.resources.GPU >= 1": [
+        (worker(resources={"GPU": 1}), True),
+        (worker(resources={"GPU": 0.5}), False),
+        (worker(resources={}), False),
+    ],
+    "worker.memory_limit >= 64 GiB and not worker.resources.GPU": [
+        (worker(memory_limit=64 * GiB), True),
+        (worker(memory_limit=64 * GiB, resources={"GPU": 1}), False),
+        (worker(memory_limit=32 * GiB), False),
+    ],
+    'worker.host in ["10.0.0.1", "10.0.0.2"]': [
+        (worker(host="10.0.0.2"), True),
+        (worker(host="10.0.0.3"), False),
+    ],
+    'worker.name matches "big-*"': [
+        (worker(name="big-7"), True),
+        (worker(name="small-big-7"), False),
+    ],
+    "worker.memory_fraction < 60% and worker.nthreads >= 4": [
+        (worker(memory_fraction=0.59, nthreads=4), True),
+        (worker(memory_fraction=0.6, nthreads=4), False),
+        (worker(memory_fraction=0.1, nthreads=2), False),
+    ],
+    'worker.resources["gpu-a100"] > 0': [
+        (worker(resources={"gpu-a100": 2}), True),
+        (worker(resources={"gpu-a100": 0}), False),
+        (worker(resources={"GPU": 1}), False),
+    ],
+    'task.prefix == "stage1" or task.key matches "checkpoint-*"': [
+        (task(prefix="stage1"), True),
+        (task(key="checkpoint-3", prefix="save"), True),
+        (task(key="x-checkpoint-3", prefix="stage2"), False),
+    ],
+    'not (task.prefix == "shuffle" or task.prefix == "split") and task.nbytes >= 1 MiB': [
+        (task(prefix="sum", nbytes=MiB), True),
+        (task(prefix="split", nbytes=GiB), False),
+        (task(prefix="sum", nbytes=MiB - 1), False),
+    ],
+    'task.type not in ["numpy.ndarray", "pandas.core.frame.DataFrame"]': [
+        (task(type="cupy.ndarray"), True),
+        (task(type="numpy.ndarray"), False),
+    ],
+    "1 MiB < task.nbytes and task.nbytes < 1 GiB": [
+        (task(nbytes=MiB + 1), True),
+        (task(nbytes=MiB), False),
+        (task(nbytes=GiB), False),
+    ],
+    "task.annotations.precious": [
+        (task(annotations={"precious": True}), True),
+        (task(annotations={"precious": "yes"}), True),
+        (task(annotations={"precious": 0}), False),
+        (task(annotations={"precious": ""}), False),
+        (task(annotations={}), False),
+    ],
+    "not worker.resources.GPU": [
+        (worker(resources={}), True),
+        (worker(resources={"GPU": 0}), True),
+        (worker(resources={"GPU": 2}), False),
+    ],
+    'task.key matches "(\'shuffle-*"': [
+        (task(key="('shuffle-8b1d', 3)"), True),
+        (task(key="shuffle-8b1d"), False),
+    ],
+    'task.type matches "cupy.*" or task.type matches "cudf.*"': [
+        (task(type="cupy.ndarray"), True),
+        (task(type="cudf.core.dataframe.DataFrame"), True),
+        (task(type="numpy.ndarray"), False),
+        (task(type=None), False),  # matches on null is false
+    ],
+    'task.prefix matches "stage[0-9]"': [
+        (task(prefix="stage7"), True),
+        (task(prefix="stage10"), False),
+        (task(prefix="stagex"), False),
+    ],
+    'task.group matches "*[!0-9]"': [
+        (task(group="load-a"), True),
+        (task(group="load-1"), False),
+    ],
+    "task.nbytes >= 1.5 GiB": [
+        (task(nbytes=3 * GiB // 2), True),
+        (task(nbytes=3 * GiB // 2 - 1), False),
+    ],
+    "task.nbytes < 512MiB": [(task(nbytes=512 * MiB - 1), True), (task(nbytes=512 * MiB), False)],
+    "task.nbytes > 250000000": [
+        (task(nbytes=250_000_001), True),
+        (task(nbytes=250_000_000), False),
+    ],
+    "task.annotations.label == 'it\\'s here'": [
+        (task(annotations={"label": "it's here"}), True),
+        (task(annotations={"label": "its here"}), False),
+    ],
+    "task.annotations.retries in [1, 2, 3,]": [
+        (task(annotations={"retries": 3}), True),
+        (task(annotations={"retries": 4}), False),
+        (task(annotations={"retries": "3"}), False),
+    ],
+    "worker.memory_fraction >= 0.3": [
+        (worker(memory_fraction=0.3), True),
+        (worker(memory_fraction=0.29), False),
+    ],
+    "true": [(task(), True)],
+    '"gpu" in task.annotations.tags': [
+        (task(annotations={"tags": ["cpu", "gpu"]}), True),
+        (task(annotations={"tags": ["cpu"]}), False),
+        (task(annotations={"tags": "gpu"}), False),  # not a list
+        (task(annotations={}), False),
+    ],
+    'task.prefix in ["a", "b"]': [(task(prefix="b"), True), (task(prefix="c"), False)],
+    'task.annotations.tier == "gold" or task.annotations.tier == 1': [
+        (task(annotations={"tier": "gold"}), True),
+        (task(annotations={"tier": 1}), True),
+        (task(annotations={"tier": True}), False),  # a boolean is not the number 1
+        (task(annotations={}), False),
+    ],
+    'not (task.annotations.tier == "gold")': [
+        (task(annotations={"tier": "silver"}), True),
+        (task(annotations={}), True),
+        (task(annotations={"tier": "gold"}), False),
+    ],
+    'task.type == "numpy.ndarray" or not task.type': [
+        (task(type="numpy.ndarray"), True),
+        (task(type=None), True),  # not known yet
+        (task(type="pandas.core.frame.DataFrame"), False),
+    ],
+    "task.nbytes > 1 GiB or true": [(task(nbytes=0), True), (task(nbytes=2 * GiB), True)],
+    'task.type matches "pandas.*"\n  and task.nbytes > 512 MiB': [
+        (task(type="pandas.core.series.Series", nbytes=GiB), True),
+        (task(type="pandas.core.series.Series", nbytes=512 * MiB), False),
+        (task(type="numpy.ndarray", nbytes=GiB), False),
+    ],
+}
+
+
+def test_every_docs_example_has_its_meaning_checked() -> None:
+    documented = {text for kind, text in _doc_blocks() if kind != "amm-expr-invalid"}
+    assert documented == set(MEANING)
+    for text, cases in MEANING.items():
+        if text not in ("true", "task.nbytes > 1 GiB or true"):  # constant: always true
+            assert {expected for _, expected in cases} == {True, False}, text
+
+
 @pytest.mark.parametrize(("kind", "text"), _doc_blocks())
 def test_docs_example(kind: str, text: str) -> None:
     if kind == "amm-expr-invalid":
@@ -87,8 +253,8 @@ def test_docs_example(kind: str, text: str) -> None:
         return
     context = "task" if kind == "amm-expr-task" else "worker"
     compiled = compile_expression(text, context)  # type: ignore[arg-type]
-    facts = task() if context == "task" else worker()
-    assert compiled.predicate(facts) in (True, False)
+    for facts, expected in MEANING[text]:
+        assert compiled.predicate(facts) is expected, (text, facts)
 
 
 def test_docs_error_example_is_what_we_print() -> None:
@@ -446,7 +612,6 @@ def test_strange_annotation_values_never_raise() -> None:
 
 
 def test_numpy_annotation_values() -> None:
-    np = pytest.importorskip("numpy")
     facts = task(annotations={"n": np.int64(5), "f": np.float32(0.5), "a": np.arange(3)})
     assert run("task.annotations.n == 5", facts)
     assert run("task.annotations.n in [4, 5]", facts)

@@ -22,6 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.support.cluster import copies, policy_of
+from tests.support.waiting import BUDGET, wait_for
+
+#: Seconds :func:`wait_for_targets` waits at most, whatever its cycle bound: the cycle
+#: bound is what the test asserts; this only ends a wait on an AMM that stopped cycling.
+TARGETS_TIMEOUT = 30.0
+#: Seconds for a step of a round (the computation starting, the victims gone).
+STEP_TIMEOUT = 10.0
 
 #: key -> number of times its task ran, for every key computed by produce().
 EXECUTIONS: Counter[str] = Counter()
@@ -76,18 +83,21 @@ async def wait_for_targets(
     max_cycles: int,
     pause: float = 0.01,
     since: int | None = None,
+    timeout: float = TARGETS_TIMEOUT,
 ) -> int:
     """Wait until every key holds ``min(n, workers not leaving)`` copies; return the AMM
     cycles that took, counted from now or from the policy's cycle count ``since``.
-    Fails after ``max_cycles`` cycles."""
+    Fails after ``max_cycles`` cycles, or ``timeout`` seconds."""
     policy = policy_of(s)
     start = policy.cycles if since is None else since
+    BUDGET.charge(timeout)
+    deadline = time.monotonic() + timeout
     while True:
         # (A worker that just joined may still be "init"; one retiring does not count.)
         goal = min(n, sum(ws.status.name not in LEAVING for ws in s.workers.values()))
         if all(copies(s, k) == goal for k in keys):
             return policy.cycles - start
-        if policy.cycles - start > max_cycles:
+        if policy.cycles - start > max_cycles or time.monotonic() > deadline:
             counts = Counter(copies(s, k) for k in keys)
             short = {
                 k: (copies(s, k), policy.index.inflight.get(k), policy.index.backoff.get(k))
@@ -95,7 +105,8 @@ async def wait_for_targets(
                 if copies(s, k) != goal
             }
             raise AssertionError(
-                f"targets not restored after {max_cycles} cycles: copies {dict(counts)}, "
+                f"targets not restored after {policy.cycles - start} cycles (bound "
+                f"{max_cycles}, or {timeout} s): copies {dict(counts)}, "
                 f"goal {goal}; (copies, in flight, backing off): {short}"
             )
         await asyncio.sleep(pause)
@@ -159,7 +170,7 @@ async def kill_round(
         c.submit(combine, held[a], held[b], key=f"combine-{stats.rounds}-{i}")
         for i, (a, b) in enumerate(pairs)
     ]
-    await asyncio.sleep(0.05)  # let the computation start
+    await wait_for(lambda: _started(s, futures), "the computation running", STEP_TIMEOUT)
     victims = [w for w in workers if w.address in busiest_holders(s, keys, kills)]
     # Cycles are counted from the kill: an early cycle may repair before the loop
     # below sees the workers gone.
@@ -169,8 +180,9 @@ async def kill_round(
     # No retirement, no warning: the scheduler learns that the copies are gone.
     await asyncio.gather(*(kill(w) for w in victims))
     stats.kills += len(victims)
-    while any(w.address in s.workers for w in victims):
-        await asyncio.sleep(0.01)
+    await wait_for(
+        lambda: not any(w.address in s.workers for w in victims), "the victims gone", STEP_TIMEOUT
+    )
     gone = time.monotonic()
     stats.lost += lost(s, keys)
     stats.cycles_to_restore.append(await wait_for_targets(s, keys, n, max_cycles, since=since))
@@ -181,6 +193,12 @@ async def kill_round(
         r != expected_combine(a, b, size) for r, (a, b) in zip(results, pairs, strict=True)
     )
     stats.rounds += 1
+
+
+def _started(s: Any, futures: Iterable[Any]) -> bool:
+    """Some task of the computation is processing, or already done."""
+    states = (getattr(s.tasks.get(f.key), "state", None) for f in futures)
+    return any(state in ("processing", "memory") for state in states)
 
 
 def recomputed(keys: Iterable[str]) -> list[str]:

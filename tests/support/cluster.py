@@ -2,54 +2,46 @@
 rebalance and chaos tests) and by :mod:`tests.support.chaos`.
 
 Clusters come from ``distributed.utils_test.gen_cluster``; :func:`amm_config` turns on
-the scheduler's own AMM with a short interval and RulesPolicy as its only policy.
+the scheduler's own AMM with a short interval and RulesPolicy as its only policy. What a
+test reads of the scheduler: :func:`holders`, :func:`copies`, :func:`counts` (and
+:func:`who_has` through a synchronous client), :func:`events`; what it records:
+:class:`Requests` (copies and drops sent to workers) and :class:`TransitionCounter`.
+Waiting is in :mod:`tests.support.waiting`, shared rules in :mod:`tests.support.rulesets`.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Hashable, Mapping
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
+from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils_test import inc
 
 from amm_rules.engine.policy import RulesPolicy
+from tests.support.rulesets import RELOADABLE, rules
 
 __all__ = [
     "CountingDict",
     "INTERVAL",
     "RELOADABLE",
+    "Requests",
+    "TransitionCounter",
     "amm_config",
     "copies",
+    "counts",
     "events",
     "holders",
     "inc",
-    "more_cycles",
+    "keep",
     "no_errors",
     "policy_of",
     "rules",
+    "who_has",
 ]
 
 #: Short enough that a test sees several cycles in a fraction of a second.
 INTERVAL = 0.05
-
-#: A rules file for hot-reload tests: ``x-*`` keys held at ``n`` copies.
-RELOADABLE = """\
-version: 1
-rules:
-  - name: keep
-    match: task.key matches "x-*"
-    replicate: {n}
-"""
-
-
-def rules(*entries: Mapping[str, Any], pools: Mapping[str, str] | None = None, **top: Any) -> dict:
-    """An inline rules mapping: ``rules({"name": ..., "match": ..., "replicate": 2})``."""
-    out: dict[str, Any] = {"version": 1, "rules": list(entries)}
-    if pools:
-        out["pools"] = dict(pools)
-    out.update({k.replace("_", "-"): v for k, v in top.items()})
-    return out
 
 
 def amm_config(rules_: Any = None, *, start: bool = True, **kwargs: Any) -> dict[str, Any]:
@@ -80,7 +72,9 @@ def events(scheduler: Any, action: str | None = None) -> list[dict[str, Any]]:
 
 
 def no_errors(scheduler: Any) -> None:
-    """The engine logged no failed cycle and no failing expression."""
+    """The engine logged no failed cycle and no failing expression so far. (Every test
+    is checked for that when it ends, by ``tests/conftest.py``; this is for a check in
+    the middle of a test.)"""
     bad = [m for m in events(scheduler) if m["action"] in ("error", "rule-error")]
     assert not bad, bad
 
@@ -96,11 +90,92 @@ def copies(scheduler: Any, key: Hashable) -> int:
     return len(ts.who_has or ()) if ts is not None and ts.state == "memory" else 0
 
 
-async def more_cycles(scheduler: Any, n: int = 3) -> None:
-    """Run n more AMM cycles, letting the messages of each reach the workers."""
-    for _ in range(n):
-        scheduler.extensions["amm"].run_once()
-        await asyncio.sleep(0.05)
+def counts(scheduler: Any, keys: Iterable[Any]) -> list[int]:
+    """:func:`copies` of each key (or future) in turn."""
+    return [copies(scheduler, getattr(k, "key", k)) for k in keys]
+
+
+def who_has(client: Any, future: Any) -> int:
+    """Copies of a future's key, asked through a synchronous client."""
+    return len(client.who_has(future).get(future.key, ()))
+
+
+def keep(*things: Any) -> None:
+    """Nothing: a test passes the futures that keep its keys in memory here, so that
+    they visibly live until this line (a future's release drops its key)."""
+
+
+class Requests:
+    """Records the copies (``request_acquire_replicas``) and drops
+    (``request_remove_replicas``) the scheduler sends to workers, per (worker, key).
+    The AMM enacts every accepted suggestion through these two methods.
+
+    With ``forward=False`` nothing is sent: the test sees what would have been asked
+    while the cluster stays as it is.
+    """
+
+    def __init__(self, scheduler: Any, forward: bool = True):
+        self.scheduler = scheduler
+        self.acquire: Counter[tuple[str, Hashable]] = Counter()
+        self.remove: Counter[tuple[str, Hashable]] = Counter()
+        self._originals = {
+            "request_acquire_replicas": scheduler.request_acquire_replicas,
+            "request_remove_replicas": scheduler.request_remove_replicas,
+        }
+        for name, counter in (
+            ("request_acquire_replicas", self.acquire),
+            ("request_remove_replicas", self.remove),
+        ):
+            setattr(scheduler, name, self._recorder(self._originals[name], counter, forward))
+
+    @staticmethod
+    def _recorder(original: Callable[..., None], counter: Counter, forward: bool) -> Any:
+        def record(addr: str, keys: Iterable[Hashable], *, stimulus_id: str) -> None:
+            keys = list(keys)
+            counter.update((addr, key) for key in keys)
+            if forward:
+                original(addr, keys, stimulus_id=stimulus_id)
+
+        return record
+
+    def of(self, key: Hashable) -> tuple[dict[str, int], dict[str, int]]:
+        """Copies and drops asked for ``key``: ({worker: n}, {worker: n})."""
+        return (
+            {a: n for (a, k), n in self.acquire.items() if k == key},
+            {a: n for (a, k), n in self.remove.items() if k == key},
+        )
+
+    def clear(self) -> None:
+        self.acquire.clear()
+        self.remove.clear()
+
+    def stop(self) -> None:
+        """Put the scheduler's own methods back."""
+        for name in self._originals:
+            vars(self.scheduler).pop(name, None)
+
+
+class TransitionCounter(SchedulerPlugin):
+    """Counts, per key, how often it started processing and how often it erred (a key
+    computed twice was recomputed)."""
+
+    name = "transition-counter"
+
+    def __init__(self) -> None:
+        self.processing: Counter[Hashable] = Counter()
+        self.erred: Counter[Hashable] = Counter()
+
+    def transition(self, key: Hashable, start: str, finish: str, *args: Any, **kw: Any) -> None:
+        if finish == "processing":
+            self.processing[key] += 1
+        elif finish == "erred":
+            self.erred[key] += 1
+
+    @classmethod
+    def on(cls, scheduler: Any) -> TransitionCounter:
+        counter = cls()
+        scheduler.add_plugin(counter, name=cls.name)
+        return counter
 
 
 class CountingDict(dict):
