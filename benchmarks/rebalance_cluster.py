@@ -61,8 +61,7 @@ import platform  # noqa: E402
 import re  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
-from collections import Counter  # noqa: E402
-from collections.abc import AsyncIterator, Hashable  # noqa: E402
+from collections.abc import AsyncIterator  # noqa: E402
 from contextlib import asynccontextmanager, suppress  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -72,9 +71,9 @@ import dask  # noqa: E402
 import dask.array as da  # noqa: E402
 import numpy as np  # noqa: E402
 from distributed import Client, LocalCluster, wait  # noqa: E402
-from distributed.diagnostics.plugin import SchedulerPlugin  # noqa: E402
 
 from amm_rules.engine.rebalance.planner import WorkerLoad, minimum_bytes_to_balance  # noqa: E402
+from tests.support.cluster import TransitionCounter  # noqa: E402
 
 MiB = 2**20
 GiB = 2**30
@@ -269,24 +268,6 @@ class Sampler:
                 for i, field in enumerate(("managed", "spilled"))
             },
         }
-
-
-class TransitionCounter(SchedulerPlugin):
-    """Per key: how often it started processing; how many tasks erred."""
-
-    def __init__(self) -> None:
-        self.processing: Counter[Hashable] = Counter()
-        self.erred = 0
-
-    def transition(self, key: Hashable, start: str, finish: str, *args: Any, **kw: Any) -> None:
-        if finish == "processing":
-            self.processing[key] += 1
-        elif finish == "erred":
-            self.erred += 1
-
-    @property
-    def recomputed(self) -> int:
-        return sum(1 for n in self.processing.values() if n > 1)
 
 
 def ratio(scheduler: Any) -> float:
@@ -486,7 +467,7 @@ async def computing(size: Size, mode: str) -> dict[str, Any]:
         out = {
             "waves": waves,
             "readers_per_second": round(readers / elapsed, 2),
-            "erred": counter.erred,
+            "erred": sum(counter.erred.values()),
             "recomputed": counter.recomputed,
             "wrong_results": wrong,
             "data_intact": data_ok,

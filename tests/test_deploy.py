@@ -21,7 +21,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -176,13 +175,14 @@ def start(
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while not path.exists() or not path.read_text().strip():
+    """Wait until the scheduler wrote its address; fail at once if it exited."""
+
+    def started() -> bool:
         if proc.poll() is not None:
             pytest.fail(f"the scheduler exited with {proc.returncode}:\n{log.read_text()}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"the scheduler did not start:\n{log.read_text()}")
-        time.sleep(0.1)
+        return path.exists() and bool(path.read_text().strip())
+
+    wait_for_sync(started, "the scheduler started", timeout=60, show=log.read_text)
 
 
 def run_cluster(

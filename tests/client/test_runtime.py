@@ -15,8 +15,8 @@ from distributed.utils_test import div, gen_cluster, inc
 import amm_rules
 from amm_rules.client import EngineNotFoundError
 from amm_rules.language.fields import ActionError
-from tests.support.cluster import Requests, amm_config, copies, holders, who_has
-from tests.support.rulesets import rules
+from tests.support.cluster import Requests, amm_config, copies, holders, keep, who_has
+from tests.support.rulesets import GPU, GPU_POOL, SPOT_POOL, rules
 from tests.support.waiting import wait_cycles, wait_for, wait_for_sync
 
 #: Keys with the prefix "three" have 3 copies by rule.
@@ -186,3 +186,64 @@ async def test_a_scheduler_without_the_engine_is_reported(c, s, a):
         await amm_rules.replicate(x, n=2)
     with pytest.raises(EngineNotFoundError):
         await amm_rules.status(c)
+
+
+# ----------------------------------------------------------------------------------
+# What a runtime target changes, and keys that are not in memory
+
+POOLS = rules(
+    {"name": "device", "match": 'task.key matches "x-*"', "pool": "gpu", "avoid": "spot"},
+    pools={**GPU_POOL, **SPOT_POOL},
+)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1, GPU), ("", 1, {"resources": {"GPU": 1, "SPOT": 1}}), ("", 1, GPU), ("", 1)],
+    config=amm_config(POOLS),
+    timeout=90,
+)
+async def test_a_runtime_target_changes_only_how_many_copies(c, s, g1, spot, g3, cpu):
+    x = c.submit(inc, 1, key="x-1", workers=[cpu.address])
+    await x
+    await wait_for(lambda: len(holders(s, "x-1") & {g1.address, g3.address}) == 1, "in the pool")
+    await wait_for(lambda: copies(s, "x-1") == 1, "the copy outside the pool dropped")
+    # Four copies wanted: only g1 and g3 are in the pool and outside the avoided one.
+    assert await amm_rules.replicate(x, n=4) == {"set": 1, "missing": []}
+    await wait_for(lambda: holders(s, "x-1") == {g1.address, g3.address}, "x-1 on g1 and g3")
+    requests = Requests(s)
+    await wait_cycles(s, 10)
+    assert requests.acquire == {}  # neither the spot GPU worker nor the CPU one
+    explained = (await amm_rules.explain(x))["x-1"]
+    assert explained["desired"] == (
+        "replicate=4 from runtime target, pool=gpu from rule device, avoid=spot from rule device"
+    )
+    assert explained["eligible"] == 2 and explained["unmet"] is not None
+    assert explained["workers"][spot.address] == "in avoided pool spot"
+    assert explained["workers"][cpu.address] == "outside pool gpu"
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 2, config=amm_config(THREE_RULES), timeout=60)
+async def test_explain_on_keys_not_in_memory_says_so(c, s, a, b):
+    erred = c.submit(div, 1, 0, key="three-erred")
+    released = c.submit(inc, 1, key="three-released")
+    await released
+    del released
+    await wait_for(lambda: "three-released" not in s.tasks, "three-released forgotten")
+    await wait_for(lambda: s.tasks["three-erred"].state == "erred", "three-erred erred")
+    explained = await c.scheduler.amm_rules_explain(keys=["three-erred", "three-released"])
+    assert explained == {
+        "three-erred": {
+            "state": "erred",
+            "holders": (),  # (msgpack: a tuple)
+            "governed": False,
+            "desired": "not in memory",
+        },
+        "three-released": {
+            "state": "unknown",
+            "holders": (),
+            "governed": False,
+            "desired": "not in memory",
+        },
+    }
+    keep(erred)

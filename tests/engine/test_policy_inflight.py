@@ -27,17 +27,9 @@ RECV = {"resources": {"RECV": 1}}
 INTO_RECV = rules(rule("into", "x-*", pool="recv"), pools={"recv": "worker.resources.RECV >= 1"})
 
 
-def timed_requests(s: Any) -> list[float]:
-    """When each copy was asked for (``time.monotonic()``), in order."""
-    asked: list[float] = []
-    acquire = s.request_acquire_replicas
-
-    def timed(addr: str, keys: Any, *, stimulus_id: str) -> None:
-        asked.append(time.monotonic())
-        acquire(addr, keys, stimulus_id=stimulus_id)
-
-    s.request_acquire_replicas = timed
-    return asked
+def asked(requests: Requests, key: str) -> list[float]:
+    """When each copy of ``key`` was asked for (``time.monotonic()``), in order."""
+    return [t for t, op, _, k in requests.log if op == "acquire" and k == key]
 
 
 @gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(start=False), timeout=90)
@@ -52,15 +44,17 @@ async def test_the_default_inflight_timeout_is_three_intervals_at_least_ten_seco
         policy = RulesPolicy(INTO_RECV)
         amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False, interval=0.05)
         assert policy.inflight_timeout == 10.0  # 3 x 0.05 s is less than 10 s
-        asked = timed_requests(s)
+        requests = Requests(s)
         x = c.submit(inc, 1, key="x-1", workers=[a.address])
         await x
-        await cycle_until(amm, lambda: asked, "a copy of x-1 asked of the slow worker")
+        await cycle_until(amm, lambda: asked(requests, "x-1"), "a copy of x-1 asked of slow")
         # The copy counts as in flight for those 10 s.
         (deadline,) = policy.index.inflight["x-1"].values()
-        assert asked[0] < deadline <= asked[0] + 10.0
+        (first,) = asked(requests, "x-1")
+        assert first < deadline <= first + 10.0
         await cycles(amm, 5)
-        assert len(asked) == 1 and list(policy.index.inflight["x-1"]) == [slow.address]
+        assert requests.of("x-1") == ({slow.address: 1}, {})
+        assert list(policy.index.inflight["x-1"]) == [slow.address]
         slow.block_gather_dep.set()
         await cycle_until(amm, lambda: holders(s, "x-1") == {slow.address}, "x-1 moved")
         keep(x)
@@ -76,11 +70,10 @@ async def test_a_copy_that_does_not_land_is_given_up_and_its_worker_backed_off(c
         timeout = 1.0
         policy = RulesPolicy(INTO_RECV, inflight_timeout=timeout)
         amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
-        asked = timed_requests(s)
         requests = Requests(s)
         x = c.submit(inc, 1, key="x-1", workers=[a.address])
         await x
-        await cycle_until(amm, lambda: asked, "a copy of x-1 asked of the slow worker")
+        await cycle_until(amm, lambda: asked(requests, "x-1"), "a copy of x-1 asked of slow")
         await slow.in_gather_dep.wait()
         (deadline,) = policy.index.inflight["x-1"].values()
         # Given up once the deadline passed; the slow worker backed off for as long again.
@@ -90,8 +83,8 @@ async def test_a_copy_that_does_not_land_is_given_up_and_its_worker_backed_off(c
         assert "x-1" not in policy.index.inflight and gave_up >= deadline
         assert deadline + timeout <= until <= gave_up + timeout
         # No other worker may hold it: nothing is asked until the back-off ends ...
-        await cycle_until(amm, lambda: len(asked) == 2, "asked again")
-        assert asked[1] >= until
+        await cycle_until(amm, lambda: len(asked(requests, "x-1")) == 2, "asked again")
+        assert asked(requests, "x-1")[1] >= until
         assert requests.of("x-1") == ({slow.address: 2}, {})
         assert holders(s, "x-1") == {a.address}  # never dropped before a copy landed
         # ... and when the transfer is let through, the key moves.

@@ -240,7 +240,7 @@ async def test_pools_move_never_and_match_are_respected(c, s, g1, g2, w1, w2):
 
 
 def slow_sum(x: np.ndarray) -> float:
-    time.sleep(0.02)
+    time.sleep(0.02)  # work: a reader that takes a while
     return float(x.sum())
 
 

@@ -1,8 +1,15 @@
 """Helpers shared by the tests and the benchmarks, imported as modules
 (``from tests.support.cluster import amm_config``):
 
-- :mod:`.cluster`: real-cluster helpers for RulesPolicy (``amm_config``, ``copies``,
-  ``more_cycles``, ``policy_of``, shared rules texts);
+- :mod:`.cluster`: real-cluster helpers for RulesPolicy (``amm_config``, ``policy_of``,
+  ``holders``/``copies``/``counts``/``who_has``, the ``Requests`` and
+  ``TransitionCounter`` recorders);
+- :mod:`.waiting`: waiting on conditions with deadlines that fail (``wait_for``,
+  ``cycles``, ``cycle_until``, ``wait_cycles``) and each test's poll budget;
+- :mod:`.rulesets`: the rules the tests share; :mod:`.rules_files`: rules files on
+  disk for the reload tests (written atomically, made unreadable also for root);
+- :mod:`.engine_errors`: engine events that fail any test (``tests/conftest.py``);
+- :mod:`.hang`: the hang detector of the hostile-input tests;
 - :mod:`.chaos`: rounds of killing, pausing and retiring workers (the chaos tests and
   ``benchmarks/soak.py``);
 - :mod:`.fuzzer`: the seeded generator of hostile rules files (the hostile-input tests and

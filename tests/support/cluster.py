@@ -11,6 +11,7 @@ Waiting is in :mod:`tests.support.waiting`, shared rules in :mod:`tests.support.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
@@ -118,21 +119,27 @@ class Requests:
         self.scheduler = scheduler
         self.acquire: Counter[tuple[str, Hashable]] = Counter()
         self.remove: Counter[tuple[str, Hashable]] = Counter()
+        #: Every request in order: (``time.monotonic()``, "acquire" or "remove", worker, key).
+        self.log: list[tuple[float, str, str, Hashable]] = []
         self._originals = {
             "request_acquire_replicas": scheduler.request_acquire_replicas,
             "request_remove_replicas": scheduler.request_remove_replicas,
         }
-        for name, counter in (
-            ("request_acquire_replicas", self.acquire),
-            ("request_remove_replicas", self.remove),
+        for name, op, counter in (
+            ("request_acquire_replicas", "acquire", self.acquire),
+            ("request_remove_replicas", "remove", self.remove),
         ):
-            setattr(scheduler, name, self._recorder(self._originals[name], counter, forward))
+            original = self._originals[name]
+            setattr(scheduler, name, self._recorder(original, op, counter, forward))
 
-    @staticmethod
-    def _recorder(original: Callable[..., None], counter: Counter, forward: bool) -> Any:
+    def _recorder(
+        self, original: Callable[..., None], op: str, counter: Counter, forward: bool
+    ) -> Any:
         def record(addr: str, keys: Iterable[Hashable], *, stimulus_id: str) -> None:
             keys = list(keys)
+            now = time.monotonic()
             counter.update((addr, key) for key in keys)
+            self.log.extend((now, op, addr, key) for key in keys)
             if forward:
                 original(addr, keys, stimulus_id=stimulus_id)
 
@@ -148,6 +155,7 @@ class Requests:
     def clear(self) -> None:
         self.acquire.clear()
         self.remove.clear()
+        self.log.clear()
 
     def stop(self) -> None:
         """Put the scheduler's own methods back."""
@@ -170,6 +178,11 @@ class TransitionCounter(SchedulerPlugin):
             self.processing[key] += 1
         elif finish == "erred":
             self.erred[key] += 1
+
+    @property
+    def recomputed(self) -> int:
+        """Keys that started processing more than once."""
+        return sum(1 for n in self.processing.values() if n > 1)
 
     @classmethod
     def on(cls, scheduler: Any) -> TransitionCounter:
