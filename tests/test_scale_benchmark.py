@@ -44,6 +44,11 @@ def state(loop: asyncio.AbstractEventLoop) -> Iterator[Any]:
     loop.run_until_complete(built.scheduler.close())
 
 
+# The policies below classify every key in their first cycle (``classify_seconds=None``):
+# these tests check the steady state, and the time budget, which spreads classification
+# over cycles on a slow machine, is tested in tests/engine/test_policy_classify_budget.py.
+
+
 def manager(scheduler: Any, policy: Any) -> ActiveMemoryManagerExtension:
     return ActiveMemoryManagerExtension(scheduler, {policy}, register=False, start=False)
 
@@ -88,7 +93,7 @@ def test_state_is_consistent(state: Any) -> None:
 
 def test_rules_met_and_extra_copies_dropped(state: Any) -> None:
     s = state.scheduler
-    policy = RulesPolicy(rules=RULES)
+    policy = RulesPolicy(rules=RULES, classify_seconds=None)
     rules_amm = manager(s, policy)
     stock_amm = manager(s, ReduceReplicas())
 
@@ -123,7 +128,7 @@ def test_rules_met_and_extra_copies_dropped(state: Any) -> None:
 
 def test_lost_copies_and_new_keys(state: Any) -> None:
     s = state.scheduler
-    policy = RulesPolicy(rules=RULES)
+    policy = RulesPolicy(rules=RULES, classify_seconds=None)
     rules_amm = manager(s, policy)
     assert run_cycle(state, rules_amm) == ([], [])
 

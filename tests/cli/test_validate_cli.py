@@ -127,9 +127,11 @@ def test_github_escapes() -> None:
 def test_missing_file_and_directory(tmp_path: Path) -> None:
     status, output = run("validate", str(tmp_path / "nope.yaml"), str(tmp_path))
     assert status == 1
-    assert f"{tmp_path / 'nope.yaml'}: error: no such file" in output
-    assert f"{tmp_path}: error: is a directory, not a rules file" in output
-    assert output.endswith("2 files checked: 2 errors\n")
+    assert output == (
+        f"{tmp_path / 'nope.yaml'}: error: no such file\n"
+        f"{tmp_path}: error: is a directory, not a rules file\n"
+        "2 files checked: 2 errors\n"
+    )
 
 
 def test_binary_file(tmp_path: Path) -> None:
@@ -137,7 +139,10 @@ def test_binary_file(tmp_path: Path) -> None:
     path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00")
     status, output = run("validate", str(path))
     assert status == 1
-    assert f"{path}: error: binary file" in output
+    assert output == (
+        f"{path}: error: binary file (contains NUL bytes); rules files are UTF-8 YAML text\n"
+        "1 file checked: 1 error\n"
+    )
 
 
 def test_several_files_all_checked(files: dict[str, str]) -> None:

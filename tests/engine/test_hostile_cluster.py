@@ -256,6 +256,10 @@ if hasattr(os, "mkfifo"):
     )
 
 
+#: Seconds for a reload-error to be reported: one cycle, where a cycle takes milliseconds.
+STATE_TIMEOUT = 10.0
+
+
 def _reset(path: Path) -> None:
     """Back to: no rules file, its directory in place."""
     if path.parent.is_file():
@@ -266,7 +270,7 @@ def _reset(path: Path) -> None:
 
 
 @gen_cluster(
-    client=True, nthreads=[("", 1)] * 3, config=amm_config(None, start=False), timeout=300
+    client=True, nthreads=[("", 1)] * 3, config=amm_config(None, start=False), timeout=200
 )
 async def test_hot_reload_of_hostile_files_keeps_the_running_rules(c, s, *workers, tmp_path):
     path = tmp_path / "conf" / "rules.yaml"
@@ -286,6 +290,7 @@ async def test_hot_reload_of_hostile_files_keeps_the_running_rules(c, s, *worker
                 amm,
                 lambda seen=seen: len(events(s, "reload-error")) > seen,
                 f"a reload-error ({name})",
+                timeout=STATE_TIMEOUT,
             )
         (error,) = events(s, "reload-error")[seen:]
         assert error["error"] == expected.format(path=path), name

@@ -77,6 +77,17 @@ def minimum_to_balance(s: Any) -> int:
 
 #: What the balance waits are for.
 BALANCED = "the fullest worker within 15% of the mean, and the rebalancer settled"
+#: The promise while tasks also move data (dependency copies, trimmed afterwards): every
+#: worker within gap / 2 of the mean (the default gap, 10%), give or take one key.
+IN_BAND = "every worker within gap / 2 of the mean, and the rebalancer settled"
+
+
+def in_band(s: Any, gap: float = 0.10) -> bool:
+    f = fractions(s)
+    mean = sum(ws.memory.managed for ws in s.workers.values()) / sum(
+        ws.memory_limit for ws in s.workers.values()
+    )
+    return settled(s) and all(abs(x - mean) <= gap / 2 + KEY / LIMIT for x in f.values())
 
 
 def state(s: Any) -> Any:
@@ -257,24 +268,35 @@ def make(i: int) -> np.ndarray:
     client=True,
     nthreads=[("", 1)] * 4,
     worker_kwargs={"memory_limit": LIMIT},
-    config=config(**{"max-bytes-per-cycle": 4 * KEY}),
+    # The AMM starts once the data and its first readers are in place.
+    config={**config(**{"max-bytes-per-cycle": 4 * KEY}), f"{AMM}.start": False},
     timeout=90,
 )
 async def test_rebalance_while_computing_erres_and_recomputes_nothing(c, s, a, *others):
     counter = TransitionCounter.on(s)
     go = Event("readers-go")
     # Readers of the first quarter are submitted with the data and held until rebalance
-    # has run: the keys they read stay put while the others move. (The data goes first:
-    # a blocked reader holds the worker's only thread.)
+    # has run: the keys they read are not moved while the others are. (The data goes
+    # first: a blocked reader holds the worker's only thread.)
     keys = [f"data-{i}" for i in range(40)]
     data = c.map(make, range(40), key=keys, workers=[a.address], priority=10)
     first = c.map(gated_sum, data[:10], key=[f"first-{i}" for i in range(10)])
+    await wait_for(
+        lambda: all(getattr(s.tasks.get(k), "state", None) == "memory" for k in keys),
+        "the data computed",
+    )
+    requests = Requests(s)
     policy = policy_of(s)
+    await c.amm.start()
     await wait_for(
         lambda: policy.rebalancer.totals["done"] >= 10 and skipped(s)[READ_SOON] > 0,
         "ten moves done, keys to be read soon skipped",
     )
-    assert all(holders(s, f.key) == {a.address} for f in data[:10])
+    # No move of theirs started (a move starts with a copy). A reader that runs on another
+    # worker fetched its key there, and reduce-replicas then kept the copy where the
+    # reader runs: the stock arithmetic, not a move.
+    assert not any(key in keys[:10] for _, key in requests.acquire)
+    assert all(holders(s, key) for key in keys[:10])
     await go.set()
     expected = [float(KEY // 8 * i) for i in range(40)]
     assert await c.gather(first) == expected[:10]
@@ -285,7 +307,7 @@ async def test_rebalance_while_computing_erres_and_recomputes_nothing(c, s, a, *
         readers = c.map(slow_sum, data[part], key=[f"sum-{wave}-{i}" for i in range(10)])
         assert await c.gather(readers) == expected[part]
         del readers
-    await wait_for(lambda: settled(s) and spread_ratio(s) <= 1.15, BALANCED, show=state(s))
+    await wait_for(lambda: in_band(s), IN_BAND, show=state(s))
 
     assert not counter.erred
     assert max(counter.processing.values()) == 1, "a key was computed twice"
@@ -306,7 +328,8 @@ def add_sum(x: np.ndarray, y: float) -> float:
     client=True,
     nthreads=[("", 1)] * 4,
     worker_kwargs={"memory_limit": LIMIT},
-    config=config(),
+    # The AMM starts once the dependent waits.
+    config={**config(), f"{AMM}.start": False},
     timeout=90,
 )
 async def test_a_key_whose_dependent_still_waits_stays_put(c, s, a, *others):
@@ -325,15 +348,17 @@ async def test_a_key_whose_dependent_still_waits_stays_put(c, s, a, *others):
     )
     amm.start()
     policy = policy_of(s)
+    await c.amm.start()
     await wait_for(
         lambda: policy.rebalancer.totals["done"] >= 10 and skipped(s)[READ_SOON] > 0,
         "ten moves done, the key to be read skipped",
+        show=lambda: (policy.rebalancer.status()["totals"], dict(skipped(s))),
     )
     assert holders(s, "x-0") == {a.address}
     await go.set()
     assert await waiting == float(KEY // 8 * 0) + 1.0
     del waiting, other
-    await wait_for(lambda: settled(s) and spread_ratio(s) <= 1.15, BALANCED, show=state(s))
+    await wait_for(lambda: in_band(s), IN_BAND, show=state(s))
     keep(data)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from distributed.core import Status
 from distributed.utils_test import gen_cluster
 
-from tests.support.cluster import Requests, amm_config, holders, keep, policy_of
+from tests.support.cluster import Replicas, Requests, amm_config, holders, keep, policy_of
 from tests.support.rulesets import rule, rules
 from tests.support.waiting import wait_for
 
@@ -43,14 +43,6 @@ def settled(s: Any) -> bool:
     return r.last_plan is not None and not r.book.pending and not r.last_plan.moves
 
 
-def skipped(s: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for _, event in s.get_events("amm-rules"):
-        for reason, n in event.get("rebalance", {}).get("skipped", {}).items():
-            out[reason] = out.get(reason, 0) + n
-    return out
-
-
 @gen_cluster(
     client=True,
     nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1), ("127.0.0.2", 1), ("127.0.0.2", 1)],
@@ -60,8 +52,8 @@ def skipped(s: Any) -> dict[str, int]:
 )
 async def test_spread_host_keys_never_move_onto_a_host_holding_a_copy(c, s, a1, a2, b1, b2):
     """Host 1 is full (a1, a2), host 2 empty (b1, b2). Pairs keep a copy on each host:
-    their copies on host 1 may not go to host 2, which holds the other copy, and the
-    free keys move there instead."""
+    their copies on host 1 may not go to host 2, which holds the other copy, so only
+    the free keys move there."""
     assert {w.address.split(":")[1] for w in (b1, b2)} == {"//127.0.0.2"}
     pairs = await c.scatter({f"pair-{i}": blob(i) for i in range(6)}, workers=[a1.address])
     await wait_for(
@@ -70,6 +62,8 @@ async def test_spread_host_keys_never_move_onto_a_host_holding_a_copy(c, s, a1, 
         ),
         "each pair on both hosts",
     )
+    # From now on, note where every copy lands.
+    replicas = Replicas(s)
     free = {}
     for w in (a1, a2):
         data = {f"free-{w.name}-{i}": blob(i) for i in range(20)}
@@ -78,13 +72,13 @@ async def test_spread_host_keys_never_move_onto_a_host_holding_a_copy(c, s, a1, 
     await wait_for(
         lambda: policy.rebalancer.totals["done"] > 0 and settled(s), "moves done, then settled"
     )
-    # Every pair still on both hosts, the moves that would have broken that refused.
+    # Host 2 received free keys, and not one copy of a pair: each pair has one there.
+    host2 = {b1.address, b2.address}
+    assert {addr for key, addr in replicas.added if key.startswith("pair-")} & host2 == set()
+    moved = [k for k in free if holders(s, k) & host2]
+    assert moved and all(len(holders(s, k)) == 1 for k in free)
     for k in pairs:
         assert {s.workers[h].host for h in holders(s, k)} == {"127.0.0.1", "127.0.0.2"}, k
-    assert skipped(s).get("no recipient may hold it (a copy is on the same host (spread: host))")
-    # Free keys went to host 2, one copy each.
-    moved = [k for k in free if holders(s, k) & {b1.address, b2.address}]
-    assert moved and all(len(holders(s, k)) == 1 for k in free)
     keep(pairs, free)
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "CountingDict",
     "INTERVAL",
     "RELOADABLE",
+    "Replicas",
     "Requests",
     "TransitionCounter",
     "amm_config",
@@ -161,6 +162,26 @@ class Requests:
         """Put the scheduler's own methods back."""
         for name in self._originals:
             vars(self.scheduler).pop(name, None)
+
+
+class Replicas:
+    """Records every copy the scheduler notes as landed (``add_replica``), in order:
+    (key, worker address). Wraps the scheduler's method on the instance, above whatever
+    wrapped it before (the engine's own hooks)."""
+
+    def __init__(self, scheduler: Any):
+        self.added: list[tuple[Hashable, str]] = []
+        add_replica = scheduler.add_replica
+
+        def add_replica_noted(ts: Any, ws: Any) -> None:
+            self.added.append((ts.key, ws.address))
+            add_replica(ts, ws)
+
+        scheduler.add_replica = add_replica_noted
+
+    def of(self, key: Hashable) -> list[str]:
+        """Where copies of ``key`` landed, in order."""
+        return [addr for k, addr in self.added if k == key]
 
 
 class TransitionCounter(SchedulerPlugin):
