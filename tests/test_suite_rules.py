@@ -5,7 +5,8 @@
   ``async_poll_for``, ``poll_for``) in a test module: tests wait on a condition with a
   deadline that fails, through :mod:`tests.support.waiting` (which also keeps each
   test's poll budget under its timeout). A sleep that is a task's own work, run on a
-  worker, says so with a ``# work:`` comment on its line;
+  worker, says so with a ``# work:`` comment on its line, and the pause of a loop that
+  checks that nothing happens for a while (a stall) with ``# window:``;
 - no ``pytest.importorskip``: what the tests need is in the ``test`` extra, and a broken
   install must fail, not skip.
 
@@ -41,7 +42,7 @@ def violations(source: str, name: str) -> list[str]:
             continue
         called = _dotted(node.func)
         line = lines[node.lineno - 1]
-        if called in WAITS and "# work:" not in line:
+        if called in WAITS and "# work:" not in line and "# window:" not in line:
             out.append((node.lineno, f"{called}(): wait on a condition (tests.support.waiting)"))
         elif called in SKIPS:
             out.append((node.lineno, f"{called}(): import it (the test extra has it)"))

@@ -42,15 +42,8 @@ from tests.support.chaos import (
     recomputed,
     wait_for_targets,
 )
-from tests.support.cluster import (
-    INTERVAL,
-    Replicas,
-    Requests,
-    amm_config,
-    counts,
-    holders,
-    keep,
-)
+from tests.support.cluster import INTERVAL, Requests, amm_config, counts, holders, keep
+from tests.support.retire import ReplicaLog
 from tests.support.rulesets import rules
 from tests.support.waiting import wait_cycles, wait_for
 
@@ -293,18 +286,18 @@ async def test_a_hung_recipient_times_out_once_then_another_worker_is_asked(c, s
     async with BlockedGatherDep(s.address, nthreads=1, resources={"RECV": 1}) as slow:
         await wait_for(lambda: len(s.workers) == 3, "the slow worker joined")
         requests = Requests(s)
-        replicas = Replicas(s)
+        log = ReplicaLog(s)
         x = c.submit(lambda: b"data", key="move-1", workers=[a.address])
         await x
         await slow.in_gather_dep.wait()
         await wait_for(lambda: holders(s, "move-1") == {d.address}, "move-1 moved to d")
         await wait_cycles(s, 20)
         assert requests.of("move-1")[0] == {slow.address: 1, d.address: 1}
-        assert replicas.of("move-1") == [a.address, d.address]
+        assert log.added["move-1"] == [a.address, d.address]
 
         # The hung transfer ends: the late copy lands on slow, and is trimmed.
         slow.block_gather_dep.set()
-        await wait_for(lambda: slow.address in replicas.of("move-1"), "the late copy landed")
+        await wait_for(lambda: slow.address in log.seen("move-1"), "the late copy landed")
         await wait_for(
             lambda: len(holders(s, "move-1")) == 1 and sum(requests.of("move-1")[1].values()) == 2,
             "move-1 trimmed back to one copy",

@@ -17,12 +17,13 @@ from typing import Any
 import dask
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
-from distributed.utils_test import async_poll_for, gen_test
+from distributed.utils_test import gen_test
 
 from tests.support import leak
 from tests.support.cluster import amm_config, events, holders, no_errors, policy_of
 from tests.support.leak import held, leaky, worker_config
 from tests.support.retire import ReplicaLog
+from tests.support.waiting import wait_for
 
 leak.ship()
 
@@ -101,7 +102,7 @@ async def stalled(futures: list[Any], quiet: float = 3.0, limit: float = 30.0) -
             done, last = now_done, loop.time()
         elif loop.time() - last >= quiet:
             return True
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # window: a stall is no progress for `quiet` seconds
     raise AssertionError(f"neither finished nor stalled after {limit}s")
 
 
@@ -150,7 +151,11 @@ async def test_a_leaking_worker_stalls_the_workload_until_the_section_restarts_i
             assert len(on_leaker) == 3
             # The workload: eight leaky tasks; their worker pauses after five.
             work = [c.submit(leaky, i, LEAK_MIB, resources={"LEAKY": 1}) for i in range(8)]
-            await async_poll_for(lambda: s.workers[leaker].status.name == "paused", 30)
+            await wait_for(
+                lambda: s.workers[leaker].status.name == "paused",
+                "s.workers[leaker].status.name == 'paused'",
+                timeout=30,
+            )
 
             # 1. Without the section: stalled, the worker staying paused.
             assert await stalled(work)
@@ -162,7 +167,7 @@ async def test_a_leaking_worker_stalls_the_workload_until_the_section_restarts_i
             log = ReplicaLog(s)
             write_rules(rules_file, "version: 1\n" + SECTION)
             assert await asyncio.wait_for(c.gather(work), 60) == list(range(8))
-            await async_poll_for(lambda: "restarted" in steps(s), timeout=30)
+            await wait_for(lambda: "restarted" in steps(s), "'restarted' in steps(s)", timeout=30)
             assert steps(s, leaker) == ["paused", "evacuating", "restarting", "restarted"]
             # The restart went through a retirement by the rules, which found the keys
             # already copied.
@@ -170,7 +175,7 @@ async def test_a_leaking_worker_stalls_the_workload_until_the_section_restarts_i
             assert [e["step"] for e in retirement] == ["placing", "placed"]
             assert retirement[0]["copies"] == 0
             assert leaker not in s.workers
-            await async_poll_for(lambda: len(s.workers) == 3, timeout=30)
+            await wait_for(lambda: len(s.workers) == 3, "len(s.workers) == 3", timeout=30)
             assert "leaky" in {str(ws.name) for ws in s.workers.values()}
 
             # The leaker's keys were copied before the restart; nothing was lost or
@@ -218,14 +223,19 @@ async def test_a_pause_from_dasks_data_and_a_move_never_key_alone_are_left_alone
             plain = c.submit(held, "plain-1", SIZE, key="plain-1", resources={"LEAKY": 1})
             await c.gather([big, frozen, plain])
             work = [c.submit(leaky, i, LEAK_MIB, resources={"LEAKY": 1}) for i in range(10)]
-            await async_poll_for(
+            await wait_for(
                 lambda: (
                     s.workers[managed].status.name == s.workers[leaker].status.name == "paused"
                 ),
+                "s.workers[managed].status.name == s.workers[leaker].status.name == 'paused'",
                 timeout=30,
             )
             # The leaker is tried again `after` later: a second "blocked" event.
-            await async_poll_for(lambda: steps(s, leaker).count("blocked") >= 2, timeout=30)
+            await wait_for(
+                lambda: steps(s, leaker).count("blocked") >= 2,
+                "steps(s, leaker).count('blocked') >= 2",
+                timeout=30,
+            )
             assert set(steps(s, leaker)) == {"paused", "evacuating", "blocked", "held"}
             (blocked, *_) = [e for e in events(s, "paused-worker") if e["step"] == "blocked"]
             assert blocked["keys"] == ["frozen-1"] and blocked["rules"] == ["frozen"]
@@ -264,7 +274,11 @@ async def test_two_leaking_workers_are_restarted_one_at_a_time_then_cool_down(tm
                 for i in range(7)
             ]
             assert await asyncio.wait_for(c.gather(work), 90) == list(range(7)) * 2
-            await async_poll_for(lambda: steps(s).count("restarted") == 2, timeout=60)
+            await wait_for(
+                lambda: steps(s).count("restarted") == 2,
+                "steps(s).count('restarted') == 2",
+                timeout=60,
+            )
             order = [
                 (e["name"], e["step"])
                 for e in events(s, "paused-worker")
@@ -281,14 +295,16 @@ async def test_two_leaking_workers_are_restarted_one_at_a_time_then_cool_down(tm
             later = first if a == "leaky-b" else second
             assert held_event(s, later)["reason"] == "max-concurrent"
             # The first one restarted leaks again: left alone during its cool-down.
-            await async_poll_for(lambda: len(s.workers) == 4, timeout=30)
+            await wait_for(lambda: len(s.workers) == 4, "len(s.workers) == 4", timeout=30)
             again = address_of(s, a)
             resource = "LEAKY_A" if a == "leaky-a" else "LEAKY_B"
             more = [
                 c.submit(leaky, i, LEAK_MIB, resources={resource: 1}, pure=False)
                 for i in range(10)
             ]
-            await async_poll_for(lambda: "held" in steps(s, again), timeout=30)
+            await wait_for(
+                lambda: "held" in steps(s, again), "'held' in steps(s, again)", timeout=30
+            )
             assert held_event(s, again)["reason"] == "cooling-down"
             assert await stalled(more)
             assert steps(s, again) == ["paused", "held"]

@@ -9,15 +9,14 @@ events say. The leak on real processes is in ``tests/engine/test_paused_workers.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from distributed import Worker
-from distributed.utils_test import async_poll_for, gen_cluster
+from distributed.utils_test import gen_cluster
 
 from tests.support.cluster import amm_config, events, holders, no_errors, policy_of, rules
 from tests.support.retire import ReplicaLog
+from tests.support.waiting import cycle_until, cycles, wait_for
 
 LIMIT = 2**30
 GPU = {"resources": {"GPU": 1}, "memory_limit": LIMIT}
@@ -53,13 +52,13 @@ def set_memory(worker: Worker, fraction: float) -> None:
 async def pause(s: Any, *workers: Worker) -> None:
     for w in workers:
         set_memory(w, 0.9)
-    await async_poll_for(
+    await wait_for(
         lambda: all(
             s.workers[w.address].status.name == "paused"
             and s.workers[w.address].memory.process >= 0.85 * LIMIT
             for w in workers
         ),
-        timeout=5,
+        "all( s.workers[w.address].status.name == 'paused' and s.workers[w.address].memory.process >= 0.85 * LIMIT for w in workers )",
     )
 
 
@@ -67,32 +66,13 @@ async def settle(s: Any, *workers: Worker, fraction: float = 0.1) -> None:
     """Workers at ``fraction`` of their limit, as the scheduler sees it."""
     for w in workers:
         set_memory(w, fraction)
-    await async_poll_for(
+    await wait_for(
         lambda: all(
             abs(s.workers[w.address].memory.process - fraction * LIMIT) < 0.01 * LIMIT
             for w in workers
         ),
-        timeout=5,
+        "all( abs(s.workers[w.address].memory.process - fraction * LIMIT) < 0.01 * LIMIT for w in workers )",
     )
-
-
-async def cycles_until(s: Any, condition: Callable[[], bool], limit: int = 100) -> int:
-    """Run AMM cycles (letting their messages through) until ``condition``; fails after
-    ``limit`` cycles. Returns the number of cycles run."""
-    amm = s.extensions["amm"]
-    for n in range(1, limit + 1):
-        amm.run_once()
-        await asyncio.sleep(0.03)
-        if condition():
-            return n
-    raise AssertionError(f"condition not reached after {limit} AMM cycles")
-
-
-async def cycles(s: Any, n: int) -> None:
-    amm = s.extensions["amm"]
-    for _ in range(n):
-        amm.run_once()
-        await asyncio.sleep(0.03)
 
 
 def steps(s: Any, worker: str) -> list[str]:
@@ -119,6 +99,7 @@ def line(s: Any, worker: str) -> dict[str, Any]:
     client=True,
     nthreads=[("", 1, GPU), ("", 1, GPU), ("", 1, PLAIN), ("", 1, PLAIN)],
     config=config({"name": "device", "match": 'task.key matches "dev-*"', "pool": "gpu"}),
+    timeout=150,
 )
 async def test_a_paused_worker_is_emptied_by_the_rules_then_retired_without_a_nanny(
     c, s, gpu0, gpu1, cpu0, cpu1
@@ -129,7 +110,9 @@ async def test_a_paused_worker_is_emptied_by_the_rules_then_retired_without_a_na
     plain = await c.scatter({f"plain-{i}": i for i in range(3)}, workers=[gpu0.address])
     log = ReplicaLog(s)
     await pause(s, gpu0)
-    await cycles_until(s, lambda: "retired" in steps(s, gpu0.address))
+    await cycle_until(
+        s, lambda: "retired" in steps(s, gpu0.address), "'retired' in steps(s, gpu0.address)"
+    )
     assert steps(s, gpu0.address) == ["paused", "evacuating", "retiring", "retired"]
     assert step(s, gpu0.address, "evacuating")["note"] == (
         "it has no nanny to restart it: retired instead"
@@ -152,6 +135,7 @@ async def test_a_paused_worker_is_emptied_by_the_rules_then_retired_without_a_na
     client=True,
     nthreads=[("", 1, PLAIN)] * 3,
     config=config({"name": "frozen", "match": 'task.key matches "frozen-*"', "move": "never"}),
+    timeout=150,
 )
 async def test_a_move_never_key_alone_keeps_the_worker_and_says_why(c, s, a, b, w3):
     await settle(s, a, b, w3)
@@ -159,7 +143,9 @@ async def test_a_move_never_key_alone_keeps_the_worker_and_says_why(c, s, a, b, 
     plain = await c.scatter({"plain-1": 1}, workers=[a.address])
     log = ReplicaLog(s)
     await pause(s, a)
-    await cycles_until(s, lambda: "blocked" in steps(s, a.address))
+    await cycle_until(
+        s, lambda: "blocked" in steps(s, a.address), "'blocked' in steps(s, a.address)"
+    )
     blocked = step(s, a.address, "blocked")
     assert blocked["keys"] == ["frozen-1"] and blocked["count"] == 1
     assert blocked["rules"] == ["frozen"] and blocked["why"] == ["move: never"]
@@ -175,7 +161,11 @@ async def test_a_move_never_key_alone_keeps_the_worker_and_says_why(c, s, a, b, 
         }
     ]
     # Tried again `after` later: still blocked, never restarted or retired.
-    await cycles_until(s, lambda: steps(s, a.address).count("blocked") == 2)
+    await cycle_until(
+        s,
+        lambda: steps(s, a.address).count("blocked") == 2,
+        "steps(s, a.address).count('blocked') == 2",
+    )
     assert "retiring" not in steps(s, a.address) and a.address in s.workers
     assert await c.gather([frozen["frozen-1"], plain["plain-1"]]) == [1, 1]
     no_errors(s)
@@ -185,6 +175,7 @@ async def test_a_move_never_key_alone_keeps_the_worker_and_says_why(c, s, a, b, 
     client=True,
     nthreads=[("", 1, PLAIN)] * 3,
     config=config(),
+    timeout=150,
 )
 async def test_recipients_without_room_block_the_worker(c, s, a, b, w3):
     # Room on b and w3: 80% pause - 10% margin - 69% used = 1% of 1 GiB, about 10 MiB.
@@ -192,7 +183,9 @@ async def test_recipients_without_room_block_the_worker(c, s, a, b, w3):
     big = await c.scatter({"big-1": b"." * 20_000_000}, workers=[a.address])
     log = ReplicaLog(s)
     await pause(s, a)
-    await cycles_until(s, lambda: "blocked" in steps(s, a.address))
+    await cycle_until(
+        s, lambda: "blocked" in steps(s, a.address), "'blocked' in steps(s, a.address)"
+    )
     blocked = step(s, a.address, "blocked")
     assert blocked["keys"] == ["big-1"] and blocked["why"] == [
         "no eligible worker has room for it"
@@ -200,7 +193,9 @@ async def test_recipients_without_room_block_the_worker(c, s, a, b, w3):
     assert log.seen("big-1") == set()
     # Room appears: the next attempt copies the key, and the worker leaves.
     await settle(s, b, w3, fraction=0.1)
-    await cycles_until(s, lambda: "retired" in steps(s, a.address))
+    await cycle_until(
+        s, lambda: "retired" in steps(s, a.address), "'retired' in steps(s, a.address)"
+    )
     assert len(log.seen("big-1")) == 1
     assert len(await c.gather(big["big-1"])) == 20_000_000
     no_errors(s)
@@ -210,28 +205,35 @@ async def test_recipients_without_room_block_the_worker(c, s, a, b, w3):
     client=True,
     nthreads=[("", 1, PLAIN)] * 3,
     config=config(**{"max-bytes-per-cycle": "1 MiB"}),
+    timeout=150,
 )
 async def test_copies_off_a_paused_worker_keep_to_the_byte_budget(c, s, a, b, w3):
     await settle(s, b, w3)
     data = await c.scatter({f"k-{i}": b"." * 400_000 for i in range(6)}, workers=[a.address])
     await pause(s, a)
     paused = policy_of(s).paused
-    await cycles_until(s, lambda: paused.counters["copies"] > 0)
+    await cycle_until(s, lambda: paused.counters["copies"] > 0, "paused.counters['copies'] > 0")
     per_cycle = [paused.counters["copies"]]
     while paused.counters["copies"] < 6:
         await cycles(s, 1)
         per_cycle.append(paused.counters["copies"] - sum(per_cycle))
     assert per_cycle[0] == 2 and max(per_cycle) == 2  # 2 x 400 kB fit in 1 MiB, 3 do not
-    await cycles_until(s, lambda: "retired" in steps(s, a.address))
+    await cycle_until(
+        s, lambda: "retired" in steps(s, a.address), "'retired' in steps(s, a.address)"
+    )
     assert len(await c.gather(list(data.values()))) == 6
     no_errors(s)
 
 
-@gen_cluster(client=True, nthreads=[("", 1, PLAIN)] * 2, config=config())
+@gen_cluster(client=True, nthreads=[("", 1, PLAIN)] * 2, config=config(), timeout=150)
 async def test_every_worker_paused_is_only_reported(c, s, a, b):
     data = await c.scatter({"k-1": 1}, workers=[a.address])
     await pause(s, a, b)
-    await cycles_until(s, lambda: all("held" in steps(s, w.address) for w in (a, b)))
+    await cycle_until(
+        s,
+        lambda: all("held" in steps(s, w.address) for w in (a, b)),
+        "all('held' in steps(s, w.address) for w in (a, b))",
+    )
     for w in (a, b):
         assert steps(s, w.address) == ["paused", "held"]
         assert step(s, w.address, "held")["reason"] == "all-paused"
@@ -243,16 +245,22 @@ async def test_every_worker_paused_is_only_reported(c, s, a, b):
     no_errors(s)
 
 
-@gen_cluster(client=True, nthreads=[("", 1, PLAIN)] * 3, config=config())
+@gen_cluster(client=True, nthreads=[("", 1, PLAIN)] * 3, config=config(), timeout=150)
 async def test_more_than_max_paused_fraction_paused_is_only_reported(c, s, a, b, w3):
     await settle(s, w3)
     await pause(s, a, b)  # 2 of 3: more than 50%
-    await cycles_until(s, lambda: all("held" in steps(s, w.address) for w in (a, b)))
+    await cycle_until(
+        s,
+        lambda: all("held" in steps(s, w.address) for w in (a, b)),
+        "all('held' in steps(s, w.address) for w in (a, b))",
+    )
     assert {step(s, w.address, "held")["reason"] for w in (a, b)} == {"too-many-paused"}
     assert "2 of 3 workers are paused" in step(s, a.address, "held")["detail"]
     # One recovers: the other is now 1 of 3, and is handled.
     await settle(s, b)
-    await cycles_until(s, lambda: "retired" in steps(s, a.address))
+    await cycle_until(
+        s, lambda: "retired" in steps(s, a.address), "'retired' in steps(s, a.address)"
+    )
     no_errors(s)
 
 
@@ -260,18 +268,28 @@ async def test_more_than_max_paused_fraction_paused_is_only_reported(c, s, a, b,
     client=True,
     nthreads=[("", 1, {"memory_limit": 100 * 2**20})] + [("", 1, PLAIN)] * 2,
     config=config(),
+    timeout=150,
 )
 async def test_a_pause_from_dasks_own_data_is_left_alone(c, s, a, b, w3):
     """The pause comes from managed data (60 MiB of 100 MiB): restarting would only move
     the problem, so ``require-unmanaged`` keeps the section away."""
     await settle(s, b, w3)
     a.monitor.get_process_memory = lambda: 10 * 2**20  # not paused by the test's own RSS
-    await async_poll_for(lambda: s.workers[a.address].status.name == "running", timeout=5)
+    await wait_for(
+        lambda: s.workers[a.address].status.name == "running",
+        "s.workers[a.address].status.name == 'running'",
+    )
     data = await c.scatter({"big-1": b"." * (60 * 2**20)}, workers=[a.address])
     a.monitor.get_process_memory = lambda: 90 * 2**20  # 60 MiB managed, 30 unmanaged
-    await async_poll_for(lambda: s.workers[a.address].status.name == "paused", timeout=5)
-    await async_poll_for(lambda: s.workers[a.address].memory.process == 90 * 2**20, timeout=5)
-    await cycles_until(s, lambda: "held" in steps(s, a.address))
+    await wait_for(
+        lambda: s.workers[a.address].status.name == "paused",
+        "s.workers[a.address].status.name == 'paused'",
+    )
+    await wait_for(
+        lambda: s.workers[a.address].memory.process == 90 * 2**20,
+        "s.workers[a.address].memory.process == 90 * 2**20",
+    )
+    await cycle_until(s, lambda: "held" in steps(s, a.address), "'held' in steps(s, a.address)")
     held = step(s, a.address, "held")
     assert held["reason"] == "managed-memory"
     assert held["detail"].startswith("unmanaged memory is 30% of its limit")
@@ -285,13 +303,18 @@ async def test_a_pause_from_dasks_own_data_is_left_alone(c, s, a, b, w3):
     client=True,
     nthreads=[("", 1, PLAIN)] * 5,
     config=config(**{"max-concurrent": 1}),
+    timeout=150,
 )
 async def test_max_concurrent_and_cool_down(c, s, a, b, w3, w4, w5):
     await settle(s, w3, w4, w5)
     data = await c.scatter({"a-1": 1, "b-1": 2}, workers=[a.address])
     await c.scatter({"b-2": 3}, workers=[b.address])
     await pause(s, a, b)  # 2 of 5 paused
-    await cycles_until(s, lambda: all("retired" in steps(s, w.address) for w in (a, b)))
+    await cycle_until(
+        s,
+        lambda: all("retired" in steps(s, w.address) for w in (a, b)),
+        "all('retired' in steps(s, w.address) for w in (a, b))",
+    )
     ordered = [
         (e["worker"], e["step"])
         for e in events(s, "paused-worker")
@@ -311,7 +334,9 @@ async def test_max_concurrent_and_cool_down(c, s, a, b, w3, w4, w5):
     assert policy_of(s).paused.status()["cooling"].keys() == {str(a.name), str(b.name)}
     async with Worker(s.address, nthreads=1, name=name, memory_limit=LIMIT) as again:
         await pause(s, again)
-        await cycles_until(s, lambda: "held" in steps(s, again.address))
+        await cycle_until(
+            s, lambda: "held" in steps(s, again.address), "'held' in steps(s, again.address)"
+        )
         assert step(s, again.address, "held")["reason"] == "cooling-down"
         await cycles(s, 5)
         assert steps(s, again.address) == ["paused", "held"]
@@ -319,12 +344,16 @@ async def test_max_concurrent_and_cool_down(c, s, a, b, w3, w4, w5):
     no_errors(s)
 
 
-@gen_cluster(client=True, nthreads=[("", 1, PLAIN)] * 3, config=config(action="report"))
+@gen_cluster(
+    client=True, nthreads=[("", 1, PLAIN)] * 3, config=config(action="report"), timeout=150
+)
 async def test_action_report_only_reports(c, s, a, b, w3):
     await settle(s, b, w3)
     data = await c.scatter({"k-1": 1}, workers=[a.address])
     await pause(s, a)
-    await cycles_until(s, lambda: "paused" in steps(s, a.address))
+    await cycle_until(
+        s, lambda: "paused" in steps(s, a.address), "'paused' in steps(s, a.address)"
+    )
     await cycles(s, 10)
     assert steps(s, a.address) == ["paused"]
     assert step(s, a.address, "paused")["then"] == "report"
@@ -335,15 +364,22 @@ async def test_action_report_only_reports(c, s, a, b, w3):
     no_errors(s)
 
 
-@gen_cluster(client=True, nthreads=[("", 1, PLAIN)] * 3, config=config())
+@gen_cluster(client=True, nthreads=[("", 1, PLAIN)] * 3, config=config(), timeout=150)
 async def test_a_worker_that_unpauses_while_emptied_is_forgotten(c, s, a, b, w3):
     await settle(s, b, w3)
     data = await c.scatter({f"k-{i}": i for i in range(3)}, workers=[a.address])
     await pause(s, a)
-    await cycles_until(s, lambda: "evacuating" in steps(s, a.address))
+    await cycle_until(
+        s, lambda: "evacuating" in steps(s, a.address), "'evacuating' in steps(s, a.address)"
+    )
     await settle(s, a)  # memory back below the pause threshold
-    await async_poll_for(lambda: s.workers[a.address].status.name == "running", timeout=5)
-    await cycles_until(s, lambda: "recovered" in steps(s, a.address))
+    await wait_for(
+        lambda: s.workers[a.address].status.name == "running",
+        "s.workers[a.address].status.name == 'running'",
+    )
+    await cycle_until(
+        s, lambda: "recovered" in steps(s, a.address), "'recovered' in steps(s, a.address)"
+    )
     assert steps(s, a.address) == ["paused", "evacuating", "recovered"]
     assert policy_of(s).paused.handling == {} and a.address in s.workers
     assert s.handlers["amm_rules_status"]()["paused_workers"]["workers"] == []

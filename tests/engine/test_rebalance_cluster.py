@@ -328,8 +328,7 @@ def add_sum(x: np.ndarray, y: float) -> float:
     client=True,
     nthreads=[("", 1)] * 4,
     worker_kwargs={"memory_limit": LIMIT},
-    # The AMM starts once the dependent waits.
-    config={**config(), f"{AMM}.start": False},
+    config=config(),
     timeout=90,
 )
 async def test_a_key_whose_dependent_still_waits_stays_put(c, s, a, *others):
@@ -348,7 +347,6 @@ async def test_a_key_whose_dependent_still_waits_stays_put(c, s, a, *others):
     )
     amm.start()
     policy = policy_of(s)
-    await c.amm.start()
     await wait_for(
         lambda: policy.rebalancer.totals["done"] >= 10 and skipped(s)[READ_SOON] > 0,
         "ten moves done, the key to be read skipped",

@@ -15,7 +15,8 @@ from typing import Any
 from distributed.core import Status
 from distributed.utils_test import gen_cluster
 
-from tests.support.cluster import Replicas, Requests, amm_config, holders, keep, policy_of
+from tests.support.cluster import Requests, amm_config, holders, keep, policy_of
+from tests.support.retire import ReplicaLog
 from tests.support.rulesets import rule, rules
 from tests.support.waiting import wait_for
 
@@ -63,7 +64,7 @@ async def test_spread_host_keys_never_move_onto_a_host_holding_a_copy(c, s, a1, 
         "each pair on both hosts",
     )
     # From now on, note where every copy lands.
-    replicas = Replicas(s)
+    log = ReplicaLog(s)
     free = {}
     for w in (a1, a2):
         data = {f"free-{w.name}-{i}": blob(i) for i in range(20)}
@@ -74,7 +75,7 @@ async def test_spread_host_keys_never_move_onto_a_host_holding_a_copy(c, s, a1, 
     )
     # Host 2 received free keys, and not one copy of a pair: each pair has one there.
     host2 = {b1.address, b2.address}
-    assert {addr for key, addr in replicas.added if key.startswith("pair-")} & host2 == set()
+    assert {addr for key in pairs for addr in log.added[key]} & host2 == set()
     moved = [k for k in free if holders(s, k) & host2]
     assert moved and all(len(holders(s, k)) == 1 for k in free)
     for k in pairs:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import dask
 from distributed import Client, LocalCluster
-from distributed.utils_test import async_poll_for, gen_test
+from distributed.utils_test import gen_test
 
 from tests.support.cluster import amm_config, events, holders, no_errors, policy_of, rules
 from tests.support.retire import ReplicaLog, amm_measure
+from tests.support.waiting import wait_for
 
 POOLS = {"a": 'worker.name in ["0", "1"]', "b": 'worker.name in ["2", "3"]'}
 RULES = rules(
@@ -45,11 +46,11 @@ async def test_adaptive_scale_down_places_the_keys_of_the_closed_workers_by_the_
                 await c.scatter({"r-1": 1}, workers=[by_name["3"]]),
             ]
             policy = policy_of(s)
-            await async_poll_for(lambda: len(holders(s, "r-1")) == 2, timeout=10)
+            await wait_for(lambda: len(holders(s, "r-1")) == 2, "len(holders(s, 'r-1')) == 2")
             assert {"a-1", "r-1"} <= policy.index.desired.keys()
             log = ReplicaLog(s)
             adaptive = cluster.adapt(minimum=2, maximum=4, interval="100ms", wait_count=1)
-            await async_poll_for(lambda: len(s.workers) == 2, timeout=30)
+            await wait_for(lambda: len(s.workers) == 2, "len(s.workers) == 2", timeout=30)
             adaptive.stop()
             assert {str(ws.name) for ws in s.workers.values()} == {"1", "2"}
             # a-1 went to the only worker of pool a that stays, and nowhere else first.

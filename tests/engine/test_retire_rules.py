@@ -10,14 +10,13 @@ the test can fail.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from distributed import Worker
-from distributed.utils_test import async_poll_for, gen_cluster
+from distributed.utils_test import gen_cluster
 
 from tests.support.cluster import amm_config, events, holders, no_errors, policy_of, rules
 from tests.support.retire import ReplicaLog, amm_measure
+from tests.support.waiting import wait_cycles, wait_for
 
 GPU = {"resources": {"GPU": 1}}
 SPOT = {"resources": {"SPOT": 1}}
@@ -77,7 +76,10 @@ async def test_pool_a_retiring_workers_keys_stay_in_their_pool(
     resume(s)
     assert gpu0.address in retired
     keys = [f.key for f in futures]
-    await async_poll_for(lambda: all(holders(s, k) == {gpu1.address} for k in keys), timeout=10)
+    await wait_for(
+        lambda: all(holders(s, k) == {gpu1.address} for k in keys),
+        "all(holders(s, k) == {gpu1.address} for k in keys)",
+    )
     seen = set().union(*(log.seen(k) for k in keys))
     if placement == "rules":
         assert seen == {gpu1.address}
@@ -109,7 +111,10 @@ async def test_avoid_a_retiring_workers_keys_never_touch_the_avoided_pool(
     log = ReplicaLog(s)
     assert a.address in await c.retire_workers([a.address])
     resume(s)
-    await async_poll_for(lambda: all(holders(s, k) == {b.address} for k in futures), timeout=10)
+    await wait_for(
+        lambda: all(holders(s, k) == {b.address} for k in futures),
+        "all(holders(s, k) == {b.address} for k in futures)",
+    )
     seen = set().union(*(log.seen(k) for k in futures))
     if placement == "rules":
         assert seen == {b.address}
@@ -141,8 +146,9 @@ async def test_spread_several_workers_retiring_at_once_keep_copies_on_distinct_h
     await load(c, a2, 1_000_000, "blob-a2", kept)
     await load(c, d, 3_000_000, "blob-d", kept)
     futures = await c.scatter({f"x-{i}": i for i in range(4)}, workers=[b.address])
-    await async_poll_for(
-        lambda: all(holders(s, k) == {b.address, c3.address} for k in futures), timeout=10
+    await wait_for(
+        lambda: all(holders(s, k) == {b.address, c3.address} for k in futures),
+        "all(holders(s, k) == {b.address, c3.address} for k in futures)",
     )
     log = ReplicaLog(s)
     retired = await c.retire_workers([b.address, c3.address])
@@ -173,7 +179,10 @@ async def test_move_never_key_alone_fails_the_retirement(c, s, a, b, w3, placeme
         assert a.address in retired and log.seen("x-1")  # moved, against the rule
         return
     assert retired == {}
-    await async_poll_for(lambda: s.workers[a.address].status.name == "running", timeout=5)
+    await wait_for(
+        lambda: s.workers[a.address].status.name == "running",
+        "s.workers[a.address].status.name == 'running'",
+    )
     assert log.seen("x-1") == log.seen("x-2") == set()
     (blocked,) = [e for e in events(s, "retirement") if e["step"] == "blocked"]
     assert blocked["worker"] == a.address
@@ -212,7 +221,10 @@ async def test_no_eligible_recipient_fails_the_retirement_and_names_key_and_rule
     assert blocked["keys"] == ["dev-1"] and blocked["rules"] == ["device"]
     assert blocked["why"] == ["no eligible worker: pool gpu has no running worker that stays"]
     # The worker runs again, and the retirement is over (nothing left in the AMM).
-    await async_poll_for(lambda: s.workers[gpu0.address].status.name == "running", timeout=5)
+    await wait_for(
+        lambda: s.workers[gpu0.address].status.name == "running",
+        "s.workers[gpu0.address].status.name == 'running'",
+    )
     assert not [
         p for p in s.extensions["amm"].policies if type(p).__name__.endswith("RetireWorker")
     ]
@@ -226,11 +238,15 @@ async def test_no_eligible_recipient_fails_the_retirement_and_names_key_and_rule
     client=True,
     nthreads=[("", 1)] * 5,
     config=config({"name": "three", "match": 'task.key matches "x-*"', "replicate": 3}),
+    timeout=60,
 )
 async def test_targets_are_recreated_before_the_worker_leaves(c, s, *workers, placement):
     leaving = workers[0]
     futures = await c.scatter({f"x-{i}": i for i in range(4)}, workers=[leaving.address])
-    await async_poll_for(lambda: all(len(holders(s, k)) == 3 for k in futures), timeout=10)
+    await wait_for(
+        lambda: all(len(holders(s, k)) == 3 for k in futures),
+        "all(len(holders(s, k)) == 3 for k in futures)",
+    )
     use(s, placement)
     log = ReplicaLog(s)
     assert leaving.address in await c.retire_workers([leaving.address])
@@ -243,7 +259,10 @@ async def test_targets_are_recreated_before_the_worker_leaves(c, s, *workers, pl
         assert all(log.seen(k) <= staying[k] for k in futures)
     else:
         assert counts == dict.fromkeys(futures, 2)  # re-created only afterwards
-    await async_poll_for(lambda: all(len(holders(s, k)) == 3 for k in futures), timeout=10)
+    await wait_for(
+        lambda: all(len(holders(s, k)) == 3 for k in futures),
+        "all(len(holders(s, k)) == 3 for k in futures)",
+    )
     no_errors(s)
 
 
@@ -254,14 +273,16 @@ async def test_targets_are_recreated_before_the_worker_leaves(c, s, *workers, pl
         {"name": "device", "match": 'task.key matches "dev-*"', "pool": "gpu"},
         {"name": "host", "match": 'task.key matches "cpu-*"', "avoid": "gpu", "replicate": 2},
     ),
+    timeout=60,
 )
 async def test_a_gpu_and_a_cpu_worker_retiring_at_once(c, s, gpu0, gpu1, cpu0, cpu1):
     kept: list = []
     await load(c, gpu1, 2_000_000, "blob", kept)
     dev = await c.scatter({f"dev-{i}": i for i in range(3)}, workers=[gpu0.address])
     host = await c.scatter({f"cpu-{i}": i for i in range(3)}, workers=[cpu0.address])
-    await async_poll_for(
-        lambda: all(holders(s, k) == {cpu0.address, cpu1.address} for k in host), timeout=10
+    await wait_for(
+        lambda: all(holders(s, k) == {cpu0.address, cpu1.address} for k in host),
+        "all(holders(s, k) == {cpu0.address, cpu1.address} for k in host)",
     )
     log = ReplicaLog(s)
     retired = await c.retire_workers([gpu0.address, cpu0.address])
@@ -270,8 +291,8 @@ async def test_a_gpu_and_a_cpu_worker_retiring_at_once(c, s, gpu0, gpu1, cpu0, c
     # The CPU keys keep a copy on cpu1; their second copy has nowhere to go (gpu is
     # avoided, cpu0 left): nothing is made outside the rules to meet it.
     assert all(log.seen(k) == set() and holders(s, k) == {cpu1.address} for k in host)
-    await asyncio.sleep(0.3)
-    assert all(holders(s, k) == {cpu1.address} for k in host)
+    await wait_cycles(s, 10)
+    assert all(log.seen(k) == set() and holders(s, k) == {cpu1.address} for k in host)
     no_errors(s)
 
 
@@ -293,7 +314,10 @@ async def test_workers_to_close_leaves_out_the_workers_the_rules_keep(
     dev = await c.scatter({"dev-1": 1}, workers=[gpu0.address])
     frozen = await c.scatter({"frozen-1": 1}, workers=[cpu0.address])
     policy = policy_of(s)
-    await async_poll_for(lambda: {"dev-1", "frozen-1"} <= policy.index.desired.keys(), timeout=5)
+    await wait_for(
+        lambda: {"dev-1", "frozen-1"} <= policy.index.desired.keys(),
+        "{'dev-1', 'frozen-1'} <= policy.index.desired.keys()",
+    )
     chosen = s.workers_to_close(n=4)
     # The gpu pool keeps one worker (the one with most data: gpu1); cpu0 holds the only
     # copy of a move: never key.

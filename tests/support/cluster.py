@@ -5,7 +5,8 @@ Clusters come from ``distributed.utils_test.gen_cluster``; :func:`amm_config` tu
 the scheduler's own AMM with a short interval and RulesPolicy as its only policy. What a
 test reads of the scheduler: :func:`holders`, :func:`copies`, :func:`counts` (and
 :func:`who_has` through a synchronous client), :func:`events`; what it records:
-:class:`Requests` (copies and drops sent to workers) and :class:`TransitionCounter`.
+:class:`Requests` (copies and drops sent to workers) and :class:`TransitionCounter`
+(where copies landed: :class:`tests.support.retire.ReplicaLog`).
 Waiting is in :mod:`tests.support.waiting`, shared rules in :mod:`tests.support.rulesets`.
 """
 
@@ -26,7 +27,6 @@ __all__ = [
     "CountingDict",
     "INTERVAL",
     "RELOADABLE",
-    "Replicas",
     "Requests",
     "TransitionCounter",
     "amm_config",
@@ -162,26 +162,6 @@ class Requests:
         """Put the scheduler's own methods back."""
         for name in self._originals:
             vars(self.scheduler).pop(name, None)
-
-
-class Replicas:
-    """Records every copy the scheduler notes as landed (``add_replica``), in order:
-    (key, worker address). Wraps the scheduler's method on the instance, above whatever
-    wrapped it before (the engine's own hooks)."""
-
-    def __init__(self, scheduler: Any):
-        self.added: list[tuple[Hashable, str]] = []
-        add_replica = scheduler.add_replica
-
-        def add_replica_noted(ts: Any, ws: Any) -> None:
-            self.added.append((ts.key, ws.address))
-            add_replica(ts, ws)
-
-        scheduler.add_replica = add_replica_noted
-
-    def of(self, key: Hashable) -> list[str]:
-        """Where copies of ``key`` landed, in order."""
-        return [addr for k, addr in self.added if k == key]
 
 
 class TransitionCounter(SchedulerPlugin):
