@@ -17,7 +17,7 @@ import dask
 import pytest
 from click.testing import CliRunner
 from dask.utils import format_bytes
-from distributed.utils_test import async_poll_for, gen_cluster, inc
+from distributed.utils_test import gen_cluster, inc
 
 import amm_rules
 from amm_rules.cli import main
@@ -25,6 +25,7 @@ from amm_rules.observe.keys import parse_key
 from amm_rules.observe.status import status_report
 from tests.support.cluster import amm_config, copies, policy_of, rules
 from tests.support.flow import graph
+from tests.support.waiting import wait_for
 
 #: Where amm_rules is imported from here, so that the command imports the same.
 PACKAGE_ROOT = Path(amm_rules.__file__).resolve().parent.parent
@@ -99,9 +100,13 @@ def test_a_tuple_that_is_not_made_of_literals_is_refused(text):
 async def test_status_and_explain_from_the_shell(c, s, a, b):
     futures = c.map(inc, range(2), key=["two-1", ("five-1a2b", 0)])
     await c.gather(futures)
-    await async_poll_for(lambda: all(copies(s, f.key) == 2 for f in futures), timeout=10)
-    await async_poll_for(
-        lambda: status_report(policy_of(s))["states"]["two"] == "satisfied", timeout=10
+    await wait_for(
+        lambda: all(copies(s, f.key) == 2 for f in futures),
+        "all(copies(s, f.key) == 2 for f in futures)",
+    )
+    await wait_for(
+        lambda: status_report(policy_of(s))["states"]["two"] == "satisfied",
+        "status_report(policy_of(s))['states']['two'] == 'satisfied'",
     )
 
     text = await cli("status", "--scheduler", s.address)
@@ -211,7 +216,7 @@ PRESSURE = {"version": 1, "memory-pressure": {"threshold": "90%", "release": "80
 @gen_cluster(client=True, config=amm_config(PRESSURE), timeout=120)
 async def test_status_memory_flow_from_the_shell(c, s, a, b):
     await c.compute(graph(4))
-    await async_poll_for(lambda: not s.tasks, timeout=5)  # the result released too
+    await wait_for(lambda: not s.tasks, "every task released, the result too")
     table = policy_of(s).flow.table()
 
     text = await cli("status", "--memory-flow", "--scheduler", s.address)

@@ -4,17 +4,17 @@ governed keys meeting their target, on real schedulers and workers, as
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
 from distributed import wait
 from distributed.core import Status
-from distributed.utils_test import BlockedGetData, async_poll_for, gen_cluster, inc
+from distributed.utils_test import BlockedGetData, gen_cluster, inc
 
 from amm_rules.observe.metrics import RulesCollector
 from amm_rules.observe.status import all_satisfied, status_report
 from tests.support.cluster import CountingDict, amm_config, copies, policy_of, rules
+from tests.support.waiting import WAIT, poll, wait_for
 
 CLASSES = rules(
     {"name": "two", "match": 'task.prefix == "two"', "replicate": 2},
@@ -32,24 +32,21 @@ def rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 async def report_until(
-    s: Any, check: Callable[[dict[str, Any]], bool], timeout: float = 10
+    s: Any, check: Callable[[dict[str, Any]], bool], timeout: float = WAIT
 ) -> dict[str, Any]:
     """The status report, once ``check`` holds for it (fails after ``timeout``)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        report = status_report(policy_of(s))
-        if check(report):
-            return report
-        assert asyncio.get_running_loop().time() < deadline, rows(report)
-        await asyncio.sleep(0.05)
+    return await poll(lambda: status_report(policy_of(s)), check, "the report", timeout)
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(CLASSES))
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(CLASSES), timeout=60)
 async def test_states_with_reasons_and_the_fraction(c, s, *workers):
     keys = ["two-1", "five-1", "hosts-1", "frozen-1", "alone-1", "gpu-1", "free-1"]
     futures = c.map(inc, range(len(keys)), key=keys)
     await c.gather(futures)
-    await async_poll_for(lambda: copies(s, "two-1") == 2 and copies(s, "five-1") == 3, 10)
+    await wait_for(
+        lambda: copies(s, "two-1") == 2 and copies(s, "five-1") == 3,
+        "copies(s, 'two-1') == 2 and copies(s, 'five-1') == 3",
+    )
     report = await report_until(s, lambda r: rows(r)["two"]["state"] == "satisfied")
     by = rows(report)
 
@@ -90,6 +87,7 @@ async def test_states_with_reasons_and_the_fraction(c, s, *workers):
     nthreads=[("", 1)] * 2,
     Worker=BlockedGetData,
     config=amm_config(rules({"name": "two", "match": 'task.prefix == "two"', "replicate": 2})),
+    timeout=60,
 )
 async def test_a_copy_in_flight_is_in_progress(c, s, a, b):
     x = c.submit(inc, 1, key="two-1", workers=[a.address])
@@ -114,10 +112,14 @@ async def test_a_copy_in_flight_is_in_progress(c, s, a, b):
         # The memory monitor would resume the worker paused by hand.
         "distributed.worker.memory.pause": False,
     },
+    timeout=90,
 )
 async def test_waiting_for_a_paused_worker_is_in_progress(c, s, a, b):
     b.status = Status.paused
-    await async_poll_for(lambda: s.workers[b.address].status == Status.paused, timeout=5)
+    await wait_for(
+        lambda: s.workers[b.address].status == Status.paused,
+        "s.workers[b.address].status == Status.paused",
+    )
     x = c.submit(inc, 1, key="two-1", workers=[a.address])
     await x
     report = await report_until(s, lambda r: rows(r)["two"]["state"] == "in-progress")
@@ -137,6 +139,7 @@ async def test_waiting_for_a_paused_worker_is_in_progress(c, s, a, b):
         rules({"name": "data", "match": 'task.prefix == "data"', "replicate": 1}),
         classify_keys=5,
     ),
+    timeout=60,
 )
 async def test_keys_waiting_for_classification_make_rules_in_progress(c, s, a):
     data = await c.scatter({f"data-{i}": i for i in range(50)})
@@ -153,6 +156,7 @@ async def test_keys_waiting_for_classification_make_rules_in_progress(c, s, a):
     client=True,
     nthreads=[("", 1)] * 2,
     config=amm_config(rules({"name": "data", "match": 'task.prefix == "data"', "replicate": 1})),
+    timeout=60,
 )
 async def test_bytes_follow_keys_scattered_again(c, s, a, b):
     small_data = await c.scatter({"data-1": b"x" * 1000})
@@ -206,6 +210,7 @@ def copies_by_rule(s: Any) -> dict[str, int]:
             {"name": "every", "match": 'task.prefix == "every"', "replicate": "all"},
         )
     ),
+    timeout=150,
 )
 async def test_copies_held_and_wanted_follow_every_change(c, s, a, b, w):
     def held() -> dict[str, int]:
@@ -234,7 +239,7 @@ async def test_copies_held_and_wanted_follow_every_change(c, s, a, b, w):
     await dependent
     assert held()["two"] in (10, 11)
     del dependent
-    await async_poll_for(lambda: copies(s, "two-0") == 2, timeout=10)
+    await wait_for(lambda: copies(s, "two-0") == 2, "two-0 trimmed back to 2 copies")
     assert held()["two"] == 10
     # A copy made by a dependency transfer of a key nobody copies.
     total = c.submit(sum, kept, key="free-sum", workers=[w.address])
@@ -243,10 +248,10 @@ async def test_copies_held_and_wanted_follow_every_change(c, s, a, b, w):
 
     # A worker leaves with its copies; keys released.
     await w.close()
-    await async_poll_for(lambda: w.address not in s.workers, timeout=10)
+    await wait_for(lambda: w.address not in s.workers, "the third worker gone")
     held()
     del two[3:], total
-    await async_poll_for(lambda: "two-4" not in s.tasks, timeout=10)
+    await wait_for(lambda: "two-4" not in s.tasks, "two-3 and two-4 released")
     report = await report_until(s, lambda r: rows(r)["two"]["met"] == 3)
     assert held()["two"] == 6 == rows(report)["two"]["copies_held"]
     assert rows(report)["two"]["copies_wanted"] == 6

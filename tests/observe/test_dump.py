@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 from distributed.cluster_dump import load_cluster_dump
-from distributed.utils_test import async_poll_for, gen_cluster, inc
+from distributed.utils_test import gen_cluster, inc
 
 from tests.support.cluster import amm_config, copies
+from tests.support.waiting import wait_for
 
 RULES_TEXT = """\
 version: 1
@@ -32,7 +33,7 @@ def test_a_dump_explains_itself(fmt):
         async def run(c, s, a, b):
             x = c.submit(inc, 1, key="two-1")
             await x
-            await async_poll_for(lambda: copies(s, "two-1") == 2, timeout=10)
+            await wait_for(lambda: copies(s, "two-1") == 2, "copies(s, 'two-1') == 2")
             await c.dump_cluster_state(str(Path(d) / "dump"), format=fmt)
 
         run()

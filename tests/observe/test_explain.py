@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 from distributed import wait
 from distributed.core import Status
-from distributed.utils_test import BlockedGetData, async_poll_for, gen_cluster, inc
+from distributed.utils_test import BlockedGetData, gen_cluster, inc
 
 import amm_rules
 from amm_rules.observe.status import status_report
 from tests.support.cluster import amm_config, copies, policy_of, rules
+from tests.support.waiting import wait_for
 
 GPU = {"resources": {"GPU": 1}}
 CASCADE = rules(
@@ -30,7 +31,7 @@ async def test_the_cascade_decisions_and_history_of_a_key(c, s, a, b, cpu):
     await x
     # A runtime target overrides the annotation, which overrides the rules.
     await amm_rules.replicate(x, n=2)
-    await async_poll_for(lambda: copies(s, "feat-0") == 2, timeout=10)
+    await wait_for(lambda: copies(s, "feat-0") == 2, "copies(s, 'feat-0') == 2")
     answer = (await amm_rules.explain(x))["feat-0"]
 
     assert answer["summary"] == (
@@ -81,7 +82,9 @@ async def test_the_cascade_decisions_and_history_of_a_key(c, s, a, b, cpu):
 async def test_replicate_with_move_never_is_explained(c, s, a, b):
     x = c.submit(inc, 1, key="frozen-0", workers=[a.address])
     await x
-    await async_poll_for(lambda: "frozen-0" in policy_of(s).index, timeout=10)  # classified
+    await wait_for(
+        lambda: "frozen-0" in policy_of(s).index, "'frozen-0' in policy_of(s).index"
+    )  # classified
     answer = (await amm_rules.explain(x))["frozen-0"]
     assert answer["summary"] == (
         "wants 2 copies, holds 1: move: never from rule big forbids new copies"
@@ -104,10 +107,14 @@ async def test_replicate_with_move_never_is_explained(c, s, a, b):
         **amm_config(rules({"name": "three", "match": 'task.prefix == "three"', "replicate": 3})),
         "distributed.worker.memory.pause": False,
     },
+    timeout=60,
 )
 async def test_paused_and_in_flight_workers_are_throttled(c, s, a, b, w3):
     w3.status = Status.paused
-    await async_poll_for(lambda: s.workers[w3.address].status == Status.paused, timeout=5)
+    await wait_for(
+        lambda: s.workers[w3.address].status == Status.paused,
+        "s.workers[w3.address].status == Status.paused",
+    )
     x = c.submit(inc, 1, key="three-0", workers=[a.address])
     await wait(x)
     await a.in_get_data.wait()  # b fetches its copy from a, which does not answer yet
@@ -123,7 +130,7 @@ async def test_paused_and_in_flight_workers_are_throttled(c, s, a, b, w3):
     for w in (a, b, w3):  # every worker here blocks its first fetch
         w.block_get_data.set()
     w3.status = Status.running
-    await async_poll_for(lambda: copies(s, "three-0") == 3, timeout=10)
+    await wait_for(lambda: copies(s, "three-0") == 3, "copies(s, 'three-0') == 3")
 
 
 @gen_cluster(
@@ -135,14 +142,19 @@ async def test_paused_and_in_flight_workers_are_throttled(c, s, a, b, w3):
             {"name": "two", "match": 'task.prefix == "two"', "replicate": 2},
         )
     ),
+    timeout=60,
 )
 async def test_unmet_keys_are_picked_by_rule_and_limit(c, s, a, b):
     futures = c.map(inc, range(6), key=[f"{p}-{i}" for p in ("five", "two") for i in range(3)])
     await c.gather(futures)
-    await async_poll_for(lambda: all(copies(s, f.key) == 2 for f in futures), timeout=10)
+    await wait_for(
+        lambda: all(copies(s, f.key) == 2 for f in futures),
+        "all(copies(s, f.key) == 2 for f in futures)",
+    )
     # ... and a cycle has seen the last copies land.
-    await async_poll_for(
-        lambda: status_report(policy_of(s))["states"]["two"] == "satisfied", timeout=10
+    await wait_for(
+        lambda: status_report(policy_of(s))["states"]["two"] == "satisfied",
+        "status_report(policy_of(s))['states']['two'] == 'satisfied'",
     )
     picked = await c.scheduler.amm_rules_explain(unmet=True, limit=2)
     assert len(picked) == 2 and all(k.startswith("five-") for k in picked)
@@ -166,7 +178,7 @@ async def test_explain_and_replicate_take_keys(c, s, a, b):
     assert mixed["unknown-key"]["state"] == "unknown"
 
     assert await amm_rules.replicate("x-1", n=2, client=c) == {"set": 1, "missing": []}
-    await async_poll_for(lambda: copies(s, "x-1") == 2, timeout=10)
+    await wait_for(lambda: copies(s, "x-1") == 2, "copies(s, 'x-1') == 2")
     answer = await amm_rules.replicate([("t-1a2b", 0), "gone"], n=2, client=c)
     assert answer == {"set": 1, "missing": ["gone"]}
 

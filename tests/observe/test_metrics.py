@@ -3,7 +3,6 @@ HTTP, on real schedulers and workers."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import tempfile
 from pathlib import Path
@@ -11,13 +10,14 @@ from pathlib import Path
 import dask
 import prometheus_client
 from distributed import Scheduler, Worker
-from distributed.utils_test import async_poll_for, gen_cluster, gen_test, inc
+from distributed.utils_test import gen_cluster, gen_test, inc
 from tornado.httpclient import AsyncHTTPClient
 
 from amm_rules import RulesPolicy
 from amm_rules.observe import metrics
 from tests.support.cluster import amm_config, copies, policy_of, rules
 from tests.support.flow import graph
+from tests.support.waiting import poll, wait_for
 
 TWO = rules(
     {"name": "two", "match": 'task.prefix == "two"', "replicate": 2},
@@ -80,17 +80,16 @@ def served(text: str) -> dict[str, tuple[str, frozenset[str]]]:
 async def scrape_until(s: Scheduler, name: str, expected: float, **labels: str) -> str:
     """Scrape until one sample has the expected value (a cycle may be needed to see a
     change); fail after a generous deadline. Returns the last scrape."""
-    deadline = asyncio.get_running_loop().time() + 10
-    while True:
-        text = await scrape(s)
-        found = samples(text, name, **labels)
-        if list(found.values()) == [expected]:
-            return text
-        assert asyncio.get_running_loop().time() < deadline, (name, labels, found)
-        await asyncio.sleep(0.05)
+    return await poll(
+        lambda: scrape(s),
+        lambda text: list(samples(text, name, **labels).values()) == [expected],
+        f"{name}{labels} == {expected}",
+    )
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 3, scheduler_kwargs=HTTP, config=amm_config(TWO))
+@gen_cluster(
+    client=True, nthreads=[("", 1)] * 3, scheduler_kwargs=HTTP, config=amm_config(TWO), timeout=150
+)
 async def test_metrics_follow_the_cluster(c, s, a, b, w3):
     here = {"scheduler": s.address}
     text = await scrape(s)
@@ -127,12 +126,12 @@ async def test_metrics_follow_the_cluster(c, s, a, b, w3):
     assert value(text, "dask_amm_rules_keys_met_ratio", **here) == 2 / 3
     assert value(text, "dask_amm_rules_rule_state", rule="two", state="satisfied", **here) == 1
     assert documented() == served(text)
-    await async_poll_for(lambda: copies(s, "many-1") == 3, timeout=10)
+    await wait_for(lambda: copies(s, "many-1") == 3, "copies(s, 'many-1') == 3")
     text = await scrape_until(s, "dask_amm_rules_copies_requested_total", 2, rule="many", **here)
 
     # Keys released: counted no more; counters keep their totals.
     del futures, many
-    await async_poll_for(lambda: not s.tasks, timeout=10)
+    await wait_for(lambda: not s.tasks, "not s.tasks")
     text = await scrape(s)
     assert value(text, "dask_amm_rules_governed_keys", rule="two", **here) == 0
     assert value(text, "dask_amm_rules_governed_bytes", rule="many", **here) == 0

@@ -8,11 +8,12 @@ import json
 import math
 
 import numpy as np
-from distributed.utils_test import async_poll_for, gen_cluster
+from distributed.utils_test import gen_cluster
 
 from amm_rules.observe.status import status_report
 from amm_rules.observe.text import render_status
 from tests.support.cluster import amm_config, policy_of, rules
+from tests.support.waiting import wait_for
 
 MiB = 2**20
 LIMIT = 10 * MiB
@@ -43,7 +44,9 @@ async def test_workers_by_pool_and_rebalancing(c, s, gpu, b, w):
         {f"x-{i}": np.full(100_000 // 8, float(i)) for i in range(40)}, workers=[gpu.address]
     )
     policy = policy_of(s)
-    await async_poll_for(lambda: policy.rebalancer.totals["done"] > 0, timeout=15)
+    await wait_for(
+        lambda: policy.rebalancer.totals["done"] > 0, "policy.rebalancer.totals['done'] > 0"
+    )
     report = status_report(policy)
 
     assert report["memory_measure"] == "managed"

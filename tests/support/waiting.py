@@ -2,7 +2,8 @@
 never a fixed sleep before an assert.
 
 - :func:`wait_for` polls a condition until it holds; past its deadline it fails, naming
-  what it waited for and what it saw last;
+  what it waited for and what it saw last; :func:`poll` does the same for a value
+  (fetched, or awaited, each time) and returns it;
 - :func:`cycles` runs AMM cycles of a manager the test drives (``start=False``), and
   :func:`cycle_until` runs them until a condition holds;
 - :func:`wait_cycles` waits until the scheduler's own AMM has run its RulesPolicy ``n``
@@ -74,6 +75,27 @@ async def wait_for(
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"not reached within {timeout} s: {what}{_describe(show)}")
+        await asyncio.sleep(PERIOD)
+
+
+async def poll(
+    fetch: Callable[[], Any],
+    check: Callable[[Any], Any],
+    what: str,
+    timeout: float = WAIT,
+) -> Any:
+    """Fetch a value (``fetch()``, or its awaitable) until ``check(value)`` holds, and
+    return that value; fail after ``timeout`` seconds, showing the last value."""
+    BUDGET.charge(timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fetch()
+        if inspect.isawaitable(value):
+            value = await value
+        if check(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {timeout} s: {what}; last seen: {value!r}")
         await asyncio.sleep(PERIOD)
 
 
