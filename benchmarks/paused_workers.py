@@ -32,15 +32,14 @@ import platform
 import statistics
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import dask
 from distributed import Client, LocalCluster
-from distributed.diagnostics.plugin import SchedulerPlugin
 
 from tests.support import leak
+from tests.support.cluster import TransitionCounter
 from tests.support.leak import held, leaky, worker_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,15 +48,6 @@ RESULTS = ROOT / "benchmarks" / "results" / "paused_workers.json"
 LIMIT = 400 * 2**20
 HELD = [f"held-{i}" for i in range(9)]
 SIZE = 100_000
-
-
-class Executions(SchedulerPlugin):
-    def __init__(self) -> None:
-        self.processing: Counter[str] = Counter()
-
-    def transition(self, key: Any, start: str, finish: str, *args: Any, **kw: Any) -> None:
-        if finish == "processing":
-            self.processing[key] += 1
 
 
 def rules_text(mode: str, after: float) -> str:
@@ -103,7 +93,7 @@ async def one_run(mode: str, args: argparse.Namespace, directory: Path) -> dict[
             await cluster._correct_state()
             await c.wait_for_workers(3)
             s = cluster.scheduler
-            executions = Executions()
+            executions = TransitionCounter()
             s.add_plugin(executions, name="executions")
             addresses = list(s.workers)
             persisted = [

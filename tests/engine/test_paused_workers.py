@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections import Counter
 from typing import Any
 
 import dask
 from distributed import Client, LocalCluster
-from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils_test import gen_test
 
 from tests.support import leak
-from tests.support.cluster import amm_config, events, holders, no_errors, policy_of
+from tests.support.cluster import (
+    TransitionCounter,
+    amm_config,
+    events,
+    holders,
+    no_errors,
+    policy_of,
+)
 from tests.support.leak import held, leaky, worker_config
 from tests.support.retire import ReplicaLog
 from tests.support.waiting import wait_for
@@ -39,17 +44,6 @@ paused-workers:
   require-unmanaged: 40%
   max-paused-fraction: 50%
 """
-
-
-class Executions(SchedulerPlugin):
-    """How often each key started processing, counted on the scheduler."""
-
-    def __init__(self) -> None:
-        self.processing: Counter[str] = Counter()
-
-    def transition(self, key: Any, start: str, finish: str, *args: Any, **kw: Any) -> None:
-        if finish == "processing":
-            self.processing[key] += 1
 
 
 def process_cluster(n_workers: int = 2) -> LocalCluster:
@@ -137,7 +131,7 @@ async def test_a_leaking_worker_stalls_the_workload_until_the_section_restarts_i
         async with process_cluster() as cluster, Client(cluster, asynchronous=True) as c:
             s = cluster.scheduler
             leaker = await add_leaky_worker(cluster, c)
-            executions = Executions()
+            executions = TransitionCounter()
             s.add_plugin(executions, name="executions")
             addr = {str(ws.name): a for a, ws in s.workers.items()}
             # Persisted keys, three on each worker, each held there alone.
