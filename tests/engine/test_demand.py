@@ -9,10 +9,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from distributed import Event
-from distributed.utils_test import async_poll_for, gen_cluster
+from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.demand import DemandTracker
 from tests.support.cluster import amm_config, holders, inc, no_errors, policy_of, rules
+from tests.support.waiting import wait_cycles, wait_for
 
 HOT = rules({"name": "hot", "match": "task.waiters >= 3", "replicate": 2})
 SHARED = rules({"name": "shared", "match": "task.reads >= 2", "replicate": 3})
@@ -28,50 +29,44 @@ async def explain(c: Any, key: str) -> dict[str, Any]:
     return (await c.scheduler.amm_rules_explain(keys=[key]))[key]
 
 
-async def cycles(s: Any, n: int) -> None:
-    policy = policy_of(s)
-    start = policy.cycles
-    await async_poll_for(lambda: policy.cycles >= start + n, timeout=10)
-
-
-@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(HOT))
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(HOT), timeout=90)
 async def test_waiters_follow_dependents_as_they_finish(c, s, a, b, w3):
     x = c.submit(inc, 1, key="x-1", workers=[a.address])
     await x
-    await cycles(s, 3)
+    await wait_cycles(s, 3)
     assert len(holders(s, "x-1")) == 1
     go = Event("go")
     # All on the holder: no dependency transfer makes copies here, the rule does.
     readers = [c.submit(read, x, "go", key=f"read-{i}", workers=[a.address]) for i in range(3)]
-    await async_poll_for(lambda: len(holders(s, "x-1")) == 2, timeout=5)
+    await wait_for(lambda: len(holders(s, "x-1")) == 2, "x-1 at the hot rule's 2 copies")
     why = await explain(c, "x-1")
     assert why["desired"] == "replicate=2 from rule hot"
     assert why["demand"]["waiters"] == 3 and why["demand"]["reads"] == 0
     await go.set()
     assert await c.gather(readers) == [3, 3, 3]
     # No dependent waits any more: the rule lets go, reduce-replicas trims.
-    await async_poll_for(lambda: len(holders(s, "x-1")) == 1, timeout=5)
+    await wait_for(lambda: len(holders(s, "x-1")) == 1, "x-1 trimmed to 1 copy")
     why = await explain(c, "x-1")
     assert why["desired"] == "no rule applies"
     assert why["demand"] == {"waiters": 0, "reads": 3, "held": ()}
     no_errors(s)
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(SHARED))
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(SHARED), timeout=90)
 async def test_reads_count_finished_dependents(c, s, a, b, w3):
     x = c.submit(inc, 1, key="x-1", workers=[a.address])
     await x
     first = c.submit(read, x, key="read-1", workers=[a.address])
     await first
-    await cycles(s, 3)
+    await wait_cycles(s, 3)
     assert len(holders(s, "x-1")) == 1
     second = c.submit(read, x, key="read-2", workers=[a.address])
     await second
-    await async_poll_for(lambda: len(holders(s, "x-1")) == 3, timeout=5)
+    await wait_for(lambda: len(holders(s, "x-1")) == 3, "x-1 at the shared rule's 3 copies")
     assert (await explain(c, "x-1"))["desired"] == "replicate=3 from rule shared"
     # A key that leaves memory and comes back starts again from no reads.
     del x, first, second
-    await async_poll_for(lambda: "x-1" not in s.tasks, timeout=5)
+    await wait_for(lambda: "x-1" not in s.tasks, "x-1 released")
     assert "x-1" not in policy_of(s).index.demand.reads
     no_errors(s)
 
@@ -92,7 +87,7 @@ async def read_everywhere(c: Any, s: Any, a: Any, others: list[Any]) -> Any:
 )
 async def test_the_hold_keeps_copies_recently_read(c, s, a, b, w3):
     x = await read_everywhere(c, s, a, [b, w3])  # noqa: F841 - keeps the key
-    await cycles(s, 10)
+    await wait_cycles(s, 10)
     # The readers' copies stay; the first copy, which no dependent read, may go.
     assert {b.address, w3.address} <= holders(s, "x-1")
     why = await explain(c, "x-1")
@@ -109,7 +104,7 @@ async def test_the_hold_keeps_copies_recently_read(c, s, a, b, w3):
 )
 async def test_held_copies_go_once_the_hold_is_over(c, s, a, b, w3):
     x = await read_everywhere(c, s, a, [b, w3])  # noqa: F841 - keeps the key
-    await async_poll_for(lambda: len(holders(s, "x-1")) == 1, timeout=10)
+    await wait_for(lambda: len(holders(s, "x-1")) == 1, "x-1 trimmed to 1 copy")
     # The copy kept is one the hold had kept: a reader's, not necessarily the first.
     assert policy_of(s).totals["(reduce-replicas)"]["dropped"] == 2
     no_errors(s)
@@ -122,14 +117,14 @@ async def test_held_copies_go_once_the_hold_is_over(c, s, a, b, w3):
 )
 async def test_the_hold_applies_to_the_keys_its_match_selects(c, s, a, b, w3):
     x = await read_everywhere(c, s, a, [b, w3])  # noqa: F841 - two reads, not five
-    await async_poll_for(lambda: len(holders(s, "x-1")) == 1, timeout=5)
+    await wait_for(lambda: len(holders(s, "x-1")) == 1, "x-1 trimmed to 1 copy")
     no_errors(s)
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(rules()))
 async def test_without_demand_rules_copies_go_as_with_stock_dask(c, s, a, b, w3):
     x = await read_everywhere(c, s, a, [b, w3])  # noqa: F841 - keeps the key
-    await async_poll_for(lambda: len(holders(s, "x-1")) == 1, timeout=5)
+    await wait_for(lambda: len(holders(s, "x-1")) == 1, "x-1 trimmed to 1 copy")
     demand = policy_of(s).index.demand
     assert demand.enabled is False and not demand.reads
     no_errors(s)

@@ -7,19 +7,19 @@ on its own.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections import Counter, defaultdict
 
 import numpy as np
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
-from distributed.utils_test import async_poll_for, gen_cluster
+from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.dryrun import DryRun, hold_back
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.language.loader import load_ruleset
 from amm_rules.language.ruleset import Desired, Reason, Target
-from tests.support.cluster import amm_config, events, inc, more_cycles, no_errors, policy_of, rules
+from tests.support.cluster import amm_config, counts, events, inc, no_errors, policy_of, rules
+from tests.support.waiting import cycles, wait_cycles, wait_for
 
 MIXED = rules(
     {"name": "three", "match": 'task.prefix == "inc"', "replicate": 3, "enforcement": "dry-run"},
@@ -27,24 +27,21 @@ MIXED = rules(
 )
 
 
-def copies(s, futures) -> list[int]:  # (of each future's key)
-    return [len(s.tasks[f.key].who_has or ()) for f in futures]
-
-
-@gen_cluster(client=True, nthreads=[("", 1)] * 4, config=amm_config(MIXED))
+@gen_cluster(client=True, nthreads=[("", 1)] * 4, config=amm_config(MIXED), timeout=120)
 async def test_a_dry_run_rule_makes_no_copy_and_reports_what_it_would(c, s, *workers):
     dry = c.map(inc, range(3))
     acting = c.map(inc, range(2), key=["x-0", "x-1"])
     await c.gather([*dry, *acting])
     policy = policy_of(s)
     # The enforced rule acts ...
-    await async_poll_for(lambda: copies(s, acting) == [2, 2], timeout=5)
+    await wait_for(lambda: counts(s, acting) == [2, 2], "x-0 and x-1 at 2 copies")
     # ... the dry-run rule plans two copies per key, every cycle, and makes none.
-    await async_poll_for(
-        lambda: policy.last_cycle.get("three", {}).get("would_request") == 6, timeout=5
+    await wait_for(
+        lambda: policy.last_cycle.get("three", {}).get("would_request") == 6,
+        "a cycle in which rule three would request 6 copies",
     )
-    await more_cycles(s, 5)
-    assert copies(s, dry) == [1, 1, 1]
+    await wait_cycles(s, 5)
+    assert counts(s, dry) == [1, 1, 1]
     status = s.handlers["amm_rules_status"]()
     assert status["dry_run"] == {"rules": ["three"], "rebalance": False}
     assert status["enforcement"] == "enforce"
@@ -67,7 +64,9 @@ async def test_a_dry_run_rule_makes_no_copy_and_reports_what_it_would(c, s, *wor
     decisions = [d for d in policy.journal.decisions if d.source == "three"]
     assert decisions and {d.outcome for d in decisions} == {"dry-run"}
 
-    await async_poll_for(lambda: any("dry_run" in e for e in events(s, "cycle")), timeout=5)
+    await wait_for(
+        lambda: any("dry_run" in e for e in events(s, "cycle")), "a dry-run cycle event"
+    )
     (last,) = [e for e in events(s, "cycle") if "dry_run" in e][-1:]
     assert last["dry_run"]["three"] == {"would_request": 6}
     no_errors(s)
@@ -81,12 +80,6 @@ rules:
     match: task.prefix == "inc"
     replicate: 3
 """
-
-
-async def cycles(amm: ActiveMemoryManagerExtension, n: int = 3) -> None:
-    for _ in range(n):
-        amm.run_once()
-        await asyncio.sleep(0.05)
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(None, start=False))
@@ -103,7 +96,7 @@ async def test_a_dry_run_file_holds_everything_back_until_enforced(c, s, *worker
     await cycles(amm)
     assert policy.last_cycle["three"]["would_request"] == 4
     assert policy.last_cycle["(runtime)"]["would_request"] == 1
-    assert copies(s, [*futures, other]) == [1, 1, 1]
+    assert counts(s, [*futures, other]) == [1, 1, 1]
 
     # The same file, enforced: the next cycles act.
     tmp = path.with_suffix(".tmp")
@@ -111,7 +104,7 @@ async def test_a_dry_run_file_holds_everything_back_until_enforced(c, s, *worker
     os.replace(tmp, path)
     await cycles(amm)
     assert policy.dry_run.rules == frozenset()
-    assert copies(s, [*futures, other]) == [3, 3, 2]
+    assert counts(s, [*futures, other]) == [3, 3, 2]
     no_errors(s)
 
 
@@ -136,6 +129,7 @@ REBALANCE_DRY = {
     nthreads=[("", 1)] * 2,
     worker_kwargs={"memory_limit": "10 MiB"},
     config=REBALANCE_DRY,
+    timeout=60,
 )
 async def test_rebalancing_in_dry_run_moves_nothing(c, s, a, b):
     futures = [
@@ -144,10 +138,11 @@ async def test_rebalancing_in_dry_run_moves_nothing(c, s, a, b):
     ]
     await c.gather(futures)
     policy = policy_of(s)
-    await async_poll_for(
-        lambda: policy.last_cycle.get("(rebalance)", {}).get("would_request", 0) > 0, timeout=5
+    await wait_for(
+        lambda: policy.last_cycle.get("(rebalance)", {}).get("would_request", 0) > 0,
+        "a cycle in which rebalancing would move copies",
     )
-    await more_cycles(s, 3)
+    await wait_cycles(s, 3)
     assert all(s.tasks[f.key].who_has == {s.workers[a.address]} for f in futures)
     assert s.handlers["amm_rules_status"]()["dry_run"]["rebalance"] is True
     no_errors(s)
@@ -226,8 +221,9 @@ async def test_metrics_show_what_dry_run_holds_back(c, s, *workers):
     futures = c.map(inc, range(3))
     await c.gather(futures)
     policy = policy_of(s)
-    await async_poll_for(
-        lambda: policy.last_cycle.get("three", {}).get("would_request") == 6, timeout=5
+    await wait_for(
+        lambda: policy.last_cycle.get("three", {}).get("would_request") == 6,
+        "a cycle in which rule three would request 6 copies",
     )
     url = f"http://127.0.0.1:{s.http_server.port}/metrics"
     text = (await AsyncHTTPClient().fetch(url)).body.decode()
@@ -245,4 +241,4 @@ async def test_metrics_show_what_dry_run_holds_back(c, s, *workers):
     assert sample("dask_amm_rules_dry_run_would_request", 0.0, rule="two")
     assert sample("dask_amm_rules_rule_state", 1.0, rule="three", state="dry-run")
     assert sample("dask_amm_rules_keys_unmet", 3.0, rule="three", reason="dry-run")
-    assert copies(s, futures) == [1, 1, 1]
+    assert counts(s, futures) == [1, 1, 1]

@@ -21,11 +21,12 @@ from typing import Any
 import pytest
 from distributed import Worker, wait
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
-from distributed.utils_test import BlockedGetData, async_poll_for, gen_cluster
+from distributed.utils_test import BlockedGetData, gen_cluster
 
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.observe.conformance import conformance
 from tests.support.cluster import amm_config, events, holders, inc, no_errors, policy_of, rules
+from tests.support.waiting import cycle_until, wait_cycles, wait_for
 
 GPU = {"resources": {"GPU": 1}}
 POOLS = {"gpu": "worker.resources.GPU >= 1"}
@@ -35,16 +36,14 @@ IGNORE = rules(legacy_replicate="ignore")
 
 async def survive(s: Any, n: int = 10) -> None:
     """Wait for ``n`` more AMM cycles of the policy."""
-    policy = policy_of(s)
-    start = policy.cycles
-    await async_poll_for(lambda: policy.cycles >= start + n, timeout=10)
+    await wait_cycles(s, n)
 
 
 async def explain(c: Any, key: str) -> dict[str, Any]:
     return (await c.scheduler.amm_rules_explain(keys=[key]))[key]
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 4, config=amm_config(EMPTY))
+@gen_cluster(client=True, nthreads=[("", 1)] * 4, config=amm_config(EMPTY), timeout=60)
 async def test_replicate_and_broadcast_survive_ten_cycles(c, s, *workers):
     x = c.submit(inc, 1, key="x-1")
     await x
@@ -83,7 +82,7 @@ async def test_replicate_and_broadcast_survive_ten_cycles(c, s, *workers):
     assert status["legacy_replicate"]["targets"] == 2
     # Released keys take their targets with them.
     del x, y
-    await async_poll_for(lambda: not policy.index.runtime, timeout=5)
+    await wait_for(lambda: not policy.index.runtime, "no runtime target left")
     no_errors(s)
 
 
@@ -104,24 +103,24 @@ async def test_broadcast_n_and_replicate_with_workers(c, s, a, b, w3, w4):
     no_errors(s)
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 2, config=amm_config(EMPTY))
+@gen_cluster(client=True, nthreads=[("", 1)] * 2, config=amm_config(EMPTY), timeout=60)
 async def test_a_joining_worker_receives_the_broadcast_key(c, s, a, b):
     (y,) = await c.scatter([30], broadcast=True)
     assert holders(s, y.key) == {a.address, b.address}
     async with Worker(s.address, nthreads=1) as newcomer:
-        await async_poll_for(lambda: newcomer.address in holders(s, y.key), timeout=10)
+        await wait_for(lambda: newcomer.address in holders(s, y.key), "a copy on the newcomer")
         assert newcomer.data[y.key] == 30
         await survive(s, 5)
         assert len(holders(s, y.key)) == 3
     no_errors(s)
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(EMPTY))
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(EMPTY), timeout=90)
 async def test_a_leaving_worker_does_not_leave_the_key_unmet(c, s, a, b, w3):
     (y,) = await c.scatter([40], broadcast=True)
     assert len(holders(s, y.key)) == 3
     await w3.close()
-    await async_poll_for(lambda: len(s.workers) == 2, timeout=5)
+    await wait_for(lambda: len(s.workers) == 2, "the third worker gone")
     policy = policy_of(s)
     await survive(s, 3)
     assert holders(s, y.key) == {a.address, b.address}
@@ -132,7 +131,7 @@ async def test_a_leaving_worker_does_not_leave_the_key_unmet(c, s, a, b, w3):
     x = c.submit(inc, 3, key="x-3")
     await x
     await c.replicate([x], n=3)  # three asked, two workers
-    await async_poll_for(lambda: len(holders(s, "x-3")) == 2, timeout=5)
+    await wait_for(lambda: len(holders(s, "x-3")) == 2, "x-3 on both workers")
     assert "wants 3 copies" in (await explain(c, "x-3"))["unmet"]
     no_errors(s)
 
@@ -143,6 +142,7 @@ async def test_a_leaving_worker_does_not_leave_the_key_unmet(c, s, a, b, w3):
     config=amm_config(
         rules({"name": "device", "match": 'task.key matches "dev-*"', "pool": "gpu"}, pools=POOLS)
     ),
+    timeout=60,
 )
 async def test_pools_apply_to_broadcast_copies(c, s, g1, g2, w1, w2):
     gpus = {g1.address, g2.address}
@@ -152,7 +152,9 @@ async def test_pools_apply_to_broadcast_copies(c, s, g1, g2, w1, w2):
     for key in futures:
         assert gpus <= holders(s, key)
         assert len(holders(s, key) - gpus) <= 1
-    await async_poll_for(lambda: all(holders(s, k) == gpus for k in futures), timeout=5)
+    await wait_for(
+        lambda: all(holders(s, k) == gpus for k in futures), "both keys on the GPUs only"
+    )
     await survive(s)
     assert all(holders(s, k) == gpus for k in futures)
     why = await explain(c, "dev-1")
@@ -204,7 +206,7 @@ async def test_the_engine_trims_instead_of_the_legacy_deletion(c, s, *workers):
     assert len(holders(s, "x-1")) == 4
     await c.replicate([x], n=2)  # stock Dask deletes two copies itself, at random
     assert deletions == []
-    await async_poll_for(lambda: len(holders(s, "x-1")) == 2, timeout=5)
+    await wait_for(lambda: len(holders(s, "x-1")) == 2, "x-1 trimmed to 2 copies")
     assert policy_of(s).totals["(client.replicate)"]["dropped"] == 2
     no_errors(s)
 
@@ -214,6 +216,7 @@ async def test_the_engine_trims_instead_of_the_legacy_deletion(c, s, *workers):
     nthreads=[("", 1)] * 3,
     Worker=BlockedGetData,
     config=amm_config(EMPTY),
+    timeout=90,
 )
 async def test_the_engine_leaves_a_key_alone_while_the_call_copies_it(c, s, a, b, w3):
     for worker in (b, w3):
@@ -223,7 +226,7 @@ async def test_the_engine_leaves_a_key_alone_while_the_call_copies_it(c, s, a, b
     call = asyncio.ensure_future(c.replicate([x], n=3))
     await a.in_get_data.wait()  # the call's copies are stuck on the holder
     policy = policy_of(s)
-    await async_poll_for(lambda: "x-1" in policy.index.desired, timeout=5)
+    await wait_for(lambda: "x-1" in policy.index.desired, "x-1 governed by the call's target")
     await survive(s, 5)
     assert policy.legacy.copying["x-1"] == 1
     assert (await explain(c, "x-1"))["copying"] is True
@@ -258,11 +261,11 @@ async def test_ignore_restores_the_stock_behaviour(c, s, a, b, w3):
     (y,) = await c.scatter([50], broadcast=True)
     assert len(holders(s, y.key)) == 3
     assert not policy.index.runtime
-    for _ in range(3):
-        amm.run_once()
-        await asyncio.sleep(0.05)
-    await async_poll_for(lambda: len(holders(s, "x-1")) == 1, timeout=5)
-    await async_poll_for(lambda: len(holders(s, y.key)) == 1, timeout=5)
+    await cycle_until(
+        amm,
+        lambda: len(holders(s, "x-1")) == len(holders(s, y.key)) == 1,
+        "x-1 and the broadcast key trimmed to 1 copy each",
+    )
     status = await c.scheduler.amm_rules_status()
     assert status["legacy_replicate"] == {
         "mode": "ignore",
@@ -284,7 +287,7 @@ def write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(start=False))
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(start=False), timeout=60)
 async def test_a_reload_to_ignore_removes_the_calls_targets(c, s, a, b, w3, tmp_path):
     path = tmp_path / "rules.yaml"
     write(path, "version: 1\n")
@@ -294,17 +297,15 @@ async def test_a_reload_to_ignore_removes_the_calls_targets(c, s, a, b, w3, tmp_
     x = c.submit(inc, 1, key="x-1")
     await x
     assert (await c.scheduler.amm_rules_set_target(keys=["x-1"], target=2))["set"] == 1
-    for _ in range(3):
-        amm.run_once()
-        await asyncio.sleep(0.05)
-    assert len(holders(s, y.key)) == 3 and len(holders(s, "x-1")) == 2
+    await cycle_until(
+        amm,
+        lambda: len(holders(s, y.key)) == 3 and len(holders(s, "x-1")) == 2,
+        "the broadcast key on 3 workers and x-1 at its target of 2",
+    )
 
     write(path, "version: 1\nlegacy-replicate: ignore\n")
-    for _ in range(3):
-        amm.run_once()
-        await asyncio.sleep(0.05)
+    await cycle_until(amm, lambda: len(holders(s, y.key)) == 1, "the broadcast key trimmed to 1")
     assert events(s, "reload")
-    assert len(holders(s, y.key)) == 1
     # A target set with amm_rules.replicate is not a legacy call's: it stays.
     assert len(holders(s, "x-1")) == 2
     assert set(policy.index.runtime) == {"x-1"}
