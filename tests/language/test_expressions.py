@@ -92,6 +92,11 @@ MEANING: dict[str, list[tuple[Any, bool]]] = {
         (task(type="numpy.ndarray", nbytes=GiB), False),
     ],
     "task.replicas < 2": [(task(replicas=1), True), (task(replicas=2), False)],
+    "task.waiters >= 20 or task.reads >= 200": [
+        (task(waiters=20, reads=0), True),
+        (task(waiters=0, reads=200), True),
+        (task(waiters=19, reads=199), False),
+    ],
     "task.annotations.priority >= 10": [
         (task(annotations={"priority": 10}), True),
         (task(annotations={"priority": 9}), False),
