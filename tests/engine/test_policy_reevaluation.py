@@ -92,8 +92,15 @@ async def test_a_pool_on_worker_memory_is_evaluated_every_cycle(c, s, a, b):
     keep(cool, ballast)
 
 
-#: Keys that already hold two copies are worth three; others follow the default.
-POPULAR = amm_config(rules({"name": "popular", "match": "task.replicas >= 2", "replicate": 3}))
+#: Keys that already hold two copies are worth three; others follow the default. The
+#: copies of distributed's own ``Client.replicate`` are extra copies here, not a lasting
+#: target of their own (which would replace the rule's).
+POPULAR = amm_config(
+    rules(
+        {"name": "popular", "match": "task.replicas >= 2", "replicate": 3},
+        legacy_replicate="ignore",
+    )
+)
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 4, config=POPULAR, timeout=60)
