@@ -7,11 +7,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import dask.array as da
 import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
-from distributed.utils_test import async_poll_for, gen_cluster
+from distributed.utils_test import gen_cluster
 
 from amm_rules.cli import main
 from amm_rules.language.expr import compile_expression
@@ -19,7 +20,8 @@ from amm_rules.language.fields import parse_duration, parse_fraction, parse_size
 from amm_rules.language.loader import check_text
 from amm_rules.language.ruleset import TaskFacts
 from amm_rules.language.schema import SCHEMA
-from tests.support.cluster import amm_config, holders, no_errors
+from tests.support.cluster import amm_config, counts
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent
 DOCS = ROOT.parent / "docs"
@@ -137,12 +139,9 @@ def test_readme_headline_rule_matches_chunks_where_key_globs_do_not() -> None:
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(readme_rules()))
 async def test_readme_headline_rules_hold_a_persisted_collection(c, s, *workers):
-    import dask.array as da
-
     x = da.from_array(np.arange(6), chunks=2, name="checkpoint-1a2b3c4d5e6f")
     x = c.persist(x)
     await x
     keys = [("checkpoint-1a2b3c4d5e6f", i) for i in range(3)]
     assert all(k in s.tasks for k in keys)
-    await async_poll_for(lambda: all(len(holders(s, k)) == 3 for k in keys), timeout=10)
-    no_errors(s)
+    await wait_for(lambda: counts(s, keys) == [3] * 3, "every chunk at the rule's 3 copies")

@@ -30,7 +30,7 @@ import pytest
 from bokeh.document import Document
 from click.testing import CliRunner
 from distributed import Worker
-from distributed.utils_test import async_poll_for, gen_cluster, inc
+from distributed.utils_test import gen_cluster, inc
 from tornado.httpclient import AsyncHTTPClient
 
 import amm_rules
@@ -41,6 +41,7 @@ from amm_rules.observe.routes import NO_POLICY
 from amm_rules.observe.status import status_report
 from tests.support.browser import Browser, find_chromium
 from tests.support.cluster import CountingDict, amm_config, copies, policy_of, rules
+from tests.support.waiting import wait_for
 
 #: A scheduler with its dashboard and the page, as ``--preload amm_rules.dashboard``.
 PAGE = {"dashboard": True, "dashboard_address": "127.0.0.1:0", "preload": ["amm_rules.dashboard"]}
@@ -98,7 +99,10 @@ async def test_the_page_shows_every_rule_and_its_state_live(c, s, *workers):
     keys = ["precious-1", "precious-2", "gpu-1", "gpu-2"]
     futures = c.map(inc, range(len(keys)), key=keys)
     await c.gather(futures)
-    await async_poll_for(lambda: copies(s, "precious-2") == 2 and copies(s, "gpu-2") == 2, 15)
+    await wait_for(
+        lambda: copies(s, "precious-2") == 2 and copies(s, "gpu-2") == 2,
+        "precious-2 and gpu-2 at 2 copies",
+    )
     async with Browser() as browser:
         await browser.goto(url(s, "/amm-rules"))
         text = await browser.wait_for_text(
@@ -179,7 +183,7 @@ async def test_status_json_is_what_amm_rules_status_prints(c, s, a, b):
     futures = c.map(inc, range(3), key=[f"precious-{i}" for i in range(3)])
     await c.gather(futures)
     policy = policy_of(s)
-    await async_poll_for(lambda: status_report(policy)["conformance"]["met"] == 3, timeout=15)
+    await wait_for(lambda: status_report(policy)["conformance"]["met"] == 3, "3 keys met")
     s.extensions["amm"].stop()  # nothing changes between the two answers
 
     response = await AsyncHTTPClient().fetch(url(s, "/amm-rules/status.json"))
@@ -252,7 +256,7 @@ async def test_the_memory_chart_groups_workers_by_pool_with_the_thresholds(c, s,
         {f"x-{i}": np.full(100_000 // 8, float(i)) for i in range(40)}, workers=[gpu.address]
     )
     policy = policy_of(s)
-    await async_poll_for(lambda: policy.rebalancer.last_plan is not None, timeout=15)
+    await wait_for(lambda: policy.rebalancer.last_plan is not None, "a rebalance plan")
     page = RulesPage(s)
     Document().add_root(page.root)
     s.tasks = CountingDict(s.tasks)
