@@ -92,6 +92,22 @@ MEANING: dict[str, list[tuple[Any, bool]]] = {
         (task(type="numpy.ndarray", nbytes=GiB), False),
     ],
     "task.replicas < 2": [(task(replicas=1), True), (task(replicas=2), False)],
+    # A chunk of the array named checkpoint-1a2b: its key is a tuple, written as a string.
+    'task.group matches "checkpoint-*" or task.prefix == "checkpoint"': [
+        (task(key="('checkpoint-1a2b', 0)", group="checkpoint-1a2b", prefix="checkpoint"), True),
+        (task(key="checkpoint-3", group="checkpoint-3", prefix="checkpoint"), True),
+        (task(key="('stage1-5e6f', 0)", group="stage1-5e6f", prefix="stage1"), False),
+    ],
+    'task.key matches "checkpoint-*" or task.key matches "(\'checkpoint-*"': [
+        (task(key="('checkpoint-1a2b', 0)"), True),
+        (task(key="checkpoint-3"), True),
+        (task(key="('stage1-5e6f', 0)"), False),
+    ],
+    'task.prefix == "stage1" or task.group matches "checkpoint-*"': [
+        (task(key="stage1-5e6f", prefix="stage1", group="stage1-5e6f"), True),
+        (task(key="('checkpoint-1a2b', 2)", prefix="checkpoint", group="checkpoint-1a2b"), True),
+        (task(key="stage2-1", prefix="stage2", group="stage2-1"), False),
+    ],
     "task.waiters >= 20 or task.reads >= 200": [
         (task(waiters=20, reads=0), True),
         (task(waiters=0, reads=200), True),
@@ -135,11 +151,6 @@ MEANING: dict[str, list[tuple[Any, bool]]] = {
         (worker(resources={"gpu-a100": 2}), True),
         (worker(resources={"gpu-a100": 0}), False),
         (worker(resources={"GPU": 1}), False),
-    ],
-    'task.prefix == "stage1" or task.key matches "checkpoint-*"': [
-        (task(prefix="stage1"), True),
-        (task(key="checkpoint-3", prefix="save"), True),
-        (task(key="x-checkpoint-3", prefix="stage2"), False),
     ],
     'not (task.prefix == "shuffle" or task.prefix == "split") and task.nbytes >= 1 MiB': [
         (task(prefix="sum", nbytes=MiB), True),
