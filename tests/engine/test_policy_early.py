@@ -28,11 +28,12 @@ import pytest
 from distributed import Client, LocalCluster, Worker
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.core import Status
-from distributed.utils_test import async_poll_for, gen_cluster, gen_test
+from distributed.utils_test import gen_cluster, gen_test
 
 from amm_rules.engine.policy import RulesPolicy
 from tests.support.chaos import busiest_holders, held_rules, kill
 from tests.support.cluster import amm_config, copies, no_errors, policy_of
+from tests.support.waiting import wait_for
 
 AMM = "distributed.scheduler.active-memory-manager"
 #: Longer than any test here: no periodic cycle happens after the first.
@@ -50,11 +51,11 @@ async def held(c: Any, s: Any, n: int) -> dict[str, Any]:
     futures = {k: c.submit(operator.mul, k.encode(), 100, key=k) for k in KEYS}
     await c.gather(list(futures.values()))
     s.extensions["amm"].run_once()
-    await async_poll_for(lambda: all(copies(s, k) == n for k in KEYS), timeout=20)
+    await wait_for(lambda: all(copies(s, k) == n for k in KEYS), f"every held key at {n} copies")
     return futures
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 4, config=long_interval(held_rules(2)))
+@gen_cluster(client=True, nthreads=[("", 1)] * 4, config=long_interval(held_rules(2)), timeout=60)
 async def test_a_killed_worker_is_repaired_by_an_early_cycle(c, s, *workers):
     policy = policy_of(s)
     futures = await held(c, s, 2)
@@ -64,7 +65,7 @@ async def test_a_killed_worker_is_repaired_by_an_early_cycle(c, s, *workers):
     assert lost
     await kill(victim)  # no retirement, no warning
     # Copies again, with the next periodic cycle a minute away.
-    await async_poll_for(lambda: all(copies(s, k) == 2 for k in KEYS), timeout=20)
+    await wait_for(lambda: all(copies(s, k) == 2 for k in KEYS), "every held key at 2 again")
     assert policy.early.counts["ran"] > early
     # Every cycle since the kill was an early one ...
     assert policy.cycles - cycles == policy.early.counts["ran"] - early
@@ -78,7 +79,9 @@ async def test_a_killed_worker_is_repaired_by_an_early_cycle(c, s, *workers):
     no_errors(s)
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=long_interval(held_rules("all")))
+@gen_cluster(
+    client=True, nthreads=[("", 1)] * 3, config=long_interval(held_rules("all")), timeout=60
+)
 async def test_a_copy_dropped_under_replicate_all_is_repaired_by_an_early_cycle(c, s, *workers):
     """Under ``replicate: all`` every copy counts: one dropped by someone else (here the
     scheduler, as another policy would) wakes an early cycle that copies it back."""
@@ -89,13 +92,13 @@ async def test_a_copy_dropped_under_replicate_all_is_repaired_by_an_early_cycle(
     holder = sorted(ws.address for ws in s.tasks[key].who_has)[0]
     s.request_remove_replicas(holder, [key], stimulus_id="test-drop")
     assert copies(s, key) == 2
-    await async_poll_for(lambda: copies(s, key) == 3, timeout=20)
+    await wait_for(lambda: copies(s, key) == 3, f"{key} copied back to 3")
     assert policy.early.counts["ran"] > early
     assert any("copy-lost" in reasons for _, reasons in policy.early.history)
     no_errors(s)
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 2, config=long_interval(held_rules(3)))
+@gen_cluster(client=True, nthreads=[("", 1)] * 2, config=long_interval(held_rules(3)), timeout=60)
 async def test_a_joining_worker_meets_an_unmet_target_at_once(c, s, *workers):
     policy = policy_of(s)
     # Three copies wanted, two workers.
@@ -103,20 +106,22 @@ async def test_a_joining_worker_meets_an_unmet_target_at_once(c, s, *workers):
     s.extensions["amm"].run_once()  # a cycle that counts the unmet keys
     assert policy.last_cycle["held"]["unmet"] == len(KEYS)
     async with Worker(s.address, nthreads=1):
-        await async_poll_for(lambda: all(copies(s, k) == 3 for k in KEYS), timeout=20)
+        await wait_for(lambda: all(copies(s, k) == 3 for k in KEYS), "every held key at 3")
     assert any("worker-joined" in reasons for _, reasons in policy.early.history)
     no_errors(s)
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=long_interval(held_rules(2)))
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=long_interval(held_rules(2)), timeout=90)
 async def test_a_joining_worker_wakes_nothing_when_targets_are_met(c, s, *workers):
     policy = policy_of(s)
     futures = await held(c, s, 2)  # noqa: F841 - keeps the keys
     s.extensions["amm"].run_once()
     requested = policy.early.counts["requested"]
     async with Worker(s.address, nthreads=1) as newcomer:
-        await async_poll_for(lambda: newcomer.address in s.workers, timeout=10)
-        await async_poll_for(lambda: s.workers[newcomer.address].status.name == "running", 10)
+        await wait_for(lambda: newcomer.address in s.workers, "the newcomer registered")
+        await wait_for(
+            lambda: s.workers[newcomer.address].status.name == "running", "the newcomer running"
+        )
         assert not policy.early.pending
         assert policy.early.counts["requested"] == requested
 
@@ -128,6 +133,7 @@ async def test_a_joining_worker_wakes_nothing_when_targets_are_met(c, s, *worker
         **long_interval(held_rules(5), early_cycle_gap=0.3, early_cycle_delay=0.0),
         "distributed.worker.memory.pause": False,  # workers are paused by hand
     },
+    timeout=60,
 )
 async def test_early_cycles_are_rate_limited_under_churn(c, s, *workers):
     """Workers pause and resume every few milliseconds while targets are unmet (five
@@ -141,10 +147,10 @@ async def test_early_cycles_are_rate_limited_under_churn(c, s, *workers):
         w = workers[i % len(workers)]
         w.status = Status.paused if w.status == Status.running else Status.running
         changes += 1
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # window: the churn, a change every 10 ms
     for w in workers:
         w.status = Status.running
-    await async_poll_for(lambda: not policy.early.pending, timeout=20)
+    await wait_for(lambda: not policy.early.pending, "no early cycle pending")
     starts = [t for t, _ in policy.early.history]
     assert len(starts) >= 2, policy.early.status()
     # Requests far outnumber cycles: a request while one is pending costs nothing.
@@ -158,11 +164,12 @@ async def test_early_cycles_are_rate_limited_under_churn(c, s, *workers):
     client=True,
     nthreads=[("", 1)] * 2,
     config=long_interval(held_rules(2), early_cycle_delay=30.0),
+    timeout=60,
 )
 async def test_a_cycle_in_between_answers_the_request(c, s, *workers):
     policy = policy_of(s)
     futures = await held(c, s, 2)  # noqa: F841 - keeps the keys
-    await async_poll_for(lambda: not policy.early.pending, timeout=20)
+    await wait_for(lambda: not policy.early.pending, "no early cycle pending")
     before = dict(policy.early.counts)
     policy.early.request("test")
     assert policy.early.pending
@@ -172,7 +179,7 @@ async def test_a_cycle_in_between_answers_the_request(c, s, *workers):
     assert policy.early.counts["ran"] == before.get("ran", 0)
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(start=False))
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(start=False), timeout=90)
 async def test_no_early_cycle_when_the_amm_does_not_run_periodically(c, s, a, b, d):
     """An ad-hoc manager (``start=False``) runs when asked: early cycles stay out."""
     policy = RulesPolicy(held_rules(2), early_cycle_delay=0.0)
@@ -180,24 +187,27 @@ async def test_no_early_cycle_when_the_amm_does_not_run_periodically(c, s, a, b,
     futures = {k: c.submit(operator.mul, k.encode(), 100, key=k) for k in KEYS}
     await c.gather(list(futures.values()))
     amm.run_once()
-    await async_poll_for(lambda: all(copies(s, k) == 2 for k in KEYS), timeout=20)
+    await wait_for(lambda: all(copies(s, k) == 2 for k in KEYS), "every held key at 2")
     cycles = policy.cycles
     await kill(b)
-    await async_poll_for(lambda: b.address not in s.workers, timeout=10)
+    await wait_for(lambda: b.address not in s.workers, "the killed worker gone")
     # The request was made, and dropped when its time came.
-    await async_poll_for(lambda: not policy.early.pending, timeout=10)
+    await wait_for(lambda: not policy.early.pending, "the early request dropped")
     assert policy.early.counts["requested"] >= 1
     assert policy.early.counts["ran"] == 0 and policy.cycles == cycles
 
 
 @gen_cluster(
-    client=True, nthreads=[("", 1)] * 3, config=long_interval(held_rules(2), early_cycle_gap=None)
+    client=True,
+    nthreads=[("", 1)] * 3,
+    config=long_interval(held_rules(2), early_cycle_gap=None),
+    timeout=60,
 )
 async def test_no_early_cycle_when_turned_off(c, s, a, b, d):
     policy = policy_of(s)
     futures = await held(c, s, 2)  # noqa: F841 - keeps the keys
     await kill(b)
-    await async_poll_for(lambda: b.address not in s.workers, timeout=10)
+    await wait_for(lambda: b.address not in s.workers, "the killed worker gone")
     assert not policy.early.pending
     assert policy.early.status()["enabled"] is False
     assert policy.early.counts["requested"] == 0
@@ -243,13 +253,14 @@ async def test_sigkill_of_a_worker_process_is_repaired_by_an_early_cycle() -> No
             (victim,) = busiest_holders(s, KEYS, 1)
             pids = await c.run(os.getpid, workers=[victim])
             os.kill(pids[victim], signal.SIGKILL)
-            await async_poll_for(lambda: victim not in s.workers, timeout=60)
-            await async_poll_for(
+            await wait_for(lambda: victim not in s.workers, "the killed process gone", 60)
+            await wait_for(
                 lambda: all(
                     copies(s, k) == 2 and victim not in {ws.address for ws in s.tasks[k].who_has}
                     for k in KEYS
                 ),
-                timeout=60,
+                "every held key at 2 copies, none on the killed worker",
+                60,
             )
             assert policy.early.counts["ran"] > early
             assert any("worker-left" in reasons for _, reasons in policy.early.history)
