@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from distributed.diagnostics.plugin import SchedulerPlugin
-from distributed.utils_test import async_poll_for, gen_cluster
+from distributed.utils_test import gen_cluster
 
 import amm_rules
 from amm_rules.engine import flow as flow_module
@@ -18,6 +18,7 @@ from amm_rules.engine.flow import MemoryFlow, PrefixFacts
 from tests.support.cluster import amm_config, no_errors, policy_of, rules
 from tests.support.flow import graph as flow_graph
 from tests.support.flow import make
+from tests.support.waiting import wait_for
 
 SIZE = 200_000
 
@@ -77,7 +78,7 @@ async def test_live_bytes_and_freed_by_a_client_are_not_freed_by_a_task(c, s, a,
     assert table["held"]["live"] == table["held"]["produced"] >= 3 * SIZE
     assert table["held"]["freed"] == 0
     del futures
-    await async_poll_for(lambda: not s.tasks, timeout=5)
+    await wait_for(lambda: not s.tasks, "not s.tasks")
     table = await amm_rules.memory_flow(c)
     assert table["held"]["live"] == 0
     assert table["held"]["freed"] == table["held"]["produced"]
@@ -98,7 +99,7 @@ async def test_replicas_and_scattered_data_count_once(c, s, *workers):
     assert table[scattered]["live"] == s.tasks[x.key].nbytes
     assert table[scattered]["tasks"] == 0 and table[scattered]["net_per_task"] is None
     del x, future
-    await async_poll_for(lambda: not s.tasks, timeout=5)
+    await wait_for(lambda: not s.tasks, "not s.tasks")
     table = await amm_rules.memory_flow(c)
     assert table["copied"]["freed"] == nbytes  # unique bytes, not three replicas
     assert table[scattered]["live"] == 0
@@ -177,7 +178,7 @@ FLOW_RULE = rules(
 )
 
 
-@gen_cluster(client=True, config=amm_config(FLOW_RULE))
+@gen_cluster(client=True, config=amm_config(FLOW_RULE), timeout=60)
 async def test_rules_read_the_flow_and_keys_are_classified_again_as_it_moves(c, s, a, b):
     policy = policy_of(s)
     assert policy.flow.track_keys
@@ -186,11 +187,14 @@ async def test_rules_read_the_flow_and_keys_are_classified_again_as_it_moves(c, 
     await c.gather(big + small)
     # Every big key, those classified before their prefix had figures included,
     # ends up governed by the rule reading the flow.
-    await async_poll_for(lambda: all(len(s.tasks[f.key].who_has) == 2 for f in big), timeout=10)
+    await wait_for(
+        lambda: all(len(s.tasks[f.key].who_has) == 2 for f in big),
+        "all(len(s.tasks[f.key].who_has) == 2 for f in big)",
+    )
     assert all(len(s.tasks[f.key].who_has) == 1 for f in small)
     # The small keys' figures are published at the first cycle after they finished,
     # which may come after the big keys got their copies.
-    await async_poll_for(lambda: "small" in policy.flow.published, timeout=10)
+    await wait_for(lambda: "small" in policy.flow.published, "'small' in policy.flow.published")
     explained = await amm_rules.explain(big[:1] + small[:1], client=c)
     assert explained["big-0"]["desired"].startswith("replicate=2 from rule producers")
     assert "replicate" not in explained["small-0"]["fields"]

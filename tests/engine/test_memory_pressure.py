@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 
-from distributed.utils_test import async_poll_for, gen_cluster
+from distributed.utils_test import gen_cluster
 
 from tests.support.cluster import events, no_errors, policy_of
 from tests.support.pressure import (
@@ -21,6 +21,7 @@ from tests.support.pressure import (
     section,
     slow,
 )
+from tests.support.waiting import wait_for
 
 
 @gen_cluster(client=True, config=config(section()), **WORKERS)
@@ -61,18 +62,21 @@ async def test_nothing_is_flagged_or_held_without_the_section(c, s, a, b):
     assert s.handlers["amm_rules_status"]()["memory_pressure"] is None
 
 
-@gen_cluster(client=True, config=config(section()), **WORKERS)
+@gen_cluster(client=True, config=config(section()), **WORKERS, timeout=120)
 async def test_holds_while_a_worker_is_under_pressure_and_releases_below_release(c, s, a, b):
     policy = policy_of(s)
     base = s.WORKER_SATURATION
     held = await pressure_on(c, s, a)
     work = c.map(slow, range(40), key=[f"work-{i}" for i in range(40)])
-    await async_poll_for(lambda: policy.pressure.state == "holding", timeout=10)
+    await wait_for(
+        lambda: policy.pressure.state == "holding", "policy.pressure.state == 'holding'"
+    )
     assert s.WORKER_SATURATION == 0.5 < base
     consistent(s)
     # (held when the graph arrived; the next check says what heads the queue)
-    await async_poll_for(
-        lambda: any("the queue's head is work" in r for r in policy.pressure.reasons), 5
+    await wait_for(
+        lambda: any("the queue's head is work" in r for r in policy.pressure.reasons),
+        "any('the queue's head is work' in r for r in policy.pressure.reasons)",
     )
     status = s.handlers["amm_rules_status"]()["memory_pressure"]
     assert status["state"] == "holding" and status["saturation"] == 0.5
@@ -85,14 +89,14 @@ async def test_holds_while_a_worker_is_under_pressure_and_releases_below_release
     def one_each() -> bool:
         return all(len(ws.processing) == 1 for ws in s.workers.values())
 
-    await async_poll_for(one_each, timeout=5)
+    await wait_for(one_each, "one_each()")
     for _ in range(5):
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # window: and it stays so
         assert s.queued and one_each()
     (hold,) = [e for e in events(s, "memory-pressure") if e["step"] == "hold"]
     assert hold["base"] == base and list(hold["workers"]) == [a.address]
     del held  # memory falls below release: the scheduler's own value comes back
-    await async_poll_for(lambda: policy.pressure.state == "idle", timeout=10)
+    await wait_for(lambda: policy.pressure.state == "idle", "policy.pressure.state == 'idle'")
     assert base == s.WORKER_SATURATION
     consistent(s)
     await c.gather(work)
@@ -108,7 +112,7 @@ async def test_no_hold_without_a_producer_at_the_head_of_the_queue(c, s, a, b):
     policy = policy_of(s)
     held = await pressure_on(c, s, a)
     # Pressure, but nothing queued: nothing to hold back.
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # window: and it stays so
     assert policy.pressure.state == "idle"
     assert "nothing is queued" in policy.pressure.reasons
     del held
@@ -123,8 +127,11 @@ async def test_a_consumer_at_the_head_of_the_queue_is_not_held(c, s, a, b):
     policy = policy_of(s)
     held = await pressure_on(c, s, a)
     work = c.map(slow, range(40), key=[f"work-{i}" for i in range(40)])
-    await async_poll_for(lambda: s.queued and policy.pressure.head is not None, timeout=5)
-    await asyncio.sleep(0.3)
+    await wait_for(
+        lambda: s.queued and policy.pressure.head is not None,
+        "s.queued and policy.pressure.head is not None",
+    )
+    await asyncio.sleep(0.3)  # window: and it stays so
     assert policy.pressure.state == "idle"
     assert any("work" in r and "not a producer" in r for r in policy.pressure.reasons)
     await c.gather(work)
@@ -141,10 +148,12 @@ async def test_max_hold_ends_a_hold_and_cools_down(c, s, a, b):
     base = s.WORKER_SATURATION
     held = await pressure_on(c, s, a)
     work = c.map(slow, range(40), key=[f"work-{i}" for i in range(40)])
-    await async_poll_for(lambda: policy.pressure.state == "cooling", timeout=10)
+    await wait_for(
+        lambda: policy.pressure.state == "cooling", "policy.pressure.state == 'cooling'"
+    )
     assert base == s.WORKER_SATURATION
     consistent(s)
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # window: and it stays so
     assert policy.pressure.state == "cooling"  # still under pressure, but cooling down
     assert any("cooling down" in r for r in policy.pressure.reasons)
     (release,) = [e for e in events(s, "memory-pressure") if e["step"] == "release"]
@@ -161,7 +170,9 @@ async def test_removing_the_section_releases_the_hold(c, s, a, b):
     base = s.WORKER_SATURATION
     held = await pressure_on(c, s, a)
     work = c.map(slow, range(40), key=[f"work-{i}" for i in range(40)])
-    await async_poll_for(lambda: policy.pressure.state == "holding", timeout=10)
+    await wait_for(
+        lambda: policy.pressure.state == "holding", "policy.pressure.state == 'holding'"
+    )
     policy._install(load_ruleset({"version": 1}))
     assert base == s.WORKER_SATURATION and policy.pressure.state == "idle"
     consistent(s)
@@ -169,22 +180,26 @@ async def test_removing_the_section_releases_the_hold(c, s, a, b):
     del held
 
 
-@gen_cluster(client=True, config=config(section()), **WORKERS)
+@gen_cluster(client=True, config=config(section()), **WORKERS, timeout=60)
 async def test_a_saturation_set_by_someone_else_wins(c, s, a, b):
     policy = policy_of(s)
     held = await pressure_on(c, s, a)
     work = c.map(slow, range(40), key=[f"work-{i}" for i in range(40)])
-    await async_poll_for(lambda: policy.pressure.state == "holding", timeout=10)
+    await wait_for(
+        lambda: policy.pressure.state == "holding", "policy.pressure.state == 'holding'"
+    )
     s.WORKER_SATURATION = 2.0
     for ws in s.workers.values():
         s.check_idle_saturated(ws)
-    await async_poll_for(lambda: policy.pressure.state != "holding", timeout=5)
+    await wait_for(
+        lambda: policy.pressure.state != "holding", "policy.pressure.state != 'holding'"
+    )
     assert s.WORKER_SATURATION == 2.0
     assert [e for e in events(s, "memory-pressure") if e["step"] == "stopped"]
     # Still under pressure: theirs stays through the cool-down all the same.
     assert policy.pressure.state == "cooling"
     for _ in range(5):
-        await asyncio.sleep(0.1)  # two checks each
+        await asyncio.sleep(0.1)  # window: two checks each
         assert s.WORKER_SATURATION == 2.0 and policy.pressure.state == "cooling"
     await c.gather(work)
     del held
@@ -200,7 +215,9 @@ async def test_without_queuing_nothing_can_be_held_and_it_says_so(c, s, a, b):
     futures = c.map(slow, range(4), key=[f"small-{i}" for i in range(4)])
     await arrived(s, futures)
     assert not any(s.tasks[f.key].run_spec.data_producer for f in futures)
-    await async_poll_for(lambda: policy.pressure.state == "unavailable", timeout=5)
+    await wait_for(
+        lambda: policy.pressure.state == "unavailable", "policy.pressure.state == 'unavailable'"
+    )
     (event,) = [e for e in events(s, "memory-pressure") if e["step"] == "unavailable"]
     assert "worker-saturation is inf" in event["reason"]
     await c.gather(futures)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from dask.utils import format_bytes
-from distributed.utils_test import async_poll_for, gen_cluster
+from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.view import key_string
 from amm_rules.observe.explain import explain_keys
@@ -23,6 +23,7 @@ from tests.support.cluster import amm_config, policy_of
 from tests.support.flow import SIZE, graph
 from tests.support.pressure import WORKERS, pressure_on, section, slow
 from tests.support.pressure import config as pressure_config
+from tests.support.waiting import wait_for
 
 PRESSURE = {"version": 1, "memory-pressure": {"threshold": "90%", "release": "80%"}}
 
@@ -59,7 +60,10 @@ async def test_explain_says_a_queued_task_is_held_back_and_what_a_kind_makes(c, 
     policy = policy_of(s)
     held = await pressure_on(c, s, a)
     work = c.map(slow, range(40), key=[f"work-{i}" for i in range(40)])
-    await async_poll_for(lambda: policy.pressure.state == "holding" and s.queued, timeout=10)
+    await wait_for(
+        lambda: policy.pressure.state == "holding" and s.queued,
+        "policy.pressure.state == 'holding' and s.queued",
+    )
     queued = next(iter(s.queued)).key
     answer = explain_keys(policy, [queued])[key_string(queued)]
     assert answer["summary"].startswith("not in memory (queued): held back:")
@@ -89,13 +93,22 @@ async def test_the_dashboard_page_shows_the_flow_and_the_pressure(c, s, a, b):
     assert await c.compute(graph(4, "inp")) == 4 * SIZE
     held = await pressure_on(c, s, a)
     work = c.map(slow, range(40), key=[f"work-{i}" for i in range(40)])
-    await async_poll_for(lambda: policy.pressure.state == "holding", timeout=10)
-    page.update()
+
+    def producers() -> list[str]:
+        page.update()
+        rows = page.flow.source.data
+        return [
+            p for p, role in zip(rows["prefix"], rows["role"], strict=True) if role == "producer"
+        ]
+
+    # Holding, and the page shows the producers: the hold can begin before the page's
+    # flow figures show them (seen on a loaded machine), so the wait is on both.
+    await wait_for(
+        lambda: policy.pressure.state == "holding" and producers()[:2] == ["held", "inp"],
+        "holding, and the page showing held then inp as producers (80 MiB, then SIZE, per task)",
+        show=lambda: (policy.pressure.state, producers()),
+    )
     rows = page.flow.source.data
-    producers = [
-        p for p, role in zip(rows["prefix"], rows["role"], strict=True) if role == "producer"
-    ]
-    assert producers[:2] == ["held", "inp"]  # 80 MiB per task, then SIZE per task
     at = rows["prefix"].index("cons-inp")
     assert rows["role"][at] == "freer" and rows["freed_by"][at] == format_bytes(4 * SIZE)
     net = policy.flow.table()["cons-inp"]["net_per_task"]
