@@ -92,6 +92,22 @@ MEANING: dict[str, list[tuple[Any, bool]]] = {
         (task(type="numpy.ndarray", nbytes=GiB), False),
     ],
     "task.replicas < 2": [(task(replicas=1), True), (task(replicas=2), False)],
+    # The memory flow of the key's prefix: null before its first task finished.
+    "task.prefix_net_per_task > 64 MiB": [
+        (task(prefix_tasks=3, prefix_net_per_task=64 * MiB + 1), True),
+        (task(prefix_tasks=3, prefix_net_per_task=64 * MiB), False),
+        (task(), False),  # a kind never seen: null, and null > 64 MiB is false
+    ],
+    "task.prefix_tasks >= 10 and task.prefix_freed_by_per_task > 1 MiB": [
+        (task(prefix_tasks=10, prefix_freed_by_per_task=2 * MiB), True),
+        (task(prefix_tasks=9, prefix_freed_by_per_task=2 * MiB), False),
+        (task(prefix_tasks=10, prefix_freed_by_per_task=MiB), False),
+    ],
+    "task.prefix_net_per_task < 0": [
+        (task(prefix_tasks=3, prefix_net_per_task=-1.0), True),
+        (task(prefix_tasks=3, prefix_net_per_task=0.0), False),
+        (task(), False),
+    ],
     # A chunk of the array named checkpoint-1a2b: its key is a tuple, written as a string.
     'task.group matches "checkpoint-*" or task.prefix == "checkpoint"': [
         (task(key="('checkpoint-1a2b', 0)", group="checkpoint-1a2b", prefix="checkpoint"), True),
