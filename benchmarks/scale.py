@@ -159,8 +159,12 @@ def new_manager(scheduler: Any, policy: Any) -> ActiveMemoryManagerExtension:
 
 def _transition_plugins(policy: RulesPolicy) -> list[Any]:
     """The policy's scheduler plugins that see transitions: its index, and its memory
-    flow where the engine has one."""
-    return [policy.index] + ([policy.flow] if hasattr(policy, "flow") else [])
+    flow where the engine registers it as a plugin of its own (engines whose index
+    feeds the flow do not)."""
+    flow = getattr(policy, "flow", None)
+    if flow is None or getattr(policy.index, "flow", None) is flow:
+        return [policy.index]
+    return [policy.index, flow]
 
 
 def detach(scheduler: Any, policy: RulesPolicy) -> None:
@@ -728,7 +732,7 @@ async def _measure_transitions(n_tasks: int, repeats: int) -> dict[str, Any]:
                 rates[mode].append(n / elapsed)
                 counts.append(n)
         amm_rules(False)
-        hook, flow_hook = hook_cost(state, policy, n_tasks)
+        hooks = hook_cost(state, policy, n_tasks)
     finally:
         await scheduler.close()
         gc.unfreeze()
@@ -748,13 +752,18 @@ async def _measure_transitions(n_tasks: int, repeats: int) -> dict[str, Any]:
         "samples_without_per_s": rates["without"],
         "samples_with_per_s": rates["with"],
         "overhead": 1 - paired,
-        "hook_s_per_transition": hook,
-        "hook_overhead": hook * without,
-        # The memory flow's hook (engine/flow.py), measured the same way; the engine
-        # runs both, so their sum is its hooks' share of the scheduler's throughput.
-        "flow_hook_s_per_transition": flow_hook,
-        "flow_hook_overhead": None if flow_hook is None else flow_hook * without,
-        "hooks_overhead": (hook + (flow_hook or 0.0)) * without,
+        # The engine's hooks as the scheduler calls them, the index's alone, and the
+        # memory flow's share (see hook_cost): seconds per transition, and their share
+        # of the scheduler's throughput without amm-rules.
+        **hooks,
+        "hook_overhead": hooks["hook_s_per_transition"] * without,
+        "index_hook_overhead": hooks["index_hook_s_per_transition"] * without,
+        "flow_hook_overhead": _times(hooks["flow_hook_s_per_transition"], without),
+        "flow_plugin_overhead": _times(hooks["flow_plugin_s_per_transition"], without),
+        "two_plugins_flow_share_overhead": _times(
+            hooks["two_plugins_flow_share_s_per_transition"], without
+        ),
+        "hooks_overhead": hooks["hook_s_per_transition"] * without,
     }
 
 
@@ -774,16 +783,35 @@ class _Recorder(SchedulerPlugin):
             self.tasks[key] = ts
 
 
+def _times(a: float | None, b: float) -> float | None:
+    return None if a is None else a * b
+
+
+#: Replays of the recorded calls per way of calling the hooks (see hook_cost).
+HOOK_REPEATS = 9
+
+
 def hook_cost(
     state: scheduler_state.BenchState, policy: RulesPolicy, n_tasks: int
-) -> tuple[float, float | None]:
-    """Seconds per call of the engine's ``transition`` hooks: the index's, and the
-    memory flow's (None where the engine has none).
+) -> dict[str, Any]:
+    """Processor seconds per transition of the engine's ``transition`` hooks.
 
-    The calls of one (untimed) run of the graph are recorded with their arguments,
-    then replayed on a fresh index (and a fresh memory flow reading the recorded
-    tasks), calling each hook as ``_transition`` does. A steadier estimate of the
-    overhead than the difference of two noisy throughputs; it leaves out the
+    The calls of one (untimed) run of the graph are recorded with their arguments, then
+    replayed, calling each hook as ``_transition`` does, on fresh objects reading the
+    recorded tasks, in :data:`HOOK_REPEATS` interleaved rounds of:
+
+    - ``engine``: what the scheduler calls, the policy's plugins as attached (the index,
+      feeding the memory flow where the engine does so; else the index, then the flow
+      as a plugin of its own);
+    - ``index``: the index's hook alone, without a memory flow;
+    - ``flow_plugin``: the memory flow alone, as a scheduler plugin of its own (None
+      where the engine has no flow);
+    - ``two_plugins``: the index, then the flow as a plugin of its own, on each
+      transition (how engines before the index fed the flow called them).
+
+    Returns the medians per transition (``hook_s_per_transition`` is ``engine``), the
+    flow's share (``engine`` minus ``index``) and the samples. A steadier estimate of
+    the overhead than the difference of two noisy throughputs; it leaves out the
     scheduler's loop over its plugins, a few tens of nanoseconds per plugin."""
     scheduler = state.scheduler
     recorder = _Recorder(scheduler.tasks)
@@ -793,27 +821,68 @@ def hook_cost(
     scheduler_state.release_keys(state, keys, stimulus="record")
     scheduler.remove_plugin(name="bench-recorder")
     calls = recorder.calls
-
-    def best_of(make_hook: Callable[[], Callable[..., None]]) -> float:
-        best = float("inf")
-        for _ in range(5):
-            hook = make_hook()
-            start = time.perf_counter()
-            for key, begin, finish, kwargs in calls:
-                hook(key, begin, finish, **kwargs)
-            best = min(best, time.perf_counter() - start)
-        return best / max(1, len(calls))
-
-    def index_hook() -> Callable[..., None]:
-        index = type(policy.index)()
-        index.tasks = scheduler.tasks  # the hook reads the task of a key entering memory
-        return index.transition
-
-    index_cost = best_of(index_hook)
     flow = getattr(policy, "flow", None)
-    if flow is None:
-        return index_cost, None
-    return index_cost, best_of(lambda: type(flow)(recorder.tasks).transition)
+    fed = flow is not None and getattr(policy.index, "flow", None) is flow
+
+    def index(with_flow: bool) -> Any:
+        out = type(policy.index)()
+        out.tasks = recorder.tasks  # the hook reads the task of a key entering memory
+        if with_flow:
+            out.flow = type(flow)(recorder.tasks)
+        return out
+
+    def engine() -> list[Callable[..., None]]:
+        if fed:
+            return [index(True).transition]
+        hooks = [index(False).transition]
+        return hooks + ([type(flow)(recorder.tasks).transition] if flow is not None else [])
+
+    def flow_plugin() -> list[Callable[..., None]]:
+        return [type(flow)(recorder.tasks).transition]
+
+    ways: dict[str, Callable[[], list[Callable[..., None]]]] = {
+        "engine": engine,
+        "index": lambda: [index(False).transition],
+    }
+    if flow is not None:
+        ways["flow_plugin"] = flow_plugin
+        ways["two_plugins"] = lambda: [index(False).transition, *flow_plugin()]
+    samples: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(HOOK_REPEATS):
+        for name, make in ways.items():
+            hooks = make()
+            gc.collect()
+            start = time.process_time()
+            _replay(calls, hooks)
+            samples[name].append((time.process_time() - start) / max(1, len(calls)))
+    median = {name: statistics.median(values) for name, values in samples.items()}
+    two = median.get("two_plugins")
+    return {
+        "hook_s_per_transition": median["engine"],
+        "index_hook_s_per_transition": median["index"],
+        "flow_fed_by_index": fed,
+        # The flow's share: what the engine's hooks cost more than the index's alone.
+        "flow_hook_s_per_transition": None if flow is None else median["engine"] - median["index"],
+        "flow_plugin_s_per_transition": median.get("flow_plugin"),
+        # The index, then the flow as a plugin of its own, on each transition.
+        "two_plugins_s_per_transition": two,
+        "two_plugins_flow_share_s_per_transition": None if two is None else two - median["index"],
+        "hook_repeats": HOOK_REPEATS,
+        "hook_samples_s_per_transition": samples,
+    }
+
+
+def _replay(calls: list[tuple[Any, str, str, dict[str, Any]]], hooks: list[Any]) -> None:
+    """Call the hooks on each recorded transition, one after the other, as the
+    scheduler calls its plugins."""
+    if len(hooks) == 1:
+        (hook,) = hooks
+        for key, begin, finish, kwargs in calls:
+            hook(key, begin, finish, **kwargs)
+        return
+    for key, begin, finish, kwargs in calls:
+        for hook in hooks:
+            hook(key, begin, finish, **kwargs)
 
 
 # ---------------------------------------------------------------------------------
@@ -895,9 +964,17 @@ def table(results: list[dict[str, Any]], t: dict[str, Any] | None) -> str:
         )
         if t.get("flow_hook_s_per_transition") is not None:
             lines.append(
-                f"memory-flow hook {t['flow_hook_s_per_transition'] * 1e6:.2f} us per transition "
-                f"= {t['flow_hook_overhead']:.1%} of throughput; both hooks "
-                f"{t['hooks_overhead']:.1%}"
+                f"index alone {t['index_hook_s_per_transition'] * 1e6:.2f} us; memory flow's "
+                f"share {t['flow_hook_s_per_transition'] * 1e6:.2f} us per transition "
+                f"= {t['flow_hook_overhead']:.1%} of throughput "
+                f"({'fed by the index' if t['flow_fed_by_index'] else 'a plugin of its own'}); "
+                f"the flow as a plugin of its own {t['flow_plugin_s_per_transition'] * 1e6:.2f} us"
+            )
+            lines.append(
+                f"the index, then the flow as a plugin of its own: "
+                f"{t['two_plugins_s_per_transition'] * 1e6:.2f} us per transition, the flow's "
+                f"share {t['two_plugins_flow_share_s_per_transition'] * 1e6:.2f} us = "
+                f"{t['two_plugins_flow_share_overhead']:.1%} of throughput"
             )
     return "\n".join(lines)
 

@@ -97,9 +97,12 @@ class DemandTracker:
 
     def forget(self, key: Hashable) -> None:
         """The key left memory (a new copy of it starts with no reads)."""
-        self.reads.pop(key, None)
-        self.last_read.pop(key, None)
-        self.touched.discard(key)
+        if self.reads:  # empty unless the rules read demand: runs on every key leaving
+            self.reads.pop(key, None)
+        if self.last_read:
+            self.last_read.pop(key, None)
+        if self.touched:
+            self.touched.discard(key)
 
     def clear(self) -> None:
         self.reads.clear()

@@ -2,8 +2,8 @@
 leave memory, and how many leave *because* a task of the kind finished.
 
 distributed keeps ``TaskPrefix.nbytes_total`` (bytes produced, never decreased while the
-prefix's groups live) and nothing about freed bytes. :class:`MemoryFlow` is a scheduler
-plugin whose ``transition`` hook keeps, per prefix (the counters of :class:`PrefixFlow`):
+prefix's groups live) and nothing about freed bytes. :class:`MemoryFlow`, fed by the
+scheduler's transitions, keeps per prefix (the counters of :class:`PrefixFlow`):
 
 - ``produced`` and ``tasks``: bytes of results that went ``processing -> memory``, and
   how many tasks did;
@@ -20,8 +20,14 @@ plugin whose ``transition`` hook keeps, per prefix (the counters of :class:`Pref
 - ``net_per_task``: ``(produced - freed_by) / tasks``, what one more task of the kind
   adds to the cluster's memory, on average.
 
-Costs: transitions that neither enter nor leave memory cost two string comparisons;
-the others one dict lookup and a few additions (the scale benchmark measures the hook).
+It is fed in one of two ways. In the engine, the index's ``transition`` hook
+(:class:`~amm_rules.engine.index.KeyIndex`), which already looks at every key entering
+or leaving memory and reads its task, hands those to :meth:`MemoryFlow.entered` and
+:meth:`MemoryFlow.left`: the flow costs no scheduler-plugin call of its own, and nothing
+on the transitions that neither enter nor leave memory. On its own, :class:`MemoryFlow`
+is a scheduler plugin whose ``transition`` hook does the same (two string comparisons
+for the other transitions). Either way, a transition into or out of memory costs a dict
+lookup and a few additions (the scale benchmark measures both ways).
 At most :data:`MAX_PREFIXES` prefixes are kept: past that, prefixes with nothing in
 memory are forgotten, oldest first, and counted in :attr:`MemoryFlow.evicted`.
 
@@ -31,7 +37,8 @@ more than :data:`REPUBLISH_TOLERANCE`, so that rules see stable values and keys 
 classified again only when their kind's figures really changed (the keys in memory per
 prefix are kept only while some rule reads these attributes).
 
-Neighbours: :mod:`amm_rules.engine.policy` attaches the plugin and publishes each cycle;
+Neighbours: :mod:`amm_rules.engine.policy` has its index feed the flow, and publishes each
+cycle; :mod:`amm_rules.engine.index` calls the two hooks;
 :mod:`amm_rules.engine.adapters` shows published figures to expressions;
 :mod:`amm_rules.engine.handlers` answers ``amm_rules_memory_flow``;
 :mod:`amm_rules.engine.pressure` reads producers from here.
@@ -156,47 +163,54 @@ class MemoryFlow(SchedulerPlugin):
         stimulus_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        """The hook when the flow is a scheduler plugin of its own. The engine does not
+        register it: its index's hook, which looks at the same transitions, calls
+        :meth:`entered` and :meth:`left` (one plugin call per transition, not two)."""
         if finish == "memory":
             ts = self.tasks.get(key)
-            if ts is None:
-                return
-            name = ts.prefix.name
-            entry = self.prefixes.get(name) or self._entry(name)
-            nbytes = ts.nbytes
-            if nbytes < 0:
-                nbytes = 0
-            entry.live += nbytes
-            if start == "processing":
-                entry.produced += nbytes
-                entry.tasks += 1
-                self._stimulus = stimulus_id
-                self._finished = key
-                self._by = entry
-                if not entry.dirty:  # its published figures may move
-                    entry.dirty = True
-                    self._dirty.append(entry)
-            if entry.keys is not None:
-                entry.keys.add(key)
+            if ts is not None:
+                self.entered(key, ts, start, stimulus_id)
         elif start == "memory":
             ts = self.tasks.get(key)
-            if ts is None:
-                return
-            name = ts.prefix.name
-            entry = self.prefixes.get(name) or self._entry(name)
-            nbytes = ts.nbytes
-            if nbytes < 0:
-                nbytes = 0
-            entry.live -= nbytes
-            entry.freed += nbytes
-            if stimulus_id == self._stimulus and key != self._finished:
-                by = self._by
-                if by is not None:
-                    by.freed_by += nbytes
-                    if not by.dirty:
-                        by.dirty = True
-                        self._dirty.append(by)
-            if entry.keys is not None:
-                entry.keys.discard(key)
+            if ts is not None:
+                self.left(key, ts, stimulus_id)
+
+    def entered(self, key: Hashable, ts: Any, start: str, stimulus_id: str | None) -> None:
+        """``key`` (task ``ts``) entered memory from ``start``."""
+        entry = self.prefixes.get(ts.prefix.name) or self._entry(ts.prefix.name)
+        nbytes = ts.nbytes
+        if nbytes < 0:
+            nbytes = 0
+        entry.live += nbytes
+        if start == "processing":
+            entry.produced += nbytes
+            entry.tasks += 1
+            self._stimulus = stimulus_id
+            self._finished = key
+            self._by = entry
+            if not entry.dirty:  # its published figures may move
+                entry.dirty = True
+                self._dirty.append(entry)
+        if entry.keys is not None:
+            entry.keys.add(key)
+
+    def left(self, key: Hashable, ts: Any, stimulus_id: str | None) -> None:
+        """``key`` (task ``ts``) left memory."""
+        entry = self.prefixes.get(ts.prefix.name) or self._entry(ts.prefix.name)
+        nbytes = ts.nbytes
+        if nbytes < 0:
+            nbytes = 0
+        entry.live -= nbytes
+        entry.freed += nbytes
+        if stimulus_id == self._stimulus and key != self._finished:
+            by = self._by
+            if by is not None:
+                by.freed_by += nbytes
+                if not by.dirty:
+                    by.dirty = True
+                    self._dirty.append(by)
+        if entry.keys is not None:
+            entry.keys.discard(key)
 
     def _entry(self, prefix: str) -> PrefixFlow:
         """The counters of a prefix, created if needed (the hook looks first)."""

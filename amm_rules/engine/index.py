@@ -20,7 +20,9 @@ hot paths):
   governed key is checked once (so a target of ``all`` reaches a worker that joined
   within one cycle);
 - the same transition hook feeds the :class:`~amm_rules.engine.demand.DemandTracker`
-  (reads and waiters of keys), when the rules read demand;
+  (reads and waiters of keys), when the rules read demand, and the
+  :class:`~amm_rules.engine.flow.MemoryFlow` (keys entering and leaving memory, with
+  their tasks), when the policy gives it one;
 - ``log_event``: a worker's status changed (retiring, resumed after a pause).
 
 Workers leaving, joining, retiring or resuming, and governed keys falling below their
@@ -49,6 +51,7 @@ from amm_rules.language.ruleset import ALL, Desired, RuntimeTarget, Target
 
 if TYPE_CHECKING:
     from amm_rules.engine.classify import Batch, Classifier
+    from amm_rules.engine.flow import MemoryFlow
 
 #: Reads a task's size (one copy's bytes; -1 while unknown).
 _NBYTES = attrgetter("nbytes")
@@ -157,20 +160,38 @@ class KeyIndex(SchedulerPlugin):
         self.source_lost: set[Hashable] = set()
         #: Reads and waiters of keys (followed only when the rules read demand).
         self.demand = DemandTracker()
+        #: The memory flow this hook feeds (keys entering and leaving memory), if any.
+        self.flow: MemoryFlow | None = None
         #: Told of scattered keys (``update_data``): ``on_scatter(keys, already_in_memory)``.
         self.on_scatter: Callable[[Iterable[Hashable], set[Hashable]], None] | None = None
 
     # -- SchedulerPlugin hooks: keep them minimal, they run on every transition ----------
 
     def transition(
-        self, key: Hashable, start: str, finish: str, *args: Any, **kwargs: Any
+        self,
+        key: Hashable,
+        start: str,
+        finish: str,
+        *args: Any,
+        stimulus_id: str | None = None,
+        **kwargs: Any,
     ) -> None:
         if finish == "memory":
             # The scheduler has just read the task: reading it again here is cheap,
             # where the classification, later, would look it up in a cold table.
-            self.dirty[key] = self.tasks.get(key)
+            ts = self.dirty[key] = self.tasks.get(key)
+            # The memory flow counts here rather than as a plugin of its own: a second
+            # plugin call on every transition cost about as much as its counting.
+            flow = self.flow
+            if flow is not None and ts is not None:
+                flow.entered(key, ts, start, stimulus_id)
         elif start == "memory":
             self.forget(key)
+            flow = self.flow
+            if flow is not None:
+                ts = self.tasks.get(key)
+                if ts is not None:
+                    flow.left(key, ts, stimulus_id)
         if self.demand.enabled:
             self.demand.transition(key, start, finish, kwargs.get("worker"))
 
@@ -200,16 +221,28 @@ class KeyIndex(SchedulerPlugin):
 
     def forget(self, key: Hashable) -> None:
         """The key left memory: drop everything known about it."""
-        self.unindex(key)
-        self.dirty.pop(key, None)
-        self.touched.discard(key)
-        self.recheck.discard(key)
-        self.replicated_free.pop(key, None)
-        self.runtime.pop(key, None)
-        self.inflight.pop(key, None)
-        self.backoff.pop(key, None)
-        self.source_lost.discard(key)
-        self.shortfall.pop(key, None)
+        # Runs for every key leaving memory, and most of these tables are empty most of
+        # the time (most keys are not governed): a look at a table costs less than a call.
+        if key in self.desired:
+            self.unindex(key)
+        if self.dirty:
+            self.dirty.pop(key, None)
+        if self.touched:
+            self.touched.discard(key)
+        if self.recheck:
+            self.recheck.discard(key)
+        if self.replicated_free:
+            self.replicated_free.pop(key, None)
+        if self.runtime:
+            self.runtime.pop(key, None)
+        if self.inflight:
+            self.inflight.pop(key, None)
+        if self.backoff:
+            self.backoff.pop(key, None)
+        if self.source_lost:
+            self.source_lost.discard(key)
+        if self.shortfall:
+            self.shortfall.pop(key, None)
         self.demand.forget(key)
 
     def put(self, key: Hashable, ts: Any, desired: Desired) -> None:

@@ -280,9 +280,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             if plugin is self.index:
                 scheduler.remove_plugin(name=name)
         unregister(scheduler, self)
-        for name, plugin in list(scheduler.plugins.items()):
-            if plugin is self.flow:
-                scheduler.remove_plugin(name=name)
+        self.index.flow = None
         self.index.on_scatter = None
         self.pressure.detach()
         self.paused.detach()
@@ -440,7 +438,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     def _attach_flow(self) -> None:
         scheduler = self.scheduler
         self.flow.tasks = scheduler.tasks
-        scheduler.add_plugin(self.flow, name=f"amm-rules-memory-flow-{id(self)}")
+        # Fed by the index's transition hook (one plugin call per transition, not two).
+        self.index.flow = self.flow
         self.index.on_scatter = self.flow.scattered
         if self.ruleset.reads_flow:
             self._track_flow_keys([ts for ts in scheduler.tasks.values() if ts.state == "memory"])
