@@ -15,6 +15,7 @@ from distributed.utils_test import gen_cluster
 import amm_rules
 from amm_rules.engine import flow as flow_module
 from amm_rules.engine.flow import MemoryFlow, PrefixFacts
+from amm_rules.engine.index import KeyIndex
 from tests.support.cluster import amm_config, no_errors, policy_of, rules
 from tests.support.flow import graph as flow_graph
 from tests.support.flow import make
@@ -118,6 +119,25 @@ async def test_status_names_top_producers_and_freers(c, s, a, b):
     assert status["totals"]["produced"] == sum(row["produced"] for row in policy_rows(s))
 
 
+@gen_cluster(client=True, config=amm_config())
+async def test_the_engine_counts_as_the_flow_would_as_a_plugin_of_its_own(c, s, a, b):
+    """The engine's index feeds its flow (one scheduler plugin, not two): on the
+    scheduler's real transitions, the same figures as a MemoryFlow plugin."""
+    policy = policy_of(s)
+    assert [p for p in s.plugins.values() if p is policy.flow] == []
+    assert policy.index.flow is policy.flow
+    alone = MemoryFlow(s.tasks)
+    s.add_plugin(alone, name="flow-alone")
+    assert await c.compute(graph(4)) == 4 * SIZE
+    held = c.map(make, range(3), n=SIZE, key=[f"held-{i}" for i in range(3)])
+    await c.gather(held)
+    del held[1:]
+    await wait_for(lambda: len(s.tasks) == 1, "len(s.tasks) == 1")
+    assert policy.flow.table() == alone.table()
+    assert policy.flow.table()["cons"]["freed_by"] >= 4 * SIZE
+    assert policy.flow.table()["held"]["live"] > 0
+
+
 def policy_rows(s: Any) -> list[dict[str, Any]]:
     return list(policy_of(s).flow.table().values())
 
@@ -213,21 +233,37 @@ async def test_keys_are_not_tracked_when_no_rule_reads_the_flow(c, s, a, b):
     assert all(e.keys is None for e in policy.flow.prefixes.values())
 
 
-def test_freed_by_counts_other_keys_of_the_same_stimulus_only():
+def fed(way: str, tasks: dict[str, _Task]) -> tuple[MemoryFlow, Any]:
+    """A memory flow and the transition hook that feeds it: the flow as a scheduler
+    plugin of its own, or the engine's index handing it what enters and leaves memory."""
+    flow = MemoryFlow(tasks)
+    if way == "plugin":
+        return flow, flow.transition
+    index = KeyIndex()
+    index.tasks = tasks
+    index.flow = flow
+    return flow, index.transition
+
+
+@pytest.mark.parametrize("way", ["plugin", "index"])
+def test_freed_by_counts_other_keys_of_the_same_stimulus_only(way):
     tasks = {
         "a-1": _Task("a-1", "a", 100),
         "a-2": _Task("a-2", "a", 100),
         "b-1": _Task("b-1", "b", 10),
         "c-1": _Task("c-1", "c", 1),
     }
-    flow = MemoryFlow(tasks)
+    flow, transition = fed(way, tasks)
     for key in ("a-1", "a-2"):
-        flow.transition(key, "processing", "memory", stimulus_id=f"done-{key}")
-    flow.transition("b-1", "processing", "memory", stimulus_id="done-b")
-    flow.transition("a-1", "memory", "released", stimulus_id="done-b")  # b's last input
-    flow.transition("b-1", "memory", "forgotten", stimulus_id="done-b")  # b itself
-    flow.transition("a-2", "memory", "released", stimulus_id="client-releases")
-    flow.transition("c-1", "waiting", "memory", stimulus_id="add-keys")  # not computed here
+        transition(key, "released", "waiting", stimulus_id="graph")  # seen by neither
+        transition(key, "waiting", "processing", stimulus_id="graph")
+        transition(key, "processing", "memory", stimulus_id=f"done-{key}")
+    transition("b-1", "processing", "memory", stimulus_id="done-b")
+    transition("a-1", "memory", "released", stimulus_id="done-b")  # b's last input
+    transition("a-1", "released", "forgotten", stimulus_id="done-b")
+    transition("b-1", "memory", "forgotten", stimulus_id="done-b")  # b itself
+    transition("a-2", "memory", "released", stimulus_id="client-releases")
+    transition("c-1", "waiting", "memory", stimulus_id="add-keys")  # not computed here
     table = flow.table()
     assert table["b"]["freed_by"] == 100  # a-1 only: not a-2, not b's own result
     assert table["a"]["freed"] == 200 and table["a"]["freed_by"] == 0
