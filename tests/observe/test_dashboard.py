@@ -256,7 +256,14 @@ async def test_the_memory_chart_groups_workers_by_pool_with_the_thresholds(c, s,
         {f"x-{i}": np.full(100_000 // 8, float(i)) for i in range(40)}, workers=[gpu.address]
     )
     policy = policy_of(s)
-    await wait_for(lambda: policy.rebalancer.last_plan is not None, "a rebalance plan")
+    # A cycle may run between two workers' arrivals: wait for one that saw all three.
+    await wait_for(
+        lambda: (
+            policy.rebalancer.last_plan is not None
+            and set(policy.placements.pools) == set(s.workers)
+        ),
+        "a rebalance plan made with every worker's pools",
+    )
     page = RulesPage(s)
     Document().add_root(page.root)
     s.tasks = CountingDict(s.tasks)
