@@ -58,6 +58,8 @@ _NBYTES = attrgetter("nbytes")
 _WHO_HAS = attrgetter("who_has")
 #: Keys classified between two looks at the clock (see :meth:`KeyIndex.classify`).
 CLASSIFY_CHUNK = 4096
+#: Governed keys gathered over chunks before they are filed (see :meth:`KeyIndex.classify`).
+FILE_EVERY = 4 * CLASSIFY_CHUNK
 
 
 class PlanClass(NamedTuple):
@@ -139,8 +141,6 @@ class KeyIndex(SchedulerPlugin):
         #: repair (a worker left or joined, changed status, a governed key fell below
         #: its target); the policy sets it (see :mod:`amm_rules.engine.early`).
         self.wake: Callable[[str], None] = _no_wake
-        #: Keys classified per second, as last measured (sizes the next look at dirty).
-        self._classify_rate = 0.0
         #: id(desired) -> (it, its plan class, its labels), for :meth:`file`.
         self._derived: dict[int, tuple[Desired, PlanClass, set[str]]] = {}
         #: Set when keys that may be indexed already joined dirty (see reclassify).
@@ -298,43 +298,60 @@ class KeyIndex(SchedulerPlugin):
         # Oldest first, in the order the keys arrived: keys that arrived together, and
         # whose tasks were made together, are read together, which the processor's
         # caches reward (three times faster than a set's hash order at 100k keys).
-        # One look at the front of the dict per cycle, sized by the last cycle's pace.
+        # Taken a chunk at a time, as far as the budget goes: nothing else changes
+        # dirty meanwhile (the hooks do not run during a cycle).
         upper = min(limit, len(dirty))
-        if deadline is not None and self._classify_rate:
-            seconds = max(deadline - time.perf_counter(), 0.0)
-            upper = min(upper, max(8 * CLASSIFY_CHUNK, int(2 * self._classify_rate * seconds)))
-        # Keys and tasks in two lists: a list of pairs would allocate a tuple per key,
-        # and with it the cyclic garbage collector's attention (as much as the rest).
-        order = list(islice(dirty, upper))
-        order_tasks = list(islice(dirty.values(), upper))
+        keys_left, tasks_left = iter(dirty), iter(dirty.values())
+        taken: list[list[Hashable]] = []
+        # Batches of several chunks filed together: fewer, larger ones.
+        pending: dict[int, Batch] = {}
+        held = 0
         # Keys entering memory are not indexed: no need to look for them there.
         indexed = self.desired if self._reclassifying else {}
-        start = time.perf_counter()
         done = 0
-        while done < len(order):
+        while done < upper:
             # In chunks, so that the clock is read once per chunk, not once per key.
-            chunk = order[done : done + CLASSIFY_CHUNK]
-            chunk_tasks = order_tasks[done : done + CLASSIFY_CHUNK]
+            # Keys and tasks in two lists: a list of pairs would allocate a tuple per
+            # key, and with it the cyclic garbage collector's attention.
+            chunk = list(islice(keys_left, min(CLASSIFY_CHUNK, upper - done)))
+            chunk_tasks = list(islice(tasks_left, len(chunk)))
+            taken.append(chunk)
             done += len(chunk)
             batches, dropped = classifier.classify(
                 chunk, chunk_tasks, tasks, self.runtime, indexed
             )
-            for cls, members in self.file(batches, fresh=not indexed).items():
-                filed.setdefault(cls, []).extend(members)
             for key in dropped:
                 self.unindex(key)
             self.touched.update(dropped)
+            for batch in batches:
+                known = pending.get(id(batch[0]))
+                if known is None:
+                    pending[id(batch[0])] = batch
+                else:
+                    known[1].extend(batch[1])
+                    known[2].extend(batch[2])
+                held += len(batch[1])
+            if held >= FILE_EVERY:
+                self._file_pending(pending, filed, fresh=not indexed)
+                held = 0
             if deadline is not None and time.perf_counter() >= deadline:
                 break
-        elapsed = time.perf_counter() - start
-        if elapsed > 0 and done >= CLASSIFY_CHUNK:
-            self._classify_rate = done / elapsed
+        self._file_pending(pending, filed, fresh=not indexed)
         if done == len(dirty):
             dirty.clear()
             self._reclassifying = False
         else:
-            deque(map(dirty.pop, order[:done]), maxlen=0)  # dict.pop per key, in C
+            for chunk in taken:
+                deque(map(dirty.pop, chunk), maxlen=0)  # dict.pop per key, in C
         return filed, done
+
+    def _file_pending(
+        self, pending: dict[int, Batch], filed: dict[PlanClass, list[Any]], fresh: bool
+    ) -> None:
+        """File the batches gathered so far (see :meth:`classify`) and empty them."""
+        for cls, members in self.file(pending.values(), fresh=fresh).items():
+            filed.setdefault(cls, []).extend(members)
+        pending.clear()
 
     def file(self, batches: Iterable[Batch], fresh: bool = False) -> dict[PlanClass, list[Any]]:
         """Index classified keys (:data:`~amm_rules.engine.classify.Batch` tuples:
@@ -365,7 +382,10 @@ class KeyIndex(SchedulerPlugin):
             if counts is None:
                 counts = self.class_labels[cls] = Counter()
             n = len(keys)
-            nbytes = sum(b for b in map(_NBYTES, members) if b > 0)
+            sizes = list(map(_NBYTES, members))
+            nbytes = sum(sizes)
+            if min(sizes) < 0:  # -1 while unknown, which a key in memory seldom is
+                nbytes = sum(b for b in sizes if b > 0)
             # The copies they hold now: from here on the replica wrappers count changes.
             held = sum(map(len, filter(None, map(_WHO_HAS, members))))
             for label in labels:
@@ -376,7 +396,7 @@ class KeyIndex(SchedulerPlugin):
                 if held:
                     copies_by[label] += held
             filed.setdefault(cls, []).extend(members)
-            if free:
+            if free and not free.keys().isdisjoint(keys):
                 # A governed key is never in replicated_free: reduce-replicas need not ask.
                 for key in keys:
                     free.pop(key, None)

@@ -17,11 +17,13 @@ import copy
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any
+from unittest.mock import patch
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amm_rules import load_ruleset
+from amm_rules.engine import index as index_module
 from amm_rules.engine.adapters import TaskFactsAdapter
 from amm_rules.engine.classify import Classifier
 from amm_rules.engine.index import KeyIndex, PlanClass
@@ -409,12 +411,31 @@ class Harness:
 
 
 @settings(max_examples=300, deadline=None)
-@given(rulesets(), rulesets(), cluster_keys(), st.lists(STEPS, max_size=25))
-def test_classification_by_group_gives_the_cascade_answer(first, second, keys, steps):
+@given(
+    rulesets(),
+    rulesets(),
+    cluster_keys(),
+    st.lists(STEPS, max_size=25),
+    st.integers(1, 8),
+    st.integers(1, 12),
+)
+def test_classification_by_group_gives_the_cascade_answer(
+    first, second, keys, steps, chunk, file_every
+):
     """Keys classified a few at a time by task group, while keys are recomputed with
     another type or other annotations, leave and enter memory, get runtime targets or
     copies, and the rules are reloaded mid-way: every key classified is filed exactly
-    as ``Ruleset.resolve`` says, under the rules in force."""
+    as ``Ruleset.resolve`` says, under the rules in force. The chunks a cycle takes
+    from the keys to classify, and the number of governed keys gathered over chunks
+    before they are filed, are drawn small, so that both run over several chunks."""
+    with (
+        patch.object(index_module, "CLASSIFY_CHUNK", chunk),
+        patch.object(index_module, "FILE_EVERY", file_every),
+    ):
+        _classify_by_group(first, second, keys, steps)
+
+
+def _classify_by_group(first: Any, second: Any, keys: list[Task], steps: list[tuple]) -> None:
     first_rules, second_rules = load_ruleset(first), load_ruleset(second)
     harness = Harness(first_rules, keys)
     harness.first = first_rules
