@@ -10,8 +10,9 @@ as in any cycle. An early cycle is:
 
 - **wanted**: asked for when a worker leaves or starts retiring (its copies stop
   counting), a worker joins or resumes after a pause (if the rules rebalance or some
-  target is unmet: the workers that may receive a pool's copies change), or a governed
-  key falls below its target's ``min``;
+  target is unmet: the workers that may receive a pool's copies change), a governed
+  key falls below its target's ``min``, or a task finishes on a retiring worker (its
+  retirement waits until a cycle has planned where the new key goes);
 - **debounced**: it runs ``delay`` seconds after the first request, so that a worker's
   removal (a request per key it held) or two workers dying together cost one cycle;
 - **rate-limited**: it starts at least ``gap`` seconds after the start of the previous

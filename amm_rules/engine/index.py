@@ -25,9 +25,10 @@ hot paths):
   their tasks), when the policy gives it one;
 - ``log_event``: a worker's status changed (retiring, resumed after a pause).
 
-Workers leaving, joining, retiring or resuming, and governed keys falling below their
-target, also wake the policy (:attr:`KeyIndex.wake`), which may ask the AMM for an
-early cycle (:mod:`amm_rules.engine.early`).
+Workers leaving, joining, retiring or resuming, governed keys falling below their
+target, and keys entering memory on a retiring worker also wake the policy
+(:attr:`KeyIndex.wake`), which may ask the AMM for an early cycle
+(:mod:`amm_rules.engine.early`).
 
 Governed keys live in :attr:`~KeyIndex.groups`, one group per :data:`PlanClass` (the
 resolved fields that decide the plan, plus the label of the replication target), so a
@@ -164,6 +165,10 @@ class KeyIndex(SchedulerPlugin):
         self.flow: MemoryFlow | None = None
         #: Told of scattered keys (``update_data``): ``on_scatter(keys, already_in_memory)``.
         self.on_scatter: Callable[[Iterable[Hashable], set[Hashable]], None] | None = None
+        #: Addresses of the workers retiring (from their status changes), until they
+        #: leave: a key entering memory on one wakes the policy, since the retirement
+        #: waits for a cycle to plan where that key goes.
+        self.retiring: set[str] = set()
 
     # -- SchedulerPlugin hooks: keep them minimal, they run on every transition ----------
 
@@ -185,6 +190,10 @@ class KeyIndex(SchedulerPlugin):
             flow = self.flow
             if flow is not None and ts is not None:
                 flow.entered(key, ts, start, stimulus_id)
+            if self.retiring and kwargs.get("worker") in self.retiring:
+                # A task that was running there when its retirement started finished:
+                # the retirement waits until a cycle has planned where its key goes.
+                self.wake("key-on-retiring-worker")
         elif start == "memory":
             self.forget(key)
             flow = self.flow
@@ -202,6 +211,7 @@ class KeyIndex(SchedulerPlugin):
     def remove_worker(self, scheduler: Any = None, worker: str = "", **kwargs: Any) -> None:
         # In-flight copies to the worker are cleared by the planner (case 2b) when the
         # key is next planned; every governed key is checked at the next cycle.
+        self.retiring.discard(worker)
         self.workers_changed = True
         self.wake("worker-left")
 
@@ -213,7 +223,10 @@ class KeyIndex(SchedulerPlugin):
         if type(msg) is dict and msg.get("action") == "worker-status-change":
             status = msg.get("status")
             if status == "closing_gracefully":
+                self.retiring.add(topic)
                 self.wake("worker-retiring")
+            elif msg.get("prev-status") == "closing_gracefully":
+                self.retiring.discard(topic)  # the retirement failed: it runs again
             elif status == "running" and msg.get("prev-status") == "paused":
                 self.wake("worker-resumed")
 

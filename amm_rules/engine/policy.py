@@ -645,19 +645,30 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         return filed
 
     def _give_up_orphaned_copies(self) -> None:
-        """Copies in flight of a key that lost a holder with its worker may be fetched
+        """A key that lost a holder with its worker may be on its way to other workers
         from that dead worker, and such a fetch can hang until the comm times out
-        (seconds to minutes) while the key is short. Forget them, and pass their
-        recipients over for this one cycle, so that other workers are asked first;
-        with no other worker, the same one is asked again a cycle later (which
-        refreshes its list of holders). Once per lost holder, never once per cycle."""
+        (seconds to minutes) while the key is short. Two kinds of recipient:
+
+        - the engine's own copies in flight: forgotten;
+        - workers running a dependent of the key that do not hold it: they are
+          fetching it for that task, maybe from the dead worker. Asking one of them
+          for a copy would add nothing (the worker keeps its fetch going) and the
+          copy would count as in flight, the key short, for the whole in-flight
+          timeout.
+
+        Both are passed over for a while (half an AMM interval), so that other
+        workers are asked first; with no other worker, the same one is asked again
+        later (which refreshes its list of holders). Once per lost holder, never once
+        per cycle; the dependents are read only for keys that lost one."""
         index = self.index
+        tasks = self.scheduler.tasks
         until = time.monotonic() + self.manager.interval / 2
         for key in index.source_lost:
             entry = index.inflight.pop(key, None)
-            if entry:
+            fetching = _fetching_for_dependents(tasks.get(key))
+            if entry or fetching:
                 backoff = index.backoff.setdefault(key, {})
-                for addr in entry:
+                for addr in (*(entry or ()), *fetching):
                     backoff[addr] = max(backoff.get(addr, until), until)
         index.source_lost.clear()
 
@@ -861,3 +872,16 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             index.backoff[key] = plan.backoff
         else:
             index.backoff.pop(key, None)
+
+
+def _fetching_for_dependents(ts: Any) -> list[str]:
+    """Workers running a task that depends on ``ts`` and not holding it: they fetch it
+    (or are about to). Empty for a key gone from memory or without dependents."""
+    if ts is None or not ts.waiters:
+        return []
+    holders = ts.who_has or ()
+    return [
+        ws.address
+        for dts in ts.waiters
+        if (ws := dts.processing_on) is not None and ws not in holders
+    ]

@@ -25,14 +25,14 @@ from typing import Any
 
 import dask
 import pytest
-from distributed import Client, LocalCluster, Worker
+from distributed import Client, Event, LocalCluster, Worker
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.core import Status
-from distributed.utils_test import gen_cluster, gen_test
+from distributed.utils_test import BlockedGatherDep, gen_cluster, gen_test
 
 from amm_rules.engine.policy import RulesPolicy
 from tests.support.chaos import busiest_holders, held_rules, kill
-from tests.support.cluster import amm_config, copies, no_errors, policy_of
+from tests.support.cluster import amm_config, copies, holders, no_errors, policy_of
 from tests.support.waiting import wait_for
 
 AMM = "distributed.scheduler.active-memory-manager"
@@ -76,6 +76,90 @@ async def test_a_killed_worker_is_repaired_by_an_early_cycle(c, s, *workers):
     assert policy.early.counts["requested"] - policy.early.counts["superseded"] >= 1
     assert policy.totals["held"]["requested"] >= len(lost)
     assert await c.gather(list(futures.values())) == [k.encode() * 100 for k in KEYS]
+    no_errors(s)
+
+
+def _fetch(x: bytes) -> int:
+    return len(x)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 3,
+    config={
+        **long_interval(held_rules(2), inflight_timeout=LONG),
+        # Recipients ranked by the bytes of keys they hold, not by process memory:
+        # in-process workers share one process.
+        f"{AMM}.measure": "managed",
+    },
+    timeout=90,
+)
+async def test_a_worker_fetching_a_lost_key_for_a_dependent_is_not_asked_for_the_copy(
+    c, s, a, b, d
+):
+    """Worker ``slow`` runs a task that needs ``held-0`` and is fetching it, and the
+    fetch hangs (as one from a worker that died does, until the comm times out). A
+    holder of ``held-0`` dies: asking ``slow`` for the copy would add nothing, and the
+    copy would count as in flight, the key short, for the whole in-flight timeout (a
+    minute here). The early cycle asks another worker, although ``slow`` is the least
+    loaded."""
+    policy = policy_of(s)
+    key = "held-0"
+    # d holds a big ungoverned key: the least loaded recipient is b, then slow.
+    ballast = await c.scatter({"ballast": b"x" * 10_000_000}, workers=[d.address])
+    x = c.submit(operator.mul, b"x", 100, key=key, workers=[a.address])
+    await x
+    s.extensions["amm"].run_once()
+    await wait_for(lambda: copies(s, key) == 2, f"{key} at 2 copies")
+    assert holders(s, key) == {a.address, b.address}
+    async with BlockedGatherDep(s.address, nthreads=1) as slow:
+        await wait_for(lambda: slow.address in s.workers, "slow registered")
+        dependent = c.submit(_fetch, x, key="fetch-held-0", workers=[slow.address])
+        await slow.in_gather_dep.wait()  # slow is fetching held-0 and hangs there
+        cycles = policy.cycles
+        await kill(a)
+        await wait_for(lambda: copies(s, key) == 2, f"{key} copied again")
+        assert holders(s, key) == {b.address, d.address}
+        assert slow.address not in policy.index.inflight.get(key, {})
+        # One early cycle asked for the copy; at most one more saw it land.
+        assert policy.cycles - cycles <= 2
+        slow.block_gather_dep.set()
+        assert await dependent == 100
+    assert list(ballast) == ["ballast"]
+    no_errors(s)
+
+
+def _wait_then_make(event_name: str) -> bytes:
+    Event(event_name).wait()
+    return b"made while retiring"
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 2, config=long_interval(held_rules(2)), timeout=120)
+async def test_a_task_finishing_on_a_retiring_worker_does_not_hold_its_retirement(c, s, a, b):
+    """A task that was running on a worker when its retirement started finishes there
+    while the retirement waits for copies: its key must be placed before the worker
+    may leave, and the retirement waits for a cycle that plans it. With the next
+    periodic cycle a minute away, that cycle is an early one, woken by the key
+    entering memory on the retiring worker."""
+    policy = policy_of(s)
+    futures = await held(c, s, 2)  # noqa: F841 - keeps the keys, on a and b
+    async with BlockedGatherDep(s.address, nthreads=1) as slow:
+        await wait_for(lambda: slow.address in s.workers, "slow registered")
+        release = Event("release-late-task")
+        late = c.submit(_wait_then_make, "release-late-task", key="late-1", workers=[a.address])
+        await wait_for(lambda: a.state.executing_count == 1, "late-1 running on a")
+        # The held keys must reach slow before a may leave: the retirement waits.
+        retiring = asyncio.create_task(c.retire_workers([a.address]))
+        await slow.in_gather_dep.wait()
+        await release.set()  # late-1 enters memory on a, still retiring
+        await wait_for(lambda: s.tasks["late-1"].state == "memory", "late-1 in memory on a")
+        slow.block_gather_dep.set()
+        # Without an early cycle, a would wait here for the next periodic one.
+        await wait_for(lambda: a.address not in s.workers, "a retired")
+        assert list(await retiring) == [a.address]
+        assert any("key-on-retiring-worker" in r for _, r in policy.early.history)
+        assert await late == b"made while retiring"  # kept on a worker that stays
+        assert all(copies(s, k) == 2 for k in KEYS)
     no_errors(s)
 
 
