@@ -17,11 +17,11 @@ import sys
 
 import dask
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client
 from distributed.utils_test import gen_test
 
 from tests.support.chaos import busiest_holders, held_rules, lost, wait_for_targets
-from tests.support.cluster import TransitionCounter, amm_config, policy_of
+from tests.support.cluster import TransitionCounter, amm_config, policy_of, process_cluster
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
@@ -37,14 +37,7 @@ async def test_sigkill_of_worker_processes_loses_no_held_key() -> None:
     # Builtins only: worker processes cannot import this test module.
     with dask.config.set(amm_config(held_rules(N), inflight_timeout=2.0)):
         async with (
-            LocalCluster(
-                n_workers=4,
-                threads_per_worker=1,
-                processes=True,
-                asynchronous=True,
-                dashboard_address=":0",
-                memory_limit="1 GiB",
-            ) as cluster,
+            process_cluster(4) as cluster,
             Client(cluster, asynchronous=True) as c,
         ):
             s = cluster.scheduler

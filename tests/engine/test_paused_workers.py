@@ -25,6 +25,7 @@ from tests.support.cluster import (
     holders,
     no_errors,
     policy_of,
+    process_cluster,
 )
 from tests.support.leak import held, leaky, worker_config
 from tests.support.retire import ReplicaLog
@@ -44,18 +45,6 @@ paused-workers:
   require-unmanaged: 40%
   max-paused-fraction: 50%
 """
-
-
-def process_cluster(n_workers: int = 2) -> LocalCluster:
-    """Worker processes with nannies, named 0, 1, ...; see :func:`add_leaky_worker`."""
-    return LocalCluster(
-        n_workers=n_workers,
-        threads_per_worker=1,
-        processes=True,
-        asynchronous=True,
-        dashboard_address=":0",
-        memory_limit=LIMIT,
-    )
 
 
 async def add_leaky_worker(
@@ -128,7 +117,10 @@ async def test_a_leaking_worker_stalls_the_workload_until_the_section_restarts_i
         **worker_config(pause=0.5),
     }
     with dask.config.set(config):
-        async with process_cluster() as cluster, Client(cluster, asynchronous=True) as c:
+        async with (
+            process_cluster(memory_limit=LIMIT) as cluster,
+            Client(cluster, asynchronous=True) as c,
+        ):
             s = cluster.scheduler
             leaker = await add_leaky_worker(cluster, c)
             executions = TransitionCounter()
@@ -208,7 +200,10 @@ async def test_a_pause_from_dasks_data_and_a_move_never_key_alone_are_left_alone
         **worker_config(pause=0.5),
     }
     with dask.config.set(config):
-        async with process_cluster() as cluster, Client(cluster, asynchronous=True) as c:
+        async with (
+            process_cluster(memory_limit=LIMIT) as cluster,
+            Client(cluster, asynchronous=True) as c,
+        ):
             s = cluster.scheduler
             managed = await add_leaky_worker(cluster, c, "managed", "MANAGED")
             leaker = await add_leaky_worker(cluster, c, "leaky", "LEAKY")
@@ -258,7 +253,10 @@ async def test_two_leaking_workers_are_restarted_one_at_a_time_then_cool_down(tm
         **worker_config(pause=0.5),
     }
     with dask.config.set(config):
-        async with process_cluster() as cluster, Client(cluster, asynchronous=True) as c:
+        async with (
+            process_cluster(memory_limit=LIMIT) as cluster,
+            Client(cluster, asynchronous=True) as c,
+        ):
             s = cluster.scheduler
             first = await add_leaky_worker(cluster, c, "leaky-a", "LEAKY_A")
             second = await add_leaky_worker(cluster, c, "leaky-b", "LEAKY_B")

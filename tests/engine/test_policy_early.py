@@ -25,14 +25,21 @@ from typing import Any
 
 import dask
 import pytest
-from distributed import Client, Event, LocalCluster, Worker
+from distributed import Client, Event, Worker
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.core import Status
 from distributed.utils_test import BlockedGatherDep, gen_cluster, gen_test
 
 from amm_rules.engine.policy import RulesPolicy
 from tests.support.chaos import busiest_holders, held_rules, kill
-from tests.support.cluster import amm_config, copies, holders, no_errors, policy_of
+from tests.support.cluster import (
+    amm_config,
+    copies,
+    holders,
+    no_errors,
+    policy_of,
+    process_cluster,
+)
 from tests.support.waiting import wait_for
 
 AMM = "distributed.scheduler.active-memory-manager"
@@ -320,14 +327,7 @@ async def test_sigkill_of_a_worker_process_is_repaired_by_an_early_cycle() -> No
     requested again before any periodic cycle (a minute away)."""
     with dask.config.set(long_interval(held_rules(2))):
         async with (
-            LocalCluster(
-                n_workers=3,
-                threads_per_worker=1,
-                processes=True,
-                asynchronous=True,
-                dashboard_address=":0",
-                memory_limit="1 GiB",
-            ) as cluster,
+            process_cluster(3) as cluster,
             Client(cluster, asynchronous=True) as c,
         ):
             s = cluster.scheduler

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import dask
 import numpy as np
-from distributed import Client, LocalCluster
+from distributed import Client
 from distributed.utils_test import gen_test
 
-from tests.support.cluster import amm_config, holders, policy_of
+from tests.support.cluster import amm_config, holders, policy_of, process_cluster
 from tests.support.rulesets import rules
 from tests.support.waiting import wait_for
 
@@ -27,14 +27,7 @@ async def test_the_default_optimistic_measure_rebalances_worker_processes() -> N
     config.update({f"distributed.worker.memory.{k}": False for k in ("target", "spill", "pause")})
     with dask.config.set(config):
         async with (
-            LocalCluster(
-                n_workers=3,
-                threads_per_worker=1,
-                processes=True,
-                asynchronous=True,
-                dashboard_address=":0",
-                memory_limit="1 GiB",
-            ) as cluster,
+            process_cluster(3) as cluster,
             Client(cluster, asynchronous=True) as c,
         ):
             s = cluster.scheduler

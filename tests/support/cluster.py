@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
+from distributed import LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils_test import inc
 
@@ -95,6 +96,20 @@ def copies(scheduler: Any, key: Hashable) -> int:
 def counts(scheduler: Any, keys: Iterable[Any]) -> list[int]:
     """:func:`copies` of each key (or future) in turn."""
     return [copies(scheduler, getattr(k, "key", k)) for k in keys]
+
+
+def process_cluster(n_workers: int = 2, memory_limit: str | int = "1 GiB") -> LocalCluster:
+    """An asynchronous LocalCluster of worker processes under nannies (one thread each,
+    named 0, 1, ...), for the tests that kill, restart or measure real processes; the
+    scheduler is in the test's process, so ``cluster.scheduler`` is the real one."""
+    return LocalCluster(
+        n_workers=n_workers,
+        threads_per_worker=1,
+        processes=True,
+        asynchronous=True,
+        dashboard_address=":0",
+        memory_limit=memory_limit,
+    )
 
 
 def who_has(client: Any, future: Any) -> int:
