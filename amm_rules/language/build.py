@@ -16,7 +16,7 @@ every entry that compiled even when other entries did not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from amm_rules.language.fields import (
@@ -31,6 +31,7 @@ from amm_rules.language.fields import (
     unknown_pool_message,
 )
 from amm_rules.language.locator import Locator
+from amm_rules.language.records import record
 from amm_rules.language.ruleset import (
     ACTION_FIELDS,
     DEFAULT_PRODUCERS,
@@ -74,7 +75,7 @@ _PRESSURE_DURATIONS = {
 _PRESSURE_FRACTIONS = {"threshold": "threshold", "release": "release"}
 
 
-@dataclass
+@record
 class RuleDraft:
     """A rule whose match and actions compiled."""
 
@@ -86,7 +87,7 @@ class RuleDraft:
     actions: Actions
 
 
-@dataclass
+@record
 class Draft:
     """What lint looks at: compiled parts of the file, with their constants."""
 

@@ -13,13 +13,15 @@ what :func:`amm_rules.load_ruleset` raises and what a scheduler start fails with
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Literal
+
+from amm_rules.language.records import record
 
 Severity = Literal["error", "warning"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Diagnostic:
     """One problem found in one rules file."""
 

@@ -22,10 +22,11 @@ import logging
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
 from amm_rules.language.diagnostics import Diagnostic, RulesError, sort_key
+from amm_rules.language.records import record
 from amm_rules.language.ruleset import Ruleset
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ logger = logging.getLogger(__name__)
 INLINE = "<rules>"
 
 
-@dataclass
+@record
 class CheckResult:
     """Everything known about one checked rules source."""
 

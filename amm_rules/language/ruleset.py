@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from amm_rules.language.records import record
+
 #: The fields a rule (or an ``amm`` annotation) can set, in the order they are reported.
 ACTION_FIELDS: tuple[str, ...] = ("replicate", "pool", "avoid", "spread", "move")
 
@@ -74,7 +76,7 @@ Predicate = Callable[[Any], bool]
 DRY_RUN = "dry-run"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Position:
     """1-based line and column in the rules file."""
 
@@ -167,7 +169,7 @@ class WorkerFacts:
     memory_fraction: float = 0.0
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Pool:
     """A named set of workers, given by a worker expression."""
 
@@ -183,7 +185,7 @@ class Pool:
         return f"<Pool {self.name!r}: {self.source}>"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Actions:
     """Action fields of one rule or annotation; ``None`` means "not set here"."""
 
@@ -204,7 +206,7 @@ class Actions:
         return self._set_fields  # type: ignore[attr-defined,no-any-return]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Rule:
     """One entry of ``rules:``."""
 
@@ -232,7 +234,7 @@ MEASURES = ("process", "optimistic", "managed", "managed_total")
 MEASURES_WITH_SPILLED = frozenset({"managed_total"})
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RebalanceSettings:
     """The ``rebalance:`` section. Fractions are of each worker's own memory limit."""
 
@@ -270,7 +272,7 @@ PAUSED_ACTIONS = ("restart", "retire", "report")
 MAX_CONCURRENT = 1_000
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PausedWorkersSettings:
     """The ``paused-workers:`` section. Fractions are of each worker's own memory limit,
     or of the cluster's workers (``max_paused_fraction``); durations are in seconds."""
@@ -299,7 +301,7 @@ class PausedWorkersSettings:
 LEGACY_REPLICATE_VALUES: tuple[str, ...] = ("honour", "ignore")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DemandSettings:
     """The ``demand:`` section: copies kept while dependents read them.
 
@@ -330,7 +332,7 @@ MAX_SATURATION = 100.0
 DEFAULT_PRODUCERS = "task.prefix_net_per_task > 0 or not task.prefix_tasks"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MemoryPressureSettings:
     """The ``memory-pressure:`` section. Fractions are of each worker's own memory
     limit; durations are in seconds. See docs/memory-flow.md."""
@@ -452,7 +454,7 @@ def overrides(
 UNGOVERNED = Desired()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Ruleset:
     """A compiled rules file."""
 

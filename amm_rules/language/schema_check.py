@@ -16,9 +16,9 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from amm_rules.language.records import record
 from amm_rules.language.schema import SCHEMA
 from amm_rules.language.spelling import closest, did_you_mean
 
@@ -35,7 +35,7 @@ _TYPE_NAMES = {
 }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class FileWords:
     """How messages name the parts of one kind of file (rules files; the test files of
     ``amm-rules test`` have their own)."""
@@ -64,7 +64,7 @@ RULES_FILE = FileWords(
 )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SchemaProblem:
     """A structural problem at ``path`` (at its key when ``at_key``)."""
 

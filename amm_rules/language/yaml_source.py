@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import bisect
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from amm_rules.language.records import record
 
 #: Largest rules file read, in bytes. Real rules files are a few kilobytes.
 MAX_BYTES = 2**20
@@ -58,7 +60,7 @@ LINE_BREAK = re.compile(r"\r\n|[\r\n\x85\u2028\u2029]")
 _NON_PRINTABLE: re.Pattern[str] = yaml.reader.Reader.NON_PRINTABLE
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SourceProblem:
     """A problem found while reading the YAML, before its meaning is checked."""
 
@@ -68,7 +70,7 @@ class SourceProblem:
     code: str
 
 
-@dataclass
+@record
 class YamlSource:
     """A read rules file: its text, its data, and the node behind each path."""
 

@@ -14,7 +14,6 @@ The reference for users is ``docs/expressions.md``. Nothing here imports
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from amm_rules.language.expr.ast import And, Node
@@ -23,6 +22,7 @@ from amm_rules.language.expr.checker import check
 from amm_rules.language.expr.compiler import compile_condition
 from amm_rules.language.expr.errors import TOO_DEEP, ExpressionError, Problem
 from amm_rules.language.expr.parser import MAX_DEPTH, MAX_LENGTH, MAX_LIST_ITEMS, parse
+from amm_rules.language.records import record
 
 __all__ = [
     "MAX_DEPTH",
@@ -40,7 +40,7 @@ __all__ = [
 Conjunct = tuple[Callable[[Any], bool], frozenset[str]]
 
 
-@dataclass(frozen=True, eq=False)
+@record(frozen=True, eq=False)
 class CompiledExpression:
     """A compiled ``match`` or pool expression."""
 

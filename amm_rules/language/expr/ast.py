@@ -9,8 +9,9 @@ Parentheses leave no node: ``(a)`` is the node of ``a``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal as TypingLiteral
+
+from amm_rules.language.records import record
 
 #: The kinds of literal, as written.
 LiteralKind = TypingLiteral["string", "number", "size", "fraction", "bool", "invalid"]
@@ -18,8 +19,10 @@ LiteralKind = TypingLiteral["string", "number", "size", "fraction", "bool", "inv
 CompareOp = TypingLiteral["==", "!=", "<", "<=", ">", ">=", "in", "not in", "matches"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Span:
+    """Where a node is in its expression: lines and columns, counted from 1."""
+
     line: int
     column: int
     end_line: int
@@ -30,7 +33,7 @@ class Span:
         return Span(self.line, self.column, other.end_line, other.end_column)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Attribute:
     """``task.prefix``, ``worker.resources.GPU``, ``task.annotations["my-key"]``."""
 
@@ -49,7 +52,7 @@ class Attribute:
         return out
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Literal:
     """A string, number, size, percentage or boolean, with its decoded value.
 
@@ -65,7 +68,7 @@ class Literal:
     span: Span
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ListLiteral:
     """``["a", "b"]``: literals only."""
 
@@ -73,13 +76,15 @@ class ListLiteral:
     span: Span
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Not:
+    """``not a``."""
+
     operand: Node
     span: Span
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class And:
     """``a and b and c``: one node for the whole chain."""
 
@@ -87,7 +92,7 @@ class And:
     span: Span
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Or:
     """``a or b or c``: one node for the whole chain."""
 
@@ -95,7 +100,7 @@ class Or:
     span: Span
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Compare:
     """``left op right`` for every comparison, ``in``, ``not in`` and ``matches``."""
 

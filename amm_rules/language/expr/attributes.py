@@ -12,11 +12,11 @@ i.e. the fields of :class:`~amm_rules.language.ruleset.TaskFacts` and
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from amm_rules.language.expr.ast import Attribute, Span
 from amm_rules.language.expr.errors import BAD_LITERAL, UNKNOWN_ATTRIBUTE, WRONG_CONTEXT, Problem
+from amm_rules.language.records import record
 from amm_rules.language.spelling import closest
 
 Context = Literal["task", "worker"]
@@ -55,7 +55,7 @@ HINTS: dict[ValueType, str] = {
 }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class AttributeSpec:
     """One attribute: ``task.nbytes``, or a keyed family like ``worker.resources.NAME``."""
 
@@ -174,7 +174,7 @@ _WHERE = {"task": "a rule's match", "worker": "a pool"}
 _OTHER: dict[Context, Context] = {"task": "worker", "worker": "task"}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Resolved:
     """An attribute node resolved against the registry: ``spec`` plus, for a keyed
     attribute, the ``key`` (``"GPU"`` in ``worker.resources.GPU``)."""

@@ -14,7 +14,7 @@ at run time; lists appear only on the right of ``in``/``not in``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from amm_rules.language.expr import ast
 from amm_rules.language.expr.attributes import (
@@ -27,6 +27,7 @@ from amm_rules.language.expr.attributes import (
 )
 from amm_rules.language.expr.errors import BAD_LITERAL, TYPE_MISMATCH, Problem
 from amm_rules.language.expr.glob import GlobError, Matcher, compile_glob
+from amm_rules.language.records import record
 
 _LITERAL_TYPES = {
     "string": ValueType.STRING,
@@ -39,7 +40,7 @@ _LITERAL_TYPES = {
 _ORDERING = frozenset({"<", "<=", ">", ">="})
 
 
-@dataclass
+@record
 class Checked:
     """What the checker learnt, keyed by ``id()`` of the AST nodes (the tree is alive
     for as long as this is used)."""

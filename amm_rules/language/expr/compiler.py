@@ -23,7 +23,6 @@ from __future__ import annotations
 import numbers
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
@@ -31,6 +30,7 @@ from amm_rules.language.expr import ast
 from amm_rules.language.expr.attributes import Resolved, ValueType
 from amm_rules.language.expr.checker import Checked
 from amm_rules.language.expr.glob import glob_match
+from amm_rules.language.records import record
 
 Fn = Callable[[Any], Any]
 
@@ -73,7 +73,7 @@ def kind_of(value: Any) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Code:
     """A compiled node: either a constant, or a function of the facts object."""
 

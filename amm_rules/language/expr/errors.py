@@ -10,7 +10,8 @@ turns them into :class:`amm_rules.language.diagnostics.Diagnostic`.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+from amm_rules.language.records import record
 
 #: The codes a :class:`Problem` can carry.
 SYNTAX = "syntax"
@@ -36,7 +37,7 @@ CODES: frozenset[str] = frozenset(
 )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Problem:
     """One thing wrong with an expression.
 

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
 from operator import methodcaller
+
+from amm_rules.language.records import record
 
 Matcher = Callable[[str], bool]
 
@@ -48,7 +49,7 @@ class GlobError(ValueError):
         self.offset = offset
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CharClass:
     """``[...]``: a set of characters and ranges, possibly negated."""
 
