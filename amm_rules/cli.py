@@ -134,7 +134,8 @@ def _check(file: str) -> object:
     from amm_rules.language.loader import check_path, check_stream
 
     if file == "-":
-        return check_stream(click.get_binary_stream("stdin"))
+        # The bytes under standard input (click's own helper for it is deprecated).
+        return check_stream(getattr(sys.stdin, "buffer", sys.stdin))
     return check_path(file, streams=True)
 
 
