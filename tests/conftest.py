@@ -17,7 +17,6 @@ Every test fails, after its own checks pass:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Generator
 from typing import Any
 
@@ -25,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.support import engine_errors
+from tests.support.env import in_ci
 from tests.support.waiting import BUDGET, declared_timeout
 
 settings.register_profile(
@@ -34,7 +34,7 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("ci" if os.environ.get("CI") else "dev")
+settings.load_profile("ci" if in_ci() else "dev")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

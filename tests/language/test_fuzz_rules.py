@@ -18,13 +18,12 @@ from hypothesis import strategies as st
 from amm_rules.language.loader import CheckResult, check_text
 from amm_rules.language.reporters import format_github, format_json, format_text
 from tests.support import fuzzer
+from tests.support.env import in_ci
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = [p.read_bytes() for p in sorted((ROOT / "tests" / "cases" / "valid").glob("*.yaml"))]
 SEEDS += [p.read_bytes() for p in sorted((ROOT / "examples" / "rules").glob("*.yaml"))]
-EXAMPLES = int(
-    os.environ.get("AMM_RULES_FUZZ_EXAMPLES", "200" if os.environ.get("CI") else "2000")
-)
+EXAMPLES = int(os.environ.get("AMM_RULES_FUZZ_EXAMPLES", "200" if in_ci() else "2000"))
 
 # The shared fuzzer's tokens, plus a few that only byte-level mutation needs.
 TOKENS = [*fuzzer.TOKENS, b"-", b"*b ", b"...", b"true", b"null", b"0"]

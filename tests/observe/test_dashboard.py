@@ -41,6 +41,7 @@ from amm_rules.observe.routes import NO_POLICY
 from amm_rules.observe.status import status_report
 from tests.support.browser import Browser, find_chromium
 from tests.support.cluster import CountingDict, amm_config, copies, policy_of, rules
+from tests.support.env import in_ci
 from tests.support.waiting import wait_for
 
 #: A scheduler with its dashboard and the page, as ``--preload amm_rules.dashboard``.
@@ -54,7 +55,7 @@ RULES = rules(
 PACKAGE_ROOT = Path(amm_rules.__file__).resolve().parent.parent
 
 needs_chromium = pytest.mark.skipif(
-    find_chromium() is None and not os.environ.get("CI"),
+    find_chromium() is None and not in_ci(),
     reason="no Chromium here (Debian: apt-get install chromium); with CI set it is required",
 )
 

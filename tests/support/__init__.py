@@ -18,6 +18,8 @@
   process without a network (``benchmarks/scale.py`` and its smoke test).
 - :mod:`.layout`: the package's imports read with :mod:`ast`, and the layout rules
   (``tests/test_layout.py``);
+- :mod:`.env`: ``in_ci()``, whether this is a CI run (tests that need an optional part
+  skip elsewhere, fail there);
 - :mod:`.dumps`: real cluster dumps of a small cluster with governed keys, and the live
   engine settled on the same cluster (the offline tests).
 """

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.env import in_ci
+
 #: Regular files the Linux kernel lets nobody read, root included: write-only sysctl
 #: knobs (mode 0200; reading one is refused with EACCES before anything is read).
 WRITE_ONLY_FILES = ("/proc/sys/vm/drop_caches", "/proc/sys/vm/compact_memory")
@@ -55,7 +57,7 @@ def make_unreadable(path: Path, text: str) -> None:
         return
     target = write_only_file()
     if target is None:
-        if os.environ.get("CI"):
+        if in_ci():
             pytest.fail("no way to make a file unreadable for root on this CI system")
         pytest.skip("running as root, and no write-only system file to point to")
     path.symlink_to(target)
