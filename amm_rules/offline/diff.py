@@ -26,7 +26,7 @@ from amm_rules.engine.planner import source_label
 from amm_rules.engine.view import key_string
 from amm_rules.language.ruleset import ACTION_FIELDS, Desired, Ruleset
 from amm_rules.offline.dump import ClusterState
-from amm_rules.offline.report import simulation_report
+from amm_rules.offline.report import empty_rule_stats, simulation_report
 from amm_rules.offline.simulate import Simulation, runtime_targets
 from amm_rules.offline.views import SimCluster
 
@@ -112,20 +112,7 @@ def _label(old: Desired, new: Desired, name: str) -> str:
 
 
 def _empty_rule() -> dict[str, Any]:
-    return {
-        "keys": 0,
-        "bytes": 0,
-        "add": 0,
-        "drop": 0,
-        "bytes_transferred": 0,
-        "would_add": 0,
-        "would_drop": 0,
-        "unmet": 0,
-        "misplaced": 0,
-        "pending": 0,
-        "reasons": {},
-        "state": "removed",
-    }
+    return {**empty_rule_stats(), "state": "removed"}
 
 
 def render_diff(report: dict[str, Any]) -> str:

@@ -146,6 +146,26 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}s"
 
 
+#: The counts of a rule's row in a simulation's report, in the order they are shown.
+RULE_COUNTS = (
+    "keys",
+    "bytes",
+    "add",
+    "drop",
+    "bytes_transferred",
+    "would_add",
+    "would_drop",
+    "unmet",
+    "misplaced",
+    "pending",
+)
+
+
+def empty_rule_stats() -> dict[str, Any]:
+    """A rule's row before anything is counted (also ``diff``'s row of a removed rule)."""
+    return {**dict.fromkeys(RULE_COUNTS, 0), "reasons": Counter()}
+
+
 def rules_section(ruleset: Ruleset, sim: Simulation, result: Result) -> dict[str, Any]:
     """Per label: keys and bytes governed, copies added/dropped, bytes moved, state."""
     order = [r.name for r in ruleset.rules]
@@ -153,19 +173,7 @@ def rules_section(ruleset: Ruleset, sim: Simulation, result: Result) -> dict[str
 
     def entry(label: str) -> dict[str, Any]:
         if label not in stats:
-            stats[label] = {
-                "keys": 0,
-                "bytes": 0,
-                "add": 0,
-                "drop": 0,
-                "bytes_transferred": 0,
-                "would_add": 0,
-                "would_drop": 0,
-                "unmet": 0,
-                "misplaced": 0,
-                "pending": 0,
-                "reasons": Counter(),
-            }
+            stats[label] = empty_rule_stats()
         return stats[label]
 
     for name in order:
