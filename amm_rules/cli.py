@@ -31,6 +31,25 @@ from amm_rules import __version__
 FORMATS = ("text", "json", "github")
 
 
+_format_option = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(("text", "json")),
+    default="text",
+    show_default=True,
+    help="Output format.",
+)
+# The cluster that simulate and diff read: a dump file, or a running scheduler's state.
+_dump_option = click.option(
+    "--dump",
+    type=click.Path(dir_okay=False),
+    help="Cluster dump (Client.dump_cluster_state: .msgpack.gz or .yaml).",
+)
+_state_option = click.option(
+    "--scheduler", metavar="ADDRESS", help="Read the state of a running scheduler."
+)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version=__version__, prog_name="amm-rules")
 def main() -> None:
@@ -141,12 +160,8 @@ def _check(file: str) -> object:
 
 @main.command()
 @click.argument("rules", metavar="RULES")
-@click.option(
-    "--dump",
-    type=click.Path(dir_okay=False),
-    help="Cluster dump (Client.dump_cluster_state: .msgpack.gz or .yaml).",
-)
-@click.option("--scheduler", metavar="ADDRESS", help="Read the state of a running scheduler.")
+@_dump_option
+@_state_option
 @click.option(
     "--cycles",
     type=click.IntRange(min=1),
@@ -157,14 +172,7 @@ def _check(file: str) -> object:
 @click.option("--kill", multiple=True, metavar="WORKER", help="Lose a worker (address or name).")
 @click.option("--kill-host", multiple=True, metavar="HOST", help="Lose every worker of a host.")
 @click.option("--kill-pool", multiple=True, metavar="NAME", help="Lose every worker of a pool.")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(("text", "json")),
-    default="text",
-    show_default=True,
-    help="Output format.",
-)
+@_format_option
 def simulate(
     rules: str,
     dump: str | None,
@@ -204,26 +212,15 @@ def simulate(
 @main.command()
 @click.argument("old", metavar="OLD")
 @click.argument("new", metavar="NEW")
-@click.option(
-    "--dump",
-    type=click.Path(dir_okay=False),
-    help="Cluster dump (Client.dump_cluster_state: .msgpack.gz or .yaml).",
-)
-@click.option("--scheduler", metavar="ADDRESS", help="Read the state of a running scheduler.")
+@_dump_option
+@_state_option
 @click.option(
     "--cycles",
     type=click.IntRange(min=1),
     default=None,
     help="Stop the new rules after N cycles. Default: until nothing changes.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(("text", "json")),
-    default="text",
-    show_default=True,
-    help="Output format.",
-)
+@_format_option
 def diff(
     old: str, new: str, dump: str | None, scheduler: str | None, cycles: int | None, fmt: str
 ) -> None:
@@ -243,14 +240,7 @@ def diff(
 @main.command(name="test")
 @click.argument("paths", nargs=-1, metavar="FILE|DIR...", type=click.Path(exists=True))
 @click.option("--coverage", is_flag=True, help="List the rules and pools no case exercised.")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(("text", "json")),
-    default="text",
-    show_default=True,
-    help="Output format.",
-)
+@_format_option
 @click.option("--schema", "show_schema", is_flag=True, help="Print the test files' JSON Schema.")
 def test_command(paths: tuple[str, ...], coverage: bool, fmt: str, show_schema: bool) -> None:
     """Run rule tests: test files, or every *_test.yaml under the directories given.
@@ -350,14 +340,6 @@ _timeout_option = click.option(
     default=5.0,
     show_default=True,
     help="Seconds to wait for the scheduler at each step.",
-)
-_format_option = click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(("text", "json")),
-    default="text",
-    show_default=True,
-    help="Output format.",
 )
 
 
