@@ -33,8 +33,10 @@ workloads are interleaved, so that a shared machine's changing load falls on eve
 alike; the load average before each run is recorded.
 
 Usage: ``python -m benchmarks.memory_pressure [--repeats N] [--only W1,W2,W3]
-[--modes without,with,always] [--section JSON]``; writes
-``benchmarks/results/memory_pressure.json``.
+[--modes without,with,always] [--section JSON] [--variant NAME=JSON ...]``; writes
+``benchmarks/results/memory_pressure.json``. A ``--variant`` adds a mode of that name
+whose section is the JSON (fields over the defaults), to compare settings in one
+interleaved series.
 """
 
 from __future__ import annotations
@@ -258,7 +260,27 @@ def summarize(runs: list[dict[str, Any]], only: list[str], modes: list[str]) -> 
             spilled = base["spilled"]["median"]
             m["spilled_ratio"] = m["spilled"]["median"] / spilled if spilled else None
             m["wall_ratio"] = m["wall_s"]["median"] / base["wall_s"]["median"]
+            m["wall_paired"] = paired(rows["without"], rows[mode])
     return table
+
+
+def paired(base: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Wall time over the ``without`` run of the same repeat (run next to it): median,
+    quartiles, and how many repeats were slower."""
+    by_repeat = {r["repeat"]: r["wall_s"] for r in base}
+    ratios = sorted(
+        r["wall_s"] / by_repeat[r["repeat"]] for r in other if r["repeat"] in by_repeat
+    )
+    if not ratios:
+        return None
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return {
+        "median": round(statistics.median(ratios), 3),
+        "q1": round(q[0], 3),
+        "q3": round(q[2], 3),
+        "slower": sum(x > 1 for x in ratios),
+        "n": len(ratios),
+    }
 
 
 def targets(table: dict[str, Any], mode: str) -> dict[str, Any]:
@@ -271,7 +293,19 @@ def targets(table: dict[str, Any], mode: str) -> dict[str, Any]:
         if m["spilled_ratio"] is not None and m["spilled_ratio"] <= 0.5 and m["wall_ratio"] <= 1.0
     ]
     worse = [name for name, m in rows.items() if m["wall_ratio"] > 1.05]
-    return {"helped": helped, "wall_worse_than_5pct": worse, "met": bool(helped) and not worse}
+    # The same by paired ratios (each run over the ``without`` run of its repeat), which a
+    # shared machine's drifting load disturbs less than a ratio of medians.
+    worse_paired = [
+        name
+        for name, m in rows.items()
+        if m.get("wall_paired") and m["wall_paired"]["median"] > 1.05
+    ]
+    return {
+        "helped": helped,
+        "wall_worse_than_5pct": worse,
+        "wall_worse_than_5pct_paired": worse_paired,
+        "met": bool(helped) and not worse,
+    }
 
 
 def mib(n: float) -> str:
@@ -304,7 +338,16 @@ def print_table(table: dict[str, Any], repeats: int) -> None:
             if "wall_ratio" in m:
                 ratio = m["spilled_ratio"]
                 shown = "-" if ratio is None else f"{ratio:.2f}"
-                print(f"{'':<8} {mode}/without: spilled {shown}, wall {m['wall_ratio']:.2f}")
+                p = m["wall_paired"]
+                pair = (
+                    ""
+                    if p is None
+                    else (
+                        f", paired {p['median']:.2f} ({p['q1']:.2f}-{p['q3']:.2f}), "
+                        f"slower in {p['slower']}/{p['n']}"
+                    )
+                )
+                print(f"{'':<8} {mode}/without: spilled {shown}, wall {m['wall_ratio']:.2f}{pair}")
     print(f"medians (min-max) of {repeats} runs per mode")
 
 
@@ -318,11 +361,25 @@ def main() -> None:
         default="{}",
         help="the memory-pressure section of the 'with' mode, as JSON (default: {})",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="one more mode, NAME, with this memory-pressure section (repeatable)",
+    )
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
     args.only = [w.strip() for w in args.only.split(",") if w.strip()]
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = sorted(set(args.modes) - set(MODES)) + sorted(set(args.only) - set(SHAPES))
+    for variant in args.variant:
+        name, _, section = variant.partition("=")
+        if not name or name in MODES or not section:
+            parser.error(f"--variant {variant!r}: NAME=JSON with a new NAME")
+        SECTIONS[name] = json.loads(section)
+        args.modes.append(name)
+    known = set(MODES) | set(SECTIONS)
+    unknown = sorted(set(args.modes) - known) + sorted(set(args.only) - set(SHAPES))
     if unknown:
         parser.error(f"unknown {', '.join(unknown)}: modes {MODES}, workloads {tuple(SHAPES)}")
     SECTIONS["with"].update(json.loads(args.section))
