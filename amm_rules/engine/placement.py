@@ -5,6 +5,9 @@ live.
 
 - the pool membership of every worker, recomputed when workers join, leave or change
   status (paused, resumed, retiring), or every cycle when a pool reads worker memory;
+  one worker's is evaluated again when its resources change or, if a pool reads worker
+  memory, at its heartbeats (:meth:`Placements.reevaluate`, called through
+  :mod:`amm_rules.engine.worker_watch`);
 - per :class:`~amm_rules.engine.index.PlanClass` (a key's pool, avoid, spread, target
   and move), the eligible workers and how many copies and hosts they allow
   (:class:`~amm_rules.engine.index.Placement`), computed once per refresh;
@@ -83,6 +86,28 @@ class Placements:
             )
             for a, ws in workers.items()
         }
+        self._by_class = {}
+        return True
+
+    @property
+    def volatile(self) -> bool:
+        """True if a pool reads worker memory (membership may change at any heartbeat)."""
+        return self._volatile
+
+    def reevaluate(self, address: str, measure: str) -> bool:
+        """Evaluate one worker's pools again (its resources or memory changed). True if
+        its membership changed: it is then recorded, the placements are dropped, and the
+        caller should have everything recomputed at the next refresh. A worker not seen
+        by a refresh yet is left to that refresh."""
+        ws = self._workers.get(address)
+        was = self.pools.get(address)
+        if ws is None or was is None or self._ruleset is None:
+            return False
+        facts = worker_facts(ws, getattr(ws.memory, measure))
+        now = pool_membership(facts, self._ruleset.pools, self._on_pool_error)
+        if now == was:
+            return False
+        self.pools[address] = now
         self._by_class = {}
         return True
 

@@ -69,6 +69,7 @@ from amm_rules.engine.reduce_replicas import reduce_replicas
 from amm_rules.engine.retire import Retirements
 from amm_rules.engine.rules_file import ReloadFailed, RulesFile
 from amm_rules.engine.view import ClusterView, KeyView
+from amm_rules.engine.worker_watch import holds_governed, watch_workers
 from amm_rules.language.ruleset import Desired, Pool, Rule, Ruleset, RuntimeTarget, Target
 
 # Terse, also at DEBUG level. The per-key logger is amm_rules.engine.key_logger.
@@ -196,6 +197,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self._manager: ActiveMemoryManagerExtension | None = None
         #: Undoes the wrappers of the scheduler's replica methods (see detach).
         self._unwatch: Callable[[], None] | None = None
+        self._unwatch_workers: Callable[[], None] | None = None
         #: The ``rebalance:`` section at work; kept across reloads (moves in flight).
         self.rebalancer = Rebalancer()
         self.rebalancer.reads = self.index.demand.reads
@@ -239,6 +241,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.index.demand.tasks = scheduler.tasks
         scheduler.add_plugin(self.index, name=f"amm-rules-{id(self)}", idempotent=True)
         self._unwatch = watch_scheduler(scheduler, self.index)
+        self._unwatch_workers = watch_workers(scheduler, self.worker_changed)
         self._unlegacy = self.legacy.install(scheduler)
         self.placements.attach(scheduler.workers)
         register(scheduler, self)
@@ -272,10 +275,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         scheduler = manager.scheduler
         self.index.active = False
         self.early.close()
-        for undo in (self._unwatch, self._unlegacy):
+        for undo in (self._unwatch, self._unwatch_workers, self._unlegacy):
             if undo is not None:
                 undo()
-        self._unwatch = self._unlegacy = None
+        self._unwatch = self._unwatch_workers = self._unlegacy = None
         for name, plugin in list(scheduler.plugins.items()):
             if plugin is self.index:
                 scheduler.remove_plugin(name=name)
@@ -530,6 +533,30 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         ):
             return
         self.early.request(reason)
+
+    def worker_changed(self, address: str, what: str) -> None:
+        """From :mod:`amm_rules.engine.worker_watch`: a worker's resources changed
+        (``what="resources"``) or it sent a heartbeat (``"memory"``). If its pools
+        changed, they are all recomputed and every governed key checked at the next
+        cycle, which is asked for early if a key may now be outside its pool (the worker
+        holds a governed key) or a copy may now find a place (an unmet target, or
+        rebalancing)."""
+        if self._manager is None or (what == "memory" and not self.placements.volatile):
+            return
+        try:
+            if not self.placements.reevaluate(address, self.manager.measure):
+                return
+            self.index.workers_changed = True
+            ws = self.scheduler.workers.get(address)
+            if (
+                self.ruleset.rebalance.enabled
+                or any(counts["unmet"] for counts in self.last_cycle.values())
+                or (ws is not None and holds_governed(ws, self.index.desired))
+            ):
+                self.early.request("worker-pools-changed")
+        except Exception as exc:  # a scheduler handler must not fail because of us
+            logger.exception("amm-rules: re-evaluating the pools of %s failed", address)
+            self.events.once(("error", repr(exc)), "error", error=repr(exc))
 
     def _plan(self) -> Generator[Suggestion, Any, dict[str, Counter[str]]]:
         """The cycle up to reduce-replicas: rules, classification, audit, replication

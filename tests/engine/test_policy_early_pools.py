@@ -1,0 +1,140 @@
+"""Early cycles when a worker's pools change at run time, on real clusters
+(:mod:`amm_rules.engine.worker_watch`).
+
+As in ``test_policy_early.py`` the AMM's interval is a minute: a key copied into its
+pool after a worker moved out of it can only have been copied by an early cycle. What
+must hold:
+
+- a worker whose resources change (``Worker.set_resources``) leaves or enters the pools
+  that read them at once; governed keys it held outside their pool then are copied
+  into the pool by an early cycle;
+- a worker whose memory grows past what a pool allows (a pool reading
+  ``worker.memory``) leaves it at its next heartbeat, with the same early cycle;
+- a resources change that moves no worker in or out of a pool wakes nothing.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from distributed.utils_test import gen_cluster
+
+from tests.support.cluster import amm_config, no_errors, policy_of
+from tests.support.waiting import wait_for
+
+AMM = "distributed.scheduler.active-memory-manager"
+#: Longer than any test here: no periodic cycle happens after the first.
+LONG = 60.0
+KEYS = [f"held-{i}" for i in range(8)]
+
+
+def pool_rules(pool: str) -> dict[str, Any]:
+    return {
+        "version": 1,
+        "pools": {"inside": pool},
+        "rules": [
+            {
+                "name": "held",
+                "match": 'task.key matches "held-*"',
+                "replicate": 1,
+                "pool": "inside",
+            }
+        ],
+    }
+
+
+def long_interval(rules: Any, **kwargs: Any) -> dict[str, Any]:
+    return {**amm_config(rules, **kwargs), f"{AMM}.interval": LONG}
+
+
+def holders_of(s: Any, key: str) -> set[str]:
+    return {ws.address for ws in s.tasks[key].who_has or ()}
+
+
+async def held_on(c: Any, s: Any, address: str) -> list[Any]:
+    """The held keys, computed on one worker (inside the pool), and one cycle run by
+    hand so that they are governed."""
+    futures = [c.submit(operator.mul, k.encode(), 100, key=k, workers=[address]) for k in KEYS]
+    await c.gather(futures)
+    s.extensions["amm"].run_once()
+    assert all(holders_of(s, k) == {address} for k in KEYS)
+    return futures
+
+
+GPU = [("", 1, {"resources": {"GPU": 1}}), ("", 1), ("", 1)]
+
+
+@gen_cluster(
+    client=True,
+    nthreads=GPU,
+    config=long_interval(pool_rules("worker.resources.GPU >= 1")),
+    timeout=60,
+)
+async def test_a_worker_losing_a_resource_has_its_keys_copied_into_the_pool(c, s, a, b, d):
+    policy = policy_of(s)
+    futures = await held_on(c, s, a.address)  # noqa: F841 - keeps the keys
+    assert policy.placements.pools[b.address] == frozenset()
+    early = policy.early.counts["ran"]
+    # b enters the pool, then a leaves it: a's keys are outside their pool.
+    await b.set_resources(GPU=1)
+    await a.set_resources(GPU=0)
+    await wait_for(
+        lambda: all(b.address in holders_of(s, k) for k in KEYS), "every held key copied to b"
+    )
+    assert policy.early.counts["ran"] > early
+    assert any("worker-pools-changed" in reasons for _, reasons in policy.early.history)
+    assert all(d.address not in holders_of(s, k) for k in KEYS)  # never outside the pool
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=GPU,
+    config=long_interval(pool_rules("worker.resources.GPU >= 1")),
+    timeout=60,
+)
+async def test_a_resources_change_that_moves_no_worker_wakes_nothing(c, s, a, b, d):
+    policy = policy_of(s)
+    futures = await held_on(c, s, a.address)  # noqa: F841 - keeps the keys
+    await wait_for(lambda: not policy.early.pending, "no early cycle pending")
+    requested = policy.early.counts["requested"]
+    await a.set_resources(GPU=2)  # still in the pool
+    await b.set_resources(FPGA=1)  # still out of it
+    assert s.workers[a.address].resources["GPU"] == 2
+    assert s.workers[b.address].resources["FPGA"] == 1
+    assert not policy.early.pending
+    assert policy.early.counts["requested"] == requested
+    assert policy.placements.pools[a.address] == frozenset({"inside"})
+    no_errors(s)
+
+
+def _ballast(n: int) -> bytes:
+    return b"x" * n
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 2,
+    config={
+        **long_interval(pool_rules("worker.memory < 4 MiB")),
+        # Memory by the bytes of keys a worker holds: in-process workers share a process.
+        f"{AMM}.measure": "managed",
+    },
+    timeout=60,
+)
+async def test_a_worker_whose_memory_grows_out_of_a_pool_has_its_keys_copied(c, s, a, b):
+    policy = policy_of(s)
+    futures = await held_on(c, s, a.address)  # noqa: F841 - keeps the keys
+    assert policy.placements.pools[a.address] == frozenset({"inside"})
+    early = policy.early.counts["ran"]
+    # 8 MiB that no rule governs, on a: a is out of the pool from its next heartbeat.
+    ballast = c.submit(_ballast, 8 << 20, key="ballast", workers=[a.address])
+    await ballast
+    await wait_for(
+        lambda: all(b.address in holders_of(s, k) for k in KEYS), "every held key copied to b"
+    )
+    assert policy.placements.pools[a.address] == frozenset()
+    assert policy.early.counts["ran"] > early
+    assert any("worker-pools-changed" in reasons for _, reasons in policy.early.history)
+    no_errors(s)
