@@ -26,7 +26,9 @@ hot paths):
 - ``log_event``: a worker's status changed (retiring, resumed after a pause).
 
 Workers leaving, joining, retiring or resuming, governed keys falling below their
-target, and keys entering memory on a retiring worker also wake the policy
+target, the engine's own copies landing above a target's ``max`` (a move), tasks
+finishing that held up the drop of a misplaced copy, and keys entering memory on a
+retiring worker also wake the policy
 (:attr:`KeyIndex.wake`), which may ask the AMM for an early cycle
 (:mod:`amm_rules.engine.early`).
 
@@ -169,6 +171,10 @@ class KeyIndex(SchedulerPlugin):
         #: leave: a key entering memory on one wakes the policy, since the retirement
         #: waits for a cycle to plan where that key goes.
         self.retiring: set[str] = set()
+        #: Governed keys with a copy outside where they may live whose drop waited at
+        #: their last planning (a dependent processing there, a refused action): a task
+        #: that read one of them finishing wakes the policy, as the drop may go through.
+        self.trim_waits: set[Hashable] = set()
 
     # -- SchedulerPlugin hooks: keep them minimal, they run on every transition ----------
 
@@ -201,8 +207,20 @@ class KeyIndex(SchedulerPlugin):
                 ts = self.tasks.get(key)
                 if ts is not None:
                     flow.left(key, ts, stimulus_id)
+        if start == "processing" and self.trim_waits:
+            self._dependent_done(key)
         if self.demand.enabled:
             self.demand.transition(key, start, finish, kwargs.get("worker"))
+
+    def _dependent_done(self, key: Hashable) -> None:
+        """A task left processing while some governed keys' drops wait: if it read one,
+        wake the policy (once per key and wait)."""
+        ts = self.tasks.get(key)
+        waits = self.trim_waits
+        for dep in ts.dependencies if ts is not None else ():
+            if dep.key in waits:
+                waits.discard(dep.key)
+                self.wake("dependent-finished")
 
     def add_worker(self, scheduler: Any = None, worker: str = "") -> None:
         self.workers_changed = True
@@ -438,6 +456,7 @@ class KeyIndex(SchedulerPlugin):
         if old is None:
             return
         self.shortfall.pop(key, None)
+        self.trim_waits.discard(key)
         cls = PlanClass.of(old)
         group = self.groups.get(cls)
         ts = None
@@ -549,8 +568,20 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
         if not index.active:
             return
         held = len(ts.who_has)
-        if held > before and ts.key in desired:
+        if held > before and (wanted := desired.get(ts.key)) is not None:
             index.copies_changed(ts.key, 1)
+            # The engine's own copy landed above the target's max: the first half of a
+            # move, whose second half (the drop) an early cycle makes. Copies fetched
+            # by dependents are trimmed by the periodic cycles: a computation that
+            # reads the key again would fetch it again (see docs/performance.md).
+            target = wanted.replicate
+            if (
+                target is not None
+                and type(target.max) is int
+                and held > target.max
+                and ws.address in index.inflight.get(ts.key, ())
+            ):
+                index.wake("copy-landed")
         if held > 1:  # the first copy is a key entering memory: see dirty
             index.touched.add(ts.key)
 

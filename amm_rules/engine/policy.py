@@ -873,6 +873,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 elif accepted:
                     stats[action.source]["dropped"] += 1
             self._store(key, plan)
+            if plan.misplaced and (plan.deferred or refused):
+                index.trim_waits.add(key)  # a dependent finishing wakes a cycle
+            else:
+                index.trim_waits.discard(key)
             short = self.dry_run.shortfall(desired, plan, shortfall(plan, refused))
             if short is None:
                 index.shortfall.pop(key, None)

@@ -10,7 +10,10 @@ must hold:
   into the pool by an early cycle;
 - a worker whose memory grows past what a pool allows (a pool reading
   ``worker.memory``) leaves it at its next heartbeat, with the same early cycle;
-- a resources change that moves no worker in or out of a pool wakes nothing.
+- a resources change that moves no worker in or out of a pool wakes nothing;
+- a move's drop follows its copy at once (the engine's copy landing above the target
+  wakes a cycle), and a drop held up by a dependent processing where the copy is goes
+  through as soon as the dependent finishes.
 """
 
 from __future__ import annotations
@@ -79,12 +82,51 @@ async def test_a_worker_losing_a_resource_has_its_keys_copied_into_the_pool(c, s
     # b enters the pool, then a leaves it: a's keys are outside their pool.
     await b.set_resources(GPU=1)
     await a.set_resources(GPU=0)
-    await wait_for(
-        lambda: all(b.address in holders_of(s, k) for k in KEYS), "every held key copied to b"
-    )
+    # Copied to b, then (the copy landed: a move's second half) dropped from a.
+    await wait_for(lambda: all(holders_of(s, k) == {b.address} for k in KEYS), "every key moved")
     assert policy.early.counts["ran"] > early
-    assert any("worker-pools-changed" in reasons for _, reasons in policy.early.history)
-    assert all(d.address not in holders_of(s, k) for k in KEYS)  # never outside the pool
+    reasons = {r for _, rs in policy.early.history for r in rs}
+    assert {"worker-pools-changed", "copy-landed"} <= reasons
+    no_errors(s)
+
+
+def _read(x: bytes, event: str) -> int:
+    from distributed import Event
+
+    Event(event).wait(30)  # the dependent is processing where the copy is
+    return len(x)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=GPU,
+    config=long_interval(pool_rules("worker.resources.GPU >= 1")),
+    timeout=120,
+)
+async def test_a_misplaced_copy_held_by_a_dependent_is_dropped_when_it_finishes(c, s, a, b, d):
+    """The drop of a copy outside its pool waits while a dependent processes there;
+    the dependent finishing wakes the cycle that drops it."""
+    from distributed import Event
+
+    policy = policy_of(s)
+    futures = await held_on(c, s, a.address)  # noqa: F841 - keeps the keys
+    key = KEYS[0]
+    event = Event("release-reader")
+    reader = c.submit(_read, futures[0], "release-reader", key="reader", workers=[a.address])
+    await wait_for(
+        lambda: getattr(s.tasks.get("reader"), "state", None) == "processing", "reader running"
+    )
+    await b.set_resources(GPU=1)
+    await a.set_resources(GPU=0)
+    await wait_for(lambda: b.address in holders_of(s, key), f"{key} copied to b")
+    others = KEYS[1:]
+    await wait_for(lambda: all(holders_of(s, k) == {b.address} for k in others), "others moved")
+    assert holders_of(s, key) == {a.address, b.address}  # the reader holds up the drop
+    assert key in policy.index.trim_waits
+    await event.set()
+    assert await reader == 100 * len(key)
+    await wait_for(lambda: holders_of(s, key) == {b.address}, f"{key} dropped from a")
+    assert any("dependent-finished" in rs for _, rs in policy.early.history)
     no_errors(s)
 
 
