@@ -18,9 +18,13 @@ a held key lost with its worker that left the key short of its target, the time 
 its loss (``remove_worker`` removing the copy) to the engine's copy request for the key
 (``request_acquire_replicas``), per key and per removed worker (the slowest of its
 keys; keys whose copies came back before any request, by a dependency transfer, are
-counted apart); the time and AMM cycles from a round's loss to every target restored; and the
-early cycles the engine asked for (:mod:`amm_rules.engine.early`), on average and at
-most in one second.
+counted apart); the time and AMM cycles from a round's loss to every target restored
+(and the most cycles by kind of round); the early cycles the engine asked for
+(:mod:`amm_rules.engine.early`), on average and at most in one second, with their wait
+from request to start split into what the debounce and the rate limit chose and how
+late the event loop ran the timer; and the event loop's lag over the run (how much
+longer than asked a 10 ms sleep took), so that a slow time-to-request can be told from a
+loaded loop.
 
 The round logic is shared with ``tests/engine/test_chaos.py`` (:mod:`tests.support.chaos`).
 From the repository root:
@@ -149,6 +153,40 @@ def distribution(samples: list[float]) -> dict[str, Any]:
     }
 
 
+class LoopLag:
+    """How late the event loop runs a timer: a task sleeping :attr:`TICK` seconds at a
+    time records how much longer each sleep took. Measured beside the engine's early
+    cycles, whose timers the same loop runs late by as much."""
+
+    TICK = 0.01
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(self.TICK)
+            self.samples.append(max(time.monotonic() - before - self.TICK, 0.0))
+
+
+def early_timings(timings: list[tuple[float, float, float]]) -> dict[str, Any]:
+    """Split the early cycles' time from request to start: what the debounce and rate
+    limit chose, and how late the loop ran the timer."""
+    return {
+        "chosen_wait_s": distribution([planned - asked for asked, planned, _ in timings]),
+        "timer_late_s": distribution([started - planned for _, planned, started in timings]),
+    }
+
+
 async def start_worker(s: Scheduler) -> Worker:
     w = await Worker(s.address, nthreads=1, memory_limit="1 GiB")
     while w.address not in s.workers:
@@ -176,6 +214,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     names = [f"held-{i}" for i in range(args.keys)]
     stats = ChaosStats(keys=args.keys)
     counts = {"kill": 0, "kill-two": 0, "retire": 0, "pause": 0, "joins": 0}
+    cycles_by_kind: dict[str, list[int]] = {k: [] for k in ("kill", "kill-two", "retire", "pause")}
+    lag = LoopLag()
     failures: list[str] = []
     with dask.config.set(config):
         async with Scheduler(dashboard_address=":0", port=0) as s:
@@ -186,12 +226,15 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 started = time.monotonic()
                 deadline = started + 60 * args.minutes
                 round_no = 0
+                lag.start()
                 while time.monotonic() < deadline:
                     kind = ("kill", "kill-two", "retire", "pause")[round_no % 4]
                     round_no += 1
+                    restores = len(stats.cycles_to_restore)
                     try:
                         await one_round(c, s, workers, held, stats, kind, rng, args)
                         counts[kind] += 1
+                        cycles_by_kind[kind] += stats.cycles_to_restore[restores:]
                     except AssertionError as exc:
                         failures.append(f"round {round_no} ({kind}): {exc}")
                     # Replace the lost workers: they join while the next round runs.
@@ -203,10 +246,12 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                     v != k.encode().ljust(1_000, b".") for k, v in zip(names, final, strict=True)
                 )
                 elapsed = time.monotonic() - started
+                lag.stop()
             errors = [m for _, m in s.get_events("amm-rules") if m["action"] == "error"]
             policy = s.extensions["amm"].policies.copy().pop()
             policy_cycles = policy.cycles
             early = policy.early.status()
+            timings = list(policy.early.timings)
             for w in workers:
                 await w.close()
     stats.recomputed = recomputed(names)
@@ -233,6 +278,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             "median": statistics.median(restore),
             "max": max(restore),
             "samples": stats.cycles_to_restore,
+            "by_kind": cycles_by_kind,
         },
         "seconds_to_restore": distribution(stats.seconds_to_restore),
         "seconds_to_request_per_key": distribution(watch.per_key_s),
@@ -247,7 +293,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             "superseded": early["superseded"],
             "per_second": early["ran"] / elapsed,
             "max_per_second": early["max_per_second"],
+            **early_timings(timings),
         },
+        "loop_lag_s": distribution(lag.samples),
         "failures": failures,
         "python": platform.python_version(),
     }
@@ -333,6 +381,18 @@ def dist_ms(d: dict[str, Any]) -> str:
     )
 
 
+def cycles_cut(result: dict[str, Any]) -> dict[str, list[int]]:
+    return result["cycles_to_restore"]["by_kind"]
+
+
+def early_chosen(result: dict[str, Any]) -> dict[str, Any]:
+    return result["early_cycles"]["chosen_wait_s"]
+
+
+def early_late(result: dict[str, Any]) -> dict[str, Any]:
+    return result["early_cycles"]["timer_late_s"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=3.0)
@@ -387,6 +447,13 @@ def main() -> None:
             "early cycles per second (mean / most in 1 s)",
             f"{result['early_cycles']['per_second']:.2f} / {result['early_cycles']['max_per_second']}",
         ),
+        (
+            "cycles to restore, most by kind",
+            ", ".join(f"{k} {max(v, default=0)}" for k, v in cycles_cut(result).items()),
+        ),
+        ("early cycle: request to timer (debounce, gap)", dist_ms(early_chosen(result))),
+        ("early cycle: timer to start (loop late)", dist_ms(early_late(result))),
+        (f"event loop lag ({LoopLag.TICK * 1000:.0f} ms sleeps)", dist_ms(result["loop_lag_s"])),
         ("keys lost", result["keys_lost"]),
         ("keys recomputed", result["keys_recomputed"]),
         ("wrong results", result["wrong_results"]),

@@ -10,9 +10,13 @@ as in any cycle. An early cycle is:
 
 - **wanted**: asked for when a worker leaves or starts retiring (its copies stop
   counting), a worker joins or resumes after a pause (if the rules rebalance or some
-  target is unmet: the workers that may receive a pool's copies change), a governed
-  key falls below its target's ``min``, or a task finishes on a retiring worker (its
-  retirement waits until a cycle has planned where the new key goes);
+  target is unmet: the workers that may receive a pool's copies change), a worker
+  moves in or out of a pool at run time (resources, or memory a pool reads: see
+  :mod:`amm_rules.engine.worker_watch`), a governed key falls below its target's
+  ``min``, the engine's own copy lands above a target's ``max`` (a move's drop
+  follows), a task finishes that held up the drop of a copy outside its pool, or a
+  task finishes on a retiring worker (its retirement waits until a cycle has planned
+  where the new key goes);
 - **debounced**: it runs ``delay`` seconds after the first request, so that a worker's
   removal (a request per key it held) or two workers dying together cost one cycle;
 - **rate-limited**: it starts at least ``gap`` seconds after the start of the previous
@@ -27,7 +31,8 @@ as in any cycle. An early cycle is:
 
 Neighbours: :mod:`amm_rules.engine.policy` owns the instance (attaches it to the AMM,
 reports each cycle's start and end, closes it); :mod:`amm_rules.engine.index` calls
-:meth:`EarlyCycles.request` from its hooks. Nothing here reads rules or keys.
+:meth:`EarlyCycles.request` from its hooks, and the policy from
+:mod:`amm_rules.engine.worker_watch`'s. Nothing here reads rules or keys.
 """
 
 from __future__ import annotations
@@ -60,6 +65,11 @@ class EarlyCycles:
     history: deque[tuple[float, tuple[str, ...]]]
     #: The most early cycles that started within one second, so far.
     max_per_second: int
+    #: (monotonic time of the first request, time the timer was set for, time the
+    #: cycle started) of the last early cycles: what the debounce and the rate limit
+    #: chose (``planned - requested``) apart from how late the event loop ran the timer
+    #: (``started - planned``).
+    timings: deque[tuple[float, float, float]]
 
     def __init__(self, delay: float = 0.02, gap: float | None = 0.25):
         self.delay = _seconds("early_cycle_delay", delay, zero_ok=True)
@@ -67,6 +77,8 @@ class EarlyCycles:
         self.counts = Counter()
         self.history = deque(maxlen=HISTORY)
         self.max_per_second = 0
+        self.timings = deque(maxlen=HISTORY)
+        self._planned = 0.0
         self._manager: Any = None
         self._handle: asyncio.TimerHandle | None = None
         #: Monotonic time of the first request not answered yet (None: none pending).
@@ -144,6 +156,7 @@ class EarlyCycles:
             self._reasons.clear()
             return
         at = max(at, self.earliest())
+        self._planned = at
         self._handle = loop.call_later(max(at - time.monotonic(), 0.0), self._fire)
 
     def _cancel(self) -> None:
@@ -176,6 +189,7 @@ class EarlyCycles:
             return
         # Case 4: run it, as the periodic callback does.
         reasons = tuple(sorted(self._reasons))
+        self.timings.append((self._requested_at, self._planned, now))
         self._requested_at = None
         self._reasons.clear()
         self.counts["ran"] += 1

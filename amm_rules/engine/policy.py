@@ -109,7 +109,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     early_cycle_delay, early_cycle_gap:
         Early cycles (see :mod:`amm_rules.engine.early`): when a worker leaves or
         starts retiring, a worker joins or resumes after a pause (if the rules rebalance
-        or a target is unmet), or a governed key falls below its target, the
+        or a target is unmet), a worker's pools change at run time, a governed key falls
+        below its target, or a move's copy lands (see docs/policy.md), the
         policy asks the AMM for a cycle ``early_cycle_delay`` seconds later (debounce)
         rather than at its next tick, at least ``early_cycle_gap`` seconds after the
         start of the previous cycle (None: no early cycles), and at least nine times
