@@ -91,7 +91,7 @@ def run(n: int, seed: int, hang: float) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=200_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--hang", type=float, default=2.0, help="seconds per file")

@@ -352,7 +352,7 @@ def print_table(table: dict[str, Any], repeats: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", default="W1,W2,W3", help="workloads, comma-separated")
     parser.add_argument("--modes", default=",".join(MODES), help="modes, comma-separated")

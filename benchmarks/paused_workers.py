@@ -150,7 +150,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--after", type=float, default=5.0, help="paused-workers after, s")
     parser.add_argument("--cap", type=float, default=60.0, help="longest wait, s")

@@ -220,7 +220,7 @@ async def run(repeats: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=8)
     args = parser.parse_args()
     logging.getLogger("distributed").setLevel(logging.CRITICAL)

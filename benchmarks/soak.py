@@ -394,7 +394,7 @@ def early_late(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--workers", type=int, default=10)
     parser.add_argument("--keys", type=int, default=60)
