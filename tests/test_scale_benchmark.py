@@ -182,3 +182,19 @@ def test_the_group_level_rules_read_only_group_level_attributes() -> None:
     assert per_key.depends - CLASS_ATTRIBUTES == {"key", "nbytes"}
     assert [r.name for r in groups.rules] == [r.name for r in per_key.rules]
     assert [r.actions for r in groups.rules] == [r.actions for r in per_key.rules]
+
+
+def test_time_to_govern_benchmark_runs_on_a_small_state() -> None:
+    """``python -m benchmarks.govern`` at 2,000 keys: every run governs what the rules
+    file governs (no timing asserted)."""
+    from benchmarks import govern
+
+    runs = govern.run(N_KEYS, N_WORKERS, 1, ["groups", "per-key"])
+    steady, *rounds = runs
+    assert steady["file"] == "steady"
+    assert [r["file"] for r in rounds] == ["groups", "per-key"]
+    for row in rounds:
+        assert row["cycles"] >= 1 and row["governed_keys"] > 0
+        assert len(row["cycles_s"]) == row["cycles"]
+        assert row["p95_cycle_s"] <= row["max_cycle_s"]
+    assert set(govern.medians(runs)) == {"groups", "per-key"}

@@ -48,6 +48,7 @@ from distributed.active_memory_manager import (
 from amm_rules.engine import key_logger, observers
 from amm_rules.engine.adapters import key_view
 from amm_rules.engine.audit import Auditor
+from amm_rules.engine.budget import ClassifyBudget
 from amm_rules.engine.classify import Classifier
 from amm_rules.engine.dryrun import HELD_BACK, DryRun, dry_run_counts
 from amm_rules.engine.early import EarlyCycles
@@ -100,8 +101,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     summary_interval:
         Minimum seconds between two ``cycle`` events.
     classify_seconds, classify_keys:
-        The classification budget of one cycle: at most this many seconds, and at most
-        this many keys (None: no limit), spent resolving keys that entered memory. Keys
+        The classification budget of one cycle: at most this many keys (None: no
+        limit) resolved, and a cycle that classifies keys takes about this many seconds
+        in all (None: no limit): the classification stops early enough for the cycle
+        to file, check and plan what it classified within the budget too. Keys
         left over are classified in the next cycles, and until then are neither planned
         nor trimmed by reduce-replicas. Attaching to a scheduler that already holds a
         million keys thus costs a few cycles of ``classify_seconds`` each instead of
@@ -192,6 +195,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.last_cycle_seconds = 0.0
         self.classify_seconds = None if classify_seconds is None else float(classify_seconds)
         self.classify_keys = None if classify_keys is None else max(1, int(classify_keys))
+        #: How much of the cycle the classification loop may take (see ClassifyBudget).
+        self.classify_budget = ClassifyBudget()
+        self._cycle_start = time.perf_counter()
         self.auditor = Auditor(None if audit_interval is None else float(audit_interval))
         self.journal = Journal()
         self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
@@ -498,7 +504,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     def run(self) -> Generator[Suggestion, Any, None]:
         """One AMM cycle. Never raises: a failure is logged as an ``error`` event and the
         rest of the cycle is skipped, so the other policies still run."""
-        start = time.perf_counter()
+        start = self._cycle_start = time.perf_counter()
         # The AMM measured every worker for this cycle: kept for status reports.
         self.journal.worker_memory = getattr(self._manager, "workers_memory", {})
         self.early.cycle_started()
@@ -521,7 +527,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             self.events.once(("error", repr(exc)), "error", error=repr(exc))
         finally:
             self.cycles += 1
-            self.last_cycle_seconds = time.perf_counter() - start
+            end = time.perf_counter()
+            self.last_cycle_seconds = end - start
+            self.classify_budget.cycle_ended(end)
             self.journal.cycle(self.last_cycle_seconds)
             self.early.cycle_ended()
 
@@ -661,11 +669,18 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         if classifier.groups_remembered > 2 * len(task_groups) + 1_000:
             classifier.forget_groups(task_groups)
         limit = len(dirty) if self.classify_keys is None else self.classify_keys
+        began = time.perf_counter()
+        # The budget is the cycle's: the loop stops early enough for the rest of the
+        # cycle (filing, checking, planning what it classified) to fit too.
         deadline = (
-            None if self.classify_seconds is None else time.perf_counter() + self.classify_seconds
+            None
+            if self.classify_seconds is None
+            else self.classify_budget.deadline(self._cycle_start, began, self.classify_seconds)
         )
         filed, done = index.classify(classifier, self.scheduler.tasks, limit, deadline)
         if dirty:
+            if deadline is not None:
+                self.classify_budget.stopped(began, time.perf_counter())
             logger.debug(
                 "amm-rules: classified %d keys; %d left for the next cycles", done, len(dirty)
             )

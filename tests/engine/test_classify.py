@@ -381,6 +381,9 @@ class Harness:
         """Every key in memory and classified is filed as Ruleset.resolve says; keys
         out of memory are not filed; the groups and counters agree with the files."""
         index = self.index
+        queued = list(index.dirty)  # once each, in the order they are to be classified
+        assert len(queued) == len(set(queued)) == len(index.dirty)
+        assert all(key in index.dirty for key in queued)
         for key, ts in self.tasks.items():
             if ts.state != "memory":
                 assert key not in index.desired and key not in index.dirty
