@@ -17,11 +17,14 @@ class ClassifyBudget:
     keys is one part of the work they bring; filing them, checking them against their
     targets, planning their copies and whatever the cycle does afterwards take more.
     The classification loop gets a share of what is left of the budget when it starts,
-    and the share follows the cycles that stopped on it: the loop's time over the time
-    from the loop's start to the cycle's end (what the keys classified cost, in all)."""
+    and the share follows the cycles that stopped on it: the loop's time (up to its last
+    chunk) over the time from the loop's start to the cycle's end (what the keys
+    classified cost, in all)."""
 
     #: The share's bounds, and its start (before any cycle stopped on the budget).
-    LOW, HIGH, FIRST = 0.2, 0.95, 0.6
+    LOW, HIGH, FIRST = 0.2, 0.95, 0.5
+    #: The weight of the last cycle in the share (the rest is the share before it).
+    LEARN = 0.75
 
     def __init__(self) -> None:
         self.share = self.FIRST
@@ -42,4 +45,5 @@ class ClassifyBudget:
         if began is None or now <= began:
             return
         seen = self._loop / (now - began)
-        self.share = min(self.HIGH, max(self.LOW, (self.share + seen) / 2))
+        share = (1 - self.LEARN) * self.share + self.LEARN * seen
+        self.share = min(self.HIGH, max(self.LOW, share))

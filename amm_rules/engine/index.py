@@ -146,6 +146,9 @@ class KeyIndex(SchedulerPlugin):
         self.wake: Callable[[str], None] = _no_wake
         #: id(desired) -> (it, its plan class, its labels), for :meth:`file`.
         self._derived: dict[int, tuple[Desired, PlanClass, set[str]]] = {}
+        #: When the last classification stopped taking chunks (``time.perf_counter()``):
+        #: what follows (filing, the rest of the cycle) is what its keys cost after it.
+        self.loop_ended = 0.0
         #: Set when keys that may be indexed already joined dirty (see reclassify).
         self._reclassifying = False
         #: Keys whose copies changed since the last cycle (see :func:`watch_scheduler`).
@@ -367,6 +370,7 @@ class KeyIndex(SchedulerPlugin):
                 held = 0
             if deadline is not None and time.perf_counter() >= deadline:
                 break
+        self.loop_ended = time.perf_counter()
         self._file_pending(pending, filed, fresh=not indexed)
         if done == len(dirty):
             dirty.clear()

@@ -680,7 +680,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         filed, done = index.classify(classifier, self.scheduler.tasks, limit, deadline)
         if dirty:
             if deadline is not None:
-                self.classify_budget.stopped(began, time.perf_counter())
+                self.classify_budget.stopped(began, index.loop_ended)
             logger.debug(
                 "amm-rules: classified %d keys; %d left for the next cycles", done, len(dirty)
             )

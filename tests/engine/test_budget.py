@@ -14,7 +14,8 @@ def test_the_budget_share_follows_the_cycles_that_stop_on_it():
     # A cycle whose loop took 30 ms of 90 ms from its start to the cycle's end.
     budget.stopped(10.02, 10.05)
     budget.cycle_ended(10.11)
-    assert budget.share == pytest.approx((budget.FIRST + 1 / 3) / 2)
+    learn = budget.LEARN
+    assert budget.share == pytest.approx((1 - learn) * budget.FIRST + learn / 3)
     # A cycle that did not stop on the budget teaches nothing.
     before = budget.share
     budget.cycle_ended(20.0)
