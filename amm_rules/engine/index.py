@@ -55,6 +55,7 @@ from amm_rules.language.ruleset import ALL, Desired, RuntimeTarget, Target
 if TYPE_CHECKING:
     from amm_rules.engine.classify import Batch, Classifier
     from amm_rules.engine.flow import MemoryFlow
+    from amm_rules.engine.planner import KeyPlan
 
 #: Reads a task's size (one copy's bytes; -1 while unknown).
 _NBYTES = attrgetter("nbytes")
@@ -544,6 +545,32 @@ class KeyIndex(SchedulerPlugin):
         goal = min(lo, placement.hosts)
         spread = (ts for ts in members if len({ws.host for ws in ts.who_has or ()}) < goal)
         return _chain_unique(checked, spread)
+
+    def suspects_among(
+        self,
+        keys: Iterable[Hashable],
+        placement_of: Callable[[PlanClass], Placement],
+        reduce_replicas: bool,
+    ) -> Iterator[Any]:
+        """:meth:`suspects` for some keys (those left to look at again, say): the
+        governed ones grouped by plan class, each group checked against its placement;
+        keys not governed are passed over."""
+        by_class: dict[PlanClass, list[Any]] = {}
+        for key in keys:
+            desired = self.desired.get(key)
+            if desired is not None:
+                cls = PlanClass.of(desired)
+                by_class.setdefault(cls, []).append(self.groups[cls][key])
+        for cls, members in by_class.items():
+            yield from self.suspects(cls, placement_of(cls), reduce_replicas, members)
+
+    def store_plan(self, key: Hashable, plan: KeyPlan) -> None:
+        """Keep what a key's plan leaves in flight and backing off for the next cycle."""
+        for table, value in ((self.inflight, plan.inflight), (self.backoff, plan.backoff)):
+            if value:
+                table[key] = value
+            else:
+                table.pop(key, None)
 
 
 def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:

@@ -60,7 +60,6 @@ from amm_rules.engine.legacy import LegacyCalls
 from amm_rules.engine.paused import PausedWorkers
 from amm_rules.engine.placement import Placements
 from amm_rules.engine.planner import (
-    KeyPlan,
     PlanSettings,
     plan_key,
 )
@@ -753,15 +752,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 for ts in index.suspects(cls, self.placements.of(cls), reduce_replicas):
                     todo[ts.key] = ts
         else:
-            by_class: dict[PlanClass, list[Any]] = defaultdict(list)
-            for key in recheck:
-                desired = index.desired.get(key)
-                if desired is not None:
-                    cls = PlanClass.of(desired)
-                    by_class[cls].append(index.groups[cls][key])
-            for cls, members in by_class.items():
-                for ts in index.suspects(cls, self.placements.of(cls), reduce_replicas, members):
-                    todo[ts.key] = ts
+            for ts in index.suspects_among(recheck, self.placements.of, reduce_replicas):
+                todo[ts.key] = ts
             for cls, members in filed.items():
                 for ts in index.suspects(cls, self.placements.of(cls), reduce_replicas, members):
                     todo[ts.key] = ts
@@ -888,7 +880,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                         plan.inflight.pop(action.worker, None)
                 elif accepted:
                     stats[action.source]["dropped"] += 1
-            self._store(key, plan)
+            self.index.store_plan(key, plan)
             if plan.misplaced and (plan.deferred or refused):
                 index.trim_waits.add(key)  # a dependent finishing wakes a cycle
             else:
@@ -908,17 +900,6 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 # a refused or deferred action, a back-off ending, copies held for
                 # waiters that may finish.
                 index.recheck.add(key)
-
-    def _store(self, key: Hashable, plan: KeyPlan) -> None:
-        index = self.index
-        if plan.inflight:
-            index.inflight[key] = plan.inflight
-        else:
-            index.inflight.pop(key, None)
-        if plan.backoff:
-            index.backoff[key] = plan.backoff
-        else:
-            index.backoff.pop(key, None)
 
 
 def _fetching_for_dependents(ts: Any) -> list[str]:

@@ -49,7 +49,6 @@ from amm_rules.engine.index import KeyIndex, PlanClass
 from amm_rules.engine.placement import VOLATILE_WORKER_ATTRIBUTES, Placements
 from amm_rules.engine.planner import (
     DEFAULT_SOURCE,
-    KeyPlan,
     PlanSettings,
     plan_key,
     target_bounds,
@@ -341,15 +340,8 @@ class Simulation:
                     (ts.key, None) for ts in index.suspects(cls, placements.of(cls), reduce)
                 )
         else:
-            by_class: dict[PlanClass, list[Any]] = defaultdict(list)
-            for key in recheck:
-                desired = index.desired.get(key)
-                if desired is not None:
-                    cls = PlanClass.of(desired)
-                    by_class[cls].append(index.groups[cls][key])
-            for cls, members in by_class.items():
-                found = index.suspects(cls, placements.of(cls), reduce, members)
-                todo.update((ts.key, None) for ts in found)
+            found = index.suspects_among(recheck, placements.of, reduce)
+            todo.update((ts.key, None) for ts in found)
         self._full = False
         todo.update(dict.fromkeys(index.inflight))
         return [k for k in todo if k in index.desired]
@@ -387,7 +379,7 @@ class Simulation:
                     refused = True
                     if action.op == "replicate":
                         plan.inflight.pop(action.worker, None)
-            self._store(key, plan)
+            self.index.store_plan(key, plan)
             if (
                 refused
                 or plan.deferred
@@ -395,14 +387,6 @@ class Simulation:
                 or (desired.replicate is None and len(plan.good) + len(plan.misplaced) > 1)
             ):
                 index.recheck.add(key)
-
-    def _store(self, key: Key, plan: KeyPlan) -> None:
-        index = self.index
-        for table, value in ((index.inflight, plan.inflight), (index.backoff, plan.backoff)):
-            if value:
-                table[key] = value
-            else:
-                table.pop(key, None)
 
     def _record(
         self, suggestions: Generator[Suggestion, Any, Any], label: str
