@@ -604,12 +604,22 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 inflight=self.index.inflight,
                 cluster=self.cluster_view,
                 stats=stats,
+                adopt=self._adopt_copy,
             )
             # Held back by dry-run before the journal: it records what the AMM was asked.
             moves = self.dry_run.rebalancing(moves, self.index.desired, stats)
             yield from self.journal.rebalancing(moves, self.rebalancer.book.pending)
 
         return stats
+
+    def _adopt_copy(self, key: Hashable, worker: str) -> None:
+        """A move given up after its copy landed on ``worker`` (the key's replication
+        target came first): the copy is the key's own now, planned next cycle as a copy
+        of the engine's that just landed, so that a trim takes it last (no drop from the
+        worker a copy was just sent to)."""
+        if key in self.index.desired:
+            deadline = time.monotonic() + self.inflight_timeout
+            self.index.inflight.setdefault(key, {})[worker] = deadline
 
     def _count(self, stats: dict[str, Counter[str]]) -> None:
         """Keep the cycle's counters (status, totals) and emit its summary event."""

@@ -17,6 +17,8 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from amm_rules.engine.rebalance.planner import (
+    ABOVE,
+    NEEDED,
     SIZE_MISSES,
     Move,
     MoveBook,
@@ -628,6 +630,47 @@ def test_settle_retries_a_refused_drop_then_gives_up():
     assert s.drops == (landed,)
     s = _settle([landed], {"x": {"a", "b"}}, now=36.0)
     assert s.void == ((landed, "sender's copy not dropped within 30s"),)
+
+
+@pytest.mark.parametrize(
+    ("standing", "can_drop", "dropped", "reason"),
+    [
+        # Within the target: the drop, as without one; a refused drop waits.
+        (None, None, True, None),
+        (None, "dependent running", False, None),
+        # A holder was lost mid-move: the target needs the sender's copy, busy or not.
+        (NEEDED, None, False, NEEDED),
+        (NEEDED, "dependent running", False, NEEDED),
+        # Above the target: the drop if it can go now, else the move gives way.
+        (ABOVE, None, True, None),
+        (ABOVE, "dependent running", False, ABOVE),
+    ],
+)
+def test_settle_puts_the_keys_replication_target_first(standing, can_drop, dropped, reason):
+    landed = replace(P, landed=5.0)
+    asked = []
+
+    def target(key, sender):
+        asked.append((key, sender))
+        return standing
+
+    s = _settle(
+        [landed], {"x": {"a", "b"}}, can_drop=lambda k, a: can_drop, target=target, now=6.0
+    )
+    assert asked == [("x", "a")]
+    assert s.drops == ((landed,) if dropped else ())
+    if reason is None:
+        assert s.void == () and s.pending == {"x": landed}
+    else:
+        assert s.void == ((landed, reason),) and s.pending == {}
+
+
+def test_settle_asks_the_target_only_once_the_copy_landed():
+    def target(key, sender):
+        raise AssertionError("asked before the copy landed")
+
+    s = _settle([P], {"x": {"a"}}, target=target)
+    assert s.pending == {"x": P} and s.void == ()
 
 
 def test_movebook_cools_keys_down_after_their_move():

@@ -100,14 +100,19 @@ async def wait_for_targets(
         if policy.cycles - start > max_cycles or time.monotonic() > deadline:
             counts = Counter(copies(s, k) for k in keys)
             short = {
-                k: (copies(s, k), policy.index.inflight.get(k), policy.index.backoff.get(k))
+                k: (
+                    copies(s, k),
+                    policy.index.inflight.get(k),
+                    policy.index.backoff.get(k),
+                    policy.rebalancer.explain(k),
+                )
                 for k in keys
                 if copies(s, k) != goal
             }
             raise AssertionError(
                 f"targets not restored after {policy.cycles - start} cycles (bound "
                 f"{max_cycles}, or {timeout} s): copies {dict(counts)}, "
-                f"goal {goal}; (copies, in flight, backing off): {short}"
+                f"goal {goal}; (copies, in flight, backing off, rebalancing): {short}"
             )
         await asyncio.sleep(pause)
 

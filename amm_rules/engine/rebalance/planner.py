@@ -50,6 +50,15 @@ Key = Hashable
 #: ``can_move(key, sender)`` and ``can_place(key, recipient)`` return ``None`` (or
 #: ``True``) when allowed, else a short reason (``False`` means "refused", no reason).
 Check = Callable[[Key, str], "str | bool | None"]
+#: ``target(key, sender)``: where the key's replication target stands while a move's
+#: copy has landed: :data:`NEEDED`, :data:`ABOVE`, or ``None`` (within it, or no target).
+Target = Callable[[Key, str], "str | None"]
+#: The key's target needs the sender's copy: without it the key would hold fewer copies
+#: than its ``replicate`` asks (a holder was lost mid-move). Also the void reason.
+NEEDED = "sender's copy needed by the key's replication target"
+#: The key holds more copies than its ``replicate`` allows (the move's own extra copy,
+#: or more). A void reason when the sender's copy cannot be dropped now.
+ABOVE = "sender's copy in use while the key is above its replication target"
 #: ``keys_on(address, newest_first)`` yields ``(key, nbytes)`` of the keys in memory on
 #: a worker, lazily, in insertion order (oldest first) or its reverse.
 KeysOn = Callable[[str, bool], Iterable[tuple[Key, int]]]
@@ -686,6 +695,7 @@ def settle_moves(
     refused: Container[Key] = (),
     copy_timeout: float = _DEFAULT.copy_timeout,
     drop_timeout: float = _DEFAULT.drop_timeout,
+    target: Target | None = None,
 ) -> Settlement:
     """Look at the moves in flight against the cluster as it is now.
 
@@ -694,12 +704,17 @@ def settle_moves(
     workers in the cluster. ``can_drop(key, sender)``: may the sender's copy go now?
     (Distributed refuses a drop on a worker where a dependent is running; asking anyway
     only costs a rejected suggestion, so ``None`` means "always ask".) ``refused``: keys
-    whose copy the AMM or the recipient refused.
+    whose copy the AMM or the recipient refused. ``target(key, sender)``: where the
+    key's replication target stands with the sender's copy (``None``: no target, or
+    always within it).
 
     A sender's copy is dropped only when the recipient is seen holding the key. A drop
     that does not happen is asked for again on the next cycles, until ``drop_timeout``
     after landing; then the move is void and the key keeps its extra copy, which
-    replication trims to the key's target like any other.
+    replication trims to the key's target like any other. A move never overrides the
+    key's replication target: it is void at once when the target needs the sender's
+    copy (a holder was lost mid-move), or when the sender's copy cannot go now while
+    the key holds more copies than its target allows (replication trims one elsewhere).
     """
     drops: list[PendingMove] = []
     done: list[PendingMove] = []
@@ -727,11 +742,8 @@ def settle_moves(
             # 3b. ... the sender's copy has been kept too long: leave it to replication.
             elif now - p.landed > drop_timeout:
                 void.append((p, f"sender's copy not dropped within {drop_timeout:g}s"))
-            # 3c. ... drop the sender's copy (again, if a drop was refused).
             else:
-                keep[p.key] = p
-                if can_drop is None or _refusal(can_drop(p.key, p.sender), "no") is None:
-                    drops.append(p)
+                _landed(p, target, can_drop, drops, void, keep)
         # 4. The copy has not landed.
         elif not sender_holds:
             void.append((p, "sender lost its copy before the copy landed"))
@@ -742,6 +754,37 @@ def settle_moves(
         else:
             keep[p.key] = p
     return Settlement(tuple(drops), tuple(done), tuple(void), keep)
+
+
+def _landed(
+    p: PendingMove,
+    target: Target | None,
+    can_drop: Check | None,
+    drops: list[PendingMove],
+    void: list[tuple[PendingMove, str]],
+    keep: dict[Key, PendingMove],
+) -> None:
+    """Case 3c of :func:`settle_moves`: the copy landed, the sender still holds the key
+    and may still drop it. The key's replication target comes first:
+
+    1. it needs the sender's copy (a holder was lost mid-move): void, both copies stay;
+    2. the sender's copy may go now: drop it;
+    3. it cannot go now (a dependent is processing there) and the key holds more copies
+       than its target allows: void, and replication trims a copy elsewhere now rather
+       than keep the extra one for as long as the dependent runs;
+    4. it cannot go now: ask again next cycle, until the drop timeout.
+    """
+    standing = target(p.key, p.sender) if target is not None else None
+    if standing == NEEDED:
+        void.append((p, NEEDED))
+        return
+    if can_drop is None or _refusal(can_drop(p.key, p.sender), "no") is None:
+        keep[p.key] = p
+        drops.append(p)
+    elif standing == ABOVE:
+        void.append((p, ABOVE))
+    else:
+        keep[p.key] = p
 
 
 # --- memory between cycles ---------------------------------------------------------------
@@ -820,6 +863,7 @@ class MoveBook:
         alive: Container[str],
         can_drop: Check | None = None,
         refused: Container[Key] = (),
+        target: Target | None = None,
     ) -> Settlement:
         """:func:`settle_moves` on the moves in flight; finished and void moves leave
         :attr:`pending` and their keys start cooling down."""
@@ -832,6 +876,7 @@ class MoveBook:
             refused=refused,
             copy_timeout=self.copy_timeout,
             drop_timeout=self.drop_timeout,
+            target=target,
         )
         self.pending = s.pending
         for p in s.done:
@@ -871,12 +916,15 @@ def minimum_bytes_to_balance(workers: Iterable[WorkerLoad]) -> int:
 
 
 __all__ = [
+    "ABOVE",
+    "NEEDED",
     "Move",
     "MoveBook",
     "PendingMove",
     "RebalancePlan",
     "Settlement",
     "Skip",
+    "Target",
     "WorkerLoad",
     "minimum_bytes_to_balance",
     "plan_rebalance",

@@ -42,9 +42,12 @@ from distributed.active_memory_manager import Suggestion
 from amm_rules.engine import key_logger
 from amm_rules.engine.adapters import TaskFactsAdapter, worker_status
 from amm_rules.engine.rebalance.planner import (
+    ABOVE,
+    NEEDED,
     MoveBook,
     RebalancePlan,
     Settlement,
+    Target,
     WorkerLoad,
     plan_rebalance,
 )
@@ -158,11 +161,14 @@ class Rebalancer:
         inflight: Mapping[Key, Mapping[str, float]],
         cluster: Callable[[], ClusterView],
         stats: Mapping[str, Counter[str]],
+        adopt: Callable[[Key, str], None] | None = None,
     ) -> Generator[Suggestion, Any, None]:
         """One cycle. ``desired``: governed keys' resolved wishes (others are ungoverned);
         ``inflight``: keys with replication copies in flight; ``cluster``: builds the
-        planner's view of the workers (pools), called at most once, when a key with a
-        ``pool`` or ``avoid`` needs a recipient; ``stats``: the cycle's counters, by label.
+        planner's view of the workers (pools), called at most once, when a move of a
+        replicated key settles or a key with a ``pool`` or ``avoid`` needs a recipient;
+        ``stats``: the cycle's counters, by label; ``adopt(key, recipient)``: told of
+        each move given up after its copy landed (the copy is the key's own now).
         """
         self._cycle = {}
         if self.idle:
@@ -170,6 +176,12 @@ class Rebalancer:
         settings = self.settings
         tasks = scheduler.tasks
         workers = scheduler.workers
+        views: list[ClusterView] = []
+
+        def view() -> ClusterView:
+            if not views:
+                views.append(cluster())
+            return views[0]
 
         # 1. Measure before anything is yielded: the AMM's tally moves with each accepted
         #    suggestion, and this cycle's drops of landed moves are already counted by
@@ -178,7 +190,8 @@ class Rebalancer:
 
         # 2. Settle the moves in flight, even when rebalancing is off: their copies were
         #    asked for, and the senders' copies must still go once they land.
-        settlement, dropped = yield from self._settle(tasks, workers, now, stats)
+        target = self._target(tasks, manager, desired, view)
+        settlement, dropped = yield from self._settle(tasks, workers, now, stats, target, adopt)
         if not settings.enabled:
             return
 
@@ -188,7 +201,7 @@ class Rebalancer:
             settings,
             keys_on=self._keys_on(workers),
             can_move=self._can_move(tasks, manager, desired, inflight),
-            can_place=self._can_place(tasks, workers, manager, desired, inflight, cluster),
+            can_place=self._can_place(tasks, workers, manager, desired, inflight, view),
             pending=self.book.pending.values(),
             cooling=self.book.cooling(now),
             previous=self.book.roles,
@@ -214,19 +227,32 @@ class Rebalancer:
         workers: Mapping[str, Any],
         now: float,
         stats: Mapping[str, Counter[str]],
+        target: Target,
+        adopt: Callable[[Key, str], None] | None,
     ) -> Generator[Suggestion, Any, tuple[Settlement, int]]:
         """Step 2 of :meth:`run`: for each move whose copy landed, ask the sender to drop
         its copy; forget the moves that are complete or void. Returns the settlement and
         the number of drops the AMM accepted.
 
         A refused drop is not retried here: the move stays in flight, and the next
-        cycles ask again until the move's drop timeout (:meth:`MoveBook.settle`).
+        cycles ask again until the move's drop timeout (:meth:`MoveBook.settle`), unless
+        the key's replication target says otherwise (``target``). A move given up after
+        its copy landed hands the copy to ``adopt``.
         """
         alive = {a for a, ws in workers.items() if worker_status(ws) != "closing"}
+        holders = self._holders(tasks)
         settlement = self.book.settle(
-            now, holders=self._holders(tasks), alive=alive, can_drop=self._can_drop(tasks)
+            now, holders=holders, alive=alive, can_drop=self._can_drop(tasks), target=target
         )
         self.last_settlement = settlement
+        if adopt is not None:
+            for p, _ in settlement.void:
+                if (
+                    p.landed is not None
+                    and p.recipient in alive
+                    and p.recipient in (holders(p.key) or ())
+                ):
+                    adopt(p.key, p.recipient)
         dropped = 0
         for p in settlement.drops:
             ts = tasks.get(p.key)
@@ -373,6 +399,38 @@ class Rebalancer:
 
         return can_drop
 
+    @staticmethod
+    def _target(
+        tasks: Mapping[Key, Any],
+        manager: Any,
+        desired: Mapping[Key, Any],
+        view: Callable[[], ClusterView],
+    ) -> Target:
+        """Where a replicated key's target stands while its move's copy has landed, as
+        the replication planner counts it: copies on workers where they count (inside
+        the pool, outside avoided pools, not retiring), less those being dropped in this
+        cycle. ``NEEDED``: without the sender's copy the key would hold fewer than its
+        ``replicate`` minimum; ``ABOVE``: it holds more than the maximum."""
+        pending = getattr(manager, "pending", None) or {}
+
+        def target(key: Key, sender: str) -> str | None:
+            d = desired.get(key)
+            ts = tasks.get(key)
+            if d is None or d.replicate is None or ts is None:
+                return None
+            placeable = view().placeable(d.pool, d.avoid)
+            lo, hi = d.replicate.bounds(len(placeable))
+            entry = pending.get(ts)
+            leaving = entry[1] if entry is not None else ()
+            good = sum(ws.address in placeable and ws not in leaving for ws in ts.who_has or ())
+            if sender in placeable and good - 1 < lo:
+                return NEEDED
+            if hi is not None and good > hi:
+                return ABOVE
+            return None
+
+        return target
+
     def _can_move(
         self,
         tasks: Mapping[Key, Any],
@@ -424,10 +482,9 @@ class Rebalancer:
         manager: Any,
         desired: Mapping[Key, Any],
         inflight: Mapping[Key, Mapping[str, float]],
-        cluster: Callable[[], ClusterView],
+        view: Callable[[], ClusterView],
     ) -> Callable[[Key, str], str | None]:
         pending = getattr(manager, "pending", None) or {}
-        view: list[ClusterView] = []
 
         def can_place(key: Key, recipient: str) -> str | None:
             ts = tasks[key]
@@ -442,10 +499,9 @@ class Rebalancer:
                 return "copy pending this cycle"
             d = desired.get(key, UNGOVERNED)
             if d.pool is not None or d.avoid is not None:
-                if not view:
-                    view.append(cluster())
-                if recipient not in view[0].recipients(d.pool, d.avoid):
-                    if d.pool is not None and ws.address not in view[0].allowed(d.pool, None):
+                cluster = view()
+                if recipient not in cluster.recipients(d.pool, d.avoid):
+                    if d.pool is not None and ws.address not in cluster.allowed(d.pool, None):
                         return f"outside pool {','.join(d.pool)}"
                     return f"in avoided pool {','.join(d.avoid or ())}"
             if d.spread == "host":
