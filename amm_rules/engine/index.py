@@ -165,6 +165,9 @@ class KeyIndex(SchedulerPlugin):
         #: Copies of them in flight may be fetched from that worker, and a fetch from
         #: a dead worker can hang until the comm times out: the policy gives them up.
         self.source_lost: set[Hashable] = set()
+        #: Keys that lost a holder -> workers that were fetching them for a dependent
+        #: then, without holding them: passed over for the key while they still are.
+        self.fetching: dict[Hashable, set[str]] = {}
         #: Reads and waiters of keys (followed only when the rules read demand).
         self.demand = DemandTracker()
         #: The memory flow this hook feeds (keys entering and leaving memory), if any.
@@ -276,6 +279,8 @@ class KeyIndex(SchedulerPlugin):
             self.backoff.pop(key, None)
         if self.source_lost:
             self.source_lost.discard(key)
+        if self.fetching:
+            self.fetching.pop(key, None)
         if self.shortfall:
             self.shortfall.pop(key, None)
         self.demand.forget(key)

@@ -701,28 +701,41 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         from that dead worker, and such a fetch can hang until the comm times out
         (seconds to minutes) while the key is short. Two kinds of recipient:
 
-        - the engine's own copies in flight: forgotten;
+        - the engine's own copies in flight: forgotten, and their workers passed over
+          for a while (half an AMM interval), so that other workers are asked first;
+          with no other worker, the same one is asked again later (which refreshes its
+          list of holders);
         - workers running a dependent of the key that do not hold it: they are
           fetching it for that task, maybe from the dead worker. Asking one of them
           for a copy would add nothing (the worker keeps its fetch going) and the
           copy would count as in flight, the key short, for the whole in-flight
-          timeout.
+          timeout. They are passed over for the key for as long as they still fetch
+          it (run a dependent without holding it): a fetch from a dead worker can
+          outlast the in-flight timeout of the copy asked of another worker instead.
 
-        Both are passed over for a while (half an AMM interval), so that other
-        workers are asked first; with no other worker, the same one is asked again
-        later (which refreshes its list of holders). Once per lost holder, never once
-        per cycle; the dependents are read only for keys that lost one."""
+        The dependents are read for keys that lost a holder, and then each cycle only
+        for those whose fetches go on."""
         index = self.index
         tasks = self.scheduler.tasks
         until = time.monotonic() + self.manager.interval / 2
         for key in index.source_lost:
             entry = index.inflight.pop(key, None)
-            fetching = _fetching_for_dependents(tasks.get(key))
-            if entry or fetching:
+            if entry:
                 backoff = index.backoff.setdefault(key, {})
-                for addr in (*(entry or ()), *fetching):
+                for addr in entry:
                     backoff[addr] = max(backoff.get(addr, until), until)
+            fetching = _fetching_for_dependents(tasks.get(key))
+            if fetching:
+                index.fetching.setdefault(key, set()).update(fetching)
         index.source_lost.clear()
+        for key, workers in list(index.fetching.items()):
+            workers.intersection_update(_fetching_for_dependents(tasks.get(key)))
+            if not workers:
+                del index.fetching[key]
+                continue
+            backoff = index.backoff.setdefault(key, {})
+            for addr in workers:
+                backoff[addr] = max(backoff.get(addr, until), until)
 
     def _absorb_touched(self) -> None:
         """Route keys whose copies changed: governed ones are checked this cycle, the

@@ -33,14 +33,16 @@ from distributed.utils_test import BlockedGatherDep, gen_cluster, gen_test
 from amm_rules.engine.policy import RulesPolicy
 from tests.support.chaos import busiest_holders, held_rules, kill
 from tests.support.cluster import (
+    Requests,
     amm_config,
     copies,
     holders,
+    keep,
     no_errors,
     policy_of,
     process_cluster,
 )
-from tests.support.waiting import wait_for
+from tests.support.waiting import cycle_until, wait_for
 
 AMM = "distributed.scheduler.active-memory-manager"
 #: Longer than any test here: no periodic cycle happens after the first.
@@ -134,6 +136,57 @@ async def test_a_worker_fetching_a_lost_key_for_a_dependent_is_not_asked_for_the
         assert await dependent == 100
     assert list(ballast) == ["ballast"]
     no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 3,
+    config={**amm_config(held_rules(2), start=False), f"{AMM}.measure": "managed"},
+    timeout=150,
+)
+async def test_a_worker_fetching_a_lost_key_is_passed_over_while_its_fetch_lasts(c, s, a, b, d):
+    """As above, and the worker first asked for the copy hangs too: its copy times out
+    (half a second here), and the next worker asked must not be ``slow``, although it
+    is then the least loaded: its fetch still hangs, as one from a dead worker does
+    until the comm times out, which can take longer than the in-flight timeout."""
+    key = "held-0"
+    policy = RulesPolicy(held_rules(2), inflight_timeout=0.5)
+    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
+    # d holds a big ungoverned key: it is the last choice for a copy.
+    ballast = await c.scatter({"ballast": b"x" * 10_000_000}, workers=[d.address])
+    x = c.submit(operator.mul, b"x", 100, key=key, workers=[a.address])
+    await x
+    await cycle_until(amm, lambda: copies(s, key) == 2, f"{key} at 2 copies")
+    assert holders(s, key) == {a.address, b.address}
+    async with (
+        BlockedGatherDep(s.address, nthreads=1) as slow,
+        BlockedGatherDep(s.address, nthreads=1) as hung,
+    ):
+        await wait_for(lambda: len(s.workers) == 5, "slow and hung registered")
+        dependent = c.submit(_fetch, x, key="fetch-held-0", workers=[slow.address])
+        await slow.in_gather_dep.wait()  # slow is fetching held-0 and hangs there
+        requests = Requests(s)
+        await kill(a)
+        await wait_for(lambda: a.address not in s.workers, "a gone")
+        # The first copy goes to hung (slow is passed over), and hangs.
+        await cycle_until(amm, lambda: requests.of(key)[0], f"a copy of {key} asked")
+        assert requests.of(key) == ({hung.address: 1}, {})
+        await hung.in_gather_dep.wait()
+        # Once it timed out, d is asked, never slow.
+        await cycle_until(
+            amm,
+            lambda: holders(s, key) == {b.address, d.address},
+            f"{key} copied to d",
+            show=lambda: (requests.of(key), policy.index.backoff.get(key)),
+        )
+        assert requests.of(key) == ({hung.address: 1, d.address: 1}, {})
+        slow.block_gather_dep.set()
+        hung.block_gather_dep.set()
+        assert await dependent == 100
+        # slow's copy (fetched for its task) and hung's late copy are trimmed.
+        await cycle_until(amm, lambda: copies(s, key) == 2, f"{key} back at 2 copies")
+    keep(ballast)
+    policy.detach()
 
 
 def _wait_then_make(event_name: str) -> bytes:
