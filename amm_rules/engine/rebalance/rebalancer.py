@@ -8,7 +8,9 @@ turns its answers into AMM ``Suggestion``\\ s. One :class:`Rebalancer` lives as 
 policy (hot reloads keep it); each AMM cycle :meth:`Rebalancer.run`:
 
 1. settles the moves in flight (:meth:`MoveBook.settle`): for each copy that landed, asks the
-   sender to drop its copy; forgets moves that are complete or void;
+   sender to drop its copy, unless the key's replication target comes first (it needs the
+   sender's copy, or is exceeded while that copy is in use: the move is void, and its
+   landed copy is handed to replication); forgets moves that are complete or void;
 2. measures every worker that is not retiring with the ``rebalance.measure`` of the rules,
    plus what the AMM has already accepted in this cycle (other policies and the replication
    half of RulesPolicy);
