@@ -19,7 +19,9 @@ its loss (``remove_worker`` removing the copy) to the engine's copy request for 
 (``request_acquire_replicas``), per key and per removed worker (the slowest of its
 keys; keys whose copies came back before any request, by a dependency transfer, are
 counted apart); the time and AMM cycles from a round's loss to every target restored
-(and the most cycles by kind of round); the early cycles the engine asked for
+(exactly at target), and the cycles until no key is below its target any more (repaired:
+copies a computation fetched may be trimmed later), with the most cycles by kind of
+round; the early cycles the engine asked for
 (:mod:`amm_rules.engine.early`), on average and at most in one second, with their wait
 from request to start split into what the debounce and the rate limit chose and how
 late the event loop ran the timer; and the event loop's lag over the run (how much
@@ -215,6 +217,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     stats = ChaosStats(keys=args.keys)
     counts = {"kill": 0, "kill-two": 0, "retire": 0, "pause": 0, "joins": 0}
     cycles_by_kind: dict[str, list[int]] = {k: [] for k in ("kill", "kill-two", "retire", "pause")}
+    repair_by_kind: dict[str, list[int]] = {k: [] for k in cycles_by_kind}
     lag = LoopLag()
     failures: list[str] = []
     with dask.config.set(config):
@@ -231,10 +234,12 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                     kind = ("kill", "kill-two", "retire", "pause")[round_no % 4]
                     round_no += 1
                     restores = len(stats.cycles_to_restore)
+                    repairs = len(stats.cycles_to_repair)
                     try:
                         await one_round(c, s, workers, held, stats, kind, rng, args)
                         counts[kind] += 1
                         cycles_by_kind[kind] += stats.cycles_to_restore[restores:]
+                        repair_by_kind[kind] += stats.cycles_to_repair[repairs:]
                     except AssertionError as exc:
                         failures.append(f"round {round_no} ({kind}): {exc}")
                     # Replace the lost workers: they join while the next round runs.
@@ -256,6 +261,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 await w.close()
     stats.recomputed = recomputed(names)
     restore = stats.cycles_to_restore or [0]
+    repair = stats.cycles_to_repair or [0]
     return {
         "minutes": args.minutes,
         "workers": args.workers,
@@ -279,6 +285,13 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             "max": max(restore),
             "samples": stats.cycles_to_restore,
             "by_kind": cycles_by_kind,
+        },
+        # Cycles until no key was below its target (restored: exactly at it).
+        "cycles_to_repair": {
+            "median": statistics.median(repair),
+            "max": max(repair),
+            "samples": stats.cycles_to_repair,
+            "by_kind": repair_by_kind,
         },
         "seconds_to_restore": distribution(stats.seconds_to_restore),
         "seconds_to_request_per_key": distribution(watch.per_key_s),
@@ -330,13 +343,16 @@ async def one_round(
     ]
     policy = policy_of(s)
     since = policy.cycles
+    repaired: list[int] = []
     if kind == "retire":
         (leaving,) = busiest_holders(s, keys, 1)
         await c.retire_workers([leaving])
         workers[:] = [w for w in workers if w.address != leaving]
         gone = time.monotonic()
         stats.lost += lost(s, keys)
-        restored = await wait_for_targets(s, keys, N, args.max_cycles, since=since)
+        restored = await wait_for_targets(
+            s, keys, N, args.max_cycles, since=since, repaired=repaired
+        )
         seconds = time.monotonic() - gone
     else:  # pause a worker, kill a holder while it is paused, resume
         paused = rng.choice(workers)
@@ -356,7 +372,9 @@ async def one_round(
         gone = time.monotonic()
         stats.lost += lost(s, keys)
         # The targets come back on the running workers while this one is paused ...
-        restored = await wait_for_targets(s, keys, N, args.max_cycles, since=since)
+        restored = await wait_for_targets(
+            s, keys, N, args.max_cycles, since=since, repaired=repaired
+        )
         seconds = time.monotonic() - gone
         # ... and a few more cycles pass: none may send the paused worker a copy.
         cycles = policy.cycles
@@ -366,6 +384,7 @@ async def one_round(
         assert after <= before, f"a paused worker received copies: {sorted(after - before)}"
         paused.status = Status.running
     stats.cycles_to_restore.append(restored)
+    stats.cycles_to_repair += repaired
     stats.seconds_to_restore.append(seconds)
     results = await c.gather(futures)
     stats.results_checked += len(results)
@@ -405,7 +424,7 @@ def main() -> None:
         "--inflight-timeout", type=float, default=None, help="default: the policy's"
     )
     parser.add_argument(
-        "--early-gap", type=float, default=0.25, help="RulesPolicy early_cycle_gap, seconds"
+        "--early-gap", type=float, default=0.1, help="RulesPolicy early_cycle_gap, seconds"
     )
     parser.add_argument("--no-early", action="store_true", help="no early cycles")
     parser.add_argument("--max-cycles", type=int, default=60)
@@ -427,6 +446,10 @@ def main() -> None:
         (
             "cycles to restore (median / max)",
             f"{result['cycles_to_restore']['median']} / {result['cycles_to_restore']['max']}",
+        ),
+        (
+            "cycles to repair: none below target (median / max)",
+            f"{result['cycles_to_repair']['median']} / {result['cycles_to_repair']['max']}",
         ),
         ("seconds to restore (median / p90 / max)", dist_ms(result["seconds_to_restore"])),
         ("lost copy to request, per key", dist_ms(result["seconds_to_request_per_key"])),
@@ -450,6 +473,13 @@ def main() -> None:
         (
             "cycles to restore, most by kind",
             ", ".join(f"{k} {max(v, default=0)}" for k, v in cycles_cut(result).items()),
+        ),
+        (
+            "cycles to repair, most by kind",
+            ", ".join(
+                f"{k} {max(v, default=0)}"
+                for k, v in result["cycles_to_repair"]["by_kind"].items()
+            ),
         ),
         ("early cycle: request to timer (debounce, gap)", dist_ms(early_chosen(result))),
         ("early cycle: timer to start (loop late)", dist_ms(early_late(result))),

@@ -71,7 +71,7 @@ class EarlyCycles:
     #: (``started - planned``).
     timings: deque[tuple[float, float, float]]
 
-    def __init__(self, delay: float = 0.02, gap: float | None = 0.25):
+    def __init__(self, delay: float = 0.02, gap: float | None = 0.1):
         self.delay = _seconds("early_cycle_delay", delay, zero_ok=True)
         self.gap = None if gap is None else _seconds("early_cycle_gap", gap, zero_ok=False)
         self.counts = Counter()

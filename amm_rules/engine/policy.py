@@ -181,7 +181,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         audit_interval: float | None = 60.0,
         retire_by_rules: bool = True,
         early_cycle_delay: float = 0.02,
-        early_cycle_gap: float | None = 0.25,
+        early_cycle_gap: float | None = 0.1,
     ):
         self.rules_file = RulesFile(rules, reload)
         ruleset = self.rules_file.load(rules)  # a RulesError here fails the scheduler start

@@ -84,10 +84,13 @@ async def wait_for_targets(
     pause: float = 0.01,
     since: int | None = None,
     timeout: float = TARGETS_TIMEOUT,
+    repaired: list[int] | None = None,
 ) -> int:
     """Wait until every key holds ``min(n, workers not leaving)`` copies; return the AMM
     cycles that took, counted from now or from the policy's cycle count ``since``.
-    Fails after ``max_cycles`` cycles, or ``timeout`` seconds."""
+    Fails after ``max_cycles`` cycles, or ``timeout`` seconds. With ``repaired``, also
+    append the cycles until no key was below that goal any more (extra copies, such as
+    those a computation fetched, may take longer to trim)."""
     policy = policy_of(s)
     start = policy.cycles if since is None else since
     BUDGET.charge(timeout)
@@ -95,7 +98,10 @@ async def wait_for_targets(
     while True:
         # (A worker that just joined may still be "init"; one retiring does not count.)
         goal = min(n, sum(ws.status.name not in LEAVING for ws in s.workers.values()))
-        if all(copies(s, k) == goal for k in keys):
+        held = [copies(s, k) for k in keys]
+        if repaired is not None and len(repaired) == 0 and min(held, default=goal) >= goal:
+            repaired.append(policy.cycles - start)
+        if all(count == goal for count in held):
             return policy.cycles - start
         if policy.cycles - start > max_cycles or time.monotonic() > deadline:
             counts = Counter(copies(s, k) for k in keys)
@@ -147,6 +153,8 @@ class ChaosStats:
     keys: int = 0
     lost: list[Hashable] = field(default_factory=list)
     cycles_to_restore: list[int] = field(default_factory=list)
+    #: Cycles until no key was below its target, per round (at most cycles_to_restore).
+    cycles_to_repair: list[int] = field(default_factory=list)
     #: Seconds from seeing the lost workers gone (polled every 10 ms) to every target
     #: restored, per round.
     seconds_to_restore: list[float] = field(default_factory=list)
@@ -190,7 +198,11 @@ async def kill_round(
     )
     gone = time.monotonic()
     stats.lost += lost(s, keys)
-    stats.cycles_to_restore.append(await wait_for_targets(s, keys, n, max_cycles, since=since))
+    repaired: list[int] = []
+    stats.cycles_to_restore.append(
+        await wait_for_targets(s, keys, n, max_cycles, since=since, repaired=repaired)
+    )
+    stats.cycles_to_repair += repaired
     stats.seconds_to_restore.append(time.monotonic() - gone)
     results = await c.gather(futures)
     stats.results_checked += len(results)
