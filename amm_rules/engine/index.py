@@ -50,6 +50,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from amm_rules.engine.demand import DemandTracker
 from amm_rules.engine.planner import source_label, target_bounds
+from amm_rules.engine.wrapping import wrap_methods
 from amm_rules.language.ruleset import ALL, Desired, RuntimeTarget, Target
 
 if TYPE_CHECKING:
@@ -590,8 +591,6 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
     policies attach, and add a set insertion and, for a governed key, a count per rule
     to a replica change at most.
     """
-    before = {name: vars(scheduler).get(name) for name in _WATCHED}
-    handler_before = scheduler.handlers.get("update_data")
     add_replica = scheduler.add_replica
     remove_replica = scheduler.remove_replica
     remove_all_replicas = scheduler.remove_all_replicas
@@ -666,33 +665,13 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
             index.copies_changed(ts.key, -len(ts.who_has))
         remove_all_replicas(ts)
 
-    update_data_watched.__name__ = "update_data"
     wrappers = {
         "add_replica": add_replica_watched,
         "remove_replica": remove_replica_watched,
         "remove_all_replicas": remove_all_replicas_watched,
         "update_data": update_data_watched,
     }
-    for name, wrapper in wrappers.items():
-        setattr(scheduler, name, wrapper)
-    if "update_data" in scheduler.handlers:
-        scheduler.handlers["update_data"] = update_data_watched
-
-    def unwatch() -> None:
-        """Put back what the wrappers replaced. A wrapper that something else wrapped
-        since stays in that chain, inactive (``index.active`` is False): removing it
-        would remove the later wrapper too."""
-        for name, wrapper in wrappers.items():
-            if vars(scheduler).get(name) is not wrapper:
-                continue
-            if before[name] is None:
-                delattr(scheduler, name)  # the class's own method shows through again
-            else:
-                setattr(scheduler, name, before[name])
-        if scheduler.handlers.get("update_data") is update_data_watched:
-            scheduler.handlers["update_data"] = handler_before
-
-    return unwatch
+    return wrap_methods(scheduler, wrappers, {"update_data": "update_data"})
 
 
 def _no_wake(reason: str) -> None:
@@ -700,7 +679,6 @@ def _no_wake(reason: str) -> None:
 
 
 #: The scheduler methods :func:`watch_scheduler` wraps.
-_WATCHED = ("add_replica", "remove_replica", "remove_all_replicas", "update_data")
 
 
 def _subtract(counter: Counter[str], labels: Iterable[str], n: int) -> None:

@@ -47,6 +47,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from amm_rules.engine.wrapping import wrap_methods
 from amm_rules.language.fields import MAX_REPLICAS
 from amm_rules.language.ruleset import ALL, Target
 
@@ -60,7 +61,6 @@ REPLICATE = "client.replicate"
 BROADCAST = "scatter broadcast"
 ORIGINS = (REPLICATE, BROADCAST)
 #: The scheduler methods (and handlers) wrapped.
-_WRAPPED = ("replicate", "scatter")
 
 
 class LegacyCalls:
@@ -83,8 +83,6 @@ class LegacyCalls:
 
     def install(self, scheduler: Any) -> Callable[[], None]:
         """Wrap the scheduler's ``replicate`` and ``scatter``; return the undo."""
-        before = {name: vars(scheduler).get(name) for name in _WRAPPED}
-        handlers_before = {name: scheduler.handlers.get(name) for name in _WRAPPED}
         replicate = self._replicate = scheduler.replicate
         scatter = scheduler.scatter
 
@@ -136,27 +134,8 @@ class LegacyCalls:
                 await self._honour(keys, target, BROADCAST, stock)
             return keys
 
-        replicate_honoured.__name__ = "replicate"
-        scatter_honoured.__name__ = "scatter"
         wrappers = {"replicate": replicate_honoured, "scatter": scatter_honoured}
-        for name, wrapper in wrappers.items():
-            setattr(scheduler, name, wrapper)
-            if name in scheduler.handlers:
-                scheduler.handlers[name] = wrapper
-
-        def uninstall() -> None:
-            """Put back what the wrappers replaced (a wrapper something else wrapped
-            since stays in that chain, passing calls through once detached)."""
-            for name, wrapper in wrappers.items():
-                if vars(scheduler).get(name) is wrapper:
-                    if before[name] is None:
-                        delattr(scheduler, name)
-                    else:
-                        setattr(scheduler, name, before[name])
-                if scheduler.handlers.get(name) is wrapper:
-                    scheduler.handlers[name] = handlers_before[name]
-
-        return uninstall
+        return wrap_methods(scheduler, wrappers, {name: name for name in wrappers})
 
     # ------------------------------------------------------------------ calls
 

@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
+from amm_rules.engine.wrapping import wrap_methods
+
 #: Scheduler method -> the comm handler bound to it when the scheduler was built.
 _WATCHED = {"add_resources": "set_resources", "heartbeat_worker": "heartbeat_worker"}
 #: A worker's keys looked at, at most, for a governed one (see :func:`holds_governed`).
@@ -42,8 +44,6 @@ def watch_workers(scheduler: Any, on_change: Callable[[str, str], None]) -> Call
     """Wrap ``add_resources`` and ``heartbeat_worker`` (see the module docstring).
     Returns the function that undoes it; until then ``on_change`` is called after the
     scheduler's own method returned, and an exception in it is the caller's to contain."""
-    before = {name: vars(scheduler).get(name) for name in _WATCHED}
-    handlers_before = {h: scheduler.handlers.get(h) for h in _WATCHED.values()}
     add_resources = scheduler.add_resources
     heartbeat_worker = scheduler.heartbeat_worker
     workers = scheduler.workers
@@ -67,26 +67,7 @@ def watch_workers(scheduler: Any, on_change: Callable[[str, str], None]) -> Call
         "add_resources": add_resources_watched,
         "heartbeat_worker": heartbeat_worker_watched,
     }
-    for name, wrapper in wrappers.items():
-        wrapper.__name__ = name
-        setattr(scheduler, name, wrapper)
-        if _WATCHED[name] in scheduler.handlers:
-            scheduler.handlers[_WATCHED[name]] = wrapper
-
-    def unwatch() -> None:
-        """Put back what the wrappers replaced (a wrapper that something else wrapped
-        since stays in that chain, so ``on_change`` must cope with a detached policy)."""
-        for name, wrapper in wrappers.items():
-            if vars(scheduler).get(name) is wrapper:
-                if before[name] is None:
-                    delattr(scheduler, name)
-                else:
-                    setattr(scheduler, name, before[name])
-            handler = _WATCHED[name]
-            if scheduler.handlers.get(handler) is wrapper:
-                scheduler.handlers[handler] = handlers_before[handler]
-
-    return unwatch
+    return wrap_methods(scheduler, wrappers, _WATCHED)
 
 
 def holds_governed(ws: Any, desired: Mapping[Hashable, Any]) -> bool:
