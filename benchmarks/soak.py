@@ -400,18 +400,6 @@ def dist_ms(d: dict[str, Any]) -> str:
     )
 
 
-def cycles_cut(result: dict[str, Any]) -> dict[str, list[int]]:
-    return result["cycles_to_restore"]["by_kind"]
-
-
-def early_chosen(result: dict[str, Any]) -> dict[str, Any]:
-    return result["early_cycles"]["chosen_wait_s"]
-
-
-def early_late(result: dict[str, Any]) -> dict[str, Any]:
-    return result["early_cycles"]["timer_late_s"]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=3.0)
@@ -472,7 +460,10 @@ def main() -> None:
         ),
         (
             "cycles to restore, most by kind",
-            ", ".join(f"{k} {max(v, default=0)}" for k, v in cycles_cut(result).items()),
+            ", ".join(
+                f"{k} {max(v, default=0)}"
+                for k, v in result["cycles_to_restore"]["by_kind"].items()
+            ),
         ),
         (
             "cycles to repair, most by kind",
@@ -481,8 +472,14 @@ def main() -> None:
                 for k, v in result["cycles_to_repair"]["by_kind"].items()
             ),
         ),
-        ("early cycle: request to timer (debounce, gap)", dist_ms(early_chosen(result))),
-        ("early cycle: timer to start (loop late)", dist_ms(early_late(result))),
+        (
+            "early cycle: request to timer (debounce, gap)",
+            dist_ms(result["early_cycles"]["chosen_wait_s"]),
+        ),
+        (
+            "early cycle: timer to start (loop late)",
+            dist_ms(result["early_cycles"]["timer_late_s"]),
+        ),
         (f"event loop lag ({LoopLag.TICK * 1000:.0f} ms sleeps)", dist_ms(result["loop_lag_s"])),
         ("keys lost", result["keys_lost"]),
         ("keys recomputed", result["keys_recomputed"]),

@@ -678,9 +678,6 @@ def _no_wake(reason: str) -> None:
     return None
 
 
-#: The scheduler methods :func:`watch_scheduler` wraps.
-
-
 def _subtract(counter: Counter[str], labels: Iterable[str], n: int) -> None:
     """Take ``n`` from each label's count, dropping counts that reach zero."""
     for label in labels:

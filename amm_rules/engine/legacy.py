@@ -60,7 +60,6 @@ logger = logging.getLogger(__name__)
 REPLICATE = "client.replicate"
 BROADCAST = "scatter broadcast"
 ORIGINS = (REPLICATE, BROADCAST)
-#: The scheduler methods (and handlers) wrapped.
 
 
 class LegacyCalls:

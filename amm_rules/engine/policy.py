@@ -35,7 +35,7 @@ import logging
 import os
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Generator, Hashable, Mapping
+from collections.abc import Callable, Generator, Hashable, Iterable, Mapping
 from typing import Any
 
 from distributed.active_memory_manager import (
@@ -535,12 +535,16 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     def _wake(self, reason: str) -> None:
         """From the index's hooks: something happened that an early cycle should repair.
         A worker joining or resuming matters only to rebalancing and unmet targets."""
-        if reason in ("worker-joined", "worker-resumed") and not (
-            self.ruleset.rebalance.enabled
-            or any(counts["unmet"] for counts in self.last_cycle.values())
-        ):
+        if reason in ("worker-joined", "worker-resumed") and not self._room_helps():
             return
         self.early.request(reason)
+
+    def _room_helps(self) -> bool:
+        """Whether a worker that can take copies now may change what a cycle does: the
+        rules rebalance, or some target was left unmet by the last cycle."""
+        return self.ruleset.rebalance.enabled or any(
+            counts["unmet"] for counts in self.last_cycle.values()
+        )
 
     def worker_changed(self, address: str, what: str) -> None:
         """From :mod:`amm_rules.engine.worker_watch`: a worker's resources changed
@@ -556,11 +560,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 return
             self.index.workers_changed = True
             ws = self.scheduler.workers.get(address)
-            if (
-                self.ruleset.rebalance.enabled
-                or any(counts["unmet"] for counts in self.last_cycle.values())
-                or (ws is not None and holds_governed(ws, self.index.desired))
-            ):
+            if self._room_helps() or (ws is not None and holds_governed(ws, self.index.desired)):
                 self.early.request("worker-pools-changed")
         except Exception as exc:  # a scheduler handler must not fail because of us
             logger.exception("amm-rules: re-evaluating the pools of %s failed", address)
@@ -688,7 +688,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         )
         filed, done = index.classify(classifier, self.scheduler.tasks, limit, deadline)
         if dirty:
-            if deadline is not None:
+            if deadline is not None and index.loop_ended >= deadline:
+                # (Learnt only from loops the deadline stopped, not the key limit.)
                 self.classify_budget.stopped(began, index.loop_ended)
             logger.debug(
                 "amm-rules: classified %d keys; %d left for the next cycles", done, len(dirty)
@@ -718,24 +719,23 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         index = self.index
         tasks = self.scheduler.tasks
         until = time.monotonic() + self.manager.interval / 2
+        read: set[Hashable] = set()
         for key in index.source_lost:
             entry = index.inflight.pop(key, None)
             if entry:
-                backoff = index.backoff.setdefault(key, {})
-                for addr in entry:
-                    backoff[addr] = max(backoff.get(addr, until), until)
+                _pass_over(index, key, entry, until)
             fetching = _fetching_for_dependents(tasks.get(key))
+            read.add(key)
             if fetching:
                 index.fetching.setdefault(key, set()).update(fetching)
         index.source_lost.clear()
         for key, workers in list(index.fetching.items()):
-            workers.intersection_update(_fetching_for_dependents(tasks.get(key)))
+            if key not in read:  # (just read above: still fetching)
+                workers.intersection_update(_fetching_for_dependents(tasks.get(key)))
             if not workers:
                 del index.fetching[key]
                 continue
-            backoff = index.backoff.setdefault(key, {})
-            for addr in workers:
-                backoff[addr] = max(backoff.get(addr, until), until)
+            _pass_over(index, key, workers, until)
 
     def _absorb_touched(self) -> None:
         """Route keys whose copies changed: governed ones are checked this cycle, the
@@ -923,6 +923,14 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 # a refused or deferred action, a back-off ending, copies held for
                 # waiters that may finish.
                 index.recheck.add(key)
+
+
+def _pass_over(index: KeyIndex, key: Hashable, workers: Iterable[str], until: float) -> None:
+    """Ask none of ``workers`` for a copy of ``key`` before ``until`` (or later, if
+    they were passed over for longer already)."""
+    backoff = index.backoff.setdefault(key, {})
+    for addr in workers:
+        backoff[addr] = max(backoff.get(addr, until), until)
 
 
 def _fetching_for_dependents(ts: Any) -> list[str]:

@@ -21,6 +21,7 @@ run many more rounds.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import pytest
@@ -98,6 +99,9 @@ async def _rounds(c: Any, s: Any, workers: list[Any], rounds: int, kills: int = 
     for _ in range(rounds):
         await kill_round(c, s, workers, held, N, stats, kills=kills, max_cycles=max_cycles)
     _check(stats, KEYS)
+    # Each round repaired (no key short) no later than restored (every key at target).
+    assert len(stats.cycles_to_repair) == len(stats.cycles_to_restore) == rounds
+    assert all(map(operator.le, stats.cycles_to_repair, stats.cycles_to_restore))
     assert await c.gather(list(held.values())) == [k.encode().ljust(1_000, b".") for k in KEYS]
     return stats
 

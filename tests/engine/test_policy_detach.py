@@ -1,6 +1,7 @@
 """Attaching and detaching RulesPolicy on a real scheduler: the scheduler methods it
-wraps (``add_replica``, ``remove_replica``, ``update_data``), its plugin and its
-handlers are put back as they were, also when several policies attach in turn."""
+wraps (replica changes, workers' resources and heartbeats, ``replicate`` and
+``scatter``) and the comm handlers bound to them, its plugin and its own handlers are
+put back as they were, also when several policies attach in turn."""
 
 from __future__ import annotations
 
@@ -13,12 +14,27 @@ from amm_rules.engine.policy import RulesPolicy
 from tests.support.cluster import amm_config, counts
 from tests.support.rulesets import X_THREE
 
-METHODS = ("add_replica", "remove_replica", "update_data")
+METHODS = (
+    "add_replica",
+    "remove_replica",
+    "remove_all_replicas",
+    "update_data",
+    "add_resources",
+    "heartbeat_worker",
+    "replicate",
+    "scatter",
+)
+#: The comm handlers bound to some of them.
+HANDLERS = ("update_data", "set_resources", "heartbeat_worker", "replicate", "scatter")
 
 
 def wrapped(scheduler: Any) -> dict[str, Any]:
-    """The scheduler's own instance attributes for the watched methods."""
-    return {name: vars(scheduler).get(name) for name in METHODS}
+    """The scheduler's own instance attributes for the watched methods, and the
+    handlers bound to them."""
+    return {
+        **{name: vars(scheduler).get(name) for name in METHODS},
+        **{f"handler:{name}": scheduler.handlers[name] for name in HANDLERS},
+    }
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 2, config=amm_config(X_THREE, start=False))

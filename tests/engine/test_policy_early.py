@@ -33,25 +33,21 @@ from distributed.utils_test import BlockedGatherDep, gen_cluster, gen_test
 from amm_rules.engine.policy import RulesPolicy
 from tests.support.chaos import busiest_holders, held_rules, kill
 from tests.support.cluster import (
+    LONG_INTERVAL,
     Requests,
     amm_config,
     copies,
     holders,
     keep,
+    long_interval,
     no_errors,
     policy_of,
     process_cluster,
 )
+from tests.support.retire import amm_measure
 from tests.support.waiting import cycle_until, wait_for
 
-AMM = "distributed.scheduler.active-memory-manager"
-#: Longer than any test here: no periodic cycle happens after the first.
-LONG = 60.0
 KEYS = [f"held-{i}" for i in range(12)]
-
-
-def long_interval(rules: Any, **kwargs: Any) -> dict[str, Any]:
-    return {**amm_config(rules, **kwargs), f"{AMM}.interval": LONG}
 
 
 async def held(c: Any, s: Any, n: int) -> dict[str, Any]:
@@ -96,10 +92,10 @@ def _fetch(x: bytes) -> int:
     client=True,
     nthreads=[("", 1)] * 3,
     config={
-        **long_interval(held_rules(2), inflight_timeout=LONG),
+        **long_interval(held_rules(2), inflight_timeout=LONG_INTERVAL),
         # Recipients ranked by the bytes of keys they hold, not by process memory:
         # in-process workers share one process.
-        f"{AMM}.measure": "managed",
+        **amm_measure(),
     },
     timeout=90,
 )
@@ -141,7 +137,7 @@ async def test_a_worker_fetching_a_lost_key_for_a_dependent_is_not_asked_for_the
 @gen_cluster(
     client=True,
     nthreads=[("", 1)] * 3,
-    config={**amm_config(held_rules(2), start=False), f"{AMM}.measure": "managed"},
+    config={**amm_config(held_rules(2), start=False), **amm_measure()},
     timeout=150,
 )
 async def test_a_worker_fetching_a_lost_key_is_passed_over_while_its_fetch_lasts(c, s, a, b, d):

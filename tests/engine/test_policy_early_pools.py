@@ -23,36 +23,16 @@ from typing import Any
 
 from distributed.utils_test import gen_cluster
 
-from tests.support.cluster import amm_config, no_errors, policy_of
+from tests.support.cluster import holders, long_interval, no_errors, policy_of
+from tests.support.retire import amm_measure
+from tests.support.rulesets import GPU, rule, rules
 from tests.support.waiting import wait_for
 
-AMM = "distributed.scheduler.active-memory-manager"
-#: Longer than any test here: no periodic cycle happens after the first.
-LONG = 60.0
 KEYS = [f"held-{i}" for i in range(8)]
 
 
 def pool_rules(pool: str) -> dict[str, Any]:
-    return {
-        "version": 1,
-        "pools": {"inside": pool},
-        "rules": [
-            {
-                "name": "held",
-                "match": 'task.key matches "held-*"',
-                "replicate": 1,
-                "pool": "inside",
-            }
-        ],
-    }
-
-
-def long_interval(rules: Any, **kwargs: Any) -> dict[str, Any]:
-    return {**amm_config(rules, **kwargs), f"{AMM}.interval": LONG}
-
-
-def holders_of(s: Any, key: str) -> set[str]:
-    return {ws.address for ws in s.tasks[key].who_has or ()}
+    return rules(rule("held", "held-*", replicate=1, pool="inside"), pools={"inside": pool})
 
 
 async def held_on(c: Any, s: Any, address: str) -> list[Any]:
@@ -61,17 +41,20 @@ async def held_on(c: Any, s: Any, address: str) -> list[Any]:
     futures = [c.submit(operator.mul, k.encode(), 100, key=k, workers=[address]) for k in KEYS]
     await c.gather(futures)
     s.extensions["amm"].run_once()
-    assert all(holders_of(s, k) == {address} for k in KEYS)
+    assert all(holders(s, k) == {address} for k in KEYS)
     return futures
 
 
-GPU = [("", 1, {"resources": {"GPU": 1}}), ("", 1), ("", 1)]
+#: One worker with a GPU (in the pool of the GPU tests), two without.
+GPU_WORKERS = [("", 1, GPU), ("", 1), ("", 1)]
+#: The held keys live on workers with a GPU.
+IN_GPU_POOL = long_interval(pool_rules("worker.resources.GPU >= 1"))
 
 
 @gen_cluster(
     client=True,
-    nthreads=GPU,
-    config=long_interval(pool_rules("worker.resources.GPU >= 1")),
+    nthreads=GPU_WORKERS,
+    config=IN_GPU_POOL,
     timeout=60,
 )
 async def test_a_worker_losing_a_resource_has_its_keys_copied_into_the_pool(c, s, a, b, d):
@@ -83,7 +66,7 @@ async def test_a_worker_losing_a_resource_has_its_keys_copied_into_the_pool(c, s
     await b.set_resources(GPU=1)
     await a.set_resources(GPU=0)
     # Copied to b, then (the copy landed: a move's second half) dropped from a.
-    await wait_for(lambda: all(holders_of(s, k) == {b.address} for k in KEYS), "every key moved")
+    await wait_for(lambda: all(holders(s, k) == {b.address} for k in KEYS), "every key moved")
     assert policy.early.counts["ran"] > early
     reasons = {r for _, rs in policy.early.history for r in rs}
     assert {"worker-pools-changed", "copy-landed"} <= reasons
@@ -99,8 +82,8 @@ def _read(x: bytes, event: str) -> int:
 
 @gen_cluster(
     client=True,
-    nthreads=GPU,
-    config=long_interval(pool_rules("worker.resources.GPU >= 1")),
+    nthreads=GPU_WORKERS,
+    config=IN_GPU_POOL,
     timeout=120,
 )
 async def test_a_misplaced_copy_held_by_a_dependent_is_dropped_when_it_finishes(c, s, a, b, d):
@@ -118,22 +101,22 @@ async def test_a_misplaced_copy_held_by_a_dependent_is_dropped_when_it_finishes(
     )
     await b.set_resources(GPU=1)
     await a.set_resources(GPU=0)
-    await wait_for(lambda: b.address in holders_of(s, key), f"{key} copied to b")
+    await wait_for(lambda: b.address in holders(s, key), f"{key} copied to b")
     others = KEYS[1:]
-    await wait_for(lambda: all(holders_of(s, k) == {b.address} for k in others), "others moved")
-    assert holders_of(s, key) == {a.address, b.address}  # the reader holds up the drop
+    await wait_for(lambda: all(holders(s, k) == {b.address} for k in others), "others moved")
+    assert holders(s, key) == {a.address, b.address}  # the reader holds up the drop
     assert key in policy.index.trim_waits
     await event.set()
     assert await reader == 100 * len(key)
-    await wait_for(lambda: holders_of(s, key) == {b.address}, f"{key} dropped from a")
+    await wait_for(lambda: holders(s, key) == {b.address}, f"{key} dropped from a")
     assert any("dependent-finished" in rs for _, rs in policy.early.history)
     no_errors(s)
 
 
 @gen_cluster(
     client=True,
-    nthreads=GPU,
-    config=long_interval(pool_rules("worker.resources.GPU >= 1")),
+    nthreads=GPU_WORKERS,
+    config=IN_GPU_POOL,
     timeout=60,
 )
 async def test_a_resources_change_that_moves_no_worker_wakes_nothing(c, s, a, b, d):
@@ -161,7 +144,7 @@ def _ballast(n: int) -> bytes:
     config={
         **long_interval(pool_rules("worker.memory < 4 MiB")),
         # Memory by the bytes of keys a worker holds: in-process workers share a process.
-        f"{AMM}.measure": "managed",
+        **amm_measure(),
     },
     timeout=60,
 )
@@ -174,7 +157,7 @@ async def test_a_worker_whose_memory_grows_out_of_a_pool_has_its_keys_copied(c, 
     ballast = c.submit(_ballast, 8 << 20, key="ballast", workers=[a.address])
     await ballast
     await wait_for(
-        lambda: all(b.address in holders_of(s, k) for k in KEYS), "every held key copied to b"
+        lambda: all(b.address in holders(s, k) for k in KEYS), "every held key copied to b"
     )
     assert policy.placements.pools[a.address] == frozenset()
     assert policy.early.counts["ran"] > early

@@ -25,6 +25,7 @@ from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.policy import RulesPolicy
 from tests.support.cluster import Requests, amm_config, holders, keep, rules
+from tests.support.rulesets import PAIR
 from tests.support.waiting import cycle_until, wait_for
 
 MiB = 2**20
@@ -33,7 +34,7 @@ LIMIT = 10 * MiB
 KEY = 100_000
 #: ``pair-*`` keys at two copies; a rebalance section that moves one key per cycle.
 RULES = rules(
-    {"name": "pair", "match": 'task.key matches "pair-*"', "replicate": 2},
+    PAIR,
     rebalance={"measure": "managed", "sender-min": "10%", "max-bytes-per-cycle": KEY},
 )
 CONFIG = {

@@ -2,8 +2,9 @@
 (``from tests.support.cluster import amm_config``):
 
 - :mod:`.cluster`: real-cluster helpers for RulesPolicy (``amm_config``, ``policy_of``,
-  ``holders``/``copies``/``counts``/``who_has``, the ``Requests`` and
+  ``holders``/``copies``/``counts``/``who_has``, ``long_interval``, the ``Requests`` and
   ``TransitionCounter`` recorders);
+- :mod:`.retire`: the retirement tests' helpers (``ReplicaLog``, ``amm_measure``);
 - :mod:`.waiting`: waiting on conditions with deadlines that fail (``wait_for``,
   ``cycles``, ``cycle_until``, ``wait_cycles``) and each test's poll budget;
 - :mod:`.rulesets`: the rules the tests share; :mod:`.rules_files`: rules files on

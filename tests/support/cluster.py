@@ -82,6 +82,16 @@ def no_errors(scheduler: Any) -> None:
     assert not bad, bad
 
 
+#: An AMM interval longer than any test: a cycle after the first is an early one.
+LONG_INTERVAL = 60.0
+
+
+def long_interval(rules_: Any, **kwargs: Any) -> dict[str, Any]:
+    """:func:`amm_config` with the AMM's interval at :data:`LONG_INTERVAL`."""
+    interval = "distributed.scheduler.active-memory-manager.interval"
+    return {**amm_config(rules_, **kwargs), interval: LONG_INTERVAL}
+
+
 def holders(scheduler: Any, key: Hashable) -> set[str]:
     ts = scheduler.tasks.get(key)
     return {ws.address for ws in (ts.who_has or ())} if ts is not None else set()
