@@ -234,7 +234,7 @@ def settle(
 
 def unclassified(manager: ActiveMemoryManagerExtension) -> int:
     """Keys a RulesPolicy of the manager has left for its next cycles (its budget)."""
-    return sum(len(p.index.dirty) for p in manager.policies if isinstance(p, RulesPolicy))
+    return sum(p.index.unclassified for p in manager.policies if isinstance(p, RulesPolicy))
 
 
 def catch_up(
@@ -313,7 +313,7 @@ def measure_governed(
     cycles_cpu = []
     cpu = time.thread_time()
     with GcWatch() as watch:
-        while index.dirty:
+        while index.unclassified:
             state.transfers.clear()
             before = time.thread_time()
             times.append(timed(manager.run_once))

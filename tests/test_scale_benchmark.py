@@ -162,7 +162,7 @@ def test_keys_entering_memory_at_once_are_classified_by_the_cascade(state: Any, 
         policy.index.forget(key)
         policy.index.transition(key, "processing", "memory")
     cycles = 0
-    while policy.index.dirty:
+    while policy.index.unclassified:
         run_cycle(state, amm)
         cycles += 1
     assert cycles == -(-len(keys) // 700)

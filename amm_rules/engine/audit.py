@@ -123,7 +123,8 @@ class Auditor:
 
     def _check_replicated(self, index: KeyIndex, resolve: Callable[[Any], Any]) -> None:
         todo = self._replicated
-        desired, dirty, free = index.desired, index.dirty, index.replicated_free
+        desired, free = index.desired, index.replicated_free
+        waiting = index.may_be_unclassified
         # Keys whose copies changed since the last cycle are filed by this cycle, after
         # the audit step: the hooks saw them (a key scattered with one copy, classified,
         # then broadcast, is in none of the other sets yet).
@@ -131,13 +132,13 @@ class Auditor:
         for _ in range(min(self.chunk, len(todo))):
             ts = todo.pop()
             key = ts.key
-            if ts.state != "memory" or key in desired or key in dirty or key in touched:
+            if ts.state != "memory" or key in desired or key in touched or waiting(key):
                 continue
             if key not in free or resolve(ts).governed:
                 # Unknown to reduce-replicas' walk, or filed there though a rule
                 # governs it: classified again in this cycle.
                 free.pop(key, None)
-                dirty[key] = None
+                index.queue((key,))
                 # Routed once classified: to reduce-replicas' walk if no rule governs it.
                 index.touched.add(key)
                 self._found["replicated_unknown"] += 1

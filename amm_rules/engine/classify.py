@@ -178,9 +178,16 @@ class _ClassCascade:
 class _GroupClass:
     """The class of the last key classified of a task group (see :meth:`Classifier.classify`)."""
 
-    __slots__ = ("type", "annotations", "cascade", "flow")
+    __slots__ = ("type", "annotations", "cascade", "flow", "plain")
 
-    def __init__(self, type_: Any, annotations: Any, cascade: _ClassCascade, flow: Any = None):
+    def __init__(
+        self,
+        type_: Any,
+        annotations: Any,
+        cascade: _ClassCascade,
+        flow: Any = None,
+        flow_sensitive: bool = False,
+    ):
         self.type = type_
         #: The key's annotations, None if it had none.
         self.annotations = annotations
@@ -188,6 +195,10 @@ class _GroupClass:
         #: The published memory flow of the group's prefix the class was made with
         #: (while rules read ``task.prefix_*``): a republished one is another class.
         self.flow = flow
+        #: The Desired of every key of the group with this type, without annotations
+        #: (nor a runtime target), when the class decides it and the rules do not read
+        #: the memory flow: the commonest case, answered by one attribute read.
+        self.plain = cascade.desired if annotations is None and not flow_sensitive else None
 
 
 #: Governed keys of one classification that share a ``Desired``: (it, keys, tasks).
@@ -261,7 +272,7 @@ class Classifier:
 
     def classify(
         self,
-        keys: Sequence[Hashable],
+        keys: Sequence[Hashable] | None,
         known: Sequence[Any],
         tasks: Mapping[Hashable, Any],
         runtime: Mapping[Hashable, Target | RuntimeTarget],
@@ -272,7 +283,9 @@ class Classifier:
 
         ``known`` holds the ``TaskState`` of each key, or None where it is not known:
         then it is looked up in ``tasks`` (the scheduler's ``tasks``; keys not there are
-        skipped). ``runtime`` holds the runtime targets, ``indexed`` the
+        skipped). Without ``keys``, ``known`` holds tasks only (None is skipped), and a
+        key is read from its task only when needed: most keys are never touched, which
+        spares the processor's caches. ``runtime`` holds the runtime targets, ``indexed`` the
         keys governed so far. Returns ``(batches, dropped)``: the governed keys in
         memory as :data:`Batch` tuples, one per distinct ``Desired``, and the keys of
         ``indexed`` that are no longer governed.
@@ -282,45 +295,62 @@ class Classifier:
         """
         batches: dict[int, Batch] = {}
         dropped: list[Hashable] = []
-        get = tasks.get
+        if keys is not None:
+            # (Not ``None in known``: that would call TaskState.__eq__ for each task.)
+            get = tasks.get
+            known = [get(k) if ts is None else ts for k, ts in zip(keys, known, strict=True)]
+            # One test in C for the lot: usually none of them is indexed.
+            any_indexed = bool(indexed) and not indexed.keys().isdisjoint(keys)
+        else:
+            any_indexed = bool(indexed) and not indexed.keys().isdisjoint(
+                ts.key for ts in known if ts is not None
+            )
         groups = self._groups
         any_runtime = bool(runtime)
         flow = self.flow if self._flow_sensitive else None
-        # One test in C for the lot: usually none of them is indexed.
-        any_indexed = bool(indexed) and not indexed.keys().isdisjoint(keys)
         # Keys arrive a group at a time: the batch of the previous key is usually this
         # key's too, and is appended to without a lookup.
         previous: Desired | None = None
         add_key = add_task = dropped.append  # rebound before any use
-        for key, ts in zip(keys, known, strict=True):
+        # The key is read from its task (ts.key) only where it is needed.
+        for ts in known:
             if ts is None:
-                ts = get(key)
-                if ts is None:
-                    continue
-            # Case 1: the key has its group's last class: the group's cascade.
-            known = groups.get(ts.group)
+                continue
+            last = groups.get(ts.group)
+            # Case 0: the group's last class, with neither annotations nor a per-key
+            # match (nor memory-flow figures): its Desired.
             if (
-                known is not None
-                and ts.type == known.type
-                and not (any_runtime and key in runtime)
-                and (flow is None or flow.get(ts.prefix.name) is known.flow)
+                last is not None
+                and ts.type == last.type
+                and not ts.annotations
+                and (desired := last.plain) is not None
+                and not (any_runtime and ts.key in runtime)
             ):
-                mine = ts.annotations
-                if mine:
-                    theirs = known.annotations
-                    same = theirs is not None and (mine is theirs or _same(mine, theirs))
-                else:
-                    same = known.annotations is None
-                cascade = known.cascade if same else self._group_miss(ts, key, runtime)
-            # Case 2: another class, or a runtime target: the class memo.
+                pass
             else:
-                cascade = self._group_miss(ts, key, runtime)
-            desired = cascade.desired
-            if desired is None:
-                desired = cascade.resolve(TaskFactsAdapter(ts, self._reads, self.flow))
+                # Case 1: the key has its group's last class: the group's cascade.
+                if (
+                    last is not None
+                    and ts.type == last.type
+                    and not (any_runtime and ts.key in runtime)
+                    and (flow is None or flow.get(ts.prefix.name) is last.flow)
+                ):
+                    mine = ts.annotations
+                    if mine:
+                        theirs = last.annotations
+                        same = theirs is not None and (mine is theirs or _same(mine, theirs))
+                    else:
+                        same = last.annotations is None
+                    cascade = last.cascade if same else self._group_miss(ts, ts.key, runtime)
+                # Case 2: another class, or a runtime target: the class memo.
+                else:
+                    cascade = self._group_miss(ts, ts.key, runtime)
+                desired = cascade.desired
+                if desired is None:
+                    desired = cascade.resolve(TaskFactsAdapter(ts, self._reads, self.flow))
             if desired is UNGOVERNED:
-                if any_indexed and key in indexed:
-                    dropped.append(key)
+                if any_indexed and ts.key in indexed:
+                    dropped.append(ts.key)
                 continue
             if ts.state != "memory":
                 continue
@@ -330,7 +360,7 @@ class Classifier:
                     batch = batches[id(desired)] = (desired, [], [])
                 previous = desired
                 add_key, add_task = batch[1].append, batch[2].append
-            add_key(key)
+            add_key(ts.key)
             add_task(ts)
         return list(batches.values()), dropped
 
@@ -354,7 +384,9 @@ class Classifier:
             if len(groups) >= MEMO_LIMIT:
                 groups.clear()
             flow = self.flow.get(ts.prefix.name) if self._flow_sensitive else None  # type: ignore[union-attr]
-            groups[ts.group] = _GroupClass(ts.type, ts.annotations or None, cascade, flow)
+            groups[ts.group] = _GroupClass(
+                ts.type, ts.annotations or None, cascade, flow, self._flow_sensitive
+            )
         return cascade
 
     @property

@@ -207,7 +207,7 @@ class Handlers:
             },
             "governed": len(policy.index),
             # Keys in memory the classification budget has not reached yet.
-            "unclassified": len(policy.index.dirty),
+            "unclassified": policy.index.unclassified,
             "in_flight": sum(len(v) for v in policy.index.inflight.values()),
             "runtime_targets": len(policy.index.runtime),
             "cycles": policy.cycles,

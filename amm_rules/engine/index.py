@@ -6,8 +6,9 @@ want, and which of them changed since the last cycle, so that a cycle never scan
 hot paths):
 
 - the ``SchedulerPlugin.transition`` hook: a key entering memory goes into
-  :attr:`~KeyIndex.dirty` (to be classified at the next cycle); a key leaving memory is
-  forgotten at once, with its runtime target and in-flight copies;
+  :attr:`~KeyIndex.dirty` (to be classified at the next cycle; what a cycle's budget
+  leaves over waits in the backlog, see :meth:`~KeyIndex.classify`); a key leaving
+  memory is forgotten at once, with its runtime target and in-flight copies;
 - wrappers of the scheduler's ``add_replica`` / ``remove_replica`` /
   ``remove_all_replicas`` (:func:`watch_scheduler`): a governed key that gained or lost
   a copy, or any key that now has more than one, goes into :attr:`~KeyIndex.touched`,
@@ -61,10 +62,14 @@ if TYPE_CHECKING:
 #: Reads a task's size (one copy's bytes; -1 while unknown).
 _NBYTES = attrgetter("nbytes")
 _WHO_HAS = attrgetter("who_has")
+_HOST = attrgetter("host")
+_NONE: frozenset[Any] = frozenset()
 #: Keys classified between two looks at the clock (see :meth:`KeyIndex.classify`).
 CLASSIFY_CHUNK = 4096
-#: Governed keys gathered over chunks before they are filed (see :meth:`KeyIndex.classify`).
-FILE_EVERY = 4 * CLASSIFY_CHUNK
+#: Governed keys gathered over chunks before they are filed (see :meth:`KeyIndex.classify`):
+#: filed with each chunk, while the processor's caches hold their tasks (gathering a
+#: few chunks' worth first cost a third more at a million keys).
+FILE_EVERY = 1
 
 
 class PlanClass(NamedTuple):
@@ -106,8 +111,22 @@ class KeyIndex(SchedulerPlugin):
 
     def __init__(self) -> None:
         #: Keys that entered memory (or must be classified again) since the last cycle,
-        #: in the order they arrived: key -> its TaskState, or None (looked up then).
+        #: in the order they arrived: key -> its TaskState, or None (looked up then:
+        #: only keys to classify again, see :meth:`reclassify`).
+        #: Keys a cycle's budget left over wait in the backlog (see :meth:`classify`).
         self.dirty: dict[Hashable, Any] = {}
+        #: Keys that entered memory, left over by a cycle's budget, and the place the
+        #: classification reached in them (see :meth:`classify`): the ``dirty`` of the
+        #: cycle that stopped, kept whole. Taking classified keys out of a table of a
+        #: million, one at a time, cost as much as classifying them; a key leaving
+        #: memory meanwhile is marked (:data:`_LEFT`) rather than taken out, so that
+        #: the table never changes size and the place stays valid.
+        self._backlog: dict[Hashable, Any] = {}
+        self._backlog_keys: Iterator[Hashable] = iter(())
+        self._backlog_tasks: Iterator[Any] = iter(())
+        #: Keys of the backlog classified so far, and entries of it marked.
+        self._backlog_taken = 0
+        self._backlog_marked = 0
         #: The scheduler's ``tasks`` once attached (read by the transition hook).
         self.tasks: Mapping[Hashable, Any] = {}
         #: Governed key -> its resolved wishes.
@@ -150,7 +169,7 @@ class KeyIndex(SchedulerPlugin):
         self._derived: dict[int, tuple[Desired, PlanClass, set[str]]] = {}
         #: When the last classification stopped taking chunks (``time.perf_counter()``):
         #: what follows (filing, the rest of the cycle) is what its keys cost after it.
-        self.loop_ended = 0.0
+        self.loop_ended = self._loop_ended = 0.0
         #: Set when keys that may be indexed already joined dirty (see reclassify).
         self._reclassifying = False
         #: Keys whose copies changed since the last cycle (see :func:`watch_scheduler`).
@@ -266,6 +285,8 @@ class KeyIndex(SchedulerPlugin):
             self.unindex(key)
         if self.dirty:
             self.dirty.pop(key, None)
+        if self._backlog:
+            self.unqueue(key)
         if self.touched:
             self.touched.discard(key)
         if self.recheck:
@@ -315,6 +336,64 @@ class KeyIndex(SchedulerPlugin):
             for label in labels:
                 copies_by[label] += held
 
+    def unqueue(self, key: Hashable) -> None:
+        """Take a key out of the backlog (it left memory, or was classified on its own):
+        marked, so that the backlog's place stays valid."""
+        backlog = self._backlog
+        if backlog.get(key, _LEFT) is not _LEFT:
+            backlog[key] = _LEFT
+            self._backlog_marked += 1
+
+    def queue(self, keys: Iterable[Hashable]) -> None:
+        """Classify these keys, none of them indexed, at the next cycle (scattered data,
+        keys the audit found unfiled); keys not in the scheduler's tasks are passed over."""
+        keys = list(keys)
+        if self._backlog:
+            for key in keys:
+                self.unqueue(key)
+        get = self.tasks.get
+        self.dirty.update((key, ts) for key in keys if (ts := get(key)) is not None)
+
+    @property
+    def backlog(self) -> Mapping[Hashable, Any]:
+        """The backlog's table (see :meth:`classify`): every key in it entered memory
+        and is classified already or waits (keys that left memory meanwhile map to a
+        marker). A key not in it nor in :attr:`dirty` is classified."""
+        return self._backlog
+
+    @property
+    def unclassified(self) -> int:
+        """Keys waiting to be classified: in :attr:`dirty` or not yet reached in the
+        backlog (keys of the backlog that left memory meanwhile count until reached)."""
+        return len(self.dirty) + len(self._backlog) - self._backlog_taken
+
+    def unclassified_keys(self) -> list[Hashable]:
+        """The keys waiting to be classified, in the order they will be (a walk over
+        the backlog: for status and explain, not for a cycle)."""
+        waiting = [
+            k
+            for k, ts in islice(self._backlog.items(), self._backlog_taken, None)
+            if ts is not _LEFT
+        ]
+        waiting.extend(self.dirty)
+        return waiting
+
+    def may_be_unclassified(self, key: Hashable) -> bool:
+        """True if the key waits to be classified, or is in the backlog (classified
+        already, perhaps: a table lookup cannot tell where the backlog's place is). Keys
+        governed already are in the backlog only once classified (it holds keys that
+        entered memory): for them, only :attr:`dirty` answers."""
+        return key in self.dirty or self._backlog.get(key, _LEFT) is not _LEFT
+
+    def waiting(self, key: Hashable) -> bool:
+        """True if the key waits to be classified, exactly (for explain: a key of the
+        backlog that is not governed costs a walk over what is left of the backlog)."""
+        if key in self.dirty:
+            return True
+        if not self.may_be_unclassified(key) or key in self.desired:
+            return False  # a key of the backlog is governed only once classified
+        return key in islice(self._backlog, self._backlog_taken, None)
+
     def reclassify(self, keys: Iterable[Hashable]) -> None:
         """Classify these keys again at the next cycle (they may be governed already:
         a reload, a runtime target, copies that a match counts). Keys entering memory
@@ -328,36 +407,111 @@ class KeyIndex(SchedulerPlugin):
         tasks: Mapping[Hashable, Any],
         limit: int,
         deadline: float | None = None,
+        check: Callable[[PlanClass, list[Any]], Iterable[Any]] | None = None,
     ) -> tuple[dict[PlanClass, list[Any]], int]:
-        """Classify up to ``limit`` keys of :attr:`dirty` (until ``deadline``, a
-        ``time.perf_counter()`` value, if given), file the governed ones and unindex
-        those no longer governed, which join :attr:`touched` so that reduce-replicas
-        finds them if they hold several copies. Returns the tasks filed, by plan class
-        (see :meth:`file`), and the number of keys taken from :attr:`dirty`."""
-        dirty = self.dirty
+        """Classify up to ``limit`` waiting keys (until ``deadline``, a
+        ``time.perf_counter()`` value, if given): the backlog's first, then
+        :attr:`dirty`'s. File the governed ones and unindex those no longer governed,
+        which join :attr:`touched` so that reduce-replicas finds them if they hold
+        several copies. Returns the tasks filed, by plan class (see :meth:`file`), and
+        the number of keys taken. With ``check`` (``check(cls, tasks)``, the suspects
+        of some tasks of a class: :meth:`suspects`), only the tasks it returns, checked
+        as each chunk is filed, while the processor's caches still hold them (checking
+        them at the end of the loop cost twice as much).
+
+        Keys are taken oldest first, in the order they arrived: keys that arrived
+        together, and whose tasks were made together, are read together, which the
+        processor's caches reward (three times faster than a set's hash order at 100k
+        keys). They are taken a chunk at a time, as far as the budget goes: nothing else
+        changes the tables meanwhile (the hooks do not run during a cycle). When the
+        budget stops the loop in :attr:`dirty`, what is left of it becomes the backlog
+        as it is, with the loop's place in it, and a new ``dirty`` takes the keys that
+        arrive next; keys to classify again (indexed already: a reload, a runtime
+        target) are taken out one by one instead, so that the backlog holds keys that
+        entered memory only (never indexed before their turn)."""
         filed: dict[PlanClass, list[Any]] = {}
-        # Oldest first, in the order the keys arrived: keys that arrived together, and
-        # whose tasks were made together, are read together, which the processor's
-        # caches reward (three times faster than a set's hash order at 100k keys).
-        # Taken a chunk at a time, as far as the budget goes: nothing else changes
-        # dirty meanwhile (the hooks do not run during a cycle).
-        upper = min(limit, len(dirty))
-        keys_left, tasks_left = iter(dirty), iter(dirty.values())
-        taken: list[list[Hashable]] = []
+        done = 0
+        stopped = False
+        if self._backlog:
+            done, stopped = self._classify_from(
+                classifier, tasks, limit, deadline, filed, {}, check, backlog=True
+            )
+        if not stopped and done < limit and self.dirty:
+            dirty = self.dirty
+            keyed = self._reclassifying
+            indexed = self.desired if keyed else {}
+            self._backlog_keys, self._backlog_tasks = iter(dirty), iter(dirty.values())
+            self._backlog_taken = 0
+            taken, _ = self._classify_from(
+                classifier,
+                tasks,
+                limit - done,
+                deadline,
+                filed,
+                indexed,
+                check,
+                backlog=False,
+                keyed=keyed,
+            )
+            done += taken
+            if taken == len(dirty):
+                dirty.clear()
+                self._reclassifying = False
+            elif keyed:
+                # (Listed first: keys cannot be taken out of a dict being iterated.)
+                deque(map(dirty.pop, list(islice(dirty, taken))), maxlen=0)
+            else:
+                # Left over: the rest of dirty becomes the backlog, the place kept.
+                self._backlog, self.dirty = dirty, {}
+                self._backlog_taken, self._backlog_marked = taken, 0
+        if not self._backlog:
+            self._backlog_keys = self._backlog_tasks = iter(())
+        self.loop_ended = self._loop_ended
+        return filed, done
+
+    def _classify_from(
+        self,
+        classifier: Classifier,
+        tasks: Mapping[Hashable, Any],
+        limit: int,
+        deadline: float | None,
+        filed: dict[PlanClass, list[Any]],
+        indexed: Mapping[Hashable, Any],
+        check: Callable[[PlanClass, list[Any]], Iterable[Any]] | None,
+        backlog: bool,
+        keyed: bool = False,
+    ) -> tuple[int, bool]:
+        """Classify and file keys from the place kept in :attr:`_backlog_keys` /
+        :attr:`_backlog_tasks` (the backlog's, or a fresh one in :attr:`dirty`):
+        returns the keys taken (marked ones not counted) and whether the deadline
+        stopped the loop. A backlog taken to its end is released. ``keyed``: the keys
+        are read from the table (they may map to None: keys to classify again)."""
+        # Keys that entered memory (never indexed) are read through their tasks only:
+        # most of them need not be touched at all (see Classifier.classify).
+        keys_left = self._backlog_keys if keyed else None
+        tasks_left = self._backlog_tasks
         # Batches of several chunks filed together: fewer, larger ones.
         pending: dict[int, Batch] = {}
         held = 0
-        # Keys entering memory are not indexed: no need to look for them there.
-        indexed = self.desired if self._reclassifying else {}
         done = 0
-        while done < upper:
+        stopped = False
+        chunk: list[Hashable] | None = None
+        while done < limit:
             # In chunks, so that the clock is read once per chunk, not once per key.
             # Keys and tasks in two lists: a list of pairs would allocate a tuple per
             # key, and with it the cyclic garbage collector's attention.
-            chunk = list(islice(keys_left, min(CLASSIFY_CHUNK, upper - done)))
-            chunk_tasks = list(islice(tasks_left, len(chunk)))
-            taken.append(chunk)
-            done += len(chunk)
+            chunk_tasks = list(islice(tasks_left, min(CLASSIFY_CHUNK, limit - done)))
+            if not chunk_tasks:
+                break
+            taken = len(chunk_tasks)
+            if keys_left is not None:
+                chunk = list(islice(keys_left, taken))
+            if backlog:
+                self._backlog_taken += taken
+                if self._backlog_marked:
+                    # Keys that left memory meanwhile: passed over, and not counted.
+                    chunk_tasks = [ts for ts in chunk_tasks if ts is not _LEFT]
+            done += len(chunk_tasks)
             batches, dropped = classifier.classify(
                 chunk, chunk_tasks, tasks, self.runtime, indexed
             )
@@ -373,25 +527,31 @@ class KeyIndex(SchedulerPlugin):
                     known[2].extend(batch[2])
                 held += len(batch[1])
             if held >= FILE_EVERY:
-                self._file_pending(pending, filed, fresh=not indexed)
+                self._file_pending(pending, filed, not indexed, check)
                 held = 0
             if deadline is not None and time.perf_counter() >= deadline:
+                stopped = True
                 break
-        self.loop_ended = time.perf_counter()
-        self._file_pending(pending, filed, fresh=not indexed)
-        if done == len(dirty):
-            dirty.clear()
-            self._reclassifying = False
-        else:
-            for chunk in taken:
-                deque(map(dirty.pop, chunk), maxlen=0)  # dict.pop per key, in C
-        return filed, done
+        self._loop_ended = time.perf_counter()
+        self._file_pending(pending, filed, not indexed, check)
+        if backlog and self._backlog_taken >= len(self._backlog):
+            self._backlog = {}
+            self._backlog_taken = self._backlog_marked = 0
+        return done, stopped
 
     def _file_pending(
-        self, pending: dict[int, Batch], filed: dict[PlanClass, list[Any]], fresh: bool
+        self,
+        pending: dict[int, Batch],
+        filed: dict[PlanClass, list[Any]],
+        fresh: bool,
+        check: Callable[[PlanClass, list[Any]], Iterable[Any]] | None,
     ) -> None:
         """File the batches gathered so far (see :meth:`classify`) and empty them."""
         for cls, members in self.file(pending.values(), fresh=fresh).items():
+            if check is not None:
+                members = list(check(cls, members))
+                if not members:
+                    continue
             filed.setdefault(cls, []).extend(members)
         pending.clear()
 
@@ -538,19 +698,25 @@ class KeyIndex(SchedulerPlugin):
             # Nothing can be placed: only trimming above hi remains possible.
             return (ts for ts in members if len(ts.who_has or ()) > top)
         low = min(lo, placement.achievable)
-        if ok is None:
-            checked = (ts for ts in members if not low <= len(ts.who_has or ()) <= top)
-        else:
-            checked = (
+        if cls.spread == "host" and placement.hosts >= 2:
+            # One pass: each task is read once (the hosts of its holders as well).
+            goal = min(lo, placement.hosts)
+            return (
                 ts
                 for ts in members
-                if not (low <= len(ts.who_has or ()) <= top and (ts.who_has or set()) <= ok)
+                if not (
+                    low <= len(held := ts.who_has or _NONE) <= top
+                    and (ok is None or held <= ok)
+                    and len(set(map(_HOST, held))) >= goal
+                )
             )
-        if cls.spread != "host" or placement.hosts < 2:
-            return checked
-        goal = min(lo, placement.hosts)
-        spread = (ts for ts in members if len({ws.host for ws in ts.who_has or ()}) < goal)
-        return _chain_unique(checked, spread)
+        if ok is None:
+            return (ts for ts in members if not low <= len(ts.who_has or ()) <= top)
+        return (
+            ts
+            for ts in members
+            if not (low <= len(held := ts.who_has or _NONE) <= top and held <= ok)
+        )
 
     def suspects_among(
         self,
@@ -654,7 +820,7 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
                     index.unindex(key)
         result = update_data(*args, **kwargs)
         if index.active and who_has:
-            index.dirty.update(dict.fromkeys(who_has))  # un-filed above: not indexed
+            index.queue(who_has)  # un-filed above: not indexed
             if on_scatter is not None:
                 on_scatter(who_has, before)
         return result
@@ -674,6 +840,10 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
     return wrap_methods(scheduler, wrappers, {"update_data": "update_data"})
 
 
+#: Marks a key of the backlog that left memory (or was classified on its own).
+_LEFT: Any = object()
+
+
 def _no_wake(reason: str) -> None:
     return None
 
@@ -686,12 +856,3 @@ def _subtract(counter: Counter[str], labels: Iterable[str], n: int) -> None:
             counter[label] = left
         else:
             del counter[label]
-
-
-def _chain_unique(*iterables: Iterator[Any]) -> Iterator[Any]:
-    seen: set[int] = set()
-    for it in iterables:
-        for ts in it:
-            if id(ts) not in seen:
-                seen.add(id(ts))
-                yield ts

@@ -575,7 +575,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self._audit_step()  # after the placements are fresh, before classification
         self._publish_flow()
         self.pressure.ensure_running()
-        filed = self._classify_dirty()
+        filed = self._classify_dirty(full)
         self._absorb_touched()
         self._give_up_orphaned_copies()
 
@@ -651,16 +651,18 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             logger.warning("amm-rules: the audit found state the hooks missed: %s", found)
             self.events.emit("audit", **found)
 
-    def _classify_dirty(self) -> dict[PlanClass, list[Any]]:
+    def _classify_dirty(self, full: bool = False) -> dict[PlanClass, list[Any]]:
         """Resolve the keys that entered memory (or got a runtime target) since the last
         cycle, within the cycle's classification budget, and file governed ones in the
-        index. Returns the tasks filed, by plan class; the keys not reached stay in
-        ``index.dirty`` for the next cycles, and are neither planned nor reduced until
-        then. Keys that are no longer governed join ``index.touched``, so that
+        index. Returns the tasks filed that may need action (their suspects, see
+        :meth:`KeyIndex.suspects`), by plan class; all of them when ``full`` (every
+        governed key is checked in this cycle anyway). The keys not reached wait for
+        the next cycles (see :meth:`KeyIndex.classify
+        <amm_rules.engine.index.KeyIndex.classify>`), and are neither planned nor
+        reduced until then. Keys that are no longer governed join ``index.touched``, so that
         reduce-replicas finds them if they hold several copies."""
         index = self.index
         classifier = self.classifier
-        dirty = index.dirty
         if classifier.replicas_sensitive:
             # A match reading task.replicas can change its mind when copies come and go.
             index.reclassify(index.touched)
@@ -672,12 +674,20 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 tasks = self.scheduler.tasks
                 index.reclassify(k for k in demand.touched if k in tasks)
             demand.touched.clear()
-        if not dirty:
+        if not index.unclassified:
             return {}
         task_groups = self.scheduler.task_groups
         if classifier.groups_remembered > 2 * len(task_groups) + 1_000:
             classifier.forget_groups(task_groups)
-        limit = len(dirty) if self.classify_keys is None else self.classify_keys
+        limit = index.unclassified if self.classify_keys is None else self.classify_keys
+        check = None
+        if not full:
+            reduce_replicas = self.ruleset.reduce_replicas
+            placement_of = self.placements.of
+
+            def check(cls: PlanClass, members: list[Any]) -> Iterable[Any]:
+                return index.suspects(cls, placement_of(cls), reduce_replicas, members)
+
         began = time.perf_counter()
         # The budget is the cycle's: the loop stops early enough for the rest of the
         # cycle (filing, checking, planning what it classified) to fit too.
@@ -686,15 +696,14 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             if self.classify_seconds is None
             else self.classify_budget.deadline(self._cycle_start, began, self.classify_seconds)
         )
-        filed, done = index.classify(classifier, self.scheduler.tasks, limit, deadline)
-        if dirty:
+        filed, done = index.classify(classifier, self.scheduler.tasks, limit, deadline, check)
+        left = index.unclassified
+        if left:
             if deadline is not None and index.loop_ended >= deadline:
                 # (Learnt only from loops the deadline stopped, not the key limit.)
                 self.classify_budget.stopped(began, index.loop_ended)
-            logger.debug(
-                "amm-rules: classified %d keys; %d left for the next cycles", done, len(dirty)
-            )
-        self.journal.backlog = len(dirty)
+            logger.debug("amm-rules: classified %d keys; %d left for the next cycles", done, left)
+        self.journal.backlog = left
         return filed
 
     def _give_up_orphaned_copies(self) -> None:
@@ -760,8 +769,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     ) -> dict[Hashable, Any]:
         """Governed keys that may need action this cycle (see KeyIndex.suspects): all
         of them after workers changed, else only those just filed (``filed``, by plan
-        class), those whose copies changed, those with copies in flight and those left
-        to look at again."""
+        class: the suspects among them, see _classify_dirty), those whose copies
+        changed, those with copies in flight and those left to look at again."""
         index = self.index
         reduce_replicas = self.ruleset.reduce_replicas
         for cls, group in index.groups.items():
@@ -777,8 +786,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         else:
             for ts in index.suspects_among(recheck, self.placements.of, reduce_replicas):
                 todo[ts.key] = ts
-            for cls, members in filed.items():
-                for ts in index.suspects(cls, self.placements.of(cls), reduce_replicas, members):
+            for members in filed.values():  # checked as they were filed
+                for ts in members:
                     todo[ts.key] = ts
         tasks = self.scheduler.tasks
         for key in index.inflight:
@@ -793,6 +802,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         if index.dirty:
             # Left over by the classification budget: what they want is not known yet
             # (a reload or a runtime target may have changed it). Planned once classified.
+            # (Keys that entered memory wait in the backlog too, but none of those is
+            # governed before its turn.)
             unclassified = index.dirty
             todo = {key: ts for key, ts in todo.items() if key not in unclassified}
         return todo

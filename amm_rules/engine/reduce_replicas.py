@@ -57,8 +57,11 @@ def reduce_replicas(
     demand: DemandTracker = index.demand
     # Keys read recently (only with a demand hold): the few that need a closer look.
     last_read = demand.last_read if demand.settings.hold > 0 else None
-    # Keys left over by the classification budget: a rule may yet govern them.
+    # Keys left over by the classification budget: a rule may yet govern them. The
+    # backlog's keys are passed over until it is through (which of them were reached
+    # is not known per key); all of them entered memory a few cycles ago at most.
     unclassified = index.dirty
+    backlog = index.backlog
     stale = []
     dropped = 0
     # This loop runs for every replicated key each cycle (120,000 drops at a million
@@ -76,7 +79,11 @@ def reduce_replicas(
         if who_has is None or len(who_has) < 2:
             stale.append(key)
             continue
-        if (moving and key in moving) or (unclassified and key in unclassified):
+        if (
+            (moving and key in moving)
+            or (unclassified and key in unclassified)
+            or (backlog and key in backlog)
+        ):
             continue  # mid-move (the move drops its extra copy), or not classified yet
         if ts.waiters:
             excess = reduce_replicas_excess(len(who_has), stock_waiter_count(ts))

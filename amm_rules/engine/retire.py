@@ -96,9 +96,10 @@ def desired_of(policy: RulesPolicy, ts: Any) -> Desired:
     yet (it entered memory since the last cycle)."""
     index = policy.index
     key = ts.key
-    if key in index.dirty:
+    if index.may_be_unclassified(key):
         desired = policy.resolve(ts)
         index.dirty.pop(key, None)
+        index.unqueue(key)
         if desired.governed:
             index.put(key, ts, desired)
         else:

@@ -139,7 +139,7 @@ def explain_key(
     plan = plan_key(view, cluster, policy.settings(now))
     eligible = len(cluster.placeable(desired.pool, desired.avoid))
     lo, hi = target_bounds(desired, view.waiters, policy.ruleset.reduce_replicas, eligible)
-    unclassified = ts.key in index.dirty
+    unclassified = index.waiting(ts.key)
     problem = class_problem(policy, PlanClass.of(desired)) if desired.governed else None
     annotation, annotation_error = _annotation(policy, ts)
     return {

@@ -297,7 +297,8 @@ def cluster_keys(draw: Any) -> list[Task]:
 
 
 #: What happens between two classifications: ("classify", how many keys),
-#: ("reload",), ("retype" / "reannotate" / "leave" / "enter" / "runtime" / "copies", key, value).
+#: ("reload",), ("retype" / "reannotate" / "leave" / "enter" / "runtime" / "copies", key, value),
+#: ("scatter", key).
 STEPS = st.one_of(
     st.tuples(st.just("classify"), st.integers(1, 12)),
     st.tuples(st.just("reload")),
@@ -307,6 +308,7 @@ STEPS = st.one_of(
     st.tuples(st.just("enter"), st.integers(0, 39)),
     st.tuples(st.just("runtime"), st.integers(0, 39), RUNTIME),
     st.tuples(st.just("copies"), st.integers(0, 39), st.integers(1, 3)),
+    st.tuples(st.just("scatter"), st.integers(0, 39)),
 )
 
 
@@ -376,19 +378,28 @@ class Harness:
                 self.index.copies_changed(ts.key, len(ts.who_has) - before)
             if self.classifier.replicas_sensitive:
                 self.index.reclassify((ts.key,))  # as the policy re-dirties touched keys
+        elif kind == "scatter" and ts.state == "memory":
+            # Scattered again (as the update_data wrapper): un-filed, then queued.
+            if ts.key in self.index:
+                self.index.unindex(ts.key)
+            self.index.queue((ts.key,))
 
     def check(self) -> None:
         """Every key in memory and classified is filed as Ruleset.resolve says; keys
         out of memory are not filed; the groups and counters agree with the files."""
         index = self.index
-        queued = list(index.dirty)  # once each, in the order they are to be classified
-        assert len(queued) == len(set(queued)) == len(index.dirty)
-        assert all(key in index.dirty for key in queued)
+        # In the order they are to be classified; a key waiting in the backlog that
+        # must be classified again (a reload, a runtime target) waits in dirty too.
+        queued = index.unclassified_keys()
+        waiting = set(queued)
+        assert index.unclassified >= len(queued)
+        assert all(index.may_be_unclassified(key) for key in queued)
         for key, ts in self.tasks.items():
+            assert index.waiting(key) == (key in waiting)
             if ts.state != "memory":
-                assert key not in index.desired and key not in index.dirty
+                assert key not in index.desired and key not in waiting
                 continue
-            if key in index.dirty:
+            if key in waiting:
                 continue  # not classified yet
             expected = self.ruleset.resolve(
                 TaskFactsAdapter(ts),
@@ -445,8 +456,8 @@ def _classify_by_group(first: Any, second: Any, keys: list[Task], steps: list[tu
     for step in steps:
         harness.step(step, second_rules)
         harness.check()
-    harness.classify(len(keys))
-    assert not harness.index.dirty
+    harness.classify(harness.index.unclassified)
+    assert not harness.index.unclassified and not harness.index.backlog
     harness.check()
 
 
