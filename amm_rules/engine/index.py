@@ -115,18 +115,11 @@ class KeyIndex(SchedulerPlugin):
         #: only keys to classify again, see :meth:`reclassify`).
         #: Keys a cycle's budget left over wait in the backlog (see :meth:`classify`).
         self.dirty: dict[Hashable, Any] = {}
-        #: Keys that entered memory, left over by a cycle's budget, and the place the
-        #: classification reached in them (see :meth:`classify`): the ``dirty`` of the
-        #: cycle that stopped, kept whole. Taking classified keys out of a table of a
-        #: million, one at a time, cost as much as classifying them; a key leaving
-        #: memory meanwhile is marked (:data:`_LEFT`) rather than taken out, so that
-        #: the table never changes size and the place stays valid.
-        self._backlog: dict[Hashable, Any] = {}
-        self._backlog_keys: Iterator[Hashable] = iter(())
-        self._backlog_tasks: Iterator[Any] = iter(())
-        #: Keys of the backlog classified so far, and entries of it marked.
-        self._backlog_taken = 0
-        self._backlog_marked = 0
+        #: Keys that entered memory, left over by a cycle's budget (see :class:`_Backlog`).
+        #: (The engine's state is kept in few attributes: past 30, CPython stops
+        #: sharing the instances' attribute tables, and every attribute read in the
+        #: hooks gets slower.)
+        self._backlog = _Backlog()
         #: The scheduler's ``tasks`` once attached (read by the transition hook).
         self.tasks: Mapping[Hashable, Any] = {}
         #: Governed key -> its resolved wishes.
@@ -169,7 +162,7 @@ class KeyIndex(SchedulerPlugin):
         self._derived: dict[int, tuple[Desired, PlanClass, set[str]]] = {}
         #: When the last classification stopped taking chunks (``time.perf_counter()``):
         #: what follows (filing, the rest of the cycle) is what its keys cost after it.
-        self.loop_ended = self._loop_ended = 0.0
+        self.loop_ended = 0.0
         #: Set when keys that may be indexed already joined dirty (see reclassify).
         self._reclassifying = False
         #: Keys whose copies changed since the last cycle (see :func:`watch_scheduler`).
@@ -285,7 +278,7 @@ class KeyIndex(SchedulerPlugin):
             self.unindex(key)
         if self.dirty:
             self.dirty.pop(key, None)
-        if self._backlog:
+        if self._backlog.table:
             self.unqueue(key)
         if self.touched:
             self.touched.discard(key)
@@ -340,15 +333,15 @@ class KeyIndex(SchedulerPlugin):
         """Take a key out of the backlog (it left memory, or was classified on its own):
         marked, so that the backlog's place stays valid."""
         backlog = self._backlog
-        if backlog.get(key, _LEFT) is not _LEFT:
-            backlog[key] = _LEFT
-            self._backlog_marked += 1
+        if backlog.table.get(key, _LEFT) is not _LEFT:
+            backlog.table[key] = _LEFT
+            backlog.marked += 1
 
     def queue(self, keys: Iterable[Hashable]) -> None:
         """Classify these keys, none of them indexed, at the next cycle (scattered data,
         keys the audit found unfiled); keys not in the scheduler's tasks are passed over."""
         keys = list(keys)
-        if self._backlog:
+        if self._backlog.table:
             for key in keys:
                 self.unqueue(key)
         get = self.tasks.get
@@ -359,20 +352,20 @@ class KeyIndex(SchedulerPlugin):
         """The backlog's table (see :meth:`classify`): every key in it entered memory
         and is classified already or waits (keys that left memory meanwhile map to a
         marker). A key not in it nor in :attr:`dirty` is classified."""
-        return self._backlog
+        return self._backlog.table
 
     @property
     def unclassified(self) -> int:
         """Keys waiting to be classified: in :attr:`dirty` or not yet reached in the
         backlog (keys of the backlog that left memory meanwhile count until reached)."""
-        return len(self.dirty) + len(self._backlog) - self._backlog_taken
+        return len(self.dirty) + len(self._backlog.table) - self._backlog.taken
 
     def unclassified_keys(self) -> list[Hashable]:
         """The keys waiting to be classified, in the order they will be (a walk over
         the backlog: for status and explain, not for a cycle)."""
         waiting = [
             k
-            for k, ts in islice(self._backlog.items(), self._backlog_taken, None)
+            for k, ts in islice(self._backlog.table.items(), self._backlog.taken, None)
             if ts is not _LEFT
         ]
         waiting.extend(self.dirty)
@@ -383,7 +376,7 @@ class KeyIndex(SchedulerPlugin):
         already, perhaps: a table lookup cannot tell where the backlog's place is). Keys
         governed already are in the backlog only once classified (it holds keys that
         entered memory): for them, only :attr:`dirty` answers."""
-        return key in self.dirty or self._backlog.get(key, _LEFT) is not _LEFT
+        return key in self.dirty or self._backlog.table.get(key, _LEFT) is not _LEFT
 
     def waiting(self, key: Hashable) -> bool:
         """True if the key waits to be classified, exactly (for explain: a key of the
@@ -392,7 +385,7 @@ class KeyIndex(SchedulerPlugin):
             return True
         if not self.may_be_unclassified(key) or key in self.desired:
             return False  # a key of the backlog is governed only once classified
-        return key in islice(self._backlog, self._backlog_taken, None)
+        return key in islice(self._backlog.table, self._backlog.taken, None)
 
     def reclassify(self, keys: Iterable[Hashable]) -> None:
         """Classify these keys again at the next cycle (they may be governed already:
@@ -432,26 +425,19 @@ class KeyIndex(SchedulerPlugin):
         filed: dict[PlanClass, list[Any]] = {}
         done = 0
         stopped = False
-        if self._backlog:
+        if self._backlog.table:
             done, stopped = self._classify_from(
-                classifier, tasks, limit, deadline, filed, {}, check, backlog=True
+                classifier, tasks, limit, deadline, filed, {}, check, self._backlog
             )
+            if self._backlog.taken >= len(self._backlog.table):
+                self._backlog = _Backlog()  # through: released
         if not stopped and done < limit and self.dirty:
             dirty = self.dirty
             keyed = self._reclassifying
             indexed = self.desired if keyed else {}
-            self._backlog_keys, self._backlog_tasks = iter(dirty), iter(dirty.values())
-            self._backlog_taken = 0
+            place = _Backlog(dirty)
             taken, _ = self._classify_from(
-                classifier,
-                tasks,
-                limit - done,
-                deadline,
-                filed,
-                indexed,
-                check,
-                backlog=False,
-                keyed=keyed,
+                classifier, tasks, limit - done, deadline, filed, indexed, check, place, keyed
             )
             done += taken
             if taken == len(dirty):
@@ -462,11 +448,7 @@ class KeyIndex(SchedulerPlugin):
                 deque(map(dirty.pop, list(islice(dirty, taken))), maxlen=0)
             else:
                 # Left over: the rest of dirty becomes the backlog, the place kept.
-                self._backlog, self.dirty = dirty, {}
-                self._backlog_taken, self._backlog_marked = taken, 0
-        if not self._backlog:
-            self._backlog_keys = self._backlog_tasks = iter(())
-        self.loop_ended = self._loop_ended
+                self._backlog, self.dirty = place, {}
         return filed, done
 
     def _classify_from(
@@ -478,18 +460,17 @@ class KeyIndex(SchedulerPlugin):
         filed: dict[PlanClass, list[Any]],
         indexed: Mapping[Hashable, Any],
         check: Callable[[PlanClass, list[Any]], Iterable[Any]] | None,
-        backlog: bool,
+        place: _Backlog,
         keyed: bool = False,
     ) -> tuple[int, bool]:
-        """Classify and file keys from the place kept in :attr:`_backlog_keys` /
-        :attr:`_backlog_tasks` (the backlog's, or a fresh one in :attr:`dirty`):
-        returns the keys taken (marked ones not counted) and whether the deadline
-        stopped the loop. A backlog taken to its end is released. ``keyed``: the keys
-        are read from the table (they may map to None: keys to classify again)."""
+        """Classify and file keys from ``place`` (the backlog, or a new place in
+        :attr:`dirty`) on: returns the keys taken (marked ones not counted) and
+        whether the deadline stopped the loop. ``keyed``: the keys are read from the
+        table (they may map to None: keys to classify again)."""
         # Keys that entered memory (never indexed) are read through their tasks only:
         # most of them need not be touched at all (see Classifier.classify).
-        keys_left = self._backlog_keys if keyed else None
-        tasks_left = self._backlog_tasks
+        keys_left = place.keys if keyed else None
+        tasks_left = place.tasks
         # Batches of several chunks filed together: fewer, larger ones.
         pending: dict[int, Batch] = {}
         held = 0
@@ -506,11 +487,10 @@ class KeyIndex(SchedulerPlugin):
             taken = len(chunk_tasks)
             if keys_left is not None:
                 chunk = list(islice(keys_left, taken))
-            if backlog:
-                self._backlog_taken += taken
-                if self._backlog_marked:
-                    # Keys that left memory meanwhile: passed over, and not counted.
-                    chunk_tasks = [ts for ts in chunk_tasks if ts is not _LEFT]
+            place.taken += taken
+            if place.marked:
+                # Keys that left memory meanwhile: passed over, and not counted.
+                chunk_tasks = [ts for ts in chunk_tasks if ts is not _LEFT]
             done += len(chunk_tasks)
             batches, dropped = classifier.classify(
                 chunk, chunk_tasks, tasks, self.runtime, indexed
@@ -532,11 +512,8 @@ class KeyIndex(SchedulerPlugin):
             if deadline is not None and time.perf_counter() >= deadline:
                 stopped = True
                 break
-        self._loop_ended = time.perf_counter()
+        self.loop_ended = time.perf_counter()
         self._file_pending(pending, filed, not indexed, check)
-        if backlog and self._backlog_taken >= len(self._backlog):
-            self._backlog = {}
-            self._backlog_taken = self._backlog_marked = 0
         return done, stopped
 
     def _file_pending(
@@ -842,6 +819,26 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
 
 #: Marks a key of the backlog that left memory (or was classified on its own).
 _LEFT: Any = object()
+
+
+class _Backlog:
+    """Keys that entered memory and a cycle's budget left over, with the place the
+    classification reached in them (see :meth:`KeyIndex.classify`): the table of keys
+    to classify of the cycle that stopped (key -> task), kept whole. Taking classified
+    keys out of a table of a million one at a time cost as much as classifying them;
+    a key that leaves memory meanwhile is marked (:data:`_LEFT`) rather than taken
+    out, so that the table never changes size and the place (its iterators) stays
+    valid."""
+
+    __slots__ = ("table", "keys", "tasks", "taken", "marked")
+
+    def __init__(self, table: dict[Hashable, Any] | None = None) -> None:
+        self.table: dict[Hashable, Any] = {} if table is None else table
+        self.keys: Iterator[Hashable] = iter(self.table)
+        self.tasks: Iterator[Any] = iter(self.table.values())
+        #: Entries passed so far, and entries marked.
+        self.taken = 0
+        self.marked = 0
 
 
 def _no_wake(reason: str) -> None:

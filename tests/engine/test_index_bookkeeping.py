@@ -90,3 +90,12 @@ def test_the_journal_is_bounded_and_finds_a_keys_decisions():
     for seconds in (0.1, 0.3, 0.2):
         journal.cycle(seconds)
     assert journal.cycles == 3 and abs(journal.cycle_seconds_total - 0.6) < 1e-9
+
+
+def test_the_index_keeps_its_state_in_few_attributes():
+    """The transition hook reads the index's attributes for every key entering or
+    leaving memory. CPython shares an instance's attribute table with its class's
+    other instances (and reads attributes faster) only up to 30 attributes: past that,
+    the hook measured about 0.2 µs slower per transition. New state goes into an
+    existing attribute's object (as the backlog's does)."""
+    assert len(vars(KeyIndex())) < 30
