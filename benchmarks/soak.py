@@ -230,28 +230,31 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 deadline = started + 60 * args.minutes
                 round_no = 0
                 lag.start()
-                while time.monotonic() < deadline:
-                    kind = ("kill", "kill-two", "retire", "pause")[round_no % 4]
-                    round_no += 1
-                    restores = len(stats.cycles_to_restore)
-                    repairs = len(stats.cycles_to_repair)
-                    try:
-                        await one_round(c, s, workers, held, stats, kind, rng, args)
-                        counts[kind] += 1
-                        cycles_by_kind[kind] += stats.cycles_to_restore[restores:]
-                        repair_by_kind[kind] += stats.cycles_to_repair[repairs:]
-                    except AssertionError as exc:
-                        failures.append(f"round {round_no} ({kind}): {exc}")
-                    # Replace the lost workers: they join while the next round runs.
-                    while len(workers) < args.workers:
-                        workers.append(await start_worker(s))
-                        counts["joins"] += 1
-                final = await c.gather(list(held.values()))
-                stats.wrong_results += sum(
-                    v != k.encode().ljust(1_000, b".") for k, v in zip(names, final, strict=True)
-                )
-                elapsed = time.monotonic() - started
-                lag.stop()
+                try:
+                    while time.monotonic() < deadline:
+                        kind = ("kill", "kill-two", "retire", "pause")[round_no % 4]
+                        round_no += 1
+                        restores = len(stats.cycles_to_restore)
+                        repairs = len(stats.cycles_to_repair)
+                        try:
+                            await one_round(c, s, workers, held, stats, kind, rng, args)
+                            counts[kind] += 1
+                            cycles_by_kind[kind] += stats.cycles_to_restore[restores:]
+                            repair_by_kind[kind] += stats.cycles_to_repair[repairs:]
+                        except AssertionError as exc:
+                            failures.append(f"round {round_no} ({kind}): {exc}")
+                        # Replace the lost workers: they join while the next round runs.
+                        while len(workers) < args.workers:
+                            workers.append(await start_worker(s))
+                            counts["joins"] += 1
+                    final = await c.gather(list(held.values()))
+                    stats.wrong_results += sum(
+                        v != k.encode().ljust(1_000, b".")
+                        for k, v in zip(names, final, strict=True)
+                    )
+                    elapsed = time.monotonic() - started
+                finally:
+                    lag.stop()  # also when a round raised something else
             errors = [m for _, m in s.get_events("amm-rules") if m["action"] == "error"]
             policy = s.extensions["amm"].policies.copy().pop()
             policy_cycles = policy.cycles
