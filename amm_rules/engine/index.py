@@ -66,10 +66,6 @@ _HOST = attrgetter("host")
 _NONE: frozenset[Any] = frozenset()
 #: Keys classified between two looks at the clock (see :meth:`KeyIndex.classify`).
 CLASSIFY_CHUNK = 4096
-#: Governed keys gathered over chunks before they are filed (see :meth:`KeyIndex.classify`):
-#: filed with each chunk, while the processor's caches hold their tasks (gathering a
-#: few chunks' worth first cost a third more at a million keys).
-FILE_EVERY = 1
 
 
 class PlanClass(NamedTuple):
@@ -362,7 +358,8 @@ class KeyIndex(SchedulerPlugin):
 
     def unclassified_keys(self) -> list[Hashable]:
         """The keys waiting to be classified, in the order they will be (a walk over
-        the backlog: for status and explain, not for a cycle)."""
+        the backlog and a list of it: for looking at the engine, not for a cycle; see
+        :meth:`waiting` for one key)."""
         waiting = [
             k
             for k, ts in islice(self._backlog.table.items(), self._backlog.taken, None)
@@ -383,7 +380,7 @@ class KeyIndex(SchedulerPlugin):
         backlog that is not governed costs a walk over what is left of the backlog)."""
         if key in self.dirty:
             return True
-        if not self.may_be_unclassified(key) or key in self.desired:
+        if self._backlog.table.get(key, _LEFT) is _LEFT or key in self.desired:
             return False  # a key of the backlog is governed only once classified
         return key in islice(self._backlog.table, self._backlog.taken, None)
 
@@ -471,9 +468,6 @@ class KeyIndex(SchedulerPlugin):
         # most of them need not be touched at all (see Classifier.classify).
         keys_left = place.keys if keyed else None
         tasks_left = place.tasks
-        # Batches of several chunks filed together: fewer, larger ones.
-        pending: dict[int, Batch] = {}
-        held = 0
         done = 0
         stopped = False
         chunk: list[Hashable] | None = None
@@ -498,39 +492,31 @@ class KeyIndex(SchedulerPlugin):
             for key in dropped:
                 self.unindex(key)
             self.touched.update(dropped)
-            for batch in batches:
-                known = pending.get(id(batch[0]))
-                if known is None:
-                    pending[id(batch[0])] = batch
-                else:
-                    known[1].extend(batch[1])
-                    known[2].extend(batch[2])
-                held += len(batch[1])
-            if held >= FILE_EVERY:
-                self._file_pending(pending, filed, not indexed, check)
-                held = 0
+            # Filed (and checked) with each chunk, while the processor's caches hold its
+            # tasks: gathering 16,384 governed keys over chunks first cost a third more
+            # at a million keys.
+            if batches:
+                self._file_chunk(batches, filed, not indexed, check)
             if deadline is not None and time.perf_counter() >= deadline:
                 stopped = True
                 break
         self.loop_ended = time.perf_counter()
-        self._file_pending(pending, filed, not indexed, check)
         return done, stopped
 
-    def _file_pending(
+    def _file_chunk(
         self,
-        pending: dict[int, Batch],
+        batches: list[Batch],
         filed: dict[PlanClass, list[Any]],
         fresh: bool,
         check: Callable[[PlanClass, list[Any]], Iterable[Any]] | None,
     ) -> None:
-        """File the batches gathered so far (see :meth:`classify`) and empty them."""
-        for cls, members in self.file(pending.values(), fresh=fresh).items():
+        """File the batches of one chunk (see :meth:`classify`) into ``filed``."""
+        for cls, members in self.file(batches, fresh=fresh).items():
             if check is not None:
                 members = list(check(cls, members))
                 if not members:
                     continue
             filed.setdefault(cls, []).extend(members)
-        pending.clear()
 
     def file(self, batches: Iterable[Batch], fresh: bool = False) -> dict[PlanClass, list[Any]]:
         """Index classified keys (:data:`~amm_rules.engine.classify.Batch` tuples:

@@ -431,21 +431,15 @@ class Harness:
     cluster_keys(),
     st.lists(STEPS, max_size=25),
     st.integers(1, 8),
-    st.integers(1, 12),
 )
-def test_classification_by_group_gives_the_cascade_answer(
-    first, second, keys, steps, chunk, file_every
-):
+def test_classification_by_group_gives_the_cascade_answer(first, second, keys, steps, chunk):
     """Keys classified a few at a time by task group, while keys are recomputed with
     another type or other annotations, leave and enter memory, get runtime targets or
     copies, and the rules are reloaded mid-way: every key classified is filed exactly
     as ``Ruleset.resolve`` says, under the rules in force. The chunks a cycle takes
-    from the keys to classify, and the number of governed keys gathered over chunks
-    before they are filed, are drawn small, so that both run over several chunks."""
-    with (
-        patch.object(index_module, "CLASSIFY_CHUNK", chunk),
-        patch.object(index_module, "FILE_EVERY", file_every),
-    ):
+    from the keys to classify (and files, one at a time) are drawn small, so that the
+    classification runs over several chunks."""
+    with patch.object(index_module, "CLASSIFY_CHUNK", chunk):
         _classify_by_group(first, second, keys, steps)
 
 

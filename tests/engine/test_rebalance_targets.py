@@ -54,6 +54,16 @@ def read(x: np.ndarray, name: str) -> float:
     return float(x[0])
 
 
+#: The clusters of these tests: four one-thread workers with a small memory limit.
+four_workers = gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 4,
+    worker_kwargs={"memory_limit": LIMIT},
+    config=CONFIG,
+    timeout=120,
+)
+
+
 async def _moving_pair(c: Any, s: Any, a: Any) -> tuple[RulesPolicy, Any, Any, Any, str, Any]:
     """``pair-0`` at its two copies, one on ``a``; then ballast on ``a`` makes it the
     sender, and a cycle starts moving ``pair-0`` (``a``'s oldest key). Returns the policy,
@@ -72,13 +82,7 @@ async def _moving_pair(c: Any, s: Any, a: Any) -> tuple[RulesPolicy, Any, Any, A
     return policy, amm, pair, move, other, ballast
 
 
-@gen_cluster(
-    client=True,
-    nthreads=[("", 1)] * 4,
-    worker_kwargs={"memory_limit": LIMIT},
-    config=CONFIG,
-    timeout=120,
-)
+@four_workers
 async def test_a_move_whose_sender_copy_is_in_use_gives_way_to_the_max(c, s, a, b, w1, w2):
     """The copy lands while a dependent of the key runs on the sender: the sender's copy
     cannot go, and the key holds three copies against ``replicate: 2``. The move is
@@ -118,13 +122,7 @@ async def test_a_move_whose_sender_copy_is_in_use_gives_way_to_the_max(c, s, a, 
     policy.detach()
 
 
-@gen_cluster(
-    client=True,
-    nthreads=[("", 1)] * 4,
-    worker_kwargs={"memory_limit": LIMIT},
-    config=CONFIG,
-    timeout=120,
-)
+@four_workers
 async def test_a_move_that_would_leave_the_key_below_its_target_gives_way(c, s, a, b, w1, w2):
     """The copy lands, then the key's other holder dies before the next cycle: the key
     holds its two copies, the sender's and the new one. Dropping the sender's copy would
