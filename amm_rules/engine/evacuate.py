@@ -1,6 +1,6 @@
 """Where the keys of a leaving worker go: the pure planner shared by retirement
-(:mod:`amm_rules.engine.retire`) and the ``paused-workers`` section
-(:mod:`amm_rules.engine.paused`).
+(:mod:`amm_rules.engine.sections.retirement`) and the ``paused-workers`` section
+(:mod:`amm_rules.engine.sections.paused_workers`).
 
 A worker *leaves* when it is retired (``client.retire_workers``, adaptive scale-down) or
 restarted; its copies then vanish. :func:`plan_evacuation` decides, for the keys it
@@ -12,7 +12,7 @@ as every other copy the engine makes (see :func:`amm_rules.engine.planner.plan_k
   (1 without one) and ``reachable`` counts the eligible workers that could hold one;
 - new copies go to eligible running workers that are not leaving, the least loaded
   first, on a host that holds no copy yet first (``spread: host``), and, when a ``room``
-  is given, only where the copy fits (see :mod:`amm_rules.engine.paused`);
+  is given, only where the copy fits (see :mod:`amm_rules.engine.sections.paused_workers`);
 - a key held on leaving workers only that may not be copied (``move: never``) or that has
   no eligible worker to go to is *stuck*: its worker must not leave (the callers refuse
   or postpone the departure, and name the key and the rule);

@@ -19,7 +19,7 @@ Clients read them with ``client.get_events("amm-rules")``. Every event is a dict
   would do now; see :mod:`amm_rules.engine.dryrun`);
 - ``"memory-pressure"``: the ``memory-pressure`` section held producers back or stopped
   (``step``: ``hold``, ``release``, ``stopped``, ``unavailable``; see
-  :mod:`amm_rules.engine.pressure`);
+  :mod:`amm_rules.engine.sections.memory_pressure`);
 - ``"error"``: a cycle failed and was skipped (a bug: please report it).
 
 Rate limits: an identical error is logged once (:meth:`EventLog.once`); cycle summaries
@@ -42,6 +42,15 @@ ONCE_LIMIT = 10_000
 COUNTERS = ("governed", "requested", "dropped", "unmet")
 #: Counters of suggestions held back by dry-run (see amm_rules.engine.dryrun).
 DRY_RUN_COUNTERS = ("would_request", "would_drop")
+
+
+#: Longest text taken from a client's value into an event or a log line.
+CLIP = 300
+
+
+def clip(text: str, limit: int = CLIP) -> str:
+    """``text``, or its first ``limit`` characters and how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 class EventLog:
@@ -78,6 +87,31 @@ class EventLog:
         self._seen.add(token)
         self.emit(action, **fields)
         return True
+
+    # -- errors reported by the parts of the engine, each once ----------------------
+
+    def rule_error(self, where: str, exc: Exception) -> None:
+        """A match or pool expression raised (``where``: a rule's name, ``pools.NAME``,
+        ``rebalance.match``, ``demand.match``): reported once per place."""
+        self.once(("rule-error", where), "rule-error", rule=where, error=repr(exc))
+
+    def invalid_annotation(
+        self, value: Any, exc: Exception, key: Hashable, name: str = "amm"
+    ) -> None:
+        """An annotation that cannot be used (``name``: ``amm``, or ``replicate``, its
+        shorthand); its keys follow the rules. The value comes from a client and may be
+        megabytes: the log line, the event (kept in the scheduler's memory) and the
+        rate-limit token get a prefix."""
+        shown, error = clip(repr(value)), clip(str(exc))
+        logger.warning("amm-rules: ignoring invalid %s annotation %s: %s", name, shown, error)
+        self.once(
+            ("invalid-annotation", name, shown),
+            "invalid-annotation",
+            name=name,
+            annotation=shown,
+            error=error,
+            example_key=clip(str(key)),
+        )
 
     def summary(
         self,

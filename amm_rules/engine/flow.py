@@ -41,7 +41,7 @@ Neighbours: :mod:`amm_rules.engine.policy` has its index feed the flow, and publ
 cycle; :mod:`amm_rules.engine.index` calls the two hooks;
 :mod:`amm_rules.engine.adapters` shows published figures to expressions;
 :mod:`amm_rules.engine.handlers` answers ``amm_rules_memory_flow``;
-:mod:`amm_rules.engine.pressure` reads producers from here.
+:mod:`amm_rules.engine.sections.memory_pressure` reads producers from here.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ class KeyIndex(SchedulerPlugin):
         self.groups: dict[PlanClass, dict[Hashable, Any]] = {}
         #: Runtime targets, with their origin: set through the ``amm_rules_set_target``
         #: handler, or by distributed's ``replicate`` and ``scatter(broadcast=...)``
-        #: (see :mod:`amm_rules.engine.legacy`).
+        #: (see :mod:`amm_rules.engine.sections.legacy`).
         self.runtime: dict[Hashable, RuntimeTarget] = {}
         #: Copies asked for and not yet seen land: key -> {address: deadline}.
         self.inflight: dict[Hashable, dict[str, float]] = {}

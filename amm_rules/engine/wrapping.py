@@ -3,7 +3,7 @@
 The engine learns what the scheduler does by wrapping some of its methods: replica
 changes (:func:`amm_rules.engine.index.watch_scheduler`), workers' resources and
 heartbeats (:mod:`amm_rules.engine.worker_watch`), ``replicate`` and ``scatter``
-(:mod:`amm_rules.engine.legacy`). Some of those methods are also comm handlers, bound
+(:mod:`amm_rules.engine.sections.legacy`). Some of those methods are also comm handlers, bound
 when the scheduler was built, so the handler is replaced too. Each wrapper is set on
 the scheduler instance, over whatever was there (another policy's wrapper, or the
 class's method); undoing puts that back only where the wrapper is still the one in

@@ -34,13 +34,10 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine.adapters import TaskFactsAdapter
+from amm_rules.engine.handlers import KeyExplanation, check_keys, task_of
+from amm_rules.engine.handlers import explain_key as engine_explain_key
 from amm_rules.engine.index import PlanClass, labels_of
-from amm_rules.engine.planner import (
-    KeyPlan,
-    plan_key,
-    reduce_replicas_excess,
-    target_bounds,
-)
+from amm_rules.engine.planner import KeyPlan, reduce_replicas_excess
 from amm_rules.engine.view import ClusterView, KeyView, key_string
 from amm_rules.language.fields import ActionError, parse_actions
 from amm_rules.language.ruleset import Actions, Desired, Reason, RuntimeTarget, overrides
@@ -60,20 +57,24 @@ YES, NO, THROTTLED, HOLDS = "yes", "no", "throttled", "holds"
 
 def explain_keys(policy: RulesPolicy, keys: Any) -> dict[str, dict[str, Any]]:
     """Per ``str(key)``, the engine's own explanation of each key
-    (:meth:`amm_rules.engine.handlers.Handlers.amm_rules_explain`: holders, desired,
-    target, eligible, would, workers...) with the fields of this module added (see the
-    module docstring). ``keys``: a list, tuple or set of keys (``ValueError`` else)."""
-    from amm_rules.engine.handlers import Handlers
-
-    answers = Handlers(policy).amm_rules_explain(keys)
+    (:func:`amm_rules.engine.handlers.explain_key`: holders, desired, target, eligible,
+    would, workers, the sections' entries...) with the fields of this module added (see
+    the module docstring), from the one plan the engine made of the key.
+    ``keys``: a list, tuple or set of keys (``ValueError`` else)."""
+    ctx = policy.ctx
+    keys = check_keys(keys)
     # Workers' memory as the AMM measured it in the last cycle, rather than measured
-    # afresh a second time (the engine's answer just did): a thousand workers' memory
-    # costs milliseconds, and the next cycle measures again anyway.
-    measured = policy.journal.worker_memory
-    cluster = policy.placements.cluster_view(measured) if measured else policy.cluster_view()
+    # afresh: a thousand workers' memory costs milliseconds, and the next cycle measures
+    # again anyway.
+    measured = ctx.journal.worker_memory
+    cluster = ctx.placements.cluster_view(measured) if measured else ctx.cluster_view()
     now = time.monotonic()
+    answers: dict[str, dict[str, Any]] = {}
     for key in keys:
-        answers[key_string(key)].update(explain_key(policy, key, cluster, now))
+        core = engine_explain_key(policy, task_of(ctx.scheduler, key), cluster, now)
+        answer = core.answer
+        answer.update(_explained(policy, key, core, cluster))
+        answers[key_string(key)] = answer
     return answers
 
 
@@ -114,31 +115,25 @@ def unmet_keys(policy: RulesPolicy, rule: str | None = None, limit: int = 10) ->
     return out
 
 
-def explain_key(
-    policy: RulesPolicy, key: Hashable, cluster: ClusterView, now: float
+def _explained(
+    policy: RulesPolicy, key: Hashable, core: KeyExplanation, cluster: ClusterView
 ) -> dict[str, Any]:
     """This module's fields for one key: ``key``, ``summary``, ``facts``, ``cascade``,
-    ``decisions``, ``history``, ``unclassified`` and ``problem``. ``cluster`` is the
-    planner's view of the workers (what the planner decides here is tallied in it, as
-    in a cycle)."""
-    ts = _task(policy, key)
+    ``decisions``, ``history``, ``unclassified`` and ``problem``, from the engine's
+    explanation of it (``core``) on ``cluster``, the planner's view of the workers."""
+    ts = core.ts
     name = key_string(key)
-    if ts is None or ts.state != "memory":
+    if core.plan is None or core.view is None or core.desired is None:
         state = ts.state if ts is not None else "unknown"
         summary = "not known to the scheduler" if ts is None else f"not in memory ({state})"
         out = {"key": name, "summary": summary, "history": _history(policy, key)}
-        pressure = policy.pressure.explain(ts) if hasattr(policy, "pressure") else None
+        pressure = core.answer.get("memory_pressure")
         if pressure is not None:
             out["summary"] = f"{summary}: {pressure['summary']}"
-            out["memory_pressure"] = pressure
         return out
     index = policy.index
     runtime = index.runtime.get(ts.key)
-    desired = policy.resolve(ts)
-    view = policy.key_view(ts, desired)
-    plan = plan_key(view, cluster, policy.settings(now))
-    eligible = len(cluster.placeable(desired.pool, desired.avoid))
-    lo, hi = target_bounds(desired, view.waiters, policy.ruleset.reduce_replicas, eligible)
+    desired, view, plan, lo, hi = core.desired, core.view, core.plan, core.lo, core.hi
     unclassified = index.waiting(ts.key)
     problem = class_problem(policy, PlanClass.of(desired)) if desired.governed else None
     annotation, annotation_error = _annotation(policy, ts)
@@ -152,13 +147,6 @@ def explain_key(
         "unclassified": unclassified,
         "problem": None if problem is None else {"reason": problem[0], "why": problem[1]},
     }
-
-
-def _task(policy: RulesPolicy, key: Any) -> Any:
-    try:
-        return policy.scheduler.tasks.get(key)
-    except TypeError:  # an unhashable "key"
-        return None
 
 
 # ---------------------------------------------------------------------------------

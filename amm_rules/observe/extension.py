@@ -11,14 +11,16 @@ When a policy attaches to a scheduler, the observer
   scheduler calls its ``teardown`` when it closes, which takes the policy off
   ``/metrics``. :func:`engine_of` finds the policy of a scheduler from there (for a
   dashboard page or an HTTP route);
-- answers ``amm_rules_status`` with :func:`~amm_rules.observe.status.status_report` and
-  ``amm_rules_explain`` with :func:`~amm_rules.observe.explain.explain_keys` (each a
-  superset of the engine's own answer, which it extends);
+- gives the policy its :class:`Answers`: the engine's ``amm_rules_status`` and
+  ``amm_rules_explain`` handlers (:mod:`amm_rules.engine.handlers`, their one owner) then
+  answer with :func:`~amm_rules.observe.status.status_report` and
+  :func:`~amm_rules.observe.explain.explain_keys` (each a superset of the engine's own
+  answer, which it extends);
 - has the Prometheus collector scrape it (:mod:`amm_rules.observe.metrics`).
 
-When the policy detaches, all three are undone (the handlers with the engine's own). If
-two policies are attached to one scheduler, the extension and the handlers belong to
-the last one attached, and both are scraped.
+When the policy detaches, the extension and the metrics are undone (the handlers go
+with the engine's). If two policies are attached to one scheduler, the extension and the
+handlers belong to the last one attached, and both are scraped.
 
 Importing this module activates the observer (:func:`activate`, idempotent); it is
 where ``amm_rules.RulesPolicy``, the name dask configurations use, is looked up, so
@@ -42,8 +44,6 @@ logger = logging.getLogger(__name__)
 NAME = "amm-rules"
 #: Decisions a cluster dump carries.
 DUMP_DECISIONS = 1_000
-#: The engine's handlers this module answers instead, with more.
-HANDLERS = ("amm_rules_status", "amm_rules_explain")
 
 
 class EngineExtension:
@@ -92,19 +92,19 @@ class EngineExtension:
 
 
 class Answers:
-    """The ``amm_rules_status`` and ``amm_rules_explain`` handlers of one policy. Like the
-    engine's handlers, they carry ``policy``, so the engine removes them at detach."""
+    """What the ``amm_rules_status`` and ``amm_rules_explain`` handlers of one policy
+    answer once it is observed (see :class:`amm_rules.engine.handlers.Answers`)."""
 
     def __init__(self, policy: RulesPolicy):
         self.policy = policy
 
-    def amm_rules_status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, Any]:
         """:func:`amm_rules.observe.status.status_report` of the policy."""
         from amm_rules.observe.status import status_report
 
         return status_report(self.policy)
 
-    def amm_rules_explain(
+    def explain(
         self, keys: Any = (), unmet: bool = False, rule: Any = None, limit: Any = 10
     ) -> dict[str, dict[str, Any]]:
         """Why is each key where it is (see :mod:`amm_rules.observe.explain`)? With
@@ -132,9 +132,7 @@ class _Observer:
         from amm_rules.observe import metrics
 
         scheduler.extensions[NAME] = EngineExtension(policy)
-        answers = Answers(policy)
-        for name in HANDLERS:
-            scheduler.handlers[name] = getattr(answers, name)
+        policy.answers = Answers(policy)
         try:
             metrics.register(policy)
         except Exception:  # metrics are a convenience: never fail the scheduler for them
@@ -146,10 +144,6 @@ class _Observer:
         extension = scheduler.extensions.get(NAME)
         if isinstance(extension, EngineExtension) and extension.policy is policy:
             del scheduler.extensions[NAME]
-        for name in HANDLERS:
-            handler = scheduler.handlers.get(name)
-            if getattr(getattr(handler, "__self__", None), "policy", None) is policy:
-                del scheduler.handlers[name]
         metrics.unregister(policy)
 
 

@@ -48,10 +48,10 @@ name                                                      type     labels
 ``dask_amm_rules_retirement*_total`` (see below)            counter  scheduler
 ========================================================  =======  =====================
 
-The paused-workers, memory-pressure and retirement figures are the engine's own
-``metrics()`` of :class:`~amm_rules.engine.paused.PausedWorkers`,
-:class:`~amm_rules.engine.pressure.MemoryPressure` and
-:class:`~amm_rules.engine.retire.Retirements`, named by :data:`SECTION_METRICS`. The
+The paused-workers, memory-pressure and retirement figures are the ``metrics()`` of the
+engine's sections (:mod:`amm_rules.engine.sections`), each named by its section's
+``METRICS`` table; the collector iterates the sections, so a new section's figures are
+published without a change here. The
 memory flow (:mod:`amm_rules.engine.flow`) has series per prefix for the top prefixes
 only (:func:`shown_prefixes`: bounded label cardinality) and totals over every prefix.
 
@@ -80,110 +80,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SUBSYSTEM = "amm_rules"
-
-#: The engine's sections with a ``metrics()`` method: attribute of the policy -> each
-#: figure's (name, type, help). A figure not listed here is published as a gauge named
-#: after the section and the figure (and docs/observe.md's table, which a test compares
-#: with a scrape, must say so).
-SECTION_METRICS: dict[str, tuple[str, dict[str, tuple[str, str, str]]]] = {
-    "paused": (
-        "paused_workers",
-        {
-            "paused_workers": ("paused_workers", "gauge", "Workers paused now"),
-            "handling": (
-                "paused_workers_handling",
-                "gauge",
-                "Paused workers being emptied, restarted or retired now",
-            ),
-            "paused": ("paused_workers_pauses", "counter", "Workers seen pausing"),
-            "held": ("paused_workers_held", "counter", "Paused workers held (not acted on)"),
-            "evacuations": (
-                "paused_workers_evacuations",
-                "counter",
-                "Paused workers whose keys were copied away",
-            ),
-            "copies": (
-                "paused_workers_copies",
-                "counter",
-                "Copies made to empty paused workers",
-            ),
-            "bytes": (
-                "paused_workers_copied_bytes",
-                "counter",
-                "Bytes copied to empty paused workers",
-            ),
-            "blocked": (
-                "paused_workers_blocked",
-                "counter",
-                "Paused workers that could not be emptied (keys with nowhere to go)",
-            ),
-            "restarted": ("paused_workers_restarted", "counter", "Paused workers restarted"),
-            "retired": ("paused_workers_retired", "counter", "Paused workers retired"),
-            "failed": (
-                "paused_workers_failed",
-                "counter",
-                "Restarts or retirements of paused workers that failed",
-            ),
-            "recovered": (
-                "paused_workers_recovered",
-                "counter",
-                "Paused workers that resumed before being acted on",
-            ),
-            "paused_seconds": (
-                "paused_workers_paused_seconds",
-                "counter",
-                "Time workers spent paused, the current pauses included",
-            ),
-        },
-    ),
-    "pressure": (
-        "memory_pressure",
-        {
-            "holding": (
-                "memory_pressure_holding",
-                "gauge",
-                "1 while memory producers are held back (worker-saturation lowered)",
-            ),
-            "holds": ("memory_pressure_holds", "counter", "Holds started"),
-            "releases": ("memory_pressure_releases", "counter", "Holds ended"),
-            "held_seconds": (
-                "memory_pressure_held_seconds",
-                "counter",
-                "Time producers were held back, the current hold included",
-            ),
-            "queued_roots": (
-                "memory_pressure_queued_roots",
-                "counter",
-                "Tasks without dependencies of producer kinds made queueable",
-            ),
-        },
-    ),
-    "retirements": (
-        "retirement",
-        {
-            "retiring": ("retiring_workers", "gauge", "Workers retiring now"),
-            "retirements": ("retirements", "counter", "Retirements placed by the rules"),
-            "copies": ("retirement_copies", "counter", "Copies made for retirements"),
-            "bytes": ("retirement_copied_bytes", "counter", "Bytes copied for retirements"),
-            "drops": ("retirement_drops", "counter", "Copies dropped for retirements"),
-            "placed": (
-                "retirement_placed",
-                "counter",
-                "Retirements whose keys all found their place",
-            ),
-            "blocked": (
-                "retirement_blocked",
-                "counter",
-                "Retirements refused: keys with nowhere to go",
-            ),
-            "downscaling_kept": (
-                "retirement_downscaling_kept",
-                "counter",
-                "Workers kept out of adaptive scale-down by the rules",
-            ),
-        },
-    ),
-}
 
 _lock = threading.Lock()
 #: The registered collector, while a policy is attached in this process.
@@ -431,14 +327,16 @@ class _Families:
         self._sections(policy, where)
 
     def _sections(self, policy: RulesPolicy, where: list[str]) -> None:
-        """The figures of the engine's sections that have ``metrics()``."""
-        for attribute, (prefix, known) in SECTION_METRICS.items():
-            section = getattr(policy, attribute, None)
-            if section is None or not hasattr(section, "metrics"):
+        """The figures of the engine's sections (see Section.metrics and METRICS)."""
+        for section in policy.sections:
+            figures = section.metrics()
+            if not figures:
                 continue
-            for figure, value in section.metrics().items():
+            known = section.METRICS
+            for figure, value in figures.items():
                 name, kind, doc = known.get(
-                    figure, (f"{prefix}_{figure}", "gauge", f"{attribute}: {figure}")
+                    figure,
+                    (f"{section.metric_prefix}_{figure}", "gauge", f"{section.name}: {figure}"),
                 )
                 family = self._extra.get(name)
                 if family is None:

@@ -25,6 +25,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine.adapters import worker_status
+from amm_rules.engine.handlers import engine_status
 from amm_rules.engine.journal import Decision
 from amm_rules.engine.view import key_string
 from amm_rules.observe.conformance import SATISFIED, conformance
@@ -106,9 +107,7 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
           "decisions": [{"time", "key", "op", "worker", "outcome", "reason", "source"}],
         }
     """
-    from amm_rules.engine.handlers import Handlers
-
-    report = Handlers(policy).amm_rules_status()  # the engine's own counters
+    report = engine_status(policy)  # the engine's own counters and its sections
     c = conformance(policy)
     errors = report["reload_errors"]
     journal = policy.journal

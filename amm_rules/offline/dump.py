@@ -318,7 +318,7 @@ def _runtime_targets(
 
 
 #: The origins of runtime targets set by distributed's own calls (see
-#: :mod:`amm_rules.engine.legacy`).
+#: :mod:`amm_rules.engine.sections.legacy`).
 _LEGACY_ORIGINS = ("client.replicate", "scatter broadcast")
 
 

@@ -12,7 +12,7 @@ Active Memory Manager cycle, with the engine's own parts:
   :func:`~amm_rules.engine.adapters.key_view`) for governed keys, the rebalancer
   (:class:`~amm_rules.engine.rebalance.rebalancer.Rebalancer`, with the pure rebalance
   planner), and reduce-replicas
-  (:func:`~amm_rules.engine.reduce_replicas.reduce_replicas`) for keys nobody governs;
+  (:func:`~amm_rules.engine.sections.reduce_replicas.reduce_replicas`) for keys nobody governs;
 - the dry-run filter (:class:`~amm_rules.engine.dryrun.DryRun`);
 - distributed's own ``ActiveMemoryManagerExtension``, which validates each suggestion
   and keeps the memory tally, exactly as in the scheduler.
@@ -54,7 +54,7 @@ from amm_rules.engine.planner import (
     target_bounds,
 )
 from amm_rules.engine.rebalance.rebalancer import Rebalancer
-from amm_rules.engine.reduce_replicas import reduce_replicas
+from amm_rules.engine.sections.reduce_replicas import reduce_replicas
 from amm_rules.engine.view import ClusterView
 from amm_rules.language.ruleset import Desired, Rule, Ruleset, RuntimeTarget, Target
 from amm_rules.offline.views import SimCluster, SimTask

@@ -1,4 +1,4 @@
-"""The ``memory-pressure`` section on a real scheduler (:mod:`amm_rules.engine.pressure`):
+"""The ``memory-pressure`` section on a real scheduler (:mod:`amm_rules.engine.sections.memory_pressure`):
 root tasks of producers made queueable when a graph arrives; holding (the scheduler's
 worker-saturation lowered, its idle set recomputed) while a worker is above the
 threshold and a producer heads the queue; release with hysteresis, after max-hold, when

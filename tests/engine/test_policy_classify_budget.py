@@ -14,7 +14,7 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.policy import RulesPolicy
-from amm_rules.engine.retire import desired_of
+from amm_rules.engine.sections.retirement import desired_of
 from amm_rules.observe.explain import explain_keys
 from tests.support.cluster import Requests, amm_config, counts
 from tests.support.rulesets import X_THREE
@@ -91,7 +91,7 @@ async def test_keys_left_over_wait_in_a_backlog_and_are_counted_once(c, s, *work
     await wait_for(lambda: gone not in s.tasks, "the released key forgotten")
     await c.scatter({again: -1})
     assert again in index.dirty
-    desired_of(policy, s.tasks[alone])  # classified now, marked in the backlog
+    desired_of(policy.ctx, s.tasks[alone])  # classified now, marked in the backlog
     assert alone in index.desired and not index.may_be_unclassified(alone)
 
     while index.unclassified:

@@ -25,7 +25,7 @@ from distributed.active_memory_manager import (
 from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.policy import RulesPolicy
-from amm_rules.engine.reduce_replicas import _drop_suggestion
+from amm_rules.engine.sections.reduce_replicas import _drop_suggestion
 from tests.support.cluster import Requests, amm_config, counts, keep
 from tests.support.rulesets import X_THREE, rule, rules
 from tests.support.waiting import wait_cycles, wait_for

@@ -46,7 +46,7 @@ that consume what is in memory) are never held. Every hold and release is an
 ``amm-rules`` event (``action: "memory-pressure"``), the status says what is held and
 why (:meth:`MemoryPressure.status`), and :meth:`MemoryPressure.metrics` counts.
 
-Neighbours: :mod:`amm_rules.engine.policy` attaches it and passes reloads;
+Neighbours: the policy runs it as a section (attach, reloads, a cycle starts its check);
 :mod:`amm_rules.engine.flow` says which prefixes produce memory.
 """
 
@@ -62,11 +62,13 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from amm_rules.engine.flow import MemoryFlow, PrefixFlow
+from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.language.fields import format_fraction
-from amm_rules.language.ruleset import MemoryPressureSettings, TaskFacts
+from amm_rules.language.ruleset import MemoryPressureSettings, Ruleset, TaskFacts
 
 if TYPE_CHECKING:
-    from amm_rules.engine.policy import RulesPolicy
+    from amm_rules.engine.context import EngineContext
+    from amm_rules.engine.dryrun import DryRun
 
 logger = logging.getLogger(__name__)
 
@@ -87,14 +89,37 @@ def _fmt_bytes(n: float) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-class MemoryPressure(SchedulerPlugin):
-    """The ``memory-pressure`` section at work (see the module docstring)."""
+class MemoryPressure(Section, SchedulerPlugin):
+    """The ``memory-pressure`` section at work (see the module docstring); also the
+    scheduler plugin that sees graphs arrive."""
 
-    name = "amm-rules-memory-pressure"
+    name = "memory-pressure"
+    status_key = "memory_pressure"
+    explain_key = "memory_pressure"
+    metric_prefix = "memory_pressure"
+    METRICS = {
+        "holding": (
+            "memory_pressure_holding",
+            "gauge",
+            "1 while memory producers are held back (worker-saturation lowered)",
+        ),
+        "holds": ("memory_pressure_holds", "counter", "Holds started"),
+        "releases": ("memory_pressure_releases", "counter", "Holds ended"),
+        "held_seconds": (
+            "memory_pressure_held_seconds",
+            "counter",
+            "Time producers were held back, the current hold included",
+        ),
+        "queued_roots": (
+            "memory_pressure_queued_roots",
+            "counter",
+            "Tasks without dependencies of producer kinds made queueable",
+        ),
+    }
 
-    def __init__(self, flow: MemoryFlow) -> None:
-        self.flow = flow
-        self.policy: RulesPolicy | None = None
+    def __init__(self) -> None:
+        #: What the prefixes produce and free (the engine's, once attached).
+        self.flow = MemoryFlow()
         #: The section in force; None when the rules have none.
         self.settings: MemoryPressureSettings | None = None
         #: ``idle``, ``holding``, ``cooling`` (after max-hold, or after someone else
@@ -122,29 +147,27 @@ class MemoryPressure(SchedulerPlugin):
 
     # -- attach ----------------------------------------------------------------------
 
-    def attach(self, policy: RulesPolicy) -> None:
-        self.policy = policy
-        scheduler = policy.scheduler
-        scheduler.add_plugin(self, name=f"{self.name}-{id(self)}")
-        self.base = float(scheduler.WORKER_SATURATION)
+    def attach(self, ctx: EngineContext) -> None:
+        super().attach(ctx)
+        self.flow = ctx.flow
+        ctx.add_plugin(self, CALLBACK)
+        self.base = float(ctx.scheduler.WORKER_SATURATION)
 
     def detach(self) -> None:
         """Put the scheduler's saturation back and stop looking."""
-        policy = self.policy
-        if policy is None or policy._manager is None:
+        ctx = self.ctx
+        if ctx is None or not ctx.attached:
             return
         if self.state == "holding":
             self.release(time.monotonic(), "the policy detached")
         self._stop_callback()
-        scheduler = policy.scheduler
-        for name, plugin in list(scheduler.plugins.items()):
-            if plugin is self:
-                scheduler.remove_plugin(name=name)
-        self.policy = None
+        ctx.remove_plugin(self)
+        super().detach()
 
-    def configure(self, settings: MemoryPressureSettings | None) -> None:
+    def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
         """The rules changed (start or reload). A hold in force ends if the new rules
         have no section, or a disabled one; the new timings apply from the next check."""
+        settings = ruleset.memory_pressure
         self.settings = settings if settings is not None and settings.enabled else None
         if self.settings is None and self.state == "holding":
             self.release(time.monotonic(), "the rules no longer hold producers back")
@@ -152,27 +175,31 @@ class MemoryPressure(SchedulerPlugin):
             self._stop_callback()
             self.state = "idle" if self.state != "unavailable" else self.state
 
+    def run(self, cycle: Cycle) -> tuple[()]:
+        self.ensure_running()
+        return ()
+
     def ensure_running(self) -> None:
         """Start (or re-time) the periodic check; called from the AMM cycle, which runs on
         the scheduler's event loop once the scheduler started."""
-        settings, policy = self.settings, self.policy
-        if settings is None or policy is None:
+        settings, ctx = self.settings, self.ctx
+        if settings is None or ctx is None:
             return
         if self._callback is not None and self._interval == settings.check_interval:
             return
         self._stop_callback()
         self._callback = PeriodicCallback(self.check, settings.check_interval * 1000)
         self._interval = settings.check_interval
-        policy.scheduler.periodic_callbacks[f"{CALLBACK}-{id(self)}"] = self._callback
+        ctx.scheduler.periodic_callbacks[f"{CALLBACK}-{id(self)}"] = self._callback
         self._callback.start()
 
     def _stop_callback(self) -> None:
         if self._callback is None:
             return
         self._callback.stop()
-        policy = self.policy
-        if policy is not None and policy._manager is not None:
-            callbacks = policy.scheduler.periodic_callbacks
+        ctx = self.ctx
+        if ctx is not None and ctx.attached:
+            callbacks = ctx.scheduler.periodic_callbacks
             name = f"{CALLBACK}-{id(self)}"
             if callbacks.get(name) is self._callback:
                 del callbacks[name]
@@ -254,11 +281,11 @@ class MemoryPressure(SchedulerPlugin):
 
     def check(self) -> None:
         """One look at the workers and the queue (see the module docstring)."""
-        settings, policy = self.settings, self.policy
-        if settings is None or policy is None or policy._manager is None:
+        settings, ctx = self.settings, self.ctx
+        if settings is None or ctx is None or not ctx.attached:
             return
         try:
-            self._check(settings, policy.scheduler, time.monotonic())
+            self._check(settings, ctx.scheduler, time.monotonic())
         except Exception:
             logger.exception("amm-rules: memory-pressure check failed")
 
@@ -413,12 +440,12 @@ class MemoryPressure(SchedulerPlugin):
 
     def release(self, now: float, why: str) -> None:
         """Put the scheduler's own worker-saturation back."""
-        policy = self.policy
+        ctx = self.ctx
         held_for = now - (self.since or now)
         self.held_seconds_done += held_for
         self.counters["releases"] += 1
-        if policy is not None and policy._manager is not None and self.base is not None:
-            _set_saturation(policy.scheduler, self.base, opened=True)
+        if ctx is not None and ctx.attached and self.base is not None:
+            _set_saturation(ctx.scheduler, self.base, opened=True)
         self.state = "idle"
         self.since = None
         self.held_at = None
@@ -434,9 +461,9 @@ class MemoryPressure(SchedulerPlugin):
         self._emit("stopped", reason=why)
 
     def _emit(self, step: str, **fields: Any) -> None:
-        policy = self.policy
-        if policy is not None:
-            policy.events.emit("memory-pressure", step=step, **fields)
+        ctx = self.ctx
+        if ctx is not None:
+            ctx.events.emit("memory-pressure", step=step, **fields)
 
     # -- reading -----------------------------------------------------------------------
 
@@ -472,7 +499,7 @@ class MemoryPressure(SchedulerPlugin):
             "totals": self.metrics(now),
         }
 
-    def explain(self, ts: Any) -> dict[str, Any] | None:
+    def explain(self, ts: Any, now: float = 0.0) -> dict[str, Any] | None:
         """For ``explain`` of a task waiting in the scheduler's queue: whether the
         section holds it back, and why. None for any other task, or without a section."""
         if self.settings is None or ts is None or ts.state != "queued":

@@ -25,7 +25,7 @@ data but runs and fetches nothing, and nothing in distributed acts on it (dask i
 4. once a full pass over its keys finds every one held where it should be, spawns (on
    the scheduler's event loop, never waiting for it in the cycle) a coroutine that retires
    it through ``Scheduler.retire_workers`` (whose placement is the rules', see
-   :mod:`amm_rules.engine.retire`; it flushes what landed on the worker meanwhile) and,
+   :mod:`amm_rules.engine.sections.retirement`; it flushes what landed on the worker meanwhile) and,
    for ``restart``, then restarts it through its nanny (a worker without a nanny is
    retired instead, and the event says so);
 5. a key that may not be copied (``move: never``), or that has no eligible worker, or no
@@ -35,8 +35,8 @@ data but runs and fetches nothing, and nothing in distributed acts on it (dask i
 Every step is an ``amm-rules`` event (``action: "paused-worker"``, with a ``step``), a
 line of :meth:`PausedWorkers.status` and a counter of :meth:`PausedWorkers.metrics`.
 
-Neighbours: :mod:`amm_rules.engine.policy` calls :meth:`PausedWorkers.run` in its cycle;
-:mod:`amm_rules.engine.evacuate` plans; :mod:`amm_rules.engine.retire` supplies the glue
+Neighbours: the policy runs :meth:`PausedWorkers.run` in its cycle, after replication;
+:mod:`amm_rules.engine.evacuate` plans; :mod:`amm_rules.engine.sections.retirement` supplies the glue
 and the retirement under the rules; :mod:`amm_rules.engine.handlers` shows the status.
 """
 
@@ -58,7 +58,8 @@ from distributed.metrics import time as heartbeat_clock
 from amm_rules.engine import key_logger
 from amm_rules.engine.adapters import worker_status
 from amm_rules.engine.evacuate import Evacuation, plan_evacuation
-from amm_rules.engine.retire import (
+from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.engine.sections.retirement import (
     CopyBook,
     evacuation_input,
     leaving_addresses,
@@ -66,10 +67,11 @@ from amm_rules.engine.retire import (
     shown_keys,
 )
 from amm_rules.language.fields import format_fraction
-from amm_rules.language.ruleset import PausedWorkersSettings
+from amm_rules.language.ruleset import PausedWorkersSettings, Ruleset
 
 if TYPE_CHECKING:
-    from amm_rules.engine.policy import RulesPolicy
+    from amm_rules.engine.context import EngineContext
+    from amm_rules.engine.dryrun import DryRun
 
 logger = logging.getLogger(__name__)
 
@@ -159,11 +161,58 @@ class Handling:
     note: str | None = None
 
 
-class PausedWorkers:
+class PausedWorkers(Section):
     """The ``paused-workers`` section at work (see the module docstring)."""
 
+    name = "paused-workers"
+    status_key = "paused_workers"
+    explain_key = "paused_workers"
+    metric_prefix = "paused_workers"
+    METRICS = {
+        "paused_workers": ("paused_workers", "gauge", "Workers paused now"),
+        "handling": (
+            "paused_workers_handling",
+            "gauge",
+            "Paused workers being emptied, restarted or retired now",
+        ),
+        "paused": ("paused_workers_pauses", "counter", "Workers seen pausing"),
+        "held": ("paused_workers_held", "counter", "Paused workers held (not acted on)"),
+        "evacuations": (
+            "paused_workers_evacuations",
+            "counter",
+            "Paused workers whose keys were copied away",
+        ),
+        "copies": ("paused_workers_copies", "counter", "Copies made to empty paused workers"),
+        "bytes": (
+            "paused_workers_copied_bytes",
+            "counter",
+            "Bytes copied to empty paused workers",
+        ),
+        "blocked": (
+            "paused_workers_blocked",
+            "counter",
+            "Paused workers that could not be emptied (keys with nowhere to go)",
+        ),
+        "restarted": ("paused_workers_restarted", "counter", "Paused workers restarted"),
+        "retired": ("paused_workers_retired", "counter", "Paused workers retired"),
+        "failed": (
+            "paused_workers_failed",
+            "counter",
+            "Restarts or retirements of paused workers that failed",
+        ),
+        "recovered": (
+            "paused_workers_recovered",
+            "counter",
+            "Paused workers that resumed before being acted on",
+        ),
+        "paused_seconds": (
+            "paused_workers_paused_seconds",
+            "counter",
+            "Time workers spent paused, the current pauses included",
+        ),
+    }
+
     def __init__(self) -> None:
-        self.policy: RulesPolicy | None = None
         #: The section in force; None when the rules have none.
         self.settings: PausedWorkersSettings | None = None
         self.clock = PauseClock()
@@ -193,23 +242,20 @@ class PausedWorkers:
 
     # -- attach ----------------------------------------------------------------------
 
-    def attach(self, policy: RulesPolicy) -> None:
-        self.policy = policy
-        policy.scheduler.add_plugin(self.clock, name=f"amm-rules-pause-clock-{id(self)}")
+    def attach(self, ctx: EngineContext) -> None:
+        super().attach(ctx)
+        ctx.add_plugin(self.clock, "amm-rules-pause-clock")
 
     def detach(self) -> None:
-        policy = self.policy
-        if policy is None or policy._manager is None:
-            return
-        scheduler = policy.scheduler
-        for name, plugin in list(scheduler.plugins.items()):
-            if plugin is self.clock:
-                scheduler.remove_plugin(name=name)
-        self.policy = None
+        if self.ctx is not None:
+            self.ctx.remove_plugin(self.clock)
+        super().detach()
 
-    def configure(self, settings: PausedWorkersSettings | None) -> None:
+    def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
         """The rules changed (start or reload). Workers being emptied under the old
-        section stop if the new one has none; restarts already begun finish."""
+        section stop if the new one has none; restarts already begun finish. In a file
+        in dry-run the section only reports (see :meth:`DryRun.paused_settings`)."""
+        settings = dry_run.paused_settings(ruleset.paused_workers)
         self.settings = settings
         if settings is None:
             for addr in [a for a, h in self.handling.items() if h.state == "evacuating"]:
@@ -223,14 +269,20 @@ class PausedWorkers:
         """Workers being handled: their copies are about to vanish."""
         return set(self.handling)
 
+    def emptying(self) -> set[str]:
+        return self.leaving
+
     # -- the cycle ---------------------------------------------------------------------
 
-    def run(self, now: float, stats: dict[str, Counter[str]]) -> Generator[Suggestion, Any, None]:
-        """One cycle (see the module docstring); yields the copies."""
-        policy = self.policy
-        if policy is None:
+    def run(self, cycle: Cycle) -> Generator[Suggestion, Any, None]:
+        """One cycle (see the module docstring); yields the copies. After replication
+        planning (its copies count), before rebalancing (which then sees the loads they
+        add)."""
+        ctx = self.ctx
+        if ctx is None:
             return
-        workers = policy.scheduler.workers
+        now, stats = cycle.now, cycle.stats
+        workers = ctx.scheduler.workers
         self.clock.reconcile(workers, now)
         self._account_pauses(now)
         settings = self.settings
@@ -351,9 +403,9 @@ class PausedWorkers:
 
     def _held(self, ws: Any, since: float, now: float, code: str, words: str) -> None:
         self.notes[ws.address] = {"since": since, "state": "held", "reason": code, "detail": words}
-        policy = self.policy
-        assert policy is not None
-        if policy.events.once(
+        ctx = self.ctx
+        assert ctx is not None
+        if ctx.events.once(
             ("paused-held", ws.address, since, code),
             "paused-worker",
             step="held",
@@ -408,9 +460,9 @@ class PausedWorkers:
     ) -> Generator[Suggestion, Any, None]:
         """One cycle of copying a handled worker's keys away (cases in order: the
         worker left, unpaused, a guard holds it; then a turn of its keys)."""
-        policy = self.policy
-        assert policy is not None
-        ws = policy.scheduler.workers.get(h.address)
+        ctx = self.ctx
+        assert ctx is not None
+        ws = ctx.scheduler.workers.get(h.address)
         if ws is None or worker_status(ws) != "paused":
             return  # left or unpaused: _account_pauses forgets it next cycle
         hold = self._hold(ws, census, now, starting=False)
@@ -422,10 +474,10 @@ class PausedWorkers:
             h.pending = [ts.key for ts in ws.has_what if not ts.actor]
             h.clean = True
         batch, h.pending = h.pending[:KEYS_PER_CYCLE], h.pending[KEYS_PER_CYCLE:]
-        tasks = policy.scheduler.tasks
+        tasks = ctx.scheduler.tasks
         has_what = ws.has_what
         todo = [ts for k in batch if (ts := tasks.get(k)) is not None and ts in has_what]
-        views, cluster = evacuation_input(policy, todo, leaving_addresses(policy), self.book)
+        views, cluster = evacuation_input(ctx, todo, leaving_addresses(ctx), self.book)
         room = self._room(cluster)
         plan = plan_evacuation(
             views,
@@ -453,10 +505,10 @@ class PausedWorkers:
         budget: list[int],
         stats: dict[str, Counter[str]],
     ) -> Generator[Suggestion, Any, None]:
-        policy = self.policy
-        assert policy is not None
+        ctx = self.ctx
+        assert ctx is not None
         by_key = {ts.key: ts for ts in todo}
-        workers = policy.scheduler.workers
+        workers = ctx.scheduler.workers
         for copy in plan.copies:
             ts = by_key[copy.key]
             choice = yield Suggestion("replicate", ts, {workers[copy.worker]})
@@ -470,11 +522,11 @@ class PausedWorkers:
             )
             if choice is None:
                 continue
-            record_copy(policy, self.book, ts, copy.worker, now)
+            record_copy(ctx, self.book, ts, copy.worker, now)
             self.sent.setdefault(copy.worker, {})[copy.key] = [
                 copy.nbytes,
                 None,
-                now + policy.inflight_timeout,
+                now + ctx.inflight_timeout,
             ]
             budget[0] -= copy.nbytes
             h.copies += 1
@@ -535,9 +587,9 @@ class PausedWorkers:
         task.add_done_callback(self.tasks.discard)
 
     async def _restart_or_retire(self, h: Handling) -> None:
-        policy = self.policy
-        assert policy is not None
-        scheduler = policy.scheduler
+        ctx = self.ctx
+        assert ctx is not None
+        scheduler = ctx.scheduler
         stimulus_id = f"amm-rules-paused-workers-{time.time()}"
         addr = h.address
         try:
@@ -600,9 +652,9 @@ class PausedWorkers:
         """Bytes each running worker may still receive: up to its pause threshold less
         the margin, by its process memory at its last heartbeat plus the copies sent to
         it that no heartbeat has shown yet."""
-        policy = self.policy
-        assert policy is not None
-        workers = policy.scheduler.workers
+        ctx = self.ctx
+        assert ctx is not None
+        workers = ctx.scheduler.workers
         pause = _pause_fraction()
         room = {}
         for addr in cluster.running:
@@ -618,7 +670,7 @@ class PausedWorkers:
     def _settle_sent(self, workers: Any, now: float) -> None:
         """A copy counts against its recipient's room until a heartbeat after it landed
         (heartbeats carry the process memory), or until it is given up."""
-        tasks = self.policy.scheduler.tasks  # type: ignore[union-attr]
+        tasks = self.ctx.scheduler.tasks  # type: ignore[union-attr]
         for addr in list(self.sent):
             ws = workers.get(addr)
             entries = self.sent[addr]
@@ -640,9 +692,9 @@ class PausedWorkers:
     # -- reporting -----------------------------------------------------------------------
 
     def _emit(self, step: str, worker: str, **fields: Any) -> None:
-        policy = self.policy
-        if policy is not None:
-            policy.events.emit("paused-worker", step=step, worker=worker, **fields)
+        ctx = self.ctx
+        if ctx is not None:
+            ctx.events.emit("paused-worker", step=step, worker=worker, **fields)
 
     def status(self) -> dict[str, Any]:
         """For ``amm_rules_status()["paused_workers"]``: the section, one line per paused
@@ -650,7 +702,7 @@ class PausedWorkers:
         settings = self.settings
         now = time.monotonic()
         lines = []
-        workers = self.policy.scheduler.workers if self.policy is not None else {}
+        workers = self.ctx.scheduler.workers if self.ctx is not None else {}
         for addr in sorted(set(self.clock.since) | set(self.handling)):
             since = self.clock.since.get(addr)
             h = self.handling.get(addr)
@@ -693,7 +745,7 @@ class PausedWorkers:
         )
         return out
 
-    def explain(self, ts: Any) -> list[dict[str, Any]]:
+    def explain(self, ts: Any, now: float = 0.0) -> list[dict[str, Any]]:
         """For ``explain``: the paused workers holding the key, and whether the key
         keeps one of them from being restarted or retired."""
         out = []

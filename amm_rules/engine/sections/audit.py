@@ -20,17 +20,22 @@ per cycle, from lists taken when it starts; a key that changed since is looked u
 A sweep starts every ``audit_interval`` seconds, or when the previous one ends if that is
 later. It never scans ``scheduler.tasks``.
 
-Neighbours: :class:`amm_rules.engine.policy.RulesPolicy` calls :meth:`Auditor.step` once per
-cycle, before classification, and reports a finished sweep that found something as an
-``audit`` event.
+Neighbours: :class:`AuditSection` runs :meth:`Auditor.step` once per cycle, first (after
+the placements are fresh, before classification), and reports a finished sweep that
+found something as an ``audit`` event and a warning.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from amm_rules.engine.index import KeyIndex, PlanClass
+from amm_rules.engine.sections.base import Cycle, Section
+
+logger = logging.getLogger(__name__)
 
 #: Governed keys, and replicated keys, looked at per cycle.
 CHUNK = 1_000
@@ -142,3 +147,44 @@ class Auditor:
                 # Routed once classified: to reduce-replicas' walk if no rule governs it.
                 index.touched.add(key)
                 self._found["replicated_unknown"] += 1
+
+
+class AuditSection(Section):
+    """The audit sweeps in the policy's cycle; ``interval``: seconds between the starts
+    of two sweeps (None: never)."""
+
+    name = "audit"
+    status_key = "audit"
+
+    def __init__(self, interval: float | None = 60.0):
+        self.auditor = Auditor(None if interval is None else float(interval))
+
+    def attach(self, ctx: Any) -> None:
+        super().attach(ctx)
+        self.auditor.start_in(time.monotonic())
+
+    def run(self, cycle: Cycle) -> tuple[()]:
+        """This cycle's slice of the sweep; report a finished sweep that found state the
+        hooks had missed (it has been repaired by then)."""
+        ctx = self.ctx
+        assert ctx is not None
+        index = ctx.index
+        placements = ctx.placements
+        reduce_replicas = ctx.ruleset.reduce_replicas
+        found = self.auditor.step(
+            time.monotonic(),
+            index,
+            ctx.scheduler,
+            resolve=ctx.resolve,
+            suspects=lambda cls, members: index.suspects(
+                cls, placements.of(cls), reduce_replicas, members
+            ),
+        )
+        if found is not None and any(found.values()):
+            logger.warning("amm-rules: the audit found state the hooks missed: %s", found)
+            ctx.events.emit("audit", **found)
+        return ()
+
+    def status(self) -> dict[str, Any]:
+        auditor = self.auditor
+        return {"sweeps": auditor.sweeps, "sweeping": auditor.sweeping, "last": auditor.last}

@@ -2,7 +2,7 @@
 RulesPolicy is attached.
 
 ``client.retire_workers``, adaptive scale-down and the restarts of
-:mod:`amm_rules.engine.paused` all go through ``Scheduler.retire_workers``, which adds one
+:mod:`amm_rules.engine.sections.paused_workers` all go through ``Scheduler.retire_workers``, which adds one
 ``RetireWorker`` policy per worker to the AMM and waits for its ``done()``. The stock
 policy copies each key held only there to the running worker with the least memory,
 ignoring pools, ``avoid``, ``spread`` and ``move: never``, and the rules then undo it a
@@ -29,8 +29,7 @@ cycle later. Here:
   candidates the workers whose departure the rules would refuse: adaptive closes the
   workers it chose whether or not their retirement succeeded.
 
-Neighbours: :mod:`amm_rules.engine.policy` owns the :class:`Retirements` (attach, detach,
-status); :mod:`amm_rules.engine.paused` uses :func:`evacuation_input` and :class:`CopyBook`.
+Neighbours: the policy runs :class:`Retirements` as a section (attach, detach, status); :mod:`amm_rules.engine.sections.paused_workers` uses :func:`evacuation_input` and :class:`CopyBook`.
 """
 
 from __future__ import annotations
@@ -54,11 +53,12 @@ from amm_rules.engine.evacuate import (
     needed_copies,
     plan_evacuation,
 )
+from amm_rules.engine.sections.base import Section
 from amm_rules.engine.view import ClusterView, KeyView, key_string
 from amm_rules.language.ruleset import UNGOVERNED, Desired
 
 if TYPE_CHECKING:
-    from amm_rules.engine.policy import RulesPolicy
+    from amm_rules.engine.context import EngineContext
 
 logger = logging.getLogger(__name__)
 
@@ -91,13 +91,13 @@ class CopyBook:
             del self.entries[key]
 
 
-def desired_of(policy: RulesPolicy, ts: Any) -> Desired:
+def desired_of(ctx: EngineContext, ts: Any) -> Desired:
     """What the rules want for a key in memory, classifying it now if the policy has not
     yet (it entered memory since the last cycle)."""
-    index = policy.index
+    index = ctx.index
     key = ts.key
     if index.may_be_unclassified(key):
-        desired = policy.resolve(ts)
+        desired = ctx.resolve(ts)
         index.dirty.pop(key, None)
         index.unqueue(key)
         if desired.governed:
@@ -108,42 +108,45 @@ def desired_of(policy: RulesPolicy, ts: Any) -> Desired:
     return index.desired.get(key, UNGOVERNED)
 
 
-def leaving_addresses(policy: RulesPolicy) -> set[str]:
-    """Workers whose copies are about to vanish: retiring or closing, or being handled
-    by the paused-workers section."""
-    out = {a for a, ws in policy.scheduler.workers.items() if worker_status(ws) == "closing"}
-    return out | policy.paused.leaving
+def leaving_addresses(ctx: EngineContext) -> set[str]:
+    """Workers whose copies are about to vanish: retiring or closing, or being emptied
+    by a section (the paused-workers section's, see :meth:`Section.emptying`)."""
+    out = {a for a, ws in ctx.scheduler.workers.items() if worker_status(ws) == "closing"}
+    for section in ctx.sections:
+        out.update(section.emptying())
+    return out
 
 
-def ensure_pools(policy: RulesPolicy) -> None:
+def ensure_pools(ctx: EngineContext) -> None:
     """Pool membership of the workers that joined since the policy's last cycle: a
     retirement may come before that cycle."""
-    policy.placements.include_new_workers(policy.manager.measure)
+    assert ctx.manager is not None
+    ctx.placements.include_new_workers(ctx.manager.measure)
 
 
 def evacuation_input(
-    policy: RulesPolicy, tasks: Iterable[Any], leaving: Iterable[str], book: CopyBook
+    ctx: EngineContext, tasks: Iterable[Any], leaving: Iterable[str], book: CopyBook
 ) -> tuple[list[KeyView], ClusterView]:
     """Key views of ``tasks`` and the cluster with ``leaving`` marked, for
     :func:`~amm_rules.engine.evacuate.plan_evacuation`."""
-    ensure_pools(policy)
-    manager = policy.manager
+    ensure_pools(ctx)
+    manager = ctx.manager
     pending = getattr(manager, "pending", None)  # only exists during an AMM cycle
-    cluster = leaving_view(policy.cluster_view().workers.values(), leaving)
+    cluster = leaving_view(ctx.cluster_view().workers.values(), leaving)
     views = []
     for ts in tasks:
-        desired = desired_of(policy, ts)
-        view = policy.key_view(ts, desired, pending)
+        desired = desired_of(ctx, ts)
+        view = ctx.key_view(ts, desired, pending)
         if not desired.governed:
             view = replace(view, inflight=book.get(ts.key))
         views.append(view)
     return views, cluster
 
 
-def record_copy(policy: RulesPolicy, book: CopyBook, ts: Any, address: str, now: float) -> None:
+def record_copy(ctx: EngineContext, book: CopyBook, ts: Any, address: str, now: float) -> None:
     """Remember a copy the AMM accepted, until it lands or its deadline passes."""
-    deadline = now + policy.inflight_timeout
-    table = policy.index.inflight if ts.key in policy.index.desired else book.entries
+    deadline = now + ctx.inflight_timeout
+    table = ctx.index.inflight if ts.key in ctx.index.desired else book.entries
     table.setdefault(ts.key, {})[address] = deadline
 
 
@@ -183,11 +186,36 @@ class RulesRetireWorker(RetireWorker):
         return engine.placed(self.address)
 
 
-class Retirements:
+class Retirements(Section):
     """Retirements under the rules, for one RulesPolicy (see the module docstring)."""
 
+    name = "retirement"
+    status_key = "retirements"
+    metric_prefix = "retirement"
+    METRICS = {
+        "retiring": ("retiring_workers", "gauge", "Workers retiring now"),
+        "retirements": ("retirements", "counter", "Retirements placed by the rules"),
+        "copies": ("retirement_copies", "counter", "Copies made for retirements"),
+        "bytes": ("retirement_copied_bytes", "counter", "Bytes copied for retirements"),
+        "drops": ("retirement_drops", "counter", "Copies dropped for retirements"),
+        "placed": (
+            "retirement_placed",
+            "counter",
+            "Retirements whose keys all found their place",
+        ),
+        "blocked": (
+            "retirement_blocked",
+            "counter",
+            "Retirements refused: keys with nowhere to go",
+        ),
+        "downscaling_kept": (
+            "retirement_downscaling_kept",
+            "counter",
+            "Workers kept out of adaptive scale-down by the rules",
+        ),
+    }
+
     def __init__(self) -> None:
-        self.policy: RulesPolicy | None = None
         #: Copies of ungoverned keys in flight off retiring workers.
         self.book = CopyBook()
         #: Per retiring worker: what its keys need (key -> (copies, eligible workers or
@@ -204,42 +232,43 @@ class Retirements:
 
     # -- attach ----------------------------------------------------------------------
 
-    def attach(self, policy: RulesPolicy) -> None:
-        self.policy = policy
-        manager = policy.manager
+    def attach(self, ctx: EngineContext) -> None:
+        """Place retirements by the rules, unless the policy was told not to
+        (``retire_by_rules=False``: distributed's own ``RetireWorker`` is left alone)."""
+        if not ctx.retire_by_rules:
+            return
+        super().attach(ctx)
+        manager = ctx.manager
         _ENGINES[manager] = self
         self._unwrap = _wrap_add_policy(manager)
         self._guard = DownscalingGuard(self)
-        policy.scheduler.add_plugin(self._guard, name=f"amm-rules-downscaling-{id(self)}")
+        ctx.add_plugin(self._guard, "amm-rules-downscaling")
 
     def detach(self) -> None:
-        policy = self.policy
-        if policy is None:
+        ctx = self.ctx
+        if ctx is None:
             return
-        manager = policy._manager
+        manager = ctx.manager
         if manager is not None and _ENGINES.get(manager) is self:
             del _ENGINES[manager]
         if self._unwrap is not None:
             self._unwrap()
             self._unwrap = None
-        if self._guard is not None and manager is not None:
-            scheduler = manager.scheduler
-            for name, plugin in list(scheduler.plugins.items()):
-                if plugin is self._guard:
-                    scheduler.remove_plugin(name=name)
+        if self._guard is not None:
+            ctx.remove_plugin(self._guard)
         self._guard = None
-        self.policy = None
+        super().detach()
 
     # -- one retiring worker, one cycle ----------------------------------------------
 
     def run_for(self, rw: RulesRetireWorker, ws: Any) -> Generator[Suggestion, Any, None]:
-        policy = self.policy
-        assert policy is not None
+        ctx = self.ctx
+        assert ctx is not None
         manager = rw.manager
         now = time.monotonic()
         self.book.prune(now)
         tasks = [ts for ts in ws.has_what if not ts.actor]
-        views, cluster = evacuation_input(policy, tasks, leaving_addresses(policy), self.book)
+        views, cluster = evacuation_input(ctx, tasks, leaving_addresses(ctx), self.book)
         plan = plan_evacuation(views, cluster, now=now)
         self._remember_needs(ws.address, views, cluster)
         first = ws.address not in self.active
@@ -255,7 +284,7 @@ class Retirements:
             self._refuse(rw, ws, plan)
             return
         if first:
-            policy.events.emit(
+            ctx.events.emit(
                 "retirement",
                 step="placing",
                 worker=ws.address,
@@ -277,7 +306,7 @@ class Retirements:
                 ws.address,
             )
             if choice is not None:
-                record_copy(policy, self.book, ts, copy.worker, now)
+                record_copy(ctx, self.book, ts, copy.worker, now)
                 self.counters["copies"] += 1
                 self.counters["bytes"] += copy.nbytes
                 self.active[ws.address]["copies"] += 1
@@ -289,7 +318,7 @@ class Retirements:
         """Drop the retiring worker's copy of keys held where the rules want them
         elsewhere: its memory is freed early, as the stock policy does (a spilled worker
         reads its keys back from disk to send them)."""
-        index = self.policy.index  # type: ignore[union-attr]
+        index = self.ctx.index  # type: ignore[union-attr]
         for key in plan.satisfied:
             desired = index.desired.get(key)
             if desired is not None and desired.move == "never":
@@ -299,8 +328,8 @@ class Retirements:
 
     def _refuse(self, rw: RulesRetireWorker, ws: Any, plan: Evacuation) -> None:
         """Fail the retirement as distributed does when no worker can receive a key."""
-        policy = self.policy
-        assert policy is not None
+        ctx = self.ctx
+        assert ctx is not None
         rw.no_recipients = True
         rw.manager.policies.discard(rw)
         self.counters["blocked"] += 1
@@ -317,7 +346,7 @@ class Retirements:
             ", ".join(rules),
             shown_keys(s.key for s in plan.stuck)[:3],
         )
-        policy.events.emit(
+        ctx.events.emit(
             "retirement",
             step="blocked",
             worker=ws.address,
@@ -344,16 +373,16 @@ class Retirements:
         """``done()`` of the retirement of ``address``: every key it holds is held where
         the rules want it on workers that stay. Cheap (it runs every few tens of ms
         while a retirement waits): it checks what the last run found each key needs."""
-        policy = self.policy
-        assert policy is not None
-        scheduler = policy.scheduler
+        ctx = self.ctx
+        assert ctx is not None
+        scheduler = ctx.scheduler
         ws = scheduler.workers.get(address)
         if ws is None:
             return True
         needs = self.needs.get(address)
         if needs is None:
             return False
-        leaving = leaving_addresses(policy)
+        leaving = leaving_addresses(ctx)
         for ts in ws.has_what:
             if ts.actor:
                 continue
@@ -372,7 +401,7 @@ class Retirements:
             # keeps running for it until it is gone, as the stock one does.
             info["state"] = "placed"
             self.counters["placed"] += 1
-            policy.events.emit(
+            ctx.events.emit(
                 "retirement",
                 step="placed",
                 worker=address,
@@ -459,18 +488,18 @@ class DownscalingGuard(SchedulerPlugin):
         self.retirements.forget(worker)
 
     def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
-        policy = self.retirements.policy
-        if policy is None or not workers:
+        ctx = self.retirements.ctx
+        if ctx is None or not workers:
             return workers
         try:
-            keep = self._keep(policy, workers)
+            keep = self._keep(ctx, workers)
         except Exception:  # never break adaptive scaling
             logger.exception("amm-rules: downscaling guard failed; not filtering")
             return workers
         if not keep:
             return workers
         self.retirements.counters["downscaling_kept"] += len(keep)
-        policy.events.once(
+        ctx.events.once(
             ("downscaling-kept", frozenset(keep)),
             "retirement",
             step="kept",
@@ -479,18 +508,18 @@ class DownscalingGuard(SchedulerPlugin):
         )
         return [ws for ws in workers if ws.address not in keep]
 
-    def _keep(self, policy: RulesPolicy, workers: list[Any]) -> set[str]:
-        ensure_pools(policy)
+    def _keep(self, ctx: EngineContext, workers: list[Any]) -> set[str]:
+        ensure_pools(ctx)
         candidates = {ws.address: ws for ws in workers}
-        all_workers = policy.scheduler.workers
+        all_workers = ctx.scheduler.workers
         running = {a for a, ws in all_workers.items() if worker_status(ws) == "running"}
-        pools = policy.placements.pools
+        pools = ctx.placements.pools
         keep: set[str] = set()
 
         def most_data(addresses: Iterable[str]) -> str:
             return max(addresses, key=lambda a: (all_workers[a].nbytes, a))
 
-        for cls, group in policy.index.groups.items():
+        for cls, group in ctx.index.groups.items():
             if not group:
                 continue
             if cls.move == "never":

@@ -34,8 +34,8 @@ targets these calls had set. Keys whose wishes are in dry-run (``enforcement:
 dry-run``) get their target recorded, for explain and status, and the stock call
 unchanged: dry-run changes nothing.
 
-Neighbours: the policy installs this at attach (:meth:`LegacyCalls.install`) and
-removes it at detach; targets live in :attr:`amm_rules.engine.index.KeyIndex.runtime`
+Neighbours: the section installs the wrappers at attach (:meth:`LegacyCalls.install`) and
+removes them at detach; targets live in :attr:`amm_rules.engine.index.KeyIndex.runtime`
 next to those of ``amm_rules.replicate``.
 """
 
@@ -47,12 +47,14 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from amm_rules.engine.sections.base import Section
 from amm_rules.engine.wrapping import wrap_methods
 from amm_rules.language.fields import MAX_REPLICAS
-from amm_rules.language.ruleset import ALL, Target
+from amm_rules.language.ruleset import ALL, Ruleset, Target
 
 if TYPE_CHECKING:
-    from amm_rules.engine.policy import RulesPolicy
+    from amm_rules.engine.context import EngineContext
+    from amm_rules.engine.dryrun import DryRun
 
 logger = logging.getLogger(__name__)
 
@@ -62,21 +64,44 @@ BROADCAST = "scatter broadcast"
 ORIGINS = (REPLICATE, BROADCAST)
 
 
-class LegacyCalls:
+class LegacyCalls(Section):
     """The ``replicate`` and ``scatter`` wrappers of one policy."""
 
-    def __init__(self, policy: RulesPolicy):
-        self.policy = policy
+    name = "legacy-replicate"
+    status_key = "legacy_replicate"
+    explain_key = "copying"
+
+    def __init__(self) -> None:
         #: Keys a call is copying right now (a count: calls may overlap).
         self.copying: Counter[Hashable] = Counter()
         #: Calls honoured since the policy started, by origin.
         self.calls: Counter[str] = Counter()
         self._replicate: Callable[..., Any] | None = None
+        self._unwrap: Callable[[], None] | None = None
 
     @property
     def honouring(self) -> bool:
-        policy = self.policy
-        return policy.index.active and policy.ruleset.legacy_replicate == "honour"
+        ctx = self.ctx
+        return ctx is not None and ctx.index.active and ctx.ruleset.legacy_replicate == "honour"
+
+    def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
+        """Switching to ``legacy-replicate: ignore`` removes the targets the calls set."""
+        if ruleset.legacy_replicate == "ignore" and self.ctx is not None:
+            self.forget_targets()
+
+    def attach(self, ctx: EngineContext) -> None:
+        super().attach(ctx)
+        self._unwrap = self.install(ctx.scheduler)
+
+    def detach(self) -> None:
+        if self._unwrap is not None:
+            self._unwrap()
+            self._unwrap = None
+        super().detach()
+
+    def explain(self, ts: Any, now: float) -> bool:
+        """Whether a ``replicate`` or ``scatter`` call is copying the key now."""
+        return ts.key in self.copying
 
     # ------------------------------------------------------------------ install
 
@@ -141,7 +166,7 @@ class LegacyCalls:
     def _target(self, n: Any, workers: Iterable[str] | None) -> Target | None:
         """The target a call asks for; None if it is not one (the stock call then
         answers: ``n=0`` is its "Can not use replicate to delete data")."""
-        scheduler = self.policy.scheduler
+        scheduler = self.ctx.scheduler
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             return None
         if workers is None:
@@ -156,7 +181,7 @@ class LegacyCalls:
         return Target.exact(len(running) if n is None else min(n, len(running)))
 
     def _all_in_memory(self, keys: Iterable[Hashable]) -> bool:
-        tasks = self.policy.scheduler.tasks
+        tasks = self.ctx.scheduler.tasks
         try:
             return all((ts := tasks.get(k)) is not None and ts.who_has for k in keys)
         except TypeError:  # an unhashable key: the stock call says what it says
@@ -176,14 +201,14 @@ class LegacyCalls:
         (``n``, ``workers``, ...). Keys whose wishes are in dry-run get exactly that
         call: the engine reports what it would do with their target, and changes
         nothing of what the call does."""
-        policy = self.policy
+        ctx = self.ctx
         workers = stock.get("workers")
         branching_factor = stock.get("branching_factor", 2)
         stimulus_id = stock.get("stimulus_id")
-        index = policy.index
+        index = ctx.index
         keys = list(dict.fromkeys(keys))
         for key in keys:
-            policy.set_runtime_target(key, target, origin)  # classified at the next cycle
+            ctx.set_runtime_target(key, target, origin)  # classified at the next cycle
         self.calls[origin] += 1
         logger.debug("amm-rules: %s set %s on %d keys", origin, target, len(keys))
         self.copying.update(keys)
@@ -210,10 +235,10 @@ class LegacyCalls:
     ) -> tuple[dict[tuple[tuple[str, ...], int], list[Hashable]], list[Hashable]]:
         """Keys by (where the call may copy them, how many copies to reach there); and
         the keys in dry-run, which the stock call copies as it would without amm-rules."""
-        policy = self.policy
-        scheduler = policy.scheduler
-        policy.refresh_pools()
-        cluster = policy.cluster_view()
+        ctx = self.ctx
+        scheduler = ctx.scheduler
+        ctx.refresh_pools()
+        cluster = ctx.cluster_view()
         only = set(scheduler.workers_list(list(workers))) if workers is not None else None
         groups: dict[tuple[tuple[str, ...], int], list[Hashable]] = {}
         dry: list[Hashable] = []
@@ -221,8 +246,8 @@ class LegacyCalls:
             ts = scheduler.tasks.get(key)
             if ts is None or not ts.who_has:
                 continue
-            desired = policy.resolve(ts)  # with the target just set
-            if policy.dry_run.label(desired) is not None:
+            desired = ctx.resolve(ts)  # with the target just set
+            if ctx.dry_run.label(desired) is not None:
                 dry.append(key)
                 continue
             if desired.move == "never":
@@ -259,7 +284,7 @@ class LegacyCalls:
 
     def forget_targets(self) -> int:
         """Remove the targets these calls had set (``legacy-replicate: ignore``)."""
-        index = self.policy.index
+        index = self.ctx.index
         gone = [k for k, t in index.runtime.items() if t.origin in ORIGINS]
         for key in gone:
             del index.runtime[key]
@@ -267,11 +292,12 @@ class LegacyCalls:
         return len(gone)
 
     def status(self) -> dict[str, Any]:
+        assert self.ctx is not None
         return {
-            "mode": self.policy.ruleset.legacy_replicate,
+            "mode": self.ctx.ruleset.legacy_replicate,
             "calls": dict(self.calls),
             "copying": len(self.copying),
-            "targets": sum(1 for t in self.policy.index.runtime.values() if t.origin in ORIGINS),
+            "targets": sum(1 for t in self.ctx.index.runtime.values() if t.origin in ORIGINS),
         }
 
 

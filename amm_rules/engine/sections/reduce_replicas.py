@@ -2,16 +2,18 @@
 
 amm-rules removes distributed's own ``ReduceReplicas`` policy (it would undo every
 replication target) and applies the same reduction here to the keys nobody governs, when
-the rules file's ``reduce-replicas`` is on. :func:`reduce_replicas` is delegated to
-directly from :meth:`amm_rules.engine.policy.RulesPolicy.run`: every suggestion passes
-through each generator between the AMM and the one yielding it, and this one yields a
-drop per excess copy (120,000 per cycle at a million keys in the scale benchmark).
+the rules file's ``reduce-replicas`` is on. :meth:`ReduceReplicasSection.run` returns
+the :func:`reduce_replicas` generator itself, for the policy to delegate to directly:
+every suggestion passes through each generator between the AMM and the one yielding it,
+and this one yields a drop per excess copy (120,000 per cycle at a million keys in the
+scale benchmark). It runs after the rebalance section, and spares the keys mid-move.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Collection, Generator, Hashable, Mapping
+from collections.abc import Collection, Generator, Hashable, Iterable, Mapping
 from typing import Any
 
 from distributed.active_memory_manager import Suggestion
@@ -20,6 +22,8 @@ from amm_rules.engine.adapters import stock_waiter_count
 from amm_rules.engine.demand import DemandTracker
 from amm_rules.engine.index import KeyIndex
 from amm_rules.engine.planner import DEFAULT_SOURCE, reduce_replicas_excess
+from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.engine.sections.rebalance import RebalanceSection
 
 if Suggestion._fields == ("op", "ts", "candidates"):
     _new_tuple = tuple.__new__
@@ -109,3 +113,19 @@ def reduce_replicas(
         del replicated[key]
     if dropped:
         stats[DEFAULT_SOURCE]["dropped"] += dropped
+
+
+class ReduceReplicasSection(Section):
+    """The stock reduction for the keys no rule governs (see the module docstring)."""
+
+    name = "reduce-replicas"
+
+    def run(self, cycle: Cycle) -> Iterable[Suggestion]:
+        ctx = self.ctx
+        assert ctx is not None and ctx.manager is not None
+        if not ctx.ruleset.reduce_replicas:
+            return ()
+        moving = ctx.section(RebalanceSection).moving
+        return reduce_replicas(
+            ctx.index, ctx.manager.pending, moving, cycle.stats, time.monotonic()
+        )

@@ -1,0 +1,236 @@
+"""The engine's context: everything a section may use, in one object.
+
+:class:`EngineContext` is built by :class:`~amm_rules.engine.policy.RulesPolicy` and
+handed to each section (:mod:`amm_rules.engine.sections`) when the policy attaches.
+It holds the engine's shared state (the key index, placements, the event log, the
+journal, the memory flow, early cycles), the rules in force with their classifier and
+dry-run, and the scheduler and AMM once attached; and it answers the questions every
+feature asks: what the rules want for a key (:meth:`~EngineContext.resolve`), the
+planner's view of a key and of the workers (:meth:`~EngineContext.key_view`,
+:meth:`~EngineContext.cluster_view`), the planner's settings, and how to add and remove
+a scheduler plugin. Sections find each other here too
+(:meth:`~EngineContext.section`), by class: what one reads of another is that one's
+public attributes.
+
+Neighbours: :mod:`amm_rules.engine.policy` owns it; :mod:`amm_rules.engine.sections.base`
+is the contract of what receives it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from amm_rules.engine.adapters import key_view
+from amm_rules.engine.classify import Classifier
+from amm_rules.engine.dryrun import DryRun
+from amm_rules.engine.early import EarlyCycles
+from amm_rules.engine.events import EventLog
+from amm_rules.engine.flow import MemoryFlow
+from amm_rules.engine.index import KeyIndex
+from amm_rules.engine.journal import Journal
+from amm_rules.engine.placement import Placements
+from amm_rules.engine.planner import PlanSettings
+from amm_rules.engine.view import ClusterView, KeyView
+from amm_rules.language.ruleset import Desired, Pool, Ruleset, RuntimeTarget, Target
+
+if TYPE_CHECKING:
+    from distributed.active_memory_manager import ActiveMemoryManagerExtension
+
+    from amm_rules.engine.sections.base import Section
+
+logger = logging.getLogger(__name__)
+
+S = TypeVar("S", bound="Section")
+
+
+class EngineContext:
+    """What a section may use (see the module docstring)."""
+
+    #: Governed keys and per-key engine state; also the scheduler plugin feeding them.
+    index: KeyIndex
+    #: The ``amm-rules`` event log.
+    events: EventLog
+    #: Recent decisions, cycle durations, reloads by result, classification backlog.
+    journal: Journal
+    #: Pool membership of the workers and where each class of keys may live.
+    placements: Placements
+    #: Memory flow per task prefix (fed by the index's transition hook).
+    flow: MemoryFlow
+    #: Early AMM cycles.
+    early: EarlyCycles
+    #: The rules in force, their classifier and their dry-run parts (see :meth:`install`).
+    ruleset: Ruleset
+    classifier: Classifier
+    dry_run: DryRun
+    #: The AMM, once attached (None before and after).
+    manager: ActiveMemoryManagerExtension | None
+    #: The sections, in the order they run.
+    sections: tuple[Section, ...]
+
+    def __init__(
+        self,
+        *,
+        inflight_timeout: float | None,
+        summary_interval: float,
+        early_cycle_delay: float,
+        early_cycle_gap: float | None,
+        retire_by_rules: bool,
+    ):
+        self._inflight_timeout = inflight_timeout
+        #: Whether retiring workers' keys are placed by the rules.
+        self.retire_by_rules = bool(retire_by_rules)
+        self.index = KeyIndex()
+        self.events = EventLog(summary_interval=summary_interval)
+        self.journal = Journal()
+        self.placements = Placements(on_pool_error=self._pool_error)
+        self.flow = MemoryFlow()
+        self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
+        self.manager = None
+        self.sections = ()
+
+    def __repr__(self) -> str:
+        return f"<EngineContext {len(self.index)} governed, {len(self.sections)} sections>"
+
+    # ------------------------------------------------------------------ attach
+
+    @property
+    def attached(self) -> bool:
+        """Whether the policy is attached to an AMM (and so to a scheduler)."""
+        return self.manager is not None
+
+    @property
+    def scheduler(self) -> Any:
+        if self.manager is None:
+            raise AttributeError("the rules engine is not attached to an Active Memory Manager")
+        return self.manager.scheduler
+
+    def section(self, cls: type[S]) -> S:
+        """The section of class ``cls`` (``LookupError`` if the engine has none)."""
+        for section in self.sections:
+            if type(section) is cls:
+                return section
+        raise LookupError(f"the engine has no {cls.__name__} section")
+
+    def add_plugin(self, plugin: Any, name: str) -> None:
+        """Add a scheduler plugin, under ``name`` and the plugin's id (unique to it)."""
+        self.scheduler.add_plugin(plugin, name=f"{name}-{id(plugin)}", idempotent=True)
+
+    def remove_plugin(self, plugin: Any) -> None:
+        """Remove ``plugin`` from the scheduler, whatever name it was added under
+        (nothing if the engine is detached or the plugin is not there)."""
+        if self.manager is None:
+            return
+        scheduler = self.manager.scheduler
+        for name, added in list(scheduler.plugins.items()):
+            if added is plugin:
+                scheduler.remove_plugin(name=name)
+
+    # ------------------------------------------------------------------ the rules
+
+    def install(self, ruleset: Ruleset) -> None:
+        """Make ``ruleset`` the rules in force: its classifier, demand and placements."""
+        self.ruleset = ruleset
+        events = self.events
+        index = self.index
+        self.classifier = Classifier(
+            ruleset,
+            on_rule_error=lambda rule, exc: events.rule_error(rule.name, exc),
+            on_invalid_annotation=events.invalid_annotation,
+            reads=index.demand.reads,
+            flow=self.flow.published,
+        )
+        index.demand.configure(
+            ruleset.demand,
+            ruleset.reads_demand,
+            lambda exc: events.rule_error("demand.match", exc),
+        )
+        self.placements.configure(ruleset)
+        index.workers_changed = True
+        #: What of the rules is in dry-run (``enforcement: dry-run``): planned and
+        #: reported, its suggestions held back (see amm_rules.engine.dryrun).
+        self.dry_run = DryRun(ruleset)
+
+    def _pool_error(self, pool: Pool, exc: Exception) -> None:
+        self.events.rule_error(f"pools.{pool.name}", exc)
+
+    def resolve(self, ts: Any) -> Desired:
+        """What the rules, the key's annotation and its runtime target want for a key."""
+        return self.classifier.resolve(ts, self.index.runtime.get(ts.key))
+
+    def set_runtime_target(
+        self, key: Hashable, target: Target | None, origin: str = "runtime"
+    ) -> None:
+        """Set (None: remove) a lasting replication target on a key in memory; it takes
+        effect when the key is classified again, at the next cycle. ``origin`` (one of
+        :data:`~amm_rules.language.ruleset.RUNTIME_ORIGINS`) is what explanations and
+        counters name as its source."""
+        if target is None:
+            self.index.runtime.pop(key, None)
+        else:
+            self.index.runtime[key] = RuntimeTarget(target, origin)
+        self.index.reclassify((key,))
+
+    # ------------------------------------------------------------------ the planner
+
+    @property
+    def inflight_timeout(self) -> float:
+        """Seconds a requested copy counts as in flight before it is given up (and its
+        worker avoided for as long again). Default: ``max(3 * AMM interval, 10)``."""
+        if self._inflight_timeout is not None:
+            return float(self._inflight_timeout)
+        interval = self.manager.interval if self.manager is not None else 2.0
+        return max(3.0 * interval, 10.0)
+
+    def settings(self, now: float) -> PlanSettings:
+        """The planner's settings at ``now``."""
+        timeout = self.inflight_timeout
+        return PlanSettings(
+            now=now,
+            inflight_timeout=timeout,
+            backoff=timeout,
+            reduce_replicas=self.ruleset.reduce_replicas,
+        )
+
+    def cluster_view(self) -> ClusterView:
+        """The planner's view of the workers. Memory is the AMM's tally during a cycle
+        (downstream of what other policies had accepted), else measured afresh."""
+        manager = self.manager
+        assert manager is not None
+        memory = getattr(manager, "workers_memory", None)
+        if memory is None:
+            memory = {
+                ws: getattr(ws.memory, manager.measure) for ws in self.scheduler.workers.values()
+            }
+        return self.placements.cluster_view(memory)
+
+    def key_view(
+        self,
+        ts: Any,
+        desired: Any,
+        pending: Mapping[Any, Any] | None = None,
+        now: float | None = None,
+    ) -> KeyView:
+        """The planner's view of one scheduler task, with the engine's copies in flight
+        and back-offs for it, and the copies the demand hold keeps at ``now`` (see
+        :func:`amm_rules.engine.adapters.key_view`)."""
+        key = ts.key
+        index = self.index
+        held = (
+            index.demand.held_copies(ts, time.monotonic() if now is None else now)
+            if desired.replicate is None
+            else frozenset()
+        )
+        return key_view(
+            ts, desired, index.inflight.get(key, {}), index.backoff.get(key, {}), pending, held
+        )
+
+    def refresh_pools(self) -> None:
+        """Bring pool membership up to date between two cycles, for a client call that
+        places copies now (workers may have joined since the last cycle). The next
+        cycle still checks every governed key if the workers had changed."""
+        assert self.manager is not None
+        if self.placements.refresh(self.manager.measure, self.index.workers_changed):
+            self.index.workers_changed = True

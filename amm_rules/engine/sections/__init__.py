@@ -1,0 +1,57 @@
+"""The engine's sections: one module per feature, each a
+:class:`~amm_rules.engine.sections.base.Section`.
+
+:data:`SECTIONS` is the order in which they run in a cycle, and in which status,
+explain and the metrics list them:
+
+1. ``audit``: the safety net behind the scheduler hooks (:mod:`.audit`), first, after
+   the placements are fresh and before classification;
+2. ``memory-flow``: publishes what each prefix produced and freed (:mod:`.memory_flow`),
+   before classification (rules may read it);
+3. ``memory-pressure``: keeps its periodic check running (:mod:`.memory_pressure`);
+4. ``replication``: classification, then each governed key's target and placement
+   (:mod:`.replication`);
+5. ``paused-workers``: empties workers paused for too long (:mod:`.paused_workers`),
+   after replication (its copies count) and before rebalancing (which then sees the
+   loads they add);
+6. ``rebalance``: moves between workers (:mod:`.rebalance`), after replication, so that
+   its copies count in the loads and its keys stay put;
+7. ``reduce-replicas``: the stock reduction for keys no rule governs
+   (:mod:`.reduce_replicas`), last, sparing keys mid-move;
+8. ``retirement``, ``legacy-replicate``, ``demand``: nothing to do in a cycle; they act
+   through scheduler hooks (:mod:`.retirement`, :mod:`.legacy`) or report
+   (:mod:`.demand`).
+
+Adding a feature: a module here with its ``Section`` subclass, and its class in
+:data:`SECTIONS` (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from amm_rules.engine.sections.audit import AuditSection
+from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.engine.sections.demand import DemandSection
+from amm_rules.engine.sections.legacy import LegacyCalls
+from amm_rules.engine.sections.memory_flow import MemoryFlowSection
+from amm_rules.engine.sections.memory_pressure import MemoryPressure
+from amm_rules.engine.sections.paused_workers import PausedWorkers
+from amm_rules.engine.sections.rebalance import RebalanceSection
+from amm_rules.engine.sections.reduce_replicas import ReduceReplicasSection
+from amm_rules.engine.sections.replication import Replication
+from amm_rules.engine.sections.retirement import Retirements
+
+#: The sections, in the order they run.
+SECTIONS: tuple[type[Section], ...] = (
+    AuditSection,
+    MemoryFlowSection,
+    MemoryPressure,
+    Replication,
+    PausedWorkers,
+    RebalanceSection,
+    ReduceReplicasSection,
+    Retirements,
+    LegacyCalls,
+    DemandSection,
+)
+
+__all__ = ["SECTIONS", "Cycle", "Section"]
