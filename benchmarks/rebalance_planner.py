@@ -2,13 +2,13 @@
 
 A pure simulation, no Dask cluster: keys with sizes on workers with memory limits. Each
 cycle does what the scheduler engine and the AMM do: settle the moves in flight
-(:class:`amm_rules.engine.rebalance.planner.MoveBook`), plan (:func:`amm_rules.engine.rebalance.planner.plan_rebalance`),
+(:class:`amm_rules.engine.rebalance.plan.MoveBook`), plan (:func:`amm_rules.engine.rebalance.plan.plan_rebalance`),
 start the copies, enact the drops; the copies land before the next cycle. It runs until a
 cycle moves nothing and nothing is in flight.
 
 Reported per scenario: cycles that moved data, final max/mean worker memory (as fractions of
 each worker's limit), bytes copied against the minimum needed to balance
-(:func:`amm_rules.engine.rebalance.planner.minimum_bytes_to_balance`), and planner time per cycle (median and
+(:func:`amm_rules.engine.rebalance.plan.minimum_bytes_to_balance`), and planner time per cycle (median and
 max; settle time included). Also the cost of one cycle on a balanced cluster (the steady
 state) and on an imbalanced one with the default budget, at the largest size.
 
@@ -30,7 +30,7 @@ from collections.abc import Collection, Hashable
 from dataclasses import replace
 from pathlib import Path
 
-from amm_rules.engine.rebalance.planner import (
+from amm_rules.engine.rebalance.plan import (
     MoveBook,
     WorkerLoad,
     minimum_bytes_to_balance,

@@ -94,7 +94,7 @@ QUICK_SIZES = [(100_000, 100)]
 TARGET_STEADY_S = 0.020
 TARGET_OBSERVE_S = 0.005
 TARGET_HOOK_OVERHEAD = 0.05
-#: The memory flow's transition hook (engine/flow.py): at most 3% of the throughput.
+#: The memory flow's transition hook (engine/state/flow.py): at most 3% of the throughput.
 TARGET_FLOW_HOOK_OVERHEAD = 0.03
 
 

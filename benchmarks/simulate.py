@@ -222,8 +222,8 @@ def time_simulation(path: Path, rules: Path) -> dict[str, float | int]:
     from amm_rules.language.loader import load_ruleset
     from amm_rules.offline.dump import read_dump
     from amm_rules.offline.report import simulation_report
+    from amm_rules.offline.sim_cluster import SimCluster
     from amm_rules.offline.simulate import Simulation
-    from amm_rules.offline.views import SimCluster
 
     ruleset = load_ruleset(str(rules))
     # Wall time, and the CPU time of this process: on a shared machine the second says

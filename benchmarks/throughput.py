@@ -58,12 +58,12 @@ MODES = ("rules", "stock")
 #: What the profile reports: (label, file suffix, function, file suffix and function of
 #: the scheduler method it wraps, whose time is subtracted, or None).
 PROFILED: tuple[tuple[str, str, str, tuple[str, str] | None], ...] = (
-    ("transition hook", "engine/index.py", "transition", None),
-    ("add_replica wrapper", "engine/index.py", "add_replica_watched",
+    ("transition hook", "engine/state/index.py", "transition", None),
+    ("add_replica wrapper", "engine/state/index.py", "add_replica_watched",
      ("distributed/scheduler.py", "add_replica")),
-    ("remove_replica wrapper", "engine/index.py", "remove_replica_watched",
+    ("remove_replica wrapper", "engine/state/index.py", "remove_replica_watched",
      ("distributed/scheduler.py", "remove_replica")),
-    ("update_data wrapper", "engine/index.py", "update_data_watched",
+    ("update_data wrapper", "engine/state/index.py", "update_data_watched",
      ("distributed/scheduler.py", "update_data")),
     ("AMM cycles (run_once)", "distributed/active_memory_manager.py", "run_once", None),
     ("  RulesPolicy.run", "engine/policy.py", "run", None),

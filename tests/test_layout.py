@@ -5,9 +5,9 @@ fails, naming ``file:line`` and the rule, when
 
 1. anything under ``amm_rules/language/`` imports ``dask``, ``distributed`` or any part of
    ``amm_rules`` outside ``amm_rules.language`` (``TYPE_CHECKING`` imports too);
-2. the language half, or one of the engine's pure parts (``engine/planner.py``,
-   ``engine/view.py``, ``engine/classify.py``, ``engine/evacuate.py``,
-   ``engine/rebalance/planner.py``), imports
+2. the language half, or one of the engine's pure parts (``engine/decide/plan.py``,
+   ``engine/decide/view.py``, ``engine/decide/classify.py``, ``engine/decide/evacuate.py``,
+   ``engine/rebalance/plan.py``), imports
    ``dask`` or ``distributed``, itself or through what it imports at run time;
 3. a part of the package (the root module, ``language``, ``engine`` with ``engine.rebalance``
    inside it, ``client``, ``cli``, ``demo``, ...) imports another that imports it back,
@@ -49,11 +49,11 @@ PACKAGE = "amm_rules"
 LANGUAGE = "amm_rules.language"
 #: The engine's pure parts: run by tests, hypothesis and the benchmarks without a cluster.
 PURE = (
-    "amm_rules.engine.planner",
-    "amm_rules.engine.view",
-    "amm_rules.engine.classify",
-    "amm_rules.engine.evacuate",
-    "amm_rules.engine.rebalance.planner",
+    "amm_rules.engine.decide.plan",
+    "amm_rules.engine.decide.view",
+    "amm_rules.engine.decide.classify",
+    "amm_rules.engine.decide.evacuate",
+    "amm_rules.engine.rebalance.plan",
 )
 #: Where shared code is imported as modules (rule 5).
 SCRIPT_DIRS = ("tests", "benchmarks")

@@ -1,16 +1,18 @@
 """The engine half: :class:`~amm_rules.engine.policy.RulesPolicy` and what it needs each
 AMM cycle, inside the scheduler.
 
-Pure parts (no ``distributed`` import, run by tests, hypothesis and the benchmarks
-without a cluster): :mod:`.planner` (one key's plan), :mod:`.view` (the small view of
-the cluster the planners read), :mod:`.classify` (rules cascade per key),
-:mod:`.evacuate` (where a leaving worker's keys go) and :mod:`.rebalance.planner`.
-Scheduler glue: :mod:`.policy` (the AMM contract and the cycle), :mod:`.adapters`
-(scheduler objects as views), :mod:`.index` (governed keys and the scheduler hooks),
-:mod:`.placement`, :mod:`.rules_file`, :mod:`.audit`, :mod:`.events`, :mod:`.handlers`,
-:mod:`.retire` (retirement by the rules), :mod:`.paused` (the ``paused-workers`` section),
-:mod:`.demand` (a key's reads and waiters), :mod:`.legacy` (distributed's ``replicate``
-and ``scatter(broadcast=...)`` as runtime targets) and :mod:`.rebalance.rebalancer`.
+- :mod:`.policy`: the AMM contract, the rules file and the cycle, which runs the sections;
+- :mod:`.context`: :class:`~amm_rules.engine.context.EngineContext`, everything a section
+  may use;
+- :mod:`.sections`: one module per feature (replication, rebalance, paused workers,
+  retirement, memory pressure, ...), each a :class:`~amm_rules.engine.sections.base.Section`;
+- :mod:`.decide`: the pure decisions (views, one key's plan, classification, evacuation),
+  and :mod:`.rebalance` (the pure rebalance planner and its scheduler glue);
+- :mod:`.state`: the key index and the tables the hooks keep (placements, demand, memory
+  flow, journal);
+- scheduler glue: :mod:`.adapters` (scheduler objects as views), :mod:`.handlers` (what
+  clients ask), :mod:`.events`, :mod:`.early` (early cycles), :mod:`.dryrun`,
+  :mod:`.rules_file`, :mod:`.wrapping`, :mod:`.worker_watch`, :mod:`.observers`.
 """
 
 import logging

@@ -1,7 +1,7 @@
 """Adapters from the scheduler's own objects (``WorkerState``, ``TaskState``) to what the
 engine's pure parts read.
 
-- :func:`key_view`, :func:`worker_status`: the planner's views (:mod:`amm_rules.engine.view`);
+- :func:`key_view`, :func:`worker_status`: the planner's views (:mod:`amm_rules.engine.decide.view`);
 - :class:`TaskFactsAdapter`, :func:`worker_facts`: what rule and pool expressions read
   (:class:`~amm_rules.language.ruleset.TaskFacts`,
   :class:`~amm_rules.language.ruleset.WorkerFacts`);
@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from operator import attrgetter
 from typing import Any
 
-from amm_rules.engine.view import KeyView, WorkerStatus, key_string
+from amm_rules.engine.decide.view import KeyView, WorkerStatus, key_string
 from amm_rules.language.ruleset import FLOW_ATTRIBUTES, Desired, WorkerFacts
 
 #: Above this many waiters the stock ReduceReplicas does not look at where they run
@@ -93,9 +93,9 @@ class TaskFactsAdapter:
 
     Attributes are read from the task on access, so a match pays only for what it reads.
     ``reads`` maps keys to the number of dependents that finished reading them (see
-    :class:`~amm_rules.engine.demand.DemandTracker`); without it ``task.reads`` is 0.
+    :class:`~amm_rules.engine.state.demand.DemandTracker`); without it ``task.reads`` is 0.
     The ``task.prefix_*`` attributes come from ``flow``: prefix name -> the published
-    figures of :class:`~amm_rules.engine.flow.PrefixFacts` (null when absent).
+    figures of :class:`~amm_rules.engine.state.flow.PrefixFacts` (null when absent).
     """
 
     __slots__ = ("_ts", "_reads", "_flow")

@@ -24,16 +24,16 @@ from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from amm_rules.engine.adapters import key_view
-from amm_rules.engine.classify import Classifier
+from amm_rules.engine.decide.classify import Classifier
+from amm_rules.engine.decide.plan import PlanSettings
+from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.engine.dryrun import DryRun
 from amm_rules.engine.early import EarlyCycles
 from amm_rules.engine.events import EventLog
-from amm_rules.engine.flow import MemoryFlow
-from amm_rules.engine.index import KeyIndex
-from amm_rules.engine.journal import Journal
-from amm_rules.engine.placement import Placements
-from amm_rules.engine.planner import PlanSettings
-from amm_rules.engine.view import ClusterView, KeyView
+from amm_rules.engine.state.flow import MemoryFlow
+from amm_rules.engine.state.index import KeyIndex
+from amm_rules.engine.state.journal import Journal
+from amm_rules.engine.state.placement import Placements
 from amm_rules.language.ruleset import Desired, Pool, Ruleset, RuntimeTarget, Target
 
 if TYPE_CHECKING:

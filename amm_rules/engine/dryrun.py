@@ -46,7 +46,7 @@ from amm_rules.language.ruleset import ACTION_FIELDS, DRY_RUN, Desired, Ruleset
 #: Label of rebalancing's held-back suggestions (the rebalancer's own counter label).
 REBALANCE_LABEL = "(rebalance)"
 #: Why a key in dry-run does not hold its target (a shortfall reason, beside those of
-#: :mod:`amm_rules.engine.journal`), and the outcome journalled for what was held back.
+#: :mod:`amm_rules.engine.state.journal`), and the outcome journalled for what was held back.
 HELD_BACK = "dry-run"
 
 Suggestions = Generator[Any, Any, Any]
@@ -100,7 +100,7 @@ class DryRun:
     def shortfall(
         self, desired: Desired, plan: Any, short: tuple[str, str] | None
     ) -> tuple[str, str] | None:
-        """A key's shortfall (see :func:`amm_rules.engine.journal.shortfall`), said as
+        """A key's shortfall (see :func:`amm_rules.engine.state.journal.shortfall`), said as
         :data:`HELD_BACK` when the key is in dry-run and its plan has actions: the
         engine is not on it, it is holding back."""
         label = self.label(desired) if plan.actions else None

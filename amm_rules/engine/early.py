@@ -3,7 +3,7 @@ its next tick, when something happened that the engine should repair at once.
 
 Without them a governed key that lost a copy with its worker waits up to a whole AMM
 interval (2 s by default) before its copy is requested. :class:`EarlyCycles` is told of
-such events by the engine's scheduler hooks (:mod:`amm_rules.engine.index`) and runs
+such events by the engine's scheduler hooks (:mod:`amm_rules.engine.state.index`) and runs
 the AMM's own ``ActiveMemoryManagerExtension.run_once()``, the method the AMM's periodic
 callback calls, so every policy runs and the AMM validates and enacts the suggestions
 as in any cycle. An early cycle is:
@@ -30,7 +30,7 @@ as in any cycle. An early cycle is:
   only while the AMM runs periodically (``start: true``) and the scheduler is running.
 
 Neighbours: :mod:`amm_rules.engine.policy` owns the instance (attaches it to the AMM,
-reports each cycle's start and end, closes it); :mod:`amm_rules.engine.index` calls
+reports each cycle's start and end, closes it); :mod:`amm_rules.engine.state.index` calls
 :meth:`EarlyCycles.request` from its hooks, and the policy from
 :mod:`amm_rules.engine.worker_watch`'s. Nothing here reads rules or keys.
 """

@@ -14,7 +14,7 @@ names. Called by :mod:`amm_rules.client` (``replicate``, ``explain``, ``status``
 - ``amm_rules_status()``: the rules in force, per-rule counters, reload errors, and each
   section's own entry (see :func:`engine_status`);
 - ``amm_rules_memory_flow()``: per task prefix, ``{produced, freed, freed_by, live,
-  tasks, net_per_task}`` (see :mod:`amm_rules.engine.flow`).
+  tasks, net_per_task}`` (see :mod:`amm_rules.engine.state.flow`).
 
 What ``status`` and ``explain`` answer is the policy's :attr:`~amm_rules.engine.policy.RulesPolicy.answers`:
 the engine's own (:class:`EngineAnswers`) until an observer above the engine gives a
@@ -33,14 +33,14 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from amm_rules.engine.planner import (
+from amm_rules.engine.decide.plan import (
     KeyPlan,
     explain_workers,
     plan_key,
     source_label,
     target_bounds,
 )
-from amm_rules.engine.view import ClusterView, KeyView, key_string
+from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
 from amm_rules.language.fields import ActionError, parse_target
 from amm_rules.language.ruleset import ACTION_FIELDS, Desired, Target
 

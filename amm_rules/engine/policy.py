@@ -43,7 +43,6 @@ from amm_rules.engine.context import EngineContext
 from amm_rules.engine.dryrun import dry_run_counts
 from amm_rules.engine.events import COUNTERS
 from amm_rules.engine.handlers import Answers, EngineAnswers, register, unregister
-from amm_rules.engine.index import watch_scheduler
 from amm_rules.engine.rules_file import ReloadFailed, RulesFile
 from amm_rules.engine.sections import SECTIONS, Cycle, Section
 from amm_rules.engine.sections.audit import AuditSection
@@ -53,6 +52,7 @@ from amm_rules.engine.sections.paused_workers import PausedWorkers
 from amm_rules.engine.sections.rebalance import RebalanceSection
 from amm_rules.engine.sections.replication import Replication
 from amm_rules.engine.sections.retirement import Retirements
+from amm_rules.engine.state.index import watch_scheduler
 from amm_rules.engine.worker_watch import holds_governed, watch_workers
 from amm_rules.language.ruleset import Ruleset
 

@@ -2,7 +2,7 @@
 and memory reported by heartbeats.
 
 A pool's membership is recomputed when workers join or leave and when a worker's status
-changes (:mod:`amm_rules.engine.placement`), but two things a pool expression reads
+changes (:mod:`amm_rules.engine.state.placement`), but two things a pool expression reads
 change without either:
 
 - ``worker.resources.NAME``: a worker's resources are replaced at run time
@@ -21,10 +21,10 @@ ask for an early cycle (:meth:`amm_rules.engine.policy.RulesPolicy.worker_change
 The other worker attributes (address, name, host, memory limit, threads) are fixed for
 a worker's lifetime: a worker that comes back with new ones is a worker that left and
 joined. A pause moves no worker out of a pool (pools do not read status) and leaves its
-copies counted, so it wakes nothing (see :mod:`amm_rules.engine.index`).
+copies counted, so it wakes nothing (see :mod:`amm_rules.engine.state.index`).
 
-Neighbours: :mod:`amm_rules.engine.index` wraps the replica methods the same way;
-:mod:`amm_rules.engine.placement` owns the membership this compares with.
+Neighbours: :mod:`amm_rules.engine.state.index` wraps the replica methods the same way;
+:mod:`amm_rules.engine.state.placement` owns the membership this compares with.
 """
 
 from __future__ import annotations

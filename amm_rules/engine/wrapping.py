@@ -1,7 +1,7 @@
 """Putting the engine's wrappers on a scheduler's methods, and taking them off.
 
 The engine learns what the scheduler does by wrapping some of its methods: replica
-changes (:func:`amm_rules.engine.index.watch_scheduler`), workers' resources and
+changes (:func:`amm_rules.engine.state.index.watch_scheduler`), workers' resources and
 heartbeats (:mod:`amm_rules.engine.worker_watch`), ``replicate`` and ``scatter``
 (:mod:`amm_rules.engine.sections.legacy`). Some of those methods are also comm handlers, bound
 when the scheduler was built, so the handler is replaced too. Each wrapper is set on

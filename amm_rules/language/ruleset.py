@@ -1,7 +1,7 @@
 """The compiled, immutable form of a rules file: :class:`Ruleset` and its parts.
 
 :mod:`amm_rules.language.loader` builds a :class:`Ruleset` from YAML (or an inline mapping);
-the scheduler half (:mod:`amm_rules.engine.policy`, :mod:`amm_rules.engine.planner`) only reads it.
+the scheduler half (:mod:`amm_rules.engine.policy`, :mod:`amm_rules.engine.decide.plan`) only reads it.
 Nothing here imports ``distributed``.
 
 Matches and pool expressions are compiled callables (see :mod:`amm_rules.language.expr`). They

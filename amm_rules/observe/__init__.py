@@ -15,11 +15,11 @@ dashboard show.
 - :mod:`~amm_rules.observe.extension`: what a policy installs on its scheduler when it
   attaches (the entry in ``scheduler.extensions`` that cluster dumps read, and the
   collector), and removes when it detaches or the scheduler closes;
-- :mod:`~amm_rules.observe.keys` and :mod:`~amm_rules.observe.remote`: the command
+- :mod:`~amm_rules.cli.keys` and :mod:`~amm_rules.cli.remote`: the command
   line's side (keys as dask prints them, asking a scheduler over its comm).
 
 Nothing here runs in the AMM cycle, and nothing here scans ``scheduler.tasks``: each
 function reads the engine's counters and per-class index (see
-:mod:`amm_rules.engine.index` and :mod:`amm_rules.engine.journal`), so its cost follows
+:mod:`amm_rules.engine.state.index` and :mod:`amm_rules.engine.state.journal`), so its cost follows
 the number of rules, classes of keys and workers, not keys.
 """

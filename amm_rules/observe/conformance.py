@@ -29,7 +29,7 @@ left short (:attr:`KeyIndex.shortfall`). The figures are those of the last cycle
 for the copies held, which the replica hooks keep current.
 
 Neighbours: :mod:`amm_rules.observe.status` and :mod:`amm_rules.observe.metrics` show it;
-:mod:`amm_rules.engine.journal` defines the in-progress reasons.
+:mod:`amm_rules.engine.state.journal` defines the in-progress reasons.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine.dryrun import HELD_BACK
-from amm_rules.engine.index import PlanClass, labels_of
-from amm_rules.engine.journal import BUSY, IN_FLIGHT, IN_PROGRESS_REASONS, WAITING
+from amm_rules.engine.state.index import PlanClass, labels_of
+from amm_rules.engine.state.journal import BUSY, IN_FLIGHT, IN_PROGRESS_REASONS, WAITING
 
 if TYPE_CHECKING:
     from amm_rules.engine.policy import RulesPolicy

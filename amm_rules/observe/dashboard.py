@@ -20,7 +20,7 @@ open page for :data:`SHARED_FOR` seconds. Its parts:
 
 Importing this module imports Bokeh; :func:`register` adds the pages to
 ``distributed.dashboard.scheduler.applications``, which the scheduler reads when it
-builds its dashboard (so before that: the ``amm_rules.dashboard`` preload does it when
+builds its dashboard (so before that: the ``amm_rules.preload`` preload does it when
 imported). Neighbours: :mod:`amm_rules.observe.status` makes the report;
 :mod:`amm_rules.observe.extension` finds the policy of a scheduler.
 """

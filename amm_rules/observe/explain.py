@@ -20,7 +20,7 @@ The engine's own fields (``desired``, ``target``, ``eligible``, ``would``,
 targets are unmet, as allocation explain picks an unassigned shard when asked nothing.
 :func:`amm_rules.observe.text.render_explain` is ``amm-rules explain``'s text.
 
-Runs the same planner as the cycle (:func:`amm_rules.engine.planner.plan_key`) on a
+Runs the same planner as the cycle (:func:`amm_rules.engine.decide.plan.plan_key`) on a
 throw-away view: explaining changes nothing. Neighbours:
 :mod:`amm_rules.engine.handlers` calls it for ``amm_rules_explain``;
 :mod:`amm_rules.observe.conformance` says which classes the workers cannot satisfy.
@@ -34,11 +34,11 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine.adapters import TaskFactsAdapter
+from amm_rules.engine.decide.plan import KeyPlan, reduce_replicas_excess
+from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
 from amm_rules.engine.handlers import KeyExplanation, check_keys, task_of
 from amm_rules.engine.handlers import explain_key as engine_explain_key
-from amm_rules.engine.index import PlanClass, labels_of
-from amm_rules.engine.planner import KeyPlan, reduce_replicas_excess
-from amm_rules.engine.view import ClusterView, KeyView, key_string
+from amm_rules.engine.state.index import PlanClass, labels_of
 from amm_rules.language.fields import ActionError, parse_actions
 from amm_rules.language.ruleset import Actions, Desired, Reason, RuntimeTarget, overrides
 from amm_rules.observe.conformance import TOO_FEW_HOSTS, class_problem
@@ -301,7 +301,7 @@ def _facts(policy: RulesPolicy, ts: Any, view: KeyView, cluster: ClusterView) ->
         "annotations": plain(dict(facts.annotations)),
         "waiters": len(ts.waiters or ()),
         "holders": holders,
-        # What tasks of the key's kind produce and free (engine/flow.py), if known.
+        # What tasks of the key's kind produce and free (engine/state/flow.py), if known.
         "memory_flow": None if entry is None else entry.as_dict(),
     }
 

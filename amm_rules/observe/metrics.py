@@ -52,7 +52,7 @@ The paused-workers, memory-pressure and retirement figures are the ``metrics()``
 engine's sections (:mod:`amm_rules.engine.sections`), each named by its section's
 ``METRICS`` table; the collector iterates the sections, so a new section's figures are
 published without a change here. The
-memory flow (:mod:`amm_rules.engine.flow`) has series per prefix for the top prefixes
+memory flow (:mod:`amm_rules.engine.state.flow`) has series per prefix for the top prefixes
 only (:func:`shown_prefixes`: bounded label cardinality) and totals over every prefix.
 
 ``docs/observe.md`` describes each. Neighbours: :mod:`amm_rules.observe.extension`
@@ -358,7 +358,7 @@ FLOW_PREFIXES_BY_LIVE = 5
 
 
 class _FlowFamilies:
-    """The memory flow (:mod:`amm_rules.engine.flow`): per prefix for the top prefixes
+    """The memory flow (:mod:`amm_rules.engine.state.flow`): per prefix for the top prefixes
     only, and totals over every prefix."""
 
     PER_PREFIX = (

@@ -8,11 +8,11 @@ that speak HTTP rather than Dask's comm. It answers 404 with a JSON ``error`` wh
 
 Two ways in, as for any route of the scheduler's HTTP server:
 
-- :func:`add_routes` at run time (the ``amm_rules.dashboard`` preload calls it from
+- :func:`add_routes` at run time (the ``amm_rules.preload`` preload calls it from
   ``dask_setup``), under the scheduler's dashboard prefix (``--dashboard-prefix``);
 - :data:`routes`, for dask's ``distributed.scheduler.http.routes`` list of modules.
 
-Neighbours: :mod:`amm_rules.dashboard` (the preload) and
+Neighbours: :mod:`amm_rules.preload` (the preload) and
 :mod:`amm_rules.observe.dashboard` (the Bokeh page, which draws the same report).
 """
 

@@ -10,7 +10,7 @@ Costs (see ``benchmarks/scale.py``): the report reads counters and per-class
 tables, plus one line per worker; nothing scans ``scheduler.tasks``.
 
 Neighbours: :mod:`amm_rules.observe.conformance` computes the per-rule states;
-:mod:`amm_rules.engine.journal` keeps cycle durations, decisions and reloads;
+:mod:`amm_rules.engine.state.journal` keeps cycle durations, decisions and reloads;
 :mod:`amm_rules.engine.rebalance.rebalancer` reports its own section.
 """
 
@@ -25,9 +25,9 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine.adapters import worker_status
+from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.handlers import engine_status
-from amm_rules.engine.journal import Decision
-from amm_rules.engine.view import key_string
+from amm_rules.engine.state.journal import Decision
 from amm_rules.observe.conformance import SATISFIED, conformance
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@
 also say what that cluster cannot give the rules. Each check reads the rules (a
 :class:`~amm_rules.language.ruleset.Ruleset`) and the dump's workers, with pool
 membership computed as the engine computes it
-(:class:`~amm_rules.engine.placement.Placements`), and reports a positioned warning
+(:class:`~amm_rules.engine.state.placement.Placements`), and reports a positioned warning
 through the rules file's own :class:`~amm_rules.language.locator.Locator`:
 
 ``min-exceeds-eligible``
@@ -95,8 +95,8 @@ def _locator(result: CheckResult) -> Locator:
 
 
 def _pools(ruleset: Ruleset, state: ClusterState, measure: str) -> dict[str, frozenset[str]]:
-    from amm_rules.engine.placement import Placements
-    from amm_rules.offline.views import SimCluster
+    from amm_rules.engine.state.placement import Placements
+    from amm_rules.offline.sim_cluster import SimCluster
 
     cluster = SimCluster(state)
     placements = Placements(lambda pool, exc: None)

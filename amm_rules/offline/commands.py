@@ -180,8 +180,8 @@ def run_simulation(
 ) -> dict[str, Any]:
     """Simulate ``ruleset`` on ``state`` (after the kills) and return the report."""
     from amm_rules.offline.report import simulation_report
+    from amm_rules.offline.sim_cluster import SimCluster
     from amm_rules.offline.simulate import Simulation, runtime_targets
-    from amm_rules.offline.views import SimCluster
 
     sim = Simulation(
         ruleset,

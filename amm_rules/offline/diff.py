@@ -22,13 +22,13 @@ from collections import Counter
 from collections.abc import Hashable
 from typing import Any
 
-from amm_rules.engine.planner import source_label
-from amm_rules.engine.view import key_string
+from amm_rules.engine.decide.plan import source_label
+from amm_rules.engine.decide.view import key_string
 from amm_rules.language.ruleset import ACTION_FIELDS, Desired, Ruleset
 from amm_rules.offline.dump import ClusterState
 from amm_rules.offline.report import empty_rule_stats, simulation_report
+from amm_rules.offline.sim_cluster import SimCluster
 from amm_rules.offline.simulate import Simulation, runtime_targets
-from amm_rules.offline.views import SimCluster
 
 Key = Hashable
 #: Examples of changed keys per field in the text report.

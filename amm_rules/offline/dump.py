@@ -17,7 +17,7 @@ the file and what is wrong. References that cannot be resolved (a holder that is
 the dump's workers, a repr in an unknown shape) are skipped and counted in
 :attr:`ClusterState.warnings`.
 
-Nothing here imports ``distributed`` or the engine: :mod:`amm_rules.offline.views`
+Nothing here imports ``distributed`` or the engine: :mod:`amm_rules.offline.sim_cluster`
 turns the records into the scheduler-shaped objects the engine reads, and
 ``amm-rules validate --dump`` reads pools from them.
 """

@@ -19,9 +19,9 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from amm_rules.engine.decide.plan import DEFAULT_SOURCE, source_label
+from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.dryrun import REBALANCE_LABEL
-from amm_rules.engine.planner import DEFAULT_SOURCE, source_label
-from amm_rules.engine.view import key_string
 from amm_rules.language.ruleset import Desired, Ruleset
 from amm_rules.offline.simulate import Result, SimAction, Simulation
 

@@ -20,13 +20,13 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from amm_rules.engine.view import key_string
+from amm_rules.engine.decide.view import key_string
 from amm_rules.language.diagnostics import Diagnostic
 from amm_rules.language.ruleset import Desired, Target
 from amm_rules.offline.casefile import Case, TestFile, read_test_file
 from amm_rules.offline.dump import ClusterState, TaskRecord, WorkerRecord, prefix_of
+from amm_rules.offline.sim_cluster import SimCluster
 from amm_rules.offline.simulate import DEFAULT_INTERVAL, DEFAULT_MEASURE, Result, Simulation
-from amm_rules.offline.views import SimCluster
 
 #: Test files a directory argument contributes.
 PATTERNS = ("_test.yaml", "_test.yml")

@@ -1,14 +1,14 @@
 """The simulator: the engine's planning, cycle after cycle, on a recorded cluster.
 
-:class:`Simulation` holds a :class:`~amm_rules.offline.views.SimCluster` (a dump, a
+:class:`Simulation` holds a :class:`~amm_rules.offline.sim_cluster.SimCluster` (a dump, a
 running scheduler's state or a test fixture) and runs on it what the scheduler runs each
 Active Memory Manager cycle, with the engine's own parts:
 
-- the classifier (:class:`~amm_rules.engine.classify.Classifier`, the rules' cascade),
-  the key index (:class:`~amm_rules.engine.index.KeyIndex`: governed keys, copies in
+- the classifier (:class:`~amm_rules.engine.decide.classify.Classifier`, the rules' cascade),
+  the key index (:class:`~amm_rules.engine.state.index.KeyIndex`: governed keys, copies in
   flight, back-offs) and pool membership
-  (:class:`~amm_rules.engine.placement.Placements`);
-- the replication planner (:func:`~amm_rules.engine.planner.plan_key`, on
+  (:class:`~amm_rules.engine.state.placement.Placements`);
+- the replication planner (:func:`~amm_rules.engine.decide.plan.plan_key`, on
   :func:`~amm_rules.engine.adapters.key_view`) for governed keys, the rebalancer
   (:class:`~amm_rules.engine.rebalance.rebalancer.Rebalancer`, with the pure rebalance
   planner), and reduce-replicas
@@ -24,7 +24,7 @@ interval per cycle, so in-flight deadlines, back-offs and rebalancing's cool-dow
 in simulated seconds. A run stops when a cycle enacts nothing and nothing is in flight
 (settled), or after ``max_cycles`` (``cycles=1``: exactly the next cycle's suggestions).
 
-Neighbours: :mod:`amm_rules.offline.views` builds the cluster; :mod:`.report` renders
+Neighbours: :mod:`amm_rules.offline.sim_cluster` builds the cluster; :mod:`.report` renders
 a :class:`Result`; :mod:`.diff` and :mod:`.ruletests` run simulations of their own.
 """
 
@@ -43,21 +43,21 @@ from distributed.active_memory_manager import (
 )
 
 from amm_rules.engine.adapters import key_view
-from amm_rules.engine.classify import Classifier
-from amm_rules.engine.dryrun import REBALANCE_LABEL, DryRun
-from amm_rules.engine.index import KeyIndex, PlanClass
-from amm_rules.engine.placement import VOLATILE_WORKER_ATTRIBUTES, Placements
-from amm_rules.engine.planner import (
+from amm_rules.engine.decide.classify import Classifier
+from amm_rules.engine.decide.plan import (
     DEFAULT_SOURCE,
     PlanSettings,
     plan_key,
     target_bounds,
 )
+from amm_rules.engine.decide.view import ClusterView
+from amm_rules.engine.dryrun import REBALANCE_LABEL, DryRun
 from amm_rules.engine.rebalance.rebalancer import Rebalancer
 from amm_rules.engine.sections.reduce_replicas import reduce_replicas
-from amm_rules.engine.view import ClusterView
+from amm_rules.engine.state.index import KeyIndex, PlanClass
+from amm_rules.engine.state.placement import VOLATILE_WORKER_ATTRIBUTES, Placements
 from amm_rules.language.ruleset import Desired, Rule, Ruleset, RuntimeTarget, Target
-from amm_rules.offline.views import SimCluster, SimTask
+from amm_rules.offline.sim_cluster import SimCluster, SimTask
 
 logger = logging.getLogger(__name__)
 

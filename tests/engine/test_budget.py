@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from amm_rules.engine.budget import ClassifyBudget
+from amm_rules.engine.decide.classify_budget import ClassifyBudget
 
 
 def test_the_budget_share_follows_the_cycles_that_stop_on_it():

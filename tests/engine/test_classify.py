@@ -1,12 +1,12 @@
 """The classifier's per-class and per-group memos give exactly the cascade's answer.
 
-:class:`amm_rules.engine.classify.Classifier` runs the rules that read only class attributes
+:class:`amm_rules.engine.decide.classify.Classifier` runs the rules that read only class attributes
 once per class of keys and keeps, per class, only the rules that read the key itself.
 These tests compare it with :meth:`Ruleset.resolve <amm_rules.language.ruleset.Ruleset.resolve>`
 (the definition of the cascade) on random rules files and random tasks, the tasks of
 one example all going through one classifier so that memo entries are reused across
 keys, annotations and runtime targets. The cycle's path (:meth:`KeyIndex.classify
-<amm_rules.engine.index.KeyIndex.classify>`, which classifies by task group) is checked
+<amm_rules.engine.state.index.KeyIndex.classify>`, which classifies by task group) is checked
 the same way while keys change type or annotations within a group, leave and enter
 memory, and the rules are reloaded mid-classification.
 """
@@ -23,11 +23,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amm_rules import load_ruleset
-from amm_rules.engine import index as index_module
 from amm_rules.engine.adapters import TaskFactsAdapter
-from amm_rules.engine.classify import Classifier
-from amm_rules.engine.index import KeyIndex, PlanClass
-from amm_rules.engine.planner import source_label
+from amm_rules.engine.decide.classify import Classifier
+from amm_rules.engine.decide.plan import source_label
+from amm_rules.engine.state import index as index_module
+from amm_rules.engine.state.index import KeyIndex, PlanClass
 from amm_rules.language.ruleset import Target
 
 #: Matches reading class attributes only, the key itself only, or both.

@@ -11,7 +11,7 @@ from typing import Any
 from distributed import Event
 from distributed.utils_test import gen_cluster
 
-from amm_rules.engine.demand import DemandTracker
+from amm_rules.engine.state.demand import DemandTracker
 from tests.support.cluster import amm_config, holders, inc, no_errors, policy_of, rules
 from tests.support.waiting import wait_cycles, wait_for
 

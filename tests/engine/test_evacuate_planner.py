@@ -1,10 +1,10 @@
-"""Where a leaving worker's keys go, as a pure function (:mod:`amm_rules.engine.evacuate`):
+"""Where a leaving worker's keys go, as a pure function (:mod:`amm_rules.engine.decide.evacuate`):
 hand-built views in, exact copies and verdicts out."""
 
 from __future__ import annotations
 
-from amm_rules.engine.evacuate import leaving_view, plan_evacuation
-from amm_rules.engine.view import KeyView, WorkerView
+from amm_rules.engine.decide.evacuate import leaving_view, plan_evacuation
+from amm_rules.engine.decide.view import KeyView, WorkerView
 from amm_rules.language.ruleset import UNGOVERNED, Desired, Reason, Target
 
 NOW = 1000.0

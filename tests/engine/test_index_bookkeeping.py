@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from amm_rules.engine.index import KeyIndex, PlanClass
-from amm_rules.engine.journal import IN_FLIGHT, Journal
+from amm_rules.engine.state.index import KeyIndex, PlanClass
+from amm_rules.engine.state.journal import IN_FLIGHT, Journal
 from amm_rules.language.ruleset import Desired, Reason, Target
 
 THREE = Desired(replicate=Target.exact(3), reasons={"replicate": Reason("rule", "three")})

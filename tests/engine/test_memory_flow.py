@@ -1,4 +1,4 @@
-"""Memory flow per task prefix (:mod:`amm_rules.engine.flow`) on a real scheduler:
+"""Memory flow per task prefix (:mod:`amm_rules.engine.state.flow`) on a real scheduler:
 bytes produced, freed (unique bytes), freed because a task finished, live, tasks, net
 per task; the stimulus that ties a task's completion to the inputs it releases; the
 bound on prefixes; the ``task.prefix_*`` attributes in rules, re-classified as the
@@ -13,9 +13,9 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils_test import gen_cluster
 
 import amm_rules
-from amm_rules.engine import flow as flow_module
-from amm_rules.engine.flow import MemoryFlow, PrefixFacts
-from amm_rules.engine.index import KeyIndex
+from amm_rules.engine.state import flow as flow_module
+from amm_rules.engine.state.flow import MemoryFlow, PrefixFacts
+from amm_rules.engine.state.index import KeyIndex
 from tests.support.cluster import amm_config, no_errors, policy_of, rules
 from tests.support.flow import graph as flow_graph
 from tests.support.flow import make

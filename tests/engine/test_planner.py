@@ -13,14 +13,14 @@ from types import SimpleNamespace
 import pytest
 
 from amm_rules.engine.adapters import stock_waiter_count
-from amm_rules.engine.planner import (
+from amm_rules.engine.decide.plan import (
     DEFAULT_SOURCE,
     KeyPlan,
     PlanSettings,
     plan_key,
     reduce_replicas_excess,
 )
-from amm_rules.engine.view import ClusterView, KeyView, WorkerView
+from amm_rules.engine.decide.view import ClusterView, KeyView, WorkerView
 from amm_rules.language.ruleset import Desired, Reason, Target
 
 NOW = 1000.0

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from amm_rules.client import plain_target, validate_annotation
-from amm_rules.engine.index import KeyIndex, Placement, PlanClass
-from amm_rules.engine.planner import plan_key, target_bounds
-from amm_rules.engine.view import ClusterView, WorkerView
+from amm_rules.engine.decide.plan import plan_key, target_bounds
+from amm_rules.engine.decide.view import ClusterView, WorkerView
+from amm_rules.engine.state.index import KeyIndex, Placement, PlanClass
 from amm_rules.language.fields import ActionError, parse_target
 from amm_rules.language.ruleset import ALL, Desired, Target
 from tests.engine.test_planner import SETTINGS, key, ops, rule, settle, workers

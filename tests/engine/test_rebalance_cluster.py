@@ -20,7 +20,7 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import BlockedGetData, gen_cluster
 
 from amm_rules.engine.policy import RulesPolicy
-from amm_rules.engine.rebalance.planner import WorkerLoad, minimum_bytes_to_balance
+from amm_rules.engine.rebalance.plan import WorkerLoad, minimum_bytes_to_balance
 from amm_rules.engine.rebalance.rebalancer import READ_SOON
 from tests.support.cluster import (
     Requests,

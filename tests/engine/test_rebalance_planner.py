@@ -1,4 +1,4 @@
-"""Pure tests of the rebalance decisions (:mod:`amm_rules.engine.rebalance.planner`): no cluster.
+"""Pure tests of the rebalance decisions (:mod:`amm_rules.engine.rebalance.plan`): no cluster.
 
 Most tests build a small :class:`Model` of a cluster (workers with limits, keys with
 sizes and holders), plan one cycle, and look at the plan; the convergence tests apply
@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from amm_rules.engine.rebalance.planner import (
+from amm_rules.engine.rebalance.plan import (
     ABOVE,
     NEEDED,
     SIZE_MISSES,

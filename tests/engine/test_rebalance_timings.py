@@ -8,7 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from amm_rules.engine.policy import RulesPolicy
-from amm_rules.engine.rebalance.planner import Move, PendingMove
+from amm_rules.engine.rebalance.plan import Move, PendingMove
 from tests.support.rules_files import write_atomically
 
 TIMED = """\

@@ -4,8 +4,8 @@ Each example draws workers (hosts, pools, running / paused / retiring, memory) a
 (targets exact, ``{min, max}`` or ``all`` in either bound, ``pool``, ``avoid``, ``spread``, ``move``, copies on
 live and departed workers, waiters and dependents processing, copies in flight with
 live or expired deadlines, workers backed off, what other policies had accepted in the
-same cycle, copies the demand hold keeps), plans every key with :func:`amm_rules.engine.planner.plan_key` on one shared
-:class:`~amm_rules.engine.view.ClusterView` as the policy does, and checks what the engine
+same cycle, copies the demand hold keeps), plans every key with :func:`amm_rules.engine.decide.plan.plan_key` on one shared
+:class:`~amm_rules.engine.decide.view.ClusterView` as the policy does, and checks what the engine
 promises (docs/policy.md, "Safety guarantees"):
 
 - never drops the last copy; never drops where a dependent is processing; drops only
@@ -33,8 +33,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amm_rules.engine.planner import KeyPlan, PlanSettings, plan_key
-from amm_rules.engine.view import ClusterView, KeyView, WorkerView
+from amm_rules.engine.decide.plan import KeyPlan, PlanSettings, plan_key
+from amm_rules.engine.decide.view import ClusterView, KeyView, WorkerView
 from amm_rules.language.ruleset import ALL, Desired, Reason, Target
 
 NOW = 1_000.0

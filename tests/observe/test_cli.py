@@ -21,7 +21,7 @@ from distributed.utils_test import gen_cluster, inc
 
 import amm_rules
 from amm_rules.cli import main
-from amm_rules.observe.keys import parse_key
+from amm_rules.cli.keys import parse_key
 from amm_rules.observe.status import status_report
 from tests.support.cluster import amm_config, copies, policy_of, rules
 from tests.support.flow import graph

@@ -189,7 +189,7 @@ async def test_status_and_metrics_never_walk_the_scheduler_tasks(c, s, *workers)
 def copies_by_rule(s: Any) -> dict[str, int]:
     """Copies of the governed keys per rule, counted key by key (what the index's
     counters must always equal)."""
-    from amm_rules.engine.index import labels_of
+    from amm_rules.engine.state.index import labels_of
 
     index = policy_of(s).index
     out: dict[str, int] = {}

@@ -1,5 +1,5 @@
 """The dashboard page ``/amm-rules`` and the route ``/amm-rules/status.json``, on real
-schedulers started with the ``amm_rules.dashboard`` preload.
+schedulers started with the ``amm_rules.preload`` preload.
 
 The page is looked at as a person sees it, in a headless Chromium (the system's:
 Debian's ``chromium`` package); without one, those tests skip, except in CI (``CI``
@@ -44,8 +44,8 @@ from tests.support.cluster import CountingDict, amm_config, copies, policy_of, r
 from tests.support.env import in_ci
 from tests.support.waiting import wait_for
 
-#: A scheduler with its dashboard and the page, as ``--preload amm_rules.dashboard``.
-PAGE = {"dashboard": True, "dashboard_address": "127.0.0.1:0", "preload": ["amm_rules.dashboard"]}
+#: A scheduler with its dashboard and the page, as ``--preload amm_rules.preload``.
+PAGE = {"dashboard": True, "dashboard_address": "127.0.0.1:0", "preload": ["amm_rules.preload"]}
 GPU = {"resources": {"GPU": 1}}
 RULES = rules(
     {"name": "precious", "match": 'task.prefix == "precious"', "replicate": 2},
@@ -419,6 +419,8 @@ INLINE_POLICY = '[{"class": "amm_rules.RulesPolicy", "rules": {"version": 1, "ru
 
 
 def test_dask_scheduler_with_the_preload_option(tmp_path):
+    """``--preload amm_rules.dashboard``: the name of earlier releases, which existing
+    configurations use, is the same preload as ``amm_rules.preload``."""
     with dask_scheduler(
         tmp_path,
         "--preload",
@@ -450,7 +452,7 @@ def test_dask_scheduler_without_bokeh_logs_one_line_and_serves_the_json(tmp_path
     with dask_scheduler(
         tmp_path,
         PYTHONPATH=str(blocker),
-        DASK_DISTRIBUTED__SCHEDULER__PRELOAD='["amm_rules.dashboard"]',
+        DASK_DISTRIBUTED__SCHEDULER__PRELOAD='["amm_rules.preload"]',
         DASK_DISTRIBUTED__SCHEDULER__ACTIVE_MEMORY_MANAGER__POLICIES=INLINE_POLICY,
     ) as scheduler:
         port = scheduler.port()

@@ -10,7 +10,7 @@ import json
 from dask.utils import format_bytes
 from distributed.utils_test import gen_cluster
 
-from amm_rules.engine.view import key_string
+from amm_rules.engine.decide.view import key_string
 from amm_rules.observe.explain import explain_keys
 from amm_rules.observe.status import status_report
 from amm_rules.observe.text import (

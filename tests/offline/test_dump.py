@@ -157,8 +157,8 @@ def test_the_shipped_fixture_is_a_real_dump_of_the_demo_cluster() -> None:
     """``examples/dumps/demo-cluster.msgpack.gz`` (written by ``benchmarks/simulate.py
     --write-fixture``) reads, and the demo rules have work to do on it."""
     from amm_rules.language.loader import load_ruleset
+    from amm_rules.offline.sim_cluster import SimCluster
     from amm_rules.offline.simulate import Simulation
-    from amm_rules.offline.views import SimCluster
 
     root = Path(__file__).resolve().parents[2]
     state = read_dump(root / "examples" / "dumps" / "demo-cluster.msgpack.gz")

@@ -19,8 +19,8 @@ from amm_rules.cli import main
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.language.loader import load_ruleset
 from amm_rules.offline.dump import read_dump
+from amm_rules.offline.sim_cluster import SimCluster
 from amm_rules.offline.simulate import Simulation, runtime_targets
-from amm_rules.offline.views import SimCluster
 from tests.support.dumps import (
     CONFIG,
     MEASURE,

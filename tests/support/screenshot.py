@@ -2,7 +2,7 @@
 
     python -m tests.support.screenshot docs/dashboard.png
 
-A scheduler with the ``amm_rules.dashboard`` preload and four workers in this process
+A scheduler with the ``amm_rules.preload`` preload and four workers in this process
 (two of them GPU workers, with small memory limits so that the bars show), the rules of
 :data:`RULES` from a file, data that the rules satisfy, cannot satisfy, and that
 rebalancing spreads (caught halfway); then an ``amm`` annotation that cannot be used and a rules file
@@ -65,7 +65,7 @@ async def scene(path: Path, out: Path, width: int) -> None:
     }
     with dask.config.set(config):
         async with (
-            Scheduler(dashboard_address="127.0.0.1:0", preload=["amm_rules.dashboard"]) as s,
+            Scheduler(dashboard_address="127.0.0.1:0", preload=["amm_rules.preload"]) as s,
             Worker(s.address, name="gpu-0", resources={"GPU": 1}, memory_limit="256 MiB"),
             Worker(s.address, name="gpu-1", resources={"GPU": 1}, memory_limit="256 MiB"),
             Worker(s.address, name="cpu-0", memory_limit="256 MiB") as cpu0,

@@ -1,9 +1,9 @@
 """Rebalancing inside :class:`~amm_rules.engine.policy.RulesPolicy`: the adapter between the
-scheduler's objects and the pure planner of :mod:`amm_rules.engine.rebalance.planner`.
+scheduler's objects and the pure planner of :mod:`amm_rules.engine.rebalance.plan`.
 
-:mod:`amm_rules.engine.rebalance.planner` decides from plain data (:class:`~amm_rules.engine.rebalance.planner.WorkerLoad`,
+:mod:`amm_rules.engine.rebalance.plan` decides from plain data (:class:`~amm_rules.engine.rebalance.plan.WorkerLoad`,
 keys with sizes, predicates) and keeps the moves in flight in a
-:class:`~amm_rules.engine.rebalance.planner.MoveBook`. This module reads the live scheduler to feed it, and
+:class:`~amm_rules.engine.rebalance.plan.MoveBook`. This module reads the live scheduler to feed it, and
 turns its answers into AMM ``Suggestion``\\ s. One :class:`Rebalancer` lives as long as its
 policy (hot reloads keep it); each AMM cycle :meth:`Rebalancer.run`:
 
@@ -14,7 +14,7 @@ policy (hot reloads keep it); each AMM cycle :meth:`Rebalancer.run`:
 2. measures every worker that is not retiring with the ``rebalance.measure`` of the rules,
    plus what the AMM has already accepted in this cycle (other policies and the replication
    half of RulesPolicy);
-3. plans (:func:`~amm_rules.engine.rebalance.planner.plan_rebalance`) with the rules as predicates:
+3. plans (:func:`~amm_rules.engine.rebalance.plan.plan_rebalance`) with the rules as predicates:
    ``move: never``, ``rebalance.match``, keys read by tasks still to run, keys another
    decision touched this cycle stay put; recipients must be allowed by the key's
    ``pool``/``avoid``/``spread``;
@@ -43,7 +43,8 @@ from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine import key_logger
 from amm_rules.engine.adapters import TaskFactsAdapter, worker_status
-from amm_rules.engine.rebalance.planner import (
+from amm_rules.engine.decide.view import ClusterView, key_string
+from amm_rules.engine.rebalance.plan import (
     ABOVE,
     NEEDED,
     MoveBook,
@@ -53,7 +54,6 @@ from amm_rules.engine.rebalance.planner import (
     WorkerLoad,
     plan_rebalance,
 )
-from amm_rules.engine.view import ClusterView, key_string
 from amm_rules.language.ruleset import UNGOVERNED, RebalanceSettings
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class Rebalancer:
     """The ``rebalance:`` section of the rules, run each AMM cycle (see the module doc).
 
     Starts with the default settings (disabled); :meth:`configure` installs the rules',
-    timings of the :class:`~amm_rules.engine.rebalance.planner.MoveBook` included.
+    timings of the :class:`~amm_rules.engine.rebalance.plan.MoveBook` included.
     """
 
     #: The settings in force (replaced on reload by :meth:`configure`).

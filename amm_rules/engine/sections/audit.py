@@ -2,7 +2,7 @@
 
 The engine learns of changes through hooks (a scheduler plugin for keys entering and
 leaving memory, wrappers of ``add_replica``/``remove_replica``/``update_data``; see
-:mod:`amm_rules.engine.index`). A change that reaches the scheduler some other way, in this
+:mod:`amm_rules.engine.state.index`). A change that reaches the scheduler some other way, in this
 version of ``distributed`` or a later one, would leave the index wrong for good. The
 audit compares the index with the scheduler, a slice per cycle, and repairs it:
 
@@ -32,8 +32,8 @@ import time
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
-from amm_rules.engine.index import KeyIndex, PlanClass
 from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.engine.state.index import KeyIndex, PlanClass
 
 logger = logging.getLogger(__name__)
 

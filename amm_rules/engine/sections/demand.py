@@ -1,12 +1,12 @@
 """The demand section: the ``demand:`` part of the rules, as status.
 
-The :class:`~amm_rules.engine.demand.DemandTracker` (reads and waiters of keys) is
+The :class:`~amm_rules.engine.state.demand.DemandTracker` (reads and waiters of keys) is
 engine state, fed by the key index's transition hook and read by the classifier
 (``task.reads``, ``task.waiters``), the planner (copies held for readers) and
 reduce-replicas; the rules configure it when installed
 (:meth:`~amm_rules.engine.context.EngineContext.install`). This section reports it.
 
-Neighbours: :mod:`amm_rules.engine.demand` counts.
+Neighbours: :mod:`amm_rules.engine.state.demand` counts.
 """
 
 from __future__ import annotations

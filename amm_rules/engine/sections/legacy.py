@@ -35,7 +35,7 @@ dry-run``) get their target recorded, for explain and status, and the stock call
 unchanged: dry-run changes nothing.
 
 Neighbours: the section installs the wrappers at attach (:meth:`LegacyCalls.install`) and
-removes them at detach; targets live in :attr:`amm_rules.engine.index.KeyIndex.runtime`
+removes them at detach; targets live in :attr:`amm_rules.engine.state.index.KeyIndex.runtime`
 next to those of ``amm_rules.replicate``.
 """
 

@@ -1,7 +1,7 @@
 """The memory-flow section: what each task prefix produces and frees, published once per
 cycle.
 
-The :class:`~amm_rules.engine.flow.MemoryFlow` itself is engine state (on the
+The :class:`~amm_rules.engine.state.flow.MemoryFlow` itself is engine state (on the
 :class:`~amm_rules.engine.context.EngineContext`): the key index's transition hook feeds
 it, the classifier and the rebalancer read its published figures (``task.prefix_*``).
 This section connects it to the scheduler at attach, publishes the figures that moved
@@ -9,7 +9,7 @@ at the start of each cycle (before classification, so rules reading them see thi
 cycle's figures), keeps the keys in memory per prefix while the rules read flow
 attributes, and reports the top prefixes in ``amm_rules_status``.
 
-Neighbours: :mod:`amm_rules.engine.flow` counts; :mod:`amm_rules.engine.index` feeds it.
+Neighbours: :mod:`amm_rules.engine.state.flow` counts; :mod:`amm_rules.engine.state.index` feeds it.
 """
 
 from __future__ import annotations

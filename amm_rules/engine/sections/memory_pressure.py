@@ -29,7 +29,7 @@ the workers), :meth:`MemoryPressure.check`:
    ``measure``, with data in flight to or from them (``require-transfers``: keys the
    scheduler knows they must fetch, and the transfers of their last heartbeat);
 2. looks at the head of the scheduler's queue: only a producer (the ``producers``
-   expression on its prefix's memory flow, :mod:`amm_rules.engine.flow`) is held back;
+   expression on its prefix's memory flow, :mod:`amm_rules.engine.state.flow`) is held back;
 3. holds when some worker is under pressure and the queue's head is a producer, unless
    cooling down; releases once no worker is at or above ``release`` (after at least
    ``min-hold``), when the queue's head is no longer a producer, or after ``max-hold``
@@ -47,7 +47,7 @@ that consume what is in memory) are never held. Every hold and release is an
 why (:meth:`MemoryPressure.status`), and :meth:`MemoryPressure.metrics` counts.
 
 Neighbours: the policy runs it as a section (attach, reloads, a cycle starts its check);
-:mod:`amm_rules.engine.flow` says which prefixes produce memory.
+:mod:`amm_rules.engine.state.flow` says which prefixes produce memory.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
-from amm_rules.engine.flow import MemoryFlow, PrefixFlow
 from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.engine.state.flow import MemoryFlow, PrefixFlow
 from amm_rules.language.fields import format_fraction
 from amm_rules.language.ruleset import MemoryPressureSettings, Ruleset, TaskFacts
 

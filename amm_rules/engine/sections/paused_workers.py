@@ -17,7 +17,7 @@ data but runs and fetches nothing, and nothing in distributed acts on it (dask i
    its last attempt, fewer than ``max-concurrent`` workers handled; ``action: report``
    stops at the report;
 3. copies the keys it holds alone, or below their target on the other workers, by the
-   rules (:func:`~amm_rules.engine.evacuate.plan_evacuation`: pools, ``avoid``,
+   rules (:func:`~amm_rules.engine.decide.evacuate.plan_evacuation`: pools, ``avoid``,
    ``spread``), to workers with room: below their own pause threshold after receiving,
    less :data:`ROOM_MARGIN` of their limit, counting the copies they were sent and have
    not reported in a heartbeat since. At most ``max-bytes-per-cycle`` per cycle, and
@@ -36,7 +36,7 @@ Every step is an ``amm-rules`` event (``action: "paused-worker"``, with a ``step
 line of :meth:`PausedWorkers.status` and a counter of :meth:`PausedWorkers.metrics`.
 
 Neighbours: the policy runs :meth:`PausedWorkers.run` in its cycle, after replication;
-:mod:`amm_rules.engine.evacuate` plans; :mod:`amm_rules.engine.sections.retirement` supplies the glue
+:mod:`amm_rules.engine.decide.evacuate` plans; :mod:`amm_rules.engine.sections.retirement` supplies the glue
 and the retirement under the rules; :mod:`amm_rules.engine.handlers` shows the status.
 """
 
@@ -57,7 +57,7 @@ from distributed.metrics import time as heartbeat_clock
 
 from amm_rules.engine import key_logger
 from amm_rules.engine.adapters import worker_status
-from amm_rules.engine.evacuate import Evacuation, plan_evacuation
+from amm_rules.engine.decide.evacuate import Evacuation, plan_evacuation
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.sections.retirement import (
     CopyBook,

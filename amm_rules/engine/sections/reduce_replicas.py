@@ -19,11 +19,11 @@ from typing import Any
 from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine.adapters import stock_waiter_count
-from amm_rules.engine.demand import DemandTracker
-from amm_rules.engine.index import KeyIndex
-from amm_rules.engine.planner import DEFAULT_SOURCE, reduce_replicas_excess
+from amm_rules.engine.decide.plan import DEFAULT_SOURCE, reduce_replicas_excess
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.sections.rebalance import RebalanceSection
+from amm_rules.engine.state.demand import DemandTracker
+from amm_rules.engine.state.index import KeyIndex
 
 if Suggestion._fields == ("op", "ts", "candidates"):
     _new_tuple = tuple.__new__
@@ -56,7 +56,7 @@ def reduce_replicas(
     ``pending`` is the AMM's ``manager.pending``; ``moving`` the keys mid-move (the
     rebalancer drops their extra copy itself); ``stats`` gets the drops, under the
     ungoverned label. Copies the ``demand:`` hold keeps at time ``now`` are never
-    dropped (see :meth:`~amm_rules.engine.demand.DemandTracker.held_copies`)."""
+    dropped (see :meth:`~amm_rules.engine.state.demand.DemandTracker.held_copies`)."""
     replicated = index.replicated_free
     demand: DemandTracker = index.demand
     # Keys read recently (only with a demand hold): the few that need a closer look.

@@ -5,18 +5,18 @@ One cycle of it:
 
 1. classifies the keys that entered memory (or got a runtime target) since the last
    cycle, within the cycle's classification budget
-   (:class:`~amm_rules.engine.classify.Classifier`, :class:`~amm_rules.engine.budget.ClassifyBudget`),
-   filing governed ones in the :class:`~amm_rules.engine.index.KeyIndex`;
+   (:class:`~amm_rules.engine.decide.classify.Classifier`, :class:`~amm_rules.engine.decide.classify_budget.ClassifyBudget`),
+   filing governed ones in the :class:`~amm_rules.engine.state.index.KeyIndex`;
 2. routes keys whose copies changed (governed ones are checked, the others join
    reduce-replicas' walk) and gives up copies in flight from workers that died;
 3. checks every governed key with one cheap comparison (all of them after workers
    changed, else those that changed), and plans the few that fail it, or have copies in
-   flight, with :func:`amm_rules.engine.planner.plan_key`;
+   flight, with :func:`amm_rules.engine.decide.plan.plan_key`;
 4. yields a ``Suggestion`` per planned action, with the chosen worker as the only
    candidate (held back for keys in dry-run), and remembers the copies the AMM accepted
    (with a deadline) and what each plan left short.
 
-Neighbours: :mod:`amm_rules.engine.planner` decides; the rebalance section's moves
+Neighbours: :mod:`amm_rules.engine.decide.plan` decides; the rebalance section's moves
 (:attr:`~amm_rules.engine.sections.rebalance.RebalanceSection.moving`) and the legacy
 calls' copies (:attr:`~amm_rules.engine.sections.legacy.LegacyCalls.copying`) are
 left alone here.
@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Any
 from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine import key_logger
-from amm_rules.engine.budget import ClassifyBudget
+from amm_rules.engine.decide.classify_budget import ClassifyBudget
+from amm_rules.engine.decide.plan import plan_key
 from amm_rules.engine.dryrun import HELD_BACK
-from amm_rules.engine.index import KeyIndex, PlanClass
-from amm_rules.engine.journal import shortfall
-from amm_rules.engine.planner import plan_key
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.sections.legacy import LegacyCalls
 from amm_rules.engine.sections.rebalance import RebalanceSection
+from amm_rules.engine.state.index import KeyIndex, PlanClass
+from amm_rules.engine.state.journal import shortfall
 
 if TYPE_CHECKING:
     from amm_rules.engine.context import EngineContext
@@ -91,7 +91,7 @@ class Replication(Section):
         :meth:`KeyIndex.suspects`), by plan class; all of them when the cycle is full
         (every governed key is checked in this cycle anyway). The keys not reached wait
         for the next cycles (see :meth:`KeyIndex.classify
-        <amm_rules.engine.index.KeyIndex.classify>`), and are neither planned nor
+        <amm_rules.engine.state.index.KeyIndex.classify>`), and are neither planned nor
         reduced until then. Keys that are no longer governed join ``index.touched``, so
         that reduce-replicas finds them if they hold several copies."""
         index = ctx.index

@@ -12,7 +12,7 @@ cycle later. Here:
   already there) so that every ``RetireWorker`` the scheduler adds becomes a
   :class:`RulesRetireWorker` *before* it runs once: the object ``retire_workers`` holds
   and polls is the same, only its class changes (same slots, no new state);
-- :meth:`RulesRetireWorker.run` asks :func:`~amm_rules.engine.evacuate.plan_evacuation`
+- :meth:`RulesRetireWorker.run` asks :func:`~amm_rules.engine.decide.evacuate.plan_evacuation`
   which copies must exist first and where (pools, ``avoid``, ``spread``, replication
   targets on the workers that stay), suggests them with the recipient as the only
   candidate, and drops the retiring worker's copy of a key once the key is held where
@@ -47,14 +47,14 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from amm_rules.engine import key_logger
 from amm_rules.engine.adapters import worker_status
-from amm_rules.engine.evacuate import (
+from amm_rules.engine.decide.evacuate import (
     Evacuation,
     leaving_view,
     needed_copies,
     plan_evacuation,
 )
+from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
 from amm_rules.engine.sections.base import Section
-from amm_rules.engine.view import ClusterView, KeyView, key_string
 from amm_rules.language.ruleset import UNGOVERNED, Desired
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def evacuation_input(
     ctx: EngineContext, tasks: Iterable[Any], leaving: Iterable[str], book: CopyBook
 ) -> tuple[list[KeyView], ClusterView]:
     """Key views of ``tasks`` and the cluster with ``leaving`` marked, for
-    :func:`~amm_rules.engine.evacuate.plan_evacuation`."""
+    :func:`~amm_rules.engine.decide.evacuate.plan_evacuation`."""
     ensure_pools(ctx)
     manager = ctx.manager
     pending = getattr(manager, "pending", None)  # only exists during an AMM cycle

@@ -8,10 +8,10 @@ live.
   one worker's is evaluated again when its resources change or, if a pool reads worker
   memory, at its heartbeats (:meth:`Placements.reevaluate`, called through
   :mod:`amm_rules.engine.worker_watch`);
-- per :class:`~amm_rules.engine.index.PlanClass` (a key's pool, avoid, spread, target
+- per :class:`~amm_rules.engine.state.index.PlanClass` (a key's pool, avoid, spread, target
   and move), the eligible workers and how many copies and hosts they allow
-  (:class:`~amm_rules.engine.index.Placement`), computed once per refresh;
-- the planner's :class:`~amm_rules.engine.view.ClusterView` of the workers.
+  (:class:`~amm_rules.engine.state.index.Placement`), computed once per refresh;
+- the planner's :class:`~amm_rules.engine.decide.view.ClusterView` of the workers.
 
 It reads the scheduler's ``WorkerState`` objects through
 :mod:`amm_rules.engine.adapters`; the planners never see them.
@@ -24,8 +24,8 @@ from operator import attrgetter
 from typing import Any
 
 from amm_rules.engine.adapters import worker_facts, worker_status
-from amm_rules.engine.index import Placement, PlanClass
-from amm_rules.engine.view import ClusterView, WorkerView, pool_membership
+from amm_rules.engine.decide.view import ClusterView, WorkerView, pool_membership
+from amm_rules.engine.state.index import Placement, PlanClass
 from amm_rules.language.ruleset import Pool, Ruleset
 
 #: Worker attributes that change while a worker runs: a pool reading one of them is

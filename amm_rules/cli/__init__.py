@@ -7,7 +7,7 @@ or running cluster), ``diff`` (what changing them would do), ``test`` (rule test
 ``demo`` (run :mod:`amm_rules.demo`, or validate the shipped examples when that module
 is not there), and, against a running scheduler, ``status`` (per-rule conformance and
 the engine's work) and ``explain`` (why keys are where they are); see
-:mod:`amm_rules.observe.remote`.
+:mod:`amm_rules.cli.remote`.
 
 This module and everything ``validate`` needs belong to the language half: nothing
 here imports ``distributed``, and heavy imports are made inside the commands (the
@@ -286,7 +286,7 @@ def schema_text() -> str:
 
 def examples_dir() -> Path:
     """``examples/rules`` of a source checkout (next to the package directory)."""
-    return Path(__file__).resolve().parent.parent / "examples" / "rules"
+    return Path(__file__).resolve().parents[2] / "examples" / "rules"
 
 
 @main.command()
@@ -344,7 +344,7 @@ _timeout_option = click.option(
 
 
 def _address(given: str | None) -> str:
-    from amm_rules.observe.remote import scheduler_address
+    from amm_rules.cli.remote import scheduler_address
 
     address = scheduler_address(given)
     if not address:
@@ -390,7 +390,7 @@ def status(
     --format json). Exit status: 0, or 1 if the scheduler cannot be reached, runs no
     amm-rules engine, or (with --check) a rule is not satisfied; 2 for usage errors.
     """
-    from amm_rules.observe.remote import RemoteError, memory_flow_command, status_command
+    from amm_rules.cli.remote import RemoteError, memory_flow_command, status_command
 
     if memory_flow and check:
         raise click.UsageError("--check and --memory-flow cannot be used together")
@@ -438,8 +438,8 @@ def explain(
     unknown keys, an unreachable scheduler or one without amm-rules; 2 for usage
     errors.
     """
-    from amm_rules.observe.keys import parse_key
-    from amm_rules.observe.remote import RemoteError, explain_command
+    from amm_rules.cli.keys import parse_key
+    from amm_rules.cli.remote import RemoteError, explain_command
 
     if unmet == bool(keys):
         raise click.UsageError("give keys to explain, or --unmet (not both)")

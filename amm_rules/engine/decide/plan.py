@@ -1,8 +1,8 @@
 """The decision logic of amm-rules: what to copy and what to drop, for one key at a time.
 
-:func:`plan_key` is a pure function of a :class:`~amm_rules.engine.view.KeyView` (the key's
+:func:`plan_key` is a pure function of a :class:`~amm_rules.engine.decide.view.KeyView` (the key's
 copies, resolved wishes, in-flight copies, waiters) and a
-:class:`~amm_rules.engine.view.ClusterView` (workers, their pools and memory). It returns a
+:class:`~amm_rules.engine.decide.view.ClusterView` (workers, their pools and memory). It returns a
 :class:`KeyPlan`: the actions to take, each naming the exact worker and carrying its
 reason, plus what the key's state is (copies counted, eligible workers, unmet target),
 and the in-flight bookkeeping to keep for the next cycle.
@@ -25,7 +25,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from amm_rules.engine.view import ClusterView, KeyView
+from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.language.ruleset import Desired
 
 #: Counter label of targets that come from the reduce-replicas default, not a field.

@@ -164,7 +164,7 @@ def explain_command(
     timeout: float,
 ) -> tuple[str, list[str], int]:
     """Output, lines for stderr, exit status. ``keys``: per argument, its candidate
-    keys (see :func:`amm_rules.observe.keys.parse_key`); ``texts``: the arguments."""
+    keys (see :func:`amm_rules.cli.keys.parse_key`); ``texts``: the arguments."""
     from amm_rules.observe.text import render_explain
 
     if unmet:
@@ -217,6 +217,6 @@ def _explain_candidates(
 
 
 def _answer_for(got: Any, key: Hashable) -> Any:
-    from amm_rules.engine.view import key_string
+    from amm_rules.engine.decide.view import key_string
 
     return got.get(key_string(key)) if isinstance(got, dict) else None

@@ -2,7 +2,7 @@
 
 The scheduler knows a key's dependents still to run (``TaskState.waiters``) but not
 who has read it already, nor where: :class:`DemandTracker` keeps that, per key in
-memory, from the scheduler's transitions (fed by :class:`~amm_rules.engine.index.KeyIndex`,
+memory, from the scheduler's transitions (fed by :class:`~amm_rules.engine.state.index.KeyIndex`,
 whose plugin hook calls :meth:`DemandTracker.transition`):
 
 - ``reads[key]``: dependents that finished (``processing -> memory``) since the key
@@ -18,8 +18,8 @@ whose plugin hook calls :meth:`DemandTracker.transition`):
 Nothing is followed unless the rules read demand (``Ruleset.reads_demand``): the hook
 then costs one look at each dependency of the task that changed state.
 
-Neighbours: :mod:`amm_rules.engine.index` forgets a key here when it leaves memory;
-:mod:`amm_rules.engine.view` reads ``reads`` for ``task.reads``; the policy passes
+Neighbours: :mod:`amm_rules.engine.state.index` forgets a key here when it leaves memory;
+:mod:`amm_rules.engine.decide.view` reads ``reads`` for ``task.reads``; the policy passes
 :meth:`held` to the planner and to reduce-replicas.
 """
 

@@ -4,7 +4,7 @@ whole cycle fits it.
 
 Its neighbours: :class:`~amm_rules.engine.policy.RulesPolicy` asks it for the loop's
 deadline and tells it when cycles end; :meth:`KeyIndex.classify
-<amm_rules.engine.index.KeyIndex.classify>` stops taking chunks at that deadline.
+<amm_rules.engine.state.index.KeyIndex.classify>` stops taking chunks at that deadline.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ target) takes the path above, which then becomes its group's last class. What is
 per key is the cascade's per-key matches, if any, walked as a decision tree of their
 outcomes.
 
-Its neighbours: :mod:`amm_rules.engine.index` calls it for keys that entered memory;
+Its neighbours: :mod:`amm_rules.engine.state.index` calls it for keys that entered memory;
 :mod:`amm_rules.engine.handlers` for ``explain``. It reads tasks through
 :class:`~amm_rules.engine.adapters.TaskFactsAdapter` and :func:`~amm_rules.engine.adapters.class_reader`, and
 does not import ``distributed``.
@@ -218,7 +218,7 @@ class Classifier:
     ):
         #: The ruleset as loaded (what status and explain report).
         self.ruleset = ruleset
-        #: What ``task.reads`` reads (see :class:`~amm_rules.engine.demand.DemandTracker`).
+        #: What ``task.reads`` reads (see :class:`~amm_rules.engine.state.demand.DemandTracker`).
         self._reads = reads
         #: prefix -> its published memory-flow figures (``task.prefix_*``), or None.
         self.flow = flow

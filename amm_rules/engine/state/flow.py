@@ -21,7 +21,7 @@ scheduler's transitions, keeps per prefix (the counters of :class:`PrefixFlow`):
   adds to the cluster's memory, on average.
 
 It is fed in one of two ways. In the engine, the index's ``transition`` hook
-(:class:`~amm_rules.engine.index.KeyIndex`), which already looks at every key entering
+(:class:`~amm_rules.engine.state.index.KeyIndex`), which already looks at every key entering
 or leaving memory and reads its task, hands those to :meth:`MemoryFlow.entered` and
 :meth:`MemoryFlow.left`: the flow costs no scheduler-plugin call of its own, and nothing
 on the transitions that neither enter nor leave memory. On its own, :class:`MemoryFlow`
@@ -38,7 +38,7 @@ classified again only when their kind's figures really changed (the keys in memo
 prefix are kept only while some rule reads these attributes).
 
 Neighbours: :mod:`amm_rules.engine.policy` has its index feed the flow, and publishes each
-cycle; :mod:`amm_rules.engine.index` calls the two hooks;
+cycle; :mod:`amm_rules.engine.state.index` calls the two hooks;
 :mod:`amm_rules.engine.adapters` shows published figures to expressions;
 :mod:`amm_rules.engine.handlers` answers ``amm_rules_memory_flow``;
 :mod:`amm_rules.engine.sections.memory_pressure` reads producers from here.

@@ -5,7 +5,7 @@
 A worker *leaves* when it is retired (``client.retire_workers``, adaptive scale-down) or
 restarted; its copies then vanish. :func:`plan_evacuation` decides, for the keys it
 holds, which copies must exist elsewhere first and on which workers, by the same rules
-as every other copy the engine makes (see :func:`amm_rules.engine.planner.plan_key`):
+as every other copy the engine makes (see :func:`amm_rules.engine.decide.plan.plan_key`):
 
 - a key needs ``min(lo, reachable)`` copies on workers that stay and are *eligible* for
   it (inside its ``pool``, outside its ``avoid``), where ``lo`` is its replication target
@@ -19,8 +19,8 @@ as every other copy the engine makes (see :func:`amm_rules.engine.planner.plan_k
 - a key whose only copies elsewhere are outside its pool, when its pool has no worker to
   go to, is not stuck: it is not lost, and the rules move it once they can.
 
-Nothing here reads the scheduler: the callers build :class:`~amm_rules.engine.view.KeyView`
-and :class:`~amm_rules.engine.view.ClusterView` objects (:func:`leaving_view` marks the
+Nothing here reads the scheduler: the callers build :class:`~amm_rules.engine.decide.view.KeyView`
+and :class:`~amm_rules.engine.decide.view.ClusterView` objects (:func:`leaving_view` marks the
 leaving workers), so that tests run it on views made by hand.
 """
 
@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, MutableMapping
 from dataclasses import dataclass, field, replace
 
-from amm_rules.engine.planner import source_label
-from amm_rules.engine.view import ClusterView, KeyView, WorkerView
+from amm_rules.engine.decide.plan import source_label
+from amm_rules.engine.decide.view import ClusterView, KeyView, WorkerView
 from amm_rules.language.ruleset import Desired
 
 

@@ -7,7 +7,7 @@ a few dictionary or deque operations per *action* (never per key in memory);
 collector and cluster dumps. Everything kept is bounded.
 
 Shortfall reasons (:func:`shortfall`, kept per key in
-:attr:`amm_rules.engine.index.KeyIndex.shortfall`) are the ``in-progress`` half of a
+:attr:`amm_rules.engine.state.index.KeyIndex.shortfall`) are the ``in-progress`` half of a
 rule's conformance: a key is short because copies or drops it asked for are still in
 flight (``in-flight``), because an action waits for a dependent processing on a holder
 or for a rebalancing move (``busy``), or because eligible workers cannot take a copy
@@ -130,7 +130,7 @@ def shortfall(plan: Any, refused: bool) -> tuple[str, str] | None:
     """Why a planned key does not hold its target and placement yet, or None if it
     does: ``(reason, sentence)``, reason one of :data:`IN_PROGRESS_REASONS`.
 
-    ``plan`` is the :class:`~amm_rules.engine.planner.KeyPlan` as enacted (refused
+    ``plan`` is the :class:`~amm_rules.engine.decide.plan.KeyPlan` as enacted (refused
     copies already taken out of ``plan.inflight``); ``refused``: the AMM refused one
     of its suggestions.
     """

@@ -1,6 +1,6 @@
 """The small view of the cluster that the planners read.
 
-:mod:`amm_rules.engine.planner` decides from plain data: a :class:`WorkerView` per worker
+:mod:`amm_rules.engine.decide.plan` decides from plain data: a :class:`WorkerView` per worker
 and a :class:`KeyView` per key, gathered in a :class:`ClusterView`. Nothing here reads a
 scheduler object: :mod:`amm_rules.engine.adapters` builds these views from a live
 scheduler, and the same views can be built from a saved cluster state or by hand in

@@ -20,9 +20,9 @@ hot paths):
 - ``add_worker`` / ``remove_worker``: pools and placements are recomputed and every
   governed key is checked once (so a target of ``all`` reaches a worker that joined
   within one cycle);
-- the same transition hook feeds the :class:`~amm_rules.engine.demand.DemandTracker`
+- the same transition hook feeds the :class:`~amm_rules.engine.state.demand.DemandTracker`
   (reads and waiters of keys), when the rules read demand, and the
-  :class:`~amm_rules.engine.flow.MemoryFlow` (keys entering and leaving memory, with
+  :class:`~amm_rules.engine.state.flow.MemoryFlow` (keys entering and leaving memory, with
   their tasks), when the policy gives it one;
 - ``log_event``: a worker's status changed (retiring, resumed after a pause).
 
@@ -49,15 +49,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from amm_rules.engine.demand import DemandTracker
-from amm_rules.engine.planner import source_label, target_bounds
+from amm_rules.engine.decide.plan import source_label, target_bounds
+from amm_rules.engine.state.demand import DemandTracker
 from amm_rules.engine.wrapping import wrap_methods
 from amm_rules.language.ruleset import ALL, Desired, RuntimeTarget, Target
 
 if TYPE_CHECKING:
-    from amm_rules.engine.classify import Batch, Classifier
-    from amm_rules.engine.flow import MemoryFlow
-    from amm_rules.engine.planner import KeyPlan
+    from amm_rules.engine.decide.classify import Batch, Classifier
+    from amm_rules.engine.decide.plan import KeyPlan
+    from amm_rules.engine.state.flow import MemoryFlow
 
 #: Reads a task's size (one copy's bytes; -1 while unknown).
 _NBYTES = attrgetter("nbytes")
@@ -143,7 +143,7 @@ class KeyIndex(SchedulerPlugin):
         #: towards each rule (the keys of one class may take fields from other rules).
         self.class_labels: dict[PlanClass, Counter[str]] = {}
         #: Governed keys that the last plan left short of their target or placement:
-        #: key -> (reason, sentence) (see :mod:`amm_rules.engine.journal`). Keys of a
+        #: key -> (reason, sentence) (see :mod:`amm_rules.engine.state.journal`). Keys of a
         #: class the workers cannot satisfy at all are counted by class, not here.
         self.shortfall: dict[Hashable, tuple[str, str]] = {}
         #: Set when a worker joined or left; the policy recomputes pools and clears it.
@@ -519,7 +519,7 @@ class KeyIndex(SchedulerPlugin):
             filed.setdefault(cls, []).extend(members)
 
     def file(self, batches: Iterable[Batch], fresh: bool = False) -> dict[PlanClass, list[Any]]:
-        """Index classified keys (:data:`~amm_rules.engine.classify.Batch` tuples:
+        """Index classified keys (:data:`~amm_rules.engine.decide.classify.Batch` tuples:
         keys and tasks sharing one ``Desired``), as :meth:`put` does one key, with the
         per-class and per-label work done once per batch. Returns the tasks filed (new,
         or moved to another group) by plan class; keys whose ``Desired`` is unchanged
