@@ -40,6 +40,8 @@ from amm_rules.demo_workload import (
     plan,
     workers_for,
 )
+from amm_rules.engine.decide.deciders import count_copies, eligible
+from amm_rules.engine.decide.view import WorkerView
 from amm_rules.language.diagnostics import RulesError
 from amm_rules.language.loader import load_ruleset
 from amm_rules.language.ruleset import UNGOVERNED, Desired, Ruleset, TaskFacts, WorkerFacts
@@ -412,15 +414,6 @@ def _snapshot(
     return Snapshot(_rule_rows(ruleset, states), workers, states)
 
 
-def _eligible(desired: Desired, pools: Mapping[str, tuple[str, ...]]) -> set[str]:
-    out = set(pools)
-    if desired.pool is not None:
-        out = {a for a in out if set(pools[a]) & set(desired.pool)}
-    if desired.avoid is not None:
-        out = {a for a in out if not set(pools[a]) & set(desired.avoid)}
-    return out
-
-
 def _judge(
     desired: Desired,
     holders: tuple[str, ...],
@@ -429,23 +422,26 @@ def _judge(
     ruleset: Ruleset,
 ) -> tuple[bool, bool, bool]:
     """Is the number of copies right (and if not, can it get better), and are the
-    copies in the right places?"""
+    copies in the right places? Counted as the engine counts them
+    (:mod:`amm_rules.engine.decide.deciders`)."""
     if desired.move == "never":
         # amm-rules leaves the key alone: whatever it holds is what the rules want.
         return True, True, True
-    eligible = _eligible(desired, pools)
+    workers = [
+        WorkerView(a, facts[a].host if a in facts else "", "running", frozenset(p))
+        for a, p in pools.items()
+    ]
+    placeable = eligible(desired, workers)
+    count = count_copies(desired, holders, placeable, 0, ruleset.reduce_replicas)
     held = len(holders)
-    if desired.replicate is not None:
-        low, high = desired.replicate.bounds(len(eligible))
-        copies_ok = low <= held and (high is None or held <= high)
-        # A target larger than the eligible workers is held as far as it can be.
-        settled = min(low, max(1, len(eligible))) <= held and (high is None or held <= high)
-    else:
-        copies_ok = settled = held == 1 if ruleset.reduce_replicas else held >= 1
-    placement_ok = not eligible or all(h in eligible for h in holders)
+    within = count.hi is None or held <= count.hi
+    copies_ok = count.lo <= held and within
+    # A target larger than the eligible workers is held as far as it can be.
+    settled = min(count.lo, max(1, count.eligible)) <= held and within
+    placement_ok = not placeable or not count.misplaced
     if desired.spread == "host" and placement_ok:
         hosts = {facts[h].host for h in holders if h in facts}
-        eligible_hosts = {facts[a].host for a in eligible}
+        eligible_hosts = {facts[a].host for a in placeable}
         placement_ok = len(hosts) >= min(held, len(eligible_hosts))
     return copies_ok, settled, placement_ok
 

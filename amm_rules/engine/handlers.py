@@ -33,9 +33,9 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from amm_rules.engine.decide.deciders import worker_reasons
 from amm_rules.engine.decide.plan import (
     KeyPlan,
-    explain_workers,
     plan_key,
     source_label,
     target_bounds,
@@ -291,7 +291,7 @@ def explain_key(policy: RulesPolicy, ts: Any, cluster: ClusterView, now: float) 
         # In dry-run: the label its actions are held back under ("would" lists them);
         # None when they are enacted.
         "dry_run": ctx.dry_run.label(desired),
-        "workers": explain_workers(view, cluster),
+        "workers": worker_reasons(view, cluster, now),
         "annotation_ignored": bool(ignored),
         # Which: "amm", "replicate" (the shorthand), or both.
         "annotations_ignored": ignored,

@@ -34,6 +34,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine.adapters import TaskFactsAdapter
+from amm_rules.engine.decide.deciders import Question, decide, stays, verdict
 from amm_rules.engine.decide.plan import KeyPlan, reduce_replicas_excess
 from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
 from amm_rules.engine.handlers import KeyExplanation, check_keys, task_of
@@ -52,7 +53,7 @@ HISTORY_SHOWN = 10
 #: Longest text taken from an annotation value.
 CLIP = 200
 
-YES, NO, THROTTLED, HOLDS = "yes", "no", "throttled", "holds"
+HOLDS = "holds"
 
 
 def explain_keys(policy: RulesPolicy, keys: Any) -> dict[str, dict[str, Any]]:
@@ -73,7 +74,7 @@ def explain_keys(policy: RulesPolicy, keys: Any) -> dict[str, dict[str, Any]]:
     for key in keys:
         core = engine_explain_key(policy, task_of(ctx.scheduler, key), cluster, now)
         answer = core.answer
-        answer.update(_explained(policy, key, core, cluster))
+        answer.update(_explained(policy, key, core, cluster, now))
         answers[key_string(key)] = answer
     return answers
 
@@ -116,7 +117,7 @@ def unmet_keys(policy: RulesPolicy, rule: str | None = None, limit: int = 10) ->
 
 
 def _explained(
-    policy: RulesPolicy, key: Hashable, core: KeyExplanation, cluster: ClusterView
+    policy: RulesPolicy, key: Hashable, core: KeyExplanation, cluster: ClusterView, now: float
 ) -> dict[str, Any]:
     """This module's fields for one key: ``key``, ``summary``, ``facts``, ``cascade``,
     ``decisions``, ``history``, ``unclassified`` and ``problem``, from the engine's
@@ -142,7 +143,7 @@ def _explained(
         "summary": _summary(policy, view, plan, cluster, lo, hi, problem, unclassified),
         "facts": _facts(policy, ts, view, cluster),
         "cascade": _cascade(policy, ts, annotation, annotation_error, runtime),
-        "decisions": _decisions(policy, view, plan, cluster, unclassified),
+        "decisions": _decisions(policy, view, plan, cluster, unclassified, now),
         "history": _history(policy, ts.key),
         "unclassified": unclassified,
         "problem": None if problem is None else {"reason": problem[0], "why": problem[1]},
@@ -419,25 +420,24 @@ def _decisions(
     plan: KeyPlan,
     cluster: ClusterView,
     unclassified: bool,
+    now: float,
 ) -> dict[str, dict[str, Any]]:
+    """Per worker: ``holds`` (with why the copy does not count, if it does not), or the
+    decider table's verdict on a new copy there (:mod:`amm_rules.engine.decide.deciders`)
+    with the deciders that said no or throttled; the planner's pick for the next cycle,
+    and the worker's role in the last rebalancing plan."""
     d = view.desired
     copy_to = {a.worker: a.reason for a in plan.actions if a.op == "replicate"}
     drop_from = {a.worker: a.reason for a in plan.actions if a.op == "drop"}
-    holder_hosts = {cluster.host(a) for a in view.holders if a in cluster.workers}
-    spread = d.spread == "host"
-    other_hosts = spread and any(
-        cluster.host(a) not in holder_hosts for a in cluster.recipients(d.pool, d.avoid)
-    )
+    question = Question(view, cluster, unclassified=unclassified, now=now)
     settings = policy.rebalancer.settings
     last = policy.rebalancer.last_plan
     roles = last.roles if last is not None and settings.enabled else {}
     out: dict[str, dict[str, Any]] = {}
     for address, w in sorted(cluster.workers.items()):
         if address in view.holders:
-            deciders = []
-            if address in plan.misplaced:
-                why = plan.misplaced[address]
-                deciders.append(_decider(_misplaced_decider(why), NO, why))
+            misplaced = stays(d, w) if address in plan.misplaced else None
+            deciders = [] if misplaced is None else [misplaced.as_dict()]
             decision = HOLDS
             note = (
                 f"the next cycle drops this copy: {drop_from[address]}"
@@ -445,11 +445,9 @@ def _decisions(
                 else None
             )
         else:
-            deciders = _deciders(
-                d, w, address, view, unclassified, spread, holder_hosts, other_hosts
-            )
-            says = {x["says"] for x in deciders}
-            decision = NO if NO in says else THROTTLED if THROTTLED in says else YES
+            said = decide(question, w)
+            deciders = [x.as_dict() for x in said]
+            decision = verdict(said)
             note = (
                 f"the next cycle copies here: {copy_to[address]}" if address in copy_to else None
             )
@@ -460,63 +458,6 @@ def _decisions(
             "rebalance": roles.get(address),
         }
     return out
-
-
-def _deciders(
-    d: Desired,
-    w: Any,
-    address: str,
-    view: KeyView,
-    unclassified: bool,
-    spread: bool,
-    holder_hosts: set[str],
-    other_hosts: bool,
-) -> list[dict[str, str]]:
-    """What says no or throttled to a new copy of the key on a worker without one."""
-    out = []
-    if not d.governed:
-        out.append(
-            _decider("no target", NO, "no rule governs the key: amm-rules makes no copies of it")
-        )
-    elif d.move == "never":
-        out.append(
-            _decider("move: never", NO, f"move: never from {d.reasons['move']}: no copy is made")
-        )
-    if d.pool is not None and w.pools.isdisjoint(d.pool):
-        out.append(_decider("pool", NO, f"outside pool {','.join(d.pool)}"))
-    if d.avoid is not None and not w.pools.isdisjoint(d.avoid):
-        out.append(
-            _decider("avoid", NO, f"in avoided pool {','.join(sorted(w.pools & set(d.avoid)))}")
-        )
-    if w.status == "closing":
-        out.append(_decider("retiring", NO, "retiring or leaving: its copies do not count"))
-    if spread and w.host in holder_hosts and other_hosts:
-        out.append(_decider("spread", NO, "same host as a copy, and other hosts are eligible"))
-    if w.status == "paused":
-        out.append(_decider("paused", THROTTLED, "paused: receives no copy until it resumes"))
-    if address in view.inflight:
-        out.append(_decider("in flight", THROTTLED, "a copy is on its way here"))
-    if address in view.backoff:
-        out.append(
-            _decider("backoff", THROTTLED, "a copy here timed out: not asked again for a while")
-        )
-    if unclassified:
-        out.append(
-            _decider("budget", THROTTLED, "the key is not classified yet (classification budget)")
-        )
-    return out
-
-
-def _decider(name: str, says: str, why: str) -> dict[str, str]:
-    return {"decider": name, "says": says, "why": why}
-
-
-def _misplaced_decider(why: str) -> str:
-    if why.startswith("outside pool"):
-        return "pool"
-    if why.startswith("in avoided pool"):
-        return "avoid"
-    return "retiring"
 
 
 # ---------------------------------------------------------------------------------

@@ -4,7 +4,9 @@
 also say what that cluster cannot give the rules. Each check reads the rules (a
 :class:`~amm_rules.language.ruleset.Ruleset`) and the dump's workers, with pool
 membership computed as the engine computes it
-(:class:`~amm_rules.engine.state.placement.Placements`), and reports a positioned warning
+(:class:`~amm_rules.engine.state.placement.Placements`) and the workers a rule may use
+counted by the engine's decider table (:mod:`amm_rules.engine.decide.deciders`), and
+reports a positioned warning
 through the rules file's own :class:`~amm_rules.language.locator.Locator`:
 
 ``min-exceeds-eligible``
@@ -23,11 +25,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from amm_rules.engine.decide.deciders import eligible as placeable
+from amm_rules.engine.decide.view import WorkerView
 from amm_rules.language.diagnostics import Diagnostic, sort_key
 from amm_rules.language.loader import CheckResult
 from amm_rules.language.locator import Locator
 from amm_rules.language.ruleset import Rule, Ruleset
 from amm_rules.offline.dump import ClusterState
+
+_NONE: frozenset[str] = frozenset()
 
 
 def cluster_warnings(result: CheckResult, state: ClusterState, measure: str) -> list[Diagnostic]:
@@ -37,7 +43,10 @@ def cluster_warnings(result: CheckResult, state: ClusterState, measure: str) -> 
         return []
     where = _locator(result)
     pools = _pools(ruleset, state, measure)
-    running = {a for a, w in state.workers.items() if not _closing(w.status)}
+    workers = [
+        WorkerView(a, w.host, "closing" if _closing(w.status) else "running", pools.get(a, _NONE))
+        for a, w in state.workers.items()
+    ]
     hosts = {a: w.host for a, w in state.workers.items()}
     cluster = f"the cluster of {state.source}"
     for name in ruleset.pools:
@@ -54,7 +63,7 @@ def cluster_warnings(result: CheckResult, state: ClusterState, measure: str) -> 
         item.get("name"): i for i, item in enumerate(data_rules or []) if isinstance(item, dict)
     }
     for rule in ruleset.rules:
-        eligible = _eligible(rule, pools, running)
+        eligible = sorted(placeable(rule.actions, workers))
         path: tuple[Any, ...] = ("rules", index.get(rule.name, 0))
         target = rule.actions.replicate
         if target is not None and target.min > len(eligible):
@@ -104,17 +113,6 @@ def _pools(ruleset: Ruleset, state: ClusterState, measure: str) -> dict[str, fro
     placements.configure(ruleset)
     placements.refresh(measure, True)
     return dict(placements.pools)
-
-
-def _eligible(rule: Rule, pools: dict[str, frozenset[str]], running: set[str]) -> list[str]:
-    want = set(rule.actions.pool) if rule.actions.pool is not None else None
-    shun = set(rule.actions.avoid or ())
-    return [
-        a
-        for a in running
-        if (want is None or want & pools.get(a, frozenset()))
-        and not shun & pools.get(a, frozenset())
-    ]
 
 
 def _scope(rule: Rule) -> str:

@@ -94,7 +94,7 @@ async def test_replicate_with_move_never_is_explained(c, s, a, b):
     assert [d["decider"] for d in other["deciders"]] == ["move: never"]
     assert answer["problem"]["reason"] == "move-never"
     # The engine's own fields agree: no worker is a candidate, none is eligible.
-    assert answer["workers"][b.address] == "move: never (rule big)"
+    assert answer["workers"][b.address] == "move: never from rule big: no copy is made"
     assert answer["eligible"] == 0
     assert not answer["would"]
 

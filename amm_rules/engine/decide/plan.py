@@ -7,12 +7,15 @@ copies, resolved wishes, in-flight copies, waiters) and a
 reason, plus what the key's state is (copies counted, eligible workers, unmet target),
 and the in-flight bookkeeping to keep for the next cycle.
 
-:mod:`amm_rules.engine.policy` turns actions into AMM ``Suggestion``s with the chosen worker as
-the only candidate, so the AMM validates each decision but does not second-guess it;
+:mod:`amm_rules.engine.sections.replication` turns actions into AMM ``Suggestion``s with the
+chosen worker as the only candidate, so the AMM validates each decision but does not
+second-guess it;
 the planner picks workers the way the AMM would (least memory for a copy; paused or
 retiring workers first, then most memory, for a drop), so that plans are deterministic
 and testable without a cluster. :mod:`amm_rules.engine.handlers` runs the same planner, with
-nothing enacted, to answer "why is this key on these workers?".
+nothing enacted, to answer "why is this key on these workers?". Which workers may take a
+copy is also :mod:`amm_rules.engine.decide.deciders`' table, which explains per worker;
+a property test holds this fast path to it.
 
 Keys that no rule governs follow the stock ReduceReplicas arithmetic
 (:func:`reduce_replicas_excess`), applied by the policy on the scheduler's
@@ -559,36 +562,3 @@ def _unmet_reason(
     if others:
         parts.append(f"{others} outside the pool, avoided or retiring")
     return f"wants {lo} copies, holds or awaits {len(counted)}: " + "; ".join(parts)
-
-
-def explain_workers(key: KeyView, cluster: ClusterView) -> dict[str, str]:
-    """Why each worker is or is not a candidate for a new copy of the key.
-
-    Slower than :func:`plan_key` (it names every worker); for introspection only.
-    """
-    d = key.desired
-    allowed = cluster.allowed(d.pool, d.avoid)
-    hosts = {cluster.host(a) for a in key.holders if a in cluster.workers}
-    out: dict[str, str] = {}
-    for addr, w in sorted(cluster.workers.items()):
-        if addr in key.holders:
-            why = "holds a copy"
-        elif d.move == "never":
-            # No copy is ever made (plan_key's case 1), whatever replicate says.
-            why = f"move: never ({d.reasons['move']})"
-        elif addr in key.inflight:
-            why = "copy in flight"
-        elif addr not in allowed:
-            why = _misplaced_reason(addr, d, cluster)
-        elif w.status == "paused":
-            why = "paused"
-        elif w.status == "closing":
-            why = "retiring"
-        elif addr in key.backoff:
-            why = "backing off after a timed-out copy"
-        elif d.spread == "host" and w.host in hosts:
-            why = "candidate (same host as a copy)"
-        else:
-            why = "candidate"
-        out[addr] = why
-    return out

@@ -43,7 +43,8 @@ from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine import key_logger
 from amm_rules.engine.adapters import TaskFactsAdapter, worker_status
-from amm_rules.engine.decide.view import ClusterView, key_string
+from amm_rules.engine.decide.deciders import MOVE, Question, count_copies, first_refusal
+from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
 from amm_rules.engine.rebalance.plan import (
     ABOVE,
     NEEDED,
@@ -409,10 +410,11 @@ class Rebalancer:
         view: Callable[[], ClusterView],
     ) -> Target:
         """Where a replicated key's target stands while its move's copy has landed, as
-        the replication planner counts it: copies on workers where they count (inside
-        the pool, outside avoided pools, not retiring), less those being dropped in this
-        cycle. ``NEEDED``: without the sender's copy the key would hold fewer than its
-        ``replicate`` minimum; ``ABOVE``: it holds more than the maximum."""
+        the replication planner counts it (:func:`~amm_rules.engine.decide.deciders.count_copies`):
+        copies on workers where they count (inside the pool, outside avoided pools, not
+        retiring), less those being dropped in this cycle. ``NEEDED``: without the
+        sender's copy the key would hold fewer than its ``replicate`` minimum;
+        ``ABOVE``: it holds more than the maximum."""
         pending = getattr(manager, "pending", None) or {}
 
         def target(key: Key, sender: str) -> str | None:
@@ -421,13 +423,13 @@ class Rebalancer:
             if d is None or d.replicate is None or ts is None:
                 return None
             placeable = view().placeable(d.pool, d.avoid)
-            lo, hi = d.replicate.bounds(len(placeable))
             entry = pending.get(ts)
             leaving = entry[1] if entry is not None else ()
-            good = sum(ws.address in placeable and ws not in leaving for ws in ts.who_has or ())
-            if sender in placeable and good - 1 < lo:
+            holders = [ws.address for ws in ts.who_has or () if ws not in leaving]
+            count = count_copies(d, holders, placeable)
+            if sender in placeable and len(count.good) - 1 < count.lo:
                 return NEEDED
-            if hi is not None and good > hi:
+            if count.above:
                 return ABOVE
             return None
 
@@ -486,31 +488,34 @@ class Rebalancer:
         inflight: Mapping[Key, Mapping[str, float]],
         view: Callable[[], ClusterView],
     ) -> Callable[[Key, str], str | None]:
+        """May a move put a copy of the key on a recipient? The decider table's answer
+        for a move (:mod:`amm_rules.engine.decide.deciders`): the first reason against
+        it, or None."""
         pending = getattr(manager, "pending", None) or {}
+        questions: dict[Key, Question] = {}
 
         def can_place(key: Key, recipient: str) -> str | None:
-            ts = tasks[key]
-            ws = workers[recipient]
-            who_has = ts.who_has or ()
-            if ws in who_has:
-                return "holds a copy"
-            if recipient in inflight.get(key, ()):
-                return "replication copy in flight there"
-            entry = pending.get(ts)
-            if entry is not None and ws in entry[0]:
-                return "copy pending this cycle"
-            d = desired.get(key, UNGOVERNED)
-            if d.pool is not None or d.avoid is not None:
-                cluster = view()
-                if recipient not in cluster.recipients(d.pool, d.avoid):
-                    if d.pool is not None and ws.address not in cluster.allowed(d.pool, None):
-                        return f"outside pool {','.join(d.pool)}"
-                    return f"in avoided pool {','.join(d.avoid or ())}"
-            if d.spread == "host":
-                sender = self._sender[1] if self._sender and self._sender[0] == key else None
-                if any(h.host == ws.host and h.address != sender for h in who_has):
-                    return "a copy is on the same host (spread: host)"
-            return None
+            cluster = view()
+            w = cluster.workers.get(recipient)
+            if w is None:
+                return "not a worker of this cycle"
+            sender = self._sender[1] if self._sender and self._sender[0] == key else None
+            q = questions.get(key)
+            if q is None or q.sender != sender:
+                ts = tasks[key]
+                entry = pending.get(ts)
+                key_view = KeyView(
+                    key,
+                    desired.get(key, UNGOVERNED),
+                    frozenset(ws.address for ws in ts.who_has or ()),
+                    inflight=inflight.get(key, {}),
+                    pending_add=frozenset(ws.address for ws in entry[0])
+                    if entry is not None
+                    else frozenset(),
+                )
+                q = questions[key] = Question(key_view, cluster, MOVE, sender=sender)
+            said = first_refusal(q, w)
+            return None if said is None else said.why
 
         return can_place
 
