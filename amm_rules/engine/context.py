@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from amm_rules.engine.adapters import key_view
@@ -90,6 +90,8 @@ class EngineContext:
         self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
         self.manager = None
         self.sections = ()
+        #: The engine's clock (``time.monotonic`` in a scheduler; a simulation's own).
+        self.clock: Callable[[], float] = time.monotonic
 
     def __repr__(self) -> str:
         return f"<EngineContext {len(self.index)} governed, {len(self.sections)} sections>"
@@ -109,10 +111,17 @@ class EngineContext:
 
     def section(self, cls: type[S]) -> S:
         """The section of class ``cls`` (``LookupError`` if the engine has none)."""
+        found = self.find(cls)
+        if found is None:
+            raise LookupError(f"the engine has no {cls.__name__} section")
+        return found
+
+    def find(self, cls: type[S]) -> S | None:
+        """The section of class ``cls``, or None (a simulation runs only some)."""
         for section in self.sections:
             if type(section) is cls:
                 return section
-        raise LookupError(f"the engine has no {cls.__name__} section")
+        return None
 
     def add_plugin(self, plugin: Any, name: str) -> None:
         """Add a scheduler plugin, under ``name`` and the plugin's id (unique to it)."""
@@ -219,7 +228,7 @@ class EngineContext:
         key = ts.key
         index = self.index
         held = (
-            index.demand.held_copies(ts, time.monotonic() if now is None else now)
+            index.demand.held_copies(ts, self.clock() if now is None else now)
             if desired.replicate is None
             else frozenset()
         )

@@ -120,16 +120,26 @@ class DryRun:
             return suggestions
         return hold_back(suggestions, lambda s: self.label(desired.get(s.ts.key)), stats)
 
+    def rebalance_label(
+        self, desired: Mapping[Hashable, Desired]
+    ) -> Callable[[Any], str | None] | None:
+        """The label a rebalancing suggestion is held back under (None: it acts), or None
+        when nothing of rebalancing is in dry-run."""
+        if self.rebalance:
+            return lambda s: REBALANCE_LABEL
+        if not self.keys_active:
+            return None
+        return lambda s: self.label(desired.get(s.ts.key))
+
     def rebalancing(
         self, suggestions: Suggestions, desired: Mapping[Hashable, Desired], stats: Stats
     ) -> Suggestions:
         """The rebalancing suggestions, without any if rebalancing is in dry-run, else
         without those of keys in dry-run."""
-        if self.rebalance:
-            return hold_back(suggestions, lambda s: REBALANCE_LABEL, stats)
-        if not self.keys_active:
+        label_of = self.rebalance_label(desired)
+        if label_of is None:
             return suggestions
-        return hold_back(suggestions, lambda s: self.label(desired.get(s.ts.key)), stats)
+        return hold_back(suggestions, label_of, stats)
 
 
 def hold_back(

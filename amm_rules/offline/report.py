@@ -115,6 +115,7 @@ def simulation_report(
         else [],
         "restoring": {"copies": len(restoring), "bytes": sum(a.nbytes for a in restoring)},
         "warnings": list(result.warnings),
+        "not_simulated": list(result.not_simulated),
     }
     return out
 
@@ -452,6 +453,8 @@ def list_lines(report: Mapping[str, Any]) -> list[str]:
         out += _more(actions)
     for w in report["warnings"]:
         out += [f"warning: {w}"]
+    for why in report.get("not_simulated", ()):
+        out += [f"note: {why}"]
     return out
 
 

@@ -137,9 +137,12 @@ class SimCluster:
         self.workers: dict[str, SimWorker] = {a: SimWorker(w) for a, w in state.workers.items()}
         self.tasks: dict[Key, SimTask] = {}
         names: dict[str, Named] = {}
+        #: Group name -> its group, as the scheduler's ``task_groups``.
+        self.task_groups: dict[str, Named] = {}
         for record in state.tasks.values():
             prefix = names.setdefault(record.prefix, Named(record.prefix))
             group = names.setdefault(record.group, Named(record.group))
+            self.task_groups[record.group] = group
             self.tasks[record.key] = SimTask(record, prefix, group)
         self._link(state)
         #: Keys whose copies changed since :meth:`take_touched`.

@@ -1,21 +1,24 @@
-"""The simulator: the engine's planning, cycle after cycle, on a recorded cluster.
+"""The simulator: the engine's cycle, cycle after cycle, on a recorded cluster.
 
 :class:`Simulation` holds a :class:`~amm_rules.offline.sim_cluster.SimCluster` (a dump, a
-running scheduler's state or a test fixture) and runs on it what the scheduler runs each
-Active Memory Manager cycle, with the engine's own parts:
+running scheduler's state or a test fixture) and runs on it the engine itself: an
+:class:`~amm_rules.engine.context.EngineContext` whose scheduler is the recorded cluster,
+whose clock is the simulation's and whose AMM is distributed's own
+``ActiveMemoryManagerExtension`` (which validates each suggestion and keeps the memory
+tally, exactly as in the scheduler), and the engine's sections that a recorded cluster
+can run, in the policy's order, on the same :class:`~amm_rules.engine.sections.base.Cycle`:
 
-- the classifier (:class:`~amm_rules.engine.decide.classify.Classifier`, the rules' cascade),
-  the key index (:class:`~amm_rules.engine.state.index.KeyIndex`: governed keys, copies in
-  flight, back-offs) and pool membership
-  (:class:`~amm_rules.engine.state.placement.Placements`);
-- the replication planner (:func:`~amm_rules.engine.decide.plan.plan_key`, on
-  :func:`~amm_rules.engine.adapters.key_view`) for governed keys, the rebalancer
-  (:class:`~amm_rules.engine.rebalance.rebalancer.Rebalancer`, with the pure rebalance
-  planner), and reduce-replicas
-  (:func:`~amm_rules.engine.sections.reduce_replicas.reduce_replicas`) for keys nobody governs;
-- the dry-run filter (:class:`~amm_rules.engine.dryrun.DryRun`);
-- distributed's own ``ActiveMemoryManagerExtension``, which validates each suggestion
-  and keeps the memory tally, exactly as in the scheduler.
+- replication (:class:`~amm_rules.engine.sections.replication.Replication`: the
+  classifier, the key index, placements, the planner, dry-run, the in-flight and
+  back-off bookkeeping, copies lost with dead workers given up);
+- rebalancing (:class:`~amm_rules.engine.sections.rebalance.RebalanceSection`);
+- reduce-replicas (:class:`~amm_rules.engine.sections.reduce_replicas.ReduceReplicasSection`).
+
+Nothing of the cycle is written twice: what the simulation did is read from the
+engine's own journal (and, for reduce-replicas' drops, from the AMM's answers), its
+warnings from the engine's events. The sections it cannot run (paused workers, memory
+pressure, ... ) are named in the result when the rules use them
+(:attr:`Result.not_simulated`).
 
 Between two cycles every accepted copy lands and every accepted drop happens (the
 transfers of a real cluster usually finish within the AMM's two seconds); the
@@ -31,7 +34,7 @@ a :class:`Result`; :mod:`.diff` and :mod:`.ruletests` run simulations of their o
 from __future__ import annotations
 
 import logging
-from collections import Counter, defaultdict
+import time
 from collections.abc import Generator, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,20 +46,21 @@ from distributed.active_memory_manager import (
 )
 
 from amm_rules.engine.adapters import key_view
+from amm_rules.engine.context import EngineContext
 from amm_rules.engine.decide.classify import Classifier
-from amm_rules.engine.decide.plan import (
-    DEFAULT_SOURCE,
-    PlanSettings,
-    plan_key,
-    target_bounds,
-)
+from amm_rules.engine.decide.plan import DEFAULT_SOURCE, PlanSettings, plan_key, target_bounds
 from amm_rules.engine.decide.view import ClusterView
-from amm_rules.engine.dryrun import REBALANCE_LABEL, DryRun
+from amm_rules.engine.dryrun import HELD_BACK, DryRun
+from amm_rules.engine.events import EventLog
 from amm_rules.engine.rebalance.rebalancer import Rebalancer
-from amm_rules.engine.sections.reduce_replicas import reduce_replicas
+from amm_rules.engine.sections import SECTIONS, Cycle
+from amm_rules.engine.sections.rebalance import RebalanceSection
+from amm_rules.engine.sections.reduce_replicas import ReduceReplicasSection
+from amm_rules.engine.sections.replication import Replication
 from amm_rules.engine.state.index import KeyIndex, PlanClass
+from amm_rules.engine.state.journal import Journal
 from amm_rules.engine.state.placement import VOLATILE_WORKER_ATTRIBUTES, Placements
-from amm_rules.language.ruleset import Desired, Rule, Ruleset, RuntimeTarget, Target
+from amm_rules.language.ruleset import Desired, Ruleset, RuntimeTarget, Target
 from amm_rules.offline.sim_cluster import SimCluster, SimTask
 
 logger = logging.getLogger(__name__)
@@ -120,10 +124,16 @@ class Result:
     pools: dict[str, frozenset[str]]
     #: Problems met while running (a match that raised, an invalid annotation).
     warnings: list[str] = field(default_factory=list)
+    #: The sections of the engine the rules use that a simulation does not run, each
+    #: with why (see :attr:`~amm_rules.engine.sections.base.Section.offline`).
+    not_simulated: list[str] = field(default_factory=list)
 
 
 class Simulation:
     """The engine's cycle on a :class:`SimCluster` (see the module docstring)."""
+
+    #: The sections the simulation runs: the engine's own, on the recorded cluster.
+    SECTIONS = (Replication, RebalanceSection, ReduceReplicasSection)
 
     def __init__(
         self,
@@ -139,28 +149,29 @@ class Simulation:
         self.measure = measure
         self.interval = interval
         self.warnings: list[str] = []
-        self._reported: set[Any] = set()
-        self.classifier = Classifier(
-            ruleset, on_rule_error=self._rule_error, on_invalid_annotation=self._bad_annotation
+        self.cycle = 0
+        self.now = 0.0
+        #: The engine's context on the recorded cluster: its own index, placements,
+        #: classifier and dry-run; the clock is the simulation's; events become
+        #: warnings, and the journal records what the cycle did.
+        self.ctx = ctx = EngineContext(
+            inflight_timeout=None,
+            summary_interval=0.0,
+            early_cycle_delay=0.0,
+            early_cycle_gap=None,
+            retire_by_rules=False,
         )
-        self.dry = DryRun(ruleset)
-        self.rebalancer = Rebalancer()
-        self.rebalancer.configure(ruleset.rebalance, self._rebalance_error)
-        self.placements = Placements(self._pool_error)
-        self.placements.attach(cluster.workers)
-        self.placements.configure(ruleset)
-        #: A pool reads worker memory: pools change as copies land; plan every key.
-        self._volatile = any(
-            not VOLATILE_WORKER_ATTRIBUTES.isdisjoint(p.depends) for p in ruleset.pools.values()
-        )
-        #: The engine's own key index, not attached to anything: governed keys and what
-        #: they want, copies in flight, back-offs, keys nobody governs with copies to trim.
-        self.index = KeyIndex()
-        self.index.runtime.update(
+        ctx.clock = lambda: self.now
+        ctx.events = _Warnings(self.warnings)
+        ctx.journal = self.journal = _Record(self)
+        ctx.install(ruleset)
+        index = ctx.index
+        index.runtime.update(
             (k, t if isinstance(t, RuntimeTarget) else RuntimeTarget(t))
             for k, t in (runtime or {}).items()
         )
-        self.amm = ActiveMemoryManagerExtension(
+        ctx.placements.attach(cluster.workers)
+        ctx.manager = self.amm = ActiveMemoryManagerExtension(
             cluster,  # type: ignore[arg-type]
             {_Cycle(self)},
             measure=measure,
@@ -168,8 +179,16 @@ class Simulation:
             start=False,
             interval=interval,
         )
-        self.cycle = 0
-        self.now = 0.0
+        self.sections = ctx.sections = tuple(
+            cls(classify_seconds=None) if cls is Replication else cls() for cls in self.SECTIONS
+        )
+        for section in self.sections:
+            section.configure(ruleset, ctx.dry_run)
+            section.attach(ctx)
+        #: A pool reads worker memory: pools change as copies land; plan every key.
+        self._volatile = any(
+            not VOLATILE_WORKER_ATTRIBUTES.isdisjoint(p.depends) for p in ruleset.pools.values()
+        )
         #: The last cycle that enacted something.
         self.last_active = 0
         self._full = True
@@ -177,50 +196,61 @@ class Simulation:
         self.actions: list[SimAction] = []
         self._held: dict[tuple[str, Key, str], SimAction] = {}
         self._cycle_actions: list[SimAction] = []
-        self.classify(list(cluster.tasks))
+        # As the policy attaches: every key in memory is classified (here at once, by
+        # the engine's own classification), keys with several copies are looked at.
+        index.tasks = cluster.tasks
+        index.queue(ts.key for ts in cluster.in_memory())
+        index.classify(ctx.classifier, cluster.tasks, index.unclassified, None, None)
+        index.touched.update(ts.key for ts in cluster.in_memory() if len(ts.who_has or ()) > 1)
         self._refresh()
         #: Memory (by the AMM's measure) and pools of every worker before the first cycle.
         self.initial_memory = cluster.measure(measure)
-        self.initial_pools = dict(self.placements.pools)
+        self.initial_pools = dict(ctx.placements.pools)
         in_memory = list(cluster.in_memory())
         #: Keys in memory and their bytes, and governed keys, before the first cycle.
         self.initial_keys = (len(in_memory), sum(ts.nbytes for ts in in_memory))
-        self.initial_governed = len(self.index.desired)
+        self.initial_governed = len(index.desired)
         #: Address -> (name, host) of every worker there was (killed ones included).
         self.names = {a: (str(ws.name), ws.host) for a, ws in cluster.workers.items()}
+
+    # The engine's parts, under the names the reports read.
+    @property
+    def index(self) -> KeyIndex:
+        return self.ctx.index
+
+    @property
+    def placements(self) -> Placements:
+        return self.ctx.placements
+
+    @property
+    def classifier(self) -> Classifier:
+        return self.ctx.classifier
+
+    @property
+    def dry(self) -> DryRun:
+        return self.ctx.dry_run
+
+    @property
+    def rebalancer(self) -> Rebalancer:
+        return self.ctx.section(RebalanceSection).rebalancer
 
     @property
     def desired(self) -> dict[Key, Desired]:
         """Governed keys in memory -> what they want."""
         return self.index.desired
 
-    # -- set-up --------------------------------------------------------------------------
-
-    def classify(self, keys: Iterable[Key]) -> None:
-        """Resolve keys (again) and file them: governed ones in the index, the others
-        among the keys reduce-replicas walks if they hold several copies."""
-        tasks = self.cluster.tasks
-        index = self.index
-        for key in keys:
-            ts = tasks.get(key)
-            if ts is None or ts.state != "memory" or not ts.who_has:
-                index.forget(key)
-                continue
-            desired = self.classifier.resolve(ts, index.runtime.get(key))
-            if desired.governed:
-                index.put(key, ts, desired)
-            else:
-                index.unindex(key)
-                if len(ts.who_has) > 1:
-                    index.replicated_free[key] = ts
-                else:
-                    index.replicated_free.pop(key, None)
-
     def kill(self, addresses: Iterable[str]) -> list[SimTask]:
-        """Workers die before the next cycle. Returns the keys that lost their last copy."""
-        lost = self.cluster.remove_workers(addresses)
-        for ts in lost:
-            self.index.forget(ts.key)
+        """Workers die before the next cycle. Returns the keys that lost their last copy.
+        Governed keys that lost a copy are given up in flight from the dead workers, as
+        the engine's replica hooks have it."""
+        index = self.index
+        dead = {a for a in addresses if a in self.cluster.workers}
+        hit = {ts.key for a in dead for ts in self.cluster.workers[a].has_what}
+        lost = self.cluster.remove_workers(dead)
+        gone = {ts.key for ts in lost}
+        for key in gone:
+            index.forget(key)
+        index.source_lost.update(k for k in hit - gone if k in index.desired)
         self._workers_changed = self._full = True
         self._refresh()
         return lost
@@ -252,6 +282,7 @@ class Simulation:
             after=self.cluster.measure(self.measure),
             pools=dict(self.initial_pools),
             warnings=list(self.warnings),
+            not_simulated=self.not_simulated(),
         )
 
     def step(self) -> bool:
@@ -262,28 +293,12 @@ class Simulation:
         self._refresh()
         self.amm.run_once()
         enacted = self.cluster.enact()
-        touched = self.cluster.take_touched()
-        if self.classifier.replicas_sensitive:
-            self.classify(touched)
-        self._absorb(touched)
+        # What the engine's replica hooks would have seen: the next cycle routes them.
+        self.index.touched.update(self.cluster.take_touched())
         self.actions.extend(self._cycle_actions)
         if enacted:
             self.last_active = self.cycle
         return bool(enacted) or bool(self.index.inflight) or bool(self.rebalancer.book.pending)
-
-    def _absorb(self, touched: set[Key]) -> None:
-        """Keys whose copies changed: governed ones are planned next cycle, the others
-        join (or leave) reduce-replicas' walk (as the policy routes them)."""
-        index, tasks = self.index, self.cluster.tasks
-        for key in touched:
-            if key in index.desired:
-                index.recheck.add(key)
-                continue
-            ts = tasks[key]
-            if ts.who_has is not None and len(ts.who_has) > 1:
-                index.replicated_free[key] = ts
-            else:
-                index.replicated_free.pop(key, None)
 
     def _at_rest(self) -> bool:
         """Nothing would happen in the next cycle (after a run stopped by its limit)."""
@@ -296,144 +311,66 @@ class Simulation:
     # -- the policy's cycle --------------------------------------------------------------
 
     def _cycle(self) -> Generator[Suggestion, Any, None]:
-        """What RulesPolicy yields in one cycle: replication of governed keys,
-        rebalancing, reduce-replicas of the others; dry-run held back."""
-        stats: defaultdict[str, Counter[str]] = defaultdict(Counter)
-        index = self.index
-        yield from self.dry.replication(self._replicate(), index.desired, stats)
-        if not self.rebalancer.idle:
-            moves = self.rebalancer.run(
-                self.cluster,
-                self.amm,
-                now=self.now,
-                desired=index.desired,
-                inflight=index.inflight,
-                cluster=self.cluster_view,
-                stats=stats,
-            )
-            recorded = self._record(moves, REBALANCE_LABEL)
-            yield from self.dry.rebalancing(recorded, index.desired, stats)
-        if self.ruleset.reduce_replicas:
-            drops = reduce_replicas(index, self.amm.pending, self.rebalancer.moving, stats)
-            yield from self._record(drops, DEFAULT_SOURCE)
+        """What RulesPolicy yields in one cycle: its sections that a recorded cluster can
+        run, in the policy's order, on one :class:`~amm_rules.engine.sections.base.Cycle`."""
+        cycle = Cycle(self._full or self._volatile, self.now, time.perf_counter())
+        self._full = False
+        for section in self.sections:
+            if isinstance(section, ReduceReplicasSection):
+                # Not journalled by the engine (a drop per excess copy): noted here.
+                yield from self._record(section.run(cycle))
+            else:
+                yield from section.run(cycle)
 
     def cluster_view(self) -> ClusterView:
         """The planner's view of the workers: memory is the AMM's tally during a cycle,
         else each worker's measure."""
-        memory = getattr(self.amm, "workers_memory", None)
-        if memory is None:
-            memory = {ws: getattr(ws.memory, self.measure) for ws in self.cluster.workers.values()}
-        return self.placements.cluster_view(memory)
+        return self.ctx.cluster_view()
 
-    def _todo(self) -> list[Key]:
-        """Governed keys to plan, as the policy picks them: after workers changed (or when
-        a pool reads worker memory) every key that fails the index's cheap check, else
-        those of the keys whose copies changed or were left to look at again, plus the
-        keys with copies in flight."""
-        index, placements = self.index, self.placements
-        reduce = self.ruleset.reduce_replicas
-        recheck, index.recheck = index.recheck, set()
-        todo: dict[Key, None] = {}
-        if self._full or self._volatile:
-            for cls in index.groups:
-                todo.update(
-                    (ts.key, None) for ts in index.suspects(cls, placements.of(cls), reduce)
-                )
-        else:
-            found = index.suspects_among(recheck, placements.of, reduce)
-            todo.update((ts.key, None) for ts in found)
-        self._full = False
-        todo.update(dict.fromkeys(index.inflight))
-        return [k for k in todo if k in index.desired]
-
-    def _replicate(self) -> Generator[Suggestion, Any, None]:
-        """The policy's replication planning, for the governed keys that may need it."""
-        keys = self._todo()
-        if not keys:
-            return
-        index = self.index
-        cluster = self.cluster_view()
-        settings = self.settings()
-        pending = self.amm.pending
-        tasks, workers = self.cluster.tasks, self.cluster.workers
-        moving = self.rebalancer.moving
-        for key in keys:
-            ts = tasks[key]
-            desired = index.desired[key]
-            view = key_view(
-                ts, desired, index.inflight.get(key, {}), index.backoff.get(key, {}), pending
-            )
-            plan = plan_key(view, cluster, settings)
-            dry = self.dry.label(desired) is not None
-            refused = False
-            for action in plan.actions:
-                if action.op == "drop" and key in moving:
-                    plan.deferred.append(f"drop from {action.worker} waits: key mid-move")
-                    continue
-                suggestion = Suggestion(action.op, ts, {workers[action.worker]})
-                accepted = (yield suggestion) is not None
-                self._note(
-                    action.op, ts, action.worker, action.source, action.reason, dry, accepted
-                )
-                if not accepted:
-                    refused = True
-                    if action.op == "replicate":
-                        plan.inflight.pop(action.worker, None)
-            self.index.store_plan(key, plan)
-            if (
-                refused
-                or plan.deferred
-                or plan.backoff
-                or (desired.replicate is None and len(plan.good) + len(plan.misplaced) > 1)
-            ):
-                index.recheck.add(key)
-
-    def _record(
-        self, suggestions: Generator[Suggestion, Any, Any], label: str
-    ) -> Generator[Suggestion, Any, None]:
-        """Suggestions of rebalancing or reduce-replicas, passed on and noted with their
-        answers (the worker the AMM chose, or None)."""
+    def _record(self, suggestions: Iterable[Suggestion]) -> Generator[Suggestion, Any, None]:
+        """reduce-replicas' drops, passed on and noted with their answers."""
         answer = None
+        it = iter(suggestions)
+        send = getattr(it, "send", None)
         try:
             while True:
                 try:
-                    s = suggestions.send(answer)
+                    s = next(it) if send is None or answer is None else send(answer)
                 except StopIteration:
                     return
                 answer = yield s
-                ts = s.ts
                 worker = answer.address if answer is not None else None
-                if worker is None and s.candidates:
-                    worker = next(iter(s.candidates)).address
                 if worker is None:
                     continue
-                if label == REBALANCE_LABEL:
-                    dry = self.dry.rebalance or self.dry.label(self.index.desired.get(ts.key))
-                    why = "rebalance: move" if s.op == "replicate" else "rebalance: copy landed"
-                else:
-                    dry = False
-                    why = f"{len(ts.who_has or ())} copies; no rule governs the key"
-                self._note(s.op, ts, worker, label, why, bool(dry), answer is not None)
+                why = f"{len(s.ts.who_has or ())} copies; no rule governs the key"
+                self.note(s.op, s.ts.key, worker, DEFAULT_SOURCE, why, "accepted")
         finally:
-            suggestions.close()
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
 
-    def _note(
-        self, op: str, ts: SimTask, worker: str, rule: str, reason: str, dry: bool, accepted: bool
-    ) -> None:
-        action = SimAction(op, ts.key, worker, rule, ts.nbytes, self.cycle, reason, dry)
-        if dry and not accepted:
-            self._held.setdefault((op, ts.key, worker), action)
-        elif accepted:
+    def note(self, op: str, key: Key, worker: str, rule: str, reason: str, outcome: str) -> None:
+        """One decision of the cycle, as the engine journals it (``outcome``:
+        ``accepted``, ``refused`` or ``dry-run``)."""
+        ts = self.cluster.tasks.get(key)
+        nbytes = ts.nbytes if ts is not None else 0
+        dry = outcome == HELD_BACK
+        action = SimAction(op, key, worker, rule, nbytes, self.cycle, reason, dry)
+        if dry:
+            self._held.setdefault((op, key, worker), action)
+        elif outcome == "accepted":
             self._cycle_actions.append(action)
 
     def settings(self) -> PlanSettings:
-        timeout = max(3.0 * self.interval, 10.0)
-        return PlanSettings(
-            now=self.now,
-            inflight_timeout=timeout,
-            backoff=timeout,
-            reduce_replicas=self.ruleset.reduce_replicas,
-        )
+        return self.ctx.settings(self.now)
+
+    def not_simulated(self) -> list[str]:
+        """Why each section of the engine that the rules use is not run here."""
+        return [
+            cls.offline
+            for cls in SECTIONS
+            if cls not in self.SECTIONS and cls.offline and cls.in_use(self.ruleset)
+        ]
 
     # -- where things stand ----------------------------------------------------------------
 
@@ -479,30 +416,50 @@ class Simulation:
                 out.append((ts, desired, lo))
         return out
 
-    # -- problems ------------------------------------------------------------------------
 
-    def _once(self, token: Any, message: str) -> None:
-        if token not in self._reported:
-            self._reported.add(token)
-            self.warnings.append(message)
+class _Warnings(EventLog):
+    """The engine's events in a simulation: problems become the result's warnings (each
+    once), the rest is dropped."""
 
-    def _rule_error(self, rule: Rule, exc: Exception) -> None:
-        self._once(
-            ("rule", rule.name),
-            f"the match of rule '{rule.name}' raised {exc!r}; treated as no match",
-        )
+    def __init__(self, warnings: list[str]):
+        super().__init__()
+        self.warnings = warnings
 
-    def _bad_annotation(self, value: Any, exc: Exception, key: Key) -> None:
-        shown = repr(value)[:200]
-        self._once(
-            ("annotation", shown), f"ignoring invalid amm annotation {shown} (key {key!s}): {exc}"
-        )
+    def emit(self, action: str, **fields: Any) -> None:
+        if action == "rule-error":
+            where, error = str(fields.get("rule")), fields.get("error")
+            if where.startswith("pools."):
+                text = f"the expression of pool '{where[6:]}' raised {error}"
+            elif where.endswith(".match"):
+                text = f"{where} raised {error}; the key is not moved"
+                if where == "demand.match":
+                    text = f"{where} raised {error}; the key's reads are not followed"
+            else:
+                text = f"the match of rule '{where}' raised {error}; treated as no match"
+        elif action == "invalid-annotation":
+            text = (
+                f"ignoring invalid {fields.get('name', 'amm')} annotation "
+                f"{fields.get('annotation')} (key {fields.get('example_key')}): "
+                f"{fields.get('error')}"
+            )
+        else:
+            return
+        self.warnings.append(text)
 
-    def _rebalance_error(self, exc: Exception) -> None:
-        self._once("rebalance.match", f"rebalance.match raised {exc!r}; the key is not moved")
 
-    def _pool_error(self, pool: Any, exc: Exception) -> None:
-        self._once(("pool", pool.name), f"the expression of pool '{pool.name}' raised {exc!r}")
+class _Record(Journal):
+    """The engine's journal in a simulation: each decision is also noted as an action of
+    the cycle (see :meth:`Simulation.note`)."""
+
+    def __init__(self, simulation: Simulation):
+        super().__init__()
+        self.simulation = simulation
+
+    def decision(
+        self, key: Hashable, op: str, worker: str, outcome: str, reason: str, source: str
+    ) -> None:
+        super().decision(key, op, worker, outcome, reason, source)
+        self.simulation.note(op, key, worker, source, reason, outcome)
 
 
 class _Cycle(ActiveMemoryManagerPolicy):

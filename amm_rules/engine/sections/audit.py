@@ -153,6 +153,7 @@ class AuditSection(Section):
     """The audit sweeps in the policy's cycle; ``interval``: seconds between the starts
     of two sweeps (None: never)."""
 
+    offline = "audit: not simulated: a simulation keeps its index itself"
     name = "audit"
     status_key = "audit"
 

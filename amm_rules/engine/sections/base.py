@@ -79,11 +79,21 @@ class Section:
     METRICS: ClassVar[Mapping[str, MetricSpec]] = {}
     metric_prefix: ClassVar[str] = ""
 
+    #: Why ``amm-rules simulate`` cannot run the section on a recorded cluster, in one
+    #: sentence ("" when it runs it); said in the simulation's report when the rules use
+    #: the section (:meth:`in_use`).
+    offline: ClassVar[str] = ""
+
     #: The engine's context while attached, else None.
     ctx: EngineContext | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} section {self.name!r}>"
+
+    @classmethod
+    def in_use(cls, ruleset: Ruleset) -> bool:
+        """Whether ``ruleset`` asks anything of the section."""
+        return False
 
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
         """The rules in force changed (start or reload)."""

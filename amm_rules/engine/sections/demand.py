@@ -14,10 +14,20 @@ from __future__ import annotations
 from typing import Any
 
 from amm_rules.engine.sections.base import Section
+from amm_rules.language.ruleset import Ruleset
 
 
 class DemandSection(Section):
     """What the demand hold follows (see the module docstring)."""
+
+    offline = (
+        "demand: not simulated: no task reads a key in a recorded cluster, so task.reads is 0 "
+        "and no copy is held for readers"
+    )
+
+    @classmethod
+    def in_use(cls, ruleset: Ruleset) -> bool:
+        return bool(ruleset.reads_demand or ruleset.demand.hold > 0)
 
     name = "demand"
     status_key = "demand"

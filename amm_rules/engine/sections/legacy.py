@@ -67,6 +67,10 @@ ORIGINS = (REPLICATE, BROADCAST)
 class LegacyCalls(Section):
     """The ``replicate`` and ``scatter`` wrappers of one policy."""
 
+    offline = (
+        "legacy-replicate: not simulated: no client calls replicate or scatter in a simulation "
+        "(the targets they set are replayed)"
+    )
     name = "legacy-replicate"
     status_key = "legacy_replicate"
     explain_key = "copying"

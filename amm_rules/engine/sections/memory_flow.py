@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.language.ruleset import Ruleset
 
 #: Prefixes listed per ranking in the status (top producers, top freers).
 STATUS_TOP = 5
@@ -24,6 +25,15 @@ STATUS_TOP = 5
 
 class MemoryFlowSection(Section):
     """Memory flow per task prefix (see the module docstring)."""
+
+    offline = (
+        "memory-flow: not simulated: a recorded cluster computes nothing, so rules reading "
+        "task.prefix_* see no figures"
+    )
+
+    @classmethod
+    def in_use(cls, ruleset: Ruleset) -> bool:
+        return bool(ruleset.reads_flow)
 
     name = "memory-flow"
     status_key = "memory_flow"

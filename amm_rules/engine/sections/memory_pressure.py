@@ -93,6 +93,15 @@ class MemoryPressure(Section, SchedulerPlugin):
     """The ``memory-pressure`` section at work (see the module docstring); also the
     scheduler plugin that sees graphs arrive."""
 
+    offline = (
+        "memory-pressure: not simulated: it holds back tasks as graphs arrive, and a recorded "
+        "cluster computes nothing"
+    )
+
+    @classmethod
+    def in_use(cls, ruleset: Ruleset) -> bool:
+        return bool(ruleset.memory_pressure is not None and ruleset.memory_pressure.enabled)
+
     name = "memory-pressure"
     status_key = "memory_pressure"
     explain_key = "memory_pressure"

@@ -164,6 +164,14 @@ class Handling:
 class PausedWorkers(Section):
     """The ``paused-workers`` section at work (see the module docstring)."""
 
+    offline = (
+        "paused-workers: not simulated: the workers of a recorded cluster neither pause nor resume"
+    )
+
+    @classmethod
+    def in_use(cls, ruleset: Ruleset) -> bool:
+        return bool(ruleset.paused_workers is not None)
+
     name = "paused-workers"
     status_key = "paused_workers"
     explain_key = "paused_workers"

@@ -12,7 +12,6 @@ replication section defers trimming a key in :attr:`RebalanceSection.moving`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection, Generator, Hashable
 from typing import Any
 
@@ -72,9 +71,10 @@ class RebalanceSection(Section):
             stats=cycle.stats,
             adopt=self._adopt_copy,
         )
-        # Held back by dry-run before the journal: it records what the AMM was asked.
-        moves = ctx.dry_run.rebalancing(moves, index.desired, cycle.stats)
-        yield from ctx.journal.rebalancing(moves, rebalancer.book.pending)
+        # The journal records every move, those dry-run holds back as such (``dry-run``).
+        held = ctx.dry_run.rebalance_label(index.desired)
+        journaled = ctx.journal.rebalancing(moves, rebalancer.book.pending, held)
+        yield from ctx.dry_run.rebalancing(journaled, index.desired, cycle.stats)
 
     def _adopt_copy(self, key: Hashable, worker: str) -> None:
         """A move given up after its copy landed on ``worker`` (the key's replication
@@ -84,7 +84,7 @@ class RebalanceSection(Section):
         ctx = self.ctx
         assert ctx is not None
         if key in ctx.index.desired:
-            deadline = time.monotonic() + ctx.inflight_timeout
+            deadline = ctx.clock() + ctx.inflight_timeout
             ctx.index.inflight.setdefault(key, {})[worker] = deadline
 
     def cycle_summary(self) -> dict[str, Any]:

@@ -11,7 +11,6 @@ scale benchmark). It runs after the rebalance section, and spares the keys mid-m
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Collection, Generator, Hashable, Iterable, Mapping
 from typing import Any
@@ -125,7 +124,6 @@ class ReduceReplicasSection(Section):
         assert ctx is not None and ctx.manager is not None
         if not ctx.ruleset.reduce_replicas:
             return ()
-        moving = ctx.section(RebalanceSection).moving
-        return reduce_replicas(
-            ctx.index, ctx.manager.pending, moving, cycle.stats, time.monotonic()
-        )
+        rebalance = ctx.find(RebalanceSection)
+        moving = rebalance.moving if rebalance is not None else ()
+        return reduce_replicas(ctx.index, ctx.manager.pending, moving, cycle.stats, ctx.clock())

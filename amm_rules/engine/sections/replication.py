@@ -73,7 +73,7 @@ class Replication(Section):
         self._absorb_touched(ctx.index, ctx.scheduler.tasks)
         self._give_up_orphaned_copies(ctx)
 
-        now = cycle.now = time.monotonic()
+        now = cycle.now = ctx.clock()
         stats = cycle.stats
         for label, n in ctx.index.governed_by.items():
             stats[label]["governed"] = n
@@ -178,7 +178,7 @@ class Replication(Section):
         index = ctx.index
         tasks = ctx.scheduler.tasks
         assert ctx.manager is not None
-        until = time.monotonic() + ctx.manager.interval / 2
+        until = ctx.clock() + ctx.manager.interval / 2
         read: set[Hashable] = set()
         for key in index.source_lost:
             entry = index.inflight.pop(key, None)
@@ -259,9 +259,11 @@ class Replication(Section):
         assert ctx.manager is not None
         pending = ctx.manager.pending
         workers = ctx.scheduler.workers
-        moving = ctx.section(RebalanceSection).moving
+        rebalance = ctx.find(RebalanceSection)
+        moving = rebalance.moving if rebalance is not None else ()
         journal = ctx.journal
-        copying = ctx.section(LegacyCalls).copying
+        legacy = ctx.find(LegacyCalls)
+        copying = legacy.copying if legacy is not None else ()
         placements = ctx.placements
         dry_run = ctx.dry_run
         for key, ts in todo.items():

@@ -189,6 +189,9 @@ class RulesRetireWorker(RetireWorker):
 class Retirements(Section):
     """Retirements under the rules, for one RulesPolicy (see the module docstring)."""
 
+    offline = (
+        "retirement: not simulated: no worker retires in a simulation (--kill removes workers)"
+    )
     name = "retirement"
     status_key = "retirements"
     metric_prefix = "retirement"

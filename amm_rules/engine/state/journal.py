@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Generator, Hashable, Mapping
+from collections.abc import Callable, Generator, Hashable, Mapping
 from itertools import islice
 from typing import Any, NamedTuple
+
+from amm_rules.engine.dryrun import HELD_BACK
 
 #: Decisions kept (across all keys); ``explain`` shows a key's own among them.
 DECISIONS_KEPT = 10_000
@@ -104,10 +106,15 @@ class Journal:
         return out
 
     def rebalancing(
-        self, moves: Generator[Any, Any, None], pending: Mapping[Hashable, Any]
+        self,
+        moves: Generator[Any, Any, None],
+        pending: Mapping[Hashable, Any],
+        held: Callable[[Any], str | None] | None = None,
     ) -> Generator[Any, Any, None]:
         """Pass the rebalancer's suggestions through to the AMM (and its answers back),
-        writing each to the journal. ``pending``: the rebalancer's moves in flight."""
+        writing each to the journal. ``pending``: the rebalancer's moves in flight;
+        ``held``: names the dry-run label of a suggestion held back on its way (its
+        outcome is then ``dry-run``, as for replication)."""
         choice = None
         while True:
             try:
@@ -122,7 +129,12 @@ class Journal:
                 why = f"rebalance: move from {move.sender}" if move else "rebalance: move"
             else:
                 why = f"rebalance: the copy landed on {move.recipient}" if move else "rebalance"
-            outcome = "accepted" if choice is not None else "refused"
+            if choice is not None:
+                outcome = "accepted"
+            elif held is not None and held(suggestion) is not None:
+                outcome = HELD_BACK
+            else:
+                outcome = "refused"
             self.decision(key, suggestion.op, getattr(ws, "address", "?"), outcome, why, REBALANCE)
 
 

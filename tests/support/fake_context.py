@@ -1,0 +1,166 @@
+"""A small engine context with no cluster behind it, to unit-test one section.
+
+:func:`engine` builds an :class:`~amm_rules.engine.context.EngineContext` on a recorded
+cluster made from a few lines of specs (:class:`~amm_rules.offline.sim_cluster.SimCluster`:
+scheduler-shaped tasks and workers), with distributed's own Active Memory Manager over it,
+the rules installed and the keys in memory classified, as the policy has them after
+attaching. :meth:`Engine.cycle` runs one cycle of the sections given (each attached to
+the context) and returns what the AMM asked the workers for; the clock is the test's.
+
+    e = engine("rules: [...]", workers={"a": {}, "b": {"host": "h2"}}, keys={"x": ["a"]})
+    assert e.cycle(Replication()) == [("replicate", "b", "x")]
+
+Worker addresses are the names given; a key is given by its holders, or a mapping with
+``holders`` and any of ``nbytes``, ``prefix``, ``waiters``, ``annotations``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Any
+
+import yaml
+from distributed.active_memory_manager import (
+    ActiveMemoryManagerExtension,
+    ActiveMemoryManagerPolicy,
+    Suggestion,
+)
+
+from amm_rules.engine.context import EngineContext
+from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.language.loader import load_ruleset
+from amm_rules.offline.dump import ClusterState, TaskRecord, WorkerRecord
+from amm_rules.offline.sim_cluster import SimCluster
+
+
+class _Sections(ActiveMemoryManagerPolicy):
+    """The sections of one cycle, as an AMM policy."""
+
+    def __init__(self, engine: Engine, sections: Iterable[Section]):
+        self.engine = engine
+        self.sections = tuple(sections)
+
+    def run(self) -> Any:
+        cycle = Cycle(self.engine.full, self.engine.now, time.perf_counter())
+        self.engine.full = False
+        for section in self.sections:
+            yield from section.run(cycle)
+
+
+class Engine:
+    """An engine context on a recorded cluster (see the module docstring)."""
+
+    def __init__(self, rules: str | Mapping[str, Any], state: ClusterState, measure: str):
+        self.cluster = SimCluster(state)
+        self.now = 0.0
+        #: The next cycle checks every governed key (as after workers changed).
+        self.full = True
+        self.ctx = ctx = EngineContext(
+            inflight_timeout=None,
+            summary_interval=0.0,
+            early_cycle_delay=0.0,
+            early_cycle_gap=None,
+            retire_by_rules=False,
+        )
+        ctx.clock = lambda: self.now
+        mapping = yaml.safe_load(rules) if isinstance(rules, str) else rules
+        ctx.install(load_ruleset(mapping))
+        ctx.placements.attach(self.cluster.workers)
+        ctx.placements.refresh(measure, True)
+        ctx.manager = ActiveMemoryManagerExtension(
+            self.cluster,  # type: ignore[arg-type]
+            set(),
+            measure=measure,
+            register=False,
+            start=False,
+            interval=2.0,
+        )
+        index = ctx.index
+        index.tasks = self.cluster.tasks
+        index.queue(ts.key for ts in self.cluster.in_memory())
+        index.classify(ctx.classifier, self.cluster.tasks, index.unclassified, None, None)
+        # Keys with several copies are looked at in the first cycle (reduce-replicas' walk).
+        index.touched.update(ts.key for ts in self.cluster.in_memory() if len(ts.who_has) > 1)
+
+    def attach(self, *sections: Section) -> None:
+        """Configure and attach ``sections``; they become the context's sections."""
+        ctx = self.ctx
+        ctx.sections = (*ctx.sections, *sections)
+        for section in sections:
+            section.configure(ctx.ruleset, ctx.dry_run)
+            section.attach(ctx)
+
+    def cycle(self, *sections: Section, now: float = 0.0) -> list[tuple[str, str, Hashable]]:
+        """One AMM cycle of ``sections`` (attached first if they are not), at ``now``;
+        returns what the AMM asked the workers for: ``(op, address, key)``."""
+        self.attach(*(s for s in sections if s not in self.ctx.sections))
+        self.now = now
+        amm = self.ctx.manager
+        assert amm is not None
+        policy = _Sections(self, sections)
+        amm.policies.clear()
+        amm.add_policy(policy)
+        self.cluster.requested = []
+        amm.run_once()
+        return sorted(self.cluster.requested, key=repr)
+
+    def suggest(self, section: Section, now: float = 0.0) -> list[Suggestion]:
+        """What one section yields in a cycle, every suggestion answered as accepted
+        (no AMM in between)."""
+        self.attach(*(() if section in self.ctx.sections else (section,)))
+        cycle = Cycle(self.full, now, time.perf_counter())
+        out = []
+        gen = iter(section.run(cycle))
+        send = getattr(gen, "send", None)
+        answer = None
+        while True:
+            try:
+                s = next(gen) if send is None or answer is None else send(answer)
+            except StopIteration:
+                return out
+            out.append(s)
+            answer = next(iter(s.candidates)) if s.candidates else object()
+
+
+def engine(
+    rules: str | Mapping[str, Any],
+    workers: Mapping[str, Mapping[str, Any]],
+    keys: Mapping[Hashable, Any],
+    measure: str = "managed",
+) -> Engine:
+    """An :class:`Engine` on ``workers`` (address -> ``host``, ``resources``, ``status``,
+    ``memory_limit``) holding ``keys`` (key -> holders, or a mapping with ``holders``)."""
+    tasks = {}
+    held: dict[str, list[Hashable]] = {a: [] for a in workers}
+    for key, spec in keys.items():
+        spec = {"holders": spec} if not isinstance(spec, Mapping) else spec
+        holders = tuple(spec["holders"])
+        nbytes = int(spec.get("nbytes", 1000))
+        prefix = spec.get("prefix", str(key).split("-")[0])
+        tasks[key] = TaskRecord(
+            key=key,
+            state="memory",
+            prefix=prefix,
+            group=prefix,
+            nbytes=nbytes,
+            who_has=holders,
+            waiters=tuple(spec.get("waiters", ())),
+            annotations=dict(spec.get("annotations", {})),
+        )
+        for a in holders:
+            held[a].append(key)
+    records = {}
+    for address, spec in workers.items():
+        managed = sum(tasks[k].nbytes for k in held[address])
+        records[address] = WorkerRecord(
+            address=address,
+            name=address,
+            host=spec.get("host", "h1"),
+            status=spec.get("status", "running"),
+            resources=dict(spec.get("resources", {})),
+            memory_limit=int(spec.get("memory_limit", 1_000_000)),
+            memory={"managed": managed, "process": managed, "unmanaged_old": 0},
+            has_what=held[address],
+        )
+    return Engine(rules, ClusterState("test", records, tasks), measure)
