@@ -126,7 +126,7 @@ def explain_key(
     if ts is None or ts.state != "memory":
         state = ts.state if ts is not None else "unknown"
         summary = "not known to the scheduler" if ts is None else f"not in memory ({state})"
-        out = {"key": name, "summary": summary, "history": _history(policy, key)}
+        out: dict[str, Any] = {"key": name, "summary": summary, "history": _history(policy, key)}
         pressure = policy.pressure.explain(ts) if hasattr(policy, "pressure") else None
         if pressure is not None:
             out["summary"] = f"{summary}: {pressure['summary']}"

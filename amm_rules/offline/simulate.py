@@ -34,7 +34,7 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Generator, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed.active_memory_manager import (
     ActiveMemoryManagerExtension,
@@ -58,6 +58,9 @@ from amm_rules.engine.reduce_replicas import reduce_replicas
 from amm_rules.engine.view import ClusterView
 from amm_rules.language.ruleset import Desired, Rule, Ruleset, RuntimeTarget, Target
 from amm_rules.offline.views import SimCluster, SimTask
+
+if TYPE_CHECKING:
+    from distributed.scheduler import TaskState
 
 logger = logging.getLogger(__name__)
 
@@ -370,7 +373,8 @@ class Simulation:
                 if action.op == "drop" and key in moving:
                     plan.deferred.append(f"drop from {action.worker} waits: key mid-move")
                     continue
-                suggestion = Suggestion(action.op, ts, {workers[action.worker]})
+                # The simulation's tasks and workers stand in for the scheduler's.
+                suggestion = Suggestion(action.op, ts, {workers[action.worker]})  # type: ignore[arg-type]
                 accepted = (yield suggestion) is not None
                 self._note(
                     action.op, ts, action.worker, action.source, action.reason, dry, accepted
@@ -407,6 +411,7 @@ class Simulation:
                     worker = next(iter(s.candidates)).address
                 if worker is None:
                     continue
+                dry: object
                 if label == REBALANCE_LABEL:
                     dry = self.dry.rebalance or self.dry.label(self.index.desired.get(ts.key))
                     why = "rebalance: move" if s.op == "replicate" else "rebalance: copy landed"
@@ -418,7 +423,14 @@ class Simulation:
             suggestions.close()
 
     def _note(
-        self, op: str, ts: SimTask, worker: str, rule: str, reason: str, dry: bool, accepted: bool
+        self,
+        op: str,
+        ts: SimTask | TaskState,
+        worker: str,
+        rule: str,
+        reason: str,
+        dry: bool,
+        accepted: bool,
     ) -> None:
         action = SimAction(op, ts.key, worker, rule, ts.nbytes, self.cycle, reason, dry)
         if dry and not accepted:
