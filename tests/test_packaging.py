@@ -31,27 +31,22 @@ REPO = Path(__file__).resolve().parent.parent
 NOT_IN_SDIST = re.compile(r"^benchmarks/results/")
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+def build(target: str, out: Path) -> Path:
+    """The ``wheel`` or ``sdist`` of the checkout, built by hatchling (no isolation)."""
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "--quiet",
-            "--wheel-dir",
-            str(out),
-            str(REPO),
-        ],
+        [sys.executable, "-m", "hatchling", "build", "-t", target, "-d", str(out)],
+        cwd=REPO,
         check=True,
+        capture_output=True,
         timeout=300,
     )
-    (built,) = out.glob("amm_rules-*.whl")
+    (built,) = out.glob("amm_rules-*.whl" if target == "wheel" else "amm_rules-*.tar.gz")
     return built
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    return build("wheel", tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture(scope="module")
@@ -136,16 +131,7 @@ def metadata(wheel) -> email.message.Message:
 
 @pytest.fixture(scope="module")
 def sdist(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("sdist")
-    subprocess.run(
-        [sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d", str(out)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (built,) = out.glob("amm_rules-*.tar.gz")
-    return built
+    return build("sdist", tmp_path_factory.mktemp("sdist"))
 
 
 @pytest.fixture(scope="module")
