@@ -276,15 +276,15 @@ def _futures_and_keys(obj: Any, depth: int = 0) -> tuple[list[Future], list[Any]
     if is_key(obj):
         return [], [obj]
     if dask.is_dask_collection(obj):
-        futures = futures_of(obj)
-        if not futures:
+        persisted = futures_of(obj)
+        if not persisted:
             # A collection that was never persisted has tasks, not futures: there is
             # no data in memory to hold a target on.
             raise ValueError(
                 "the collection holds no futures; persist it first "
                 "(x = client.persist(x)) and pass the persisted collection"
             )
-        return futures, []
+        return persisted, []
     if isinstance(obj, Mapping):
         items: Any = obj.values()
     elif isinstance(obj, (list, tuple, set, frozenset)):

@@ -576,10 +576,10 @@ def _explain_unmet(client: Any, snapshot: Snapshot, futures: list[Any]) -> list[
     lines = []
     for f in chosen:
         why = answer.get(str(f.key), {})
-        unmet = why.get("unmet") or "no reason given"
+        reason = why.get("unmet") or "no reason given"
         lines.append(
             f"{f.key}: on {len(why.get('holders', []))} workers, wants "
-            f"{why.get('desired', '?')}; engine says: {unmet}"
+            f"{why.get('desired', '?')}; engine says: {reason}"
         )
     return lines
 

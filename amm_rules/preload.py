@@ -25,19 +25,22 @@ dashboard, and a preload module is the one thing distributed imports before that
 from __future__ import annotations
 
 import logging
+from types import ModuleType
 from typing import Any
 
 from amm_rules.observe import extension, routes
 
 logger = logging.getLogger(__name__)
 
+_page: ModuleType | None
 try:
-    from amm_rules.observe import dashboard as _page
+    from amm_rules.observe import dashboard as page
 except ImportError as exc:  # Bokeh missing, or a version dask's dashboard refuses
     _page = None
     _missing: str | None = f"{type(exc).__name__}: {exc}"
 else:
-    _page.register()
+    page.register()
+    _page = page
     _missing = None
 
 #: Policies configured by a path other than ``amm_rules.RulesPolicy`` are found too.

@@ -15,7 +15,7 @@ from amm_rules.language.schema import SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples" / "rules").glob("*.yaml"))
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SCHEMA_LINE = re.compile(r"^# yaml-language-server: \$schema=(?P<path>\S+)$")
 YAML_BLOCK = re.compile(r"^```ya?ml\n(?P<body>.*?)^```", re.MULTILINE | re.DOTALL)
 

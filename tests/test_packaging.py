@@ -1,44 +1,52 @@
 """The wheel carries what the installed package loads (the grammar, its prebuilt parse
 table, the demo's rules), and the README's first command works from it: the wheel
 installed (not editable) in a fresh environment made by the test, ``amm-rules demo``
-runs there with the demo rules the wheel ships."""
+runs there with the demo rules the wheel ships. The sdist holds every file git tracks
+(but the benchmarks' results), so that the tests run from it. Both carry the license;
+the metadata says what the package needs and offers (the floor of dask and distributed
+that CI pins, the extras, the version defined once in ``amm_rules/__init__.py``)."""
 
 from __future__ import annotations
 
+import email
+import email.message
 import os
+import re
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import zipfile
 from pathlib import Path
 
 import hatchling.build  # noqa: F401 - the wheel is built by it, without build isolation
 import pytest
+from trove_classifiers import classifiers as TROVE
+
+import amm_rules
+from tests.support.env import in_ci
 
 REPO = Path(__file__).resolve().parent.parent
+#: Tracked files the sdist leaves out, on purpose (pyproject.toml says why).
+NOT_IN_SDIST = re.compile(r"^benchmarks/results/")
+
+
+def build(target: str, out: Path) -> Path:
+    """The ``wheel`` or ``sdist`` of the checkout, built by hatchling (no isolation)."""
+    subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", target, "-d", str(out)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (built,) = out.glob("amm_rules-*.whl" if target == "wheel" else "amm_rules-*.tar.gz")
+    return built
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "--quiet",
-            "--wheel-dir",
-            str(out),
-            str(REPO),
-        ],
-        check=True,
-        timeout=300,
-    )
-    (built,) = out.glob("amm_rules-*.whl")
-    return built
+    return build("wheel", tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +120,100 @@ def test_the_installed_wheel_runs_the_demo_with_its_own_rules(wheel, tmp_path):
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert f"rules from {package / 'data' / 'demo.yaml'}\n" in demo.stdout
     assert demo.stdout.endswith("\nEvery target is met.\n"), demo.stdout
+
+
+@pytest.fixture(scope="module")
+def metadata(wheel) -> email.message.Message:
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        return email.message_from_bytes(zf.read(name))
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory) -> Path:
+    return build("sdist", tmp_path_factory.mktemp("sdist"))
+
+
+@pytest.fixture(scope="module")
+def sdist_names(sdist) -> set[str]:
+    with tarfile.open(sdist) as tf:
+        top = f"amm_rules-{amm_rules.__version__}/"
+        return {m.name.removeprefix(top) for m in tf.getmembers() if m.isfile()}
+
+
+def tracked_files() -> list[str]:
+    if not (REPO / ".git").exists():
+        if in_ci():
+            pytest.fail(f"{REPO} is not a git checkout: the sdist's contents cannot be checked")
+        pytest.skip(f"{REPO} is not a git checkout")
+    out = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True, timeout=60
+    )
+    return [p for p in out.stdout.splitlines() if (REPO / p).is_file()]
+
+
+def test_the_sdist_holds_every_tracked_file(sdist_names):
+    missing = [p for p in tracked_files() if not NOT_IN_SDIST.match(p) and p not in sdist_names]
+    assert missing == []
+    assert ".pre-commit-hooks.yaml" in sdist_names and "amm-rules-test.schema.json" in sdist_names
+    assert not [p for p in sdist_names if NOT_IN_SDIST.match(p)]
+
+
+def test_the_license_is_in_both(wheel_names, sdist_names, metadata):
+    assert "LICENSE" in sdist_names
+    assert f"amm_rules-{amm_rules.__version__}.dist-info/licenses/LICENSE" in wheel_names
+    assert metadata["License-Expression"] == "BSD-3-Clause"
+    assert metadata["License-File"] == "LICENSE"
+    text = (REPO / "LICENSE").read_text()
+    assert text.startswith("BSD 3-Clause License\n") and "amm-rules developers" in text
+
+
+def test_the_version_is_defined_once(metadata):
+    assert metadata["Version"] == amm_rules.__version__
+    assert 'dynamic = ["version"]' in (REPO / "pyproject.toml").read_text()
+    assert f"## [{amm_rules.__version__}]" in (REPO / "CHANGELOG.md").read_text()
+
+
+def test_the_floor_is_the_one_ci_pins(metadata):
+    """pyproject's floor of dask and distributed is the release .ci/constraints-floor.txt
+    pins, and the README and docs/deploy.md name it."""
+    pins = dict(
+        line.split("==")
+        for line in (REPO / ".ci" / "constraints-floor.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert set(pins) == {"dask", "distributed"}
+    (version,) = set(pins.values())  # Dask releases both together
+    requires = metadata.get_all("Requires-Dist")
+    assert {f"dask>={version}", f"distributed>={version}"} <= set(requires)
+    for doc in ("README.md", "docs/deploy.md"):
+        text = " ".join((REPO / doc).read_text().replace("**", "").split())
+        assert f"`dask` and `distributed` {version} or later" in text, doc
+
+
+def test_the_extras(metadata):
+    requires = metadata.get_all("Requires-Dist")
+    assert {"dashboard", "metrics", "all", "test", "docs"} <= set(
+        metadata.get_all("Provides-Extra")
+    )
+    assert "bokeh>=3.1.0; extra == 'dashboard'" in requires
+    assert "prometheus-client>=0.17; extra == 'metrics'" in requires
+    assert {"bokeh>=3.1.0; extra == 'all'", "prometheus-client>=0.17; extra == 'all'"} <= set(
+        requires
+    )
+    readme = (REPO / "README.md").read_text()
+    for extra in ("dashboard", "metrics", "all"):
+        assert f'pip install "amm-rules[{extra}]"' in readme
+
+
+def test_classifiers_and_urls(metadata):
+    classifiers = metadata.get_all("Classifier")
+    assert not [c for c in classifiers if c not in TROVE]
+    assert "Typing :: Typed" in classifiers
+    tested = {f"Programming Language :: Python :: 3.{minor}" for minor in range(10, 14)}
+    assert tested <= set(classifiers)
+    assert metadata["Requires-Python"] == ">=3.10"
+    urls = dict(u.split(", ", 1) for u in metadata.get_all("Project-URL"))
+    assert {"Documentation", "Source", "Changelog"} <= set(urls)
+    site = re.search(r"^site_url: (\S+)$", (REPO / "mkdocs.yml").read_text(), re.MULTILINE)
+    assert site is not None and site[1].startswith(urls["Documentation"])

@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from amm_rules import __version__
+
+if TYPE_CHECKING:
+    from amm_rules.language.loader import CheckResult
 
 FORMATS = ("text", "json", "github")
 
@@ -149,7 +153,7 @@ def _validate(
     return 1 if failed else 0
 
 
-def _check(file: str) -> object:
+def _check(file: str) -> CheckResult:
     from amm_rules.language.loader import check_path, check_stream
 
     if file == "-":

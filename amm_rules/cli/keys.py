@@ -67,14 +67,14 @@ def _literal(text: str) -> Hashable:
 
 def _value(node: ast.AST, text: str) -> Hashable:
     if isinstance(node, ast.Constant) and type(node.value) in (str, bytes, int, float):
-        return node.value  # type: ignore[no-any-return]
+        return node.value
     if (
         isinstance(node, ast.UnaryOp)
         and isinstance(node.op, ast.USub)
         and isinstance(node.operand, ast.Constant)
         and type(node.operand.value) in (int, float)
     ):
-        return -node.operand.value  # type: ignore[operator,no-any-return]
+        return -node.operand.value  # type: ignore[operator]
     if isinstance(node, ast.Tuple):
         return tuple(_value(elt, text) for elt in node.elts)
     raise KeyTextError(

@@ -17,7 +17,7 @@ every entry that compiled even when other entries did not.
 from __future__ import annotations
 
 from dataclasses import field
-from typing import Any
+from typing import Any, Literal
 
 from amm_rules.language.fields import (
     ActionError,
@@ -158,7 +158,9 @@ def _pool_names(data: dict[str, Any]) -> set[str] | None:
     return {str(k) for k in pools} if isinstance(pools, dict) else None
 
 
-def _compile(text: str, context: str, path: tuple[Any, ...], where: Locator) -> Any:
+def _compile(
+    text: str, context: Literal["task", "worker"], path: tuple[Any, ...], where: Locator
+) -> Any:
     from amm_rules.language.expr import ExpressionError, compile_expression
 
     try:

@@ -217,7 +217,7 @@ def parse_target(value: Any, field: str = "replicate") -> Target:
             raise ActionError(field, "expected at least one of 'min' and 'max'")
         lo = _bound(value["min"], f"{field}.min") if "min" in value else 1
         hi = _bound(value["max"], f"{field}.max") if "max" in value else None
-        if hi is not None and hi != ALL and (lo == ALL or hi < lo):  # type: ignore[operator]
+        if hi is not None and hi != ALL and (lo == ALL or hi < lo):
             raise ActionError(field, f"max ({hi}) is below min ({lo})")
         return Target(lo, hi)
     return Target.exact(_bound(value, field))

@@ -100,20 +100,21 @@ class Locator:
         from amm_rules.language.scalar_positions import expression_position
 
         label = field_label(path)
-        node = self.source.values.get(path) if self.source is not None else None
+        source = self.source
+        node = source.values.get(path) if source is not None else None
         for problem in problems:
             end_column = None
-            if isinstance(node, ScalarNode) and problem.line > 0:
+            if source is not None and isinstance(node, ScalarNode) and problem.line > 0:
                 line, column = expression_position(
-                    self.source,
-                    node,  # type: ignore[arg-type]
+                    source,
+                    node,
                     problem.line,
                     problem.column,
                 )
                 if problem.end_column is not None and problem.end_column > problem.column:
                     end = expression_position(
-                        self.source,
-                        node,  # type: ignore[arg-type]
+                        source,
+                        node,
                         problem.line,
                         problem.end_column,
                     )

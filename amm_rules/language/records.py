@@ -14,6 +14,11 @@ kept); ``tests/language/test_records.py`` compares them with ``dataclass`` itsel
 The shared ``__init__`` is slower per call than a generated one, so classes built per key
 or per worker on the scheduler (``TaskFacts``, ``Desired``, ...) keep ``dataclass``.
 Used by the language package only; its neighbours import nothing from here.
+
+Type checkers see :func:`record` as ``dataclass`` (PEP 681's ``dataclass_transform``),
+so that ``Pool("gpu", ...)`` is checked against the fields. The marker is imported for
+type checkers only (``typing_extensions`` ships with every type checker's stubs):
+nothing is imported at run time, and no dependency is added.
 """
 
 from __future__ import annotations
@@ -22,11 +27,28 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import MISSING, FrozenInstanceError
 from operator import attrgetter
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+if TYPE_CHECKING:
+    from typing_extensions import dataclass_transform
+else:
+
+    def dataclass_transform(**_: Any) -> Callable[[Any], Any]:
+        return lambda decorator: decorator
+
 
 C = TypeVar("C", bound=type)
 
 
+@overload
+def record(cls: C, /) -> C: ...
+
+
+@overload
+def record(*, frozen: bool = False, eq: bool = True) -> Callable[[C], C]: ...
+
+
+@dataclass_transform(field_specifiers=(dataclasses.field,))
 def record(cls: C | None = None, /, *, frozen: bool = False, eq: bool = True) -> Any:
     """``@record``, ``@record(frozen=True)``, ``@record(frozen=True, eq=False)``: as
     ``@dataclass`` with the same arguments."""
@@ -39,17 +61,18 @@ def record(cls: C | None = None, /, *, frozen: bool = False, eq: bool = True) ->
 
 def _build(cls: C, *, frozen: bool, eq: bool) -> C:
     own = dict(cls.__dict__)
-    cls = dataclasses.dataclass(cls, init=False, repr=False, eq=False)
-    fields = dataclasses.fields(cls)
+    klass: type[Any] = cls
+    dataclasses.dataclass(klass, init=False, repr=False, eq=False)  # fields; returns klass
+    fields = dataclasses.fields(klass)
     names = frozenset(f.name for f in fields)
 
     def put(name: str, method: Callable[..., Any] | None) -> None:
         if name not in own:  # a method written in the class body wins, as in dataclass
             if method is not None:
-                method.__qualname__ = f"{cls.__qualname__}.{name}"
-            setattr(cls, name, method)
+                method.__qualname__ = f"{klass.__qualname__}.{name}"
+            setattr(klass, name, method)
 
-    put("__init__", _init(cls, fields))
+    put("__init__", _init(klass, fields))
     shown = attrgetter(*(f.name for f in fields if f.repr))
     shown_names = [f.name for f in fields if f.repr]
 
@@ -81,14 +104,14 @@ def _build(cls: C, *, frozen: bool, eq: bool) -> C:
     if frozen:
 
         def __setattr__(self: Any, name: str, value: Any) -> None:
-            if type(self) is cls or name in names:
+            if type(self) is klass or name in names:
                 raise FrozenInstanceError(f"cannot assign to field {name!r}")
-            super(cls, self).__setattr__(name, value)
+            super(klass, self).__setattr__(name, value)
 
         def __delattr__(self: Any, name: str) -> None:
-            if type(self) is cls or name in names:
+            if type(self) is klass or name in names:
                 raise FrozenInstanceError(f"cannot delete field {name!r}")
-            super(cls, self).__delattr__(name)
+            super(klass, self).__delattr__(name)
 
         put("__setattr__", __setattr__)
         put("__delattr__", __delattr__)

@@ -93,7 +93,9 @@ def _json_item(diag: Diagnostic) -> dict[str, object]:
 
 #: Characters other than CR and LF that end a line for a reader splitting lines the
 #: Unicode way; an annotation must stay on one line, so they are written as escapes.
-_OTHER_LINE_ENDS = {c: f"\\u{ord(c):04x}" for c in "\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+_OTHER_LINE_ENDS: dict[str, str | int | None] = {
+    c: f"\\u{ord(c):04x}" for c in "\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+}
 
 
 def _escape_data(text: str) -> str:

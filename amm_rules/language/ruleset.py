@@ -123,7 +123,7 @@ class Target:
         hi = every if self.max == ALL else self.max
         if hi is not None and hi < lo:
             hi = lo
-        return lo, hi  # type: ignore[return-value]
+        return lo, hi
 
     def __str__(self) -> str:
         if self.max == self.min:
@@ -203,7 +203,7 @@ class Actions:
 
     def set_fields(self) -> tuple[str, ...]:
         """The fields this rule or annotation sets, in :data:`ACTION_FIELDS` order."""
-        return self._set_fields  # type: ignore[attr-defined,no-any-return]
+        return self._set_fields  # type: ignore[attr-defined]
 
 
 @record(frozen=True)

@@ -67,13 +67,14 @@ def source_indices(text: str, node: ScalarNode) -> list[int] | None:
         while len(indices) < len(node.value):  # kept trailing newlines ("|+")
             indices.append(indices[-1] if indices else start)
         return indices
+    flowed: list[Piece] | None
     if style in ("'", '"'):
-        pieces = _flow(text, start + 1, end - 1, quote=style)
+        flowed = _flow(text, start + 1, end - 1, quote=style)
     else:
-        pieces = _flow(text, start, end, quote=None)
-    if pieces is None or "".join(c for c, _ in pieces) != node.value:
+        flowed = _flow(text, start, end, quote=None)
+    if flowed is None or "".join(c for c, _ in flowed) != node.value:
         return None
-    return [i for _, i in pieces]
+    return [i for _, i in flowed]
 
 
 def _scalar_start(text: str, node: ScalarNode) -> int:

@@ -346,5 +346,5 @@ def _single_keyword(error: Any, path: Path, words: FileWords) -> Iterable[Schema
 
 def _type_name(value: Any) -> str:
     if isinstance(value, list):
-        return " or ".join(_TYPE_NAMES.get(v, v) for v in value)
+        return " or ".join(_TYPE_NAMES.get(v, str(v)) for v in value)
     return _TYPE_NAMES.get(value, str(value))

@@ -315,7 +315,7 @@ class _Prescan:
             )
         return None
 
-    def _alias(self, name: str) -> tuple[str, str] | None:
+    def _alias(self, name: str | None) -> tuple[str, str] | None:
         """Case 5: an alias is refused before it is expanded: one too many, one to a node
         that contains it (expanding it would never end), one to no anchor, or one that
         would nest too deep where it stands. Else it counts as a copy of its node."""
@@ -448,8 +448,9 @@ class _Walker:
                 )
                 continue
             first_line[key] = key_node.start_mark.line + 1
-            self.source.keys[(*path, key)] = key_node
-            out[key] = self.walk(value_node, (*path, key))
+            key_path = (*path, key)
+            self.source.keys[key_path] = key_node
+            out[key] = self.walk(value_node, key_path)
         return out
 
     def scalar(self, node: ScalarNode) -> Any:

@@ -361,14 +361,14 @@ class WorkerMemory(DashboardComponent):
             self.root.xaxis[0].major_label_text_font_size = size
 
     def _thresholds(self, r: Mapping[str, Any] | None) -> None:
-        on = bool(r and r.get("enabled"))
-        plan = (r or {}).get("last_plan") or {}
-        mean = plan.get("mean") if on else None
+        on = r if r and r.get("enabled") else None  # the settings while rebalancing is on
+        plan = (on or {}).get("last_plan") or {}
+        mean = plan.get("mean")
         lines = {
-            "sender_min": (self.sender_min, r["sender_min"] if on else None, "sender-min"),
+            "sender_min": (self.sender_min, on["sender_min"] if on else None, "sender-min"),
             "recipient_max": (
                 self.recipient_max,
-                r["recipient_max"] if on else None,
+                on["recipient_max"] if on else None,
                 "recipient-max",
             ),
             "mean": (self.mean, mean, "mean"),
@@ -383,14 +383,14 @@ class WorkerMemory(DashboardComponent):
                 y=value if visible else 0,
                 text=f"{words} {value:.0%}" if visible else "",
             )
-        half = r["gap"] / 2 if on else 0
+        half = on["gap"] / 2 if on else 0
         visible = isinstance(mean, (int, float))
         # Hidden models keep numbers: BokehJS refuses a null coordinate.
         _set(
             self.band,
             visible=visible,
-            bottom=(mean - half) if visible else 0,
-            top=(mean + half) if visible else 0,
+            bottom=(mean - half) if isinstance(mean, (int, float)) else 0,
+            top=(mean + half) if isinstance(mean, (int, float)) else 0,
         )
 
 

@@ -127,7 +127,7 @@ def _explained(
     if core.plan is None or core.view is None or core.desired is None:
         state = ts.state if ts is not None else "unknown"
         summary = "not known to the scheduler" if ts is None else f"not in memory ({state})"
-        out = {"key": name, "summary": summary, "history": _history(policy, key)}
+        out: dict[str, Any] = {"key": name, "summary": summary, "history": _history(policy, key)}
         pressure = core.answer.get("memory_pressure")
         if pressure is not None:
             out["summary"] = f"{summary}: {pressure['summary']}"

@@ -298,9 +298,9 @@ class _Families:
         held += sorted(k for k, v in last.items() if k not in held and "would_request" in v)
         held += sorted(k for k, v in last.items() if k not in held and "would_drop" in v)
         for label in held:
-            counts = last.get(label, {})
-            self.would_request.add_metric([*where, label], counts.get("would_request", 0))
-            self.would_drop.add_metric([*where, label], counts.get("would_drop", 0))
+            would = last.get(label, {})
+            self.would_request.add_metric([*where, label], would.get("would_request", 0))
+            self.would_drop.add_metric([*where, label], would.get("would_drop", 0))
         index = policy.index
         self.in_flight.add_metric(where, sum(len(v) for v in index.inflight.values()))
         rebalancer = policy.rebalancer

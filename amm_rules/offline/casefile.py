@@ -469,8 +469,8 @@ class _Builder:
             path = ("workers", i)
             if self.skip((*path, "name")) or not isinstance(item, dict):
                 continue
-            name = item["name"]
-            host = item.get("host", name)
+            name: str = item["name"]
+            host: str = item.get("host", name)
             address = item.get("address", f"tcp://{host}:{9000 + i}")
             if name in seen_names:
                 self.error((*path, "name"), f"duplicate worker name '{name}'", "duplicate-worker")

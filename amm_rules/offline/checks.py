@@ -66,7 +66,8 @@ def cluster_warnings(result: CheckResult, state: ClusterState, measure: str) -> 
         eligible = sorted(placeable(rule.actions, workers))
         path: tuple[Any, ...] = ("rules", index.get(rule.name, 0))
         target = rule.actions.replicate
-        if target is not None and target.min > len(eligible):
+        # A minimum of `all` is every eligible worker: never more than there are.
+        if target is not None and isinstance(target.min, int) and target.min > len(eligible):
             field = "replicate.min" if target.max != target.min else "replicate"
             scope = _scope(rule)
             have = (

@@ -425,7 +425,8 @@ class _Refs:
     def worker(self, ref: Any) -> str | None:
         """The address in a ``WorkerState`` repr (or a plain address)."""
         if not isinstance(ref, str):
-            return self._fail("worker reference")
+            self._fail("worker reference")
+            return None
         try:
             return self._workers[ref]
         except KeyError:
@@ -435,7 +436,8 @@ class _Refs:
             m = _WORKER_REPR.match(ref)
             address = _literal(m["addr"]) if m else None
             if not isinstance(address, str):
-                address = self._fail("worker reference")
+                self._fail("worker reference")
+                address = None
         else:
             address = ref
         self._workers[ref] = address
@@ -444,7 +446,8 @@ class _Refs:
     def task(self, ref: Any) -> Key | None:
         """The key in a ``TaskState`` repr."""
         if not isinstance(ref, str):
-            return self._fail("task reference")
+            self._fail("task reference")
+            return None
         try:
             return self._tasks[ref]
         except KeyError:
@@ -491,7 +494,6 @@ class _Refs:
 
     def _fail(self, what: str) -> None:
         self.bad[what] = self.bad.get(what, 0) + 1
-        return None
 
     def warnings(self) -> list[str]:
         out = [f"{n} {what}s could not be read and were left out" for what, n in self.bad.items()]

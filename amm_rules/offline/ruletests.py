@@ -137,22 +137,22 @@ def cluster_of(test: TestFile, case: Case) -> ClusterState:
         for h in k.holders:
             held[h].append(k.key)
             managed[h] += k.nbytes
-    for w in test.workers:
-        state.workers[w.address] = WorkerRecord(
-            address=w.address,
-            name=w.name,
-            host=w.host,
-            status=_STATUS[w.status],
-            resources=dict(w.resources),
-            nthreads=w.nthreads,
-            memory_limit=w.memory_limit,
+    for worker in test.workers:
+        state.workers[worker.address] = WorkerRecord(
+            address=worker.address,
+            name=worker.name,
+            host=worker.host,
+            status=_STATUS[worker.status],
+            resources=dict(worker.resources),
+            nthreads=worker.nthreads,
+            memory_limit=worker.memory_limit,
             memory={
-                "process": w.memory + managed[w.name],
-                "managed": managed[w.name],
+                "process": worker.memory + managed[worker.name],
+                "managed": managed[worker.name],
                 "spilled": 0,
-                "unmanaged_old": w.memory,
+                "unmanaged_old": worker.memory,
             },
-            has_what=held[w.name],
+            has_what=held[worker.name],
         )
     return state
 
@@ -247,11 +247,11 @@ class _Run:
                     self.fail(at, f"{shown}: {name}: expected {want_set}, got {have or 'not set'}")
             elif name == "rules":
                 for field_name, rule in want.items():
-                    have = _who(desired, field_name)
-                    if have != rule:
+                    decided = _who(desired, field_name)
+                    if decided != rule:
                         self.fail(
                             (*at, field_name),
-                            f"{shown}: {field_name} decided by: expected {rule!r}, got {_show(have)}",
+                            f"{shown}: {field_name} decided by: expected {rule!r}, got {_show(decided)}",
                         )
             elif name == "holders" and sorted(want) != holders:
                 self.fail(at, f"{shown}: holders: expected {sorted(want)}, got {holders}")

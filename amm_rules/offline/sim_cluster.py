@@ -169,9 +169,9 @@ class SimCluster:
                 ts.processing_on = workers[record.processing_on]
                 ts.processing_on.processing.add(ts)
         # Keys in each worker's order as recorded, then any the record missed.
-        for address, record in state.workers.items():
+        for address, worker in state.workers.items():
             ws = workers[address]
-            for key in record.has_what:
+            for key in worker.has_what:
                 ts = tasks[key]
                 if ts.who_has and ws in ts.who_has:
                     ws.has_what[ts] = None

@@ -28,6 +28,9 @@ from amm_rules.observe.conformance import conformance
 from tests.support.cluster import amm_config, events, holders, inc, no_errors, policy_of, rules
 from tests.support.waiting import cycle_until, wait_cycles, wait_for
 
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
+
 GPU = {"resources": {"GPU": 1}}
 POOLS = {"gpu": "worker.resources.GPU >= 1"}
 EMPTY = rules()

@@ -21,6 +21,9 @@ from tests.support.flow import graph as flow_graph
 from tests.support.flow import make
 from tests.support.waiting import wait_for
 
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
+
 SIZE = 200_000
 
 

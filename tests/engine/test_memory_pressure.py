@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 
+import pytest
 from distributed.utils_test import gen_cluster
 
 from tests.support.cluster import events, no_errors, policy_of
@@ -22,6 +23,9 @@ from tests.support.pressure import (
     slow,
 )
 from tests.support.waiting import wait_for
+
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
 
 
 @gen_cluster(client=True, config=config(section()), **WORKERS)

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 import dask
+import pytest
 from distributed import Client, LocalCluster
 from distributed.utils_test import gen_test
 
@@ -30,6 +31,9 @@ from tests.support.cluster import (
 from tests.support.leak import held, leaky, worker_config
 from tests.support.retire import ReplicaLog
 from tests.support.waiting import wait_for
+
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
 
 leak.ship()
 

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from distributed import Worker
 from distributed.utils_test import gen_cluster
 
 from tests.support.cluster import amm_config, events, holders, no_errors, policy_of, rules
 from tests.support.retire import ReplicaLog
 from tests.support.waiting import cycle_until, cycles, wait_for
+
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
 
 LIMIT = 2**30
 GPU = {"resources": {"GPU": 1}, "memory_limit": LIMIT}

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import dask
 import dask.array as da
+import pytest
 from distributed.utils_test import gen_cluster
 
 from tests.support.cluster import amm_config, counts, events, holders, inc, policy_of
 from tests.support.rulesets import GPU_POOL, rules
 from tests.support.waiting import wait_cycles, wait_for
+
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
 
 RULES = rules(
     {"name": "inc-three", "match": 'task.prefix == "inc"', "replicate": 3, "spread": "host"},

@@ -21,6 +21,9 @@ from tests.support.cluster import Requests, amm_config, copies, counts, events, 
 from tests.support.rulesets import PAIR, rules
 from tests.support.waiting import cycle_until, cycles, wait_cycles, wait_for
 
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
+
 
 def blind(s: Any, policy: Any) -> str:
     """Hide every change from the engine; return the plugin's name, for :func:`unblind`."""

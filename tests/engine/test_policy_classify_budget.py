@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
@@ -19,6 +20,9 @@ from amm_rules.observe.explain import explain_keys
 from tests.support.cluster import Requests, amm_config, counts
 from tests.support.rulesets import X_THREE
 from tests.support.waiting import wait_for
+
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
 
 N = 12
 

@@ -5,6 +5,7 @@ so that together they account for everything the engine did; none while nothing 
 
 from __future__ import annotations
 
+import pytest
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
@@ -12,6 +13,9 @@ from amm_rules.engine.policy import RulesPolicy
 from tests.support.cluster import amm_config, counts, keep
 from tests.support.rulesets import X_THREE
 from tests.support.waiting import PACE, cycle_until, cycles
+
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
 
 INTERVAL = 1.0
 

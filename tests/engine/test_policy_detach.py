@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.policy import RulesPolicy
 from tests.support.cluster import amm_config, counts
 from tests.support.rulesets import X_THREE
+
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
 
 METHODS = (
     "add_replica",

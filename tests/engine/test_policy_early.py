@@ -47,6 +47,9 @@ from tests.support.cluster import (
 from tests.support.retire import amm_measure
 from tests.support.waiting import cycle_until, wait_for
 
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
+
 KEYS = [f"held-{i}" for i in range(12)]
 
 

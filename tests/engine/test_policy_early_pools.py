@@ -21,12 +21,16 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import pytest
 from distributed.utils_test import gen_cluster
 
 from tests.support.cluster import holders, long_interval, no_errors, policy_of
 from tests.support.retire import amm_measure
 from tests.support.rulesets import GPU, rule, rules
 from tests.support.waiting import wait_for
+
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
 
 KEYS = [f"held-{i}" for i in range(8)]
 

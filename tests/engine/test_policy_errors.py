@@ -31,6 +31,9 @@ from tests.support.cluster import Requests, amm_config, counts, events, holders,
 from tests.support.rulesets import GPU, GPU_POOL, X_THREE, rule, rules
 from tests.support.waiting import cycle_until, cycles, wait_cycles, wait_for
 
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
+
 
 class CopyToAll(ActiveMemoryManagerPolicy):
     """Another policy in the same AMM: copies one key to every worker, and counts its

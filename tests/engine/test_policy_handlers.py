@@ -9,6 +9,9 @@ from tests.support.cluster import amm_config, counts, holders, inc, policy_of
 from tests.support.rulesets import INC_TWO as RULES
 from tests.support.waiting import wait_cycles, wait_for
 
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
+
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 4, config=amm_config(RULES), timeout=150)
 async def test_set_target_holds_until_removed_and_is_forgotten_on_release(c, s, *workers):

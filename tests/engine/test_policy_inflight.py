@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import BlockedGatherDep, gen_cluster, inc
 
@@ -21,6 +22,9 @@ from amm_rules.engine.policy import RulesPolicy
 from tests.support.cluster import Requests, amm_config, counts, holders, keep
 from tests.support.rulesets import X_THREE, rule, rules
 from tests.support.waiting import cycle_until, cycles, wait_for
+
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
 
 RECV = {"resources": {"RECV": 1}}
 #: x-* keys live on the workers with the RECV resource.

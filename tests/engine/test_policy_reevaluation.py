@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from distributed import Worker
 from distributed.core import Status
 from distributed.utils_test import gen_cluster, inc
@@ -16,6 +17,9 @@ from distributed.utils_test import gen_cluster, inc
 from tests.support.cluster import Requests, amm_config, counts, holders, keep, policy_of
 from tests.support.rulesets import GPU, GPU_POOL, rule, rules
 from tests.support.waiting import wait_cycles, wait_for
+
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
 
 GPU_TWO = rules(rule("device", "x-*", pool="gpu", replicate=2), pools=GPU_POOL)
 

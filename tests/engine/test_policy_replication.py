@@ -22,6 +22,9 @@ from tests.support.retire import ReplicaLog
 from tests.support.rulesets import X_THREE, rule, rules
 from tests.support.waiting import cycle_until, wait_cycles, wait_for
 
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
+
 TWO = rules({"name": "two", "match": 'task.prefix == "inc"', "replicate": 2})
 # The legacy calls as with the stock AMM: their copies are extra copies.
 TWO_IGNORE = {**TWO, "legacy-replicate": "ignore"}

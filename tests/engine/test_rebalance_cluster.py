@@ -15,6 +15,7 @@ from collections.abc import Generator
 from typing import Any
 
 import numpy as np
+import pytest
 from distributed import Event
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import BlockedGetData, gen_cluster
@@ -34,6 +35,9 @@ from tests.support.cluster import (
 )
 from tests.support.rulesets import GPU, GPU_POOL
 from tests.support.waiting import cycle_until, wait_cycles, wait_for
+
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
 
 MiB = 2**20
 LIMIT = 10 * MiB

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from distributed import Worker
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
@@ -14,6 +15,9 @@ import amm_rules
 from amm_rules.engine.policy import RulesPolicy
 from tests.support.cluster import amm_config, holders, inc, no_errors, policy_of, rules
 from tests.support.waiting import cycles, wait_cycles, wait_for
+
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
 
 GPU = {"resources": {"GPU": 1}}
 POOLS = {"gpu": "worker.resources.GPU >= 1"}

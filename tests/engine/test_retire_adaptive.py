@@ -6,12 +6,16 @@ closes them; every copy made on the way is where the rules allow.
 from __future__ import annotations
 
 import dask
+import pytest
 from distributed import Client, LocalCluster
 from distributed.utils_test import gen_test
 
 from tests.support.cluster import amm_config, events, holders, no_errors, policy_of, rules
 from tests.support.retire import ReplicaLog, amm_measure
 from tests.support.waiting import wait_for
+
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
 
 POOLS = {"a": 'worker.name in ["0", "1"]', "b": 'worker.name in ["2", "3"]'}
 RULES = rules(

@@ -18,6 +18,9 @@ from tests.support.cluster import amm_config, events, holders, no_errors, policy
 from tests.support.retire import ReplicaLog, amm_measure
 from tests.support.waiting import wait_cycles, wait_for
 
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
+
 GPU = {"resources": {"GPU": 1}}
 SPOT = {"resources": {"SPOT": 1}}
 POOLS = {"gpu": "worker.resources.GPU >= 1", "spot": "worker.resources.SPOT >= 1"}

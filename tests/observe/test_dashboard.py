@@ -44,6 +44,9 @@ from tests.support.cluster import CountingDict, amm_config, copies, policy_of, r
 from tests.support.env import in_ci
 from tests.support.waiting import wait_for
 
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
+
 #: A scheduler with its dashboard and the page, as ``--preload amm_rules.preload``.
 PAGE = {"dashboard": True, "dashboard_address": "127.0.0.1:0", "preload": ["amm_rules.preload"]}
 GPU = {"resources": {"GPU": 1}}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from dask.utils import format_bytes
 from distributed.utils_test import gen_cluster
 
@@ -24,6 +25,9 @@ from tests.support.flow import SIZE, graph
 from tests.support.pressure import WORKERS, pressure_on, section, slow
 from tests.support.pressure import config as pressure_config
 from tests.support.waiting import wait_for
+
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
 
 PRESSURE = {"version": 1, "memory-pressure": {"threshold": "90%", "release": "80%"}}
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import dask
 import prometheus_client
+import pytest
 from distributed import Scheduler, Worker
 from distributed.utils_test import gen_cluster, gen_test, inc
 from tornado.httpclient import AsyncHTTPClient
@@ -18,6 +19,9 @@ from amm_rules.observe import metrics
 from tests.support.cluster import amm_config, copies, policy_of, rules
 from tests.support.flow import graph
 from tests.support.waiting import poll, wait_for
+
+#: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
+pytestmark = pytest.mark.compat
 
 TWO = rules(
     {"name": "two", "match": 'task.prefix == "two"', "replicate": 2},

@@ -32,6 +32,9 @@ rules:
     replicate: 3
     spread: host
     avoid: gpu
+  - name: on-every-worker
+    match: task.prefix == "e"
+    replicate: {min: all}
 """
 
 

@@ -180,7 +180,7 @@ class _Compiler:
             return self._membership(node)
         if node.op == "matches":
             return self._matches(node)
-        op = node.op
+        op: str = node.op
         left, right = self.value(node.left), self.value(node.right)
         checked = self._is_any(node.left) or self._is_any(node.right)
         depends = left.depends | right.depends

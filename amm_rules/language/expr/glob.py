@@ -74,7 +74,7 @@ def compile_glob(pattern: str) -> Matcher:
     if all(_is_literal(seg) for seg in segments):
         texts = ["".join(seg) for seg in segments]  # type: ignore[arg-type]
         if len(texts) == 1:
-            return texts[0].__eq__  # type: ignore[return-value]
+            return texts[0].__eq__
         if len(texts) == 2:
             head, tail = texts
             if not tail:

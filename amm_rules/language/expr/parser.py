@@ -217,8 +217,9 @@ _CHAR_HINTS = {
 
 def _syntax_problem(exc: UnexpectedInput, text: str) -> Problem:
     if isinstance(exc, UnexpectedCharacters):
-        char = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
-        hint = _bracket_hint(text, exc.pos_in_stream) or _CHAR_HINTS.get(char)
+        pos = exc.pos_in_stream if exc.pos_in_stream is not None else len(text)
+        char = text[pos] if pos < len(text) else ""
+        hint = _bracket_hint(text, pos) or _CHAR_HINTS.get(char)
         message = f"unexpected character {char!r}" + (f"; {hint}" if hint else "")
         return Problem(message, exc.line, exc.column, SYNTAX, exc.column + 1)
     expected = _expected(exc)
