@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from amm_rules.engine.events import clip_text
 from amm_rules.language.diagnostics import RulesError
 from amm_rules.language.ruleset import Ruleset
 
@@ -132,6 +133,7 @@ class RulesFile:
             self._signature = before
             return ruleset
         self._signature = before
+        error = clip_text(error)  # kept in the scheduler's memory, shown by status
         self.errors = [
             *self.errors[-(RELOAD_ERRORS_KEPT - 1) :],
             {"time": time.time(), "error": error},

@@ -7,13 +7,25 @@ seconds: fixed, these take milliseconds (``python -m benchmarks.hostile`` measur
 
 from __future__ import annotations
 
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
 from distributed.utils_test import gen_cluster
+from tornado.httpclient import AsyncHTTPClient
 
 from amm_rules.engine.journal import DECISIONS_KEPT, Journal
+from amm_rules.engine.policy import RulesPolicy
+from amm_rules.observe.metrics import OTHER_RULES, RULE_SERIES, RulesCollector
+from amm_rules.observe.status import TEXT_SHOWN, clipped
 from tests.support.cluster import amm_config, policy_of
 from tests.support.hang import hang_bound
 from tests.support.looplag import LoopLag, assert_no_stall
 from tests.support.rulesets import INC_TWO
+from tests.support.waiting import wait_for
 
 # ---------------------------------------------------------------------------------
 # 1. The decision journal, indexed by key
@@ -57,3 +69,92 @@ async def test_explaining_many_keys_with_a_full_journal_does_not_stall_the_loop(
         answer = await c.scheduler.amm_rules_explain(keys=keys)
     assert_no_stall(lag, "explain of 20,000 unknown keys with a full journal")
     assert len(answer) == len(keys)
+
+
+# ---------------------------------------------------------------------------------
+# 3, 8, 17. status.json: one report for every request, bounded, never sniffed
+
+#: A scheduler with its dashboard and the page, as ``--preload amm_rules.dashboard``.
+PAGE = {"dashboard": True, "dashboard_address": "127.0.0.1:0", "preload": ["amm_rules.dashboard"]}
+
+
+def url(s: Any, path: str) -> str:
+    return f"http://127.0.0.1:{s.http_server.port}{path}"
+
+
+@gen_cluster(client=True, scheduler_kwargs=PAGE, config=amm_config(INC_TWO), timeout=60)
+async def test_concurrent_status_json_requests_share_one_report(c, s, a, b):
+    """20 requests at once: one report, serialised once (each request made its own)."""
+    http = AsyncHTTPClient()
+    async with LoopLag() as lag:
+        responses = await asyncio.gather(
+            *[http.fetch(url(s, "/amm-rules/status.json")) for _ in range(20)]
+        )
+    assert_no_stall(lag, "20 concurrent requests to status.json")
+    assert {r.body for r in responses} == {responses[0].body}
+    assert json.loads(responses[0].body)["rules"] == ["two"]
+    assert {r.headers["X-Content-Type-Options"] for r in responses} == {"nosniff"}
+    assert {r.headers["Content-Type"] for r in responses} == {"application/json"}
+
+
+@gen_cluster(client=True, scheduler_kwargs=PAGE, config=amm_config(INC_TWO), timeout=60)
+async def test_an_event_a_client_logs_does_not_reach_status_json(c, s, a, b):
+    """Anyone may log to the topic: a 5 MB event made every status.json 5 MB."""
+    await c.log_event("amm-rules", {"action": "reload-error", "error": "x" * 5_000_000})
+    await c.log_event("amm-rules", {"action": "reload", "time": "x", "rules": 3})
+    await wait_for(lambda: len(s.get_events("amm-rules")) >= 2, "the clients' events")
+    response = await AsyncHTTPClient().fetch(url(s, "/amm-rules/status.json"))
+    assert len(response.body) < 100_000, len(response.body)
+    assert json.loads(response.body)["events"] == []
+
+
+def test_reports_clip_the_texts_they_embed() -> None:
+    """An engine event or reload error with a huge text is embedded clipped, marked."""
+    huge = {"action": "reload-error", "error": "e" * 50_000, "n": list(range(1_000))}
+    shown = clipped(huge)
+    assert shown["error"] == "e" * TEXT_SHOWN + "... [clipped: 50,000 characters]"
+    assert shown["n"] == [*range(50), "[clipped: 950 more items]"]
+    assert clipped({"deep": [[[["x"]]]]}) == {"deep": [[["<list>"]]]}
+
+
+# ---------------------------------------------------------------------------------
+# 3. /metrics at thousands of rules
+
+MANY_RULES = 2_000
+
+
+def many_rules(path: Path) -> str:
+    text = "version: 1\nrules:\n" + "".join(
+        f'  - name: rule-{i}\n    match: task.prefix == "p{i}"\n    replicate: 2\n'
+        for i in range(MANY_RULES)
+    )
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture
+def many_rules_file(tmp_path: Path) -> str:
+    return many_rules(tmp_path / "rules.yaml")
+
+
+def test_a_scrape_at_thousands_of_rules_is_bounded(many_rules_file: str) -> None:
+    """Series of the first 50 rules; the others add up under ``(other rules)``: 2,000
+    rules made 1.7 MB scrapes (10,000: 8 MB, half a second on the event loop)."""
+    import prometheus_client
+
+    policy = RulesPolicy(many_rules_file)
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    collector = RulesCollector()
+    collector.policies.append(policy)
+    registry.register(collector)
+    text = prometheus_client.generate_latest(registry).decode()
+    assert len(text) < 100_000, len(text)
+    rules = set(re.findall(r'dask_amm_rules_governed_keys\{rule="([^"]*)"', text))
+    assert rules == {
+        *(f"rule-{i}" for i in range(RULE_SERIES)),
+        "(annotation)",
+        "(runtime)",
+        OTHER_RULES,
+    }
+    states = dict(re.findall(r'dask_amm_rules_rules_in_state\{.*state="([^"]*)"\} (\S+)', text))
+    assert float(states["satisfied"]) == MANY_RULES
