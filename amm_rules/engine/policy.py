@@ -46,7 +46,7 @@ from distributed.active_memory_manager import (
 )
 
 from amm_rules.engine import key_logger, observers
-from amm_rules.engine.adapters import key_view
+from amm_rules.engine.adapters import bounded_repr, key_view
 from amm_rules.engine.audit import Auditor
 from amm_rules.engine.budget import ClassifyBudget
 from amm_rules.engine.classify import Classifier
@@ -410,19 +410,20 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     def _invalid_annotation(
         self, value: Any, exc: Exception, key: Hashable, name: str = "amm"
     ) -> None:
-        # The value comes from a client and may be megabytes: the log line, the event
-        # (kept in the scheduler's memory) and the rate-limit token get a prefix.
+        # The value comes from a client and may be megabytes, or a few bytes standing
+        # for millions of shared values: the log line, the event (kept in the
+        # scheduler's memory) and the rate-limit token get a bounded repr.
         # ``name`` is the annotation: ``amm``, or ``replicate`` (its shorthand).
-        shown, error = _clip(repr(value)), _clip(str(exc))
-        logger.warning("amm-rules: ignoring invalid %s annotation %s: %s", name, shown, error)
-        self.events.once(
+        shown, error = bounded_repr(value, CLIP), _clip(str(exc))
+        if self.events.once(
             ("invalid-annotation", name, shown),
             "invalid-annotation",
             name=name,
             annotation=shown,
             error=error,
             example_key=_clip(str(key)),
-        )
+        ):
+            logger.warning("amm-rules: ignoring invalid %s annotation %s: %s", name, shown, error)
 
     def _rebalance_match_error(self, exc: Exception) -> None:
         self.events.once(

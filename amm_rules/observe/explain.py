@@ -33,7 +33,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from amm_rules.engine.adapters import TaskFactsAdapter
+from amm_rules.engine.adapters import TaskFactsAdapter, bounded_repr
 from amm_rules.engine.index import PlanClass, labels_of
 from amm_rules.engine.planner import (
     KeyPlan,
@@ -328,8 +328,7 @@ def plain(value: Any, depth: int = 0) -> Any:
         return {str(k): plain(v, depth + 1) for k, v in islice(value.items(), 50)}
     if depth < 6 and isinstance(value, (list, tuple)):
         return [plain(v, depth + 1) for v in value[:50]]
-    text = repr(value)
-    return text if len(text) <= CLIP else text[:CLIP] + "..."
+    return bounded_repr(value, CLIP)  # repr() itself would walk a shared structure whole
 
 
 # ---------------------------------------------------------------------------------

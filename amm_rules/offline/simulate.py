@@ -42,7 +42,7 @@ from distributed.active_memory_manager import (
     Suggestion,
 )
 
-from amm_rules.engine.adapters import key_view
+from amm_rules.engine.adapters import bounded_repr, key_view
 from amm_rules.engine.classify import Classifier
 from amm_rules.engine.dryrun import REBALANCE_LABEL, DryRun
 from amm_rules.engine.index import KeyIndex, PlanClass
@@ -492,10 +492,12 @@ class Simulation:
             f"the match of rule '{rule.name}' raised {exc!r}; treated as no match",
         )
 
-    def _bad_annotation(self, value: Any, exc: Exception, key: Key) -> None:
-        shown = repr(value)[:200]
+    def _bad_annotation(self, value: Any, exc: Exception, key: Key, name: str = "amm") -> None:
+        # ``name``: ``amm``, or ``replicate`` (its shorthand), as the classifier says.
+        shown = bounded_repr(value, 200)
         self._once(
-            ("annotation", shown), f"ignoring invalid amm annotation {shown} (key {key!s}): {exc}"
+            ("annotation", name, shown),
+            f"ignoring invalid {name} annotation {shown} (key {key!s}): {exc}",
         )
 
     def _rebalance_error(self, exc: Exception) -> None:

@@ -10,18 +10,26 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import dask
 import pytest
-from distributed.utils_test import gen_cluster
+from distributed.utils_test import gen_cluster, inc
 from tornado.httpclient import AsyncHTTPClient
 
+from amm_rules.engine.adapters import (
+    MAX_ANNOTATION_NODES,
+    AnnotationTooLarge,
+    bounded_repr,
+    freeze,
+)
 from amm_rules.engine.journal import DECISIONS_KEPT, Journal
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.observe.metrics import OTHER_RULES, RULE_SERIES, RulesCollector
 from amm_rules.observe.status import TEXT_SHOWN, clipped
-from tests.support.cluster import amm_config, policy_of
+from tests.support.cluster import amm_config, counts, events, policy_of
 from tests.support.hang import hang_bound
 from tests.support.looplag import LoopLag, assert_no_stall
 from tests.support.rulesets import INC_TWO
@@ -158,3 +166,73 @@ def test_a_scrape_at_thousands_of_rules_is_bounded(many_rules_file: str) -> None
     }
     states = dict(re.findall(r'dask_amm_rules_rules_in_state\{.*state="([^"]*)"\} (\S+)', text))
     assert float(states["satisfied"]) == MANY_RULES
+
+
+# ---------------------------------------------------------------------------------
+# 4. Annotations built of shared references
+
+
+def shared_leaves(depth: int) -> list[Any]:
+    """A list standing for 2**depth leaves, pickled in a few hundred bytes."""
+    value: list[Any] = ["leaf", "leaf"]
+    for _ in range(depth - 1):
+        value = [value, value]
+    return value
+
+
+class Shared(Mapping):
+    """A mapping of two entries holding the same child, ``depth`` levels deep: it
+    stands for 2**depth leaves, and pickles (as distributed sends it: a mapping that
+    is not a dict is pickled, shared references kept) in a few kilobytes."""
+
+    def __init__(self, depth: int):
+        self.child: Any = Shared(depth - 1) if depth > 1 else "leaf"
+
+    def __getitem__(self, name: str) -> Any:
+        if name in ("a", "b"):
+            return self.child
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("a", "b"))
+
+    def __len__(self) -> int:
+        return 2
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 2, config=amm_config(INC_TWO), timeout=60)
+async def test_an_annotation_of_shared_references_is_refused_without_a_walk(c, s, a, b):
+    """2**21 leaves through ``dask.annotate``: freeze() walked them all on the event
+    loop (10**7 leaves: 10 s and 2.7 GB)."""
+    huge = {"replicate": 2, "pool": Shared(21)}
+    async with LoopLag() as lag:
+        with dask.annotate(amm=huge):
+            bad = c.map(inc, range(20), key=[f"inc-{i}" for i in range(20)])
+        await c.gather(bad)
+        await wait_for(lambda: events(s, "invalid-annotation"), "an invalid-annotation event")
+        await wait_for(lambda: counts(s, bad) == [2] * 20, "every key at its rule's 2")
+    assert_no_stall(lag, "keys annotated with 2**21 shared leaves")
+    (event,) = events(s, "invalid-annotation")
+    assert event["error"] == (
+        f"annotation too large: more than {MAX_ANNOTATION_NODES:,} values "
+        "(shared values counted each time they are reached)"
+    )
+    assert re.fullmatch(
+        r"\{'pool': <.*Shared object at 0x[0-9a-f]+>, 'replicate': 2\}", event["annotation"]
+    )
+    assert event["example_key"].startswith("inc-")
+
+
+def test_freeze_and_bounded_repr_stop_at_their_bounds() -> None:
+    huge = shared_leaves(30)  # a billion leaves
+    with hang_bound(3.0), pytest.raises(AnnotationTooLarge, match="more than 10,000 values"):
+        freeze({"amm": huge})
+    # The next value sharing it is refused at once (remembered by identity).
+    with hang_bound(3.0), pytest.raises(AnnotationTooLarge, match="seen before"):
+        freeze({"other": [huge]})
+    with pytest.raises(AnnotationTooLarge, match="characters of text"):
+        freeze(["x" * 600_000, "y" * 600_000])
+    with hang_bound(3.0):
+        shown = bounded_repr(huge)
+    assert shown == "[[[[...], [...]], [[...], [...]]], [[[...], [...]], [[...], [...]]]]"
+    assert freeze({"b": 1, "a": [1.5, None]}) == freeze({"a": [1.5, None], "b": 1})
