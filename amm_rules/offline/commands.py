@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from amm_rules.language.reporters import escape_controls
 from amm_rules.language.ruleset import Ruleset
 from amm_rules.offline.dump import MAX_DUMP_BYTES, ClusterState, DumpError, read_dump
 
@@ -44,7 +45,7 @@ def load_rules(path: str) -> Ruleset | None:
 
     result = check_path(path)
     if result.ruleset is None:
-        click.echo(format_text([result]), nl=False, err=True)
+        click.echo(escape_controls(format_text([result])), nl=False, err=True)
         return None
     return result.ruleset
 
@@ -166,9 +167,9 @@ def simulate(
     if fmt == "json":
         click.echo(json.dumps(report, indent=2))
     else:
-        click.echo(render_text(report), nl=False)
+        click.echo(escape_controls(render_text(report)), nl=False)
     for warning in state.warnings:
-        click.echo(f"warning: {state.source}: {warning}", err=True)
+        click.echo(escape_controls(f"warning: {state.source}: {warning}"), err=True)
     return 1 if report["lost"] else 0
 
 
@@ -253,9 +254,9 @@ def diff(
     if fmt == "json":
         click.echo(json.dumps(report, indent=2))
     else:
-        click.echo(render_diff(report), nl=False)
+        click.echo(escape_controls(render_diff(report)), nl=False)
     for warning in state.warnings:
-        click.echo(f"warning: {state.source}: {warning}", err=True)
+        click.echo(escape_controls(f"warning: {state.source}: {warning}"), err=True)
     return 0
 
 
@@ -284,7 +285,7 @@ def run_tests(
     if fmt == "json":
         click.echo(json.dumps(render_json(results, shown), indent=2))
     else:
-        click.echo(render_text(results, shown), nl=False)
+        click.echo(escape_controls(render_text(results, shown)), nl=False)
     return exit_status(results)
 
 
