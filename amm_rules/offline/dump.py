@@ -49,8 +49,8 @@ _STATUS_REPR = re.compile(r"Status\.(?P<name>\w+)")
 _HOST = re.compile(r"^(?:[a-z+]+://)?(?P<host>\[[^\]]*\]|[^:/]*)")
 #: The measures of ``distributed.scheduler.MemoryState`` a dump records per worker.
 MEASURES = ("process", "managed", "spilled", "unmanaged_old")
-#: Most bytes a dump may hold once decompressed (a dump of 100,000 tasks holds about
-#: 150 MB); ``--max-dump-size`` raises it. A 194 kB .msgpack.gz can hold 2 GB.
+#: Most bytes a dump may hold once decompressed; ``--max-dump-size`` raises it. (A
+#: 194 kB .msgpack.gz can hold 2 GB.)
 MAX_DUMP_BYTES = 2**30
 #: Most values the aliases of a YAML dump may add when expanded (distributed writes an
 #: alias for a mapping shared by many tasks, such as their annotations), and the
