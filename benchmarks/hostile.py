@@ -67,7 +67,9 @@ def config(rules: Any, interval: float = 0.05) -> dict[str, Any]:
 
 class Shared(Mapping):  # type: ignore[type-arg]
     """Two entries holding the same child, ``depth`` levels deep: 2**depth leaves,
-    pickled (a mapping that is not a dict) in a few kilobytes."""
+    pickled (a mapping that is not a dict: distributed pickles it, shared references
+    kept) in a few kilobytes. Also the hostile annotation of
+    ``tests/hostile/test_scheduler_loop.py``."""
 
     def __init__(self, depth: int):
         self.child: Any = Shared(depth - 1) if depth > 1 else "leaf"

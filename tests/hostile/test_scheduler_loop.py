@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from amm_rules.engine.journal import DECISIONS_KEPT, Journal
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.observe.metrics import OTHER_RULES, RULE_SERIES, RulesCollector
 from amm_rules.observe.status import TEXT_SHOWN, clipped
+from benchmarks.hostile import Shared
 from tests.support.cluster import amm_config, counts, events, policy_of
 from tests.support.hang import hang_bound
 from tests.support.looplag import LoopLag, assert_no_stall
@@ -178,26 +178,6 @@ def shared_leaves(depth: int) -> list[Any]:
     for _ in range(depth - 1):
         value = [value, value]
     return value
-
-
-class Shared(Mapping):
-    """A mapping of two entries holding the same child, ``depth`` levels deep: it
-    stands for 2**depth leaves, and pickles (as distributed sends it: a mapping that
-    is not a dict is pickled, shared references kept) in a few kilobytes."""
-
-    def __init__(self, depth: int):
-        self.child: Any = Shared(depth - 1) if depth > 1 else "leaf"
-
-    def __getitem__(self, name: str) -> Any:
-        if name in ("a", "b"):
-            return self.child
-        raise KeyError(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(("a", "b"))
-
-    def __len__(self) -> int:
-        return 2
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 2, config=amm_config(INC_TWO), timeout=60)
