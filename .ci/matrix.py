@@ -105,8 +105,9 @@ def _from_pyenv(pyenv: str, version: str) -> str | None:
     return python if _is_version(python, version) else None
 
 
-def find_python(version: str) -> str:
-    """The interpreter of ``version`` (``3.10``), installed with pyenv if need be."""
+def find_python(version: str, install: bool = True) -> str:
+    """The interpreter of ``version`` (``3.10``), installed with pyenv if need be (and
+    ``install``)."""
     pyenv = _pyenv()
     if pyenv is not None:
         found = _from_pyenv(pyenv, version)
@@ -115,7 +116,7 @@ def find_python(version: str) -> str:
     on_path = shutil.which(f"python{version}")
     if on_path and _is_version(on_path, version):
         return on_path
-    if pyenv is not None:
+    if pyenv is not None and install:
         print(f"matrix: no Python {version}; installing it with pyenv", flush=True)
         subprocess.run([pyenv, "install", "--skip-existing", version], timeout=1800)
         found = _from_pyenv(pyenv, version)
@@ -198,6 +199,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("envs", nargs="*", metavar="NAME=PYTHON[:CONSTRAINTS]")
     parser.add_argument("--pre", action="store_true", help="allow pre-releases")
     parser.add_argument("--keep", metavar="DIR", help="make the environments here and keep them")
+    parser.add_argument(
+        "--show",
+        action="store_true",
+        help="print each environment (name, Python, interpreter, constraints) and stop",
+    )
+    parser.add_argument("--no-install", action="store_true", help="never install a missing Python")
     if "--" in argv:
         split = argv.index("--")
         argv, tests = argv[:split], argv[split + 1 :]
@@ -206,7 +213,11 @@ def main(argv: list[str]) -> int:
     options = parser.parse_args(argv)
     envs = [parse(spec) for spec in options.envs or DEFAULT]
     for env in envs:
-        env.interpreter = find_python(env.python)
+        env.interpreter = find_python(env.python, install=not options.no_install)
+    if options.show:
+        for env in envs:
+            print(env.name, env.python, env.interpreter, env.constraints or "-")
+        return 0
     where = Path(options.keep or tempfile.mkdtemp(prefix="amm-rules-matrix-"))
     where.mkdir(parents=True, exist_ok=True)
     try:

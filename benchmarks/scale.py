@@ -443,7 +443,7 @@ def measure_page(
     from bokeh.document import Document
     from bokeh.protocol import Protocol
 
-    from amm_rules.observe import dashboard
+    from amm_rules.observe import dashboard, status
 
     protocol = Protocol()
     events: list[Any] = []
@@ -461,7 +461,7 @@ def measure_page(
     for _ in range(n):
         state.transfers.clear()
         manager.run_once()
-        dashboard._shared.clear()
+        status._shared.clear()
         events.clear()
         gc.collect()
         start = time.perf_counter()

@@ -55,6 +55,7 @@ import dask
 from distributed import Client, Scheduler, Worker
 from distributed.core import Status
 
+from benchmarks.support.looplag import LoopLag
 from tests.support.chaos import (
     ChaosStats,
     busiest_holders,
@@ -153,31 +154,6 @@ def distribution(samples: list[float]) -> dict[str, Any]:
         "p90": p90,
         "max": ordered[-1],
     }
-
-
-class LoopLag:
-    """How late the event loop runs a timer: a task sleeping :attr:`TICK` seconds at a
-    time records how much longer each sleep took. Measured beside the engine's early
-    cycles, whose timers the same loop runs late by as much."""
-
-    TICK = 0.01
-
-    def __init__(self) -> None:
-        self.samples: list[float] = []
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-    async def _run(self) -> None:
-        while True:
-            before = time.monotonic()
-            await asyncio.sleep(self.TICK)
-            self.samples.append(max(time.monotonic() - before - self.TICK, 0.0))
 
 
 def early_timings(timings: list[tuple[float, float, float]]) -> dict[str, Any]:

@@ -13,7 +13,9 @@ keeps running with everything else intact.
 - Annotations with any value: an error on the client (``amm_rules.annotate``).
 
 The same on a running cluster (annotations and runtime calls that reach the scheduler,
-hostile rules files at a hot reload) is in ``tests/engine/test_hostile_cluster.py``.
+hostile rules files at a hot reload) is in ``tests/engine/test_hostile_cluster.py``;
+the findings of a review of hostile input against the event loop, the dashboard, the
+offline commands and the terminal are in ``tests/hostile/``, a module per part.
 Hang bounds (:mod:`tests.support.hang`) are generous, seconds for work that takes
 milliseconds: they catch a hang or a blow-up, they do not measure speed.
 """

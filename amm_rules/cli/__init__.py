@@ -52,6 +52,29 @@ _dump_option = click.option(
 _state_option = click.option(
     "--scheduler", metavar="ADDRESS", help="Read the state of a running scheduler."
 )
+#: The default of ``--max-dump-size`` (``amm_rules.offline.dump.MAX_DUMP_BYTES``, which
+#: this module does not import: it stays importable without the offline half).
+MAX_DUMP_SIZE = "1 GiB"
+
+
+def _dump_size(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    from amm_rules.language.fields import UnitError, parse_size
+
+    try:
+        return parse_size(value)
+    except UnitError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+_max_dump_option = click.option(
+    "--max-dump-size",
+    "max_dump_bytes",
+    metavar="SIZE",
+    default=MAX_DUMP_SIZE,
+    show_default=True,
+    callback=_dump_size,
+    help="Refuse a cluster dump larger than this once decompressed (e.g. '4 GiB').",
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -94,6 +117,7 @@ def main() -> None:
     metavar="FILE",
     help="A dask config file: check the rules of its amm_rules.RulesPolicy entries (repeatable).",
 )
+@_max_dump_option
 def validate(
     files: tuple[str, ...],
     fmt: str,
@@ -101,6 +125,7 @@ def validate(
     dump: str | None,
     disabled: tuple[str, ...],
     dask_configs: tuple[str, ...],
+    max_dump_bytes: int,
 ) -> None:
     """Check rules files and report every problem.
 
@@ -120,7 +145,11 @@ def validate(
                 f"{', '.join(sorted(ALL_WARNING_CODES))}",
                 param_hint="'--disable'",
             )
-    sys.exit(_validate(list(files), fmt, strict, dump, frozenset(disabled), list(dask_configs)))
+    sys.exit(
+        _validate(
+            list(files), fmt, strict, dump, frozenset(disabled), list(dask_configs), max_dump_bytes
+        )
+    )
 
 
 def _validate(
@@ -130,6 +159,7 @@ def _validate(
     dump: str | None = None,
     disabled: frozenset[str] = frozenset(),
     dask_configs: list[str] | None = None,
+    max_dump_bytes: int | None = None,
 ) -> int:
     from amm_rules.language.reporters import REPORTERS
 
@@ -144,7 +174,10 @@ def _validate(
         from amm_rules.language.directives import silence
         from amm_rules.offline.commands import add_cluster_warnings
 
-        add_cluster_warnings(results, dump)
+        if max_dump_bytes is None:
+            add_cluster_warnings(results, dump)
+        else:
+            add_cluster_warnings(results, dump, max_dump_bytes)
         silence(results)  # '# amm-rules: disable=' covers the cluster's warnings too
     for r in results:
         r.diagnostics = [d for d in r.diagnostics if d.is_error or d.code not in disabled]
@@ -177,6 +210,7 @@ def _check(file: str) -> CheckResult:
 @click.option("--kill-host", multiple=True, metavar="HOST", help="Lose every worker of a host.")
 @click.option("--kill-pool", multiple=True, metavar="NAME", help="Lose every worker of a pool.")
 @_format_option
+@_max_dump_option
 def simulate(
     rules: str,
     dump: str | None,
@@ -186,6 +220,7 @@ def simulate(
     kill_host: tuple[str, ...],
     kill_pool: tuple[str, ...],
     fmt: str,
+    max_dump_bytes: int,
 ) -> None:
     """What RULES would do to a cluster, cycle after cycle, until nothing changes.
 
@@ -209,6 +244,7 @@ def simulate(
             kill_host=kill_host,
             kill_pool=kill_pool,
             fmt=fmt,
+            max_dump_bytes=max_dump_bytes,
         )
     )
 
@@ -225,8 +261,15 @@ def simulate(
     help="Stop the new rules after N cycles. Default: until nothing changes.",
 )
 @_format_option
+@_max_dump_option
 def diff(
-    old: str, new: str, dump: str | None, scheduler: str | None, cycles: int | None, fmt: str
+    old: str,
+    new: str,
+    dump: str | None,
+    scheduler: str | None,
+    cycles: int | None,
+    fmt: str,
+    max_dump_bytes: int,
 ) -> None:
     """What replacing the rules OLD by NEW would do to a cluster.
 
@@ -238,7 +281,7 @@ def diff(
     """
     from amm_rules.offline.commands import diff as run
 
-    sys.exit(run(old, new, dump, scheduler, cycles=cycles, fmt=fmt))
+    sys.exit(run(old, new, dump, scheduler, cycles=cycles, fmt=fmt, max_dump_bytes=max_dump_bytes))
 
 
 @main.command(name="test")
@@ -246,12 +289,24 @@ def diff(
 @click.option("--coverage", is_flag=True, help="List the rules and pools no case exercised.")
 @_format_option
 @click.option("--schema", "show_schema", is_flag=True, help="Print the test files' JSON Schema.")
-def test_command(paths: tuple[str, ...], coverage: bool, fmt: str, show_schema: bool) -> None:
+@click.option(
+    "--allow-outside",
+    is_flag=True,
+    help="Let a test file's 'rules:' name a file outside the working directory and the "
+    "directories given.",
+)
+def test_command(
+    paths: tuple[str, ...], coverage: bool, fmt: str, show_schema: bool, allow_outside: bool
+) -> None:
     """Run rule tests: test files, or every *_test.yaml under the directories given.
 
     Each case builds a small cluster, runs the rules on it with the engine's own
     planners until nothing changes, and checks what was expected. PASS or FAIL per
     case, with what differed and where.
+
+    A test file's 'rules:' is read relative to the test file, and must be inside the
+    working directory or the directories given (or those of the files given), unless
+    --allow-outside.
 
     Exit status: 0 when every case passed, 1 when a case failed or a test file has
     errors, 2 for usage errors (including no test file found).
@@ -263,7 +318,7 @@ def test_command(paths: tuple[str, ...], coverage: bool, fmt: str, show_schema: 
         raise click.UsageError("give test files or directories (or --schema)")
     from amm_rules.offline.commands import run_tests
 
-    sys.exit(run_tests(paths, coverage=coverage, fmt=fmt))
+    sys.exit(run_tests(paths, coverage=coverage, fmt=fmt, allow_outside=allow_outside))
 
 
 def rule_test_schema_text() -> str:

@@ -7,6 +7,9 @@ parsed into Python's syntax tree (``ast.parse``, which runs nothing), and only s
 bytes and number literals, negative numbers and tuples of them are accepted; anything
 else is a plain string key, or, if it opens a tuple, an error.
 
+The text is bounded (:data:`MAX_KEY_TEXT` characters), and a text nested too deeply to
+parse is one clear error, never a ``RecursionError`` or ``MemoryError``.
+
 Imports nothing from dask or distributed (the command line loads it before connecting).
 """
 
@@ -15,9 +18,17 @@ from __future__ import annotations
 import ast
 from collections.abc import Hashable
 
+#: Longest key text read (dask's keys are names and short tuples; the parser of
+#: Python's syntax recurses per nesting level and holds the whole tree).
+MAX_KEY_TEXT = 10_000
+
 
 class KeyTextError(ValueError):
     """Text that starts like a tuple key but is not one."""
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 60 else f"{text[:60]!r}..."
 
 
 def parse_key(text: str) -> list[Hashable]:
@@ -31,12 +42,17 @@ def parse_key(text: str) -> list[Hashable]:
     Raises :class:`ValueError` for a text that opens a tuple and is not one of
     literals (``(1 + 2, 'x')``, ``('x', foo)``...).
     """
+    if len(text) > MAX_KEY_TEXT:
+        raise KeyTextError(
+            f"{_shown(text)} is not a key: {len(text):,} characters, more than the "
+            f"limit of {MAX_KEY_TEXT:,}"
+        )
     stripped = text.strip()
     if stripped.startswith("("):
         value = _literal(stripped)
         if not isinstance(value, tuple):
             raise KeyTextError(
-                f"{text!r} is not a key: a tuple key is written like ('name-1a2b', 0), "
+                f"{_shown(text)} is not a key: a tuple key is written like ('name-1a2b', 0), "
                 "of strings and numbers only"
             )
         return [value]
@@ -58,11 +74,15 @@ def parse_key(text: str) -> list[Hashable]:
 def _literal(text: str) -> Hashable:
     try:
         tree = ast.parse(text, mode="eval")
+        return _value(tree.body, text)
     except (SyntaxError, ValueError) as exc:
+        if isinstance(exc, KeyTextError):
+            raise
         raise KeyTextError(
-            f"{text!r} is not a key: {exc.msg if isinstance(exc, SyntaxError) else exc}"
+            f"{_shown(text)} is not a key: {exc.msg if isinstance(exc, SyntaxError) else exc}"
         ) from None
-    return _value(tree.body, text)
+    except (RecursionError, MemoryError):
+        raise KeyTextError(f"{_shown(text)} is not a key: nested too deeply") from None
 
 
 def _value(node: ast.AST, text: str) -> Hashable:
@@ -78,6 +98,6 @@ def _value(node: ast.AST, text: str) -> Hashable:
     if isinstance(node, ast.Tuple):
         return tuple(_value(elt, text) for elt in node.elts)
     raise KeyTextError(
-        f"{text!r} is not a key: only strings, numbers and tuples of them may appear "
+        f"{_shown(text)} is not a key: only strings, numbers and tuples of them may appear "
         f"in a key, not {type(node).__name__.lower()}"
     )

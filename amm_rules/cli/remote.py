@@ -134,11 +134,12 @@ def _first_line(exc: BaseException) -> str:
 
 
 def status_command(address: str, fmt: str, check: bool, timeout: float) -> tuple[str, int]:
+    from amm_rules.language.reporters import escape_controls
     from amm_rules.observe.status import all_satisfied, status_json
     from amm_rules.observe.text import render_status
 
     report = ask(address, "amm_rules_status", timeout)
-    text = status_json(report) if fmt == "json" else render_status(report)
+    text = status_json(report) if fmt == "json" else escape_controls(render_status(report))
     return text, 1 if check and not all_satisfied(report) else 0
 
 
@@ -147,9 +148,11 @@ def memory_flow_command(address: str, fmt: str, top: int, timeout: float) -> tup
     from amm_rules.observe.text import render_memory_flow
 
     table = ask(address, "amm_rules_memory_flow", timeout)
+    from amm_rules.language.reporters import escape_controls
+
     if fmt == "json":
         return json.dumps(table, indent=2, default=str) + "\n", 0
-    return render_memory_flow(table, top), 0
+    return escape_controls(render_memory_flow(table, top)), 0
 
 
 def explain_command(
@@ -177,11 +180,14 @@ def explain_command(
         errors: list[str] = []
     else:
         answers, errors = _explain_candidates(address, keys, texts, timeout)
+    from amm_rules.language.reporters import escape_controls
+
     if fmt == "json":
         out = json.dumps(answers, indent=2, default=str) + "\n"
     else:
-        out = render_explain(answers) if answers else ""
-    return out, errors, 1 if errors else 0
+        out = escape_controls(render_explain(answers)) if answers else ""
+    # (Error lines go to a terminal whatever the format.)
+    return out, [escape_controls(e) for e in errors], 1 if errors else 0
 
 
 def _check_rule(address: str, rule: str, timeout: float) -> None:

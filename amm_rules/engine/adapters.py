@@ -6,6 +6,11 @@ engine's pure parts read.
   (:class:`~amm_rules.language.ruleset.TaskFacts`,
   :class:`~amm_rules.language.ruleset.WorkerFacts`);
 - :func:`class_reader`, :func:`freeze`: the class of a key for the classifier's memo;
+  :func:`freeze` walks at most :data:`MAX_ANNOTATION_NODES` values and
+  :data:`MAX_ANNOTATION_CHARS` characters of an annotation (a shared reference counts
+  each time it is reached: a pickled value of a few bytes may stand for millions), and
+  raises :class:`AnnotationTooLarge` beyond; :func:`bounded_repr` shows any value in a
+  few hundred characters without walking more of it;
 - :func:`stock_waiter_count`, :func:`busy_workers`: waiters as the stock ReduceReplicas
   counts them, and where dependents run.
 
@@ -15,6 +20,7 @@ pure and tests can pass stand-ins.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from operator import attrgetter
 from typing import Any
@@ -74,18 +80,88 @@ def busy_workers(ts: Any) -> frozenset[str]:
     )
 
 
+#: Most values :func:`freeze` visits in one annotation (a shared value counts each time
+#: it is reached), and most characters of its texts: real annotations have a few.
+MAX_ANNOTATION_NODES = 10_000
+MAX_ANNOTATION_CHARS = 1_000_000
+#: Containers found too large lately (by identity; see :func:`freeze`).
+_TOO_LARGE_KEPT = 256
+_too_large: dict[int, Any] = {}
+
+
+class AnnotationTooLarge(ValueError):
+    """An annotation value larger than :func:`freeze` walks."""
+
+
+class _Walk:
+    __slots__ = ("nodes", "chars")
+
+    def __init__(self) -> None:
+        self.nodes = MAX_ANNOTATION_NODES
+        self.chars = MAX_ANNOTATION_CHARS
+
+
 def freeze(value: Any) -> Hashable:
-    """A hashable, canonical stand-in for any annotation value (for memo tables)."""
-    if isinstance(value, Mapping):
-        items = [(str(k), freeze(v)) for k, v in value.items()]
-        return ("map", tuple(sorted(items, key=lambda kv: kv[0])))
-    if isinstance(value, (list, tuple)):
-        return ("seq", tuple(freeze(v) for v in value))
+    """A hashable, canonical stand-in for any annotation value (for memo tables).
+
+    Raises :class:`AnnotationTooLarge` past :data:`MAX_ANNOTATION_NODES` values or
+    :data:`MAX_ANNOTATION_CHARS` characters. The containers on the way to where the
+    walk stopped are remembered (by identity, a few hundred at most), so that the next
+    key sharing the same value is refused at once instead of walked again."""
+    return _freeze(value, _Walk())
+
+
+def _freeze(value: Any, walk: _Walk) -> Hashable:
+    walk.nodes -= 1
+    if walk.nodes < 0:
+        raise AnnotationTooLarge(
+            f"annotation too large: more than {MAX_ANNOTATION_NODES:,} values "
+            "(shared values counted each time they are reached)"
+        )
+    if isinstance(value, (Mapping, list, tuple)):
+        if _too_large.get(id(value)) is value:
+            raise AnnotationTooLarge("annotation too large (seen before)")
+        try:
+            if isinstance(value, Mapping):
+                items = [(str(k), _freeze(v, walk)) for k, v in value.items()]
+                return ("map", tuple(sorted(items, key=lambda kv: kv[0])))
+            return ("seq", tuple(_freeze(v, walk) for v in value))
+        except AnnotationTooLarge:
+            if len(_too_large) >= _TOO_LARGE_KEPT:
+                _too_large.clear()
+            _too_large[id(value)] = value
+            raise
     if isinstance(value, float):
         return ("float", repr(value))  # NaN != NaN: compare by spelling instead
-    if isinstance(value, (str, int, bool, type(None))):
+    if isinstance(value, (str, bytes)):
+        walk.chars -= len(value)
+        if walk.chars < 0:
+            raise AnnotationTooLarge(
+                f"annotation too large: more than {MAX_ANNOTATION_CHARS:,} characters of text"
+            )
         return (type(value).__name__, value)
-    return ("repr", type(value).__name__, repr(value))
+    if isinstance(value, (int, bool, type(None))):
+        return (type(value).__name__, value)
+    return ("repr", type(value).__name__, bounded_repr(value, MAX_ANNOTATION_CHARS))
+
+
+#: What :func:`bounded_repr` shows of containers: 6 entries each, 3 levels deep.
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 3
+for _name in ("maxdict", "maxlist", "maxtuple", "maxset", "maxfrozenset", "maxdeque", "maxarray"):
+    setattr(_REPR, _name, 6)
+_REPR.maxstring = _REPR.maxother = 200
+_REPR.maxlong = 100
+
+
+def bounded_repr(value: Any, limit: int = 300) -> str:
+    """``repr(value)`` in at most ``limit`` characters, made without walking more than a
+    few hundred of its values (``repr`` of a shared structure walks its expansion)."""
+    try:
+        text = _REPR.repr(value)
+    except Exception as exc:  # a broken __repr__ from a client's class
+        text = f"<{type(value).__name__}: repr raised {type(exc).__name__}>"
+    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 class TaskFactsAdapter:
@@ -201,7 +277,12 @@ def _plain_reader(names: list[str]) -> Callable[[Any], Hashable]:
 
     def with_annotations(ts: Any) -> Hashable:
         annotations = ts.annotations
-        frozen = freeze(annotations) if annotations else None
+        try:
+            frozen = freeze(annotations) if annotations else None
+        except AnnotationTooLarge:
+            # A class of its own (the rules still read the annotations as they are);
+            # the classifier reports the ``amm`` annotation itself if it is the cause.
+            frozen = ("too-large", id(annotations))
         return frozen if plain is None else (plain(ts), frozen)
 
     return with_annotations

@@ -23,13 +23,21 @@ Clients read them with ``client.get_events("amm-rules")``. Every event is a dict
 - ``"error"``: a cycle failed and was skipped (a bug: please report it).
 
 Rate limits: an identical error is logged once (:meth:`EventLog.once`); cycle summaries
-at most once per ``summary_interval`` seconds, adding up what happened in between.
+at most once per ``summary_interval`` seconds, adding up what happened in between. Texts
+longer than :data:`TEXT_LIMIT` characters are clipped, with a marker, before they are
+logged: the scheduler keeps its events in memory.
+
+Anyone can log to the topic (``client.log_event("amm-rules", ...)``): what the engine
+wrote itself is :attr:`EventLog.recent`, which is what status reports and the dashboard
+show.
 :mod:`amm_rules.engine.policy` owns the instance; nothing here knows about rules.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from collections.abc import Hashable, Mapping
 from typing import Any
 
@@ -42,6 +50,17 @@ ONCE_LIMIT = 10_000
 COUNTERS = ("governed", "requested", "dropped", "unmet")
 #: Counters of suggestions held back by dry-run (see amm_rules.engine.dryrun).
 DRY_RUN_COUNTERS = ("would_request", "would_drop")
+#: Longest text field of an event (an error's diagnostics); longer ones are clipped.
+TEXT_LIMIT = 10_000
+#: Events other than ``cycle`` kept in :attr:`EventLog.recent`.
+RECENT_KEPT = 50
+
+
+def clip_text(text: str, limit: int = TEXT_LIMIT) -> str:
+    """``text``, or its first ``limit`` characters and a marker saying how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [clipped: {len(text):,} characters]"
 
 
 #: Longest text taken from a client's value into an event or a log line.
@@ -67,9 +86,15 @@ class EventLog:
         self._pending_work = False
         self._rebalance: dict[str, Any] = {}
         self._dry_run: dict[str, dict[str, int]] = {}
+        #: The latest events this log wrote, but cycle summaries, as ``(time, event)``,
+        #: oldest first: the engine's own, whatever clients log to the same topic.
+        self.recent: deque[tuple[float, dict[str, Any]]] = deque(maxlen=RECENT_KEPT)
 
     def emit(self, action: str, **fields: Any) -> None:
-        msg = {"action": action, **fields}
+        msg = {
+            "action": action,
+            **{k: clip_text(v) if isinstance(v, str) else v for k, v in fields.items()},
+        }
         if self.scheduler is None:
             logger.debug("amm-rules event before attach: %s", msg)
             return
@@ -77,6 +102,9 @@ class EventLog:
             self.scheduler.log_event(TOPIC, msg)
         except Exception:  # an event must never break a cycle
             logger.exception("amm-rules: could not log event %r", action)
+            return
+        if action != "cycle":
+            self.recent.append((time.time(), msg))
 
     def once(self, token: Hashable, action: str, **fields: Any) -> bool:
         """Emit unless an event with the same ``token`` was emitted before."""
@@ -100,18 +128,21 @@ class EventLog:
     ) -> None:
         """An annotation that cannot be used (``name``: ``amm``, or ``replicate``, its
         shorthand); its keys follow the rules. The value comes from a client and may be
-        megabytes: the log line, the event (kept in the scheduler's memory) and the
-        rate-limit token get a prefix."""
-        shown, error = clip(repr(value)), clip(str(exc))
-        logger.warning("amm-rules: ignoring invalid %s annotation %s: %s", name, shown, error)
-        self.once(
+        megabytes, or a few bytes standing for millions of shared values: the log line,
+        the event (kept in the scheduler's memory) and the rate-limit token get a bounded
+        repr; the warning is logged once per event, not once per key."""
+        from amm_rules.engine.adapters import bounded_repr
+
+        shown, error = bounded_repr(value, CLIP), clip(str(exc))
+        if self.once(
             ("invalid-annotation", name, shown),
             "invalid-annotation",
             name=name,
             annotation=shown,
             error=error,
             example_key=clip(str(key)),
-        )
+        ):
+            logger.warning("amm-rules: ignoring invalid %s annotation %s: %s", name, shown, error)
 
     def summary(
         self,

@@ -9,18 +9,31 @@ once per cycle; loading and checking is the language half's
 
 A file that cannot be used never replaces the running rules: the error is kept (and
 reported once per distinct file state and error by the policy).
+
+A file may be caught half-written. One that changed *in place* (the same inode at the
+same resolved path: an editor or a script writing into it) is therefore reloaded only
+once it has stayed unchanged for ``reload-settle`` seconds (a setting of the rules in
+force, 2 s by default): its state is watched cycle after cycle, and every further change
+starts the wait again. A file that arrived by an atomic rename (a new inode), or a
+Kubernetes ConfigMap update (the symlinks now resolve to another file), is complete by
+construction and is reloaded at once. ``docs/deploy.md`` says how to edit the file safely:
+write a temporary file next to it, then rename it over the rules file.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from amm_rules.engine.events import clip_text
 from amm_rules.language.diagnostics import RulesError
-from amm_rules.language.ruleset import Ruleset
+from amm_rules.language.ruleset import RELOAD_SETTLE, Ruleset
+
+logger = logging.getLogger(__name__)
 
 #: How many reload errors are kept (``amm_rules_status`` shows them).
 RELOAD_ERRORS_KEPT = 10
@@ -82,23 +95,32 @@ class RulesFile:
     loaded_at: float
     #: The recent reload errors, newest last: ``{"time", "error"}``.
     errors: list[dict[str, Any]]
+    #: Seconds a file changed in place must stay unchanged before it is reloaded (the
+    #: ``reload-settle`` of the rules in force).
+    settle: float
 
     def __init__(self, rules: str | os.PathLike[str] | Mapping[str, Any] | Ruleset, reload: bool):
         self.path = os.fspath(rules) if isinstance(rules, (str, os.PathLike)) else None
         self.reload = bool(reload)
         self.errors = []
         self.loaded_at = time.time()
+        self.settle = RELOAD_SETTLE
         self._signature = self._stat()
+        #: A state of the file changed in place, and when it was first seen (monotonic).
+        self._settling: tuple[Signature, float] | None = None
 
     def load(self, rules: str | os.PathLike[str] | Mapping[str, Any] | Ruleset) -> Ruleset:
         """The first rules: a :class:`RulesError` here fails the scheduler's start with the
         diagnostics, which is what a user configuring an invalid file should see."""
         if isinstance(rules, Ruleset):
+            self.settle = rules.reload_settle
             return rules
         from amm_rules.language.loader import load_ruleset
 
         try:
-            return load_ruleset(rules)
+            ruleset = load_ruleset(rules)
+            self.settle = ruleset.reload_settle
+            return ruleset
         except RulesError as exc:
             located = in_dask_config(rules) if isinstance(rules, Mapping) else None
             if located is None:
@@ -112,12 +134,17 @@ class RulesFile:
     def poll(self) -> Ruleset | ReloadFailed | None:
         """A new ruleset if the file changed and can be used, :class:`ReloadFailed` if it
         changed and cannot, None if there is nothing to do (not a file, not watched,
-        unchanged, or changing while it was read: then it is read again next time)."""
+        unchanged, changed in place and not settled yet, or changing while it was read:
+        then it is read again next time)."""
         if self.path is None or not self.reload:
             return None
         before = self._stat()
         if before == self._signature:
+            self._settling = None
             return None
+        if self._in_place(before) and not self._settled(before):
+            return None
+        self._settling = None
         from amm_rules.language.loader import load_ruleset
 
         try:
@@ -130,21 +157,48 @@ class RulesFile:
             if self._stat() != before:
                 return None  # the file changed while being read: try again next cycle
             self._signature = before
+            self.settle = ruleset.reload_settle
             return ruleset
         self._signature = before
+        error = clip_text(error)  # kept in the scheduler's memory, shown by status
         self.errors = [
             *self.errors[-(RELOAD_ERRORS_KEPT - 1) :],
             {"time": time.time(), "error": error},
         ]
         return ReloadFailed(before, error)
 
+    def _in_place(self, now: Signature | None) -> bool:
+        """Whether the file changed in place since the state last handled: the same
+        file (device, inode) at the same resolved path, its content or mode changed."""
+        last = self._signature
+        if now is None or last is None or now[0] == "error" or last[0] == "error":
+            return False
+        return now[2:5] == last[2:5]
+
+    def _settled(self, now: Signature) -> bool:
+        """Whether a state of the file changed in place has stayed unchanged for
+        :attr:`settle` seconds (the wait starts when the state is first seen)."""
+        clock = time.monotonic()
+        if self._settling is None or self._settling[0] != now:
+            self._settling = (now, clock)
+            if self.settle > 0:
+                logger.info(
+                    "amm-rules: %s changed in place; reloading it once it stays unchanged "
+                    "for %g s (reload-settle)",
+                    self.path,
+                    self.settle,
+                )
+        return clock - self._settling[1] >= self.settle
+
     def _stat(self) -> Signature | None:
-        """What tells a changed file: its modification time, size, inode and mode; or
-        the error reading them (a file that disappears is a change too)."""
+        """What tells a changed file: its modification time, size, device, inode and
+        resolved path (a ConfigMap's symlinks swapped to another file), and mode; or the
+        error reading them (a file that disappears is a change too)."""
         if self.path is None:
             return None
         try:
             st = os.stat(self.path)
+            target = os.path.realpath(self.path)
         except OSError as exc:
             return ("error", type(exc).__name__, exc.errno)
-        return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)
+        return (st.st_mtime_ns, st.st_size, st.st_dev, st.st_ino, target, st.st_mode)

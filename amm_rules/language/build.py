@@ -38,6 +38,7 @@ from amm_rules.language.ruleset import (
     LEGACY_REPLICATE_VALUES,
     MAX_REBALANCE_SECONDS,
     PRODUCER_ATTRIBUTES,
+    RELOAD_SETTLE,
     Actions,
     DemandSettings,
     MemoryPressureSettings,
@@ -123,6 +124,11 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
     reduce = data.get("reduce-replicas", True)
     enforcement = data.get("enforcement")
     legacy = data.get("legacy-replicate", "honour")
+    settle = (
+        _duration(data["reload-settle"], ("reload-settle",), True, where)
+        if "reload-settle" in data and not where.reported_under(("reload-settle",))
+        else None
+    )
     if where.has_errors:
         return None, draft
     ruleset = Ruleset(
@@ -138,6 +144,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
         source=source_name,
         version=1,
         enforcement=enforcement if isinstance(enforcement, str) else "enforce",
+        reload_settle=RELOAD_SETTLE if settle is None else settle,
     )
     return ruleset, draft
 
@@ -357,7 +364,7 @@ def _budget(value: Any, path: tuple[str, str], where: Locator) -> int | None:
     return size
 
 
-def _duration(value: Any, path: tuple[str, str], zero: bool, where: Locator) -> float | None:
+def _duration(value: Any, path: tuple[str, ...], zero: bool, where: Locator) -> float | None:
     """A duration in seconds, or ``None`` after reporting why it is not one. The schema
     bounds plain numbers; text (``"0s"``, ``"48h"``) is bounded here."""
     key = path[-1]

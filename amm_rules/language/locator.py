@@ -33,6 +33,10 @@ class Locator:
         #: Every prefix of every path at which an error was reported, so that later
         #: checks can skip what was already reported, in constant time.
         self._reported: set[Path] = set()
+        # Values refused while reading the YAML (a tag, a too-long integer) were
+        # reported then: their data is None, which later checks must not report again.
+        for path in source.refused if source is not None else ():
+            self._mark(path)
 
     # -- positions ------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Reporters: diagnostics → text, JSON or GitHub workflow commands.
+r"""Reporters: diagnostics → text, JSON or GitHub workflow commands.
 
 Reporters only format; they never decide what is a problem. Each takes the
 :class:`~amm_rules.language.loader.CheckResult` of every file, in the order the files were
@@ -10,6 +10,10 @@ named, and returns the whole report as a string.
   rule, code`` (``line`` and ``column`` are ``null`` for a problem with the whole file);
 - ``github``: ``::error file=...,line=...,col=...::message`` lines, which GitHub Actions
   turns into annotations on the pull request.
+
+:func:`escape_controls` is how every text output of the command line reaches a terminal:
+control characters (a rule name written ``"\e]..."`` in double quotes, a key a client
+chose) are shown escaped as ``repr`` would, never sent raw; JSON output is left as is.
 """
 
 from __future__ import annotations
@@ -19,6 +23,15 @@ from collections.abc import Callable, Sequence
 
 from amm_rules.language.diagnostics import Diagnostic, sort_key
 from amm_rules.language.loader import CheckResult
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every character that is not printable, but line breaks and tabs
+    (the layout of a report), escaped as ``repr`` escapes it (``\x1b``, ``\x07``,
+    ``\u202e``): a terminal then shows it instead of obeying it."""
+    if text.replace("\n", "").replace("\t", "").isprintable():
+        return text
+    return "".join(c if c in "\n\t" or c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _sorted(results: Sequence[CheckResult]) -> list[tuple[CheckResult, list[Diagnostic]]]:
@@ -121,7 +134,7 @@ def format_github(results: Sequence[CheckResult]) -> str:
 
 
 REPORTERS: dict[str, Callable[[Sequence[CheckResult]], str]] = {
-    "text": format_text,
+    "text": lambda results: escape_controls(format_text(results)),
     "json": format_json,
-    "github": format_github,
+    "github": lambda results: escape_controls(format_github(results)),
 }

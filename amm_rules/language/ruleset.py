@@ -454,6 +454,10 @@ def overrides(
 UNGOVERNED = Desired()
 
 
+#: The default ``reload-settle`` (seconds).
+RELOAD_SETTLE = 2.0
+
+
 @record(frozen=True)
 class Ruleset:
     """A compiled rules file."""
@@ -483,6 +487,9 @@ class Ruleset:
     #: The file's ``enforcement``: ``"enforce"``, or ``"dry-run"`` (nothing the file
     #: decides is enacted, unless a rule or the rebalance section says ``enforce``).
     enforcement: str = "enforce"
+    #: ``reload-settle``, in seconds: how long a rules file changed in place must stay
+    #: unchanged before it is reloaded (see :mod:`amm_rules.engine.rules_file`).
+    reload_settle: float = RELOAD_SETTLE
 
     @property
     def dry_run_rules(self) -> frozenset[str]:

@@ -237,6 +237,16 @@ SCHEMA: dict[str, Any] = {
             "default": "honour",
         },
         "demand": {"$ref": "#/$defs/demand"},
+        "reload-settle": {
+            "title": "reload settle",
+            "description": "A rules file changed in place (the same file written again) "
+            "is reloaded only once it has stayed unchanged this long, so that a file "
+            "half-written is never installed; a file replaced by a rename or a "
+            "Kubernetes ConfigMap update is complete and is reloaded at once. At most one "
+            "day; 0 reloads at the first change seen. Read from the rules in force.",
+            "default": "2s",
+            **_duration(positive=False),
+        },
     },
     "$defs": {
         "poolNames": {

@@ -2,7 +2,7 @@
 
 jsonschema's own messages ("... is not valid under any of the given schemas") name
 validator keywords; this module rewrites the common ones (type, const, enum, required,
-additionalProperties, propertyNames, minimum/maximum, minItems, uniqueItems,
+additionalProperties, propertyNames, minimum/maximum, minItems, maxItems, uniqueItems,
 minProperties, minLength/maxLength, pattern, oneOf, anyOf) into sentences about the
 rules file, and says *where*: the path of the offending value, or of the offending key
 for unknown fields and bad pool names. :mod:`amm_rules.language.locator` turns paths into file
@@ -320,6 +320,12 @@ def _single_keyword(error: Any, path: Path, words: FileWords) -> Iterable[Schema
             ),
             "bad-value",
         )
+    elif kind == "maxItems":
+        yield SchemaProblem(
+            path,
+            _say(path, f"expected at most {value:,} entries, got {len(instance):,}"),
+            "too-long",
+        )
     elif kind == "uniqueItems":
         seen: list[Any] = []
         for index, item in enumerate(instance):
@@ -341,7 +347,10 @@ def _single_keyword(error: Any, path: Path, words: FileWords) -> Iterable[Schema
         message = schema.get("errorMessage", f"does not match {value}")
         yield SchemaProblem(path, _say(path, f"{message}, got {describe(instance)}"), "bad-value")
     else:  # a keyword this module does not know: still a readable, positioned message
-        yield SchemaProblem(path, _say(path, error.message), "schema")
+        text = error.message  # it quotes the value, which may be large: clipped
+        yield SchemaProblem(
+            path, _say(path, text if len(text) <= 300 else text[:300] + "..."), "schema"
+        )
 
 
 def _type_name(value: Any) -> str:

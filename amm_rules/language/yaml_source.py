@@ -8,7 +8,9 @@ This module owns the safety of reading a rules file. In order:
    and alias bombs *before* anything is built, and a second document;
 4. composition with PyYAML's safe composer (libyaml's when available), then a walk
    of the node graph that builds plain ``dict``/``list``/scalar data. Tags that are not plain data (``!!python/...``)
-   and duplicate keys are problems; nothing is ever constructed from a tag.
+   and duplicate keys are problems; nothing is ever constructed from a tag. An integer
+   scalar longer than :data:`MAX_INT_CHARS` is refused before PyYAML constructs it
+   (YAML 1.1 sexagesimal ``1:1:1:...`` and long hex cost it quadratic time).
 
 Every problem is a :class:`SourceProblem` with a 1-based position. The result,
 :class:`YamlSource`, maps each path (a tuple of keys and list indices) to the YAML node
@@ -39,6 +41,10 @@ MAX_ALIASES = 100
 #: Most values that aliases may add when expanded (the file's own values are bounded
 #: by its size).
 MAX_EXPANDED = 100_000
+#: Longest integer scalar read (a rules file's largest numbers are byte sizes: 20
+#: digits). PyYAML builds YAML 1.1 sexagesimal integers (``1:1:1``) and hex ones
+#: digit by digit, in time quadratic in their length.
+MAX_INT_CHARS = 100
 
 Path = tuple[Any, ...]
 
@@ -49,6 +55,7 @@ _LOADER: Any = getattr(yaml, "CSafeLoader", None) if yaml.__with_libyaml__ else 
 _LOADER = _LOADER or yaml.SafeLoader
 
 _TAG_PREFIX = "tag:yaml.org,2002:"
+_INT_TAG = _TAG_PREFIX + "int"
 #: Tags of plain data. A timestamp is kept as the text it was written as.
 _PLAIN_TAGS = frozenset(
     _TAG_PREFIX + t for t in ("str", "int", "float", "bool", "null", "timestamp", "map", "seq")
@@ -109,6 +116,15 @@ def line_starts(text: str) -> list[int]:
 def split_lines(text: str) -> list[str]:
     """The lines of ``text`` as YAML counts them (for showing a source line)."""
     return LINE_BREAK.split(text)
+
+
+def long_integer_message(value: str) -> str:
+    """Why an integer scalar of ``value`` is refused (see :data:`MAX_INT_CHARS`)."""
+    shown = value if len(value) <= 20 else f"{value[:20]}..."
+    return (
+        f"integer {shown!r} is {len(value):,} characters long; integers are at most "
+        f"{MAX_INT_CHARS} characters (quote it to make it text)"
+    )
 
 
 def mark_position(mark: Any) -> tuple[int, int]:
@@ -412,6 +428,10 @@ class _Walker:
             self.source.refused.add(path)
             return None
         if isinstance(node, ScalarNode):
+            if node.tag == _INT_TAG and len(node.value) > MAX_INT_CHARS:
+                self.problem(node, long_integer_message(node.value), "too-long")
+                self.source.refused.add(path)
+                return None
             return self.scalar(node)
         if isinstance(node, SequenceNode):
             return [self.walk(item, (*path, i)) for i, item in enumerate(node.value)]

@@ -5,7 +5,8 @@ stack: Bokeh, its page template and its theme.
 Once a second the page draws :func:`~amm_rules.observe.status.status_report` of the
 scheduler's :class:`~amm_rules.engine.policy.RulesPolicy`: the same figures as
 ``amm-rules status`` and ``/amm-rules/status.json``, computed once and shared by every
-open page for :data:`SHARED_FOR` seconds. Its parts:
+open page (and every request to status.json) for
+:data:`~amm_rules.observe.status.SHARED_FOR` seconds. Its parts:
 
 - :class:`Header`: the rules in force, their last reload error, the cluster-wide
   conformance, cycle times and what is in flight; or "no RulesPolicy attached";
@@ -16,7 +17,8 @@ open page for :data:`SHARED_FOR` seconds. Its parts:
 - :class:`InFlight`: copies and rebalancing moves in flight, over the last minutes;
 - :class:`MemoryFlowTable`: the memory flow's top producers and freers (task prefixes),
   and what the ``memory-pressure`` section is doing;
-- :class:`EventsTable`: the latest events (reloads, reload errors, invalid annotations).
+- :class:`EventsTable`: the latest events the engine wrote (reloads, reload errors,
+  invalid annotations), of whatever shape, clipped.
 
 Importing this module imports Bokeh; :func:`register` adds the pages to
 ``distributed.dashboard.scheduler.applications``, which the scheduler reads when it
@@ -31,7 +33,6 @@ import html
 import logging
 import math
 import time
-import weakref
 from collections.abc import Mapping
 from operator import itemgetter
 from typing import Any
@@ -58,9 +59,10 @@ from dask.utils import format_bytes
 from distributed.dashboard.components import DashboardComponent, add_periodic_callback
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 
+from amm_rules.observe import status
 from amm_rules.observe.conformance import IN_PROGRESS, SATISFIED, UNSATISFIABLE
 from amm_rules.observe.extension import engine_of
-from amm_rules.observe.status import NO_POOL, status_report
+from amm_rules.observe.status import NO_POOL
 from amm_rules.observe.text import signed_bytes
 
 logger = logging.getLogger(__name__)
@@ -71,8 +73,6 @@ INDIVIDUAL_URL = "/individual-amm-rules"
 TITLE = "Dask: AMM rules"
 #: Milliseconds between two updates of an open page.
 INTERVAL_MS = 1000
-#: Seconds one report serves every open page: ten browser tabs cost one report.
-SHARED_FOR = 0.5
 #: Events shown, newest first; points of the in-flight chart (ten minutes).
 EVENTS_SHOWN = 10
 HISTORY = 600
@@ -96,22 +96,13 @@ NO_POLICY = (
 # One report for every open page
 # ---------------------------------------------------------------------------------
 
-_shared: weakref.WeakKeyDictionary[Any, tuple[float, dict[str, Any]]] = weakref.WeakKeyDictionary()
-
 
 def shared_report(scheduler: Any) -> dict[str, Any] | None:
     """The status report of ``scheduler``'s policy (None without one), made at most
-    once per :data:`SHARED_FOR` seconds whatever the number of open pages."""
+    once per :data:`~amm_rules.observe.status.SHARED_FOR` seconds whatever the number
+    of open pages (:func:`amm_rules.observe.status.shared_report`)."""
     policy = engine_of(scheduler)
-    if policy is None:
-        return None
-    now = time.monotonic()
-    made = _shared.get(policy)
-    if made is not None and now - made[0] < SHARED_FOR:
-        return made[1]
-    report = status_report(policy)
-    _shared[policy] = (now, report)
-    return report
+    return None if policy is None else status.shared_report(policy)
 
 
 # ---------------------------------------------------------------------------------
@@ -147,12 +138,18 @@ def header_html(report: Mapping[str, Any] | None) -> str:
     c = report["conformance"]
     digest = report.get("sha256") or "unknown"
     last = report.get("last_reload_error")
-    reload_error = (
-        f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}">at {_clock(last["time"])}: '
-        f"{e(_first_line(last['error']))}</span>"
-        if last
-        else "none"
-    )
+    if not last:
+        reload_error = "none"
+    elif last.get("since_reloaded"):  # past: the rules were reloaded since
+        reload_error = (
+            f"at {_clock(last['time'])}, since reloaded: "
+            f'<span title="{e(str(last["error"]))}">{e(_first_line(last["error"]))}</span>'
+        )
+    else:
+        reload_error = (
+            f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}">at {_clock(last["time"])}: '
+            f"{e(_first_line(last['error']))}</span>"
+        )
     cycles = report["cycle_ms"]
     timing = (
         f"last {cycles['last']:.1f} ms, median {cycles['median']:.1f} ms, worst "
@@ -587,17 +584,32 @@ class EventsTable(DashboardComponent):
         _refill(self.root, data)
 
 
+#: Longest detail of an event in the table (the whole of it shows on hover).
+DETAIL_SHOWN = 300
+
+
 def event_detail(event: Mapping[str, Any]) -> str:
-    """One line saying what an event is about."""
+    """One line saying what an event is about, whatever its fields hold."""
     if "error" in event:
         where = f"rule {event['rule']}: " if event.get("rule") else ""
         key = f" (e.g. key {event['example_key']})" if event.get("example_key") else ""
-        return f"{where}{_first_line(event['error'])}{key}"
-    if event.get("action") == "reload":
-        rules = event.get("rules") or []
-        return f"{event.get('source', '')}: {len(rules)} rules ({', '.join(map(str, rules))})"
-    fields = {k: v for k, v in event.items() if k not in ("time", "action")}
-    return ", ".join(f"{k}={v}" for k, v in fields.items())
+        text = f"{where}{_first_line(event['error'])}{key}"
+    elif event.get("action") == "reload":
+        # The engine's reload event counts rules and pools: ``rules=12, pools=2``.
+        rules, pools = event.get("rules"), event.get("pools")
+        counts = [f"{_count(rules)} rules"] + ([f"{_count(pools)} pools"] if pools else [])
+        text = f"{event.get('source', '')}: {', '.join(counts)}"
+    else:
+        fields = {k: v for k, v in event.items() if k not in ("time", "action")}
+        text = ", ".join(f"{k}={v}" for k, v in fields.items())
+    return _clip(text, DETAIL_SHOWN)
+
+
+def _count(value: Any) -> str:
+    """A count as an event gives it: a number, or a list of names."""
+    if isinstance(value, (list, tuple)):
+        return f"{len(value)}"
+    return str(value)
 
 
 # ---------------------------------------------------------------------------------
@@ -719,8 +731,15 @@ def _first_line(text: Any) -> str:
     return (lines[0] if lines else "") + more
 
 
-def _clock(stamp: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(stamp))
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _clock(stamp: Any) -> str:
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(stamp))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return str(stamp)
 
 
 def _date(stamp: float | None) -> str:

@@ -33,7 +33,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from amm_rules.engine.adapters import TaskFactsAdapter
+from amm_rules.engine.adapters import TaskFactsAdapter, bounded_repr
 from amm_rules.engine.decide.deciders import Question, decide, stays, verdict
 from amm_rules.engine.decide.plan import KeyPlan, reduce_replicas_excess
 from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
@@ -317,8 +317,7 @@ def plain(value: Any, depth: int = 0) -> Any:
         return {str(k): plain(v, depth + 1) for k, v in islice(value.items(), 50)}
     if depth < 6 and isinstance(value, (list, tuple)):
         return [plain(v, depth + 1) for v in value[:50]]
-    text = repr(value)
-    return text if len(text) <= CLIP else text[:CLIP] + "..."
+    return bounded_repr(value, CLIP)  # repr() itself would walk a shared structure whole
 
 
 # ---------------------------------------------------------------------------------

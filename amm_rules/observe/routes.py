@@ -12,6 +12,11 @@ Two ways in, as for any route of the scheduler's HTTP server:
   ``dask_setup``), under the scheduler's dashboard prefix (``--dashboard-prefix``);
 - :data:`routes`, for dask's ``distributed.scheduler.http.routes`` list of modules.
 
+Requests are answered from :func:`~amm_rules.observe.status.shared_json`: one report,
+serialised once, per :data:`~amm_rules.observe.status.SHARED_FOR` seconds, however many
+clients poll. Answers say ``X-Content-Type-Options: nosniff``: a browser never reads
+them as anything but JSON.
+
 Neighbours: :mod:`amm_rules.preload` (the preload) and
 :mod:`amm_rules.observe.dashboard` (the Bokeh page, which draws the same report).
 """
@@ -26,7 +31,7 @@ from typing import Any
 from distributed.http.utils import RequestHandler
 
 from amm_rules.observe.extension import engine_of
-from amm_rules.observe.status import status_json, status_report
+from amm_rules.observe.status import shared_json
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +46,13 @@ class StatusJSON(RequestHandler):
     def get(self) -> None:
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
+        self.set_header("X-Content-Type-Options", "nosniff")
         policy = engine_of(self.server)
         if policy is None:
             self._error(404, NO_POLICY)
             return
         try:
-            text = status_json(status_report(policy))
+            text = shared_json(policy)
         except Exception as exc:  # a bug: answer, log it, and keep serving
             logger.exception("amm-rules: %s failed", STATUS_JSON)
             self._error(500, f"the status report failed: {type(exc).__name__}: {exc}")

@@ -7,7 +7,13 @@ page, a JSON route): they all show the same figures.
 :func:`amm_rules.observe.text.render_status` is ``amm-rules status``'s text.
 
 Costs (see ``benchmarks/scale.py``): the report reads counters and per-class
-tables, plus one line per worker; nothing scans ``scheduler.tasks``.
+tables, plus one line per worker; nothing scans ``scheduler.tasks``. What readers
+poll (``/amm-rules/status.json``, every open dashboard page) is :func:`shared_report`
+and :func:`shared_json`: one report, and one serialisation of it, per
+:data:`SHARED_FOR` seconds whatever the number of requests. Texts a report embeds
+(reload errors, event fields) are clipped to :data:`TEXT_SHOWN` characters with a
+marker, and its events are those the engine wrote (:attr:`EventLog.recent
+<amm_rules.engine.events.EventLog.recent>`), never what clients log to the topic.
 
 Neighbours: :mod:`amm_rules.observe.conformance` computes the per-rule states;
 :mod:`amm_rules.engine.state.journal` keeps cycle durations, decisions and reloads;
@@ -20,12 +26,15 @@ import json
 import math
 import statistics
 import time
+import weakref
 from collections.abc import Mapping
+from itertools import islice
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine.adapters import worker_status
 from amm_rules.engine.decide.view import key_string
+from amm_rules.engine.events import clip_text
 from amm_rules.engine.handlers import engine_status
 from amm_rules.engine.state.journal import Decision
 from amm_rules.observe.conformance import SATISFIED, conformance
@@ -38,6 +47,13 @@ EVENTS_KEPT = 20
 DECISIONS_SHOWN = 20
 #: Workers in no pool, in ``memory_by_pool``.
 NO_POOL = "(no pool)"
+#: Seconds one report (and its JSON) serves every reader: ten open pages and twenty
+#: requests to status.json cost one report.
+SHARED_FOR = 0.5
+#: Longest text a report embeds (a reload error's diagnostics, a field of an event),
+#: and most entries of a list or mapping inside an event; beyond, clipped with a marker.
+TEXT_SHOWN = 2_000
+ITEMS_SHOWN = 50
 
 
 def status_report(policy: RulesPolicy) -> dict[str, Any]:
@@ -56,7 +72,8 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
           "reload": True,                             # reloaded when the file changes
           "reloads": {"ok": 2, "error": 1},           # since the policy started
           "reload_errors": [{"time": ..., "error": "rules.yaml:6:17: error: ..."}],
-          "last_reload_error": {"time": ..., "error": ...} or None,
+          # since_reloaded: rules were installed after it (the error is past)
+          "last_reload_error": {"time": ..., "error": ..., "since_reloaded": False} or None,
           "rules": ["precious", ...],                 # rule names, file order
           "pools": ["gpu", ...],
           "reduce_replicas": True,
@@ -102,21 +119,30 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
                       "spilled": [...], "role": [... or None]},  # role in the last plan
           "memory_by_pool": {"gpu": {"workers": [addresses], "memory": n,
                                      "memory_limit": n}, "(no pool)": {...}},
-          # the latest events of the topic "amm-rules" (but cycle summaries) and decisions
+          # the latest events the engine wrote to "amm-rules" (but cycle summaries), and
+          # its latest decisions
           "events": [{"time": ..., "action": "reload-error", ...}],
           "decisions": [{"time", "key", "op", "worker", "outcome", "reason", "source"}],
         }
     """
     report = engine_status(policy)  # the engine's own counters and its sections
     c = conformance(policy)
-    errors = report["reload_errors"]
+    errors = [
+        {"time": e["time"], "error": clip_text(str(e["error"]), TEXT_SHOWN)}
+        for e in report["reload_errors"]
+    ]
     journal = policy.journal
+    last = errors[-1] if errors else None
+    if last is not None:
+        # Rules installed after the error replaced the file it was about: it is past.
+        last = {**last, "since_reloaded": bool(policy.loaded_at > last["time"])}
     report.update(
         scheduler=_address(policy),
         time=time.time(),
         sha256=policy.ruleset.sha256,
         reloads={"ok": journal.reloads["ok"], "error": journal.reloads["error"]},
-        last_reload_error=errors[-1] if errors else None,
+        reload_errors=errors,
+        last_reload_error=last,
         conformance=c.to_dict(),
         states={r.name: r.state for r in c.rules},
         classification_backlog=journal.backlog,
@@ -134,6 +160,67 @@ def status_json(report: Mapping[str, Any]) -> str:
     """The report as ``amm-rules status --format json`` prints it, and as
     ``/amm-rules/status.json`` serves it."""
     return json.dumps(report, indent=2, default=str) + "\n"
+
+
+class _Shared:
+    """One report of a policy and, once asked for, its JSON (see :func:`shared_report`)."""
+
+    __slots__ = ("made", "report", "text")
+
+    def __init__(self, made: float, report: dict[str, Any]):
+        self.made = made
+        self.report = report
+        self.text: str | None = None
+
+
+_shared: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
+
+
+def _current(policy: RulesPolicy) -> _Shared:
+    now = time.monotonic()
+    made = _shared.get(policy)
+    if made is None or now - made.made >= SHARED_FOR:
+        made = _shared[policy] = _Shared(now, status_report(policy))
+    return made
+
+
+def shared_report(policy: RulesPolicy) -> dict[str, Any]:
+    """The status report of ``policy``, made at most once per :data:`SHARED_FOR`
+    seconds whatever the number of readers (open pages, requests). Read-only."""
+    return _current(policy).report
+
+
+def shared_json(policy: RulesPolicy) -> str:
+    """:func:`status_json` of :func:`shared_report`, serialised once per report."""
+    made = _current(policy)
+    if made.text is None:
+        made.text = status_json(made.report)
+    return made.text
+
+
+def clipped(value: Any, depth: int = 0) -> Any:
+    """A bounded copy of plain data for a report: texts clipped to :data:`TEXT_SHOWN`
+    characters, lists and mappings to :data:`ITEMS_SHOWN` entries and four levels, each
+    cut said by a marker."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return clip_text(value, TEXT_SHOWN)
+    if depth >= 4 or not isinstance(value, (Mapping, list, tuple)):
+        return clip_text(f"<{type(value).__name__}>", TEXT_SHOWN)
+    more = len(value) - ITEMS_SHOWN
+    if isinstance(value, Mapping):
+        out = {
+            clip_text(str(k), 200): clipped(v, depth + 1)
+            for k, v in islice(value.items(), ITEMS_SHOWN)
+        }
+        if more > 0:
+            out["..."] = f"[clipped: {more:,} more entries]"
+        return out
+    items = [clipped(v, depth + 1) for v in islice(value, ITEMS_SHOWN)]
+    if more > 0:
+        items.append(f"[clipped: {more:,} more items]")
+    return items
 
 
 def all_satisfied(report: Mapping[str, Any]) -> bool:
@@ -283,16 +370,10 @@ def _finite(value: Any) -> Any:
 
 
 def _events(policy: RulesPolicy) -> list[dict[str, Any]]:
-    try:
-        events = policy.scheduler.get_events("amm-rules")
-    except (AttributeError, KeyError):
-        return []
-    out = []
-    for stamp, msg in reversed(events):
-        if not isinstance(msg, dict) or msg.get("action") == "cycle":
-            continue
-        out.append({"time": stamp, **msg})
-        if len(out) >= EVENTS_KEPT:
-            break
-    out.reverse()
-    return out
+    """The latest events the engine wrote (never what a client logged to the topic),
+    clipped, each with the time it was written."""
+    recent = policy.events.recent
+    return [
+        {"time": stamp, **clipped(msg)}
+        for stamp, msg in islice(recent, max(0, len(recent) - EVENTS_KEPT), None)
+    ]

@@ -41,7 +41,8 @@ def _render_rules_file(report: Mapping[str, Any]) -> list[str]:
     if last:
         first, *more = str(last["error"]).splitlines() or [""]
         extra = f" (+{len(more)} more lines)" if more else ""
-        out.append(f"  last reload error at {format_time(last['time'])}: {first}{extra}")
+        past = ", since reloaded" if last.get("since_reloaded") else ""
+        out.append(f"  last reload error at {format_time(last['time'])}{past}: {first}{extra}")
     else:
         out.append("  last reload error: none")
     return out

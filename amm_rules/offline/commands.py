@@ -19,8 +19,9 @@ from typing import Any
 
 import click
 
+from amm_rules.language.reporters import escape_controls
 from amm_rules.language.ruleset import Ruleset
-from amm_rules.offline.dump import ClusterState, DumpError, read_dump
+from amm_rules.offline.dump import MAX_DUMP_BYTES, ClusterState, DumpError, read_dump
 
 #: What a dump of a running scheduler leaves out: logs and histories the simulator does
 #: not read (they are most of a dump's size).
@@ -44,25 +45,28 @@ def load_rules(path: str) -> Ruleset | None:
 
     result = check_path(path)
     if result.ruleset is None:
-        click.echo(format_text([result]), nl=False, err=True)
+        click.echo(escape_controls(format_text([result])), nl=False, err=True)
         return None
     return result.ruleset
 
 
-def load_cluster(dump: str | None, scheduler: str | None) -> ClusterState:
-    """The cluster of ``--dump FILE`` or ``--scheduler ADDRESS`` (exactly one)."""
+def load_cluster(
+    dump: str | None, scheduler: str | None, max_bytes: int = MAX_DUMP_BYTES
+) -> ClusterState:
+    """The cluster of ``--dump FILE`` or ``--scheduler ADDRESS`` (exactly one), of at
+    most ``max_bytes`` decompressed (``--max-dump-size``)."""
     if (dump is None) == (scheduler is None):
         raise click.UsageError("give the cluster with either --dump FILE or --scheduler ADDRESS")
     try:
         if dump is not None:
-            return read_dump(dump)
+            return read_dump(dump, max_bytes)
         assert scheduler is not None
-        return read_scheduler(scheduler)
+        return read_scheduler(scheduler, max_bytes)
     except DumpError as exc:
         raise click.ClickException(str(exc)) from None
 
 
-def read_scheduler(address: str) -> ClusterState:
+def read_scheduler(address: str, max_bytes: int = MAX_DUMP_BYTES) -> ClusterState:
     """The state of a running scheduler, through a cluster dump it writes for us. Waits
     for the scheduler as long as dask's ``distributed.comm.timeouts.connect`` says."""
     import dask
@@ -80,7 +84,7 @@ def read_scheduler(address: str) -> ClusterState:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "cluster")
             client.dump_cluster_state(path, exclude=SCHEDULER_DUMP_EXCLUDE, format="msgpack")
-            state = read_dump(path + ".msgpack.gz")
+            state = read_dump(path + ".msgpack.gz", max_bytes)
     finally:
         client.close()
     state.source = address
@@ -140,6 +144,7 @@ def simulate(
     kill_host: Sequence[str] = (),
     kill_pool: Sequence[str] = (),
     fmt: str = "text",
+    max_dump_bytes: int = MAX_DUMP_BYTES,
 ) -> int:
     """``amm-rules simulate``. Exit status: 1 if a kill loses data (or the input is bad)."""
     from amm_rules.offline.report import render_text
@@ -148,7 +153,7 @@ def simulate(
     ruleset = load_rules(rules)
     if ruleset is None:
         return 1
-    state = load_cluster(dump, scheduler)
+    state = load_cluster(dump, scheduler, max_dump_bytes)
     measure, interval = amm_defaults()
     report = run_simulation(
         ruleset,
@@ -162,9 +167,9 @@ def simulate(
     if fmt == "json":
         click.echo(json.dumps(report, indent=2))
     else:
-        click.echo(render_text(report), nl=False)
+        click.echo(escape_controls(render_text(report)), nl=False)
     for warning in state.warnings:
-        click.echo(f"warning: {state.source}: {warning}", err=True)
+        click.echo(escape_controls(f"warning: {state.source}: {warning}"), err=True)
     return 1 if report["lost"] else 0
 
 
@@ -225,6 +230,7 @@ def diff(
     *,
     cycles: int | None,
     fmt: str = "text",
+    max_dump_bytes: int = MAX_DUMP_BYTES,
 ) -> int:
     """``amm-rules diff``."""
     from amm_rules.offline.diff import diff_rules, render_diff
@@ -233,7 +239,7 @@ def diff(
     rulesets = [load_rules(old), load_rules(new)]
     if None in rulesets:
         return 1
-    state = load_cluster(dump, scheduler)
+    state = load_cluster(dump, scheduler, max_dump_bytes)
     measure, interval = amm_defaults()
     report = diff_rules(
         rulesets[0],  # type: ignore[arg-type]
@@ -248,15 +254,19 @@ def diff(
     if fmt == "json":
         click.echo(json.dumps(report, indent=2))
     else:
-        click.echo(render_diff(report), nl=False)
+        click.echo(escape_controls(render_diff(report)), nl=False)
     for warning in state.warnings:
-        click.echo(f"warning: {state.source}: {warning}", err=True)
+        click.echo(escape_controls(f"warning: {state.source}: {warning}"), err=True)
     return 0
 
 
-def run_tests(paths: Sequence[str], *, coverage: bool, fmt: str) -> int:
-    """``amm-rules test``."""
+def run_tests(
+    paths: Sequence[str], *, coverage: bool, fmt: str, allow_outside: bool = False
+) -> int:
+    """``amm-rules test``. A test file's ``rules:`` must be inside the directories given
+    (or those of the files given), unless ``allow_outside``."""
     from amm_rules.offline.ruletests import (
+        allowed_roots,
         exit_status,
         find_test_files,
         render_json,
@@ -269,22 +279,25 @@ def run_tests(paths: Sequence[str], *, coverage: bool, fmt: str) -> int:
         raise click.UsageError(
             f"no test files in {', '.join(paths)} (test files are named *_test.yaml)"
         )
-    results, cover = run_files(files)
+    roots = None if allow_outside else allowed_roots(paths)
+    results, cover = run_files(files, roots)
     shown = cover if coverage else None
     if fmt == "json":
         click.echo(json.dumps(render_json(results, shown), indent=2))
     else:
-        click.echo(render_text(results, shown), nl=False)
+        click.echo(escape_controls(render_text(results, shown)), nl=False)
     return exit_status(results)
 
 
-def add_cluster_warnings(results: Sequence[Any], dump: str) -> None:
+def add_cluster_warnings(
+    results: Sequence[Any], dump: str, max_bytes: int = MAX_DUMP_BYTES
+) -> None:
     """``validate --dump``: add the warnings that need a cluster to each checked file."""
     from amm_rules.language.diagnostics import sort_key
     from amm_rules.offline.checks import cluster_warnings
     from amm_rules.offline.simulate import amm_defaults
 
-    state = load_cluster(dump, None)
+    state = load_cluster(dump, None, max_bytes)
     measure, _ = amm_defaults()
     for result in results:
         extra = cluster_warnings(result, state, measure)

@@ -13,7 +13,12 @@ address and by key (tuples for tuple keys, as the scheduler has them).
 
 A file that is not a readable dump (unknown layout, truncated gzip or msgpack, YAML
 cut short, not a dump at all) raises :class:`DumpError`, whose text is one line naming
-the file and what is wrong. References that cannot be resolved (a holder that is not in
+the file and what is wrong. So does a dump that would cost too much to read: a path
+that is not a regular file (a device, a named pipe: never opened), more than
+``max_bytes`` once decompressed (:data:`MAX_DUMP_BYTES` by default: ``--max-dump-size``
+raises it), YAML whose aliases stand for more than :data:`MAX_ALIAS_VALUES` values, or
+nest deeper than :data:`MAX_DUMP_DEPTH`, and YAML integers longer than
+:data:`~amm_rules.language.yaml_source.MAX_INT_CHARS` characters. References that cannot be resolved (a holder that is not in
 the dump's workers, a repr in an unknown shape) are skipped and counted in
 :attr:`ClusterState.warnings`.
 
@@ -25,9 +30,9 @@ turns the records into the scheduler-shaped objects the engine reads, and
 from __future__ import annotations
 
 import ast
-import gzip
 import os
 import re
+import stat
 import zlib
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +49,16 @@ _STATUS_REPR = re.compile(r"Status\.(?P<name>\w+)")
 _HOST = re.compile(r"^(?:[a-z+]+://)?(?P<host>\[[^\]]*\]|[^:/]*)")
 #: The measures of ``distributed.scheduler.MemoryState`` a dump records per worker.
 MEASURES = ("process", "managed", "spilled", "unmanaged_old")
+#: Most bytes a dump may hold once decompressed; ``--max-dump-size`` raises it. (A
+#: 194 kB .msgpack.gz can hold 2 GB.)
+MAX_DUMP_BYTES = 2**30
+#: Most values the aliases of a YAML dump may add when expanded (distributed writes an
+#: alias for a mapping shared by many tasks, such as their annotations), and the
+#: deepest nesting of a YAML dump.
+MAX_ALIAS_VALUES = 1_000_000
+MAX_DUMP_DEPTH = 200
+#: Bytes read or decompressed at a time.
+_CHUNK = 2**20
 
 
 class DumpError(Exception):
@@ -118,36 +133,94 @@ class ClusterState:
 # -- files --------------------------------------------------------------------------
 
 
-def read_dump(path: str | os.PathLike[str]) -> ClusterState:
-    """Read a ``.msgpack.gz`` or ``.yaml`` cluster dump (also ``.msgpack``, ``.yaml.gz``)."""
+def read_dump(path: str | os.PathLike[str], max_bytes: int = MAX_DUMP_BYTES) -> ClusterState:
+    """Read a ``.msgpack.gz`` or ``.yaml`` cluster dump (also ``.msgpack``, ``.yaml.gz``)
+    of at most ``max_bytes`` once decompressed."""
     name = os.fspath(path)
+    return parse_state(decode(read_bytes(name, max_bytes), name, max_bytes), name)
+
+
+def read_bytes(name: str, max_bytes: int = MAX_DUMP_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes`` (what is not a regular file
+    is refused before it is opened: a named pipe would wait for a writer, a device
+    never end)."""
     try:
-        with open(name, "rb") as f:
-            raw = f.read()
-    except IsADirectoryError:
-        raise DumpError(f"{name}: is a directory, not a cluster dump") from None
+        st = os.stat(name)
     except FileNotFoundError:
         raise DumpError(f"{name}: no such file") from None
     except OSError as exc:
         raise DumpError(f"{name}: cannot read the file: {exc.strerror or exc}") from None
-    return parse_state(decode(raw, name), name)
+    if stat.S_ISDIR(st.st_mode):
+        raise DumpError(f"{name}: is a directory, not a cluster dump")
+    if not stat.S_ISREG(st.st_mode):
+        raise DumpError(f"{name}: not a regular file ({_kind(st.st_mode)}), not a cluster dump")
+    if st.st_size > max_bytes:
+        raise DumpError(f"{name}: larger than {_limit(max_bytes)}")
+    try:
+        with open(name, "rb") as f:  # (a read of max_bytes would allocate as much)
+            raw = f.read(st.st_size + 1)
+    except OSError as exc:
+        raise DumpError(f"{name}: cannot read the file: {exc.strerror or exc}") from None
+    if len(raw) > max_bytes:
+        raise DumpError(f"{name}: larger than {_limit(max_bytes)}")
+    return raw
 
 
-def decode(raw: bytes, name: str) -> Any:
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a file"
+
+
+def _limit(max_bytes: int) -> str:
+    from dask.utils import format_bytes
+
+    return f"the limit of {format_bytes(max_bytes)} for a cluster dump (--max-dump-size raises it)"
+
+
+def decode(raw: bytes, name: str, max_bytes: int = MAX_DUMP_BYTES) -> Any:
     """The plain data of a dump file's bytes (gzip, then msgpack or YAML)."""
     if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except EOFError:
-            raise DumpError(f"{name}: the gzip data ends early (the file is truncated)") from None
-        except (OSError, zlib.error) as exc:
-            raise DumpError(f"{name}: not readable as gzip ({exc})") from None
+        raw = gunzip(raw, name, max_bytes)
     if not raw.strip():
         raise DumpError(f"{name}: the file is empty")
     first = raw[0]
     if 0x80 <= first <= 0x8F or first in (0xDE, 0xDF):  # a msgpack map
         return _msgpack(raw, name)
     return _yaml(raw, name)
+
+
+def gunzip(raw: bytes, name: str, max_bytes: int = MAX_DUMP_BYTES) -> bytes:
+    """Gzip data (of one member or several) decompressed, refused as soon as it passes
+    ``max_bytes``: nothing larger is ever held."""
+    out = bytearray()
+    data = raw
+    while data:
+        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            while data:
+                out += inflate.decompress(data, _CHUNK)
+                data = inflate.unconsumed_tail
+                if len(out) > max_bytes:
+                    raise DumpError(
+                        f"{name}: decompresses to more than {_limit(max_bytes)}; "
+                        "a decompression bomb?"
+                    )
+            out += inflate.flush()
+        except zlib.error as exc:
+            raise DumpError(f"{name}: not readable as gzip ({exc})") from None
+        if not inflate.eof:
+            raise DumpError(f"{name}: the gzip data ends early (the file is truncated)")
+        data = inflate.unused_data
+        if data and data[:2] != b"\x1f\x8b":
+            break  # trailing garbage after the last member, as gzip tolerates
+    if len(out) > max_bytes:
+        raise DumpError(f"{name}: decompresses to more than {_limit(max_bytes)}")
+    return bytes(out)
 
 
 #: The parts of ``scheduler`` a dump is read for; the rest (the transition log, events,
@@ -178,7 +251,8 @@ def _msgpack(raw: bytes, name: str) -> Any:
     except msgpack.OutOfData:
         raise DumpError(f"{name}: the msgpack data ends early (the file is truncated)") from None
     except Exception as exc:  # ValueError and msgpack's own (format, stack, type) errors
-        raise DumpError(f"{name}: not readable as msgpack ({exc or type(exc).__name__})") from None
+        why = str(exc) or type(exc).__name__  # a StackError (nesting too deep) says nothing
+        raise DumpError(f"{name}: not readable as msgpack ({why})") from None
     try:
         unpacker.unpack()
     except msgpack.OutOfData:
@@ -233,10 +307,15 @@ def _yaml(raw: bytes, name: str) -> Any:
             f"{name}: not a cluster dump (neither msgpack nor YAML text; "
             "Client.dump_cluster_state writes .msgpack.gz or .yaml)"
         ) from None
-    # The safe loader below, driven as yaml.safe_load drives its own.
+    # The safe loader below, driven as yaml.safe_load drives its own, with the node
+    # graph's expansion measured before anything is built from it.
     loader = _loader()(text)
     try:
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_nodes(node, name)
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
@@ -244,6 +323,51 @@ def _yaml(raw: bytes, name: str) -> Any:
         raise DumpError(f"{name}{where}: not readable as YAML ({problem})") from None
     finally:
         loader.dispose()
+
+
+def _check_nodes(root: Any, name: str) -> None:
+    """Refuse a YAML node graph whose aliases (shared nodes) stand for more than
+    :data:`MAX_ALIAS_VALUES` values beyond the graph's own, that contains itself, or
+    that nests deeper than :data:`MAX_DUMP_DEPTH`; and integers PyYAML would build in
+    quadratic time. One pass over the distinct nodes (sizes are remembered per node)."""
+    from yaml.nodes import MappingNode, ScalarNode
+
+    from amm_rules.language.yaml_source import MAX_INT_CHARS, long_integer_message
+
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(node: Any, depth: int) -> int:
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        where = f"{name}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+        if isinstance(node, ScalarNode):
+            if node.tag == "tag:yaml.org,2002:int" and len(node.value) > MAX_INT_CHARS:
+                raise DumpError(f"{where}: {long_integer_message(node.value)}")
+            sizes[id(node)] = 1
+            return 1
+        if depth > MAX_DUMP_DEPTH:
+            raise DumpError(f"{where}: nesting deeper than {MAX_DUMP_DEPTH} levels")
+        if id(node) in open_:
+            raise DumpError(f"{where}: an alias refers to a node that contains it")
+        open_.add(id(node))
+        children = (
+            [x for pair in node.value for x in pair]
+            if isinstance(node, MappingNode)
+            else node.value
+        )
+        total = 1 + sum(size(child, depth + 1) for child in children)
+        open_.discard(id(node))
+        sizes[id(node)] = total
+        return total
+
+    expanded = size(root, 0)
+    if expanded > len(sizes) + MAX_ALIAS_VALUES:
+        raise DumpError(
+            f"{name}: its aliases expand to {expanded - len(sizes):,} more values than "
+            f"the file holds (at most {MAX_ALIAS_VALUES:,}); an alias bomb?"
+        )
 
 
 def _loader() -> Any:
@@ -374,7 +498,7 @@ def _worker(address: Any, entry: Any, source: str, refs: _Refs) -> WorkerRecord:
         nthreads=_int(entry.get("nthreads"), 1),
         memory_limit=_int(entry.get("memory_limit"), 0),
         memory={m: _int(memory.get(m), 0) for m in MEASURES},
-        has_what=[k for k in map(refs.task, entry.get("has_what") or ()) if k is not None],
+        has_what=[k for k in map(refs.task, _items(entry.get("has_what"), refs)) if k is not None],
     )
 
 
@@ -385,7 +509,7 @@ def _task(
         raise DumpError(f"{source}: unknown cluster dump layout: task {name!r} has no 'state'")
     key = freeze_key(entry["key"]) if "key" in entry else refs.literal_key(name)
     who_has = []
-    for ref in entry.get("who_has") or ():
+    for ref in _items(entry.get("who_has"), refs):
         address = refs.worker(ref)
         if address is not None and address in workers:
             who_has.append(address)
@@ -402,7 +526,9 @@ def _task(
         type=type_ if isinstance(type_, str) else None,
         nbytes=max(_int(entry.get("nbytes"), 0), 0),
         who_has=tuple(who_has),
-        waiters=tuple(k for k in map(refs.task, entry.get("waiters") or ()) if k is not None),
+        waiters=tuple(
+            k for k in map(refs.task, _items(entry.get("waiters"), refs)) if k is not None
+        ),
         processing_on=processing_on,
         annotations=dict(annotations) if isinstance(annotations, Mapping) else {},
         actor=bool(entry.get("actor")),
@@ -502,6 +628,15 @@ class _Refs:
                 f"{self.unknown_holders} copies on workers that are not in the dump were left out"
             )
         return out
+
+
+def _items(value: Any, refs: _Refs) -> list[Any] | tuple[Any, ...]:
+    """A list of references as a dump writes them (``who_has``, ``has_what``,
+    ``waiters``); anything else (a number, a mapping) is counted and left out."""
+    if value is None or isinstance(value, (list, tuple)):
+        return value or ()
+    refs._fail("reference list")
+    return ()
 
 
 def _literal(text: str) -> Any:

@@ -82,9 +82,20 @@ def find_test_files(paths: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def run_files(paths: Sequence[str]) -> tuple[list[FileResult], Coverage]:
+def allowed_roots(paths: Iterable[str]) -> list[str]:
+    """The directories a test file's ``rules:`` may be in: the working directory (a
+    repository's ``tests/`` name its ``../rules/``), the directories given and those
+    of the files given; resolved, so that ``..`` and symlinks cannot lead out."""
+    given = [p if os.path.isdir(p) else os.path.dirname(p) or "." for p in paths]
+    return list(dict.fromkeys(os.path.realpath(p) for p in [".", *given]))
+
+
+def run_files(
+    paths: Sequence[str], roots: Sequence[str] | None = None
+) -> tuple[list[FileResult], Coverage]:
+    """Run test files; ``roots``: where their rules files must be (None: anywhere)."""
     coverage = Coverage()
-    return [run_file(read_test_file(p), coverage) for p in paths], coverage
+    return [run_file(read_test_file(p, roots), coverage) for p in paths], coverage
 
 
 def run_file(test: TestFile, coverage: Coverage) -> FileResult:

@@ -64,7 +64,7 @@ from amm_rules.language.ruleset import Desired, Ruleset, RuntimeTarget, Target
 from amm_rules.offline.sim_cluster import SimCluster, SimTask
 
 if TYPE_CHECKING:
-    from distributed.scheduler import TaskState
+    pass
 
 logger = logging.getLogger(__name__)
 

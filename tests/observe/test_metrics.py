@@ -18,6 +18,7 @@ from amm_rules import RulesPolicy
 from amm_rules.observe import metrics
 from tests.support.cluster import amm_config, copies, policy_of, rules
 from tests.support.flow import graph
+from tests.support.rules_files import write_atomically
 from tests.support.waiting import poll, wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
@@ -150,9 +151,9 @@ async def test_reloads_are_counted_and_detach_unregisters(c, s, a):
         policy = RulesPolicy(path)
         s.extensions["amm"].add_policy(policy)
         try:
-            path.write_text("version: 1\nrules: [\n")  # broken
+            write_atomically(path, "version: 1\nrules: [\n")  # broken
             s.extensions["amm"].run_once()
-            path.write_text("version: 1\nrules: []\n")
+            write_atomically(path, "version: 1\nrules: []\n")
             s.extensions["amm"].run_once()
             text = await scrape(s)
             here = {"scheduler": s.address}

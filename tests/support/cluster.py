@@ -71,6 +71,8 @@ def policy_of(scheduler: Any) -> RulesPolicy:
 
 def events(scheduler: Any, action: str | None = None) -> list[dict[str, Any]]:
     out = [msg for _, msg in scheduler.get_events("amm-rules")]
+    # Clients may log anything to the topic (tests/hostile does): skip what is not an event.
+    out = [m for m in out if isinstance(m, dict) and "action" in m]
     return [m for m in out if action is None or m["action"] == action]
 
 

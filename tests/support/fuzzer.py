@@ -11,6 +11,11 @@ reproduced from its seed and index alone. Three kinds, in turn:
   mutations (YAML punctuation, tags, anchors, binary bytes, deleted or swapped lines);
 - ``spliced``: lines of two seed files or generated files interleaved.
 
+Among the values: integers PyYAML builds in quadratic time (YAML 1.1 sexagesimal
+``1:1:1:...``, long hex and decimal), chains of anchors whose aliases share references
+(:func:`shared_aliases`), and facts whose annotations are shared references standing for
+a million values (:data:`TASKS`).
+
 Nothing here decides what the result should be; the callers check it.
 """
 
@@ -91,7 +96,16 @@ LITERALS = [
 ]
 
 RULE_FIELDS = ["name", "match", "replicate", "pool", "avoid", "spread", "move", "comment"]
-TOP_FIELDS = ["version", "pools", "rules", "rebalance", "reduce-replicas", "extra"]
+TOP_FIELDS = [
+    "version",
+    "pools",
+    "rules",
+    "rebalance",
+    "reduce-replicas",
+    "reload-settle",
+    "anchors",
+    "extra",
+]
 REBALANCE_FIELDS = [
     "enabled",
     "measure",
@@ -153,6 +167,12 @@ SCALARS = [
     "!!binary aGk=",
     "&anchor 3",
     "*anchor",
+    "1:" * 3_000 + "1",
+    "1:30:59",
+    "0x" + "f" * 4_500,
+    "-0b" + "1" * 5_000,
+    "9" * 5_000,
+    "1_0" * 60,
     "|\n      literal",
     ">-\n      folded",
 ]
@@ -178,6 +198,8 @@ TOKENS = [
     b"&a ",
     b"*a",
     b"&b [*a, *a, *a] ",
+    b"1:" * 2_000 + b"1",
+    b"0x" + b"f" * 4_500,
     b"!!python/object:os.system ",
     b"!!python/name:builtins.eval ",
     b"!custom ",
@@ -333,9 +355,25 @@ def generated(rng: random.Random) -> bytes:
                         else rng.choice(SCALARS)
                     )
                     lines.append(f"  {f}: {value}")
+        elif field == "anchors":
+            lines += shared_aliases(rng)
         else:
             lines.append(f"{field}: {rng.choice(SCALARS)}")
     return ("\n".join(lines) + rng.choice(["\n", "", "\r\n", "\n\n"])).encode("utf-8")
+
+
+def shared_aliases(rng: random.Random) -> list[str]:
+    """A chain of anchors, each a list of aliases to the one before: shared references
+    standing for up to 2**40 values, or recursive ones."""
+    depth = rng.randint(1, 40)
+    width = rng.randint(2, 4)
+    lines = ["anchors:", "  a0: &a0 [1, 2]"]
+    for i in range(1, depth):
+        aliases = ", ".join([f"*a{i - 1}"] * width)
+        lines.append(f"  a{i}: &a{i} [{aliases}]")
+    if rng.random() < 0.2:
+        lines.append(f"  loop: &loop [*loop, *a{depth - 1}]")
+    return lines
 
 
 def _tame(rng: random.Random) -> bytes:
@@ -415,12 +453,23 @@ def cases(seed: int, n: int, seeds: list[bytes] | None = None) -> Iterator[tuple
             yield "spliced", mutate(rng, splice(rng, a, rng.choice(pool)), rng.randint(0, 2))
 
 
+def _shared(depth: int) -> list[object]:
+    value: list[object] = ["gold", "gold"]
+    for _ in range(depth - 1):
+        value = [value, value]
+    return value
+
+
+#: A list standing for 2**20 values through shared references (a pickled annotation).
+SHARED = _shared(20)
+
 #: Facts a fuzzed ruleset's matches and pools are run on: odd keys, huge sizes, NaN and
 #: nested values in annotations, missing attributes.
 TASKS = [
     TaskFacts(key="x-1", prefix="stage1", nbytes=10, replicas=2, annotations={"tier": "gold"}),
     TaskFacts(key="a" * 5000, prefix="", type="numpy.ndarray", nbytes=2**40),
     TaskFacts(key="", annotations={"tier": float("nan"), "x-y": [1, "a"], "a": None}),
+    TaskFacts(key="shared", annotations={"tier": SHARED, "x-y": [SHARED, SHARED], "a": SHARED}),
 ]
 WORKERS = [
     WorkerFacts(address="tcp://10.0.0.1:1", host="10.0.0.1", resources={"GPU": 1}),

@@ -44,7 +44,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from amm_rules.engine.adapters import TaskFactsAdapter, class_reader, freeze
+from amm_rules.engine.adapters import AnnotationTooLarge, TaskFactsAdapter, class_reader, freeze
 from amm_rules.language.fields import ActionError, parse_actions, parse_target
 from amm_rules.language.ruleset import (
     ACTION_FIELDS,
@@ -411,7 +411,12 @@ class Classifier:
         short = annotations.get("replicate")
         if value is None and short is None:
             return None
-        frozen = freeze(value) if short is None else (freeze(value), freeze(short))
+        try:
+            frozen = freeze(value) if short is None else (freeze(value), freeze(short))
+        except AnnotationTooLarge as exc:  # ignored for the key, like any invalid value
+            name = "amm" if value is not None and _too_large(value) else "replicate"
+            self._invalid(value if name == "amm" else short, exc, ts.key, name)
+            return None
         try:
             parsed = self._annotations[frozen]
         except KeyError:
@@ -459,7 +464,7 @@ class Classifier:
                 out.append("replicate")
         return out
 
-    def _invalid(self, value: Any, exc: ActionError, key: Hashable, name: str) -> None:
+    def _invalid(self, value: Any, exc: Exception, key: Hashable, name: str) -> None:
         if self._on_invalid_annotation is None:
             return
         if name == "amm":
@@ -570,4 +575,12 @@ def _same(a: Any, b: Any) -> bool:
         return repr(a) == repr(b)  # -0.0 == 0.0, nan != nan: compare the spelling
     if kind in _PLAIN:
         return bool(a == b)
+    return False
+
+
+def _too_large(value: Any) -> bool:
+    try:
+        freeze(value)
+    except AnnotationTooLarge:
+        return True
     return False

@@ -64,6 +64,9 @@ class Journal:
     def __init__(self) -> None:
         #: The latest decisions, oldest first.
         self.decisions: deque[Decision] = deque(maxlen=DECISIONS_KEPT)
+        #: The same decisions by key, oldest first (``for_key`` reads one key's
+        #: without a scan of the ring: ``explain`` asks for thousands of keys at once).
+        self._by_key: dict[Hashable, deque[Decision]] = {}
         #: Durations (seconds) of the latest cycles, oldest first.
         self.cycle_seconds: deque[float] = deque(maxlen=CYCLES_KEPT)
         #: Cycles run and their total duration since the policy started.
@@ -81,7 +84,21 @@ class Journal:
     def decision(
         self, key: Hashable, op: str, worker: str, outcome: str, reason: str, source: str
     ) -> None:
-        self.decisions.append(Decision(time.time(), key, op, worker, outcome, reason, source))
+        decisions = self.decisions
+        if len(decisions) == decisions.maxlen:
+            # The oldest decision leaves the ring: it is the oldest of its key's too.
+            old = decisions[0]
+            mine = self._by_key.get(old.key)
+            if mine:
+                mine.popleft()
+                if not mine:
+                    del self._by_key[old.key]
+        d = Decision(time.time(), key, op, worker, outcome, reason, source)
+        decisions.append(d)
+        mine = self._by_key.get(key)
+        if mine is None:
+            mine = self._by_key[key] = deque()
+        mine.append(d)
 
     def cycle(self, seconds: float) -> None:
         self.cycles += 1
@@ -89,13 +106,15 @@ class Journal:
         self.cycle_seconds.append(seconds)
 
     def for_key(self, key: Hashable, limit: int = 10) -> list[Decision]:
-        """The key's latest decisions, oldest first (a scan of the bounded ring)."""
-        out: list[Decision] = []
-        for d in reversed(self.decisions):
-            if d.key == key:
-                out.append(d)
-                if len(out) >= limit:
-                    break
+        """The key's latest decisions, oldest first (from the index by key: a few
+        dictionary and deque operations, whatever the size of the ring)."""
+        try:
+            mine = self._by_key.get(key)
+        except TypeError:  # an unhashable key has no decisions
+            return []
+        if not mine or limit <= 0:
+            return []
+        out = list(islice(reversed(mine), limit))
         out.reverse()
         return out
 

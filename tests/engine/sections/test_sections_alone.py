@@ -34,7 +34,9 @@ WORKERS = {
 
 
 def test_replication_plans_each_key_by_its_rule() -> None:
-    e = engine(RULES, WORKERS, {"x-1": ["a"], "d-1": ["b"], "z-1": ["b", "c"]})
+    # (Sizes unequal: the AMM breaks ties between workers of equal memory by set order.)
+    keys = {"x-1": ["a"], "d-1": {"holders": ["b"], "nbytes": 1500}, "z-1": ["b", "c"]}
+    e = engine(RULES, WORKERS, keys)
     asked = e.cycle(Replication(classify_seconds=None), ReduceReplicasSection())
     assert asked == [
         ("drop", "b", "z-1"),  # no rule: reduce-replicas keeps one copy (off the fuller b)

@@ -1,0 +1,1 @@
+"""Helpers of the benchmarks (imported as modules; nothing here imports ``tests``)."""
