@@ -28,7 +28,7 @@ late the event loop ran the timer; and the event loop's lag over the run (how mu
 longer than asked a 10 ms sleep took), so that a slow time-to-request can be told from a
 loaded loop.
 
-The round logic is shared with ``tests/engine/test_chaos.py`` (:mod:`tests.support.chaos`).
+The round logic is shared with ``tests/engine/policy/test_chaos.py`` (:mod:`tests.support.chaos`).
 From the repository root:
 
     python -m benchmarks.soak --minutes 3                  # AMM interval 2 s (the default)

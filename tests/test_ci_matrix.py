@@ -91,10 +91,10 @@ def test_the_compat_marker_selects_the_engine_legacy_metrics_and_dashboard_tests
     )
     modules = {line.split("::")[0] for line in out.stdout.splitlines() if "::" in line}
     assert {
-        "tests/engine/test_legacy_replicate.py",
-        "tests/engine/test_memory_pressure.py",
-        "tests/engine/test_paused_workers.py",
-        "tests/engine/test_retire_adaptive.py",
+        "tests/engine/sections/legacy/test_legacy_replicate.py",
+        "tests/engine/sections/memory_pressure/test_memory_pressure.py",
+        "tests/engine/sections/paused_workers/test_paused_workers.py",
+        "tests/engine/sections/retirement/test_adaptive.py",
         "tests/observe/test_metrics.py",
         "tests/observe/test_dashboard.py",
     } <= modules

@@ -13,7 +13,7 @@ keeps running with everything else intact.
 - Annotations with any value: an error on the client (``amm_rules.annotate``).
 
 The same on a running cluster (annotations and runtime calls that reach the scheduler,
-hostile rules files at a hot reload) is in ``tests/engine/test_hostile_cluster.py``;
+hostile rules files at a hot reload) is in ``tests/engine/policy/test_hostile_cluster.py``;
 the findings of a review of hostile input against the event loop, the dashboard, the
 offline commands and the terminal are in ``tests/hostile/``, a module per part.
 Hang bounds (:mod:`tests.support.hang`) are generous, seconds for work that takes
@@ -265,7 +265,7 @@ def test_expression_limits(expression: str, code: str) -> None:
 
 
 # ---------------------------------------------------------------------------------
-# Annotations on the client (on a cluster: tests/engine/test_hostile_cluster.py)
+# Annotations on the client (on a cluster: tests/engine/policy/test_hostile_cluster.py)
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,7 @@ def state(loop: asyncio.AbstractEventLoop) -> Iterator[Any]:
 
 # The policies below classify every key in their first cycle (``classify_seconds=None``):
 # these tests check the steady state, and the time budget, which spreads classification
-# over cycles on a slow machine, is tested in tests/engine/test_policy_classify_budget.py.
+# over cycles on a slow machine, is tested in tests/engine/sections/replication/test_classification_budget.py.
 
 
 def manager(scheduler: Any, policy: Any) -> ActiveMemoryManagerExtension:

@@ -1,4 +1,4 @@
-"""Chaos on a real cluster, shared by ``tests/engine/test_chaos.py`` (short rounds in CI) and
+"""Chaos on a real cluster, shared by ``tests/engine/policy/test_chaos.py`` (short rounds in CI) and
 ``benchmarks/soak.py`` (minutes of rounds); cluster helpers from :mod:`tests.support.cluster`.
 
 The data are *held keys*: each computed by :func:`produce` under its own key, which

@@ -1,4 +1,4 @@
-"""A leaking workload for the paused-workers tests (``tests/engine/test_paused_workers*.py``)
+"""A leaking workload for the paused-workers tests (``tests/engine/sections/paused_workers/``)
 and :mod:`benchmarks.paused_workers`.
 
 :func:`leaky` leaks memory outside Dask's data, as a library with a leak does: it keeps

@@ -1,4 +1,4 @@
-"""Helpers of the memory-pressure tests (tests/engine/test_memory_pressure.py and the
+"""Helpers of the memory-pressure tests (tests/engine/sections/memory_pressure/test_memory_pressure.py and the
 observe tests of the section): a cluster whose workers' memory is set by the data the
 test keeps, a section reading that memory, tasks to hold back.
 """

@@ -1,4 +1,4 @@
-"""Helpers shared by the retirement tests (``tests/engine/test_retire_*.py``) and
+"""Helpers shared by the retirement tests (``tests/engine/sections/retirement/``) and
 :mod:`benchmarks.retirement`: a log of every copy the scheduler records, so that a test
 checks every worker a key was ever on, not only where it ends.
 """

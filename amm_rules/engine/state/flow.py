@@ -13,7 +13,7 @@ scheduler's transitions, keeps per prefix (the counters of :class:`PrefixFlow`):
   the prefix finishing. The scheduler handles a ``task-finished`` message as one
   stimulus: the task enters memory, then its inputs whose last waiter it was are
   released, with the same ``stimulus_id`` (checked against distributed 2026.8 by
-  ``tests/engine/test_memory_flow.py``). This is the "bytes freed by finishing" of
+  ``tests/engine/sections/memory_flow/test_memory_flow.py``). This is the "bytes freed by finishing" of
   dask/distributed issue 3898;
 - ``live``: bytes of the prefix's keys in memory now (unique bytes; scattered data
   included, through :meth:`MemoryFlow.scattered`);

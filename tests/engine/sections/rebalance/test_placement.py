@@ -3,7 +3,7 @@ rules still hold"): ``spread: host`` keys are not moved onto a host that already
 one of their copies, and a worker being retired takes no part while moves go on.
 
 In-process workers, ``managed`` memory (see ``test_rebalance_cluster.py`` for why);
-``tests/engine/test_rebalance_processes.py`` runs the default ``optimistic`` measure on
+``tests/engine/sections/rebalance/test_processes.py`` runs the default ``optimistic`` measure on
 worker processes.
 """
 

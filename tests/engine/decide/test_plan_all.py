@@ -18,7 +18,7 @@ from amm_rules.engine.decide.view import ClusterView, WorkerView
 from amm_rules.engine.state.index import KeyIndex, Placement, PlanClass
 from amm_rules.language.fields import ActionError, parse_target
 from amm_rules.language.ruleset import ALL, Desired, Target
-from tests.engine.test_planner import SETTINGS, key, ops, rule, settle, workers
+from tests.engine.decide.test_plan import SETTINGS, key, ops, rule, settle, workers
 
 EVERY = Target.exact(ALL)
 

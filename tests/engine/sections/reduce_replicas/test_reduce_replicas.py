@@ -6,7 +6,7 @@ Parity is checked on a real scheduler: the same cluster state (copies, dependent
 processing on some holders, dependents not yet assigned, a key with many waiters, and
 another policy's suggestions earlier in the same cycle) is handed to the stock policy
 and to RulesPolicy in turn, with nothing sent to the workers, and the drops each asks
-for are compared. (``tests/engine/test_planner.py`` checks the arithmetic alone.)
+for are compared. (``tests/engine/decide/test_plan.py`` checks the arithmetic alone.)
 """
 
 from __future__ import annotations

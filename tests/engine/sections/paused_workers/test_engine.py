@@ -4,7 +4,7 @@ The workers' memory monitors pause them for real, but their process memory is se
 each test (``monitor.get_process_memory``, which distributed provides to be replaced in
 tests), since in-process workers share one process. The AMM runs only when a test says
 so, one cycle at a time. Workers here have no nanny: a restart is a retirement, as the
-events say. The leak on real processes is in ``tests/engine/test_paused_workers.py``.
+events say. The leak on real processes is in ``tests/engine/sections/paused_workers/test_paused_workers.py``.
 """
 
 from __future__ import annotations

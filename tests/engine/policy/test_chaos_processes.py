@@ -1,7 +1,7 @@
 """Chaos with real worker processes: a worker process is killed with SIGKILL, as the
 kernel's out-of-memory killer or a failing machine would, and its nanny starts a new one.
 
-The in-process chaos tests (``tests/engine/test_chaos.py``) imitate a crash by cutting the
+The in-process chaos tests (``tests/engine/policy/test_chaos.py``) imitate a crash by cutting the
 worker's connections; here the operating system does it. What must hold is the same:
 no held key loses its data while fewer holders than its target die at once, targets
 come back (the new worker counts as soon as it joins), no held key is recomputed, and
