@@ -155,24 +155,17 @@ class Host:
         return f"<Host {self.name} {self.address} {state}, {len(self.pids())} processes>"
 
     def _create(self) -> None:
-        ip("netns", "add", self.namespace)
-        ip(
-            "link",
-            "add",
-            self.veth,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            self.namespace,
-        )
+        ns = self.namespace
+        ip("netns", "add", ns)
+        ip("link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        # No IPv6 link-local addresses: the hosts' only addresses are the harness's own.
+        ip("link", "set", self.veth, "addrgenmode", "none")
+        ip("-n", ns, "link", "set", "eth0", "addrgenmode", "none")
         ip("link", "set", self.veth, "master", self.hosts.bridge, "up")
         prefix = self.hosts.subnet.prefixlen
-        ip("-n", self.namespace, "addr", "add", f"{self.address}/{prefix}", "dev", "eth0")
-        ip("-n", self.namespace, "link", "set", "eth0", "up")
-        ip("-n", self.namespace, "link", "set", "lo", "up")
+        ip("-n", ns, "addr", "add", f"{self.address}/{prefix}", "dev", "eth0")
+        ip("-n", ns, "link", "set", "eth0", "up")
+        ip("-n", ns, "link", "set", "lo", "up")
 
     # -- processes ----------------------------------------------------------------------
 
@@ -329,6 +322,7 @@ class Hosts:
             self.subnet = _free_subnet()
             ip("link", "add", self.bridge, "type", "bridge")
             self._open = True
+            ip("link", "set", self.bridge, "addrgenmode", "none")
             address = f"{self.subnet.network_address + 1}/{self.subnet.prefixlen}"
             ip("addr", "add", address, "dev", self.bridge)
         ip("link", "set", self.bridge, "up")
@@ -389,7 +383,9 @@ class Hosts:
             except HostsError as exc:
                 problems.append(str(exc))
         for host in self.hosts:
-            for argv in (("netns", "del", host.namespace), ("link", "del", host.veth)):
+            # The root end first: deleting it removes the pair at once (a namespace's
+            # devices go when the kernel gets round to destroying it).
+            for argv in (("link", "del", host.veth), ("netns", "del", host.namespace)):
                 if _exists(argv):
                     _try(argv, problems)
         if self._open and _exists(("link", "del", self.bridge)):
@@ -451,6 +447,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _dead(name: str) -> bool:
+    """Whether ``name`` is the harness's and the process that made it is gone."""
+    match = _NAME.match(name)
+    return match is not None and not _alive(int(match.group(1)))
+
+
 def sweep() -> list[str]:
     """Remove what harness runs that died left behind: namespaces (and their processes)
     and links named with :data:`PREFIX` whose PID is no longer alive. Never touches a
@@ -458,19 +460,18 @@ def sweep() -> list[str]:
     if unavailable() is not None:
         return []
     removed: list[str] = []
-    for namespace in _namespaces():
-        match = _NAME.match(namespace)
-        if match and not _alive(int(match.group(1))):
-            kill_namespace(namespace)
-            _wait_gone(namespace)
-            ip("netns", "del", namespace, check=False)
-            removed.append(namespace)
-    # Veths first (their namespaces are gone, so few are left), then bridges.
-    for name in sorted(_links(), key=lambda n: n.endswith("-br")):
-        match = _NAME.match(name)
-        if match and not _alive(int(match.group(1))):
-            ip("link", "del", name, check=False)
-            removed.append(name)
+    dead_namespaces = [n for n in _namespaces() if _dead(n)]
+    for namespace in dead_namespaces:
+        kill_namespace(namespace)
+        _wait_gone(namespace)
+    # Veths, then bridges, then namespaces: deleting a veth's root end removes the pair
+    # at once, while a namespace's devices go when the kernel destroys it, later.
+    for name in sorted((n for n in _links() if _dead(n)), key=lambda n: n.endswith("-br")):
+        ip("link", "del", name, check=False)
+        removed.append(name)
+    for namespace in dead_namespaces:
+        ip("netns", "del", namespace, check=False)
+        removed.append(namespace)
     if removed:
         logger.warning("hosts: removed leftovers of an earlier run: %s", removed)
     return removed
