@@ -173,11 +173,12 @@ async def test_faults_in_a_row_lose_nothing() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @gen_test(timeout=900)
 async def test_soak_of_random_host_faults() -> None:
     async with hs.host_cluster(replace(SETTINGS, spare_hosts=1)) as cluster:
         await cluster.persist()
-        rounds = await hs.soak(cluster, seconds=300, seed=1)
+        rounds = await hs.soak(cluster, seconds=240, seed=1)
         assert {r.kind for r in rounds} >= set(hs.SOAK_FAULTS)
         check_soak(cluster, rounds, await cluster.truth())
 
