@@ -351,9 +351,25 @@ class HostCluster:
             return all(self.copies(k) == 1 and self.live_hosts(k) for k in self.keys)
         return all(self.copies(k) == goal == len(self.live_hosts(k)) for k in self.keys)
 
-    def placement(self) -> dict[str, int]:
-        """How many keys are at each copy count (for a failure's message)."""
-        return dict(Counter(f"{self.copies(k)} on {len(self.live_hosts(k))}" for k in self.keys))
+    def placement(self) -> dict[str, Any]:
+        """How many keys have how many copies on how many live hosts, and the state of a
+        few keys below the goal (for a failure's message)."""
+        out: dict[str, Any] = dict(
+            Counter(f"{self.copies(k)} on {len(self.live_hosts(k))}" for k in self.keys)
+        )
+        for key in self.short()[:3]:
+            ts = self.scheduler.tasks.get(key)
+            out[str(key)] = (
+                None
+                if ts is None
+                else {
+                    "state": ts.state,
+                    "processing_on": ts.processing_on and ts.processing_on.address,
+                    "who_has": sorted(ws.address for ws in ts.who_has or ()),
+                    "story": [str(t[1:4]) for t in self.scheduler.story(key)[-6:]],
+                }
+            )
+        return out
 
     # -- data -------------------------------------------------------------------------------
 

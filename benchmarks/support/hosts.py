@@ -149,6 +149,8 @@ class Host:
         self.log = hosts.logs / f"{self.name}.log"
         #: Whether the host is cut off (its veth down).
         self.is_cut = False
+        #: How many times workers were started here.
+        self.starts = 0
 
     def __repr__(self) -> str:
         state = "cut off" if self.is_cut else "connected"
@@ -194,8 +196,10 @@ class Host:
         memory_limit: str = "1 GiB",
         env: Mapping[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
-        """``dask worker`` with ``nworkers`` nannies in this host, named ``<host>-<i>``,
-        listening on the host's address."""
+        """``dask worker`` with ``nworkers`` nannies in this host, listening on the host's
+        address, named ``<host>.<n>-<i>`` for the ``n``-th start in the host (worker names
+        are unique in a cluster)."""
+        self.starts += 1
         argv = [
             sys.executable,
             "-m",
@@ -208,7 +212,7 @@ class Host:
             "--host",
             self.address,
             "--name",
-            self.name,
+            f"{self.name}.{self.starts}",
             "--memory-limit",
             memory_limit,
             "--no-dashboard",
