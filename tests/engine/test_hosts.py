@@ -98,9 +98,7 @@ async def test_a_killed_host_with_the_stock_amm_loses_the_keys_it_held_alone() -
 
 
 @gen_test(timeout=240)
-async def test_a_host_cut_off_past_the_patience_is_repaired_while_away_and_nothing_moves_back() -> (
-    None
-):
+async def test_a_host_cut_off_past_the_patience_is_repaired_while_away() -> None:
     async with hs.host_cluster(SETTINGS) as cluster:
         await cluster.persist()
         victim = hs.busiest(cluster)
