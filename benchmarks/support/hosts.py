@@ -73,7 +73,7 @@ IP_TIMEOUT = 10.0
 KILL_TIMEOUT = 10.0
 
 _NAME = re.compile(rf"^{PREFIX}(\d+)([a-z])-")
-_made: list[str] = []  # letters used by this process, so that names stay unique
+_made: list[str] = []  # letters of this process's open instances: names stay unique
 
 
 class HostsError(RuntimeError):
@@ -289,8 +289,11 @@ class Hosts:
     """
 
     def __init__(self, n: int = 3):
-        letter = next(c for c in "abcdefghijklmnopqrstuvwxyz" if c not in _made)
+        letter = next((c for c in "abcdefghijklmnopqrstuvwxyz" if c not in _made), None)
+        if letter is None:
+            raise HostsError(f"26 instances of Hosts open in this process: {_made}")
         _made.append(letter)
+        self._letter = letter
         #: The stem of every name of this instance: prefix, PID, letter.
         self.stem = f"{PREFIX}{os.getpid()}{letter}"
         self.bridge = f"{self.stem}-br"
@@ -396,6 +399,8 @@ class Hosts:
             _try(("link", "del", self.bridge), problems)
         self._open = False
         shutil.rmtree(self.logs, ignore_errors=True)
+        if not problems and self._letter in _made:
+            _made.remove(self._letter)  # its names are free again
         for problem in problems:
             logger.error("hosts: %s", problem)
         return problems
