@@ -5,6 +5,9 @@ every test gets.
 so a CI run is reproducible and fits its time budget); long stress and soak runs are
 marked ``slow`` and only run with ``--run-slow``.
 
+At the start of the run, what the host harness (:mod:`benchmarks.support.hosts`) of an
+earlier run that died left behind is removed.
+
 Every test fails, after its own checks pass:
 
 - if the engine emitted an ``error``, ``rule-error`` or ``audit`` event while it ran
@@ -23,6 +26,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from benchmarks.support import hosts
 from tests.support import engine_errors
 from tests.support.env import in_ci
 from tests.support.waiting import BUDGET, declared_timeout
@@ -50,6 +54,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # Namespaces, links and processes of the host harness that an earlier run left
+    # when it died (by the harness's name prefix, and only of runs no longer alive).
+    hosts.sweep()
 
 
 def _timeout_of(item: pytest.Item) -> float:
