@@ -1,6 +1,6 @@
 """A long fuzz run of the rules-file checker: hostile files in, diagnostics out.
 
-The files come from the seeded generator the tests use (:mod:`tests.support.fuzzer`):
+The files come from the seeded generator the tests use (:mod:`benchmarks.support.fuzzer`):
 rules files built from the format's vocabulary, mutated seed files (every case file and
 example), and splices of both. Each file is checked with ``amm_rules.language.loader.check_text``;
 a file without errors is compiled, and its matches and pools run on a few facts.
@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tests.support.fuzzer import cases, check_and_run, seed_files
+from benchmarks.support.fuzzer import cases, check_and_run, seed_files
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "fuzz_rules.json"

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import scale
-from tests.support import scheduler_state
+from benchmarks.support import scheduler_state
 
 RESULTS = scale.ROOT / "benchmarks" / "results" / "govern.json"
 

@@ -4,7 +4,7 @@ workers stay paused and when it completes.
 Each run starts a ``LocalCluster`` of worker processes with nannies (two plain workers
 and one that runs the leaky tasks, each with a 400 MiB limit, pausing at 50%), persists
 nine keys (three per worker), then submits the workload: leaky tasks that each leak
-``--leak`` MiB outside Dask's data (:mod:`tests.support.leak`) on the leaky worker, and
+``--leak`` MiB outside Dask's data (:mod:`benchmarks.support.leak`) on the leaky worker, and
 ordinary tasks on the others. The leaky worker pauses after five leaky tasks.
 
 - ``without``: the rules have no ``paused-workers`` section. The run stops at
@@ -38,9 +38,9 @@ from typing import Any
 import dask
 from distributed import Client, LocalCluster
 
-from tests.support import leak
-from tests.support.cluster import TransitionCounter
-from tests.support.leak import held, leaky, worker_config
+from benchmarks.support import leak
+from benchmarks.support.cluster import TransitionCounter
+from benchmarks.support.leak import held, leaky, worker_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -73,7 +73,7 @@ import numpy as np  # noqa: E402
 from distributed import Client, LocalCluster, wait  # noqa: E402
 
 from amm_rules.engine.rebalance.plan import WorkerLoad, minimum_bytes_to_balance  # noqa: E402
-from tests.support.cluster import TransitionCounter  # noqa: E402
+from benchmarks.support.cluster import TransitionCounter  # noqa: E402
 
 MiB = 2**20
 GiB = 2**30

@@ -3,7 +3,7 @@
 
 Each scenario builds a small in-process cluster with RulesPolicy attached to the
 scheduler's AMM, places data, logs every copy the scheduler records
-(:class:`tests.support.retire.ReplicaLog`), retires one or two workers with ``retire_workers`` and
+(:class:`benchmarks.support.retire.ReplicaLog`), retires one or two workers with ``retire_workers`` and
 checks what the rules forbid. It runs twice per repeat, interleaved: ``rules`` (the
 default) and ``stock`` (``RulesPolicy(retire_by_rules=False)``: RetireWorker places the
 keys, the rules move them afterwards). With both in the AMM, which of RetireWorker and
@@ -33,7 +33,7 @@ from typing import Any
 import dask
 from distributed import Client, Scheduler, Worker
 
-from tests.support.retire import ReplicaLog
+from benchmarks.support.retire import ReplicaLog
 
 ROOT = Path(__file__).resolve().parent.parent
 

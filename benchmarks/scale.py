@@ -1,7 +1,7 @@
 """Scheduler cost of amm-rules at scale: a million keys, a thousand workers, 20 rules.
 
 Builds a real ``distributed.Scheduler`` state in this process (see
-:mod:`tests.support.scheduler_state`: real workers, tasks, groups and prefixes, no
+:mod:`benchmarks.support.scheduler_state`: real workers, tasks, groups and prefixes, no
 network), lays the data out as ``benchmarks/rules/scale.yaml`` wants it, and measures
 side by side, on each size:
 
@@ -73,7 +73,7 @@ from amm_rules import RulesPolicy, load_ruleset
 from amm_rules.observe.explain import explain_keys
 from amm_rules.observe.metrics import RulesCollector
 from amm_rules.observe.status import status_report
-from tests.support import scheduler_state
+from benchmarks.support import scheduler_state
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "benchmarks" / "rules" / "scale.yaml"
@@ -395,7 +395,7 @@ def measure_observe(
     collector = RulesCollector()
     collector.policies.append(policy)
     registry.register(collector)
-    key = next(iter(next(iter(policy.index.groups.values()))))
+    key = next(iter(next(iter(policy.index.governed.groups.values()))))
     times: dict[str, list[float]] = {"status": [], "scrape": [], "explain": []}
     sizes = {}
     for _ in range(n):

@@ -28,7 +28,7 @@ late the event loop ran the timer; and the event loop's lag over the run (how mu
 longer than asked a 10 ms sleep took), so that a slow time-to-request can be told from a
 loaded loop.
 
-The round logic is shared with ``tests/engine/policy/test_chaos.py`` (:mod:`tests.support.chaos`).
+The round logic is shared with ``tests/engine/policy/test_chaos.py`` (:mod:`benchmarks.support.chaos`).
 From the repository root:
 
     python -m benchmarks.soak --minutes 3                  # AMM interval 2 s (the default)
@@ -55,8 +55,7 @@ import dask
 from distributed import Client, Scheduler, Worker
 from distributed.core import Status
 
-from benchmarks.support.looplag import LoopLag
-from tests.support.chaos import (
+from benchmarks.support.chaos import (
     ChaosStats,
     busiest_holders,
     combine,
@@ -68,7 +67,8 @@ from tests.support.chaos import (
     recomputed,
     wait_for_targets,
 )
-from tests.support.cluster import policy_of
+from benchmarks.support.cluster import policy_of
+from benchmarks.support.looplag import LoopLag
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "soak.json"

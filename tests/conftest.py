@@ -14,7 +14,7 @@ Every test fails, after its own checks pass:
   (:mod:`tests.support.engine_errors`), unless it is marked
   ``@pytest.mark.engine_errors("error", ...)`` with the actions it provokes on purpose;
 - if the deadlines of its waits add up to more than its own timeout
-  (:mod:`tests.support.waiting`): a wait must fail with its own message, before the
+  (:mod:`benchmarks.support.waiting`): a wait must fail with its own message, before the
   test's timeout cuts it short.
 """
 
@@ -27,9 +27,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from benchmarks.support import hosts
+from benchmarks.support.waiting import BUDGET, declared_timeout
 from tests.support import engine_errors
 from tests.support.env import in_ci
-from tests.support.waiting import BUDGET, declared_timeout
 
 settings.register_profile(
     "ci",

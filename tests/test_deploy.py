@@ -30,8 +30,8 @@ import pytest
 from distributed import Client
 
 import amm_rules
+from benchmarks.support.waiting import wait_for_sync
 from tests.support.engine_errors import ERROR_ACTIONS
-from tests.support.waiting import wait_for_sync
 
 #: Where amm_rules is imported from here, so that the scheduler imports the same.
 PACKAGE_ROOT = Path(amm_rules.__file__).resolve().parent.parent

@@ -20,8 +20,8 @@ from amm_rules.language.fields import parse_duration, parse_fraction, parse_size
 from amm_rules.language.loader import check_text
 from amm_rules.language.ruleset import TaskFacts
 from amm_rules.language.schema import SCHEMA
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, counts
-from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent
 DOCS = ROOT.parent / "docs"

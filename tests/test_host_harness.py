@@ -20,8 +20,8 @@ import pytest
 
 from benchmarks.support import hosts as harness
 from benchmarks.support.hosts import NETWORK, Hosts, HostsError, ip, sweep, unavailable
+from benchmarks.support.waiting import wait_for_sync
 from tests.support.env import in_ci
-from tests.support.waiting import wait_for_sync
 
 REASON = unavailable()
 pytestmark = pytest.mark.skipif(

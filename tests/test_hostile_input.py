@@ -3,7 +3,7 @@ with diagnostics, errors or events, never a traceback, never a hang, and the sch
 keeps running with everything else intact.
 
 - Rules files: a seeded fuzz run of 10,000 generated, mutated and spliced files
-  (:mod:`tests.support.fuzzer`; ``benchmarks/fuzz_rules.py`` runs longer ones), each
+  (:mod:`benchmarks.support.fuzzer`; ``benchmarks/fuzz_rules.py`` runs longer ones), each
   checked under a per-file alarm as a hang detector.
 - YAML: tags that construct objects are errors and construct nothing; alias bombs,
   recursive aliases and deep nesting are refused with a clear error before they cost
@@ -39,7 +39,7 @@ from amm_rules.language.expr.glob import compile_glob, glob_match
 from amm_rules.language.loader import check_path, check_text, load_ruleset
 from amm_rules.language.ruleset import TaskFacts
 from amm_rules.language.yaml_source import MAX_BYTES
-from tests.support.fuzzer import cases, check_and_run, seed_files
+from benchmarks.support.fuzzer import cases, check_and_run, seed_files
 from tests.support.hang import Hang, hang_bound
 
 #: Per-file bound of the fuzz run: the slowest of 200,000 files took 1.2 s on a quiet

@@ -5,8 +5,7 @@ fails, naming ``file:line`` and the rule, when
 
 1. anything under ``amm_rules/language/`` imports ``dask``, ``distributed`` or any part of
    ``amm_rules`` outside ``amm_rules.language`` (``TYPE_CHECKING`` imports too);
-2. the language half, or one of the engine's pure parts (``engine/decide/plan.py``,
-   ``engine/decide/view.py``, ``engine/decide/classify.py``, ``engine/decide/evacuate.py``,
+2. the language half, or one of the engine's pure parts (``engine/decide/``,
    ``engine/rebalance/plan.py``), imports
    ``dask`` or ``distributed``, itself or through what it imports at run time;
 3. a part of the package (the root module, ``language``, ``engine`` with ``engine.rebalance``
@@ -16,7 +15,14 @@ fails, naming ``file:line`` and the rule, when
 4. modules import each other, directly or through others, at run time (module-level
    imports; those in functions and under ``TYPE_CHECKING`` are exempt);
 5. anything in ``tests/`` or ``benchmarks/`` edits ``sys.path`` or loads a module by its
-   file path.
+   file path;
+6. two modules of the engine import each other, directly or through others, by any
+   import (``TYPE_CHECKING`` and in functions too);
+7. a module reads a private name (``_x``) that another module of the package defines,
+   as an attribute of something other than ``self``/``cls`` or by importing it;
+8. a class is longer than 500 lines, or a function than 100;
+9. anything in ``benchmarks/`` imports ``tests`` (shared helpers live in
+   ``benchmarks/support/``, which tests may import).
 
 The checker first runs on small trees written to a temporary directory, one planted
 violation of each rule and a clean tree that must pass, so that a clean result means a
@@ -34,12 +40,16 @@ import pytest
 from tests.support.layout import (
     Tree,
     Violation,
+    check_benchmarks_apart,
+    check_engine_cycles,
     check_language,
     check_module_cycles,
     check_no_dask,
     check_package,
     check_package_cycles,
     check_paths,
+    check_private_reads,
+    check_sizes,
     read_tree,
     within,
 )
@@ -47,11 +57,15 @@ from tests.support.layout import (
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "amm_rules"
 LANGUAGE = "amm_rules.language"
+ENGINE = "amm_rules.engine"
 #: The engine's pure parts: run by tests, hypothesis and the benchmarks without a cluster.
 PURE = (
+    "amm_rules.engine.decide",
     "amm_rules.engine.decide.plan",
     "amm_rules.engine.decide.view",
+    "amm_rules.engine.decide.deciders",
     "amm_rules.engine.decide.classify",
+    "amm_rules.engine.decide.classify_budget",
     "amm_rules.engine.decide.evacuate",
     "amm_rules.engine.rebalance.plan",
 )
@@ -95,6 +109,26 @@ def test_the_parts_of_the_package_form_a_ladder(package: Tree) -> None:
 
 def test_no_modules_import_each_other_at_run_time(package: Tree) -> None:
     found = check_module_cycles(package, PACKAGE)
+    assert not found, "\n".join(map(str, found))
+
+
+def test_no_modules_of_the_engine_import_each_other_by_any_import(package: Tree) -> None:
+    found = check_engine_cycles(package, ENGINE)
+    assert not found, "\n".join(map(str, found))
+
+
+def test_no_module_reads_a_private_name_of_another() -> None:
+    found = check_private_reads(REPO, PACKAGE)
+    assert not found, "\n".join(map(str, found))
+
+
+def test_no_class_or_function_is_too_long() -> None:
+    found = check_sizes(REPO, PACKAGE)
+    assert not found, "\n".join(map(str, found))
+
+
+def test_benchmarks_import_nothing_from_the_tests() -> None:
+    found = check_benchmarks_apart(REPO, "benchmarks", "tests")
     assert not found, "\n".join(map(str, found))
 
 
@@ -304,4 +338,72 @@ def test_path_edits_and_loading_by_file_path_are_caught(tmp_path: Path) -> None:
         "benchmarks/b.py:2: [path] calls u.spec_from_file_location",
         "tests/test_x.py:2: [path] calls sys.path.insert",
         "tests/test_x.py:3: [path] assigns sys.path",
+    ]
+
+
+def test_an_engine_cycle_through_type_checking_imports_is_caught(tmp_path: Path) -> None:
+    write_tree(
+        tmp_path,
+        {
+            "pkg/engine/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from pkg.engine.b import B\n",
+            "pkg/engine/b.py": "def f():\n    from pkg.engine.a import A\n",
+            "pkg/engine/c.py": "from pkg.engine import a\n",  # one way only: fine
+        },
+    )
+    found = [str(v) for v in check_engine_cycles(read_tree(tmp_path, "pkg"), "pkg.engine")]
+    assert len(found) == 1 and found[0].startswith(
+        "pkg/engine/a.py:3: [engine-cycle] modules of the engine import each other:"
+        " pkg.engine.a -> pkg.engine.b -> pkg.engine.a"
+    ), found
+
+
+def test_reading_or_importing_another_modules_private_name_is_caught(tmp_path: Path) -> None:
+    write_tree(
+        tmp_path,
+        {
+            "pkg/a.py": "class A:\n    def __init__(self):\n        self._secret = 1\n"
+            "    def _helper(self):\n        return self._secret\n"
+            "def _util():\n    return A()._secret\n",  # the same module: fine
+            "pkg/b.py": "from pkg.a import A, _util\n\ndef f(a: A):\n"
+            "    return a._secret, a.__dict__, a._unknown_to_the_package\n",
+        },
+    )
+    found = sorted(str(v) for v in check_private_reads(tmp_path, "pkg"))
+    assert found == [
+        "pkg/b.py:1: [private] imports pkg.a._util",
+        "pkg/b.py:4: [private] reads a._secret",
+    ]
+
+
+def test_long_classes_and_functions_are_caught(tmp_path: Path) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(101))  # a function of 102 lines
+    methods = "".join(f"    def m{i}(self):\n        return {i}\n" for i in range(250))
+    short = "".join(f"    def m{i}(self):\n        return {i}\n" for i in range(249))
+    write_tree(
+        tmp_path,
+        {
+            "pkg/long.py": f"def f():\n{body}\n\nclass C:\n{methods}",  # C: 501 lines
+            "pkg/fits.py": f"class D:\n{short}",  # 499 lines
+        },
+    )
+    found = [str(v) for v in sorted(check_sizes(tmp_path, "pkg"), key=lambda v: v.line)]
+    assert found == [
+        "pkg/long.py:1: [size] function f has 102 lines (at most 100)",
+        "pkg/long.py:105: [size] class C has 501 lines (at most 500)",
+    ]
+
+
+def test_a_benchmark_importing_the_tests_is_caught(tmp_path: Path) -> None:
+    write_tree(
+        tmp_path,
+        {
+            "benchmarks/b.py": "import tests.support.cluster\nfrom tests import x\n",
+            "benchmarks/ok.py": "from benchmarks.support import cluster\nfrom .b import y\n",
+        },
+    )
+    found = sorted(str(v) for v in check_benchmarks_apart(tmp_path, "benchmarks", "tests"))
+    assert found == [
+        "benchmarks/b.py:1: [benchmarks] imports tests.support.cluster",
+        "benchmarks/b.py:2: [benchmarks] imports tests",
     ]

@@ -1,4 +1,4 @@
-"""Smoke test of the scale benchmark's state builder (:mod:`tests.support.scheduler_state`).
+"""Smoke test of the scale benchmark's state builder (:mod:`benchmarks.support.scheduler_state`).
 
 The benchmark's numbers mean something only if the state it builds is a consistent
 scheduler state in which the rules are already met. This builds a small one (2,000
@@ -20,7 +20,7 @@ from amm_rules import load_ruleset
 from amm_rules.engine.adapters import TaskFactsAdapter
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.language.ruleset import CLASS_ATTRIBUTES, UNGOVERNED
-from tests.support import scheduler_state
+from benchmarks.support import scheduler_state
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 RULES = BENCHMARKS / "rules" / "scale.yaml"

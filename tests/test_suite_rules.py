@@ -3,7 +3,7 @@
 
 - no fixed sleep and no poll of distributed's own (``asyncio.sleep``, ``time.sleep``,
   ``async_poll_for``, ``poll_for``) in a test module: tests wait on a condition with a
-  deadline that fails, through :mod:`tests.support.waiting` (which also keeps each
+  deadline that fails, through :mod:`benchmarks.support.waiting` (which also keeps each
   test's poll budget under its timeout). A sleep that is a task's own work, run on a
   worker, says so with a ``# work:`` comment on its line, and the pause of a loop that
   checks that nothing happens for a while (a stall) with ``# window:``;
@@ -20,7 +20,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-#: Calls that wait a fixed time, or poll outside tests.support.waiting.
+#: Calls that wait a fixed time, or poll outside benchmarks.support.waiting.
 WAITS = {"asyncio.sleep", "time.sleep", "sleep", "async_poll_for", "poll_for"}
 SKIPS = {"pytest.importorskip", "importorskip"}
 
@@ -43,7 +43,9 @@ def violations(source: str, name: str) -> list[str]:
         called = _dotted(node.func)
         line = lines[node.lineno - 1]
         if called in WAITS and "# work:" not in line and "# window:" not in line:
-            out.append((node.lineno, f"{called}(): wait on a condition (tests.support.waiting)"))
+            out.append(
+                (node.lineno, f"{called}(): wait on a condition (benchmarks.support.waiting)")
+            )
         elif called in SKIPS:
             out.append((node.lineno, f"{called}(): import it (the test extra has it)"))
     return [f"{name}:{lineno}: {what}" for lineno, what in sorted(out)]
@@ -76,9 +78,9 @@ def work():
     time.sleep(0.02)  # work: a task that takes a while
 """
     assert violations(planted, "t.py") == [
-        "t.py:7: asyncio.sleep(): wait on a condition (tests.support.waiting)",
-        "t.py:8: time.sleep(): wait on a condition (tests.support.waiting)",
-        "t.py:9: sleep(): wait on a condition (tests.support.waiting)",
-        "t.py:10: async_poll_for(): wait on a condition (tests.support.waiting)",
+        "t.py:7: asyncio.sleep(): wait on a condition (benchmarks.support.waiting)",
+        "t.py:8: time.sleep(): wait on a condition (benchmarks.support.waiting)",
+        "t.py:9: sleep(): wait on a condition (benchmarks.support.waiting)",
+        "t.py:10: async_poll_for(): wait on a condition (benchmarks.support.waiting)",
         "t.py:11: pytest.importorskip(): import it (the test extra has it)",
     ]

@@ -39,11 +39,11 @@ from amm_rules.language.ruleset import Desired, Pool, Ruleset, RuntimeTarget, Ta
 if TYPE_CHECKING:
     from distributed.active_memory_manager import ActiveMemoryManagerExtension
 
-    from amm_rules.engine.sections.base import Section
-
 logger = logging.getLogger(__name__)
 
-S = TypeVar("S", bound="Section")
+#: A section's class (engine/sections/base.py; named here by no import: the sections
+#: import this module).
+S = TypeVar("S")
 
 
 class EngineContext:
@@ -67,8 +67,8 @@ class EngineContext:
     dry_run: DryRun
     #: The AMM, once attached (None before and after).
     manager: ActiveMemoryManagerExtension | None
-    #: The sections, in the order they run.
-    sections: tuple[Section, ...]
+    #: The sections, in the order they run (``Section`` objects).
+    sections: tuple[Any, ...]
 
     def __init__(
         self,

@@ -45,7 +45,7 @@ from amm_rules.language.fields import ActionError, parse_target
 from amm_rules.language.ruleset import ACTION_FIELDS, Desired, Target
 
 if TYPE_CHECKING:
-    from amm_rules.engine.policy import RulesPolicy
+    from amm_rules.engine.context import EngineContext
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,31 @@ HANDLER_NAMES = (
 )
 #: Most keys one call may name (a guard against a runaway client, not a real limit).
 MAX_KEYS = 1_000_000
+
+
+class RulesPolicy(Protocol):
+    """What the handlers read of the policy whose handlers they are (its context, its
+    answers, the rules file and the cycle's counters): the policy is the one module that
+    imports this one, and this one imports nothing of it."""
+
+    ctx: EngineContext
+    answers: Answers
+    cycles: int
+    last_cycle_seconds: float
+    last_cycle: dict[str, dict[str, int]]
+    totals: dict[str, Any]
+
+    @property
+    def path(self) -> str | None: ...
+
+    @property
+    def loaded_at(self) -> float: ...
+
+    @property
+    def reload(self) -> bool: ...
+
+    @property
+    def reload_errors(self) -> list[dict[str, Any]]: ...
 
 
 class Answers(Protocol):

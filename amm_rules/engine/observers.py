@@ -12,10 +12,11 @@ is logged and never stops a policy from attaching, detaching or running.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from amm_rules.engine.policy import RulesPolicy
+#: The policy an observer is told about (typed loosely: the policy imports this module,
+#: and nothing here reads it).
+RulesPolicy = Any
 
 logger = logging.getLogger(__name__)
 

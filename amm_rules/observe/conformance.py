@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine.dryrun import HELD_BACK
-from amm_rules.engine.state.index import PlanClass, labels_of
+from amm_rules.engine.state.governed import PlanClass, labels_of
 from amm_rules.engine.state.journal import BUSY, IN_FLIGHT, IN_PROGRESS_REASONS, WAITING
 
 if TYPE_CHECKING:
@@ -159,17 +159,17 @@ def conformance(policy: RulesPolicy) -> Conformance:
             r = rows[label] = RuleConformance(label, "rule", in_file=False)
         return r
 
-    for label, n in index.governed_by.items():
+    for label, n in index.governed.governed_by.items():
         row(label).keys = n
-    for label, n in index.bytes_by.items():
+    for label, n in index.governed.bytes_by.items():
         row(label).bytes = n
-    for label, n in index.copies_by.items():
+    for label, n in index.governed.copies_by.items():
         row(label).copies_held = n
 
     # 1. Whole classes the current workers cannot satisfy.
     unmet = 0
     hopeless: set[PlanClass] = set()
-    for cls, counts in index.class_labels.items():
+    for cls, counts in index.governed.class_labels.items():
         wanted = copies_wanted(policy, cls)
         for label, n in counts.items():
             row(label).copies_wanted += n * wanted
@@ -178,7 +178,7 @@ def conformance(policy: RulesPolicy) -> Conformance:
             continue
         reason, sentence = problem
         hopeless.add(cls)
-        unmet += len(index.groups.get(cls, ()))
+        unmet += len(index.governed.groups.get(cls, ()))
         for label, n in counts.items():
             r = row(label)
             r.unmet[reason] += n

@@ -39,7 +39,7 @@ from amm_rules.engine.decide.plan import KeyPlan, reduce_replicas_excess
 from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
 from amm_rules.engine.handlers import KeyExplanation, check_keys, task_of
 from amm_rules.engine.handlers import explain_key as engine_explain_key
-from amm_rules.engine.state.index import PlanClass, labels_of
+from amm_rules.engine.state.governed import PlanClass, labels_of
 from amm_rules.language.fields import ActionError, parse_actions
 from amm_rules.language.ruleset import Actions, Desired, Reason, RuntimeTarget, overrides
 from amm_rules.observe.conformance import TOO_FEW_HOSTS, class_problem
@@ -87,7 +87,7 @@ def unmet_keys(policy: RulesPolicy, rule: str | None = None, limit: int = 10) ->
     index = policy.index
     known = {r.name for r in policy.ruleset.rules} | {"(annotation)", "(runtime)"}
     known |= {"(client.replicate)", "(scatter broadcast)"}
-    if rule is not None and rule not in known and rule not in index.governed_by:
+    if rule is not None and rule not in known and rule not in index.governed.governed_by:
         names = ", ".join(sorted(known))
         raise ValueError(f"rule: no rule named {rule!r}; the rules are {names}")
     limit = max(0, int(limit))
@@ -104,11 +104,11 @@ def unmet_keys(policy: RulesPolicy, rule: str | None = None, limit: int = 10) ->
             seen.add(key)
             out.append(key)
 
-    for cls, counts in list(index.class_labels.items()):
+    for cls, counts in list(index.governed.class_labels.items()):
         if rule is not None and not counts.get(rule):
             continue
         if class_problem(policy, cls) is not None:
-            group = index.groups.get(cls, {})
+            group = index.governed.groups.get(cls, {})
             # Bounded: a class's keys all have the class's problem; a rule filter may
             # skip some (they take the field from another rule), so look a little further.
             take(islice(group, limit * 4 if rule is not None else limit))

@@ -75,7 +75,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from distributed.http.prometheus import PrometheusCollector
@@ -182,8 +182,6 @@ class _Families:
         from prometheus_client.core import (
             CounterMetricFamily,
             GaugeMetricFamily,
-            InfoMetricFamily,
-            SummaryMetricFamily,
         )
 
         name = collector.build_name
@@ -246,6 +244,17 @@ class _Families:
             "Copies the rules in dry-run would drop now (held back in the last cycle)",
             labels=rule,
         )
+        self._engine_wide(name, s)
+
+    def _engine_wide(self, name: Callable[[str], str], s: list[str]) -> None:
+        """The families of the engine's own figures (one series per scheduler)."""
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            InfoMetricFamily,
+            SummaryMetricFamily,
+        )
+
         self.in_flight = GaugeMetricFamily(
             name("copies_in_flight"), "Replication copies requested and not landed", labels=s
         )

@@ -57,7 +57,8 @@ from amm_rules.engine.sections import SECTIONS, Cycle
 from amm_rules.engine.sections.rebalance import RebalanceSection
 from amm_rules.engine.sections.reduce_replicas import ReduceReplicasSection
 from amm_rules.engine.sections.replication import Replication
-from amm_rules.engine.state.index import KeyIndex, PlanClass
+from amm_rules.engine.state.governed import PlanClass
+from amm_rules.engine.state.index import KeyIndex
 from amm_rules.engine.state.journal import Journal
 from amm_rules.engine.state.placement import VOLATILE_WORKER_ATTRIBUTES, Placements
 from amm_rules.language.ruleset import Desired, Ruleset, RuntimeTarget, Target
@@ -388,7 +389,7 @@ class Simulation:
         settings = self.settings()
         tasks = self.cluster.tasks
         out = {}
-        for cls, group in index.groups.items():
+        for cls, group in index.governed.groups.items():
             if placements.class_unmet(cls):
                 look = set(group)
             else:

@@ -434,8 +434,8 @@ class HostCluster:
         }
         if self.mode == "rules":
             policy = policy_of(self.scheduler)
-            out["engine_governed"] = policy.index.governed_by.get("held", 0)
-            out["engine_copies"] = policy.index.copies_by.get("held", 0)
+            out["engine_governed"] = policy.index.governed.governed_by.get("held", 0)
+            out["engine_copies"] = policy.index.governed.copies_by.get("held", 0)
         return out
 
 

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 import amm_rules
 from amm_rules.client import validate_annotation
 from amm_rules.language.fields import ActionError, parse_actions
+from benchmarks.support.waiting import wait_cycles, wait_for
 from tests.support.cluster import Requests, amm_config, copies, counts
 from tests.support.rulesets import GPU, GPU_POOL
-from tests.support.waiting import wait_cycles, wait_for
 
 GPU_RULES = {"version": 1, "pools": GPU_POOL}
 

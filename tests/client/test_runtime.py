@@ -15,9 +15,9 @@ from distributed.utils_test import div, gen_cluster, inc
 import amm_rules
 from amm_rules.client import EngineNotFoundError
 from amm_rules.language.fields import ActionError
+from benchmarks.support.waiting import wait_cycles, wait_for, wait_for_sync
 from tests.support.cluster import Requests, amm_config, copies, holders, keep, who_has
 from tests.support.rulesets import GPU, GPU_POOL, SPOT_POOL, rules
-from tests.support.waiting import wait_cycles, wait_for, wait_for_sync
 
 #: Keys with the prefix "three" have 3 copies by rule.
 THREE_RULES = rules({"name": "three", "match": 'task.prefix == "three"', "replicate": 3})

@@ -16,8 +16,8 @@ from distributed.utils_test import gen_cluster
 from amm_rules.cli import main
 from amm_rules.cli.keys import MAX_KEY_TEXT
 from amm_rules.language.reporters import escape_controls
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, copies, keep, rules
-from tests.support.waiting import wait_for
 
 #: An OSC sequence setting the terminal's title, and one clearing the screen.
 OSC = "\x1b]0;pwned\x07"

@@ -17,12 +17,12 @@ from distributed.utils_test import gen_cluster
 from amm_rules.cli import main
 from amm_rules.observe.dashboard import STATE_COLORS, event_detail, header_html
 from amm_rules.observe.status import status_report
+from benchmarks.support.waiting import wait_for
 from tests.support.browser import Browser, find_chromium
 from tests.support.cluster import amm_config, copies, events, keep
 from tests.support.env import in_ci
 from tests.support.rules_files import write_atomically
 from tests.support.rulesets import INVALID_RELOAD, RELOADABLE
-from tests.support.waiting import wait_for
 
 PAGE = {"dashboard": True, "dashboard_address": "127.0.0.1:0", "preload": ["amm_rules.dashboard"]}
 

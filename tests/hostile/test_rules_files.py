@@ -14,11 +14,11 @@ from distributed.utils_test import gen_cluster
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.language.loader import check_text
 from amm_rules.language.yaml_source import MAX_INT_CHARS
+from benchmarks.support.waiting import cycle_until, cycles
 from tests.support.cluster import Requests, amm_config, counts, events, keep
 from tests.support.hang import hang_bound
 from tests.support.looplag import LoopLag, assert_no_stall
 from tests.support.rules_files import write_atomically
-from tests.support.waiting import cycle_until, cycles
 
 # ---------------------------------------------------------------------------------
 # 5. A file rewritten in place is installed once it has settled

@@ -29,11 +29,11 @@ from amm_rules.engine.state.journal import DECISIONS_KEPT, Journal
 from amm_rules.observe.metrics import OTHER_RULES, RULE_SERIES, RulesCollector
 from amm_rules.observe.status import TEXT_SHOWN, clipped
 from benchmarks.hostile import Shared
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, counts, events, policy_of
 from tests.support.hang import hang_bound
 from tests.support.looplag import LoopLag, assert_no_stall
 from tests.support.rulesets import INC_TWO
-from tests.support.waiting import wait_for
 
 # ---------------------------------------------------------------------------------
 # 1. The decision journal, indexed by key

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from amm_rules.language.loader import CheckResult, check_text
 from amm_rules.language.reporters import format_github, format_json, format_text
-from tests.support import fuzzer
+from benchmarks.support import fuzzer
 from tests.support.env import in_ci
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,9 +23,9 @@ import amm_rules
 from amm_rules.cli import main
 from amm_rules.cli.keys import parse_key
 from amm_rules.observe.status import status_report
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, copies, policy_of, rules
 from tests.support.flow import graph
-from tests.support.waiting import wait_for
 
 #: Where amm_rules is imported from here, so that the command imports the same.
 PACKAGE_ROOT = Path(amm_rules.__file__).resolve().parent.parent

@@ -13,8 +13,8 @@ from distributed.utils_test import BlockedGetData, gen_cluster, inc
 
 from amm_rules.observe.metrics import RulesCollector
 from amm_rules.observe.status import all_satisfied, status_report
+from benchmarks.support.waiting import WAIT, poll, wait_for
 from tests.support.cluster import CountingDict, amm_config, copies, policy_of, rules
-from tests.support.waiting import WAIT, poll, wait_for
 
 CLASSES = rules(
     {"name": "two", "match": 'task.prefix == "two"', "replicate": 2},
@@ -189,7 +189,7 @@ async def test_status_and_metrics_never_walk_the_scheduler_tasks(c, s, *workers)
 def copies_by_rule(s: Any) -> dict[str, int]:
     """Copies of the governed keys per rule, counted key by key (what the index's
     counters must always equal)."""
-    from amm_rules.engine.state.index import labels_of
+    from amm_rules.engine.state.governed import labels_of
 
     index = policy_of(s).index
     out: dict[str, int] = {}
@@ -214,7 +214,7 @@ def copies_by_rule(s: Any) -> dict[str, int]:
 )
 async def test_copies_held_and_wanted_follow_every_change(c, s, a, b, w):
     def held() -> dict[str, int]:
-        counted = {k: v for k, v in policy_of(s).index.copies_by.items() if v}
+        counted = {k: v for k, v in policy_of(s).index.governed.copies_by.items() if v}
         assert counted == copies_by_rule(s)
         return counted
 

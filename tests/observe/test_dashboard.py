@@ -39,10 +39,10 @@ from amm_rules.cli import main
 from amm_rules.observe.dashboard import RulesPage
 from amm_rules.observe.routes import NO_POLICY
 from amm_rules.observe.status import status_report
+from benchmarks.support.waiting import wait_for
 from tests.support.browser import Browser, find_chromium
 from tests.support.cluster import CountingDict, amm_config, copies, policy_of, rules
 from tests.support.env import in_ci
-from tests.support.waiting import wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -11,8 +11,8 @@ import pytest
 from distributed.cluster_dump import load_cluster_dump
 from distributed.utils_test import gen_cluster, inc
 
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, copies
-from tests.support.waiting import wait_for
 
 RULES_TEXT = """\
 version: 1

@@ -10,8 +10,8 @@ from distributed.utils_test import BlockedGetData, gen_cluster, inc
 
 import amm_rules
 from amm_rules.observe.status import status_report
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, copies, policy_of, rules
-from tests.support.waiting import wait_for
 
 GPU = {"resources": {"GPU": 1}}
 CASCADE = rules(

@@ -20,11 +20,11 @@ from amm_rules.observe.text import (
     render_status,
     signed_bytes,
 )
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, policy_of
 from tests.support.flow import SIZE, graph
 from tests.support.pressure import WORKERS, pressure_on, section, slow
 from tests.support.pressure import config as pressure_config
-from tests.support.waiting import wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -16,10 +16,10 @@ from tornado.httpclient import AsyncHTTPClient
 
 from amm_rules import RulesPolicy
 from amm_rules.observe import metrics
+from benchmarks.support.waiting import poll, wait_for
 from tests.support.cluster import amm_config, copies, policy_of, rules
 from tests.support.flow import graph
 from tests.support.rules_files import write_atomically
-from tests.support.waiting import poll, wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -12,8 +12,8 @@ from distributed.utils_test import gen_cluster
 
 from amm_rules.observe.status import status_report
 from amm_rules.observe.text import render_status
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, policy_of, rules
-from tests.support.waiting import wait_for
 
 MiB = 2**20
 LIMIT = 10 * MiB

@@ -30,8 +30,8 @@ from amm_rules.language.loader import load_ruleset
 from amm_rules.offline.dump import read_dump
 from amm_rules.offline.sim_cluster import SimCluster
 from amm_rules.offline.simulate import Simulation
+from benchmarks.support.waiting import wait_for
 from tests.support.dumps import CONFIG, KB, MEASURE, array
-from tests.support.waiting import wait_for
 
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 PREFIXES = ("a", "b", "c")

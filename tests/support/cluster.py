@@ -1,13 +1,14 @@
 """Helpers shared by the tests that run RulesPolicy on a real scheduler (policy, client,
-rebalance and chaos tests) and by :mod:`tests.support.chaos`.
+rebalance and chaos tests); those the benchmarks use too (:func:`copies`,
+:func:`policy_of`, :class:`TransitionCounter`) are :mod:`benchmarks.support.cluster`'s.
 
 Clusters come from ``distributed.utils_test.gen_cluster``; :func:`amm_config` turns on
 the scheduler's own AMM with a short interval and RulesPolicy as its only policy. What a
 test reads of the scheduler: :func:`holders`, :func:`copies`, :func:`counts` (and
 :func:`who_has` through a synchronous client), :func:`events`; what it records:
 :class:`Requests` (copies and drops sent to workers) and :class:`TransitionCounter`
-(where copies landed: :class:`tests.support.retire.ReplicaLog`).
-Waiting is in :mod:`tests.support.waiting`, shared rules in :mod:`tests.support.rulesets`.
+(where copies landed: :class:`benchmarks.support.retire.ReplicaLog`).
+Waiting is in :mod:`benchmarks.support.waiting`, shared rules in :mod:`tests.support.rulesets`.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from distributed import LocalCluster
-from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils_test import inc
 
-from amm_rules.engine.policy import RulesPolicy
+from benchmarks.support.cluster import TransitionCounter, copies, policy_of
 from tests.support.rulesets import RELOADABLE, rules
 
 __all__ = [
@@ -64,11 +64,6 @@ def amm_config(rules_: Any = None, *, start: bool = True, **kwargs: Any) -> dict
     }
 
 
-def policy_of(scheduler: Any) -> RulesPolicy:
-    (policy,) = [p for p in scheduler.extensions["amm"].policies if isinstance(p, RulesPolicy)]
-    return policy
-
-
 def events(scheduler: Any, action: str | None = None) -> list[dict[str, Any]]:
     out = [msg for _, msg in scheduler.get_events("amm-rules")]
     # Clients may log anything to the topic (tests/hostile does): skip what is not an event.
@@ -97,12 +92,6 @@ def long_interval(rules_: Any, **kwargs: Any) -> dict[str, Any]:
 def holders(scheduler: Any, key: Hashable) -> set[str]:
     ts = scheduler.tasks.get(key)
     return {ws.address for ws in (ts.who_has or ())} if ts is not None else set()
-
-
-def copies(scheduler: Any, key: Hashable) -> int:
-    """Copies of ``key`` in memory (0 once it is released or lost)."""
-    ts = scheduler.tasks.get(key)
-    return len(ts.who_has or ()) if ts is not None and ts.state == "memory" else 0
 
 
 def counts(scheduler: Any, keys: Iterable[Any]) -> list[int]:
@@ -189,34 +178,6 @@ class Requests:
         """Put the scheduler's own methods back."""
         for name in self._originals:
             vars(self.scheduler).pop(name, None)
-
-
-class TransitionCounter(SchedulerPlugin):
-    """Counts, per key, how often it started processing and how often it erred (a key
-    computed twice was recomputed)."""
-
-    name = "transition-counter"
-
-    def __init__(self) -> None:
-        self.processing: Counter[Hashable] = Counter()
-        self.erred: Counter[Hashable] = Counter()
-
-    def transition(self, key: Hashable, start: str, finish: str, *args: Any, **kw: Any) -> None:
-        if finish == "processing":
-            self.processing[key] += 1
-        elif finish == "erred":
-            self.erred[key] += 1
-
-    @property
-    def recomputed(self) -> int:
-        """Keys that started processing more than once."""
-        return sum(1 for n in self.processing.values() if n > 1)
-
-    @classmethod
-    def on(cls, scheduler: Any) -> TransitionCounter:
-        counter = cls()
-        scheduler.add_plugin(counter, name=cls.name)
-        return counter
 
 
 class CountingDict(dict):

@@ -461,3 +461,113 @@ def check_paths(root: Path, dirs: Iterable[str]) -> list[Violation]:
                     if _dotted(target) == "sys.path":
                         out.append(Violation(rel, node.lineno, "path", "assigns sys.path"))
     return out
+
+
+def check_engine_cycles(tree: Tree, engine: str) -> list[Violation]:
+    """Rule 6: no cycle of modules inside ``engine``, by any import (``module``,
+    ``function`` or ``type-checking``): a module that names another's type in a signature
+    depends on it as much as one that calls it."""
+    edges: dict[tuple[str, str], list[Import]] = defaultdict(list)
+    for imp in tree.imports:
+        a, b = imp.importer, imp.target
+        inside = within(a, engine) and within(b, engine) and b in tree.modules
+        # (A module importing its own package's __init__ is not a dependency.)
+        if inside and a != b and b != engine and not a.startswith(f"{b}."):
+            edges[a, b].append(imp)
+    return _cycles(edges, "engine-cycle", "modules of the engine")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _definitions(tree: ast.AST) -> set[str]:
+    """Private names a module defines: functions, classes, module and class variables,
+    and attributes it sets on ``self``/``cls``."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for t in ast.walk(target):
+                    if isinstance(t, ast.Name):
+                        out.add(t.id)
+                    elif isinstance(t, ast.Attribute):
+                        out.add(t.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            out.add(node.value)  # __slots__ entries
+    return {n for n in out if _private(n)}
+
+
+def check_private_reads(root: Path, package: str) -> list[Violation]:
+    """Rule 7: no module reads a private name (``_x``, not ``__x__``) that another module of
+    the package defines: not as an attribute of something other than ``self``/``cls``
+    (``policy._manager``), nor by importing it (``from .a import _helper``). What one part
+    needs of another is public; a name defined in both modules is passed over."""
+    trees: dict[str, tuple[str, ast.AST]] = {}
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root)
+        trees[_module_name(rel)] = (rel.as_posix(), ast.parse(path.read_text(encoding="utf-8")))
+    defined = {module: _definitions(t) for module, (_, t) in trees.items()}
+    anywhere = set().union(*defined.values()) if defined else set()
+    out = []
+    for module, (rel, t) in trees.items():
+        mine = defined[module]
+        for node in ast.walk(t):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                owner = node.value
+                if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                    continue
+                if node.attr in anywhere and node.attr not in mine:
+                    what = _dotted(node) or f"....{node.attr}"
+                    out.append(Violation(rel, node.lineno, "private", f"reads {what}"))
+            elif isinstance(node, ast.ImportFrom) and node.module and within(node.module, package):
+                for alias in node.names:
+                    if _private(alias.name) and alias.name not in mine:
+                        what = f"{node.module}.{alias.name}"
+                        out.append(Violation(rel, node.lineno, "private", f"imports {what}"))
+    return out
+
+
+#: Longest class and function (lines, decorators excluded) the package may hold.
+CLASS_LINES, FUNCTION_LINES = 500, 100
+
+
+def check_sizes(root: Path, package: str) -> list[Violation]:
+    """Rule 8: no class longer than :data:`CLASS_LINES`, no function longer than
+    :data:`FUNCTION_LINES`: split a function into a numbered dispatcher and a helper per
+    case, a class along its seams."""
+    out = []
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                limit = CLASS_LINES if isinstance(node, ast.ClassDef) else FUNCTION_LINES
+                if lines > limit:
+                    kind = "class" if isinstance(node, ast.ClassDef) else "function"
+                    what = f"{kind} {node.name} has {lines} lines (at most {limit})"
+                    out.append(Violation(rel, node.lineno, "size", what))
+    return out
+
+
+def check_benchmarks_apart(root: Path, benchmarks: str, tests: str) -> list[Violation]:
+    """Rule 9: nothing under ``benchmarks`` imports ``tests``: a benchmark never depends on
+    the test suite (shared helpers live in ``benchmarks/support``, which tests may use)."""
+    out = []
+    for path in sorted((root / benchmarks).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            for name in names:
+                if name == tests or name.startswith(f"{tests}."):
+                    out.append(Violation(rel, node.lineno, "benchmarks", f"imports {name}"))
+    return out

@@ -34,7 +34,6 @@ flight; a disabled rebalancer with nothing in flight costs nothing. It never sca
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Collection, Generator, Hashable, Iterable, Mapping
 from typing import Any
@@ -44,7 +43,7 @@ from distributed.active_memory_manager import Suggestion
 from amm_rules.engine import key_logger
 from amm_rules.engine.adapters import TaskFactsAdapter, worker_status
 from amm_rules.engine.decide.deciders import MOVE, Question, count_copies, first_refusal
-from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
+from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.engine.rebalance.plan import (
     ABOVE,
     NEEDED,
@@ -525,78 +524,6 @@ class Rebalancer:
         """This cycle's facts, for the ``cycle`` event; empty when idle. Read once: a
         cycle that does not run the rebalancer must not report the last one's again."""
         out, self._cycle = self._cycle, {}
-        return out
-
-    def explain(self, key: Key, now: float | None = None) -> dict[str, Any] | None:
-        """Whether ``key`` is mid-move or cooling down; ``None`` if neither."""
-        now = time.monotonic() if now is None else now
-        p = self.book.pending.get(key)
-        if p is not None:
-            return {
-                "moving": True,
-                "sender": p.sender,
-                "recipient": p.recipient,
-                "nbytes": p.nbytes,
-                "landed": p.landed is not None,
-                "seconds": round(now - p.started, 3),
-            }
-        if key in self.book.cooling(now):
-            return {"moving": False, "cooling": True}
-        return None
-
-    def status(self) -> dict[str, Any]:
-        """The ``rebalance`` section of ``amm_rules_status``: settings, the last plan
-        (roles, skipped keys by reason, why it stopped), moves in flight, totals."""
-        s = self.settings
-        plan = self.last_plan
-        settled = self.last_settlement
-        out: dict[str, Any] = {
-            "enabled": s.enabled,
-            "measure": s.measure,
-            "sender_min": s.sender_min,
-            "recipient_max": s.recipient_max,
-            "gap": s.gap,
-            "max_bytes_per_cycle": s.max_bytes_per_cycle,
-            "match": s.match_source,
-            "cool_down": s.cooldown,
-            "copy_timeout": s.copy_timeout,
-            "drop_timeout": s.drop_timeout,
-            "in_flight": len(self.book.pending),
-            "in_flight_bytes": sum(p.nbytes for p in self.book.pending.values()),
-            "cooling": len(self.book.cooling(time.monotonic())),
-            "totals": dict(self.totals),
-            "void_reasons": dict(self.void_reasons),
-            "last_plan": None,
-            "last_settle": None,
-        }
-        if plan is not None:
-            out["last_plan"] = {
-                "moves": len(plan.moves),
-                "bytes": plan.bytes,
-                "budget": plan.budget,
-                "mean": plan.mean,
-                "stopped": plan.stopped,
-                "roles": dict(plan.roles),
-                "skipped": dict(plan.skipped),
-                "examples": [
-                    {"key": key_string(e.key), "sender": e.sender, "reason": e.reason}
-                    for e in plan.examples[:EXAMPLES_KEPT]
-                ],
-            }
-        if settled is not None:
-            out["last_settle"] = {
-                "drops": len(settled.drops),
-                "done": len(settled.done),
-                "void": [
-                    {
-                        "key": key_string(p.key),
-                        "sender": p.sender,
-                        "recipient": p.recipient,
-                        "reason": reason,
-                    }
-                    for p, reason in settled.void[:EXAMPLES_KEPT]
-                ],
-            }
         return out
 
 

@@ -33,7 +33,8 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from amm_rules.engine.sections.base import Cycle, Section
-from amm_rules.engine.state.index import KeyIndex, PlanClass
+from amm_rules.engine.state.governed import PlanClass
+from amm_rules.engine.state.index import KeyIndex
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class Auditor:
             if self.interval is None or now < self.next_sweep:
                 return None
             self.next_sweep = now + self.interval
-            self._governed = [(cls, list(group)) for cls, group in index.groups.items()]
+            self._governed = [(cls, list(group)) for cls, group in index.governed.groups.items()]
             self._replicated = list(scheduler.replicated_tasks)
             self._found = dict.fromkeys(FOUND, 0)
             self.sweeping = True
@@ -111,7 +112,7 @@ class Auditor:
             if not keys:
                 self._governed.pop()
             budget -= len(take)
-            group = index.groups.get(cls, {})
+            group = index.governed.groups.get(cls, {})
             alive = []
             for key in take:
                 ts = group.get(key)

@@ -161,6 +161,52 @@ class Handling:
     note: str | None = None
 
 
+#: The section's figures for Prometheus (see :attr:`Section.METRICS`).
+FIGURES: dict[str, tuple[str, str, str]] = {
+    "paused_workers": ("paused_workers", "gauge", "Workers paused now"),
+    "handling": (
+        "paused_workers_handling",
+        "gauge",
+        "Paused workers being emptied, restarted or retired now",
+    ),
+    "paused": ("paused_workers_pauses", "counter", "Workers seen pausing"),
+    "held": ("paused_workers_held", "counter", "Paused workers held (not acted on)"),
+    "evacuations": (
+        "paused_workers_evacuations",
+        "counter",
+        "Paused workers whose keys were copied away",
+    ),
+    "copies": ("paused_workers_copies", "counter", "Copies made to empty paused workers"),
+    "bytes": (
+        "paused_workers_copied_bytes",
+        "counter",
+        "Bytes copied to empty paused workers",
+    ),
+    "blocked": (
+        "paused_workers_blocked",
+        "counter",
+        "Paused workers that could not be emptied (keys with nowhere to go)",
+    ),
+    "restarted": ("paused_workers_restarted", "counter", "Paused workers restarted"),
+    "retired": ("paused_workers_retired", "counter", "Paused workers retired"),
+    "failed": (
+        "paused_workers_failed",
+        "counter",
+        "Restarts or retirements of paused workers that failed",
+    ),
+    "recovered": (
+        "paused_workers_recovered",
+        "counter",
+        "Paused workers that resumed before being acted on",
+    ),
+    "paused_seconds": (
+        "paused_workers_paused_seconds",
+        "counter",
+        "Time workers spent paused, the current pauses included",
+    ),
+}
+
+
 class PausedWorkers(Section):
     """The ``paused-workers`` section at work (see the module docstring)."""
 
@@ -176,49 +222,7 @@ class PausedWorkers(Section):
     status_key = "paused_workers"
     explain_key = "paused_workers"
     metric_prefix = "paused_workers"
-    METRICS = {
-        "paused_workers": ("paused_workers", "gauge", "Workers paused now"),
-        "handling": (
-            "paused_workers_handling",
-            "gauge",
-            "Paused workers being emptied, restarted or retired now",
-        ),
-        "paused": ("paused_workers_pauses", "counter", "Workers seen pausing"),
-        "held": ("paused_workers_held", "counter", "Paused workers held (not acted on)"),
-        "evacuations": (
-            "paused_workers_evacuations",
-            "counter",
-            "Paused workers whose keys were copied away",
-        ),
-        "copies": ("paused_workers_copies", "counter", "Copies made to empty paused workers"),
-        "bytes": (
-            "paused_workers_copied_bytes",
-            "counter",
-            "Bytes copied to empty paused workers",
-        ),
-        "blocked": (
-            "paused_workers_blocked",
-            "counter",
-            "Paused workers that could not be emptied (keys with nowhere to go)",
-        ),
-        "restarted": ("paused_workers_restarted", "counter", "Paused workers restarted"),
-        "retired": ("paused_workers_retired", "counter", "Paused workers retired"),
-        "failed": (
-            "paused_workers_failed",
-            "counter",
-            "Restarts or retirements of paused workers that failed",
-        ),
-        "recovered": (
-            "paused_workers_recovered",
-            "counter",
-            "Paused workers that resumed before being acted on",
-        ),
-        "paused_seconds": (
-            "paused_workers_paused_seconds",
-            "counter",
-            "Time workers spent paused, the current pauses included",
-        ),
-    }
+    METRICS = FIGURES
 
     def __init__(self) -> None:
         #: The section in force; None when the rules have none.
@@ -240,9 +244,8 @@ class PausedWorkers(Section):
         self.paused_seconds_done = 0.0
         #: Copies of ungoverned keys in flight.
         self.book = CopyBook()
-        #: recipient -> {key: [bytes, landed_at or None, deadline]}: copies sent that the
-        #: recipient's heartbeat may not show yet (see :meth:`_room`).
-        self.sent: dict[str, dict[Hashable, list[Any]]] = {}
+        #: Copies sent that the recipients' heartbeats may not show yet.
+        self.sent = SentCopies()
         #: The restart and retirement coroutines running (shared with the clock, which
         #: cancels them when the scheduler closes).
         self.tasks: set[asyncio.Future[Any]] = self.clock.tasks
@@ -297,7 +300,7 @@ class PausedWorkers(Section):
         if settings is None:
             return
         self.book.prune(now)
-        self._settle_sent(workers, now)
+        self.sent.settle(ctx.scheduler.tasks, workers, now)
         census = _Census.of(workers)
         budget = [settings.max_bytes_per_cycle]
         for h in [h for h in self.handling.values() if h.state == "evacuating"]:
@@ -341,29 +344,14 @@ class PausedWorkers(Section):
     def _hold(
         self, ws: Any, census: _Census, now: float, *, starting: bool
     ) -> tuple[str, str] | None:
-        """Why the worker is not acted on now, as (reason code, words); None: go."""
+        """Why the worker is not acted on now, as (reason code, words); None: go. The
+        cluster's and the worker's guards (:func:`worker_hold`), then, for a worker not
+        handled yet, the section's own: cool-down, a recent block, ``max-concurrent``."""
         settings = self.settings
         assert settings is not None
-        if census.paused >= census.active:
-            return "all-paused", "every worker is paused: there is nowhere to copy its keys"
-        share = census.paused / census.active
-        if share > settings.max_paused_fraction:
-            return "too-many-paused", (
-                f"{census.paused} of {census.active} workers are paused, more than "
-                f"max-paused-fraction {format_fraction(settings.max_paused_fraction)}"
-            )
-        if ws.actors:
-            return "actors", "it holds actors, which cannot move"
-        limit = ws.memory_limit or 0
-        if not limit:
-            return "no-memory-limit", "it has no memory limit"
-        unmanaged = ws.memory.unmanaged / limit
-        if unmanaged < settings.require_unmanaged:
-            return "managed-memory", (
-                f"unmanaged memory is {format_fraction(round(unmanaged, 3))} of its limit, "
-                f"below require-unmanaged {format_fraction(settings.require_unmanaged)}: "
-                "the pause comes from Dask's data, which a restart would only move"
-            )
+        held = worker_hold(settings, ws, census)
+        if held is not None:
+            return held
         if not starting:
             return None
         until = self.cooling.get(str(ws.name))
@@ -486,7 +474,7 @@ class PausedWorkers(Section):
         has_what = ws.has_what
         todo = [ts for k in batch if (ts := tasks.get(k)) is not None and ts in has_what]
         views, cluster = evacuation_input(ctx, todo, leaving_addresses(ctx), self.book)
-        room = self._room(cluster)
+        room = self.sent.room(ctx.scheduler.workers, cluster)
         plan = plan_evacuation(
             views,
             cluster,
@@ -531,11 +519,7 @@ class PausedWorkers(Section):
             if choice is None:
                 continue
             record_copy(ctx, self.book, ts, copy.worker, now)
-            self.sent.setdefault(copy.worker, {})[copy.key] = [
-                copy.nbytes,
-                None,
-                now + ctx.inflight_timeout,
-            ]
+            self.sent.record(copy.worker, copy.key, copy.nbytes, now + ctx.inflight_timeout)
             budget[0] -= copy.nbytes
             h.copies += 1
             h.bytes += copy.nbytes
@@ -549,15 +533,7 @@ class PausedWorkers(Section):
         assert settings is not None
         del self.handling[h.address]
         self.retry[h.address] = now + settings.after
-        if plan.stuck:
-            stuck = {s.key: (s.why, s.rule) for s in plan.stuck}
-        else:
-            stuck = {
-                k: (why, SOURCE)
-                for k, why in plan.waiting.items()
-                if why.startswith("no eligible")
-            }
-        self.stuck[h.address] = stuck
+        stuck = self.stuck[h.address] = blocked_by(plan)
         rules = sorted({rule for _, rule in stuck.values()})
         whys = sorted({why for why, _ in stuck.values()})
         self.counters["blocked"] += 1
@@ -597,42 +573,15 @@ class PausedWorkers(Section):
     async def _restart_or_retire(self, h: Handling) -> None:
         ctx = self.ctx
         assert ctx is not None
-        scheduler = ctx.scheduler
-        stimulus_id = f"amm-rules-paused-workers-{time.time()}"
-        addr = h.address
         try:
-            restart = h.action == "restart"
-            # Through retire_workers in both cases: what landed on the worker since the
-            # last pass is placed by the rules (RulesRetireWorker), and a key with
-            # nowhere to go fails it instead of being lost.
-            retired = await asyncio.wait_for(
-                scheduler.retire_workers(
-                    workers=[addr],
-                    close_workers=not restart,
-                    remove=not restart,
-                    stimulus_id=stimulus_id,
-                ),
-                RESTART_TIMEOUT,
-            )
-            if addr not in retired:
-                self._failed(h, "its retirement failed: a key it holds has nowhere to go")
-                return
-            if restart:
-                result = await scheduler.restart_workers(
-                    [addr],
-                    timeout=RESTART_TIMEOUT,
-                    wait_for_workers=False,
-                    on_error="return",
-                    stimulus_id=stimulus_id,
-                )
-                if result.get(addr) != "OK":
-                    self._failed(h, f"the nanny did not restart it: {result.get(addr)!r}")
-                    return
+            why = await restart_or_retire(ctx.scheduler, h.address, h.action == "restart")
         except Exception as exc:  # never let a restart take anything else down
-            logger.exception("amm-rules: handling paused worker %s failed", addr)
-            self._failed(h, repr(exc))
-            return
-        self._done(h)
+            logger.exception("amm-rules: handling paused worker %s failed", h.address)
+            why = repr(exc)
+        if why is None:
+            self._done(h)
+        else:
+            self._failed(h, why)
 
     def _done(self, h: Handling) -> None:
         settings = self.settings
@@ -653,49 +602,6 @@ class PausedWorkers(Section):
         self.notes[h.address] = {**self.notes.get(h.address, {}), "state": "failed", "reason": why}
         logger.warning("amm-rules: paused worker %s not handled: %s", h.address, why)
         self._emit("failed", h.address, name=h.name, error=why)
-
-    # -- room on the recipients ------------------------------------------------------
-
-    def _room(self, cluster: Any) -> dict[str, int]:
-        """Bytes each running worker may still receive: up to its pause threshold less
-        the margin, by its process memory at its last heartbeat plus the copies sent to
-        it that no heartbeat has shown yet."""
-        ctx = self.ctx
-        assert ctx is not None
-        workers = ctx.scheduler.workers
-        pause = _pause_fraction()
-        room = {}
-        for addr in cluster.running:
-            ws = workers[addr]
-            limit = ws.memory_limit or 0
-            if not limit:
-                room[addr] = 1 << 62
-                continue
-            unseen = sum(entry[0] for entry in self.sent.get(addr, {}).values())
-            room[addr] = int((pause - ROOM_MARGIN) * limit) - ws.memory.process - unseen
-        return room
-
-    def _settle_sent(self, workers: Any, now: float) -> None:
-        """A copy counts against its recipient's room until a heartbeat after it landed
-        (heartbeats carry the process memory), or until it is given up."""
-        tasks = self.ctx.scheduler.tasks  # type: ignore[union-attr]
-        for addr in list(self.sent):
-            ws = workers.get(addr)
-            entries = self.sent[addr]
-            for key in list(entries):
-                nbytes, landed, deadline = entries[key]
-                if ws is None:
-                    del entries[key]
-                elif landed is None:
-                    ts = tasks.get(key)
-                    if ts is not None and ws in (ts.who_has or ()):
-                        entries[key][1] = heartbeat_clock()
-                    elif deadline <= now:
-                        del entries[key]
-                elif ws.last_seen > landed:
-                    del entries[key]
-            if not entries:
-                del self.sent[addr]
 
     # -- reporting -----------------------------------------------------------------------
 
@@ -836,3 +742,119 @@ def _plain_settings(s: PausedWorkersSettings) -> dict[str, Any]:
         "cool-down": s.cooldown,
         "max-bytes-per-cycle": s.max_bytes_per_cycle,
     }
+
+
+def worker_hold(
+    settings: PausedWorkersSettings, ws: Any, census: _Census
+) -> tuple[str, str] | None:
+    """Why a paused worker may not be acted on, whatever the section did before: every
+    worker paused, too many paused, actors, no memory limit, a pause from Dask's own data
+    (``require-unmanaged``). None: nothing against it."""
+    if census.paused >= census.active:
+        return "all-paused", "every worker is paused: there is nowhere to copy its keys"
+    share = census.paused / census.active
+    if share > settings.max_paused_fraction:
+        return "too-many-paused", (
+            f"{census.paused} of {census.active} workers are paused, more than "
+            f"max-paused-fraction {format_fraction(settings.max_paused_fraction)}"
+        )
+    if ws.actors:
+        return "actors", "it holds actors, which cannot move"
+    limit = ws.memory_limit or 0
+    if not limit:
+        return "no-memory-limit", "it has no memory limit"
+    unmanaged = ws.memory.unmanaged / limit
+    if unmanaged < settings.require_unmanaged:
+        return "managed-memory", (
+            f"unmanaged memory is {format_fraction(round(unmanaged, 3))} of its limit, "
+            f"below require-unmanaged {format_fraction(settings.require_unmanaged)}: "
+            "the pause comes from Dask's data, which a restart would only move"
+        )
+    return None
+
+
+def blocked_by(plan: Evacuation) -> dict[Hashable, tuple[str, str]]:
+    """What keeps a worker's keys from going elsewhere: key -> (why, rule)."""
+    if plan.stuck:
+        return {s.key: (s.why, s.rule) for s in plan.stuck}
+    return {k: (why, SOURCE) for k, why in plan.waiting.items() if why.startswith("no eligible")}
+
+
+async def restart_or_retire(scheduler: Any, addr: str, restart: bool) -> str | None:
+    """Retire the worker at ``addr`` (closing it), or restart it through its nanny; None
+    once done, else why not. Through ``retire_workers`` in both cases: what landed on the
+    worker since the last pass is placed by the rules (RulesRetireWorker), and a key with
+    nowhere to go fails it instead of being lost."""
+    stimulus_id = f"amm-rules-paused-workers-{time.time()}"
+    retired = await asyncio.wait_for(
+        scheduler.retire_workers(
+            workers=[addr],
+            close_workers=not restart,
+            remove=not restart,
+            stimulus_id=stimulus_id,
+        ),
+        RESTART_TIMEOUT,
+    )
+    if addr not in retired:
+        return "its retirement failed: a key it holds has nowhere to go"
+    if restart:
+        result = await scheduler.restart_workers(
+            [addr],
+            timeout=RESTART_TIMEOUT,
+            wait_for_workers=False,
+            on_error="return",
+            stimulus_id=stimulus_id,
+        )
+        if result.get(addr) != "OK":
+            return f"the nanny did not restart it: {result.get(addr)!r}"
+    return None
+
+
+class SentCopies:
+    """The copies sent to recipients that their heartbeats may not show yet: a copy
+    counts against its recipient's room until a heartbeat after it landed (heartbeats
+    carry the process memory), or until it is given up."""
+
+    def __init__(self) -> None:
+        #: recipient -> {key: [bytes, landed_at or None, deadline]}.
+        self.table: dict[str, dict[Hashable, list[Any]]] = {}
+
+    def record(self, worker: str, key: Hashable, nbytes: int, deadline: float) -> None:
+        self.table.setdefault(worker, {})[key] = [nbytes, None, deadline]
+
+    def room(self, workers: Any, cluster: Any) -> dict[str, int]:
+        """Bytes each running worker may still receive: up to its pause threshold less
+        the margin, by its process memory at its last heartbeat plus the copies sent to
+        it that no heartbeat has shown yet."""
+        pause = _pause_fraction()
+        room = {}
+        for addr in cluster.running:
+            ws = workers[addr]
+            limit = ws.memory_limit or 0
+            if not limit:
+                room[addr] = 1 << 62
+                continue
+            unseen = sum(entry[0] for entry in self.table.get(addr, {}).values())
+            room[addr] = int((pause - ROOM_MARGIN) * limit) - ws.memory.process - unseen
+        return room
+
+    def settle(self, tasks: Any, workers: Any, now: float) -> None:
+        """Forget the copies a heartbeat has shown since they landed, those given up, and
+        those of workers that left."""
+        for addr in list(self.table):
+            ws = workers.get(addr)
+            entries = self.table[addr]
+            for key in list(entries):
+                nbytes, landed, deadline = entries[key]
+                if ws is None:
+                    del entries[key]
+                elif landed is None:
+                    ts = tasks.get(key)
+                    if ts is not None and ws in (ts.who_has or ()):
+                        entries[key][1] = heartbeat_clock()
+                    elif deadline <= now:
+                        del entries[key]
+                elif ws.last_seen > landed:
+                    del entries[key]
+            if not entries:
+                del self.table[addr]

@@ -12,13 +12,15 @@ replication section defers trimming a key in :attr:`RebalanceSection.moving`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Generator, Hashable
 from typing import Any
 
 from distributed.active_memory_manager import Suggestion
 
+from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.dryrun import DryRun
-from amm_rules.engine.rebalance.rebalancer import Rebalancer
+from amm_rules.engine.rebalance.rebalancer import EXAMPLES_KEPT, Rebalancer
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.language.ruleset import Ruleset
 
@@ -91,8 +93,73 @@ class RebalanceSection(Section):
         """This cycle's facts for the ``cycle`` event (see Rebalancer.cycle_summary)."""
         return self.rebalancer.cycle_summary()
 
-    def status(self) -> dict[str, Any]:
-        return self.rebalancer.status()
-
     def explain(self, ts: Any, now: float) -> dict[str, Any] | None:
-        return self.rebalancer.explain(ts.key, now)
+        """Whether the key is mid-move or cooling down; ``None`` if neither."""
+        book = self.rebalancer.book
+        p = book.pending.get(ts.key)
+        if p is not None:
+            return {
+                "moving": True,
+                "sender": p.sender,
+                "recipient": p.recipient,
+                "nbytes": p.nbytes,
+                "landed": p.landed is not None,
+                "seconds": round(now - p.started, 3),
+            }
+        if ts.key in book.cooling(now):
+            return {"moving": False, "cooling": True}
+        return None
+
+    def status(self) -> dict[str, Any]:
+        """The ``rebalance`` section of ``amm_rules_status``: settings, the last plan
+        (roles, skipped keys by reason, why it stopped), moves in flight, totals."""
+        r = self.rebalancer
+        s, plan, settled, book = r.settings, r.last_plan, r.last_settlement, r.book
+        out: dict[str, Any] = {
+            "enabled": s.enabled,
+            "measure": s.measure,
+            "sender_min": s.sender_min,
+            "recipient_max": s.recipient_max,
+            "gap": s.gap,
+            "max_bytes_per_cycle": s.max_bytes_per_cycle,
+            "match": s.match_source,
+            "cool_down": s.cooldown,
+            "copy_timeout": s.copy_timeout,
+            "drop_timeout": s.drop_timeout,
+            "in_flight": len(book.pending),
+            "in_flight_bytes": sum(p.nbytes for p in book.pending.values()),
+            "cooling": len(book.cooling(time.monotonic())),
+            "totals": dict(r.totals),
+            "void_reasons": dict(r.void_reasons),
+            "last_plan": None,
+            "last_settle": None,
+        }
+        if plan is not None:
+            out["last_plan"] = {
+                "moves": len(plan.moves),
+                "bytes": plan.bytes,
+                "budget": plan.budget,
+                "mean": plan.mean,
+                "stopped": plan.stopped,
+                "roles": dict(plan.roles),
+                "skipped": dict(plan.skipped),
+                "examples": [
+                    {"key": key_string(e.key), "sender": e.sender, "reason": e.reason}
+                    for e in plan.examples[:EXAMPLES_KEPT]
+                ],
+            }
+        if settled is not None:
+            out["last_settle"] = {
+                "drops": len(settled.drops),
+                "done": len(settled.done),
+                "void": [
+                    {
+                        "key": key_string(p.key),
+                        "sender": p.sender,
+                        "recipient": p.recipient,
+                        "reason": reason,
+                    }
+                    for p, reason in settled.void[:EXAMPLES_KEPT]
+                ],
+            }
+        return out

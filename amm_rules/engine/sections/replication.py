@@ -39,7 +39,8 @@ from amm_rules.engine.dryrun import HELD_BACK
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.sections.legacy import LegacyCalls
 from amm_rules.engine.sections.rebalance import RebalanceSection
-from amm_rules.engine.state.index import KeyIndex, PlanClass
+from amm_rules.engine.state.governed import PlanClass
+from amm_rules.engine.state.index import KeyIndex
 from amm_rules.engine.state.journal import shortfall
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class Replication(Section):
 
         now = cycle.now = ctx.clock()
         stats = cycle.stats
-        for label, n in ctx.index.governed_by.items():
+        for label, n in ctx.index.governed.governed_by.items():
             stats[label]["governed"] = n
 
         todo = self._suspects(ctx, stats, cycle.full, filed)
@@ -211,14 +212,14 @@ class Replication(Section):
         index = ctx.index
         placements = ctx.placements
         reduce_replicas = ctx.ruleset.reduce_replicas
-        for cls, group in index.groups.items():
+        for cls, group in index.governed.groups.items():
             if placements.class_unmet(cls):
                 # Held as far as possible; every key of the class is unmet.
                 stats[cls.source]["unmet"] += len(group)
         recheck, index.recheck = index.recheck, set()
         todo: dict[Hashable, Any] = {}
         if full:
-            for cls in index.groups:
+            for cls in index.governed.groups:
                 for ts in index.suspects(cls, placements.of(cls), reduce_replicas):
                     todo[ts.key] = ts
         else:

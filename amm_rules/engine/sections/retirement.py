@@ -522,7 +522,7 @@ class DownscalingGuard(SchedulerPlugin):
         def most_data(addresses: Iterable[str]) -> str:
             return max(addresses, key=lambda a: (all_workers[a].nbytes, a))
 
-        for cls, group in ctx.index.groups.items():
+        for cls, group in ctx.index.governed.groups.items():
             if not group:
                 continue
             if cls.move == "never":

@@ -41,18 +41,18 @@ full check (:meth:`~KeyIndex.suspects`) costs one length comparison per key.
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from itertools import islice, repeat
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from amm_rules.engine.decide.plan import source_label, target_bounds
 from amm_rules.engine.state.demand import DemandTracker
+from amm_rules.engine.state.governed import GovernedKeys, Placement, PlanClass
 from amm_rules.engine.wrapping import wrap_methods
-from amm_rules.language.ruleset import ALL, Desired, RuntimeTarget, Target
+from amm_rules.language.ruleset import ALL, Desired, RuntimeTarget
 
 if TYPE_CHECKING:
     from amm_rules.engine.decide.classify import Batch, Classifier
@@ -66,38 +66,6 @@ _HOST = attrgetter("host")
 _NONE: frozenset[Any] = frozenset()
 #: Keys classified between two looks at the clock (see :meth:`KeyIndex.classify`).
 CLASSIFY_CHUNK = 4096
-
-
-class PlanClass(NamedTuple):
-    """The part of a :class:`Desired` the planner acts on, plus the label counters use."""
-
-    replicate: Target | None
-    pool: tuple[str, ...] | None
-    avoid: tuple[str, ...] | None
-    spread: str | None
-    move: str | None
-    source: str
-
-    @classmethod
-    def of(cls, d: Desired) -> PlanClass:
-        return cls(d.replicate, d.pool, d.avoid, d.spread, d.move, source_label(d, "replicate"))
-
-
-class Placement(NamedTuple):
-    """What a :class:`PlanClass` allows on the current workers (recomputed when they change)."""
-
-    #: Workers a good copy may be on (WorkerState objects), or None for any worker.
-    ok: frozenset[Any] | None
-    #: How many workers may hold a good copy.
-    achievable: int
-    #: How many distinct hosts those workers are on.
-    hosts: int
-
-
-def labels_of(d: Desired) -> set[str]:
-    """The counter labels of the fields of a resolved key (a rule's name,
-    ``(annotation)``, ``(runtime)``): the rules a key counts towards."""
-    return {source_label(d, f) for f in d.reasons}
 
 
 class KeyIndex(SchedulerPlugin):
@@ -118,10 +86,6 @@ class KeyIndex(SchedulerPlugin):
         self._backlog = _Backlog()
         #: The scheduler's ``tasks`` once attached (read by the transition hook).
         self.tasks: Mapping[Hashable, Any] = {}
-        #: Governed key -> its resolved wishes.
-        self.desired: dict[Hashable, Desired] = {}
-        #: Plan class -> {key: TaskState} for every governed key.
-        self.groups: dict[PlanClass, dict[Hashable, Any]] = {}
         #: Runtime targets, with their origin: set through the ``amm_rules_set_target``
         #: handler, or by distributed's ``replicate`` and ``scatter(broadcast=...)``
         #: (see :mod:`amm_rules.engine.sections.legacy`).
@@ -130,18 +94,6 @@ class KeyIndex(SchedulerPlugin):
         self.inflight: dict[Hashable, dict[str, float]] = {}
         #: Workers not to ask again before a time: key -> {address: until}.
         self.backoff: dict[Hashable, dict[str, float]] = {}
-        #: Governed keys per counter label (rule name, ``(annotation)``, ``(runtime)``).
-        self.governed_by: Counter[str] = Counter()
-        #: Bytes of one copy of the governed keys, per counter label (kept up to date
-        #: as keys are filed, so that status and metrics never sum over keys).
-        self.bytes_by: Counter[str] = Counter()
-        #: Copies in memory of the governed keys, per counter label (kept up to date by
-        #: the replica wrappers of :func:`watch_scheduler`: a dashboard shows copies
-        #: held against copies wanted without counting them key by key).
-        self.copies_by: Counter[str] = Counter()
-        #: Plan class -> governed keys per counter label: how a class's keys count
-        #: towards each rule (the keys of one class may take fields from other rules).
-        self.class_labels: dict[PlanClass, Counter[str]] = {}
         #: Governed keys that the last plan left short of their target or placement:
         #: key -> (reason, sentence) (see :mod:`amm_rules.engine.state.journal`). Keys of a
         #: class the workers cannot satisfy at all are counted by class, not here.
@@ -154,8 +106,6 @@ class KeyIndex(SchedulerPlugin):
         #: repair (a worker left or joined, changed status, a governed key fell below
         #: its target); the policy sets it (see :mod:`amm_rules.engine.early`).
         self.wake: Callable[[str], None] = _no_wake
-        #: id(desired) -> (it, its plan class, its labels), for :meth:`file`.
-        self._derived: dict[int, tuple[Desired, PlanClass, set[str]]] = {}
         #: When the last classification stopped taking chunks (``time.perf_counter()``):
         #: what follows (filing, the rest of the cycle) is what its keys cost after it.
         self.loop_ended = 0.0
@@ -191,6 +141,11 @@ class KeyIndex(SchedulerPlugin):
         #: their last planning (a dependent processing there, a refused action): a task
         #: that read one of them finishing wakes the policy, as the drop may go through.
         self.trim_waits: set[Hashable] = set()
+        #: The governed keys by plan class, and what they count towards each rule
+        #: (:class:`~amm_rules.engine.state.governed.GovernedKeys`); :attr:`desired`,
+        #: governed key -> its resolved wishes, is its table, read by the hooks.
+        self.governed = GovernedKeys(self.replicated_free, self._forget_plan)
+        self.desired: dict[Hashable, Desired] = self.governed.desired
 
     # -- SchedulerPlugin hooks: keep them minimal, they run on every transition ----------
 
@@ -295,35 +250,6 @@ class KeyIndex(SchedulerPlugin):
         if self.shortfall:
             self.shortfall.pop(key, None)
         self.demand.forget(key)
-
-    def put(self, key: Hashable, ts: Any, desired: Desired) -> None:
-        """Index a governed key (or move it to its new group)."""
-        old = self.desired.get(key)
-        if old is desired:
-            return
-        if old is not None:
-            self.unindex(key)
-        # A governed key is never in replicated_free: reduce-replicas need not ask.
-        self.replicated_free.pop(key, None)
-        self.desired[key] = desired
-        cls = PlanClass.of(desired)
-        self.groups.setdefault(cls, {})[key] = ts
-        labels = labels_of(desired)
-        self.governed_by.update(labels)
-        counts = self.class_labels.get(cls)
-        if counts is None:
-            counts = self.class_labels[cls] = Counter()
-        counts.update(labels)
-        nbytes = max(ts.nbytes, 0)
-        if nbytes:
-            bytes_by = self.bytes_by
-            for label in labels:
-                bytes_by[label] += nbytes
-        held = len(ts.who_has or ())
-        if held:
-            copies_by = self.copies_by
-            for label in labels:
-                copies_by[label] += held
 
     def unqueue(self, key: Hashable) -> None:
         """Take a key out of the backlog (it left memory, or was classified on its own):
@@ -518,122 +444,30 @@ class KeyIndex(SchedulerPlugin):
                     continue
             filed.setdefault(cls, []).extend(members)
 
-    def file(self, batches: Iterable[Batch], fresh: bool = False) -> dict[PlanClass, list[Any]]:
-        """Index classified keys (:data:`~amm_rules.engine.decide.classify.Batch` tuples:
-        keys and tasks sharing one ``Desired``), as :meth:`put` does one key, with the
-        per-class and per-label work done once per batch. Returns the tasks filed (new,
-        or moved to another group) by plan class; keys whose ``Desired`` is unchanged
-        are left out. ``fresh``: none of the keys is indexed (keys entering memory)."""
-        desired_map = self.desired
-        filed: dict[PlanClass, list[Any]] = {}
-        free = self.replicated_free
-        derived = self._derived
-        governed_by, bytes_by, copies_by = self.governed_by, self.bytes_by, self.copies_by
-        for desired, keys, members in batches:
-            if not fresh and not desired_map.keys().isdisjoint(keys):
-                keys, members = self._refile(desired, keys, members)
-            if not keys:
-                continue
-            desired_map.update(zip(keys, repeat(desired)))
-            known = derived.get(id(desired))
-            if known is None or known[0] is not desired:
-                if len(derived) >= 10_000:
-                    derived.clear()
-                cls = PlanClass.of(desired)
-                known = derived[id(desired)] = (desired, cls, labels_of(desired))
-            _, cls, labels = known
-            self.groups.setdefault(cls, {}).update(zip(keys, members, strict=True))
-            counts = self.class_labels.get(cls)
-            if counts is None:
-                counts = self.class_labels[cls] = Counter()
-            n = len(keys)
-            sizes = list(map(_NBYTES, members))
-            nbytes = sum(sizes)
-            if min(sizes) < 0:  # -1 while unknown, which a key in memory seldom is
-                nbytes = sum(b for b in sizes if b > 0)
-            # The copies they hold now: from here on the replica wrappers count changes.
-            held = sum(map(len, filter(None, map(_WHO_HAS, members))))
-            for label in labels:
-                governed_by[label] += n
-                counts[label] += n
-                if nbytes:
-                    bytes_by[label] += nbytes
-                if held:
-                    copies_by[label] += held
-            filed.setdefault(cls, []).extend(members)
-            if free and not free.keys().isdisjoint(keys):
-                # A governed key is never in replicated_free: reduce-replicas need not ask.
-                for key in keys:
-                    free.pop(key, None)
-        return filed
+    # -- the per-cycle check ---------------------------------------------------------
 
-    def _refile(
-        self, desired: Desired, keys: list[Hashable], members: list[Any]
-    ) -> tuple[list[Hashable], list[Any]]:
-        """The keys of a batch, some of them indexed already: unindex those filed with
-        another ``Desired``, leave out those filed with this one."""
-        desired_map = self.desired
-        out_keys, out_members = [], []
-        for key, ts in zip(keys, members, strict=True):
-            old = desired_map.get(key)
-            if old is desired:
-                continue
-            if old is not None:
-                self.unindex(key)
-            out_keys.append(key)
-            out_members.append(ts)
-        return out_keys, out_members
+    # -- the governed keys (see GovernedKeys) ------------------------------------------
+
+    def put(self, key: Hashable, ts: Any, desired: Desired) -> None:
+        """Index a governed key (or move it to its new group)."""
+        self.governed.put(key, ts, desired)
+
+    def file(self, batches: Iterable[Batch], fresh: bool = False) -> dict[PlanClass, list[Any]]:
+        """Index classified keys (see :meth:`GovernedKeys.file`)."""
+        return self.governed.file(batches, fresh)
 
     def unindex(self, key: Hashable) -> None:
         """The key is no longer governed (or is being re-filed)."""
-        old = self.desired.pop(key, None)
-        if old is None:
-            return
+        self.governed.unindex(key)
+
+    def _forget_plan(self, key: Hashable) -> None:
+        """What was planned for a key that is no longer governed."""
         self.shortfall.pop(key, None)
         self.trim_waits.discard(key)
-        cls = PlanClass.of(old)
-        group = self.groups.get(cls)
-        ts = None
-        if group is not None:
-            ts = group.pop(key, None)
-            if not group:
-                del self.groups[cls]
-        labels = labels_of(old)
-        _subtract(self.governed_by, labels, 1)
-        counts = self.class_labels.get(cls)
-        if counts is not None:
-            _subtract(counts, labels, 1)
-            if not counts:
-                del self.class_labels[cls]
-        # The size the key was filed with: a task's nbytes changes only on its way into
-        # memory, or when scattered again (update_data, which un-files the key first).
-        nbytes = max(ts.nbytes, 0) if ts is not None else 0
-        if nbytes:
-            _subtract(self.bytes_by, labels, nbytes)
-        # The copies it holds now: the wrappers counted every change since it was filed.
-        held = len(ts.who_has or ()) if ts is not None else 0
-        if held:
-            _subtract(self.copies_by, labels, held)
 
     def copies_changed(self, key: Hashable, n: int) -> None:
         """A governed key gained (``n > 0``) or lost copies (:func:`watch_scheduler`)."""
-        d = self.desired.get(key)
-        if d is None:
-            return
-        labels = labels_of(d)
-        if n > 0:
-            for label in labels:
-                self.copies_by[label] += n
-        else:
-            _subtract(self.copies_by, labels, -n)
-
-    def __len__(self) -> int:
-        return len(self.desired)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self.desired
-
-    # -- the per-cycle check ---------------------------------------------------------
+        self.governed.copies_changed(key, n)
 
     def suspects(
         self,
@@ -642,44 +476,8 @@ class KeyIndex(SchedulerPlugin):
         reduce_replicas: bool,
         members: Iterable[Any] | None = None,
     ) -> Iterator[Any]:
-        """Tasks of a group (or of ``members``, tasks of that group) that may need
-        action: one length comparison per key, plus a subset test when the class
-        restricts placement. Keys that pass hold their target as far as the workers
-        allow; the others go to the planner, which may still decide nothing."""
-        if members is None:
-            members = self.groups.get(cls, {}).values()
-        if cls.move == "never":
-            return iter(())
-        lo, hi = target_bounds(
-            Desired(replicate=cls.replicate), 1, reduce_replicas, placement.achievable
-        )
-        if cls.replicate is None and not reduce_replicas:
-            hi = None
-        top = hi if hi is not None else 1 << 62
-        ok = placement.ok
-        if placement.achievable == 0:
-            # Nothing can be placed: only trimming above hi remains possible.
-            return (ts for ts in members if len(ts.who_has or ()) > top)
-        low = min(lo, placement.achievable)
-        if cls.spread == "host" and placement.hosts >= 2:
-            # One pass: each task is read once (the hosts of its holders as well).
-            goal = min(lo, placement.hosts)
-            return (
-                ts
-                for ts in members
-                if not (
-                    low <= len(held := ts.who_has or _NONE) <= top
-                    and (ok is None or held <= ok)
-                    and len(set(map(_HOST, held))) >= goal
-                )
-            )
-        if ok is None:
-            return (ts for ts in members if not low <= len(ts.who_has or ()) <= top)
-        return (
-            ts
-            for ts in members
-            if not (low <= len(held := ts.who_has or _NONE) <= top and held <= ok)
-        )
+        """See :meth:`GovernedKeys.suspects`."""
+        return self.governed.suspects(cls, placement, reduce_replicas, members)
 
     def suspects_among(
         self,
@@ -687,17 +485,14 @@ class KeyIndex(SchedulerPlugin):
         placement_of: Callable[[PlanClass], Placement],
         reduce_replicas: bool,
     ) -> Iterator[Any]:
-        """:meth:`suspects` for some keys (those left to look at again, say): the
-        governed ones grouped by plan class, each group checked against its placement;
-        keys not governed are passed over."""
-        by_class: dict[PlanClass, list[Any]] = {}
-        for key in keys:
-            desired = self.desired.get(key)
-            if desired is not None:
-                cls = PlanClass.of(desired)
-                by_class.setdefault(cls, []).append(self.groups[cls][key])
-        for cls, members in by_class.items():
-            yield from self.suspects(cls, placement_of(cls), reduce_replicas, members)
+        """See :meth:`GovernedKeys.suspects_among`."""
+        return self.governed.suspects_among(keys, placement_of, reduce_replicas)
+
+    def __len__(self) -> int:
+        return len(self.desired)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.desired
 
     def store_plan(self, key: Hashable, plan: KeyPlan) -> None:
         """Keep what a key's plan leaves in flight and backing off for the next cycle."""
@@ -829,13 +624,3 @@ class _Backlog:
 
 def _no_wake(reason: str) -> None:
     return None
-
-
-def _subtract(counter: Counter[str], labels: Iterable[str], n: int) -> None:
-    """Take ``n`` from each label's count, dropping counts that reach zero."""
-    for label in labels:
-        left = counter[label] - n
-        if left > 0:
-            counter[label] = left
-        else:
-            del counter[label]

@@ -25,7 +25,7 @@ from typing import Any
 
 from amm_rules.engine.adapters import worker_facts, worker_status
 from amm_rules.engine.decide.view import ClusterView, WorkerView, pool_membership
-from amm_rules.engine.state.index import Placement, PlanClass
+from amm_rules.engine.state.governed import Placement, PlanClass
 from amm_rules.language.ruleset import Pool, Ruleset
 
 #: Worker attributes that change while a worker runs: a pool reading one of them is

@@ -27,7 +27,8 @@ from amm_rules.engine.adapters import TaskFactsAdapter
 from amm_rules.engine.decide.classify import Classifier
 from amm_rules.engine.decide.plan import source_label
 from amm_rules.engine.state import index as index_module
-from amm_rules.engine.state.index import KeyIndex, PlanClass
+from amm_rules.engine.state.governed import PlanClass
+from amm_rules.engine.state.index import KeyIndex
 from amm_rules.language.ruleset import Target
 
 #: Matches reading class attributes only, the key itself only, or both.
@@ -408,10 +409,10 @@ class Harness:
             )
             if expected.governed:
                 assert index.desired.get(key) == expected, (key, index.desired.get(key))
-                assert index.groups[PlanClass.of(expected)][key] is ts
+                assert index.governed.groups[PlanClass.of(expected)][key] is ts
             else:
                 assert key not in index.desired
-        filed = {k for group in index.groups.values() for k in group}
+        filed = {k for group in index.governed.groups.values() for k in group}
         assert filed == set(index.desired)
         labels: Counter[str] = Counter()
         copies: Counter[str] = Counter()
@@ -420,8 +421,8 @@ class Harness:
             labels.update(mine)
             held = len(self.tasks[key].who_has)
             copies.update({label: held for label in mine})
-        assert +index.governed_by == labels
-        assert +index.copies_by == +copies
+        assert +index.governed.governed_by == labels
+        assert +index.governed.copies_by == +copies
 
 
 @settings(max_examples=300, deadline=None)

@@ -15,7 +15,8 @@ import pytest
 from amm_rules.client import plain_target, validate_annotation
 from amm_rules.engine.decide.plan import plan_key, target_bounds
 from amm_rules.engine.decide.view import ClusterView, WorkerView
-from amm_rules.engine.state.index import KeyIndex, Placement, PlanClass
+from amm_rules.engine.state.governed import Placement, PlanClass
+from amm_rules.engine.state.index import KeyIndex
 from amm_rules.language.fields import ActionError, parse_target
 from amm_rules.language.ruleset import ALL, Desired, Target
 from tests.engine.decide.test_plan import SETTINGS, key, ops, rule, settle, workers

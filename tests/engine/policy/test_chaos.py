@@ -7,13 +7,13 @@ What must hold (docs/reliability.md):
   AMM cycles;
 - targets are restored, to what the surviving workers allow, within a few cycles;
 - results stay correct, and no held key is recomputed (each is computed by a task
-  under its own key that counts its runs: see ``tests.support.chaos.produce``);
+  under its own key that counts its runs: see ``benchmarks.support.chaos.produce``);
 - a paused worker keeps its copies (they count) and receives none;
 - a hung recipient is not asked again, nor replaced by another worker, every cycle;
   the engine recovers when it unblocks.
 
 Workers are in-process (``gen_cluster``); "killed without warning" is
-``tests.support.chaos.kill``: the worker's connections are cut, as a crashed process's are,
+``benchmarks.support.chaos.kill``: the worker's connections are cut, as a crashed process's are,
 and it stops, with no retirement: the scheduler just loses the worker's copies.
 The soak variants (``@pytest.mark.slow``, ``--run-slow``) and ``benchmarks/soak.py``
 run many more rounds.
@@ -29,7 +29,8 @@ from distributed import Worker
 from distributed.core import Status
 from distributed.utils_test import BlockedGatherDep, gen_cluster
 
-from tests.support.chaos import (
+from amm_rules.engine.sections.rebalance import RebalanceSection
+from benchmarks.support.chaos import (
     ChaosStats,
     busiest_holders,
     combine,
@@ -43,10 +44,10 @@ from tests.support.chaos import (
     recomputed,
     wait_for_targets,
 )
+from benchmarks.support.retire import ReplicaLog
+from benchmarks.support.waiting import wait_cycles, wait_for
 from tests.support.cluster import INTERVAL, Requests, amm_config, counts, holders, keep
-from tests.support.retire import ReplicaLog
 from tests.support.rulesets import rules
-from tests.support.waiting import wait_cycles, wait_for
 
 #: Copies each held key keeps.
 N = 3
@@ -142,7 +143,7 @@ async def test_kill_busiest_holder_each_round_while_rebalancing(c, s, *workers):
     )
     stats = await _rounds(c, s, list(workers), rounds=3)
     assert stats.kills == 3
-    totals = policy_of(s).rebalancer.status()["totals"]
+    totals = policy_of(s).section(RebalanceSection).status()["totals"]
     assert totals["moves"] > 0 and totals["done"] > 0, totals  # it really moved data
     keep(ballast)
 

@@ -20,9 +20,9 @@ import pytest
 from distributed import Client
 from distributed.utils_test import gen_test
 
-from tests.support.chaos import busiest_holders, held_rules, lost, wait_for_targets
+from benchmarks.support.chaos import busiest_holders, held_rules, lost, wait_for_targets
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import TransitionCounter, amm_config, policy_of, process_cluster
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 

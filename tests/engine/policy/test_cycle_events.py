@@ -10,9 +10,9 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.policy import RulesPolicy
+from benchmarks.support.waiting import PACE, cycle_until, cycles
 from tests.support.cluster import amm_config, counts, keep
 from tests.support.rulesets import X_THREE
-from tests.support.waiting import PACE, cycle_until, cycles
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -18,8 +18,8 @@ from amm_rules.engine.dryrun import DryRun, hold_back
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.language.loader import load_ruleset
 from amm_rules.language.ruleset import Desired, Reason, Target
+from benchmarks.support.waiting import cycles, wait_cycles, wait_for
 from tests.support.cluster import amm_config, counts, events, inc, no_errors, policy_of, rules
-from tests.support.waiting import cycles, wait_cycles, wait_for
 
 MIXED = rules(
     {"name": "three", "match": 'task.prefix == "inc"', "replicate": 3, "enforcement": "dry-run"},

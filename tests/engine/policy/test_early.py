@@ -31,7 +31,9 @@ from distributed.core import Status
 from distributed.utils_test import BlockedGatherDep, gen_cluster, gen_test
 
 from amm_rules.engine.policy import RulesPolicy
-from tests.support.chaos import busiest_holders, held_rules, kill
+from benchmarks.support.chaos import busiest_holders, held_rules, kill
+from benchmarks.support.retire import amm_measure
+from benchmarks.support.waiting import cycle_until, wait_for
 from tests.support.cluster import (
     LONG_INTERVAL,
     Requests,
@@ -44,8 +46,6 @@ from tests.support.cluster import (
     policy_of,
     process_cluster,
 )
-from tests.support.retire import amm_measure
-from tests.support.waiting import cycle_until, wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

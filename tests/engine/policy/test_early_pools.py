@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 from distributed.utils_test import gen_cluster
 
+from benchmarks.support.retire import amm_measure
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import holders, long_interval, no_errors, policy_of
-from tests.support.retire import amm_measure
 from tests.support.rulesets import GPU, rule, rules
-from tests.support.waiting import wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -27,9 +27,9 @@ from distributed.utils_test import gen_cluster, inc
 
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.engine.state import placement
+from benchmarks.support.waiting import cycle_until, cycles, wait_cycles, wait_for
 from tests.support.cluster import Requests, amm_config, counts, events, holders, keep, policy_of
 from tests.support.rulesets import GPU, GPU_POOL, X_THREE, rule, rules
-from tests.support.waiting import cycle_until, cycles, wait_cycles, wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

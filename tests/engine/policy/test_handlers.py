@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from distributed.utils_test import gen_cluster
 
+from benchmarks.support.waiting import wait_cycles, wait_for
 from tests.support.cluster import amm_config, counts, holders, inc, policy_of
 from tests.support.rulesets import INC_TWO as RULES
-from tests.support.waiting import wait_cycles, wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -31,12 +31,12 @@ import amm_rules
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.language.fields import ActionError
 from amm_rules.language.yaml_source import MAX_BYTES
+from benchmarks.support.waiting import cycle_until, cycles, wait_cycles, wait_for
 from tests.support.cluster import Requests, amm_config, counts, events, inc, keep, policy_of
 from tests.support.hang import hang_bound
 from tests.support.rules_files import clear, make_readable, make_unreadable
 from tests.support.rulesets import INC_TWO as RULES
 from tests.support.rulesets import RELOADABLE
-from tests.support.waiting import cycle_until, cycles, wait_cycles, wait_for
 
 # ---------------------------------------------------------------------------------
 # Annotations and runtime calls

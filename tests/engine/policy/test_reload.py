@@ -10,10 +10,10 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.policy import RulesPolicy
+from benchmarks.support.waiting import cycle_until, cycles
 from tests.support.cluster import Requests, amm_config, copies, events, keep
 from tests.support.rules_files import make_readable, make_unreadable, write_atomically
 from tests.support.rulesets import INVALID_RELOAD, RELOADABLE
-from tests.support.waiting import cycle_until, cycles
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from amm_rules.engine.state.index import KeyIndex, PlanClass
+from amm_rules.engine.state.governed import PlanClass
+from amm_rules.engine.state.index import KeyIndex
 from amm_rules.engine.state.journal import IN_FLIGHT, Journal
 from amm_rules.language.ruleset import Desired, Reason, Target
 
@@ -29,9 +30,9 @@ def test_keys_and_bytes_per_rule_and_class():
     index.put("a", a, THREE)
     index.put("b", b, THREE_GPU)
     index.put("c", c, ANNOTATED)
-    assert index.governed_by == {"three": 2, "gpu": 1, "(annotation)": 1}
-    assert index.bytes_by == {"three": 1100, "gpu": 1000}
-    assert index.class_labels == {
+    assert index.governed.governed_by == {"three": 2, "gpu": 1, "(annotation)": 1}
+    assert index.governed.bytes_by == {"three": 1100, "gpu": 1000}
+    assert index.governed.class_labels == {
         PlanClass.of(THREE): {"three": 1},
         PlanClass.of(THREE_GPU): {"three": 1, "gpu": 1},
         PlanClass.of(ANNOTATED): {"(annotation)": 1},
@@ -39,17 +40,21 @@ def test_keys_and_bytes_per_rule_and_class():
 
     # Re-filed under another class: counted once, in its new place.
     index.put("b", b, THREE)
-    assert index.governed_by == {"three": 2, "(annotation)": 1}
-    assert index.bytes_by == {"three": 1100}
-    assert PlanClass.of(THREE_GPU) not in index.class_labels
-    assert index.class_labels[PlanClass.of(THREE)] == {"three": 2}
+    assert index.governed.governed_by == {"three": 2, "(annotation)": 1}
+    assert index.governed.bytes_by == {"three": 1100}
+    assert PlanClass.of(THREE_GPU) not in index.governed.class_labels
+    assert index.governed.class_labels[PlanClass.of(THREE)] == {"three": 2}
 
     # Left memory: nothing remains, not even zero counts.
     index.shortfall["a"] = (IN_FLIGHT, "1 copy in flight")
     index.forget("a")
     index.forget("b")
     index.unindex("c")
-    assert not index.governed_by and not index.bytes_by and not index.class_labels
+    assert (
+        not index.governed.governed_by
+        and not index.governed.bytes_by
+        and not index.governed.class_labels
+    )
     assert not index.shortfall
 
 
@@ -59,23 +64,23 @@ def test_copies_per_rule():
     a.who_has, b.who_has = {"w1", "w2"}, {"w1"}
     index.put("a", a, THREE)
     index.put("b", b, THREE_GPU)
-    assert index.copies_by == {"three": 3, "gpu": 1}
+    assert index.governed.copies_by == {"three": 3, "gpu": 1}
     # The replica wrappers report each change of a governed key; others are ignored.
     b.who_has.add("w2")
     index.copies_changed("b", 1)
     index.copies_changed("not-governed", 1)
-    assert index.copies_by == {"three": 4, "gpu": 2}
+    assert index.governed.copies_by == {"three": 4, "gpu": 2}
     # Re-filed: counted once, with the copies it holds now.
     index.put("b", b, THREE)
-    assert index.copies_by == {"three": 4}
+    assert index.governed.copies_by == {"three": 4}
     # Leaving memory: the scheduler removes every copy (reported), then the key is
     # forgotten with none left.
     index.copies_changed("a", -2)
     a.who_has = None
     index.forget("a")
-    assert index.copies_by == {"three": 2}
+    assert index.governed.copies_by == {"three": 2}
     index.unindex("b")
-    assert not index.copies_by
+    assert not index.governed.copies_by
 
 
 def test_the_journal_is_bounded_and_finds_a_keys_decisions():

@@ -17,9 +17,9 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.policy import RulesPolicy
+from benchmarks.support.waiting import cycle_until, cycles, wait_cycles, wait_for
 from tests.support.cluster import Requests, amm_config, copies, counts, events, keep, policy_of
 from tests.support.rulesets import PAIR, rules
-from tests.support.waiting import cycle_until, cycles, wait_cycles, wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

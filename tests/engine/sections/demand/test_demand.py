@@ -12,8 +12,8 @@ from distributed import Event
 from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.state.demand import DemandTracker
+from benchmarks.support.waiting import wait_cycles, wait_for
 from tests.support.cluster import amm_config, holders, inc, no_errors, policy_of, rules
-from tests.support.waiting import wait_cycles, wait_for
 
 HOT = rules({"name": "hot", "match": "task.waiters >= 3", "replicate": 2})
 SHARED = rules({"name": "shared", "match": "task.reads >= 2", "replicate": 3})

@@ -25,8 +25,8 @@ from distributed.utils_test import BlockedGetData, gen_cluster
 
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.observe.conformance import conformance
+from benchmarks.support.waiting import cycle_until, wait_cycles, wait_for
 from tests.support.cluster import amm_config, events, holders, inc, no_errors, policy_of, rules
-from tests.support.waiting import cycle_until, wait_cycles, wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -16,10 +16,10 @@ import amm_rules
 from amm_rules.engine.state import flow as flow_module
 from amm_rules.engine.state.flow import MemoryFlow, PrefixFacts
 from amm_rules.engine.state.index import KeyIndex
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, no_errors, policy_of, rules
 from tests.support.flow import graph as flow_graph
 from tests.support.flow import make
-from tests.support.waiting import wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

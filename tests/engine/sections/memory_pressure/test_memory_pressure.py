@@ -12,6 +12,7 @@ import math
 import pytest
 from distributed.utils_test import gen_cluster
 
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import events, no_errors, policy_of
 from tests.support.pressure import (
     WORKERS,
@@ -22,7 +23,6 @@ from tests.support.pressure import (
     section,
     slow,
 )
-from tests.support.waiting import wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -15,9 +15,9 @@ import pytest
 from distributed import Worker
 from distributed.utils_test import gen_cluster
 
+from benchmarks.support.retire import ReplicaLog
+from benchmarks.support.waiting import cycle_until, cycles, wait_for
 from tests.support.cluster import amm_config, events, holders, no_errors, policy_of, rules
-from tests.support.retire import ReplicaLog
-from tests.support.waiting import cycle_until, cycles, wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -1,7 +1,7 @@
 """The ``paused-workers`` section on real worker processes with nannies
 (docs/paused-workers.md).
 
-A task leaks memory outside Dask's data (:mod:`tests.support.leak`) until its worker pauses.
+A task leaks memory outside Dask's data (:mod:`benchmarks.support.leak`) until its worker pauses.
 Without the section the workload stalls; with it, the worker's keys are copied away,
 it is restarted through its nanny, the workload completes, no persisted key is lost and
 nothing held elsewhere is recomputed.
@@ -18,7 +18,10 @@ import pytest
 from distributed import Client, LocalCluster
 from distributed.utils_test import gen_test
 
-from tests.support import leak
+from benchmarks.support import leak
+from benchmarks.support.leak import held, leaky, worker_config
+from benchmarks.support.retire import ReplicaLog
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import (
     TransitionCounter,
     amm_config,
@@ -28,9 +31,6 @@ from tests.support.cluster import (
     policy_of,
     process_cluster,
 )
-from tests.support.leak import held, leaky, worker_config
-from tests.support.retire import ReplicaLog
-from tests.support.waiting import wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

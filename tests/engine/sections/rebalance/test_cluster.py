@@ -23,6 +23,8 @@ from distributed.utils_test import BlockedGetData, gen_cluster
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.engine.rebalance.plan import WorkerLoad, minimum_bytes_to_balance
 from amm_rules.engine.rebalance.rebalancer import READ_SOON
+from amm_rules.engine.sections.rebalance import RebalanceSection
+from benchmarks.support.waiting import cycle_until, wait_cycles, wait_for
 from tests.support.cluster import (
     Requests,
     TransitionCounter,
@@ -34,7 +36,6 @@ from tests.support.cluster import (
     rules,
 )
 from tests.support.rulesets import GPU, GPU_POOL
-from tests.support.waiting import cycle_until, wait_cycles, wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat
@@ -158,7 +159,7 @@ async def test_converges_from_an_imbalance(c, s, a, *others):
     needed = minimum_to_balance(s)
 
     await wait_for(lambda: spread_ratio(s) <= 1.15 and settled(s), BALANCED, show=state(s))
-    status = policy.rebalancer.status()
+    status = policy.section(RebalanceSection).status()
     # Bytes copied against the least that had to move (each copy is a whole key).
     assert status["totals"]["bytes"] <= 1.2 * needed + KEY
     assert status["totals"]["done"] == status["totals"]["moves"] > 0
@@ -354,7 +355,7 @@ async def test_a_key_whose_dependent_still_waits_stays_put(c, s, a, *others):
     await wait_for(
         lambda: policy.rebalancer.totals["done"] >= 10 and skipped(s)[READ_SOON] > 0,
         "ten moves done, the key to be read skipped",
-        show=lambda: (policy.rebalancer.status()["totals"], dict(skipped(s))),
+        show=lambda: (policy.section(RebalanceSection).status()["totals"], dict(skipped(s))),
     )
     assert holders(s, "x-0") == {a.address}
     await go.set()

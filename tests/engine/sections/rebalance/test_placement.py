@@ -15,10 +15,11 @@ from typing import Any
 from distributed.core import Status
 from distributed.utils_test import gen_cluster
 
+from amm_rules.engine.sections.rebalance import RebalanceSection
+from benchmarks.support.retire import ReplicaLog
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import Requests, amm_config, holders, keep, policy_of
-from tests.support.retire import ReplicaLog
 from tests.support.rulesets import rule, rules
-from tests.support.waiting import wait_for
 
 MiB = 2**20
 LIMIT = 10 * MiB
@@ -113,7 +114,9 @@ async def test_a_worker_retiring_mid_rebalance_takes_no_part_and_loses_nothing(c
     await retiring
     assert b.address not in s.workers
     await wait_for(
-        lambda: settled(s), "settled", show=lambda: policy.rebalancer.status()["totals"]
+        lambda: settled(s),
+        "settled",
+        show=lambda: policy.section(RebalanceSection).status()["totals"],
     )
     assert not any(addr == b.address for addr, _ in requests.acquire)
     assert all(len(holders(s, k)) == 1 for k in data), "a key lost, or left with two copies"

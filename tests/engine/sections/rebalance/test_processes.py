@@ -10,9 +10,10 @@ import numpy as np
 from distributed import Client
 from distributed.utils_test import gen_test
 
+from amm_rules.engine.sections.rebalance import RebalanceSection
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, holders, policy_of, process_cluster
 from tests.support.rulesets import rules
-from tests.support.waiting import wait_for
 
 MiB = 2**20
 #: 30 keys of 4 MiB on one worker of three, each with a 1 GiB limit.
@@ -32,7 +33,7 @@ async def test_the_default_optimistic_measure_rebalances_worker_processes() -> N
         ):
             s = cluster.scheduler
             policy = policy_of(s)
-            assert policy.rebalancer.status()["measure"] == "optimistic"
+            assert policy.section(RebalanceSection).status()["measure"] == "optimistic"
             (full, *others) = sorted(s.workers)
             data = await c.scatter(
                 {f"x-{i}": np.full(SIZE // 8, float(i)) for i in range(KEYS)}, workers=[full]

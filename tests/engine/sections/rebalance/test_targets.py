@@ -16,6 +16,7 @@ the copy lands, and the world changes, between two chosen cycles.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -24,9 +25,10 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.policy import RulesPolicy
+from amm_rules.engine.sections.rebalance import RebalanceSection
+from benchmarks.support.waiting import cycle_until, wait_for
 from tests.support.cluster import Requests, amm_config, holders, keep, rules
 from tests.support.rulesets import PAIR
-from tests.support.waiting import cycle_until, wait_for
 
 MiB = 2**20
 LIMIT = 10 * MiB
@@ -104,13 +106,19 @@ async def test_a_move_whose_sender_copy_is_in_use_gives_way_to_the_max(c, s, a, 
         lambda: holders(s, "pair-0") == {a.address, move.recipient},
         "pair-0 back at two copies: the sender's (in use) and the new one",
         timeout=10,
-        show=lambda: (holders(s, "pair-0"), policy.rebalancer.explain("pair-0")),
+        show=lambda: (
+            holders(s, "pair-0"),
+            policy.section(RebalanceSection).explain(s.tasks["pair-0"], time.monotonic()),
+        ),
     )
     assert requests.of("pair-0") == ({}, {other: 1})
     assert policy.rebalancer.void_reasons == {
         "sender's copy in use while the key is above its replication target": 1
     }
-    assert policy.rebalancer.explain("pair-0") == {"moving": False, "cooling": True}
+    assert policy.section(RebalanceSection).explain(s.tasks["pair-0"], time.monotonic()) == {
+        "moving": False,
+        "cooling": True,
+    }
 
     await done.set()
     assert await reader == 0.0

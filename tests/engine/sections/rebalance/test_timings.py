@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.engine.rebalance.plan import Move, PendingMove
+from amm_rules.engine.sections.rebalance import RebalanceSection
 from tests.support.rules_files import write_atomically
 
 TIMED = """\
@@ -36,8 +37,9 @@ def test_rebalance_timings_reach_the_move_book_and_follow_a_reload(tmp_path):
     policy._maybe_reload()
     assert policy.rebalancer is rebalancer and rebalancer.book is book
     assert (book.cooldown, book.copy_timeout, book.drop_timeout) == (0.0, 5.0, 1.0)
-    assert rebalancer.status()["cool_down"] == 0.0
-    assert rebalancer.status()["copy_timeout"] == 5.0
+    status = policy.section(RebalanceSection).status()
+    assert status["cool_down"] == 0.0
+    assert status["copy_timeout"] == 5.0
     # The new cool-down counts from when the key started cooling: 0 s is over already.
     assert "cooling" not in book.cooling(0.0)
     # The move in flight is kept, and the new copy-timeout applies to it.

@@ -26,9 +26,9 @@ from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.engine.sections.reduce_replicas import _drop_suggestion
+from benchmarks.support.waiting import wait_cycles, wait_for
 from tests.support.cluster import Requests, amm_config, counts, keep
 from tests.support.rulesets import X_THREE, rule, rules
-from tests.support.waiting import wait_cycles, wait_for
 
 
 def test_the_fast_drop_suggestion_is_the_stock_suggestion():

@@ -8,9 +8,9 @@ import dask.array as da
 import pytest
 from distributed.utils_test import gen_cluster
 
+from benchmarks.support.waiting import wait_cycles, wait_for
 from tests.support.cluster import amm_config, counts, events, holders, inc, policy_of
 from tests.support.rulesets import GPU_POOL, rules
-from tests.support.waiting import wait_cycles, wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -17,9 +17,9 @@ from distributed.utils_test import gen_cluster
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.engine.sections.retirement import desired_of
 from amm_rules.observe.explain import explain_keys
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import Requests, amm_config, counts
 from tests.support.rulesets import X_THREE
-from tests.support.waiting import wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat
@@ -103,5 +103,5 @@ async def test_keys_left_over_wait_in_a_backlog_and_are_counted_once(c, s, *work
     assert not index.backlog
     in_memory = [k for k in (f"x-{i}" for i in range(N)) if k in s.tasks]
     assert sorted(index.desired) == sorted(in_memory) and gone not in in_memory
-    assert index.governed_by == {"three": N - 1}
-    assert index.copies_by == {"three": sum(len(s.tasks[k].who_has) for k in in_memory)}
+    assert index.governed.governed_by == {"three": N - 1}
+    assert index.governed.copies_by == {"three": sum(len(s.tasks[k].who_has) for k in in_memory)}

@@ -19,9 +19,9 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import BlockedGatherDep, gen_cluster, inc
 
 from amm_rules.engine.policy import RulesPolicy
+from benchmarks.support.waiting import cycle_until, cycles, wait_for
 from tests.support.cluster import Requests, amm_config, counts, holders, keep
 from tests.support.rulesets import X_THREE, rule, rules
-from tests.support.waiting import cycle_until, cycles, wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -14,9 +14,9 @@ from distributed import Worker
 from distributed.core import Status
 from distributed.utils_test import gen_cluster, inc
 
+from benchmarks.support.waiting import wait_cycles, wait_for
 from tests.support.cluster import Requests, amm_config, counts, holders, keep, policy_of
 from tests.support.rulesets import GPU, GPU_POOL, rule, rules
-from tests.support.waiting import wait_cycles, wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -13,8 +13,8 @@ from distributed.utils_test import gen_cluster
 
 import amm_rules
 from amm_rules.engine.policy import RulesPolicy
+from benchmarks.support.waiting import cycles, wait_cycles, wait_for
 from tests.support.cluster import amm_config, holders, inc, no_errors, policy_of, rules
-from tests.support.waiting import cycles, wait_cycles, wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -17,10 +17,10 @@ from distributed.utils_test import gen_cluster
 
 from amm_rules import RulesError
 from amm_rules.engine.policy import RulesPolicy
+from benchmarks.support.retire import ReplicaLog
+from benchmarks.support.waiting import cycle_until, wait_cycles, wait_for
 from tests.support.cluster import Requests, amm_config, counts, events, holders, inc, policy_of
-from tests.support.retire import ReplicaLog
 from tests.support.rulesets import X_THREE, rule, rules
-from tests.support.waiting import cycle_until, wait_cycles, wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -10,9 +10,9 @@ import pytest
 from distributed import Client, LocalCluster
 from distributed.utils_test import gen_test
 
+from benchmarks.support.retire import ReplicaLog, amm_measure
+from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, events, holders, no_errors, policy_of, rules
-from tests.support.retire import ReplicaLog, amm_measure
-from tests.support.waiting import wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -2,7 +2,7 @@
 keys of a retiring worker go where the rules allow, and nowhere else first.
 
 Every test logs each copy the scheduler records during the retirement
-(:class:`tests.support.retire.ReplicaLog`) and checks every worker a key was ever on, not only
+(:class:`benchmarks.support.retire.ReplicaLog`) and checks every worker a key was ever on, not only
 where it ends. Most tests run twice: with the rules' placement and with distributed's
 own ``RetireWorker`` (``placement="stock"``), which must break the same check, so that
 the test can fail.
@@ -14,9 +14,9 @@ import pytest
 from distributed import Worker
 from distributed.utils_test import gen_cluster
 
+from benchmarks.support.retire import ReplicaLog, amm_measure
+from benchmarks.support.waiting import wait_cycles, wait_for
 from tests.support.cluster import amm_config, events, holders, no_errors, policy_of, rules
-from tests.support.retire import ReplicaLog, amm_measure
-from tests.support.waiting import wait_cycles, wait_for
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat

@@ -153,7 +153,7 @@ async def cycle_until(
 
 async def wait_cycles(scheduler: Any, n: int, timeout: float = WAIT) -> None:
     """Wait until the RulesPolicy of the scheduler's own AMM has run ``n`` more cycles."""
-    from tests.support.cluster import policy_of
+    from benchmarks.support.cluster import policy_of
 
     policy = policy_of(scheduler)
     start = policy.cycles

@@ -21,8 +21,9 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.cluster import copies, policy_of
-from tests.support.waiting import BUDGET, wait_for
+from amm_rules.engine.sections.rebalance import RebalanceSection
+from benchmarks.support.cluster import copies, policy_of
+from benchmarks.support.waiting import BUDGET, wait_for
 
 #: Seconds :func:`wait_for_targets` waits at most, whatever its cycle bound: the cycle
 #: bound is what the test asserts; this only ends a wait on an AMM that stopped cycling.
@@ -110,7 +111,7 @@ async def wait_for_targets(
                     copies(s, k),
                     policy.index.inflight.get(k),
                     policy.index.backoff.get(k),
-                    policy.rebalancer.explain(k),
+                    policy.section(RebalanceSection).explain(s.tasks[k], time.monotonic()),
                 )
                 for k in keys
                 if copies(s, k) != goal
