@@ -304,7 +304,7 @@ def _submit(
 
 
 @dataclass
-class KeyState:
+class KeyRow:
     key: str
     desired: Desired
     holders: tuple[str, ...]
@@ -322,7 +322,7 @@ class KeyState:
 class RuleRow:
     rule: str
     wanted: str
-    keys: list[KeyState] = field(default_factory=list)
+    keys: list[KeyRow] = field(default_factory=list)
 
 
 @dataclass
@@ -339,7 +339,7 @@ class WorkerRow:
 class Snapshot:
     rules: list[RuleRow]
     workers: list[WorkerRow]
-    keys: list[KeyState]
+    keys: list[KeyRow]
 
     @property
     def all_ok(self) -> bool:
@@ -397,7 +397,7 @@ def _snapshot(
         desired = ruleset.resolve(task)
         copies_ok, settled, placement_ok = _judge(desired, holders, pools, facts, ruleset)
         states.append(
-            KeyState(str(key), desired, holders, copies_ok, placement_ok, task.nbytes, settled)
+            KeyRow(str(key), desired, holders, copies_ok, placement_ok, task.nbytes, settled)
         )
 
     workers = [
@@ -446,7 +446,7 @@ def _judge(
     return copies_ok, settled, placement_ok
 
 
-def _rule_rows(ruleset: Ruleset, states: list[KeyState]) -> list[RuleRow]:
+def _rule_rows(ruleset: Ruleset, states: list[KeyRow]) -> list[RuleRow]:
     """One row per rule that decides a field of some key, in file order, then the
     keys no rule governs. A key counts for every rule that decided one of its fields."""
     rows = []

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator, Hashable, Iterable, Mapping
+from collections.abc import Callable, Generator, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +133,57 @@ class Result:
     not_simulated: list[str] = field(default_factory=list)
 
 
+def offline_context(
+    ruleset: Ruleset,
+    cluster: SimCluster,
+    *,
+    clock: Callable[[], float],
+    policies: set[Any],
+    measure: str = DEFAULT_MEASURE,
+    interval: float = DEFAULT_INTERVAL,
+    runtime: Mapping[Key, Target | RuntimeTarget] | None = None,
+    events: EventLog | None = None,
+    journal: Journal | None = None,
+) -> EngineContext:
+    """An engine context on a recorded cluster, as the policy has it once attached: the
+    rules installed, the runtime targets set, distributed's own AMM over the cluster
+    (running ``policies``), every key in memory classified at once (by the engine's own
+    classification), keys with several copies to look at in the first cycle. ``clock``
+    is the context's; ``events`` and ``journal`` replace the engine's own."""
+    ctx = EngineContext(
+        inflight_timeout=None,
+        summary_interval=0.0,
+        early_cycle_delay=0.0,
+        early_cycle_gap=None,
+        retire_by_rules=False,
+    )
+    ctx.clock = clock
+    if events is not None:
+        ctx.events = events
+    if journal is not None:
+        ctx.journal = journal
+    ctx.install(ruleset)
+    index = ctx.index
+    index.runtime.update(
+        (k, t if isinstance(t, RuntimeTarget) else RuntimeTarget(t))
+        for k, t in (runtime or {}).items()
+    )
+    ctx.placements.attach(cluster.workers)
+    ctx.manager = ActiveMemoryManagerExtension(
+        cluster,  # type: ignore[arg-type]
+        policies,
+        measure=measure,
+        register=False,
+        start=False,
+        interval=interval,
+    )
+    index.tasks = cluster.tasks
+    index.queue(ts.key for ts in cluster.in_memory())
+    index.classify(ctx.classifier, cluster.tasks, index.unclassified, None, None)
+    index.touched.update(ts.key for ts in cluster.in_memory() if len(ts.who_has or ()) > 1)
+    return ctx
+
+
 class Simulation:
     """The engine's cycle on a :class:`SimCluster` (see the module docstring)."""
 
@@ -158,31 +209,21 @@ class Simulation:
         #: The engine's context on the recorded cluster: its own index, placements,
         #: classifier and dry-run; the clock is the simulation's; events become
         #: warnings, and the journal records what the cycle did.
-        self.ctx = ctx = EngineContext(
-            inflight_timeout=None,
-            summary_interval=0.0,
-            early_cycle_delay=0.0,
-            early_cycle_gap=None,
-            retire_by_rules=False,
-        )
-        ctx.clock = lambda: self.now
-        ctx.events = _Warnings(self.warnings)
-        ctx.journal = self.journal = _Record(self)
-        ctx.install(ruleset)
-        index = ctx.index
-        index.runtime.update(
-            (k, t if isinstance(t, RuntimeTarget) else RuntimeTarget(t))
-            for k, t in (runtime or {}).items()
-        )
-        ctx.placements.attach(cluster.workers)
-        ctx.manager = self.amm = ActiveMemoryManagerExtension(
-            cluster,  # type: ignore[arg-type]
-            {_Cycle(self)},
+        self.journal = _Record(self)
+        self.ctx = ctx = offline_context(
+            ruleset,
+            cluster,
+            clock=lambda: self.now,
+            policies={_Cycle(self)},
             measure=measure,
-            register=False,
-            start=False,
             interval=interval,
+            runtime=runtime,
+            events=_Warnings(self.warnings),
+            journal=self.journal,
         )
+        assert ctx.manager is not None
+        self.amm = ctx.manager
+        index = ctx.index
         self.sections = ctx.sections = tuple(
             cls(classify_seconds=None) if cls is Replication else cls() for cls in self.SECTIONS
         )
@@ -200,12 +241,6 @@ class Simulation:
         self.actions: list[SimAction] = []
         self._held: dict[tuple[str, Key, str], SimAction] = {}
         self._cycle_actions: list[SimAction] = []
-        # As the policy attaches: every key in memory is classified (here at once, by
-        # the engine's own classification), keys with several copies are looked at.
-        index.tasks = cluster.tasks
-        index.queue(ts.key for ts in cluster.in_memory())
-        index.classify(ctx.classifier, cluster.tasks, index.unclassified, None, None)
-        index.touched.update(ts.key for ts in cluster.in_memory() if len(ts.who_has or ()) > 1)
         self._refresh()
         #: Memory (by the AMM's measure) and pools of every worker before the first cycle.
         self.initial_memory = cluster.measure(measure)

@@ -22,16 +22,15 @@ from typing import Any
 
 import yaml
 from distributed.active_memory_manager import (
-    ActiveMemoryManagerExtension,
     ActiveMemoryManagerPolicy,
     Suggestion,
 )
 
-from amm_rules.engine.context import EngineContext
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.language.loader import load_ruleset
 from amm_rules.offline.dump import ClusterState, TaskRecord, WorkerRecord
 from amm_rules.offline.sim_cluster import SimCluster
+from amm_rules.offline.simulate import offline_context
 
 
 class _Sections(ActiveMemoryManagerPolicy):
@@ -56,32 +55,15 @@ class Engine:
         self.now = 0.0
         #: The next cycle checks every governed key (as after workers changed).
         self.full = True
-        self.ctx = ctx = EngineContext(
-            inflight_timeout=None,
-            summary_interval=0.0,
-            early_cycle_delay=0.0,
-            early_cycle_gap=None,
-            retire_by_rules=False,
-        )
-        ctx.clock = lambda: self.now
         mapping = yaml.safe_load(rules) if isinstance(rules, str) else rules
-        ctx.install(load_ruleset(mapping))
-        ctx.placements.attach(self.cluster.workers)
-        ctx.placements.refresh(measure, True)
-        ctx.manager = ActiveMemoryManagerExtension(
-            self.cluster,  # type: ignore[arg-type]
-            set(),
+        self.ctx = ctx = offline_context(
+            load_ruleset(mapping),
+            self.cluster,
+            clock=lambda: self.now,
+            policies=set(),
             measure=measure,
-            register=False,
-            start=False,
-            interval=2.0,
         )
-        index = ctx.index
-        index.tasks = self.cluster.tasks
-        index.queue(ts.key for ts in self.cluster.in_memory())
-        index.classify(ctx.classifier, self.cluster.tasks, index.unclassified, None, None)
-        # Keys with several copies are looked at in the first cycle (reduce-replicas' walk).
-        index.touched.update(ts.key for ts in self.cluster.in_memory() if len(ts.who_has) > 1)
+        ctx.placements.refresh(measure, True)
 
     def attach(self, *sections: Section) -> None:
         """Configure and attach ``sections``; they become the context's sections."""

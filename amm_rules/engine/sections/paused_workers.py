@@ -55,7 +55,6 @@ from distributed.active_memory_manager import Suggestion
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.metrics import time as heartbeat_clock
 
-from amm_rules.engine import key_logger
 from amm_rules.engine.adapters import worker_status
 from amm_rules.engine.decide.evacuate import Evacuation, plan_evacuation
 from amm_rules.engine.sections.base import Cycle, Section
@@ -65,6 +64,7 @@ from amm_rules.engine.sections.retirement import (
     leaving_addresses,
     record_copy,
     shown_keys,
+    suggest_copies,
 )
 from amm_rules.language.fields import format_fraction
 from amm_rules.language.ruleset import PausedWorkersSettings, Ruleset
@@ -505,19 +505,8 @@ class PausedWorkers(Section):
         assert ctx is not None
         by_key = {ts.key: ts for ts in todo}
         workers = ctx.scheduler.workers
-        for copy in plan.copies:
-            ts = by_key[copy.key]
-            choice = yield Suggestion("replicate", ts, {workers[copy.worker]})
-            key_logger.debug(
-                "(replicate, %s, %s) %s: %s (paused %s)",
-                copy.key,
-                copy.worker,
-                "accepted" if choice else "refused",
-                copy.reason,
-                h.address,
-            )
-            if choice is None:
-                continue
+        accepted = yield from suggest_copies(plan, by_key, workers, f"paused {h.address}")
+        for copy, ts in accepted:
             record_copy(ctx, self.book, ts, copy.worker, now)
             self.sent.record(copy.worker, copy.key, copy.nbytes, now + ctx.inflight_timeout)
             budget[0] -= copy.nbytes

@@ -38,7 +38,7 @@ import logging
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Generator, Hashable, Iterable
+from collections.abc import Callable, Generator, Hashable, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from amm_rules.engine import key_logger
 from amm_rules.engine.adapters import worker_status
 from amm_rules.engine.decide.evacuate import (
+    Copy,
     Evacuation,
     leaving_view,
     needed_copies,
@@ -148,6 +149,29 @@ def record_copy(ctx: EngineContext, book: CopyBook, ts: Any, address: str, now: 
     deadline = now + ctx.inflight_timeout
     table = ctx.index.inflight if ts.key in ctx.index.desired else book.entries
     table.setdefault(ts.key, {})[address] = deadline
+
+
+def suggest_copies(
+    plan: Evacuation, by_key: Mapping[Hashable, Any], workers: Mapping[str, Any], why: str
+) -> Generator[Suggestion, Any, list[tuple[Copy, Any]]]:
+    """Suggest each copy of an evacuation plan (its worker the only candidate), logging
+    each answer with ``why`` (``retiring ADDRESS``); returns the copies the AMM accepted,
+    with their tasks."""
+    accepted = []
+    for copy in plan.copies:
+        ts = by_key[copy.key]
+        choice = yield Suggestion("replicate", ts, {workers[copy.worker]})
+        key_logger.debug(
+            "(replicate, %s, %s) %s: %s (%s)",
+            copy.key,
+            copy.worker,
+            "accepted" if choice else "refused",
+            copy.reason,
+            why,
+        )
+        if choice is not None:
+            accepted.append((copy, ts))
+    return accepted
 
 
 def shown_keys(keys: Iterable[Hashable]) -> list[str]:
@@ -297,22 +321,12 @@ class Retirements(Section):
             )
         by_key = {ts.key: ts for ts in tasks}
         workers = manager.scheduler.workers
-        for copy in plan.copies:
-            ts = by_key[copy.key]
-            choice = yield Suggestion("replicate", ts, {workers[copy.worker]})
-            key_logger.debug(
-                "(replicate, %s, %s) %s: %s (retiring %s)",
-                copy.key,
-                copy.worker,
-                "accepted" if choice else "refused",
-                copy.reason,
-                ws.address,
-            )
-            if choice is not None:
-                record_copy(ctx, self.book, ts, copy.worker, now)
-                self.counters["copies"] += 1
-                self.counters["bytes"] += copy.nbytes
-                self.active[ws.address]["copies"] += 1
+        accepted = yield from suggest_copies(plan, by_key, workers, f"retiring {ws.address}")
+        for copy, ts in accepted:
+            record_copy(ctx, self.book, ts, copy.worker, now)
+            self.counters["copies"] += 1
+            self.counters["bytes"] += copy.nbytes
+            self.active[ws.address]["copies"] += 1
         yield from self._drop_placed(ws, plan, by_key)
 
     def _drop_placed(
