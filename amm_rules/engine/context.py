@@ -34,6 +34,7 @@ from amm_rules.engine.state.flow import MemoryFlow
 from amm_rules.engine.state.index import KeyIndex
 from amm_rules.engine.state.journal import Journal
 from amm_rules.engine.state.placement import Placements
+from amm_rules.engine.state.spans import SpanStates
 from amm_rules.language.ruleset import Desired, Pool, Ruleset, RuntimeTarget, Target
 
 if TYPE_CHECKING:
@@ -61,6 +62,8 @@ class EngineContext:
     flow: MemoryFlow
     #: Early AMM cycles.
     early: EarlyCycles
+    #: Whether each span is done (``task.span_done``; the spans section refreshes it).
+    spans: SpanStates
     #: The rules in force, their classifier and their dry-run parts (see :meth:`install`).
     ruleset: Ruleset
     classifier: Classifier
@@ -87,6 +90,7 @@ class EngineContext:
         self.journal = Journal()
         self.placements = Placements(on_pool_error=self._pool_error)
         self.flow = MemoryFlow()
+        self.spans = SpanStates()
         self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
         self.manager = None
         self.sections = ()
@@ -150,6 +154,7 @@ class EngineContext:
             on_invalid_annotation=events.invalid_annotation,
             reads=index.demand.reads,
             flow=self.flow.published,
+            spans=self.spans,
         )
         index.demand.configure(
             ruleset.demand,

@@ -42,12 +42,14 @@ from __future__ import annotations
 import re
 
 from amm_rules.language.build import Draft, RuleDraft
+from amm_rules.language.expr.errors import WARNING_CODES as EXPRESSION_WARNING_CODES
 from amm_rules.language.fields import format_fraction
 from amm_rules.language.locator import Locator
 from amm_rules.language.ruleset import MEASURES_WITH_SPILLED
 
-#: Every code a warning of a rules file can carry.
-WARNING_CODES: frozenset[str] = frozenset(
+#: Every code a warning of a rules file can carry (those of expressions, such as
+#: ``type-name``, are found by the expression checker).
+WARNING_CODES: frozenset[str] = EXPRESSION_WARNING_CODES | frozenset(
     {
         "shadowed-rule",
         "never-matches",

@@ -168,6 +168,8 @@ class Simulation:
         ctx.events = _Warnings(self.warnings)
         ctx.journal = self.journal = _Record(self)
         ctx.install(ruleset)
+        for path, done in cluster.span_states().items():
+            ctx.spans.set(path, done)
         index = ctx.index
         index.runtime.update(
             (k, t if isinstance(t, RuntimeTarget) else RuntimeTarget(t))

@@ -7,7 +7,8 @@ explain and the metrics list them:
 1. ``audit``: the safety net behind the scheduler hooks (:mod:`.audit`), first, after
    the placements are fresh and before classification;
 2. ``memory-flow``: publishes what each prefix produced and freed (:mod:`.memory_flow`),
-   before classification (rules may read it);
+   before classification (rules may read it); ``spans``: which spans finished
+   (:mod:`.spans`, ``task.span_done``), before classification too;
 3. ``memory-pressure``: keeps its periodic check running (:mod:`.memory_pressure`);
 4. ``replication``: classification, then each governed key's target and placement
    (:mod:`.replication`);
@@ -39,11 +40,13 @@ from amm_rules.engine.sections.rebalance import RebalanceSection
 from amm_rules.engine.sections.reduce_replicas import ReduceReplicasSection
 from amm_rules.engine.sections.replication import Replication
 from amm_rules.engine.sections.retirement import Retirements
+from amm_rules.engine.sections.spans import SpansSection
 
 #: The sections, in the order they run.
 SECTIONS: tuple[type[Section], ...] = (
     AuditSection,
     MemoryFlowSection,
+    SpansSection,
     MemoryPressure,
     Replication,
     PausedWorkers,
