@@ -73,14 +73,6 @@ PLAIN_NAMES: tuple[str, ...] = (
     "numpy.float32",
     "numpy.int64",
     "numpy.int32",
-    "builtins.dict",
-    "builtins.list",
-    "builtins.tuple",
-    "builtins.int",
-    "builtins.float",
-    "builtins.str",
-    "builtins.bytes",
-    "builtins.NoneType",
 )
 
 _BY_NAME: dict[str, tuple[str, ...]] = {

@@ -44,6 +44,9 @@ class SpansSection(Section):
         assert ctx is not None
         if not ctx.ruleset.reads_span_state:
             return ()
+        if ctx.spans.extension is None:
+            # The scheduler makes its extensions in turn, the AMM's before the spans'.
+            ctx.spans.extension = ctx.scheduler.extensions.get("spans")
         for span_id in ctx.spans.refresh():
             ctx.index.reclassify(self._keys_of(span_id))
         return ()
