@@ -406,13 +406,34 @@ RUNTIME_ORIGINS: tuple[str, ...] = ("runtime", "client.replicate", "scatter broa
 @dataclass(frozen=True)
 class RuntimeTarget:
     """A replication target set at run time on keys in memory, with its origin (one
-    of :data:`RUNTIME_ORIGINS`), which explanations and counters name."""
+    of :data:`RUNTIME_ORIGINS`), which explanations and counters name; and, set with
+    it by :func:`amm_rules.persist`, other action fields (``pool``, ``avoid``,
+    ``spread``, ``move``), which override the ``amm`` annotation and the rules as the
+    target overrides ``replicate``. ``target`` is None when only those are set."""
 
-    target: Target
+    target: Target | None
     origin: str = "runtime"
+    actions: Actions | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The fields it decides, in :data:`ACTION_FIELDS` order."""
+        out: dict[str, Any] = {}
+        if self.target is not None:
+            out["replicate"] = self.target
+        if self.actions is not None:
+            for name in self.actions.set_fields():
+                out.setdefault(name, getattr(self.actions, name))
+        return out
 
     def __str__(self) -> str:
-        return f"{self.target} ({self.origin})"
+        parts = [f"{name}={_plain(value)}" for name, value in self.fields().items()]
+        if self.target is not None and len(parts) == 1:
+            return f"{self.target} ({self.origin})"
+        return f"{', '.join(parts)} ({self.origin})"
+
+
+def _plain(value: Any) -> str:
+    return ",".join(value) if isinstance(value, tuple) else str(value)
 
 
 @dataclass(frozen=True)
@@ -448,12 +469,14 @@ def overrides(
     annotation: Actions | None, runtime: Target | RuntimeTarget | None
 ) -> tuple[dict[str, Any], dict[str, Reason]]:
     """The fields decided before any rule is looked at: a runtime target decides
-    ``replicate``, then the ``amm`` annotation decides the fields it sets."""
+    ``replicate`` (and the fields set with it), then the ``amm`` annotation decides the
+    fields it sets."""
     decided: dict[str, Any] = {}
     reasons: dict[str, Reason] = {}
     if isinstance(runtime, RuntimeTarget):
-        decided["replicate"] = runtime.target
-        reasons["replicate"] = Reason(runtime.origin)
+        for name, value in runtime.fields().items():
+            decided[name] = value
+            reasons[name] = Reason(runtime.origin)
     elif runtime is not None:
         decided["replicate"] = runtime
         reasons["replicate"] = Reason("runtime")

@@ -52,12 +52,8 @@ ALIASES: tuple[TypeAlias, ...] = (
     TypeAlias("pandas.Index", ("pandas.core.indexes.base.Index",), _PANDAS),
     TypeAlias("pandas.RangeIndex", ("pandas.core.indexes.range.RangeIndex",), _PANDAS),
     TypeAlias("pandas.MultiIndex", ("pandas.core.indexes.multi.MultiIndex",), _PANDAS),
-    TypeAlias(
-        "pandas.DatetimeIndex", ("pandas.core.indexes.datetimes.DatetimeIndex",), _PANDAS
-    ),
-    TypeAlias(
-        "pandas.Categorical", ("pandas.core.arrays.categorical.Categorical",), _PANDAS
-    ),
+    TypeAlias("pandas.DatetimeIndex", ("pandas.core.indexes.datetimes.DatetimeIndex",), _PANDAS),
+    TypeAlias("pandas.Categorical", ("pandas.core.arrays.categorical.Categorical",), _PANDAS),
     TypeAlias("cudf.DataFrame", ("cudf.core.dataframe.DataFrame",), _CUDF),
     TypeAlias("cudf.Series", ("cudf.core.series.Series",), _CUDF),
     TypeAlias("cudf.Index", ("cudf.core.index.Index",), _CUDF),

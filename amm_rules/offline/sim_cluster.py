@@ -200,8 +200,7 @@ class SimCluster:
             if ts.state in _TO_RUN:
                 running.add(path)
         return {
-            path: not any(r == path or r.startswith(f"{path}/") for r in running)
-            for path in spans
+            path: not any(r == path or r.startswith(f"{path}/") for r in running) for path in spans
         }
 
     # -- what the AMM reads and calls ----------------------------------------------------

@@ -94,7 +94,10 @@ def test_every_alias_names_one_type() -> None:
 def test_the_documented_table_is_the_table() -> None:
     text = (ROOT / "docs" / "expressions.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| `([\w.]+)` \| (`.*`) \| (.*) \|$", text, flags=re.M)
-    documented = {public: (tuple(re.findall(r"`([\w.]+)`", paths)), versions) for public, paths, versions in rows}
+    documented = {
+        public: (tuple(re.findall(r"`([\w.]+)`", paths)), versions)
+        for public, paths, versions in rows
+    }
     assert documented == {a.public: (a.paths, a.versions) for a in ALIASES}
 
 
@@ -214,7 +217,7 @@ def test_in_looks_for_a_name_among_a_mappings_names() -> None:
     assert run('"GPU" in task.annotations.limits', facts)
     assert not run('"FPGA" in task.annotations.limits', facts)
     assert run('"FPGA" not in task.annotations.limits', facts)
-    assert not run('true in task.annotations.limits', facts)
+    assert not run("true in task.annotations.limits", facts)
 
 
 # -- spans -------------------------------------------------------------------------------

@@ -373,7 +373,9 @@ class Classifier:
                     cascade = self._group_miss(ts, ts.key, runtime)
                 desired = cascade.desired
                 if desired is None:
-                    desired = cascade.resolve(TaskFactsAdapter(ts, self._reads, self.flow, self.spans))
+                    desired = cascade.resolve(
+                        TaskFactsAdapter(ts, self._reads, self.flow, self.spans)
+                    )
             if desired is UNGOVERNED:
                 if any_indexed and ts.key in indexed:
                     dropped.append(ts.key)

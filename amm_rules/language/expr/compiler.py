@@ -204,7 +204,9 @@ class _Compiler:
                 return None  # (an annotation on the other side: left as it is)
             names = frozenset(names_of(const.value))
             if negate:
-                return Code(lambda f: (v := get(f)) is not None and v not in names, depends=depends)
+                return Code(
+                    lambda f: (v := get(f)) is not None and v not in names, depends=depends
+                )
             if len(names) == 1:
                 (only,) = names
                 return Code(lambda f: get(f) == only, depends=depends)

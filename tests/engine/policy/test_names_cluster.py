@@ -13,6 +13,7 @@ import pandas as pd
 from distributed.utils_test import gen_cluster, inc
 
 from tests.support.cluster import amm_config, counts, holders
+from tests.support.rulesets import PANDAS_FRAME
 from tests.support.waiting import wait_cycles, wait_for
 
 GPU = {"resources": {"GPU": 1}}
@@ -51,7 +52,7 @@ async def test_resources_types_and_nested_annotations(c: Any, s: Any, *workers: 
         lambda: counts(s, [on_gpu, annotated, frames, hot]) == [2, 2, 3, 4],
         "GPU results on both GPU workers, the frame on 3 workers, the hot key on 4",
     )
-    assert s.tasks["frame"].type == "pandas.DataFrame"  # what pandas 3 records
+    assert s.tasks["frame"].type == PANDAS_FRAME
     assert holders(s, on_gpu.key) == gpu_workers
     assert holders(s, annotated.key) == gpu_workers
     await wait_cycles(s, 3)
