@@ -11,7 +11,8 @@ explain and the metrics list them:
    (:mod:`.spans`, ``task.span_done``), before classification too;
 3. ``memory-pressure``: keeps its periodic check running (:mod:`.memory_pressure`);
 4. ``replication``: classification, then each governed key's target and placement
-   (:mod:`.replication`);
+   (:mod:`.replication`); ``rule-activity``: which rules governed a key since they
+   were loaded (:mod:`.activity`), right after;
 5. ``paused-workers``: empties workers paused for too long (:mod:`.paused_workers`),
    after replication (its copies count) and before rebalancing (which then sees the
    loads they add);
@@ -29,6 +30,7 @@ Adding a feature: a module here with its ``Section`` subclass, and its class in
 
 from __future__ import annotations
 
+from amm_rules.engine.sections.activity import RuleActivity
 from amm_rules.engine.sections.audit import AuditSection
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.sections.demand import DemandSection
@@ -49,6 +51,7 @@ SECTIONS: tuple[type[Section], ...] = (
     SpansSection,
     MemoryPressure,
     Replication,
+    RuleActivity,
     PausedWorkers,
     RebalanceSection,
     ReduceReplicasSection,
