@@ -10,9 +10,9 @@ from amm_rules.language.near_miss import Census, near_misses
 
 def census() -> Census:
     out = Census()
-    for i in range(3):
+    for _ in range(3):
         out.add("pandas.DataFrame", "readparquetfsspec", "etl/load", {}, ())
-    for i in range(12):
+    for _ in range(12):
         out.add("numpy.ndarray", "inc", "default", {"GPU": 1}, ("resources",))
     return out
 
