@@ -39,14 +39,14 @@ MAX_NBYTES = 96 * 2**20
 #: Most candidate annotations tried per rule.
 MAX_ANNOTATIONS = 24
 
-#: What the demo can put in a key: kind -> (the class it makes, as ``module:name``, the
-#: module it needs, if any). The type name the scheduler records is the installed
-#: library's own (:func:`type_name`): pandas 3 records ``pandas.DataFrame``, pandas 2
+#: What the demo can put in a key: kind -> (the type's public name, the module it
+#: needs, if any). The type name the scheduler records is the installed library's own
+#: (:func:`type_name`): pandas 3 records ``pandas.DataFrame``, pandas 2
 #: ``pandas.core.frame.DataFrame``.
 KINDS: dict[str, tuple[str, str | None]] = {
-    "bytes": ("builtins:bytes", None),
-    "numpy": ("numpy:ndarray", "numpy"),
-    "pandas": ("pandas:DataFrame", "pandas"),
+    "bytes": ("bytes", None),
+    "numpy": ("numpy.ndarray", "numpy"),
+    "pandas": ("pandas.DataFrame", "pandas"),
 }
 
 
@@ -55,8 +55,15 @@ def type_name(kind: str) -> str:
     library names its class (dask's ``typename``, which distributed uses)."""
     from dask.utils import typename
 
-    module, name = KINDS[kind][0].split(":")
-    return typename(getattr(importlib.import_module(module), name))
+    if kind == "pandas":
+        import pandas
+
+        return typename(pandas.DataFrame)
+    if kind == "numpy":
+        import numpy
+
+        return typename(numpy.ndarray)
+    return KINDS[kind][0]
 
 
 _STRING = re.compile(r"\"((?:[^\"\\]|\\.)*)\"|'((?:[^'\\]|\\.)*)'")

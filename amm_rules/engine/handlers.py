@@ -9,8 +9,8 @@ names. Called by :mod:`amm_rules.client` (``replicate``, ``explain``, ``status``
   (``target=None`` and no ``fields``: remove) a runtime replication target, with other
   action fields (``pool``, ``avoid``, ``spread``, ``move``), on keys in memory; with
   ``pending``, also on keys the scheduler is still computing, from when they enter
-  memory (what :func:`amm_rules.persist` asks); returns ``{"set": n, "pending": n,
-  "missing": [keys]}``;
+  memory (what :func:`amm_rules.persist` asks); returns ``{"set": n, "missing":
+  [keys]}``, and with ``pending`` ``"pending": n``;
 - ``amm_rules_explain(keys, unmet=False, rule=None, limit=10)``: per ``str(key)``, where
   the key is, what is wanted for it and why, and what the planner would do now (see
   :func:`explain_key`); with ``unmet=True``, for up to ``limit`` keys whose target is
@@ -157,7 +157,10 @@ class Handlers:
             n,
             later,
         )
-        return {"set": n, "pending": later, "missing": missing}
+        out: dict[str, Any] = {"set": n, "missing": missing}
+        if pending:
+            out["pending"] = later
+        return out
 
     def amm_rules_explain(
         self, keys: Any = (), unmet: bool = False, rule: Any = None, limit: Any = 10
