@@ -9,32 +9,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from amm_rules.language.expr import ExpressionError, Problem, compile_expression
+from amm_rules.language.expr import compile_expression
 from amm_rules.language.loader import check_text
-from amm_rules.language.ruleset import TaskFacts, WorkerFacts
 from amm_rules.language.type_names import ALIASES, KNOWN, misspelt, names_of
+from tests.language.test_expressions import problems, run, task
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def task(**kwargs: Any) -> TaskFacts:
-    kwargs.setdefault("key", "x-1")
-    return TaskFacts(**kwargs)
-
-
-def run(text: str, facts: Any) -> bool:
-    context = "worker" if isinstance(facts, WorkerFacts) else "task"
-    return compile_expression(text, context).predicate(facts)
-
-
-def problems(text: str, context: str = "task") -> list[Problem]:
-    with pytest.raises(ExpressionError) as info:
-        compile_expression(text, context)  # type: ignore[arg-type]
-    return info.value.problems
 
 
 # -- type names --------------------------------------------------------------------------
