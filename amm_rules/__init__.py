@@ -33,6 +33,7 @@ _LAZY = {
     # dumps, status and explain answers): the engine does not know what watches it.
     "RulesPolicy": "amm_rules.observe.extension",
     "annotate": "amm_rules.client",
+    "persist": "amm_rules.client",
     "replicate": "amm_rules.client",
     "explain": "amm_rules.client",
     "status": "amm_rules.client",
@@ -54,12 +55,13 @@ __all__ = [
     "annotate",
     "explain",
     "memory_flow",
+    "persist",
     "replicate",
     "status",
 ]
 
 if TYPE_CHECKING:
-    from amm_rules.client import annotate, explain, memory_flow, replicate, status
+    from amm_rules.client import annotate, explain, memory_flow, persist, replicate, status
     from amm_rules.engine.policy import RulesPolicy
 
 

@@ -1,5 +1,5 @@
-"""What a client calls: :func:`annotate`, :func:`replicate`, :func:`explain`,
-:func:`status`, :func:`memory_flow`.
+"""What a client calls: :func:`annotate`, :func:`persist`, :func:`replicate`,
+:func:`explain`, :func:`status`, :func:`memory_flow`.
 
 - ``amm`` annotations, checked on the client. A task's ``amm`` annotation
   (``dask.annotate(amm={...})``) carries the same action fields as a rule
@@ -42,6 +42,7 @@ __all__ = [
     "annotate",
     "explain",
     "memory_flow",
+    "persist",
     "plain_actions",
     "plain_target",
     "replicate",
@@ -158,6 +159,79 @@ def _enter(fields: dict[str, Any]) -> Iterator[dict[str, Any]]:
     merged = {**outer, **fields} if isinstance(outer, Mapping) else dict(fields)
     with dask.annotate(**{ANNOTATION: merged}):
         yield merged
+
+
+# --- persist: targets on exactly the keys persisted -------------------------------------
+
+
+def persist(
+    collection: Any,
+    *,
+    replicate: int | str | Mapping[str, int | str] | None = None,
+    pool: str | list[str] | None = None,
+    avoid: str | list[str] | None = None,
+    spread: str | None = None,
+    move: str | None = None,
+    client: Client | None = None,
+    **persist_kwargs: Any,
+) -> Any:
+    """Persist ``collection`` and hold the given fields on exactly the keys persisted.
+
+    ::
+
+        df = amm_rules.persist(df, replicate=2, pool="gpu")
+
+    The same fields as :func:`annotate` (checked now, on the client), set as a runtime
+    target on the keys of the persisted collection, whatever their names: the output
+    keys of the optimized graph, which for a dask DataFrame (query planning) or a fused
+    graph are not the keys of the collection as written. Annotations set around the
+    construction of such a collection are dropped by the planner; this is the form that
+    cannot be. The target waits for keys still computing and holds from when each
+    enters memory, until it is released (as :func:`replicate`'s). Fields other than
+    ``replicate`` override the rules and the ``amm`` annotation as a runtime target
+    overrides ``replicate``; an unknown pool is refused by the scheduler
+    (:class:`ValueError`).
+
+    ``persist_kwargs`` go to ``client.persist``. Returns the persisted collection (with
+    an asynchronous client, an awaitable of it); a list or tuple of collections is
+    persisted together and returned as a list.
+    """
+    fields = {
+        name: value
+        for name, value in (
+            ("replicate", replicate),
+            ("pool", pool),
+            ("avoid", avoid),
+            ("spread", spread),
+            ("move", move),
+        )
+        if value is not None
+    }
+    if not fields:
+        raise TypeError("amm_rules.persist needs a field: replicate, pool, avoid, spread or move")
+    checked = validate_annotation(fields)
+    target = checked.pop("replicate", None)
+    client = client or get_client()
+    many = isinstance(collection, (list, tuple))
+    persisted = client.persist(list(collection) if many else collection, **persist_kwargs)
+    futures = futures_of(persisted)
+    keys = list(dict.fromkeys(f.key for f in futures))
+    answer = client.sync(_set_pending, client, keys, target, checked or None)
+    if client.asynchronous:
+        return _after(answer, persisted)
+    return persisted
+
+
+async def _after(answer: Any, persisted: Any) -> Any:
+    await answer
+    return persisted
+
+
+async def _set_pending(client: Client, keys: list[Any], target: Any, fields: Any) -> Any:
+    await _require_engine(client)
+    return await client.scheduler.amm_rules_set_target(
+        keys=keys, target=target, fields=fields, pending=True
+    )
 
 
 # --- runtime targets and introspection --------------------------------------------------

@@ -34,10 +34,10 @@ from dask.utils import format_bytes, key_split
 
 from amm_rules.demo_workload import (
     KEY_NBYTES,
-    KINDS,
     MAX_NBYTES,
     Workload,
     plan,
+    type_name,
     workers_for,
 )
 from amm_rules.engine.decide.deciders import count_copies, eligible
@@ -198,14 +198,14 @@ def _print_workload(workload: Workload) -> None:
         extra = f", annotated {dict(spec.annotations)}" if spec.annotations else ""
         click.echo(
             f"  rule {spec.rule}: {spec.count} keys {spec.prefix}-N, "
-            f"{KINDS[spec.kind][0]} of {format_bytes(spec.nbytes)}{extra}"
+            f"{type_name(spec.kind)} of {format_bytes(spec.nbytes)}{extra}"
         )
     if workload.unmatched:
         names = ", ".join(workload.unmatched)
         click.echo(
             f"  rules the demo makes no key for: {names}. Its keys are named after the "
             "strings in a rule's match (task.prefix, task.key, task.group), hold "
-            f"{' or '.join(KINDS[k][0] for k in _kinds())} of up to "
+            f"{' or '.join(type_name(k) for k in _kinds())} of up to "
             f"{format_bytes(MAX_NBYTES)} and carry the "
             "annotations the match reads; a match on other types (cupy, cudf, ...) or on "
             "larger sizes needs a real workload."
@@ -293,7 +293,7 @@ def _submit(
                 key=key,
                 prefix=key_split(key),
                 group=key_split_group(key),
-                type=KINDS[kind][0],
+                type=type_name(kind),
                 annotations=dict(annotations),
             )
     return out

@@ -39,13 +39,32 @@ MAX_NBYTES = 96 * 2**20
 #: Most candidate annotations tried per rule.
 MAX_ANNOTATIONS = 24
 
-#: What the demo can put in a key: kind -> (the type name the scheduler records, the
-#: module it needs, if any).
+#: What the demo can put in a key: kind -> (the type's public name, the module it
+#: needs, if any). The type name the scheduler records is the installed library's own
+#: (:func:`type_name`): pandas 3 records ``pandas.DataFrame``, pandas 2
+#: ``pandas.core.frame.DataFrame``.
 KINDS: dict[str, tuple[str, str | None]] = {
     "bytes": ("bytes", None),
     "numpy": ("numpy.ndarray", "numpy"),
-    "pandas": ("pandas.core.frame.DataFrame", "pandas"),
+    "pandas": ("pandas.DataFrame", "pandas"),
 }
+
+
+def type_name(kind: str) -> str:
+    """The type name the scheduler records for a key of ``kind``, as the installed
+    library names its class (dask's ``typename``, which distributed uses)."""
+    from dask.utils import typename
+
+    if kind == "pandas":
+        import pandas
+
+        return typename(pandas.DataFrame)
+    if kind == "numpy":
+        import numpy
+
+        return typename(numpy.ndarray)
+    return KINDS[kind][0]
+
 
 _STRING = re.compile(r"\"((?:[^\"\\]|\\.)*)\"|'((?:[^'\\]|\\.)*)'")
 _SIZE = re.compile(
@@ -172,7 +191,7 @@ def _facts(
         key=key,
         prefix=key_split(key),
         group=group_of(key),
-        type=KINDS[kind][0],
+        type=type_name(kind),
         nbytes=nbytes,
         replicas=1,
         annotations=dict(annotations),

@@ -26,7 +26,12 @@ from operator import attrgetter
 from typing import Any
 
 from amm_rules.engine.decide.view import KeyView, WorkerStatus, key_string
-from amm_rules.language.ruleset import FLOW_ATTRIBUTES, Desired, WorkerFacts
+from amm_rules.language.ruleset import (
+    FLOW_ATTRIBUTES,
+    SPAN_STATE_ATTRIBUTES,
+    Desired,
+    WorkerFacts,
+)
 
 #: Above this many waiters the stock ReduceReplicas does not look at where they run
 #: (the look is costly), and neither do we: the count of waiters is used as is.
@@ -164,6 +169,35 @@ def bounded_repr(value: Any, limit: int = 300) -> str:
     return text if len(text) <= limit else f"{text[:limit]}..."
 
 
+#: The span of a key submitted outside any span (distributed's name for it).
+DEFAULT_SPAN = "default"
+
+
+def span_path(ts: Any) -> str:
+    """The key's span as a path: its names joined by ``/`` (``"etl/load"``), as the
+    scheduler's spans extension records them in the ``span`` annotation of each task of
+    a span (distributed's ``observe_tasks``; the default span has none); ``"default"``
+    outside any span."""
+    annotations = ts.annotations
+    if annotations:
+        span = annotations.get("span")
+        if isinstance(span, Mapping):
+            name = span.get("name")
+            if isinstance(name, (tuple, list)) and name:
+                return "/".join(map(str, name))
+    return DEFAULT_SPAN
+
+
+def span_id(ts: Any) -> Any:
+    """The id of the key's span (``TaskGroup.span_id``; None where the group has none)."""
+    return getattr(ts.group, "span_id", None)
+
+
+def resource_restrictions(ts: Any) -> Mapping[str, float]:
+    """What the task that made the key asked for (``resources=``); empty when nothing."""
+    return getattr(ts, "resource_restrictions", None) or {}
+
+
 class TaskFactsAdapter:
     """A ``TaskState`` seen through the attributes of :class:`~amm_rules.language.ruleset.TaskFacts`.
 
@@ -172,19 +206,36 @@ class TaskFactsAdapter:
     :class:`~amm_rules.engine.state.demand.DemandTracker`); without it ``task.reads`` is 0.
     The ``task.prefix_*`` attributes come from ``flow``: prefix name -> the published
     figures of :class:`~amm_rules.engine.state.flow.PrefixFacts` (null when absent).
+    ``task.span_done`` comes from ``spans`` (``spans.done_of(ts)``, see
+    :class:`~amm_rules.engine.state.spans.SpanStates`); false without it.
     """
 
-    __slots__ = ("_ts", "_reads", "_flow")
+    __slots__ = ("_ts", "_reads", "_flow", "_spans")
 
     def __init__(
         self,
         ts: Any,
         reads: Mapping[Hashable, int] | None = None,
         flow: Mapping[str, Any] | None = None,
+        spans: Any = None,
     ):
         self._ts = ts
         self._reads = reads
         self._flow = flow
+        self._spans = spans
+
+    @property
+    def resources(self) -> Mapping[str, float]:
+        return resource_restrictions(self._ts)
+
+    @property
+    def span(self) -> str:
+        return span_path(self._ts)
+
+    @property
+    def span_done(self) -> bool:
+        spans = self._spans
+        return bool(spans.done_of(self._ts)) if spans is not None else False
 
     def _figure(self, name: str) -> Any:
         flow = self._flow
@@ -249,16 +300,17 @@ _CLASS_PATHS: Mapping[str, str] = {"prefix": "prefix.name", "group": "group.name
 
 
 def class_reader(
-    attributes: Iterable[str], flow: Mapping[str, Any] | None = None
+    attributes: Iterable[str], flow: Mapping[str, Any] | None = None, spans: Any = None
 ) -> Callable[[Any], Hashable]:
     """A function of a ``TaskState`` returning the values of the class attributes
-    (``prefix``, ``group``, ``type``, ``annotations``, the ``prefix_*`` flow figures)
-    among ``attributes``: equal for every key of the same class, and hashable. It runs
-    once per key classified, so the plain attributes are read by one ``attrgetter`` call
-    (C code), annotations are frozen only when a key has some, and the flow figures are
-    the prefix's published snapshot in ``flow`` (a tuple, or None)."""
+    (``prefix``, ``group``, ``type``, ``annotations``, ``resources``, ``span``,
+    ``span_done``, the ``prefix_*`` flow figures) among ``attributes``: equal for every
+    key of the same class, and hashable. It runs once per key classified, so the plain
+    attributes are read by one ``attrgetter`` call (C code), annotations are frozen only
+    when a key has some, and the flow figures are the prefix's published snapshot in
+    ``flow`` (a tuple, or None)."""
     names = sorted(attributes)
-    reader = _plain_reader(names)
+    reader = _with_restrictions_and_spans(_plain_reader(names), names, spans)
     if flow is None or FLOW_ATTRIBUTES.isdisjoint(names):
         return reader
     prefix_of = attrgetter("prefix.name")
@@ -286,6 +338,28 @@ def _plain_reader(names: list[str]) -> Callable[[Any], Hashable]:
         return frozen if plain is None else (plain(ts), frozen)
 
     return with_annotations
+
+
+def _with_restrictions_and_spans(
+    reader: Callable[[Any], Hashable], names: list[str], spans: Any
+) -> Callable[[Any], Hashable]:
+    """``reader`` with the resource restriction, the span path and the span's state
+    added, where the rules read them."""
+    extra: list[Callable[[Any], Hashable]] = []
+    if "resources" in names:
+        extra.append(_restriction_class)
+    if "span" in names:
+        extra.append(span_path)
+    if spans is not None and not SPAN_STATE_ATTRIBUTES.isdisjoint(names):
+        extra.append(spans.done_of)
+    if not extra:
+        return reader
+    parts = (reader, *extra)
+    return lambda ts: tuple(part(ts) for part in parts)
+
+
+def _restriction_class(ts: Any) -> Hashable:
+    return tuple(sorted((str(k), v) for k, v in resource_restrictions(ts).items()))
 
 
 def _no_class(ts: Any) -> Hashable:

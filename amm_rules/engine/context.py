@@ -34,7 +34,8 @@ from amm_rules.engine.state.flow import MemoryFlow
 from amm_rules.engine.state.index import KeyIndex
 from amm_rules.engine.state.journal import Journal
 from amm_rules.engine.state.placement import Placements
-from amm_rules.language.ruleset import Desired, Pool, Ruleset, RuntimeTarget, Target
+from amm_rules.engine.state.spans import SpanStates
+from amm_rules.language.ruleset import Actions, Desired, Pool, Ruleset, RuntimeTarget, Target
 
 if TYPE_CHECKING:
     from distributed.active_memory_manager import ActiveMemoryManagerExtension
@@ -61,6 +62,8 @@ class EngineContext:
     flow: MemoryFlow
     #: Early AMM cycles.
     early: EarlyCycles
+    #: Whether each span is done (``task.span_done``; the spans section refreshes it).
+    spans: SpanStates
     #: The rules in force, their classifier and their dry-run parts (see :meth:`install`).
     ruleset: Ruleset
     classifier: Classifier
@@ -87,6 +90,7 @@ class EngineContext:
         self.journal = Journal()
         self.placements = Placements(on_pool_error=self._pool_error)
         self.flow = MemoryFlow()
+        self.spans = SpanStates()
         self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
         self.manager = None
         self.sections = ()
@@ -150,6 +154,7 @@ class EngineContext:
             on_invalid_annotation=events.invalid_annotation,
             reads=index.demand.reads,
             flow=self.flow.published,
+            spans=self.spans,
         )
         index.demand.configure(
             ruleset.demand,
@@ -170,16 +175,22 @@ class EngineContext:
         return self.classifier.resolve(ts, self.index.runtime.get(ts.key))
 
     def set_runtime_target(
-        self, key: Hashable, target: Target | None, origin: str = "runtime"
+        self,
+        key: Hashable,
+        target: Target | None,
+        origin: str = "runtime",
+        actions: Actions | None = None,
     ) -> None:
-        """Set (None: remove) a lasting replication target on a key in memory; it takes
-        effect when the key is classified again, at the next cycle. ``origin`` (one of
+        """Set (None, without ``actions``: remove) a lasting replication target, and
+        other action fields, on a key in memory or still to compute; it takes effect
+        when the key is classified (again), at the next cycle. ``origin`` (one of
         :data:`~amm_rules.language.ruleset.RUNTIME_ORIGINS`) is what explanations and
-        counters name as its source."""
-        if target is None:
+        counters name as its source. The index forgets it when the key leaves memory
+        or, never computed, is forgotten."""
+        if target is None and actions is None:
             self.index.runtime.pop(key, None)
         else:
-            self.index.runtime[key] = RuntimeTarget(target, origin)
+            self.index.runtime[key] = RuntimeTarget(target, origin, actions)
         self.index.reclassify((key,))
 
     # ------------------------------------------------------------------ the planner

@@ -5,8 +5,12 @@ Active Memory Manager, and removed at detach; this module is the one owner of th
 names. Called by :mod:`amm_rules.client` (``replicate``, ``explain``, ``status``) as
 ``client.scheduler.<name>(...)``:
 
-- ``amm_rules_set_target(keys, target)``: set (``target=None``: remove) a runtime
-  replication target on keys in memory; returns ``{"set": n, "missing": [keys]}``;
+- ``amm_rules_set_target(keys, target, fields=None, pending=False)``: set
+  (``target=None`` and no ``fields``: remove) a runtime replication target, with other
+  action fields (``pool``, ``avoid``, ``spread``, ``move``), on keys in memory; with
+  ``pending``, also on keys the scheduler is still computing, from when they enter
+  memory (what :func:`amm_rules.persist` asks); returns ``{"set": n, "missing":
+  [keys]}``, and with ``pending`` ``"pending": n``;
 - ``amm_rules_explain(keys, unmet=False, rule=None, limit=10)``: per ``str(key)``, where
   the key is, what is wanted for it and why, and what the planner would do now (see
   :func:`explain_key`); with ``unmet=True``, for up to ``limit`` keys whose target is
@@ -41,8 +45,8 @@ from amm_rules.engine.decide.plan import (
     target_bounds,
 )
 from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
-from amm_rules.language.fields import ActionError, parse_target
-from amm_rules.language.ruleset import ACTION_FIELDS, Desired, Target
+from amm_rules.language.fields import ActionError, parse_actions, parse_target
+from amm_rules.language.ruleset import ACTION_FIELDS, Actions, Desired, Target
 
 if TYPE_CHECKING:
     from amm_rules.engine.context import EngineContext
@@ -132,27 +136,56 @@ class Handlers:
     def __init__(self, policy: RulesPolicy):
         self.policy = policy
 
-    def amm_rules_set_target(self, keys: Any = (), target: Any = None) -> dict[str, Any]:
-        """Set a lasting replication target on keys in memory; None removes it."""
+    def amm_rules_set_target(
+        self, keys: Any = (), target: Any = None, fields: Any = None, pending: Any = False
+    ) -> dict[str, Any]:
+        """Set a lasting replication target (and other action fields) on keys in
+        memory, and with ``pending`` on keys still to compute; None removes it."""
         keys = check_keys(keys)
-        parsed: Target | None = None
-        if target is not None:
-            try:
-                parsed = parse_target(target, "target")
-            except ActionError as exc:
-                raise ValueError(str(exc)) from None
         ctx = self.policy.ctx
+        parsed: Target | None = None
+        actions: Actions | None = None
+        try:
+            if target is not None:
+                parsed = parse_target(target, "target")
+            if fields is not None:
+                if not isinstance(fields, dict) or "replicate" in fields:
+                    raise ActionError("fields", "expected pool, avoid, spread or move")
+                actions = parse_actions(fields, known_pools=ctx.ruleset.pools)
+                if not actions.set_fields():
+                    actions = None
+        except ActionError as exc:
+            raise ValueError(str(exc)) from None
         missing = []
-        n = 0
+        n = later = 0
         for key in keys:
             ts = task_of(ctx.scheduler, key)
-            if ts is None or ts.state != "memory":
+            if ts is not None and ts.state == "memory":
+                ctx.set_runtime_target(ts.key, parsed, actions=actions)
+                n += 1
+            elif pending and (ts is None or ts.state not in ("erred", "forgotten")):
+                # Still to compute, or not known yet: the graph of a persist travels on
+                # the client's batched stream, this call on another comm, and may be
+                # overtaken. Held from when the key enters memory.
+                try:
+                    ctx.set_runtime_target(key if ts is None else ts.key, parsed, actions=actions)
+                except TypeError:  # an unhashable "key"
+                    missing.append(key)
+                    continue
+                later += 1
+            else:
                 missing.append(key)
-                continue
-            ctx.set_runtime_target(ts.key, parsed)
-            n += 1
-        logger.debug("amm-rules: runtime target %s set on %d keys", parsed, n)
-        return {"set": n, "missing": missing}
+        logger.debug(
+            "amm-rules: runtime target %s %s set on %d keys (%d pending)",
+            parsed,
+            actions,
+            n,
+            later,
+        )
+        out: dict[str, Any] = {"set": n, "missing": missing}
+        if pending:
+            out["pending"] = later
+        return out
 
     def amm_rules_explain(
         self, keys: Any = (), unmet: bool = False, rule: Any = None, limit: Any = 10

@@ -171,10 +171,13 @@ def _compile(
     from amm_rules.language.expr import ExpressionError, compile_expression
 
     try:
-        return compile_expression(text, context)
+        compiled = compile_expression(text, context)
     except ExpressionError as exc:
         where.add_expression(path, exc.problems)
         return None
+    if compiled.warnings:
+        where.add_expression(path, compiled.warnings, severity="warning")
+    return compiled
 
 
 def _position(where: Locator, path: tuple[Any, ...], at_key: bool = False) -> Position | None:

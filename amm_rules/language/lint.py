@@ -31,6 +31,9 @@ exactly (docs/rules.md lists the same):
     around the cluster mean and the thresholds are absolute floors and ceilings, so
     ``recipient-max`` below ``sender-min`` (only the fullest send, only the emptiest
     receive) and any gap up to 100% can work, and are not reported.
+``type-name``, ``resources-annotation``
+    Found by the expression checker (:mod:`amm_rules.language.expr.checker`): a type
+    name that looks misspelt, a match reading the ``resources`` annotation.
 ``never-acts``
     In ``paused-workers``, settings under which no worker is ever restarted or retired
     although the action asks for it: ``max-paused-fraction`` is 0% (one paused worker is
@@ -42,12 +45,14 @@ from __future__ import annotations
 import re
 
 from amm_rules.language.build import Draft, RuleDraft
+from amm_rules.language.expr.errors import WARNING_CODES as EXPRESSION_WARNING_CODES
 from amm_rules.language.fields import format_fraction
 from amm_rules.language.locator import Locator
 from amm_rules.language.ruleset import MEASURES_WITH_SPILLED
 
-#: Every code a warning of a rules file can carry.
-WARNING_CODES: frozenset[str] = frozenset(
+#: Every code a warning of a rules file can carry (those of expressions, such as
+#: ``type-name``, are found by the expression checker).
+WARNING_CODES: frozenset[str] = EXPRESSION_WARNING_CODES | frozenset(
     {
         "shadowed-rule",
         "never-matches",
@@ -61,7 +66,7 @@ WARNING_CODES: frozenset[str] = frozenset(
 #: The warnings ``validate --dump`` adds about a recorded cluster
 #: (:mod:`amm_rules.offline.checks`).
 CLUSTER_WARNING_CODES: frozenset[str] = frozenset(
-    {"empty-pool", "min-exceeds-eligible", "spread-one-host"}
+    {"empty-pool", "min-exceeds-eligible", "spread-one-host", "matches-no-key"}
 )
 #: What ``# amm-rules: disable=CODE`` and ``validate --disable CODE`` accept, and only
 #: these: a warning is silenced, never an error.

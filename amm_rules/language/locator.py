@@ -99,8 +99,11 @@ class Locator:
                 continue
             self.add(p.path, p.message, p.code, at_key=p.at_key)
 
-    def add_expression(self, path: Path, problems: Iterable[Any]) -> None:
-        """Errors of an expression (``Problem`` objects, positions inside the text)."""
+    def add_expression(
+        self, path: Path, problems: Iterable[Any], severity: Severity = "error"
+    ) -> None:
+        """Errors (or warnings) of an expression (``Problem`` objects, positions inside
+        the text)."""
         from amm_rules.language.scalar_positions import expression_position
 
         label = field_label(path)
@@ -134,14 +137,15 @@ class Locator:
                     self.file,
                     line,
                     column,
-                    "error",
+                    severity,
                     message,
                     self.entry(path),
                     problem.code,
                     end_column,
                 )
             )
-        self._mark(path)
+        if severity == "error":
+            self._mark(path)
 
     def _comment_hint(self, node: ScalarNode) -> str:
         """``"; YAML read ... as a comment: quote ..."`` when a plain (unquoted) value

@@ -38,6 +38,9 @@ TASK_ATTRIBUTES: tuple[str, ...] = (
     "waiters",
     "reads",
     "annotations",
+    "resources",
+    "span",
+    "span_done",
     "prefix_tasks",
     "prefix_produced_per_task",
     "prefix_freed_by_per_task",
@@ -52,11 +55,17 @@ FLOW_ATTRIBUTES: frozenset[str] = frozenset(
 #: Task attributes that change as the key's dependents run (its demand): a match reading
 #: one is evaluated again whenever a dependent of the key starts waiting or finishes.
 DEMAND_ATTRIBUTES: frozenset[str] = frozenset({"waiters", "reads"})
+#: Task attributes that read the state of the key's span (whether its computation is
+#: done): the same for every key of a span at a given moment, and changing as it runs.
+SPAN_STATE_ATTRIBUTES: frozenset[str] = frozenset({"span_done"})
 #: Task attributes whose value is the same for every key of a (prefix, group, type,
-#: annotations) class; a match reading only these can be evaluated once per class. The
-#: flow attributes are among them: the engine's classifier reads them with the class.
+#: annotations, resource restriction) class; a match reading only these can be
+#: evaluated once per class. The flow and span-state attributes are among them: the
+#: engine's classifier reads them with the class. (A task group fixes its span.)
 CLASS_ATTRIBUTES: frozenset[str] = (
-    frozenset({"prefix", "group", "type", "annotations"}) | FLOW_ATTRIBUTES
+    frozenset({"prefix", "group", "type", "annotations", "resources", "span"})
+    | FLOW_ATTRIBUTES
+    | SPAN_STATE_ATTRIBUTES
 )
 #: Worker attributes a pool expression may read.
 WORKER_ATTRIBUTES: tuple[str, ...] = (
@@ -147,6 +156,12 @@ class TaskFacts:
     waiters: int = 0
     reads: int = 0
     annotations: Mapping[str, Any] = field(default_factory=dict)
+    #: The resource restriction of the task that made the key (``resources=``).
+    resources: Mapping[str, float] = field(default_factory=dict)
+    #: The key's span, its names joined by ``/``; ``"default"`` outside any span.
+    span: str = "default"
+    #: Whether the span (with its sub-spans) has no task left to run.
+    span_done: bool = False
     #: The memory flow of the prefix (see :data:`FLOW_ATTRIBUTES`); None (null) before
     #: a task of the prefix finished.
     prefix_tasks: int | None = None
@@ -391,13 +406,34 @@ RUNTIME_ORIGINS: tuple[str, ...] = ("runtime", "client.replicate", "scatter broa
 @dataclass(frozen=True)
 class RuntimeTarget:
     """A replication target set at run time on keys in memory, with its origin (one
-    of :data:`RUNTIME_ORIGINS`), which explanations and counters name."""
+    of :data:`RUNTIME_ORIGINS`), which explanations and counters name; and, set with
+    it by :func:`amm_rules.persist`, other action fields (``pool``, ``avoid``,
+    ``spread``, ``move``), which override the ``amm`` annotation and the rules as the
+    target overrides ``replicate``. ``target`` is None when only those are set."""
 
-    target: Target
+    target: Target | None
     origin: str = "runtime"
+    actions: Actions | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The fields it decides, in :data:`ACTION_FIELDS` order."""
+        out: dict[str, Any] = {}
+        if self.target is not None:
+            out["replicate"] = self.target
+        if self.actions is not None:
+            for name in self.actions.set_fields():
+                out.setdefault(name, getattr(self.actions, name))
+        return out
 
     def __str__(self) -> str:
-        return f"{self.target} ({self.origin})"
+        parts = [f"{name}={_plain(value)}" for name, value in self.fields().items()]
+        if self.target is not None and len(parts) == 1:
+            return f"{self.target} ({self.origin})"
+        return f"{', '.join(parts)} ({self.origin})"
+
+
+def _plain(value: Any) -> str:
+    return ",".join(value) if isinstance(value, tuple) else str(value)
 
 
 @dataclass(frozen=True)
@@ -433,12 +469,14 @@ def overrides(
     annotation: Actions | None, runtime: Target | RuntimeTarget | None
 ) -> tuple[dict[str, Any], dict[str, Reason]]:
     """The fields decided before any rule is looked at: a runtime target decides
-    ``replicate``, then the ``amm`` annotation decides the fields it sets."""
+    ``replicate`` (and the fields set with it), then the ``amm`` annotation decides the
+    fields it sets."""
     decided: dict[str, Any] = {}
     reasons: dict[str, Reason] = {}
     if isinstance(runtime, RuntimeTarget):
-        decided["replicate"] = runtime.target
-        reasons["replicate"] = Reason(runtime.origin)
+        for name, value in runtime.fields().items():
+            decided[name] = value
+            reasons[name] = Reason(runtime.origin)
     elif runtime is not None:
         decided["replicate"] = runtime
         reasons["replicate"] = Reason("runtime")
@@ -519,6 +557,11 @@ class Ruleset:
             not DEMAND_ATTRIBUTES.isdisjoint(self.depends | self.demand_depends)
             or self.demand.enabled
         )
+
+    @property
+    def reads_span_state(self) -> bool:
+        """True if some rule's match reads ``task.span_done``."""
+        return not self.depends.isdisjoint(SPAN_STATE_ATTRIBUTES)
 
     @property
     def reads_flow(self) -> bool:

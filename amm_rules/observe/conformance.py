@@ -15,7 +15,12 @@ The states (TiDB's ``SHOW PLACEMENT`` has the same three):
   alone), with the number of keys and why;
 - ``dry-run``: the rule is in dry-run (``enforcement: dry-run``) and some of its keys do
   not hold what it asks: the engine planned their copies and drops and held them back
-  (reason ``dry-run``, see :mod:`amm_rules.engine.dryrun`).
+  (reason ``dry-run``, see :mod:`amm_rules.engine.dryrun`);
+- ``idle``: the rule has governed no key since the rules were loaded, while the cluster
+  holds keys (and every key in memory is classified): it probably names its keys
+  otherwise than the data is named. The sentence gives near-miss hints
+  (:mod:`amm_rules.language.near_miss`) from a sample of at most :data:`SAMPLE` keys in
+  memory, taken from the workers' keys.
 
 A key counts towards every rule that decided one of its fields, so one key short of
 its target shows under each of them; annotations and runtime targets are two groups,
@@ -36,11 +41,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from amm_rules.engine.adapters import resource_restrictions, span_path
 from amm_rules.engine.dryrun import HELD_BACK
+from amm_rules.engine.sections.activity import RuleActivity
 from amm_rules.engine.state.governed import PlanClass, labels_of
 from amm_rules.engine.state.journal import BUSY, IN_FLIGHT, IN_PROGRESS_REASONS, WAITING
+from amm_rules.language.near_miss import Census, near_misses
 
 if TYPE_CHECKING:
     from amm_rules.engine.policy import RulesPolicy
@@ -49,8 +58,12 @@ SATISFIED = "satisfied"
 IN_PROGRESS = "in-progress"
 UNSATISFIABLE = "unsatisfiable"
 DRY_RUN = "dry-run"
-#: Every state, best first (``dry-run``: held back by its own enforcement, last).
-STATES = (SATISFIED, IN_PROGRESS, UNSATISFIABLE, DRY_RUN)
+IDLE = "idle"
+#: Every state, best first (``dry-run``: held back by its own enforcement; ``idle``: a
+#: rule that governs nothing, last).
+STATES = (SATISFIED, IN_PROGRESS, UNSATISFIABLE, DRY_RUN, IDLE)
+#: Most keys in memory looked at for the near-miss hints of idle rules.
+SAMPLE = 2_000
 
 #: Why keys cannot be satisfied on the current workers.
 MOVE_NEVER = "move-never"
@@ -199,10 +212,82 @@ def conformance(policy: RulesPolicy) -> Conformance:
     backlog = policy.journal.backlog
     for r in rows.values():
         r.state, r.sentence = _judge(r, backlog)
+    _idle(policy, rows, backlog)
     governed = len(index)
     return Conformance(
         rules=list(rows.values()), governed=governed, met=governed - unmet, backlog=backlog
     )
+
+
+def _idle(policy: RulesPolicy, rows: dict[str, RuleConformance], backlog: int) -> None:
+    """Mark the rules that governed no key since they were loaded, while keys are in
+    memory and all of them classified, ``idle``, with near-miss hints."""
+    activity = policy.ctx.find(RuleActivity)
+    if activity is None or not activity.cycles or backlog:
+        return
+    candidates = [
+        r
+        for r in rows.values()
+        if r.kind == "rule" and r.in_file and not r.keys and r.name not in activity.matched
+    ]
+    if not candidates:
+        return
+    in_memory = keys_in_memory(policy.scheduler)
+    if not in_memory:
+        return
+    census = sample_census(policy.scheduler)
+    rules = {rule.name: rule for rule in policy.ruleset.rules}
+    for r in candidates:
+        rule = rules.get(r.name)
+        if rule is None:
+            continue
+        r.state = IDLE
+        r.sentence = idle_sentence(rule.match_source, census, in_memory)
+
+
+def idle_sentence(match: str, census: Census, in_memory: int) -> str:
+    """``"0 keys since the rules were loaded, 40 keys in memory; 3 keys of type ..."``."""
+    from amm_rules.language.expr import ExpressionError
+    from amm_rules.language.expr.parser import parse
+
+    try:
+        hints = near_misses(parse(match), census)
+    except ExpressionError:  # (the rules in force compiled: never)
+        hints = []
+    head = f"0 keys since the rules were loaded, {_keys(in_memory)} in memory"
+    return "; ".join([head, *hints])
+
+
+def keys_in_memory(scheduler: Any) -> int:
+    """Keys in memory, from the task prefixes' counts of their tasks' states."""
+    prefixes = getattr(scheduler, "task_prefixes", None)
+    if prefixes is None:
+        return sum(1 for _ in scheduler.tasks.values() if _.state == "memory")
+    return sum(tp.states.get("memory", 0) for tp in prefixes.values())
+
+
+def sample_census(scheduler: Any, limit: int = SAMPLE) -> Census:
+    """A census of at most ``limit`` keys in memory, taken from the workers' keys in
+    turn (a share of each worker's), never a walk over all of them."""
+    census = Census(sampled=True)
+    workers = list(scheduler.workers.values())
+    seen: set[Any] = set()
+    share = max(1, limit // max(1, len(workers)))
+    for ws in workers:
+        for ts in islice(ws.has_what, share):
+            if ts.key in seen:
+                continue
+            seen.add(ts.key)
+            census.add(
+                ts.type,
+                ts.prefix.name,
+                span_path(ts),
+                resource_restrictions(ts),
+                ts.annotations or (),
+            )
+        if len(seen) >= limit:
+            break
+    return census
 
 
 def copies_wanted(policy: RulesPolicy, cls: PlanClass) -> int:

@@ -60,7 +60,7 @@ from distributed.dashboard.components import DashboardComponent, add_periodic_ca
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 
 from amm_rules.observe import status
-from amm_rules.observe.conformance import IN_PROGRESS, SATISFIED, UNSATISFIABLE
+from amm_rules.observe.conformance import IDLE, IN_PROGRESS, SATISFIED, UNSATISFIABLE
 from amm_rules.observe.extension import engine_of
 from amm_rules.observe.status import NO_POOL
 from amm_rules.observe.text import signed_bytes
@@ -81,7 +81,12 @@ NAMED_WORKERS = 40
 
 #: A cell whose text may be longer than its column: all of it shows on hover.
 LONG_TEXT = '<span title="<%- value %>"><%- value %></span>'
-STATE_COLORS = {SATISFIED: "#2e7d32", IN_PROGRESS: "#e65100", UNSATISFIABLE: "#c62828"}
+STATE_COLORS = {
+    SATISFIED: "#2e7d32",
+    IN_PROGRESS: "#e65100",
+    UNSATISFIABLE: "#c62828",
+    IDLE: "#6a1b9a",
+}
 ROLE_COLORS = {"sender": "#e65100", "recipient": "#2e7d32"}
 BAR_COLOR, PAUSED_COLOR = "#1f77b4", "#9e9e9e"
 NO_POLICY = (

@@ -352,8 +352,10 @@ def _cascade(
     out: list[dict[str, Any]] = [
         {
             "source": "runtime target" if origin == "runtime" else origin,
-            "sets": {"replicate": str(runtime.target)} if runtime is not None else {},
-            "decided": ["replicate"] if runtime is not None else [],
+            "sets": {f: _field_text(v) for f, v in runtime.fields().items()}
+            if runtime is not None
+            else {},
+            "decided": list(runtime.fields()) if runtime is not None else [],
             "overridden": {},
         }
     ]

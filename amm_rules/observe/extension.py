@@ -80,6 +80,8 @@ class EngineExtension:
             "runtime_targets": [
                 [key, t.target.min, t.target.max] + ([t.origin] if t.origin != "runtime" else [])
                 for key, t in policy.index.runtime.items()
+                # (Targets of other fields only, from amm_rules.persist: not recorded.)
+                if t.target is not None
             ],
         }
         return {k: v for k, v in out.items() if k not in exclude}

@@ -16,6 +16,10 @@ through the rules file's own :class:`~amm_rules.language.locator.Locator`:
     A pool no worker of the cluster is in.
 ``spread-one-host``
     A rule says ``spread: host`` but the workers it may use are all on one host.
+``matches-no-key``
+    A rule's match is false for every key in memory of the dump (the dump holds some),
+    with near-miss hints (:mod:`amm_rules.language.near_miss`): a type, prefix, span or
+    resource named otherwise than the data is.
 
 Warnings, not errors: the cluster of a dump is one moment of one cluster, and the same
 file may serve others.
@@ -26,11 +30,12 @@ from __future__ import annotations
 from typing import Any
 
 from amm_rules.engine.decide.deciders import eligible as placeable
-from amm_rules.engine.decide.view import WorkerView
+from amm_rules.engine.decide.view import WorkerView, key_string
 from amm_rules.language.diagnostics import Diagnostic, sort_key
 from amm_rules.language.loader import CheckResult
 from amm_rules.language.locator import Locator
-from amm_rules.language.ruleset import Rule, Ruleset
+from amm_rules.language.near_miss import Census, near_misses
+from amm_rules.language.ruleset import Rule, Ruleset, TaskFacts
 from amm_rules.offline.dump import ClusterState
 
 _NONE: frozenset[str] = frozenset()
@@ -92,7 +97,64 @@ def cluster_warnings(result: CheckResult, state: ClusterState, measure: str) -> 
                     "spread-one-host",
                     severity="warning",
                 )
+    _matches_nothing(ruleset, state, where, index, cluster)
     return sorted(where.diagnostics, key=sort_key)
+
+
+def _matches_nothing(
+    ruleset: Ruleset, state: ClusterState, where: Locator, index: dict[Any, int], cluster: str
+) -> None:
+    """``matches-no-key``: rules whose match no key in memory of the dump satisfies."""
+    from amm_rules.language.expr.parser import parse
+
+    tasks = [t for t in state.tasks.values() if t.state == "memory"]
+    if not tasks:
+        return
+    facts = [_facts(t, state) for t in tasks]
+    census: Census | None = None
+    for rule in ruleset.rules:
+        if any(_matches(rule, f) for f in facts):
+            continue
+        if census is None:
+            census = Census()
+            for t, f in zip(tasks, facts, strict=True):
+                census.add(t.type, t.prefix, f.span, t.resources, t.annotations)
+        hints = near_misses(parse(rule.match_source), census)
+        n = len(tasks)
+        message = f"the match is false for every key in memory in {cluster} ({n:,} key{'s' if n != 1 else ''})"
+        where.add(
+            ("rules", index.get(rule.name, 0), "match"),
+            "; ".join([message, *hints]),
+            "matches-no-key",
+            severity="warning",
+        )
+
+
+def _matches(rule: Rule, facts: TaskFacts) -> bool:
+    try:
+        return bool(rule.match(facts))
+    except Exception:  # (never for the documented facts)
+        return False
+
+
+def _facts(record: Any, state: ClusterState) -> TaskFacts:
+    """What a match sees of a recorded key (its span read from its ``span`` annotation,
+    done when none of the span's tasks was to run)."""
+    from amm_rules.engine.adapters import span_path
+
+    span = span_path(record)
+    return TaskFacts(
+        key=key_string(record.key),
+        prefix=record.prefix,
+        group=record.group,
+        type=record.type,
+        nbytes=record.nbytes,
+        replicas=len(record.who_has),
+        waiters=len(record.waiters),
+        annotations=record.annotations,
+        resources=record.resources,
+        span=span,
+    )
 
 
 def _locator(result: CheckResult) -> Locator:

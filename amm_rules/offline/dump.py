@@ -103,6 +103,8 @@ class TaskRecord:
     processing_on: str | None = None
     annotations: dict[str, Any] = field(default_factory=dict)
     actor: bool = False
+    #: The task's resource restriction (``resources=``), as recorded.
+    resources: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -532,7 +534,19 @@ def _task(
         processing_on=processing_on,
         annotations=dict(annotations) if isinstance(annotations, Mapping) else {},
         actor=bool(entry.get("actor")),
+        resources=_restrictions(entry.get("resource_restrictions")),
     )
+
+
+def _restrictions(value: Any) -> dict[str, float]:
+    """A recorded resource restriction: names to amounts (numbers only)."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {
+        str(k): v
+        for k, v in value.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 # -- the texts that stand for objects ----------------------------------------------------

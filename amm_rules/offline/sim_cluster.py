@@ -26,18 +26,24 @@ from collections.abc import Hashable, Iterable, Iterator
 from distributed.core import Status
 from distributed.scheduler import MemoryState
 
+from amm_rules.engine.adapters import DEFAULT_SPAN, span_path
 from amm_rules.offline.dump import ClusterState, TaskRecord, WorkerRecord
+
+#: Task states of work not done yet (for a span's state).
+_TO_RUN = frozenset({"waiting", "queued", "processing", "no-worker"})
 
 Key = Hashable
 
 
 class Named:
-    """A ``TaskPrefix`` or ``TaskGroup``: what the engine reads of one is its name."""
+    """A ``TaskPrefix`` or ``TaskGroup``: what the engine reads of one is its name, and
+    of a group its span (here the span's path, which stands for its id)."""
 
-    __slots__ = ("name",)
+    __slots__ = ("name", "span_id")
 
     def __init__(self, name: str):
         self.name = name
+        self.span_id: str | None = None
 
     def __repr__(self) -> str:
         return f"<{self.name}>"
@@ -106,6 +112,7 @@ class SimTask:
         "processing_on",
         "annotations",
         "actor",
+        "resource_restrictions",
     )
 
     def __init__(self, record: TaskRecord, prefix: Named, group: Named):
@@ -120,6 +127,7 @@ class SimTask:
         self.processing_on: SimWorker | None = None
         self.annotations = record.annotations
         self.actor = record.actor
+        self.resource_restrictions = dict(record.resources) or None
 
     def __repr__(self) -> str:
         return f"<SimTask {self.key!r} {self.state}>"
@@ -144,6 +152,8 @@ class SimCluster:
             group = names.setdefault(record.group, Named(record.group))
             self.task_groups[record.group] = group
             self.tasks[record.key] = SimTask(record, prefix, group)
+            if group.span_id is None:
+                group.span_id = span_path(self.tasks[record.key])
         self._link(state)
         #: Keys whose copies changed since :meth:`take_touched`.
         self.touched: set[Key] = set()
@@ -178,6 +188,20 @@ class SimCluster:
         for ts in tasks.values():
             for ws in ts.who_has or ():
                 ws.has_what.setdefault(ts, None)
+
+    def span_states(self) -> dict[str, bool]:
+        """Whether each span of the recording is done: none of its tasks (nor of its
+        sub-spans') was waiting to run or running when it was recorded."""
+        running: set[str] = set()
+        spans: set[str] = set()
+        for ts in self.tasks.values():
+            path = ts.group.span_id or DEFAULT_SPAN
+            spans.add(path)
+            if ts.state in _TO_RUN:
+                running.add(path)
+        return {
+            path: not any(r == path or r.startswith(f"{path}/") for r in running) for path in spans
+        }
 
     # -- what the AMM reads and calls ----------------------------------------------------
 

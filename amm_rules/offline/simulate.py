@@ -163,6 +163,9 @@ def offline_context(
     if journal is not None:
         ctx.journal = journal
     ctx.install(ruleset)
+    # The spans' states as recorded (task.span_done).
+    for path, done in cluster.span_states().items():
+        ctx.spans.set(path, done)
     index = ctx.index
     index.runtime.update(
         (k, t if isinstance(t, RuntimeTarget) else RuntimeTarget(t))

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from amm_rules import demo
 from amm_rules.cli import main as cli
+from tests.support.rulesets import PANDAS_FRAME
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +32,7 @@ def test_demo_meets_every_target():
     code, output = run_demo()
     assert code == 0, output
     assert "Every target is met." in output
-    for rule in ("precious", "device-data", "host-data", "pinned"):
+    for rule in ("precious", "device-data", "host-data", "pinned", "frames"):
         table_row(output, "Before", rule)
         table_row(output, "After", rule)
     # Before: precious keys have one copy each and device/host data sit on the wrong
@@ -48,6 +49,9 @@ def test_demo_meets_every_target():
     assert table_row(output, "Before", "pinned")[-4:] == ["2", "2", "2/2", "2/2"]
     assert table_row(output, "After", "pinned")[-4:] == ["2", "2", "2/2", "2/2"]
     assert "move: never (rule pinned): 2/2 keys kept the 2 copies they were given" in output
+    # DataFrames made with the installed pandas, matched by their type.
+    assert f"rule frames: 3 keys frames-N, {PANDAS_FRAME} of" in output
+    assert table_row(output, "After", "frames")[-3:] == ["2", "3/3", "3/3"]
     # The engine's own explanation of one key.
     explained = output.split("Why is precious-0 where it is? amm_rules.explain answers:", 1)[1]
     assert "  desired: replicate=3 from rule precious, spread=host from rule precious" in explained

@@ -86,10 +86,44 @@ MEANING: dict[str, list[tuple[Any, bool]]] = {
         (task(prefix="read_parquet"), True),
         (task(prefix="read_csv"), False),
     ],
-    'task.type == "pandas.core.frame.DataFrame" and task.nbytes > 100 MiB': [
+    'task.type == "pandas.DataFrame" and task.nbytes > 100 MiB': [
+        (task(type="pandas.DataFrame", nbytes=100 * MiB + 1), True),
+        # pandas 2 recorded the module path: the same type.
         (task(type="pandas.core.frame.DataFrame", nbytes=100 * MiB + 1), True),
-        (task(type="pandas.core.frame.DataFrame", nbytes=100 * MiB), False),
+        (task(type="pandas.DataFrame", nbytes=100 * MiB), False),
         (task(type="numpy.ndarray", nbytes=GiB), False),
+    ],
+    "task.resources.GPU >= 1": [
+        (task(resources={"GPU": 1}), True),
+        (task(resources={"GPU": 0.5}), False),
+        (task(), False),
+    ],
+    'task.span matches "train/*" and not task.span_done': [
+        (task(span="train/epoch-1"), True),
+        (task(span="train/epoch-1", span_done=True), False),
+        (task(span="train"), False),
+    ],
+    'task.span == "etl/load" or task.span == "default"': [
+        (task(span="etl/load"), True),
+        (task(), True),
+        (task(span="etl"), False),
+    ],
+    'task.annotations.placement.tier == "hot" or task.annotations["placement"]["zone"] == "a"': [
+        (task(annotations={"placement": {"tier": "hot"}}), True),
+        (task(annotations={"placement": {"zone": "a"}}), True),
+        (task(annotations={"placement": "hot"}), False),
+        (task(), False),
+    ],
+    '"GPU" in task.annotations.limits': [
+        (task(annotations={"limits": {"GPU": 2}}), True),
+        (task(annotations={"limits": ["GPU"]}), True),
+        (task(annotations={"limits": {"CPU": 2}}), False),
+    ],
+    'task.type in ["pandas.core.frame.DataFrame", "cupy.ndarray"] or task.type matches "pandas.*"': [
+        (task(type="pandas.DataFrame"), True),
+        (task(type="cupy._core.core.ndarray"), True),
+        (task(type="pandas.Series"), True),
+        (task(type="numpy.ndarray"), False),
     ],
     "task.replicas < 2": [(task(replicas=1), True), (task(replicas=2), False)],
     # The memory flow of the key's prefix: null before its first task finished.
@@ -743,7 +777,7 @@ def test_unknown_worker_attribute() -> None:
         ("True", 1, "did you mean 'true'?"),
         ("task.annotations == 1", 1, "needs a name"),
         ("task.key.x == 'a'", 10, "task.key has no attributes"),
-        ("task.annotations.a.b == 1", 20, "exactly one name"),
+        ("task.resources.a.b == 1", 18, "exactly one name"),
         ("task", 1, "'task' needs an attribute"),
         ("task.nothing == 1", 6, "task attributes are key, prefix"),
     ],

@@ -29,13 +29,18 @@ def test_load_demo_ruleset() -> None:
         "device-data",
         "host-data",
         "pinned",
+        "frames",
     ]
-    precious, device, host, frames = ruleset.rules
+    precious, device, host, pinned, frames = ruleset.rules
     assert precious.actions.replicate == Target(3, 3)
     assert precious.actions.spread == "host"
     assert device.actions.pool == ("gpu",)
     assert host.actions.avoid == ("gpu",)
-    assert frames.actions.move == "never"
+    assert pinned.actions.move == "never"
+    assert frames.actions.replicate == Target(2, 2)
+    # Whichever name pandas records for a DataFrame.
+    assert frames.match(TaskFacts(key="f-1", type="pandas.core.frame.DataFrame"))
+    assert frames.match(TaskFacts(key="f-1", type="pandas.DataFrame"))
     assert ruleset.reduce_replicas is True
     assert ruleset.source == str(DEMO)
     assert precious.position is not None and precious.position.line > 1

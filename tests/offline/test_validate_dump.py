@@ -3,6 +3,8 @@ dump, positioned in the rules file."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from click.testing import CliRunner
 from distributed.utils_test import gen_cluster
 
@@ -17,23 +19,23 @@ pools:
   spare: worker.name == "3"
 rules:
   - name: everywhere
-    match: task.prefix == "a"
+    match: task.prefix == "precious"
     replicate: 5
   - name: on-gpu
-    match: task.prefix == "b"
+    match: task.prefix == "device"
     pool: gpu
     replicate: {min: 2, max: 3}
   - name: spread-on-one-host
-    match: task.prefix == "c"
+    match: task.prefix == "host"
     pool: spare
     spread: host
   - name: fine
-    match: task.prefix == "d"
+    match: task.prefix == "part"
     replicate: 3
     spread: host
     avoid: gpu
   - name: on-every-worker
-    match: task.prefix == "e"
+    match: task.prefix == "annotated"
     replicate: {min: all}
 """
 
@@ -71,3 +73,51 @@ async def test_cluster_warnings(c, s, *workers, tmp_path):
 
     status, output = run("validate", str(rules), "--dump", str(tmp_path / "missing.msgpack.gz"))
     assert status == 1 and output.strip().endswith("missing.msgpack.gz: no such file")
+
+
+NAMED = """\
+version: 1
+rules:
+  - name: frames
+    match: task.type == "pandas.Dataframe"  # amm-rules: disable=type-name
+    replicate: 2
+  - name: gpu
+    match: task.resources.gpu >= 1
+    replicate: 2
+  - name: reader
+    match: task.prefix == "read_parquet"
+    replicate: 2
+  - name: matching
+    match: task.prefix == "precious"
+    replicate: 2
+"""
+
+
+def frame(n: int) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame({"a": range(n)})
+
+
+@gen_cluster(client=True, nthreads=NTHREADS, config=CONFIG)
+async def test_rules_matching_no_key_of_the_dump(c, s, *workers, tmp_path):
+    futures = await populate(c, s)
+    futures["frames"] = [c.submit(frame, 3, key=f"readparquetfsspec-{i}") for i in range(3)]
+    futures["gpu"] = [c.submit(len, "ab", key="on-gpu", resources={"GPU": 1})]
+    await c.gather(futures["frames"] + futures["gpu"])
+    path = str(await dump(c, tmp_path, "msgpack"))
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(NAMED)
+    status, output = run("validate", str(rules), "--dump", path)
+    assert status == 0
+    found = [line for line in output.splitlines() if ": warning: " in line]
+    n = len(s.tasks)
+    head = f"the match is false for every key in memory in the cluster of {path} ({n} keys)"
+    assert found == [
+        f"{rules}:4:12: warning: {head}; 3 keys of type pandas.DataFrame in memory "
+        "(the rule says pandas.Dataframe) (in rule 'frames')",
+        f"{rules}:7:12: warning: {head}; 1 key was made by tasks with resources="
+        "{'GPU': 1} (the rule reads task.resources.gpu; use task.resources.GPU) (in rule 'gpu')",
+        f"{rules}:10:12: warning: {head}; 3 keys of prefix readparquetfsspec in memory "
+        "(the rule says read_parquet) (in rule 'reader')",
+    ]

@@ -8,7 +8,13 @@ One name per meaning, so that a test reads as what its keys want: ``X_THREE`` ho
 from __future__ import annotations
 
 from collections.abc import Mapping
+from importlib.metadata import version as _version
 from typing import Any
+
+
+def _pandas_version() -> str:
+    return _version("pandas")
+
 
 #: Pool expressions by name.
 GPU_POOL = {"gpu": "worker.resources.GPU >= 1"}
@@ -16,6 +22,13 @@ SPOT_POOL = {"spot": "worker.resources.SPOT >= 1"}
 #: gen_cluster worker specs with those resources.
 GPU = {"resources": {"GPU": 1}}
 SPOT = {"resources": {"SPOT": 1}}
+#: The type name the installed pandas records for a DataFrame: the public name since
+#: pandas 3, the module path before (Python 3.10 installs pandas 2).
+PANDAS_FRAME = (
+    "pandas.DataFrame"
+    if int(_pandas_version().split(".")[0]) >= 3
+    else ("pandas.core.frame.DataFrame")
+)
 
 
 def rules(*entries: Mapping[str, Any], pools: Mapping[str, str] | None = None, **top: Any) -> dict:

@@ -178,7 +178,7 @@ class _ClassCascade:
 class _GroupClass:
     """The class of the last key classified of a task group (see :meth:`Classifier.classify`)."""
 
-    __slots__ = ("type", "annotations", "cascade", "flow", "plain")
+    __slots__ = ("type", "annotations", "cascade", "flow", "plain", "resources", "span_done")
 
     def __init__(
         self,
@@ -187,18 +187,30 @@ class _GroupClass:
         cascade: _ClassCascade,
         flow: Any = None,
         flow_sensitive: bool = False,
+        resources: Any = None,
+        span_done: Any = None,
     ):
         self.type = type_
         #: The key's annotations, None if it had none.
         self.annotations = annotations
         self.cascade = cascade
+        #: The task's resource restriction (while rules read ``task.resources``): they
+        #: are per task, like annotations, and compared per key.
+        self.resources = resources
+        #: The state of the group's span the class was made with (while rules read
+        #: ``task.span_done``): a span that finished (or ran again) is another class.
+        self.span_done = span_done
         #: The published memory flow of the group's prefix the class was made with
         #: (while rules read ``task.prefix_*``): a republished one is another class.
         self.flow = flow
         #: The Desired of every key of the group with this type, without annotations
         #: (nor a runtime target), when the class decides it and the rules do not read
         #: the memory flow: the commonest case, answered by one attribute read.
-        self.plain = cascade.desired if annotations is None and not flow_sensitive else None
+        self.plain = (
+            cascade.desired
+            if annotations is None and not flow_sensitive and span_done is None
+            else None
+        )
 
 
 #: Governed keys of one classification that share a ``Desired``: (it, keys, tasks).
@@ -215,9 +227,12 @@ class Classifier:
         on_invalid_annotation: Callable[..., None] | None = None,
         reads: Mapping[Hashable, int] | None = None,
         flow: Mapping[str, Any] | None = None,
+        spans: Any = None,
     ):
         #: The ruleset as loaded (what status and explain report).
         self.ruleset = ruleset
+        #: The state of spans (``task.span_done``: ``spans.done_of(ts)``), or None.
+        self.spans = spans
         #: What ``task.reads`` reads (see :class:`~amm_rules.engine.state.demand.DemandTracker`).
         self._reads = reads
         #: prefix -> its published memory-flow figures (``task.prefix_*``), or None.
@@ -233,7 +248,7 @@ class Classifier:
             for rule in ruleset.rules
         )
         #: The class of a task: the class attributes any rule reads.
-        self._class_of = class_reader(ruleset.depends & CLASS_ATTRIBUTES, flow)
+        self._class_of = class_reader(ruleset.depends & CLASS_ATTRIBUTES, flow, spans)
         #: (class, annotation, runtime target) -> its cascade.
         self._cascades: dict[Hashable, _ClassCascade] = {}
         #: Task group -> the class of its last key classified (see classify). Holding
@@ -242,6 +257,12 @@ class Classifier:
         #: Rules read ``task.prefix_*``: a group's class holds while its prefix's
         #: published figures are those it was made with.
         self._flow_sensitive = flow is not None and not FLOW_ATTRIBUTES.isdisjoint(ruleset.depends)
+        #: Rules read ``task.resources``: a group's class holds for a key whose resource
+        #: restriction is that of the group's last key.
+        self._reads_resources = "resources" in ruleset.depends
+        #: Rules read ``task.span_done``: a group's class holds while its span's state
+        #: is the one it was made with.
+        self._span_sensitive = spans is not None and ruleset.reads_span_state
 
     @property
     def replicas_sensitive(self) -> bool:
@@ -262,7 +283,7 @@ class Classifier:
         cascade = self._cascades.get(memo_key)
         if cascade is not None and cascade.desired is not None:
             return cascade.desired
-        facts = TaskFactsAdapter(ts, self._reads, self.flow)
+        facts = TaskFactsAdapter(ts, self._reads, self.flow, self.spans)
         if cascade is None:
             cascade = self._cascade(facts, annotation, runtime)
             if len(self._cascades) >= MEMO_LIMIT:
@@ -308,6 +329,8 @@ class Classifier:
         groups = self._groups
         any_runtime = bool(runtime)
         flow = self.flow if self._flow_sensitive else None
+        check_resources = self._reads_resources
+        spans = self.spans if self._span_sensitive else None
         # Keys arrive a group at a time: the batch of the previous key is usually this
         # key's too, and is appended to without a lookup.
         previous: Desired | None = None
@@ -324,6 +347,7 @@ class Classifier:
                 and ts.type == last.type
                 and not ts.annotations
                 and (desired := last.plain) is not None
+                and not (check_resources and ts.resource_restrictions != last.resources)
                 and not (any_runtime and ts.key in runtime)
             ):
                 pass
@@ -334,6 +358,8 @@ class Classifier:
                     and ts.type == last.type
                     and not (any_runtime and ts.key in runtime)
                     and (flow is None or flow.get(ts.prefix.name) is last.flow)
+                    and not (check_resources and ts.resource_restrictions != last.resources)
+                    and (spans is None or spans.done_of(ts) is last.span_done)
                 ):
                     mine = ts.annotations
                     if mine:
@@ -347,7 +373,9 @@ class Classifier:
                     cascade = self._group_miss(ts, ts.key, runtime)
                 desired = cascade.desired
                 if desired is None:
-                    desired = cascade.resolve(TaskFactsAdapter(ts, self._reads, self.flow))
+                    desired = cascade.resolve(
+                        TaskFactsAdapter(ts, self._reads, self.flow, self.spans)
+                    )
             if desired is UNGOVERNED:
                 if any_indexed and ts.key in indexed:
                     dropped.append(ts.key)
@@ -374,7 +402,7 @@ class Classifier:
         memo_key = (self._class_of(ts), annotation, target)
         cascade = self._cascades.get(memo_key)
         if cascade is None:
-            facts = TaskFactsAdapter(ts, self._reads, self.flow)
+            facts = TaskFactsAdapter(ts, self._reads, self.flow, self.spans)
             cascade = self._cascade(facts, annotation, target)
             if len(self._cascades) >= MEMO_LIMIT:
                 self._cascades.clear()
@@ -385,7 +413,13 @@ class Classifier:
                 groups.clear()
             flow = self.flow.get(ts.prefix.name) if self._flow_sensitive else None  # type: ignore[union-attr]
             groups[ts.group] = _GroupClass(
-                ts.type, ts.annotations or None, cascade, flow, self._flow_sensitive
+                ts.type,
+                ts.annotations or None,
+                cascade,
+                flow,
+                self._flow_sensitive,
+                ts.resource_restrictions if self._reads_resources else None,
+                self.spans.done_of(ts) if self._span_sensitive else None,  # type: ignore[union-attr]
             )
         return cascade
 

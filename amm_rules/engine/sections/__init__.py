@@ -7,10 +7,12 @@ explain and the metrics list them:
 1. ``audit``: the safety net behind the scheduler hooks (:mod:`.audit`), first, after
    the placements are fresh and before classification;
 2. ``memory-flow``: publishes what each prefix produced and freed (:mod:`.memory_flow`),
-   before classification (rules may read it);
+   before classification (rules may read it); ``spans``: which spans finished
+   (:mod:`.spans`, ``task.span_done``), before classification too;
 3. ``memory-pressure``: keeps its periodic check running (:mod:`.memory_pressure`);
 4. ``replication``: classification, then each governed key's target and placement
-   (:mod:`.replication`);
+   (:mod:`.replication`); ``rule-activity``: which rules governed a key since they
+   were loaded (:mod:`.activity`), right after;
 5. ``paused-workers``: empties workers paused for too long (:mod:`.paused_workers`),
    after replication (its copies count) and before rebalancing (which then sees the
    loads they add);
@@ -28,6 +30,7 @@ Adding a feature: a module here with its ``Section`` subclass, and its class in
 
 from __future__ import annotations
 
+from amm_rules.engine.sections.activity import RuleActivity
 from amm_rules.engine.sections.audit import AuditSection
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.sections.demand import DemandSection
@@ -39,13 +42,16 @@ from amm_rules.engine.sections.rebalance import RebalanceSection
 from amm_rules.engine.sections.reduce_replicas import ReduceReplicasSection
 from amm_rules.engine.sections.replication import Replication
 from amm_rules.engine.sections.retirement import Retirements
+from amm_rules.engine.sections.spans import SpansSection
 
 #: The sections, in the order they run.
 SECTIONS: tuple[type[Section], ...] = (
     AuditSection,
     MemoryFlowSection,
+    SpansSection,
     MemoryPressure,
     Replication,
+    RuleActivity,
     PausedWorkers,
     RebalanceSection,
     ReduceReplicasSection,

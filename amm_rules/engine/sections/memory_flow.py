@@ -46,7 +46,7 @@ class MemoryFlowSection(Section):
         # Fed by the index's transition hook (one plugin call per transition, not two).
         ctx.index.flow = flow
         ctx.index.on_scatter = flow.scattered
-        if ctx.ruleset.reads_flow:
+        if _keys_needed(ctx.ruleset):
             self.reloaded([ts for ts in scheduler.tasks.values() if ts.state == "memory"])
 
     def detach(self) -> None:
@@ -62,7 +62,7 @@ class MemoryFlowSection(Section):
         ctx = self.ctx
         if ctx is None:
             return
-        if ctx.ruleset.reads_flow:
+        if _keys_needed(ctx.ruleset):
             ctx.flow.start_tracking(in_memory)
         elif ctx.flow.track_keys:
             ctx.flow.stop_tracking()
@@ -75,7 +75,7 @@ class MemoryFlowSection(Section):
         assert ctx is not None
         flow = ctx.flow
         republished = flow.publish()
-        if republished and flow.track_keys:
+        if republished and flow.track_keys and ctx.ruleset.reads_flow:
             for prefix in republished:
                 ctx.index.reclassify(flow.keys_of(prefix))
         return ()
@@ -103,3 +103,10 @@ class MemoryFlowSection(Section):
             "top_producers": producers,
             "top_freers": freers,
         }
+
+
+def _keys_needed(ruleset: Ruleset) -> bool:
+    """Whether the keys in memory per prefix are kept: rules read the memory flow
+    (classified again when it moves) or ``task.span_done`` (the spans section classifies
+    the keys of a span's groups again when it finishes)."""
+    return bool(ruleset.reads_flow or ruleset.reads_span_state)

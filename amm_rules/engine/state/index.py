@@ -178,6 +178,10 @@ class KeyIndex(SchedulerPlugin):
                 ts = self.tasks.get(key)
                 if ts is not None:
                     flow.left(key, ts, stimulus_id)
+        elif finish == "forgotten" and self.runtime:
+            # A target set on a key still to compute (amm_rules.persist) that never
+            # reached memory.
+            self.runtime.pop(key, None)
         if start == "processing" and self.trim_waits:
             self._dependent_done(key)
         if self.demand.enabled:

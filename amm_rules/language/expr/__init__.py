@@ -66,6 +66,9 @@ class CompiledExpression:
     #: the operands reading only those once for all of them (the rules engine does so
     #: per class of keys).
     conjuncts: tuple[Conjunct, ...] = ()
+    #: What is legal but almost certainly not meant (a misspelt type name, the
+    #: ``resources`` annotation), positioned in the text: warnings, never raised.
+    warnings: tuple[Problem, ...] = ()
 
     def __call__(self, facts: Any) -> bool:
         return self.predicate(facts)
@@ -98,12 +101,15 @@ def compile_expression(text: str, context: Context) -> CompiledExpression:
         raise ExpressionError(
             [Problem("the expression is nested too deeply", 1, 1, TOO_DEEP)], text
         ) from None
+    warnings = tuple(checked.warnings)
     if code.fn is None:
         value = bool(code.value)
         predicate: Callable[[Any], bool] = (lambda _f: True) if value else (lambda _f: False)
-        return CompiledExpression(text, context, predicate, frozenset(), value, root)
+        return CompiledExpression(
+            text, context, predicate, frozenset(), value, root, warnings=warnings
+        )
     return CompiledExpression(
-        text, context, code.fn, code.depends, None, root, _conjuncts(root, checked)
+        text, context, code.fn, code.depends, None, root, _conjuncts(root, checked), warnings
     )
 
 

@@ -69,6 +69,9 @@ class AttributeSpec:
     keyed: bool = False
     #: The value of a missing key of a keyed attribute.
     default: Any = None
+    #: True for ``annotations``: the names after the first read nested mappings
+    #: (``task.annotations.resources.GPU``).
+    nested: bool = False
 
     @property
     def display(self) -> str:
@@ -87,8 +90,8 @@ ATTRIBUTES: dict[Context, dict[str, AttributeSpec]] = {
                 "task",
                 "type",
                 _T.STRING,
-                "fully qualified type name of the result, e.g. 'pandas.core.frame.DataFrame';"
-                " null while unknown",
+                "fully qualified type name of the result, e.g. 'pandas.DataFrame'; a public "
+                "name and its module path both match (see the type names); null while unknown",
             ),
             AttributeSpec("task", "nbytes", _T.SIZE, "size of the result"),
             AttributeSpec("task", "replicas", _T.COUNT, "how many workers hold the result"),
@@ -109,9 +112,33 @@ ATTRIBUTES: dict[Context, dict[str, AttributeSpec]] = {
                 "task",
                 "annotations",
                 _T.ANY,
-                "the annotation NAME; null if not set",
+                "the annotation NAME (more names read nested mappings: "
+                "task.annotations.a.b); null if not set",
                 keyed=True,
                 default=None,
+                nested=True,
+            ),
+            AttributeSpec(
+                "task",
+                "resources",
+                _T.NUMBER,
+                "the amount of resource NAME the task that made the key asked for (its "
+                "resource restriction, as resources= sets it); 0 if none",
+                keyed=True,
+                default=0,
+            ),
+            AttributeSpec(
+                "task",
+                "span",
+                _T.STRING,
+                "the key's span, its names joined by '/' (e.g. 'etl/load'); 'default' "
+                "outside any span",
+            ),
+            AttributeSpec(
+                "task",
+                "span_done",
+                _T.BOOL,
+                "true once the key's span (with its sub-spans) has no task left to run",
             ),
             AttributeSpec(
                 "task",
@@ -181,6 +208,8 @@ class Resolved:
 
     spec: AttributeSpec
     key: str | None = None
+    #: For a nested read (``task.annotations.a.b``): the names after ``key``.
+    path: tuple[str, ...] = ()
 
 
 def resolve(node: Attribute, context: Context) -> Resolved | Problem:
@@ -224,14 +253,19 @@ def resolve(node: Attribute, context: Context) -> Resolved | Problem:
                 f"{root}.{spec.name} needs a name, e.g. {root}.{spec.name}."
                 f"{'GPU' if spec.name == 'resources' else 'priority'}",
             )
-        if len(rest) > 2:
+        if len(rest) > 2 and not spec.nested:
+            joined = ".".join(rest[1:])
             return _problem(
                 node.part_spans[3].to(node.span),
                 UNKNOWN_ATTRIBUTE,
-                f"{root}.{spec.name}.NAME takes exactly one name; "
-                f'use {root}.{spec.name}["..."] for a name containing dots',
+                f"{root}.{spec.name}.NAME takes exactly one name; for a name containing "
+                f"dots write {root}.{spec.name}[{_quoted(joined)}]",
             )
-        return Resolved(spec, rest[1])
+        if spec.name == "resources":
+            bad = _bad_resource_name(rest[1])
+            if bad:
+                return _problem(node.part_spans[2], BAD_LITERAL, bad)
+        return Resolved(spec, rest[1], tuple(rest[2:]))
     if len(rest) > 1:
         return _problem(
             node.part_spans[2].to(node.span),
@@ -277,6 +311,27 @@ def _unknown_root(node: Attribute, context: Context) -> Problem:
     hint = closest(root, CONTEXTS, ignore_case=True)
     detail = f"did you mean {hint!r}?" if hint else f"attributes start with '{context}.'"
     return _problem(span, UNKNOWN_ATTRIBUTE, f"unknown name {root!r}; {detail}")
+
+
+def _quoted(name: str) -> str:
+    """``name`` as a string literal of the expression language."""
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _bad_resource_name(name: str) -> str | None:
+    """Why ``name`` cannot be a resource's name, or None. Dask reads resources as
+    ``NAME=AMOUNT`` pairs (``--resources "GPU=2"``): a name is a word, without spaces,
+    ``=`` or ``,``."""
+    if not name:
+        return "a resource name cannot be empty; write e.g. resources.GPU"
+    if any(ch.isspace() or ch in "=," or not ch.isprintable() for ch in name):
+        hint = "".join(ch for ch in name if ch.isalnum() or ch in "_-.")
+        suggestion = f"; did you mean {hint!r}?" if hint else ""
+        return (
+            f"{name!r} is not a resource name: resource names are words such as GPU or "
+            f"gpu-a100, without spaces, '=' or ','{suggestion}"
+        )
+    return None
 
 
 def _listing(context: Context) -> str:

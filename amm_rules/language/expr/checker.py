@@ -25,9 +25,16 @@ from amm_rules.language.expr.attributes import (
     ValueType,
     resolve,
 )
-from amm_rules.language.expr.errors import BAD_LITERAL, TYPE_MISMATCH, Problem
+from amm_rules.language.expr.errors import (
+    BAD_LITERAL,
+    RESOURCES_ANNOTATION,
+    TYPE_MISMATCH,
+    TYPE_NAME,
+    Problem,
+)
 from amm_rules.language.expr.glob import GlobError, Matcher, compile_glob
 from amm_rules.language.records import record
+from amm_rules.language.type_names import misspelt
 
 _LITERAL_TYPES = {
     "string": ValueType.STRING,
@@ -49,6 +56,9 @@ class Checked:
     attributes: dict[int, Resolved] = field(default_factory=dict)
     patterns: dict[int, Matcher] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
+    #: What is legal but almost certainly not meant (``validate`` shows them as
+    #: warnings): a type name that looks misspelt, the ``resources`` annotation.
+    warnings: list[Problem] = field(default_factory=list)
 
 
 def check(root: ast.Node, context: Context) -> Checked:
@@ -105,6 +115,8 @@ class _Checker:
             else:
                 self.result.attributes[id(node)] = resolved
                 kind = resolved.spec.type
+                if resolved.spec.name == "annotations" and resolved.key == "resources":
+                    self._resources_annotation(node, resolved)
         elif isinstance(node, ast.Literal):
             kind = _LITERAL_TYPES[node.kind]
         elif isinstance(node, ast.ListLiteral):
@@ -124,6 +136,7 @@ class _Checker:
         right = self.value(node.right)
         if ValueType.ERROR in (left, right):
             return
+        self._names(node)
         if node.op in ("in", "not in"):
             self._membership(node, left, right)
         elif node.op == "matches":
@@ -202,6 +215,74 @@ class _Checker:
                     Problem(f"bad pattern: {error.message}", span.line, column, BAD_LITERAL, end)
                 )
 
+    # -- names written as strings: types and spans -------------------------------------
+
+    def _names(self, node: ast.Compare) -> None:
+        """Check the strings compared with ``task.type`` (a misspelt known name is a
+        warning) and ``task.span`` (a path that no span can have is an error)."""
+        for side, other in ((node.left, node.right), (node.right, node.left)):
+            resolved = self.result.attributes.get(id(side))
+            if resolved is None or resolved.spec.context != "task":
+                continue
+            name = resolved.spec.name
+            if name not in ("type", "span"):
+                continue
+            literals = other.items if isinstance(other, ast.ListLiteral) else (other,)
+            for literal in literals:
+                if not isinstance(literal, ast.Literal) or not isinstance(literal.value, str):
+                    continue
+                if name == "span":
+                    self._span_literal(literal, node.op == "matches")
+                elif node.op != "matches":
+                    self._type_literal(literal)
+
+    def _type_literal(self, literal: ast.Literal) -> None:
+        value = literal.value
+        assert isinstance(value, str)
+        hint = misspelt(value)
+        if hint is None:
+            return
+        span = literal.span
+        end = span.end_column if span.end_line == span.line else None
+        self.result.warnings.append(
+            Problem(
+                f"no type is recorded as {value!r}; did you mean {hint!r}? (the type "
+                "names in docs/expressions.md match whichever name a release records)",
+                span.line,
+                span.column,
+                TYPE_NAME,
+                end,
+            )
+        )
+
+    def _span_literal(self, literal: ast.Literal, pattern: bool) -> None:
+        value = literal.value
+        assert isinstance(value, str)
+        why = span_problem(value, pattern)
+        if why is None:
+            return
+        span = literal.span
+        end = span.end_column if span.end_line == span.line else None
+        self.result.problems.append(Problem(why, span.line, span.column, BAD_LITERAL, end))
+
+    def _resources_annotation(self, node: ast.Attribute, resolved: Resolved) -> None:
+        resource = resolved.path[0] if resolved.path else "GPU"
+        suggestion = f"task.resources.{resource}" if resource.isidentifier() else None
+        if suggestion is None:
+            suggestion = f'task.resources["{resource}"]'
+        span = node.span
+        end = span.end_column if span.end_line == span.line else None
+        self.result.warnings.append(
+            Problem(
+                f"{node.name} reads an annotation; what a task asked for with resources= "
+                f"is its resource restriction: write {suggestion}",
+                span.line,
+                span.column,
+                RESOURCES_ANNOTATION,
+                end,
+            )
+        )
+
     # -- messages --------------------------------------------------------------------
 
     def _mismatch(
@@ -241,6 +322,32 @@ class _Checker:
         span = node.span
         end = span.end_column if span.end_line == span.line else None
         self.result.problems.append(Problem(message, span.line, span.column, TYPE_MISMATCH, end))
+
+
+def span_problem(value: str, pattern: bool = False) -> str | None:
+    """Why no span's path can be (or, for a pattern, match) ``value``; None if it can.
+
+    A span's path is its names joined by ``/``: ``"etl/load"``. Names cannot be empty,
+    so a path neither starts nor ends with ``/`` nor holds ``//``; the tuple
+    distributed shows (``('etl', 'load')``) is written as the path."""
+    if not value:
+        return "a span path cannot be empty; outside any span a key's span is 'default'"
+    stripped = value.strip()
+    if stripped.startswith(("(", "[")) and stripped.endswith((")", "]")) and "," in stripped:
+        names = [n.strip().strip("'\"") for n in stripped[1:-1].split(",") if n.strip()]
+        return (
+            f"{value!r} is not a span path: write the span's names joined by '/', "
+            f"e.g. {'/'.join(names)!r}"
+        )
+    if value.startswith("/") or value.endswith("/") or "//" in value:
+        cleaned = "/".join(p for p in value.split("/") if p)
+        hint = f"; did you mean {cleaned!r}?" if cleaned else ""
+        what = "pattern" if pattern else "path"
+        return (
+            f"{value!r} is not a span {what}: span names are joined by a single '/', "
+            f"with no '/' at either end{hint}"
+        )
+    return None
 
 
 def _is_literal(node: ast.Node) -> bool:

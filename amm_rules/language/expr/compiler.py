@@ -16,13 +16,16 @@ Run-time semantics (documented in ``docs/expressions.md``):
 - For annotations, a value whose kind (string, number, true/false) does not fit the
   other operand makes the comparison false rather than raising.
 - An attribute used alone as a condition is tested for truth: 0, "" and null are false.
+- ``task.type`` compares type names through the table of
+  :mod:`amm_rules.language.type_names`: a public name and its module path are equal
+  (``==``, ``in``), and a pattern matches a type if it matches any of its names.
 """
 
 from __future__ import annotations
 
 import numbers
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from operator import attrgetter
 from typing import Any
 
@@ -31,6 +34,7 @@ from amm_rules.language.expr.attributes import Resolved, ValueType
 from amm_rules.language.expr.checker import Checked
 from amm_rules.language.expr.glob import glob_match
 from amm_rules.language.records import record
+from amm_rules.language.type_names import expand, names_of, public_name
 
 Fn = Callable[[Any], Any]
 
@@ -173,6 +177,50 @@ class _Compiler:
     def _is_any(self, node: ast.Node) -> bool:
         return self.checked.types.get(id(node)) is ValueType.ANY
 
+    def _is_type(self, node: ast.Node) -> bool:
+        """Is ``node`` ``task.type`` (compared through the table of type names)?"""
+        resolved = self.checked.attributes.get(id(node))
+        return (
+            resolved is not None
+            and resolved.spec.context == "task"
+            and resolved.spec.name == "type"
+        )
+
+    def _type_compare(self, node: ast.Compare, left: Code, right: Code) -> Code | None:
+        """``task.type == c`` and ``!=``, with the constant's aliases; ``task.type``
+        against another attribute, by public names. None: not a type comparison."""
+        if node.op not in ("==", "!=") or not (
+            self._is_type(node.left) or self._is_type(node.right)
+        ):
+            return None
+        depends = left.depends | right.depends
+        negate = node.op == "!="
+        if left.fn is None or right.fn is None:
+            const, attr = (left, right) if left.fn is None else (right, left)
+            if attr.fn is None:
+                return None
+            get = attr.fn
+            if not isinstance(const.value, str):
+                return None  # (an annotation on the other side: left as it is)
+            names = frozenset(names_of(const.value))
+            if negate:
+                return Code(
+                    lambda f: (v := get(f)) is not None and v not in names, depends=depends
+                )
+            if len(names) == 1:
+                (only,) = names
+                return Code(lambda f: get(f) == only, depends=depends)
+            return Code(lambda f: get(f) in names, depends=depends)
+        lf, rf = left.fn, right.fn
+
+        def same(f: Any) -> bool:
+            a, b = lf(f), rf(f)
+            if not isinstance(a, str) or not isinstance(b, str):
+                return False
+            return (public_name(a) == public_name(b)) is not negate
+
+        return Code(same, depends=depends)
+
     # -- comparisons -----------------------------------------------------------------
 
     def compare(self, node: ast.Compare) -> Code:
@@ -182,6 +230,9 @@ class _Compiler:
             return self._matches(node)
         op: str = node.op
         left, right = self.value(node.left), self.value(node.right)
+        typed = self._type_compare(node, left, right)
+        if typed is not None:
+            return typed
         checked = self._is_any(node.left) or self._is_any(node.right)
         depends = left.depends | right.depends
         if left.fn is None and right.fn is None:
@@ -214,6 +265,8 @@ class _Compiler:
         if not self._is_any(node.left):
             # The checker made sure the items fit the attribute's type.
             members = frozenset(items)
+            if self._is_type(node.left):
+                members = expand(members)
             if negate:
                 return Code(
                     lambda f: (v := get(f)) is not None and v not in members, depends=depends
@@ -240,6 +293,11 @@ class _Compiler:
             if left.fn is None:
                 return constant(matcher(left.value))
             get = left.fn
+            if self._is_type(node.left):
+                return Code(
+                    lambda f: isinstance(v := get(f), str) and any(map(matcher, names_of(v))),
+                    depends=depends,
+                )
             return Code(lambda f: isinstance(v := get(f), str) and matcher(v), depends=depends)
         lf, rf = left.as_fn(), right.as_fn()
         return Code(
@@ -260,12 +318,29 @@ def getter(resolved: Resolved) -> Fn:
     if not spec.keyed:
         return read
     key, default = resolved.key, spec.default
+    if resolved.path:
+        return _nested(read, (key, *resolved.path), default)
 
     def read_key(facts: Any) -> Any:
         mapping = read(facts)
         return default if mapping is None else mapping.get(key, default)
 
     return read_key
+
+
+def _nested(read: Fn, names: tuple[Any, ...], default: Any) -> Fn:
+    """Read ``names`` down nested mappings (``task.annotations.a.b``): the default
+    where a name is missing or a value on the way is not a mapping."""
+
+    def read_path(facts: Any) -> Any:
+        value = read(facts)
+        for name in names:
+            if not isinstance(value, Mapping):
+                return default
+            value = value.get(name, default)
+        return value
+
+    return read_path
 
 
 def all_of(fns: list[Fn]) -> Fn:
@@ -344,6 +419,15 @@ def _checked_between(op: str, lf: Fn, rf: Fn) -> Fn:
 def _member(value: Any, container: Any, negate: bool) -> bool:
     """``value in container`` for a list known only at run time (an annotation)."""
     kind = kind_of(value)
+    if isinstance(container, Mapping):
+        # A mapping holds its names: '"GPU" in task.annotations.resources'.
+        if kind is None or kind is BOOL:
+            return False
+        try:
+            found = value in container
+        except TypeError:  # (a mapping that refuses the key's type)
+            return False
+        return found is not negate
     if kind is None or not isinstance(container, (list, tuple, set, frozenset)):
         return False
     found = has_kind = False

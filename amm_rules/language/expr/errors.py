@@ -22,6 +22,11 @@ UNKNOWN_UNIT = "unknown-unit"
 BAD_LITERAL = "bad-literal"
 TOO_LONG = "too-long"
 TOO_DEEP = "too-deep"
+#: Codes of warnings (legal, almost certainly not meant): ``validate`` reports them
+#: with these codes, which ``# amm-rules: disable=CODE`` silences.
+TYPE_NAME = "type-name"
+RESOURCES_ANNOTATION = "resources-annotation"
+WARNING_CODES: frozenset[str] = frozenset({TYPE_NAME, RESOURCES_ANNOTATION})
 
 CODES: frozenset[str] = frozenset(
     {

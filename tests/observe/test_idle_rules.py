@@ -1,0 +1,69 @@
+"""A rule that matches nothing is loud: ``idle`` in the status, with near-miss hints,
+on a real cluster (issue 26); the hints themselves are in
+tests/language/test_near_miss.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distributed.utils_test import gen_cluster, inc
+
+from amm_rules.observe.conformance import conformance
+from benchmarks.support.waiting import wait_cycles, wait_for
+from tests.support.cluster import amm_config, policy_of
+from tests.support.rulesets import GPU
+
+RULES = {
+    "version": 1,
+    "rules": [
+        # Reads the annotation; the data carries a resource restriction.
+        {"name": "gpu", "match": "task.annotations.resources.FPGA >= 1", "replicate": 2},
+        {"name": "incs", "match": 'task.prefix == "inc"', "replicate": 2},
+        {"name": "typo", "match": 'task.prefix == "incc"', "replicate": 2},
+    ],
+}
+
+
+def states(s: Any) -> dict[str, Any]:
+    return {r.name: r for r in conformance(policy_of(s)).rules}
+
+
+@gen_cluster(client=True, nthreads=[("", 1, GPU), ("", 1)], config=amm_config(RULES), timeout=90)
+async def test_a_rule_matching_nothing_is_idle_with_hints(c: Any, s: Any, *w: Any) -> None:
+    policy = policy_of(s)
+    await wait_cycles(s, 2)
+    # No key in memory yet: nothing to match, nothing to say.
+    assert {r.state for r in conformance(policy).rules} == {"satisfied"}
+    futures = c.map(inc, range(12), resources={"GPU": 1})
+    await c.gather(futures)
+    await wait_for(lambda: states(s)["incs"].keys == 12, "the inc rule governs 12 keys")
+    await wait_cycles(s, 2)
+    rows = states(s)
+    assert rows["incs"].state == "satisfied"
+    typo, gpu = rows["typo"], rows["gpu"]
+    assert typo.state == gpu.state == "idle"
+    assert typo.sentence == (
+        "0 keys since the rules were loaded, 12 keys in memory; "
+        "12 keys of prefix inc in memory (the rule says incc)"
+    )
+    assert gpu.sentence.endswith(
+        "12 keys were made by tasks with resources={'GPU': 1} (use task.resources.FPGA)"
+    )
+    text = policy.answers.status()
+    (row,) = [r for r in text["conformance"]["rules"] if r["name"] == "typo"]
+    assert row["state"] == "idle"
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(RULES), timeout=90)
+async def test_a_rule_that_matched_once_is_not_idle(c: Any, s: Any, *w: Any) -> None:
+    x = c.submit(inc, 1, key="inc-1")
+    await x
+    await wait_for(lambda: states(s)["incs"].keys == 1, "incs governs its key")
+    await wait_cycles(s, 2)
+    del x
+    y = c.submit(str, 1, key="other")
+    await y
+    await wait_for(lambda: states(s)["incs"].keys == 0, "the key released")
+    await wait_cycles(s, 2)
+    assert states(s)["incs"].state == "satisfied"  # it matched since it was loaded
+    assert states(s)["typo"].state == "idle"
