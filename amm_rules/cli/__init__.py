@@ -493,7 +493,9 @@ def explain(
 
     KEY is written as dask prints it: x-1a2b, or a tuple such as "('x-1a2b', 0)"
     (read as data, never run as code). With --unmet instead of keys, explains keys
-    whose target or placement is unmet, as far as --limit. Exit status: 0, or 1 for
+    whose target or placement is unmet, as far as --limit (the scheduler explains at
+    most 1,000 keys in one call, fewer at hundreds of workers; the last line says how
+    many were shown of how many). Exit status: 0, or 1 for
     unknown keys, an unreachable scheduler or one without amm-rules; 2 for usage
     errors.
     """
@@ -524,5 +526,5 @@ def explain(
         _fail(str(exc))
     click.echo(out, nl=False)
     for line in errors:
-        click.echo(f"amm-rules: error: {line}", err=True)
+        click.echo(f"amm-rules: {line}", err=True)
     sys.exit(code)

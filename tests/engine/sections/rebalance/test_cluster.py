@@ -460,7 +460,7 @@ async def test_moves_in_flight_are_finished_after_a_reload_turns_rebalance_off(
     assert started > 0 and len(policy.rebalancer.book.pending) == started
     await a.in_get_data.wait()  # the copies are stuck on the sender
     moving = next(iter(policy.rebalancer.book.pending.values()))
-    explained = s.handlers["amm_rules_explain"](keys=[moving.key])[moving.key]["rebalance"]
+    explained = (await s.handlers["amm_rules_explain"](keys=[moving.key]))[moving.key]["rebalance"]
     assert explained["moving"] and not explained["landed"]
     assert (explained["sender"], explained["recipient"]) == (a.address, moving.recipient)
     status = s.handlers["amm_rules_status"]()["rebalance"]
