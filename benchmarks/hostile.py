@@ -261,7 +261,13 @@ async def run_one(name: str, directory: Path) -> dict[str, float]:
             start = time.perf_counter()
             lag, size = await scenario(*((s, c, path) if kind == "file" else (s, c)))
             elapsed = time.perf_counter() - start
-    out = {"worst_lag_s": lag.worst, "elapsed_s": elapsed, "ticks": len(lag.samples)}
+    out = {
+        "worst_lag_s": lag.worst,
+        "elapsed_s": elapsed,
+        "ticks": len(lag.samples),
+        # The interpreter's longest garbage collection in the window (see LoopLag).
+        "worst_gc_s": lag.worst_collection,
+    }
     if size is not None:
         out["response_bytes"] = size
     return out
@@ -342,8 +348,12 @@ def _cell(figure: dict[str, Any] | None) -> str:
     if figure is None:
         return ""
     sizes = [r["response_bytes"] for r in figure["runs"] if "response_bytes" in r]
-    size = f" ({max(sizes) / 1000:,.0f} kB)" if sizes else ""
-    return f"{figure['worst_lag_s'] * 1000:,.0f} ms{size}"
+    notes = [f"{max(sizes) / 1000:,.0f} kB"] if sizes else []
+    # The garbage collection in the worst run, when it was a large part of its lag.
+    worst = max(figure["runs"], key=lambda r: r["worst_lag_s"])
+    if worst.get("worst_gc_s", 0.0) >= 0.2 * worst["worst_lag_s"] > 0.01:
+        notes.append(f"a collection of {worst['worst_gc_s'] * 1000:,.0f} ms")
+    return f"{figure['worst_lag_s'] * 1000:,.0f} ms" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 Each AMM cycle (every 2 s by default, on the scheduler's event loop) the policy:
 
-1. reloads the rules file if it changed on disk (:meth:`RulesPolicy._maybe_reload`),
-   and installs the new rules in every section;
+1. reloads the rules file if it changed on disk (:meth:`RulesPolicy._maybe_reload`:
+   read and checked in a thread, :mod:`amm_rules.engine.rules_file`), and installs the
+   new rules in every section;
 2. recomputes pool membership if workers joined, left or changed status (or every
    cycle, if a pool reads worker memory): then every governed key is checked;
 3. runs its sections in order (:data:`amm_rules.engine.sections.SECTIONS`: the audit,
@@ -263,6 +264,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         index.workers_changed = True
         ctx.early.attach(self.manager)
         index.wake = self._wake
+        # A changed rules file is read in a thread: its rules are taken by an early cycle.
+        self.rules_file.ready = lambda: ctx.early.request("rules-file-read")
         self._remove_reduce_replicas()
         for section in self.sections:
             section.attach(ctx)
@@ -278,6 +281,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         scheduler = manager.scheduler
         ctx.index.active = False
         ctx.early.close()
+        self.rules_file.close()
         for undo in self._unwatch:
             undo()
         self._unwatch = []

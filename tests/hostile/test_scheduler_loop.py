@@ -18,13 +18,13 @@ import pytest
 from distributed.utils_test import gen_cluster, inc
 from tornado.httpclient import AsyncHTTPClient
 
+from amm_rules.engine import handlers
 from amm_rules.engine.adapters import (
     MAX_ANNOTATION_NODES,
     AnnotationTooLarge,
     bounded_repr,
     freeze,
 )
-from amm_rules.engine import handlers
 from amm_rules.engine.handlers import EXPLAIN_KEYS
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.engine.state.journal import DECISIONS_KEPT, Journal
