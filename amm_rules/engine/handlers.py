@@ -277,6 +277,8 @@ def engine_status(policy: RulesPolicy) -> dict[str, Any]:
             for label in sorted(labels)
         },
         "reload_errors": list(policy.reload_errors),
+        # Features off here for want of an internal of dask or distributed, in words.
+        "unsupported": list(policy.unsupported.values()),
         # Early AMM cycles: settings, requests, cycles run, the last ones and why.
         "early_cycles": ctx.early.status(),
     }

@@ -29,11 +29,13 @@ every policy configured by that name is observed.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Container
 from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine import observers
+from amm_rules.engine.features import PROMETHEUS, missing
 from amm_rules.engine.policy import RulesPolicy
 
 if TYPE_CHECKING:
@@ -89,9 +91,7 @@ class EngineExtension:
 
     def teardown(self) -> None:
         """The scheduler is closing: stop publishing metrics for it."""
-        from amm_rules.observe import metrics
-
-        metrics.unregister(self.policy)
+        _unregister_metrics(self.policy)
 
 
 class Answers:
@@ -139,22 +139,34 @@ class _Observer:
         return "<amm-rules observe>"
 
     def attached(self, scheduler: Any, policy: RulesPolicy) -> None:
-        from amm_rules.observe import metrics
-
         scheduler.extensions[NAME] = EngineExtension(policy)
         policy.answers = Answers(policy)
+        if importlib.util.find_spec("prometheus_client") is None:
+            return  # no /metrics on this scheduler: nothing of ours to serve there
+        lacking = missing(PROMETHEUS, scheduler)
+        if lacking:
+            policy.unsupported_feature(PROMETHEUS.name, lacking)
+            return
+        from amm_rules.observe import metrics
+
         try:
             metrics.register(policy)
         except Exception:  # metrics are a convenience: never fail the scheduler for them
             logger.exception("amm-rules: could not register Prometheus metrics")
 
     def detached(self, scheduler: Any, policy: RulesPolicy) -> None:
-        from amm_rules.observe import metrics
-
         extension = scheduler.extensions.get(NAME)
         if isinstance(extension, EngineExtension) and extension.policy is policy:
             del scheduler.extensions[NAME]
-        metrics.unregister(policy)
+        _unregister_metrics(policy)
+
+
+def _unregister_metrics(policy: RulesPolicy) -> None:
+    try:
+        from amm_rules.observe import metrics
+    except ImportError:  # distributed's collector moved: the metrics were never registered
+        return
+    metrics.unregister(policy)
 
 
 OBSERVER = _Observer()
