@@ -16,7 +16,10 @@ dashboard's Bokeh applications (:mod:`amm_rules.observe.dashboard`). ``dask_setu
 called once the scheduler has started, adds the JSON route ``/amm-rules/status.json``
 (:mod:`amm_rules.observe.routes`) and logs where the page is. A scheduler that cannot
 import Bokeh (dask's dashboard needs it too) logs one line saying so and still serves
-the JSON route; nothing else changes.
+the JSON route; nothing else changes. Neither does one whose distributed lacks a piece
+the page is built of (:data:`amm_rules.engine.features.DASHBOARD`): the page is then off,
+said in the log at import and, once the scheduler runs, by the engine (an
+``unsupported`` event and its status).
 
 Why a preload: the dashboard's pages are read once, when the scheduler builds its
 dashboard, and a preload module is the one thing distributed imports before that.
