@@ -99,20 +99,17 @@ async def test_memory_pressure_without_its_internal_is_off_and_says_so(c, s, a, 
     assert html.escape(PRESSURE) in header_html(status_report(policy))
 
 
-@gen_cluster(
-    client=True,
-    nthreads=[("", 1)],
-    config=amm_config(rules(**{"paused-workers": {"after": "1s", "action": "restart"}})),
-    timeout=60,
-)
+@gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(None, start=False), timeout=60)
 async def test_restarts_without_restart_workers_retire_instead_and_say_why(c, s, a, monkeypatch):
     """Taken away after the start (the scheduler's own start does not need it); a
     policy attached now sees it missing."""
+    from distributed.active_memory_manager import ActiveMemoryManagerExtension
+
     from amm_rules.engine.policy import RulesPolicy
 
     monkeypatch.delattr(Scheduler, "restart_workers")
     policy = RulesPolicy(rules(**{"paused-workers": {"after": "1s", "action": "restart"}}))
-    s.extensions["amm"].add_policy(policy)
+    ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
     try:
         assert policy.unsupported == {RESTART: RESTARTS}
         paused = policy.section(PausedWorkers)
