@@ -136,17 +136,14 @@ def attribute(name: str) -> Callable[[Any], bool]:
 
 
 def of_class(
-    module: str, qualname: str, *names: str, params: Sequence[str] = ()
+    load: Callable[[], Any], *names: str, params: Sequence[str] = ()
 ) -> Callable[[Any], bool]:
-    """A class (``module``, ``qualname``) with the attributes ``names``; with
-    ``params``, its callable ``names[0]`` takes those keyword arguments."""
+    """The class or module ``load()`` returns (it imports it: an ``ImportError`` is
+    "missing"), with the attributes ``names``; with ``params``, its callable
+    ``names[0]`` takes those keyword arguments."""
 
     def present(scheduler: Any) -> bool:
-        import importlib
-
-        found: Any = importlib.import_module(module)
-        for part in filter(None, qualname.split(".")):
-            found = getattr(found, part)
+        found = load()
         if not all(hasattr(found, n) for n in names):
             return False
         if params:
@@ -155,6 +152,48 @@ def of_class(
         return True
 
     return present
+
+
+def _task() -> Any:
+    from dask._task_spec import Task
+
+    return Task
+
+
+def _plugin() -> Any:
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    return SchedulerPlugin
+
+
+def _retire_worker() -> Any:
+    from distributed.active_memory_manager import RetireWorker
+
+    return RetireWorker
+
+
+def _prometheus() -> Any:
+    import distributed.http.prometheus
+
+    return distributed.http.prometheus
+
+
+def _applications() -> Any:
+    import distributed.dashboard.scheduler
+
+    return distributed.dashboard.scheduler
+
+
+def _components() -> Any:
+    import distributed.dashboard.components
+
+    return distributed.dashboard.components
+
+
+def _scheduler_components() -> Any:
+    import distributed.dashboard.components.scheduler
+
+    return distributed.dashboard.components.scheduler
 
 
 def _dask(what: str, since: str, check: Callable[[Any], bool]) -> Need:
@@ -177,12 +216,7 @@ def scheduler_methods(*names: str) -> tuple[Need, ...]:
 TRANSITION = _distributed(
     "SchedulerPlugin.transition(stimulus_id=)",
     FLOOR,
-    of_class(
-        "distributed.diagnostics.plugin",
-        "SchedulerPlugin",
-        "transition",
-        params=("stimulus_id",),
-    ),
+    of_class(_plugin, "transition", params=("stimulus_id",)),
 )
 #: The engine itself: the key index, the memory flow and demand.
 ENGINE = Feature(
@@ -197,9 +231,7 @@ WORKER_WATCH = Feature(
     "pools following resources and memory", scheduler_methods("add_resources", "heartbeat_worker")
 )
 #: dask's flag of a task that produces data (read by the scheduler's ``is_rootish``).
-DATA_PRODUCER = _dask(
-    "Task._data_producer", "2025.1", of_class("dask._task_spec", "Task", "_data_producer")
-)
+DATA_PRODUCER = _dask("Task._data_producer", "2025.1", of_class(_task, "_data_producer"))
 #: The scheduler's queue of root-ish tasks and its saturation.
 QUEUEING = (
     _distributed("Scheduler.WORKER_SATURATION", FLOOR, attribute("WORKER_SATURATION")),
@@ -211,14 +243,7 @@ RETIRING = (
     _distributed(
         "RetireWorker (run, done, manager, address)",
         FLOOR,
-        of_class(
-            "distributed.active_memory_manager",
-            "RetireWorker",
-            "run",
-            "done",
-            "manager",
-            "address",
-        ),
+        of_class(_retire_worker, "run", "done", "manager", "address"),
     ),
     _distributed(
         "Scheduler.retire_workers(close_workers=, remove=)",
@@ -230,7 +255,7 @@ RETIRING = (
 DOWNSCALING = _distributed(
     "SchedulerPlugin.valid_workers_downscaling",
     "2024.4.2",
-    of_class("distributed.diagnostics.plugin", "SchedulerPlugin", "valid_workers_downscaling"),
+    of_class(_plugin, "valid_workers_downscaling"),
 )
 #: Restarting workers through their nannies.
 RESTART_WORKERS = _distributed(
@@ -245,7 +270,7 @@ PROMETHEUS = Feature(
         _distributed(
             "distributed.http.prometheus.PrometheusCollector",
             FLOOR,
-            of_class("distributed.http.prometheus", "PrometheusCollector"),
+            of_class(_prometheus, "PrometheusCollector"),
         ),
     ),
 )
@@ -256,12 +281,12 @@ DASHBOARD = Feature(
         _distributed(
             "distributed.dashboard.scheduler.applications",
             FLOOR,
-            of_class("distributed.dashboard.scheduler", "", "applications"),
+            of_class(_applications, "applications"),
         ),
         _distributed(
             "distributed.dashboard.components.scheduler.BOKEH_THEME and env",
             FLOOR,
-            of_class("distributed.dashboard.components.scheduler", "", "BOKEH_THEME", "env"),
+            of_class(_scheduler_components, "BOKEH_THEME", "env"),
         ),
         _distributed(
             "the simple.html template",
@@ -271,12 +296,7 @@ DASHBOARD = Feature(
         _distributed(
             "distributed.dashboard.components.DashboardComponent and add_periodic_callback",
             FLOOR,
-            of_class(
-                "distributed.dashboard.components",
-                "",
-                "DashboardComponent",
-                "add_periodic_callback",
-            ),
+            of_class(_components, "DashboardComponent", "add_periodic_callback"),
         ),
         _distributed(
             "Scheduler.http_application",
