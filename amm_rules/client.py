@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -292,7 +293,9 @@ def explain(futures_or_collection: Any, client: Client | None = None) -> Any:
     decisions for it (``history``), and the earlier fields (holders, what the rules,
     annotations and runtime targets want with the source of each field, eligible
     workers, copies in flight, why a target is not met...). Does not wait for the
-    futures.
+    futures. The scheduler explains at most 1,000 keys in one call (fewer at hundreds
+    of workers, see docs/observe.md): for more, the first are explained and a
+    :class:`UserWarning` says how many.
     """
     futures, keys = _futures_and_keys(futures_or_collection)
     client = _client(futures, client)
@@ -437,7 +440,15 @@ async def _set_target(client: Client, futures: list[Future], keys: list[Any], ta
 
 async def _explain(client: Client, keys: list[Any]) -> Any:
     await _require_engine(client)
-    return await client.scheduler.amm_rules_explain(keys=list(dict.fromkeys(keys)))
+    got = await client.scheduler.amm_rules_explain(keys=list(dict.fromkeys(keys)), counts=True)
+    if got["shown"] < got["total"]:
+        warnings.warn(
+            f"amm_rules.explain: explained {got['shown']:,} of {got['total']:,} keys (the "
+            f"scheduler explains at most {got['most']:,} in one call); pass fewer keys, "
+            "or call again with the others",
+            stacklevel=3,
+        )
+    return got["keys"]
 
 
 async def _memory_flow(client: Client) -> Any:

@@ -16,7 +16,10 @@ dashboard's Bokeh applications (:mod:`amm_rules.observe.dashboard`). ``dask_setu
 called once the scheduler has started, adds the JSON route ``/amm-rules/status.json``
 (:mod:`amm_rules.observe.routes`) and logs where the page is. A scheduler that cannot
 import Bokeh (dask's dashboard needs it too) logs one line saying so and still serves
-the JSON route; nothing else changes.
+the JSON route; nothing else changes. Neither does one whose distributed lacks a piece
+the page is built of (:data:`amm_rules.engine.features.DASHBOARD`): the page is then off,
+said in the log at import and, once the scheduler runs, by the engine (an
+``unsupported`` event and its status).
 
 Why a preload: the dashboard's pages are read once, when the scheduler builds its
 dashboard, and a preload module is the one thing distributed imports before that.
@@ -24,24 +27,32 @@ dashboard, and a preload module is the one thing distributed imports before that
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from types import ModuleType
 from typing import Any
 
+from amm_rules.engine.features import DASHBOARD, Need, missing, words
 from amm_rules.observe import extension, routes
 
 logger = logging.getLogger(__name__)
 
-_page: ModuleType | None
-try:
-    from amm_rules.observe import dashboard as page
-except ImportError as exc:  # Bokeh missing, or a version dask's dashboard refuses
-    _page = None
-    _missing: str | None = f"{type(exc).__name__}: {exc}"
+_page: ModuleType | None = None
+_missing: str | None = None
+#: What the page needs of distributed and this one lacks (see amm_rules.engine.features).
+_lacking: list[Need] = []
+if importlib.util.find_spec("bokeh") is not None:
+    _lacking = missing(DASHBOARD)
+if _lacking:
+    logger.warning("amm-rules: %s", words(DASHBOARD.name, _lacking))
 else:
-    page.register()
-    _page = page
-    _missing = None
+    try:
+        from amm_rules.observe import dashboard as page
+    except ImportError as exc:  # Bokeh missing, or a version dask's dashboard refuses
+        _missing = f"{type(exc).__name__}: {exc}"
+    else:
+        page.register()
+        _page = page
 
 #: Policies configured by a path other than ``amm_rules.RulesPolicy`` are found too.
 extension.activate()
@@ -54,7 +65,12 @@ def dask_setup(scheduler: Any) -> None:
         logger.warning("amm-rules: this scheduler has no HTTP server: no dashboard page")
         return
     prefix = routes.http_prefix(scheduler)
-    if _page is None:
+    if _lacking:
+        # Said once at import (in the log); the engine's status and events say it too.
+        policy = extension.engine_of(scheduler)
+        if policy is not None:
+            policy.unsupported_feature(DASHBOARD.name, _lacking)
+    elif _page is None:
         from distributed.versions import BOKEH_REQUIREMENT
 
         logger.warning(

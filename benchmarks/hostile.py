@@ -13,7 +13,13 @@ Scenarios (each on a fresh scheduler, with the ``amm_rules.dashboard`` preload):
 - ``metrics``: one scrape of ``/metrics`` with a rules file of 5,000 rules (finding 3);
 - ``annotation``: 20 keys annotated with a mapping of 2**18 shared leaves (finding 4);
 - ``reload-sexagesimal``: the hot reload of a 500 kB rules file whose ``replicate`` is
-  YAML 1.1 sexagesimal ``1:1:1:...`` (finding 6).
+  YAML 1.1 sexagesimal ``1:1:1:...`` (finding 6);
+- ``explain-unmet``: ``explain --unmet --limit 1000000`` (one ``amm_rules_explain`` call)
+  with 20,000 keys whose target is unmet (finding 1, the cap and the chunks);
+- ``reload-many-rules``: the hot reload of a valid rules file of 10,000 rules
+  (finding 2);
+- ``reload-broken``: three reload attempts of a 1 MiB rules file with an error in its
+  last rule, each a new state of the file (finding 2).
 
 Run it from the tree to measure (``after``); for ``before``, run the same module from a
 checkout of the commit before the fixes, with this file and ``benchmarks/support/``
@@ -30,6 +36,7 @@ import asyncio
 import json
 import logging
 import platform
+import subprocess
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -163,8 +170,63 @@ async def reload_sexagesimal(s: Scheduler, c: Client, path: Path) -> Measured:
     return lag, None
 
 
+#: Rules under which no key can meet its target: its pool has no worker.
+UNMET_RULES = """\
+version: 1
+pools:
+  gpu: worker.resources.GPU >= 1
+rules:
+  - name: nowhere
+    match: "true"
+    pool: gpu
+    replicate: 2
+"""
+UNMET_KEYS = 20_000
+
+
+async def explain_unmet(s: Scheduler, c: Client) -> Measured:
+    policy = _policy(s)
+    data = await c.scatter(list(range(UNMET_KEYS)))
+    while len(policy.index) < UNMET_KEYS:
+        await asyncio.sleep(0.05)
+    async with LoopLag() as lag:
+        got = await c.scheduler.amm_rules_explain(unmet=True, limit=1_000_000)
+    del data
+    return lag, len(json.dumps(got, default=str))
+
+
+async def _reload(s: Scheduler, path: Path, text: str, outcome: str, times: int = 1) -> LoopLag:
+    """Rename ``text`` over the rules file (``times`` states of it) and wait until the
+    policy counted the reload's ``outcome`` (``ok``, ``error``) as often."""
+    reloads = _policy(s).journal.reloads
+    before = reloads[outcome]
+    async with LoopLag() as lag:
+        for n in range(times):
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text + f"# state {n}\n")
+            tmp.replace(path)
+            while reloads[outcome] < before + n + 1:
+                await asyncio.sleep(0.01)
+    return lag
+
+
+async def reload_many_rules(s: Scheduler, c: Client, path: Path) -> Measured:
+    return await _reload(s, path, many_rules(10_000), "ok"), None
+
+
+def broken_rules(size: int = 1 << 20) -> str:
+    """About ``size`` bytes of rules, the last of them with an unknown field."""
+    rule = '  - name: rule-{0}\n    match: task.prefix == "p{0}"\n    replicate: 2\n'
+    n = size // len(rule.format(10_000))
+    return many_rules(n) + "  - name: last\n    match: 'true'\n    replicat: 2\n"
+
+
+async def reload_broken(s: Scheduler, c: Client, path: Path) -> Measured:
+    return await _reload(s, path, broken_rules(), "error", times=3), None
+
+
 Scenario = Callable[..., Awaitable["Measured"]]
-#: name -> (what, function, rules: "few" | "many" | "file")
+#: name -> (what, function, rules: "few" | "many" | "unmet" | "file")
 SCENARIOS: dict[str, tuple[str, Scenario, str]] = {
     "explain": ("explain of 20,000 unknown keys, full journal", explain, "few"),
     "status-json": ("20 concurrent status.json, 5,000 rules", status_json, "many"),
@@ -172,13 +234,22 @@ SCENARIOS: dict[str, tuple[str, Scenario, str]] = {
     "metrics": ("/metrics scrape, 5,000 rules", metrics, "many"),
     "annotation": ("annotation of 2**18 shared leaves", annotation, "few"),
     "reload-sexagesimal": ("hot reload of 500 kB of 1:1:...", reload_sexagesimal, "file"),
+    "explain-unmet": (
+        "explain --unmet --limit 1000000, 20,000 unmet keys",
+        explain_unmet,
+        "unmet",
+    ),
+    "reload-many-rules": ("hot reload of 10,000 valid rules", reload_many_rules, "file"),
+    "reload-broken": ("3 reload attempts of a 1 MiB broken file", reload_broken, "file"),
 }
 
 
 async def run_one(name: str, directory: Path) -> dict[str, float]:
     what, scenario, kind = SCENARIOS[name]
     path = directory / "rules.yaml"
-    path.write_text(many_rules(MANY_RULES if kind == "many" else 1))
+    path.write_text(
+        UNMET_RULES if kind == "unmet" else many_rules(MANY_RULES if kind == "many" else 1)
+    )
     page = {"dashboard": True, "dashboard_address": "127.0.0.1:0", "port": 0}
     with dask.config.set(config(str(path))):
         async with (
@@ -190,7 +261,13 @@ async def run_one(name: str, directory: Path) -> dict[str, float]:
             start = time.perf_counter()
             lag, size = await scenario(*((s, c, path) if kind == "file" else (s, c)))
             elapsed = time.perf_counter() - start
-    out = {"worst_lag_s": lag.worst, "elapsed_s": elapsed, "ticks": len(lag.samples)}
+    out = {
+        "worst_lag_s": lag.worst,
+        "elapsed_s": elapsed,
+        "ticks": len(lag.samples),
+        # The interpreter's longest garbage collection in the window (see LoopLag).
+        "worst_gc_s": lag.worst_collection,
+    }
     if size is not None:
         out["response_bytes"] = size
     return out
@@ -213,25 +290,41 @@ def main() -> None:
             print(
                 f"  {name}: worst lag {runs[name][-1]['worst_lag_s'] * 1000:,.0f} ms", flush=True
             )
+    commit = _commit()
     figures = {
         n: {
             "what": SCENARIOS[n][0],
             "worst_lag_s": max(r["worst_lag_s"] for r in rs),
             "runs": rs,
+            "commit": commit,
+            "date": time.strftime("%Y-%m-%d"),
         }
         for n, rs in runs.items()
     }
     results = json.loads(args.json.read_text()) if args.json.exists() else {}
-    results.setdefault("labels", {})[args.label] = {
-        "figures": figures,
-        "repeats": args.repeats,
-        "machine": platform.platform(),
-        "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d"),
-    }
+    label = results.setdefault("labels", {}).setdefault(args.label, {})
+    # A run of some scenarios replaces their figures and keeps the others'.
+    label["figures"] = {**label.get("figures", {}), **figures}
+    label.update(
+        repeats=args.repeats,
+        machine=platform.platform(),
+        python=platform.python_version(),
+        date=time.strftime("%Y-%m-%d"),
+    )
     results["budget_s"] = BUDGET_S
     args.json.write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))
+
+
+def _commit() -> str | None:
+    """The commit of the tree measured (None outside a git checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def table(results: dict[str, Any]) -> str:
@@ -255,8 +348,12 @@ def _cell(figure: dict[str, Any] | None) -> str:
     if figure is None:
         return ""
     sizes = [r["response_bytes"] for r in figure["runs"] if "response_bytes" in r]
-    size = f" ({max(sizes) / 1000:,.0f} kB)" if sizes else ""
-    return f"{figure['worst_lag_s'] * 1000:,.0f} ms{size}"
+    notes = [f"{max(sizes) / 1000:,.0f} kB"] if sizes else []
+    # The garbage collection in the worst run, when it was a large part of its lag.
+    worst = max(figure["runs"], key=lambda r: r["worst_lag_s"])
+    if worst.get("worst_gc_s", 0.0) >= 0.2 * worst["worst_lag_s"] > 0.01:
+        notes.append(f"a collection of {worst['worst_gc_s'] * 1000:,.0f} ms")
+    return f"{figure['worst_lag_s'] * 1000:,.0f} ms" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 if __name__ == "__main__":

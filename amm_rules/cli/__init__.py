@@ -169,6 +169,7 @@ def _validate(
 
         for config in dask_configs:
             results += check_dask_config(config)
+        _add_unsupported(results)
     if dump is not None:
         # Only here: reading a dump and computing pools imports the engine (distributed).
         from amm_rules.language.directives import silence
@@ -184,6 +185,32 @@ def _validate(
     click.echo(REPORTERS[fmt](results), nl=False)
     failed = any(d.is_error or strict for r in results for d in r.diagnostics)
     return 1 if failed else 0
+
+
+def _add_unsupported(results: list[CheckResult]) -> None:
+    """A warning (``unsupported``) for each feature the rules use that this
+    environment's dask or distributed cannot serve, in the words a scheduler here would
+    log (see amm_rules.engine.features), at the feature's key in the file."""
+    from amm_rules.engine.features import unsupported_in
+    from amm_rules.engine.sections import SECTIONS
+    from amm_rules.language.diagnostics import Diagnostic
+
+    features = [f for section in SECTIONS for f in section.FEATURES]
+    for r in results:
+        for ruleset in [r.ruleset, *r.inline] if r.ruleset is not None else r.inline:
+            for feature, said in unsupported_in(ruleset, features):
+                line, column = _key_position(r.text, feature.name.split(":")[0])
+                r.diagnostics.append(
+                    Diagnostic(r.file, line, column, "warning", said, None, "unsupported")
+                )
+
+
+def _key_position(text: str | None, key: str) -> tuple[int, int]:
+    """Line and column of the first ``key:`` in ``text`` (0, 0 if none)."""
+    for n, line in enumerate((text or "").splitlines(), 1):
+        if line.lstrip().startswith(f"{key}:"):
+            return n, len(line) - len(line.lstrip()) + 1
+    return 0, 0
 
 
 def _check(file: str) -> CheckResult:
@@ -493,7 +520,9 @@ def explain(
 
     KEY is written as dask prints it: x-1a2b, or a tuple such as "('x-1a2b', 0)"
     (read as data, never run as code). With --unmet instead of keys, explains keys
-    whose target or placement is unmet, as far as --limit. Exit status: 0, or 1 for
+    whose target or placement is unmet, as far as --limit (the scheduler explains at
+    most 1,000 keys in one call, fewer at hundreds of workers; the last line says how
+    many were shown of how many). Exit status: 0, or 1 for
     unknown keys, an unreachable scheduler or one without amm-rules; 2 for usage
     errors.
     """
@@ -524,5 +553,5 @@ def explain(
         _fail(str(exc))
     click.echo(out, nl=False)
     for line in errors:
-        click.echo(f"amm-rules: error: {line}", err=True)
+        click.echo(f"amm-rules: {line}", err=True)
     sys.exit(code)

@@ -166,28 +166,58 @@ def explain_command(
     fmt: str,
     timeout: float,
 ) -> tuple[str, list[str], int]:
-    """Output, lines for stderr, exit status. ``keys``: per argument, its candidate
-    keys (see :func:`amm_rules.cli.keys.parse_key`); ``texts``: the arguments."""
+    """Output, lines for stderr (``error: ...``, ``note: ...``), exit status. ``keys``:
+    per argument, its candidate keys (see :func:`amm_rules.cli.keys.parse_key`);
+    ``texts``: the arguments. With ``unmet``, fewer keys explained than are unmet is
+    said: the last line of the text, a note on stderr with JSON."""
     from amm_rules.observe.text import render_explain
 
+    note = None
     if unmet:
         if rule is not None:
             _check_rule(address, rule, timeout)
-        answers = ask(address, "amm_rules_explain", timeout, unmet=True, rule=rule, limit=limit)
+        got = ask(
+            address,
+            "amm_rules_explain",
+            timeout,
+            unmet=True,
+            rule=rule,
+            limit=limit,
+            counts=True,
+        )
+        answers = got["keys"]
         if not answers:
             scope = f" of rule {rule!r}" if rule else ""
             return f"every governed key{scope} meets its target and placement\n", [], 0
+        note = shown_note(got, limit)
         errors: list[str] = []
     else:
         answers, errors = _explain_candidates(address, keys, texts, timeout)
     from amm_rules.language.reporters import escape_controls
 
+    lines = [f"error: {e}" for e in errors]
     if fmt == "json":
         out = json.dumps(answers, indent=2, default=str) + "\n"
+        if note is not None:  # the JSON stays what it was: the note goes to stderr
+            lines.append(f"note: {note}")
     else:
         out = escape_controls(render_explain(answers)) if answers else ""
-    # (Error lines go to a terminal whatever the format.)
-    return out, [escape_controls(e) for e in errors], 1 if errors else 0
+        if note is not None:
+            out += f"\n{note}\n"
+    # (Lines for stderr go to a terminal whatever the format.)
+    return out, [escape_controls(line) for line in lines], 1 if errors else 0
+
+
+def shown_note(got: dict[str, Any], limit: int) -> str | None:
+    """``showing 10 of 20,000 unmet keys; use --limit`` when fewer were explained than
+    are unmet (None when all were)."""
+    shown, total, most = got["shown"], got["total"], got["most"]
+    if shown >= total:
+        return None
+    head = f"showing {shown:,} of {total:,} unmet keys"
+    if limit > shown and shown >= most:
+        return f"{head} (at most {most:,} in one call); use --rule to see others"
+    return f"{head}; use --limit to see more (at most {most:,} in one call)"
 
 
 def _check_rule(address: str, rule: str, timeout: float) -> None:
@@ -208,15 +238,22 @@ def _explain_candidates(
     todo = [(text, list(candidates)) for text, candidates in zip(texts, keys, strict=True)]
     errors = []
     while todo:
-        batch = [(text, candidates.pop(0), candidates) for text, candidates in todo]
-        got = ask(address, "amm_rules_explain", timeout, keys=[key for _, key, _ in batch])
-        todo = []
-        for text, key, rest in batch:
-            answer = _answer_for(got, key)
+        batch = [(text, candidates[0], candidates) for text, candidates in todo]
+        got = ask(
+            address, "amm_rules_explain", timeout, keys=[key for _, key, _ in batch], counts=True
+        )
+        if not got["shown"]:
+            raise RemoteError(f"the scheduler at {address} explained none of the keys")
+        # The scheduler explains the first ones (at most got["most"]): the others are
+        # asked again in the next call, with the same candidate.
+        todo = [(text, candidates) for text, _, candidates in batch[got["shown"] :]]
+        for text, key, candidates in batch[: got["shown"]]:
+            candidates.pop(0)
+            answer = _answer_for(got["keys"], key)
             if answer is not None and answer.get("state") != "unknown":
                 answers[text] = answer
-            elif rest:
-                todo.append((text, rest))
+            elif candidates:
+                todo.append((text, candidates))
             else:
                 errors.append(f"unknown key: {text} (not known to the scheduler)")
     return answers, errors

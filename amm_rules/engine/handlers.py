@@ -11,10 +11,14 @@ names. Called by :mod:`amm_rules.client` (``replicate``, ``explain``, ``status``
   ``pending``, also on keys the scheduler is still computing, from when they enter
   memory (what :func:`amm_rules.persist` asks); returns ``{"set": n, "missing":
   [keys]}``, and with ``pending`` ``"pending": n``;
-- ``amm_rules_explain(keys, unmet=False, rule=None, limit=10)``: per ``str(key)``, where
-  the key is, what is wanted for it and why, and what the planner would do now (see
-  :func:`explain_key`); with ``unmet=True``, for up to ``limit`` keys whose target is
-  unmet instead;
+- ``amm_rules_explain(keys, unmet=False, rule=None, limit=10, counts=False)``: per
+  ``str(key)``, where the key is, what is wanted for it and why, and what the planner
+  would do now (see :func:`explain_key`); with ``unmet=True``, for up to ``limit`` keys
+  whose target is unmet instead. One call explains at most :func:`explain_cap` keys
+  (1,000; fewer at many workers); with ``counts=True`` the answer says how many there
+  were: ``{"keys": {str(key): ...}, "shown": n, "total": N, "most": cap}``. The keys
+  are explained a slice of :data:`EXPLAIN_SLICE` seconds at a time, the event loop
+  running between two slices (the handler is a coroutine);
 - ``amm_rules_status()``: the rules in force, per-rule counters, reload errors, and each
   section's own entry (see :func:`engine_status`);
 - ``amm_rules_memory_flow()``: per task prefix, ``{produced, freed, freed_by, live,
@@ -26,14 +30,16 @@ fuller one (:mod:`amm_rules.observe.extension`), built on :func:`engine_status` 
 :func:`explain_key`.
 
 Bad input raises ``ValueError`` with a message (the client sees it); nothing here may
-break the scheduler. Answers are plain msgpack-able data.
+break the scheduler, nor block its event loop for long. Answers are plain msgpack-able
+data.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -62,6 +68,33 @@ HANDLER_NAMES = (
 )
 #: Most keys one call may name (a guard against a runaway client, not a real limit).
 MAX_KEYS = 1_000_000
+#: Most keys one ``amm_rules_explain`` call explains; the others are counted.
+EXPLAIN_KEYS = 1_000
+#: Most per-worker rows one call answers (a key in memory has a row per worker, twice):
+#: at 1,000 workers, 100 keys (explaining one takes tens of milliseconds there).
+EXPLAIN_ROWS = 100_000
+#: Seconds of explaining between two yields to the event loop (a slice ends after the
+#: key that passes it: one key at 1,000 workers takes 40 to 60 ms).
+EXPLAIN_SLICE = 0.02
+
+
+def explain_cap(workers: int) -> int:
+    """Most keys one explain call explains with ``workers`` workers."""
+    return max(1, min(EXPLAIN_KEYS, EXPLAIN_ROWS // max(1, workers)))
+
+
+@dataclass
+class Explanation:
+    """The work of one explain call, done a slice at a time by the handler."""
+
+    #: The keys to explain, in order (at most :attr:`most`).
+    keys: list[Hashable]
+    #: How many keys were asked (or, with ``unmet``, are unmet): at least ``len(keys)``.
+    total: int
+    #: The most keys one call explains (:func:`explain_cap`).
+    most: int
+    #: Explains one key: its name (``str(key)``) and its answer.
+    one: Callable[[Hashable], tuple[str, dict[str, Any]]]
 
 
 class RulesPolicy(Protocol):
@@ -94,7 +127,7 @@ class Answers(Protocol):
 
     def status(self) -> dict[str, Any]: ...
 
-    def explain(self, keys: list[Hashable], unmet: bool, rule: Any, limit: Any) -> dict: ...
+    def explain(self, keys: list[Hashable], unmet: bool, rule: Any, limit: Any) -> Explanation: ...
 
 
 def register(scheduler: Any, policy: RulesPolicy) -> None:
@@ -187,11 +220,30 @@ class Handlers:
             out["pending"] = later
         return out
 
-    def amm_rules_explain(
-        self, keys: Any = (), unmet: bool = False, rule: Any = None, limit: Any = 10
-    ) -> dict[str, dict[str, Any]]:
-        """Why is each key where it is, and what would the engine do now?"""
-        return self.policy.answers.explain(check_keys(keys), unmet, rule, limit)
+    async def amm_rules_explain(
+        self,
+        keys: Any = (),
+        unmet: bool = False,
+        rule: Any = None,
+        limit: Any = 10,
+        counts: bool = False,
+    ) -> dict[str, Any]:
+        """Why is each key where it is, and what would the engine do now? (See the
+        module docstring: at most :func:`explain_cap` keys, a slice at a time.)"""
+        work = self.policy.answers.explain(check_keys(keys), unmet, rule, limit)
+        answers, done = await explain_in_slices(self.policy, work)
+        if done < work.total and not counts:
+            logger.info(
+                "amm-rules: explained %d of %d keys (at most %d in one call)",
+                done,
+                work.total,
+                work.most,
+            )
+        if counts:
+            # shown: the first keys asked that were explained (by position, duplicates
+            # counted), so that a caller can ask again for the others.
+            return {"keys": answers, "shown": done, "total": work.total, "most": work.most}
+        return answers
 
     def amm_rules_status(self) -> dict[str, Any]:
         """The rules in force, counters per rule (last cycle and totals), the sections."""
@@ -214,16 +266,38 @@ class EngineAnswers:
 
     def explain(
         self, keys: list[Hashable], unmet: bool = False, rule: Any = None, limit: Any = 10
-    ) -> dict[str, dict[str, Any]]:
+    ) -> Explanation:
         ctx = self.policy.ctx
         cluster = ctx.cluster_view()
         now = time.monotonic()
-        return {
-            key_string(key): explain_key(
-                self.policy, task_of(ctx.scheduler, key), cluster, now
+        scheduler = ctx.scheduler
+        most = explain_cap(len(cluster.workers))
+
+        def one(key: Hashable) -> tuple[str, dict[str, Any]]:
+            return key_string(key), explain_key(
+                self.policy, task_of(scheduler, key), cluster, now
             ).answer
-            for key in keys
-        }
+
+        return Explanation(keys[:most], len(keys), most, one)
+
+
+async def explain_in_slices(policy: RulesPolicy, work: Explanation) -> tuple[dict[str, Any], int]:
+    """Explain ``work``'s keys, yielding to the event loop every :data:`EXPLAIN_SLICE`
+    seconds: the answers, and how many of the keys were explained (all, unless the
+    policy detached meanwhile)."""
+    answers: dict[str, Any] = {}
+    deadline = time.perf_counter() + EXPLAIN_SLICE
+    done = 0
+    for key in work.keys:
+        name, answer = work.one(key)
+        answers[name] = answer
+        done += 1
+        if time.perf_counter() >= deadline:
+            await asyncio.sleep(0)
+            if not policy.ctx.attached:
+                break
+            deadline = time.perf_counter() + EXPLAIN_SLICE
+    return answers, done
 
 
 def engine_status(policy: RulesPolicy) -> dict[str, Any]:
@@ -261,6 +335,8 @@ def engine_status(policy: RulesPolicy) -> dict[str, Any]:
             for label in sorted(labels)
         },
         "reload_errors": list(policy.reload_errors),
+        # Features off here for want of an internal of dask or distributed, in words.
+        "unsupported": list(policy.unsupported.values()),
         # Early AMM cycles: settings, requests, cycles run, the last ones and why.
         "early_cycles": ctx.early.status(),
     }

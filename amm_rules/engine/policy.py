@@ -2,8 +2,9 @@
 
 Each AMM cycle (every 2 s by default, on the scheduler's event loop) the policy:
 
-1. reloads the rules file if it changed on disk (:meth:`RulesPolicy._maybe_reload`),
-   and installs the new rules in every section;
+1. reloads the rules file if it changed on disk (:meth:`RulesPolicy._maybe_reload`:
+   read and checked in a thread, :mod:`amm_rules.engine.rules_file`), and installs the
+   new rules in every section;
 2. recomputes pool membership if workers joined, left or changed status (or every
    cycle, if a pool reads worker memory): then every governed key is checked;
 3. runs its sections in order (:data:`amm_rules.engine.sections.SECTIONS`: the audit,
@@ -28,7 +29,7 @@ import logging
 import os
 import time
 from collections import Counter, defaultdict
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from distributed.active_memory_manager import (
@@ -42,6 +43,7 @@ from amm_rules.engine import observers
 from amm_rules.engine.context import EngineContext
 from amm_rules.engine.dryrun import dry_run_counts
 from amm_rules.engine.events import COUNTERS
+from amm_rules.engine.features import ENGINE, WORKER_WATCH, Need, missing, words
 from amm_rules.engine.handlers import Answers, EngineAnswers, register, unregister
 from amm_rules.engine.rules_file import ReloadFailed, RulesFile
 from amm_rules.engine.sections import SECTIONS, Cycle, Section
@@ -186,6 +188,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.answers: Answers = EngineAnswers(self)
         #: Undo the wrappers of the scheduler's replica and worker methods (see detach).
         self._unwatch: list[Any] = []
+        #: Features off on this scheduler for want of an internal, with their words
+        #: (see :mod:`amm_rules.engine.features`), and the sections off with them.
+        self.unsupported: dict[str, str] = {}
+        self._off: frozenset[Section] = frozenset()
         self._install(ruleset)
 
     def section(self, cls: type[Any]) -> Any:
@@ -248,11 +254,12 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         index = ctx.index
         ctx.events.scheduler = scheduler
         index.demand.tasks = scheduler.tasks
-        ctx.add_plugin(index, "amm-rules")
-        self._unwatch = [
-            watch_scheduler(scheduler, index),
-            watch_workers(scheduler, self.worker_changed),
-        ]
+        self._off = off = self._check_features(scheduler)
+        if ENGINE.name not in self.unsupported:
+            ctx.add_plugin(index, "amm-rules")
+            self._unwatch = [watch_scheduler(scheduler, index)]
+        if WORKER_WATCH.name not in self.unsupported:
+            self._unwatch.append(watch_workers(scheduler, self.worker_changed))
         ctx.placements.attach(scheduler.workers)
         register(scheduler, self)
         # The one allowed scan of scheduler.tasks: keys already in memory when attached.
@@ -263,10 +270,47 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         index.workers_changed = True
         ctx.early.attach(self.manager)
         index.wake = self._wake
+        # A changed rules file is read in a thread: its rules are taken by an early cycle.
+        self.rules_file.ready = lambda: ctx.early.request("rules-file-read")
         self._remove_reduce_replicas()
         for section in self.sections:
-            section.attach(ctx)
+            if section not in off:
+                section.attach(ctx)
         observers.attached(scheduler, self)
+
+    def _check_features(self, scheduler: Any) -> frozenset[Section]:
+        """Check what every feature needs of the scheduler's internals
+        (:mod:`amm_rules.engine.features`); say each feature that is off. The sections
+        that are off: those whose own feature is, all of them if the engine's is."""
+        engine = missing(ENGINE, scheduler)
+        if engine:
+            self.unsupported_feature(ENGINE.name, engine)
+        watch = missing(WORKER_WATCH, scheduler)
+        if watch:
+            self.unsupported_feature(WORKER_WATCH.name, watch)
+        off = set()
+        for section in self.sections:
+            section.unsupported = lacking = {}
+            for feature in section.FEATURES:
+                needs = missing(feature, scheduler)
+                if needs:
+                    lacking[feature.name] = self.unsupported_feature(feature.name, needs)
+            if engine or section.name in lacking:
+                off.add(section)
+        return frozenset(off)
+
+    def unsupported_feature(self, feature: str, needs: Sequence[Need]) -> str:
+        """Say that ``feature`` is off here for want of ``needs``: one log line, one
+        ``unsupported`` event, an entry of :attr:`unsupported` (the status shows it).
+        Returns the words (``memory-pressure: off: needs dask >= 2025.1 (...)``)."""
+        said = words(feature, needs)
+        if self.unsupported.get(feature) != said:
+            self.unsupported[feature] = said
+            logger.warning("amm-rules: %s", said)
+            self.ctx.events.emit(
+                "unsupported", feature=feature, needs=[n.what for n in needs], message=said
+            )
+        return said
 
     def detach(self) -> None:
         """Stop listening to the scheduler (plugins, wrappers, handlers) and leave the
@@ -278,13 +322,15 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         scheduler = manager.scheduler
         ctx.index.active = False
         ctx.early.close()
+        self.rules_file.close()
         for undo in self._unwatch:
             undo()
         self._unwatch = []
         ctx.remove_plugin(ctx.index)
         unregister(scheduler, self)
         for section in reversed(self.sections):
-            section.detach()
+            if section not in self._off:
+                section.detach()
         observers.detached(scheduler, self)
         manager.policies.discard(self)
         self._manager = ctx.manager = None
@@ -368,7 +414,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         in_memory = [ts for ts in self.scheduler.tasks.values() if ts.state == "memory"]
         ctx.index.reclassify(ts.key for ts in in_memory)
         for section in self.sections:
-            section.reloaded(in_memory)
+            if section not in self._off:
+                section.reloaded(in_memory)
         logger.info("amm-rules: reloaded %s", self)
         ctx.events.emit(
             "reload", source=self.path, rules=len(outcome.rules), pools=len(outcome.pools)
@@ -390,7 +437,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             self._maybe_reload()
             cycle = Cycle(self._refresh_workers(), time.monotonic(), start)
             for section in self.sections:
-                yield from section.run(cycle)
+                if section not in self._off:
+                    yield from section.run(cycle)
             self._count(cycle.stats)
         except Exception as exc:
             logger.exception("amm-rules: cycle failed; skipped")

@@ -113,6 +113,8 @@ def check_dask_config(path: str | os.PathLike[str]) -> list[CheckResult]:
         if isinstance(rules, dict):
             result = check_yaml_source(sub_source(source, (*at, "rules")), name)
             own.diagnostics.extend(result.diagnostics)
+            if result.ruleset is not None:
+                own.inline.append(result.ruleset)
         elif isinstance(rules, str) and rules.strip():
             raw = read_rules_bytes(rules)
             if isinstance(raw, str):

@@ -136,25 +136,37 @@ def _replicate_move_never(rules: list[RuleDraft], where: Locator) -> None:
     # sets replicate, every key of R gets some replication target (from whichever rule
     # matches first); it certainly gets move: never if the first of them that sets move
     # says never and so does every rule before it that sets move.
+    #
+    # The certain rules of R are those always true and those of R's text: the first of
+    # them that sets replicate is the earlier of the first of each kind, and so is the
+    # first that says move: never before any rule (certain or not) sets move otherwise.
+    # Computed once per kind and per text: a scan of the rules per rule took 8 s at
+    # 10,000 rules (on a live scheduler's reload too).
     live = [r for r in rules if r.constant is not False]
-    always = {id(r) for r in live if r.constant is True}
-    texts: dict[str, set[int]] = {}
+    position = {id(r): n for n, r in enumerate(live)}
+    stop = next(
+        (n for n, r in enumerate(live) if r.actions.move not in (None, "never")), len(live)
+    )
+
+    def firsts(group: list[RuleDraft]) -> tuple[RuleDraft | None, RuleDraft | None]:
+        replicate = next((r for r in group if r.actions.replicate is not None), None)
+        never = (r for r in group if r.actions.move == "never" and position[id(r)] < stop)
+        return replicate, next(never, None)
+
+    def earlier(a: RuleDraft | None, b: RuleDraft | None) -> RuleDraft | None:
+        if a is None or (b is not None and position[id(b)] < position[id(a)]):
+            return b
+        return a
+
+    texts: dict[str, list[RuleDraft]] = {}
     for r in live:
-        texts.setdefault(normalize(r.match_source), set()).add(id(r))
+        texts.setdefault(normalize(r.match_source), []).append(r)
+    of_text = {text: firsts(group) for text, group in texts.items()}
+    always_replicate, always_never = firsts([r for r in live if r.constant is True])
     for rule in live:
-        certain = always | texts[normalize(rule.match_source)]
-        replicate = next(
-            (r for r in live if id(r) in certain and r.actions.replicate is not None), None
-        )
-        move = None
-        for r in live:
-            if r.actions.move is None:
-                continue
-            if r.actions.move != "never":
-                break
-            if id(r) in certain:
-                move = r
-                break
+        text_replicate, text_never = of_text[normalize(rule.match_source)]
+        replicate = earlier(always_replicate, text_replicate)
+        move = earlier(always_never, text_never)
         if replicate is None or move is None:
             continue
         if max(replicate, move, key=lambda r: r.index) is not rule:

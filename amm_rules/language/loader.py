@@ -46,6 +46,8 @@ class CheckResult:
     text: str | None = None
     #: SHA-256 (hex) of the bytes read, or of an inline mapping's canonical JSON.
     sha256: str | None = None
+    #: The rules of the inline entries of a dask config file (``validate --dask-config``).
+    inline: list[Ruleset] = field(default_factory=list)
 
     @property
     def errors(self) -> list[Diagnostic]:

@@ -180,6 +180,11 @@ def header_html(report: Mapping[str, Any] | None) -> str:
         f"<b>cycles</b> {report['cycles']:,}; {timing} &middot; <b>backlog</b> "
         f"{report['classification_backlog']:,} keys waiting for classification",
     ]
+    # Features off for want of an internal of this dask or distributed.
+    lines += [
+        f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}"><b>unsupported</b> {e(said)}</span>'
+        for said in report.get("unsupported") or ()
+    ]
     return title + "".join(f"<div>{line}</div>" for line in lines)
 
 

@@ -42,7 +42,7 @@ from amm_rules.engine.handlers import explain_key as engine_explain_key
 from amm_rules.engine.state.governed import PlanClass, labels_of
 from amm_rules.language.fields import ActionError, parse_actions
 from amm_rules.language.ruleset import Actions, Desired, Reason, RuntimeTarget, overrides
-from amm_rules.observe.conformance import TOO_FEW_HOSTS, class_problem
+from amm_rules.observe.conformance import TOO_FEW_HOSTS, class_problem, conformance
 from amm_rules.observe.status import decision_dict
 
 if TYPE_CHECKING:
@@ -56,27 +56,41 @@ CLIP = 200
 HOLDS = "holds"
 
 
-def explain_keys(policy: RulesPolicy, keys: Any) -> dict[str, dict[str, Any]]:
-    """Per ``str(key)``, the engine's own explanation of each key
-    (:func:`amm_rules.engine.handlers.explain_key`: holders, desired, target, eligible,
-    would, workers, the sections' entries...) with the fields of this module added (see
-    the module docstring), from the one plan the engine made of the key.
-    ``keys``: a list, tuple or set of keys (``ValueError`` else)."""
-    ctx = policy.ctx
-    keys = check_keys(keys)
-    # Workers' memory as the AMM measured it in the last cycle, rather than measured
-    # afresh: a thousand workers' memory costs milliseconds, and the next cycle measures
-    # again anyway.
-    measured = ctx.journal.worker_memory
-    cluster = ctx.placements.cluster_view(measured) if measured else ctx.cluster_view()
-    now = time.monotonic()
-    answers: dict[str, dict[str, Any]] = {}
-    for key in keys:
-        core = engine_explain_key(policy, task_of(ctx.scheduler, key), cluster, now)
+class Explainer:
+    """Explains keys one at a time on one view of the workers, taken when it is made
+    (what the explain handler does a slice at a time, see
+    :func:`amm_rules.engine.handlers.explain_in_slices`)."""
+
+    def __init__(self, policy: RulesPolicy):
+        ctx = policy.ctx
+        self.policy = policy
+        self.scheduler = ctx.scheduler
+        # Workers' memory as the AMM measured it in the last cycle, rather than measured
+        # afresh: a thousand workers' memory costs milliseconds, and the next cycle
+        # measures again anyway.
+        measured = ctx.journal.worker_memory
+        self.cluster = ctx.placements.cluster_view(measured) if measured else ctx.cluster_view()
+        self.now = time.monotonic()
+
+    def __call__(self, key: Hashable) -> tuple[str, dict[str, Any]]:
+        """``str(key)`` and the engine's own explanation of the key
+        (:func:`amm_rules.engine.handlers.explain_key`: holders, desired, target,
+        eligible, would, workers, the sections' entries...) with the fields of this
+        module added (see the module docstring), from the one plan the engine made of
+        the key."""
+        policy, cluster, now = self.policy, self.cluster, self.now
+        core = engine_explain_key(policy, task_of(self.scheduler, key), cluster, now)
         answer = core.answer
         answer.update(_explained(policy, key, core, cluster, now))
-        answers[key_string(key)] = answer
-    return answers
+        return key_string(key), answer
+
+
+def explain_keys(policy: RulesPolicy, keys: Any) -> dict[str, dict[str, Any]]:
+    """Per ``str(key)``, the explanation of each key (see :class:`Explainer`), all at
+    once: for a few keys (the handler explains many a slice at a time).
+    ``keys``: a list, tuple or set of keys (``ValueError`` else)."""
+    explainer = Explainer(policy)
+    return dict(explainer(key) for key in check_keys(keys))
 
 
 def unmet_keys(policy: RulesPolicy, rule: str | None = None, limit: int = 10) -> list[Hashable]:
@@ -84,12 +98,8 @@ def unmet_keys(policy: RulesPolicy, rule: str | None = None, limit: int = 10) ->
     rule's name or ``(annotation)``/``(runtime)``, if given): keys of classes the
     workers cannot satisfy first, then keys the engine is working on. Raises
     ``ValueError`` for a rule that governs nothing and is not in the rules."""
+    check_rule(policy, rule)
     index = policy.index
-    known = {r.name for r in policy.ruleset.rules} | {"(annotation)", "(runtime)"}
-    known |= {"(client.replicate)", "(scatter broadcast)"}
-    if rule is not None and rule not in known and rule not in index.governed.governed_by:
-        names = ", ".join(sorted(known))
-        raise ValueError(f"rule: no rule named {rule!r}; the rules are {names}")
     limit = max(0, int(limit))
     out: list[Hashable] = []
     seen: set[Hashable] = set()
@@ -114,6 +124,24 @@ def unmet_keys(policy: RulesPolicy, rule: str | None = None, limit: int = 10) ->
             take(islice(group, limit * 4 if rule is not None else limit))
     take(list(index.shortfall))
     return out
+
+
+def check_rule(policy: RulesPolicy, rule: str | None) -> None:
+    """``ValueError`` for a ``rule`` that governs nothing and is not in the rules."""
+    known = {r.name for r in policy.ruleset.rules} | {"(annotation)", "(runtime)"}
+    known |= {"(client.replicate)", "(scatter broadcast)"}
+    if rule is not None and rule not in known and rule not in policy.index.governed.governed_by:
+        names = ", ".join(sorted(known))
+        raise ValueError(f"rule: no rule named {rule!r}; the rules are {names}")
+
+
+def count_unmet(policy: RulesPolicy, rule: str | None = None) -> int:
+    """How many governed keys :func:`unmet_keys` could pick without a limit (of
+    ``rule``, if given), counted as the conformance counts them: per class, not per key."""
+    found = conformance(policy)
+    if rule is None:
+        return found.governed - found.met
+    return sum(sum(r.unmet.values()) for r in found.rules if r.name == rule)
 
 
 def _explained(

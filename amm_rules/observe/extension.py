@@ -29,12 +29,17 @@ every policy configured by that name is observed.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Container
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine import observers
+from amm_rules.engine.features import PROMETHEUS, missing
 from amm_rules.engine.policy import RulesPolicy
+
+if TYPE_CHECKING:
+    from amm_rules.engine.handlers import Explanation
 
 __all__ = ["EngineExtension", "RulesPolicy", "activate", "engine_of"]
 
@@ -88,9 +93,7 @@ class EngineExtension:
 
     def teardown(self) -> None:
         """The scheduler is closing: stop publishing metrics for it."""
-        from amm_rules.observe import metrics
-
-        metrics.unregister(self.policy)
+        _unregister_metrics(self.policy)
 
 
 class Answers:
@@ -108,20 +111,27 @@ class Answers:
 
     def explain(
         self, keys: Any = (), unmet: bool = False, rule: Any = None, limit: Any = 10
-    ) -> dict[str, dict[str, Any]]:
+    ) -> Explanation:
         """Why is each key where it is (see :mod:`amm_rules.observe.explain`)? With
         ``unmet=True``, for up to ``limit`` keys whose target is unmet (of ``rule``, a
-        rule's name, if given) instead of ``keys``. Bad arguments raise ``ValueError``."""
-        from amm_rules.engine.handlers import MAX_KEYS
-        from amm_rules.observe.explain import explain_keys, unmet_keys
+        rule's name, if given) instead of ``keys``; at most
+        :func:`~amm_rules.engine.handlers.explain_cap` keys, the others counted. What
+        the handler explains a slice at a time. Bad arguments raise ``ValueError``."""
+        from amm_rules.engine.handlers import Explanation, check_keys, explain_cap
+        from amm_rules.observe.explain import Explainer, count_unmet, unmet_keys
 
-        if unmet:
-            if rule is not None and not isinstance(rule, str):
-                raise ValueError(f"rule: expected a rule's name, got {type(rule).__name__}")
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-                raise ValueError(f"limit: expected a whole number of keys >= 1, got {limit!r}")
-            keys = unmet_keys(self.policy, rule, min(limit, MAX_KEYS))
-        return explain_keys(self.policy, keys)
+        explainer = Explainer(self.policy)
+        most = explain_cap(len(explainer.cluster.workers))
+        if not unmet:
+            keys = check_keys(keys)
+            return Explanation(keys[:most], len(keys), most, explainer)
+        if rule is not None and not isinstance(rule, str):
+            raise ValueError(f"rule: expected a rule's name, got {type(rule).__name__}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit: expected a whole number of keys >= 1, got {limit!r}")
+        picked = unmet_keys(self.policy, rule, min(limit, most))
+        total = count_unmet(self.policy, rule) if len(picked) == min(limit, most) else 0
+        return Explanation(picked, max(total, len(picked)), most, explainer)
 
 
 class _Observer:
@@ -131,22 +141,34 @@ class _Observer:
         return "<amm-rules observe>"
 
     def attached(self, scheduler: Any, policy: RulesPolicy) -> None:
-        from amm_rules.observe import metrics
-
         scheduler.extensions[NAME] = EngineExtension(policy)
         policy.answers = Answers(policy)
+        if importlib.util.find_spec("prometheus_client") is None:
+            return  # no /metrics on this scheduler: nothing of ours to serve there
+        lacking = missing(PROMETHEUS, scheduler)
+        if lacking:
+            policy.unsupported_feature(PROMETHEUS.name, lacking)
+            return
+        from amm_rules.observe import metrics
+
         try:
             metrics.register(policy)
         except Exception:  # metrics are a convenience: never fail the scheduler for them
             logger.exception("amm-rules: could not register Prometheus metrics")
 
     def detached(self, scheduler: Any, policy: RulesPolicy) -> None:
-        from amm_rules.observe import metrics
-
         extension = scheduler.extensions.get(NAME)
         if isinstance(extension, EngineExtension) and extension.policy is policy:
             del scheduler.extensions[NAME]
-        metrics.unregister(policy)
+        _unregister_metrics(policy)
+
+
+def _unregister_metrics(policy: RulesPolicy) -> None:
+    try:
+        from amm_rules.observe import metrics
+    except ImportError:  # distributed's collector moved: the metrics were never registered
+        return
+    metrics.unregister(policy)
 
 
 OBSERVER = _Observer()

@@ -45,6 +45,8 @@ def _render_rules_file(report: Mapping[str, Any]) -> list[str]:
         out.append(f"  last reload error at {format_time(last['time'])}{past}: {first}{extra}")
     else:
         out.append("  last reload error: none")
+    # Features off for want of an internal of this dask or distributed.
+    out += [f"  unsupported  {said}" for said in report.get("unsupported") or ()]
     return out
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Iterator
 
 import dask
@@ -14,6 +15,7 @@ from distributed.utils_test import div, gen_cluster, inc
 
 import amm_rules
 from amm_rules.client import EngineNotFoundError
+from amm_rules.engine import handlers
 from amm_rules.language.fields import ActionError
 from benchmarks.support.waiting import wait_cycles, wait_for, wait_for_sync
 from tests.support.cluster import Requests, amm_config, copies, holders, keep, who_has
@@ -176,6 +178,22 @@ async def test_a_runtime_target_lasts_until_the_key_is_released(c, s, *workers):
     await wait_cycles(s, 10)
     assert requests.of("x-1") == ({}, {})
     assert copies(s, "x-1") == 1
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(), timeout=60)
+async def test_explain_of_more_keys_than_one_call_explains_warns(c, s, a, monkeypatch):
+    """The scheduler explains at most EXPLAIN_KEYS keys in one call (here 3): the
+    first are explained, and a warning says how many of how many."""
+    monkeypatch.setattr(handlers, "EXPLAIN_KEYS", 3)
+    keys = [f"x-{i}" for i in range(5)]
+    with pytest.warns(
+        UserWarning, match=r"explained 3 of 5 keys \(the scheduler explains at most 3"
+    ):
+        explained = await amm_rules.explain(keys)
+    assert list(explained) == keys[:3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(await amm_rules.explain(keys[3:])) == keys[3:]
 
 
 @gen_cluster(client=True, nthreads=[("", 1)])

@@ -5,7 +5,9 @@ found on a live scheduler or by ``validate`` (docs/reliability.md, promise 14).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
@@ -14,11 +16,12 @@ from distributed.utils_test import gen_cluster
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.language.loader import check_text
 from amm_rules.language.yaml_source import MAX_INT_CHARS
+from benchmarks.hostile import broken_rules, many_rules
 from benchmarks.support.waiting import cycle_until, cycles
 from tests.support.cluster import Requests, amm_config, counts, events, keep
 from tests.support.hang import hang_bound
 from tests.support.looplag import LoopLag, assert_no_stall
-from tests.support.rules_files import write_atomically
+from tests.support.rules_files import reload_now, write_atomically
 
 # ---------------------------------------------------------------------------------
 # 5. A file rewritten in place is installed once it has settled
@@ -144,3 +147,68 @@ async def test_a_hot_reload_of_a_sexagesimal_bomb_does_not_stall_the_loop(c, s, 
     (error,) = events(s, "reload-error")
     assert error["error"].startswith(f"{path}:5:16: error: integer '1:1:1:1:1:1:1:1:1:1:...'")
     assert [r.name for r in policy.ruleset.rules] == ["x", "y"]
+
+
+# ---------------------------------------------------------------------------------
+# 2. Reloads read off the event loop
+
+
+@gen_cluster(
+    client=True, nthreads=[("", 1)] * 2, config=amm_config(None, start=False), timeout=120
+)
+async def test_a_hot_reload_of_thousands_of_rules_does_not_stall_the_loop(c, s, a, b, tmp_path):
+    """A valid file of 10,000 rules stalled the loop 7 s at its reload: it is now read
+    and checked in a thread, and only the compiled rules are swapped in on the loop."""
+    path = tmp_path / "rules.yaml"
+    path.write_text(two_rules(2, "0s"))
+    policy = RulesPolicy(str(path))
+    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
+    write_atomically(path, many_rules(10_000))
+    async with LoopLag() as lag:
+        await cycle_until(amm, lambda: events(s, "reload"), "a reload event", timeout=90)
+    assert_no_stall(lag, "the hot reload of 10,000 rules")  # 7.7 s on the loop before
+    assert len(policy.ruleset.rules) == 10_000
+    assert events(s, "reload") == [
+        {"action": "reload", "source": str(path), "rules": 10_000, "pools": 0}
+    ]
+
+
+@gen_cluster(
+    client=True, nthreads=[("", 1)] * 2, config=amm_config(None, start=False), timeout=150
+)
+async def test_a_broken_file_is_read_once_per_state_off_the_loop(c, s, a, b, tmp_path):
+    """Each reload attempt of a 1 MiB file with an error in its last rule cost 4.3 s of
+    the loop. Now off the loop, and each state of the file is read and reported once."""
+    path = tmp_path / "rules.yaml"
+    path.write_text(two_rules(2, "0s"))
+    policy = RulesPolicy(str(path))
+    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
+    reloads = policy.journal.reloads
+    async with LoopLag() as lag:
+        write_atomically(path, broken_rules())
+        await cycle_until(amm, lambda: events(s, "reload-error"), "a reload-error event", 50)
+        await cycles(amm, 5)
+        assert (reloads["error"], len(events(s, "reload-error"))) == (1, 1)
+        write_atomically(path, broken_rules())  # the same text: a new state of the file
+        await cycle_until(amm, lambda: reloads["error"] == 2, "a second attempt", 50)
+    assert_no_stall(lag, "two reload attempts of a 1 MiB broken rules file")  # 4.3 s each before
+    first, second = events(s, "reload-error")
+    assert first["error"] == second["error"]
+    assert re.fullmatch(
+        rf"{re.escape(str(path))}:\d+:5: error: unknown field 'replicat'.*",
+        first["error"].splitlines()[0],
+    )
+    assert [r.name for r in policy.ruleset.rules] == ["x", "y"]
+
+
+def test_a_reload_in_flight_is_taken_by_a_later_poll(tmp_path):
+    """Outside an event loop too: the poll that starts the load may return before it is
+    done (a file of thousands of rules), and a later poll installs it."""
+    path = tmp_path / "rules.yaml"
+    path.write_text(two_rules(2, "0s"))
+    policy = RulesPolicy(str(path))
+    policy._manager = SimpleNamespace(scheduler=SimpleNamespace(tasks={}))  # no keys
+    write_atomically(path, many_rules(2_000))
+    reload_now(policy)
+    assert len(policy.ruleset.rules) == 2_000
+    assert (policy.journal.reloads["ok"], policy.journal.reloads["error"]) == (1, 0)

@@ -22,6 +22,7 @@ from distributed.utils_test import gen_cluster, inc
 import amm_rules
 from amm_rules.cli import main
 from amm_rules.cli.keys import parse_key
+from amm_rules.engine import handlers
 from amm_rules.observe.status import status_report
 from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, copies, policy_of, rules
@@ -161,6 +162,50 @@ async def test_status_and_explain_from_the_shell(c, s, a, b):
         "amm-rules: error: --rule: no rule named 'fiv'; the rules are two, five, "
         "(annotation), (runtime)\n"
     )
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 2, config=amm_config(RULES), timeout=120)
+async def test_explain_says_how_many_keys_it_shows_and_asks_for_the_rest(c, s, a, b, monkeypatch):
+    """``--unmet`` shows 10 of the 12 unmet keys and says so, on stdout in text and on
+    stderr with JSON (the JSON stays the answers); keys named on the command line are
+    all explained, whatever one call explains (here 4 of them)."""
+    futures = c.map(inc, range(12), key=[f"five-{i}" for i in range(12)])
+    await c.gather(futures)
+    policy = policy_of(s)
+    await wait_for(lambda: len(policy.index) == 12, "12 governed keys")
+    unmet = await cli("explain", "--unmet", "--scheduler", s.address)
+    assert unmet.returncode == 0, unmet.stderr
+    assert unmet.stdout.count("wants 5 copies") == 10
+    assert unmet.stdout.endswith(
+        "\nshowing 10 of 12 unmet keys; use --limit to see more (at most 1,000 in one call)\n"
+    )
+    as_json = await cli(
+        "explain", "--unmet", "--limit", "11", "--format", "json", "--scheduler", s.address
+    )
+    assert as_json.returncode == 0, as_json.stderr
+    assert len(json.loads(as_json.stdout)) == 11
+    assert as_json.stderr == (
+        "amm-rules: note: showing 11 of 12 unmet keys; use --limit to see more "
+        "(at most 1,000 in one call)\n"
+    )
+    every = await cli("explain", "--unmet", "--limit", "12", "--scheduler", s.address)
+    assert "showing" not in every.stdout and every.stdout.count("wants 5 copies") == 12
+
+    monkeypatch.setattr(handlers, "EXPLAIN_KEYS", 4)
+    capped = await cli("explain", "--unmet", "--limit", "12", "--scheduler", s.address)
+    assert capped.stdout.count("wants 5 copies") == 4
+    assert capped.stdout.endswith(
+        "\nshowing 4 of 12 unmet keys (at most 4 in one call); use --rule to see others\n"
+    )
+    # Named keys: asked 4 at a time until each is explained (a number tried as a string
+    # first, then as a number, as before).
+    named = [f"five-{i}" for i in range(12)]
+    why = await cli("explain", *named, "nope", "--scheduler", s.address)
+    assert why.returncode == 1
+    assert [
+        line.split(":")[0] for line in why.stdout.splitlines() if line.startswith("five-")
+    ] == named
+    assert why.stderr == "amm-rules: error: unknown key: nope (not known to the scheduler)\n"
 
 
 @gen_cluster(client=True, nthreads=[("", 1)], timeout=120)

@@ -16,7 +16,7 @@ from tornado.httpclient import AsyncHTTPClient
 
 from amm_rules import RulesPolicy
 from amm_rules.observe import metrics
-from benchmarks.support.waiting import poll, wait_for
+from benchmarks.support.waiting import cycle_until, poll, wait_for
 from tests.support.cluster import amm_config, copies, policy_of, rules
 from tests.support.flow import graph
 from tests.support.rules_files import write_atomically
@@ -143,7 +143,7 @@ async def test_metrics_follow_the_cluster(c, s, a, b, w3):
     assert value(text, "dask_amm_rules_copies_requested_total", rule="many", **here) == 2
 
 
-@gen_cluster(client=True, nthreads=[("", 1)], scheduler_kwargs=HTTP)
+@gen_cluster(client=True, nthreads=[("", 1)], scheduler_kwargs=HTTP, timeout=60)
 async def test_reloads_are_counted_and_detach_unregisters(c, s, a):
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "rules.yaml"
@@ -151,10 +151,12 @@ async def test_reloads_are_counted_and_detach_unregisters(c, s, a):
         policy = RulesPolicy(path)
         s.extensions["amm"].add_policy(policy)
         try:
+            reloads = policy.journal.reloads
+            # (Each read in a thread: counted by the cycle that finds it read.)
             write_atomically(path, "version: 1\nrules: [\n")  # broken
-            s.extensions["amm"].run_once()
+            await cycle_until(s.extensions["amm"], lambda: reloads["error"] == 1, "the error")
             write_atomically(path, "version: 1\nrules: []\n")
-            s.extensions["amm"].run_once()
+            await cycle_until(s.extensions["amm"], lambda: reloads["ok"] == 1, "the reload")
             text = await scrape(s)
             here = {"scheduler": s.address}
             assert value(text, "dask_amm_rules_reloads_total", result="ok", **here) == 1

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +25,17 @@ def write_atomically(path: Path, text: str) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def reload_now(policy: Any, timeout: float = 30.0) -> None:
+    """Reload ``policy``'s changed rules file outside an event loop, as its cycles would:
+    poll until the file, read in its load thread, was installed or refused."""
+    reloads = policy.ctx.journal.reloads
+    before = sum(reloads.values())
+    deadline = time.monotonic() + timeout
+    while sum(reloads.values()) == before:
+        assert time.monotonic() < deadline, f"the rules file not reloaded within {timeout} s"
+        policy._maybe_reload()
 
 
 def clear(path: Path) -> None:

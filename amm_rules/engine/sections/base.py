@@ -17,6 +17,12 @@ class listed in :data:`amm_rules.engine.sections.SECTIONS`, in that order, and t
 - ``detach()`` when the policy leaves the AMM: every plugin, wrapper and callback the
   section installed is removed.
 
+What a section needs of dask's and distributed's internals is in :attr:`Section.FEATURES`
+(:mod:`amm_rules.engine.features`): the policy checks it at attach; a section whose own
+feature (named as the section) lacks a need is neither attached nor run, and a part of
+it that lacks one is in :attr:`Section.unsupported`, which the section consults
+(:meth:`Section.supports`) to leave that part off.
+
 What a section shows goes through the same list: ``status()`` is the section's entry in
 ``amm_rules_status`` under :attr:`Section.status_key`, ``explain(ts, now)`` its entry in
 an ``explain`` answer under :attr:`Section.explain_key`, ``metrics()`` its figures for
@@ -37,6 +43,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from amm_rules.engine.context import EngineContext
     from amm_rules.engine.dryrun import DryRun
+    from amm_rules.engine.features import Feature
     from amm_rules.language.ruleset import Ruleset
 
 #: A metric's definition: (name under ``dask_amm_rules_``, ``gauge`` or ``counter``, help).
@@ -84,8 +91,19 @@ class Section:
     #: the section (:meth:`in_use`).
     offline: ClassVar[str] = ""
 
+    #: What the section and its parts need of dask's and distributed's internals: the
+    #: feature named as the section is the whole section, others are parts of it.
+    FEATURES: ClassVar[tuple[Feature, ...]] = ()
+    #: The features of :attr:`FEATURES` off on this scheduler, with their words (set by
+    #: the policy's check at attach).
+    unsupported: Mapping[str, str] = {}
+
     #: The engine's context while attached, else None.
     ctx: EngineContext | None = None
+
+    def supports(self, feature: str) -> bool:
+        """Whether the feature (the section or one of its parts) is on here."""
+        return feature not in self.unsupported
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} section {self.name!r}>"

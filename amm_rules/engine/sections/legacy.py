@@ -47,6 +47,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from amm_rules.engine.features import Feature, scheduler_methods
 from amm_rules.engine.sections.base import Section
 from amm_rules.engine.wrapping import wrap_methods
 from amm_rules.language.fields import MAX_REPLICAS
@@ -72,6 +73,7 @@ class LegacyCalls(Section):
         "(the targets they set are replayed)"
     )
     name = "legacy-replicate"
+    FEATURES = (Feature("legacy-replicate", scheduler_methods("replicate", "scatter")),)
     status_key = "legacy_replicate"
     explain_key = "copying"
 

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
+from amm_rules.engine.features import DATA_PRODUCER, QUEUEING, Feature
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.state.flow import MemoryFlow, PrefixFlow
 from amm_rules.language.fields import format_fraction
@@ -103,6 +104,13 @@ class MemoryPressure(Section, SchedulerPlugin):
         return bool(ruleset.memory_pressure is not None and ruleset.memory_pressure.enabled)
 
     name = "memory-pressure"
+    FEATURES = (
+        Feature(
+            "memory-pressure",
+            (DATA_PRODUCER, *QUEUEING),
+            in_use=lambda ruleset: MemoryPressure.in_use(ruleset),
+        ),
+    )
     status_key = "memory_pressure"
     explain_key = "memory_pressure"
     metric_prefix = "memory_pressure"

@@ -57,6 +57,7 @@ from distributed.metrics import time as heartbeat_clock
 
 from amm_rules.engine.adapters import worker_status
 from amm_rules.engine.decide.evacuate import Evacuation, plan_evacuation
+from amm_rules.engine.features import RESTART_WORKERS, RETIRING, Feature
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.sections.retirement import (
     CopyBook,
@@ -81,6 +82,8 @@ SOURCE = "(paused-workers)"
 ROOM_MARGIN = 0.10
 #: Keys of a handled worker looked at per cycle (its keys are gone through in turns).
 KEYS_PER_CYCLE = 10_000
+#: The part of the section that restarts workers (``action: restart``).
+RESTART = "paused-workers: action: restart"
 #: Seconds given to ``retire_workers`` and to the nanny's restart.
 RESTART_TIMEOUT = 60.0
 
@@ -219,6 +222,16 @@ class PausedWorkers(Section):
         return bool(ruleset.paused_workers is not None)
 
     name = "paused-workers"
+    FEATURES = (
+        Feature("paused-workers", RETIRING, in_use=lambda ruleset: PausedWorkers.in_use(ruleset)),
+        Feature(
+            RESTART,
+            (RESTART_WORKERS,),
+            in_use=lambda ruleset: bool(
+                ruleset.paused_workers is not None and ruleset.paused_workers.action == "restart"
+            ),
+        ),
+    )
     status_key = "paused_workers"
     explain_key = "paused_workers"
     metric_prefix = "paused_workers"
@@ -419,6 +432,8 @@ class PausedWorkers(Section):
         action, note = settings.action, None
         if action == "restart" and not ws.nanny:
             action, note = "retire", "it has no nanny to restart it: retired instead"
+        elif action == "restart" and not self.supports(RESTART):
+            action, note = "retire", f"{self.unsupported[RESTART]}: retired instead"
         h = Handling(ws.address, str(ws.name), action, now, keys=len(ws.has_what), note=note)
         self.handling[ws.address] = h
         self.stuck.pop(ws.address, None)

@@ -55,6 +55,7 @@ from amm_rules.engine.decide.evacuate import (
     plan_evacuation,
 )
 from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
+from amm_rules.engine.features import DOWNSCALING, RETIRING, Feature
 from amm_rules.engine.sections.base import Section
 from amm_rules.language.ruleset import UNGOVERNED, Desired
 
@@ -217,6 +218,10 @@ class Retirements(Section):
         "retirement: not simulated: no worker retires in a simulation (--kill removes workers)"
     )
     name = "retirement"
+    FEATURES = (
+        Feature("retirement", RETIRING),
+        Feature("adaptive scale-down guard", (DOWNSCALING,)),
+    )
     status_key = "retirements"
     metric_prefix = "retirement"
     METRICS = {
@@ -268,8 +273,9 @@ class Retirements(Section):
         manager = ctx.manager
         _ENGINES[manager] = self
         self._unwrap = _wrap_add_policy(manager)
-        self._guard = DownscalingGuard(self)
-        ctx.add_plugin(self._guard, "amm-rules-downscaling")
+        if self.supports("adaptive scale-down guard"):
+            self._guard = DownscalingGuard(self)
+            ctx.add_plugin(self._guard, "amm-rules-downscaling")
 
     def detach(self) -> None:
         ctx = self.ctx

@@ -50,7 +50,7 @@ async def test_a_dry_run_rule_makes_no_copy_and_reports_what_it_would(c, s, *wor
     assert "three" not in status["totals"] or status["totals"]["three"]["requested"] == 0
     assert "would_request" not in status["last_cycle"].get("two", {})
 
-    explained = s.handlers["amm_rules_explain"](keys=[dry[0].key, "x-0"])
+    explained = await s.handlers["amm_rules_explain"](keys=[dry[0].key, "x-0"])
     mine = explained[str(dry[0].key)]
     assert mine["dry_run"] == "three"
     assert [w["op"] for w in mine["would"]] == ["replicate", "replicate"]

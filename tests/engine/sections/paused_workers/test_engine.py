@@ -156,7 +156,7 @@ async def test_a_move_never_key_alone_keeps_the_worker_and_says_why(c, s, a, b, 
     # Nothing is copied for a worker that cannot leave.
     assert log.seen("plain-1") == set() and holders(s, "plain-1") == {a.address}
     assert line(s, a.address)["state"] == "blocked"
-    explained = s.handlers["amm_rules_explain"](keys=["frozen-1"])["frozen-1"]
+    explained = (await s.handlers["amm_rules_explain"](keys=["frozen-1"]))["frozen-1"]
     assert explained["paused_workers"] == [
         {
             "worker": a.address,

@@ -445,6 +445,7 @@ rebalance:
     Worker=BlockedGetData,
     worker_kwargs={"memory_limit": LIMIT},
     config={**config(), **amm_config(None, start=False)},
+    timeout=60,
 )
 async def test_moves_in_flight_are_finished_after_a_reload_turns_rebalance_off(
     c, s, a, b, w, tmp_path
@@ -461,7 +462,7 @@ async def test_moves_in_flight_are_finished_after_a_reload_turns_rebalance_off(
     assert started > 0 and len(policy.rebalancer.book.pending) == started
     await a.in_get_data.wait()  # the copies are stuck on the sender
     moving = next(iter(policy.rebalancer.book.pending.values()))
-    explained = s.handlers["amm_rules_explain"](keys=[moving.key])[moving.key]["rebalance"]
+    explained = (await s.handlers["amm_rules_explain"](keys=[moving.key]))[moving.key]["rebalance"]
     assert explained["moving"] and not explained["landed"]
     assert (explained["sender"], explained["recipient"]) == (a.address, moving.recipient)
     status = s.handlers["amm_rules_status"]()["rebalance"]
@@ -471,8 +472,8 @@ async def test_moves_in_flight_are_finished_after_a_reload_turns_rebalance_off(
     tmp = tmp_path / "rules.tmp"
     tmp.write_text(REBALANCE_FILE.format(enabled="false"))
     os.replace(tmp, path)
-    amm.run_once()
-    assert not policy.ruleset.rebalance.enabled
+    # (Read in a thread: installed by the cycle that finds it read.)
+    await cycle_until(amm, lambda: not policy.ruleset.rebalance.enabled, "the reload")
     assert len(policy.rebalancer.book.pending) == started, "moves in flight are kept"
 
     a.block_get_data.set()

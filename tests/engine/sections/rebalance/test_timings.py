@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.engine.rebalance.plan import Move, PendingMove
 from amm_rules.engine.sections.rebalance import RebalanceSection
-from tests.support.rules_files import write_atomically
+from tests.support.rules_files import reload_now, write_atomically
 
 TIMED = """\
 version: 1
@@ -34,7 +34,7 @@ def test_rebalance_timings_reach_the_move_book_and_follow_a_reload(tmp_path):
 
     policy._manager = SimpleNamespace(scheduler=SimpleNamespace(tasks={}))
     write_atomically(path, TIMED.format(cool="0", copy="5s", drop="1s"))
-    policy._maybe_reload()
+    reload_now(policy)
     assert policy.rebalancer is rebalancer and rebalancer.book is book
     assert (book.cooldown, book.copy_timeout, book.drop_timeout) == (0.0, 5.0, 1.0)
     status = policy.section(RebalanceSection).status()

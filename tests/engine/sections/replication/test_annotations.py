@@ -64,7 +64,7 @@ async def test_invalid_annotation_is_ignored_with_one_event(c, s, *workers):
     assert len(invalid) == 2, invalid  # once per distinct value, not per key
     assert invalid[0] == "pool: unknown pool 'gpux'; did you mean 'gpu'?"
     assert invalid[1].startswith("replicate: must be at least 1")
-    explained = s.handlers["amm_rules_explain"](keys=["inc-11"])["inc-11"]
+    explained = (await s.handlers["amm_rules_explain"](keys=["inc-11"]))["inc-11"]
     assert explained["annotation_ignored"] is True
     # Once, not once per cycle.
     await wait_cycles(s, 10)
@@ -134,7 +134,7 @@ async def test_invalid_replicate_annotation_is_an_event_never_an_exception(c, s,
     assert invalid[1][1] == (
         "replicate: must be at least 1 (the AMM never drops the last copy), got 0"
     )
-    explained = s.handlers["amm_rules_explain"](keys=["inc-21", "inc-23"])
+    explained = await s.handlers["amm_rules_explain"](keys=["inc-21", "inc-23"])
     assert explained["inc-21"]["annotations_ignored"] == ["replicate"]
     assert explained["inc-23"]["annotations_ignored"] == ["replicate"]
     assert explained["inc-23"]["desired"].startswith("replicate=2 from amm annotation")

@@ -62,7 +62,7 @@ async def test_empty_pool_is_reported_and_data_stays(c, s, a, b):
     )
     assert holders(s, "gpu-1") == {a.address}
     assert policy.totals["device"]["requested"] == 0
-    explained = s.handlers["amm_rules_explain"](keys=["gpu-1"])["gpu-1"]
+    explained = (await s.handlers["amm_rules_explain"](keys=["gpu-1"]))["gpu-1"]
     assert explained["eligible"] == 0
     assert "0 eligible workers" in explained["unmet"]
     assert explained["misplaced"] == {a.address: "outside pool gpu"}
