@@ -109,7 +109,7 @@ async def test_explaining_every_unmet_key_is_capped_and_does_not_stall_the_loop(
     # Capped and sliced, the call holds the loop tens of milliseconds on a quiet machine;
     # the bound only catches a stall (a loaded machine's scheduling and a full garbage
     # collection of the answer have taken 2 s here).
-    assert_no_stall(lag, "explain --unmet of 20,000 unmet keys")
+    assert_no_stall(lag, "explain --unmet of 20,000 unmet keys", bound=5.0)  # 10 s before
     assert (got["shown"], got["total"], got["most"]) == (EXPLAIN_KEYS, 20_000, EXPLAIN_KEYS)
     assert len(got["keys"]) == EXPLAIN_KEYS
     assert {a["summary"] for a in got["keys"].values()} == {
