@@ -27,7 +27,10 @@ cycle later. Here:
   another retiring worker);
 - :class:`DownscalingGuard`, a scheduler plugin, keeps out of adaptive scale-down's
   candidates the workers whose departure the rules would refuse: adaptive closes the
-  workers it chose whether or not their retirement succeeded.
+  workers it chose whether or not their retirement succeeded. ``workers_to_close`` is
+  also called by reads (``adaptive_target``, which a ``/metrics`` scrape and the
+  dashboard call): the guard's decision is counted and logged only when a retirement
+  of one of the workers it let through follows it.
 
 Neighbours: the policy runs :class:`Retirements` as a section (attach, detach, status); :mod:`amm_rules.engine.sections.paused_workers` uses :func:`evacuation_input` and :class:`CopyBook`.
 """
@@ -64,6 +67,11 @@ logger = logging.getLogger(__name__)
 
 #: Keys named in an event or a status line (the count is always given).
 KEYS_SHOWN = 20
+
+#: Seconds within which a retirement must follow the downscaling guard's decision for
+#: the decision to count: adaptive retires the workers it chose right after choosing
+#: them (``retire_workers(n=...)`` in the same call).
+GUARD_FOLLOW_SECONDS = 10.0
 
 #: The Retirements of the RulesPolicy attached to each manager.
 _ENGINES: weakref.WeakKeyDictionary[Any, Retirements] = weakref.WeakKeyDictionary()
@@ -243,8 +251,8 @@ class Retirements(Section):
         super().attach(ctx)
         manager = ctx.manager
         _ENGINES[manager] = self
-        self._unwrap = _wrap_add_policy(manager)
         self._guard = DownscalingGuard(self)
+        self._unwrap = _wrap_add_policy(manager, self._guard.retiring)
         ctx.add_plugin(self._guard, "amm-rules-downscaling")
 
     def detach(self) -> None:
@@ -438,15 +446,17 @@ class Retirements(Section):
 _COUNTERS = ("retirements", "copies", "bytes", "drops", "placed", "blocked", "downscaling_kept")
 
 
-def _wrap_add_policy(manager: Any) -> Callable[[], None]:
+def _wrap_add_policy(manager: Any, retiring: Callable[[str], None]) -> Callable[[], None]:
     """Make every ``RetireWorker`` added to ``manager`` (and those already there) a
-    :class:`RulesRetireWorker`. Returns the function that undoes the wrapper."""
+    :class:`RulesRetireWorker`, telling ``retiring`` the address of each new one.
+    Returns the function that undoes the wrapper."""
     before = vars(manager).get("add_policy")
     add_policy = manager.add_policy
 
     def add_policy_ruled(policy: Any) -> None:
         if type(policy) is RetireWorker:
             policy.__class__ = RulesRetireWorker
+            retiring(policy.address)
         add_policy(policy)
 
     manager.add_policy = add_policy_ruled
@@ -480,12 +490,44 @@ class DownscalingGuard(SchedulerPlugin):
     keys, and keys with no eligible running worker at all, whose every copy is on
     candidates, a holder is kept. Cost: one set operation per class, plus one per key of
     those last two kinds.
+
+    ``workers_to_close`` answers reads too (``adaptive_target``: every ``/metrics``
+    scrape): the decision is held in :attr:`pending` and counted (``downscaling_kept``)
+    and logged (a ``retirement`` event, ``step: kept``) by :meth:`retiring`, when the
+    retirement of a worker it let through starts within :data:`GUARD_FOLLOW_SECONDS`.
     """
 
     name = "amm-rules-downscaling"
 
     def __init__(self, retirements: Retirements):
         self.retirements = retirements
+        #: The last decision that kept workers, not yet followed by a retirement:
+        #: (``time.monotonic()``, workers kept, workers let through), or None.
+        self.pending: tuple[float, frozenset[str], frozenset[str]] | None = None
+
+    def retiring(self, address: str) -> None:
+        """A retirement of ``address`` starts: if it follows the last decision (the
+        worker was among those let through, recently), that decision is acted on."""
+        pending = self.pending
+        if pending is None:
+            return
+        when, keep, passed = pending
+        if time.monotonic() - when > GUARD_FOLLOW_SECONDS:
+            self.pending = None
+            return
+        if address not in passed:
+            return
+        self.pending = None
+        ctx = self.retirements.ctx
+        self.retirements.counters["downscaling_kept"] += len(keep)
+        if ctx is not None:
+            ctx.events.once(
+                ("downscaling-kept", keep),
+                "retirement",
+                step="kept",
+                workers=sorted(keep),
+                why="their keys have nowhere else to go under the rules",
+            )
 
     def remove_worker(self, scheduler: Any = None, worker: str = "", **kwargs: Any) -> None:
         self.retirements.forget(worker)
@@ -500,16 +542,12 @@ class DownscalingGuard(SchedulerPlugin):
             logger.exception("amm-rules: downscaling guard failed; not filtering")
             return workers
         if not keep:
+            self.pending = None
             return workers
-        self.retirements.counters["downscaling_kept"] += len(keep)
-        ctx.events.once(
-            ("downscaling-kept", frozenset(keep)),
-            "retirement",
-            step="kept",
-            workers=sorted(keep),
-            why="their keys have nowhere else to go under the rules",
-        )
-        return [ws for ws in workers if ws.address not in keep]
+        out = [ws for ws in workers if ws.address not in keep]
+        # A read or a choice: counted once a retirement follows (see retiring).
+        self.pending = (time.monotonic(), frozenset(keep), frozenset(ws.address for ws in out))
+        return out
 
     def _keep(self, ctx: EngineContext, workers: list[Any]) -> set[str]:
         ensure_pools(ctx)
