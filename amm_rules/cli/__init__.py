@@ -187,12 +187,9 @@ def _validate(
 
 
 def _check(file: str) -> CheckResult:
-    from amm_rules.language.loader import check_path, check_stream
+    from amm_rules.language.loader import check_argument
 
-    if file == "-":
-        # The bytes under standard input (click's own helper for it is deprecated).
-        return check_stream(getattr(sys.stdin, "buffer", sys.stdin))
-    return check_path(file, streams=True)
+    return check_argument(file)
 
 
 @main.command()
@@ -228,6 +225,9 @@ def simulate(
     --scheduler; copies land between cycles; the computation is frozen. Reports per
     rule, per pool and per worker, the keys left unmet, and with --kill* what losing
     those workers does.
+
+    RULES is read as validate reads a FILE: '-' is standard input, and a pipe or a
+    process substitution is read to its end.
 
     Exit status: 0; 1 when a --kill* loses the last copy of a key, or the rules or the
     cluster cannot be read; 2 for usage errors.
@@ -276,6 +276,9 @@ def diff(
     OLD settles on the cluster first; then every key whose target or placement changes
     is listed, and NEW runs until nothing changes: copies added and dropped, bytes
     transferred, per rule and in total.
+
+    OLD and NEW are read as validate reads a FILE: either may be '-' (standard input),
+    a pipe or a process substitution, such as <(git show HEAD~1:rules.yaml).
 
     Exit status: 0; 1 when the rules or the cluster cannot be read; 2 for usage errors.
     """
