@@ -107,8 +107,11 @@ class RulesError(ValueError):
     exactly as ``amm-rules validate`` prints them.
     """
 
-    def __init__(self, diagnostics: Iterable[Diagnostic]):
+    def __init__(self, diagnostics: Iterable[Diagnostic], text: str | None = None):
         self.diagnostics: list[Diagnostic] = sorted(diagnostics, key=sort_key)
+        #: The text the diagnostics point into, when there is one (a report shows its
+        #: lines, with a caret under each problem, as ``validate`` does).
+        self.text = text
         errors = [d for d in self.diagnostics if d.is_error] or self.diagnostics
         super().__init__("\n".join(str(d) for d in errors))
 

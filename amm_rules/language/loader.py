@@ -67,7 +67,7 @@ def load_ruleset(source: Any, *, filename: str | None = None) -> Ruleset:
     else:
         raise TypeError(f"rules must be a path or a mapping, got {type(source).__name__}")
     if result.ruleset is None:
-        raise RulesError(result.diagnostics)
+        raise RulesError(result.diagnostics, result.text)
     for diag in result.diagnostics:
         logger.warning("%s", diag)
     return replace(result.ruleset, text=result.text, sha256=result.sha256)
