@@ -6,10 +6,11 @@ with dask's security settings), as a client would, without starting a ``Client``
 1. connect and ask ``identity`` (a short timeout: an unreachable address fails fast,
    and an address that is not a scheduler is named as such);
 2. ask whether the amm-rules handlers are registered: a scheduler does not answer an
-   operation it has no handler for, so calling it blindly would wait for the timeout
-   (the probe runs a function of this package on the scheduler, as
-   :func:`amm_rules.status` does; where running functions is not allowed, the handler
-   is called and its silence reported after the timeout);
+   operation it has no handler for, so calling it blindly would wait for the timeout.
+   The scheduler's metadata says so (the engine's entry, ``get_metadata``, as
+   :func:`amm_rules.status` asks it); without the entry (no engine, or an older one),
+   a function of this package is run on the scheduler to look; where running functions
+   is not allowed, the handler is called and its silence reported after the timeout;
 3. call ``amm_rules_status``, ``amm_rules_memory_flow`` or ``amm_rules_explain`` and
    render the answer.
 
@@ -100,6 +101,18 @@ async def _step(call: Any, address: str, timeout: float, what: str) -> Any:
 async def _probe(remote: Any, address: str, timeout: float, op: str) -> None:
     from distributed.protocol.pickle import dumps
 
+    from amm_rules.engine.handlers import METADATA_KEY, engine_in_metadata
+
+    try:
+        said = await asyncio.wait_for(
+            remote.get_metadata(keys=[METADATA_KEY], default=None), timeout
+        )
+    except Exception:
+        said = None
+    if engine_in_metadata(said):
+        return
+    # The scheduler does not say (no engine, or one older than its metadata entry): run
+    # a function there that looks for the handlers.
     try:
         answer = await asyncio.wait_for(
             remote.run_function(function=dumps(_engine_attached)), timeout

@@ -163,6 +163,36 @@ async def test_status_and_explain_from_the_shell(c, s, a, b):
     )
 
 
+@gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(RULES), timeout=120)
+async def test_status_and_explain_run_no_function_on_the_scheduler(c, s, a):
+    """Whether the engine is there is asked of the scheduler's metadata: no
+    ``run_function`` (which logs ``Run out-of-band function`` at every call)."""
+    ran: list[Any] = []
+    run_function = s.handlers["run_function"]
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        ran.append(kwargs.get("function"))
+        return run_function(*args, **kwargs)
+
+    s.handlers["run_function"] = counting
+    x = c.submit(inc, 1, key="two-1")
+    await x
+    for args in (("status",), ("explain", "two-1")):
+        result = await cli(*args, "--scheduler", s.address)
+        assert result.returncode == 0, result.stderr
+    status = await amm_rules.status(c)
+    assert list(status["rules"]) == ["two", "five"]
+    assert not ran
+    # client.restart() clears the scheduler's metadata: the entry comes back.
+    await c.restart(wait_for_workers=False)
+    result = await cli("status", "--scheduler", s.address)
+    assert result.returncode == 0, result.stderr
+    assert not ran
+    # Once detached, the entry goes with the handlers.
+    policy_of(s).detach()
+    assert "amm-rules" not in s.task_metadata
+
+
 @gen_cluster(client=True, nthreads=[("", 1)], timeout=120)
 async def test_a_scheduler_without_the_engine_is_one_line(c, s, a):
     # (status and explain share the probe: one command is enough)
