@@ -26,9 +26,13 @@ import json
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-#: Seconds to wait for the scheduler at each step (connect, probe, answer).
-DEFAULT_TIMEOUT = 5.0
+#: Seconds to wait for the scheduler at each step (connect, probe, answer): a reachable
+#: scheduler answers in milliseconds, so a longer wait mostly delays the error (the
+#: command line's ``--timeout`` has the same default).
+DEFAULT_TIMEOUT = 2.0
 CONNECT = "connect to"
+#: Said with every error of waiting too long.
+TIMEOUT_HINT = "--timeout SECONDS waits longer"
 
 
 class RemoteError(Exception):
@@ -84,11 +88,17 @@ async def _step(call: Any, address: str, timeout: float, what: str) -> Any:
         return await asyncio.wait_for(call, timeout)
     except asyncio.TimeoutError:
         raise RemoteError(
-            f"could not {what} the scheduler at {address} within {timeout:g} s"
+            f"could not {what} the scheduler at {address} within {timeout:g} s ({TIMEOUT_HINT})"
         ) from None
     except RemoteError:
         raise
     except Exception as exc:
+        if isinstance(exc, OSError) and str(exc).startswith("Timed out"):
+            # distributed's connect retries until the timeout: nothing answered there.
+            raise RemoteError(
+                f"could not {what} the scheduler at {address} within {timeout:g} s "
+                f"({TIMEOUT_HINT})"
+            ) from None
         if isinstance(exc, OSError) or what == CONNECT:
             # Refused, unreachable, a malformed address, TLS: the comm's own words.
             raise RemoteError(

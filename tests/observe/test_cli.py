@@ -233,10 +233,24 @@ def test_an_unreachable_scheduler_is_one_line():
     address = f"tcp://127.0.0.1:{closed_port()}"
     result = invoke("status", "--scheduler", address, "--timeout", "1")
     assert result.exit_code == 1
-    assert result.stderr.startswith(
-        f"amm-rules: error: could not connect to the scheduler at {address}"
+    assert result.stderr == (
+        f"amm-rules: error: could not connect to the scheduler at {address} within 1 s "
+        "(--timeout SECONDS waits longer)\n"
     )
-    assert len(result.stderr.splitlines()) == 1
+
+
+def test_the_default_timeout_of_the_command_line_is_2_seconds():
+    """A command line gives up on an unreachable scheduler after 2 s (not dask's 5 s
+    connect timeout), and says how to wait longer."""
+    address = f"tcp://127.0.0.1:{closed_port()}"
+    for args in (("status",), ("explain", "x-1")):
+        result = invoke(*args, "--scheduler", address)
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"amm-rules: error: could not connect to the scheduler at {address} within "
+            "2 s (--timeout SECONDS waits longer)\n"
+        )
+    assert "2 s by default" in " ".join(invoke("status", "--help").stdout.split())
 
 
 #: A memory-pressure section that never holds here (no worker reaches 90%).
