@@ -54,8 +54,18 @@ class Diagnostic:
         return f"{self.file}:{self.line}:{self.column}"
 
     def __str__(self) -> str:
+        """``path:line:column: error: message (in rule 'NAME')``; a warning shows its
+        code, which ``--disable`` and ``# amm-rules: disable=`` take:
+        ``warning[shadowed-rule]: ...``."""
+        severity = (
+            f"warning[{self.code}]" if self.severity == "warning" and self.code else self.severity
+        )
+        return f"{self.location()}: {severity}: {self.described()}"
+
+    def described(self) -> str:
+        """The message and the entry it is in: ``message (in rule 'NAME')``."""
         where = f" (in {_context(self.rule)})" if self.rule else ""
-        return f"{self.location()}: {self.severity}: {self.message}{where}"
+        return f"{self.message}{where}"
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

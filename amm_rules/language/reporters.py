@@ -129,7 +129,7 @@ def format_github(results: Sequence[CheckResult]) -> str:
             if d.line > 0:
                 props += [f"line={d.line}", f"col={d.column}"]
             props.append(f"title={_escape_property('amm-rules ' + d.code)}")
-            message = str(d)[len(d.location()) + len(": ") + len(d.severity) + len(": ") :]
+            message = d.described()
             out.append(f"::{d.severity} {','.join(props)}::{_escape_data(message)}")
     return "".join(line + "\n" for line in out)
 
