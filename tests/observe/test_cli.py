@@ -120,7 +120,10 @@ async def test_status_and_explain_from_the_shell(c, s, a, b):
     assert two.split()[2:] == ["1", *size.split(), "1", "0"]
     (five,) = [line for line in lines if line.split()[:2] == ["five", "unsatisfiable"]]
     assert five.split()[-2:] == ["0", "1"]
-    assert "    1 key of 1 cannot be satisfied now: wants 5 copies, 2 workers eligible" in lines
+    assert (
+        "    1 key of 1 cannot be satisfied now: wants 5 copies, only 2 workers in the cluster"
+        in lines
+    )
     assert any(line.startswith("cycles       ") and "median" in line for line in lines)
 
     # --check: a rule is not satisfied.
@@ -139,7 +142,9 @@ async def test_status_and_explain_from_the_shell(c, s, a, b):
     why = await cli("explain", "('five-1a2b', 0)", "two-1", DASK_SCHEDULER_ADDRESS=s.address)
     assert why.returncode == 0, why.stderr
     out = why.stdout.splitlines()
-    assert out[0] == "('five-1a2b', 0): wants 5 copies, holds 2: only 2 workers are eligible"
+    assert (
+        out[0] == "('five-1a2b', 0): wants 5 copies: holds 2 copies; only 2 workers in the cluster"
+    )
     assert "two-1: holds its target: 2 copies (replicate=2 from rule two)" in out
     assert any(line.strip().startswith("1. two") and "no match" in line for line in out)
 

@@ -126,7 +126,7 @@ async def test_the_page_shows_every_rule_and_its_state_live(c, s, *workers):
         ]
         assert row(text, "gpu-triple")[3:6] == ["4 / 6", "0", "2 (2 too-few-workers)"]
         assert row(text, "gpu-triple")[6] == (
-            "2 keys of 2 cannot be satisfied now: wants 3 copies, 2 workers eligible (pool gpu)"
+            "2 keys of 2 cannot be satisfied now: wants 3 copies, only 2 workers in pool gpu"
         )
         assert state(text, "(annotation)") == state(text, "(runtime)") == "satisfied"
         assert "50.0% of 4 governed keys meet their target and placement" in text
