@@ -214,7 +214,6 @@ def _summary_line(
             return f"{wants(lo, hi)}, {holds}: {by} forbids dropping copies"
         return f"{wants(lo, hi)} and {holds}, but {by}: the engine leaves it alone"
     want = wants(lo, hi) if d.replicate is not None else "wants a copy"
-    good = len(plan.good)
     where = _placement_words(d)
     # 3. The workers cannot satisfy it: the copies it holds, counted as the planner
     #    counts them (in place or misplaced), and what the workers lack.
