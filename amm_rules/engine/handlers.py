@@ -59,7 +59,7 @@ HANDLER_NAMES = (
     "amm_rules_memory_flow",
 )
 #: The scheduler's metadata entry (``Client.get_metadata(["amm-rules"])``) that says the
-#: handlers are registered: their names and the package's version. Clients ask for it
+#: handlers are registered: their names. Clients ask for it
 #: before calling a handler (a scheduler does not answer an operation it has no
 #: handler for), through the scheduler's own ``get_metadata``, which logs nothing.
 METADATA_KEY = "amm-rules"
@@ -91,11 +91,9 @@ _PUBLISHED = "amm-rules-handlers"
 
 
 def _publish(scheduler: Any) -> None:
-    from amm_rules import __version__
-
     metadata = getattr(scheduler, "task_metadata", None)
     if isinstance(metadata, dict):
-        metadata[METADATA_KEY] = {"handlers": list(HANDLER_NAMES), "version": __version__}
+        metadata[METADATA_KEY] = {"handlers": list(HANDLER_NAMES)}
 
 
 class _Published(SchedulerPlugin):

@@ -90,7 +90,9 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
                "copies_held": 560, "copies_wanted": 600,  # copies now; at least wanted
                "met": 180, "unmet": 20,
                "unmet_by_reason": {"too-few-workers": 20},
-               "why": {"too-few-workers": "wants 3 copies, 2 workers eligible (pool gpu)"}},
+               "why": {"too-few-workers": "wants 3 copies, only 2 workers in pool gpu"},
+               # one entry per cause (two classes short for one reason are two causes)
+               "causes": [{"reason": "too-few-workers", "why": "...", "keys": 20}]},
               ...
             ],
           },
@@ -119,6 +121,10 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
                       "spilled": [...], "role": [... or None]},  # role in the last plan
           "memory_by_pool": {"gpu": {"workers": [addresses], "memory": n,
                                      "memory_limit": n}, "(no pool)": {...}},
+          # the last workers that left, and what they took (the worker-left event)
+          "workers_left": {"recent": [{"time", "worker", "retired", "below",
+                                       "below_bytes", "below_keys", "lost", "lost_bytes",
+                                       "lost_keys"}], "left": n},
           # the latest events the engine wrote to "amm-rules" (but cycle summaries), and
           # its latest decisions
           "events": [{"time": ..., "action": "reload-error", ...}],

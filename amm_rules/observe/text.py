@@ -57,6 +57,9 @@ def _render_rules(report: Mapping[str, Any]) -> list[str]:
         f"conformance  {c['fraction']:.1%} of {c['governed']:,} governed keys meet their "
         "target and placement"
     ]
+    since = _departure_behind(report)
+    if since:
+        out.append(f"  in progress since {since}")
     header = ("rule", "state", "keys", "bytes", "met", "unmet")
     table = [
         (
@@ -96,6 +99,7 @@ def _render_engine(report: Mapping[str, Any]) -> list[str]:
         f"backlog      {report['classification_backlog']:,} keys waiting for classification",
         f"in flight    {report['in_flight']:,} copies of {report['in_flight_keys']:,} keys",
     ]
+    out += _render_departures(report)
     out += _render_flow(report.get("memory_flow"))
     out += _render_pressure(report.get("memory_pressure"))
     r = report["rebalance"]
@@ -123,6 +127,36 @@ def _render_engine(report: Mapping[str, Any]) -> list[str]:
             f"{mean_text}stopped: {plan['stopped']}"
         )
     return out
+
+
+#: Departures listed by ``amm-rules status`` (the newest first).
+DEPARTURES_SHOWN = 3
+
+
+def _departure_behind(report: Mapping[str, Any]) -> str | None:
+    """The latest worker departure that left keys below target or lost, when some rule
+    is in progress: what the engine is repairing."""
+    from amm_rules.engine.sections.departures import departure_sentence
+
+    recent = (report.get("workers_left") or {}).get("recent") or []
+    states = (r["state"] for r in report["conformance"]["rules"])
+    if not recent or "in-progress" not in states:
+        return None
+    last = recent[-1]
+    if not (last.get("below") or last.get("lost")):
+        return None
+    return departure_sentence(last, report.get("time"))
+
+
+def _render_departures(report: Mapping[str, Any]) -> list[str]:
+    from amm_rules.engine.sections.departures import departure_sentence
+
+    recent = (report.get("workers_left") or {}).get("recent") or []
+    now = report.get("time")
+    lines = [departure_sentence(e, now) for e in reversed(recent[-DEPARTURES_SHOWN:])]
+    if not lines:
+        return ["left         no worker left since the policy started"]
+    return [f"left         {lines[0]}", *(f"             {line}" for line in lines[1:])]
 
 
 def _render_flow(flow: Mapping[str, Any] | None) -> list[str]:
