@@ -142,13 +142,25 @@ def evacuation_input(
     pending = getattr(manager, "pending", None)  # only exists during an AMM cycle
     cluster = leaving_view(ctx.cluster_view().workers.values(), leaving)
     views = []
+    dry_run = ctx.dry_run
     for ts in tasks:
         desired = desired_of(ctx, ts)
         view = ctx.key_view(ts, desired, pending)
         if not desired.governed:
             view = replace(view, inflight=book.get(ts.key))
+        elif dry_run.keys_active and dry_run.label(desired) is not None:
+            # In dry-run its rules do not act: placed as if nothing governed it (one
+            # copy on any worker that stays), its copies in flight kept.
+            view = replace(view, desired=UNGOVERNED)
         views.append(view)
     return views, cluster
+
+
+def dry_run_keys(ctx: EngineContext, views: Iterable[KeyView]) -> list[Hashable]:
+    """The keys of ``views`` that their rules govern but placed as ungoverned: in
+    dry-run (see :func:`evacuation_input`)."""
+    governed = ctx.index.desired
+    return [v.key for v in views if not v.desired.governed and v.key in governed]
 
 
 def record_copy(ctx: EngineContext, book: CopyBook, ts: Any, address: str, now: float) -> None:
@@ -224,6 +236,11 @@ class Retirements(Section):
             "counter",
             "Workers kept out of adaptive scale-down by the rules",
         ),
+        "dry_run_keys": (
+            "retirement_dry_run_keys",
+            "counter",
+            "Keys of retiring workers placed without their rules, which are in dry-run",
+        ),
     }
 
     def __init__(self) -> None:
@@ -282,14 +299,17 @@ class Retirements(Section):
         views, cluster = evacuation_input(ctx, tasks, leaving_addresses(ctx), self.book)
         plan = plan_evacuation(views, cluster, now=now)
         self._remember_needs(ws.address, views, cluster)
+        dry = dry_run_keys(ctx, views)
         first = ws.address not in self.active
         if first:
             self.counters["retirements"] += 1
+            self.counters["dry_run_keys"] += len(dry)
             self.active[ws.address] = {
                 "state": "placing",
                 "keys": len(tasks),
                 "copies": 0,
                 "since": time.time(),
+                "dry_run_keys": len(dry),
             }
         if plan.stuck:
             self._refuse(rw, ws, plan)
@@ -302,6 +322,8 @@ class Retirements(Section):
                 keys=len(tasks),
                 copies=len(plan.copies),
                 held_elsewhere=len(plan.satisfied),
+                dry_run=len(dry),
+                dry_run_keys=shown_keys(dry),
             )
         by_key = {ts.key: ts for ts in tasks}
         workers = manager.scheduler.workers
@@ -321,18 +343,19 @@ class Retirements(Section):
                 self.counters["copies"] += 1
                 self.counters["bytes"] += copy.nbytes
                 self.active[ws.address]["copies"] += 1
-        yield from self._drop_placed(ws, plan, by_key)
+        yield from self._drop_placed(ws, plan, by_key, set(dry))
 
     def _drop_placed(
-        self, ws: Any, plan: Evacuation, by_key: dict[Hashable, Any]
+        self, ws: Any, plan: Evacuation, by_key: dict[Hashable, Any], dry: set[Hashable]
     ) -> Generator[Suggestion, Any, None]:
         """Drop the retiring worker's copy of keys held where the rules want them
         elsewhere: its memory is freed early, as the stock policy does (a spilled worker
-        reads its keys back from disk to send them)."""
+        reads its keys back from disk to send them). ``dry``: keys in dry-run, dropped
+        as the stock policy drops them."""
         index = self.ctx.index  # type: ignore[union-attr]
         for key in plan.satisfied:
             desired = index.desired.get(key)
-            if desired is not None and desired.move == "never":
+            if desired is not None and desired.move == "never" and key not in dry:
                 continue  # never dropped by amm-rules; it vanishes with the worker
             if (yield Suggestion("drop", by_key[key], {ws})) is not None:
                 self.counters["drops"] += 1
@@ -443,7 +466,16 @@ class Retirements(Section):
         return out
 
 
-_COUNTERS = ("retirements", "copies", "bytes", "drops", "placed", "blocked", "downscaling_kept")
+_COUNTERS = (
+    "retirements",
+    "copies",
+    "bytes",
+    "drops",
+    "placed",
+    "blocked",
+    "downscaling_kept",
+    "dry_run_keys",
+)
 
 
 def _wrap_add_policy(manager: Any, retiring: Callable[[str], None]) -> Callable[[], None]:
@@ -560,11 +592,21 @@ class DownscalingGuard(SchedulerPlugin):
         def most_data(addresses: Iterable[str]) -> str:
             return max(addresses, key=lambda a: (all_workers[a].nbytes, a))
 
-        for cls, group in ctx.index.groups.items():
+        dry_run = ctx.dry_run
+        desired = ctx.index.desired
+
+        def acting(group: dict[Hashable, Any]) -> Iterable[Any]:
+            """The keys whose rules act (not in dry-run: those do not keep workers)."""
+            if not dry_run.keys_active:
+                return group.values()
+            return [ts for k, ts in group.items() if dry_run.label(desired.get(k)) is None]
+
+        for cls, all_keys in ctx.index.groups.items():
+            group = acting(all_keys)
             if not group:
                 continue
             if cls.move == "never":
-                for ts in group.values():
+                for ts in group:
                     holders = {w.address for w in ts.who_has or ()}
                     if holders and holders <= candidates.keys() - keep:
                         keep.add(most_data(holders))
@@ -584,7 +626,7 @@ class DownscalingGuard(SchedulerPlugin):
             if eligible:
                 keep.add(most_data(eligible))
                 continue
-            for ts in group.values():  # nowhere eligible: keep the data where it is
+            for ts in group:  # nowhere eligible: keep the data where it is
                 holders = {w.address for w in ts.who_has or ()}
                 if holders and holders <= candidates.keys() - keep:
                     keep.add(most_data(holders))

@@ -398,3 +398,48 @@ async def test_a_metrics_scrape_is_not_a_retirement(c, s, gpu, cpu):
     assert await kept() == 1
     assert await c.gather(dev["dev-1"]) == 1
     no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1, GPU), ("", 1), ("", 1)],
+    config=config(
+        {
+            "name": "device",
+            "match": 'task.key matches "dev-*"',
+            "pool": "gpu",
+            "enforcement": "dry-run",
+        },
+        {
+            "name": "frozen",
+            "match": 'task.key matches "frozen-*"',
+            "move": "never",
+            "enforcement": "dry-run",
+        },
+    ),
+)
+async def test_rules_in_dry_run_do_not_act_in_a_retirement(c, s, gpu, cpu0, cpu1):
+    """A rule in dry-run does not place a retiring worker's keys: they go as if no rule
+    governed them (one copy on a worker that stays), the retirement is not refused
+    because of it (no other GPU worker; move: never), and adaptive scale-down keeps no
+    worker for it. What it would have done is counted."""
+    dev = await c.scatter({"dev-1": 1, "dev-2": 2}, workers=[gpu.address])
+    frozen = await c.scatter({"frozen-1": 3}, workers=[cpu0.address])
+    policy = policy_of(s)
+    await wait_for(
+        lambda: {"dev-1", "dev-2", "frozen-1"} <= policy.index.desired.keys(),
+        "the keys classified",
+    )
+    # Scale-down keeps no worker for rules in dry-run.
+    assert set(s.workers_to_close(n=2)) <= {gpu.address, cpu0.address, cpu1.address}
+    assert gpu.address in s.workers_to_close(n=3) and cpu0.address in s.workers_to_close(n=3)
+    retired = await c.retire_workers([gpu.address, cpu0.address])
+    assert set(retired) == {gpu.address, cpu0.address}
+    assert all(holders(s, k) == {cpu1.address} for k in ("dev-1", "dev-2", "frozen-1"))
+    assert await c.gather([dev["dev-1"], dev["dev-2"], frozen["frozen-1"]]) == [1, 2, 3]
+    steps = [e for e in events(s, "retirement")]
+    assert not [e for e in steps if e["step"] in ("blocked", "kept")]
+    placing = {e["worker"]: e for e in steps if e["step"] == "placing"}
+    assert placing[gpu.address]["dry_run"] == 2 and placing[cpu0.address]["dry_run"] == 1
+    assert policy.retirements.counters["dry_run_keys"] == 3
+    no_errors(s)
