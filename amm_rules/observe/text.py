@@ -29,6 +29,27 @@ def render_status(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def counted(n: int, word: str) -> str:
+    """``1 key``, ``2 keys``, ``1 copy``, ``3 copies``."""
+    if n == 1:
+        return f"1 {word}"
+    consonant_y = word.endswith("y") and word[-2:-1] not in tuple("aeiou")
+    plural = word[:-1] + "ies" if consonant_y else word + "s"
+    return f"{n:,} {plural}"
+
+
+def conformance_line(c: Mapping[str, Any]) -> str:
+    """``98.3% of 1,200 governed keys meet their target and placement``; with nothing
+    governed, says so (a percentage of nothing reads as a bug)."""
+    governed = c["governed"]
+    if not governed:
+        return "no governed key in memory"
+    if governed == 1:
+        met = "meets" if c["met"] else "does not meet"
+        return f"the one governed key {met} its target and placement"
+    return f"{c['fraction']:.1%} of {governed:,} governed keys meet their target and placement"
+
+
 def _render_rules_file(report: Mapping[str, Any]) -> list[str]:
     digest = report.get("sha256")
     reload = "reloaded when it changes" if report.get("reload") else "not reloaded"
@@ -53,10 +74,7 @@ def _render_rules(report: Mapping[str, Any]) -> list[str]:
 
     c = report["conformance"]
     rows = c["rules"]
-    out = [
-        f"conformance  {c['fraction']:.1%} of {c['governed']:,} governed keys meet their "
-        "target and placement"
-    ]
+    out = [f"conformance  {conformance_line(c)}"]
     since = _departure_behind(report)
     if since:
         out.append(f"  in progress since {since}")
@@ -96,8 +114,10 @@ def _render_engine(report: Mapping[str, Any]) -> list[str]:
         timing = "no cycle yet"
     out = [
         f"cycles       {timing}",
-        f"backlog      {report['classification_backlog']:,} keys waiting for classification",
-        f"in flight    {report['in_flight']:,} copies of {report['in_flight_keys']:,} keys",
+        f"backlog      {counted(report['classification_backlog'], 'key')} waiting for "
+        "classification",
+        f"in flight    {counted(report['in_flight'], 'copy')} of "
+        f"{counted(report['in_flight_keys'], 'key')}",
     ]
     out += _render_departures(report)
     out += _render_flow(report.get("memory_flow"))
