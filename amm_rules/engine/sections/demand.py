@@ -55,7 +55,8 @@ class DemandSection(Section):
 
     def reloaded(self, in_memory: list[Any]) -> None:
         """A reload that turned demand on seeds the keys in memory, as at attach."""
-        assert self.ctx is not None
+        if self.ctx is None:
+            return  # not attached: attach seeds
         demand = self.ctx.index.demand
         if demand.enabled and not self._following:
             self.seeded += demand.seed(in_memory)
