@@ -641,8 +641,9 @@ class _CaseBuilder:
                 key = self.known_key(a, at, known)
                 worker = field(a, at, "worker", str)
                 self.names([worker] if worker else [], (*at, "worker"), self.workers, "worker")
-                if isinstance(a, dict):
-                    case.expect_actions.append((a.get("op"), key, worker, a.get("rule")))
+                if isinstance(a, dict):  # (a case with errors is never run: "" is unseen)
+                    op, rule = str(a.get("op", "")), a.get("rule")
+                    case.expect_actions.append((op, key, worker or "", rule))
         lost = field(item, path, "expect-lost", list)
         if lost is not None:
             case.expect_lost = [

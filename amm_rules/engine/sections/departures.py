@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine.decide.view import key_string
@@ -98,7 +99,7 @@ class WorkerDepartures(Section):
         return {"left": float(self.left), "lost_keys": float(self.lost_keys)}
 
 
-def departure_sentence(entry: dict[str, Any], now: float | None = None) -> str:
+def departure_sentence(entry: Mapping[str, Any], now: float | None = None) -> str:
     """``tcp://10.0.0.7:4001 left 2 s ago: 3 keys below target (84 B); 1 key lost its
     last copy`` (without ``now``: no age)."""
     from dask.utils import format_bytes
