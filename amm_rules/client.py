@@ -407,6 +407,16 @@ async def _require_engine(client: Client) -> None:
     address = client.scheduler.address
     if _confirmed.get(client) == address:
         return
+    from amm_rules.engine.handlers import METADATA_KEY, engine_in_metadata
+
+    try:
+        said = await client.scheduler.get_metadata(keys=[METADATA_KEY], default=None)
+    except Exception:
+        said = None
+    if engine_in_metadata(said):
+        _confirmed[client] = address
+        return
+    # The scheduler does not say (no engine, or one older than its metadata entry).
     try:
         found = await client.run_on_scheduler(_engine_attached, asynchronous=True)
     except Exception:

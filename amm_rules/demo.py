@@ -535,7 +535,7 @@ def _count_range(values: list[int]) -> str:
 def _print_tables(snapshot: Snapshot) -> None:
     click.echo(
         _table(
-            ("rule", "wants", "keys", "copies held", "copies ok", "placement ok"),
+            ("rule", "wants", "keys", "copies per key", "copies ok", "placement ok"),
             (
                 (
                     r.rule,

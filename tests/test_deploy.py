@@ -13,6 +13,7 @@ as real processes; amm-rules installed and configured on the scheduler only.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import operator
@@ -290,10 +291,15 @@ def test_scheduler_configured_by_environment(tmp_path):
             AMM + "POLICIES": json.dumps(
                 [{"class": "amm_rules.RulesPolicy", "rules": str(rules)}]
             ),
+            "DASK_LOGGING__AMM_RULES": "info",
         }
     )
     with processes() as started:
         scheduler_file, _ = run_cluster(tmp_path, env, rules, started)
+        # One line when the rules load at start: path, the file's hash, rules, pools.
+        digest = hashlib.sha256(rules.read_bytes()).hexdigest()[:12]
+        line = f"amm-rules: rules from {rules} (sha256 {digest}): 1 rule, pools: none"
+        assert line in (tmp_path / "scheduler.log").read_text()
         with Client(scheduler_file=str(scheduler_file), timeout="30s") as client:
             check_the_cluster(client, rules)
             shut_down(client, started)
@@ -310,5 +316,60 @@ def test_invalid_rules_stop_the_scheduler_from_starting(tmp_path):
         log = tmp_path / "scheduler.log"
         scheduler = start(started, scheduler_command(scheduler_file), env, log)
         assert scheduler.wait(timeout=60) != 0
-    # The same path:line:column message as `amm-rules validate`.
-    assert f"{rules}:5:16: error: replicate: must be at least 1" in log.read_text()
+    text = log.read_text()
+    # The same path:line:column message as `amm-rules validate`, with the source line
+    # and a caret under the problem; one line saying what happens; no traceback.
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"{rules}:5:16: error: "))
+    assert "replicate: must be at least 1" in lines[at]
+    assert lines[at + 1].strip() == "replicate: 0"
+    assert lines[at + 2].strip() == "^" and lines[at + 2].index("^") == lines[at + 1].index("0")
+    assert lines[at + 3] == (
+        f"amm-rules: the scheduler does not start: 1 error in the rules ({rules}); check "
+        "them with 'amm-rules validate' (on_invalid_rules: start-without would start it "
+        "without them)"
+    )
+    assert "Traceback" not in text and "File " not in text, text
+
+
+def test_invalid_rules_with_start_without_start_the_scheduler_and_load_once_fixed(tmp_path):
+    """``on_invalid_rules: start-without``: the scheduler starts with no rules, says so,
+    and loads the file at the first cycle after it was fixed."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES.replace("replicate: 2", "replicate: 0"))
+    entry = {"class": "amm_rules.RulesPolicy", "rules": str(rules)}
+    env = scheduler_env(
+        **{
+            AMM + "POLICIES": json.dumps([{**entry, "on_invalid_rules": "start-without"}]),
+            "DASK_LOGGING__AMM_RULES": "info",
+        }
+    )
+    scheduler_file = tmp_path / "scheduler.json"
+    with processes() as started:
+        log = tmp_path / "scheduler.log"
+        scheduler = start(started, scheduler_command(scheduler_file), env, log)
+        wait_for_file(scheduler_file, scheduler, log)
+        text = log.read_text()
+        assert f"{rules}:5:16: error: replicate: must be at least 1" in text
+        assert (
+            f"amm-rules: the scheduler starts WITHOUT these rules (on_invalid_rules: "
+            f"start-without): 1 error in the rules ({rules})"
+        ) in text
+        assert f"amm-rules: no rules in force: those of {rules} are invalid" in text
+        assert "Traceback" not in text
+        with Client(scheduler_file=str(scheduler_file), timeout="30s") as client:
+            status = amm_rules.status(client)
+            assert not status["rules"]
+            (error,) = status["reload_errors"]
+            assert "replicate: must be at least 1" in error["error"]
+            fixed = tmp_path / "rules.yaml.new"
+            fixed.write_text(RULES)
+            fixed.rename(rules)
+            wait_for_sync(
+                lambda: list(amm_rules.status(client)["rules"]) == ["precious"],
+                "the fixed rules loaded",
+                timeout=60,
+            )
+            actions = [e["action"] for _, e in client.get_events("amm-rules")]
+            assert actions.count("reload-error") == 1 and "reload" in actions
+            shut_down(client, started)

@@ -214,12 +214,9 @@ def _key_position(text: str | None, key: str) -> tuple[int, int]:
 
 
 def _check(file: str) -> CheckResult:
-    from amm_rules.language.loader import check_path, check_stream
+    from amm_rules.language.loader import check_argument
 
-    if file == "-":
-        # The bytes under standard input (click's own helper for it is deprecated).
-        return check_stream(getattr(sys.stdin, "buffer", sys.stdin))
-    return check_path(file, streams=True)
+    return check_argument(file)
 
 
 @main.command()
@@ -255,6 +252,9 @@ def simulate(
     --scheduler; copies land between cycles; the computation is frozen. Reports per
     rule, per pool and per worker, the keys left unmet, and with --kill* what losing
     those workers does.
+
+    RULES is read as validate reads a FILE: '-' is standard input, and a pipe or a
+    process substitution is read to its end.
 
     Exit status: 0; 1 when a --kill* loses the last copy of a key, or the rules or the
     cluster cannot be read; 2 for usage errors.
@@ -303,6 +303,9 @@ def diff(
     OLD settles on the cluster first; then every key whose target or placement changes
     is listed, and NEW runs until nothing changes: copies added and dropped, bytes
     transferred, per rule and in total.
+
+    OLD and NEW are read as validate reads a FILE: either may be '-' (standard input),
+    a pipe or a process substitution, such as <(git show HEAD~1:rules.yaml).
 
     Exit status: 0; 1 when the rules or the cluster cannot be read; 2 for usage errors.
     """
@@ -423,9 +426,10 @@ _scheduler_option = click.option(
 _timeout_option = click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
-    default=5.0,
+    default=2.0,  # amm_rules.cli.remote.DEFAULT_TIMEOUT (not imported here: startup time)
     show_default=True,
-    help="Seconds to wait for the scheduler at each step.",
+    help="Seconds to wait for the scheduler at each step. 2 s by default: a reachable "
+    "scheduler answers in milliseconds, so waiting longer mostly delays the error.",
 )
 
 

@@ -6,10 +6,11 @@ with dask's security settings), as a client would, without starting a ``Client``
 1. connect and ask ``identity`` (a short timeout: an unreachable address fails fast,
    and an address that is not a scheduler is named as such);
 2. ask whether the amm-rules handlers are registered: a scheduler does not answer an
-   operation it has no handler for, so calling it blindly would wait for the timeout
-   (the probe runs a function of this package on the scheduler, as
-   :func:`amm_rules.status` does; where running functions is not allowed, the handler
-   is called and its silence reported after the timeout);
+   operation it has no handler for, so calling it blindly would wait for the timeout.
+   The scheduler's metadata says so (the engine's entry, ``get_metadata``, as
+   :func:`amm_rules.status` asks it); without the entry (no engine, or an older one),
+   a function of this package is run on the scheduler to look; where running functions
+   is not allowed, the handler is called and its silence reported after the timeout;
 3. call ``amm_rules_status``, ``amm_rules_memory_flow`` or ``amm_rules_explain`` and
    render the answer.
 
@@ -25,9 +26,13 @@ import json
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-#: Seconds to wait for the scheduler at each step (connect, probe, answer).
-DEFAULT_TIMEOUT = 5.0
+#: Seconds to wait for the scheduler at each step (connect, probe, answer): a reachable
+#: scheduler answers in milliseconds, so a longer wait mostly delays the error (the
+#: command line's ``--timeout`` has the same default).
+DEFAULT_TIMEOUT = 2.0
 CONNECT = "connect to"
+#: Said with every error of waiting too long.
+TIMEOUT_HINT = "--timeout SECONDS waits longer"
 
 
 class RemoteError(Exception):
@@ -83,11 +88,17 @@ async def _step(call: Any, address: str, timeout: float, what: str) -> Any:
         return await asyncio.wait_for(call, timeout)
     except asyncio.TimeoutError:
         raise RemoteError(
-            f"could not {what} the scheduler at {address} within {timeout:g} s"
+            f"could not {what} the scheduler at {address} within {timeout:g} s ({TIMEOUT_HINT})"
         ) from None
     except RemoteError:
         raise
     except Exception as exc:
+        if isinstance(exc, OSError) and str(exc).startswith("Timed out"):
+            # distributed's connect retries until the timeout: nothing answered there.
+            raise RemoteError(
+                f"could not {what} the scheduler at {address} within {timeout:g} s "
+                f"({TIMEOUT_HINT})"
+            ) from None
         if isinstance(exc, OSError) or what == CONNECT:
             # Refused, unreachable, a malformed address, TLS: the comm's own words.
             raise RemoteError(
@@ -100,6 +111,18 @@ async def _step(call: Any, address: str, timeout: float, what: str) -> Any:
 async def _probe(remote: Any, address: str, timeout: float, op: str) -> None:
     from distributed.protocol.pickle import dumps
 
+    from amm_rules.engine.handlers import METADATA_KEY, engine_in_metadata
+
+    try:
+        said = await asyncio.wait_for(
+            remote.get_metadata(keys=[METADATA_KEY], default=None), timeout
+        )
+    except Exception:
+        said = None
+    if engine_in_metadata(said):
+        return
+    # The scheduler does not say (no engine, or one older than its metadata entry): run
+    # a function there that looks for the handlers.
     try:
         answer = await asyncio.wait_for(
             remote.run_function(function=dumps(_engine_attached)), timeout

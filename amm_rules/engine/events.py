@@ -20,6 +20,8 @@ Clients read them with ``client.get_events("amm-rules")``. Every event is a dict
 - ``"memory-pressure"``: the ``memory-pressure`` section held producers back or stopped
   (``step``: ``hold``, ``release``, ``stopped``, ``unavailable``; see
   :mod:`amm_rules.engine.sections.memory_pressure`);
+- ``"worker-left"``: a worker left the cluster; the keys it left below their target and
+  those that lost their last copy (see :mod:`amm_rules.engine.sections.departures`);
 - ``"error"``: a cycle failed and was skipped (a bug: please report it).
 
 Rate limits: an identical error is logged once (:meth:`EventLog.once`); cycle summaries

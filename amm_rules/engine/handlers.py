@@ -43,6 +43,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from distributed.diagnostics.plugin import SchedulerPlugin
+
 from amm_rules.engine.decide.deciders import worker_reasons
 from amm_rules.engine.decide.plan import (
     KeyPlan,
@@ -66,6 +68,11 @@ HANDLER_NAMES = (
     "amm_rules_status",
     "amm_rules_memory_flow",
 )
+#: The scheduler's metadata entry (``Client.get_metadata(["amm-rules"])``) that says the
+#: handlers are registered: their names. Clients ask for it
+#: before calling a handler (a scheduler does not answer an operation it has no
+#: handler for), through the scheduler's own ``get_metadata``, which logs nothing.
+METADATA_KEY = "amm-rules"
 #: Most keys one call may name (a guard against a runaway client, not a real limit).
 MAX_KEYS = 1_000_000
 #: Most keys one ``amm_rules_explain`` call explains; the others are counted.
@@ -135,6 +142,34 @@ def register(scheduler: Any, policy: RulesPolicy) -> None:
     handlers = Handlers(policy)
     for name in HANDLER_NAMES:
         scheduler.handlers[name] = getattr(handlers, name)
+    _publish(scheduler)
+    add_plugin = getattr(scheduler, "add_plugin", None)
+    if add_plugin is not None:
+        add_plugin(_Published(), name=_PUBLISHED, idempotent=True)
+
+
+#: The name of the scheduler plugin that keeps :data:`METADATA_KEY` in place.
+_PUBLISHED = "amm-rules-handlers"
+
+
+def _publish(scheduler: Any) -> None:
+    metadata = getattr(scheduler, "task_metadata", None)
+    if isinstance(metadata, dict):
+        metadata[METADATA_KEY] = {"handlers": list(HANDLER_NAMES)}
+
+
+class _Published(SchedulerPlugin):
+    """Puts the metadata entry back where the scheduler clears its metadata: when it
+    starts (after the policy attached in its constructor) and at ``client.restart()``."""
+
+    name = _PUBLISHED
+
+    async def start(self, scheduler: Any) -> None:
+        self.restart(scheduler)
+
+    def restart(self, scheduler: Any) -> None:
+        if any(n in scheduler.handlers for n in HANDLER_NAMES):
+            _publish(scheduler)
 
 
 def unregister(scheduler: Any, policy: RulesPolicy) -> None:
@@ -143,6 +178,21 @@ def unregister(scheduler: Any, policy: RulesPolicy) -> None:
         handler = scheduler.handlers.get(name)
         if getattr(getattr(handler, "__self__", None), "policy", None) is policy:
             del scheduler.handlers[name]
+    if any(n in scheduler.handlers for n in HANDLER_NAMES):
+        return  # another policy's
+    metadata = getattr(scheduler, "task_metadata", None)
+    if isinstance(metadata, dict):
+        metadata.pop(METADATA_KEY, None)
+    plugins = getattr(scheduler, "plugins", None)
+    if isinstance(plugins, dict):
+        plugins.pop(_PUBLISHED, None)
+
+
+def engine_in_metadata(answer: Any) -> bool:
+    """Whether the answer of ``get_metadata(keys=[METADATA_KEY], default=None)`` says the
+    handlers are registered (None: the scheduler does not say, e.g. an amm-rules older
+    than the entry, or no amm-rules at all)."""
+    return isinstance(answer, dict) and all(n in answer.get("handlers", ()) for n in HANDLER_NAMES)
 
 
 def check_keys(keys: Any) -> list[Hashable]:

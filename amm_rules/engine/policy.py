@@ -54,8 +54,10 @@ from amm_rules.engine.sections.paused_workers import PausedWorkers
 from amm_rules.engine.sections.rebalance import RebalanceSection
 from amm_rules.engine.sections.replication import Replication
 from amm_rules.engine.sections.retirement import Retirements
+from amm_rules.engine.startup import check_choice, invalid_at_start, loaded_line
 from amm_rules.engine.state.index import watch_scheduler
 from amm_rules.engine.worker_watch import holds_governed, watch_workers
+from amm_rules.language.diagnostics import RulesError
 from amm_rules.language.ruleset import Ruleset
 
 # Terse, also at DEBUG level. The per-key logger is amm_rules.engine.key_logger.
@@ -163,9 +165,15 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         retire_by_rules: bool = True,
         early_cycle_delay: float = 0.02,
         early_cycle_gap: float | None = 0.1,
+        on_invalid_rules: str = "refuse",
     ):
+        on_invalid = check_choice(on_invalid_rules)
         self.rules_file = RulesFile(rules, reload)
-        ruleset = self.rules_file.load(rules)  # a RulesError here fails the scheduler start
+        try:
+            ruleset = self.rules_file.load(rules)
+        except RulesError as exc:  # refuse: raised again, the scheduler does not start
+            source = self.rules_file.path or "inline rules of the policy"
+            ruleset = invalid_at_start(exc, self.rules_file, on_invalid, source)
         self.ctx = ctx = EngineContext(
             inflight_timeout=inflight_timeout,
             summary_interval=summary_interval,
@@ -277,6 +285,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             if section not in off:
                 section.attach(ctx)
         observers.attached(scheduler, self)
+        logger.info("%s", loaded_line(self.ruleset, self.path))
+        for error in self.rules_file.errors:
+            if error.get("at_start"):
+                ctx.events.emit("reload-error", source=self.path, error=error["error"])
 
     def _check_features(self, scheduler: Any) -> frozenset[Section]:
         """Check what every feature needs of the scheduler's internals

@@ -91,7 +91,7 @@ def in_dask_config(rules: Mapping[str, Any]) -> RulesError | None:
         text = decode(raw)[0] if isinstance(raw, bytes) else None
         diagnostics = inline_diagnostics(text, str(path), rules) if text is not None else None
         if diagnostics and any(d.is_error for d in diagnostics):
-            return RulesError(diagnostics)
+            return RulesError(diagnostics, text)
     return None
 
 

@@ -54,8 +54,18 @@ class Diagnostic:
         return f"{self.file}:{self.line}:{self.column}"
 
     def __str__(self) -> str:
+        """``path:line:column: error: message (in rule 'NAME')``; a warning shows its
+        code, which ``--disable`` and ``# amm-rules: disable=`` take:
+        ``warning[shadowed-rule]: ...``."""
+        severity = (
+            f"warning[{self.code}]" if self.severity == "warning" and self.code else self.severity
+        )
+        return f"{self.location()}: {severity}: {self.described()}"
+
+    def described(self) -> str:
+        """The message and the entry it is in: ``message (in rule 'NAME')``."""
         where = f" (in {_context(self.rule)})" if self.rule else ""
-        return f"{self.location()}: {self.severity}: {self.message}{where}"
+        return f"{self.message}{where}"
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -107,8 +117,11 @@ class RulesError(ValueError):
     exactly as ``amm-rules validate`` prints them.
     """
 
-    def __init__(self, diagnostics: Iterable[Diagnostic]):
+    def __init__(self, diagnostics: Iterable[Diagnostic], text: str | None = None):
         self.diagnostics: list[Diagnostic] = sorted(diagnostics, key=sort_key)
+        #: The text the diagnostics point into, when there is one (a report shows its
+        #: lines, with a caret under each problem, as ``validate`` does).
+        self.text = text
         errors = [d for d in self.diagnostics if d.is_error] or self.diagnostics
         super().__init__("\n".join(str(d) for d in errors))
 

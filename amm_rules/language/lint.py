@@ -34,6 +34,9 @@ exactly (docs/rules.md lists the same):
 ``type-name``, ``resources-annotation``
     Found by the expression checker (:mod:`amm_rules.language.expr.checker`): a type
     name that looks misspelt, a match reading the ``resources`` annotation.
+``unused-pool``
+    A pool no rule names in ``pool`` or ``avoid``. (An ``amm`` annotation may still name
+    it at run time: silence the warning there with ``# amm-rules: disable=unused-pool``.)
 ``never-acts``
     In ``paused-workers``, settings under which no worker is ever restarted or retired
     although the action asks for it: ``max-paused-fraction`` is 0% (one paused worker is
@@ -61,6 +64,7 @@ WARNING_CODES: frozenset[str] = EXPRESSION_WARNING_CODES | frozenset(
         "inverted-thresholds",
         "never-acts",
         "replicate-move-never",
+        "unused-pool",
     }
 )
 #: The warnings ``validate --dump`` adds about a recorded cluster
@@ -85,8 +89,26 @@ def lint(draft: Draft, where: Locator) -> None:
     for rule in draft.rules:
         _pool_avoid(rule, draft, where)
     _replicate_move_never(draft.rules, where)
+    _unused_pools(draft, where)
     _thresholds(draft, where)
     _paused_workers(draft, where)
+
+
+def _unused_pools(draft: Draft, where: Locator) -> None:
+    if where.has_errors:
+        return  # a rule that did not compile may name the pool: no guess
+    named = {p for r in draft.rules for p in (*(r.actions.pool or ()), *(r.actions.avoid or ()))}
+    for name in draft.pools:
+        if name not in named:
+            where.add(
+                ("pools", name),
+                f"pool '{name}' is named by no rule's pool or avoid (an 'amm' annotation "
+                "may still name it; then silence this with '# amm-rules: "
+                "disable=unused-pool')",
+                "unused-pool",
+                severity="warning",
+                at_key=True,
+            )
 
 
 def _shadowed(rules: list[RuleDraft], where: Locator) -> None:

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import stat
+import sys
 from collections.abc import Mapping
 from dataclasses import field, replace
 from typing import Any
@@ -68,7 +69,7 @@ def load_ruleset(source: Any, *, filename: str | None = None) -> Ruleset:
     else:
         raise TypeError(f"rules must be a path or a mapping, got {type(source).__name__}")
     if result.ruleset is None:
-        raise RulesError(result.diagnostics)
+        raise RulesError(result.diagnostics, result.text)
     for diag in result.diagnostics:
         logger.warning("%s", diag)
     return replace(result.ruleset, text=result.text, sha256=result.sha256)
@@ -102,13 +103,25 @@ def check_path(
     Only regular files are read unless ``streams`` is true: the scheduler reads its
     rules on its event loop, where waiting for the writer of a named pipe would stall
     it. ``amm-rules validate`` passes ``streams=True``: at a command line, reading
-    ``/dev/stdin`` or a named pipe until its writer is done is what is asked for.
+    ``/dev/stdin`` or a named pipe until its writer is done is what is asked for
+    (every command reads its rules through :func:`check_argument`).
     """
     raw = read_rules_bytes(path, streams=streams)
     name = display or os.fspath(path)
     if isinstance(raw, str):
         return _file_problem(name, raw, "unreadable")
     return check_source(raw, name)
+
+
+def check_argument(argument: str) -> CheckResult:
+    """Read and check a rules file named on a command line, as every command reads it:
+    ``-`` is standard input; a named pipe, ``/dev/stdin`` or a shell's process
+    substitution (``<(git show HEAD~1:rules.yaml)``) is read to its end, like a
+    regular file. (The scheduler reads only regular files: :func:`check_path`.)"""
+    if argument == "-":
+        # The bytes under standard input (click's own helper for it is deprecated).
+        return check_stream(getattr(sys.stdin, "buffer", sys.stdin))
+    return check_path(argument, streams=True)
 
 
 def read_rules_bytes(path: str | os.PathLike[str], *, streams: bool = False) -> bytes | str:

@@ -57,7 +57,7 @@ def summary(results: Sequence[CheckResult]) -> str:
 MAX_SHOWN = 160
 
 
-def format_text(results: Sequence[CheckResult]) -> str:
+def format_text(results: Sequence[CheckResult], *, with_summary: bool = True) -> str:
     from amm_rules.language.yaml_source import LINE_BREAK, split_lines
 
     out: list[str] = []
@@ -73,7 +73,8 @@ def format_text(results: Sequence[CheckResult]) -> str:
                 # Keep tabs so the caret lines up under tab-indented text.
                 prefix = "".join(c if c == "\t" else " " for c in source[: max(column - 1, 0)])
                 out.append(f"  {prefix}^{'~' * max(width - 1, 0)}")
-    out.append(summary(results))
+    if with_summary:
+        out.append(summary(results))
     return "\n".join(out) + "\n"
 
 
@@ -128,7 +129,7 @@ def format_github(results: Sequence[CheckResult]) -> str:
             if d.line > 0:
                 props += [f"line={d.line}", f"col={d.column}"]
             props.append(f"title={_escape_property('amm-rules ' + d.code)}")
-            message = str(d)[len(d.location()) + len(": ") + len(d.severity) + len(": ") :]
+            message = d.described()
             out.append(f"::{d.severity} {','.join(props)}::{_escape_data(message)}")
     return "".join(line + "\n" for line in out)
 

@@ -301,12 +301,21 @@ def _single_keyword(error: Any, path: Path, words: FileWords) -> Iterable[Schema
         bound = {"minimum": "at least", "maximum": "at most", "exclusiveMinimum": "more than"}[
             kind
         ]
-        why = ""
+        why = hint = ""
         if field_label(path, words).startswith("replicate") and kind == "minimum":
             why = " (the AMM never drops the last copy)"
+        if (
+            kind == "maximum"
+            and schema.get("title") == "a fraction from 0 to 1"
+            and isinstance(instance, (int, float))
+            and not isinstance(instance, bool)
+            and 1 < instance <= 100
+        ):
+            # sender-min: 30 most likely means 30%: say how to write it.
+            hint = f"; did you mean '{instance:g}%'? (a plain number is a fraction)"
         yield SchemaProblem(
             path,
-            _say(path, f"must be {bound} {value}{why}, got {describe(instance)}"),
+            _say(path, f"must be {bound} {value}{why}, got {describe(instance)}{hint}"),
             "bad-value",
         )
     elif kind == "minItems":

@@ -106,8 +106,11 @@ class RuleConformance:
     copies_wanted: int = 0
     #: Keys not meeting their target, by reason (see :data:`REASONS`).
     unmet: Counter[str] = field(default_factory=Counter)
-    #: One sentence per reason, as the engine words it.
+    #: One sentence per reason, as the engine words it (the first cause seen).
     why: dict[str, str] = field(default_factory=dict)
+    #: Keys per cause: (reason, sentence) -> keys. Two classes short for one reason
+    #: (a pool with no running worker, a cluster too small) are two causes, told apart.
+    causes: Counter[tuple[str, str]] = field(default_factory=Counter)
     state: str = SATISFIED
     sentence: str = ""
 
@@ -130,6 +133,10 @@ class RuleConformance:
             "unmet": sum(self.unmet.values()),
             "unmet_by_reason": dict(self.unmet),
             "why": dict(self.why),
+            "causes": [
+                {"reason": reason, "why": why, "keys": n}
+                for (reason, why), n in self.causes.most_common()
+            ],
         }
 
 
@@ -196,6 +203,7 @@ def conformance(policy: RulesPolicy) -> Conformance:
             r = row(label)
             r.unmet[reason] += n
             r.why.setdefault(reason, sentence)
+            r.causes[reason, sentence] += n
 
     # 2. Keys the last plans left short (a few: what the engine is working on).
     desired = index.desired
@@ -311,12 +319,12 @@ def class_problem(policy: RulesPolicy, cls: PlanClass) -> tuple[str, str] | None
     # ``all`` stands for the eligible workers: never more than there are.
     lo = cls.replicate.bounds(placement.achievable)[0] if cls.replicate is not None else 1
     every = cls.replicate is not None and cls.replicate.min == "all"
-    where = _where(cls)
     if lo > placement.achievable:
+        eligible = eligible_words(cls.pool, cls.avoid, placement.achievable)
         if placement.achievable == 0:
-            return TOO_FEW_WORKERS, f"no eligible worker{where}"
+            return TOO_FEW_WORKERS, eligible
         wanted = f"wants {lo} copies" if cls.replicate is not None else "wants a copy"
-        return TOO_FEW_WORKERS, f"{wanted}, {_workers(placement.achievable)} eligible{where}"
+        return TOO_FEW_WORKERS, f"{wanted}, {eligible}"
     if cls.spread == "host" and lo > placement.hosts and not every:
         return TOO_FEW_HOSTS, (
             f"spread: host wants {lo} hosts, eligible workers are on "
@@ -325,17 +333,20 @@ def class_problem(policy: RulesPolicy, cls: PlanClass) -> tuple[str, str] | None
     return None
 
 
-def _where(cls: PlanClass) -> str:
+def eligible_words(pool: tuple[str, ...] | None, avoid: tuple[str, ...] | None, n: int) -> str:
+    """How many workers may hold a class's copies, named by what limits them (its pool,
+    its avoided pools, or the cluster itself): ``only 2 workers in pool gpu``, ``no
+    worker in pool gpu is running``, ``only 3 workers in the cluster``. (Workers that
+    are closing do not count; paused ones do.)"""
     parts = []
-    if cls.pool is not None:
-        parts.append(f"pool {','.join(cls.pool)}")
-    if cls.avoid is not None:
-        parts.append(f"avoiding {','.join(cls.avoid)}")
-    return f" ({'; '.join(parts)})" if parts else ""
-
-
-def _workers(n: int) -> str:
-    return f"{n} worker{'s' if n != 1 else ''}"
+    if pool is not None:
+        parts.append(f"in pool {','.join(pool)}")
+    if avoid is not None:
+        parts.append(f"outside pool {','.join(avoid)}")
+    if n == 0:
+        return f"no worker {' '.join(parts)} is running" if parts else "no worker is running"
+    where = " ".join(parts) or "in the cluster"
+    return f"only {n} worker{'s' if n != 1 else ''} {where}"
 
 
 def _rows(policy: RulesPolicy) -> dict[str, RuleConformance]:
@@ -351,7 +362,16 @@ def _judge(r: RuleConformance, backlog: int) -> tuple[str, str]:
     progress = {k: n for k, n in r.unmet.items() if k in IN_PROGRESS_REASONS and n}
     if hopeless:
         n = sum(hopeless.values())
-        why = "; ".join(r.why[k] for k in UNSATISFIABLE_REASONS if k in hopeless)
+        causes = sorted(
+            ((why, k) for (c, why), k in r.causes.items() if c in hopeless and k),
+            key=lambda item: (-item[1], item[0]),  # most keys first, then by their words
+        )
+        if len(causes) > 1:  # one per cause, with its keys
+            why = "; ".join(f"{_keys(k)}: {w}" for w, k in causes)
+        elif causes:
+            why = causes[0][0]
+        else:
+            why = "; ".join(r.why[k] for k in UNSATISFIABLE_REASONS if k in hopeless)
         sentence = f"{_keys(n)} of {r.keys:,} cannot be satisfied now: {why}"
         if progress:
             sentence += f"; {_progress(progress, r)}"

@@ -42,6 +42,7 @@ from bokeh.layouts import column, row
 from bokeh.models import (
     BoxAnnotation,
     ColumnDataSource,
+    CustomJS,
     DataTable,
     Div,
     FactorRange,
@@ -63,7 +64,7 @@ from amm_rules.observe import status
 from amm_rules.observe.conformance import IDLE, IN_PROGRESS, SATISFIED, UNSATISFIABLE
 from amm_rules.observe.extension import engine_of
 from amm_rules.observe.status import NO_POOL
-from amm_rules.observe.text import signed_bytes
+from amm_rules.observe.text import conformance_line, counted, signed_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -173,19 +174,43 @@ def header_html(report: Mapping[str, Any] | None) -> str:
         f"<b>rules</b> <code>{e(str(report['source']))}</code> &middot; sha256 "
         f"<code>{e(digest[:12])}</code> &middot; loaded {_date(report['loaded_at'])}"
         f" &middot; last reload error: {reload_error}",
-        f"<b>conformance</b> {c['fraction']:.1%} of {c['governed']:,} governed keys "
-        "meet their target and placement",
-        f"<b>in flight</b> {report['in_flight']:,} copies of "
-        f"{report['in_flight_keys']:,} keys &middot; <b>rebalance</b> {rebalance}",
+        f"<b>conformance</b> {e(conformance_line(c))}",
+        f"<b>in flight</b> {counted(report['in_flight'], 'copy')} of "
+        f"{counted(report['in_flight_keys'], 'key')} &middot; <b>rebalance</b> {rebalance}",
         f"<b>cycles</b> {report['cycles']:,}; {timing} &middot; <b>backlog</b> "
-        f"{report['classification_backlog']:,} keys waiting for classification",
+        f"{counted(report['classification_backlog'], 'key')} waiting for classification",
     ]
     # Features off for want of an internal of this dask or distributed.
     lines += [
         f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}"><b>unsupported</b> {e(said)}</span>'
         for said in report.get("unsupported") or ()
     ]
+    left = departures_html(report)
+    if left:
+        lines.append(left)
     return title + "".join(f"<div>{line}</div>" for line in lines)
+
+
+#: Workers that left, named in the header (the newest first).
+DEPARTURES_SHOWN = 3
+
+
+def departures_html(report: Mapping[str, Any]) -> str:
+    """The last workers that left and what they left below target or lost (the
+    ``worker-left`` events), in red while keys lost their last copy."""
+    from amm_rules.engine.sections.departures import departure_sentence
+
+    recent = (report.get("workers_left") or {}).get("recent") or []
+    if not recent:
+        return ""
+    now = report.get("time")
+    parts = []
+    for entry in reversed(recent[-DEPARTURES_SHOWN:]):
+        text = html.escape(departure_sentence(entry, now))
+        if entry.get("lost"):
+            text = f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}">{text}</span>'
+        parts.append(text)
+    return "<b>workers left</b> " + " &middot; ".join(parts)
 
 
 class RulesTable(DashboardComponent):
@@ -202,7 +227,7 @@ class RulesTable(DashboardComponent):
             TableColumn(field="state", title="state", formatter=state, width=100),
             TableColumn(field="keys", title="keys", formatter=count, width=70),
             TableColumn(field="bytes", title="bytes", width=90),
-            TableColumn(field="copies", title="copies held / wanted", width=130),
+            TableColumn(field="copies", title="copies in all: held / wanted", width=170),
             TableColumn(field="met", title="met", formatter=count, width=70),
             TableColumn(field="unmet", title="unmet (reason)", width=170),
             TableColumn(
@@ -271,7 +296,8 @@ class WorkerMemory(DashboardComponent):
         self.source = ColumnDataSource({name: [] for name in self.COLUMNS})
         self.root = figure(
             title="Memory per worker, by pool",
-            x_range=FactorRange(),
+            # A narrow gap between pools (the default is wider than a bar and a half).
+            x_range=FactorRange(group_padding=0.4, range_padding=0.02),
             y_range=Range1d(0, 1),
             height=320,
             sizing_mode="stretch_width",
@@ -312,16 +338,25 @@ class WorkerMemory(DashboardComponent):
             visible=False,
             line_color=ROLE_COLORS["recipient"],
         )
-        # The mean's label stands apart: the mean is often close to a threshold.
+        # Above the bars, on a background of their own, so that a bar never hides one
+        # and no bar shows through one; the mean's stands apart, as the mean is often
+        # close to a threshold.
         self.labels = {
             name: Label(
                 x=x,
                 x_units="screen",
                 y=0,
+                y_offset=2,
                 text="",
                 visible=False,
                 text_font_size="11px",
                 text_color=color,
+                background_fill_color="white",
+                background_fill_alpha=0.9,
+                border_line_color=color,
+                border_line_alpha=0.6,
+                padding=2,
+                level="overlay",
             )
             for name, color, x in (
                 ("sender_min", ROLE_COLORS["sender"], 4),
@@ -558,9 +593,12 @@ def pressure_html(pressure: Mapping[str, Any] | None, attached: bool = True) -> 
 
 
 class EventsTable(DashboardComponent):
-    """The latest events of the topic ``amm-rules``, newest first."""
+    """The latest events of the topic ``amm-rules``, newest first. A detail longer than
+    its column shows whole on hover, and under the table when its row is clicked."""
 
-    COLUMNS = ("time", "action", "detail")
+    COLUMNS = ("time", "action", "detail", "full")
+    #: Under the table until a row is clicked.
+    HINT = "<i>click an event to see all of it</i>"
 
     def __init__(self) -> None:
         self.source = ColumnDataSource({name: [] for name in self.COLUMNS})
@@ -574,7 +612,7 @@ class EventsTable(DashboardComponent):
                 width=440,
             ),
         ]
-        self.root = DataTable(
+        self.table = DataTable(
             source=self.source,
             columns=columns,
             index_position=None,
@@ -583,6 +621,20 @@ class EventsTable(DashboardComponent):
             sizing_mode="stretch_width",
             autosize_mode="none",
         )
+        self.full = Div(text=self.HINT, sizing_mode="stretch_width")
+        # In the browser: the clicked row's whole event, escaped (HTML of the server's).
+        self.source.selected.js_on_change(
+            "indices",
+            CustomJS(
+                args={"source": self.source, "full": self.full, "hint": self.HINT},
+                code="""
+                const i = source.selected.indices[0];
+                const rows = source.data.full;
+                full.text = (i === undefined || i >= rows.length) ? hint : rows[i];
+                """,
+            ),
+        )
+        self.root = column(self.table, self.full, sizing_mode="stretch_width")
 
     def update(self, report: Mapping[str, Any] | None) -> None:
         events = list(reversed(report["events"]))[:EVENTS_SHOWN] if report else []
@@ -591,7 +643,20 @@ class EventsTable(DashboardComponent):
             data["time"].append(_clock(event["time"]))
             data["action"].append(str(event.get("action")))
             data["detail"].append(event_detail(event))
-        _refill(self.root, data)
+            data["full"].append(event_full_html(event))
+        _refill(self.table, data)
+
+
+def event_full_html(event: Mapping[str, Any]) -> str:
+    """An event whole, for the line under the table: every field, on lines of their
+    own (an error's diagnostics keep their lines), escaped."""
+    e = html.escape
+    parts = [f"<b>{e(_clock(event.get('time')))} {e(str(event.get('action')))}</b>"]
+    for name, value in event.items():
+        if name in ("time", "action"):
+            continue
+        parts.append(e(f"{name}: {value}"))
+    return f'<div style="white-space: pre-wrap">{"<br>".join(parts)}</div>'
 
 
 #: Longest detail of an event in the table (the whole of it shows on hover).
@@ -604,6 +669,10 @@ def event_detail(event: Mapping[str, Any]) -> str:
         where = f"rule {event['rule']}: " if event.get("rule") else ""
         key = f" (e.g. key {event['example_key']})" if event.get("example_key") else ""
         text = f"{where}{_first_line(event['error'])}{key}"
+    elif event.get("action") == "worker-left":
+        from amm_rules.engine.sections.departures import departure_sentence
+
+        text = departure_sentence(event)
     elif event.get("action") == "reload":
         # The engine's reload event counts rules and pools: ``rules=12, pools=2``.
         rules, pools = event.get("rules"), event.get("pools")

@@ -42,7 +42,12 @@ from amm_rules.engine.handlers import explain_key as engine_explain_key
 from amm_rules.engine.state.governed import PlanClass, labels_of
 from amm_rules.language.fields import ActionError, parse_actions
 from amm_rules.language.ruleset import Actions, Desired, Reason, RuntimeTarget, overrides
-from amm_rules.observe.conformance import TOO_FEW_HOSTS, class_problem, conformance
+from amm_rules.observe.conformance import (
+    TOO_FEW_HOSTS,
+    class_problem,
+    conformance,
+    eligible_words,
+)
 from amm_rules.observe.status import decision_dict
 
 if TYPE_CHECKING:
@@ -242,11 +247,13 @@ def _summary_line(
             return f"{wants(lo, hi)}, {holds}: {by} forbids dropping copies"
         return f"{wants(lo, hi)} and {holds}, but {by}: the engine leaves it alone"
     want = wants(lo, hi) if d.replicate is not None else "wants a copy"
-    good = len(plan.good)
     where = _placement_words(d)
-    # 3. The workers cannot satisfy it.
+    # 3. The workers cannot satisfy it: the copies it holds, counted as the planner
+    #    counts them (in place or misplaced), and what the workers lack.
     if problem is not None:
-        return f"{want}{where}, holds {good}: {_problem_words(policy, d, problem[0])}"
+        return (
+            f"{want}{where}: holds {_held_words(n, plan)}; {_problem_words(policy, d, problem[0])}"
+        )
     copies = [a for a in plan.actions if a.op == "replicate"]
     drops = [a for a in plan.actions if a.op == "drop"]
     # 4. The next cycle acts.
@@ -285,10 +292,34 @@ def _problem_words(policy: RulesPolicy, d: Desired, reason: str) -> str:
     if reason == TOO_FEW_HOSTS:
         n = placement.hosts
         return f"the eligible workers are on only {n} host{'s' if n != 1 else ''}"
-    n = placement.achievable
-    if n == 0:
-        return "no worker is eligible"
-    return f"only {n} worker{'s are' if n != 1 else ' is'} eligible"
+    return eligible_words(d.pool, d.avoid, placement.achievable)
+
+
+#: How a misplaced copy's reason (decide/plan.py) is told of its worker.
+_MISPLACED_WORDS = (
+    ("outside pool", "outside its pool"),
+    ("in avoided pool", "in a pool it avoids"),
+    ("worker is retiring", "that is retiring"),
+)
+
+
+def _held_words(n: int, plan: KeyPlan) -> str:
+    """``2 copies``; ``1 copy, on a worker outside its pool``; ``3 copies, 1 of them
+    on a worker that is retiring``: the copies held, as the planner counts them."""
+    copies = f"{n} {'copy' if n == 1 else 'copies'}"
+    bad = [a for a in plan.misplaced if a not in plan.good]
+    if not bad:
+        return copies
+    whys = []
+    for address in bad:
+        why = plan.misplaced[address]
+        words = next((w for start, w in _MISPLACED_WORDS if why.startswith(start)), why)
+        if words not in whys:
+            whys.append(words)
+    on = f"on {'a worker' if len(bad) == 1 else 'workers'} {' or '.join(whys)}"
+    if len(bad) == n:
+        return f"{copies}, {on}"
+    return f"{copies}, {len(bad)} of them {on}"
 
 
 def _placement_words(d: Desired) -> str:

@@ -90,7 +90,9 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
                "copies_held": 560, "copies_wanted": 600,  # copies now; at least wanted
                "met": 180, "unmet": 20,
                "unmet_by_reason": {"too-few-workers": 20},
-               "why": {"too-few-workers": "wants 3 copies, 2 workers eligible (pool gpu)"}},
+               "why": {"too-few-workers": "wants 3 copies, only 2 workers in pool gpu"},
+               # one entry per cause (two classes short for one reason are two causes)
+               "causes": [{"reason": "too-few-workers", "why": "...", "keys": 20}]},
               ...
             ],
           },
@@ -119,6 +121,10 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
                       "spilled": [...], "role": [... or None]},  # role in the last plan
           "memory_by_pool": {"gpu": {"workers": [addresses], "memory": n,
                                      "memory_limit": n}, "(no pool)": {...}},
+          # the last workers that left, and what they took (the worker-left event)
+          "workers_left": {"recent": [{"time", "worker", "retired", "below",
+                                       "below_bytes", "below_keys", "lost", "lost_bytes",
+                                       "lost_keys"}], "left": n},
           # the latest events the engine wrote to "amm-rules" (but cycle summaries), and
           # its latest decisions
           "events": [{"time": ..., "action": "reload-error", ...}],
@@ -127,15 +133,8 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
     """
     report = engine_status(policy)  # the engine's own counters and its sections
     c = conformance(policy)
-    errors = [
-        {"time": e["time"], "error": clip_text(str(e["error"]), TEXT_SHOWN)}
-        for e in report["reload_errors"]
-    ]
+    errors, last = _reload_errors(policy, report["reload_errors"])
     journal = policy.journal
-    last = errors[-1] if errors else None
-    if last is not None:
-        # Rules installed after the error replaced the file it was about: it is past.
-        last = {**last, "since_reloaded": bool(policy.loaded_at > last["time"])}
     report.update(
         scheduler=_address(policy),
         time=time.time(),
@@ -154,6 +153,20 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
         decisions=[decision_dict(d) for d in journal.recent(DECISIONS_SHOWN)],
     )
     return report
+
+
+def _reload_errors(
+    policy: RulesPolicy, errors: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The reload errors, their texts clipped, and the last one, said as past when rules
+    were installed after it (they replaced the file it was about)."""
+    clipped = [
+        {"time": e["time"], "error": clip_text(str(e["error"]), TEXT_SHOWN)} for e in errors
+    ]
+    last = clipped[-1] if clipped else None
+    if last is not None:
+        last = {**last, "since_reloaded": bool(policy.loaded_at > last["time"])}
+    return clipped, last
 
 
 def status_json(report: Mapping[str, Any]) -> str:

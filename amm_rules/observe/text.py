@@ -29,6 +29,27 @@ def render_status(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def counted(n: int, word: str) -> str:
+    """``1 key``, ``2 keys``, ``1 copy``, ``3 copies``."""
+    if n == 1:
+        return f"1 {word}"
+    consonant_y = word.endswith("y") and word[-2:-1] not in tuple("aeiou")
+    plural = word[:-1] + "ies" if consonant_y else word + "s"
+    return f"{n:,} {plural}"
+
+
+def conformance_line(c: Mapping[str, Any]) -> str:
+    """``98.3% of 1,200 governed keys meet their target and placement``; with nothing
+    governed, says so (a percentage of nothing reads as a bug)."""
+    governed = c["governed"]
+    if not governed:
+        return "no governed key in memory"
+    if governed == 1:
+        met = "meets" if c["met"] else "does not meet"
+        return f"the one governed key {met} its target and placement"
+    return f"{c['fraction']:.1%} of {governed:,} governed keys meet their target and placement"
+
+
 def _render_rules_file(report: Mapping[str, Any]) -> list[str]:
     digest = report.get("sha256")
     reload = "reloaded when it changes" if report.get("reload") else "not reloaded"
@@ -55,10 +76,10 @@ def _render_rules(report: Mapping[str, Any]) -> list[str]:
 
     c = report["conformance"]
     rows = c["rules"]
-    out = [
-        f"conformance  {c['fraction']:.1%} of {c['governed']:,} governed keys meet their "
-        "target and placement"
-    ]
+    out = [f"conformance  {conformance_line(c)}"]
+    since = _departure_behind(report)
+    if since:
+        out.append(f"  in progress since {since}")
     header = ("rule", "state", "keys", "bytes", "met", "unmet")
     table = [
         (
@@ -95,9 +116,12 @@ def _render_engine(report: Mapping[str, Any]) -> list[str]:
         timing = "no cycle yet"
     out = [
         f"cycles       {timing}",
-        f"backlog      {report['classification_backlog']:,} keys waiting for classification",
-        f"in flight    {report['in_flight']:,} copies of {report['in_flight_keys']:,} keys",
+        f"backlog      {counted(report['classification_backlog'], 'key')} waiting for "
+        "classification",
+        f"in flight    {counted(report['in_flight'], 'copy')} of "
+        f"{counted(report['in_flight_keys'], 'key')}",
     ]
+    out += _render_departures(report)
     out += _render_flow(report.get("memory_flow"))
     out += _render_pressure(report.get("memory_pressure"))
     r = report["rebalance"]
@@ -125,6 +149,36 @@ def _render_engine(report: Mapping[str, Any]) -> list[str]:
             f"{mean_text}stopped: {plan['stopped']}"
         )
     return out
+
+
+#: Departures listed by ``amm-rules status`` (the newest first).
+DEPARTURES_SHOWN = 3
+
+
+def _departure_behind(report: Mapping[str, Any]) -> str | None:
+    """The latest worker departure that left keys below target or lost, when some rule
+    is in progress: what the engine is repairing."""
+    from amm_rules.engine.sections.departures import departure_sentence
+
+    recent = (report.get("workers_left") or {}).get("recent") or []
+    states = (r["state"] for r in report["conformance"]["rules"])
+    if not recent or "in-progress" not in states:
+        return None
+    last = recent[-1]
+    if not (last.get("below") or last.get("lost")):
+        return None
+    return departure_sentence(last, report.get("time"))
+
+
+def _render_departures(report: Mapping[str, Any]) -> list[str]:
+    from amm_rules.engine.sections.departures import departure_sentence
+
+    recent = (report.get("workers_left") or {}).get("recent") or []
+    now = report.get("time")
+    lines = [departure_sentence(e, now) for e in reversed(recent[-DEPARTURES_SHOWN:])]
+    if not lines:
+        return ["left         no worker left since the policy started"]
+    return [f"left         {lines[0]}", *(f"             {line}" for line in lines[1:])]
 
 
 def _render_flow(flow: Mapping[str, Any] | None) -> list[str]:

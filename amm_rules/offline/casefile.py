@@ -437,6 +437,20 @@ class _Builder:
         """An error was reported at or inside ``path``: leave it alone."""
         return self.where.reported_under(path)
 
+    def field(self, item: Any, path: Path, name: str, kind: type | tuple[type, ...]) -> Any:
+        """``item[name]`` if it is there and of ``kind`` and, for a scalar, no error was
+        reported at it; else None. A list or a mapping is returned even with errors
+        inside it: its entries are checked one by one. So a problem in one field never
+        hides the problems of its neighbours (every problem in one pass)."""
+        if not isinstance(item, dict) or name not in item:
+            return None
+        value = item[name]
+        if not isinstance(value, kind):
+            return None
+        if not isinstance(value, (list, dict)) and self.skip((*path, name)):
+            return None
+        return value
+
     def build(self) -> None:
         if not self.skip(("rules",)) and isinstance(self.data.get("rules"), str):
             self._rules()
@@ -452,13 +466,13 @@ class _Builder:
         cases = []
         for i, item in enumerate(self.data["cases"]):
             path = ("cases", i)
-            if self.skip((*path, "name")) or not isinstance(item, dict):
+            if not isinstance(item, dict):
                 continue
-            if item["name"] in seen:
-                self.error(
-                    (*path, "name"), f"duplicate case name '{item['name']}'", "duplicate-case"
-                )
-            seen[item["name"]] = i
+            name = self.field(item, path, "name", str)
+            if name is not None:
+                if name in seen:
+                    self.error((*path, "name"), f"duplicate case name '{name}'", "duplicate-case")
+                seen[name] = i
             cases.append(_CaseBuilder(self, item, path, names, hosts, ruleset).build())
         if not self.where.has_errors:
             self.out.cases = cases
@@ -490,11 +504,15 @@ class _Builder:
         seen_addresses: set[str] = set()
         for i, item in enumerate(self.data["workers"]):
             path = ("workers", i)
-            if self.skip((*path, "name")) or not isinstance(item, dict):
+            if not isinstance(item, dict):
                 continue
-            name: str = item["name"]
-            host: str = item.get("host", name)
-            address = item.get("address", f"tcp://{host}:{9000 + i}")
+            name = self.field(item, path, "name", str)
+            if name is None:  # its other fields are still checked
+                self.size(item.get("memory-limit", 0), (*path, "memory-limit"))
+                self.size(item.get("memory", 0), (*path, "memory"))
+                continue
+            host: str = self.field(item, path, "host", str) or name
+            address = self.field(item, path, "address", str) or f"tcp://{host}:{9000 + i}"
             if name in seen_names:
                 self.error((*path, "name"), f"duplicate worker name '{name}'", "duplicate-worker")
             if address in seen_addresses:
@@ -506,7 +524,7 @@ class _Builder:
                     name=name,
                     host=host,
                     address=address,
-                    resources=dict(item.get("resources", {})),
+                    resources=self.field(item, path, "resources", dict) or {},
                     memory_limit=self.size(
                         item.get("memory-limit", DEFAULT_MEMORY_LIMIT), (*path, "memory-limit")
                     ),
@@ -566,10 +584,14 @@ class _CaseBuilder:
         self.hosts = hosts
         self.ruleset = ruleset
 
-    def names(self, values: list[str], path: Path, known: set[str], what: str) -> None:
+    def names(self, values: Any, path: Path, known: set[str], what: str) -> None:
         from amm_rules.language.spelling import did_you_mean
 
+        if not isinstance(values, list):
+            return  # the schema said what it should be
         for j, name in enumerate(values):
+            if not isinstance(name, str) or self.b.skip((*path, j)):
+                continue
             if name not in known:
                 self.b.error(
                     (*path, j),
@@ -578,68 +600,87 @@ class _CaseBuilder:
                 )
 
     def pools(self, value: Any, path: Path) -> None:
-        if self.ruleset is None:
+        if self.ruleset is None or not isinstance(value, (str, list)):
             return
         names = [value] if isinstance(value, str) else list(value)
         paths = [path] if isinstance(value, str) else [(*path, j) for j in range(len(names))]
         for name, at in zip(names, paths, strict=True):
+            if not isinstance(name, str) or (at != path and self.b.skip(at)):
+                continue
             if name not in self.ruleset.pools:
                 from amm_rules.language.fields import unknown_pool_message
 
                 self.b.error(at, unknown_pool_message(name, self.ruleset.pools), "unknown-pool")
 
     def build(self) -> Case:
+        """The case, every field checked on its own (a case with errors is never run:
+        its fields are read only to report every problem at once)."""
         item, path = self.item, self.path
-        case = Case(item["name"], path, self.keys())
-        skip = self.b.skip
-        kill = item.get("kill", {}) if not skip((*path, "kill")) else {}
-        self.names(kill.get("workers", []), (*path, "kill", "workers"), self.workers, "worker")
-        self.names(kill.get("hosts", []), (*path, "kill", "hosts"), self.hosts, "host")
-        for j, pool in enumerate(kill.get("pools", [])):
-            self.pools(pool, (*path, "kill", "pools", j))
-        case.kill_workers = list(kill.get("workers", []))
-        case.kill_hosts = list(kill.get("hosts", []))
-        case.kill_pools = list(kill.get("pools", []))
-        case.cycles = item.get("cycles")
+        field = self.b.field
+        case = Case(item.get("name", ""), path, self.keys())
+        at = (*path, "kill")
+        kill = field(item, path, "kill", dict) or {}
+        workers = field(kill, at, "workers", list) or []
+        hosts = field(kill, at, "hosts", list) or []
+        pools = field(kill, at, "pools", list) or []
+        self.names(workers, (*at, "workers"), self.workers, "worker")
+        self.names(hosts, (*at, "hosts"), self.hosts, "host")
+        for j, pool in enumerate(pools):
+            self.pools(pool, (*at, "pools", j))
+        case.kill_workers, case.kill_hosts, case.kill_pools = workers, hosts, pools
+        case.cycles = field(item, path, "cycles", int)
         known = {k.key for k in case.keys}
-        expect = item.get("expect")
-        for j, exp in enumerate(expect if isinstance(expect, list) else []):
-            if not skip((*path, "expect", j)):
+        for j, exp in enumerate(field(item, path, "expect", list) or []):
+            if isinstance(exp, dict):
                 case.expect.append(self.expectation(exp, (*path, "expect", j), known))
-        if "expect-actions" in item and not skip((*path, "expect-actions")):
+        actions = field(item, path, "expect-actions", list)
+        if actions is not None:
             case.expect_actions = []
-            for j, a in enumerate(item["expect-actions"]):
+            for j, a in enumerate(actions):
                 at = (*path, "expect-actions", j)
-                key = self.known_key(a["key"], (*at, "key"), known)
-                self.names([a["worker"]], (*at, "worker"), self.workers, "worker")
-                case.expect_actions.append((a["op"], key, a["worker"], a.get("rule")))
-        if "expect-lost" in item and not skip((*path, "expect-lost")):
+                key = self.known_key(a, at, known)
+                worker = field(a, at, "worker", str)
+                self.names([worker] if worker else [], (*at, "worker"), self.workers, "worker")
+                if isinstance(a, dict):  # (a case with errors is never run: "" is unseen)
+                    op, rule = str(a.get("op", "")), a.get("rule")
+                    case.expect_actions.append((op, key, worker or "", rule))
+        lost = field(item, path, "expect-lost", list)
+        if lost is not None:
             case.expect_lost = [
-                self.known_key(k, (*path, "expect-lost", j), known)
-                for j, k in enumerate(item["expect-lost"])
+                self.known_key({"key": k}, (*path, "expect-lost", j), known, here=True)
+                for j, k in enumerate(lost)
             ]
-        if "expect-pools" in item and not skip((*path, "expect-pools")):
+        expect_pools = field(item, path, "expect-pools", dict)
+        if expect_pools is not None:
             case.expect_pools = {}
-            for pool, members in item["expect-pools"].items():
+            for pool, members in expect_pools.items():
                 at = (*path, "expect-pools", pool)
                 self.pools(pool, at)
                 self.names(members, at, self.workers, "worker")
-                case.expect_pools[pool] = list(members)
+                case.expect_pools[pool] = list(members) if isinstance(members, list) else []
         return case
 
     def keys(self) -> list[KeyFixture]:
         out: list[KeyFixture] = []
         seen: set[Hashable] = set()
         keys = self.item.get("keys")
+        field = self.b.field
         for j, k in enumerate(keys if isinstance(keys, list) else []):
             at = (*self.path, "keys", j)
-            if self.b.skip(at):
+            if not isinstance(k, dict):
                 continue
-            self.names(k["holders"], (*at, "holders"), self.workers, "worker")
+            holders = field(k, at, "holders", list) or []
+            self.names(holders, (*at, "holders"), self.workers, "worker")
             nbytes = self.b.size(k.get("nbytes", DEFAULT_NBYTES), (*at, "nbytes"))
-            target = self.b.target(k["target"], (*at, "target")) if "target" in k else None
-            count = k.get("count")
-            raw = k["key"]
+            target = (
+                self.b.target(k["target"], (*at, "target"))
+                if "target" in k and not self.b.skip((*at, "target"))
+                else None
+            )
+            count = field(k, at, "count", int)
+            raw = field(k, at, "key", (str, list))
+            if raw is None:
+                continue  # no key, or one the schema refused: nothing to declare
             if count is not None and (not isinstance(raw, str) or "{i}" not in raw):
                 self.b.error((*at, "key"), "with 'count', the key must contain '{i}'", "bad-value")
                 count = None
@@ -663,12 +704,12 @@ class _CaseBuilder:
                 out.append(
                     KeyFixture(
                         key=key,
-                        holders=list(k["holders"]),
+                        holders=list(holders),
                         nbytes=nbytes,
                         prefix=k.get("prefix"),
                         group=k.get("group"),
                         type=k.get("type"),
-                        annotations=dict(k.get("annotations", {})),
+                        annotations=field(k, at, "annotations", dict) or {},
                         target=target,
                         waiters=k.get("waiters", 0),
                         path=at,
@@ -676,38 +717,46 @@ class _CaseBuilder:
                 )
         return out
 
-    def known_key(self, value: Any, path: Path, known: set[Hashable]) -> Hashable:
+    def known_key(
+        self, item: Any, path: Path, known: set[Hashable], *, here: bool = False
+    ) -> Hashable:
+        """The key of ``item`` (its ``key`` field; ``here``: ``path`` is the key's own),
+        checked against the case's keys; None if it is missing or refused."""
+        at = path if here else (*path, "key")
+        if not isinstance(item, dict) or "key" not in item or self.b.skip(at):
+            return None
+        value = item["key"]
+        if not isinstance(value, (str, list)):
+            return None
         key = plain_key(value)
         if key not in known:
-            self.b.error(path, f"key {key!r} is not among the case's keys", "unknown-key")
+            self.b.error(at, f"key {key!r} is not among the case's keys", "unknown-key")
         return key
 
     def expectation(
         self, exp: dict[str, Any], path: Path, known: set[Hashable]
     ) -> tuple[Path, dict[str, Any]]:
         out = dict(exp)
-        out["key"] = self.known_key(exp["key"], (*path, "key"), known)
-        if exp.get("target") is not None:
+        out["key"] = self.known_key(exp, path, known)
+        if exp.get("target") is not None and not self.b.skip((*path, "target")):
             out["target"] = self.b.target(exp["target"], (*path, "target"))
         for name in ("holders", "holders-include", "holders-exclude"):
-            if name in exp:
+            if name in exp and not self.b.skip((*path, name)):
                 self.names(exp[name], (*path, name), self.workers, "worker")
         for name in ("pool", "avoid", "in-pool"):
-            if name in exp:
+            if name in exp and not self.b.skip((*path, name)):
                 self.pools(exp[name], (*path, name))
         rules = set(r.name for r in self.ruleset.rules) if self.ruleset else None
         sources = {"annotation", "runtime"}
-        if (
-            rules is not None
-            and exp.get("rule") is not None
-            and exp["rule"] not in rules | sources
-        ):
-            self.b.error((*path, "rule"), self.unknown_rule(exp["rule"], rules), "unknown-rule")
-        for field_name, rule in exp.get("rules", {}).items():
-            if rules is not None and rule not in rules | sources:
-                self.b.error(
-                    (*path, "rules", field_name), self.unknown_rule(rule, rules), "unknown-rule"
-                )
+        rule = self.b.field(exp, path, "rule", str)
+        if rules is not None and rule is not None and rule not in rules | sources:
+            self.b.error((*path, "rule"), self.unknown_rule(rule, rules), "unknown-rule")
+        for field_name, rule in (self.b.field(exp, path, "rules", dict) or {}).items():
+            at = (*path, "rules", field_name)
+            if rules is None or not isinstance(rule, str) or self.b.skip(at):
+                continue
+            if rule not in rules | sources:
+                self.b.error(at, self.unknown_rule(rule, rules), "unknown-rule")
         return path, out
 
     @staticmethod

@@ -39,11 +39,13 @@ SCHEDULER_DUMP_EXCLUDE = (
 
 
 def load_rules(path: str) -> Ruleset | None:
-    """The rules file's ruleset, or None after printing its errors (as validate does)."""
-    from amm_rules.language.loader import check_path
+    """The rules file's ruleset, or None after printing its errors (as validate does).
+    Read as validate reads it: ``-`` is standard input, and a pipe or a process
+    substitution is read to its end."""
+    from amm_rules.language.loader import check_argument
     from amm_rules.language.reporters import format_text
 
-    result = check_path(path)
+    result = check_argument(path)
     if result.ruleset is None:
         click.echo(escape_controls(format_text([result])), nl=False, err=True)
         return None
@@ -236,6 +238,8 @@ def diff(
     from amm_rules.offline.diff import diff_rules, render_diff
     from amm_rules.offline.simulate import amm_defaults
 
+    if old == new == "-":
+        raise click.UsageError("OLD and NEW cannot both be '-': standard input is read once")
     rulesets = [load_rules(old), load_rules(new)]
     if None in rulesets:
         return 1

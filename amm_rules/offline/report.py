@@ -336,7 +336,8 @@ def kill_lines(report: Mapping[str, Any]) -> list[str]:
     lines = [f"killed: {plural(len(report['killed']), 'worker')}: {', '.join(report['killed'])}"]
     if lost:
         lines.append(
-            f"DATA LOSS: {plural(len(lost), 'key')} lose their last copy "
+            f"DATA LOSS: {plural(len(lost), 'key')} "
+            f"{'loses its' if len(lost) == 1 else 'lose their'} last copy "
             f"({size(sum(x['bytes'] for x in lost))}):"
         )
         lines += [

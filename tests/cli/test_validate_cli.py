@@ -45,7 +45,10 @@ def test_clean_file(files: dict[str, str]) -> None:
 def test_warnings_pass_unless_strict(files: dict[str, str]) -> None:
     status, output = run("validate", files["warning"])
     assert status == 0
-    assert f"{files['warning']}:4:18: warning: recipient-max is 0%: no worker" in output
+    assert (
+        f"{files['warning']}:4:18: warning[inverted-thresholds]: recipient-max is 0%: no worker"
+        in output
+    )
     assert output.endswith("1 file checked: 1 warning\n")
     status, _ = run("validate", "--strict", files["warning"])
     assert status == 1

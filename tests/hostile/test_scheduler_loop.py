@@ -113,7 +113,8 @@ async def test_explaining_every_unmet_key_is_capped_and_does_not_stall_the_loop(
     assert (got["shown"], got["total"], got["most"]) == (EXPLAIN_KEYS, 20_000, EXPLAIN_KEYS)
     assert len(got["keys"]) == EXPLAIN_KEYS
     assert {a["summary"] for a in got["keys"].values()} == {
-        "wants 2 copies in pool gpu, holds 0: no worker is eligible"
+        "wants 2 copies in pool gpu: holds 1 copy, on a worker outside its pool; "
+        "no worker in pool gpu is running"
     }
     # The default is 10 keys, counted the same way.
     few = await c.scheduler.amm_rules_explain(unmet=True, counts=True)

@@ -121,7 +121,10 @@ async def test_status_and_explain_from_the_shell(c, s, a, b):
     assert two.split()[2:] == ["1", *size.split(), "1", "0"]
     (five,) = [line for line in lines if line.split()[:2] == ["five", "unsatisfiable"]]
     assert five.split()[-2:] == ["0", "1"]
-    assert "    1 key of 1 cannot be satisfied now: wants 5 copies, 2 workers eligible" in lines
+    assert (
+        "    1 key of 1 cannot be satisfied now: wants 5 copies, only 2 workers in the cluster"
+        in lines
+    )
     assert any(line.startswith("cycles       ") and "median" in line for line in lines)
 
     # --check: a rule is not satisfied.
@@ -140,7 +143,9 @@ async def test_status_and_explain_from_the_shell(c, s, a, b):
     why = await cli("explain", "('five-1a2b', 0)", "two-1", DASK_SCHEDULER_ADDRESS=s.address)
     assert why.returncode == 0, why.stderr
     out = why.stdout.splitlines()
-    assert out[0] == "('five-1a2b', 0): wants 5 copies, holds 2: only 2 workers are eligible"
+    assert (
+        out[0] == "('five-1a2b', 0): wants 5 copies: holds 2 copies; only 2 workers in the cluster"
+    )
     assert "two-1: holds its target: 2 copies (replicate=2 from rule two)" in out
     assert any(line.strip().startswith("1. two") and "no match" in line for line in out)
 
@@ -208,6 +213,36 @@ async def test_explain_says_how_many_keys_it_shows_and_asks_for_the_rest(c, s, a
     assert why.stderr == "amm-rules: error: unknown key: nope (not known to the scheduler)\n"
 
 
+@gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(RULES), timeout=120)
+async def test_status_and_explain_run_no_function_on_the_scheduler(c, s, a):
+    """Whether the engine is there is asked of the scheduler's metadata: no
+    ``run_function`` (which logs ``Run out-of-band function`` at every call)."""
+    ran: list[Any] = []
+    run_function = s.handlers["run_function"]
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        ran.append(kwargs.get("function"))
+        return run_function(*args, **kwargs)
+
+    s.handlers["run_function"] = counting
+    x = c.submit(inc, 1, key="two-1")
+    await x
+    for args in (("status",), ("explain", "two-1")):
+        result = await cli(*args, "--scheduler", s.address)
+        assert result.returncode == 0, result.stderr
+    status = await amm_rules.status(c)
+    assert list(status["rules"]) == ["two", "five"]
+    assert not ran
+    # client.restart() clears the scheduler's metadata: the entry comes back.
+    await c.restart(wait_for_workers=False)
+    result = await cli("status", "--scheduler", s.address)
+    assert result.returncode == 0, result.stderr
+    assert not ran
+    # Once detached, the entry goes with the handlers.
+    policy_of(s).detach()
+    assert "amm-rules" not in s.task_metadata
+
+
 @gen_cluster(client=True, nthreads=[("", 1)], timeout=120)
 async def test_a_scheduler_without_the_engine_is_one_line(c, s, a):
     # (status and explain share the probe: one command is enough)
@@ -248,10 +283,24 @@ def test_an_unreachable_scheduler_is_one_line():
     address = f"tcp://127.0.0.1:{closed_port()}"
     result = invoke("status", "--scheduler", address, "--timeout", "1")
     assert result.exit_code == 1
-    assert result.stderr.startswith(
-        f"amm-rules: error: could not connect to the scheduler at {address}"
+    assert result.stderr == (
+        f"amm-rules: error: could not connect to the scheduler at {address} within 1 s "
+        "(--timeout SECONDS waits longer)\n"
     )
-    assert len(result.stderr.splitlines()) == 1
+
+
+def test_the_default_timeout_of_the_command_line_is_2_seconds():
+    """A command line gives up on an unreachable scheduler after 2 s (not dask's 5 s
+    connect timeout), and says how to wait longer."""
+    address = f"tcp://127.0.0.1:{closed_port()}"
+    for args in (("status",), ("explain", "x-1")):
+        result = invoke(*args, "--scheduler", address)
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"amm-rules: error: could not connect to the scheduler at {address} within "
+            "2 s (--timeout SECONDS waits longer)\n"
+        )
+    assert "2 s by default" in " ".join(invoke("status", "--help").stdout.split())
 
 
 #: A memory-pressure section that never holds here (no worker reaches 90%).

@@ -58,7 +58,7 @@ async def test_states_with_reasons_and_the_fraction(c, s, *workers):
     assert five["state"] == "unsatisfiable"
     assert five["unmet_by_reason"] == {"too-few-workers": 1}
     assert five["sentence"] == (
-        "1 key of 1 cannot be satisfied now: wants 5 copies, 3 workers eligible"
+        "1 key of 1 cannot be satisfied now: wants 5 copies, only 3 workers in the cluster"
     )
     # All workers of a gen_cluster share one host.
     assert by["hosts"]["state"] == "unsatisfiable"
@@ -71,7 +71,7 @@ async def test_states_with_reasons_and_the_fraction(c, s, *workers):
     assert by["left-alone"]["state"] == "satisfied" and by["left-alone"]["keys"] == 1
     # A pool without workers.
     assert by["gpu-only"]["unmet_by_reason"] == {"too-few-workers": 1}
-    assert "no eligible worker (pool gpu)" in by["gpu-only"]["sentence"]
+    assert "no worker in pool gpu is running" in by["gpu-only"]["sentence"]
     assert by["(annotation)"]["state"] == by["(runtime)"]["state"] == "satisfied"
 
     c_ = report["conformance"]
@@ -256,3 +256,43 @@ async def test_copies_held_and_wanted_follow_every_change(c, s, a, b, w):
     assert held()["two"] == 6 == rows(report)["two"]["copies_held"]
     assert rows(report)["two"]["copies_wanted"] == 6
     assert rows(report)["every"]["copies_wanted"] == 2 == held()["every"]
+
+
+TWO_CAUSES = rules(
+    {"name": "four", "match": 'task.prefix == "x"', "replicate": 4},
+    pools={"gpu": "worker.resources.GPU >= 1"},  # amm-rules: disable=unused-pool
+)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1, {"resources": {"GPU": 1}}), ("", 1), ("", 1)],
+    config=amm_config(TWO_CAUSES),
+    timeout=60,
+)
+async def test_one_reason_per_cause(c, s, gpu, a, b):
+    """Two keys of one rule, short of their four copies for two causes: one because the
+    cluster has only two workers, the other because its pool has no running worker
+    (annotated pool="gpu", the GPU worker lost). Each is told with its own cause."""
+    import amm_rules
+
+    with amm_rules.annotate(pool="gpu"):
+        in_pool = c.submit(inc, 1, key="x-2", workers=[a.address])
+    plain = c.submit(inc, 2, key="x-1", workers=[a.address])
+    await c.gather([in_pool, plain])
+    await gpu.close()
+    sentence = (
+        "2 keys of 2 cannot be satisfied now: 1 key: no worker in pool gpu is running; "
+        "1 key: wants 4 copies, only 2 workers in the cluster"
+    )
+    report = await report_until(s, lambda r: rows(r)["four"]["sentence"] == sentence)
+    four = rows(report)["four"]
+    assert four["state"] == "unsatisfiable"
+    assert four["unmet_by_reason"] == {"too-few-workers": 2}
+    assert sorted((x["why"], x["keys"]) for x in four["causes"]) == [
+        ("no worker in pool gpu is running", 1),
+        ("wants 4 copies, only 2 workers in the cluster", 1),
+    ]
+    assert rows(report)["(annotation)"]["sentence"] == (
+        "1 key of 1 cannot be satisfied now: no worker in pool gpu is running"
+    )

@@ -126,7 +126,7 @@ async def test_the_page_shows_every_rule_and_its_state_live(c, s, *workers):
         ]
         assert row(text, "gpu-triple")[3:6] == ["4 / 6", "0", "2 (2 too-few-workers)"]
         assert row(text, "gpu-triple")[6] == (
-            "2 keys of 2 cannot be satisfied now: wants 3 copies, 2 workers eligible (pool gpu)"
+            "2 keys of 2 cannot be satisfied now: wants 3 copies, only 2 workers in pool gpu"
         )
         assert state(text, "(annotation)") == state(text, "(runtime)") == "satisfied"
         assert "50.0% of 4 governed keys meet their target and placement" in text
@@ -159,6 +159,55 @@ async def test_the_page_shows_every_rule_and_its_state_live(c, s, *workers):
         no_script_errors(browser)
     status_page = await AsyncHTTPClient().fetch(url(s, "/status"))
     assert b'href="individual-amm-rules"' in status_page.body
+
+
+@needs_chromium
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1), ("", 1)],
+    scheduler_kwargs=PAGE,
+    config=amm_config(
+        rules({"name": "precious", "match": 'task.prefix == "precious"', "replicate": 2})
+    ),
+    timeout=120,
+)
+async def test_the_page_says_when_a_worker_left_and_shows_an_event_whole(c, s, a, b):
+    """Nothing governed yet: the header says so (not "100.0% of 0"); one governed key
+    is one key, one copy in flight one copy. A worker holding a copy leaves: the header
+    names it with what it left below target, and so does its event, which a click
+    shows whole under the table."""
+    async with Browser() as browser:
+        await browser.goto(url(s, "/amm-rules"))
+        text = await browser.wait_for_text(lambda t: "conformance" in t)
+        assert "no governed key in memory" in text and "% of 0" not in text
+        assert "0 keys waiting for classification" in text
+        assert "copies in all: held / wanted" in text
+        async with Worker(s.address, nthreads=1) as spot:
+            x = c.submit(inc, 1, key="precious-1", workers=[spot.address])
+            await x
+            await wait_for(lambda: copies(s, "precious-1") == 2, "precious-1 at 2 copies")
+            text = await browser.wait_for_text(lambda t: "the one governed key meets" in t)
+        text = await browser.wait_for_text(lambda t: "workers left" in t and "worker-left" in t)
+        lines = text.splitlines()
+        left = lines[lines.index("workers left") + 1]
+        assert re.fullmatch(
+            re.escape(spot.address) + r" left \d+ s ago: 1 key below target \(28 B\)", left
+        ), left
+        detail = lines[lines.index("worker-left") + 1]
+        assert detail == f"{spot.address} left: 1 key below target (28 B)"
+        # The whole event under the table, every field on a line of its own.
+        assert "click an event to see all of it" in text
+        await browser.click_text("worker-left")
+        text = await browser.wait_for_text(lambda t: "below_keys: ['precious-1']" in t)
+        assert f"worker: {spot.address}" in text.splitlines()
+        assert "retired: False" in text.splitlines() and "lost: 0" in text.splitlines()
+        no_script_errors(browser)
+    page = RulesPage(s)
+    Document().add_root(page.root)
+    page.update()
+    labels = page.memory.labels.values()
+    assert all(x.background_fill_color == "white" and x.level == "overlay" for x in labels)
+    assert page.memory.root.x_range.group_padding < 1
 
 
 @needs_chromium

@@ -3,6 +3,9 @@ key, on real schedulers and workers; and the keys the client helpers accept."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from distributed import wait
 from distributed.core import Status
@@ -10,7 +13,7 @@ from distributed.utils_test import BlockedGetData, gen_cluster, inc
 
 import amm_rules
 from amm_rules.observe.status import status_report
-from benchmarks.support.waiting import wait_for
+from benchmarks.support.waiting import poll, wait_for
 from tests.support.cluster import amm_config, copies, policy_of, rules
 
 GPU = {"resources": {"GPU": 1}}
@@ -158,7 +161,7 @@ async def test_unmet_keys_are_picked_by_rule_and_limit(c, s, a, b):
     )
     picked = await c.scheduler.amm_rules_explain(unmet=True, limit=2)
     assert len(picked) == 2 and all(k.startswith("five-") for k in picked)
-    assert all("only 2 workers are eligible" in a["summary"] for a in picked.values())
+    assert all("only 2 workers in the cluster" in a["summary"] for a in picked.values())
     assert await c.scheduler.amm_rules_explain(unmet=True, rule="two") == {}
     assert len(await c.scheduler.amm_rules_explain(unmet=True, rule="five", limit=10)) == 3
 
@@ -190,3 +193,41 @@ def test_anything_else_is_a_type_error(bad):
         amm_rules.explain(bad)
     with pytest.raises(TypeError, match="got "):
         amm_rules.replicate(bad, n=2)
+
+
+LOST_POOL = rules(
+    {"name": "four", "match": 'task.prefix == "x"', "replicate": 4},
+    pools={"gpu": "worker.resources.GPU >= 1"},  # amm-rules: disable=unused-pool
+)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1, GPU), ("", 1), ("", 1)],
+    config=amm_config(LOST_POOL),
+    timeout=60,
+)
+async def test_the_summary_counts_the_copies_the_holders_list_shows(c, s, gpu, a, b):
+    """The only GPU worker is lost while a key annotated pool="gpu" is held on a CPU
+    worker: the summary says it holds one copy, outside its pool, and why no copy
+    can go where it should; the holders list shows the same copy."""
+    with amm_rules.annotate(pool="gpu"):
+        y = c.submit(inc, 1, key="y-1", workers=[a.address])
+    await y
+    await gpu.close()
+    await wait_for(lambda: len(s.workers) == 2, "len(s.workers) == 2")
+    summary = (
+        "wants a copy in pool gpu: holds 1 copy, on a worker outside its pool; "
+        "no worker in pool gpu is running"
+    )
+    answer = await poll_summary(c, "y-1", lambda t: t == summary)
+    assert [h["address"] for h in answer["facts"]["holders"]] == [a.address]
+    assert answer["decisions"][a.address]["decision"] == "holds"
+    assert copies(s, "y-1") == 1  # the last copy stays, outside its pool
+
+
+async def poll_summary(c: Any, key: str, check: Callable[[str], bool]) -> dict[str, Any]:
+    async def answer() -> dict[str, Any]:
+        return (await amm_rules.explain(key, client=c))[key]
+
+    return await poll(answer, lambda a: check(a["summary"]), f"the summary of {key}")

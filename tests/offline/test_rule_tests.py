@@ -247,6 +247,66 @@ def test_every_problem_of_a_test_file_has_its_position(project: Path) -> None:
     assert output.endswith("1 file, 0 cases: 0 passed, 0 failed; 1 file with errors\n")
 
 
+MIXED = """\
+rules: rules.yaml
+workers:
+  - {name: a, host: h1}
+  - {name: "", memory-limit: 1 GiBs}
+cases:
+  - name: one
+    keys:
+      - {key: x-1, holders: [a, z], nbytes: lots}
+      - {key: x-2, holders: [a], colour: red}
+    kill: {hosts: [h9], colour: red}
+    expect:
+      - {key: x-9, copies: two}
+      - {key: x-1, rule: keep-3, in-pool: cpu, hosts: many}
+    expect-actions:
+      - {op: copy, key: x-8, worker: q}
+    expect-lost: [x-7, {}]
+    expect-pools: {gpus: [q], gpu: 3}
+  - name: ""
+    keys: [{key: x-1, holders: [w]}]
+"""
+
+
+def test_every_problem_in_one_pass_beside_the_schemas(project: Path) -> None:
+    """Each entry has a problem the schema finds and one only the meaning shows (an
+    unknown worker, key, rule, pool or host): both are told at once, not the second
+    after the first was fixed."""
+    path = project / "mixed_test.yaml"
+    path.write_text(MIXED)
+    status, output = run("test", str(path))
+    assert status == 1
+    found = [
+        line.strip()[len(str(path)) + 1 :] for line in output.splitlines() if ": error: " in line
+    ]
+    assert [f.split(": error: ")[0] for f in found] == [
+        "4:12", "4:30", "8:33", "8:45", "9:34", "10:20", "10:25", "12:15", "12:28", "13:26",
+        "13:43", "13:55", "15:14", "15:25", "15:38", "16:19", "16:24", "17:26", "17:27",
+        "17:36", "18:11", "19:33",
+    ]  # fmt: skip
+    meaning = [f for f in found if "unknown" in f or "not among" in f or "size unit" in f]
+    assert [m.split(": error: ")[1] for m in meaning] == [
+        "memory-limit: unknown size unit 'GiBs'; did you mean 'GiB'? (in worker '#2')",
+        "unknown worker 'z' (in case 'one')",
+        "unknown field 'colour'; expected one of key, holders, nbytes, prefix, group, type, "
+        "annotations, target, waiters, count (in case 'one')",
+        "unknown host 'h9' (in case 'one')",
+        "unknown field 'colour'; expected one of workers, hosts, pools (in case 'one')",
+        "key 'x-9' is not among the case's keys (in case 'one')",
+        "unknown rule 'keep-3'; did you mean 'keep-three'? (a rule name, 'annotation' or "
+        "'runtime') (in case 'one')",
+        "unknown pool 'cpu'; did you mean 'gpu'? (in case 'one')",
+        "key 'x-8' is not among the case's keys (in case 'one')",
+        "unknown worker 'q' (in case 'one')",
+        "key 'x-7' is not among the case's keys (in case 'one')",
+        "unknown pool 'gpus'; did you mean 'gpu'? (in case 'one')",
+        "unknown worker 'q' (in case 'one')",
+        "unknown worker 'w' (in case '#2')",
+    ]
+
+
 def test_a_rules_file_with_errors_is_reported_with_its_own_positions(tmp_path: Path) -> None:
     (tmp_path / "rules.yaml").write_text(RULES_TEXT.replace("task.prefix", "task.prefx", 1))
     path = tmp_path / "x_test.yaml"

@@ -229,7 +229,8 @@ async def test_kills_report_data_loss_and_restoring_copies(c, s, *workers, tmp_p
         status, text = cli("simulate", str(rules), "--dump", str(settled), "--kill", address)
         if only_here:
             n = len(only_here)
-            assert f"DATA LOSS: {n} key{'s' if n > 1 else ''} lose their last copy" in text
+            lose = "keys lose their" if n > 1 else "key loses its"
+            assert f"DATA LOSS: {n} {lose} last copy" in text
         else:
             assert "no key loses its last copy" in text
 

@@ -15,7 +15,7 @@ RULES = """\
 version: 1
 pools:
   gpu: worker.resources.GPU >= 1
-  tpu: worker.resources.TPU >= 1
+  tpu: worker.resources.TPU >= 1  # amm-rules: disable=unused-pool
   spare: worker.name == "3"
 rules:
   - name: everywhere
@@ -56,15 +56,15 @@ async def test_cluster_warnings(c, s, *workers, tmp_path):
 
     status, output = run("validate", str(rules), "--dump", path)
     assert status == 0
-    found = [line for line in output.splitlines() if ": warning: " in line]
+    found = [line for line in output.splitlines() if ": warning[" in line]
     assert found == [
-        f"{rules}:4:3: warning: pool 'tpu' has no worker in the cluster of {path} (4 workers) "
+        f"{rules}:4:3: warning[empty-pool]: pool 'tpu' has no worker in the cluster of {path} (4 workers) "
         "(in pool 'tpu')",
-        f"{rules}:9:16: warning: replicate: wants 5 copies, but the cluster of {path} has 4 "
+        f"{rules}:9:16: warning[min-exceeds-eligible]: replicate: wants 5 copies, but the cluster of {path} has 4 "
         "workers: its keys would stay below target (in rule 'everywhere')",
-        f"{rules}:13:22: warning: replicate.min: wants 2 copies, but only 1 worker in pool gpu "
+        f"{rules}:13:22: warning[min-exceeds-eligible]: replicate.min: wants 2 copies, but only 1 worker in pool gpu "
         f"in the cluster of {path}: its keys would stay below target (in rule 'on-gpu')",
-        f"{rules}:17:13: warning: spread: host, but the workers it may use in the cluster of "
+        f"{rules}:17:13: warning[spread-one-host]: spread: host, but the workers it may use in the cluster of "
         f"{path} are all on one host (127.0.0.2) (in rule 'spread-on-one-host')",
     ]
     assert output.endswith("1 file checked: 4 warnings\n")
@@ -110,14 +110,14 @@ async def test_rules_matching_no_key_of_the_dump(c, s, *workers, tmp_path):
     rules.write_text(NAMED)
     status, output = run("validate", str(rules), "--dump", path)
     assert status == 0
-    found = [line for line in output.splitlines() if ": warning: " in line]
+    found = [line for line in output.splitlines() if ": warning[matches-no-key]: " in line]
     n = len(s.tasks)
     head = f"the match is false for every key in memory in the cluster of {path} ({n} keys)"
     assert found == [
-        f"{rules}:4:12: warning: {head}; 3 keys of type pandas.DataFrame in memory "
+        f"{rules}:4:12: warning[matches-no-key]: {head}; 3 keys of type pandas.DataFrame in memory "
         "(the rule says pandas.Dataframe) (in rule 'frames')",
-        f"{rules}:7:12: warning: {head}; 1 key was made by tasks with resources="
+        f"{rules}:7:12: warning[matches-no-key]: {head}; 1 key was made by tasks with resources="
         "{'GPU': 1} (the rule reads task.resources.gpu; use task.resources.GPU) (in rule 'gpu')",
-        f"{rules}:10:12: warning: {head}; 3 keys of prefix readparquetfsspec in memory "
+        f"{rules}:10:12: warning[matches-no-key]: {head}; 3 keys of prefix readparquetfsspec in memory "
         "(the rule says read_parquet) (in rule 'reader')",
     ]

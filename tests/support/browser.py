@@ -74,6 +74,29 @@ def find_chromium() -> str | None:
     return None
 
 
+#: Where the innermost visible element with a given text is (its middle, in the
+#: viewport), shadow roots included; null if none.
+FIND_JS = """
+((wanted) => {
+  let best = null;
+  const walk = (node) => {
+    if (node.nodeType !== Node.ELEMENT_NODE && node.nodeType !== Node.DOCUMENT_FRAGMENT_NODE
+        && node.nodeType !== Node.DOCUMENT_NODE) return;
+    if (node.nodeType === Node.ELEMENT_NODE) {
+      if (node.shadowRoot) walk(node.shadowRoot);
+      if (node.textContent.trim() === wanted) {
+        const r = node.getBoundingClientRect();
+        if (r.width > 0 && r.height > 0) best = {x: r.x + r.width / 2, y: r.y + r.height / 2};
+      }
+    }
+    for (const child of node.childNodes) walk(child);
+  };
+  walk(document);
+  return best;
+})(%s)
+"""
+
+
 class Browser:
     """One headless Chromium with one tab (``async with Browser() as b``)."""
 
@@ -211,6 +234,25 @@ class Browser:
             if asyncio.get_running_loop().time() > deadline:
                 raise AssertionError(f"the page never showed what was expected; it shows:\n{text}")
             await asyncio.sleep(0.2)
+
+    async def click_text(self, text: str) -> None:
+        """Click, as a mouse does, the middle of the innermost visible element whose
+        text is ``text`` (shadow roots included): a table cell, a button."""
+        found = await self.send(
+            "Runtime.evaluate", expression=FIND_JS % json.dumps(text), returnByValue=True
+        )
+        where = found["result"].get("value")
+        if not where:
+            raise AssertionError(f"nothing on the page reads {text!r}")
+        for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+            await self.send(
+                "Input.dispatchMouseEvent",
+                type=kind,
+                x=where["x"],
+                y=where["y"],
+                button="left",
+                clickCount=1,
+            )
 
     async def screenshot(self, path: str | os.PathLike[str], settle: float = 1.0) -> None:
         """The tab as a PNG image, its whole page: the viewport is first made as tall

@@ -5,8 +5,9 @@
 A scheduler with the ``amm_rules.preload`` preload and four workers in this process
 (two of them GPU workers, with small memory limits so that the bars show), the rules of
 :data:`RULES` from a file, data that the rules satisfy, cannot satisfy, and that
-rebalancing spreads (caught halfway); then an ``amm`` annotation that cannot be used and a rules file
-changed into one that does not validate, so that the events show. Once the page shows
+rebalancing spreads (caught halfway); a fifth worker holding copies that leaves; then an
+``amm`` annotation that cannot be used and a rules file changed into one that does not
+validate, so that the events show. Once the page shows
 all of it, headless Chromium (:mod:`tests.support.browser`) takes the picture.
 """
 
@@ -80,6 +81,19 @@ async def scene(path: Path, out: Path, width: int) -> None:
                     {f"features-{i}": array(1.5, i) for i in range(100)}, workers=[cpu0.address]
                 ),
             ]
+            # A worker that holds copies of precious keys leaves: the header and the
+            # events say what it left below target.
+            async with Worker(
+                s.address, name="spot-0", host="127.0.0.1", memory_limit="256 MiB"
+            ) as spot:
+                data.append(
+                    await c.scatter(
+                        {f"precious-{i}": array(1, i) for i in range(8, 10)},
+                        workers=[spot.address],
+                    )
+                )
+                while not all(len(s.tasks[f"precious-{i}"].who_has) == 2 for i in (8, 9)):
+                    await asyncio.sleep(0.1)
             with dask.annotate(amm={"replicate": "lots"}):
                 bad = c.submit(sum, [1, 2], key="annotated-1")
             await bad
@@ -89,7 +103,10 @@ async def scene(path: Path, out: Path, width: int) -> None:
                 port = s.http_server.port
                 await browser.goto(f"http://127.0.0.1:{port}/amm-rules")
                 await browser.wait_for_text(
-                    lambda t: "reload-error" in t and "invalid-annotation" in t, timeout=60
+                    lambda t: (
+                        "reload-error" in t and "invalid-annotation" in t and "worker-left" in t
+                    ),
+                    timeout=60,
                 )
                 await asyncio.sleep(2)  # a few points of history in the in-flight chart
                 await browser.screenshot(out)

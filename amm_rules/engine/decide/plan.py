@@ -550,7 +550,7 @@ def _unmet_reason(
 ) -> str:
     """``"wants 3 copies, holds 2: 2 eligible workers (1 paused); 4 not eligible"``."""
     paused = sum(1 for a in placeable if cluster.workers[a].status == "paused")
-    parts = [f"{len(placeable)} eligible workers"]
+    parts = [f"{len(placeable)} eligible worker{'' if len(placeable) == 1 else 's'}"]
     extra = []
     if paused:
         extra.append(f"{paused} paused")
@@ -561,4 +561,5 @@ def _unmet_reason(
     others = len(cluster.workers) - len(placeable)
     if others:
         parts.append(f"{others} outside the pool, avoided or retiring")
-    return f"wants {lo} copies, holds or awaits {len(counted)}: " + "; ".join(parts)
+    wanted = f"wants {lo} cop{'y' if lo == 1 else 'ies'}"
+    return f"{wanted}, holds or awaits {len(counted)}: " + "; ".join(parts)

@@ -20,9 +20,9 @@ explain and the metrics list them:
    its copies count in the loads and its keys stay put;
 7. ``reduce-replicas``: the stock reduction for keys no rule governs
    (:mod:`.reduce_replicas`), last, sparing keys mid-move;
-8. ``retirement``, ``legacy-replicate``, ``demand``: nothing to do in a cycle; they act
-   through scheduler hooks (:mod:`.retirement`, :mod:`.legacy`) or report
-   (:mod:`.demand`).
+8. ``retirement``, ``legacy-replicate``, ``demand``, ``departures``: nothing to do in a
+   cycle; they act through scheduler hooks (:mod:`.retirement`, :mod:`.legacy`,
+   :mod:`.departures`) or report (:mod:`.demand`).
 
 Adding a feature: a module here with its ``Section`` subclass, and its class in
 :data:`SECTIONS` (see docs/architecture.md).
@@ -34,6 +34,7 @@ from amm_rules.engine.sections.activity import RuleActivity
 from amm_rules.engine.sections.audit import AuditSection
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.sections.demand import DemandSection
+from amm_rules.engine.sections.departures import WorkerDepartures
 from amm_rules.engine.sections.legacy import LegacyCalls
 from amm_rules.engine.sections.memory_flow import MemoryFlowSection
 from amm_rules.engine.sections.memory_pressure import MemoryPressure
@@ -58,6 +59,7 @@ SECTIONS: tuple[type[Section], ...] = (
     Retirements,
     LegacyCalls,
     DemandSection,
+    WorkerDepartures,
 )
 
 __all__ = ["SECTIONS", "Cycle", "Section"]

@@ -21,7 +21,8 @@ target of the rules engine, whose origin explanations and counters name:
 The call then makes its first copies as before, so that the client sees what it saw
 with stock Dask (the data on the workers when the call returns), but restricted to
 where the engine would keep them: the workers inside the key's pool and outside its
-avoided pools, and none for a ``move: never`` key. It never deletes: trimming a
+avoided pools, under ``spread: host`` one per host that holds no copy yet
+(:func:`spread_recipients`), and none for a ``move: never`` key. It never deletes: trimming a
 key above its target is the engine's (which never drops the last copy, nor a copy a
 running dependent reads). While a call copies a key, the engine leaves that key
 alone (:attr:`LegacyCalls.copying`), so the two never copy the same key at once.
@@ -44,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Collection, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine.features import Feature, scheduler_methods
@@ -55,6 +56,7 @@ from amm_rules.language.ruleset import ALL, Ruleset, Target
 
 if TYPE_CHECKING:
     from amm_rules.engine.context import EngineContext
+    from amm_rules.engine.decide.view import ClusterView
     from amm_rules.engine.dryrun import DryRun
 
 logger = logging.getLogger(__name__)
@@ -261,7 +263,17 @@ class LegacyCalls(Section):
             recipients = cluster.recipients(desired.pool, desired.avoid)
             if only is not None:
                 recipients = recipients & only
-            lo, _ = target.bounds(len(cluster.placeable(desired.pool, desired.avoid)))
+            placeable = cluster.placeable(desired.pool, desired.avoid)
+            lo, _ = target.bounds(len(placeable))
+            if desired.spread == "host":
+                # The stock call picks its workers at random: choose them here, by the
+                # rules, so that no copy lands on a host that holds one already.
+                held = {w.address for w in ts.who_has} & placeable
+                chosen = spread_recipients(held, recipients, lo - len(held), cluster)
+                if chosen:
+                    where = tuple(sorted(held | set(chosen)))
+                    groups.setdefault((where, len(where)), []).append(key)
+                continue
             n = min(lo, len(recipients))
             if n > 0:
                 groups.setdefault((tuple(sorted(recipients)), n), []).append(key)
@@ -305,6 +317,29 @@ class LegacyCalls(Section):
             "copying": len(self.copying),
             "targets": sum(1 for t in self.ctx.index.runtime.values() if t.origin in ORIGINS),
         }
+
+
+def spread_recipients(
+    held: set[str], recipients: Collection[str], missing: int, cluster: ClusterView
+) -> list[str]:
+    """Up to ``missing`` workers among ``recipients`` for new copies of a key held on
+    ``held``, under ``spread: host``: one per host that holds no copy yet, the least
+    loaded first; then, when hosts run out, the least loaded of the others (the
+    planner's fallback too: copies on shared hosts rather than none)."""
+    if missing <= 0:
+        return []
+    hosts = {cluster.host(a) for a in held}
+    ranked = sorted(set(recipients) - held, key=lambda a: (cluster.memory.get(a, 0), a))
+    chosen: list[str] = []
+    for address in ranked:
+        host = cluster.host(address)
+        if host not in hosts:
+            hosts.add(host)
+            chosen.append(address)
+            if len(chosen) == missing:
+                return chosen
+    rest = [a for a in ranked if a not in chosen]
+    return chosen + rest[: missing - len(chosen)]
 
 
 def _running(ws: Any) -> bool:

@@ -27,7 +27,10 @@ cycle later. Here:
   another retiring worker);
 - :class:`DownscalingGuard`, a scheduler plugin, keeps out of adaptive scale-down's
   candidates the workers whose departure the rules would refuse: adaptive closes the
-  workers it chose whether or not their retirement succeeded.
+  workers it chose whether or not their retirement succeeded. ``workers_to_close`` is
+  also called by reads (``adaptive_target``, which a ``/metrics`` scrape and the
+  dashboard call): the guard's decision is counted and logged only when a retirement
+  of one of the workers it let through follows it.
 
 Neighbours: the policy runs :class:`Retirements` as a section (attach, detach, status); :mod:`amm_rules.engine.sections.paused_workers` uses :func:`evacuation_input` and :class:`CopyBook`.
 """
@@ -66,6 +69,11 @@ logger = logging.getLogger(__name__)
 
 #: Keys named in an event or a status line (the count is always given).
 KEYS_SHOWN = 20
+
+#: Seconds within which a retirement must follow the downscaling guard's decision for
+#: the decision to count: adaptive retires the workers it chose right after choosing
+#: them (``retire_workers(n=...)`` in the same call).
+GUARD_FOLLOW_SECONDS = 10.0
 
 #: The Retirements of the RulesPolicy attached to each manager.
 _ENGINES: weakref.WeakKeyDictionary[Any, Retirements] = weakref.WeakKeyDictionary()
@@ -136,13 +144,25 @@ def evacuation_input(
     pending = getattr(manager, "pending", None)  # only exists during an AMM cycle
     cluster = leaving_view(ctx.cluster_view().workers.values(), leaving)
     views = []
+    dry_run = ctx.dry_run
     for ts in tasks:
         desired = desired_of(ctx, ts)
         view = ctx.key_view(ts, desired, pending)
         if not desired.governed:
             view = replace(view, inflight=book.get(ts.key))
+        elif dry_run.keys_active and dry_run.label(desired) is not None:
+            # In dry-run its rules do not act: placed as if nothing governed it (one
+            # copy on any worker that stays), its copies in flight kept.
+            view = replace(view, desired=UNGOVERNED)
         views.append(view)
     return views, cluster
+
+
+def dry_run_keys(ctx: EngineContext, views: Iterable[KeyView]) -> list[Hashable]:
+    """The keys of ``views`` that their rules govern but placed as ungoverned: in
+    dry-run (see :func:`evacuation_input`)."""
+    governed = ctx.index.desired
+    return [v.key for v in views if not v.desired.governed and v.key in governed]
 
 
 def record_copy(ctx: EngineContext, book: CopyBook, ts: Any, address: str, now: float) -> None:
@@ -245,6 +265,11 @@ class Retirements(Section):
             "counter",
             "Workers kept out of adaptive scale-down by the rules",
         ),
+        "dry_run_keys": (
+            "retirement_dry_run_keys",
+            "counter",
+            "Keys of retiring workers placed without their rules, which are in dry-run",
+        ),
     }
 
     def __init__(self) -> None:
@@ -272,10 +297,12 @@ class Retirements(Section):
         super().attach(ctx)
         manager = ctx.manager
         _ENGINES[manager] = self
-        self._unwrap = _wrap_add_policy(manager)
         if self.supports("adaptive scale-down guard"):
             self._guard = DownscalingGuard(self)
             ctx.add_plugin(self._guard, "amm-rules-downscaling")
+        self._unwrap = _wrap_add_policy(
+            manager, self._guard.retiring if self._guard is not None else None
+        )
 
     def detach(self) -> None:
         ctx = self.ctx
@@ -304,14 +331,17 @@ class Retirements(Section):
         views, cluster = evacuation_input(ctx, tasks, leaving_addresses(ctx), self.book)
         plan = plan_evacuation(views, cluster, now=now)
         self._remember_needs(ws.address, views, cluster)
+        dry = dry_run_keys(ctx, views)
         first = ws.address not in self.active
         if first:
             self.counters["retirements"] += 1
+            self.counters["dry_run_keys"] += len(dry)
             self.active[ws.address] = {
                 "state": "placing",
                 "keys": len(tasks),
                 "copies": 0,
                 "since": time.time(),
+                "dry_run_keys": len(dry),
             }
         if plan.stuck:
             self._refuse(rw, ws, plan)
@@ -324,6 +354,8 @@ class Retirements(Section):
                 keys=len(tasks),
                 copies=len(plan.copies),
                 held_elsewhere=len(plan.satisfied),
+                dry_run=len(dry),
+                dry_run_keys=shown_keys(dry),
             )
         by_key = {ts.key: ts for ts in tasks}
         workers = manager.scheduler.workers
@@ -333,18 +365,19 @@ class Retirements(Section):
             self.counters["copies"] += 1
             self.counters["bytes"] += copy.nbytes
             self.active[ws.address]["copies"] += 1
-        yield from self._drop_placed(ws, plan, by_key)
+        yield from self._drop_placed(ws, plan, by_key, set(dry))
 
     def _drop_placed(
-        self, ws: Any, plan: Evacuation, by_key: dict[Hashable, Any]
+        self, ws: Any, plan: Evacuation, by_key: dict[Hashable, Any], dry: set[Hashable]
     ) -> Generator[Suggestion, Any, None]:
         """Drop the retiring worker's copy of keys held where the rules want them
         elsewhere: its memory is freed early, as the stock policy does (a spilled worker
-        reads its keys back from disk to send them)."""
+        reads its keys back from disk to send them). ``dry``: keys in dry-run, dropped
+        as the stock policy drops them."""
         index = self.ctx.index  # type: ignore[union-attr]
         for key in plan.satisfied:
             desired = index.desired.get(key)
-            if desired is not None and desired.move == "never":
+            if desired is not None and desired.move == "never" and key not in dry:
                 continue  # never dropped by amm-rules; it vanishes with the worker
             if (yield Suggestion("drop", by_key[key], {ws})) is not None:
                 self.counters["drops"] += 1
@@ -455,18 +488,30 @@ class Retirements(Section):
         return out
 
 
-_COUNTERS = ("retirements", "copies", "bytes", "drops", "placed", "blocked", "downscaling_kept")
+_COUNTERS = (
+    "retirements",
+    "copies",
+    "bytes",
+    "drops",
+    "placed",
+    "blocked",
+    "downscaling_kept",
+    "dry_run_keys",
+)
 
 
-def _wrap_add_policy(manager: Any) -> Callable[[], None]:
+def _wrap_add_policy(manager: Any, retiring: Callable[[str], None] | None) -> Callable[[], None]:
     """Make every ``RetireWorker`` added to ``manager`` (and those already there) a
-    :class:`RulesRetireWorker`. Returns the function that undoes the wrapper."""
+    :class:`RulesRetireWorker`, telling ``retiring`` the address of each new one.
+    Returns the function that undoes the wrapper."""
     before = vars(manager).get("add_policy")
     add_policy = manager.add_policy
 
     def add_policy_ruled(policy: Any) -> None:
         if type(policy) is RetireWorker:
             policy.__class__ = RulesRetireWorker
+            if retiring is not None:
+                retiring(policy.address)
         add_policy(policy)
 
     manager.add_policy = add_policy_ruled
@@ -500,12 +545,44 @@ class DownscalingGuard(SchedulerPlugin):
     keys, and keys with no eligible running worker at all, whose every copy is on
     candidates, a holder is kept. Cost: one set operation per class, plus one per key of
     those last two kinds.
+
+    ``workers_to_close`` answers reads too (``adaptive_target``: every ``/metrics``
+    scrape): the decision is held in :attr:`pending` and counted (``downscaling_kept``)
+    and logged (a ``retirement`` event, ``step: kept``) by :meth:`retiring`, when the
+    retirement of a worker it let through starts within :data:`GUARD_FOLLOW_SECONDS`.
     """
 
     name = "amm-rules-downscaling"
 
     def __init__(self, retirements: Retirements):
         self.retirements = retirements
+        #: The last decision that kept workers, not yet followed by a retirement:
+        #: (``time.monotonic()``, workers kept, workers let through), or None.
+        self.pending: tuple[float, frozenset[str], frozenset[str]] | None = None
+
+    def retiring(self, address: str) -> None:
+        """A retirement of ``address`` starts: if it follows the last decision (the
+        worker was among those let through, recently), that decision is acted on."""
+        pending = self.pending
+        if pending is None:
+            return
+        when, keep, passed = pending
+        if time.monotonic() - when > GUARD_FOLLOW_SECONDS:
+            self.pending = None
+            return
+        if address not in passed:
+            return
+        self.pending = None
+        ctx = self.retirements.ctx
+        self.retirements.counters["downscaling_kept"] += len(keep)
+        if ctx is not None:
+            ctx.events.once(
+                ("downscaling-kept", keep),
+                "retirement",
+                step="kept",
+                workers=sorted(keep),
+                why="their keys have nowhere else to go under the rules",
+            )
 
     def remove_worker(self, scheduler: Any = None, worker: str = "", **kwargs: Any) -> None:
         self.retirements.forget(worker)
@@ -520,16 +597,12 @@ class DownscalingGuard(SchedulerPlugin):
             logger.exception("amm-rules: downscaling guard failed; not filtering")
             return workers
         if not keep:
+            self.pending = None
             return workers
-        self.retirements.counters["downscaling_kept"] += len(keep)
-        ctx.events.once(
-            ("downscaling-kept", frozenset(keep)),
-            "retirement",
-            step="kept",
-            workers=sorted(keep),
-            why="their keys have nowhere else to go under the rules",
-        )
-        return [ws for ws in workers if ws.address not in keep]
+        out = [ws for ws in workers if ws.address not in keep]
+        # A read or a choice: counted once a retirement follows (see retiring).
+        self.pending = (time.monotonic(), frozenset(keep), frozenset(ws.address for ws in out))
+        return out
 
     def _keep(self, ctx: EngineContext, workers: list[Any]) -> set[str]:
         ensure_pools(ctx)
@@ -542,11 +615,21 @@ class DownscalingGuard(SchedulerPlugin):
         def most_data(addresses: Iterable[str]) -> str:
             return max(addresses, key=lambda a: (all_workers[a].nbytes, a))
 
-        for cls, group in ctx.index.governed.groups.items():
+        dry_run = ctx.dry_run
+        desired = ctx.index.desired
+
+        def acting(group: dict[Hashable, Any]) -> Iterable[Any]:
+            """The keys whose rules act (not in dry-run: those do not keep workers)."""
+            if not dry_run.keys_active:
+                return group.values()
+            return [ts for k, ts in group.items() if dry_run.label(desired.get(k)) is None]
+
+        for cls, all_keys in ctx.index.governed.groups.items():
+            group = acting(all_keys)
             if not group:
                 continue
             if cls.move == "never":
-                for ts in group.values():
+                for ts in group:
                     holders = {w.address for w in ts.who_has or ()}
                     if holders and holders <= candidates.keys() - keep:
                         keep.add(most_data(holders))
@@ -566,7 +649,7 @@ class DownscalingGuard(SchedulerPlugin):
             if eligible:
                 keep.add(most_data(eligible))
                 continue
-            for ts in group.values():  # nowhere eligible: keep the data where it is
+            for ts in group:  # nowhere eligible: keep the data where it is
                 holders = {w.address for w in ts.who_has or ()}
                 if holders and holders <= candidates.keys() - keep:
                     keep.add(most_data(holders))

@@ -6,7 +6,9 @@ memory, from the scheduler's transitions (fed by :class:`~amm_rules.engine.state
 whose plugin hook calls :meth:`DemandTracker.transition`):
 
 - ``reads[key]``: dependents that finished (``processing -> memory``) since the key
-  entered memory; what ``task.reads`` returns in a ``match``;
+  entered memory; what ``task.reads`` returns in a ``match``. For keys already in
+  memory when the tracker starts following (the policy attaches, a reload turns demand
+  on), it starts from the dependents whose results are in memory (:meth:`seed`);
 - ``last_read[key][address]``: when a dependent last finished reading the key on that
   worker; what the ``demand:`` section's ``hold`` reads (:meth:`held`);
 - ``touched``: keys whose waiters or reads changed since the last cycle. A dependent
@@ -26,7 +28,7 @@ Neighbours: :mod:`amm_rules.engine.state.index` forgets a key here when it leave
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 from amm_rules.engine.adapters import TaskFactsAdapter
@@ -94,6 +96,27 @@ class DemandTracker:
             # Only keys with copies can be governed: others are classified when they
             # enter memory anyway.
             touched.update(dts.key for dts in dependencies if dts.who_has)
+
+    def seed(self, tasks: Iterable[Any]) -> int:
+        """Reads of keys that were in memory before the tracker followed them (the
+        policy attached, or a reload turned demand on), from what the scheduler still
+        knows: each dependent whose result is in memory has read the key. A lower
+        bound (dependents that ran and were released are not known any more); where
+        and when they read it is not known either, so the ``hold`` keeps nothing for
+        them. Returns the keys seeded."""
+        if not self.enabled:
+            return 0
+        reads, touched = self.reads, self.touched
+        seeded = 0
+        for ts in tasks:
+            if not ts.who_has:
+                continue
+            done = sum(1 for d in ts.dependents if d.state == "memory")
+            if done > reads.get(ts.key, 0):
+                reads[ts.key] = done
+                touched.add(ts.key)
+                seeded += 1
+        return seeded
 
     def forget(self, key: Hashable) -> None:
         """The key left memory (a new copy of it starts with no reads)."""

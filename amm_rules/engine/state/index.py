@@ -24,7 +24,10 @@ hot paths):
   (reads and waiters of keys), when the rules read demand, and the
   :class:`~amm_rules.engine.state.flow.MemoryFlow` (keys entering and leaving memory, with
   their tasks), when the policy gives it one;
-- ``log_event``: a worker's status changed (retiring, resumed after a pause).
+- ``log_event``: a worker's status changed (retiring, resumed after a pause);
+- the same ``remove_replica`` wrapper and ``remove_worker`` hook tally, per worker
+  leaving, the keys that fell below their target and those that lost their last copy
+  (:class:`~amm_rules.engine.state.departures.Departures`, :attr:`KeyIndex.departing`).
 
 Workers leaving, joining, retiring or resuming, governed keys falling below their
 target, the engine's own copies landing above a target's ``max`` (a move), tasks
@@ -50,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from amm_rules.engine.state.demand import DemandTracker
+from amm_rules.engine.state.departures import Departures
 from amm_rules.engine.state.governed import GovernedKeys, Placement, PlanClass
 from amm_rules.engine.wrapping import wrap_methods
 from amm_rules.language.ruleset import ALL, Desired, RuntimeTarget
@@ -120,13 +124,11 @@ class KeyIndex(SchedulerPlugin):
         #: (the scheduler's ``replicated_tasks`` minus governed keys, kept up to date
         #: from :attr:`touched`, so governed keys cost nothing there).
         self.replicated_free: dict[Hashable, Any] = {}
-        #: Governed keys that lost a copy with its worker (the worker died or left).
-        #: Copies of them in flight may be fetched from that worker, and a fetch from
-        #: a dead worker can hang until the comm times out: the policy gives them up.
-        self.source_lost: set[Hashable] = set()
-        #: Keys that lost a holder -> workers that were fetching them for a dependent
-        #: then, without holding them: passed over for the key while they still are.
-        self.fetching: dict[Hashable, set[str]] = {}
+        #: What the workers leaving take with them (see
+        #: :mod:`amm_rules.engine.state.departures`): per worker leaving now, the keys
+        #: below target and lost; and the governed keys that lost a copy with a worker
+        #: (:attr:`source_lost`) and the workers fetching them then (:attr:`fetching`).
+        self.departing = Departures()
         #: Reads and waiters of keys (followed only when the rules read demand).
         self.demand = DemandTracker()
         #: The memory flow this hook feeds (keys entering and leaving memory), if any.
@@ -146,6 +148,19 @@ class KeyIndex(SchedulerPlugin):
         #: governed key -> its resolved wishes, is its table, read by the hooks.
         self.governed = GovernedKeys(self.replicated_free, self._forget_plan)
         self.desired: dict[Hashable, Desired] = self.governed.desired
+
+    @property
+    def source_lost(self) -> set[Hashable]:
+        """Governed keys that lost a copy with its worker (the worker died or left).
+        Copies of them in flight may be fetched from that worker, and a fetch from a
+        dead worker can hang until the comm times out: the policy gives them up."""
+        return self.departing.source_lost
+
+    @property
+    def fetching(self) -> dict[Hashable, set[str]]:
+        """Keys that lost a holder -> workers that were fetching them for a dependent
+        then, without holding them: passed over for the key while they still are."""
+        return self.departing.fetching
 
     # -- SchedulerPlugin hooks: keep them minimal, they run on every transition ----------
 
@@ -204,9 +219,12 @@ class KeyIndex(SchedulerPlugin):
     def remove_worker(self, scheduler: Any = None, worker: str = "", **kwargs: Any) -> None:
         # In-flight copies to the worker are cleared by the planner (case 2b) when the
         # key is next planned; every governed key is checked at the next cycle.
+        retiring = worker in self.retiring
         self.retiring.discard(worker)
         self.workers_changed = True
         self.wake("worker-left")
+        if self.active:
+            self.departing.left(worker, retiring)
 
     def log_event(self, topic: Any, msg: Any) -> None:
         # A worker's status changed; the scheduler logs it as an event, there is no
@@ -247,10 +265,11 @@ class KeyIndex(SchedulerPlugin):
             self.inflight.pop(key, None)
         if self.backoff:
             self.backoff.pop(key, None)
-        if self.source_lost:
-            self.source_lost.discard(key)
-        if self.fetching:
-            self.fetching.pop(key, None)
+        departing = self.departing
+        if departing.source_lost:
+            departing.source_lost.discard(key)
+        if departing.fetching:
+            departing.fetching.pop(key, None)
         if self.shortfall:
             self.shortfall.pop(key, None)
         self.demand.forget(key)
@@ -553,13 +572,16 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
         if not index.active:
             return
         wanted = desired.get(ts.key)
+        # remove_worker marks the worker closed before it removes its copies; a drop
+        # leaves it running.
+        closed = getattr(ws.status, "name", ws.status) == "closed"
+        if closed:
+            index.departing.lost_copy(ws.address, ts, wanted)
         if wanted is not None:
             index.copies_changed(ts.key, -1)
             index.touched.add(ts.key)
-            # remove_worker marks the worker closed before it removes its copies; a
-            # drop leaves it running.
-            if getattr(ws.status, "name", ws.status) == "closed":
-                index.source_lost.add(ts.key)
+            if closed:
+                index.departing.source_lost.add(ts.key)
             target = wanted.replicate
             # Under ``all`` (a copy on every eligible worker) any copy lost is missed.
             if target is not None and (target.min == ALL or len(ts.who_has or ()) < target.min):

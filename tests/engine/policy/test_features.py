@@ -135,7 +135,9 @@ def test_validate_dask_config_says_the_same_words(tmp_path: Path, no_data_produc
     text = config.read_text().splitlines()
     at = next(n for n, line in enumerate(text, 1) if line.lstrip().startswith("memory-pressure:"))
     column = len(text[at - 1]) - len(text[at - 1].lstrip()) + 1
-    assert lines[0].startswith(f"{config}:{at}:{column}: warning: {PRESSURE}"), result.output
+    assert lines[0].startswith(f"{config}:{at}:{column}: warning[unsupported]: {PRESSURE}"), (
+        result.output
+    )
     assert result.exit_code == 0  # a warning (with --strict, 1)
     strict = CliRunner().invoke(main, ["validate", "--strict", "--dask-config", str(config)])
     assert strict.exit_code == 1

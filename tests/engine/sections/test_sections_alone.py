@@ -73,6 +73,12 @@ def test_sections_that_only_report() -> None:
     e = engine(RULES, WORKERS, {"x-1": ["a"]})
     demand, flow = DemandSection(), MemoryFlowSection()
     e.attach(demand, flow)
-    assert demand.status() == {"following": False, "hold": 0.0, "match": None, "keys_read": 0}
+    assert demand.status() == {
+        "following": False,
+        "hold": 0.0,
+        "match": None,
+        "keys_read": 0,
+        "seeded": 0,
+    }
     assert flow.status()["prefixes"] == 0
     assert list(demand.run(None)) == []  # type: ignore[arg-type]

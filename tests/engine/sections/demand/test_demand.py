@@ -153,3 +153,27 @@ def test_the_tracker_counts_reads_per_worker_and_forgets():
     assert tracker.reads == {"table": 1}
     tracker.forget("table")
     assert not tracker.reads and "table" not in tracker.touched
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(start=False))
+async def test_reads_of_keys_in_memory_at_attach_start_from_the_scheduler(c, s, a, b, w3):
+    """The policy attaches to a scheduler holding a key two of whose dependents already
+    ran (their results are in memory): ``task.reads`` starts at 2, not 0, so the rule
+    reading it governs the key from the first cycle."""
+    from distributed.active_memory_manager import ActiveMemoryManagerExtension
+
+    from amm_rules.engine.policy import RulesPolicy
+
+    x = c.submit(inc, 1, key="x-1", workers=[a.address])
+    readers = [c.submit(read, x, key=f"read-{i}", workers=[a.address]) for i in range(2)]
+    await c.gather(readers)
+    policy = RulesPolicy(SHARED)
+    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
+    assert policy.index.demand.reads["x-1"] == 2
+    amm.run_once()
+    assert policy.index.desired["x-1"].reasons["replicate"].rule == "shared"
+    (row,) = [r for r in (await explain(c, "x-1"))["cascade"] if r.get("rule") == "shared"]
+    assert row["matched"] is True
+    status = await c.scheduler.amm_rules_status()
+    assert status["demand"]["seeded"] >= 1
+    no_errors(s)

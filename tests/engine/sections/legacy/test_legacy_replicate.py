@@ -361,3 +361,30 @@ async def test_in_dry_run_the_calls_do_what_stock_dask_does(c, s, a, b, w3):
     assert why["desired"] == "replicate=1 from client.replicate"
     assert policy_of(s).legacy.calls == {"client.replicate": 2}
     no_errors(s)
+
+
+SPREAD = rules({"name": "spread", "match": 'task.prefix == "x"', "spread": "host"})
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("127.0.0.1", 1)] * 3 + [("127.0.0.2", 1)],
+    config=amm_config(SPREAD),
+)
+async def test_replicate_places_its_own_copies_by_spread_host(c, s, a1, a2, a3, b):
+    """``client.replicate(n=2)`` of keys held on host 127.0.0.1: the call's own copy of
+    each goes to the other host, from the start (the stock call picks among the three
+    other workers at random, two of them on the same host; the engine then made one
+    more copy and dropped one)."""
+    from benchmarks.support.retire import ReplicaLog
+
+    futures = [c.submit(inc, i, key=f"x-{i}", workers=[a1.address]) for i in range(10)]
+    await wait(futures)
+    log = ReplicaLog(s)
+    await c.replicate(futures, n=2)
+    assert all(holders(s, f.key) == {a1.address, b.address} for f in futures)
+    await survive(s)
+    # No copy was ever made on host 127.0.0.1 beside the first, none dropped.
+    assert all(log.seen(f.key) == {b.address} for f in futures)
+    assert all(holders(s, f.key) == {a1.address, b.address} for f in futures)
+    no_errors(s)

@@ -10,9 +10,12 @@ the test can fail.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from distributed import Worker
 from distributed.utils_test import gen_cluster
+from tornado.httpclient import AsyncHTTPClient
 
 from benchmarks.support.retire import ReplicaLog, amm_measure
 from benchmarks.support.waiting import wait_cycles, wait_for
@@ -325,10 +328,13 @@ async def test_workers_to_close_leaves_out_the_workers_the_rules_keep(
     # The gpu pool keeps one worker (the one with most data: gpu1); cpu0 holds the only
     # copy of a move: never key.
     assert set(chosen) == {gpu0.address, cpu1.address}
-    (guard,) = [e for e in events(s, "retirement") if e["step"] == "kept"]
-    assert guard["workers"] == sorted([gpu1.address, cpu0.address])
+    # A choice is not an action until a retirement follows it.
+    assert not [e for e in events(s, "retirement") if e["step"] == "kept"]
     log = ReplicaLog(s)
     assert set(await c.retire_workers(chosen)) == set(chosen)
+    (guard,) = [e for e in events(s, "retirement") if e["step"] == "kept"]
+    assert guard["workers"] == sorted([gpu1.address, cpu0.address])
+    assert policy.retirements.counters["downscaling_kept"] == 2
     assert log.seen("dev-1") == {gpu1.address} and log.seen("frozen-1") == set()
     assert await c.gather([dev["dev-1"], frozen["frozen-1"]]) == [1, 1]
     no_errors(s)
@@ -353,4 +359,87 @@ async def test_a_worker_that_joined_since_the_last_cycle_is_in_its_pools(c, s, a
         assert a.address in await c.retire_workers([a.address])
         assert all(log.seen(k) == {b.address} for k in futures)
         assert spot.address in s.workers
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1, GPU), ("", 1)],
+    scheduler_kwargs={"dashboard": True, "dashboard_address": "127.0.0.1:0"},
+    config=config({"name": "device", "match": 'task.key matches "dev-*"', "pool": "gpu"}),
+)
+async def test_a_metrics_scrape_is_not_a_retirement(c, s, gpu, cpu):
+    """``/metrics`` serves ``adaptive_target``, which asks ``workers_to_close``: the guard
+    filters that answer, but a read counts nothing and logs nothing; the same decision
+    counts once adaptive (here ``retire_workers(n=...)``, which chooses as it does)
+    acts on it."""
+    dev = await c.scatter({"dev-1": 1}, workers=[gpu.address])
+    policy = policy_of(s)
+    await wait_for(lambda: "dev-1" in policy.index.desired, "'dev-1' in policy.index.desired")
+    url = f"http://127.0.0.1:{s.http_server.port}/metrics"
+
+    async def kept() -> float:
+        text = (await AsyncHTTPClient().fetch(url)).body.decode()
+        (line,) = re.findall(
+            r"^dask_amm_rules_retirement_downscaling_kept_total\S* .*$", text, re.M
+        )
+        return float(line.split()[-1])
+
+    for _ in range(3):
+        assert await kept() == 0
+    assert s.workers_to_close(n=2) == [cpu.address]  # the guard kept the pool's worker
+    assert policy.retirements.counters["downscaling_kept"] == 0
+    assert not [e for e in events(s, "retirement") if e["step"] == "kept"]
+    assert policy.retirements.status()["totals"].get("downscaling_kept", 0) == 0
+    assert set(await s.retire_workers(n=2)) == {cpu.address}
+    assert policy.retirements.counters["downscaling_kept"] == 1
+    (guard,) = [e for e in events(s, "retirement") if e["step"] == "kept"]
+    assert guard["workers"] == [gpu.address]
+    assert await kept() == 1
+    assert await c.gather(dev["dev-1"]) == 1
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1, GPU), ("", 1), ("", 1)],
+    config=config(
+        {
+            "name": "device",
+            "match": 'task.key matches "dev-*"',
+            "pool": "gpu",
+            "enforcement": "dry-run",
+        },
+        {
+            "name": "frozen",
+            "match": 'task.key matches "frozen-*"',
+            "move": "never",
+            "enforcement": "dry-run",
+        },
+    ),
+)
+async def test_rules_in_dry_run_do_not_act_in_a_retirement(c, s, gpu, cpu0, cpu1):
+    """A rule in dry-run does not place a retiring worker's keys: they go as if no rule
+    governed them (one copy on a worker that stays), the retirement is not refused
+    because of it (no other GPU worker; move: never), and adaptive scale-down keeps no
+    worker for it. What it would have done is counted."""
+    dev = await c.scatter({"dev-1": 1, "dev-2": 2}, workers=[gpu.address])
+    frozen = await c.scatter({"frozen-1": 3}, workers=[cpu0.address])
+    policy = policy_of(s)
+    await wait_for(
+        lambda: {"dev-1", "dev-2", "frozen-1"} <= policy.index.desired.keys(),
+        "the keys classified",
+    )
+    # Scale-down keeps no worker for rules in dry-run.
+    assert set(s.workers_to_close(n=2)) <= {gpu.address, cpu0.address, cpu1.address}
+    assert gpu.address in s.workers_to_close(n=3) and cpu0.address in s.workers_to_close(n=3)
+    retired = await c.retire_workers([gpu.address, cpu0.address])
+    assert set(retired) == {gpu.address, cpu0.address}
+    assert all(holders(s, k) == {cpu1.address} for k in ("dev-1", "dev-2", "frozen-1"))
+    assert await c.gather([dev["dev-1"], dev["dev-2"], frozen["frozen-1"]]) == [1, 2, 3]
+    steps = [e for e in events(s, "retirement")]
+    assert not [e for e in steps if e["step"] in ("blocked", "kept")]
+    placing = {e["worker"]: e for e in steps if e["step"] == "placing"}
+    assert placing[gpu.address]["dry_run"] == 2 and placing[cpu0.address]["dry_run"] == 1
+    assert policy.retirements.counters["dry_run_keys"] == 3
     no_errors(s)
