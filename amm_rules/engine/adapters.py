@@ -12,7 +12,8 @@ engine's pure parts read.
   raises :class:`AnnotationTooLarge` beyond; :func:`bounded_repr` shows any value in a
   few hundred characters without walking more of it;
 - :func:`stock_waiter_count`, :func:`busy_workers`: waiters as the stock ReduceReplicas
-  counts them, and where dependents run.
+  counts them, and where dependents run;
+- :func:`kept_copies`: which of a protected key's copies trimming spares.
 
 Duck-typed: nothing here imports ``distributed``, so the classifier and the planners stay
 pure and tests can pass stand-ins.
@@ -171,20 +172,29 @@ class TaskFactsAdapter:
     ``reads`` maps keys to the number of dependents that finished reading them (see
     :class:`~amm_rules.engine.state.demand.DemandTracker`); without it ``task.reads`` is 0.
     The ``task.prefix_*`` attributes come from ``flow``: prefix name -> the published
-    figures of :class:`~amm_rules.engine.state.flow.PrefixFacts` (null when absent).
+    figures of :class:`~amm_rules.engine.state.flow.PrefixFacts` (null when absent);
+    ``task.recompute_seconds`` from ``costs``: task group -> its published estimate
+    (:class:`~amm_rules.engine.state.costs.RecomputeCosts`; null when absent).
     """
 
-    __slots__ = ("_ts", "_reads", "_flow")
+    __slots__ = ("_ts", "_reads", "_flow", "_costs")
 
     def __init__(
         self,
         ts: Any,
         reads: Mapping[Hashable, int] | None = None,
         flow: Mapping[str, Any] | None = None,
+        costs: Mapping[Any, float] | None = None,
     ):
         self._ts = ts
         self._reads = reads
         self._flow = flow
+        self._costs = costs
+
+    @property
+    def recompute_seconds(self) -> float | None:
+        costs = self._costs
+        return costs.get(self._ts.group) if costs else None
 
     def _figure(self, name: str) -> Any:
         flow = self._flow
@@ -290,6 +300,28 @@ def _plain_reader(names: list[str]) -> Callable[[Any], Hashable]:
 
 def _no_class(ts: Any) -> Hashable:
     return None
+
+
+def kept_copies(who_has: Iterable[Any], n: int) -> frozenset[str]:
+    """The ``n`` copies of a protected key that trimming spares (see
+    :attr:`~amm_rules.engine.context.EngineContext.protected`): all of them when it holds
+    no more; else one per host first, in address order, so that what is kept is spread."""
+    holders = sorted(who_has, key=_ADDRESS)
+    if len(holders) <= n:
+        return frozenset(ws.address for ws in holders)
+    kept: list[str] = []
+    hosts: set[str] = set()
+    for ws in holders:
+        if ws.host not in hosts:
+            hosts.add(ws.host)
+            kept.append(ws.address)
+    for ws in holders:
+        if ws.address not in kept:
+            kept.append(ws.address)
+    return frozenset(kept[:n])
+
+
+_ADDRESS = attrgetter("address")
 
 
 def key_view(

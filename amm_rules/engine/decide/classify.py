@@ -215,9 +215,12 @@ class Classifier:
         on_invalid_annotation: Callable[..., None] | None = None,
         reads: Mapping[Hashable, int] | None = None,
         flow: Mapping[str, Any] | None = None,
+        costs: Mapping[Any, float] | None = None,
     ):
         #: The ruleset as loaded (what status and explain report).
         self.ruleset = ruleset
+        #: task group -> its published recompute estimate (``task.recompute_seconds``).
+        self.costs = costs
         #: What ``task.reads`` reads (see :class:`~amm_rules.engine.state.demand.DemandTracker`).
         self._reads = reads
         #: prefix -> its published memory-flow figures (``task.prefix_*``), or None.
@@ -262,7 +265,7 @@ class Classifier:
         cascade = self._cascades.get(memo_key)
         if cascade is not None and cascade.desired is not None:
             return cascade.desired
-        facts = TaskFactsAdapter(ts, self._reads, self.flow)
+        facts = TaskFactsAdapter(ts, self._reads, self.flow, self.costs)
         if cascade is None:
             cascade = self._cascade(facts, annotation, runtime)
             if len(self._cascades) >= MEMO_LIMIT:
@@ -347,7 +350,9 @@ class Classifier:
                     cascade = self._group_miss(ts, ts.key, runtime)
                 desired = cascade.desired
                 if desired is None:
-                    desired = cascade.resolve(TaskFactsAdapter(ts, self._reads, self.flow))
+                    desired = cascade.resolve(
+                        TaskFactsAdapter(ts, self._reads, self.flow, self.costs)
+                    )
             if desired is UNGOVERNED:
                 if any_indexed and ts.key in indexed:
                     dropped.append(ts.key)
@@ -374,7 +379,7 @@ class Classifier:
         memo_key = (self._class_of(ts), annotation, target)
         cascade = self._cascades.get(memo_key)
         if cascade is None:
-            facts = TaskFactsAdapter(ts, self._reads, self.flow)
+            facts = TaskFactsAdapter(ts, self._reads, self.flow, self.costs)
             cascade = self._cascade(facts, annotation, target)
             if len(self._cascades) >= MEMO_LIMIT:
                 self._cascades.clear()

@@ -39,8 +39,9 @@ if TYPE_CHECKING:
     from amm_rules.engine.dryrun import DryRun
     from amm_rules.language.ruleset import Ruleset
 
-#: A metric's definition: (name under ``dask_amm_rules_``, ``gauge`` or ``counter``, help).
-MetricSpec = tuple[str, str, str]
+#: A metric's definition: (name under ``dask_amm_rules_``, ``gauge`` or ``counter``, help),
+#: and, for a figure that is a mapping (label value -> value), the name of its label.
+MetricSpec = tuple[str, ...]
 
 
 class Cycle:

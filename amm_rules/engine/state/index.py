@@ -21,9 +21,11 @@ hot paths):
   governed key is checked once (so a target of ``all`` reaches a worker that joined
   within one cycle);
 - the same transition hook feeds the :class:`~amm_rules.engine.state.demand.DemandTracker`
-  (reads and waiters of keys), when the rules read demand, and the
+  (reads and waiters of keys), when the rules read demand, the
   :class:`~amm_rules.engine.state.flow.MemoryFlow` (keys entering and leaving memory, with
-  their tasks), when the policy gives it one;
+  their tasks), when the policy gives it one, and the
+  :class:`~amm_rules.engine.state.costs.RecomputeCosts` (tasks finishing, per group),
+  likewise; the replica wrappers tell the costs which worker holds a key's only copy;
 - ``log_event``: a worker's status changed (retiring, resumed after a pause).
 
 Workers leaving, joining, retiring or resuming, governed keys falling below their
@@ -57,6 +59,7 @@ from amm_rules.language.ruleset import ALL, Desired, RuntimeTarget
 if TYPE_CHECKING:
     from amm_rules.engine.decide.classify import Batch, Classifier
     from amm_rules.engine.decide.plan import KeyPlan
+    from amm_rules.engine.state.costs import RecomputeCosts
     from amm_rules.engine.state.flow import MemoryFlow
 
 #: Reads a task's size (one copy's bytes; -1 while unknown).
@@ -131,6 +134,8 @@ class KeyIndex(SchedulerPlugin):
         self.demand = DemandTracker()
         #: The memory flow this hook feeds (keys entering and leaving memory), if any.
         self.flow: MemoryFlow | None = None
+        #: The recompute costs this hook and the replica wrappers feed, if any.
+        self.costs: RecomputeCosts | None = None
         #: Told of scattered keys (``update_data``): ``on_scatter(keys, already_in_memory)``.
         self.on_scatter: Callable[[Iterable[Hashable], set[Hashable]], None] | None = None
         #: Addresses of the workers retiring (from their status changes), until they
@@ -167,6 +172,12 @@ class KeyIndex(SchedulerPlugin):
             flow = self.flow
             if flow is not None and ts is not None:
                 flow.entered(key, ts, start, stimulus_id)
+            costs = self.costs
+            if costs is not None and ts is not None:
+                if start == "processing":
+                    costs.finished(ts)
+                else:
+                    costs.entered(ts)
             if self.retiring and kwargs.get("worker") in self.retiring:
                 # A task that was running there when its retirement started finished:
                 # the retirement waits until a cycle has planned where its key goes.
@@ -178,6 +189,12 @@ class KeyIndex(SchedulerPlugin):
                 ts = self.tasks.get(key)
                 if ts is not None:
                     flow.left(key, ts, stimulus_id)
+            costs = self.costs
+            if costs is not None:
+                # The estimates of the group's dependents moved: refreshed next cycle.
+                costs.changed = True
+                if costs.track_keys and (ts := self.tasks.get(key)) is not None:
+                    costs.left(ts)
         if start == "processing" and self.trim_waits:
             self._dependent_done(key)
         if self.demand.enabled:
@@ -201,6 +218,8 @@ class KeyIndex(SchedulerPlugin):
         # In-flight copies to the worker are cleared by the planner (case 2b) when the
         # key is next planned; every governed key is checked at the next cycle.
         self.retiring.discard(worker)
+        if self.costs is not None:
+            self.costs.worker_left(worker)  # its copies were removed before this hook
         self.workers_changed = True
         self.wake("worker-left")
 
@@ -527,6 +546,8 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
         if not index.active:
             return
         held = len(ts.who_has)
+        if held <= 2 and held > before and (costs := index.costs) is not None:
+            costs.copy_added(ts, ws, held)  # a key's only copy, or no longer its only one
         if held > before and (wanted := desired.get(ts.key)) is not None:
             index.copies_changed(ts.key, 1)
             # The engine's own copy landed above the target's max: the first half of a
@@ -548,6 +569,8 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
         remove_replica(ts, ws)
         if not index.active:
             return
+        if (costs := index.costs) is not None and (left := len(ts.who_has or ())) <= 1:
+            costs.copy_removed(ts, ws, left)
         wanted = desired.get(ts.key)
         if wanted is not None:
             index.copies_changed(ts.key, -1)
@@ -585,8 +608,11 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
 
     def remove_all_replicas_watched(ts: Any) -> None:
         # A key leaving memory: its copies go here, before the transition hook forgets it.
-        if index.active and ts.who_has and ts.key in desired:
-            index.copies_changed(ts.key, -len(ts.who_has))
+        if index.active and ts.who_has:
+            if ts.key in desired:
+                index.copies_changed(ts.key, -len(ts.who_has))
+            if len(ts.who_has) == 1 and (costs := index.costs) is not None:
+                costs.all_removed(ts)
         remove_all_replicas(ts)
 
     wrappers = {
