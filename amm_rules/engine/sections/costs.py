@@ -2,10 +2,11 @@
 at risk on each worker, refreshed once per cycle and shown everywhere.
 
 The :class:`~amm_rules.engine.state.costs.RecomputeCosts` itself is engine state (on the
-:class:`~amm_rules.engine.context.EngineContext`): the key index's transition hook and
-replica wrappers feed it. This section connects it to the index at attach (counting the
-sole copies of the keys already in memory from the index's first batch, not from a scan
-of its own), refreshes the estimates at the start of each cycle (before
+:class:`~amm_rules.engine.context.EngineContext`): the key index's replica wrappers feed
+it (and its transition hook, while it keeps keys per group). This section connects it
+to the index at attach (counting the sole copies of the keys already in memory from
+the index's first batch, not from a scan of its own), refreshes the estimates at the
+start of each cycle if keys entered or left memory since the last (before
 classification, so that rules reading ``task.recompute_seconds`` see this cycle's
 figures; keys of groups whose estimate moved are classified again while rules read
 it), and reports: ``amm_rules_status`` (``recompute``: the work at risk in all, the 20
@@ -83,11 +84,12 @@ class RecomputeCostsSection(Section):
         costs.track_keys = _tracks(ctx.ruleset)
         costs.seed(list(index.dirty.values()), track=costs.track_keys)
         index.costs = costs
+        index.costs_kept = costs if costs.track_keys else None
 
     def detach(self) -> None:
         ctx = self.ctx
         if ctx is not None:
-            ctx.index.costs = None
+            ctx.index.costs = ctx.index.costs_kept = None
         super().detach()
 
     def reloaded(self, in_memory: list[Any]) -> None:
@@ -102,6 +104,7 @@ class RecomputeCostsSection(Section):
                 costs.start_tracking(in_memory)
         elif costs.track_keys:
             costs.stop_tracking()
+        ctx.index.costs_kept = costs if costs.track_keys else None
 
     def run(self, cycle: Cycle) -> tuple[()]:
         """Refresh the estimates if keys entered or left memory; while rules read
@@ -109,6 +112,10 @@ class RecomputeCostsSection(Section):
         ctx = self.ctx
         assert ctx is not None
         costs = ctx.costs
+        index = ctx.index
+        if index.memory_changed:
+            index.memory_changed = False
+            costs.changed = True
         republished = costs.refresh(ctx.scheduler.task_groups)
         if republished and ctx.ruleset.reads_costs and costs.track_keys:
             for group in republished:

@@ -2,18 +2,28 @@
 every copy of it were lost, and the work at risk on each worker.
 
 :class:`RecomputeCosts` keeps, per task group (the keys of a group are one function on
-different chunks, and share their lineage):
+different chunks, and share their lineage), what the scheduler itself records as its
+tasks finish, read when the estimates are refreshed, never per task:
 
-- ``finished``: the group's tasks that finished (``processing -> memory``) while the
-  engine watched, counted by the key index's ``transition`` hook
-  (:class:`~amm_rules.engine.state.index.KeyIndex`): one dictionary lookup and one
-  addition per task finishing, nothing on the other transitions but a flag;
-- the seconds they computed: the scheduler's own sum of the task-finished messages'
-  start/stop times for the group (``TaskGroup.all_durations["compute"]``, which
-  ``_transition_processing_memory`` adds to before any plugin hears of the
-  transition), read once per group when the estimates are refreshed, never per task;
-- the group's dependencies per task (``fanin``): counted once per group, on the first
-  of its tasks that finishes (``ts.dependencies`` by group).
+- the seconds its tasks computed: the scheduler's own sum of the task-finished
+  messages' start/stop times for the group (``TaskGroup.all_durations["compute"]``,
+  which ``_transition_processing_memory`` adds to before any plugin hears of the
+  transition; every distributed version since the floor records it);
+- the tasks that did so: the group's tasks done (``TaskGroup.states``: in memory,
+  released or forgotten); while keys are kept per group (below), each task finishing
+  is counted instead (:attr:`GroupCost.finished`, which recomputed tasks count again,
+  as their seconds are);
+- its dependencies per task (:attr:`GroupCost.fanin`): while keys are kept per group,
+  counted on the first of its tasks seen finishing (``ts.dependencies`` by group);
+  else the ratio of the two groups' sizes.
+
+The key index's ``transition`` hook (:class:`~amm_rules.engine.state.index.KeyIndex`)
+only sets a flag when a key enters or leaves memory (``KeyIndex.memory_changed``): the
+cost of the model on the scheduler's transitions is one attribute write. While the
+protect section is in the rules, or a rule reads ``task.recompute_seconds``, the model
+keeps the keys in memory per group (:attr:`RecomputeCosts.track_keys`), and the hook
+then hands it each key entering or leaving memory (:meth:`RecomputeCosts.finished`,
+:meth:`~RecomputeCosts.entered`, :meth:`~RecomputeCosts.left`).
 
 From these, once per cycle and only if something entered or left memory since the
 last, :meth:`RecomputeCosts.refresh` estimates for every group the seconds to bring
@@ -29,16 +39,17 @@ asked for again). The estimate of a group is the same for each of its keys:
 
 Approximations (docs/rules.md lists them for users):
 
-- a key's own time is its group's mean, not its own task's;
+- a key's own time is its group's mean, not its own task's; without keys kept per
+  group, a task computed twice counts its seconds twice against one task done;
 - a dependency group's tasks are missing in proportion (a key whose own inputs are all
   in memory while most of their group is released is estimated dear);
-- ``fanin`` is that of the group's first finishing task, or, for a group whose first
-  task finished before the engine watched, the ratio of the two groups' sizes;
+- ``fanin`` is that of the group's first task seen finishing while keys are kept, else
+  the ratio of the two groups' sizes (exact for maps and tree reductions; an
+  all-to-all shuffle, where each task reads every input, is estimated low);
 - the work at risk of a worker adds the estimates of its keys one by one: ancestors
   that several lost keys share are counted once per key (an upper bound), and
   ancestors lost with the same worker are not counted (a lower bound);
-- where a group has no measured time (its tasks finished before the engine attached
-  and its durations were lost with it), the prefix's average duration
+- where a group has no measured time, the prefix's average duration
   (``TaskPrefix.duration_average``) stands in; scattered data has no estimate (null):
   it cannot be computed again at all.
 
@@ -91,7 +102,7 @@ class GroupCost:
 
     def __init__(self, group: Any, finished: int = 0):
         self.group = group
-        #: Tasks of the group that finished, as counted (see the module docstring).
+        #: Tasks of the group that finished, counted while keys are kept (0: not).
         self.finished = finished
         #: Dependencies per task, by dependency group (None: not sampled).
         self.fanin: dict[Any, int] | None = None
@@ -131,10 +142,11 @@ class RecomputeCosts:
     # -- the hooks: keep them minimal ---------------------------------------------------
 
     def finished(self, ts: Any) -> None:
-        """A task finished (``processing -> memory``): counted for its group."""
+        """A task finished (``processing -> memory``), while keys are kept: counted for
+        its group."""
         self.changed = True
         entry = self.groups.get(ts.group)
-        if entry is None:
+        if entry is None or entry.fanin is None:
             entry = self._first(ts)
         else:
             entry.finished += 1
@@ -162,7 +174,7 @@ class RecomputeCosts:
         dependencies per task, counted on this task."""
         group = ts.group
         states = group.states
-        entry = self._entry(group)
+        entry = self.groups.get(group) or self._entry(group)
         entry.finished = max(
             1, states.get("memory", 0) + states.get("released", 0) + states.get("forgotten", 0)
         )
@@ -206,7 +218,11 @@ class RecomputeCosts:
     def _sole(self, group: Any, address: str, n: int) -> None:
         by_worker = self.sole.get(group)
         if by_worker is None:
+            # A group seen for the first time: estimated at the next refresh.
             by_worker = self.sole[group] = {}
+            if group not in self.groups:
+                self._entry(group)
+            self.changed = True
         by_worker[address] = by_worker.get(address, 0) + n
         cost = self.published.get(group)
         if cost:
@@ -222,8 +238,6 @@ class RecomputeCosts:
             entry = self.groups.get(group)
             if entry is None:
                 entry = self._entry(group)
-                states = group.states
-                entry.finished = states.get("memory", 0) + states.get("released", 0)
             who_has = ts.who_has
             if who_has is not None and len(who_has) == 1:
                 for ws in who_has:
@@ -279,7 +293,9 @@ class RecomputeCosts:
         return out
 
     def own(self, group: Any) -> tuple[float | None, str]:
-        """Seconds one task of ``group`` computes, and where the figure came from."""
+        """Seconds one task of ``group`` computes, and where the figure came from: its
+        tasks counted finishing (``measured``), its tasks done (``group average``), the
+        prefix's average duration, or nothing."""
         total = group.all_durations.get("compute", 0.0)
         entry = self.groups.get(group)
         if entry is not None and entry.finished > 0 and total > 0:

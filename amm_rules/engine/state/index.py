@@ -23,9 +23,11 @@ hot paths):
 - the same transition hook feeds the :class:`~amm_rules.engine.state.demand.DemandTracker`
   (reads and waiters of keys), when the rules read demand, the
   :class:`~amm_rules.engine.state.flow.MemoryFlow` (keys entering and leaving memory, with
-  their tasks), when the policy gives it one, and the
-  :class:`~amm_rules.engine.state.costs.RecomputeCosts` (tasks finishing, per group),
-  likewise; the replica wrappers tell the costs which worker holds a key's only copy;
+  their tasks), when the policy gives it one; for the
+  :class:`~amm_rules.engine.state.costs.RecomputeCosts` it sets a flag
+  (:attr:`~KeyIndex.memory_changed`), and hands it the keys entering and leaving
+  memory only while it keeps them per group; the replica wrappers tell the costs
+  which worker holds a key's only copy;
 - ``log_event``: a worker's status changed (retiring, resumed after a pause).
 
 Workers leaving, joining, retiring or resuming, governed keys falling below their
@@ -134,8 +136,12 @@ class KeyIndex(SchedulerPlugin):
         self.demand = DemandTracker()
         #: The memory flow this hook feeds (keys entering and leaving memory), if any.
         self.flow: MemoryFlow | None = None
-        #: The recompute costs this hook and the replica wrappers feed, if any.
+        #: The recompute costs the replica wrappers feed (sole copies), if any; the
+        #: same while it keeps keys per group (the transition hook feeds it then).
         self.costs: RecomputeCosts | None = None
+        self.costs_kept: RecomputeCosts | None = None
+        #: A key entered or left memory since the recompute costs last looked.
+        self.memory_changed = False
         #: Told of scattered keys (``update_data``): ``on_scatter(keys, already_in_memory)``.
         self.on_scatter: Callable[[Iterable[Hashable], set[Hashable]], None] | None = None
         #: Addresses of the workers retiring (from their status changes), until they
@@ -172,12 +178,15 @@ class KeyIndex(SchedulerPlugin):
             flow = self.flow
             if flow is not None and ts is not None:
                 flow.entered(key, ts, start, stimulus_id)
-            costs = self.costs
-            if costs is not None and ts is not None:
+            # The recompute estimates read the scheduler's own figures per task group
+            # when next refreshed; only while keys are kept per group is each counted.
+            self.memory_changed = True
+            kept = self.costs_kept
+            if kept is not None and ts is not None:
                 if start == "processing":
-                    costs.finished(ts)
+                    kept.finished(ts)
                 else:
-                    costs.entered(ts)
+                    kept.entered(ts)
             if self.retiring and kwargs.get("worker") in self.retiring:
                 # A task that was running there when its retirement started finished:
                 # the retirement waits until a cycle has planned where its key goes.
@@ -189,12 +198,10 @@ class KeyIndex(SchedulerPlugin):
                 ts = self.tasks.get(key)
                 if ts is not None:
                     flow.left(key, ts, stimulus_id)
-            costs = self.costs
-            if costs is not None:
-                # The estimates of the group's dependents moved: refreshed next cycle.
-                costs.changed = True
-                if costs.track_keys and (ts := self.tasks.get(key)) is not None:
-                    costs.left(ts)
+            self.memory_changed = True  # the estimates of its dependents move
+            kept = self.costs_kept
+            if kept is not None and (ts := self.tasks.get(key)) is not None:
+                kept.left(ts)
         if start == "processing" and self.trim_waits:
             self._dependent_done(key)
         if self.demand.enabled:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.sections.costs import RecomputeCostsSection
@@ -32,8 +33,19 @@ def costs_of(s: Any) -> Any:
     return policy_of(s).ctx.costs
 
 
-@gen_cluster(client=True, nthreads=[("", 2)] * 2, config=amm_config(), timeout=90)
-async def test_costs_learnt_and_ancestors_released_make_dependents_dearer(c, s, a, b):
+KEPT = {"version": 1, "protect": {"budget": "1 kB"}}
+
+
+@pytest.mark.parametrize("rules", [None, KEPT], ids=["group-figures", "keys-kept"])
+def test_costs_learnt_and_ancestors_released_make_dependents_dearer(rules: Any) -> None:
+    # Without the protect section the model reads the scheduler's figures per group;
+    # with it, the keys are kept per group and each task finishing is counted.
+    gen_cluster(client=True, nthreads=[("", 2)] * 2, config=amm_config(rules), timeout=90)(
+        _costs_learnt
+    )(kept=rules is not None)
+
+
+async def _costs_learnt(c: Any, s: Any, a: Any, b: Any, kept: bool) -> None:
     first = c.map(slow, range(4), key=[f"first-{i}" for i in range(4)])
     second = c.map(combine, first, key=[f"second-{i}" for i in range(4)])
     await c.gather(second)
@@ -49,8 +61,12 @@ async def test_costs_learnt_and_ancestors_released_make_dependents_dearer(c, s, 
     own = estimate(group_first)
     assert own is not None and own >= WORK * 0.9  # what the tasks took, per task
     entry = costs.groups[group_first]
-    assert entry.source == "measured" and entry.finished == 4
-    assert costs.groups[group_second].fanin == {group_first: 1}
+    if kept:
+        assert entry.source == "measured" and entry.finished == 4
+        assert costs.groups[group_second].fanin == {group_first: 1}
+    else:
+        assert entry.source == "group average" and entry.finished == 0
+        assert costs.groups[group_second].fanin is None  # the groups' sizes: 4 and 4
     # While the first stage is in memory, the second stage costs only its own time.
     assert (estimate(group_second) or 0) < WORK / 2
     del first
