@@ -295,15 +295,10 @@ SCHEMA: dict[str, Any] = {
                     "description": "Memory for protection's extra copies: a percentage of "
                     "the cluster's memory limit, or a size. Never exceeded by them.",
                     "default": "10%",
-                    "oneOf": [
-                        {
-                            "title": "a percentage like '10%'",
-                            "type": "string",
-                            "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*%\s*$",
-                            "errorMessage": "expected a percentage like '10%'",
-                        },
-                        _SIZE,
-                    ],
+                    # Text or a number: which of a percentage and a size is meant is
+                    # told by amm_rules.language.build, which can say what to write.
+                    "type": ["string", "number"],
+                    "examples": ["10%", "4 GiB"],
                 },
                 "min-recompute": {
                     "description": "Keys whose recompute estimate is below this are never "

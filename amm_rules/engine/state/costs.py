@@ -304,7 +304,7 @@ class RecomputeCosts:
         done = states.get("memory", 0) + states.get("released", 0) + states.get("forgotten", 0)
         if total > 0 and done > 0:
             return total / done, GROUP_AVERAGE
-        average = group.prefix.duration_average
+        average = getattr(group.prefix, "duration_average", None)
         if average is not None and average >= 0:
             return float(average), PREFIX_AVERAGE
         return None, UNKNOWN

@@ -78,12 +78,16 @@ def decode_size(number: str, unit: str) -> int:
     """``("1.5", "GiB")`` → 1610612736 bytes, rounded down to whole bytes."""
     if unit not in SIZE_UNITS:
         hint = closest(unit, [*SIZE_UNITS, *DURATION_UNITS], ignore_case=True)
-        known = (
-            "size units are "
-            + ", ".join(SIZE_UNITS)
-            + "; duration units are "
-            + ", ".join(DURATION_UNITS)
-        )
+        # The units of the kind the hint is of; both kinds' when nothing is close.
+        if hint in SIZE_UNITS:
+            known = "units are " + ", ".join(SIZE_UNITS)
+        elif hint in DURATION_UNITS:
+            known = "duration units are " + ", ".join(DURATION_UNITS)
+        else:
+            known = (
+                f"size units are {', '.join(SIZE_UNITS)}; "
+                f"duration units are {', '.join(DURATION_UNITS)}"
+            )
         detail = f"did you mean {hint!r}? ({known})" if hint else known
         raise LiteralError(f"unknown unit {unit!r}; {detail}", code=UNKNOWN_UNIT)
     if number.startswith("-"):
