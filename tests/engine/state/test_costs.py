@@ -4,7 +4,6 @@ graph walked once per refresh, and the work at risk kept by the sole copies."""
 
 from __future__ import annotations
 
-
 from amm_rules.engine.state.costs import (
     MEASURED,
     PREFIX_AVERAGE,

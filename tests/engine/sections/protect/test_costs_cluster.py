@@ -12,7 +12,9 @@ import pytest
 from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.sections.costs import RecomputeCostsSection
+from amm_rules.observe.explain import explain_keys
 from amm_rules.observe.status import status_report
+from amm_rules.observe.text import render_explain
 from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, no_errors, policy_of
 
@@ -84,6 +86,8 @@ async def _costs_learnt(c: Any, s: Any, a: Any, b: Any, kept: bool) -> None:
     assert explained["ancestors"] == 1.0
     assert explained["text"].startswith("recompute ≈ ")
     assert "1 ancestor released" in explained["text"]
+    text = render_explain(explain_keys(policy, ["second-0"]))
+    assert "  recompute  recompute ≈ " in text and "1 ancestor released" in text
     no_errors(s)
 
 

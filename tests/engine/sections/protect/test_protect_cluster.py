@@ -12,6 +12,7 @@ from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.sections.protect import ProtectSection
 from amm_rules.observe.status import status_report
+from amm_rules.observe.text import render_status
 from benchmarks.support.waiting import wait_cycles, wait_for
 from tests.support.cluster import TransitionCounter, amm_config, copies, no_errors, policy_of
 
@@ -65,6 +66,9 @@ async def test_the_dearest_keys_per_byte_are_protected_within_the_budget(c, s, a
     assert report["keys"] == 4 and report["keys_held"] == 4
     assert report["held_bytes"] <= report["budget_bytes"] == 6000
     assert report["budget_exhausted"] is True and report["left_out"] == 2
+    text = render_status(status_report(policy))
+    assert "protect      4 keys (4 holding 2 copies)" in text
+    assert "budget exhausted" in text and "at risk      " in text
     # The copies stay: reduce-replicas spares them cycle after cycle.
     await wait_cycles(s, 5)
     assert all(copies(s, k) == 2 for k in dear_keys)
