@@ -36,7 +36,6 @@ from tornado.httpclient import AsyncHTTPClient
 import amm_rules
 from amm_rules import RulesPolicy
 from amm_rules.cli import main
-from amm_rules.engine.sections.costs import RecomputeCostsSection
 from amm_rules.observe.dashboard import RulesPage
 from amm_rules.observe.routes import NO_POLICY
 from amm_rules.observe.status import status_report
