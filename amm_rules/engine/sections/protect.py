@@ -4,8 +4,8 @@ extra copies of the keys whose loss would cost most recompute per byte.
 Each cycle:
 
 1. if keys entered or left memory since the last choice (the recompute costs were
-   refreshed), or the workers changed (so did the budget), or the rules were reloaded:
-   choose the keys to protect (:func:`amm_rules.engine.decide.protect.choose`) among
+   refreshed) and :data:`CHOOSE_EVERY` AMM intervals passed since it, or the workers changed
+   (so did the budget), or the rules were reloaded: choose the keys to protect (:func:`amm_rules.engine.decide.protect.choose`) among
    the keys in memory of the groups whose estimate is at least ``min-recompute``
    (:mod:`amm_rules.engine.state.costs` keeps them by group while the section is in
    the rules), that ``match`` selects, whose rules leave their copies free: a key with
@@ -53,6 +53,10 @@ MAX_PROTECTED = 50_000
 MAX_EXAMINED = 200_000
 #: A copy goes only to a worker whose memory stays below this share of its limit.
 ROOM = 0.8
+#: AMM intervals between two choices made because keys came and went (a busy cluster
+#: refreshes its estimates every cycle; choosing looks at up to MAX_EXAMINED keys):
+#: 5 s at the default interval of 2 s.
+CHOOSE_EVERY = 2.5
 
 
 class ProtectSection(Section):
@@ -95,6 +99,7 @@ class ProtectSection(Section):
         self.held = (0, 0.0, 0)
         self._seen_refresh = -1
         self._stale = True
+        self._chosen_at = float("-inf")
 
     @classmethod
     def in_use(cls, ruleset: Ruleset) -> bool:
@@ -120,9 +125,13 @@ class ProtectSection(Section):
                 self._release(list(ctx.protected))
             return ()
         costs = ctx.costs
-        if self._stale or cycle.full or costs.refreshes != self._seen_refresh:
+        now = ctx.clock()
+        gap = CHOOSE_EVERY * (ctx.manager.interval if ctx.manager is not None else 2.0)
+        changed = costs.refreshes != self._seen_refresh and now - self._chosen_at >= gap
+        if self._stale or cycle.full or changed:
             self._seen_refresh = costs.refreshes
             self._stale = False
+            self._chosen_at = now
             self._choose()
         if not ctx.protected:
             self.held = (0, 0.0, 0)
