@@ -108,7 +108,7 @@ class SimTask:
         "actor",
     )
 
-    def __init__(self, record: TaskRecord, prefix: Named, group: Named):
+    def __init__(self, record: TaskRecord, prefix: Named, group: SimGroup):
         self.key = record.key
         self.state = record.state
         self.prefix = prefix
@@ -188,9 +188,9 @@ class SimCluster:
                 group.dependencies = {groups[d] for d in record.dependencies if d in groups}
         if any(name not in state.groups for name in groups):
             for ts in self.tasks.values():
-                group = ts.group
-                if group.name not in state.groups:
-                    group.states[ts.state] = group.states.get(ts.state, 0) + 1
+                of = ts.group
+                if of.name not in state.groups:
+                    of.states[ts.state] = of.states.get(ts.state, 0) + 1
 
     def _link(self, state: ClusterState) -> None:
         workers, tasks = self.workers, self.tasks

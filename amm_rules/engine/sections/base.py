@@ -128,6 +128,7 @@ class Section:
         in memory or not; plain data, or None)."""
         return None
 
-    def metrics(self) -> Mapping[str, float]:
-        """Counters and gauges for a metrics collector (see :attr:`METRICS`)."""
+    def metrics(self) -> Mapping[str, Any]:
+        """Counters and gauges for a metrics collector (see :attr:`METRICS`): numbers,
+        or for a figure whose spec names a label, label value -> number."""
         return {}
