@@ -60,8 +60,8 @@ class Stage:
     dear_seconds: float = 1.5
     dear_bytes: int = 2**20
     bulky: int = 4
-    bulky_seconds: float = 0.3
-    bulky_bytes: int = 48 * 2**20
+    bulky_seconds: float = 0.1
+    bulky_bytes: int = 128 * 2**20
 
     def tasks(self) -> dict[str, tuple[float, int]]:
         """key -> (seconds of work, bytes of output)."""
