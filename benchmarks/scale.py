@@ -830,11 +830,15 @@ def hook_cost(
     flow = getattr(policy, "flow", None)
     fed = flow is not None and getattr(policy.index, "flow", None) is flow
 
+    costs = getattr(policy.index, "costs", None)
+
     def index(with_flow: bool) -> Any:
         out = type(policy.index)()
         out.tasks = recorder.tasks  # the hook reads the task of a key entering memory
         if with_flow:
             out.flow = type(flow)(recorder.tasks)
+        if costs is not None:
+            out.costs = type(costs)()  # the recompute costs, fed as the engine feeds them
         return out
 
     def engine() -> list[Callable[..., None]]:

@@ -12,7 +12,8 @@ engine's pure parts read.
   raises :class:`AnnotationTooLarge` beyond; :func:`bounded_repr` shows any value in a
   few hundred characters without walking more of it;
 - :func:`stock_waiter_count`, :func:`busy_workers`: waiters as the stock ReduceReplicas
-  counts them, and where dependents run.
+  counts them, and where dependents run;
+- :func:`kept_copies`: which of a protected key's copies trimming spares.
 
 Duck-typed: nothing here imports ``distributed``, so the classifier and the planners stay
 pure and tests can pass stand-ins.
@@ -208,9 +209,11 @@ class TaskFactsAdapter:
     figures of :class:`~amm_rules.engine.state.flow.PrefixFacts` (null when absent).
     ``task.span_done`` comes from ``spans`` (``spans.done_of(ts)``, see
     :class:`~amm_rules.engine.state.spans.SpanStates`); false without it.
+    ``task.recompute_seconds`` from ``costs``: task group -> its published estimate
+    (:class:`~amm_rules.engine.state.costs.RecomputeCosts`; null when absent).
     """
 
-    __slots__ = ("_ts", "_reads", "_flow", "_spans")
+    __slots__ = ("_ts", "_reads", "_flow", "_spans", "_costs")
 
     def __init__(
         self,
@@ -218,11 +221,13 @@ class TaskFactsAdapter:
         reads: Mapping[Hashable, int] | None = None,
         flow: Mapping[str, Any] | None = None,
         spans: Any = None,
+        costs: Mapping[Any, float] | None = None,
     ):
         self._ts = ts
         self._reads = reads
         self._flow = flow
         self._spans = spans
+        self._costs = costs
 
     @property
     def resources(self) -> Mapping[str, float]:
@@ -236,6 +241,11 @@ class TaskFactsAdapter:
     def span_done(self) -> bool:
         spans = self._spans
         return bool(spans.done_of(self._ts)) if spans is not None else False
+
+    @property
+    def recompute_seconds(self) -> float | None:
+        costs = self._costs
+        return costs.get(self._ts.group) if costs else None
 
     def _figure(self, name: str) -> Any:
         flow = self._flow
@@ -364,6 +374,28 @@ def _restriction_class(ts: Any) -> Hashable:
 
 def _no_class(ts: Any) -> Hashable:
     return None
+
+
+def kept_copies(who_has: Iterable[Any], n: int) -> frozenset[str]:
+    """The ``n`` copies of a protected key that trimming spares (see
+    :attr:`~amm_rules.engine.context.EngineContext.protected`): all of them when it holds
+    no more; else one per host first, in address order, so that what is kept is spread."""
+    holders = sorted(who_has, key=_ADDRESS)
+    if len(holders) <= n:
+        return frozenset(ws.address for ws in holders)
+    kept: list[str] = []
+    hosts: set[str] = set()
+    for ws in holders:
+        if ws.host not in hosts:
+            hosts.add(ws.host)
+            kept.append(ws.address)
+    for ws in holders:
+        if ws.address not in kept:
+            kept.append(ws.address)
+    return frozenset(kept[:n])
+
+
+_ADDRESS = attrgetter("address")
 
 
 def key_view(

@@ -3,7 +3,8 @@
 :class:`EngineContext` is built by :class:`~amm_rules.engine.policy.RulesPolicy` and
 handed to each section (:mod:`amm_rules.engine.sections`) when the policy attaches.
 It holds the engine's shared state (the key index, placements, the event log, the
-journal, the memory flow, early cycles), the rules in force with their classifier and
+journal, the memory flow, the recompute costs, the copies protection keeps, early
+cycles), the rules in force with their classifier and
 dry-run, and the scheduler and AMM once attached; and it answers the questions every
 feature asks: what the rules want for a key (:meth:`~EngineContext.resolve`), the
 planner's view of a key and of the workers (:meth:`~EngineContext.key_view`,
@@ -23,13 +24,14 @@ import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from amm_rules.engine.adapters import key_view
+from amm_rules.engine.adapters import kept_copies, key_view
 from amm_rules.engine.decide.classify import Classifier
 from amm_rules.engine.decide.plan import PlanSettings
 from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.engine.dryrun import DryRun
 from amm_rules.engine.early import EarlyCycles
 from amm_rules.engine.events import EventLog
+from amm_rules.engine.state.costs import RecomputeCosts
 from amm_rules.engine.state.flow import MemoryFlow
 from amm_rules.engine.state.index import KeyIndex
 from amm_rules.engine.state.journal import Journal
@@ -60,6 +62,12 @@ class EngineContext:
     placements: Placements
     #: Memory flow per task prefix (fed by the index's transition hook).
     flow: MemoryFlow
+    #: Recompute estimates per task group and work at risk per worker (fed likewise).
+    costs: RecomputeCosts
+    #: Keys the ``protect:`` section keeps copies of -> how many copies: trimming
+    #: (reduce-replicas, and the planner for keys without a replication target)
+    #: leaves them that many (see amm_rules.engine.sections.protect).
+    protected: dict[Hashable, int]
     #: Early AMM cycles.
     early: EarlyCycles
     #: Whether each span is done (``task.span_done``; the spans section refreshes it).
@@ -91,6 +99,8 @@ class EngineContext:
         self.placements = Placements(on_pool_error=self._pool_error)
         self.flow = MemoryFlow()
         self.spans = SpanStates()
+        self.costs = RecomputeCosts()
+        self.protected = {}
         self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
         self.manager = None
         self.sections = ()
@@ -155,6 +165,7 @@ class EngineContext:
             reads=index.demand.reads,
             flow=self.flow.published,
             spans=self.spans,
+            costs=self.costs.published,
         )
         index.demand.configure(
             ruleset.demand,
@@ -243,6 +254,8 @@ class EngineContext:
             if desired.replicate is None
             else frozenset()
         )
+        if desired.replicate is None and self.protected and key in self.protected:
+            held = held | kept_copies(ts.who_has or (), self.protected[key])
         return key_view(
             ts, desired, index.inflight.get(key, {}), index.backoff.get(key, {}), pending, held
         )

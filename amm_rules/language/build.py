@@ -5,7 +5,8 @@ already reported, so each problem is told once. Checks here: expressions (pools 
 ``worker`` context, matches in the ``task`` context), unique rule names, unknown pool
 names in ``pool``/``avoid``, ``replicate`` bounds, the percentages, sizes and
 durations of the ``rebalance``, ``paused-workers`` and ``memory-pressure`` sections,
-and the ``demand`` section's hold and match.
+the ``demand`` section's hold and match, and the ``protect`` section's budget,
+``min-recompute`` and match.
 Action fields are converted by :func:`amm_rules.language.fields.parse_actions`, the same
 function that reads ``amm`` annotations, so a field means the same in both places.
 
@@ -24,6 +25,7 @@ from amm_rules.language.fields import (
     UnitError,
     format_fraction,
     parse_actions,
+    parse_budget,
     parse_duration,
     parse_fraction,
     parse_size,
@@ -45,6 +47,7 @@ from amm_rules.language.ruleset import (
     PausedWorkersSettings,
     Pool,
     Position,
+    ProtectSettings,
     RebalanceSettings,
     Rule,
     Ruleset,
@@ -121,6 +124,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
     paused = _paused_workers(data.get("paused-workers"), where, draft)
     demand, demand_depends = _demand(data.get("demand"), where)
     pressure = _memory_pressure(data.get("memory-pressure"), where, draft)
+    protect = _protect(data.get("protect"), where)
     reduce = data.get("reduce-replicas", True)
     enforcement = data.get("enforcement")
     legacy = data.get("legacy-replicate", "honour")
@@ -141,6 +145,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
         legacy_replicate=legacy if legacy in LEGACY_REPLICATE_VALUES else "honour",
         demand=demand,
         demand_depends=demand_depends,
+        protect=protect,
         source=source_name,
         version=1,
         enforcement=enforcement if isinstance(enforcement, str) else "enforce",
@@ -411,6 +416,46 @@ def _demand(section: Any, where: Locator) -> tuple[DemandSettings, frozenset[str
             kwargs["match"] = compiled.predicate
             depends = frozenset(compiled.depends)
     return DemandSettings(**kwargs), depends
+
+
+# -- protect ------------------------------------------------------------------------
+
+
+def _protect(section: Any, where: Locator) -> ProtectSettings | None:
+    """The ``protect:`` section (None when the file has none). Shapes and ``copies``
+    were checked by the schema; the budget, ``min-recompute`` and match are here."""
+    if not isinstance(section, dict):
+        return None
+    kwargs: dict[str, Any] = {}
+
+    def fresh(key: str) -> bool:
+        return key in section and not where.reported_under(("protect", key))
+
+    if fresh("budget"):
+        try:
+            fraction, size = parse_budget(section["budget"])
+        except UnitError as exc:
+            where.add(("protect", "budget"), f"budget: {exc}", exc.code)
+        else:
+            kwargs["budget_fraction"], kwargs["budget_bytes"] = fraction, size
+            shown = section["budget"]
+            kwargs["budget_text"] = shown.strip() if isinstance(shown, str) else f"{shown} B"
+    if fresh("min-recompute"):
+        seconds = _duration(section["min-recompute"], ("protect", "min-recompute"), True, where)
+        if seconds is not None:
+            kwargs["min_recompute"] = seconds
+    copies = section.get("copies")
+    if fresh("copies") and isinstance(copies, int) and not isinstance(copies, bool):
+        kwargs["copies"] = copies
+    if fresh("spread") and section["spread"] in ("host", "none"):
+        kwargs["spread"] = "host" if section["spread"] == "host" else None
+    text = expression_text(section.get("match"))
+    if text is not None and fresh("match"):
+        compiled = _compile(text, "task", ("protect", "match"), where)
+        if compiled is not None:
+            kwargs["match_source"] = text
+            kwargs["match"] = compiled.predicate
+    return ProtectSettings(**kwargs)
 
 
 # -- paused-workers -----------------------------------------------------------------

@@ -88,6 +88,25 @@ def parse_size(value: object) -> int:
     return int(float(m["number"]) * SIZE_UNITS[unit])
 
 
+def parse_budget(value: object) -> tuple[float | None, int | None]:
+    """A memory budget: ``"10%"`` (of the cluster's memory limit) → ``(0.1, None)``;
+    a size (``"4 GiB"``, or a whole number of bytes) → ``(None, 4294967296)``. Never 0."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        fraction = parse_fraction(value)
+        if fraction <= 0:
+            raise UnitError(f"a budget must be more than 0%, got {value.strip()!r}")
+        return fraction, None
+    if isinstance(value, float) and not value.is_integer():
+        raise UnitError(
+            f"expected a percentage like '10%' or a size like '4 GiB', got {value!r}; "
+            f"write '{value * 100:g}%' for a share of the cluster's memory"
+        )
+    size = parse_size(value)
+    if size < 1:
+        raise UnitError(f"a budget must be at least 1 byte, got {value!r}")
+    return None, size
+
+
 def parse_fraction(value: object) -> float:
     """``"30%"`` → 0.3; a plain number between 0 and 1 is taken as the fraction itself."""
     if isinstance(value, bool):

@@ -45,6 +45,7 @@ TASK_ATTRIBUTES: tuple[str, ...] = (
     "prefix_produced_per_task",
     "prefix_freed_by_per_task",
     "prefix_net_per_task",
+    "recompute_seconds",
 )
 #: Task attributes that read the memory flow of the key's prefix (what tasks of its
 #: kind produced and freed so far, as the engine last published it). They are the same
@@ -168,6 +169,9 @@ class TaskFacts:
     prefix_produced_per_task: float | None = None
     prefix_freed_by_per_task: float | None = None
     prefix_net_per_task: float | None = None
+    #: Compute seconds to bring the key back if every copy were lost (the engine's
+    #: cost model, engine/state/costs.py); None (null) while unknown.
+    recompute_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -333,6 +337,40 @@ class DemandSettings:
     @property
     def enabled(self) -> bool:
         return self.hold > 0
+
+
+#: ``protect``'s default ``copies``, its largest, and its default ``min-recompute``.
+PROTECT_COPIES = 2
+MAX_PROTECT_COPIES = 8
+PROTECT_MIN_RECOMPUTE = 30.0
+
+
+@record(frozen=True)
+class ProtectSettings:
+    """The ``protect:`` section: a memory budget spent on extra copies of the keys whose
+    loss would cost most recompute per byte (see docs/rules.md, "protect")."""
+
+    #: The budget: a fraction of the cluster's memory limit (``budget_fraction``), or
+    #: a size in bytes (``budget_bytes``); exactly one is set.
+    budget_fraction: float | None = 0.10
+    budget_bytes: int | None = None
+    #: Keys whose recompute estimate is below this (seconds) are never protected.
+    min_recompute: float = PROTECT_MIN_RECOMPUTE
+    #: Copies a protected key holds.
+    copies: int = PROTECT_COPIES
+    #: ``"host"``: protected copies on distinct hosts where possible; None: anywhere.
+    spread: str | None = "host"
+    #: Only keys this expression matches are candidates (None: every key).
+    match_source: str | None = None
+    match: Predicate | None = None
+    #: The text of ``budget`` as written, for status and explain.
+    budget_text: str = "10%"
+
+    def budget(self, cluster_memory: int) -> int:
+        """Bytes the section may spend, for a cluster of ``cluster_memory`` bytes."""
+        if self.budget_bytes is not None:
+            return self.budget_bytes
+        return int((self.budget_fraction or 0.0) * max(cluster_memory, 0))
 
 
 #: The attributes a ``memory-pressure`` ``producers`` expression may read: what is the
@@ -513,6 +551,8 @@ class Ruleset:
     demand: DemandSettings = field(default_factory=DemandSettings)
     #: Task attributes the ``demand`` section's match reads.
     demand_depends: frozenset[str] = frozenset()
+    #: The ``protect:`` section, or None when the file has none (nothing is protected).
+    protect: ProtectSettings | None = None
     #: Where the rules came from: a path, or ``"<rules>"`` for an inline mapping.
     source: str = "<rules>"
     version: int = 1
@@ -567,6 +607,12 @@ class Ruleset:
     def reads_flow(self) -> bool:
         """True if some rule's match reads a memory-flow attribute (``task.prefix_*``)."""
         return not self.depends.isdisjoint(FLOW_ATTRIBUTES)
+
+    @property
+    def reads_costs(self) -> bool:
+        """True if some rule's match reads ``task.recompute_seconds``: keys are then
+        classified again when their group's estimate moves."""
+        return "recompute_seconds" in self.depends
 
     def resolve(
         self,

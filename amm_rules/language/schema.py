@@ -29,6 +29,7 @@ from amm_rules.language.ruleset import (
     DEFAULT_PRODUCERS,
     LEGACY_REPLICATE_VALUES,
     MAX_CONCURRENT,
+    MAX_PROTECT_COPIES,
     MAX_REBALANCE_SECONDS,
     MAX_SATURATION,
     MEASURES,
@@ -237,6 +238,7 @@ SCHEMA: dict[str, Any] = {
             "default": "honour",
         },
         "demand": {"$ref": "#/$defs/demand"},
+        "protect": {"$ref": "#/$defs/protect"},
         "reload-settle": {
             "title": "reload settle",
             "description": "A rules file changed in place (the same file written again) "
@@ -280,6 +282,49 @@ SCHEMA: dict[str, Any] = {
             },
             "additionalProperties": False,
             "anyOf": [{"required": [name]} for name in ACTION_FIELDS],
+        },
+        "protect": {
+            "title": "protect",
+            "description": "Extra copies of the keys whose loss would cost most recompute "
+            "per byte, chosen greedily within a memory budget (see docs/rules.md).",
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "budget": {
+                    "title": "budget",
+                    "description": "Memory for protection's extra copies: a percentage of "
+                    "the cluster's memory limit, or a size. Never exceeded by them.",
+                    "default": "10%",
+                    # Text or a number: which of a percentage and a size is meant is
+                    # told by amm_rules.language.build, which can say what to write.
+                    "type": ["string", "number"],
+                    "examples": ["10%", "4 GiB"],
+                },
+                "min-recompute": {
+                    "description": "Keys whose recompute estimate is below this are never "
+                    "protected. At most one day.",
+                    "default": "30s",
+                    **_duration(positive=False),
+                },
+                "copies": {
+                    "description": "Copies a protected key holds.",
+                    "type": "integer",
+                    "minimum": 2,
+                    "maximum": MAX_PROTECT_COPIES,
+                    "default": 2,
+                },
+                "spread": {
+                    "description": "'host': protected copies on distinct hosts where "
+                    "possible; 'none': on any workers.",
+                    "enum": list(SPREAD_VALUES),
+                    "default": "host",
+                },
+                "match": {
+                    **_TASK_EXPRESSION,
+                    "description": "Only keys this matches are candidates (default: all), "
+                    "e.g. task.prefix == 'load'.",
+                },
+            },
         },
         "demand": {
             "title": "demand",

@@ -14,6 +14,8 @@ open page (and every request to status.json) for
   keys, bytes, copies held / wanted, met, unmet by reason, and the state's sentence;
 - :class:`WorkerMemory`: each worker's memory against its limit, grouped by pool, with
   the rebalancing thresholds and the cluster mean drawn when rebalancing is on;
+- :class:`WorkAtRisk`: each worker's work at risk (the recompute seconds of the keys it
+  holds alone), grouped by pool, with what the ``protect`` section protects;
 - :class:`InFlight`: copies and rebalancing moves in flight, over the last minutes;
 - :class:`MemoryFlowTable`: the memory flow's top producers and freers (task prefixes),
   and what the ``memory-pressure`` section is doing;
@@ -477,6 +479,70 @@ def worker_bars(report: Mapping[str, Any] | None) -> tuple[dict[str, list[Any]],
     return data, list(factors)
 
 
+class WorkAtRisk(DashboardComponent):
+    """Seconds of recompute each worker's death would cost now, a bar per worker grouped
+    by pool (the order of :func:`worker_bars`); the title says what ``protect`` keeps."""
+
+    def __init__(self) -> None:
+        self.source = ColumnDataSource({"x": [], "seconds": [], "worker": [], "address": []})
+        self.root = figure(
+            title="Work at risk per worker, by pool",
+            x_range=FactorRange(),
+            height=260,
+            sizing_mode="stretch_width",
+            tools="",
+            toolbar_location=None,
+        )
+        self.root.vbar(x="x", top="seconds", width=0.8, color=BAR_COLOR, source=self.source)
+        self.root.yaxis.axis_label = "seconds of recompute"
+        self.root.y_range.start = 0
+        self.root.xaxis.major_label_orientation = math.pi / 2
+        self.root.xgrid.visible = False
+        self.root.add_tools(
+            HoverTool(
+                tooltips=[("worker", "@worker (@address)"), ("at risk", "@seconds{0,0.0} s")]
+            )
+        )
+        self._drawn: Any = None
+
+    def update(self, report: Mapping[str, Any] | None) -> None:
+        from amm_rules.engine.sections.costs import format_seconds
+
+        workers = report["workers"] if report is not None else None
+        if workers != self._drawn:
+            self._drawn = workers
+            data, factors = worker_bars(report)
+            at_risk = (
+                dict(zip(workers["address"], workers["at_risk"], strict=True)) if workers else {}
+            )
+            columns = {
+                "x": data["x"],
+                "seconds": [at_risk.get(a, 0.0) for a in data["address"]],
+                "worker": data["worker"],
+                "address": data["address"],
+            }
+            if list(self.root.x_range.factors) != factors:
+                self.root.x_range.factors = factors
+            _replace(self.source, columns)
+            size = "0px" if len(factors) > NAMED_WORKERS else "11px"
+            if self.root.xaxis[0].major_label_text_font_size != size:
+                self.root.xaxis[0].major_label_text_font_size = size
+        recompute = (report or {}).get("recompute") or {}
+        protect = (report or {}).get("protect")
+        title = (
+            f"Work at risk per worker, by pool: {format_seconds(recompute.get('total_seconds'))} "
+            "of recompute held by a single worker"
+        )
+        if protect:
+            title += (
+                f"; protect keeps {protect['keys']:,} keys "
+                f"({format_seconds(protect['seconds_protected'])}) in "
+                f"{format_bytes(protect['held_bytes'])} of {format_bytes(protect['budget_bytes'])}"
+            )
+        if self.root.title.text != title:
+            self.root.title.text = title
+
+
 class InFlight(DashboardComponent):
     """Copies and rebalancing moves in flight, over the last :data:`HISTORY` updates."""
 
@@ -704,6 +770,7 @@ class RulesPage(DashboardComponent):
         self.header = Header()
         self.rules = RulesTable()
         self.memory = WorkerMemory()
+        self.at_risk = WorkAtRisk()
         self.in_flight = InFlight()
         self.events = EventsTable()
         self.flow = MemoryFlowTable()
@@ -711,6 +778,7 @@ class RulesPage(DashboardComponent):
             self.header.root,
             self.rules.root,
             self.memory.root,
+            self.at_risk.root,
             row(self.in_flight.root, self.events.root, sizing_mode="stretch_width"),
             self.flow.root,
             sizing_mode="stretch_width",
@@ -721,7 +789,15 @@ class RulesPage(DashboardComponent):
     def update(self) -> None:
         try:
             report = shared_report(self.scheduler)
-            parts = (self.header, self.rules, self.memory, self.in_flight, self.events, self.flow)
+            parts = (
+                self.header,
+                self.rules,
+                self.memory,
+                self.at_risk,
+                self.in_flight,
+                self.events,
+                self.flow,
+            )
             for part in parts:
                 part.update(report)
         except Exception as exc:  # a bug: say it on the page, log it once, keep serving

@@ -434,8 +434,11 @@ def _cascade(
             else:
                 entry["overridden"][f] = str(reasons[f])
     out.append(entry)
-    # What the engine's classifier sees: demand, and the published memory flow.
-    facts = TaskFactsAdapter(ts, policy.index.demand.reads, policy.flow.published)
+    # What the engine's classifier sees: demand, the published memory flow and costs.
+    ctx = policy.ctx
+    facts = TaskFactsAdapter(
+        ts, ctx.index.demand.reads, ctx.flow.published, ctx.spans, ctx.costs.published
+    )
     for rule in policy.ruleset.rules:
         sets = {f: _field_text(getattr(rule.actions, f)) for f in rule.actions.set_fields()}
         row: dict[str, Any] = {

@@ -47,6 +47,8 @@ name                                                      type     labels
 ``dask_amm_rules_memory_pressure_*`` (see below)          mixed    scheduler
 ``dask_amm_rules_retiring_workers``                       gauge    scheduler
 ``dask_amm_rules_retirement*_total`` (see below)            counter  scheduler
+``dask_amm_rules_work_at_risk_seconds``                   gauge    scheduler, worker
+``dask_amm_rules_protect_*`` (see below)                  mixed    scheduler
 ========================================================  =======  =====================
 
 Rules with series of their own are the first :data:`RULE_SERIES` of the file (with the
@@ -56,10 +58,12 @@ figures of the others add up under ``rule="(other rules)"``, without ``rule_stat
 8 MB that took half a second to format on the event loop; bounded so, a scrape costs
 about as much at any number of rules as at a few dozen.
 
-The paused-workers, memory-pressure and retirement figures are the ``metrics()`` of the
-engine's sections (:mod:`amm_rules.engine.sections`), each named by its section's
-``METRICS`` table; the collector iterates the sections, so a new section's figures are
-published without a change here. The
+The paused-workers, memory-pressure, retirement, work-at-risk and protect figures are
+the ``metrics()`` of the engine's sections (:mod:`amm_rules.engine.sections`), each
+named by its section's ``METRICS`` table; the collector iterates the sections, so a new
+section's figures are published without a change here (a figure given as a mapping has
+a series per entry, under the label its table names: the work at risk per worker, for
+the 20 workers with the most and ``worker="(total)"``). The
 memory flow (:mod:`amm_rules.engine.state.flow`) has series per prefix for the top prefixes
 only (:func:`shown_prefixes`: bounded label cardinality) and totals over every prefix.
 
@@ -384,17 +388,23 @@ class _Families:
                 continue
             known = section.METRICS
             for figure, value in figures.items():
-                name, kind, doc = known.get(
+                spec = known.get(
                     figure,
                     (f"{section.metric_prefix}_{figure}", "gauge", f"{section.name}: {figure}"),
                 )
+                name, kind, doc = spec[:3]
+                # A figure that is a mapping has a series per key, under the spec's label.
+                label = spec[3] if len(spec) > 3 else None
                 family = self._extra.get(name)
                 if family is None:
                     factory = self._counter if kind == "counter" else self._gauge
-                    family = self._extra[name] = factory(
-                        self._name(name), doc, labels=["scheduler"]
-                    )
-                family.add_metric(where, value)
+                    labels = ["scheduler"] if label is None else ["scheduler", label]
+                    family = self._extra[name] = factory(self._name(name), doc, labels=labels)
+                if label is None:
+                    family.add_metric(where, value)
+                else:
+                    for at, v in value.items():
+                        family.add_metric([*where, str(at)], v)
 
     def all(self) -> Iterator[Any]:
         fixed = [v for k, v in vars(self).items() if not k.startswith("_") and k != "flow"]

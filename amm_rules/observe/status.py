@@ -286,6 +286,7 @@ WORKER_COLUMNS = (
     "fraction",
     "spilled",
     "role",
+    "at_risk",
 )
 
 
@@ -345,6 +346,8 @@ def _workers(policy: RulesPolicy) -> dict[str, Any]:
             for metrics in map(_METRICS, states)
         ],
         "role": list(map(roles.get, addresses)),
+        # Seconds of recompute each worker holds alone (the recompute costs' table).
+        "at_risk": [round(v or 0.0, 3) for v in map(policy.ctx.costs.at_risk.get, addresses)],
     }
     by_pool: dict[str, dict[str, Any]] = {}
     for address, names, m, x in zip(addresses, pools, memory, limits, strict=True):

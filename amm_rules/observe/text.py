@@ -124,6 +124,7 @@ def _render_engine(report: Mapping[str, Any]) -> list[str]:
     out += _render_departures(report)
     out += _render_flow(report.get("memory_flow"))
     out += _render_pressure(report.get("memory_pressure"))
+    out += _render_recompute(report.get("recompute"), report.get("protect"))
     r = report["rebalance"]
     if not r.get("enabled") and not r.get("in_flight"):
         out.append("rebalance    off")
@@ -226,6 +227,44 @@ def _render_pressure(pressure: Mapping[str, Any] | None) -> list[str]:
     return out
 
 
+def _render_recompute(
+    recompute: Mapping[str, Any] | None, protect: Mapping[str, Any] | None
+) -> list[str]:
+    """Work at risk (the workers with the most) and the protect section."""
+    from dask.utils import format_bytes
+
+    from amm_rules.engine.sections.costs import format_seconds
+
+    out = []
+    if recompute:
+        workers = recompute.get("workers") or []
+        top = ", ".join(
+            f"{w['worker']} {format_seconds(w['seconds'])} ({w['keys']:,} keys)"
+            for w in workers[:3]
+        )
+        out.append(
+            f"at risk      {format_seconds(recompute['total_seconds'])} of recompute on "
+            f"{recompute['workers_at_risk']:,} workers holding keys alone"
+            + (f"; most: {top}" if top else "")
+        )
+    if not protect:
+        out.append("protect      no protect section")
+        return out
+    state = "budget exhausted" if protect["budget_exhausted"] else "within budget"
+    out.append(
+        f"protect      {protect['keys']:,} keys ({protect['keys_held']:,} holding "
+        f"{protect['copies']} copies), {format_bytes(protect['held_bytes'])} of "
+        f"{format_bytes(protect['budget_bytes'])} budget ({protect['budget']}), {state}"
+    )
+    out.append(
+        f"  {format_seconds(protect['seconds_protected'])} of recompute protected, "
+        f"{format_seconds(protect['seconds_at_risk'])} left at risk; "
+        f"{protect['left_out']:,} candidates left out "
+        f"({format_seconds(protect['left_out_seconds'])})"
+    )
+    return out
+
+
 def signed_bytes(n: float | None) -> str:
     """``+16.00 MiB``, ``-7.63 MiB``; ``-`` for None."""
     from dask.utils import format_bytes
@@ -322,6 +361,20 @@ def _render_one(name: str, a: Mapping[str, Any]) -> str:
             f"  kind     {signed_bytes(flow['net_per_task'])} per task over {flow['tasks']:,} "
             f"tasks ({format_bytes(flow['produced'])} produced, "
             f"{format_bytes(flow['freed_by'])} freed by finishing)"
+        )
+    recompute = a.get("recompute")
+    if recompute:
+        alone = recompute.get("sole_holder")
+        lines.append(
+            f"  recompute  {recompute['text']} ({recompute['source']})"
+            + (f"; only copy on {alone}" if alone else "")
+        )
+    protect = a.get("protect")
+    if protect:
+        lines.append(
+            f"  protect  {protect['copies']} copies kept"
+            if protect.get("protected")
+            else f"  protect  not protected: {protect['why']}"
         )
     if facts["annotations"]:
         lines.append(f"  annotations  {facts['annotations']}")

@@ -32,6 +32,7 @@ from amm_rules.language.diagnostics import Diagnostic
 from amm_rules.language.fields import (
     ActionError,
     UnitError,
+    parse_duration,
     parse_size,
     parse_target,
 )
@@ -158,6 +159,12 @@ _KEY_FIXTURE = {
             "description": "Dependents still to run (reduce-replicas keeps a copy each).",
             "type": "integer",
             "minimum": 0,
+        },
+        "recompute": {
+            "description": "Seconds its task computed (a duration like '20 min', or a "
+            "number of seconds): what task.recompute_seconds and protect read, as the "
+            "scheduler would have measured it. Default: not measured (null).",
+            "type": ["string", "number"],
         },
         "count": {
             "description": "This many keys, '{i}' in the key replaced by 0, 1, 2...",
@@ -312,6 +319,8 @@ class KeyFixture:
     target: Target | None
     waiters: int
     path: Path
+    #: Seconds its task computed, if the case says (``recompute``).
+    recompute: float | None = None
 
 
 @dataclass
@@ -544,6 +553,15 @@ class _Builder:
             self.error(path, f"{path[-1]}: {exc}", exc.code)
             return 0
 
+    def seconds(self, value: Any, path: Path) -> float | None:
+        if self.skip(path):
+            return None
+        try:
+            return parse_duration(value)
+        except UnitError as exc:
+            self.error(path, f"{path[-1]}: {exc}", exc.code)
+            return None
+
     def target(self, value: Any, path: Path) -> Target | None:
         try:
             return parse_target(value, str(path[-1]))
@@ -677,6 +695,9 @@ class _CaseBuilder:
                 if "target" in k and not self.b.skip((*at, "target"))
                 else None
             )
+            recompute = (
+                self.b.seconds(k["recompute"], (*at, "recompute")) if "recompute" in k else None
+            )
             count = field(k, at, "count", int)
             raw = field(k, at, "key", (str, list))
             if raw is None:
@@ -713,6 +734,7 @@ class _CaseBuilder:
                         target=target,
                         waiters=k.get("waiters", 0),
                         path=at,
+                        recompute=recompute,
                     )
                 )
         return out

@@ -210,6 +210,8 @@ def kill_workers(sim: Any, victims: list[str]) -> Any:
     from amm_rules.offline.report import KillReport, governing_label
 
     governed = dict(sim.desired)
+    at_risk = sim.ctx.costs.at_risk
+    recompute = {a: at_risk.get(a, 0.0) for a in victims}
     lost = sim.kill(victims)
     below = [
         (ts.key, governing_label(d), lo, len(ts.who_has or ())) for ts, d, lo in sim.below_target()
@@ -221,6 +223,7 @@ def kill_workers(sim: Any, victims: list[str]) -> Any:
             for ts in lost
         ],
         below=below,
+        recompute=recompute,
     )
 
 

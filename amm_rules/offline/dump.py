@@ -107,6 +107,19 @@ class TaskRecord:
     resources: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class GroupRecord:
+    """One task group as the scheduler saw it (for the recompute estimates)."""
+
+    name: str
+    #: Seconds its tasks computed (``all_durations["compute"]``).
+    compute: float = 0.0
+    #: Its tasks per state.
+    states: dict[str, int] = field(default_factory=dict)
+    #: Names of the groups it depends on.
+    dependencies: tuple[str, ...] = ()
+
+
 @dataclass
 class ClusterState:
     """A cluster at one moment: from a dump, a running scheduler or a test fixture."""
@@ -123,6 +136,8 @@ class ClusterState:
     #: Where the runtime targets not set with ``amm_rules.replicate`` came from: key ->
     #: ``"client.replicate"`` or ``"scatter broadcast"``.
     runtime_origins: dict[Key, str] = field(default_factory=dict)
+    #: Task groups by name (empty for a dump without them).
+    groups: dict[str, GroupRecord] = field(default_factory=dict)
 
     def in_memory(self) -> Iterable[TaskRecord]:
         return (t for t in self.tasks.values() if t.state == "memory" and t.who_has)
@@ -226,9 +241,10 @@ def gunzip(raw: bytes, name: str, max_bytes: int = MAX_DUMP_BYTES) -> bytes:
 
 
 #: The parts of ``scheduler`` a dump is read for; the rest (the transition log, events,
-#: clients, task groups...) is skipped unread in msgpack dumps, where it is often most of
-#: the file. The workers' own states (top-level ``workers``) are skipped too.
-SCHEDULER_PARTS = frozenset({"address", "id", "workers", "tasks", "memory"})
+#: clients...) is skipped unread in msgpack dumps, where it is often most of the file.
+#: The workers' own states (top-level ``workers``) are skipped too. Task groups are
+#: read for their compute time, states and dependencies (the recompute estimates).
+SCHEDULER_PARTS = frozenset({"address", "id", "workers", "tasks", "memory", "task_groups"})
 #: The engine's own part of a dump (``scheduler.extensions``), the one extension read.
 ENGINE_EXTENSION = "amm-rules"
 
@@ -416,8 +432,33 @@ def parse_state(data: Any, source: str) -> ClusterState:
     for worker in state.workers.values():
         worker.has_what = [k for k in worker.has_what if k in state.tasks]
     state.runtime, state.runtime_origins = _runtime_targets(scheduler)
+    state.groups = _groups(scheduler.get("task_groups"), refs)
     state.warnings.extend(refs.warnings())
     return state
+
+
+def _groups(entries: Any, refs: _Refs) -> dict[str, GroupRecord]:
+    """The task groups of a dump: compute seconds, states, dependencies; entries of
+    another shape are left out (the estimates are then unknown for their keys)."""
+    out: dict[str, GroupRecord] = {}
+    for name, entry in entries.items() if isinstance(entries, Mapping) else ():
+        if not isinstance(entry, Mapping):
+            continue
+        durations = entry.get("all_durations")
+        compute = durations.get("compute") if isinstance(durations, Mapping) else None
+        states = entry.get("states")
+        deps = entry.get("dependencies")
+        out[str(name)] = GroupRecord(
+            str(name),
+            float(compute) if isinstance(compute, (int, float)) else 0.0,
+            {
+                str(k): int(v)
+                for k, v in (states.items() if isinstance(states, Mapping) else ())
+                if isinstance(v, int)
+            },
+            tuple(n for d in (deps if isinstance(deps, list) else ()) if (n := refs.named(d))),
+        )
+    return out
 
 
 def _runtime_targets(

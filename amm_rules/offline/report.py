@@ -41,6 +41,9 @@ class KillReport:
     lost: list[tuple[Hashable, int, str | None]] = field(default_factory=list)
     #: Governed keys below their target's minimum after the kill: (key, label, min, copies).
     below: list[tuple[Hashable, str, int, int]] = field(default_factory=list)
+    #: Per worker killed, the seconds of recompute its keys held alone stand for (its
+    #: work at risk before the kill; absent where the dump recorded no compute time).
+    recompute: dict[str, float] = field(default_factory=dict)
 
 
 def labels(desired: Desired) -> set[str]:
@@ -104,6 +107,9 @@ def simulation_report(
             for w, why in sorted(s.misplaced.items())
         ],
         "killed": kill.workers if kill is not None else [],
+        "recompute_lost": (
+            {a: round(v, 3) for a, v in kill.recompute.items()} if kill is not None else {}
+        ),
         "lost": [{"key": key_string(k), "bytes": n, "rule": label} for k, n, label in kill.lost]
         if kill is not None
         else [],
@@ -333,7 +339,12 @@ def kill_lines(report: Mapping[str, Any]) -> list[str]:
     if not report["killed"]:
         return []
     lost = report["lost"]
+    from amm_rules.engine.sections.costs import format_seconds
+
     lines = [f"killed: {plural(len(report['killed']), 'worker')}: {', '.join(report['killed'])}"]
+    for address, seconds in (report.get("recompute_lost") or {}).items():
+        if seconds > 0:
+            lines.append(f"losing {address} costs ≈ {format_seconds(seconds)} of recompute")
     if lost:
         lines.append(
             f"DATA LOSS: {plural(len(lost), 'key')} "

@@ -24,7 +24,13 @@ from amm_rules.engine.decide.view import key_string
 from amm_rules.language.diagnostics import Diagnostic
 from amm_rules.language.ruleset import Desired, Target
 from amm_rules.offline.casefile import Case, TestFile, read_test_file
-from amm_rules.offline.dump import ClusterState, TaskRecord, WorkerRecord, prefix_of
+from amm_rules.offline.dump import (
+    ClusterState,
+    GroupRecord,
+    TaskRecord,
+    WorkerRecord,
+    prefix_of,
+)
 from amm_rules.offline.sim_cluster import SimCluster
 from amm_rules.offline.simulate import DEFAULT_INTERVAL, DEFAULT_MEASURE, Result, Simulation
 
@@ -145,6 +151,12 @@ def cluster_of(test: TestFile, case: Case) -> ClusterState:
         )
         for w in waiters:
             state.tasks[w] = TaskRecord(key=w, state="waiting", prefix="waiter", group="waiter")
+        if k.recompute is not None:
+            # As the scheduler records a task group: its compute seconds and states.
+            name = state.tasks[k.key].group
+            group = state.groups.setdefault(name, GroupRecord(name))
+            group.compute += k.recompute
+            group.states["memory"] = group.states.get("memory", 0) + 1
         for h in k.holders:
             held[h].append(k.key)
             managed[h] += k.nbytes

@@ -27,7 +27,7 @@ from distributed.core import Status
 from distributed.scheduler import MemoryState
 
 from amm_rules.engine.adapters import DEFAULT_SPAN, span_path
-from amm_rules.offline.dump import ClusterState, TaskRecord, WorkerRecord
+from amm_rules.offline.dump import ClusterState, GroupRecord, TaskRecord, WorkerRecord
 
 #: Task states of work not done yet (for a span's state).
 _TO_RUN = frozenset({"waiting", "queued", "processing", "no-worker"})
@@ -115,7 +115,7 @@ class SimTask:
         "resource_restrictions",
     )
 
-    def __init__(self, record: TaskRecord, prefix: Named, group: Named):
+    def __init__(self, record: TaskRecord, prefix: Named, group: SimGroup):
         self.key = record.key
         self.state = record.state
         self.prefix = prefix
@@ -133,6 +133,29 @@ class SimTask:
         return f"<SimTask {self.key!r} {self.state}>"
 
 
+class SimGroup:
+    """A ``TaskGroup`` of a recorded cluster: its name, and what the recompute estimates
+    read (:mod:`amm_rules.engine.state.costs`): compute seconds, tasks per state,
+    dependency groups, its prefix (no average duration: a dump has none)."""
+
+    __slots__ = ("name", "prefix", "states", "all_durations", "dependencies", "span_id")
+
+    def __init__(self, name: str, prefix: Named, record: GroupRecord | None):
+        self.name = name
+        self.prefix = prefix
+        #: The group's span (here the span's path, which stands for its id).
+        self.span_id: str | None = None
+        self.states: dict[str, int] = dict(record.states) if record is not None else {}
+        self.all_durations = {"compute": record.compute} if record and record.compute else {}
+        self.dependencies: set[SimGroup] = set()
+
+    def __len__(self) -> int:
+        return sum(self.states.values())
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
 class SimCluster:
     """The scheduler of a recorded cluster: ``tasks``, ``workers`` and what the Active
     Memory Manager calls. Transfers it is asked for are kept until :meth:`enact`."""
@@ -146,14 +169,17 @@ class SimCluster:
         self.tasks: dict[Key, SimTask] = {}
         names: dict[str, Named] = {}
         #: Group name -> its group, as the scheduler's ``task_groups``.
-        self.task_groups: dict[str, Named] = {}
+        self.task_groups: dict[str, SimGroup] = {}
         for record in state.tasks.values():
             prefix = names.setdefault(record.prefix, Named(record.prefix))
-            group = names.setdefault(record.group, Named(record.group))
-            self.task_groups[record.group] = group
+            group = self.task_groups.get(record.group)
+            if group is None:
+                group = SimGroup(record.group, prefix, state.groups.get(record.group))
+                self.task_groups[record.group] = group
             self.tasks[record.key] = SimTask(record, prefix, group)
             if group.span_id is None:
                 group.span_id = span_path(self.tasks[record.key])
+        self._link_groups(state)
         self._link(state)
         #: Keys whose copies changed since :meth:`take_touched`.
         self.touched: set[Key] = set()
@@ -163,6 +189,20 @@ class SimCluster:
         }
         #: Transfers the AMM asked for: (op, worker address, key).
         self.requested: list[tuple[str, str, Key]] = []
+
+    def _link_groups(self, state: ClusterState) -> None:
+        """Dependencies between groups, and the states of groups the dump did not
+        record (counted from their tasks)."""
+        groups = self.task_groups
+        for name, group in groups.items():
+            record = state.groups.get(name)
+            if record is not None:
+                group.dependencies = {groups[d] for d in record.dependencies if d in groups}
+        if any(name not in state.groups for name in groups):
+            for ts in self.tasks.values():
+                of = ts.group
+                if of.name not in state.groups:
+                    of.states[ts.state] = of.states.get(ts.state, 0) + 1
 
     def _link(self, state: ClusterState) -> None:
         workers, tasks = self.workers, self.tasks

@@ -12,6 +12,10 @@ can run, in the policy's order, on the same :class:`~amm_rules.engine.sections.b
   classifier, the key index, placements, the planner, dry-run, the in-flight and
   back-off bookkeeping, copies lost with dead workers given up);
 - rebalancing (:class:`~amm_rules.engine.sections.rebalance.RebalanceSection`);
+- the recompute estimates and ``protect:``
+  (:class:`~amm_rules.engine.sections.costs.RecomputeCostsSection`,
+  :class:`~amm_rules.engine.sections.protect.ProtectSection`), from the task groups the
+  dump recorded (compute seconds, states, dependencies);
 - reduce-replicas (:class:`~amm_rules.engine.sections.reduce_replicas.ReduceReplicasSection`).
 
 Nothing of the cycle is written twice: what the simulation did is read from the
@@ -54,6 +58,8 @@ from amm_rules.engine.dryrun import HELD_BACK, DryRun
 from amm_rules.engine.events import EventLog
 from amm_rules.engine.rebalance.rebalancer import Rebalancer
 from amm_rules.engine.sections import SECTIONS, Cycle
+from amm_rules.engine.sections.costs import RecomputeCostsSection
+from amm_rules.engine.sections.protect import ProtectSection
 from amm_rules.engine.sections.rebalance import RebalanceSection
 from amm_rules.engine.sections.reduce_replicas import ReduceReplicasSection
 from amm_rules.engine.sections.replication import Replication
@@ -191,7 +197,13 @@ class Simulation:
     """The engine's cycle on a :class:`SimCluster` (see the module docstring)."""
 
     #: The sections the simulation runs: the engine's own, on the recorded cluster.
-    SECTIONS = (Replication, RebalanceSection, ReduceReplicasSection)
+    SECTIONS = (
+        RecomputeCostsSection,
+        Replication,
+        RebalanceSection,
+        ProtectSection,
+        ReduceReplicasSection,
+    )
 
     def __init__(
         self,
@@ -233,6 +245,11 @@ class Simulation:
         for section in self.sections:
             section.configure(ruleset, ctx.dry_run)
             section.attach(ctx)
+        # The recompute estimates of the keys in memory, and who holds which alone (once
+        # the sections said whether the costs keep keys per group).
+        costs = ctx.costs
+        costs.seed(list(cluster.in_memory()), track=costs.track_keys)
+        costs.refresh(cluster.task_groups)
         #: A pool reads worker memory: pools change as copies land; plan every key.
         self._volatile = any(
             not VOLATILE_WORKER_ATTRIBUTES.isdisjoint(p.depends) for p in ruleset.pools.values()

@@ -251,6 +251,16 @@ MEANING: dict[str, list[tuple[Any, bool]]] = {
         (task(nbytes=3 * GiB // 2), True),
         (task(nbytes=3 * GiB // 2 - 1), False),
     ],
+    "task.recompute_seconds > 10 min": [
+        (task(recompute_seconds=601.0), True),
+        (task(recompute_seconds=600.0), False),
+        (task(recompute_seconds=None), False),  # unknown: any comparison is false
+    ],
+    "task.recompute_seconds >= 30s and task.nbytes < 64 MiB": [
+        (task(recompute_seconds=30.0, nbytes=MiB), True),
+        (task(recompute_seconds=29.5, nbytes=MiB), False),
+        (task(recompute_seconds=3600.0, nbytes=64 * MiB), False),
+    ],
     "task.nbytes < 512MiB": [(task(nbytes=512 * MiB - 1), True), (task(nbytes=512 * MiB), False)],
     "task.nbytes > 250000000": [
         (task(nbytes=250_000_001), True),

@@ -530,3 +530,43 @@ def test_the_docs_show_the_page():
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
     assert width >= 1200 and height >= 800
+
+
+def _stage_work(i: int) -> bytes:
+    import time as _time
+
+    _time.sleep(0.2)  # work: a task that computes for a while
+    return bytes(1000 + i)
+
+
+@gen_cluster(
+    client=True,
+    scheduler_kwargs=PAGE,
+    # A budget too small for any key: each stays on one worker.
+    config=amm_config({"version": 1, "protect": {"budget": "500 B", "min-recompute": "0.1s"}}),
+    timeout=90,
+)
+async def test_the_work_at_risk_bars_follow_the_sole_copies(c, s, a, b):
+    futures = c.map(_stage_work, range(3), key=[f"w-{i}" for i in range(3)], workers=[a.address])
+    await c.gather(futures)
+    policy = policy_of(s)
+    costs = policy.ctx.costs
+    await wait_for(lambda: costs.at_risk.get(a.address, 0) > 0.3, "a holding work at risk")
+    page = RulesPage(s)
+    Document().add_root(page.root)
+    page.update()
+    chart = page.at_risk
+    bars = dict(zip(chart.source.data["address"], chart.source.data["seconds"], strict=True))
+    assert bars[a.address] == pytest.approx(costs.at_risk[a.address], abs=1e-3)
+    assert bars[b.address] == 0.0
+    assert "protect keeps 0 keys" in chart.root.title.text
+    assert policy.ctx.protected == {}
+    # A second copy of every key: nothing is at risk any more.
+    await c.replicate(futures, n=2)
+    await wait_for(lambda: costs.at_risk.get(a.address, 0) < 1e-6, "nothing held alone")
+
+    def drawn_zero() -> bool:
+        page.update()  # the report is shared for half a second: drawn once it is new
+        return set(chart.source.data["seconds"]) == {0.0}
+
+    await wait_for(drawn_zero, "the bars at zero")

@@ -291,7 +291,7 @@ def test_every_problem_in_one_pass_beside_the_schemas(project: Path) -> None:
         "memory-limit: unknown size unit 'GiBs'; did you mean 'GiB'? (in worker '#2')",
         "unknown worker 'z' (in case 'one')",
         "unknown field 'colour'; expected one of key, holders, nbytes, prefix, group, type, "
-        "annotations, target, waiters, count (in case 'one')",
+        "annotations, target, waiters, recompute, count (in case 'one')",
         "unknown host 'h9' (in case 'one')",
         "unknown field 'colour'; expected one of workers, hosts, pools (in case 'one')",
         "key 'x-9' is not among the case's keys (in case 'one')",

@@ -86,13 +86,17 @@ FIND_JS = """
       if (node.shadowRoot) walk(node.shadowRoot);
       if (node.textContent.trim() === wanted) {
         const r = node.getBoundingClientRect();
-        if (r.width > 0 && r.height > 0) best = {x: r.x + r.width / 2, y: r.y + r.height / 2};
+        if (r.width > 0 && r.height > 0) best = node;
       }
     }
     for (const child of node.childNodes) walk(child);
   };
   walk(document);
-  return best;
+  if (best === null) return null;
+  // Below the fold, a mouse event at its place would hit nothing: scroll it into view.
+  best.scrollIntoView({block: "center"});
+  const r = best.getBoundingClientRect();
+  return {x: r.x + r.width / 2, y: r.y + r.height / 2};
 })(%s)
 """
 

@@ -228,11 +228,14 @@ class Classifier:
         reads: Mapping[Hashable, int] | None = None,
         flow: Mapping[str, Any] | None = None,
         spans: Any = None,
+        costs: Mapping[Any, float] | None = None,
     ):
         #: The ruleset as loaded (what status and explain report).
         self.ruleset = ruleset
         #: The state of spans (``task.span_done``: ``spans.done_of(ts)``), or None.
         self.spans = spans
+        #: task group -> its published recompute estimate (``task.recompute_seconds``).
+        self.costs = costs
         #: What ``task.reads`` reads (see :class:`~amm_rules.engine.state.demand.DemandTracker`).
         self._reads = reads
         #: prefix -> its published memory-flow figures (``task.prefix_*``), or None.
@@ -283,7 +286,7 @@ class Classifier:
         cascade = self._cascades.get(memo_key)
         if cascade is not None and cascade.desired is not None:
             return cascade.desired
-        facts = TaskFactsAdapter(ts, self._reads, self.flow, self.spans)
+        facts = TaskFactsAdapter(ts, self._reads, self.flow, self.spans, self.costs)
         if cascade is None:
             cascade = self._cascade(facts, annotation, runtime)
             if len(self._cascades) >= MEMO_LIMIT:
@@ -374,7 +377,7 @@ class Classifier:
                 desired = cascade.desired
                 if desired is None:
                     desired = cascade.resolve(
-                        TaskFactsAdapter(ts, self._reads, self.flow, self.spans)
+                        TaskFactsAdapter(ts, self._reads, self.flow, self.spans, self.costs)
                     )
             if desired is UNGOVERNED:
                 if any_indexed and ts.key in indexed:
@@ -402,7 +405,7 @@ class Classifier:
         memo_key = (self._class_of(ts), annotation, target)
         cascade = self._cascades.get(memo_key)
         if cascade is None:
-            facts = TaskFactsAdapter(ts, self._reads, self.flow, self.spans)
+            facts = TaskFactsAdapter(ts, self._reads, self.flow, self.spans, self.costs)
             cascade = self._cascade(facts, annotation, target)
             if len(self._cascades) >= MEMO_LIMIT:
                 self._cascades.clear()

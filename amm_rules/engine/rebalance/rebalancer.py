@@ -108,6 +108,8 @@ class Rebalancer:
         self.reads: Mapping[Key, int] | None = None
         #: prefix -> published memory-flow figures, for a match reading ``task.prefix_*``.
         self.flow: Mapping[str, Any] | None = None
+        #: task group -> its published recompute estimate (``task.recompute_seconds``).
+        self.costs: Mapping[Any, float] | None = None
 
     def __repr__(self) -> str:
         state = "enabled" if self.settings.enabled else "disabled"
@@ -467,7 +469,7 @@ class Rebalancer:
                 return READ_SOON
             if match is not None:
                 try:
-                    if not match(TaskFactsAdapter(ts, self.reads, self.flow)):
+                    if not match(TaskFactsAdapter(ts, self.reads, self.flow, costs=self.costs)):
                         return "outside rebalance.match"
                 except Exception as exc:
                     if self._on_match_error is not None:

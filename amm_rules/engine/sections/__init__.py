@@ -9,6 +9,9 @@ explain and the metrics list them:
 2. ``memory-flow``: publishes what each prefix produced and freed (:mod:`.memory_flow`),
    before classification (rules may read it); ``spans``: which spans finished
    (:mod:`.spans`, ``task.span_done``), before classification too;
+   ``recompute-costs``: refreshes what each key would cost to compute again and the
+   work at risk per worker (:mod:`.costs`), before classification too
+   (``task.recompute_seconds``);
 3. ``memory-pressure``: keeps its periodic check running (:mod:`.memory_pressure`);
 4. ``replication``: classification, then each governed key's target and placement
    (:mod:`.replication`); ``rule-activity``: which rules governed a key since they
@@ -18,8 +21,11 @@ explain and the metrics list them:
    loads they add);
 6. ``rebalance``: moves between workers (:mod:`.rebalance`), after replication, so that
    its copies count in the loads and its keys stay put;
+   ``protect``: extra copies of the dearest keys within a memory budget
+   (:mod:`.protect`), after replication (a key's own target wins) and before
+   reduce-replicas, which spares what it protects;
 7. ``reduce-replicas``: the stock reduction for keys no rule governs
-   (:mod:`.reduce_replicas`), last, sparing keys mid-move;
+   (:mod:`.reduce_replicas`), last, sparing keys mid-move and protected copies;
 8. ``retirement``, ``legacy-replicate``, ``demand``, ``departures``: nothing to do in a
    cycle; they act through scheduler hooks (:mod:`.retirement`, :mod:`.legacy`,
    :mod:`.departures`) or report (:mod:`.demand`).
@@ -33,12 +39,14 @@ from __future__ import annotations
 from amm_rules.engine.sections.activity import RuleActivity
 from amm_rules.engine.sections.audit import AuditSection
 from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.engine.sections.costs import RecomputeCostsSection
 from amm_rules.engine.sections.demand import DemandSection
 from amm_rules.engine.sections.departures import WorkerDepartures
 from amm_rules.engine.sections.legacy import LegacyCalls
 from amm_rules.engine.sections.memory_flow import MemoryFlowSection
 from amm_rules.engine.sections.memory_pressure import MemoryPressure
 from amm_rules.engine.sections.paused_workers import PausedWorkers
+from amm_rules.engine.sections.protect import ProtectSection
 from amm_rules.engine.sections.rebalance import RebalanceSection
 from amm_rules.engine.sections.reduce_replicas import ReduceReplicasSection
 from amm_rules.engine.sections.replication import Replication
@@ -50,11 +58,13 @@ SECTIONS: tuple[type[Section], ...] = (
     AuditSection,
     MemoryFlowSection,
     SpansSection,
+    RecomputeCostsSection,
     MemoryPressure,
     Replication,
     RuleActivity,
     PausedWorkers,
     RebalanceSection,
+    ProtectSection,
     ReduceReplicasSection,
     Retirements,
     LegacyCalls,

@@ -46,8 +46,9 @@ if TYPE_CHECKING:
     from amm_rules.engine.features import Feature
     from amm_rules.language.ruleset import Ruleset
 
-#: A metric's definition: (name under ``dask_amm_rules_``, ``gauge`` or ``counter``, help).
-MetricSpec = tuple[str, str, str]
+#: A metric's definition: (name under ``dask_amm_rules_``, ``gauge`` or ``counter``, help),
+#: and, for a figure that is a mapping (label value -> value), the name of its label.
+MetricSpec = tuple[str, ...]
 
 
 class Cycle:
@@ -145,6 +146,7 @@ class Section:
         in memory or not; plain data, or None)."""
         return None
 
-    def metrics(self) -> Mapping[str, float]:
-        """Counters and gauges for a metrics collector (see :attr:`METRICS`)."""
+    def metrics(self) -> Mapping[str, Any]:
+        """Counters and gauges for a metrics collector (see :attr:`METRICS`): numbers,
+        or for a figure whose spec names a label, label value -> number."""
         return {}

@@ -47,6 +47,7 @@ class RebalanceSection(Section):
         super().attach(ctx)
         self.rebalancer.reads = ctx.index.demand.reads
         self.rebalancer.flow = ctx.flow.published
+        self.rebalancer.costs = ctx.costs.published
 
     @property
     def moving(self) -> Collection[Hashable]:

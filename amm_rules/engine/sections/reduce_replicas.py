@@ -6,7 +6,9 @@ the rules file's ``reduce-replicas`` is on. :meth:`ReduceReplicasSection.run` re
 the :func:`reduce_replicas` generator itself, for the policy to delegate to directly:
 every suggestion passes through each generator between the AMM and the one yielding it,
 and this one yields a drop per excess copy (120,000 per cycle at a million keys in the
-scale benchmark). It runs after the rebalance section, and spares the keys mid-move.
+scale benchmark). It runs after the rebalance and protect sections, spares the keys
+mid-move, and leaves a protected key its copies (the ``protect:`` section's, one per host
+first: :func:`~amm_rules.engine.adapters.kept_copies`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 from distributed.active_memory_manager import Suggestion
 
-from amm_rules.engine.adapters import stock_waiter_count
+from amm_rules.engine.adapters import kept_copies, stock_waiter_count
 from amm_rules.engine.decide.plan import DEFAULT_SOURCE, reduce_replicas_excess
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.sections.rebalance import RebalanceSection
@@ -45,6 +47,7 @@ def reduce_replicas(
     moving: Collection[Hashable],
     stats: dict[str, Counter[str]],
     now: float = 0.0,
+    protected: Mapping[Hashable, int] | None = None,
 ) -> Generator[Suggestion, Any, None]:
     """The stock ReduceReplicas, for keys nobody governs: keep one copy plus one per
     worker where waiters of the key run (see :func:`~amm_rules.engine.adapters.stock_waiter_count`),
@@ -99,6 +102,12 @@ def reduce_replicas(
         if excess <= 0:
             continue
         drop = drop_suggestion(ts)
+        if protected and key in protected:
+            kept = kept_copies(who_has, protected[key])
+            excess = min(excess, len(who_has) - len(kept))
+            if excess <= 0:
+                continue
+            drop = Suggestion("drop", ts, {ws for ws in who_has if ws.address not in kept})
         if last_read and key in last_read:
             held = demand.held_copies(ts, now)
             if held:
@@ -126,4 +135,6 @@ class ReduceReplicasSection(Section):
             return ()
         rebalance = ctx.find(RebalanceSection)
         moving = rebalance.moving if rebalance is not None else ()
-        return reduce_replicas(ctx.index, ctx.manager.pending, moving, cycle.stats, ctx.clock())
+        return reduce_replicas(
+            ctx.index, ctx.manager.pending, moving, cycle.stats, ctx.clock(), ctx.protected
+        )

@@ -21,13 +21,17 @@ hot paths):
   governed key is checked once (so a target of ``all`` reaches a worker that joined
   within one cycle);
 - the same transition hook feeds the :class:`~amm_rules.engine.state.demand.DemandTracker`
-  (reads and waiters of keys), when the rules read demand, and the
+  (reads and waiters of keys), when the rules read demand, the
   :class:`~amm_rules.engine.state.flow.MemoryFlow` (keys entering and leaving memory, with
   their tasks), when the policy gives it one;
 - ``log_event``: a worker's status changed (retiring, resumed after a pause);
 - the same ``remove_replica`` wrapper and ``remove_worker`` hook tally, per worker
   leaving, the keys that fell below their target and those that lost their last copy
   (:class:`~amm_rules.engine.state.departures.Departures`, :attr:`KeyIndex.departing`).
+- for the :class:`~amm_rules.engine.state.costs.RecomputeCosts` the transition hook
+  sets a flag (:attr:`~KeyIndex.memory_changed`), and hands it the keys entering and
+  leaving memory only while it keeps them per group; the replica wrappers tell the
+  costs which worker holds a key's only copy;
 
 Workers leaving, joining, retiring or resuming, governed keys falling below their
 target, the engine's own copies landing above a target's ``max`` (a move), tasks
@@ -61,6 +65,7 @@ from amm_rules.language.ruleset import ALL, Desired, RuntimeTarget
 if TYPE_CHECKING:
     from amm_rules.engine.decide.classify import Batch, Classifier
     from amm_rules.engine.decide.plan import KeyPlan
+    from amm_rules.engine.state.costs import RecomputeCosts
     from amm_rules.engine.state.flow import MemoryFlow
 
 #: Reads a task's size (one copy's bytes; -1 while unknown).
@@ -133,6 +138,12 @@ class KeyIndex(SchedulerPlugin):
         self.demand = DemandTracker()
         #: The memory flow this hook feeds (keys entering and leaving memory), if any.
         self.flow: MemoryFlow | None = None
+        #: The recompute costs the replica wrappers feed (sole copies), if any; the
+        #: same while it keeps keys per group (the transition hook feeds it then).
+        self.costs: RecomputeCosts | None = None
+        self.costs_kept: RecomputeCosts | None = None
+        #: A key entered or left memory since the recompute costs last looked.
+        self.memory_changed = False
         #: Told of scattered keys (``update_data``): ``on_scatter(keys, already_in_memory)``.
         self.on_scatter: Callable[[Iterable[Hashable], set[Hashable]], None] | None = None
         #: Addresses of the workers retiring (from their status changes), until they
@@ -182,6 +193,15 @@ class KeyIndex(SchedulerPlugin):
             flow = self.flow
             if flow is not None and ts is not None:
                 flow.entered(key, ts, start, stimulus_id)
+            # The recompute estimates read the scheduler's own figures per task group
+            # when next refreshed; only while keys are kept per group is each counted.
+            self.memory_changed = True
+            kept = self.costs_kept
+            if kept is not None and ts is not None:
+                if start == "processing":
+                    kept.finished(ts)
+                else:
+                    kept.entered(ts)
             if self.retiring and kwargs.get("worker") in self.retiring:
                 # A task that was running there when its retirement started finished:
                 # the retirement waits until a cycle has planned where its key goes.
@@ -193,6 +213,10 @@ class KeyIndex(SchedulerPlugin):
                 ts = self.tasks.get(key)
                 if ts is not None:
                     flow.left(key, ts, stimulus_id)
+            self.memory_changed = True  # the estimates of its dependents move
+            kept = self.costs_kept
+            if kept is not None and (ts := self.tasks.get(key)) is not None:
+                kept.left(ts)
         elif finish == "forgotten" and self.runtime:
             # A target set on a key still to compute (amm_rules.persist) that never
             # reached memory.
@@ -221,6 +245,8 @@ class KeyIndex(SchedulerPlugin):
         # key is next planned; every governed key is checked at the next cycle.
         retiring = worker in self.retiring
         self.retiring.discard(worker)
+        if self.costs is not None:
+            self.costs.worker_left(worker)  # its copies were removed before this hook
         self.workers_changed = True
         self.wake("worker-left")
         if self.active:
@@ -541,7 +567,6 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
     add_replica = scheduler.add_replica
     remove_replica = scheduler.remove_replica
     remove_all_replicas = scheduler.remove_all_replicas
-    update_data = scheduler.update_data
     desired = index.desired  # never rebound; index.touched is, so read it each time
 
     def add_replica_watched(ts: Any, ws: Any) -> None:
@@ -550,6 +575,8 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
         if not index.active:
             return
         held = len(ts.who_has)
+        if held <= 2 and held > before and (costs := index.costs) is not None:
+            costs.copy_added(ts, ws, held)  # a key's only copy, or no longer its only one
         if held > before and (wanted := desired.get(ts.key)) is not None:
             index.copies_changed(ts.key, 1)
             # The engine's own copy landed above the target's max: the first half of a
@@ -571,6 +598,8 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
         remove_replica(ts, ws)
         if not index.active:
             return
+        if (costs := index.costs) is not None and (left := len(ts.who_has or ())) <= 1:
+            costs.copy_removed(ts, ws, left)
         wanted = desired.get(ts.key)
         # remove_worker marks the worker closed before it removes its copies; a drop
         # leaves it running.
@@ -586,6 +615,30 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
             # Under ``all`` (a copy on every eligible worker) any copy lost is missed.
             if target is not None and (target.min == ALL or len(ts.who_has or ()) < target.min):
                 index.wake("copy-lost")
+
+    def remove_all_replicas_watched(ts: Any) -> None:
+        # A key leaving memory: its copies go here, before the transition hook forgets it.
+        if index.active and ts.who_has:
+            if ts.key in desired:
+                index.copies_changed(ts.key, -len(ts.who_has))
+            if len(ts.who_has) == 1 and (costs := index.costs) is not None:
+                costs.all_removed(ts)
+        remove_all_replicas(ts)
+
+    wrappers = {
+        "add_replica": add_replica_watched,
+        "remove_replica": remove_replica_watched,
+        "remove_all_replicas": remove_all_replicas_watched,
+        "update_data": _watch_update_data(scheduler, index),
+    }
+    return wrap_methods(scheduler, wrappers, {"update_data": "update_data"})
+
+
+def _watch_update_data(scheduler: Any, index: KeyIndex) -> Callable[..., Any]:
+    """The wrapper of ``update_data`` (see :func:`watch_scheduler`): scattered keys are
+    un-filed, then queued to be classified."""
+    update_data = scheduler.update_data
+    desired = index.desired
 
     def update_data_watched(*args: Any, **kwargs: Any) -> Any:
         who_has = kwargs.get("who_has")
@@ -609,19 +662,7 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
                 on_scatter(who_has, before)
         return result
 
-    def remove_all_replicas_watched(ts: Any) -> None:
-        # A key leaving memory: its copies go here, before the transition hook forgets it.
-        if index.active and ts.who_has and ts.key in desired:
-            index.copies_changed(ts.key, -len(ts.who_has))
-        remove_all_replicas(ts)
-
-    wrappers = {
-        "add_replica": add_replica_watched,
-        "remove_replica": remove_replica_watched,
-        "remove_all_replicas": remove_all_replicas_watched,
-        "update_data": update_data_watched,
-    }
-    return wrap_methods(scheduler, wrappers, {"update_data": "update_data"})
+    return update_data_watched
 
 
 #: Marks a key of the backlog that left memory (or was classified on its own).

@@ -14,7 +14,7 @@ from typing import Literal as TypingLiteral
 from amm_rules.language.records import record
 
 #: The kinds of literal, as written.
-LiteralKind = TypingLiteral["string", "number", "size", "fraction", "bool", "invalid"]
+LiteralKind = TypingLiteral["string", "number", "size", "duration", "fraction", "bool", "invalid"]
 #: Comparison operators.
 CompareOp = TypingLiteral["==", "!=", "<", "<=", ">", ">=", "in", "not in", "matches"]
 
@@ -54,9 +54,10 @@ class Attribute:
 
 @record(frozen=True)
 class Literal:
-    """A string, number, size, percentage or boolean, with its decoded value.
+    """A string, number, size, duration, percentage or boolean, with its decoded value.
 
-    Sizes are whole bytes (``int``), percentages are fractions (``30%`` is 0.3).
+    Sizes are whole bytes (``int``), durations seconds (``10 min`` is 600.0),
+    percentages are fractions (``30%`` is 0.3).
     ``kind == "invalid"`` marks a literal that already produced a problem; the
     checker then stays quiet about it.
     """

@@ -29,6 +29,7 @@ class ValueType(enum.Enum):
     STRING = "a string"
     COUNT = "a count"
     SIZE = "a size in bytes"
+    DURATION = "a duration in seconds"
     FRACTION = "a fraction between 0 and 1"
     #: A plain numeric literal, or a worker resource: fits any numeric type.
     NUMBER = "a number"
@@ -41,7 +42,7 @@ class ValueType(enum.Enum):
 
 
 NUMERIC: frozenset[ValueType] = frozenset(
-    {ValueType.COUNT, ValueType.SIZE, ValueType.FRACTION, ValueType.NUMBER}
+    {ValueType.COUNT, ValueType.SIZE, ValueType.DURATION, ValueType.FRACTION, ValueType.NUMBER}
 )
 
 #: How to write a value that fits each type: the end of a type-mismatch message.
@@ -49,6 +50,7 @@ HINTS: dict[ValueType, str] = {
     ValueType.STRING: "compare it with a quoted string such as 'x'",
     ValueType.COUNT: "compare it with a whole number such as 2",
     ValueType.SIZE: "compare it with a size such as 512 MiB",
+    ValueType.DURATION: "compare it with a duration such as 10 min or 30s",
     ValueType.FRACTION: "compare it with a percentage such as 30% or a number such as 0.3",
     ValueType.NUMBER: "compare it with a number such as 1",
     ValueType.BOOL: "compare it with true or false",
@@ -165,6 +167,14 @@ ATTRIBUTES: dict[Context, dict[str, AttributeSpec]] = {
                 _T.SIZE,
                 "produced minus freed-by per task of the key's prefix (negative for kinds "
                 "that free more than they make); null before the first",
+            ),
+            AttributeSpec(
+                "task",
+                "recompute_seconds",
+                _T.DURATION,
+                "compute seconds the scheduler would spend to bring the key back if every "
+                "copy were lost (its task group's measured time per task plus the ancestors "
+                "no longer in memory); null while unknown",
             ),
         )
     },

@@ -6,8 +6,8 @@ another), then hands the compiler what it learnt: the type of every node, the
 registry entry of every attribute (:mod:`amm_rules.language.expr.attributes`) and the
 precompiled matcher of every literal glob pattern (:mod:`amm_rules.language.expr.glob`).
 
-The typing rules, in short: numbers fit any numeric type, but sizes, counts and
-fractions do not fit each other; strings fit strings; ``true``/``false`` fit each
+The typing rules, in short: numbers fit any numeric type, but sizes, counts,
+fractions and durations do not fit each other; strings fit strings; ``true``/``false`` fit each
 other and cannot be ordered; annotations (type *any*) fit everything and are checked
 at run time; lists appear only on the right of ``in``/``not in``.
 """
@@ -40,6 +40,7 @@ _LITERAL_TYPES = {
     "string": ValueType.STRING,
     "number": ValueType.NUMBER,
     "size": ValueType.SIZE,
+    "duration": ValueType.DURATION,
     "fraction": ValueType.FRACTION,
     "bool": ValueType.BOOL,
     "invalid": ValueType.ERROR,

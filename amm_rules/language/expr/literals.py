@@ -1,9 +1,12 @@
-"""Decoding literal tokens: strings with escapes, numbers, sizes and percentages.
+"""Decoding literal tokens: strings with escapes, numbers, sizes, durations and
+percentages.
 
 :mod:`amm_rules.language.expr.parser` calls these on lark's tokens; a :class:`LiteralError`
 becomes a ``bad-literal`` or ``unknown-unit`` problem at the token (or at the exact
-escape inside a string). The size units are those of :mod:`amm_rules.language.fields`, so that
-``512 MiB`` means the same in an expression and in a YAML value.
+escape inside a string). The size and duration units are those of
+:mod:`amm_rules.language.fields`, so that ``512 MiB`` and ``10 min`` mean the same in an
+expression and in a YAML value. A number and a unit are one grammar rule (``NUMBER
+NAME``): the unit says whether the literal is a size or a duration.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import math
 from decimal import Decimal, InvalidOperation
 
 from amm_rules.language.expr.errors import BAD_LITERAL, UNKNOWN_UNIT
-from amm_rules.language.fields import SIZE_UNITS
+from amm_rules.language.fields import DURATION_UNITS, SIZE_UNITS
 from amm_rules.language.spelling import closest
 
 _ESCAPES = {"\\": "\\", '"': '"', "'": "'", "n": "\n", "t": "\t"}
@@ -66,17 +69,38 @@ def decode_number(token: str) -> int | float:
     return value
 
 
+def is_duration_unit(unit: str) -> bool:
+    """Whether ``unit`` makes a number a duration (``ms``, ``s``, ``m``, ``min``, ``h``)."""
+    return unit in DURATION_UNITS
+
+
 def decode_size(number: str, unit: str) -> int:
     """``("1.5", "GiB")`` → 1610612736 bytes, rounded down to whole bytes."""
     if unit not in SIZE_UNITS:
-        hint = closest(unit, SIZE_UNITS, ignore_case=True)
-        known = "units are " + ", ".join(SIZE_UNITS)
+        hint = closest(unit, [*SIZE_UNITS, *DURATION_UNITS], ignore_case=True)
+        # The units of the kind the hint is of; both kinds' when nothing is close.
+        if hint in SIZE_UNITS:
+            known = "units are " + ", ".join(SIZE_UNITS)
+        elif hint in DURATION_UNITS:
+            known = "duration units are " + ", ".join(DURATION_UNITS)
+        else:
+            known = (
+                f"size units are {', '.join(SIZE_UNITS)}; "
+                f"duration units are {', '.join(DURATION_UNITS)}"
+            )
         detail = f"did you mean {hint!r}? ({known})" if hint else known
         raise LiteralError(f"unknown unit {unit!r}; {detail}", code=UNKNOWN_UNIT)
     if number.startswith("-"):
         raise LiteralError(f"a size cannot be negative: {number} {unit}")
     # Decimal, not float: 1.1 kB is exactly 1100 bytes.
     return int(_decimal(number) * SIZE_UNITS[unit])
+
+
+def decode_duration(number: str, unit: str) -> float:
+    """``("10", "min")`` → 600.0 seconds; ``unit`` is one of the duration units."""
+    if number.startswith("-"):
+        raise LiteralError(f"a duration cannot be negative: {number} {unit}")
+    return float(_decimal(number) * Decimal(str(DURATION_UNITS[unit])))
 
 
 def decode_percent(number: str) -> float:

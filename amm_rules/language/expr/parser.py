@@ -36,10 +36,12 @@ from amm_rules.language.expr.errors import (
 )
 from amm_rules.language.expr.literals import (
     LiteralError,
+    decode_duration,
     decode_number,
     decode_percent,
     decode_size,
     decode_string,
+    is_duration_unit,
 )
 
 #: Longest expression accepted, in characters.
@@ -423,10 +425,14 @@ class _AstBuilder(Transformer):
             return self._bad(error, token, str(token))
 
     def size(self, children: list[Token]) -> ast.Literal:
+        """A number with a unit: a size (``512 MiB``), or a duration (``10 min``)."""
         number, unit = children
         span = _span(number).to(_span(unit))
         text = f"{number} {unit}"
         try:
+            if is_duration_unit(str(unit)):
+                seconds = decode_duration(str(number), str(unit))
+                return ast.Literal(seconds, "duration", text, span)
             return ast.Literal(decode_size(str(number), str(unit)), "size", text, span)
         except LiteralError as error:
             # An unknown unit is reported at the unit, anything else at the number.

@@ -1,0 +1,98 @@
+"""Which keys the ``protect:`` section keeps extra copies of: a pure, greedy choice.
+
+:func:`choose` takes the candidates (keys in memory whose recompute estimate is known,
+each with its size, estimate and whether it is protected now) and a budget in bytes,
+and returns the keys to protect: the most recompute seconds per byte of extra copies
+first, as long as their extra copies fit the budget (a key too large for what is left
+is passed over for smaller ones). It is the classic greedy answer to a knapsack, exact
+when every key is small against the budget.
+
+Hysteresis, so that keys near the cut-off do not flap from one cycle to the next: a key
+protected now competes with its worth multiplied by :data:`HYSTERESIS` (a newcomer
+displaces it only when it is worth clearly more per byte), and keeps its protection
+while its estimate stays above ``min_recompute / HYSTERESIS``.
+
+Neighbours: :mod:`amm_rules.engine.sections.protect` gathers the candidates from the
+recompute costs (:mod:`amm_rules.engine.state.costs`) and makes the copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+
+#: A protected key's worth per byte counts this many times against a newcomer's, and
+#: its estimate may fall this many times below ``min-recompute`` before it loses
+#: protection.
+HYSTERESIS = 1.25
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A key that protection may keep extra copies of."""
+
+    key: Hashable
+    #: One copy's size in bytes.
+    nbytes: int
+    #: Its recompute estimate, seconds.
+    seconds: float
+    #: Protected now (hysteresis applies).
+    incumbent: bool = False
+
+
+@dataclass
+class Choice:
+    """What :func:`choose` decided."""
+
+    #: Keys to protect, most worth per byte first.
+    keys: list[Hashable] = field(default_factory=list)
+    #: Bytes of extra copies the chosen keys take: at most the budget.
+    spent: int = 0
+    #: Recompute seconds the chosen keys stand for.
+    seconds: float = 0.0
+    #: Candidates (at or above the cut-off) left out, and their seconds.
+    left_out: int = 0
+    left_out_seconds: float = 0.0
+    #: Candidates left out because the budget was spent (not the key limit).
+    no_room: int = 0
+    #: Keys below the cut-off (not candidates at all).
+    below: int = 0
+
+
+def choose(
+    candidates: Iterable[Candidate],
+    budget: int,
+    copies: int,
+    min_recompute: float,
+    max_keys: int,
+) -> Choice:
+    """The keys to protect with ``copies`` copies each within ``budget`` bytes of extra
+    copies, at most ``max_keys`` of them (see the module docstring)."""
+    extra = max(1, copies - 1)
+    ranked = []
+    out = Choice()
+    floor = min_recompute / HYSTERESIS
+    for i, c in enumerate(candidates):
+        if c.seconds < min_recompute and not (c.incumbent and c.seconds >= floor):
+            out.below += 1
+            continue
+        worth = c.seconds / max(1, c.nbytes)
+        if c.incumbent:
+            worth *= HYSTERESIS
+        ranked.append((-worth, i, c))
+    ranked.sort(key=lambda r: (r[0], r[1]))
+    for _, _, c in ranked:
+        cost = max(0, c.nbytes) * extra
+        if len(out.keys) < max_keys and out.spent + cost <= budget:
+            out.keys.append(c.key)
+            out.spent += cost
+            out.seconds += c.seconds
+        else:
+            out.left_out += 1
+            out.left_out_seconds += c.seconds
+            if len(out.keys) < max_keys:
+                out.no_room += 1
+    return out
+
+
+__all__ = ["HYSTERESIS", "Candidate", "Choice", "choose"]
