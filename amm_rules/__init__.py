@@ -37,6 +37,7 @@ _LAZY = {
     "explain": "amm_rules.client",
     "status": "amm_rules.client",
     "memory_flow": "amm_rules.client",
+    "drain": "amm_rules.client",
 }
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     # lazy, see _LAZY
     "RulesPolicy",
     "annotate",
+    "drain",
     "explain",
     "memory_flow",
     "replicate",
@@ -59,7 +61,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from amm_rules.client import annotate, explain, memory_flow, replicate, status
+    from amm_rules.client import annotate, drain, explain, memory_flow, replicate, status
     from amm_rules.engine.policy import RulesPolicy
 
 

@@ -6,7 +6,8 @@ file, report every problem; with ``--dump``, also what needs a cluster), ``schem
 or running cluster), ``diff`` (what changing them would do), ``test`` (rule tests),
 ``demo`` (run :mod:`amm_rules.demo`, or validate the shipped examples when that module
 is not there), and, against a running scheduler, ``status`` (per-rule conformance and
-the engine's work) and ``explain`` (why keys are where they are); see
+the engine's work), ``explain`` (why keys are where they are) and ``drain`` (move
+what a worker holds before a deadline, most valuable first); see
 :mod:`amm_rules.cli.remote`.
 
 This module and everything ``validate`` needs belong to the language half: nothing
@@ -525,4 +526,64 @@ def explain(
     click.echo(out, nl=False)
     for line in errors:
         click.echo(f"amm-rules: error: {line}", err=True)
+    sys.exit(code)
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    from amm_rules.language.fields import UnitError, parse_duration
+
+    try:
+        seconds = parse_duration(value)
+    except UnitError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if seconds <= 0:
+        raise click.BadParameter(f"must be more than 0 s, got {value!r}")
+    return seconds
+
+
+@main.command()
+@click.argument("workers", nargs=-1, metavar="WORKER...")
+@_scheduler_option
+@click.option(
+    "--deadline",
+    default="60s",
+    show_default=True,
+    callback=_duration,
+    help="When the workers must be gone (a duration: 120s, 2 min).",
+)
+@click.option(
+    "--close", is_flag=True, help="Close each worker once its keys are safe, or at the deadline."
+)
+@_format_option
+@_timeout_option
+def drain(
+    workers: tuple[str, ...],
+    address: str | None,
+    deadline: float,
+    close: bool,
+    fmt: str,
+    timeout: float,
+) -> None:
+    """Move what WORKERs hold before a deadline, most valuable first.
+
+    WORKER is an address or a worker's name. The workers stop receiving tasks; their
+    keys are copied where their rules allow, a rule's replicate minimum first, then
+    the keys whose recompute costs most per byte, then the rest, at the transfer rate
+    the workers show. What cannot leave in time is said at once, and the prediction is
+    updated as the drain goes. With --close, each worker is closed once its keys are
+    safe, or at the deadline. Exit status: 0 when every key was safe, 1 when keys were
+    not (or the scheduler cannot be reached, or runs no amm-rules engine), 2 for usage
+    errors.
+    """
+    from amm_rules.cli.remote import RemoteError, drain_command
+
+    if not workers:
+        raise click.UsageError("name at least one WORKER to drain (an address or a name)")
+    where = _address(address)
+    try:
+        code = drain_command(
+            where, list(workers), deadline, close=close, fmt=fmt, timeout=timeout, echo=click.echo
+        )
+    except RemoteError as exc:
+        _fail(str(exc))
     sys.exit(code)
