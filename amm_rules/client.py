@@ -416,7 +416,7 @@ async def _drain(client: Client, workers: list[str], seconds: float, close: bool
     await _require_engine(client)
     await _require_handler(client, "amm_rules_drain")
     started = await client.scheduler.amm_rules_drain(
-        workers=workers, deadline=seconds, close=close
+        workers=workers, deadline=seconds, close_workers=close
     )
     addresses = list(started)
     report = dict(started)
@@ -424,10 +424,18 @@ async def _drain(client: Client, workers: list[str], seconds: float, close: bool
     give_up = loop.time() + seconds + 30.0  # the deadline, and time to close
     while loop.time() < give_up:
         report = await client.scheduler.amm_rules_drain_report(workers=addresses)
-        if all(line.get("outcome") is not None for line in report.values()):
+        if all(drain_over(line) for line in report.values()):
             break
         await asyncio.sleep(DRAIN_POLL)
     return dict(report)
+
+
+def drain_over(line: Mapping[str, Any]) -> bool:
+    """Whether a worker's drain ended: its outcome is known and, with ``close``, the
+    worker is gone."""
+    if line.get("outcome") is None:
+        return False
+    return not line.get("close") or line.get("state") in ("closed", "left")
 
 
 async def _require_handler(client: Client, name: str) -> None:

@@ -89,7 +89,7 @@ async def drain_self(scheduler: Any, address: str, seconds: float) -> dict[str, 
     end = loop.time() + seconds
     try:
         answer = await asyncio.wait_for(
-            scheduler.amm_rules_drain(workers=[address], deadline=seconds, close=False),
+            scheduler.amm_rules_drain(workers=[address], deadline=seconds, close_workers=False),
             ASK_TIMEOUT,
         )
     except Exception as exc:

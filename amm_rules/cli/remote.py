@@ -268,7 +268,12 @@ def drain_command(
     from amm_rules.language.reporters import escape_controls
 
     report = ask(
-        address, "amm_rules_drain", timeout, workers=list(workers), deadline=deadline, close=close
+        address,
+        "amm_rules_drain",
+        timeout,
+        workers=list(workers),
+        deadline=deadline,
+        close_workers=close,
     )
     if fmt == "text":
         for line in report.values():
@@ -292,7 +297,15 @@ def drain_command(
 
 
 def _drains_over(report: dict[str, Any]) -> bool:
-    return all(line.get("outcome") is not None for line in report.values())
+    """Every drain ended: its outcome is known and, with ``close``, its worker is gone
+    (as :func:`amm_rules.client.drain_over`, which this module does not import: it
+    imports distributed)."""
+    for line in report.values():
+        if line.get("outcome") is None:
+            return False
+        if line.get("close") and line.get("state") not in ("closed", "left"):
+            return False
+    return True
 
 
 def _drain_said(line: dict[str, Any]) -> tuple[Any, ...]:

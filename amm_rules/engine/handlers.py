@@ -15,8 +15,10 @@ names. Called by :mod:`amm_rules.client` (``replicate``, ``explain``, ``status``
   section's own entry (see :func:`engine_status`);
 - ``amm_rules_memory_flow()``: per task prefix, ``{produced, freed, freed_by, live,
   tasks, net_per_task}`` (see :mod:`amm_rules.engine.state.flow`);
-- ``amm_rules_drain(workers, deadline, close=False)``: drain workers (addresses or
-  names) before a deadline; returns per worker the drain's report with its first
+- ``amm_rules_drain(workers, deadline, close_workers=False)``: drain workers (addresses
+  or names) before a deadline, closing them after with ``close_workers`` (not
+  ``close``: the comm takes a message's ``close`` for itself); returns per worker the
+  drain's report with its first
   prediction, and ``amm_rules_drain_report(workers=None)`` the reports as the drains go
   (see :mod:`amm_rules.engine.sections.drain`).
 
@@ -177,10 +179,10 @@ class Handlers:
         return self.policy.ctx.flow.table()
 
     def amm_rules_drain(
-        self, workers: Any = (), deadline: Any = "60s", close: bool = False
+        self, workers: Any = (), deadline: Any = "60s", close_workers: bool = False
     ) -> dict[str, dict[str, Any]]:
         """Drain ``workers`` before ``deadline``; their reports, with the first prediction."""
-        return self.policy.ctx.section(DrainSection).start(workers, deadline, bool(close))
+        return self.policy.ctx.section(DrainSection).start(workers, deadline, bool(close_workers))
 
     def amm_rules_drain_report(self, workers: Any = None) -> dict[str, dict[str, Any]]:
         """The drains of ``workers`` (None: all known), as they go."""

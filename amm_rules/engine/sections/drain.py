@@ -273,6 +273,10 @@ class DrainSection(Section):
         self.book = CopyBook()  # (planning only: the retirement records the copies)
         #: Per drained worker, the drain's view of each of its keys, as last ranked.
         self.items: dict[str, dict[Hashable, DrainItem]] = {}
+        #: Keys the drains will copy in their turn (neither asked for yet nor safe): the
+        #: replication section leaves them alone, so that they leave in order of value.
+        self.paced: set[Hashable] = set()
+        self._paced_by: dict[str, set[Hashable]] = {}
         self._ids = 0
         self._unwatch: Any = None
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -305,8 +309,10 @@ class DrainSection(Section):
             if ws is not None:
                 self.meter.heartbeat(address, time.monotonic(), getattr(ws, "metrics", None))
 
-    def emptying(self) -> list[str]:
-        return [a for a, d in self.drains.items() if d.active]
+    def emptying(self) -> set[str]:
+        """The drained workers still there (drain over or not): they are leaving, and
+        keep their copies until they go."""
+        return set(self.drains)
 
     # -- starting --------------------------------------------------------------------
 
@@ -323,7 +329,7 @@ class DrainSection(Section):
                 "drain needs the rules' retirement: the policy runs with "
                 "retire_by_rules=False, so retiring workers are placed by distributed alone"
             )
-        addresses = self._resolve(workers)
+        addresses = resolve_workers(ctx.scheduler.workers, workers)
         now = time.monotonic()
         self._ids += 1
         drain_id = f"drain-{self._ids}"
@@ -347,29 +353,6 @@ class DrainSection(Section):
             self._ensure_ticker()
         return self.report(addresses)
 
-    def _resolve(self, workers: Any) -> list[str]:
-        ctx = self.ctx
-        assert ctx is not None
-        if isinstance(workers, (str, bytes)) or not isinstance(workers, (list, tuple, set)):
-            raise ValueError(f"workers: expected a list of workers, got {type(workers).__name__}")
-        if not workers:
-            raise ValueError("workers: name at least one worker to drain")
-        known = ctx.scheduler.workers
-        by_name = {str(ws.name): a for a, ws in known.items()}
-        out: list[str] = []
-        unknown = []
-        for w in workers:
-            address = w if w in known else by_name.get(str(w))
-            if address is None:
-                unknown.append(str(w))
-            elif address not in out:
-                out.append(address)
-        if unknown:
-            raise ValueError(
-                f"no worker of this scheduler has the address or name {', '.join(unknown)}"
-            )
-        return out
-
     def _first_prediction(self, d: Drain, leaving: set[str], now: float) -> None:
         """What the drain will lose, said before it starts (step 1)."""
         ctx = self.ctx
@@ -378,6 +361,7 @@ class DrainSection(Section):
         views, cluster = self._views(ws, leaving)
         plan = plan_evacuation(self.rank(ws, views, cluster), cluster, now=now)
         self._account(d, ws, plan, now)
+        self._pace(d, set())
         d.first = d.last
         cannot = d.cannot_stay()
         text = d.last.sentence() if d.last is not None else ""
@@ -483,8 +467,18 @@ class DrainSection(Section):
                 admitted.append(copy)
                 room -= copy.nbytes
             copies = admitted
+        self._pace(d, {c.key for c in copies})
         nbytes = sum(c.nbytes for c in copies)
         return replace(plan, copies=copies, stuck=[], satisfied=[], bytes=nbytes)
+
+    def _pace(self, d: Drain, admitted: set[Hashable]) -> None:
+        """The keys of ``d`` still waiting for their turn (none once it no longer runs)."""
+        waiting = set(d.places) - admitted - d.inflight.keys() if d.active else set()
+        if waiting:
+            self._paced_by[d.address] = waiting
+        else:
+            self._paced_by.pop(d.address, None)
+        self.paced = set().union(*self._paced_by.values()) if self._paced_by else set()
 
     def asked(self, ws: Any, copy: Any, now: float) -> None:
         d = self.drains.get(ws.address)
@@ -497,8 +491,12 @@ class DrainSection(Section):
             d.first_asked = now
 
     def window(self, d: Drain, now: float) -> float:
-        """Bytes the drain keeps in flight: :data:`WINDOW_SECONDS` at its rate."""
-        rate, _ = self.rate(d, now)
+        """Bytes the drain keeps in flight: :data:`WINDOW_SECONDS` at its measured rate,
+        :data:`MIN_WINDOW` until it is measured (an assumed rate too high would put
+        everything in flight at once, and the recipients would fetch in their order)."""
+        rate, source = self.rate(d, now)
+        if source == "assumed":
+            return float(MIN_WINDOW)
         return max(float(MIN_WINDOW), rate * WINDOW_SECONDS)
 
     def rate(self, d: Drain, now: float) -> tuple[float, str]:
@@ -506,7 +504,7 @@ class DrainSection(Section):
         measured = self.meter.rate(d.address)
         if measured is not None and measured > 0:
             return measured, "heartbeats"
-        if d.moved_bytes and d.first_asked is not None and now - d.first_asked > 0.5:
+        if d.moved_bytes and d.first_asked is not None and now - d.first_asked > 0.2:
             return d.moved_bytes / (now - d.first_asked), "copies landed"
         bandwidth = getattr(self.ctx.scheduler, "bandwidth", 0) if self.ctx else 0
         return float(bandwidth or 100e6), "assumed"
@@ -618,6 +616,7 @@ class DrainSection(Section):
         assert ctx is not None
         d.state = state
         d.ended = now
+        self._pace(d, set())
         ws = ctx.scheduler.workers.get(d.address)
         if ws is not None and state == "expired":
             views, cluster = self._views(ws, leaving_addresses(ctx) | {d.address})
@@ -640,6 +639,8 @@ class DrainSection(Section):
         assert ctx is not None
         self.meter.forget(d.address)
         self.items.pop(d.address, None)
+        self._paced_by.pop(d.address, None)
+        self.paced = set().union(*self._paced_by.values()) if self._paced_by else set()
         retirements = ctx.find(Retirements)
         if retirements is not None and retirements.pacers.get(d.address) is self:
             del retirements.pacers[d.address]
@@ -719,6 +720,29 @@ class DrainSection(Section):
         }
 
 
+def resolve_workers(known: Any, workers: Any) -> list[str]:
+    """The addresses of ``workers`` (addresses or names) among ``known`` (the scheduler's
+    workers); ``ValueError`` naming those that are neither."""
+    if isinstance(workers, (str, bytes)) or not isinstance(workers, (list, tuple, set)):
+        raise ValueError(f"workers: expected a list of workers, got {type(workers).__name__}")
+    if not workers:
+        raise ValueError("workers: name at least one worker to drain")
+    by_name = {str(ws.name): a for a, ws in known.items()}
+    out: list[str] = []
+    unknown = []
+    for w in workers:
+        address = w if w in known else by_name.get(str(w))
+        if address is None:
+            unknown.append(str(w))
+        elif address not in out:
+            out.append(address)
+    if unknown:
+        raise ValueError(
+            f"no worker of this scheduler has the address or name {', '.join(unknown)}"
+        )
+    return out
+
+
 def _deadline(value: Any) -> float:
     try:
         seconds = parse_duration(value)
@@ -747,4 +771,4 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-__all__ = ["Drain", "DrainSection"]
+__all__ = ["Drain", "DrainSection", "resolve_workers"]
