@@ -45,6 +45,7 @@ import logging
 import signal
 import threading
 import time
+import weakref
 from typing import Any
 
 import dask
@@ -244,23 +245,44 @@ async def dask_setup(server: Any) -> None:
         return
     drain = SignalDrain(server, seconds)
     if drain.install():
-        server._amm_rules_signal_drain = drain
+        _installed[server] = drain
     if getattr(server, "nanny", None):
-        try:
-            async with server.rpc(server.nanny) as nanny:
-                await nanny.plugin_add(plugin=_pickled(DrainOnSignal(seconds)), name=PLUGIN_NAME)
-        except Exception as exc:
-            logger.warning(
-                "amm-rules: the nanny of %s will not wait for a drain on SIGTERM: %s",
-                server.address,
-                _why(exc),
+        # In the background: the nanny answers no one until its worker has started.
+        _background.add(asyncio.ensure_future(_tell_nanny(server, seconds)))
+
+
+#: The tasks telling nannies to wait for drains (kept until done).
+_background: set[asyncio.Future[Any]] = set()
+
+
+async def _tell_nanny(worker: Any, seconds: float) -> None:
+    """Give the worker's nanny the plugin that waits for a drain at its close."""
+    try:
+        async with worker.rpc(worker.nanny) as nanny:
+            answer = await nanny.plugin_add(
+                plugin=_pickled(DrainOnSignal(seconds)), name=PLUGIN_NAME
             )
+        if isinstance(answer, dict) and answer.get("status") != "OK":
+            raise RuntimeError(answer.get("exception") or answer)
+    except Exception as exc:
+        logger.warning(
+            "amm-rules: the nanny of %s will not wait for a drain on SIGTERM: %s",
+            worker.address,
+            _why(exc),
+        )
+    finally:
+        for task in [t for t in _background if t.done()]:
+            _background.discard(task)
 
 
 def dask_teardown(server: Any) -> None:
-    drain = getattr(server, "_amm_rules_signal_drain", None)
+    drain = _installed.pop(server, None)
     if drain is not None:
         drain.uninstall()
+
+
+#: The SIGTERM handler of each worker of this process that has one.
+_installed: weakref.WeakKeyDictionary[Any, SignalDrain] = weakref.WeakKeyDictionary()
 
 
 def _pickled(plugin: Any) -> bytes:
