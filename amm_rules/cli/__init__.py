@@ -210,6 +210,26 @@ def _check(file: str) -> CheckResult:
 @click.option("--kill", multiple=True, metavar="WORKER", help="Lose a worker (address or name).")
 @click.option("--kill-host", multiple=True, metavar="HOST", help="Lose every worker of a host.")
 @click.option("--kill-pool", multiple=True, metavar="NAME", help="Lose every worker of a pool.")
+@click.option(
+    "--drain",
+    multiple=True,
+    metavar="WORKER",
+    help="Drain a worker (address or name) before --deadline at --rate, then lose it.",
+)
+@click.option(
+    "--deadline",
+    default="60s",
+    show_default=True,
+    metavar="DURATION",
+    help="With --drain: the time the workers have.",
+)
+@click.option(
+    "--rate",
+    default="100MiB/s",
+    show_default=True,
+    metavar="RATE",
+    help="With --drain: bytes per second each drained worker sends.",
+)
 @_format_option
 @_max_dump_option
 def simulate(
@@ -220,6 +240,9 @@ def simulate(
     kill: tuple[str, ...],
     kill_host: tuple[str, ...],
     kill_pool: tuple[str, ...],
+    drain: tuple[str, ...],
+    deadline: str,
+    rate: str,
     fmt: str,
     max_dump_bytes: int,
 ) -> None:
@@ -228,12 +251,21 @@ def simulate(
     Runs the engine's own classifier and planners on the cluster of --dump or
     --scheduler; copies land between cycles; the computation is frozen. Reports per
     rule, per pool and per worker, the keys left unmet, and with --kill* what losing
-    those workers does.
+    those workers does. With --drain, the workers first send what they can before
+    --deadline at --rate, most valuable first (the drain's own order and prediction),
+    and are then lost.
 
-    Exit status: 0; 1 when a --kill* loses the last copy of a key, or the rules or the
-    cluster cannot be read; 2 for usage errors.
+    Exit status: 0; 1 when a --kill* (or a drain's deadline) loses the last copy of a
+    key, or the rules or the cluster cannot be read; 2 for usage errors.
     """
     from amm_rules.offline.commands import simulate as run
+    from amm_rules.offline.drain import parse_rate
+
+    try:
+        seconds = _duration(click.get_current_context(), None, deadline)  # type: ignore[arg-type]
+        per_second = parse_rate(rate)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--deadline' / '--rate'") from None
 
     sys.exit(
         run(
@@ -246,6 +278,9 @@ def simulate(
             kill_pool=kill_pool,
             fmt=fmt,
             max_dump_bytes=max_dump_bytes,
+            drain=drain,
+            deadline=seconds,
+            rate=per_second,
         )
     )
 

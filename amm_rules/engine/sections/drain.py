@@ -44,7 +44,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -416,30 +416,8 @@ class DrainSection(Section):
     def rank(self, ws: Any, views: list[KeyView], cluster: ClusterView) -> list[KeyView]:
         """The worker's key views, most valuable first (see the module docstring)."""
         tasks = self.ctx.scheduler.tasks if self.ctx is not None else {}
-        items = [self.item(v, cluster, tasks.get(v.key)) for v in views]
-        order = {id(item): i for i, item in enumerate(rank(items))}
-        self.items[ws.address] = {v.key: item for v, item in zip(views, items, strict=True)}
-        ranked = sorted(zip(views, items, strict=True), key=lambda vi: order[id(vi[1])])
-        return [v for v, _ in ranked]
-
-    def item(self, view: KeyView, cluster: ClusterView, ts: Any) -> DrainItem:
-        """The drain's view of one key: size, copies needed, recompute estimate, target."""
-        d = view.desired
-        placeable = cluster.placeable(d.pool, d.avoid)
-        staying = len((view.holders - cluster.closing) & placeable)
-        minimum = needed_copies(d, len(placeable)) if d.replicate is not None else 0
-        copies = max(1, (minimum or 1) - staying)
-        group = getattr(ts, "group", None)
-        return DrainItem(
-            key=view.key,
-            nbytes=view.nbytes,
-            copies=copies,
-            seconds=self._recompute(group),
-            minimum=minimum,
-            staying=staying,
-            rule=source_label(d, "replicate") if d.replicate is not None else "",
-            group=getattr(group, "name", "") or _prefix(view.key),
-        )
+        ranked, self.items[ws.address] = rank_views(views, cluster, tasks, self._recompute)
+        return ranked
 
     def _recompute(self, group: Any) -> float | None:
         """The recompute estimate of a key of ``group`` (the cost model's)."""
@@ -720,6 +698,42 @@ class DrainSection(Section):
         }
 
 
+def rank_views(
+    views: list[KeyView],
+    cluster: ClusterView,
+    tasks: Mapping[Hashable, Any],
+    estimate: Callable[[Any], float | None],
+) -> tuple[list[KeyView], dict[Hashable, DrainItem]]:
+    """``views`` in the drain's order of value, and the drain's item of each key
+    (``tasks``: the scheduler's, for the keys' groups; ``estimate``: a group's recompute
+    estimate). Shared by the section and ``amm-rules simulate --drain``."""
+    items = [drain_item(v, cluster, tasks.get(v.key), estimate) for v in views]
+    order = {id(item): i for i, item in enumerate(rank(items))}
+    ranked = sorted(zip(views, items, strict=True), key=lambda vi: order[id(vi[1])])
+    return [v for v, _ in ranked], {v.key: item for v, item in zip(views, items, strict=True)}
+
+
+def drain_item(
+    view: KeyView, cluster: ClusterView, ts: Any, estimate: Callable[[Any], float | None]
+) -> DrainItem:
+    """The drain's view of one key: size, copies needed, recompute estimate, target."""
+    d = view.desired
+    placeable = cluster.placeable(d.pool, d.avoid)
+    staying = len((view.holders - cluster.closing) & placeable)
+    minimum = needed_copies(d, len(placeable)) if d.replicate is not None else 0
+    group = getattr(ts, "group", None)
+    return DrainItem(
+        key=view.key,
+        nbytes=view.nbytes,
+        copies=max(1, (minimum or 1) - staying),
+        seconds=estimate(group) if group is not None else None,
+        minimum=minimum,
+        staying=staying,
+        rule=source_label(d, "replicate") if d.replicate is not None else "",
+        group=getattr(group, "name", "") or _prefix(view.key),
+    )
+
+
 def resolve_workers(known: Any, workers: Any) -> list[str]:
     """The addresses of ``workers`` (addresses or names) among ``known`` (the scheduler's
     workers); ``ValueError`` naming those that are neither."""
@@ -771,4 +785,4 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-__all__ = ["Drain", "DrainSection", "resolve_workers"]
+__all__ = ["Drain", "DrainSection", "drain_item", "rank_views", "resolve_workers"]
