@@ -630,8 +630,15 @@ class DrainSection(Section):
             d.outcome = d.result(now, truth)
             self.counters["lost_keys"] += d.outcome["unsafe_keys"]
             ctx.events.emit("drain", step=d.state, worker=d.address, **d.outcome)
-        elif d.close:
-            d.state = "closed"
+        else:
+            if d.state == "expired" and d.outcome is not None:
+                # Now that the worker is gone, what it left unsafe is counted for real
+                # (the count at the deadline raced with copies landing, or with a kill).
+                before = d.outcome["unsafe_keys"]
+                d.outcome = d.result(d.ended or now, self._counted(d))
+                self.counters["lost_keys"] += d.outcome["unsafe_keys"] - before
+            if d.close:
+                d.state = "closed"
         del self.drains[d.address]
         self.recent = [*self.recent, d][-RECENT:]
 

@@ -7,11 +7,14 @@ from __future__ import annotations
 import time
 
 import pytest
+from bokeh.document import Document
 from distributed.utils_test import gen_cluster
 
 import amm_rules
 from amm_rules.engine.sections import drain as drain_module
 from amm_rules.engine.sections.drain import DrainSection
+from amm_rules.observe.dashboard import RulesPage
+from amm_rules.observe.text import render_explain, render_status
 from benchmarks.support.retire import ReplicaLog
 from benchmarks.support.waiting import wait_for
 from tests.support.cluster import Requests, amm_config, copies, events, holders, policy_of, rules
@@ -124,6 +127,20 @@ async def test_draining_every_worker_of_a_pool_says_what_cannot_stay(c, s, g0, c
     assert all(holders(s, k) - {g0.address} for k in others)
     explained = (await c.scheduler.amm_rules_explain(keys=["dev-0"]))["dev-0"]
     assert explained["drain"]["standing"] == "cannot move"
+    # What an operator reads: amm-rules status and explain, the dashboard page.
+    report = await c.scheduler.amm_rules_status()
+    text = render_status(report)
+    assert f"drain        {g0.address} (0): expired after" in text
+    assert "cannot move: 3 keys (no eligible worker: pool gpu" in text
+    assert f"drain    {g0.address} drains: cannot move: no eligible worker" in render_explain(
+        {"dev-0": explained}
+    )
+    page = RulesPage(s)
+    Document().add_root(page.root)
+    page.update()
+    rows = page.drains.source.data
+    assert page.drains.table.visible and rows["worker"] == [f"{g0.address} (0)"]
+    assert rows["state"] == ["expired"] and "3 keys not safe" in rows["loss"][0]
 
 
 class Slow(SlowSender):
