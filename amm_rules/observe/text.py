@@ -130,7 +130,7 @@ def _render_drains(drain: Mapping[str, Any] | None) -> list[str]:
     """A line per drain (running, or ended recently), then its prediction or outcome."""
     from dask.utils import format_bytes
 
-    out = []
+    out: list[str] = []
     for d in (drain or {}).get("drains", ()):
         head = "drain        " if not out else "             "
         if d["outcome"] is None:

@@ -4,8 +4,6 @@ prediction against what happened."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from bokeh.document import Document
 from distributed.utils_test import gen_cluster
@@ -18,7 +16,7 @@ from amm_rules.observe.text import render_explain, render_status
 from benchmarks.support.retire import ReplicaLog
 from benchmarks.support.waiting import wait_for
 from tests.support.cluster import Requests, amm_config, copies, events, holders, policy_of, rules
-from tests.support.slow_link import SlowSender
+from tests.support.slow_link import SlowSender, costly
 
 GPU = {"resources": {"GPU": 1}}
 PIN = {"name": "pin", "match": 'task.key matches "pin-*"', "replicate": {"min": 2}}
@@ -26,11 +24,6 @@ PIN = {"name": "pin", "match": 'task.key matches "pin-*"', "replicate": {"min": 
 
 def section(s) -> DrainSection:
     return policy_of(s).ctx.section(DrainSection)
-
-
-def dear(i: int) -> bytes:
-    time.sleep(0.2)  # a task worth recomputing: the cost model measures it
-    return b"d" * 100
 
 
 def cheap(i: int) -> bytes:
@@ -49,7 +42,7 @@ async def test_keys_leave_in_order_of_value(c, s, a, b, w, monkeypatch):
     monkeypatch.setattr(drain_module, "WINDOW_SECONDS", 0.0)
     scattered = await c.scatter({f"scat-{i}": b"s" * 1_000 for i in range(3)}, workers=[a.address])
     pinned = await c.scatter({f"pin-{i}": b"p" * 50_000 for i in range(3)}, workers=[a.address])
-    dears = [c.submit(dear, i, key=f"dear-{i}", workers=[a.address]) for i in range(3)]
+    dears = [c.submit(costly, i, key=f"dear-{i}", workers=[a.address]) for i in range(3)]
     cheaps = [c.submit(cheap, i, key=f"cheap-{i}", workers=[a.address]) for i in range(3)]
     await c.gather(dears + cheaps)
     await wait_for(lambda: all(copies(s, k) == 2 for k in pinned), "pin keys at their min 2")

@@ -55,6 +55,12 @@ async def test_sigterm_drains_the_worker_through_the_preload(c, s, a, nanny, tmp
         # Scattered: a key lost here could not be computed again.
         futures = await c.scatter({f"p-{i}": payload(i) for i in range(20)}, workers=[leaving])
         assert all(holders(s, k) == {leaving} for k in futures)
+        if nanny:  # the preload gives the nanny its plugin once the worker has started
+            await wait_for(
+                lambda: "Starting Nanny plugin amm-rules-drain-on-signal" in log.read_text(),
+                "the nanny has the preload's plugin",
+                show=lambda: log.read_text()[-2000:],
+            )
         process.send_signal(signal.SIGTERM)
         code = await asyncio.to_thread(process.wait, 60)
     finally:
