@@ -262,14 +262,9 @@ def drain(
     with an asynchronous client. ``deadline`` is checked here: seconds, or a duration
     such as ``"60s"`` or ``"2 min"``.
     """
-    from amm_rules.language.fields import UnitError, parse_duration
+    from amm_rules.engine.sections.drain import deadline_seconds
 
-    try:
-        seconds = parse_duration(deadline)
-    except UnitError as exc:
-        raise ValueError(f"deadline: {exc}") from None
-    if seconds <= 0:
-        raise ValueError(f"deadline: must be more than 0 s, got {deadline!r}")
+    seconds = deadline_seconds(deadline)
     names = [workers] if isinstance(workers, (str, int)) else list(workers)
     client = client or get_client()
     return client.sync(_drain, client, [str(w) for w in names], seconds, bool(close))

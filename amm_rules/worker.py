@@ -70,16 +70,9 @@ _signalled: dict[str, float] = {}
 
 def deadline_seconds() -> float:
     """``amm-rules.drain.deadline`` in seconds (``ValueError`` naming the key)."""
-    from amm_rules.language.fields import UnitError, parse_duration
+    from amm_rules.engine.sections.drain import deadline_seconds as checked
 
-    value = dask.config.get(CONFIG_KEY, DEFAULT_DEADLINE)
-    try:
-        seconds = parse_duration(value)
-    except UnitError as exc:
-        raise ValueError(f"dask config {CONFIG_KEY}: {exc}") from None
-    if seconds <= 0:
-        raise ValueError(f"dask config {CONFIG_KEY}: must be more than 0 s, got {value!r}")
-    return seconds
+    return checked(dask.config.get(CONFIG_KEY, DEFAULT_DEADLINE), f"dask config {CONFIG_KEY}")
 
 
 async def drain_self(scheduler: Any, address: str, seconds: float) -> dict[str, Any] | None:

@@ -322,7 +322,7 @@ class DrainSection(Section):
         Returns :meth:`report` of the workers, with the first prediction."""
         ctx = self.ctx
         assert ctx is not None
-        seconds = _deadline(deadline)
+        seconds = deadline_seconds(deadline)
         retirements = ctx.find(Retirements)
         if retirements is None or retirements.ctx is None:
             raise ValueError(
@@ -764,13 +764,16 @@ def resolve_workers(known: Any, workers: Any) -> list[str]:
     return out
 
 
-def _deadline(value: Any) -> float:
+def deadline_seconds(value: Any, where: str = "deadline") -> float:
+    """A drain's deadline in seconds: a duration (``"60s"``, ``"2 min"``) or a number,
+    more than 0 and at most :data:`MAX_DEADLINE`; ``ValueError`` saying ``where``.
+    (The client, the command line and the worker preload check theirs with it too.)"""
     try:
         seconds = parse_duration(value)
     except UnitError as exc:
-        raise ValueError(f"deadline: {exc}") from None
+        raise ValueError(f"{where}: {exc}") from None
     if not 0 < seconds <= MAX_DEADLINE:
-        raise ValueError(f"deadline: expected more than 0 s and at most 1 day, got {value!r}")
+        raise ValueError(f"{where}: expected more than 0 s and at most 1 day, got {value!r}")
     return seconds
 
 
@@ -792,4 +795,11 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-__all__ = ["Drain", "DrainSection", "drain_item", "rank_views", "resolve_workers"]
+__all__ = [
+    "Drain",
+    "DrainSection",
+    "deadline_seconds",
+    "drain_item",
+    "rank_views",
+    "resolve_workers",
+]

@@ -123,3 +123,16 @@ def test_the_command_checks_its_arguments_before_connecting() -> None:
     )
     assert result.exit_code == 2 and "--deadline" in result.output
     assert os.environ.get("DASK_AMM_RULES__DRAIN__DEADLINE") is None
+
+
+def test_the_preloads_deadline_comes_from_dask_config_and_is_checked() -> None:
+    import dask
+
+    from amm_rules.worker import CONFIG_KEY, deadline_seconds
+
+    assert deadline_seconds() == 25.0
+    with dask.config.set({CONFIG_KEY: "50s"}):
+        assert deadline_seconds() == 50.0
+    for bad in ("soon", "0s", "2 days"):
+        with dask.config.set({CONFIG_KEY: bad}), pytest.raises(ValueError, match=CONFIG_KEY):
+            deadline_seconds()
