@@ -11,9 +11,9 @@ drained worker sending at that rate. The copies that leave in time land, the dra
 workers are then lost (``--kill``'s report: keys lost, keys below their target) and the
 simulation runs its cycles on what stays.
 
-A dump holds no task durations, so recompute estimates are unknown here: beyond the
-keys below their replication minimum, keys are moved smallest first (the report says
-so). Neighbours: :mod:`amm_rules.offline.commands` runs it; :mod:`amm_rules.offline.report`
+Recompute estimates are those the simulation's engine has of the recorded cluster; where
+it has none, beyond the keys below their replication minimum keys are moved smallest
+first (the report says so). Neighbours: :mod:`amm_rules.offline.commands` runs it; :mod:`amm_rules.offline.report`
 renders it.
 """
 
@@ -56,17 +56,13 @@ def drain_workers(
     ctx = sim.ctx
     tasks = sim.cluster.tasks
     leaving = set(victims)
-    out: dict[str, Any] = {
-        "deadline": deadline,
-        "rate": rate,
-        "note": "recompute estimates are not in a dump: beyond the keys below their "
-        "replication minimum, keys move smallest first",
-        "workers": {},
-    }
+    out: dict[str, Any] = {"deadline": deadline, "rate": rate, "note": "", "workers": {}}
+    estimated = False
     for address in victims:
         ws = sim.cluster.workers[address]
         views, cluster = evacuation_input(ctx, list(ws.has_what), leaving, CopyBook())
         ranked, items = rank_views(views, cluster, tasks, ctx.costs.estimate)
+        estimated |= any(item.seconds for item in items.values())
         plan = plan_evacuation(ranked, cluster, now=sim.now)
         order = list(dict.fromkeys(c.key for c in plan.copies))
         cannot = {s.key: s.why for s in plan.stuck}
@@ -95,6 +91,11 @@ def drain_workers(
             ],
             "cannot_move": [{"key": key_string(k), "why": why} for k, why in cannot.items()],
         }
+    if not estimated:
+        out["note"] = (
+            "no recompute estimate in this cluster's record: beyond the keys below their "
+            "replication minimum, keys move smallest first"
+        )
     return out
 
 
@@ -102,9 +103,10 @@ def drain_lines(drain: dict[str, Any] | None) -> list[str]:
     """The drain's part of ``simulate``'s text report."""
     if not drain:
         return []
+    note = f" ({drain['note']})" if drain["note"] else ""
     lines = [
         f"drain within {format_duration(drain['deadline'])} at "
-        f"{format_size(drain['rate'])}/s per worker ({drain['note']}):"
+        f"{format_size(drain['rate'])}/s per worker{note}:"
     ]
     for address, w in drain["workers"].items():
         lines.append(f"  {address} ({w['name']}): {w['prediction']['text']}")

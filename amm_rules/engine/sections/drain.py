@@ -19,7 +19,8 @@ the worker preload :mod:`amm_rules.worker`):
    the recipients fetch in that order rather than all at once; keys that cannot move
    are reported, not a reason to refuse; the drain never drops a copy itself;
 3. measures the rate while it runs, from the draining workers' heartbeats (bytes their
-   ``get-data`` handler sent: :class:`~amm_rules.engine.state.transfer.TransferMeter`),
+   ``get-data`` handler sent: :class:`~amm_rules.engine.state.transfer.TransferMeter`,
+   read by the ticker),
    else from its own copies that landed, else distributed's estimate
    (``Scheduler.bandwidth``, said as ``assumed``), and updates the prediction every
    cycle (an event when it moved);
@@ -46,7 +47,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from amm_rules.engine.decide.drain import (
     TIER_NAMES,
@@ -68,11 +69,7 @@ from amm_rules.engine.sections.retirement import (
     leaving_addresses,
 )
 from amm_rules.engine.state.transfer import TransferMeter
-from amm_rules.engine.worker_watch import watch_workers
 from amm_rules.language.fields import UnitError, parse_duration
-
-if TYPE_CHECKING:
-    from amm_rules.engine.context import EngineContext
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +124,8 @@ class Drain:
     first: Prediction | None = None
     last: Prediction | None = None
     last_event: float = 0.0
+    #: The scheduler's time of the last heartbeat of the worker read.
+    last_seen: float | None = None
     #: What the drain found when it ended.
     outcome: dict[str, Any] | None = None
     ended: float | None = None
@@ -278,21 +277,13 @@ class DrainSection(Section):
         self.paced: set[Hashable] = set()
         self._paced_by: dict[str, set[Hashable]] = {}
         self._ids = 0
-        self._unwatch: Any = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self._ticker: asyncio.Future[Any] | None = None
 
-    # -- attach ----------------------------------------------------------------------
-
-    def attach(self, ctx: EngineContext) -> None:
-        super().attach(ctx)
-        self._unwatch = watch_workers(ctx.scheduler, self._heard)
+    # -- detach ----------------------------------------------------------------------
 
     def detach(self) -> None:
         ctx = self.ctx
-        if self._unwatch is not None:
-            self._unwatch()
-            self._unwatch = None
         for task in list(self._tasks):
             task.cancel()
         if ctx is not None:
@@ -303,11 +294,14 @@ class DrainSection(Section):
                         del retirements.pacers[address]
         super().detach()
 
-    def _heard(self, address: str, what: str) -> None:
-        if what == "memory" and address in self.meter.samples:
-            ws = self.ctx.scheduler.workers.get(address) if self.ctx is not None else None
-            if ws is not None:
-                self.meter.heartbeat(address, time.monotonic(), getattr(ws, "metrics", None))
+    def _sample(self, d: Drain, ws: Any) -> None:
+        """A heartbeat of a drained worker arrived since the last tick: what it sent.
+        (Read at each tick rather than by wrapping the heartbeat handler: heartbeats
+        come every 0.5 s or more, ticks every :data:`TICK`.)"""
+        seen = getattr(ws, "last_seen", None)
+        if seen is not None and seen != d.last_seen:
+            d.last_seen = seen
+            self.meter.heartbeat(d.address, seen, getattr(ws, "metrics", None))
 
     def emptying(self) -> set[str]:
         """The drained workers still there (drain over or not): they are leaving, and
@@ -564,6 +558,7 @@ class DrainSection(Section):
                 continue
             if not d.active:
                 continue
+            self._sample(d, workers[d.address])
             self._landed(d, now)
             if now >= d.deadline:
                 self._expire(d, now)

@@ -14,8 +14,8 @@ distributed's own estimate (``Scheduler.bandwidth``).
 
 Cost: one dictionary lookup per heartbeat of a watched worker, nothing for the others.
 
-Neighbours: :mod:`amm_rules.engine.sections.drain` feeds it from the scheduler's
-heartbeats (:func:`amm_rules.engine.worker_watch.watch_workers`) and reads it.
+Neighbours: :mod:`amm_rules.engine.sections.drain` feeds it with the heartbeats of the
+draining workers (``ws.metrics`` when ``ws.last_seen`` moved) and reads it.
 """
 
 from __future__ import annotations
