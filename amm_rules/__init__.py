@@ -38,6 +38,7 @@ _LAZY = {
     "explain": "amm_rules.client",
     "status": "amm_rules.client",
     "memory_flow": "amm_rules.client",
+    "drain": "amm_rules.client",
 }
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     # lazy, see _LAZY
     "RulesPolicy",
     "annotate",
+    "drain",
     "explain",
     "memory_flow",
     "persist",
@@ -61,7 +63,15 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from amm_rules.client import annotate, explain, memory_flow, persist, replicate, status
+    from amm_rules.client import (
+        annotate,
+        drain,
+        explain,
+        memory_flow,
+        persist,
+        replicate,
+        status,
+    )
     from amm_rules.engine.policy import RulesPolicy
 
 

@@ -1,5 +1,5 @@
 """What a client calls: :func:`annotate`, :func:`persist`, :func:`replicate`,
-:func:`explain`, :func:`status`, :func:`memory_flow`.
+:func:`explain`, :func:`status`, :func:`memory_flow`, :func:`drain`.
 
 - ``amm`` annotations, checked on the client. A task's ``amm`` annotation
   (``dask.annotate(amm={...})``) carries the same action fields as a rule
@@ -41,6 +41,7 @@ __all__ = [
     "ActionError",
     "EngineNotFoundError",
     "annotate",
+    "drain",
     "explain",
     "memory_flow",
     "persist",
@@ -317,6 +318,35 @@ def memory_flow(client: Client | None = None) -> Any:
     return client.sync(_memory_flow, client)
 
 
+def drain(
+    workers: Any,
+    deadline: str | float = "60s",
+    close: bool = False,
+    client: Client | None = None,
+) -> Any:
+    """Drain ``workers`` (addresses or names; one or a list) before ``deadline``: their
+    keys are copied away in order of value (a rule's ``replicate`` minimum first, then
+    recompute seconds saved per byte, then the rest), where their rules allow, and the
+    engine predicts at once what cannot leave in time. The workers stop receiving
+    tasks. With ``close``, each is retired (closed) once its keys are safe, or at the
+    deadline, whichever comes first.
+
+    Waits until every drain ended (its keys safe, the deadline, or its worker gone) and
+    returns the scheduler's report per worker address: ``state`` (``safe``,
+    ``expired``, ``closed``, ``left``), what moved, the ``first_prediction`` made at
+    the notice beside the last ``prediction``, what could not stay where its rules want
+    it (``cannot_stay``) and the ``outcome`` (see docs/drain.md). An awaitable of it
+    with an asynchronous client. ``deadline`` is checked here: seconds, or a duration
+    such as ``"60s"`` or ``"2 min"``.
+    """
+    from amm_rules.engine.sections.drain import deadline_seconds
+
+    seconds = deadline_seconds(deadline)
+    names = [workers] if isinstance(workers, (str, int)) else list(workers)
+    client = client or get_client()
+    return client.sync(_drain, client, [str(w) for w in names], seconds, bool(close))
+
+
 def status(client: Client | None = None) -> Any:
     """The rules engine's status report: per-rule conformance (``satisfied``,
     ``in-progress`` or ``unsatisfiable``, with a sentence, keys and bytes, targets met
@@ -464,6 +494,56 @@ async def _explain(client: Client, keys: list[Any]) -> Any:
 async def _memory_flow(client: Client) -> Any:
     await _require_engine(client)
     return dict(await client.scheduler.amm_rules_memory_flow())
+
+
+#: Seconds between two looks at a drain while :func:`drain` waits for it.
+DRAIN_POLL = 0.25
+
+
+async def _drain(client: Client, workers: list[str], seconds: float, close: bool) -> Any:
+    import asyncio
+
+    await _require_engine(client)
+    await _require_handler(client, "amm_rules_drain")
+    started = await client.scheduler.amm_rules_drain(
+        workers=workers, deadline=seconds, close_workers=close
+    )
+    addresses = list(started)
+    report = dict(started)
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + seconds + 30.0  # the deadline, and time to close
+    while loop.time() < give_up:
+        report = await client.scheduler.amm_rules_drain_report(workers=addresses)
+        if all(drain_over(line) for line in report.values()):
+            break
+        await asyncio.sleep(DRAIN_POLL)
+    return dict(report)
+
+
+def drain_over(line: Mapping[str, Any]) -> bool:
+    """Whether a worker's drain ended: its outcome is known and, with ``close``, the
+    worker is gone."""
+    if line.get("outcome") is None:
+        return False
+    return not line.get("close") or line.get("state") in ("closed", "left")
+
+
+async def _require_handler(client: Client, name: str) -> None:
+    """The engine of an older release may lack a handler: say so, never wait forever."""
+    try:
+        found = await client.run_on_scheduler(_has_handler, name, asynchronous=True)
+    except Exception:
+        return  # run_function may be disabled: try the call anyway
+    if not found:
+        raise EngineNotFoundError(
+            f"the scheduler's amm-rules engine has no {name!r} handler: upgrade amm-rules "
+            "on the scheduler"
+        )
+
+
+def _has_handler(name: str, dask_scheduler: Any = None) -> bool:
+    """Runs in the scheduler: is the handler ``name`` registered?"""
+    return name in dask_scheduler.handlers
 
 
 async def _status(client: Client) -> Any:

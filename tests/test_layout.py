@@ -67,6 +67,9 @@ PURE = (
     "amm_rules.engine.decide.classify",
     "amm_rules.engine.decide.classify_budget",
     "amm_rules.engine.decide.evacuate",
+    "amm_rules.engine.decide.protect",
+    "amm_rules.engine.decide.drain",
+    "amm_rules.engine.decide.units",
     "amm_rules.engine.rebalance.plan",
 )
 #: Where shared code is imported as modules (rule 5).

@@ -6,7 +6,8 @@ file, report every problem; with ``--dump``, also what needs a cluster), ``schem
 or running cluster), ``diff`` (what changing them would do), ``test`` (rule tests),
 ``demo`` (run :mod:`amm_rules.demo`, or validate the shipped examples when that module
 is not there), and, against a running scheduler, ``status`` (per-rule conformance and
-the engine's work) and ``explain`` (why keys are where they are); see
+the engine's work), ``explain`` (why keys are where they are) and ``drain`` (move
+what a worker holds before a deadline, most valuable first); see
 :mod:`amm_rules.cli.remote`.
 
 This module and everything ``validate`` needs belong to the language half: nothing
@@ -233,6 +234,26 @@ def _check(file: str) -> CheckResult:
 @click.option("--kill", multiple=True, metavar="WORKER", help="Lose a worker (address or name).")
 @click.option("--kill-host", multiple=True, metavar="HOST", help="Lose every worker of a host.")
 @click.option("--kill-pool", multiple=True, metavar="NAME", help="Lose every worker of a pool.")
+@click.option(
+    "--drain",
+    multiple=True,
+    metavar="WORKER",
+    help="Drain a worker (address or name) before --deadline at --rate, then lose it.",
+)
+@click.option(
+    "--deadline",
+    default="60s",
+    show_default=True,
+    metavar="DURATION",
+    help="With --drain: the time the workers have.",
+)
+@click.option(
+    "--rate",
+    default="100MiB/s",
+    show_default=True,
+    metavar="RATE",
+    help="With --drain: bytes per second each drained worker sends.",
+)
 @_format_option
 @_max_dump_option
 def simulate(
@@ -243,6 +264,9 @@ def simulate(
     kill: tuple[str, ...],
     kill_host: tuple[str, ...],
     kill_pool: tuple[str, ...],
+    drain: tuple[str, ...],
+    deadline: str,
+    rate: str,
     fmt: str,
     max_dump_bytes: int,
 ) -> None:
@@ -251,15 +275,24 @@ def simulate(
     Runs the engine's own classifier and planners on the cluster of --dump or
     --scheduler; copies land between cycles; the computation is frozen. Reports per
     rule, per pool and per worker, the keys left unmet, and with --kill* what losing
-    those workers does.
+    those workers does. With --drain, the workers first send what they can before
+    --deadline at --rate, most valuable first (the drain's own order and prediction),
+    and are then lost.
 
     RULES is read as validate reads a FILE: '-' is standard input, and a pipe or a
     process substitution is read to its end.
 
-    Exit status: 0; 1 when a --kill* loses the last copy of a key, or the rules or the
-    cluster cannot be read; 2 for usage errors.
+    Exit status: 0; 1 when a --kill* (or a drain's deadline) loses the last copy of a
+    key, or the rules or the cluster cannot be read; 2 for usage errors.
     """
     from amm_rules.offline.commands import simulate as run
+    from amm_rules.offline.drain import parse_rate
+
+    try:
+        seconds = _duration(click.get_current_context(), None, deadline)  # type: ignore[arg-type]
+        per_second = parse_rate(rate)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--deadline' / '--rate'") from None
 
     sys.exit(
         run(
@@ -272,6 +305,9 @@ def simulate(
             kill_pool=kill_pool,
             fmt=fmt,
             max_dump_bytes=max_dump_bytes,
+            drain=drain,
+            deadline=seconds,
+            rate=per_second,
         )
     )
 
@@ -558,4 +594,64 @@ def explain(
     click.echo(out, nl=False)
     for line in errors:
         click.echo(f"amm-rules: {line}", err=True)
+    sys.exit(code)
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    from amm_rules.language.fields import UnitError, parse_duration
+
+    try:
+        seconds = parse_duration(value)
+    except UnitError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if seconds <= 0:
+        raise click.BadParameter(f"must be more than 0 s, got {value!r}")
+    return seconds
+
+
+@main.command()
+@click.argument("workers", nargs=-1, metavar="WORKER...")
+@_scheduler_option
+@click.option(
+    "--deadline",
+    default="60s",
+    show_default=True,
+    callback=_duration,
+    help="When the workers must be gone (a duration: 120s, 2 min).",
+)
+@click.option(
+    "--close", is_flag=True, help="Close each worker once its keys are safe, or at the deadline."
+)
+@_format_option
+@_timeout_option
+def drain(
+    workers: tuple[str, ...],
+    address: str | None,
+    deadline: float,
+    close: bool,
+    fmt: str,
+    timeout: float,
+) -> None:
+    """Move what WORKERs hold before a deadline, most valuable first.
+
+    WORKER is an address or a worker's name. The workers stop receiving tasks; their
+    keys are copied where their rules allow, a rule's replicate minimum first, then
+    the keys whose recompute costs most per byte, then the rest, at the transfer rate
+    the workers show. What cannot leave in time is said at once, and the prediction is
+    updated as the drain goes. With --close, each worker is closed once its keys are
+    safe, or at the deadline. Exit status: 0 when every key was safe, 1 when keys were
+    not (or the scheduler cannot be reached, or runs no amm-rules engine), 2 for usage
+    errors.
+    """
+    from amm_rules.cli.remote import RemoteError, drain_command
+
+    if not workers:
+        raise click.UsageError("name at least one WORKER to drain (an address or a name)")
+    where = _address(address)
+    try:
+        code = drain_command(
+            where, list(workers), deadline, close=close, fmt=fmt, timeout=timeout, echo=click.echo
+        )
+    except RemoteError as exc:
+        _fail(str(exc))
     sys.exit(code)

@@ -109,6 +109,8 @@ async def _step(call: Any, address: str, timeout: float, what: str) -> Any:
 
 
 async def _probe(remote: Any, address: str, timeout: float, op: str) -> None:
+    from functools import partial
+
     from distributed.protocol.pickle import dumps
 
     from amm_rules.engine.handlers import METADATA_KEY, engine_in_metadata
@@ -125,25 +127,39 @@ async def _probe(remote: Any, address: str, timeout: float, op: str) -> None:
     # a function there that looks for the handlers.
     try:
         answer = await asyncio.wait_for(
-            remote.run_function(function=dumps(_engine_attached)), timeout
+            remote.run_function(function=dumps(partial(_engine_attached, op=op))), timeout
         )
     except Exception:
         return  # cannot tell (running functions is not allowed there): call the handler
     if not isinstance(answer, dict) or answer.get("status") != "OK":
         return
-    if not answer.get("result"):
+    found = answer.get("result")
+    if not found:
         raise RemoteError(
             f"the scheduler at {address} runs no amm-rules engine: add "
             "{'class': 'amm_rules.RulesPolicy', 'rules': ...} to its dask config "
             "distributed.scheduler.active-memory-manager.policies"
         )
+    if found == "without-op":
+        raise RemoteError(
+            f"the amm-rules engine of the scheduler at {address} has no {op!r} handler: "
+            "upgrade amm-rules on the scheduler"
+        )
 
 
-def _engine_attached(dask_scheduler: Any) -> bool:
-    """Runs in the scheduler: are the amm-rules handlers registered?"""
-    from amm_rules.engine.handlers import HANDLER_NAMES
+#: The handlers every release of the engine registers (the others came later).
+CORE_HANDLERS = ("amm_rules_set_target", "amm_rules_explain", "amm_rules_status")
 
-    return all(name in dask_scheduler.handlers for name in HANDLER_NAMES)
+
+def _engine_attached(dask_scheduler: Any, op: str | None = None) -> bool | str:
+    """Runs in the scheduler: are the amm-rules handlers registered? ``"without-op"``
+    when the engine is there but has no handler ``op`` (an older release)."""
+    handlers = dask_scheduler.handlers
+    if not all(name in handlers for name in CORE_HANDLERS):
+        return False
+    if op is not None and op not in handlers:
+        return "without-op"
+    return True
 
 
 def _first_line(exc: BaseException) -> str:
@@ -286,3 +302,102 @@ def _answer_for(got: Any, key: Hashable) -> Any:
     from amm_rules.engine.decide.view import key_string
 
     return got.get(key_string(key)) if isinstance(got, dict) else None
+
+
+#: Seconds between two looks at a drain while ``amm-rules drain`` follows it.
+DRAIN_POLL = 1.0
+#: Seconds ``amm-rules drain`` waits past the deadline for the drains to end.
+DRAIN_GRACE = 30.0
+
+
+def drain_command(
+    address: str,
+    workers: Sequence[str],
+    deadline: float,
+    *,
+    close: bool,
+    fmt: str,
+    timeout: float,
+    echo: Any,
+) -> int:
+    """``amm-rules drain``: start the drain, say what it predicts, follow it (a line
+    when the prediction or a state changes), and end with what happened. ``echo``
+    prints a line. Exit status: 0 when every key was safe, 1 when keys were not."""
+    import time
+
+    from amm_rules.language.reporters import escape_controls
+
+    report = ask(
+        address,
+        "amm_rules_drain",
+        timeout,
+        workers=list(workers),
+        deadline=deadline,
+        close_workers=close,
+    )
+    if fmt == "text":
+        for line in report.values():
+            echo(escape_controls(_drain_started(line)))
+    said = {a: _drain_said(line) for a, line in report.items()}
+    give_up = time.monotonic() + deadline + DRAIN_GRACE
+    while time.monotonic() < give_up and not _drains_over(report):
+        time.sleep(DRAIN_POLL)
+        report = ask(address, "amm_rules_drain_report", timeout, workers=list(report))
+        for worker, line in report.items():
+            now_said = _drain_said(line)
+            if fmt == "text" and now_said != said.get(worker):
+                echo(escape_controls(_drain_progress(line)))
+            said[worker] = now_said
+    if fmt == "json":
+        echo(json.dumps(report, indent=2, default=str))
+    elif not _drains_over(report):
+        echo(f"the drains had not ended {DRAIN_GRACE:g} s after their deadline")
+    lost = sum((line.get("outcome") or {}).get("unsafe_keys", 0) for line in report.values())
+    return 1 if lost or not _drains_over(report) else 0
+
+
+def _drains_over(report: dict[str, Any]) -> bool:
+    """Every drain ended: its outcome is known and, with ``close``, its worker is gone
+    (as :func:`amm_rules.client.drain_over`, which this module does not import: it
+    imports distributed)."""
+    for line in report.values():
+        if line.get("outcome") is None:
+            return False
+        if line.get("close") and line.get("state") not in ("closed", "left"):
+            return False
+    return True
+
+
+def _drain_said(line: dict[str, Any]) -> tuple[Any, ...]:
+    prediction = line.get("prediction") or {}
+    return (line.get("state"), prediction.get("lost_keys"), prediction.get("rate_source"))
+
+
+def _drain_started(line: dict[str, Any]) -> str:
+    first = line.get("first_prediction") or {}
+    out = (
+        f"{line['worker']} ({line['name']}): draining within {line['deadline']:g} s"
+        f"{', then closing' if line.get('close') else ''}: {first.get('text', '')}"
+    )
+    for entry in line.get("cannot_stay") or ():
+        shown = ", ".join(entry["shown"])
+        more = (
+            f" and {entry['keys'] - len(entry['shown'])} more"
+            if entry["keys"] > len(entry["shown"])
+            else ""
+        )
+        out += f"\n  cannot move: {entry['keys']} keys ({entry['why']}): {shown}{more}"
+    return out
+
+
+def _drain_progress(line: dict[str, Any]) -> str:
+    outcome = line.get("outcome")
+    if outcome is not None:
+        return (
+            f"{line['worker']}: {line['state']} after {outcome['elapsed']:g} s: {outcome['text']}"
+        )
+    prediction = line.get("prediction") or {}
+    return (
+        f"{line['worker']}: {max(0.0, line['seconds_left']):.0f} s left, "
+        f"{line['moved_keys']} keys moved: {prediction.get('text', '')}"
+    )

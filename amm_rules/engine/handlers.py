@@ -22,7 +22,13 @@ names. Called by :mod:`amm_rules.client` (``replicate``, ``explain``, ``status``
 - ``amm_rules_status()``: the rules in force, per-rule counters, reload errors, and each
   section's own entry (see :func:`engine_status`);
 - ``amm_rules_memory_flow()``: per task prefix, ``{produced, freed, freed_by, live,
-  tasks, net_per_task}`` (see :mod:`amm_rules.engine.state.flow`).
+  tasks, net_per_task}`` (see :mod:`amm_rules.engine.state.flow`);
+- ``amm_rules_drain(workers, deadline, close_workers=False)``: drain workers (addresses
+  or names) before a deadline, closing them after with ``close_workers`` (not
+  ``close``: the comm takes a message's ``close`` for itself); returns per worker the
+  drain's report with its first
+  prediction, and ``amm_rules_drain_report(workers=None)`` the reports as the drains go
+  (see :mod:`amm_rules.engine.sections.drain`).
 
 What ``status`` and ``explain`` answer is the policy's :attr:`~amm_rules.engine.policy.RulesPolicy.answers`:
 the engine's own (:class:`EngineAnswers`) until an observer above the engine gives a
@@ -53,6 +59,7 @@ from amm_rules.engine.decide.plan import (
     target_bounds,
 )
 from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
+from amm_rules.engine.sections.drain import DrainSection
 from amm_rules.language.fields import ActionError, parse_actions, parse_target
 from amm_rules.language.ruleset import ACTION_FIELDS, Actions, Desired, Target
 
@@ -67,6 +74,8 @@ HANDLER_NAMES = (
     "amm_rules_explain",
     "amm_rules_status",
     "amm_rules_memory_flow",
+    "amm_rules_drain",
+    "amm_rules_drain_report",
 )
 #: The scheduler's metadata entry (``Client.get_metadata(["amm-rules"])``) that says the
 #: handlers are registered: their names. Clients ask for it
@@ -303,6 +312,18 @@ class Handlers:
         """Per task prefix: bytes produced, freed, freed because a task of the prefix
         finished, live now, tasks finished and the net bytes per task."""
         return self.policy.ctx.flow.table()
+
+    def amm_rules_drain(
+        self, workers: Any = (), deadline: Any = "60s", close_workers: bool = False
+    ) -> dict[str, dict[str, Any]]:
+        """Drain ``workers`` before ``deadline``; their reports, with the first prediction."""
+        return self.policy.ctx.section(DrainSection).start(workers, deadline, bool(close_workers))
+
+    def amm_rules_drain_report(self, workers: Any = None) -> dict[str, dict[str, Any]]:
+        """The drains of ``workers`` (None: all known), as they go."""
+        if workers is not None:
+            workers = [str(w) for w in check_keys(workers)]
+        return self.policy.ctx.section(DrainSection).report(workers)
 
 
 class EngineAnswers:

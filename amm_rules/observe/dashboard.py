@@ -506,7 +506,7 @@ class WorkAtRisk(DashboardComponent):
         self._drawn: Any = None
 
     def update(self, report: Mapping[str, Any] | None) -> None:
-        from amm_rules.engine.sections.costs import format_seconds
+        from amm_rules.engine.decide.units import format_seconds
 
         workers = report["workers"] if report is not None else None
         if workers != self._drawn:
@@ -635,6 +635,57 @@ class MemoryFlowTable(DashboardComponent):
         text = pressure_html((report or {}).get("memory_pressure"), report is not None)
         if self.pressure.text != text:
             self.pressure.text = text
+
+
+class DrainsTable(DashboardComponent):
+    """Drains in progress (and those that ended recently): per worker what moved, what
+    is left, the predicted loss and the time left (the report's ``drain``)."""
+
+    COLUMNS = ("worker", "state", "moved", "left", "loss", "time_left")
+
+    def __init__(self) -> None:
+        self.source = ColumnDataSource({name: [] for name in self.COLUMNS})
+        columns = [
+            TableColumn(field="worker", title="draining worker", width=200),
+            TableColumn(field="state", title="state", width=80),
+            TableColumn(field="moved", title="moved", width=130),
+            TableColumn(field="left", title="left", width=130),
+            TableColumn(field="loss", title="predicted loss (or outcome)", width=420),
+            TableColumn(field="time_left", title="time left", width=80),
+        ]
+        self.table = DataTable(
+            source=self.source,
+            columns=columns,
+            index_position=None,
+            sortable=False,
+            height=_table_height(0),
+            sizing_mode="stretch_width",
+            autosize_mode="none",
+            visible=False,
+        )
+        self.root = self.table
+
+    def update(self, report: Mapping[str, Any] | None) -> None:
+        data = drain_rows(report)
+        _refill(self.table, data)
+        rows = len(data["worker"])
+        _set(self.table, visible=bool(rows), height=_table_height(rows))
+
+
+def drain_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
+    """The rows of :class:`DrainsTable` (plain data, tested without Bokeh)."""
+    data: dict[str, list[Any]] = {name: [] for name in DrainsTable.COLUMNS}
+    for d in ((report or {}).get("drain") or {}).get("drains", ()):
+        prediction = d.get("prediction") or {}
+        outcome = d.get("outcome")
+        data["worker"].append(f"{d['worker']} ({d['name']})")
+        data["state"].append(d["state"])
+        data["moved"].append(f"{d['moved_keys']:,} keys, {format_bytes(d['moved_bytes'])}")
+        data["left"].append(f"{d['keys_left']:,} keys, {format_bytes(d['bytes_left'])}")
+        data["loss"].append(outcome["text"] if outcome else prediction.get("text", ""))
+        left = d["seconds_left"]
+        data["time_left"].append(f"{left:.0f} s" if outcome is None and left > 0 else "-")
+    return data
 
 
 def pressure_html(pressure: Mapping[str, Any] | None, attached: bool = True) -> str:
@@ -774,8 +825,10 @@ class RulesPage(DashboardComponent):
         self.in_flight = InFlight()
         self.events = EventsTable()
         self.flow = MemoryFlowTable()
+        self.drains = DrainsTable()
         self.root = column(
             self.header.root,
+            self.drains.root,
             self.rules.root,
             self.memory.root,
             self.at_risk.root,
@@ -791,6 +844,7 @@ class RulesPage(DashboardComponent):
             report = shared_report(self.scheduler)
             parts = (
                 self.header,
+                self.drains,
                 self.rules,
                 self.memory,
                 self.at_risk,

@@ -125,6 +125,7 @@ def _render_engine(report: Mapping[str, Any]) -> list[str]:
     out += _render_flow(report.get("memory_flow"))
     out += _render_pressure(report.get("memory_pressure"))
     out += _render_recompute(report.get("recompute"), report.get("protect"))
+    out += _render_drains(report.get("drain"))
     r = report["rebalance"]
     if not r.get("enabled") and not r.get("in_flight"):
         out.append("rebalance    off")
@@ -182,6 +183,30 @@ def _render_departures(report: Mapping[str, Any]) -> list[str]:
     return [f"left         {lines[0]}", *(f"             {line}" for line in lines[1:])]
 
 
+def _render_drains(drain: Mapping[str, Any] | None) -> list[str]:
+    """A line per drain (running, or ended recently), then its prediction or outcome."""
+    from dask.utils import format_bytes
+
+    out: list[str] = []
+    for d in (drain or {}).get("drains", ()):
+        head = "drain        " if not out else "             "
+        if d["outcome"] is None:
+            state = f"{max(0.0, d['seconds_left']):.0f} s left"
+        else:
+            state = f"{d['state']} after {d['elapsed']:g} s"
+        out.append(
+            f"{head}{d['worker']} ({d['name']}): {state}; {d['moved_keys']:,} keys moved "
+            f"({format_bytes(d['moved_bytes'])}), {d['keys_left']:,} left"
+        )
+        if d["outcome"] is not None:
+            out.append(f"               {d['outcome']['text']}")
+        elif d["prediction"]:
+            out.append(f"               {d['prediction']['text']}")
+        for entry in d["cannot_stay"]:
+            out.append(f"               cannot move: {entry['keys']:,} keys ({entry['why']})")
+    return out
+
+
 def _render_flow(flow: Mapping[str, Any] | None) -> list[str]:
     """The memory flow's summary line and its top producers and freers."""
     if not flow:
@@ -233,7 +258,7 @@ def _render_recompute(
     """Work at risk (the workers with the most) and the protect section."""
     from dask.utils import format_bytes
 
-    from amm_rules.engine.sections.costs import format_seconds
+    from amm_rules.engine.decide.units import format_seconds
 
     out = []
     if recompute:
@@ -388,6 +413,10 @@ def _render_one(name: str, a: Mapping[str, Any]) -> str:
     lines += _render_workers(a["decisions"])
     if a.get("rebalance"):
         lines.append(f"  rebalance  {_rebalance_words(a['rebalance'])}")
+    drain = a.get("drain")
+    if drain:
+        words = drain.get("text") or f"{drain['standing']}: {drain['why']}"
+        lines.append(f"  drain    {drain['worker']} drains: {words}")
     lines += _render_history(a.get("history", []))
     return "\n".join(lines) + "\n"
 

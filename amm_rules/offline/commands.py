@@ -100,15 +100,16 @@ def resolve_kills(
     workers: Sequence[str],
     hosts: Sequence[str],
     pool_names: Sequence[str],
+    option: str = "--kill",
 ) -> list[str]:
-    """Addresses of the workers named by ``--kill`` (address or name), ``--kill-host``
-    and ``--kill-pool``, in the dump's order."""
+    """Addresses of the workers named by ``--kill`` (address or name; ``option`` names
+    it in messages), ``--kill-host`` and ``--kill-pool``, in the dump's order."""
     chosen: set[str] = set()
     for name in workers:
         found = [a for a, w in state.workers.items() if name in (a, w.name, a.split("://")[-1])]
         if not found:
             raise click.UsageError(
-                f"--kill {name}: no worker with that address or name in {state.source}"
+                f"{option} {name}: no worker with that address or name in {state.source}"
                 + _listing("workers", list(state.workers))
             )
         chosen.update(found)
@@ -147,8 +148,13 @@ def simulate(
     kill_pool: Sequence[str] = (),
     fmt: str = "text",
     max_dump_bytes: int = MAX_DUMP_BYTES,
+    drain: Sequence[str] = (),
+    deadline: float = 60.0,
+    rate: float = 100 * 2**20,
 ) -> int:
-    """``amm-rules simulate``. Exit status: 1 if a kill loses data (or the input is bad)."""
+    """``amm-rules simulate``. Exit status: 1 if a kill (or a drain's deadline) loses
+    data, or the input is bad."""
+    from amm_rules.offline.drain import drain_lines
     from amm_rules.offline.report import render_text
     from amm_rules.offline.simulate import amm_defaults
 
@@ -165,11 +171,14 @@ def simulate(
         cycles=cycles,
         kill=(kill, kill_host, kill_pool),
         rules_file=rules,
+        drain=(drain, deadline, rate),
     )
     if fmt == "json":
         click.echo(json.dumps(report, indent=2))
     else:
-        click.echo(escape_controls(render_text(report)), nl=False)
+        lines = drain_lines(report.get("drain"))
+        text = "\n".join(lines) + "\n" if lines else ""
+        click.echo(escape_controls(text + render_text(report)), nl=False)
     for warning in state.warnings:
         click.echo(escape_controls(f"warning: {state.source}: {warning}"), err=True)
     return 1 if report["lost"] else 0
@@ -184,8 +193,11 @@ def run_simulation(
     cycles: int | None = None,
     kill: tuple[Sequence[str], Sequence[str], Sequence[str]] = ((), (), ()),
     rules_file: str = "",
+    drain: tuple[Sequence[str], float, float] = ((), 60.0, 100 * 2**20),
 ) -> dict[str, Any]:
-    """Simulate ``ruleset`` on ``state`` (after the kills) and return the report."""
+    """Simulate ``ruleset`` on ``state`` (after the kills; after the drain of
+    ``drain``'s workers within its deadline at its rate, which kills them) and return
+    the report."""
     from amm_rules.offline.report import simulation_report
     from amm_rules.offline.sim_cluster import SimCluster
     from amm_rules.offline.simulate import Simulation, runtime_targets
@@ -198,11 +210,26 @@ def run_simulation(
         runtime=runtime_targets(state),
     )
     report = None
-    if any(kill):
+    drained = None
+    drain_workers_, deadline, rate = drain
+    if drain_workers_:
+        from amm_rules.offline.drain import drain_workers
+
+        if any(kill):
+            raise click.UsageError("--drain and --kill* cannot be used together")
+        victims = resolve_kills(
+            state, sim.initial_pools, ruleset, drain_workers_, (), (), option="--drain"
+        )
+        drained = drain_workers(sim, victims, deadline, rate)
+        report = kill_workers(sim, victims)
+    elif any(kill):
         victims = resolve_kills(state, sim.initial_pools, ruleset, *kill)
         report = kill_workers(sim, victims)
     result = sim.run(cycles)
-    return simulation_report(sim, result, report, rules_file=rules_file)
+    out = simulation_report(sim, result, report, rules_file=rules_file)
+    if drained is not None:
+        out["drain"] = drained
+    return out
 
 
 def kill_workers(sim: Any, victims: list[str]) -> Any:

@@ -339,7 +339,7 @@ def kill_lines(report: Mapping[str, Any]) -> list[str]:
     if not report["killed"]:
         return []
     lost = report["lost"]
-    from amm_rules.engine.sections.costs import format_seconds
+    from amm_rules.engine.decide.units import format_seconds
 
     lines = [f"killed: {plural(len(report['killed']), 'worker')}: {', '.join(report['killed'])}"]
     for address, seconds in (report.get("recompute_lost") or {}).items():

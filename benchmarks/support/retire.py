@@ -17,11 +17,14 @@ class ReplicaLog:
 
     def __init__(self, scheduler: Any):
         self.added: defaultdict[Hashable, list[str]] = defaultdict(list)
+        #: Every copy in the order they came: (key, worker address).
+        self.order: list[tuple[Hashable, str]] = []
         inner = scheduler.add_replica
 
         def add_replica(ts: Any, ws: Any) -> None:
             inner(ts, ws)
             self.added[ts.key].append(ws.address)
+            self.order.append((ts.key, ws.address))
 
         scheduler.add_replica = add_replica
 

@@ -25,6 +25,7 @@ from amm_rules import (
     RulesPolicy,
     Target,
     annotate,
+    drain,
     explain,
     load_ruleset,
     memory_flow,
@@ -113,4 +114,6 @@ def on_a_client(client: Client, x: Any, futures: list[Future]) -> dict[str, Any]
     why = explain(futures, client=client)
     report = status(client)
     flow = memory_flow()
-    return {"answer": answer, "why": why, "report": report, "flow": flow}
+    drained = drain(["tcp://10.0.0.5:40123"], deadline="25s", close=True, client=client)
+    drain("worker-3", deadline=60)
+    return {"answer": answer, "why": why, "report": report, "flow": flow, "drained": drained}

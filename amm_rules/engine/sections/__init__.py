@@ -26,9 +26,12 @@ explain and the metrics list them:
    reduce-replicas, which spares what it protects;
 7. ``reduce-replicas``: the stock reduction for keys no rule governs
    (:mod:`.reduce_replicas`), last, sparing keys mid-move and protected copies;
-8. ``retirement``, ``legacy-replicate``, ``demand``, ``departures``: nothing to do in a
-   cycle; they act through scheduler hooks (:mod:`.retirement`, :mod:`.legacy`,
-   :mod:`.departures`) or report (:mod:`.demand`).
+8. ``retirement``, ``drain``, ``legacy-replicate``, ``demand``, ``departures``: nothing to
+   do in a cycle; they act through scheduler hooks (:mod:`.retirement`, :mod:`.legacy`,
+   :mod:`.departures`), through the retirements they pace (:mod:`.drain`: a drained
+   worker's copies are its retirement's, recorded in flight where replication counts
+   them; the AMM drops a key's extra copy from the retiring worker first, so
+   reduce-replicas never trims the copy a drain made) or report (:mod:`.demand`).
 
 Adding a feature: a module here with its ``Section`` subclass, and its class in
 :data:`SECTIONS` (see docs/architecture.md).
@@ -42,6 +45,7 @@ from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.sections.costs import RecomputeCostsSection
 from amm_rules.engine.sections.demand import DemandSection
 from amm_rules.engine.sections.departures import WorkerDepartures
+from amm_rules.engine.sections.drain import DrainSection
 from amm_rules.engine.sections.legacy import LegacyCalls
 from amm_rules.engine.sections.memory_flow import MemoryFlowSection
 from amm_rules.engine.sections.memory_pressure import MemoryPressure
@@ -67,6 +71,7 @@ SECTIONS: tuple[type[Section], ...] = (
     ProtectSection,
     ReduceReplicasSection,
     Retirements,
+    DrainSection,
     LegacyCalls,
     DemandSection,
     WorkerDepartures,

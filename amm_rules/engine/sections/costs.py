@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from amm_rules.engine.decide.units import format_seconds
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.state.costs import RecomputeCosts
 from amm_rules.language.ruleset import Ruleset
@@ -32,21 +33,6 @@ TOP_WORKERS = 20
 TOP_GROUPS = 5
 #: The label of the cluster's total in ``dask_amm_rules_work_at_risk_seconds``.
 TOTAL = "(total)"
-
-
-def format_seconds(seconds: float | None) -> str:
-    """``41 min``, ``3.2 h``, ``2 s``, ``450 ms``: a duration in the unit a person reads."""
-    if seconds is None:
-        return "unknown"
-    if seconds >= 5400:
-        return f"{seconds / 3600:.1f} h"
-    if seconds >= 90:
-        return f"{seconds / 60:.0f} min"
-    if seconds >= 10:
-        return f"{seconds:.0f} s"
-    if seconds >= 1:
-        return f"{seconds:.1f} s"
-    return f"{seconds * 1000:.0f} ms"
 
 
 def recompute_sentence(estimate: float | None, own: float | None, ancestors: float) -> str:
@@ -194,4 +180,4 @@ def _tracks(ruleset: Ruleset) -> bool:
     return ruleset.protect is not None or ruleset.reads_costs
 
 
-__all__ = ["RecomputeCostsSection", "format_seconds", "recompute_sentence"]
+__all__ = ["RecomputeCostsSection", "recompute_sentence"]

@@ -38,9 +38,9 @@ from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine.adapters import TaskFactsAdapter
 from amm_rules.engine.decide.protect import HYSTERESIS, Candidate, Choice, choose
+from amm_rules.engine.decide.units import format_seconds
 from amm_rules.engine.dryrun import DryRun
 from amm_rules.engine.sections.base import Cycle, Section
-from amm_rules.engine.sections.costs import format_seconds
 from amm_rules.language.ruleset import DRY_RUN, UNGOVERNED, ProtectSettings, Ruleset
 
 logger = logging.getLogger(__name__)

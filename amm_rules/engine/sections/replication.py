@@ -19,7 +19,8 @@ One cycle of it:
 Neighbours: :mod:`amm_rules.engine.decide.plan` decides; the rebalance section's moves
 (:attr:`~amm_rules.engine.sections.rebalance.RebalanceSection.moving`) and the legacy
 calls' copies (:attr:`~amm_rules.engine.sections.legacy.LegacyCalls.copying`) are
-left alone here.
+left alone here, and so are the keys a drain will copy in its order of value
+(:attr:`~amm_rules.engine.sections.drain.DrainSection.paced`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from amm_rules.engine.decide.classify_budget import ClassifyBudget
 from amm_rules.engine.decide.plan import plan_key
 from amm_rules.engine.dryrun import HELD_BACK
 from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.engine.sections.drain import DrainSection
 from amm_rules.engine.sections.legacy import LegacyCalls
 from amm_rules.engine.sections.rebalance import RebalanceSection
 from amm_rules.engine.state.governed import PlanClass
@@ -265,6 +267,9 @@ class Replication(Section):
         journal = ctx.journal
         legacy = ctx.find(LegacyCalls)
         copying = legacy.copying if legacy is not None else ()
+        drain = ctx.find(DrainSection)
+        paced = drain.paced if drain is not None else ()
+        draining = drain.emptying() if drain is not None else ()
         placements = ctx.placements
         dry_run = ctx.dry_run
         for key, ts in todo.items():
@@ -274,6 +279,9 @@ class Replication(Section):
                 continue
             if key in copying:
                 continue  # a replicate or scatter call is copying it: looked at after
+            if paced and key in paced:
+                index.recheck.add(key)  # a drain copies it in its turn: looked at then
+                continue
             plan = plan_key(ctx.key_view(ts, desired, pending, now), cluster, settings)
             if plan.unmet and not placements.class_unmet(PlanClass.of(desired)):
                 stats[plan.source]["unmet"] += 1
@@ -288,6 +296,11 @@ class Replication(Section):
                     # Mid-move the key holds one extra copy until the move's own drop;
                     # trimming now could drop the new copy and undo the move.
                     plan.deferred.append(f"drop from {action.worker} waits: key mid-move")
+                    continue
+                if action.op == "drop" and action.worker in draining:
+                    # A draining worker keeps its copies until it leaves: if it
+                    # outlives its deadline, nothing was lost.
+                    plan.deferred.append(f"drop from {action.worker} waits: it is draining")
                     continue
                 choice = yield Suggestion(action.op, ts, {ws})
                 accepted = choice is not None

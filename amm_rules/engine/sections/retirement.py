@@ -25,6 +25,12 @@ cycle later. Here:
 - :meth:`RulesRetireWorker.done` waits until every key is held where the rules want it
   on the workers that stay (the stock one waits for any second copy, even one on
   another retiring worker);
+- a retirement with a deadline (a *drain*, :mod:`amm_rules.engine.sections.drain`) has a
+  :class:`Pacer` in :attr:`Retirements.pacers`: it orders the worker's keys by value
+  before they are planned, lets through only the copies that fit its window of bytes in
+  flight, takes the keys that cannot move off the plan (a drain reports them as lost
+  rather than refusing: the worker leaves at the deadline anyway), and the retiring
+  worker's own copies are not dropped (its copies vanish with it);
 - :class:`DownscalingGuard`, a scheduler plugin, keeps out of adaptive scale-down's
   candidates the workers whose departure the rules would refuse: adaptive closes the
   workers it chose whether or not their retirement succeeded. ``workers_to_close`` is
@@ -43,7 +49,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Generator, Hashable, Iterable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from distributed.active_memory_manager import RetireWorker, Suggestion
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -199,6 +205,19 @@ def shown_keys(keys: Iterable[Hashable]) -> list[str]:
     return [key_string(k) for k in list(keys)[:KEYS_SHOWN]]
 
 
+class Pacer(Protocol):
+    """What paces the retirement of one worker (a drain: see the module docstring)."""
+
+    def rank(self, ws: Any, views: list[KeyView], cluster: ClusterView) -> list[KeyView]:
+        """The worker's key views in the order their copies should be made."""
+
+    def admit(self, ws: Any, plan: Evacuation, now: float) -> Evacuation:
+        """The part of ``plan`` to enact now."""
+
+    def asked(self, ws: Any, copy: Any, now: float) -> None:
+        """The AMM accepted ``copy`` (an :class:`~amm_rules.engine.decide.evacuate.Copy`)."""
+
+
 # --------------------------------------------------------------------------------------
 # The policy
 # --------------------------------------------------------------------------------------
@@ -284,6 +303,8 @@ class Retirements(Section):
         #: Counters since the policy started (metrics): ``retirements``, ``copies``,
         #: ``bytes``, ``drops``, ``blocked``, ``placed``, ``downscaling_kept``.
         self.counters: Counter[str] = Counter()
+        #: Retiring workers whose copies are paced (by a drain): address -> its pacer.
+        self.pacers: dict[str, Pacer] = {}
         self._unwrap: Callable[[], None] | None = None
         self._guard: DownscalingGuard | None = None
 
@@ -329,9 +350,14 @@ class Retirements(Section):
         self.book.prune(now)
         tasks = [ts for ts in ws.has_what if not ts.actor]
         views, cluster = evacuation_input(ctx, tasks, leaving_addresses(ctx), self.book)
+        pacer = self.pacers.get(ws.address)
+        if pacer is not None:
+            views = pacer.rank(ws, views, cluster)
         plan = plan_evacuation(views, cluster, now=now)
         self._remember_needs(ws.address, views, cluster)
         dry = dry_run_keys(ctx, views)
+        if pacer is not None:
+            plan = pacer.admit(ws, plan, now)
         first = ws.address not in self.active
         if first:
             self.counters["retirements"] += 1
@@ -362,10 +388,13 @@ class Retirements(Section):
         accepted = yield from suggest_copies(plan, by_key, workers, f"retiring {ws.address}")
         for copy, ts in accepted:
             record_copy(ctx, self.book, ts, copy.worker, now)
+            if pacer is not None:
+                pacer.asked(ws, copy, now)
             self.counters["copies"] += 1
             self.counters["bytes"] += copy.nbytes
             self.active[ws.address]["copies"] += 1
-        yield from self._drop_placed(ws, plan, by_key, set(dry))
+        if pacer is None:
+            yield from self._drop_placed(ws, plan, by_key, set(dry))
 
     def _drop_placed(
         self, ws: Any, plan: Evacuation, by_key: dict[Hashable, Any], dry: set[Hashable]

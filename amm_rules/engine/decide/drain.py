@@ -1,0 +1,288 @@
+"""What a drain moves first, and what it will lose: the pure half of the ``drain``
+section (:mod:`amm_rules.engine.sections.drain`).
+
+A worker that must leave within a deadline (a spot instance's notice, a pod's
+termination grace period) cannot always send everything it holds in time. Each key it
+holds that needs a copy elsewhere is a :class:`DrainItem`, and :func:`rank` orders them
+by value, in three tiers:
+
+1. **below its minimum**: the key has a replication target of its own (a rule's
+   ``replicate``, an annotation, a runtime target) and holds fewer copies than its
+   ``min`` on the workers that stay; those that would be lost outright first;
+2. **recompute seconds saved per byte**: the key's recompute estimate (the recompute
+   cost model, :mod:`amm_rules.engine.state.costs`) divided by the bytes it takes to
+   save it; dearest per byte first;
+3. **the rest**: keys without an estimate (nothing measured of their group, or data
+   that was never computed); the smallest first (more keys safe per second).
+
+Ties keep the order the keys came in. :func:`predict` then walks the ranked items at
+a transfer rate with the seconds left, and says which leave in time and what the others
+would cost: bytes, keys, recompute seconds, keys that fall below their minimum
+(:meth:`Prediction.sentence`: "at 40 MiB/s, 1.2 GiB of 3.0 GiB will leave in time;
+≈ 14 min of recompute will be lost: ...").
+
+Nothing here reads the scheduler: the section builds the items from the engine's views
+and the evacuation planner (:mod:`amm_rules.engine.decide.evacuate`), and the simulator
+(``amm-rules simulate --drain``) from a recorded cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+
+from amm_rules.engine.decide.units import format_seconds, format_size
+
+#: The tiers of :func:`rank`, and what status and explain call them.
+BELOW_MIN, RECOMPUTE, REST = 0, 1, 2
+TIER_NAMES = {BELOW_MIN: "below its minimum", RECOMPUTE: "recompute per byte", REST: "the rest"}
+#: Groups named in a prediction's sentence (the dearest lost).
+NAMED_GROUPS = 3
+
+
+@dataclass(frozen=True)
+class DrainItem:
+    """One key a draining worker holds that needs copies elsewhere."""
+
+    key: Hashable
+    #: One copy's size in bytes.
+    nbytes: int
+    #: Copies it needs on the workers that stay.
+    copies: int = 1
+    #: Its recompute estimate, seconds (None: unknown).
+    seconds: float | None = None
+    #: A replication target of its own, and its ``min`` in copies (0: none).
+    minimum: int = 0
+    #: Copies on workers that stay (where they count).
+    staying: int = 0
+    #: The label of the key's target, for reports (``rule-name``, ``(annotation)``).
+    rule: str = ""
+    #: The key's group, for reports (``x`` of ``x-1a2b``).
+    group: str = ""
+
+    @property
+    def lost_outright(self) -> bool:
+        """No copy stays: the key is lost if it does not leave in time."""
+        return self.staying == 0
+
+    @property
+    def bytes_needed(self) -> int:
+        return max(0, self.nbytes) * max(1, self.copies)
+
+    @property
+    def tier(self) -> int:
+        if self.minimum and self.staying < self.minimum:
+            return BELOW_MIN
+        if self.seconds and self.seconds > 0 and self.lost_outright:
+            return RECOMPUTE
+        return REST
+
+    @property
+    def worth(self) -> float:
+        """Recompute seconds saved per byte moved (0 when unknown)."""
+        if not self.seconds or not self.lost_outright:
+            return 0.0
+        return self.seconds / max(1, self.bytes_needed)
+
+    def why(self) -> str:
+        """Why the key stands where it does in the order, in a few words."""
+        tier = self.tier
+        if tier == BELOW_MIN:
+            where = "no copy stays" if self.lost_outright else f"{self.staying} stay"
+            return f"below its minimum: replicate min {self.minimum} ({self.rule}), {where}"
+        if tier == RECOMPUTE:
+            return f"recompute ≈ {format_seconds(self.seconds)}, {self.worth:.3g} s per byte"
+        if not self.lost_outright:
+            return "a copy stays elsewhere"
+        return "no recompute estimate"
+
+
+def _order(item: DrainItem) -> tuple[int, int, float, int]:
+    tier = item.tier
+    if tier == BELOW_MIN:
+        return (tier, 0 if item.lost_outright else 1, -item.worth, item.bytes_needed)
+    if tier == RECOMPUTE:
+        return (tier, 0, -item.worth, item.bytes_needed)
+    return (tier, 0 if item.lost_outright else 1, 0.0, item.bytes_needed)
+
+
+def rank(items: Iterable[DrainItem]) -> list[DrainItem]:
+    """The items in the order a drain moves them (see the module docstring)."""
+    return sorted(items, key=_order)  # (sorted is stable: ties keep their order)
+
+
+@dataclass
+class LostGroup:
+    """What a prediction loses of one group."""
+
+    group: str
+    keys: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class Prediction:
+    """What :func:`predict` expects of a drain at a rate with the seconds left."""
+
+    #: Bytes per second assumed, and where the figure came from (``heartbeats``,
+    #: ``copies landed``, ``assumed``, ``given``).
+    rate: float
+    rate_source: str
+    seconds_left: float
+    #: Bytes still to move (each copy needed), and what leaves in time of them.
+    total_bytes: int = 0
+    in_time_bytes: int = 0
+    in_time_keys: int = 0
+    #: What does not: keys, bytes, recompute seconds (of the keys with an estimate),
+    #: keys without an estimate, keys left below their minimum.
+    lost_keys: int = 0
+    lost_bytes: int = 0
+    lost_seconds: float = 0.0
+    lost_unknown: int = 0
+    below_min: int = 0
+    #: Keys that cannot move at all (``move: never``, no eligible worker stays), with
+    #: their bytes and recompute seconds: lost whatever the rate.
+    cannot_move: int = 0
+    cannot_move_bytes: int = 0
+    cannot_move_seconds: float = 0.0
+    #: Bytes already safe (copies landed) and keys safe, for the sentence.
+    safe_keys: int = 0
+    #: The groups lost, dearest first (at most :data:`NAMED_GROUPS`).
+    groups: list[LostGroup] = field(default_factory=list)
+    #: The first key that will not leave in time (its place in the order), or None.
+    cutoff: int | None = None
+
+    @property
+    def seconds_needed(self) -> float:
+        return self.total_bytes / self.rate if self.rate > 0 else float("inf")
+
+    def sentence(self) -> str:
+        """``at 40 MiB/s, 1.2 GiB of 3.0 GiB will leave in time; ≈ 14 min of recompute
+        will be lost: 310 keys (x 12 min, y 2 min)``."""
+        rate = f"{format_size(self.rate)}/s ({self.rate_source})"
+        lost_seconds = self.lost_seconds + self.cannot_move_seconds
+        lost_keys = self.lost_keys + self.cannot_move
+        if not lost_keys:
+            if not self.total_bytes:
+                return "every key is safe: nothing left to move"
+            return (
+                f"at {rate}, all {format_size(self.total_bytes)} will leave in time "
+                f"(≈ {format_seconds(self.seconds_needed)} of "
+                f"{format_seconds(self.seconds_left)} left)"
+            )
+        out = (
+            f"at {rate}, {format_size(self.in_time_bytes)} of "
+            f"{format_size(self.total_bytes)} will leave in time; "
+        )
+        if lost_seconds > 0:
+            out += f"≈ {format_seconds(lost_seconds)} of recompute will be lost: "
+        else:
+            out += "lost: "
+        out += f"{lost_keys} key{'s' if lost_keys != 1 else ''}"
+        named = [f"{g.group} {format_seconds(g.seconds)}" for g in self.groups if g.seconds]
+        if named:
+            out += f" ({', '.join(named)})"
+        extra = []
+        if self.lost_unknown:
+            extra.append(f"{self.lost_unknown} without an estimate")
+        if self.below_min:
+            extra.append(f"{self.below_min} left below their minimum")
+        if self.cannot_move:
+            extra.append(f"{self.cannot_move} that cannot move")
+        if extra:
+            out += "; " + ", ".join(extra)
+        return out
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "rate": round(self.rate, 1),
+            "rate_source": self.rate_source,
+            "seconds_left": round(self.seconds_left, 3),
+            "total_bytes": self.total_bytes,
+            "in_time_bytes": self.in_time_bytes,
+            "in_time_keys": self.in_time_keys,
+            "lost_keys": self.lost_keys,
+            "lost_bytes": self.lost_bytes,
+            "lost_seconds": round(self.lost_seconds, 3),
+            "lost_unknown": self.lost_unknown,
+            "below_min": self.below_min,
+            "cannot_move": self.cannot_move,
+            "cannot_move_bytes": self.cannot_move_bytes,
+            "cannot_move_seconds": round(self.cannot_move_seconds, 3),
+            "groups": [
+                {
+                    "group": g.group,
+                    "keys": g.keys,
+                    "bytes": g.bytes,
+                    "seconds": round(g.seconds, 3),
+                }
+                for g in self.groups
+            ],
+            "text": self.sentence(),
+        }
+
+
+def predict(
+    ranked: Iterable[DrainItem],
+    rate: float,
+    seconds_left: float,
+    rate_source: str = "given",
+    cannot_move: Iterable[DrainItem] = (),
+) -> Prediction:
+    """What leaves in time at ``rate`` bytes per second with ``seconds_left``, in the
+    order of ``ranked`` (see :func:`rank`); ``cannot_move``: keys lost whatever the rate."""
+    out = Prediction(max(0.0, rate), rate_source, max(0.0, seconds_left))
+    budget = out.rate * out.seconds_left
+    groups: dict[str, LostGroup] = {}
+    for place, item in enumerate(ranked):
+        need = item.bytes_needed
+        out.total_bytes += need
+        if out.in_time_bytes + need <= budget and out.cutoff is None:
+            out.in_time_bytes += need
+            out.in_time_keys += 1
+            continue
+        if out.cutoff is None:
+            out.cutoff = place
+        out.lost_bytes += need
+        if item.tier == BELOW_MIN:
+            out.below_min += 1
+        if not item.lost_outright:
+            continue  # a copy stays: below its minimum, but not lost
+        out.lost_keys += 1
+        _lose(groups, item)
+        if item.seconds:
+            out.lost_seconds += item.seconds
+        else:
+            out.lost_unknown += 1
+    for item in cannot_move:
+        out.cannot_move += 1
+        out.cannot_move_bytes += max(0, item.nbytes)
+        out.cannot_move_seconds += item.seconds or 0.0
+        _lose(groups, item)
+    out.groups = sorted(groups.values(), key=lambda g: (-g.seconds, -g.bytes, g.group))[
+        :NAMED_GROUPS
+    ]
+    return out
+
+
+def _lose(groups: dict[str, LostGroup], item: DrainItem) -> None:
+    entry = groups.get(item.group)
+    if entry is None:
+        entry = groups[item.group] = LostGroup(item.group)
+    entry.keys += 1
+    entry.bytes += max(0, item.nbytes)
+    entry.seconds += item.seconds or 0.0
+
+
+__all__ = [
+    "BELOW_MIN",
+    "RECOMPUTE",
+    "REST",
+    "TIER_NAMES",
+    "DrainItem",
+    "LostGroup",
+    "Prediction",
+    "predict",
+    "rank",
+]

@@ -1,0 +1,799 @@
+"""The ``drain`` section: workers that must leave before a deadline send what is worth
+most first, and the engine says early what will be lost.
+
+A drain is a retirement with a deadline and an order of value. :meth:`DrainSection.start`
+(the ``amm_rules_drain`` handler, behind :func:`amm_rules.drain`, ``amm-rules drain`` and
+the worker preload :mod:`amm_rules.worker`):
+
+1. checks the request (workers by address or name, the deadline), and says before it
+   starts what cannot stay where its rules want it: keys of a pool none of whose
+   workers stays, ``move: never`` keys (:func:`~amm_rules.engine.decide.evacuate.plan_evacuation`'s
+   stuck keys), with the first prediction (:func:`~amm_rules.engine.decide.drain.predict`);
+2. retires the workers through ``Scheduler.retire_workers`` (they stop receiving
+   tasks; the rules place their keys: :mod:`amm_rules.engine.sections.retirement`), as
+   the :class:`~amm_rules.engine.sections.retirement.Pacer` of their retirements: each
+   cycle it ranks the worker's keys by value (:func:`~amm_rules.engine.decide.drain.rank`:
+   below a replication minimum first, then recompute seconds saved per byte from the
+   recompute cost model, then the rest), and lets through only the copies that fit a
+   window of bytes in flight (:data:`WINDOW_SECONDS` of the measured rate), so that
+   the recipients fetch in that order rather than all at once; keys that cannot move
+   are reported, not a reason to refuse; the drain never drops a copy itself;
+3. measures the rate while it runs, from the draining workers' heartbeats (bytes their
+   ``get-data`` handler sent: :class:`~amm_rules.engine.state.transfer.TransferMeter`,
+   read by the ticker),
+   else from its own copies that landed, else distributed's estimate
+   (``Scheduler.bandwidth``, said as ``assumed``), and updates the prediction every
+   cycle (an event when it moved);
+4. ends when every key is safe (held where its rules want it on workers that stay), at
+   the deadline, or when the worker leaves: with ``close``, the retirement closes the
+   worker once its keys are safe, and the drain removes it at the deadline; without,
+   the worker stays retiring (it gets no new tasks) until it leaves. What happened
+   is kept beside the first prediction.
+
+Between two cycles a ticker (every :data:`TICK` seconds while a drain runs) notes the
+copies that landed, asks for an early cycle when the window has room, and acts at the
+deadline.
+
+Neighbours: :mod:`amm_rules.engine.decide.drain` ranks and predicts;
+:mod:`amm_rules.engine.sections.retirement` enacts; :mod:`amm_rules.engine.handlers`
+owns the handler names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from amm_rules.engine.decide.drain import (
+    TIER_NAMES,
+    DrainItem,
+    Prediction,
+    predict,
+    rank,
+)
+from amm_rules.engine.decide.evacuate import Evacuation, needed_copies, plan_evacuation
+from amm_rules.engine.decide.plan import source_label
+from amm_rules.engine.decide.units import format_seconds, format_size
+from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
+from amm_rules.engine.sections.base import Section
+from amm_rules.engine.sections.retirement import (
+    CopyBook,
+    Retirements,
+    evacuation_input,
+    leaving_addresses,
+)
+from amm_rules.engine.state.transfer import TransferMeter
+from amm_rules.language.fields import UnitError, parse_duration
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two ticks of a running drain.
+TICK = 0.2
+#: The window of bytes in flight: this many seconds at the measured rate (at least
+#: :data:`MIN_WINDOW` bytes).
+WINDOW_SECONDS = 1.5
+MIN_WINDOW = 8 * 2**20
+#: The longest deadline a drain accepts.
+MAX_DEADLINE = 86_400.0
+#: Drains that ended, kept for status.
+RECENT = 10
+#: Keys whose time to safety is kept per drain.
+SAFETY_KEPT = 100_000
+#: Keys named per reason a key cannot move.
+KEYS_SHOWN = 10
+#: A new prediction is an event when its loss moved by this share, at most every
+#: :data:`PREDICTION_GAP` seconds per worker.
+PREDICTION_CHANGE = 0.1
+PREDICTION_GAP = 2.0
+
+
+@dataclass
+class Drain:
+    """One worker's drain."""
+
+    address: str
+    name: str
+    #: Workers drained together share an id (``drain-<n>``).
+    drain_id: str
+    #: ``time.monotonic()`` at the notice and at the deadline; wall-clock of the notice.
+    started: float
+    deadline: float
+    started_wall: float
+    close: bool
+    #: ``draining``, then ``safe`` (every key held where it should be), ``expired`` (the
+    #: deadline came first), ``left`` (the worker went first) or ``closed``.
+    state: str = "draining"
+    #: The last ranking: key -> (place, item); what cannot move: key -> (item, why).
+    places: dict[Hashable, tuple[int, DrainItem]] = field(default_factory=dict)
+    cannot: dict[Hashable, tuple[DrainItem, str]] = field(default_factory=dict)
+    #: Copies asked for and not seen landing: key -> (bytes, recipient).
+    inflight: dict[Hashable, tuple[int, str]] = field(default_factory=dict)
+    #: Seconds from the notice to each key's safety.
+    safe_after: dict[Hashable, float] = field(default_factory=dict)
+    copies: int = 0
+    moved_bytes: int = 0
+    moved_keys: int = 0
+    first_asked: float | None = None
+    #: The prediction made at the notice, and the latest.
+    first: Prediction | None = None
+    last: Prediction | None = None
+    last_event: float = 0.0
+    #: The scheduler's time of the last heartbeat of the worker read.
+    last_seen: float | None = None
+    #: What the drain found when it ended.
+    outcome: dict[str, Any] | None = None
+    ended: float | None = None
+
+    def seconds_left(self, now: float) -> float:
+        return self.deadline - now
+
+    @property
+    def active(self) -> bool:
+        return self.state == "draining"
+
+    def cannot_stay(self) -> list[dict[str, Any]]:
+        """What cannot stay where its rules want it, by reason: keys, bytes, rules."""
+        by_why: dict[str, dict[str, Any]] = {}
+        for key, (item, why) in self.cannot.items():
+            entry = by_why.setdefault(why, {"why": why, "keys": 0, "bytes": 0, "shown": []})
+            entry["keys"] += 1
+            entry["bytes"] += max(0, item.nbytes)
+            if len(entry["shown"]) < KEYS_SHOWN:
+                entry["shown"].append(key_string(key))
+        return sorted(by_why.values(), key=lambda e: -e["keys"])
+
+    def result(self, now: float, counted: tuple[int, float, int] | None = None) -> dict[str, Any]:
+        """What the drain did, and what it left unsafe: as ``counted`` (keys lost,
+        their recompute seconds, keys below their minimum) once the worker left, else
+        as the last plan found it (nothing once every key is safe)."""
+        last = self.last
+        if counted is not None:
+            unsafe, seconds, below = counted
+        elif self.state == "safe" or last is None:
+            unsafe, seconds, below = 0, 0.0, 0
+        else:
+            unsafe = last.lost_keys + last.cannot_move
+            seconds = last.lost_seconds + last.cannot_move_seconds
+            below = last.below_min
+        text = f"{self.moved_keys} keys moved ({format_size(self.moved_bytes)}), " + (
+            f"{unsafe} keys not safe (≈ {format_seconds(seconds)} of recompute), "
+            f"{below} below their minimum"
+            if unsafe or below
+            else "every key safe"
+        )
+        return {
+            "elapsed": round(now - self.started, 3),
+            "moved_keys": self.moved_keys,
+            "moved_bytes": self.moved_bytes,
+            "copies": self.copies,
+            "unsafe_keys": unsafe,
+            "unsafe_seconds": round(seconds, 3),
+            "below_min": below,
+            "text": text,
+        }
+
+    def line(self, now: float, rate: float, source: str) -> dict[str, Any]:
+        left = self.last
+        times = sorted(self.safe_after.values())
+        return {
+            "worker": self.address,
+            "name": self.name,
+            "drain": self.drain_id,
+            "state": self.state,
+            "close": self.close,
+            "started": self.started_wall,
+            "elapsed": round((self.ended or now) - self.started, 3),
+            "seconds_left": round(self.deadline - now, 3),
+            "deadline": round(self.deadline - self.started, 3),
+            "moved_keys": self.moved_keys,
+            "moved_bytes": self.moved_bytes,
+            "copies": self.copies,
+            "in_flight_bytes": sum(n for n, _ in self.inflight.values()),
+            "keys_left": len(self.places),
+            "bytes_left": left.total_bytes if left is not None else 0,
+            "safe_keys": len(self.safe_after),
+            "rate": {"bytes_per_second": round(rate, 1), "source": source},
+            "prediction": left.as_dict() if left is not None else None,
+            "first_prediction": self.first.as_dict() if self.first is not None else None,
+            "cannot_stay": self.cannot_stay(),
+            "time_to_safety": {
+                "keys": len(times),
+                "median": round(times[len(times) // 2], 3) if times else None,
+                "max": round(times[-1], 3) if times else None,
+            },
+            "outcome": self.outcome,
+        }
+
+    def explain(self, key: Hashable) -> dict[str, Any]:
+        out: dict[str, Any] = {"worker": self.address, "drain": self.drain_id, "state": self.state}
+        if key in self.cannot:
+            item, why = self.cannot[key]
+            return {**out, "standing": "cannot move", "why": why}
+        if key in self.places:
+            place, item = self.places[key]
+            cutoff = self.last.cutoff if self.last is not None else None
+            in_time = cutoff is None or place < cutoff
+            return {
+                **out,
+                "standing": "in flight" if key in self.inflight else "waiting",
+                "place": place + 1,
+                "of": len(self.places),
+                "tier": TIER_NAMES[item.tier],
+                "why": item.why(),
+                "in_time": in_time,
+                "text": f"moved {_ordinal(place + 1)} of {len(self.places)} ({item.why()}); "
+                + ("expected to leave in time" if in_time else "not expected to leave in time"),
+            }
+        return {**out, "standing": "safe", "why": "held where its rules want it elsewhere"}
+
+
+class DrainSection(Section):
+    """Drains before a deadline (see the module docstring)."""
+
+    name = "drain"
+    status_key = "drain"
+    explain_key = "drain"
+    metric_prefix = "drain"
+    METRICS = {
+        "draining": ("draining_workers", "gauge", "Workers draining now"),
+        "drains": ("drains", "counter", "Workers drained (amm-rules drain, the worker preload)"),
+        "copies": ("drain_copies", "counter", "Copies asked for by drains"),
+        "bytes": ("drain_moved_bytes", "counter", "Bytes of drain copies that landed"),
+        "lost_keys": (
+            "drain_lost_keys",
+            "counter",
+            "Keys not safe when their drain ended at its deadline or with its worker",
+        ),
+        "predicted_loss_seconds": (
+            "drain_predicted_loss_seconds",
+            "gauge",
+            "Recompute seconds the running drains are predicted to lose",
+        ),
+        "seconds_left": (
+            "drain_seconds_left",
+            "gauge",
+            "Seconds to the nearest deadline of a running drain (0: none runs)",
+        ),
+        "rate": ("drain_rate_bytes", "gauge", "Bytes per second the running drains send"),
+    }
+
+    def __init__(self) -> None:
+        #: Every drain known: address -> its drain (the running ones and the last ended).
+        self.drains: dict[str, Drain] = {}
+        self.recent: list[Drain] = []
+        self.meter = TransferMeter()
+        self.counters: Counter[str] = Counter()
+        self.book = CopyBook()  # (planning only: the retirement records the copies)
+        #: Per drained worker, the drain's view of each of its keys, as last ranked.
+        self.items: dict[str, dict[Hashable, DrainItem]] = {}
+        #: Keys the drains will copy in their turn (neither asked for yet nor safe): the
+        #: replication section leaves them alone, so that they leave in order of value.
+        self.paced: set[Hashable] = set()
+        self._paced_by: dict[str, set[Hashable]] = {}
+        self._ids = 0
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._ticker: asyncio.Future[Any] | None = None
+
+    # -- detach ----------------------------------------------------------------------
+
+    def detach(self) -> None:
+        ctx = self.ctx
+        for task in list(self._tasks):
+            task.cancel()
+        if ctx is not None:
+            retirements = ctx.find(Retirements)
+            if retirements is not None:
+                for address in list(self.drains):
+                    if retirements.pacers.get(address) is self:
+                        del retirements.pacers[address]
+        super().detach()
+
+    def _sample(self, d: Drain, ws: Any) -> None:
+        """A heartbeat of a drained worker arrived since the last tick: what it sent.
+        (Read at each tick rather than by wrapping the heartbeat handler: heartbeats
+        come every 0.5 s or more, ticks every :data:`TICK`.)"""
+        seen = getattr(ws, "last_seen", None)
+        if seen is not None and seen != d.last_seen:
+            d.last_seen = seen
+            self.meter.heartbeat(d.address, seen, getattr(ws, "metrics", None))
+
+    def emptying(self) -> set[str]:
+        """The drained workers still there (drain over or not): they are leaving, and
+        keep their copies until they go."""
+        return set(self.drains)
+
+    # -- starting --------------------------------------------------------------------
+
+    def start(self, workers: Any, deadline: Any, close: bool = False) -> dict[str, Any]:
+        """Drain ``workers`` (addresses or names) within ``deadline`` (seconds, or a
+        duration such as ``"60s"``); ``ValueError`` with a sentence for a bad request.
+        Returns :meth:`report` of the workers, with the first prediction."""
+        ctx = self.ctx
+        assert ctx is not None
+        seconds = deadline_seconds(deadline)
+        retirements = ctx.find(Retirements)
+        if retirements is None or retirements.ctx is None:
+            raise ValueError(
+                "drain needs the rules' retirement: the policy runs with "
+                "retire_by_rules=False, so retiring workers are placed by distributed alone"
+            )
+        addresses = resolve_workers(ctx.scheduler.workers, workers)
+        now = time.monotonic()
+        self._ids += 1
+        drain_id = f"drain-{self._ids}"
+        new = []
+        for address in addresses:
+            known = self.drains.get(address)
+            if known is not None and known.active:
+                continue  # already draining: its deadline stands
+            ws = ctx.scheduler.workers[address]
+            d = Drain(address, str(ws.name), drain_id, now, now + seconds, time.time(), close)
+            self.drains[address] = d
+            self.meter.watch(address)
+            retirements.pacers[address] = self
+            new.append(d)
+        if new:
+            self.counters["drains"] += len(new)
+            leaving = leaving_addresses(ctx) | {d.address for d in new}
+            for d in new:
+                self._first_prediction(d, leaving, now)
+            self._spawn(self._retire([d.address for d in new], close))
+            self._ensure_ticker()
+        return self.report(addresses)
+
+    def _first_prediction(self, d: Drain, leaving: set[str], now: float) -> None:
+        """What the drain will lose, said before it starts (step 1)."""
+        ctx = self.ctx
+        assert ctx is not None
+        ws = ctx.scheduler.workers[d.address]
+        views, cluster = self._views(ws, leaving)
+        plan = plan_evacuation(self.rank(ws, views, cluster), cluster, now=now)
+        self._account(d, ws, plan, now)
+        self._pace(d, set())
+        d.first = d.last
+        cannot = d.cannot_stay()
+        text = d.last.sentence() if d.last is not None else ""
+        logger.warning(
+            "amm-rules: draining %s within %s: %s",
+            d.address,
+            format_seconds(d.deadline - now),
+            text,
+        )
+        ctx.events.emit(
+            "drain",
+            step="started",
+            worker=d.address,
+            name=d.name,
+            drain=d.drain_id,
+            deadline=round(d.deadline - now, 3),
+            close=d.close,
+            prediction=text,
+            cannot_stay=cannot,
+        )
+
+    def _views(self, ws: Any, leaving: set[str]) -> tuple[list[KeyView], ClusterView]:
+        ctx = self.ctx
+        assert ctx is not None
+        tasks = [ts for ts in ws.has_what if not ts.actor]
+        return evacuation_input(ctx, tasks, leaving, self.book)
+
+    async def _retire(self, addresses: list[str], close: bool) -> None:
+        """Retire the drained workers (closing them once their keys are safe, with
+        ``close``); the deadline is the ticker's."""
+        ctx = self.ctx
+        assert ctx is not None
+        try:
+            await ctx.scheduler.retire_workers(
+                workers=addresses,
+                close_workers=close,
+                remove=close,
+                stimulus_id=f"amm-rules-drain-{time.time()}",
+            )
+        except Exception as exc:  # never let a drain take anything else down
+            logger.exception("amm-rules: retiring drained workers %s failed", addresses)
+            ctx.events.emit("drain", step="failed", workers=addresses, error=repr(exc))
+
+    def _spawn(self, coro: Any) -> asyncio.Future[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- the pacer of the drained workers' retirements ---------------------------------
+
+    def rank(self, ws: Any, views: list[KeyView], cluster: ClusterView) -> list[KeyView]:
+        """The worker's key views, most valuable first (see the module docstring)."""
+        tasks = self.ctx.scheduler.tasks if self.ctx is not None else {}
+        ranked, self.items[ws.address] = rank_views(views, cluster, tasks, self._recompute)
+        return ranked
+
+    def _recompute(self, group: Any) -> float | None:
+        """The recompute estimate of a key of ``group`` (the cost model's)."""
+        ctx = self.ctx
+        if ctx is None or group is None:
+            return None
+        return ctx.costs.estimate(group)
+
+    def admit(self, ws: Any, plan: Evacuation, now: float) -> Evacuation:
+        """The copies of ``plan`` (in the order of value) that fit the window of bytes
+        in flight; before the deadline, and after it all of them. Keys that cannot move
+        are taken off the plan: they are reported, and the worker leaves anyway."""
+        d = self.drains.get(ws.address)
+        if d is None:
+            return replace(plan, stuck=[], satisfied=[])
+        self._landed(d, now)
+        self._account(d, ws, plan, now)
+        copies = plan.copies
+        if d.active:
+            room = self.window(d, now) - sum(n for n, _ in d.inflight.values())
+            admitted = []
+            for copy in copies:
+                if copy.nbytes > room and (admitted or d.inflight):
+                    break
+                admitted.append(copy)
+                room -= copy.nbytes
+            copies = admitted
+        self._pace(d, {c.key for c in copies})
+        nbytes = sum(c.nbytes for c in copies)
+        return replace(plan, copies=copies, stuck=[], satisfied=[], bytes=nbytes)
+
+    def _pace(self, d: Drain, admitted: set[Hashable]) -> None:
+        """The keys of ``d`` still waiting for their turn (none once it no longer runs)."""
+        waiting = set(d.places) - admitted - d.inflight.keys() if d.active else set()
+        if waiting:
+            self._paced_by[d.address] = waiting
+        else:
+            self._paced_by.pop(d.address, None)
+        self.paced = set().union(*self._paced_by.values()) if self._paced_by else set()
+
+    def asked(self, ws: Any, copy: Any, now: float) -> None:
+        d = self.drains.get(ws.address)
+        if d is None:
+            return
+        d.inflight[copy.key] = (copy.nbytes, copy.worker)
+        d.copies += 1
+        self.counters["copies"] += 1
+        if d.first_asked is None:
+            d.first_asked = now
+
+    def window(self, d: Drain, now: float) -> float:
+        """Bytes the drain keeps in flight: :data:`WINDOW_SECONDS` at its measured rate,
+        :data:`MIN_WINDOW` until it is measured (an assumed rate too high would put
+        everything in flight at once, and the recipients would fetch in their order)."""
+        rate, source = self.rate(d, now)
+        if source == "assumed":
+            return float(MIN_WINDOW)
+        return max(float(MIN_WINDOW), rate * WINDOW_SECONDS)
+
+    def rate(self, d: Drain, now: float) -> tuple[float, str]:
+        """Bytes per second the worker sends, and where the figure came from."""
+        measured = self.meter.rate(d.address)
+        if measured is not None and measured > 0:
+            return measured, "heartbeats"
+        if d.moved_bytes and d.first_asked is not None and now - d.first_asked > 0.2:
+            return d.moved_bytes / (now - d.first_asked), "copies landed"
+        bandwidth = getattr(self.ctx.scheduler, "bandwidth", 0) if self.ctx else 0
+        return float(bandwidth or 100e6), "assumed"
+
+    # -- bookkeeping -------------------------------------------------------------------
+
+    def _account(self, d: Drain, ws: Any, plan: Evacuation, now: float) -> None:
+        """The keys' standing after a plan: safe, still to move (ranked), cannot move;
+        and the prediction."""
+        items = self.items.get(ws.address, {})
+        for key in plan.satisfied:
+            if key not in d.safe_after and len(d.safe_after) < SAFETY_KEPT:
+                d.safe_after[key] = now - d.started
+        d.cannot = {s.key: (items.get(s.key) or DrainItem(s.key, 0), s.why) for s in plan.stuck}
+        todo = dict.fromkeys([c.key for c in plan.copies] + list(plan.waiting))
+        ranked = [items[k] for k in todo if k in items]
+        d.places = {item.key: (i, item) for i, item in enumerate(ranked)}
+        rate, source = self.rate(d, now)
+        seconds_left = d.seconds_left(now)
+        if not d.active and d.state != "expired":
+            seconds_left = max(seconds_left, 0.0)
+        prediction = predict(
+            ranked, rate, max(0.0, seconds_left), source, (i for i, _ in d.cannot.values())
+        )
+        previous, d.last = d.last, prediction
+        if (
+            previous is not None
+            and d.active
+            and _moved(previous, prediction)
+            and now - d.last_event >= PREDICTION_GAP
+        ):
+            d.last_event = now
+            self.ctx.events.emit(  # type: ignore[union-attr]
+                "drain",
+                step="prediction",
+                worker=d.address,
+                seconds_left=round(seconds_left, 3),
+                prediction=prediction.sentence(),
+            )
+
+    def _landed(self, d: Drain, now: float) -> None:
+        """Copies of the drain that landed (or whose key left memory) since last looked."""
+        tasks = self.ctx.scheduler.tasks  # type: ignore[union-attr]
+        for key, (nbytes, worker) in list(d.inflight.items()):
+            ts = tasks.get(key)
+            if ts is None or ts.state != "memory":
+                del d.inflight[key]
+                continue
+            if any(w.address == worker for w in ts.who_has or ()):
+                del d.inflight[key]
+                d.moved_bytes += nbytes
+                d.moved_keys += 1
+                self.counters["bytes"] += nbytes
+
+    # -- the ticker ----------------------------------------------------------------------
+
+    def _ensure_ticker(self) -> None:
+        if self._ticker is None or self._ticker.done():
+            self._ticker = self._spawn(self._tick_loop())
+
+    async def _tick_loop(self) -> None:
+        while self.ctx is not None and self.drains:
+            try:
+                self.tick(time.monotonic())
+            except Exception as exc:  # never let a drain take anything else down
+                logger.exception("amm-rules: drain tick failed")
+                self.ctx.events.once(("error", repr(exc)), "error", error=repr(exc))
+            await asyncio.sleep(TICK)
+
+    def tick(self, now: float) -> None:
+        """Between cycles: copies landed, early cycles, the deadline, safety, leaving."""
+        ctx = self.ctx
+        assert ctx is not None
+        workers = ctx.scheduler.workers
+        retirements = ctx.find(Retirements)
+        for d in list(self.drains.values()):
+            if d.address not in workers:
+                self._gone(d, now)
+                continue
+            if not d.active:
+                continue
+            self._sample(d, workers[d.address])
+            self._landed(d, now)
+            if now >= d.deadline:
+                self._expire(d, now)
+            elif retirements is not None and retirements.placed(d.address):
+                self._end(d, "safe", now)
+            elif sum(n for n, _ in d.inflight.values()) < self.window(d, now) / 2:
+                ctx.early.request("drain")
+
+    def _expire(self, d: Drain, now: float) -> None:
+        """The deadline came before every key was safe."""
+        self._end(d, "expired", now)
+        if d.close:
+            self._spawn(self._remove(d.address))
+
+    async def _remove(self, address: str) -> None:
+        ctx = self.ctx
+        assert ctx is not None
+        try:
+            await ctx.scheduler.remove_worker(
+                address, stimulus_id=f"amm-rules-drain-deadline-{time.time()}", close=True
+            )
+        except Exception:
+            logger.exception("amm-rules: closing %s at its drain's deadline failed", address)
+
+    def _end(self, d: Drain, state: str, now: float) -> None:
+        """The drain of ``d`` ends (``safe``, ``expired``): what it left unsafe."""
+        ctx = self.ctx
+        assert ctx is not None
+        d.state = state
+        d.ended = now
+        self._pace(d, set())
+        ws = ctx.scheduler.workers.get(d.address)
+        if ws is not None and state == "expired":
+            views, cluster = self._views(ws, leaving_addresses(ctx) | {d.address})
+            plan = plan_evacuation(self.rank(ws, views, cluster), cluster, now=now)
+            self._account(d, ws, plan, now)
+        d.outcome = d.result(now)
+        if state == "expired":
+            self.counters["lost_keys"] += d.outcome["unsafe_keys"]
+        text = (
+            f"drain of {d.address} {state} after {format_seconds(now - d.started)}: "
+            f"{d.outcome['text']}"
+        )
+        logger.warning("amm-rules: %s", text)
+        ctx.events.emit("drain", step=state, worker=d.address, drain=d.drain_id, **d.outcome)
+
+    def _gone(self, d: Drain, now: float) -> None:
+        """The worker left (closed by the drain, or died): what was not safe is counted
+        from the keys themselves (a key with no copy left is lost)."""
+        ctx = self.ctx
+        assert ctx is not None
+        self.meter.forget(d.address)
+        self.items.pop(d.address, None)
+        self._paced_by.pop(d.address, None)
+        self.paced = set().union(*self._paced_by.values()) if self._paced_by else set()
+        retirements = ctx.find(Retirements)
+        if retirements is not None and retirements.pacers.get(d.address) is self:
+            del retirements.pacers[d.address]
+        if d.active:
+            self._landed(d, now)
+            truth = self._counted(d)
+            d.state = "closed" if d.close and not truth[0] else "left"
+            d.ended = now
+            d.outcome = d.result(now, truth)
+            self.counters["lost_keys"] += d.outcome["unsafe_keys"]
+            ctx.events.emit("drain", step=d.state, worker=d.address, **d.outcome)
+        else:
+            if d.state == "expired" and d.outcome is not None:
+                # Now that the worker is gone, what it left unsafe is counted for real
+                # (the count at the deadline raced with copies landing, or with a kill).
+                before = d.outcome["unsafe_keys"]
+                d.outcome = d.result(d.ended or now, self._counted(d))
+                self.counters["lost_keys"] += d.outcome["unsafe_keys"] - before
+            if d.close:
+                d.state = "closed"
+        del self.drains[d.address]
+        self.recent = [*self.recent, d][-RECENT:]
+
+    def _counted(self, d: Drain) -> tuple[int, float, int]:
+        """Once the worker left: keys of the drain lost (no copy anywhere), their
+        recompute seconds, and keys below their minimum."""
+        tasks = self.ctx.scheduler.tasks  # type: ignore[union-attr]
+        lost, seconds, below = 0, 0.0, 0
+        items = [item for _, item in d.places.values()] + [i for i, _ in d.cannot.values()]
+        for item in items:
+            ts = tasks.get(item.key)
+            held = len(ts.who_has or ()) if ts is not None and ts.state == "memory" else 0
+            if not held:
+                lost += 1
+                seconds += item.seconds or 0.0
+            elif item.minimum and held < item.minimum:
+                below += 1
+        return lost, seconds, below
+
+    # -- showing it ------------------------------------------------------------------------
+
+    def report(self, addresses: Iterable[str] | None = None) -> dict[str, Any]:
+        """The drains of ``addresses`` (None: every drain known), as plain data."""
+        now = time.monotonic()
+        known = {d.address: d for d in self.recent}
+        known.update(self.drains)
+        wanted = list(known) if addresses is None else list(addresses)
+        out = {}
+        for address in wanted:
+            d = known.get(address)
+            if d is not None:
+                rate, source = self.rate(d, now) if d.active else (0.0, "")
+                out[address] = d.line(now, rate, source)
+        return out
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "drains": list(self.report().values()),
+            "totals": {k: self.counters[k] for k in ("drains", "copies", "bytes", "lost_keys")},
+        }
+
+    def explain(self, ts: Any, now: float) -> dict[str, Any] | None:
+        """Why the key is moved first, later or not at all by a drain of its holder."""
+        for w in ts.who_has or ():
+            d = self.drains.get(w.address)
+            if d is not None:
+                return d.explain(ts.key)
+        return None
+
+    def metrics(self) -> dict[str, float]:
+        now = time.monotonic()
+        active = [d for d in self.drains.values() if d.active]
+        return {
+            "draining": float(len(active)),
+            "drains": float(self.counters["drains"]),
+            "copies": float(self.counters["copies"]),
+            "bytes": float(self.counters["bytes"]),
+            "lost_keys": float(self.counters["lost_keys"]),
+            "predicted_loss_seconds": sum(
+                d.last.lost_seconds + d.last.cannot_move_seconds for d in active if d.last
+            ),
+            "seconds_left": min((max(0.0, d.deadline - now) for d in active), default=0.0),
+            "rate": sum(self.rate(d, now)[0] for d in active),
+        }
+
+
+def rank_views(
+    views: list[KeyView],
+    cluster: ClusterView,
+    tasks: Mapping[Hashable, Any],
+    estimate: Callable[[Any], float | None],
+) -> tuple[list[KeyView], dict[Hashable, DrainItem]]:
+    """``views`` in the drain's order of value, and the drain's item of each key
+    (``tasks``: the scheduler's, for the keys' groups; ``estimate``: a group's recompute
+    estimate). Shared by the section and ``amm-rules simulate --drain``."""
+    items = [drain_item(v, cluster, tasks.get(v.key), estimate) for v in views]
+    order = {id(item): i for i, item in enumerate(rank(items))}
+    ranked = sorted(zip(views, items, strict=True), key=lambda vi: order[id(vi[1])])
+    return [v for v, _ in ranked], {v.key: item for v, item in zip(views, items, strict=True)}
+
+
+def drain_item(
+    view: KeyView, cluster: ClusterView, ts: Any, estimate: Callable[[Any], float | None]
+) -> DrainItem:
+    """The drain's view of one key: size, copies needed, recompute estimate, target."""
+    d = view.desired
+    placeable = cluster.placeable(d.pool, d.avoid)
+    staying = len((view.holders - cluster.closing) & placeable)
+    minimum = needed_copies(d, len(placeable)) if d.replicate is not None else 0
+    group = getattr(ts, "group", None)
+    return DrainItem(
+        key=view.key,
+        nbytes=view.nbytes,
+        copies=max(1, (minimum or 1) - staying),
+        seconds=estimate(group) if group is not None else None,
+        minimum=minimum,
+        staying=staying,
+        rule=source_label(d, "replicate") if d.replicate is not None else "",
+        group=getattr(group, "name", "") or _prefix(view.key),
+    )
+
+
+def resolve_workers(known: Any, workers: Any) -> list[str]:
+    """The addresses of ``workers`` (addresses or names) among ``known`` (the scheduler's
+    workers); ``ValueError`` naming those that are neither."""
+    if isinstance(workers, (str, bytes)) or not isinstance(workers, (list, tuple, set)):
+        raise ValueError(f"workers: expected a list of workers, got {type(workers).__name__}")
+    if not workers:
+        raise ValueError("workers: name at least one worker to drain")
+    by_name = {str(ws.name): a for a, ws in known.items()}
+    out: list[str] = []
+    unknown = []
+    for w in workers:
+        address = w if w in known else by_name.get(str(w))
+        if address is None:
+            unknown.append(str(w))
+        elif address not in out:
+            out.append(address)
+    if unknown:
+        raise ValueError(
+            f"no worker of this scheduler has the address or name {', '.join(unknown)}"
+        )
+    return out
+
+
+def deadline_seconds(value: Any, where: str = "deadline") -> float:
+    """A drain's deadline in seconds: a duration (``"60s"``, ``"2 min"``) or a number,
+    more than 0 and at most :data:`MAX_DEADLINE`; ``ValueError`` saying ``where``.
+    (The client, the command line and the worker preload check theirs with it too.)"""
+    try:
+        seconds = parse_duration(value)
+    except UnitError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if not 0 < seconds <= MAX_DEADLINE:
+        raise ValueError(f"{where}: expected more than 0 s and at most 1 day, got {value!r}")
+    return seconds
+
+
+def _moved(old: Prediction, new: Prediction) -> bool:
+    before = old.lost_keys + old.cannot_move
+    after = new.lost_keys + new.cannot_move
+    if before == after:
+        return old.rate_source != new.rate_source
+    return abs(after - before) > PREDICTION_CHANGE * max(before, after, 1)
+
+
+def _prefix(key: Hashable) -> str:
+    text = key[0] if isinstance(key, tuple) and key else key
+    return str(text).rsplit("-", 1)[0]
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+__all__ = [
+    "Drain",
+    "DrainSection",
+    "deadline_seconds",
+    "drain_item",
+    "rank_views",
+    "resolve_workers",
+]
