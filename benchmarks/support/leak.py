@@ -22,9 +22,12 @@ from typing import Any
 LEAK_MODULE = "amm_rules_test_leak"
 
 
-def leaky(i: int, mib: int, only: str | None = None) -> int:
-    """Leak ``mib`` MiB in this process (if its worker's name is ``only``, or always)
-    and return ``i``."""
+def leaky(i: int, mib: int, only: str | None = None, pace: float = 0.0) -> int:
+    """Leak ``mib`` MiB in this process (if its worker's name is ``only``, or always),
+    wait ``pace`` seconds and return ``i``. A pace longer than the memory monitor's
+    interval lets the worker see each step and pause before its next task starts;
+    without one, a fast machine runs several tasks past the threshold between two
+    checks."""
     if only is not None:
         from distributed import get_worker
 
@@ -36,6 +39,10 @@ def leaky(i: int, mib: int, only: str | None = None) -> int:
         module.held = []  # type: ignore[attr-defined]
     # Written byte by byte: the pages are resident, as a real leak's are.
     module.held.append(bytearray(b"\x01") * (mib * 2**20))  # type: ignore[attr-defined]
+    if pace:
+        import time
+
+        time.sleep(pace)  # a task's own duration, not a wait for a condition
     return i
 
 
@@ -43,6 +50,13 @@ def leaked_mib() -> float:
     """What :func:`leaky` leaked in this process so far."""
     module = sys.modules.get(LEAK_MODULE)
     return sum(len(b) for b in getattr(module, "held", ())) / 2**20
+
+
+def rss() -> int:
+    """This process's resident memory, in bytes (what a worker's memory monitor reads)."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
 
 
 def held(name: str, size: int) -> bytes:

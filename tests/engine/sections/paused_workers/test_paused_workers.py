@@ -10,6 +10,7 @@ nothing held elsewhere is recomputed.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from typing import Any
 
@@ -19,7 +20,7 @@ from distributed import Client, LocalCluster
 from distributed.utils_test import gen_test
 
 from benchmarks.support import leak
-from benchmarks.support.leak import held, leaky, worker_config
+from benchmarks.support.leak import held, leaky, rss, worker_config
 from benchmarks.support.retire import ReplicaLog
 from benchmarks.support.waiting import wait_for
 from tests.support.cluster import (
@@ -38,8 +39,11 @@ pytestmark = pytest.mark.compat
 leak.ship()
 
 LIMIT = 400 * 2**20
-#: Each leaky task leaks this much; its worker pauses (at 50% of 400 MiB) after five.
-LEAK_MIB = 30
+#: Workers pause at this fraction of LIMIT.
+PAUSE = 0.5
+#: Each leaky task lasts this long: well past the memory monitor's 50 ms, so a worker
+#: pauses right after the task that crossed its threshold.
+PACE = 0.25
 HELD = [f"held-{i}" for i in range(9)]
 SIZE = 100_000
 SECTION = """\
@@ -64,6 +68,17 @@ async def add_leaky_worker(
     await client.wait_for_workers(len(cluster.worker_spec))
     (address,) = [a for a, ws in cluster.scheduler.workers.items() if ws.name == name]
     return address
+
+
+async def leak_mib(client: Client, address: str, leaks: int = 5) -> int:
+    """MiB for each leaky task to leak so that the worker at ``address`` pauses after
+    ``leaks`` of them: what is left below its pause threshold, measured, split in
+    ``leaks``. A fresh worker's own memory differs by release (about 63 MiB on the newest
+    dask, 127 MiB on the floor), so a fixed figure would pause one after three tasks and
+    the other after six; after a restart the tasks left over (fewer than ``leaks``) must
+    not pause the new worker at once."""
+    (used,) = (await client.run(rss, workers=[address])).values()
+    return math.ceil((PAUSE * LIMIT - used) / leaks / 2**20) + 1
 
 
 def write_rules(path: Any, text: str) -> None:
@@ -118,7 +133,7 @@ async def test_a_leaking_worker_stalls_the_workload_until_the_section_restarts_i
     config = {
         **amm_config(str(rules_file)),
         "distributed.scheduler.active-memory-manager.interval": 0.1,
-        **worker_config(pause=0.5),
+        **worker_config(pause=PAUSE),
     }
     with dask.config.set(config):
         async with (
@@ -140,7 +155,8 @@ async def test_a_leaking_worker_stalls_the_workload_until_the_section_restarts_i
             on_leaker = {k for k in HELD if holders(s, k) == {leaker}}
             assert len(on_leaker) == 3
             # The workload: eight leaky tasks; their worker pauses after five.
-            work = [c.submit(leaky, i, LEAK_MIB, resources={"LEAKY": 1}) for i in range(8)]
+            mib = await leak_mib(c, leaker)
+            work = [c.submit(leaky, i, mib, pace=PACE, resources={"LEAKY": 1}) for i in range(8)]
             await wait_for(
                 lambda: s.workers[leaker].status.name == "paused",
                 "s.workers[leaker].status.name == 'paused'",
@@ -201,7 +217,7 @@ async def test_a_pause_from_dasks_data_and_a_move_never_key_alone_are_left_alone
     config = {
         **amm_config(str(rules_file)),
         "distributed.scheduler.active-memory-manager.interval": 0.1,
-        **worker_config(pause=0.5),
+        **worker_config(pause=PAUSE),
     }
     with dask.config.set(config):
         async with (
@@ -215,7 +231,8 @@ async def test_a_pause_from_dasks_data_and_a_move_never_key_alone_are_left_alone
             frozen = c.submit(held, "frozen-1", SIZE, key="frozen-1", resources={"LEAKY": 1})
             plain = c.submit(held, "plain-1", SIZE, key="plain-1", resources={"LEAKY": 1})
             await c.gather([big, frozen, plain])
-            work = [c.submit(leaky, i, LEAK_MIB, resources={"LEAKY": 1}) for i in range(10)]
+            mib = await leak_mib(c, leaker)
+            work = [c.submit(leaky, i, mib, pace=PACE, resources={"LEAKY": 1}) for i in range(10)]
             await wait_for(
                 lambda: (
                     s.workers[managed].status.name == s.workers[leaker].status.name == "paused"
@@ -254,7 +271,7 @@ async def test_two_leaking_workers_are_restarted_one_at_a_time_then_cool_down(tm
     config = {
         **amm_config(str(rules_file)),
         "distributed.scheduler.active-memory-manager.interval": 0.1,
-        **worker_config(pause=0.5),
+        **worker_config(pause=PAUSE),
     }
     with dask.config.set(config):
         async with (
@@ -264,8 +281,9 @@ async def test_two_leaking_workers_are_restarted_one_at_a_time_then_cool_down(tm
             s = cluster.scheduler
             first = await add_leaky_worker(cluster, c, "leaky-a", "LEAKY_A")
             second = await add_leaky_worker(cluster, c, "leaky-b", "LEAKY_B")
+            mib = {r: await leak_mib(c, w) for r, w in (("LEAKY_A", first), ("LEAKY_B", second))}
             work = [
-                c.submit(leaky, i, LEAK_MIB, resources={r: 1}, pure=False)
+                c.submit(leaky, i, mib[r], pace=PACE, resources={r: 1}, pure=False)
                 for r in ("LEAKY_A", "LEAKY_B")
                 for i in range(7)
             ]
@@ -295,7 +313,7 @@ async def test_two_leaking_workers_are_restarted_one_at_a_time_then_cool_down(tm
             again = address_of(s, a)
             resource = "LEAKY_A" if a == "leaky-a" else "LEAKY_B"
             more = [
-                c.submit(leaky, i, LEAK_MIB, resources={resource: 1}, pure=False)
+                c.submit(leaky, i, mib[resource], pace=PACE, resources={resource: 1}, pure=False)
                 for i in range(10)
             ]
             await wait_for(
