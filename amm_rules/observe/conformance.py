@@ -20,7 +20,8 @@ The states (TiDB's ``SHOW PLACEMENT`` has the same three):
   holds keys (and every key in memory is classified): it probably names its keys
   otherwise than the data is named. The sentence gives near-miss hints
   (:mod:`amm_rules.language.near_miss`) from a sample of at most :data:`SAMPLE` keys in
-  memory, taken from the workers' keys.
+  memory, taken from the workers' keys (taken again at most every :data:`HINTS_FOR`
+  seconds: an open dashboard page asks for a status every second).
 
 A key counts towards every rule that decided one of its fields, so one key short of
 its target shows under each of them; annotations and runtime targets are two groups,
@@ -39,10 +40,12 @@ Neighbours: :mod:`amm_rules.observe.status` and :mod:`amm_rules.observe.metrics`
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 from amm_rules.engine.adapters import resource_restrictions, span_path
 from amm_rules.engine.dryrun import HELD_BACK
@@ -243,27 +246,56 @@ def _idle(policy: RulesPolicy, rows: dict[str, RuleConformance], backlog: int) -
     in_memory = keys_in_memory(policy.scheduler)
     if not in_memory:
         return
-    census = sample_census(policy.scheduler)
     rules = {rule.name: rule for rule in policy.ruleset.rules}
+    hints = _hints(policy, [rules[r.name] for r in candidates if r.name in rules])
     for r in candidates:
-        rule = rules.get(r.name)
-        if rule is None:
+        if r.name not in rules:
             continue
         r.state = IDLE
-        r.sentence = idle_sentence(rule.match_source, census, in_memory)
+        r.sentence = "; ".join([_idle_head(in_memory), *hints.get(r.name, ())])
 
 
-def idle_sentence(match: str, census: Census, in_memory: int) -> str:
-    """``"0 keys since the rules were loaded, 40 keys in memory; 3 keys of type ..."``."""
+#: policy -> (when, the rules in force, {rule name: near-miss hints}): the hints of the
+#: idle rules, from one census of the keys in memory, for :data:`HINTS_FOR` seconds.
+_HINTS: WeakKeyDictionary[Any, tuple[float, Any, dict[str, list[str]]]] = WeakKeyDictionary()
+#: Seconds the near-miss hints of a status are reused: a census and a parse of each
+#: idle rule cost milliseconds, a status is asked for every second by an open page.
+HINTS_FOR = 10.0
+
+
+def _hints(policy: RulesPolicy, rules: list[Any]) -> dict[str, list[str]]:
+    """The near-miss hints of ``rules`` (idle), taken again at most every
+    :data:`HINTS_FOR` seconds, or when the rules in force or the idle rules change."""
+    now = time.monotonic()
+    cached = _HINTS.get(policy)
+    names = {rule.name for rule in rules}
+    if (
+        cached is not None
+        and cached[1] is policy.ruleset
+        and now - cached[0] < HINTS_FOR
+        and names <= cached[2].keys()
+    ):
+        return cached[2]
+    census = sample_census(policy.scheduler)
+    hints = {rule.name: near_miss_hints(rule.match_source, census) for rule in rules}
+    _HINTS[policy] = (now, policy.ruleset, hints)
+    return hints
+
+
+def near_miss_hints(match: str, census: Census) -> list[str]:
+    """The near-miss hints of a ``match`` expression against ``census``."""
     from amm_rules.language.expr import ExpressionError
     from amm_rules.language.expr.parser import parse
 
     try:
-        hints = near_misses(parse(match), census)
+        return near_misses(parse(match), census)
     except ExpressionError:  # (the rules in force compiled: never)
-        hints = []
-    head = f"0 keys since the rules were loaded, {_keys(in_memory)} in memory"
-    return "; ".join([head, *hints])
+        return []
+
+
+def _idle_head(in_memory: int) -> str:
+    """``0 keys since the rules were loaded, 40 keys in memory``."""
+    return f"0 keys since the rules were loaded, {_keys(in_memory)} in memory"
 
 
 def keys_in_memory(scheduler: Any) -> int:

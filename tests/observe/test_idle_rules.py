@@ -8,6 +8,7 @@ from typing import Any
 
 from distributed.utils_test import gen_cluster, inc
 
+from amm_rules.observe import conformance as conformance_module
 from amm_rules.observe.conformance import conformance
 from benchmarks.support.waiting import wait_cycles, wait_for
 from tests.support.cluster import amm_config, policy_of
@@ -67,3 +68,33 @@ async def test_a_rule_that_matched_once_is_not_idle(c: Any, s: Any, *w: Any) -> 
     await wait_cycles(s, 2)
     assert states(s)["incs"].state == "satisfied"  # it matched since it was loaded
     assert states(s)["typo"].state == "idle"
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(RULES), timeout=90)
+async def test_hints_are_taken_again_after_a_while_the_key_count_at_once(
+    c: Any, s: Any, *w: Any, monkeypatch: Any
+) -> None:
+    """A status every second (an open page) reuses the hints for HINTS_FOR seconds (a
+    census and a parse per idle rule cost milliseconds); the keys in memory are counted
+    at each status."""
+    futures = c.map(inc, range(3))
+    await c.gather(futures)
+    await wait_for(lambda: states(s)["incs"].keys == 3, "the inc rule governs 3 keys")
+    await wait_cycles(s, 2)
+    before = states(s)["typo"].sentence
+    assert before == (
+        "0 keys since the rules were loaded, 3 keys in memory; "
+        "3 keys of prefix inc in memory (the rule says incc)"
+    )
+    more = c.map(inc, range(10, 15))
+    await c.gather(more)
+    await wait_for(lambda: states(s)["incs"].keys == 8, "the inc rule governs 8 keys")
+    assert states(s)["typo"].sentence == (
+        "0 keys since the rules were loaded, 8 keys in memory; "
+        "3 keys of prefix inc in memory (the rule says incc)"
+    )
+    monkeypatch.setattr(conformance_module, "HINTS_FOR", 0.0)
+    assert states(s)["typo"].sentence == (
+        "0 keys since the rules were loaded, 8 keys in memory; "
+        "8 keys of prefix inc in memory (the rule says incc)"
+    )
