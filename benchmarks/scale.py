@@ -30,6 +30,11 @@ side by side, on each size:
 - ``page``: the dashboard page (``/amm-rules``) of one open browser tab: opening it, and
   its update once a second (its status report, its Bokeh models, and the changes
   serialized as the dashboard's server sends them), each after a steady cycle;
+- ``protect``: the 20-rule file with a ``protect:`` section, every task group given a
+  measured compute time (a few milliseconds to ten minutes per task, by group): the
+  cycles until the protected copies landed, then the steady cycle, the first cycle
+  after 1% of the keys changed, and a status report, with the recompute estimates
+  and the protect section's choice in them;
 - ``transitions``: the scheduler's transition throughput on a 100k-task graph with
   and without amm-rules (its scheduler plugins and its wrappers of the scheduler's
   replica methods), and the cost of each plugin's transition hook alone (the index's
@@ -59,6 +64,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -70,6 +76,7 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension, Redu
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from amm_rules import RulesPolicy, load_ruleset
+from amm_rules.engine.sections.protect import ProtectSection
 from amm_rules.observe.explain import explain_keys
 from amm_rules.observe.metrics import RulesCollector
 from amm_rules.observe.status import status_report
@@ -83,6 +90,14 @@ GROUP_RULES = ROOT / "benchmarks" / "rules" / "scale-groups.yaml"
 RESULTS = ROOT / "benchmarks" / "results" / "scale.json"
 #: Only ``reduce-replicas`` (on by default): what the stock policy does, by amm-rules.
 NO_RULES: dict[str, Any] = {"version": 1}
+#: The protect section of the ``protect`` measurement: a budget the dearest groups fill.
+PROTECT = """
+protect:
+  budget: 2 GiB
+  min-recompute: 1s
+"""
+#: Per-task compute seconds given to the groups for the ``protect`` measurement.
+PROTECT_SECONDS = (0.005, 0.05, 0.5, 2.0, 30.0, 600.0)
 #: Audit interval of the measured 20-rule policy: longer than any run, so that audits
 #: come only where measure_audit asks for one.
 AUDIT_NEVER_HERE = 3600.0
@@ -615,6 +630,95 @@ def measure_changed(
     )
 
 
+def measure_protect(state: scheduler_state.BenchState, n: int, rounds: int) -> dict[str, Any]:
+    """The ``protect`` rows (see the module docstring): a policy of its own on the
+    state, alone (the caller detached the others), removed afterwards with the copies it
+    made. The groups keep their compute times: the last measurement of a state."""
+    scheduler = state.scheduler
+    for i, group in enumerate(scheduler.task_groups.values()):
+        # What the scheduler adds up from the task-finished messages of the group.
+        done = max(1, sum(group.states.values()))
+        group.add_duration("compute", 0.0, done * PROTECT_SECONDS[i % len(PROTECT_SECONDS)])
+    tmp = tempfile.TemporaryDirectory()  # the policy watches its file: kept until detached
+    rules = Path(tmp.name) / "scale-protect.yaml"
+    rules.write_text(RULES.read_text() + PROTECT)
+    policy = RulesPolicy(rules=rules, audit_interval=AUDIT_NEVER_HERE)
+    manager = new_manager(scheduler, policy)
+    added: list[tuple[str, Any]] = []
+    try:
+        state.transfers.clear()
+        first_s = timed(manager.run_once)
+        landing = 1
+        requested = state.transfers.take()
+        section = policy.section(ProtectSection)
+        # Every copy asked for lands before the next cycle (while keys are classified
+        # too), until a cycle asks for none and the section has seen every copy land.
+        while landing < 500 and (
+            requested.acquire
+            or requested.remove
+            or unclassified(manager)
+            or section.short
+            or section.status()["choosing"]
+        ):
+            added += [(addr, key) for addr, keys in requested.acquire for key in keys]
+            requested.apply(scheduler)
+            landing += 1
+            manager.run_once()
+            requested = state.transfers.take()
+        steady = timed_cycles(state, manager, n)
+        times = []
+        for _ in range(n):
+            gc.collect()
+            start = time.perf_counter()
+            report = status_report(policy)
+            times.append(time.perf_counter() - start)
+        protect = report.get("protect") or {}
+        recompute = report.get("recompute") or {}
+        changed_times = []
+        n_new = n_lost = max(1, len(state.keys) // 200)
+        for r in range(rounds):
+            keys = scheduler_state.new_key_names(state, n_new)
+            scheduler_state.compute_keys(state, keys, stimulus=f"protect-{r}")
+            scheduler_state.lose_copies(state, n_lost, seed=100 + r)
+            state.transfers.clear()
+            gc.collect()
+            changed_times.append(timed(manager.run_once))
+            state.transfers.take().apply(scheduler)
+            scheduler_state.release_keys(state, keys, stimulus=f"protect-{r}")
+            for _ in range(100):
+                state.transfers.clear()
+                manager.run_once()
+                requested = state.transfers.take()
+                if not (
+                    requested.acquire
+                    or requested.remove
+                    or section.short
+                    or section.status()["choosing"]
+                ):
+                    break
+                requested.apply(scheduler)
+        return {
+            "first_cycle_s": first_s,
+            "landed_after_cycles": landing,
+            "choice_cycles": section.status()["choice_cycles"],
+            "steady": steady,
+            "status": summary(times),
+            "status_json_bytes": len(json.dumps(report)),
+            "changed": summary(changed_times, new_keys=n_new, lost_copies=n_lost),
+            "protected_keys": protect.get("keys", 0),
+            "protected_bytes": protect.get("held_bytes", 0),
+            "seconds_protected": protect.get("seconds_protected", 0.0),
+            "seconds_at_risk": recompute.get("total_seconds", 0.0),
+            "groups_known": recompute.get("groups_known", 0),
+        }
+    finally:
+        policy.detach()
+        tmp.cleanup()
+        state.transfers.clear()
+        state.transfers.remove += [(addr, [key]) for addr, key in added]
+        state.transfers.apply(scheduler)
+
+
 def measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) -> dict[str, Any]:
     return asyncio.run(_measure_state(n_keys, n_workers, args))
 
@@ -663,11 +767,15 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
         out["changed"], out["stock_changed"] = measure_changed(
             state, manager, stock, min(args.rounds, 2) if big else args.rounds
         )
+        detach(scheduler, policy)
         if args.memory == "all" or (args.memory == "first" and not args.memory_done):
             log("  memory (tracemalloc)")
-            detach(scheduler, policy)
             out["memory"] = measure_memory(state)
             args.memory_done = True
+        log("  protect: recompute costs and a budget of copies")
+        out["protect"] = measure_protect(
+            state, n_cycles, min(args.rounds, 2) if big else args.rounds
+        )
     finally:
         await scheduler.close()
         gc.unfreeze()
@@ -955,6 +1063,14 @@ def table(results: list[dict[str, Any]], t: dict[str, Any] | None) -> str:
             ("stock ReduceReplicas, steady", r["stock_steady"]["median_s"], r["stock_steady"]["p95_s"], asked(r["stock_steady"])),
             ("stock ReduceReplicas, 1% changed", r["stock_changed"]["median_s"], r["stock_changed"]["p95_s"], asked(r["stock_changed"])),
         ]  # fmt: skip
+        if "protect" in r:
+            p = r["protect"]
+            rows += [
+                ("protect: first cycle", p["first_cycle_s"], None, f"{p['landed_after_cycles']} cycles to land"),
+                ("protect: steady", p["steady"]["median_s"], p["steady"]["p95_s"], f"{p['protected_keys']:,} keys"),
+                ("protect: 1% changed", p["changed"]["median_s"], p["changed"]["p95_s"], ""),
+                ("protect: status report", p["status"]["median_s"], p["status"]["p95_s"], f"{p['status_json_bytes']:,} B json"),
+            ]  # fmt: skip
         for n, (name, median, p95, what) in enumerate(rows):
             lines.append(
                 f"{label if n == 0 else pad}{name:<34} {ms(median):>10} {ms(p95):>10} {what:>16}"
@@ -1014,6 +1130,14 @@ def targets(results: list[dict[str, Any]], transitions: dict[str, Any] | None) -
         out["steady_1M_1000w_le_20ms"] = top["steady"]["median_s"] <= TARGET_STEADY_S
         out["status_1M_1000w_le_5ms"] = top["observe"]["status"]["median_s"] <= TARGET_OBSERVE_S
         out["scrape_1M_1000w_le_5ms"] = top["observe"]["scrape"]["median_s"] <= TARGET_OBSERVE_S
+        if "protect" in top:
+            protect = top["protect"]
+            out["protect_steady_1M_1000w_le_20ms"] = (
+                protect["steady"]["median_s"] <= TARGET_STEADY_S
+            )
+            out["protect_status_1M_1000w_le_5ms"] = (
+                protect["status"]["median_s"] <= TARGET_OBSERVE_S
+            )
     out["reduce_only_not_slower_than_stock"] = all(
         r["reduce_only"]["median_s"] <= r["stock_steady"]["median_s"] for r in results
     )

@@ -198,3 +198,22 @@ def test_time_to_govern_benchmark_runs_on_a_small_state() -> None:
         assert len(row["cycles_s"]) == row["cycles"]
         assert row["p95_cycle_s"] <= row["max_cycle_s"]
     assert set(govern.medians(runs)) == {"groups", "per-key"}
+
+
+def test_the_protect_measurement_protects_within_its_budget_and_cleans_up(state: Any) -> None:
+    """The benchmark's ``protect`` rows at 2,000 keys: the section protects keys (the
+    groups were given compute times), their copies land, the budget holds, and the
+    state is left as it was found: no extra copy, no plugin (no timing asserted)."""
+    from benchmarks import scale
+
+    scheduler = state.scheduler
+    replicas = sum(len(ts.who_has or ()) for ts in scheduler.tasks.values())
+    plugins = set(scheduler.plugins)
+    out = scale.measure_protect(state, n=2, rounds=1)
+    assert out["protected_keys"] > 0
+    assert 0 < out["protected_bytes"] <= 2 * 2**30
+    assert out["seconds_protected"] > 0 and out["groups_known"] > 0
+    assert out["landed_after_cycles"] >= 2 and out["choice_cycles"] >= 1
+    assert out["steady"]["copies"] == out["steady"]["drops"] == 0  # nothing left to do
+    assert sum(len(ts.who_has or ()) for ts in scheduler.tasks.values()) == replicas
+    assert set(scheduler.plugins) == plugins

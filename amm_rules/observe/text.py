@@ -286,6 +286,7 @@ def _render_recompute(
         f"{format_seconds(protect['seconds_at_risk'])} left at risk; "
         f"{protect['left_out']:,} candidates left out "
         f"({format_seconds(protect['left_out_seconds'])})"
+        + ("; choosing again" if protect.get("choosing") else "")
     )
     return out
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 #: A protected key's worth per byte counts this many times against a newcomer's, and
 #: its estimate may fall this many times below ``min-recompute`` before it loses
@@ -27,9 +28,9 @@ from dataclasses import dataclass, field
 HYSTERESIS = 1.25
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A key that protection may keep extra copies of."""
+class Candidate(NamedTuple):
+    """A key that protection may keep extra copies of (a tuple: a choice builds one per
+    key examined, up to hundreds of thousands)."""
 
     key: Hashable
     #: One copy's size in bytes.
@@ -59,6 +60,53 @@ class Choice:
     below: int = 0
 
 
+class Ranking:
+    """:func:`choose` in two steps, so that a caller can gather the candidates a slice
+    at a time (over several cycles): :meth:`add` each, then :meth:`pick`."""
+
+    __slots__ = ("below", "floor", "min_recompute", "ranked")
+
+    def __init__(self, min_recompute: float) -> None:
+        self.min_recompute = min_recompute
+        self.floor = min_recompute / HYSTERESIS
+        #: (minus the worth per byte, arrival, candidate): sorted, the greedy order.
+        self.ranked: list[tuple[float, int, Candidate]] = []
+        self.below = 0
+
+    def add(self, c: Candidate) -> None:
+        if c.seconds < self.min_recompute and not (c.incumbent and c.seconds >= self.floor):
+            self.below += 1
+            return
+        worth = c.seconds / max(1, c.nbytes)
+        if c.incumbent:
+            worth *= HYSTERESIS
+        self.ranked.append((-worth, len(self.ranked), c))
+
+    def pick(self, budget: int, copies: int, max_keys: int) -> Choice:
+        """The keys to protect with ``copies`` copies each within ``budget`` bytes of
+        extra copies, at most ``max_keys`` of them."""
+        extra = max(1, copies - 1)
+        out = Choice(below=self.below)
+        self.ranked.sort(key=_order)
+        keys = out.keys
+        for _, _, c in self.ranked:
+            cost = max(0, c.nbytes) * extra
+            if len(keys) < max_keys and out.spent + cost <= budget:
+                keys.append(c.key)
+                out.spent += cost
+                out.seconds += c.seconds
+            else:
+                out.left_out += 1
+                out.left_out_seconds += c.seconds
+                if len(keys) < max_keys:
+                    out.no_room += 1
+        return out
+
+
+def _order(r: tuple[float, int, Candidate]) -> tuple[float, int]:
+    return r[0], r[1]
+
+
 def choose(
     candidates: Iterable[Candidate],
     budget: int,
@@ -68,31 +116,10 @@ def choose(
 ) -> Choice:
     """The keys to protect with ``copies`` copies each within ``budget`` bytes of extra
     copies, at most ``max_keys`` of them (see the module docstring)."""
-    extra = max(1, copies - 1)
-    ranked = []
-    out = Choice()
-    floor = min_recompute / HYSTERESIS
-    for i, c in enumerate(candidates):
-        if c.seconds < min_recompute and not (c.incumbent and c.seconds >= floor):
-            out.below += 1
-            continue
-        worth = c.seconds / max(1, c.nbytes)
-        if c.incumbent:
-            worth *= HYSTERESIS
-        ranked.append((-worth, i, c))
-    ranked.sort(key=lambda r: (r[0], r[1]))
-    for _, _, c in ranked:
-        cost = max(0, c.nbytes) * extra
-        if len(out.keys) < max_keys and out.spent + cost <= budget:
-            out.keys.append(c.key)
-            out.spent += cost
-            out.seconds += c.seconds
-        else:
-            out.left_out += 1
-            out.left_out_seconds += c.seconds
-            if len(out.keys) < max_keys:
-                out.no_room += 1
-    return out
+    ranking = Ranking(min_recompute)
+    for c in candidates:
+        ranking.add(c)
+    return ranking.pick(budget, copies, max_keys)
 
 
-__all__ = ["HYSTERESIS", "Candidate", "Choice", "choose"]
+__all__ = ["HYSTERESIS", "Candidate", "Choice", "Ranking", "choose"]

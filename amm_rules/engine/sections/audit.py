@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 from amm_rules.engine.sections.base import Cycle, Section
@@ -76,11 +76,14 @@ class Auditor:
         scheduler: Any,
         resolve: Callable[[Any], Any],
         suspects: Callable[[PlanClass, list[Any]], Iterable[Any]],
+        protected: Mapping[Hashable, int] | None = None,
     ) -> dict[str, int] | None:
         """This cycle's slice of the sweep. Returns the counts of a sweep that finished
         in this cycle, else None. ``resolve(ts)`` is what the rules want for a task;
         ``suspects(cls, tasks)`` those of a class's tasks that may need the planner
-        (:meth:`KeyIndex.suspects` with the class's placement)."""
+        (:meth:`KeyIndex.suspects` with the class's placement); ``protected``: the keys
+        the protect section keeps copies of (out of reduce-replicas' walk while they
+        hold no more than those copies)."""
         if not self.sweeping:
             if self.interval is None or now < self.next_sweep:
                 return None
@@ -90,7 +93,7 @@ class Auditor:
             self._found = dict.fromkeys(FOUND, 0)
             self.sweeping = True
         self._check_governed(index, scheduler.tasks, suspects)
-        self._check_replicated(index, resolve)
+        self._check_replicated(index, resolve, protected or {})
         if self._governed or self._replicated:
             return None
         self.sweeping = False
@@ -127,7 +130,9 @@ class Auditor:
             # planned in this cycle, as after workers change.
             index.recheck.update(ts.key for ts in suspects(cls, alive))
 
-    def _check_replicated(self, index: KeyIndex, resolve: Callable[[Any], Any]) -> None:
+    def _check_replicated(
+        self, index: KeyIndex, resolve: Callable[[Any], Any], protected: Mapping[Hashable, int]
+    ) -> None:
         todo = self._replicated
         desired, free = index.desired, index.replicated_free
         waiting = index.may_be_unclassified
@@ -140,6 +145,8 @@ class Auditor:
             key = ts.key
             if ts.state != "memory" or key in desired or key in touched or waiting(key):
                 continue
+            if protected and len(ts.who_has or ()) <= protected.get(key, 0):
+                continue  # out of the walk while it holds no more than its protected copies
             if key not in free or resolve(ts).governed:
                 # Unknown to reduce-replicas' walk, or filed there though a rule
                 # governs it: classified again in this cycle.
@@ -181,6 +188,7 @@ class AuditSection(Section):
             suspects=lambda cls, members: index.suspects(
                 cls, placements.of(cls), reduce_replicas, members
             ),
+            protected=ctx.protected,
         )
         if found is not None and any(found.values()):
             logger.warning("amm-rules: the audit found state the hooks missed: %s", found)

@@ -3,16 +3,24 @@ extra copies of the keys whose loss would cost most recompute per byte.
 
 Each cycle:
 
-1. if keys entered or left memory since the last choice (the recompute costs were
-   refreshed) and :data:`CHOOSE_EVERY` AMM intervals passed since it, or the workers changed
-   (so did the budget), or the rules were reloaded: choose the keys to protect (:func:`amm_rules.engine.decide.protect.choose`) among
+1. if the rules were reloaded, or the last choice passed over keys not classified yet
+   (at once when none is left waiting, else every :data:`CHOOSE_EVERY` intervals), or,
+   :data:`CHOOSE_EVERY` AMM intervals after the last choice, keys entered or left memory
+   (the recompute costs were refreshed) or the workers changed (so did the budget):
+   choose the keys to protect (:class:`amm_rules.engine.decide.protect.Ranking`, fed
+   :data:`CHOOSE_SLICE` seconds of each cycle until done: a choice among many keys takes
+   several cycles, the one in force holding meanwhile) among
    the keys in memory of the groups whose estimate is at least ``min-recompute``
    (:mod:`amm_rules.engine.state.costs` keeps them by group while the section is in
    the rules), that ``match`` selects, whose rules leave their copies free: a key with
    a replication target of its own (rule, annotation or runtime) or ``move: never`` is
    never a candidate; a key that is not classified yet waits;
 2. for every protected key holding fewer than ``copies`` copies (landed or in flight),
-   ask for one more: on the least loaded running worker where the key may live (its
+   ask for one more (a cycle looks only at the keys chosen since, those whose copies
+   fell to one or that left memory since, as :class:`~amm_rules.engine.state.costs.RecomputeCosts`
+   tells, those still short or in flight, and :data:`SWEEP` more in turn; at most
+   :data:`MAX_CHECKED`; a key no worker can take is put off for the in-flight timeout,
+   or until the workers change): on the least loaded running worker where the key may live (its
    rules' ``pool`` and ``avoid``), with room for it, not holding it, on a host without
    a copy where there is one (``spread: host``); at most the rebalance section's
    ``max-bytes-per-cycle`` per cycle (the first copy of a cycle may exceed it), and
@@ -31,13 +39,15 @@ Neighbours: :mod:`amm_rules.engine.decide.protect` chooses;
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Hashable, Iterator
+import time
+from collections.abc import Callable, Generator, Hashable
+from itertools import islice, takewhile
 from typing import Any
 
 from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine.adapters import TaskFactsAdapter
-from amm_rules.engine.decide.protect import HYSTERESIS, Candidate, Choice, choose
+from amm_rules.engine.decide.protect import HYSTERESIS, Candidate, Choice, Ranking
 from amm_rules.engine.decide.units import format_seconds
 from amm_rules.engine.dryrun import DryRun
 from amm_rules.engine.sections.base import Cycle, Section
@@ -53,10 +63,93 @@ MAX_PROTECTED = 50_000
 MAX_EXAMINED = 200_000
 #: A copy goes only to a worker whose memory stays below this share of its limit.
 ROOM = 0.8
+#: Protected keys a cycle looks at, at most: those short of their copies (or whose
+#: copies are in flight) first, in the order chosen; the rest wait for the next cycle.
+MAX_CHECKED = 4096
+#: Protected keys a cycle looks at in turn besides (a sweep through all of them: a key
+#: of ``copies: 3`` that went down to two; the figures of :attr:`ProtectSection.held`
+#: follow estimates and sizes that changed): at most MAX_PROTECTED / SWEEP cycles.
+SWEEP = 512
+#: Seconds of a cycle a choice may spend looking at candidates: a choice among many
+#: keys takes several cycles (the one in force holds meanwhile).
+CHOOSE_SLICE = 0.02
+#: Candidates looked at between two reads of the clock.
+GATHER_CHUNK = 512
 #: AMM intervals between two choices made because keys came and went (a busy cluster
 #: refreshes its estimates every cycle; choosing looks at up to MAX_EXAMINED keys):
 #: 5 s at the default interval of 2 s.
 CHOOSE_EVERY = 2.5
+
+
+class _Gathering:
+    """A choice under way: its ranking, the groups still to look at (each with its
+    estimate and its tasks in memory when the choice started) and the place reached in
+    the last of them."""
+
+    __slots__ = ("at", "examined", "groups", "ranking", "slices", "truncated", "waiting")
+
+    def __init__(self, ranking: Ranking, groups: list[tuple[float, list[Any]]]) -> None:
+        self.ranking = ranking
+        self.groups = groups
+        self.at = 0
+        self.examined = 0
+        self.slices = 0
+        #: Keys were passed over for want of a classification; the examined limit cut
+        #: the choice short.
+        self.waiting = False
+        self.truncated = False
+
+    def step(
+        self,
+        ctx: Any,
+        settings: ProtectSettings,
+        matches: Callable[[Any, Any], bool],
+        deadline: float,
+    ) -> bool:
+        """Rank candidates (see the module docstring) until ``deadline``; True once
+        every group was looked at, or :data:`MAX_EXAMINED` keys."""
+        index = ctx.index
+        desired = index.desired
+        unclassified = index.dirty
+        backlog = index.backlog
+        protected = ctx.protected
+        match = settings.match
+        add = self.ranking.add
+        groups = self.groups
+        while groups:
+            seconds, tasks = groups[-1]
+            at = self.at
+            chunk = tasks[at : at + GATHER_CHUNK]
+            for ts in chunk:
+                if ts.state != "memory":
+                    continue  # left memory since the choice started
+                key = ts.key
+                d = desired.get(key)
+                if d is not None and (d.replicate is not None or d.move == "never"):
+                    continue  # its rules decide its copies
+                if (unclassified and key in unclassified) or (backlog and key in backlog):
+                    self.waiting = True
+                    continue  # what its rules want is not known yet
+                if match is not None and not matches(match, ts):
+                    continue
+                add(Candidate(key, max(0, ts.nbytes), seconds, key in protected))
+            self.examined += len(chunk)
+            if at + len(chunk) >= len(tasks):
+                groups.pop()
+                self.at = 0
+            else:
+                self.at = at + len(chunk)
+            if self.examined >= MAX_EXAMINED:
+                self.truncated = bool(groups)
+                return True
+            if groups and time.perf_counter() >= deadline:
+                self.slices += 1
+                return False
+        return True
+
+
+def _cheapest_first(group: tuple[float, list[Any]]) -> float:
+    return group[0]
 
 
 class ProtectSection(Section):
@@ -94,12 +187,31 @@ class ProtectSection(Section):
         self.copies = 0
         self.would_copy = 0
         self.exhausted = False
-        #: As of the last cycle: protected keys holding their copies, their recompute
-        #: seconds, and the bytes of the extra copies they hold.
+        #: As of the last look at each: protected keys holding two copies or more,
+        #: their recompute seconds, and the bytes of the extra copies they hold.
         self.held = (0, 0.0, 0)
+        #: Protected keys to look at (short of their copies, or in flight), in order.
+        self.short: dict[Hashable, None] = {}
+        #: Protected keys short of copies that no worker could take: key -> the time
+        #: they are looked at again (sooner if the workers change).
+        self.later: dict[Hashable, float] = {}
+        #: key -> (seconds, extra bytes) of the protected keys holding two copies or
+        #: more, as of the last look at each (what :attr:`held` adds up).
+        self._holding: dict[Hashable, tuple[float, int]] = {}
+        self._holding_seconds = 0.0
+        self._holding_bytes = 0
+        #: The sweep: a list of the protected keys and the place reached in it.
+        self._sweep: list[Hashable] = []
+        self._swept = 0
+        #: The choice under way (gathered a slice per cycle), and the cycles the last
+        #: one took.
+        self._gathering: _Gathering | None = None
+        self.slices = 0
         self._seen_refresh = -1
         self._stale = True
         self._chosen_at = float("-inf")
+        #: The last choice passed over keys not classified yet.
+        self._waiting = False
 
     @classmethod
     def in_use(cls, ruleset: Ruleset) -> bool:
@@ -113,6 +225,7 @@ class ProtectSection(Section):
     def detach(self) -> None:
         if self.ctx is not None:
             self._release(list(self.ctx.protected))
+            self.ctx.costs.reduced = None
         super().detach()
 
     # ------------------------------------------------------------------ the cycle
@@ -120,44 +233,84 @@ class ProtectSection(Section):
     def run(self, cycle: Cycle) -> Any:
         ctx = self.ctx
         assert ctx is not None
+        costs = ctx.costs
         if self.settings is None:
+            costs.reduced = None  # nobody to tell
+            self._gathering = None
             if ctx.protected:
                 self._release(list(ctx.protected))
             return ()
-        costs = ctx.costs
+        if costs.reduced is None:
+            costs.reduced = set()
         now = ctx.clock()
         gap = CHOOSE_EVERY * (ctx.manager.interval if ctx.manager is not None else 2.0)
-        changed = costs.refreshes != self._seen_refresh and now - self._chosen_at >= gap
-        if self._stale or cycle.full or changed:
+        due = now - self._chosen_at >= gap
+        changed = costs.refreshes != self._seen_refresh
+        # Keys passed over for want of a classification are looked at again as soon as
+        # none waits (at attach, after a reload), and every `gap` while some still do:
+        # on a quiet cluster no key entering memory would bring another choice.
+        waited = self._waiting and (due or not ctx.index.unclassified)
+        if self._stale or (
+            self._gathering is None and (waited or (due and (changed or cycle.full)))
+        ):
             self._seen_refresh = costs.refreshes
             self._stale = False
             self._chosen_at = now
-            self._choose()
+            self._start_choice()
+        gathering = self._gathering
+        if gathering is not None:
+            done = gathering.step(
+                ctx, self.settings, self._matches, time.perf_counter() + CHOOSE_SLICE
+            )
+            self._waiting = self._waiting or gathering.waiting
+            if done:
+                self.truncated = gathering.truncated
+                self._finish_choice()
         if not ctx.protected:
-            self.held = (0, 0.0, 0)
+            self._clear_holding()
             return ()
         return self._copies(cycle)
 
-    def _choose(self) -> None:
-        """Choose the keys to protect (step 1 of the module docstring)."""
+    def _start_choice(self) -> None:
+        """Start a choice (step 1 of the module docstring): the candidate groups, as
+        they are now, dearest first (a choice that reaches :data:`MAX_EXAMINED` keys
+        leaves out the cheapest)."""
         ctx = self.ctx
         settings = self.settings
         assert ctx is not None and settings is not None
+        floor = settings.min_recompute / HYSTERESIS
+        groups = [
+            (seconds, list(entry.keys.values()))
+            for entry in ctx.costs.groups.values()
+            if (seconds := entry.published) is not None and seconds >= floor and entry.keys
+        ]
+        groups.sort(key=_cheapest_first)  # taken from the end
+        self._gathering = _Gathering(Ranking(settings.min_recompute), groups)
+        self._waiting = False
+
+    def _finish_choice(self) -> None:
+        """The choice gathered: protect its keys, release the others."""
+        ctx = self.ctx
+        settings = self.settings
+        gathering = self._gathering
+        assert ctx is not None and settings is not None and gathering is not None
+        self._gathering = None
+        self.slices = gathering.slices + 1
         memory = sum(max(0, ws.memory_limit or 0) for ws in ctx.scheduler.workers.values())
         self.budget = settings.budget(memory)
-        self.truncated = False
-        choice = choose(
-            self._candidates(settings),
-            self.budget,
-            settings.copies,
-            settings.min_recompute,
-            MAX_PROTECTED,
-        )
+        choice = gathering.ranking.pick(self.budget, settings.copies, MAX_PROTECTED)
         chosen = set(choice.keys)
         protected = ctx.protected
         self._release([key for key in protected if key not in chosen])
+        short = self.short
+        touched = ctx.index.touched
         for key in choice.keys:
-            protected[key] = settings.copies
+            before = protected.get(key)
+            if before != settings.copies:
+                protected[key] = settings.copies
+                short[key] = None
+                if before is not None:
+                    touched.add(key)  # fewer copies now: back in reduce-replicas' walk
         self.last = choice
         self.cutoff = None
         if choice.keys:
@@ -177,39 +330,6 @@ class ProtectSection(Section):
             )
         self.exhausted = exhausted
 
-    def _candidates(self, settings: ProtectSettings) -> Iterator[Candidate]:
-        """Keys that may be protected (see the module docstring), at most
-        :data:`MAX_EXAMINED` of them looked at."""
-        ctx = self.ctx
-        assert ctx is not None
-        index = ctx.index
-        desired = index.desired
-        unclassified = index.dirty
-        backlog = index.backlog
-        protected = ctx.protected
-        match = settings.match
-        floor = settings.min_recompute / HYSTERESIS
-        costs = ctx.costs
-        examined = 0
-        # (Nothing changes these tables while the choice consumes the candidates.)
-        for entry in costs.groups.values():
-            seconds = entry.published
-            if seconds is None or seconds < floor or not entry.keys:
-                continue
-            for key, ts in entry.keys.items():
-                examined += 1
-                if examined > MAX_EXAMINED:
-                    self.truncated = True
-                    return
-                d = desired.get(key)
-                if d is not None and (d.replicate is not None or d.move == "never"):
-                    continue  # its rules decide its copies
-                if (unclassified and key in unclassified) or (backlog and key in backlog):
-                    continue  # what its rules want is not known yet
-                if match is not None and not self._matches(match, ts):
-                    continue
-                yield Candidate(key, max(0, ts.nbytes), seconds, key in protected)
-
     def _matches(self, match: Any, ts: Any) -> bool:
         ctx = self.ctx
         assert ctx is not None
@@ -228,10 +348,80 @@ class ProtectSection(Section):
         if ctx is None:
             return
         for key in keys:
-            ctx.protected.pop(key, None)
-            self.inflight.pop(key, None)
-            self.backoff.pop(key, None)
+            self._forget(key)
             ctx.index.touched.add(key)
+
+    def _forget(self, key: Hashable) -> None:
+        assert self.ctx is not None
+        self.ctx.protected.pop(key, None)
+        self.inflight.pop(key, None)
+        self.backoff.pop(key, None)
+        self.short.pop(key, None)
+        self.later.pop(key, None)
+        self._count(key, None, 0)
+
+    def _count(self, key: Hashable, ts: Any, copies: int) -> None:
+        """Count ``key`` in :attr:`held` as it is now (``ts``: None when it is gone)."""
+        before = self._holding.pop(key, None)
+        if before is not None:
+            self._holding_seconds -= before[0]
+            self._holding_bytes -= before[1]
+        n = len(ts.who_has) if ts is not None and ts.who_has else 0
+        if n >= 2:
+            assert self.ctx is not None
+            seconds = self.ctx.costs.estimate(ts.group) or 0.0
+            extra = max(0, ts.nbytes) * (min(n, copies) - 1)
+            self._holding[key] = (seconds, extra)
+            self._holding_seconds += seconds
+            self._holding_bytes += extra
+        self.held = (len(self._holding), max(0.0, self._holding_seconds), self._holding_bytes)
+
+    def _clear_holding(self) -> None:
+        self._holding.clear()
+        self._holding_seconds, self._holding_bytes = 0.0, 0
+        self.held = (0, 0.0, 0)
+        self.short.clear()
+        self.later.clear()
+        self._sweep, self._swept = [], 0
+
+    def _to_look_at(self, full: bool, now: float) -> list[Hashable]:
+        """The protected keys this cycle looks at (step 2 of the module docstring);
+        ``full``: the workers changed (the keys no worker could take are tried again)."""
+        ctx = self.ctx
+        assert ctx is not None
+        protected = ctx.protected
+        short = self.short
+        later = self.later
+        if later:
+            # In the order they were put off, all for the same time: the first not due
+            # ends the walk.
+            due = list(later) if full else list(takewhile(lambda k: later[k] <= now, later))
+            for key in due:
+                del later[key]
+                if key in protected:
+                    short[key] = None
+        reduced = ctx.costs.reduced
+        if reduced:
+            for key in reduced:
+                if key in protected:
+                    short[key] = None
+            reduced.clear()
+        if self._swept >= len(self._sweep):
+            self._sweep, self._swept = list(protected), 0
+        turn = self._sweep[self._swept : self._swept + SWEEP]
+        self._swept += len(turn)
+        tasks = ctx.scheduler.tasks
+        for key in turn:
+            copies = protected.get(key)
+            if copies is None or key in short or key in later:
+                continue
+            ts = tasks.get(key)
+            n = len(ts.who_has) if ts is not None and ts.who_has else 0
+            if n < copies:
+                short[key] = None  # short, or gone: looked at below
+            else:
+                self._count(key, ts, copies)
+        return list(islice(short, MAX_CHECKED))
 
     def _copies(self, cycle: Cycle) -> Generator[Suggestion, Any, None]:
         """Step 2: one more copy of each protected key short of its copies."""
@@ -245,23 +435,27 @@ class ProtectSection(Section):
         allowance = ctx.ruleset.rebalance.max_bytes_per_cycle
         moved = 0
         cluster = None
-        gone = []
-        held_keys, held_seconds, held_bytes = 0, 0.0, 0
         spent = False
-        for key, copies in ctx.protected.items():
+        protected = ctx.protected
+        short = self.short
+        for key in self._to_look_at(cycle.full, now):
             ts = tasks.get(key)
-            if ts is None or ts.state != "memory" or not ts.who_has:
-                gone.append(key)
+            copies = protected.get(key, 0)
+            if ts is None or ts.state != "memory" or not ts.who_has or not copies:
+                self._forget(key)
+                continue
+            self._count(key, ts, copies)
+            # Looked at: to the end of the line (the keys left over go first next time).
+            del short[key]
+            if spent:
+                short[key] = None
                 continue
             nbytes = max(0, ts.nbytes)
-            if len(ts.who_has) >= 2:
-                held_keys += 1
-                held_seconds += ctx.costs.estimate(ts.group) or 0.0
-                held_bytes += nbytes * (min(len(ts.who_has), copies) - 1)
-            if spent:
-                continue
             holders = {ws.address for ws in ts.who_has}
             flying = self._in_flight(key, holders, workers, now, timeout)
+            if len(holders) >= copies:
+                continue  # held: looked at again if its copies fall (or in the sweep)
+            short[key] = None
             if len(holders) + len(flying) >= copies:
                 continue
             if moved and moved + nbytes > allowance:
@@ -271,6 +465,10 @@ class ProtectSection(Section):
                 cluster = ctx.cluster_view()
             target = self._recipient(ts, cluster, holders | set(flying), settings, now)
             if target is None:
+                # No worker can take it now: looked at again in a while, or when the
+                # workers change.
+                del short[key]
+                self.later[key] = now + timeout
                 continue
             if self.dry_run:
                 self.would_copy += 1
@@ -293,11 +491,6 @@ class ProtectSection(Section):
                 cycle.stats[SOURCE]["requested"] += 1
                 self.inflight.setdefault(key, {})[target] = now + timeout
                 cluster.add_memory(target, nbytes)
-        for key in gone:
-            ctx.protected.pop(key, None)
-            self.inflight.pop(key, None)
-            self.backoff.pop(key, None)
-        self.held = (held_keys, held_seconds, held_bytes)
 
     def _in_flight(
         self, key: Hashable, holders: set[str], workers: Any, now: float, timeout: float
@@ -376,6 +569,8 @@ class ProtectSection(Section):
             "left_out_seconds": round(choice.left_out_seconds, 3) if choice else 0.0,
             "budget_exhausted": self.exhausted,
             "examined_limit_reached": self.truncated,
+            "choosing": self._gathering is not None,
+            "choice_cycles": self.slices,
             "in_flight": sum(len(v) for v in self.inflight.values()),
             "copies_requested": self.copies,
             "would_copy": self.would_copy,

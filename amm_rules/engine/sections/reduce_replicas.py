@@ -8,7 +8,8 @@ every suggestion passes through each generator between the AMM and the one yield
 and this one yields a drop per excess copy (120,000 per cycle at a million keys in the
 scale benchmark). It runs after the rebalance and protect sections, spares the keys
 mid-move, and leaves a protected key its copies (the ``protect:`` section's, one per host
-first: :func:`~amm_rules.engine.adapters.kept_copies`).
+first: :func:`~amm_rules.engine.adapters.kept_copies`); a protected key holding no more
+leaves the walk until its copies or its protection change.
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ def reduce_replicas(
         # (Governed keys are never here: KeyIndex.put takes them out.) Only a key in
         # memory has copies, so this also finds keys that left memory.
         if who_has is None or len(who_has) < 2:
+            stale.append(key)
+            continue
+        if protected and len(who_has) <= protected.get(key, 0):
+            # A protected key holding no more than its copies: out of the walk until it
+            # gains a copy or loses its protection (either makes it touched).
             stale.append(key)
             continue
         if (

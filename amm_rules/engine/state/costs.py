@@ -135,6 +135,9 @@ class RecomputeCosts:
         #: Keep the keys in memory per group (the protect section, or rules reading
         #: ``task.recompute_seconds``, need them); else only counts.
         self.track_keys = False
+        #: While the protect section asks (a set, else None): keys whose copies fell to
+        #: one, or that left memory, since it last looked.
+        self.reduced: set[Hashable] | None = None
         #: Refreshes that recomputed, and groups republished, since the start.
         self.refreshes = 0
         self.republished = 0
@@ -167,6 +170,8 @@ class RecomputeCosts:
         entry = self.groups.get(ts.group)
         if entry is not None and entry.keys is not None:
             entry.keys.pop(ts.key, None)
+        if (reduced := self.reduced) is not None:
+            reduced.add(ts.key)
 
     def _first(self, ts: Any) -> GroupCost:
         """The first task of a group seen finishing: the group's entry, its tasks done
@@ -209,6 +214,8 @@ class RecomputeCosts:
         else:
             for other in ts.who_has:
                 self._sole(ts.group, other.address, 1)
+            if (reduced := self.reduced) is not None:
+                reduced.add(ts.key)
 
     def all_removed(self, ts: Any) -> None:
         """Every copy of ``ts`` goes (it leaves memory); it had exactly one."""

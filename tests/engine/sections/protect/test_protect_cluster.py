@@ -1,15 +1,20 @@
 """The ``protect:`` section on a real scheduler: the keys worth most recompute per byte
 get a second copy within the budget, reduce-replicas leaves those copies alone, a
 rule's own replication target wins, and the death of the worker that held a protected
-key alone recomputes nothing."""
+key alone recomputes nothing; keys persisted before the section are protected on a quiet
+cluster."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from distributed import Worker
+from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
+from amm_rules import RulesPolicy
+from amm_rules.engine.sections import protect as protect_module
 from amm_rules.engine.sections.protect import ProtectSection
 from amm_rules.observe.status import status_report
 from amm_rules.observe.text import render_status
@@ -137,4 +142,83 @@ async def test_losing_the_only_holder_of_a_protected_key_recomputes_nothing(c, s
     assert [len(r) for r in results] == [1000] * 6
     assert [counter.processing[f.key] for f in dear] == [1, 1, 1]  # never recomputed
     assert [counter.processing[f.key] for f in cheap] == [2, 2, 2]  # recomputed
+    # Down to one copy each: protected again on the workers left.
+    await wait_for(
+        lambda: all(copies(s, f.key) == 2 for f in dear), "the dear keys two copies again"
+    )
+    no_errors(s)
+
+
+@gen_cluster(client=True, nthreads=[("", 2)] * 3, config=amm_config(None, start=False), timeout=90)
+async def test_keys_already_in_memory_on_a_quiet_cluster_are_protected(c, s, a, b, w):
+    """The section attached over data persisted before it, with nothing computing: its
+    first choice comes while the keys wait to be classified, and no key entering
+    memory brings another; the keys are protected once classified all the same."""
+    dear = await stage(c, "dear", 3, WORK, 1000, workers=[a.address])
+    # One key classified per cycle: the first choices see the others waiting.
+    policy = RulesPolicy(rules=protect_rules("1 MiB"), classify_keys=1)
+    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=True, interval=0.05)
+    try:
+        await wait_for(
+            lambda: all(copies(s, f.key) == 2 for f in dear),
+            "the keys persisted before the section protected",
+            show=lambda: (dict(policy.ctx.protected), status_report(policy)["protect"]),
+        )
+        assert set(policy.ctx.protected) == {f.key for f in dear}
+    finally:
+        amm.stop()
+        policy.detach()
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 2)],
+    config=amm_config(protect_rules("1 MiB"), inflight_timeout=600),
+    timeout=90,
+)
+async def test_a_key_no_worker_can_take_is_put_off_until_a_worker_joins(c, s, a):
+    """Alone on its worker, a protected key has nowhere to go: it is put off (for the
+    in-flight timeout, here ten minutes) rather than looked at every cycle, and copied
+    as soon as a worker joins."""
+    dear = await stage(c, "dear", 2, WORK, 1000)
+    section = policy_of(s).section(ProtectSection)
+    keys = {f.key for f in dear}
+    await wait_for(
+        lambda: set(section.later) == keys,
+        "both keys put off",
+        show=lambda: (dict(policy_of(s).ctx.protected), dict(section.later)),
+    )
+    assert set(section.short) == set()
+    async with Worker(s.address, nthreads=1):
+        await wait_for(lambda: all(copies(s, k) == 2 for k in keys), "copied once a worker joined")
+        assert section.later == {}
+        no_errors(s)
+
+
+@gen_cluster(client=True, nthreads=[("", 2)] * 2, config=amm_config(None, start=False), timeout=90)
+async def test_a_choice_among_many_keys_is_made_over_several_cycles(c, s, a, b, monkeypatch):
+    """No cycle spends more than CHOOSE_SLICE looking at candidates: here one key per
+    slice, so a choice among four keys takes four cycles, and the keys are protected
+    once it is made."""
+    monkeypatch.setattr(protect_module, "GATHER_CHUNK", 1)
+    monkeypatch.setattr(protect_module, "CHOOSE_SLICE", 0.0)
+    dear = await stage(c, "dear", 4, WORK, 1000, workers=[a.address])
+    policy = RulesPolicy(rules=protect_rules("1 MiB"))
+    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
+    section = policy.section(ProtectSection)
+    keys = {f.key for f in dear}
+    try:
+        seen_choosing = 0
+        for _ in range(40):
+            amm.run_once()
+            seen_choosing += section.status()["choosing"]
+            if set(policy.ctx.protected) == keys:
+                break
+        assert set(policy.ctx.protected) == keys
+        assert section.status()["choice_cycles"] == 4
+        assert seen_choosing >= 3  # the cycles before the last of the choice
+        await wait_for(lambda: all(copies(s, k) == 2 for k in keys), "the four keys copied")
+    finally:
+        policy.detach()
     no_errors(s)
