@@ -239,15 +239,7 @@ class RulesTable(DashboardComponent):
                 width=560,
             ),
         ]
-        self.root = DataTable(
-            source=self.source,
-            columns=columns,
-            index_position=None,
-            sortable=False,
-            height=_table_height(3),
-            sizing_mode="stretch_width",
-            autosize_mode="none",  # the widths above: BokehJS's fitting varies run to run
-        )
+        self.root = _table(self.source, columns, 3)
 
     def update(self, report: Mapping[str, Any] | None) -> None:
         rows = report["conformance"]["rules"] if report is not None else []
@@ -605,15 +597,7 @@ class MemoryFlowTable(DashboardComponent):
             TableColumn(field="live", title="in memory", width=90),
         ]
         self.pressure = Div(text="", sizing_mode="stretch_width")
-        self.table = DataTable(
-            source=self.source,
-            columns=columns,
-            index_position=None,
-            sortable=False,
-            height=_table_height(2),
-            sizing_mode="stretch_width",
-            autosize_mode="none",
-        )
+        self.table = _table(self.source, columns, 2)
         self.root = column(self.pressure, self.table, sizing_mode="stretch_width")
 
     def update(self, report: Mapping[str, Any] | None) -> None:
@@ -653,16 +637,7 @@ class DrainsTable(DashboardComponent):
             TableColumn(field="loss", title="predicted loss (or outcome)", width=420),
             TableColumn(field="time_left", title="time left", width=80),
         ]
-        self.table = DataTable(
-            source=self.source,
-            columns=columns,
-            index_position=None,
-            sortable=False,
-            height=_table_height(0),
-            sizing_mode="stretch_width",
-            autosize_mode="none",
-            visible=False,
-        )
+        self.table = _table(self.source, columns, 0, visible=False)
         self.root = self.table
 
     def update(self, report: Mapping[str, Any] | None) -> None:
@@ -729,15 +704,7 @@ class EventsTable(DashboardComponent):
                 width=440,
             ),
         ]
-        self.table = DataTable(
-            source=self.source,
-            columns=columns,
-            index_position=None,
-            sortable=False,
-            height=_table_height(EVENTS_SHOWN),
-            sizing_mode="stretch_width",
-            autosize_mode="none",
-        )
+        self.table = _table(self.source, columns, EVENTS_SHOWN)
         self.full = Div(text=self.HINT, sizing_mode="stretch_width")
         # In the browser: the clicked row's whole event, escaped (HTML of the server's).
         self.source.selected.js_on_change(
@@ -932,6 +899,21 @@ def _set(model: Any, **values: Any) -> None:
 
 def _table_height(rows: int) -> int:
     return 30 + 26 * max(rows, 1)
+
+
+def _table(source: Any, columns: list[Any], rows: int, visible: bool = True) -> Any:
+    """A table of the page: no index column, not sortable, as tall as ``rows``, the
+    widths its columns give (BokehJS's own fitting varies from run to run)."""
+    return DataTable(
+        source=source,
+        columns=columns,
+        index_position=None,
+        sortable=False,
+        height=_table_height(rows),
+        sizing_mode="stretch_width",
+        autosize_mode="none",
+        visible=visible,
+    )
 
 
 def _first_line(text: Any) -> str:
