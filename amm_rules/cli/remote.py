@@ -1,4 +1,4 @@
-"""``amm-rules status`` and ``amm-rules explain`` against a running scheduler.
+"""``amm-rules status``, ``explain`` and ``drain`` against a running scheduler.
 
 The command line talks to the scheduler over its own comm (``distributed.core.rpc``,
 with dask's security settings), as a client would, without starting a ``Client``:
@@ -11,12 +11,12 @@ with dask's security settings), as a client would, without starting a ``Client``
    :func:`amm_rules.status` asks it); without the entry (no engine, or an older one),
    a function of this package is run on the scheduler to look; where running functions
    is not allowed, the handler is called and its silence reported after the timeout;
-3. call ``amm_rules_status``, ``amm_rules_memory_flow`` or ``amm_rules_explain`` and
-   render the answer.
+3. call ``amm_rules_status``, ``amm_rules_memory_flow``, ``amm_rules_explain`` or the
+   drain's handlers and render the answer.
 
 Every failure is a :class:`RemoteError` with one line for the user; the command line
 prints it and exits 1. Neighbours: :mod:`amm_rules.cli` defines the commands;
-:mod:`amm_rules.observe.status` and :mod:`amm_rules.observe.explain` render the answers.
+:mod:`amm_rules.observe.text` renders the answers.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def public_name(name: str) -> str:
 def misspelt(name: str) -> str | None:
     """The known name ``name`` looks like a misspelling of, or None: when ``name`` is
     known, or close to nothing known. Only names of a library the table knows
-    (``pandas.``, ``cudf.``, ``cupy.``, ``numpy.``, ``builtins.``) are compared: a
+    (``pandas.``, ``cudf.``, ``cupy.``, ``numpy.``) are compared: a
     type of the user's own is never called a misspelling."""
     if name in KNOWN:
         return None

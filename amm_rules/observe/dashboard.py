@@ -66,7 +66,7 @@ from amm_rules.observe import status
 from amm_rules.observe.conformance import IDLE, IN_PROGRESS, SATISFIED, UNSATISFIABLE
 from amm_rules.observe.extension import engine_of
 from amm_rules.observe.status import NO_POOL
-from amm_rules.observe.text import conformance_line, counted, signed_bytes
+from amm_rules.observe.text import DEPARTURES_SHOWN, conformance_line, counted, signed_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -191,10 +191,6 @@ def header_html(report: Mapping[str, Any] | None) -> str:
     if left:
         lines.append(left)
     return title + "".join(f"<div>{line}</div>" for line in lines)
-
-
-#: Workers that left, named in the header (the newest first).
-DEPARTURES_SHOWN = 3
 
 
 def departures_html(report: Mapping[str, Any]) -> str:

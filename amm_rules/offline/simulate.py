@@ -41,7 +41,7 @@ import logging
 import time
 from collections.abc import Callable, Generator, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from distributed.active_memory_manager import (
     ActiveMemoryManagerExtension,
@@ -69,9 +69,6 @@ from amm_rules.engine.state.journal import Journal
 from amm_rules.engine.state.placement import VOLATILE_WORKER_ATTRIBUTES, Placements
 from amm_rules.language.ruleset import Desired, Ruleset, RuntimeTarget, Target
 from amm_rules.offline.sim_cluster import SimCluster, SimTask
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger(__name__)
 

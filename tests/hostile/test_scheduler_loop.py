@@ -30,7 +30,7 @@ from amm_rules.engine.policy import RulesPolicy
 from amm_rules.engine.state.journal import DECISIONS_KEPT, Journal
 from amm_rules.observe.metrics import OTHER_RULES, RULE_SERIES, RulesCollector
 from amm_rules.observe.status import TEXT_SHOWN, clipped
-from benchmarks.hostile import Shared
+from benchmarks.hostile import Shared, many_rules
 from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, counts, events, policy_of
 from tests.support.hang import hang_bound
@@ -202,18 +202,11 @@ def test_reports_clip_the_texts_they_embed() -> None:
 MANY_RULES = 2_000
 
 
-def many_rules(path: Path) -> str:
-    text = "version: 1\nrules:\n" + "".join(
-        f'  - name: rule-{i}\n    match: task.prefix == "p{i}"\n    replicate: 2\n'
-        for i in range(MANY_RULES)
-    )
-    path.write_text(text)
-    return str(path)
-
-
 @pytest.fixture
 def many_rules_file(tmp_path: Path) -> str:
-    return many_rules(tmp_path / "rules.yaml")
+    path = tmp_path / "rules.yaml"
+    path.write_text(many_rules(MANY_RULES))
+    return str(path)
 
 
 def test_a_scrape_at_thousands_of_rules_is_bounded(many_rules_file: str) -> None:

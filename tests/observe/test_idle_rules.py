@@ -77,6 +77,7 @@ async def test_hints_are_taken_again_after_a_while_the_key_count_at_once(
     """A status every second (an open page) reuses the hints for HINTS_FOR seconds (a
     census and a parse per idle rule cost milliseconds); the keys in memory are counted
     at each status."""
+    monkeypatch.setattr(conformance_module, "HINTS_FOR", 3600.0)  # no race with the clock
     futures = c.map(inc, range(3))
     await c.gather(futures)
     await wait_for(lambda: states(s)["incs"].keys == 3, "the inc rule governs 3 keys")

@@ -146,8 +146,6 @@ class Prediction:
     cannot_move: int = 0
     cannot_move_bytes: int = 0
     cannot_move_seconds: float = 0.0
-    #: Bytes already safe (copies landed) and keys safe, for the sentence.
-    safe_keys: int = 0
     #: The groups lost, dearest first (at most :data:`NAMED_GROUPS`).
     groups: list[LostGroup] = field(default_factory=list)
     #: The first key that will not leave in time (its place in the order), or None.

@@ -51,7 +51,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from itertools import islice, repeat
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -68,11 +67,6 @@ if TYPE_CHECKING:
     from amm_rules.engine.state.costs import RecomputeCosts
     from amm_rules.engine.state.flow import MemoryFlow
 
-#: Reads a task's size (one copy's bytes; -1 while unknown).
-_NBYTES = attrgetter("nbytes")
-_WHO_HAS = attrgetter("who_has")
-_HOST = attrgetter("host")
-_NONE: frozenset[Any] = frozenset()
 #: Keys classified between two looks at the clock (see :meth:`KeyIndex.classify`).
 CLASSIFY_CHUNK = 4096
 
@@ -208,15 +202,13 @@ class KeyIndex(SchedulerPlugin):
                 self.wake("key-on-retiring-worker")
         elif start == "memory":
             self.forget(key)
-            flow = self.flow
-            if flow is not None:
-                ts = self.tasks.get(key)
-                if ts is not None:
-                    flow.left(key, ts, stimulus_id)
             self.memory_changed = True  # the estimates of its dependents move
-            kept = self.costs_kept
-            if kept is not None and (ts := self.tasks.get(key)) is not None:
-                kept.left(ts)
+            flow, kept = self.flow, self.costs_kept
+            if (flow is not None or kept is not None) and (ts := self.tasks.get(key)) is not None:
+                if flow is not None:
+                    flow.left(key, ts, stimulus_id)
+                if kept is not None:
+                    kept.left(ts)
         elif finish == "forgotten" and self.runtime:
             # A target set on a key still to compute (amm_rules.persist) that never
             # reached memory.
@@ -492,8 +484,6 @@ class KeyIndex(SchedulerPlugin):
                 if not members:
                     continue
             filed.setdefault(cls, []).extend(members)
-
-    # -- the per-cycle check ---------------------------------------------------------
 
     # -- the governed keys (see GovernedKeys) ------------------------------------------
 

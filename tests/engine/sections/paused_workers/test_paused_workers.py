@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 from typing import Any
 
 import dask
@@ -32,6 +31,7 @@ from tests.support.cluster import (
     policy_of,
     process_cluster,
 )
+from tests.support.rules_files import write_atomically
 
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat
@@ -70,6 +70,19 @@ async def add_leaky_worker(
     return address
 
 
+def rules_and_config(tmp_path: Any, text: str) -> tuple[Any, dict[str, Any]]:
+    """A rules file holding ``text``, and the dask config of these tests: the scheduler's
+    AMM reading that file every 0.1 s, workers pausing at PAUSE of their limit."""
+    rules_file = tmp_path / "rules.yaml"
+    write_atomically(rules_file, text)
+    config = {
+        **amm_config(str(rules_file)),
+        "distributed.scheduler.active-memory-manager.interval": 0.1,
+        **worker_config(pause=PAUSE),
+    }
+    return rules_file, config
+
+
 async def leak_mib(client: Client, address: str, leaks: int = 5) -> int:
     """MiB for each leaky task to leak so that the worker at ``address`` pauses after
     ``leaks`` of them: what is left below its pause threshold, measured, split in
@@ -79,14 +92,6 @@ async def leak_mib(client: Client, address: str, leaks: int = 5) -> int:
     not pause the new worker at once."""
     (used,) = (await client.run(rss, workers=[address])).values()
     return math.ceil((PAUSE * LIMIT - used) / leaks / 2**20) + 1
-
-
-def write_rules(path: Any, text: str) -> None:
-    """Replace the rules file atomically, as docs/policy.md asks."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 async def stalled(futures: list[Any], quiet: float = 3.0, limit: float = 30.0) -> bool:
@@ -128,13 +133,7 @@ def steps(s: Any, worker: str | None = None) -> list[str]:
 
 @gen_test(timeout=120)
 async def test_a_leaking_worker_stalls_the_workload_until_the_section_restarts_it(tmp_path):
-    rules_file = tmp_path / "rules.yaml"
-    write_rules(rules_file, "version: 1\n")
-    config = {
-        **amm_config(str(rules_file)),
-        "distributed.scheduler.active-memory-manager.interval": 0.1,
-        **worker_config(pause=PAUSE),
-    }
+    rules_file, config = rules_and_config(tmp_path, "version: 1\n")
     with dask.config.set(config):
         async with (
             process_cluster(memory_limit=LIMIT) as cluster,
@@ -171,7 +170,7 @@ async def test_a_leaking_worker_stalls_the_workload_until_the_section_restarts_i
             # 2. With it (the rules file is reloaded): the worker is emptied, restarted
             #    and the workload completes.
             log = ReplicaLog(s)
-            write_rules(rules_file, "version: 1\n" + SECTION)
+            write_atomically(rules_file, "version: 1\n" + SECTION)
             assert await asyncio.wait_for(c.gather(work), 60) == list(range(8))
             await wait_for(lambda: "restarted" in steps(s), "'restarted' in steps(s)", timeout=30)
             assert steps(s, leaker) == ["paused", "evacuating", "restarting", "restarted"]
@@ -212,13 +211,7 @@ async def test_a_pause_from_dasks_data_and_a_move_never_key_alone_are_left_alone
     """Real memory: worker "managed" pauses under 160 MiB of persisted data (unmanaged
     memory stays low: ``require-unmanaged`` keeps the section away); worker "leaky" leaks
     until it pauses but holds the only copy of a ``move: never`` key (blocked, named)."""
-    rules_file = tmp_path / "rules.yaml"
-    write_rules(rules_file, rules_text())
-    config = {
-        **amm_config(str(rules_file)),
-        "distributed.scheduler.active-memory-manager.interval": 0.1,
-        **worker_config(pause=PAUSE),
-    }
+    _, config = rules_and_config(tmp_path, rules_text())
     with dask.config.set(config):
         async with (
             process_cluster(memory_limit=LIMIT) as cluster,
@@ -266,13 +259,7 @@ async def test_a_pause_from_dasks_data_and_a_move_never_key_alone_are_left_alone
 
 @gen_test(timeout=180)
 async def test_two_leaking_workers_are_restarted_one_at_a_time_then_cool_down(tmp_path):
-    rules_file = tmp_path / "rules.yaml"
-    write_rules(rules_file, rules_text(**{"max-concurrent": 1, "cool-down": "1h"}))
-    config = {
-        **amm_config(str(rules_file)),
-        "distributed.scheduler.active-memory-manager.interval": 0.1,
-        **worker_config(pause=PAUSE),
-    }
+    _, config = rules_and_config(tmp_path, rules_text(**{"max-concurrent": 1, "cool-down": "1h"}))
     with dask.config.set(config):
         async with (
             process_cluster(memory_limit=LIMIT) as cluster,
