@@ -37,6 +37,7 @@ from amm_rules.engine.state.index import KeyIndex
 from amm_rules.engine.state.journal import Journal
 from amm_rules.engine.state.placement import Placements
 from amm_rules.engine.state.spans import SpanStates
+from amm_rules.engine.state.spilled import SpilledKeys
 from amm_rules.language.ruleset import Actions, Desired, Pool, Ruleset, RuntimeTarget, Target
 
 if TYPE_CHECKING:
@@ -68,6 +69,9 @@ class EngineContext:
     #: (reduce-replicas, and the planner for keys without a replication target)
     #: leaves them that many (see amm_rules.engine.sections.protect).
     protected: dict[Hashable, int]
+    #: Which keys each worker holds on disk, as the ``spill`` section's worker plugin
+    #: reports them (empty without ``spill:`` in the rules).
+    spilled: SpilledKeys
     #: Early AMM cycles.
     early: EarlyCycles
     #: Whether each span is done (``task.span_done``; the spans section refreshes it).
@@ -101,6 +105,7 @@ class EngineContext:
         self.spans = SpanStates()
         self.costs = RecomputeCosts()
         self.protected = {}
+        self.spilled = SpilledKeys()
         self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
         self.manager = None
         self.sections = ()

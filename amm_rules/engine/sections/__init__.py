@@ -24,6 +24,10 @@ explain and the metrics list them:
    ``protect``: extra copies of the dearest keys within a memory budget
    (:mod:`.protect`), after replication (a key's own target wins) and before
    reduce-replicas, which spares what it protects;
+   ``spill``: values sent to the workers' eviction order, and copies held elsewhere
+   dropped from workers near their memory target (:mod:`.spill`), after replication and
+   protect (their copies and targets count: it never drops below them) and before
+   reduce-replicas, so that the copy trimmed is the one on the worker short of memory;
 7. ``reduce-replicas``: the stock reduction for keys no rule governs
    (:mod:`.reduce_replicas`), last, sparing keys mid-move and protected copies;
 8. ``retirement``, ``drain``, ``legacy-replicate``, ``demand``, ``departures``: nothing to
@@ -56,6 +60,7 @@ from amm_rules.engine.sections.reduce_replicas import ReduceReplicasSection
 from amm_rules.engine.sections.replication import Replication
 from amm_rules.engine.sections.retirement import Retirements
 from amm_rules.engine.sections.spans import SpansSection
+from amm_rules.engine.sections.spill import SpillSection
 
 #: The sections, in the order they run.
 SECTIONS: tuple[type[Section], ...] = (
@@ -69,6 +74,7 @@ SECTIONS: tuple[type[Section], ...] = (
     PausedWorkers,
     RebalanceSection,
     ProtectSection,
+    SpillSection,
     ReduceReplicasSection,
     Retirements,
     DrainSection,

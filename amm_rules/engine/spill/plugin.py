@@ -59,8 +59,10 @@ INTERVAL = 0.5
 #: Keys written or read back told in one report, at most (the rest: the next one).
 REPORT_KEYS = 5_000
 #: A report is sent at least this often (seconds) while the counters move, else only
-#: when keys were written or read back.
+#: when keys were written or read back or the memory buffer's fill moved by more than
+#: :data:`REPORT_FILL` of its target.
 REPORT_EVERY = 5.0
+REPORT_FILL = 0.05
 #: Prefetch reads back while the memory buffer holds less than this share of its
 #: target, and at most this many bytes a turn.
 PREFETCH_ROOM = 0.8
@@ -128,6 +130,7 @@ class SpillPlugin(WorkerPlugin):
         self._prefetching: asyncio.Task[None] | None = None
         self._last_report = 0.0
         self._last_figures: dict[str, float] = {}
+        self._last_fast = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
         return {"order": self.order, "prefetch": self.prefetch}
@@ -209,8 +212,11 @@ class SpillPlugin(WorkerPlugin):
     def transition(self, key: Hashable, start: str, finish: str, **kwargs: Any) -> None:
         """A key released from disk is gone; a task that stopped running no longer
         reads its dependencies."""
-        if finish in ("released", "forgotten") and key in self.on_disk:
-            self._left_disk(key)
+        if finish in ("released", "forgotten"):
+            if key in self.on_disk:
+                self._left_disk(key)
+            if self.values is not None:
+                self.values.forget((key,))
         if start == "executing" and self.values is not None and self.worker is not None:
             ts = self.worker.state.tasks.get(key)
             if ts is None:
@@ -275,8 +281,10 @@ class SpillPlugin(WorkerPlugin):
     def _report(self, force: bool = False) -> None:
         now = time.monotonic()
         figures = self.figures()
+        fast = self.data.fast
         moved = figures != self._last_figures and now - self._last_report >= REPORT_EVERY
-        if not (force or self.news or self.gone or moved):
+        filled = abs(fast.total_weight - self._last_fast) > REPORT_FILL * fast.n
+        if not (force or self.news or self.gone or moved or filled):
             return
         wall = time.time()
         spilled = []
@@ -287,7 +295,7 @@ class SpillPlugin(WorkerPlugin):
         unspilled = list(self.gone)[:REPORT_KEYS]
         for key in unspilled:
             del self.gone[key]
-        fast = self.data.fast
+        self._last_fast = fast.total_weight
         self._send(
             {
                 "attached": True,

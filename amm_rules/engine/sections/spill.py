@@ -1,0 +1,568 @@
+"""The spill section: the ``spill:`` part of the rules (and the rules' ``spill``
+action): what each worker keeps in memory, chosen by value, and what the scheduler
+knows of what is on disk.
+
+When the rules ask for it (:attr:`Ruleset.spill_settings
+<amm_rules.language.ruleset.Ruleset.spill_settings>`), the section registers the worker
+plugin (:class:`~amm_rules.engine.spill.plugin.SpillPlugin`) from the scheduler, so
+that running workers and those that join run it, and removes it when the rules stop
+asking or the policy detaches (each worker's order is then stock again). The plugin's
+reports (:data:`~amm_rules.engine.spill.plugin.TO_SCHEDULER`) fill ``ctx.spilled``
+(:class:`~amm_rules.engine.state.spilled.SpilledKeys`); a worker whose data is not a
+``SpillBuffer`` is said once (a log line, a ``spill-left-alone`` event, status).
+
+Each cycle:
+
+1. workers that left are forgotten;
+2. with ``order: value``, for the workers whose memory buffer is at least
+   :data:`VALUE_AT` of its target or that hold keys on disk, the value per byte of
+   each key they hold (:func:`amm_rules.engine.decide.spill.value_per_byte`: the
+   key's dependents that have not run, its copies, the costs measured on that worker,
+   its rule's ``spill``) is computed, at most :data:`SLICE` seconds a cycle (a pass
+   over many keys goes on at the next cycle), and the values that moved are sent to
+   each worker in one message;
+3. with ``drop-copies``, on each worker whose memory buffer is at least
+   :data:`DROP_AT` of its target, copies that other workers hold too are dropped
+   (lowest value first) until it would be at :data:`DROP_TO`: through the AMM, never
+   below a rule's ``min``, never a protected copy, never the last copy, never a key
+   with a copy in flight, a task on that worker about to read it, or ``move: never``;
+   at most :data:`MAX_DROPS` per worker and cycle; in dry-run only counted.
+
+Neighbours: :mod:`amm_rules.engine.spill` is the worker half;
+:mod:`amm_rules.engine.decide.spill` values keys; :mod:`amm_rules.engine.state.spilled`
+keeps what is on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Hashable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from distributed.active_memory_manager import Suggestion
+
+from amm_rules.engine.decide.spill import changed, value_per_byte
+from amm_rules.engine.decide.units import format_seconds
+from amm_rules.engine.features import FLOOR, Feature, Need, method
+from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.engine.spill.plugin import (
+    DEFAULT_READ,
+    DEFAULT_WRITE,
+    PLUGIN_NAME,
+    TO_SCHEDULER,
+    TO_WORKER,
+    SpillPlugin,
+)
+from amm_rules.language.ruleset import ALL, Ruleset, SpillSettings
+
+if TYPE_CHECKING:
+    from amm_rules.engine.context import EngineContext
+    from amm_rules.engine.dryrun import DryRun
+
+logger = logging.getLogger(__name__)
+
+#: A worker's keys are valued once its memory buffer holds this share of its target
+#: (or it holds keys on disk).
+VALUE_AT = 0.5
+#: Copies are dropped from a worker whose buffer holds this share of its target, down
+#: to the second share.
+DROP_AT = 0.85
+DROP_TO = 0.7
+#: Most copies dropped from one worker in a cycle.
+MAX_DROPS = 1_000
+#: Seconds of a cycle spent valuing keys; keys looked at between two reads of the clock.
+SLICE = 0.01
+CHUNK = 256
+
+#: What the section needs: registering a worker plugin from the scheduler, and the
+#: scheduler's stream handlers and comms to the workers.
+FEATURE = Feature(
+    "spill",
+    (
+        Need(
+            "Scheduler.register_worker_plugin(idempotent=)",
+            "distributed",
+            FLOOR,
+            method("register_worker_plugin", "idempotent"),
+        ),
+        Need(
+            "Scheduler.unregister_worker_plugin",
+            "distributed",
+            FLOOR,
+            method("unregister_worker_plugin"),
+        ),
+        Need(
+            "Scheduler.stream_handlers and stream_comms",
+            "distributed",
+            FLOOR,
+            lambda s: s is None or (hasattr(s, "stream_handlers") and hasattr(s, "stream_comms")),
+        ),
+    ),
+    in_use=lambda ruleset: ruleset.spill_settings is not None,
+)
+
+
+def rates(figures: dict[str, float]) -> tuple[float, float]:
+    """Seconds per byte of writing and reading back measured on a worker (its report's
+    figures), else the plugin's defaults."""
+    out = []
+    for name, default in (("written", DEFAULT_WRITE), ("read", DEFAULT_READ)):
+        size, seconds = figures.get(f"{name}_bytes", 0.0), figures.get(f"{name}_seconds", 0.0)
+        out.append(seconds / size if size >= 2**20 and seconds > 0 else default)
+    return out[0], out[1]
+
+
+class _Pass:
+    """A pass over one worker's keys, taken up again at the next cycle if cut short."""
+
+    __slots__ = ("address", "at", "keys", "seen")
+
+    def __init__(self, address: str, keys: list[Any]) -> None:
+        self.address = address
+        self.keys = keys
+        self.at = 0
+        self.seen: set[Hashable] = set()
+
+
+class SpillSection(Section):
+    """See the module docstring."""
+
+    name = "spill"
+    status_key = "spill"
+    explain_key = "spill"
+    metric_prefix = "spill"
+    FEATURES = (FEATURE,)
+    offline = (
+        "spill: not simulated: a recorded cluster has no worker plugin, and a dump does "
+        "not say which keys are on disk"
+    )
+    METRICS = {
+        "keys_on_disk": ("spill_keys_on_disk", "gauge", "Keys on disk, as workers report"),
+        "bytes_on_disk": (
+            "spill_bytes_on_disk",
+            "gauge",
+            "Bytes (in memory) of the keys on disk, as workers report",
+        ),
+        "written_bytes": (
+            "spill_written_bytes",
+            "counter",
+            "Bytes workers wrote to disk",
+            "worker",
+        ),
+        "read_bytes": (
+            "spill_read_bytes",
+            "counter",
+            "Bytes workers read back from disk",
+            "worker",
+        ),
+        "drops": (
+            "spill_drops",
+            "counter",
+            "Copies held elsewhere dropped from workers near their target instead of "
+            "written to disk",
+            "worker",
+        ),
+        "prefetches": (
+            "spill_prefetches",
+            "counter",
+            "Keys read back from disk ahead of the tasks that read them",
+            "worker",
+        ),
+        "workers_left_alone": (
+            "spill_workers_left_alone",
+            "gauge",
+            "Workers whose data is not a SpillBuffer (eviction left as it is)",
+        ),
+        "values_sent": ("spill_values_sent", "counter", "Values per byte sent to workers"),
+    }
+
+    @classmethod
+    def in_use(cls, ruleset: Ruleset) -> bool:
+        return ruleset.spill_settings is not None
+
+    def __init__(self) -> None:
+        self.settings: SpillSettings | None = None
+        self.dry_run = False
+        #: The plugin's settings on the workers (None: not installed), and the last
+        #: error installing or removing it.
+        self.installed: tuple[str, bool] | None = None
+        self.plugin_error = ""
+        #: Worker -> key -> the value per byte last sent.
+        self.sent: dict[str, dict[Hashable, float]] = {}
+        self._pass: _Pass | None = None
+        self._queue: list[str] = []
+        #: Worker -> copies dropped (and their bytes), would-be drops in dry-run.
+        self.drops: Counter[str] = Counter()
+        self.drop_bytes: Counter[str] = Counter()
+        self.would_drop = 0
+        self.values_sent = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- rules, attach, detach -------------------------------------------------------
+
+    def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
+        self.settings = ruleset.spill_settings
+        self.dry_run = dry_run.file
+        if self.ctx is not None:
+            self._sync_plugin()
+
+    def attach(self, ctx: EngineContext) -> None:
+        super().attach(ctx)
+        ctx.scheduler.stream_handlers[TO_SCHEDULER] = self.on_report
+        self._sync_plugin()
+
+    def detach(self) -> None:
+        ctx = self.ctx
+        if ctx is not None:
+            scheduler = ctx.scheduler
+            if scheduler.stream_handlers.get(TO_SCHEDULER) == self.on_report:
+                del scheduler.stream_handlers[TO_SCHEDULER]
+            if self.installed is not None:
+                self._later(self._unregister(scheduler))
+            self.installed = None
+            ctx.spilled.clear()
+        self.sent.clear()
+        super().detach()
+
+    def _sync_plugin(self) -> None:
+        """Install, change or remove the worker plugin as the rules ask."""
+        settings = self.settings
+        wanted = None if settings is None else (settings.order, settings.prefetch)
+        if wanted == self.installed or self.ctx is None:
+            return
+        scheduler = self.ctx.scheduler
+        previous, self.installed = self.installed, wanted
+        self.sent.clear()
+        self._pass = None
+
+        async def sync() -> None:
+            if previous is not None:
+                await self._unregister(scheduler)
+            if wanted is not None:
+                order, prefetch = wanted
+                await self._register(scheduler, SpillPlugin(order=order, prefetch=prefetch))
+
+        self._later(sync())
+
+    async def _register(self, scheduler: Any, plugin: SpillPlugin) -> None:
+        from distributed.protocol.pickle import dumps
+
+        try:
+            await scheduler.register_worker_plugin(
+                None, dumps(plugin), name=PLUGIN_NAME, idempotent=False
+            )
+            self.plugin_error = ""
+        except Exception as exc:
+            self.plugin_error = f"installing the worker plugin failed: {exc!r}"
+            logger.error("amm-rules spill: %s", self.plugin_error)
+            if self.ctx is not None:
+                self.ctx.events.emit("spill-plugin-error", error=self.plugin_error)
+
+    async def _unregister(self, scheduler: Any) -> None:
+        if PLUGIN_NAME not in getattr(scheduler, "worker_plugins", {}):
+            return
+        try:
+            await scheduler.unregister_worker_plugin(None, PLUGIN_NAME)
+        except Exception as exc:  # a worker closing: its teardown runs as it closes
+            logger.info("amm-rules spill: removing the worker plugin: %r", exc)
+
+    def _later(self, coro: Any) -> None:
+        """Run ``coro`` on the scheduler's loop (attach and detach are not coroutines)."""
+        try:
+            task = asyncio.get_running_loop().create_task(coro)
+        except RuntimeError:
+            coro.close()
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- the workers' reports ----------------------------------------------------------
+
+    def on_report(self, worker: str = "", attached: bool = True, **msg: Any) -> None:
+        """A worker plugin's report (a stream handler: never raises)."""
+        ctx = self.ctx
+        if ctx is None:
+            return
+        try:
+            if not attached:
+                why = str(msg.get("why", ""))
+                ctx.spilled.alone(worker, why)
+                self.sent.pop(worker, None)
+                if ctx.events.once(
+                    ("spill-left-alone", worker), "spill-left-alone", worker=worker, why=why
+                ):
+                    logger.warning("amm-rules spill: worker %s left alone: %s", worker, why)
+                return
+            ctx.spilled.report(
+                worker,
+                ctx.clock(),
+                msg.get("spilled", ()),
+                msg.get("unspilled", ()),
+                msg.get("figures"),
+                msg.get("fast", 0.0),
+                msg.get("target", 0.0),
+                str(msg.get("order", "")),
+                int(msg.get("valued", 0)),
+            )
+        except Exception:
+            logger.exception("amm-rules spill: a report of %s could not be read", worker)
+
+    # -- the cycle ---------------------------------------------------------------------
+
+    def run(self, cycle: Cycle) -> Iterator[Suggestion] | tuple[()]:
+        ctx = self.ctx
+        settings = self.settings
+        if ctx is None or settings is None:
+            return ()
+        workers = ctx.scheduler.workers
+        spilled = ctx.spilled
+        spilled.forget_workers(workers)
+        for address in [a for a in self.sent if a not in workers]:
+            del self.sent[address]
+        if settings.order == "value":
+            self._value(workers, settings, time.perf_counter() + SLICE)
+        if settings.drop_copies:
+            return self._drops(workers, cycle)
+        return ()
+
+    def _value(self, workers: Any, settings: SpillSettings, deadline: float) -> None:
+        """Value the keys of the workers under pressure, send what moved (step 2)."""
+        spilled = self.ctx.spilled  # type: ignore[union-attr]
+        while time.perf_counter() < deadline:
+            current = self._pass
+            if current is None:
+                if not self._queue:
+                    self._queue = [
+                        a
+                        for a, disk in spilled.workers.items()
+                        if a in workers and (disk.fullness >= VALUE_AT or disk.keys)
+                    ]
+                    if not self._queue:
+                        return
+                address = self._queue.pop()
+                ws = workers.get(address)
+                if ws is None:
+                    continue
+                current = self._pass = _Pass(address, list(ws.has_what))
+            done = self._value_some(current, workers, settings, deadline)
+            if done:
+                self._pass = None
+            else:
+                return
+
+    def _value_some(
+        self, current: _Pass, workers: Any, settings: SpillSettings, deadline: float
+    ) -> bool:
+        ctx = self.ctx
+        assert ctx is not None
+        ws = workers.get(current.address)
+        disk = ctx.spilled.workers.get(current.address)
+        if ws is None or disk is None:
+            return True
+        write, read = rates(disk.figures)
+        desired = ctx.index.desired
+        sent = self.sent.setdefault(current.address, {})
+        out: list[tuple[Hashable, float]] = []
+        keys = current.keys
+        while current.at < len(keys):
+            for ts in keys[current.at : current.at + CHUNK]:
+                key = ts.key
+                current.seen.add(key)
+                d = desired.get(key)
+                value = value_per_byte(
+                    ts.nbytes,
+                    self._reads(ts, ws),
+                    len(ts.who_has or ()),
+                    write=write,
+                    read=read,
+                    drop_copies=settings.drop_copies,
+                    spill=d.spill if d is not None else None,
+                )
+                if changed(sent.get(key), value):
+                    sent[key] = value
+                    out.append((key, value))
+            current.at += CHUNK
+            if current.at < len(keys) and time.perf_counter() >= deadline:
+                self._send(current.address, out, ())
+                return False
+        gone = [k for k in sent if k not in current.seen]
+        for key in gone:
+            del sent[key]
+        self._send(current.address, out, gone)
+        return True
+
+    @staticmethod
+    def _reads(ts: Any, ws: Any) -> int:
+        """Dependents of ``ts`` not yet run, but those on ``ws`` (the worker counts its
+        own)."""
+        waiters = ts.waiters
+        if not waiters:
+            return 0
+        return sum(1 for w in waiters if w.processing_on is not ws)
+
+    def _send(self, address: str, values: list[Any], forget: Any) -> None:
+        if not values and not forget:
+            return
+        comm = self.ctx.scheduler.stream_comms.get(address)  # type: ignore[union-attr]
+        if comm is None:
+            return
+        comm.send({"op": TO_WORKER, "values": values, "forget": list(forget)})
+        self.values_sent += len(values)
+
+    def _drops(self, workers: Any, cycle: Cycle) -> Iterator[Suggestion]:
+        """Copies held elsewhere dropped from workers near their target (step 3)."""
+        ctx = self.ctx
+        assert ctx is not None
+        dropping: Counter[Hashable] = Counter()
+        for address, disk in list(ctx.spilled.workers.items()):
+            ws = workers.get(address)
+            if ws is None or disk.fullness < DROP_AT:
+                continue
+            need = disk.fast - DROP_TO * disk.target
+            sent = self.sent.get(address, {})
+            candidates = [
+                ts
+                for ts in ws.has_what
+                if ts.who_has is not None and len(ts.who_has) > 1 and ts.state == "memory"
+            ]
+            candidates.sort(key=lambda ts: sent.get(ts.key, math.inf))
+            dropped = 0
+            for ts in candidates:
+                if need <= 0 or dropped >= MAX_DROPS:
+                    break
+                why = self.keeps(ts, ws, dropping[ts.key])
+                if why is not None:
+                    continue
+                need -= ts.nbytes
+                dropped += 1
+                dropping[ts.key] += 1
+                if self.dry_run:
+                    self.would_drop += 1
+                    continue
+                self.drops[address] += 1
+                self.drop_bytes[address] += ts.nbytes
+                cycle.stats["(spill)"]["dropped"] += 1
+                yield Suggestion("drop", ts, {ws})
+
+    def keeps(self, ts: Any, ws: Any, dropping: int = 0) -> str | None:
+        """Why the copy of ``ts`` on ``ws`` may not be dropped (None: it may);
+        ``dropping``: copies of it this cycle already drops elsewhere."""
+        ctx = self.ctx
+        assert ctx is not None
+        key = ts.key
+        copies = len(ts.who_has or ()) - dropping
+        if copies <= 1:
+            return "the last copy"
+        if ctx.spilled.is_on_disk(key, ws.address):
+            return "on disk there: dropping it frees no memory"
+        d = ctx.index.desired.get(key)
+        if d is not None:
+            if d.move == "never":
+                return f"move: never ({d.reasons['move']})"
+            target = d.replicate
+            if target is not None and (target.min == ALL or copies - 1 < target.min):
+                return f"replicate min {target.min} ({d.reasons['replicate']})"
+        protected = ctx.protected.get(key, 0)
+        if protected and copies - 1 < protected:
+            return f"protected: {protected} copies"
+        if key in ctx.index.inflight:
+            return "a copy of it is in flight"
+        if any(w.processing_on is ws for w in ts.waiters or ()):
+            return "a task on that worker is about to read it"
+        return None
+
+    # -- what it shows -----------------------------------------------------------------
+
+    def status(self) -> dict[str, Any] | None:
+        ctx = self.ctx
+        settings = self.settings
+        if ctx is None or settings is None:
+            return None
+        spilled = ctx.spilled
+        workers = {}
+        for address, disk in sorted(spilled.workers.items()):
+            figures = disk.figures
+            workers[address] = {
+                "keys_on_disk": len(disk.keys),
+                "bytes_on_disk": disk.bytes,
+                "written_bytes": int(figures.get("written_bytes", 0)),
+                "read_bytes": int(figures.get("read_bytes", 0)),
+                "drops": self.drops[address],
+                "drop_bytes": self.drop_bytes[address],
+                "prefetches": int(figures.get("prefetched_count", 0)),
+                "memory_of_target": round(disk.fullness, 3),
+                "valued": disk.valued,
+            }
+        return {
+            "order": settings.order,
+            "drop_copies": settings.drop_copies,
+            "prefetch": settings.prefetch,
+            "plugin": "installed" if self.installed is not None else "not installed",
+            "plugin_error": self.plugin_error,
+            "workers": workers,
+            "left_alone": dict(sorted(spilled.left_alone.items())),
+            "bytes_on_disk_by_rule": self.bytes_by_rule(),
+            "keys_on_disk": len(spilled),
+            "drops": sum(self.drops.values()),
+            "would_drop": self.would_drop,
+            "values_sent": self.values_sent,
+        }
+
+    def bytes_by_rule(self) -> dict[str, int]:
+        """Bytes on disk per rule deciding the key's ``spill`` (else its first field),
+        ``(no rule)`` for keys no rule governs."""
+        ctx = self.ctx
+        assert ctx is not None
+        desired = ctx.index.desired
+        out: Counter[str] = Counter()
+        for disk in ctx.spilled.workers.values():
+            for key, (_, size) in disk.keys.items():
+                d = desired.get(key)
+                label = "(no rule)"
+                if d is not None and d.reasons:
+                    reason = d.reasons.get("spill") or next(iter(d.reasons.values()))
+                    label = reason.rule or f"({reason.kind})"
+                out[label] += size
+        return dict(sorted(out.items()))
+
+    def explain(self, ts: Any, now: float) -> dict[str, Any] | None:
+        ctx = self.ctx
+        if ctx is None or self.settings is None:
+            return None
+        key = ts.key
+        on_disk = ctx.spilled.on_disk(key)
+        lines = [
+            f"on {address}: on disk since {format_seconds(max(0.0, now - since))}"
+            for address, since in sorted(on_disk.items())
+        ]
+        values = {address: sent[key] for address, sent in sorted(self.sent.items()) if key in sent}
+        d = ctx.index.desired.get(key)
+        spill = d.spill if d is not None else None
+        return {
+            "on_disk": {a: round(max(0.0, now - s), 1) for a, s in on_disk.items()},
+            "lines": lines,
+            "values": values,
+            "spill": spill,
+            "spill_from": str(d.reasons["spill"]) if spill is not None and d is not None else None,
+        }
+
+    def metrics(self) -> dict[str, Any]:
+        ctx = self.ctx
+        if ctx is None or self.settings is None:
+            return {}
+        spilled = ctx.spilled
+        workers = spilled.workers
+        return {
+            "keys_on_disk": float(len(spilled)),
+            "bytes_on_disk": float(spilled.total_bytes()),
+            "written_bytes": {a: d.figures.get("written_bytes", 0.0) for a, d in workers.items()},
+            "read_bytes": {a: d.figures.get("read_bytes", 0.0) for a, d in workers.items()},
+            "drops": {a: float(n) for a, n in self.drops.items()},
+            "prefetches": {a: d.figures.get("prefetched_count", 0.0) for a, d in workers.items()},
+            "workers_left_alone": float(len(spilled.left_alone)),
+            "values_sent": float(self.values_sent),
+        }
