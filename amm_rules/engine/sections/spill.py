@@ -56,6 +56,7 @@ from amm_rules.engine.spill.plugin import (
     TO_SCHEDULER,
     TO_WORKER,
     SpillPlugin,
+    ignore,
 )
 from amm_rules.language.ruleset import ALL, Ruleset, SpillSettings
 
@@ -220,7 +221,9 @@ class SpillSection(Section):
         if ctx is not None:
             scheduler = ctx.scheduler
             if scheduler.stream_handlers.get(TO_SCHEDULER) == self.on_report:
-                del scheduler.stream_handlers[TO_SCHEDULER]
+                # Reports sent before the workers heard of the teardown may still
+                # arrive: an operation without a handler would end a worker's stream.
+                scheduler.stream_handlers[TO_SCHEDULER] = ignore
             if self.installed is not None:
                 self._later(self._unregister(scheduler))
             self.installed = None

@@ -146,6 +146,7 @@ class SpillPlugin(WorkerPlugin):
         why = foreign(data)
         if why is not None:
             logger.warning("amm-rules spill: worker %s left alone: %s", worker.address, why)
+            worker.stream_handlers.setdefault(TO_WORKER, ignore)
             self._send({"attached": False, "why": why})
             return
         self.data = data
@@ -174,7 +175,9 @@ class SpillPlugin(WorkerPlugin):
         if self._prefetching is not None:
             self._prefetching.cancel()
         if worker.stream_handlers.get(TO_WORKER) == self._values:
-            del worker.stream_handlers[TO_WORKER]
+            # Values the scheduler sent before it heard of the teardown may still
+            # arrive: an operation without a handler would end the worker's stream.
+            worker.stream_handlers[TO_WORKER] = ignore
         data = self.data
         if data is None:
             return
@@ -203,9 +206,9 @@ class SpillPlugin(WorkerPlugin):
         self._left_disk(key)
 
     def _left_disk(self, key: Hashable) -> None:
-        if self.on_disk.pop(key, None) is not None:
-            if self.news.pop(key, None) is None:
-                self.gone[key] = None
+        # Told already (not among the news): the scheduler hears that it left.
+        if self.on_disk.pop(key, None) is not None and self.news.pop(key, None) is None:
+            self.gone[key] = None
 
     # -- worker events -------------------------------------------------------------------
 
@@ -328,7 +331,9 @@ class SpillPlugin(WorkerPlugin):
         limit = getattr(manager, "memory_limit", None)
         fraction = getattr(manager, "memory_target_fraction", None)
         monitor = getattr(self.worker, "monitor", None)
-        if limit and fraction and monitor is not None:
+        # The process's memory counts where the memory monitor spills by it.
+        spills = getattr(manager, "memory_spill_fraction", False) is not False
+        if limit and fraction and spills and monitor is not None:
             room = min(room, limit * fraction - monitor.get_process_memory())
         return room
 
@@ -354,6 +359,10 @@ class SpillPlugin(WorkerPlugin):
         except KeyError:
             return False  # released meanwhile
         return True
+
+
+def ignore(**msg: Any) -> None:
+    """The handler of messages that arrive once their plugin is gone."""
 
 
 def type_of_stock_order() -> Any:

@@ -15,8 +15,9 @@ import pytest
 from distributed import Worker
 from distributed.utils_test import gen_cluster
 
+from amm_rules.engine.sections.spill import SpillSection
 from amm_rules.engine.spill.order import ValueOrder
-from amm_rules.engine.spill.plugin import PLUGIN_NAME
+from amm_rules.engine.spill.plugin import PLUGIN_NAME, SpillPlugin, type_of_stock_order
 from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, events, policy_of
 
@@ -108,3 +109,121 @@ async def test_stock_order_writes_the_least_recently_used_first(c, s, a):
     table, used least recently, to disk first."""
     assert not await lookup_kept(c, s, a, "lru")
     assert not isinstance(a.data.fast.order, ValueOrder)
+
+
+@gen_cluster(
+    client=True,
+    timeout=TIMEOUT,
+    nthreads=[],
+    config=config({"order": "value"}, LOOKUP_LAST),
+)
+async def test_a_joining_worker_gets_the_plugin_and_a_foreign_mapping_is_left_alone(c, s):
+    async with Worker(s.address, nthreads=1, memory_limit=LIMIT) as a:
+        await wait_for(lambda: plugin_of(a) is not None, "the plugin on a joining worker")
+        assert isinstance(a.data.fast.order, ValueOrder)
+        async with Worker(s.address, nthreads=1, data=dict) as b:
+            spilled = policy_of(s).ctx.spilled
+            await wait_for(lambda: b.address in spilled.left_alone, "the dict worker said")
+            assert "dict, not a SpillBuffer" in spilled.left_alone[b.address]
+            said = [e for e in events(s, "spill-left-alone") if e["worker"] == b.address]
+            assert len(said) == 1
+            status = policy_of(s).ctx.find(SpillSection).status()
+            assert b.address in status["left_alone"]
+            # Left alone, it still works as stock.
+            assert await c.submit(blob, 1, 1024, workers=[b.address]) == blob(1, 1024)
+            assert type(b.data) is dict
+
+
+@gen_cluster(
+    client=True,
+    timeout=TIMEOUT,
+    nthreads=[("", 1)],
+    worker_kwargs={"memory_limit": LIMIT},
+    config={**amm_config({"version": 1}), **MEMORY},
+)
+async def test_keys_already_there_keep_working_and_teardown_restores_stock(c, s, a):
+    """The plugin registered on a worker that holds keys in memory and on disk (here
+    by the client: the rules have no spill), then removed."""
+    futures = await fill(c, a, "early", 9, 10 * MiB)
+    assert a.data.slow and a.data.fast
+    used = list(a.data.fast.order)
+    await c.register_plugin(SpillPlugin(order="value"), name=PLUGIN_NAME)
+    assert isinstance(a.data.fast.order, ValueOrder)
+    assert a.data.fast.order.keys_by_use() == used
+    assert set(plugin_of(a).on_disk) == set(a.data.slow)
+    await c.unregister_worker_plugin(PLUGIN_NAME)
+    assert type(a.data.fast.order) is type_of_stock_order()
+    assert list(a.data.fast.order) == used
+    assert not a.data.fast_to_slow_callbacks and not a.data.slow_to_fast_callbacks
+    assert await c.gather(futures) == [blob(i, 10 * MiB) for i in range(9)]
+
+
+DROPS = [
+    {"name": "copies", "match": "task.prefix == 'copy'", "replicate": {"min": 1, "max": 2}},
+    {"name": "pinned", "match": "task.prefix == 'pinned'", "replicate": 2},
+]
+
+
+@gen_cluster(
+    client=True,
+    timeout=TIMEOUT,
+    nthreads=[("", 1), ("", 1)],
+    worker_kwargs={"memory_limit": LIMIT},
+    config=config({"order": "value", "drop-copies": True}, DROPS),
+)
+async def test_copies_held_elsewhere_are_dropped_not_written_and_no_sole_copy(c, s, a, b):
+    size = 5 * MiB
+    copies = await fill(c, a, "copy", 4, size)
+    # A task on b reads each: b fetches a copy, which the rule lets stay.
+    await c.gather([c.submit(len, f, workers=[b.address]) for f in copies])
+    pinned = await fill(c, a, "pinned", 2, size)
+    tasks = s.tasks
+    await wait_for(
+        lambda: all(len(tasks[f.key].who_has) == 2 for f in copies + pinned),
+        "every copy and pinned key on both workers",
+    )
+    # 30 MiB of copies, 25 MiB held by a alone: above 85% of its 60 MiB target.
+    sole = await fill(c, a, "sole", 5, size)
+    section = policy_of(s).ctx.find(SpillSection)
+    await wait_for(lambda: section.drops[a.address] >= 1, "copies dropped from a")
+    await wait_for(lambda: a.data.fast.total_weight <= 0.85 * a.data.fast.n, "a below 85%")
+    assert not a.data.slow, "nothing was written to disk"
+    assert all(len(tasks[f.key].who_has) == 2 for f in pinned), "never below a rule's min"
+    assert all(tasks[f.key].who_has == {s.workers[a.address]} for f in sole)
+    assert all(tasks[f.key].who_has for f in copies)
+    assert section.drops[b.address] == 0
+    assert policy_of(s).ctx.find(SpillSection).status()["drops"] == section.drops[a.address]
+
+
+def wait_on(event: Any) -> int:
+    event.wait()
+    return 0
+
+
+@gen_cluster(
+    client=True,
+    timeout=TIMEOUT,
+    nthreads=[("", 1)],
+    worker_kwargs={"memory_limit": LIMIT},
+    config=config({"order": "value", "prefetch": True}),
+)
+async def test_prefetch_reads_back_what_a_queued_task_reads(c, s, a):
+    from distributed import Event
+
+    futures = await fill(c, a, "early", 9, 10 * MiB)
+    on_disk = [f for f in futures if f.key in a.data.slow]
+    assert on_disk
+    # Room again: the keys still in memory are released.
+    in_memory = {f.key for f in futures if f.key in a.data.fast}
+    futures = [f for f in futures if f.key not in in_memory]
+    await wait_for(lambda: not (in_memory & set(a.data)), "keys released")
+    event = Event()
+    blocker = c.submit(wait_on, event, workers=[a.address])
+    await wait_for(lambda: a.state.executing_count == 1, "the worker's thread busy")
+    readers = [c.submit(len, f, workers=[a.address]) for f in on_disk]
+    await wait_for(lambda: plugin_of(a).prefetched[0] >= len(on_disk), "read back ahead")
+    assert all(f.key in a.data.fast for f in on_disk)
+    assert a.state.executing_count == 1, "before the tasks that read them ran"
+    await event.set()
+    assert await c.gather(readers) == [10 * MiB] * len(on_disk)
+    del blocker, futures

@@ -1,0 +1,80 @@
+"""The worker's order of eviction by value per byte, driven as a zict LRU drives it,
+and the value of a key (pure: no cluster)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from zict import LRU
+
+from amm_rules.engine.decide.spill import OVERHEAD, changed, value_per_byte
+from amm_rules.engine.spill.order import FIRST_BAND, LAST_BAND, ValueOrder, band
+
+
+def lru_with_order(n: float, neutral: float = 1.0) -> tuple[LRU, list[str], ValueOrder]:
+    evicted: list[str] = []
+    lru: LRU = LRU(n, {}, on_evict=lambda k, v: evicted.append(k), weight=lambda k, v: v)
+    order = lru.order = ValueOrder(neutral=neutral)  # type: ignore[assignment]
+    return lru, evicted, order
+
+
+def test_the_lru_evicts_the_lowest_value_first_and_stock_order_among_unvalued_keys():
+    lru, evicted, order = lru_with_order(10)
+    order.set_values({"dear": math.inf, "cheap": 0.0})
+    for key in ("dear", "a", "cheap", "b"):
+        lru[key] = 2
+    lru["c"] = 2
+    lru["d"] = 2  # 12 > 10: one goes
+    assert evicted == ["cheap"]
+    lru["e"] = 2
+    assert evicted == ["cheap", "a"], "unvalued keys: least recently used first"
+    _ = lru["b"]  # b used: c goes before it
+    lru["f"] = 2
+    assert evicted == ["cheap", "a", "c"]
+    lru.evict()
+    lru.evict()
+    lru.evict()
+    assert "dear" not in evicted, "spill: last goes after everything else"
+    assert list(order)[-1] == "dear"
+
+
+def test_values_and_readers_move_a_present_key_between_bands():
+    _, _, order = lru_with_order(100, neutral=1.0)
+    for key in "xyz":
+        order.add(key)
+    assert list(order) == ["x", "y", "z"]
+    assert order.set_values({"x": 50.0, "z": 0.01}) == 2
+    assert list(order) == ["z", "y", "x"]
+    order.set_readers({"z": 100.0})
+    assert list(order) == ["y", "x", "z"]
+    order.set_readers({})
+    order.set_values({"z": None})
+    assert order.value_of("z") is None
+    assert list(order) == ["y", "z", "x"]
+    order.forget(["x"])
+    assert order.value_of("x") is None
+    assert order.keys_by_use() == ["x", "y", "z"]
+
+
+def test_bands():
+    assert band(0.0) == FIRST_BAND and band(math.inf) == LAST_BAND
+    assert band(1.0) == 0 and band(1.1) == band(1.0) and band(1.3) == 1
+    assert band(1e-300) > FIRST_BAND
+
+
+def test_the_value_of_a_key():
+    rates = {"write": 2e-9, "read": 1e-9}
+    big, small = 100 * 2**20, 10_000
+    sole = value_per_byte(big, 0, 1, drop_copies=True, **rates)
+    assert sole == pytest.approx((OVERHEAD + big * 2e-9) / big)
+    # Readers elsewhere make it dearer; a copy elsewhere (drop-copies) cheaper.
+    assert value_per_byte(big, 2, 1, drop_copies=True, **rates) > sole
+    assert value_per_byte(big, 0, 2, drop_copies=True, **rates) == 0.0
+    assert value_per_byte(big, 0, 2, drop_copies=False, **rates) == sole
+    # Small keys cost their overhead for few bytes: kept before large ones.
+    assert value_per_byte(small, 0, 1, drop_copies=True, **rates) > sole
+    assert value_per_byte(big, 5, 1, drop_copies=True, spill="first", **rates) == 0.0
+    assert value_per_byte(1, 0, 1, drop_copies=True, spill="last", **rates) == math.inf
+    assert changed(None, 1.0) and not changed(1.0, 1.1) and changed(1.0, 1.2)
+    assert changed(1.0, math.inf) and changed(0.0, 1.0) and not changed(0.0, 0.0)
