@@ -25,7 +25,9 @@ change to how they start. On a worker whose data is a ``SpillBuffer`` (a
    anything changed;
 4. with ``prefetch``, reads back the keys on disk that its tasks are about to read
    while the buffer is below :data:`PREFETCH_ROOM` of its target and the process
-   below its target, in a thread, at most :data:`PREFETCH_BYTES` a turn.
+   below its target, on the event loop (where the worker reads a task's inputs: zict's
+   buffer cannot read a key back from two threads at once), one key at a time, at
+   most :data:`PREFETCH_BYTES` a turn.
 
 A worker whose data is anything else (dask-cuda's ``ProxifyHostFile``, a plain
 ``dict``, a user's own mapping) is left alone: the plugin sends why, once, and the
@@ -344,7 +346,10 @@ class SpillPlugin(WorkerPlugin):
             room = self._room()
             if size > min(room, budget) or room <= 0:
                 return
-            done = await asyncio.to_thread(self._read, key)
+            # On the event loop, as the worker reads a task's inputs before running it:
+            # zict's buffer cannot read one key back from two threads at once.
+            done = self._read(key)
+            await asyncio.sleep(0)
             if done:
                 budget -= size
                 self.prefetched[0] += 1
