@@ -89,11 +89,11 @@ def chunk(i: int, nbytes: int, work: float = 0.0) -> np.ndarray:
 
 
 def reduce_one(x: np.ndarray) -> float:
-    return float(x[:: 4096].sum())
+    return float(x[::4096].sum())
 
 
 def with_table(x: np.ndarray, table: np.ndarray) -> float:
-    return float(x[:: 4096].sum() + table[:: 4096].sum())
+    return float(x[::4096].sum() + table[::4096].sum())
 
 
 # -- workloads ----------------------------------------------------------------------
@@ -105,7 +105,8 @@ async def reuse(client: Client, memory: int, passes: int, scale: float) -> None:
     n_small = int(total * 0.15 / SMALL)
     token = time.time_ns()
     futures = [
-        client.submit(chunk, i, SMALL, SMALL_WORK, key=f"small-{token}-{i}") for i in range(n_small)
+        client.submit(chunk, i, SMALL, SMALL_WORK, key=f"small-{token}-{i}")
+        for i in range(n_small)
     ] + [client.submit(chunk, i, LARGE, key=f"large-{token}-{i}") for i in range(n_large)]
     await wait(futures)
     for p in range(passes):
@@ -315,7 +316,9 @@ def goals(table: dict[str, Any]) -> dict[str, Any]:
             if name == "fits":
                 ok = m["wall_ratio"] <= 1.03
             else:
-                ok = (m["read_ratio"] is None or m["read_ratio"] <= 0.5) and m["wall_ratio"] <= 0.75
+                ok = (m["read_ratio"] is None or m["read_ratio"] <= 0.5) and m[
+                    "wall_ratio"
+                ] <= 0.75
             (met if ok else missed).append(name)
         out[mode] = {"met": met, "missed": missed}
     return out

@@ -126,6 +126,7 @@ def _render_engine(report: Mapping[str, Any]) -> list[str]:
     out += _render_pressure(report.get("memory_pressure"))
     out += _render_recompute(report.get("recompute"), report.get("protect"))
     out += _render_drains(report.get("drain"))
+    out += _render_spill(report.get("spill"))
     r = report["rebalance"]
     if not r.get("enabled") and not r.get("in_flight"):
         out.append("rebalance    off")
@@ -181,6 +182,42 @@ def _render_departures(report: Mapping[str, Any]) -> list[str]:
     if not lines:
         return ["left         no worker left since the policy started"]
     return [f"left         {lines[0]}", *(f"             {line}" for line in lines[1:])]
+
+
+def _render_spill(spill: Mapping[str, Any] | None) -> list[str]:
+    """The spill section: its settings, what is on disk, then a line per worker."""
+    from dask.utils import format_bytes
+
+    if not spill:
+        return []
+    on = {True: "on", False: "off"}
+    workers = spill["workers"]
+    on_disk = sum(w["bytes_on_disk"] for w in workers.values())
+    out = [
+        f"spill        order {spill['order']}, drop-copies {on[spill['drop_copies']]}, "
+        f"prefetch {on[spill['prefetch']]}; {counted(spill['keys_on_disk'], 'key')} "
+        f"({format_bytes(on_disk)}) on disk, {counted(spill['drops'], 'copy')} dropped "
+        f"instead of written; worker plugin {spill['plugin']}"
+    ]
+    if spill.get("plugin_error"):
+        out.append(f"  {spill['plugin_error']}")
+    for address, w in workers.items():
+        out.append(
+            f"  {address}  {counted(w['keys_on_disk'], 'key')} on disk "
+            f"({format_bytes(w['bytes_on_disk'])}); written {format_bytes(w['written_bytes'])}, "
+            f"read back {format_bytes(w['read_bytes'])}; {counted(w['drops'], 'drop')}, "
+            f"{w['prefetches']:,} read back ahead; memory "
+            f"{w['memory_of_target']:.0%} of target"
+        )
+    for address, why in spill["left_alone"].items():
+        out.append(f"  {address}  left alone: {why}")
+    by_rule = spill.get("bytes_on_disk_by_rule") or {}
+    if by_rule:
+        out.append(
+            "  on disk by rule: "
+            + ", ".join(f"{rule} {format_bytes(n)}" for rule, n in by_rule.items())
+        )
+    return out
 
 
 def _render_drains(drain: Mapping[str, Any] | None) -> list[str]:
@@ -402,6 +439,11 @@ def _render_one(name: str, a: Mapping[str, Any]) -> str:
             if protect.get("protected")
             else f"  protect  not protected: {protect['why']}"
         )
+    spill = a.get("spill")
+    if spill:
+        if spill.get("spill"):
+            lines.append(f"  spill    {spill['spill']} ({spill['spill_from']})")
+        lines += [f"  spill    {line}" for line in spill["lines"]]
     if facts["annotations"]:
         lines.append(f"  annotations  {facts['annotations']}")
     for n, h in enumerate(facts["holders"]):

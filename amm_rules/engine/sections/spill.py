@@ -376,13 +376,15 @@ class SpillSection(Section):
                 key = ts.key
                 current.seen.add(key)
                 d = desired.get(key)
+                copies = len(ts.who_has or ())
                 value = value_per_byte(
                     ts.nbytes,
                     self._reads(ts, ws),
-                    len(ts.who_has or ()),
+                    copies,
                     write=write,
                     read=read,
-                    drop_copies=settings.drop_copies,
+                    # A copy the engine may not drop is written like a sole one.
+                    drop_copies=settings.drop_copies and copies > 1 and self.keeps(ts, ws) is None,
                     spill=d.spill if d is not None else None,
                 )
                 if changed(sent.get(key), value):
@@ -554,18 +556,27 @@ class SpillSection(Section):
         }
 
     def metrics(self) -> dict[str, Any]:
+        """Served whether or not the rules ask for spilling (zeros then); the figures
+        per worker also under ``worker="(total)"``."""
         ctx = self.ctx
-        if ctx is None or self.settings is None:
+        if ctx is None:
             return {}
         spilled = ctx.spilled
         workers = spilled.workers
+
+        def per_worker(values: dict[str, float]) -> dict[str, float]:
+            return {**values, "(total)": float(sum(values.values()))}
+
+        def figure(name: str) -> dict[str, float]:
+            return per_worker({a: d.figures.get(name, 0.0) for a, d in workers.items()})
+
         return {
             "keys_on_disk": float(len(spilled)),
             "bytes_on_disk": float(spilled.total_bytes()),
-            "written_bytes": {a: d.figures.get("written_bytes", 0.0) for a, d in workers.items()},
-            "read_bytes": {a: d.figures.get("read_bytes", 0.0) for a, d in workers.items()},
-            "drops": {a: float(n) for a, n in self.drops.items()},
-            "prefetches": {a: d.figures.get("prefetched_count", 0.0) for a, d in workers.items()},
+            "written_bytes": figure("written_bytes"),
+            "read_bytes": figure("read_bytes"),
+            "drops": per_worker({a: float(n) for a, n in self.drops.items()}),
+            "prefetches": figure("prefetched_count"),
             "workers_left_alone": float(len(spilled.left_alone)),
             "values_sent": float(self.values_sent),
         }

@@ -18,6 +18,9 @@ from distributed.utils_test import gen_cluster
 from amm_rules.engine.sections.spill import SpillSection
 from amm_rules.engine.spill.order import ValueOrder
 from amm_rules.engine.spill.plugin import PLUGIN_NAME, SpillPlugin, type_of_stock_order
+from amm_rules.observe.explain import explain_keys
+from amm_rules.observe.status import status_report
+from amm_rules.observe.text import render_explain, render_status
 from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, events, policy_of
 
@@ -95,6 +98,20 @@ async def test_a_dear_key_stays_in_memory_while_cheap_ones_go_to_disk(c, s, a):
     await wait_for(lambda: len(on_disk) >= 3, "the keys on disk told to the scheduler")
     assert "lookup-0" not in on_disk
     assert set(on_disk) <= set(a.data.slow)
+    # What status, explain and the metrics say of it.
+    policy = policy_of(s)
+    spilled_key = next(iter(on_disk))
+    text = render_explain(explain_keys(policy, [spilled_key, "lookup-0"]))
+    assert f"spill    on {a.address}: on disk since" in text
+    assert "spill    last (rule table)" in text
+    report = status_report(policy)
+    assert report["spill"]["keys_on_disk"] == len(on_disk)
+    assert report["spill"]["bytes_on_disk_by_rule"]["(no rule)"] >= 3 * 10 * MiB
+    status = render_status(report)
+    assert "spill        order value, drop-copies off, prefetch off" in status
+    assert f"  {a.address}  {len(on_disk)} keys on disk" in status
+    metrics = policy.ctx.find(SpillSection).metrics()
+    assert metrics["written_bytes"][a.address] >= 3 * 10 * MiB
 
 
 @gen_cluster(
