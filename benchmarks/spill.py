@@ -99,7 +99,7 @@ def with_table(x: np.ndarray, table: np.ndarray) -> float:
 # -- workloads ----------------------------------------------------------------------
 
 
-async def reuse(client: Client, memory: int, passes: int, scale: float) -> None:
+async def reuse(client: Client, s: Any, memory: int, passes: int, scale: float) -> None:
     total = scale * WORKERS * memory
     n_large = int(total * 0.85 / LARGE)
     n_small = int(total * 0.15 / SMALL)
@@ -114,7 +114,7 @@ async def reuse(client: Client, memory: int, passes: int, scale: float) -> None:
         await client.gather(sums)
 
 
-async def lookup(client: Client, memory: int, passes: int, scale: float) -> None:
+async def lookup(client: Client, s: Any, memory: int, passes: int, scale: float) -> None:
     token = time.time_ns()
     table = client.submit(chunk, -1, LOOKUP, key=f"lookup-{token}")
     await table
@@ -125,9 +125,9 @@ async def lookup(client: Client, memory: int, passes: int, scale: float) -> None
     await client.gather(out)
 
 
-async def replicated(client: Client, memory: int, passes: int, scale: float) -> None:
+async def replicated(client: Client, s: Any, memory: int, passes: int, scale: float) -> None:
     token = time.time_ns()
-    workers = sorted((await client.scheduler_info())["workers"])
+    workers = sorted(s.workers)
     n = int(0.3 * memory / BULK)
     shared = []
     for w, other in ((workers[0], workers[1]), (workers[1], workers[0])):
@@ -234,7 +234,7 @@ async def one_run(name: str, mode: str, size: str) -> dict[str, Any]:
             stop = asyncio.Event()
             sampler = asyncio.create_task(sample(s, measured, stop))
             start = time.monotonic()
-            await RUN[name](client, memory, PASSES[size], SCALE.get(name, 1.0))
+            await RUN[name](client, s, memory, PASSES[size], SCALE.get(name, 1.0))
             wall = time.monotonic() - start
             stop.set()
             await sampler

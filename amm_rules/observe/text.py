@@ -206,8 +206,8 @@ def _render_spill(spill: Mapping[str, Any] | None) -> list[str]:
             f"  {address}  {counted(w['keys_on_disk'], 'key')} on disk "
             f"({format_bytes(w['bytes_on_disk'])}); written {format_bytes(w['written_bytes'])}, "
             f"read back {format_bytes(w['read_bytes'])}; {counted(w['drops'], 'drop')}, "
-            f"{w['prefetches']:,} read back ahead; memory "
-            f"{w['memory_of_target']:.0%} of target"
+            f"{w['prefetches']:,} read back ahead; {w['near_spill']:.0%} of the way to "
+            "writing to disk"
         )
     for address, why in spill["left_alone"].items():
         out.append(f"  {address}  left alone: {why}")

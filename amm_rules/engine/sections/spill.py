@@ -14,15 +14,16 @@ reports (:data:`~amm_rules.engine.spill.plugin.TO_SCHEDULER`) fill ``ctx.spilled
 Each cycle:
 
 1. workers that left are forgotten;
-2. with ``order: value``, for the workers whose memory buffer is at least
-   :data:`VALUE_AT` of its target or that hold keys on disk, the value per byte of
+2. with ``order: value``, for the workers at least :data:`VALUE_AT` of the way to
+   writing to disk (their memory buffer's share of its target, or their process's
+   share of the memory monitor's spill threshold) or that hold keys on disk, the value per byte of
    each key they hold (:func:`amm_rules.engine.decide.spill.value_per_byte`: the
    key's dependents that have not run, its copies, the costs measured on that worker,
    its rule's ``spill``) is computed, at most :data:`SLICE` seconds a cycle (a pass
    over many keys goes on at the next cycle), and the values that moved are sent to
    each worker in one message;
-3. with ``drop-copies``, on each worker whose memory buffer is at least
-   :data:`DROP_AT` of its target, copies that other workers hold too are dropped
+3. with ``drop-copies``, on each worker at least :data:`DROP_AT` of the way to
+   writing to disk (as above), copies that other workers hold too are dropped
    (lowest value first) until it would be at :data:`DROP_TO`: through the AMM, never
    below a rule's ``min``, never a protected copy, never the last copy, never a key
    with a copy in flight, a task on that worker about to read it, or ``move: never``;
@@ -66,11 +67,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: A worker's keys are valued once its memory buffer holds this share of its target
-#: (or it holds keys on disk).
+#: A worker's keys are valued once it is this share of the way to writing to disk
+#: (:attr:`WorkerDisk.fullness <amm_rules.engine.state.spilled.WorkerDisk.fullness>`),
+#: or it holds keys on disk.
 VALUE_AT = 0.5
-#: Copies are dropped from a worker whose buffer holds this share of its target, down
-#: to the second share.
+#: Copies are dropped from a worker this share of the way to writing to disk, down to
+#: the second share.
 DROP_AT = 0.85
 DROP_TO = 0.7
 #: Most copies dropped from one worker in a cycle.
@@ -310,6 +312,8 @@ class SpillSection(Section):
                 msg.get("target", 0.0),
                 str(msg.get("order", "")),
                 int(msg.get("valued", 0)),
+                msg.get("process", 0.0),
+                msg.get("spill_at", 0.0),
             )
         except Exception:
             logger.exception("amm-rules spill: a report of %s could not be read", worker)
@@ -427,7 +431,7 @@ class SpillSection(Section):
             ws = workers.get(address)
             if ws is None or disk.fullness < DROP_AT:
                 continue
-            need = disk.fast - DROP_TO * disk.target
+            need = disk.excess(DROP_TO)
             sent = self.sent.get(address, {})
             candidates = [
                 ts
@@ -499,7 +503,7 @@ class SpillSection(Section):
                 "drops": self.drops[address],
                 "drop_bytes": self.drop_bytes[address],
                 "prefetches": int(figures.get("prefetched_count", 0)),
-                "memory_of_target": round(disk.fullness, 3),
+                "near_spill": round(disk.fullness, 3),
                 "valued": disk.valued,
             }
         return {

@@ -133,6 +133,7 @@ class SpillPlugin(WorkerPlugin):
         self._last_report = 0.0
         self._last_figures: dict[str, float] = {}
         self._last_fast = 0.0
+        self._last_process = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
         return {"order": self.order, "prefetch": self.prefetch}
@@ -287,8 +288,10 @@ class SpillPlugin(WorkerPlugin):
         now = time.monotonic()
         figures = self.figures()
         fast = self.data.fast
+        process, spill_at = self._process()
         moved = figures != self._last_figures and now - self._last_report >= REPORT_EVERY
         filled = abs(fast.total_weight - self._last_fast) > REPORT_FILL * fast.n
+        filled |= abs(process - self._last_process) > REPORT_FILL * spill_at
         if not (force or self.news or self.gone or moved or filled):
             return
         wall = time.time()
@@ -301,6 +304,7 @@ class SpillPlugin(WorkerPlugin):
         for key in unspilled:
             del self.gone[key]
         self._last_fast = fast.total_weight
+        self._last_process = process
         self._send(
             {
                 "attached": True,
@@ -310,6 +314,8 @@ class SpillPlugin(WorkerPlugin):
                 "figures": figures,
                 "target": float(fast.n),
                 "fast": float(fast.total_weight),
+                "process": float(process),
+                "spill_at": float(spill_at),
                 "valued": self.values.valued if self.values is not None else 0,
             }
         )
@@ -324,6 +330,17 @@ class SpillPlugin(WorkerPlugin):
             logger.debug("amm-rules spill: report not sent", exc_info=True)
 
     # -- prefetch ------------------------------------------------------------------------
+
+    def _process(self) -> tuple[float, float]:
+        """The process's memory and the memory at which the worker's memory monitor
+        starts writing to disk ((0, 0) where it does not: ``memory.spill: false``)."""
+        manager = getattr(self.worker, "memory_manager", None)
+        limit = getattr(manager, "memory_limit", None)
+        fraction = getattr(manager, "memory_spill_fraction", False)
+        monitor = getattr(self.worker, "monitor", None)
+        if not limit or fraction is False or not fraction or monitor is None:
+            return 0.0, 0.0
+        return float(monitor.get_process_memory()), float(limit * fraction)
 
     def _room(self) -> float:
         """Bytes the buffer may read back now (0: none)."""

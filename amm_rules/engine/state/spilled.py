@@ -21,7 +21,7 @@ from typing import Any
 class WorkerDisk:
     """One worker's report: keys on disk and the buffer's figures."""
 
-    __slots__ = ("fast", "figures", "keys", "order", "target", "valued")
+    __slots__ = ("fast", "figures", "keys", "order", "process", "spill_at", "target", "valued")
 
     def __init__(self) -> None:
         #: Key -> (when it was written, on the engine's clock; bytes in memory).
@@ -31,6 +31,10 @@ class WorkerDisk:
         #: Bytes in the memory buffer, and its target (bytes), at the last report.
         self.fast = 0.0
         self.target = 0.0
+        #: The process's memory, and where the worker's memory monitor starts writing
+        #: to disk (0: it does not), at the last report.
+        self.process = 0.0
+        self.spill_at = 0.0
         #: The order it follows (``value`` or ``lru``) and keys it has a value for.
         self.order = ""
         self.valued = 0
@@ -42,8 +46,19 @@ class WorkerDisk:
 
     @property
     def fullness(self) -> float:
-        """The memory buffer's share of its target (0 when unknown)."""
-        return self.fast / self.target if self.target > 0 else 0.0
+        """How near the worker is to writing to disk: its memory buffer's share of its
+        target, or its process's share of the memory monitor's spill threshold,
+        whichever is larger (0 when unknown)."""
+        buffer = self.fast / self.target if self.target > 0 else 0.0
+        process = self.process / self.spill_at if self.spill_at > 0 else 0.0
+        return max(buffer, process)
+
+    def excess(self, share: float) -> float:
+        """Bytes to give up for the worker to be at ``share`` of both limits."""
+        return max(
+            self.fast - share * self.target,
+            self.process - share * self.spill_at if self.spill_at > 0 else 0.0,
+        )
 
 
 class SpilledKeys:
@@ -74,6 +89,8 @@ class SpilledKeys:
         target: float = 0.0,
         order: str = "",
         valued: int = 0,
+        process: float = 0.0,
+        spill_at: float = 0.0,
     ) -> WorkerDisk:
         """Take one report of ``worker``: ``spilled`` as (key, seconds ago, bytes)."""
         disk = self.workers.get(worker)
@@ -93,6 +110,7 @@ class SpilledKeys:
             disk.figures = dict(figures)
         disk.fast, disk.target = float(fast), float(target)
         disk.order, disk.valued = order, int(valued)
+        disk.process, disk.spill_at = float(process), float(spill_at)
         return disk
 
     def alone(self, worker: str, why: str) -> None:

@@ -63,9 +63,10 @@ async def fill(c: Any, worker: Worker, prefix: str, count: int, size: int) -> li
     return futures
 
 
-async def lookup_kept(c: Any, s: Any, a: Worker, order: str) -> bool:
+async def lookup_kept(c: Any, s: Any, a: Worker, order: str) -> tuple[bool, list[Any]]:
     """A lookup table stored first, then bulk keys past the target: whether the
-    lookup table is still in memory once the worker wrote keys to disk."""
+    lookup table is still in memory once the worker wrote keys to disk (and the
+    futures, which hold the keys)."""
     await wait_for(lambda: plugin_of(a) is not None, "the plugin on the worker")
     table = c.submit(blob, 0, 10 * MiB, key="lookup-0", workers=[a.address])
     await table
@@ -78,9 +79,7 @@ async def lookup_kept(c: Any, s: Any, a: Worker, order: str) -> bool:
         )
     bulk += await fill(c, a, "more", 6, 10 * MiB)
     await wait_for(lambda: len(a.data.slow) >= 3, "keys written to disk")
-    kept = "lookup-0" in a.data.fast
-    del table, bulk
-    return kept
+    return "lookup-0" in a.data.fast, [table, *bulk]
 
 
 @gen_cluster(
@@ -91,7 +90,8 @@ async def lookup_kept(c: Any, s: Any, a: Worker, order: str) -> bool:
     config=config({"order": "value"}, LOOKUP_LAST),
 )
 async def test_a_dear_key_stays_in_memory_while_cheap_ones_go_to_disk(c, s, a):
-    assert await lookup_kept(c, s, a, "value")
+    kept, futures = await lookup_kept(c, s, a, "value")
+    assert kept
     assert isinstance(a.data.fast.order, ValueOrder)
     await wait_for(lambda: policy_of(s).ctx.spilled.workers.get(a.address), "a report")
     on_disk = policy_of(s).ctx.spilled.workers[a.address].keys
@@ -124,7 +124,8 @@ async def test_a_dear_key_stays_in_memory_while_cheap_ones_go_to_disk(c, s, a):
 async def test_stock_order_writes_the_least_recently_used_first(c, s, a):
     """The control of the test above: with order: lru the same keys send the lookup
     table, used least recently, to disk first."""
-    assert not await lookup_kept(c, s, a, "lru")
+    kept, futures = await lookup_kept(c, s, a, "lru")
+    assert not kept
     assert not isinstance(a.data.fast.order, ValueOrder)
 
 
