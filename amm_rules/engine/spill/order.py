@@ -142,6 +142,16 @@ class ValueOrder:
         self._readers = dict(readers)
         return self._rebands(changed)
 
+    def update_readers(self, readers: Mapping[Hashable, float]) -> int:
+        """Readers of some keys changed (0: none left); the others keep theirs.
+        Returns how many present keys changed band."""
+        for key, value in readers.items():
+            if value:
+                self._readers[key] = value
+            else:
+                self._readers.pop(key, None)
+        return self._rebands(readers)
+
     def forget(self, keys: Iterable[Hashable]) -> None:
         """Keys that left the worker: their values and readers are dropped."""
         for key in keys:

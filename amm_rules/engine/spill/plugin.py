@@ -128,6 +128,8 @@ class SpillPlugin(WorkerPlugin):
         #: Tasks of the worker about to read each key.
         self.readers: dict[Hashable, int] = {}
         self.prefetched = [0, 0]
+        #: Seconds per byte of reading back, as last measured.
+        self.read_rate = DEFAULT_READ
         self._callback: Any = None
         self._prefetching: asyncio.Task[None] | None = None
         self._last_report = 0.0
@@ -227,17 +229,18 @@ class SpillPlugin(WorkerPlugin):
             ts = self.worker.state.tasks.get(key)
             if ts is None:
                 return
-            changed = False
+            changed: dict[Hashable, float] = {}
             for dep in ts.dependencies:
                 count = self.readers.get(dep.key, 0)
                 if count:
-                    changed = True
                     if count == 1:
                         del self.readers[dep.key]
                     else:
                         self.readers[dep.key] = count - 1
+                    changed[dep.key] = (count - 1) * self.read_rate
             if changed:
-                self._apply_readers()
+                with self.data.fast.lock:
+                    self.values.update_readers(changed)
 
     def _values(self, values: Any = (), forget: Any = (), **kwargs: Any) -> None:
         """The scheduler's values: pairs (key, value per byte), keys to forget."""
@@ -273,7 +276,8 @@ class SpillPlugin(WorkerPlugin):
             self._apply_readers()
 
     def _apply_readers(self) -> None:
-        _, read = rates(self.data.cumulative_metrics)
+        _, self.read_rate = rates(self.data.cumulative_metrics)
+        read = self.read_rate
         assert self.values is not None
         with self.data.fast.lock:
             self.values.set_readers({k: n * read for k, n in self.readers.items()})

@@ -78,3 +78,15 @@ def test_the_value_of_a_key():
     assert value_per_byte(1, 0, 1, drop_copies=True, spill="last", **rates) == math.inf
     assert changed(None, 1.0) and not changed(1.0, 1.1) and changed(1.0, 1.2)
     assert changed(1.0, math.inf) and changed(0.0, 1.0) and not changed(0.0, 0.0)
+
+
+def test_readers_updated_key_by_key():
+    _, _, order = lru_with_order(100, neutral=1.0)
+    for key in "xyz":
+        order.add(key)
+    order.set_values({"x": 1.0, "y": 1.0, "z": 1.0})
+    order.set_readers({"x": 10.0, "y": 10.0})
+    assert list(order) == ["z", "x", "y"]
+    assert order.update_readers({"x": 0.0}) == 1
+    assert list(order) == ["z", "x", "y"], "to the end of its new band"
+    assert order.value_of("x") == 1.0 and order.value_of("y") == 11.0

@@ -9,12 +9,14 @@ holds far more than any worker's limit, which the monitor would count.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
 from distributed import Worker
 from distributed.utils_test import gen_cluster
 
+from amm_rules.engine.rebalance.rebalancer import ON_DISK
 from amm_rules.engine.sections.spill import SpillSection
 from amm_rules.engine.spill.order import ValueOrder
 from amm_rules.engine.spill.plugin import PLUGIN_NAME, SpillPlugin, type_of_stock_order
@@ -245,3 +247,49 @@ async def test_prefetch_reads_back_what_a_queued_task_reads(c, s, a):
     await event.set()
     assert await c.gather(readers) == [10 * MiB] * len(on_disk)
     del blocker, futures
+
+
+@gen_cluster(
+    client=True,
+    timeout=TIMEOUT,
+    nthreads=[("", 1), ("", 1)],
+    worker_kwargs={"memory_limit": LIMIT},
+    config={
+        **amm_config(
+            {
+                "version": 1,
+                "spill": {"order": "lru"},
+                # managed: what the scheduler counts of a worker's keys, on disk too.
+                "rebalance": {"measure": "managed", "sender-min": "10%"},
+            },
+            summary_interval=0,
+        ),
+        **MEMORY,
+        # The AMM starts once a wrote keys to disk (else rebalance empties it first).
+        "distributed.scheduler.active-memory-manager.start": False,
+    },
+)
+async def test_rebalance_leaves_keys_on_disk_where_they_are(c, s, a, b):
+    """Moving a key its sender holds on disk reads it back and relieves no memory.
+    (Half of a's keys are on disk: evening the workers out needs more than the keys
+    in memory, so rebalancing comes to those on disk.)"""
+    futures = await fill(c, a, "early", 12, 10 * MiB)
+    spilled = policy_of(s).ctx.spilled
+    await wait_for(
+        lambda: a.address in spilled.workers and len(spilled.workers[a.address].keys) >= 3,
+        "keys on disk told",
+    )
+    on_disk = set(spilled.workers[a.address].keys)
+    await c.amm.start()
+    await wait_for(lambda: skipped(s)[ON_DISK] > 0, "keys on disk skipped by rebalance")
+    await wait_for(lambda: len(b.data) > 0, "keys in memory moved to b")
+    tasks = s.tasks
+    assert all(tasks[k].who_has == {s.workers[a.address]} for k in on_disk)
+    del futures
+
+
+def skipped(s: Any) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for e in events(s, "cycle"):
+        out.update(e.get("rebalance", {}).get("skipped", {}))
+    return out
