@@ -35,6 +35,11 @@ side by side, on each size:
   cycles until the protected copies landed, then the steady cycle, the first cycle
   after 1% of the keys changed, and a status report, with the recompute estimates
   and the protect section's choice in them;
+- ``spill``: the 20-rule file with a ``spill:`` section (``order: value``,
+  ``drop-copies``), every worker reporting 90% of its memory target in use and 10% of its
+  keys on disk (no worker runs the plugin: what it would report is fed to the
+  section): the first cycle, the steady cycle (keys valued within the section's time
+  slice, copies held elsewhere dropped from every worker) and a status report;
 - ``transitions``: the scheduler's transition throughput on a 100k-task graph with
   and without amm-rules (its scheduler plugins and its wrappers of the scheduler's
   replica methods), and the cost of each plugin's transition hook alone (the index's
@@ -96,6 +101,16 @@ protect:
   budget: 2 GiB
   min-recompute: 1s
 """
+#: The spill section of the ``spill`` measurement: order by value, copies dropped.
+SPILL = """
+spill:
+  order: value
+  drop-copies: true
+"""
+#: In the ``spill`` measurement, every worker reports this share of its memory buffer's
+#: target in use (above the section's drop threshold) and this share of its keys on disk.
+SPILL_FULLNESS = 0.9
+SPILL_ON_DISK = 0.1
 #: Per-task compute seconds given to the groups for the ``protect`` measurement.
 PROTECT_SECONDS = (0.005, 0.05, 0.5, 2.0, 30.0, 600.0)
 #: Audit interval of the measured 20-rule policy: longer than any run, so that audits
@@ -719,6 +734,80 @@ def measure_protect(state: scheduler_state.BenchState, n: int, rounds: int) -> d
         state.transfers.apply(scheduler)
 
 
+class _Stream:
+    """A worker's stream from the scheduler, counting what the spill section sends
+    (a BatchedSend's ``send`` appends to a buffer: so does this)."""
+
+    def __init__(self) -> None:
+        self.messages = 0
+        self.values = 0
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.messages += 1
+        self.values += len(msg.get("values", ()))
+
+
+def measure_spill(state: scheduler_state.BenchState, n: int) -> dict[str, Any]:
+    """The ``spill`` rows: the 20-rule file with a ``spill:`` section (order by value,
+    drop-copies), every worker reporting :data:`SPILL_FULLNESS` of its target in use and
+    :data:`SPILL_ON_DISK` of its keys on disk: each cycle values keys (its time slice)
+    and looks for copies to drop on every worker. No worker runs the plugin here."""
+    from amm_rules.engine.sections.spill import SpillSection
+
+    scheduler = state.scheduler
+    tmp = tempfile.TemporaryDirectory()
+    rules = Path(tmp.name) / "scale-spill.yaml"
+    rules.write_text(RULES.read_text() + SPILL)
+    policy = RulesPolicy(rules=rules, audit_interval=AUDIT_NEVER_HERE)
+    section = policy.section(SpillSection)
+    section.installed = ("value", False)  # no worker to install the plugin on
+    streams = {address: _Stream() for address in scheduler.workers}
+    saved = dict(scheduler.stream_comms)
+    scheduler.stream_comms.update(streams)
+    manager = new_manager(scheduler, policy)
+    try:
+        catch_up(state, manager)
+        spilled = policy.ctx.spilled
+        now = policy.ctx.clock()
+        target = 2**30
+        for address, ws in scheduler.workers.items():
+            keys = list(ws.has_what)
+            on_disk = keys[: int(len(keys) * SPILL_ON_DISK)]
+            spilled.report(
+                address,
+                now,
+                [(ts.key, 10.0, ts.nbytes) for ts in on_disk],
+                fast=SPILL_FULLNESS * target,
+                target=target,
+                order="value",
+            )
+        first = timed(manager.run_once)
+        steady = timed_cycles(state, manager, n)
+        times = []
+        for _ in range(n):
+            gc.collect()
+            start = time.perf_counter()
+            report = status_report(policy)
+            times.append(time.perf_counter() - start)
+        return {
+            "first_cycle_s": first,
+            "steady": steady,
+            "status_json_bytes": len(json.dumps(report)),
+            "status": summary(times),
+            "keys_on_disk": len(spilled),
+            "values_sent": sum(st.values for st in streams.values()),
+            "messages": sum(st.messages for st in streams.values()),
+            "drops_per_cycle": steady.get("drops", 0),
+        }
+    finally:
+        policy.detach()
+        tmp.cleanup()
+        for address in streams:
+            scheduler.stream_comms.pop(address, None)
+        scheduler.stream_comms.update(saved)
+        state.transfers.clear()
+
+
 def measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) -> dict[str, Any]:
     return asyncio.run(_measure_state(n_keys, n_workers, args))
 
@@ -772,6 +861,8 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
             log("  memory (tracemalloc)")
             out["memory"] = measure_memory(state)
             args.memory_done = True
+        log("  spill: keys valued and copies dropped on every worker")
+        out["spill"] = measure_spill(state, n_cycles)
         log("  protect: recompute costs and a budget of copies")
         out["protect"] = measure_protect(
             state, n_cycles, min(args.rounds, 2) if big else args.rounds
@@ -1071,6 +1162,13 @@ def table(results: list[dict[str, Any]], t: dict[str, Any] | None) -> str:
                 ("protect: 1% changed", p["changed"]["median_s"], p["changed"]["p95_s"], ""),
                 ("protect: status report", p["status"]["median_s"], p["status"]["p95_s"], f"{p['status_json_bytes']:,} B json"),
             ]  # fmt: skip
+        if "spill" in r:
+            sp = r["spill"]
+            rows += [
+                ("spill: first cycle", sp["first_cycle_s"], None, f"{sp['values_sent']:,} values"),
+                ("spill: steady", sp["steady"]["median_s"], sp["steady"]["p95_s"], asked(sp["steady"])),
+                ("spill: status report", sp["status"]["median_s"], sp["status"]["p95_s"], f"{sp['keys_on_disk']:,} on disk"),
+            ]  # fmt: skip
         for n, (name, median, p95, what) in enumerate(rows):
             lines.append(
                 f"{label if n == 0 else pad}{name:<34} {ms(median):>10} {ms(p95):>10} {what:>16}"
@@ -1130,6 +1228,10 @@ def targets(results: list[dict[str, Any]], transitions: dict[str, Any] | None) -
         out["steady_1M_1000w_le_20ms"] = top["steady"]["median_s"] <= TARGET_STEADY_S
         out["status_1M_1000w_le_5ms"] = top["observe"]["status"]["median_s"] <= TARGET_OBSERVE_S
         out["scrape_1M_1000w_le_5ms"] = top["observe"]["scrape"]["median_s"] <= TARGET_OBSERVE_S
+        if "spill" in top:
+            out["spill_steady_1M_1000w_le_20ms"] = (
+                top["spill"]["steady"]["median_s"] <= TARGET_STEADY_S
+            )
         if "protect" in top:
             protect = top["protect"]
             out["protect_steady_1M_1000w_le_20ms"] = (

@@ -659,6 +659,54 @@ def drain_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
     return data
 
 
+class SpillTable(DashboardComponent):
+    """What each worker holds on disk and what its order by value did (the report's
+    ``spill``), shown while the rules have a ``spill:`` section."""
+
+    COLUMNS = ("worker", "on_disk", "written", "read", "drops", "prefetches", "near")
+
+    def __init__(self) -> None:
+        self.source = ColumnDataSource({name: [] for name in self.COLUMNS})
+        columns = [
+            TableColumn(field="worker", title="worker (spill)", width=200),
+            TableColumn(field="on_disk", title="on disk", width=150),
+            TableColumn(field="written", title="written", width=100),
+            TableColumn(field="read", title="read back", width=100),
+            TableColumn(field="drops", title="copies dropped, not written", width=170),
+            TableColumn(field="prefetches", title="read back ahead", width=110),
+            TableColumn(field="near", title="way to disk", width=90),
+        ]
+        self.table = _table(self.source, columns, 0, visible=False)
+        self.root = self.table
+
+    def update(self, report: Mapping[str, Any] | None) -> None:
+        data = spill_rows(report)
+        _refill(self.table, data)
+        rows = len(data["worker"])
+        _set(self.table, visible=bool(rows), height=_table_height(rows))
+
+
+def spill_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
+    """The rows of :class:`SpillTable` (plain data, tested without Bokeh): a worker
+    left alone says why in its ``on disk`` cell."""
+    data: dict[str, list[Any]] = {name: [] for name in SpillTable.COLUMNS}
+    spill = (report or {}).get("spill") or {}
+    for address, w in (spill.get("workers") or {}).items():
+        data["worker"].append(address)
+        data["on_disk"].append(f"{w['keys_on_disk']:,} keys, {format_bytes(w['bytes_on_disk'])}")
+        data["written"].append(format_bytes(w["written_bytes"]))
+        data["read"].append(format_bytes(w["read_bytes"]))
+        data["drops"].append(f"{w['drops']:,} ({format_bytes(w['drop_bytes'])})")
+        data["prefetches"].append(f"{w['prefetches']:,}")
+        data["near"].append(f"{w['near_spill']:.0%}")
+    for address, why in (spill.get("left_alone") or {}).items():
+        data["worker"].append(address)
+        data["on_disk"].append(f"left alone: {why}")
+        for name in SpillTable.COLUMNS[2:]:
+            data[name].append("-")
+    return data
+
+
 def pressure_html(pressure: Mapping[str, Any] | None, attached: bool = True) -> str:
     """One line on the ``memory-pressure`` section: its state and its latest reasons."""
     if not attached:
@@ -789,11 +837,13 @@ class RulesPage(DashboardComponent):
         self.events = EventsTable()
         self.flow = MemoryFlowTable()
         self.drains = DrainsTable()
+        self.spill = SpillTable()
         self.root = column(
             self.header.root,
             self.drains.root,
             self.rules.root,
             self.memory.root,
+            self.spill.root,
             self.at_risk.root,
             row(self.in_flight.root, self.events.root, sizing_mode="stretch_width"),
             self.flow.root,
@@ -810,6 +860,7 @@ class RulesPage(DashboardComponent):
                 self.drains,
                 self.rules,
                 self.memory,
+                self.spill,
                 self.at_risk,
                 self.in_flight,
                 self.events,
