@@ -835,6 +835,11 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
         policy, manager, out["attach"] = measure_attach(state)
         log("  steady cycles")
         out["steady"] = timed_cycles(state, manager, n_cycles)
+        if args.only_spill:
+            detach(scheduler, policy)
+            log("  spill: keys valued and copies dropped on every worker")
+            out["spill"] = measure_spill(state, n_cycles)
+            return out
         log("  audit cycles")
         out["audit"] = measure_audit(state, manager, policy)
         log("  status, scrape, explain")
@@ -1269,6 +1274,32 @@ def targets(results: list[dict[str, Any]], transitions: dict[str, Any] | None) -
     return out
 
 
+def write_spill_only(
+    results: list[dict[str, Any]], started: float, args: argparse.Namespace
+) -> None:
+    """``--only-spill``: the steady cycle without and with the spill section, per size."""
+    for r in results:
+        sp = r["spill"]
+        print(
+            f"{r['keys']:>9,} keys {r['workers']:>6,} workers: steady {ms(r['steady']['median_s'])} ms;"
+            f" with spill: steady {ms(sp['steady']['median_s'])} ms (p95 "
+            f"{ms(sp['steady']['p95_s'])}), first {ms(sp['first_cycle_s'])} ms, status "
+            f"{ms(sp['status']['median_s'])} ms; {sp['values_sent']:,} values in "
+            f"{sp['messages']:,} messages, {sp['keys_on_disk']:,} keys on disk"
+        )
+    path = args.json if args.json != RESULTS else RESULTS.with_name("spill-scale.json")
+    report = {
+        "date": time.strftime("%Y-%m-%d", time.localtime(started)),
+        "duration_s": time.time() - started,
+        "load_before": args.load_before,
+        "engine_digest": engine_digest(),
+        "results": results,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -1287,6 +1318,9 @@ def main() -> None:
     parser.add_argument("--size", action="append", default=None, metavar="KEYSxWORKERS",
                         help="measure only these sizes, e.g. --size 1000000x1000 (repeatable)")  # fmt: skip
     parser.add_argument("--no-transitions", dest="transitions", action="store_false")
+    parser.add_argument("--only-spill", action="store_true",
+                        help="only the steady cycle and the spill rows (to benchmarks/results/"
+                             "spill-scale.json unless --json)")  # fmt: skip
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
@@ -1301,7 +1335,11 @@ def main() -> None:
     logging.getLogger("distributed").setLevel(logging.WARNING)
 
     started = time.time()
+    args.load_before = os.getloadavg()[0]
     results = [measure_state(n_keys, n_workers, args) for n_keys, n_workers in sizes]
+    if args.only_spill:
+        write_spill_only(results, started, args)
+        return
     transitions = None
     if args.transitions:
         log(f"transition throughput, {args.graph:,}-task graph")

