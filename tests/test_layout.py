@@ -69,7 +69,6 @@ PURE = (
     "amm_rules.engine.decide.evacuate",
     "amm_rules.engine.decide.protect",
     "amm_rules.engine.decide.drain",
-    "amm_rules.engine.decide.units",
     "amm_rules.engine.rebalance.plan",
 )
 #: Where shared code is imported as modules (rule 5).
