@@ -50,7 +50,6 @@ from typing import TYPE_CHECKING, Any
 from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine.decide.spill import changed, value_per_byte
-from amm_rules.engine.decide.units import format_seconds
 from amm_rules.engine.features import FLOOR, Feature, Need, method
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.spill.plugin import (
@@ -62,6 +61,7 @@ from amm_rules.engine.spill.plugin import (
     SpillPlugin,
     ignore,
 )
+from amm_rules.engine.words import duration
 from amm_rules.language.ruleset import ALL, Ruleset, SpillSettings
 
 if TYPE_CHECKING:
@@ -590,7 +590,7 @@ class SpillSection(Section):
         key = ts.key
         on_disk = ctx.spilled.on_disk(key)
         lines = [
-            f"on {address}: on disk since {format_seconds(max(0.0, now - since))}"
+            f"on {address}: on disk since {duration(max(0.0, now - since))}"
             for address, since in sorted(on_disk.items())
         ]
         values = {address: sent[key] for address, sent in sorted(self.sent.items()) if key in sent}
