@@ -645,6 +645,18 @@ def measure_changed(
     )
 
 
+def timed_status(policy: RulesPolicy, n: int) -> tuple[list[float], dict[str, Any]]:
+    """``n`` status reports, each timed after a collection; the last report."""
+    times = []
+    report: dict[str, Any] = {}
+    for _ in range(n):
+        gc.collect()
+        start = time.perf_counter()
+        report = status_report(policy)
+        times.append(time.perf_counter() - start)
+    return times, report
+
+
 def measure_protect(state: scheduler_state.BenchState, n: int, rounds: int) -> dict[str, Any]:
     """The ``protect`` rows (see the module docstring): a policy of its own on the
     state, alone (the caller detached the others), removed afterwards with the copies it
@@ -681,12 +693,7 @@ def measure_protect(state: scheduler_state.BenchState, n: int, rounds: int) -> d
             manager.run_once()
             requested = state.transfers.take()
         steady = timed_cycles(state, manager, n)
-        times = []
-        for _ in range(n):
-            gc.collect()
-            start = time.perf_counter()
-            report = status_report(policy)
-            times.append(time.perf_counter() - start)
+        times, report = timed_status(policy, n)
         protect = report.get("protect") or {}
         recompute = report.get("recompute") or {}
         changed_times = []
@@ -783,12 +790,7 @@ def measure_spill(state: scheduler_state.BenchState, n: int) -> dict[str, Any]:
             )
         first = timed(manager.run_once)
         steady = timed_cycles(state, manager, n)
-        times = []
-        for _ in range(n):
-            gc.collect()
-            start = time.perf_counter()
-            report = status_report(policy)
-            times.append(time.perf_counter() - start)
+        times, report = timed_status(policy, n)
         return {
             "first_cycle_s": first,
             "steady": steady,

@@ -46,17 +46,18 @@ import asyncio
 import json
 import logging
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import dask
-import distributed
 import numpy as np
 from distributed import Client, LocalCluster, wait
 from distributed.diagnostics.plugin import SchedulerPlugin
+
+from benchmarks.support.cluster import BLAS_ENV, memory_config
+from benchmarks.support.results import header
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "spill.json"
@@ -200,17 +201,7 @@ async def sample(s: Any, out: dict[str, float], stop: asyncio.Event) -> None:
 
 async def one_run(name: str, mode: str, size: str) -> dict[str, Any]:
     memory = MEMORY[size]
-    prefix = "distributed.scheduler.active-memory-manager"
-    config = {
-        f"{prefix}.start": True,
-        f"{prefix}.policies": [{"class": "amm_rules.RulesPolicy", "rules": rules_of(mode)}],
-        "distributed.worker.memory.target": 0.6,
-        "distributed.worker.memory.spill": 0.7,
-        "distributed.worker.memory.pause": 0.8,
-        "distributed.worker.memory.terminate": False,
-        "optimization.fuse.active": False,
-    }
-    env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    config = {**memory_config(rules_of(mode)), "optimization.fuse.active": False}
     load = os.getloadavg()[0]
     with dask.config.set(config):
         async with (
@@ -221,7 +212,7 @@ async def one_run(name: str, mode: str, size: str) -> dict[str, Any]:
                 asynchronous=True,
                 dashboard_address=":0",
                 memory_limit=memory,
-                env=env,
+                env=BLAS_ENV,
             ) as cluster,
             Client(cluster, asynchronous=True) as client,
         ):
@@ -407,15 +398,7 @@ def main() -> None:
     met = goals(table)
     print(json.dumps(met))
     result = {
-        "date": time.strftime("%Y-%m-%d", time.localtime(started)),
-        "duration_s": round(time.time() - started),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "shared": "yes: other work ran on the machine; see load_before per run",
-        },
-        "python": platform.python_version(),
-        "distributed": distributed.__version__,
+        **header(started),
         "settings": {
             "repeats": args.repeats,
             "workers": WORKERS,

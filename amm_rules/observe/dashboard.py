@@ -657,10 +657,7 @@ class DrainsTable(DashboardComponent):
         self.root = self.table
 
     def update(self, report: Mapping[str, Any] | None) -> None:
-        data = drain_rows(report)
-        _refill(self.table, data)
-        rows = len(data["worker"])
-        _set(self.table, visible=bool(rows), height=_table_height(rows))
+        _show_rows(self.table, drain_rows(report))
 
 
 def drain_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
@@ -700,10 +697,7 @@ class SpillTable(DashboardComponent):
         self.root = self.table
 
     def update(self, report: Mapping[str, Any] | None) -> None:
-        data = spill_rows(report)
-        _refill(self.table, data)
-        rows = len(data["worker"])
-        _set(self.table, visible=bool(rows), height=_table_height(rows))
+        _show_rows(self.table, spill_rows(report))
 
 
 def spill_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
@@ -953,6 +947,13 @@ def _refill(table: DataTable, data: dict[str, list[Any]]) -> None:
     if _replace(source, data) and rows == len(next(iter(data.values()), ())):
         view = table.view
         view.tags = [int(view.tags[0]) + 1 if view.tags else 1]
+
+
+def _show_rows(table: DataTable, data: dict[str, list[Any]]) -> None:
+    """New rows for a table shown only when it has some, as tall as they are."""
+    _refill(table, data)
+    rows = len(next(iter(data.values()), ()))
+    _set(table, visible=bool(rows), height=_table_height(rows))
 
 
 def _short(name: str) -> str:

@@ -14,6 +14,24 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from amm_rules.engine.policy import RulesPolicy
 
+#: The environment of worker processes: one thread for the BLAS libraries.
+BLAS_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def memory_config(rules: Any) -> dict[str, Any]:
+    """Dask config of a benchmark's ``LocalCluster``: the AMM running RulesPolicy with
+    ``rules``, and distributed's memory thresholds (target 60%, spill 70%, pause 80%)
+    with terminate off, so that no run is cut short by a restart."""
+    prefix = "distributed.scheduler.active-memory-manager"
+    return {
+        f"{prefix}.start": True,
+        f"{prefix}.policies": [{"class": "amm_rules.RulesPolicy", "rules": rules}],
+        "distributed.worker.memory.target": 0.6,
+        "distributed.worker.memory.spill": 0.7,
+        "distributed.worker.memory.pause": 0.8,
+        "distributed.worker.memory.terminate": False,
+    }
+
 
 def copies(scheduler: Any, key: Hashable) -> int:
     """Copies of ``key`` in memory (0 once it is released or lost)."""
