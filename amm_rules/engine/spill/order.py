@@ -18,7 +18,11 @@ seconds that keeping it in memory saves, per byte), plus, for each task on the w
 about to read it (:meth:`ValueOrder.set_readers`), the seconds per byte of reading it
 back from disk. Bands are :data:`RATIO` wide (values within about 19% are equal, and
 the least recently used goes first): an exact order would cost a heap operation on
-every read of every key, a band a dictionary operation. A key with no value sent is
+every read of every key, a band a dictionary operation. A key whose last reader on the
+worker just finished, with no other reader known, is *consumed*: it goes half a band
+lower, before the keys of its value, the last consumed first (a dataset read in passes
+then keeps in memory the part the pass has not read yet, where least-recently-used
+gives up exactly that part: the worst case of a scan). A key with no value sent is
 in the band of :attr:`ValueOrder.neutral`, whatever its readers: ordered as stock does
 among the keys the scheduler did not value.
 
@@ -56,7 +60,16 @@ class ValueOrder:
     (see the module docstring). Supports what ``zict.LRU`` asks of its ``order``:
     ``add``, ``remove``, ``discard``, ``in``, ``len`` and iteration."""
 
-    __slots__ = ("_band", "_bands", "_by_use", "_nonempty", "_readers", "_values", "neutral")
+    __slots__ = (
+        "_band",
+        "_bands",
+        "_by_use",
+        "_consumed",
+        "_nonempty",
+        "_readers",
+        "_values",
+        "neutral",
+    )
 
     def __init__(self, keys: Iterable[Hashable] = (), neutral: float = 1e-9) -> None:
         #: The value per byte of a key the scheduler did not value.
@@ -64,14 +77,17 @@ class ValueOrder:
         #: Every key, least recently used first.
         self._by_use: dict[Hashable, None] = {}
         #: Band -> its keys, least recently used first; the bands with keys, sorted.
-        self._bands: dict[int, dict[Hashable, None]] = {}
-        self._nonempty: list[int] = []
+        self._bands: dict[float, dict[Hashable, None]] = {}
+        self._nonempty: list[float] = []
         #: Key -> its band, for the keys present.
-        self._band: dict[Hashable, int] = {}
+        self._band: dict[Hashable, float] = {}
         #: Values sent by the scheduler (present keys or not: a key on disk may come
         #: back), and tasks of the worker about to read each key.
         self._values: dict[Hashable, float] = {}
         self._readers: dict[Hashable, float] = {}
+        #: Keys whose last reader on the worker finished, none other known: given up
+        #: before the other keys of their band, the last consumed first.
+        self._consumed: set[Hashable] = set()
         for key in keys:
             self.add(key)
 
@@ -91,7 +107,8 @@ class ValueOrder:
         # As a stock ``order`` does, the keys are not copied: the LRU takes the first
         # and stops (the bands, few, are).
         for b in list(self._nonempty):
-            yield from self._bands.get(b, ())
+            keys = self._bands.get(b, {})
+            yield from (reversed(keys) if b != int(b) else keys)
 
     def add(self, key: Hashable) -> None:
         """A key stored or read (the LRU removed it first when it was present): last
@@ -99,6 +116,7 @@ class ValueOrder:
         if key in self._by_use:
             return
         self._by_use[key] = None
+        self._consumed.discard(key)  # stored or read again: in use
         self._place(key, self.band_of(key))
 
     def remove(self, key: Hashable) -> None:
@@ -118,9 +136,12 @@ class ValueOrder:
             return None
         return value + self._readers.get(key, 0.0)
 
-    def band_of(self, key: Hashable) -> int:
+    def band_of(self, key: Hashable) -> float:
+        """The key's band; a consumed key's is half a band below its value's."""
         value = self.value_of(key)
-        return band(self.neutral if value is None else value)
+        if value is None:
+            return band(self.neutral)
+        return band(value) - 0.5 if key in self._consumed else band(value)
 
     def set_values(self, values: Mapping[Hashable, float | None]) -> int:
         """Values per byte sent by the scheduler (None: forget the key's value, ordered
@@ -139,6 +160,8 @@ class ValueOrder:
         ``readers`` has none). Returns how many present keys changed band."""
         changed = set(self._readers).symmetric_difference(readers)
         changed.update(k for k, v in readers.items() if self._readers.get(k) != v)
+        self._consumed.update(k for k in self._readers if k not in readers)
+        self._consumed.difference_update(readers)
         self._readers = dict(readers)
         return self._rebands(changed)
 
@@ -148,8 +171,9 @@ class ValueOrder:
         for key, value in readers.items():
             if value:
                 self._readers[key] = value
-            else:
-                self._readers.pop(key, None)
+                self._consumed.discard(key)
+            elif self._readers.pop(key, None) is not None:
+                self._consumed.add(key)
         return self._rebands(readers)
 
     def forget(self, keys: Iterable[Hashable]) -> None:
@@ -157,6 +181,7 @@ class ValueOrder:
         for key in keys:
             self._values.pop(key, None)
             self._readers.pop(key, None)
+            self._consumed.discard(key)
 
     def keys_by_use(self) -> list[Hashable]:
         """Every key, least recently used first (what a stock ``order`` holds)."""
@@ -167,7 +192,7 @@ class ValueOrder:
         """How many keys have a value sent (present or not)."""
         return len(self._values)
 
-    def bands(self) -> dict[int, int]:
+    def bands(self) -> dict[float, int]:
         """Band -> how many present keys are in it."""
         return {b: len(self._bands[b]) for b in self._nonempty}
 
@@ -188,7 +213,7 @@ class ValueOrder:
                 moved += 1
         return moved
 
-    def _place(self, key: Hashable, b: int) -> None:
+    def _place(self, key: Hashable, b: float) -> None:
         keys = self._bands.get(b)
         if keys is None:
             keys = self._bands[b] = {}

@@ -218,29 +218,32 @@ class SpillPlugin(WorkerPlugin):
     # -- worker events -------------------------------------------------------------------
 
     def transition(self, key: Hashable, start: str, finish: str, **kwargs: Any) -> None:
-        """A key released from disk is gone; a task that stopped running no longer
-        reads its dependencies."""
+        """A key released from disk is gone; a task that starts to wait, or stops
+        running, on this worker counts as a reader of its inputs, or no longer does (at
+        once: a turn recounts them all, in case a transition was missed)."""
         if finish in ("released", "forgotten"):
             if key in self.on_disk:
                 self._left_disk(key)
             if self.values is not None:
                 self.values.forget((key,))
-        if start == "executing" and self.values is not None and self.worker is not None:
-            ts = self.worker.state.tasks.get(key)
-            if ts is None:
-                return
-            changed: dict[Hashable, float] = {}
-            for dep in ts.dependencies:
-                count = self.readers.get(dep.key, 0)
-                if count:
-                    if count == 1:
-                        del self.readers[dep.key]
-                    else:
-                        self.readers[dep.key] = count - 1
-                    changed[dep.key] = (count - 1) * self.read_rate
-            if changed:
-                with self.data.fast.lock:
-                    self.values.update_readers(changed)
+        reading, was_reading = finish in READING, start in READING
+        if reading == was_reading or self.values is None or self.worker is None:
+            return
+        ts = self.worker.state.tasks.get(key)
+        if ts is None or not ts.dependencies:
+            return
+        step = 1 if reading else -1
+        changed: dict[Hashable, float] = {}
+        readers = self.readers
+        for dep in ts.dependencies:
+            count = max(0, readers.get(dep.key, 0) + step)
+            if count:
+                readers[dep.key] = count
+            else:
+                readers.pop(dep.key, None)
+            changed[dep.key] = count * self.read_rate
+        with self.data.fast.lock:
+            self.values.update_readers(changed)
 
     def _values(self, values: Any = (), forget: Any = (), **kwargs: Any) -> None:
         """The scheduler's values: pairs (key, value per byte), keys to forget."""

@@ -88,5 +88,10 @@ def test_readers_updated_key_by_key():
     order.set_readers({"x": 10.0, "y": 10.0})
     assert list(order)[0] == "z" and set(list(order)[1:]) == {"x", "y"}
     assert order.update_readers({"x": 0.0}) == 1
-    assert list(order) == ["z", "x", "y"], "to the end of its new band"
+    assert list(order) == ["x", "z", "y"], "consumed: before the keys of its value"
     assert order.value_of("x") == 1.0 and order.value_of("y") == 11.0
+    order.update_readers({"y": 0.0})
+    assert list(order) == ["y", "x", "z"], "the last consumed first"
+    order.remove("x")
+    order.add("x")  # read again: in use, no longer consumed
+    assert list(order) == ["y", "z", "x"]

@@ -260,7 +260,11 @@ async def test_prefetch_reads_back_what_a_queued_task_reads(c, s, a):
                 "version": 1,
                 "spill": {"order": "lru"},
                 # managed: what the scheduler counts of a worker's keys, on disk too.
-                "rebalance": {"measure": "managed", "sender-min": "10%"},
+                "rebalance": {
+                    "measure": "managed",
+                    "sender-min": "10%",
+                    "recipient-max": "100%",
+                },
             },
             summary_interval=0,
         ),
@@ -271,9 +275,9 @@ async def test_prefetch_reads_back_what_a_queued_task_reads(c, s, a):
 )
 async def test_rebalance_leaves_keys_on_disk_where_they_are(c, s, a, b):
     """Moving a key its sender holds on disk reads it back and relieves no memory.
-    (Half of a's keys are on disk: evening the workers out needs more than the keys
+    (Most of a's keys are on disk: evening the workers out needs more than the keys
     in memory, so rebalancing comes to those on disk.)"""
-    futures = await fill(c, a, "early", 12, 10 * MiB)
+    futures = await fill(c, a, "early", 16, 10 * MiB)
     spilled = policy_of(s).ctx.spilled
     await wait_for(
         lambda: a.address in spilled.workers and len(spilled.workers[a.address].keys) >= 3,
