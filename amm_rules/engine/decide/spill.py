@@ -15,7 +15,10 @@ What giving a key up costs, in seconds, on worker W (docs/spill.md, "The model")
 and a rule's ``spill`` decides over all of that: ``last`` is an infinite value (kept
 while anything else can go), ``first`` is 0 (given up first). The value per byte is the
 cost divided by ``nbytes``: a small key costs its :data:`OVERHEAD` for few bytes, so
-small keys stay in memory before large ones of the same reads.
+small keys stay in memory before large ones of the same reads. It is sent in *writes*:
+divided by the seconds per byte of a write on that worker, so that the worker, which
+counts its own readers with the rates it measures, and a key no value was sent for (1:
+written once, never read again) stand on the same scale.
 
 Neighbours: :mod:`amm_rules.engine.sections.spill` computes the inputs and sends the
 values; :mod:`amm_rules.engine.spill.order` orders by them on the worker.
@@ -43,7 +46,8 @@ def value_per_byte(
     drop_copies: bool,
     spill: str | None = None,
 ) -> float:
-    """Seconds saved per byte by keeping the key in memory (see the module docstring):
+    """Seconds saved per byte by keeping the key in memory, in seconds per byte of a
+    write on the worker (see the module docstring):
     ``reads`` later reads of it elsewhere than the worker's own tasks, ``copies`` the
     workers holding it, ``write`` and ``read`` seconds per byte on the worker."""
     if spill == "last":
@@ -54,7 +58,7 @@ def value_per_byte(
     cost = (reads / max(1, copies)) * (OVERHEAD + size * read)
     if copies <= 1 or not drop_copies:
         cost += OVERHEAD + size * write
-    return cost / size
+    return cost / size / max(write, 1e-15)
 
 
 def changed(old: float | None, new: float) -> bool:

@@ -15,9 +15,10 @@ change to how they start. On a worker whose data is a ``SpillBuffer`` (a
    ``evict()`` alike, then gives up the key of lowest value per byte; teardown puts
    back a plain ``order`` in the same order of use;
 2. takes the values the scheduler sends (:data:`TO_WORKER`, one message per worker
-   and cycle with the values that changed) and counts, for each key in memory, the
-   tasks of this worker about to read it (ready, waiting, constrained or executing),
-   whose reads back from disk add to its value;
+   and cycle with the values that changed; in writes of the key's bytes, so that both
+   sides measure alike) and counts, for each key in memory, the tasks of this worker
+   about to read it (ready, waiting, constrained or executing), whose reads back from
+   disk (as a share of a write, measured here) add to its value;
 3. keeps which keys it wrote to disk and when, and sends the scheduler what changed
    (:data:`TO_SCHEDULER`: keys written, keys read back or gone, at most
    :data:`REPORT_KEYS` a message; the bytes and seconds written and read from the
@@ -128,8 +129,8 @@ class SpillPlugin(WorkerPlugin):
         #: Tasks of the worker about to read each key.
         self.readers: dict[Hashable, int] = {}
         self.prefetched = [0, 0]
-        #: Seconds per byte of reading back, as last measured.
-        self.read_rate = DEFAULT_READ
+        #: A read back's cost in writes of the same bytes, as last measured.
+        self.read_rate = DEFAULT_READ / DEFAULT_WRITE
         self._callback: Any = None
         self._prefetching: asyncio.Task[None] | None = None
         self._last_report = 0.0
@@ -158,8 +159,9 @@ class SpillPlugin(WorkerPlugin):
         fast = data.fast
         with fast.lock:
             if self.order == "value":
-                write, read = rates(getattr(data, "cumulative_metrics", None))
-                self.values = ValueOrder(fast.order, neutral=write + read)
+                # Values are in writes of the key (see amm_rules.engine.decide.spill):
+                # a key the scheduler did not value is one no task reads again.
+                self.values = ValueOrder(fast.order, neutral=1.0)
                 fast.order = self.values
             data.fast_to_slow_callbacks.append(self._written)
             data.slow_to_fast_callbacks.append(self._read_back)
@@ -279,8 +281,8 @@ class SpillPlugin(WorkerPlugin):
             self._apply_readers()
 
     def _apply_readers(self) -> None:
-        _, self.read_rate = rates(self.data.cumulative_metrics)
-        read = self.read_rate
+        write, read = rates(self.data.cumulative_metrics)
+        self.read_rate = read = read / write  # in writes, as the scheduler's values
         assert self.values is not None
         with self.data.fast.lock:
             self.values.set_readers({k: n * read for k, n in self.readers.items()})

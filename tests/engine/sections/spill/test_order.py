@@ -67,7 +67,7 @@ def test_the_value_of_a_key():
     rates = {"write": 2e-9, "read": 1e-9}
     big, small = 100 * 2**20, 10_000
     sole = value_per_byte(big, 0, 1, drop_copies=True, **rates)
-    assert sole == pytest.approx((OVERHEAD + big * 2e-9) / big)
+    assert sole == pytest.approx((OVERHEAD + big * 2e-9) / big / 2e-9)  # in writes
     # Readers elsewhere make it dearer; a copy elsewhere (drop-copies) cheaper.
     assert value_per_byte(big, 2, 1, drop_copies=True, **rates) > sole
     assert value_per_byte(big, 0, 2, drop_copies=True, **rates) == 0.0
