@@ -21,11 +21,23 @@ from typing import Any
 class WorkerDisk:
     """One worker's report: keys on disk and the buffer's figures."""
 
-    __slots__ = ("fast", "figures", "keys", "order", "process", "spill_at", "target", "valued")
+    __slots__ = (
+        "bytes",
+        "fast",
+        "figures",
+        "keys",
+        "order",
+        "process",
+        "spill_at",
+        "target",
+        "valued",
+    )
 
     def __init__(self) -> None:
         #: Key -> (when it was written, on the engine's clock; bytes in memory).
         self.keys: dict[Hashable, tuple[float, int]] = {}
+        #: Bytes (in memory) of the keys on disk, kept as they come and go.
+        self.bytes = 0
         #: The buffer's cumulative figures (see ``plugin.FIGURES``), prefetches.
         self.figures: dict[str, float] = {}
         #: Bytes in the memory buffer, and its target (bytes), at the last report.
@@ -38,11 +50,6 @@ class WorkerDisk:
         #: The order it follows (``value`` or ``lru``) and keys it has a value for.
         self.order = ""
         self.valued = 0
-
-    @property
-    def bytes(self) -> int:
-        """Bytes (in memory) of the keys on disk."""
-        return sum(size for _, size in self.keys.values())
 
     @property
     def fullness(self) -> float:
@@ -101,10 +108,16 @@ class SpilledKeys:
         by_key = self.by_key
         for key, ago, size in spilled:
             since = now - float(ago)
+            old = keys.get(key)
+            if old is not None:
+                disk.bytes -= old[1]
             keys[key] = (since, int(size))
+            disk.bytes += int(size)
             by_key.setdefault(key, {})[worker] = since
         for key in unspilled:
-            if keys.pop(key, None) is not None:
+            left = keys.pop(key, None)
+            if left is not None:
+                disk.bytes -= left[1]
                 self._forget(key, worker)
         if figures:
             disk.figures = dict(figures)

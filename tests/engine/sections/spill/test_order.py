@@ -95,3 +95,21 @@ def test_readers_updated_key_by_key():
     order.remove("x")
     order.add("x")  # read again: in use, no longer consumed
     assert list(order) == ["y", "z", "x"]
+
+
+def test_the_table_of_keys_on_disk():
+    from amm_rules.engine.state.spilled import SpilledKeys
+
+    table = SpilledKeys()
+    table.report("w1", 100.0, [("a", 40.0, 10), ("b", 0.0, 5)], fast=90, target=100)
+    table.report("w2", 100.0, [("a", 1.0, 10)], fast=10, target=100, process=80, spill_at=100)
+    assert table.on_disk("a") == {"w1": 60.0, "w2": 99.0}
+    assert table.workers["w1"].bytes == 15 and table.total_bytes() == 25
+    assert table.workers["w1"].fullness == 0.9 and table.workers["w2"].fullness == 0.8
+    assert table.workers["w2"].excess(0.7) == 80 - 70
+    table.report("w1", 101.0, [("b", 0.0, 7)], ["a"])
+    assert table.workers["w1"].bytes == 7 and table.on_disk("a") == {"w2": 99.0}
+    table.forget_workers({"w1": object()})
+    assert "a" not in table and table.is_on_disk("b", "w1")
+    table.alone("w3", "its data is a dict")
+    assert table.left_alone == {"w3": "its data is a dict"}
