@@ -372,7 +372,8 @@ async def explain_in_slices(policy: RulesPolicy, work: Explanation) -> tuple[dic
 
 
 def engine_status(policy: RulesPolicy) -> dict[str, Any]:
-    """The engine's figures for ``amm_rules_status``: the rules in force (and which are
+    """The engine's figures for ``amm_rules_status``: whether the AMM runs its cycles
+    (``amm``: ``running``, ``since``, ``interval``), the rules in force (and which are
     in dry-run), per-rule counters (``would_request``/``would_drop`` for what dry-run
     held back), reload errors, early cycles, and each section's entry under its
     ``status_key`` (``rebalance``, ``paused_workers``, ``retirements``,
@@ -382,6 +383,8 @@ def engine_status(policy: RulesPolicy) -> dict[str, Any]:
     index = ctx.index
     labels = set(policy.last_cycle) | set(policy.totals)
     out: dict[str, Any] = {
+        # First: whether the AMM runs its cycles at all, since when, and its interval.
+        "amm": ctx.amm_running.status(),
         "source": policy.path if policy.path is not None else ruleset.source,
         "loaded_at": policy.loaded_at,
         "reload": policy.reload,

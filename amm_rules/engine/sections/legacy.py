@@ -44,7 +44,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
+import random
+from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -89,8 +90,15 @@ class LegacyCalls(Section):
 
     @property
     def honouring(self) -> bool:
+        """Whether calls are honoured now: ``legacy-replicate: honour``, and the AMM runs
+        its cycles (stopped, nothing would trim nor keep: the calls are the stock ones)."""
         ctx = self.ctx
-        return ctx is not None and ctx.index.active and ctx.ruleset.legacy_replicate == "honour"
+        return (
+            ctx is not None
+            and ctx.index.active
+            and ctx.ruleset.legacy_replicate == "honour"
+            and ctx.amm_running.running
+        )
 
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
         """Switching to ``legacy-replicate: ignore`` removes the targets the calls set."""
@@ -135,13 +143,12 @@ class LegacyCalls(Section):
                 stimulus_id=stimulus_id,
             )
             if not self.honouring:
+                self._superseded(keys)
                 return await replicate(**stock)
-            target = self._target(n, workers)
-            if target is None or not self._all_in_memory(keys):
-                return await replicate(**stock)  # the stock answer or error
             stock.pop("keys")
-            await self._honour(keys, target, REPLICATE, stock)
-            return None
+            if await self._honour(keys, REPLICATE, stock):
+                return None
+            return await replicate(keys=keys, **stock)  # the stock answer or error
 
         async def scatter_honoured(
             data: dict[Hashable, Any],
@@ -151,19 +158,19 @@ class LegacyCalls(Section):
             timeout: float = 2,
         ) -> Any:
             if not broadcast or not self.honouring:
-                return await scatter(
+                keys = await scatter(
                     data=data, workers=workers, client=client, broadcast=broadcast, timeout=timeout
                 )
+                if broadcast:
+                    self._superseded(keys)
+                return keys
             keys = await scatter(
                 data=data, workers=workers, client=client, broadcast=False, timeout=timeout
             )
             n = None if broadcast is True else broadcast
-            target = self._target(n, workers)
             stock = {"n": n, "workers": workers}  # what the stock scatter asks of replicate
-            if target is None or not self._all_in_memory(keys):
+            if not await self._honour(keys, BROADCAST, stock):
                 await replicate(keys=keys, **stock)
-            else:
-                await self._honour(keys, target, BROADCAST, stock)
             return keys
 
         wrappers = {"replicate": replicate_honoured, "scatter": scatter_honoured}
@@ -172,12 +179,15 @@ class LegacyCalls(Section):
     # ------------------------------------------------------------------ calls
 
     def _target(self, n: Any, workers: Iterable[str] | None) -> Target | None:
-        """The target a call asks for; None if it is not one (the stock call then
-        answers: ``n=0`` is its "Can not use replicate to delete data")."""
+        """The target a call asks for, on the workers of now; None if it is not one (the
+        stock call then answers: ``n=0``, or no running worker among those named, is its
+        "Can not use replicate to delete data")."""
         scheduler = self.ctx.scheduler
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             return None
         if workers is None:
+            if not scheduler.running:
+                return None
             return Target.exact(ALL if n is None else min(n, MAX_REPLICAS))
         try:
             addresses = scheduler.workers_list(list(workers))
@@ -195,15 +205,26 @@ class LegacyCalls(Section):
         except TypeError:  # an unhashable key: the stock call says what it says
             return False
 
-    async def _honour(
-        self,
-        keys: Iterable[Hashable],
-        target: Target,
-        origin: str,
-        stock: dict[str, Any],
-    ) -> None:
-        """Set the target on ``keys``, then make the call's own first copies where the
-        engine would keep them, leaving the keys to the engine afterwards.
+    def _superseded(self, keys: Iterable[Hashable]) -> None:
+        """A stock call (no cycle runs, or ``ignore``) replaces the target an earlier
+        call had set on its keys: the last call says how many copies the key holds."""
+        ctx = self.ctx
+        if ctx is None or not ctx.index.active:
+            return
+        runtime = ctx.index.runtime
+        try:
+            gone = [k for k in keys if (t := runtime.get(k)) is not None and t.origin in ORIGINS]
+        except TypeError:  # an unhashable key: the stock call says what it says
+            return
+        for key in gone:
+            ctx.set_runtime_target(key, None)
+
+    async def _honour(self, keys: Iterable[Hashable], origin: str, stock: dict[str, Any]) -> bool:
+        """Honour a call on ``keys``: once it holds the scheduler's replica lock, as the
+        stock call does (a retirement holding it may remove workers meanwhile), set the
+        target the call asks for, then make the call's own first copies where the engine
+        would keep them, leaving the keys to the engine afterwards. False if the call is
+        not one to honour (no target, keys not in memory): the stock call answers it.
 
         ``stock`` holds the arguments of the stock ``replicate`` call besides the keys
         (``n``, ``workers``, ...). Keys whose wishes are in dry-run get exactly that
@@ -211,31 +232,37 @@ class LegacyCalls(Section):
         nothing of what the call does."""
         ctx = self.ctx
         workers = stock.get("workers")
-        branching_factor = stock.get("branching_factor", 2)
-        stimulus_id = stock.get("stimulus_id")
-        index = ctx.index
         keys = list(dict.fromkeys(keys))
-        for key in keys:
-            ctx.set_runtime_target(key, target, origin)  # classified at the next cycle
-        self.calls[origin] += 1
-        logger.debug("amm-rules: %s set %s on %d keys", origin, target, len(keys))
         self.copying.update(keys)
         try:
-            groups, dry = self._copy_groups(keys, target, workers)
-            calls = [
-                self._copy(group, recipients, n, branching_factor, stimulus_id)
-                for (recipients, n), group in groups.items()
-            ]
+            async with ctx.scheduler._replica_lock(("replicate", object())):  # not reentrant
+                target = self._target(stock.get("n"), workers)
+                if target is None or not self._all_in_memory(keys):
+                    return False
+                for key in keys:
+                    ctx.set_runtime_target(key, target, origin)  # classified at the next cycle
+                self.calls[origin] += 1
+                logger.debug("amm-rules: %s set %s on %d keys", origin, target, len(keys))
+                groups, dry = self._copy_groups(keys, target, workers)
+                branching = stock.get("branching_factor", 2)
+                await asyncio.gather(
+                    *(
+                        self._copy(group, recipients, n, branching)
+                        for (recipients, n), group in groups.items()
+                    )
+                )
+                self._log_call(keys, groups, branching)
             if dry:
                 assert self._replicate is not None
-                calls.append(self._replicate(keys=dry, **stock))
-            await asyncio.gather(*calls)
+                await self._replicate(keys=dry, **stock)  # takes the lock itself
+            return True
         finally:
             self.copying.subtract(keys)
             for key in keys:
                 if self.copying[key] <= 0:
                     del self.copying[key]
             # Classified by now or soon: look at them again once the call is done.
+            index = ctx.index
             index.recheck.update(k for k in keys if k in index.desired)
 
     def _copy_groups(
@@ -280,22 +307,58 @@ class LegacyCalls(Section):
         return groups, dry
 
     async def _copy(
+        self, keys: list[Hashable], recipients: tuple[str, ...], n: int, branching_factor: int
+    ) -> None:
+        """Copy ``keys`` until each has ``n`` copies on ``recipients``, as the stock call's
+        tree does and without its deletions: in rounds, each holder the source of at
+        most ``branching_factor`` new copies per round, on recipients chosen at random
+        among those still running. A round that lands no copy ends the call's part
+        (a recipient that left, a holder that cannot send): the engine goes on."""
+        scheduler = self.ctx.scheduler
+        todo = keys
+        while todo:
+            running = {a for a in recipients if (ws := scheduler.workers.get(a)) and _running(ws)}
+            gathers: dict[str, dict[Hashable, list[str]]] = defaultdict(dict)
+            left = []
+            for key in todo:
+                ts = scheduler.tasks.get(key)
+                if ts is None or ts.state != "memory" or not ts.who_has:
+                    continue
+                holders = {ws.address for ws in ts.who_has}
+                free = sorted(running - holders)
+                count = min(n - len(holders & running), branching_factor * len(holders), len(free))
+                if count <= 0:
+                    continue
+                for address in random.sample(free, count):
+                    gathers[address][key] = sorted(holders)
+                left.append(key)
+            if not gathers:
+                return
+            failed = await asyncio.gather(
+                *(scheduler.gather_on_worker(w, who_has) for w, who_has in gathers.items())
+            )
+            for address, who_has in gathers.items():
+                scheduler.log_event(address, {"action": "replicate-add", "who_has": who_has})
+            if all(len(f) == len(gathers[w]) for f, w in zip(failed, gathers, strict=True)):
+                return
+            todo = left
+
+    def _log_call(
         self,
         keys: list[Hashable],
-        recipients: tuple[str, ...],
-        n: int,
+        groups: dict[tuple[tuple[str, ...], int], list[Hashable]],
         branching_factor: int,
-        stimulus_id: str | None,
     ) -> None:
-        """The stock tree copy, restricted to ``recipients``, without its deletions."""
-        assert self._replicate is not None
-        await self._replicate(
-            keys=keys,
-            n=n,
-            workers=list(recipients),
-            branching_factor=branching_factor,
-            delete=False,
-            stimulus_id=stimulus_id,
+        """The scheduler event the stock call logs for every call."""
+        workers = sorted({a for recipients, _ in groups for a in recipients})
+        self.ctx.scheduler.log_event(
+            "all",
+            {
+                "action": "replicate",
+                "workers": workers,
+                "key-count": len(keys),
+                "branching-factor": branching_factor,
+            },
         )
 
     # ------------------------------------------------------------------ rules
