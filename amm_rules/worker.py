@@ -79,12 +79,18 @@ async def drain_self(scheduler: Any, address: str, seconds: float) -> dict[str, 
     """Ask the scheduler (an rpc) to drain the worker at ``address`` within ``seconds``,
     and wait until the drain ended or the time is up. Returns the drain's last report
     (None: the scheduler could not drain it, which a warning says)."""
+    from amm_rules.engine.handlers import refused
+
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
     try:
-        answer = await asyncio.wait_for(
-            scheduler.amm_rules_drain(workers=[address], deadline=seconds, close_workers=False),
-            ASK_TIMEOUT,
+        answer = refused(
+            await asyncio.wait_for(
+                scheduler.amm_rules_drain(
+                    workers=[address], deadline=seconds, close_workers=False
+                ),
+                ASK_TIMEOUT,
+            )
         )
     except Exception as exc:
         logger.warning(
@@ -104,8 +110,10 @@ async def drain_self(scheduler: Any, address: str, seconds: float) -> dict[str, 
         )
     while loop.time() < end:
         try:
-            report = await asyncio.wait_for(
-                scheduler.amm_rules_drain_report(workers=[address]), ASK_TIMEOUT
+            report = refused(
+                await asyncio.wait_for(
+                    scheduler.amm_rules_drain_report(workers=[address]), ASK_TIMEOUT
+                )
             )
         except Exception as exc:
             logger.warning("amm-rules: the drain of %s cannot be followed: %s", address, _why(exc))

@@ -59,6 +59,8 @@ async def _ask(address: str, op: str, timeout: float, kwargs: dict[str, Any]) ->
     from distributed.core import rpc
     from distributed.security import Security
 
+    from amm_rules.engine.handlers import refused
+
     try:
         remote = rpc(
             address,
@@ -73,7 +75,7 @@ async def _ask(address: str, op: str, timeout: float, kwargs: dict[str, Any]) ->
         if kind != "Scheduler":
             raise RemoteError(f"{address} is a {kind or 'server'}, not a Dask scheduler")
         await _probe(remote, address, timeout, op)
-        return await _step(
+        answer = await _step(
             getattr(remote, op)(**kwargs),
             address,
             timeout,
@@ -81,6 +83,10 @@ async def _ask(address: str, op: str, timeout: float, kwargs: dict[str, Any]) ->
         )
     finally:
         await remote.close_rpc()
+    try:
+        return refused(answer)
+    except ValueError as exc:  # the request refused (a bad rule name...)
+        raise RemoteError(f"the scheduler at {address} answered: {_first_line(exc)}") from None
 
 
 async def _step(call: Any, address: str, timeout: float, what: str) -> Any:

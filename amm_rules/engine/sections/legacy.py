@@ -49,7 +49,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from amm_rules.engine.features import Feature, scheduler_methods
+from amm_rules.engine.features import FLOOR, Feature, Need, scheduler_methods
 from amm_rules.engine.sections.base import Section
 from amm_rules.engine.wrapping import wrap_methods
 from amm_rules.language.fields import MAX_REPLICAS
@@ -76,7 +76,20 @@ class LegacyCalls(Section):
         "(the targets they set are replayed)"
     )
     name = "legacy-replicate"
-    FEATURES = (Feature("legacy-replicate", scheduler_methods("replicate", "scatter")),)
+    FEATURES = (
+        Feature(
+            "legacy-replicate",
+            (
+                *scheduler_methods("replicate", "scatter", "gather_on_worker"),
+                Need(
+                    "Scheduler._replica_lock",
+                    "distributed",
+                    FLOOR,
+                    lambda s: s is None or hasattr(s, "_replica_lock"),
+                ),
+            ),
+        ),
+    )
     status_key = "legacy_replicate"
     explain_key = "copying"
 
