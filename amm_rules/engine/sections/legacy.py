@@ -18,9 +18,12 @@ target of the rules engine, whose origin explanations and counters name:
 - ``scatter(..., broadcast=True)``: ``all``, one copy on every eligible worker,
   following the cluster (``origin="scatter broadcast"``); ``broadcast=N``: ``N``.
 
-The call then makes its first copies as before, so that the client sees what it saw
-with stock Dask (the data on the workers when the call returns), but restricted to
-where the engine would keep them: the workers inside the key's pool and outside its
+The call does all of it once it holds the scheduler's replica lock, as the stock call
+reads the workers only then (``retire_workers``, which holds that lock while it moves
+a worker's keys away, may remove workers meanwhile). It then makes its first copies as
+before, so that the client sees what it saw with stock Dask (the data on the workers
+when the call returns), with its own tree of ``gather_on_worker`` calls under that lock
+(the stock call takes the lock itself), restricted to where the engine would keep them: the workers inside the key's pool and outside its
 avoided pools, under ``spread: host`` one per host that holds no copy yet
 (:func:`spread_recipients`), and none for a ``move: never`` key. It never deletes: trimming a
 key above its target is the engine's (which never drops the last copy, nor a copy a
@@ -29,7 +32,10 @@ alone (:attr:`LegacyCalls.copying`), so the two never copy the same key at once.
 Calls the engine cannot honour (an ``n`` that is not a number of copies, keys not
 in memory) go to the stock handler unchanged, with its answers and errors.
 
-With ``legacy-replicate: ignore``, the wrappers pass every call through: the calls
+While the AMM runs no cycle (stopped, or ``start: false``: see
+:mod:`amm_rules.engine.running`), nothing would hold or trim a target: the calls are
+the stock ones, and replace the target an earlier call had set on their keys. With
+``legacy-replicate: ignore``, the wrappers pass every call through: the calls
 behave as with the stock AMM. Switching to ``ignore`` by a reload removes the
 targets these calls had set. Keys whose wishes are in dry-run (``enforcement:
 dry-run``) get their target recorded, for explain and status, and the stock call
@@ -245,13 +251,13 @@ class LegacyCalls(Section):
         nothing of what the call does."""
         ctx = self.ctx
         workers = stock.get("workers")
-        keys = list(dict.fromkeys(keys))
-        self.copying.update(keys)
-        try:
-            async with ctx.scheduler._replica_lock(("replicate", object())):  # not reentrant
-                target = self._target(stock.get("n"), workers)
-                if target is None or not self._all_in_memory(keys):
-                    return False
+        async with ctx.scheduler._replica_lock(("replicate", object())):  # not reentrant
+            target = self._target(stock.get("n"), workers)
+            if target is None or not self._all_in_memory(keys):
+                return False  # (unhashable keys too: the stock call says what it says)
+            keys = list(dict.fromkeys(keys))
+            self.copying.update(keys)  # the engine leaves them alone until the call is done
+            try:
                 for key in keys:
                     ctx.set_runtime_target(key, target, origin)  # classified at the next cycle
                 self.calls[origin] += 1
@@ -265,18 +271,26 @@ class LegacyCalls(Section):
                     )
                 )
                 self._log_call(keys, groups, branching)
+            except BaseException:
+                self._done(keys)
+                raise
+        try:
             if dry:
                 assert self._replicate is not None
                 await self._replicate(keys=dry, **stock)  # takes the lock itself
-            return True
         finally:
-            self.copying.subtract(keys)
-            for key in keys:
-                if self.copying[key] <= 0:
-                    del self.copying[key]
-            # Classified by now or soon: look at them again once the call is done.
-            index = ctx.index
-            index.recheck.update(k for k in keys if k in index.desired)
+            self._done(keys)
+        return True
+
+    def _done(self, keys: list[Hashable]) -> None:
+        """A call's keys are the engine's again."""
+        self.copying.subtract(keys)
+        for key in keys:
+            if self.copying[key] <= 0:
+                del self.copying[key]
+        # Classified by now or soon: look at them again once the call is done.
+        index = self.ctx.index
+        index.recheck.update(k for k in keys if k in index.desired)
 
     def _copy_groups(
         self, keys: list[Hashable], target: Target, workers: Iterable[str] | None
