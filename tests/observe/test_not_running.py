@@ -81,10 +81,10 @@ async def test_a_stopped_amm_is_said_first_and_no_rule_claims_a_state(c, s, a, b
     assert report["amm"]["running"] is True
     assert "not running" not in render_status(report)
     assert value(await scrape(s), "dask_amm_rules_amm_running") == 1
-    # A copy in flight when the AMM stops stays "in flight" for ever: not a claim.
-    policy_of(s).index.inflight["two-0"] = {w3.address: time.monotonic()}
     before = time.time()
     await c.amm.stop()
+    # A copy in flight when the AMM stopped stays "in flight" for ever: not a claim.
+    policy_of(s).index.inflight["two-0"] = {w3.address: time.monotonic()}
     await says_not_running(c, s, (before, time.time()))
     report = await c.scheduler.amm_rules_status()
     assert "in flight    1 copy of 1 key (asked by an earlier cycle)" in render_status(report)
