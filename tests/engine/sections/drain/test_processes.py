@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 from distributed.utils_test import gen_cluster
@@ -23,14 +25,14 @@ def payload(i: int) -> bytes:
     return bytes([i]) * 100_000
 
 
-@pytest.mark.parametrize("nanny", [True, False], ids=["nanny", "no-nanny"])
-@gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(), timeout=90)
-async def test_sigterm_drains_the_worker_through_the_preload(c, s, a, nanny, tmp_path):
+def start_worker(address: str, nanny: bool, directory: Path) -> tuple[Any, Path]:
+    """``dask worker`` named ``leaving``, one thread, with the preload and a drain
+    deadline of 15 s in its own dask config; its process and its log."""
     command = [
         sys.executable,
         "-m",
         "distributed.cli.dask_worker",
-        s.address,
+        address,
         "--name",
         "leaving",
         "--nthreads",
@@ -39,11 +41,17 @@ async def test_sigterm_drains_the_worker_through_the_preload(c, s, a, nanny, tmp
         "amm_rules.worker",
         "--nanny" if nanny else "--no-nanny",
     ]
-    # The deadline comes from the worker's own dask config.
     env = environment(DASK_AMM_RULES__DRAIN__DEADLINE="15s")
-    log = tmp_path / "worker.log"
+    log = directory / "worker.log"
     with log.open("wb") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return process, log
+
+
+@pytest.mark.parametrize("nanny", [True, False], ids=["nanny", "no-nanny"])
+@gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(), timeout=90)
+async def test_sigterm_drains_the_worker_through_the_preload(c, s, a, nanny, tmp_path):
+    process, log = start_worker(s.address, nanny, tmp_path)
     try:
         await wait_for(
             lambda: any(ws.name == "leaving" for ws in s.workers.values()),
@@ -144,23 +152,7 @@ async def test_sigterm_to_the_worker_process_under_a_nanny(c, s, a, tmp_path):
     that a signal ended. The nanny logged ``Worker process died unexpectedly`` with a
     ``TypeError`` from its stop-queue watch: the worker had closed itself while that
     thread still waited on the queue, which the process's exit then closed under it."""
-    command = [
-        sys.executable,
-        "-m",
-        "distributed.cli.dask_worker",
-        s.address,
-        "--name",
-        "leaving",
-        "--nthreads",
-        "1",
-        "--preload",
-        "amm_rules.worker",
-        "--nanny",
-    ]
-    env = environment(DASK_AMM_RULES__DRAIN__DEADLINE="15s")
-    log = tmp_path / "worker.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    process, log = start_worker(s.address, True, tmp_path)
     try:
         await wait_for(
             lambda: (
