@@ -14,7 +14,8 @@ engine leaves to "the next cycle" happens. So the engine asks :class:`AmmRunning
   running cycle could earn.
 
 Whether the AMM runs is its own ``running`` (its periodic callback is registered on the
-scheduler), read at each question; since when is noted by wrappers on the manager's
+scheduler), and the policy still among its policies (a test may take it out), read at
+each question; since when is noted by wrappers on the manager's
 ``start`` and ``stop`` (what ``client.amm`` calls, through the AMM's handler), and
 when a question finds the answer changed otherwise (the scheduler closing).
 
@@ -35,15 +36,18 @@ class AmmRunning:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._manager: Any = None
+        self._policy: Any = None
         self._last = False
         #: Seconds since the epoch of the last change (or of the attach).
         self._since = clock()
         self._wrappers: dict[str, Callable[[], None]] = {}
 
-    def attach(self, manager: Any) -> None:
-        """Follow ``manager``. (It is attached before the AMM starts itself: ``start:
-        true`` calls the wrapped ``start`` right after.)"""
+    def attach(self, manager: Any, policy: Any = None) -> None:
+        """Follow ``manager``, whose cycles run ``policy`` while it is among its
+        policies. (It is attached before the AMM starts itself: ``start: true`` calls
+        the wrapped ``start`` right after.)"""
         self._manager = manager
+        self._policy = policy
         self._last = bool(manager.running)
         self._since = self._clock()
         for name in ("start", "stop"):
@@ -62,7 +66,7 @@ class AmmRunning:
             if vars(manager).get(name) is wrapper:
                 delattr(manager, name)
         self._wrappers = {}
-        self._manager = None
+        self._manager = self._policy = None
 
     @property
     def running(self) -> bool:
@@ -73,7 +77,11 @@ class AmmRunning:
         """Whether the AMM runs now; a change since the last look is noted, with its
         time."""
         manager = self._manager
-        now = bool(manager is not None and manager.running)
+        now = bool(
+            manager is not None
+            and manager.running
+            and (self._policy is None or self._policy in manager.policies)
+        )
         if now != self._last:
             self._last = now
             self._since = self._clock()
