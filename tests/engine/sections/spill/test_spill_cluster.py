@@ -9,7 +9,6 @@ holds far more than any worker's limit, which the monitor would count.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ from amm_rules.observe.explain import explain_keys
 from amm_rules.observe.status import status_report
 from amm_rules.observe.text import render_explain, render_status
 from benchmarks.support.waiting import wait_for
-from tests.support.cluster import amm_config, events, policy_of
+from tests.support.cluster import amm_config, events, policy_of, skipped
 
 pytestmark = pytest.mark.compat
 
@@ -290,10 +289,3 @@ async def test_rebalance_leaves_keys_on_disk_where_they_are(c, s, a, b):
     tasks = s.tasks
     assert all(tasks[k].who_has == {s.workers[a.address]} for k in on_disk)
     del futures
-
-
-def skipped(s: Any) -> Counter[str]:
-    out: Counter[str] = Counter()
-    for e in events(s, "cycle"):
-        out.update(e.get("rebalance", {}).get("skipped", {}))
-    return out
