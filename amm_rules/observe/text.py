@@ -444,6 +444,7 @@ def _render_one(name: str, a: Mapping[str, Any]) -> str:
         if spill.get("spill"):
             lines.append(f"  spill    {spill['spill']} ({spill['spill_from']})")
         lines += [f"  spill    {line}" for line in spill["lines"]]
+    lines += [f"  claim    {sentence}" for sentence in a.get("held") or ()]
     if facts["annotations"]:
         lines.append(f"  annotations  {facts['annotations']}")
     for n, h in enumerate(facts["holders"]):

@@ -78,6 +78,10 @@ VALUE_AT = 0.5
 #: the second share.
 DROP_AT = 0.85
 DROP_TO = 0.7
+#: Seconds a worker a copy was dropped from is not asked for a copy of that key again
+#: (the ledger's back-off: its memory is short), and why, as explain says it.
+BACK_OFF = 60.0
+WHY = "held elsewhere, dropped rather than written to disk"
 #: Most copies dropped from one worker in a cycle.
 MAX_DROPS = 1_000
 #: Seconds between two counts of the bytes on disk per rule (status).
@@ -193,7 +197,8 @@ class SpillSection(Section):
     def in_use(cls, ruleset: Ruleset) -> bool:
         return ruleset.spill_settings is not None
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
         self.settings: SpillSettings | None = None
         self.dry_run = False
         #: The plugin's settings on the workers (None: not installed), and the last
@@ -219,34 +224,31 @@ class SpillSection(Section):
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
         self.settings = ruleset.spill_settings
         self.dry_run = dry_run.file
-        if self.ctx is not None:
+        if self.ctx.attached:
             self._sync_plugin()
 
-    def attach(self, ctx: EngineContext) -> None:
-        super().attach(ctx)
-        ctx.scheduler.stream_handlers[TO_SCHEDULER] = self.on_report
+    def attach(self) -> None:
+        self.ctx.scheduler.stream_handlers[TO_SCHEDULER] = self.on_report
         self._sync_plugin()
 
     def detach(self) -> None:
         ctx = self.ctx
-        if ctx is not None:
-            scheduler = ctx.scheduler
-            if scheduler.stream_handlers.get(TO_SCHEDULER) == self.on_report:
-                # Reports sent before the workers heard of the teardown may still
-                # arrive: an operation without a handler would end a worker's stream.
-                scheduler.stream_handlers[TO_SCHEDULER] = ignore
-            if self.installed is not None:
-                self._later(self._unregister(scheduler))
-            self.installed = None
-            ctx.spilled.clear()
+        scheduler = ctx.scheduler
+        if scheduler.stream_handlers.get(TO_SCHEDULER) == self.on_report:
+            # Reports sent before the workers heard of the teardown may still
+            # arrive: an operation without a handler would end a worker's stream.
+            scheduler.stream_handlers[TO_SCHEDULER] = ignore
+        if self.installed is not None:
+            self._later(self._unregister(scheduler))
+        self.installed = None
+        ctx.spilled.clear()
         self.sent.clear()
-        super().detach()
 
     def _sync_plugin(self) -> None:
         """Install, change or remove the worker plugin as the rules ask."""
         settings = self.settings
         wanted = None if settings is None else (settings.order, settings.prefetch)
-        if wanted == self.installed or self.ctx is None:
+        if wanted == self.installed or not self.ctx.attached:
             return
         scheduler = self.ctx.scheduler
         previous, self.installed = self.installed, wanted
@@ -273,8 +275,7 @@ class SpillSection(Section):
         except Exception as exc:
             self.plugin_error = f"installing the worker plugin failed: {exc!r}"
             logger.error("amm-rules spill: %s", self.plugin_error)
-            if self.ctx is not None:
-                self.ctx.events.emit("spill-plugin-error", error=self.plugin_error)
+            self.ctx.events.emit("spill-plugin-error", error=self.plugin_error)
 
     async def _unregister(self, scheduler: Any) -> None:
         if PLUGIN_NAME not in getattr(scheduler, "worker_plugins", {}):
@@ -299,7 +300,7 @@ class SpillSection(Section):
     def on_report(self, worker: str = "", attached: bool = True, **msg: Any) -> None:
         """A worker plugin's report (a stream handler: never raises)."""
         ctx = self.ctx
-        if ctx is None:
+        if not ctx.attached:
             return
         try:
             if not attached:
@@ -332,7 +333,7 @@ class SpillSection(Section):
     def run(self, cycle: Cycle) -> Iterator[Suggestion] | tuple[()]:
         ctx = self.ctx
         settings = self.settings
-        if ctx is None or settings is None:
+        if settings is None:
             return ()
         workers = ctx.scheduler.workers
         spilled = ctx.spilled
@@ -349,7 +350,7 @@ class SpillSection(Section):
 
     def _value(self, workers: Any, settings: SpillSettings, deadline: float) -> None:
         """Value the keys of the workers under pressure, send what moved (step 2)."""
-        spilled = self.ctx.spilled  # type: ignore[union-attr]
+        spilled = self.ctx.spilled
         while time.perf_counter() < deadline:
             current = self._pass
             if current is None:
@@ -376,7 +377,6 @@ class SpillSection(Section):
         self, current: _Pass, workers: Any, settings: SpillSettings, deadline: float
     ) -> bool:
         ctx = self.ctx
-        assert ctx is not None
         ws = workers.get(current.address)
         disk = ctx.spilled.workers.get(current.address)
         if ws is None or disk is None:
@@ -427,7 +427,7 @@ class SpillSection(Section):
     def _send(self, address: str, values: list[Any], forget: Any) -> None:
         if not values and not forget:
             return
-        comm = self.ctx.scheduler.stream_comms.get(address)  # type: ignore[union-attr]
+        comm = self.ctx.scheduler.stream_comms.get(address)
         if comm is None:
             return
         comm.send({"op": TO_WORKER, "values": values, "forget": list(forget)})
@@ -436,17 +436,18 @@ class SpillSection(Section):
     def _drops(self, workers: Any, cycle: Cycle, deadline: float) -> Iterator[Suggestion]:
         """Copies held elsewhere dropped from workers near their target (step 3)."""
         ctx = self.ctx
-        assert ctx is not None
         need: dict[Any, float] = {}
+        leaving = ctx.leaving()
         for address, disk in ctx.spilled.workers.items():
             ws = workers.get(address)
-            if ws is not None and disk.fullness >= DROP_AT:
+            if ws is not None and disk.fullness >= DROP_AT and address not in leaving:
                 need[ws] = disk.excess(DROP_TO)
         if not need:
             self._copies = []
             return
+        now = cycle.now
         candidates = self._candidates(need, deadline)
-        dropping: Counter[Hashable] = Counter()
+        pending = ctx.amm.pending
         looked = 0
         for ws, found in candidates.items():
             sent = self.sent.get(ws.address, {})
@@ -458,18 +459,26 @@ class SpillSection(Section):
                 looked += 1
                 if looked % CHUNK == 0 and time.perf_counter() >= deadline + SLICE:
                     return  # the candidates found in the slice take as long again at most
-                if self.keeps(ts, ws, dropping[ts.key]) is not None:
+                # Drops the AMM accepted in this cycle, this section's and the others'.
+                entry = pending.get(ts)
+                if entry is not None and ws in entry[1]:
                     continue
-                need[ws] -= ts.nbytes
-                dropped += 1
-                dropping[ts.key] += 1
+                others = len(entry[1]) if entry is not None else 0
+                if self.keeps(ts, ws, others, leaving) is not None:
+                    continue
                 if self.dry_run:
+                    need[ws] -= ts.nbytes
+                    dropped += 1
                     self.would_drop += 1
                     continue
+                if (yield Suggestion("drop", ts, {ws})) is None:
+                    continue  # refused by the AMM
+                need[ws] -= ts.nbytes
+                dropped += 1
                 self.drops[ws.address] += 1
                 self.drop_bytes[ws.address] += ts.nbytes
                 cycle.stats["(spill)"]["dropped"] += 1
-                yield Suggestion("drop", ts, {ws})
+                ctx.ledger.dropped(ts.key, ws.address, self.name, WHY, now, now + BACK_OFF)
 
     def _candidates(self, need: dict[Any, float], deadline: float) -> dict[Any, list[Any]]:
         """The keys with several copies held by the workers of ``need``, per worker:
@@ -477,7 +486,7 @@ class SpillSection(Section):
         until ``deadline`` (a walk over many keys goes on at the next cycle)."""
         out: dict[Any, list[Any]] = {}
         if not self._copies:
-            self._copies = list(self.ctx.scheduler.replicated_tasks)  # type: ignore[union-attr]
+            self._copies = list(self.ctx.scheduler.replicated_tasks)
         copies = self._copies
         while copies:
             for ts in copies[-CHUNK:]:
@@ -491,13 +500,16 @@ class SpillSection(Section):
                 break
         return out
 
-    def keeps(self, ts: Any, ws: Any, dropping: int = 0) -> str | None:
+    def keeps(self, ts: Any, ws: Any, dropping: int = 0, leaving: Any = ()) -> str | None:
         """Why the copy of ``ts`` on ``ws`` may not be dropped (None: it may);
-        ``dropping``: copies of it this cycle already drops elsewhere."""
+        ``dropping``: copies of it this cycle already drops elsewhere; ``leaving``: the
+        workers on their way out (their copies do not count)."""
         ctx = self.ctx
-        assert ctx is not None
         key = ts.key
-        copies = len(ts.who_has or ()) - dropping
+        who_has = ts.who_has or ()
+        copies = len(who_has) - dropping
+        if leaving:
+            copies -= sum(1 for w in who_has if w.address in leaving)
         if copies <= 1:
             return "the last copy"
         if ctx.spilled.is_on_disk(key, ws.address):
@@ -509,10 +521,15 @@ class SpillSection(Section):
             target = d.replicate
             if target is not None and (target.min == ALL or copies - 1 < target.min):
                 return f"replicate min {target.min} ({d.reasons['replicate']})"
-        protected = ctx.protected.get(key, 0)
-        if protected and copies - 1 < protected:
-            return f"protected: {protected} copies"
-        if key in ctx.index.inflight:
+        claims = ctx.claims
+        if claims.held and key in claims.held:
+            claim = claims.keeping(key)
+            if claim is not None:
+                return claim.sentence()
+            kept = claims.keeps(key)
+            if copies - 1 < kept:
+                return f"{kept} copies kept: {claims.holder(key).sentence()}"  # type: ignore[union-attr]
+        if ctx.ledger.in_flight(key):
             return "a copy of it is in flight"
         if any(w.processing_on is ws for w in ts.waiters or ()):
             return "a task on that worker is about to read it"
@@ -523,7 +540,7 @@ class SpillSection(Section):
     def status(self) -> dict[str, Any] | None:
         ctx = self.ctx
         settings = self.settings
-        if ctx is None or settings is None:
+        if settings is None:
             return None
         spilled = ctx.spilled
         workers = {}
@@ -560,7 +577,6 @@ class SpillSection(Section):
         ``(no rule)`` for keys no rule governs; computed at most every
         :data:`BY_RULE_EVERY` seconds (a walk over every key on disk)."""
         ctx = self.ctx
-        assert ctx is not None
         now = ctx.clock()
         if self._by_rule is not None and now - self._by_rule[0] < BY_RULE_EVERY:
             return self._by_rule[1]
@@ -570,7 +586,6 @@ class SpillSection(Section):
 
     def _count_by_rule(self) -> dict[str, int]:
         ctx = self.ctx
-        assert ctx is not None
         desired = ctx.index.desired
         out: Counter[str] = Counter()
         for disk in ctx.spilled.workers.values():
@@ -585,7 +600,7 @@ class SpillSection(Section):
 
     def explain(self, ts: Any, now: float) -> dict[str, Any] | None:
         ctx = self.ctx
-        if ctx is None or self.settings is None:
+        if self.settings is None:
             return None
         key = ts.key
         on_disk = ctx.spilled.on_disk(key)
@@ -607,10 +622,7 @@ class SpillSection(Section):
     def metrics(self) -> dict[str, Any]:
         """Served whether or not the rules ask for spilling (zeros then); the figures
         per worker also under ``worker="(total)"``."""
-        ctx = self.ctx
-        if ctx is None:
-            return {}
-        spilled = ctx.spilled
+        spilled = self.ctx.spilled
         workers = spilled.workers
 
         def per_worker(values: dict[str, float]) -> dict[str, float]:

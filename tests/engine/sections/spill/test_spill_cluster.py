@@ -111,7 +111,7 @@ async def test_a_dear_key_stays_in_memory_while_cheap_ones_go_to_disk(c, s, a):
     status = render_status(report)
     assert "spill        order value, drop-copies off, prefetch off" in status
     assert f"  {a.address}  {len(on_disk)} keys on disk" in status
-    metrics = policy.ctx.find(SpillSection).metrics()
+    metrics = policy.section(SpillSection).metrics()
     assert metrics["written_bytes"][a.address] >= 3 * 10 * MiB
 
 
@@ -146,7 +146,7 @@ async def test_a_joining_worker_gets_the_plugin_and_a_foreign_mapping_is_left_al
             assert "dict, not a SpillBuffer" in spilled.left_alone[b.address]
             said = [e for e in events(s, "spill-left-alone") if e["worker"] == b.address]
             assert len(said) == 1
-            status = policy_of(s).ctx.find(SpillSection).status()
+            status = policy_of(s).section(SpillSection).status()
             assert b.address in status["left_alone"]
             # Left alone, it still works as stock.
             assert await c.submit(blob, 1, 1024, workers=[b.address]) == blob(1, 1024)
@@ -203,7 +203,7 @@ async def test_copies_held_elsewhere_are_dropped_not_written_and_no_sole_copy(c,
     )
     # 30 MiB of copies, 25 MiB held by a alone: above 85% of its 60 MiB target.
     sole = await fill(c, a, "sole", 5, size)
-    section = policy_of(s).ctx.find(SpillSection)
+    section = policy_of(s).section(SpillSection)
     await wait_for(lambda: section.drops[a.address] >= 1, "copies dropped from a")
     await wait_for(lambda: a.data.fast.total_weight <= 0.85 * a.data.fast.n, "a below 85%")
     assert not a.data.slow, "nothing was written to disk"
@@ -211,7 +211,7 @@ async def test_copies_held_elsewhere_are_dropped_not_written_and_no_sole_copy(c,
     assert all(tasks[f.key].who_has == {s.workers[a.address]} for f in sole)
     assert all(tasks[f.key].who_has for f in copies)
     assert section.drops[b.address] == 0
-    assert policy_of(s).ctx.find(SpillSection).status()["drops"] == section.drops[a.address]
+    assert policy_of(s).section(SpillSection).status()["drops"] == section.drops[a.address]
 
 
 def wait_on(event: Any) -> int:
