@@ -775,15 +775,13 @@ def measure_spill(state: scheduler_state.BenchState, n: int) -> dict[str, Any]:
     try:
         catch_up(state, manager)
         spilled = policy.ctx.spilled
-        now = policy.ctx.clock()
         target = 2**30
         for address, ws in scheduler.workers.items():
             keys = list(ws.has_what)
             on_disk = keys[: int(len(keys) * SPILL_ON_DISK)]
-            spilled.report(
-                address,
-                now,
-                [(ts.key, 10.0, ts.nbytes) for ts in on_disk],
+            section.on_report(
+                worker=address,
+                spilled=[(ts.key, 10.0, ts.nbytes) for ts in on_disk],
                 fast=SPILL_FULLNESS * target,
                 target=target,
                 order="value",

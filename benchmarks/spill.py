@@ -3,28 +3,37 @@ the ``spill:`` section's order by value, on four workloads: bytes written to dis
 read back, wall time, seconds recomputed, peak memory, drops and prefetches.
 
 Each run starts a ``LocalCluster`` of :data:`WORKERS` worker processes with distributed's
-memory thresholds (target 60%, spill 70%, pause 80% of the limit; terminate off, so
-that no run is cut short by a restart) and a memory limit small enough that stock
-spills, runs one workload and measures:
+memory thresholds (target 60%, spill 70%, pause 80%; terminate off, so that no run is
+cut short by a restart), each with a memory limit large enough that data, not the
+interpreter's own memory, is what competes for it (the process of an idle worker holds
+about 150 MiB), and runs one workload. The workloads are sized in units of the memory
+the workers keep data in, ``D``: the sum of their memory buffers' targets (60% of the
+limits); past it, distributed writes to disk whatever the order. Measured:
 
 - ``written`` and ``read``: bytes the workers' buffers wrote to disk and read back
   (their ``cumulative_metrics``, asked of each worker at the end);
 - ``wall_s``: from the first submission to the last result;
 - ``recomputed_s``: compute seconds of tasks that ran more than once (a worker lost);
 - ``peak``: the largest sum over workers of process memory, sampled every 50 ms;
-- ``drops`` (copies dropped instead of written) and ``prefetches``.
+- ``drops`` (copies dropped instead of written) and ``prefetches``;
+- ``idle``: the workers' process memory before the workload (what is not data).
 
-The workloads (memory limit ``M`` per worker, cluster memory ``W * M``):
+The workloads:
 
-- ``reuse``: a persisted dataset of 1.5x the cluster's memory, mixed chunks (small
-  and dear: 1 MiB, 50 ms to compute; large and cheap: 24 MiB, instant), then
-  :data:`PASSES` passes of one reduction per chunk over all of it;
-- ``lookup``: a 48 MiB lookup table computed first, then a stream of bulk chunks
-  (1.5x the cluster's memory), each reduced with the table by a task that reads both;
+- ``reuse``: a persisted dataset of 1.5 ``D``, mixed chunks (small and dear: 1 MiB,
+  50 ms to compute; large and cheap: 24 MiB, instant), then :data:`PASSES` passes of
+  one reduction per chunk over all of it. Whatever the order, each pass reads back at
+  least the third of the dataset that does not fit; least-recently-used reads it all;
+- ``lookup``: a 48 MiB lookup table computed first, then a stream of bulk data in
+  :data:`BATCHES` batches of ``D`` each (16 MiB chunks), each chunk reduced with the
+  table by a task that reads both, each batch released once reduced: the table is
+  read by every task, but not while a batch is computed;
 - ``replicated``: keys of which a second worker holds a copy (a task there read each:
-  a dependency transfer; the rule ``replicate: {max: 2}`` keeps both copies), then
-  bulk chunks that fill the workers, then a pass reading every key;
-- ``fits``: the reuse workload at 0.3x the cluster's memory: nothing spills.
+  a dependency transfer; the rule ``replicate: {max: 2}`` keeps both copies), 0.3 ``D``
+  per worker, then bulk chunks of 1.2 ``D`` that fill the workers, then a pass reading
+  every key;
+- ``fits``: the reuse workload at 0.3 ``D``: nothing spills (run :data:`FITS_RUNS` times
+  per repeat: its differences are small beside the load's).
 
 Modes: ``stock`` (RulesPolicy without ``spill``), ``value`` (``spill: {order:
 value}``), ``value+`` (``order: value`` with ``drop-copies`` and ``prefetch``); the
@@ -34,7 +43,7 @@ every mode alike; the load average before each run is recorded.
 
 Usage: ``python -m benchmarks.spill [--repeats N] [--only reuse,lookup,...]
 [--modes ...] [--quick]``; writes ``benchmarks/results/spill.json`` (``--quick``:
-smaller memory, fewer passes, one repeat, ``spill-quick.json``, not tracked), and the
+smaller workers, fewer passes, one repeat, ``spill-quick.json``, not tracked), and the
 plots ``docs/spill-read-back.png`` and ``docs/spill-wall.png`` (``--plots-only``: from
 the JSON again).
 """
@@ -56,7 +65,8 @@ import numpy as np
 from distributed import Client, LocalCluster, wait
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from benchmarks.support.cluster import BLAS_ENV, memory_config
+from amm_rules.engine.sections.spill import SpillSection
+from benchmarks.support.cluster import BLAS_ENV, memory_config, policy_of
 from benchmarks.support.results import header
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,10 +76,18 @@ PLOTS = (ROOT / "docs" / "spill-read-back.png", ROOT / "docs" / "spill-wall.png"
 MiB = 2**20
 WORKERS = 2
 #: Memory limit per worker, and passes of the reuse workload (full, quick).
-MEMORY = {"full": 400 * MiB, "quick": 300 * MiB}
+MEMORY = {"full": 2 * 2**30, "quick": 768 * MiB}
 PASSES = {"full": 10, "quick": 3}
+#: The share of its limit a worker keeps data in before writing to disk (its buffer's
+#: target: ``distributed.worker.memory.target`` in benchmarks.support.cluster).
+TARGET = 0.6
 SMALL, LARGE, SMALL_WORK = 1 * MiB, 24 * MiB, 0.05
 LOOKUP, BULK = 48 * MiB, 16 * MiB
+#: Batches of bulk data in the lookup workload, each of the memory the workers keep
+#: data in.
+BATCHES = 3
+#: Runs of the fits workload per mode and repeat.
+FITS_RUNS = 3
 WORKLOADS = ("reuse", "lookup", "replicated", "fits")
 MODES = ("stock", "value", "value+")
 SPILL = {
@@ -100,8 +118,13 @@ def with_table(x: np.ndarray, table: np.ndarray) -> float:
 # -- workloads ----------------------------------------------------------------------
 
 
+def data_memory(memory: int) -> float:
+    """``D``: the memory the workers keep data in (the sum of their buffers' targets)."""
+    return WORKERS * TARGET * memory
+
+
 async def reuse(client: Client, s: Any, memory: int, passes: int, scale: float) -> None:
-    total = scale * WORKERS * memory
+    total = scale * data_memory(memory)
     n_large = int(total * 0.85 / LARGE)
     n_small = int(total * 0.15 / SMALL)
     token = time.time_ns()
@@ -119,17 +142,23 @@ async def lookup(client: Client, s: Any, memory: int, passes: int, scale: float)
     token = time.time_ns()
     table = client.submit(chunk, -1, LOOKUP, key=f"lookup-{token}")
     await table
-    n = int(1.5 * WORKERS * memory / BULK)
-    bulk = [client.submit(chunk, i, BULK, key=f"bulk-{token}-{i}") for i in range(n)]
-    await wait(bulk)
-    out = [client.submit(with_table, b, table, key=f"use-{b.key}") for b in bulk]
-    await client.gather(out)
+    n = int(data_memory(memory) / BULK)
+    for b in range(BATCHES):
+        bulk = [client.submit(chunk, i, BULK, key=f"bulk-{token}-{b}-{i}") for i in range(n)]
+        await wait(bulk)
+        out = [client.submit(with_table, x, table, key=f"use-{x.key}") for x in bulk]
+        await client.gather(out)
+        keys = {f.key for f in bulk}
+        del bulk, out
+        # The batch released before the next one is computed.
+        while keys & s.tasks.keys():
+            await asyncio.sleep(0.05)
 
 
 async def replicated(client: Client, s: Any, memory: int, passes: int, scale: float) -> None:
     token = time.time_ns()
     workers = sorted(s.workers)
-    n = int(0.3 * memory / BULK)
+    n = int(0.3 * TARGET * memory / BULK)
     shared = []
     for w, other in ((workers[0], workers[1]), (workers[1], workers[0])):
         mine = [
@@ -140,7 +169,7 @@ async def replicated(client: Client, s: Any, memory: int, passes: int, scale: fl
         shared += mine
     bulk = [
         client.submit(chunk, i, BULK, key=f"bulk-{token}-{i}")
-        for i in range(int(1.2 * WORKERS * memory / BULK))
+        for i in range(int(1.2 * data_memory(memory) / BULK))
     ]
     await wait(bulk)
     await client.gather(client.map(reduce_one, shared + bulk))
@@ -219,8 +248,10 @@ async def one_run(name: str, mode: str, size: str) -> dict[str, Any]:
             s = cluster.scheduler
             recomputed = Recomputed()
             s.add_plugin(recomputed, name="benchmark-recomputed")
-            (policy,) = [p for p in s.extensions["amm"].policies if hasattr(p, "ctx")]
+            policy = policy_of(s)
             await asyncio.sleep(0.5)  # the worker plugin reaches the workers
+            await asyncio.sleep(1.0)  # a heartbeat: the workers' idle memory
+            idle = sum(ws.memory.process for ws in s.workers.values())
             measured: dict[str, float] = {}
             stop = asyncio.Event()
             sampler = asyncio.create_task(sample(s, measured, stop))
@@ -230,7 +261,7 @@ async def one_run(name: str, mode: str, size: str) -> dict[str, Any]:
             stop.set()
             await sampler
             figures = await client.run(worker_figures)
-            section = next(x for x in policy.ctx.sections if x.name == "spill")
+            section = policy.section(SpillSection)
             return {
                 "workload": name,
                 "mode": mode,
@@ -241,6 +272,7 @@ async def one_run(name: str, mode: str, size: str) -> dict[str, Any]:
                 "peak": int(measured.get("peak", 0)),
                 "drops": int(sum(section.drops.values())),
                 "prefetches": int(sum(f["prefetches"] for f in figures.values())),
+                "idle": int(idle),
                 "load_before": round(load, 2),
             }
 
@@ -250,20 +282,25 @@ async def one_run(name: str, mode: str, size: str) -> dict[str, Any]:
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     out = []
+    rounds = 0
     for r in range(args.repeats):
         # Each mode first, middle and last in turn: drift in the machine's load falls on
         # every mode alike.
         modes = args.modes[r % len(args.modes) :] + args.modes[: r % len(args.modes)]
         for name in args.only:
-            for mode in modes:
-                result = await one_run(name, mode, args.size)
-                result["repeat"] = r
-                print(json.dumps(result), flush=True)
-                out.append(result)
+            for _ in range(FITS_RUNS if name == "fits" and not args.quick else 1):
+                rounds += 1
+                for mode in modes:
+                    result = await one_run(name, mode, args.size)
+                    result["repeat"] = r
+                    # The runs of one round, one per mode back to back, are compared.
+                    result["round"] = rounds
+                    print(json.dumps(result), flush=True)
+                    out.append(result)
     return out
 
 
-MEASURES = ("wall_s", "written", "read", "recomputed_s", "peak", "drops", "prefetches")
+MEASURES = ("wall_s", "written", "read", "recomputed_s", "peak", "drops", "prefetches", "idle")
 
 
 def summarize(runs: list[dict[str, Any]], only: list[str], modes: list[str]) -> dict[str, Any]:
@@ -291,7 +328,17 @@ def summarize(runs: list[dict[str, Any]], only: list[str], modes: list[str]) -> 
             read = base["read"]["median"]
             m["read_ratio"] = round(m["read"]["median"] / read, 3) if read else None
             m["wall_ratio"] = round(m["wall_s"]["median"] / base["wall_s"]["median"], 3)
+            paired = paired_ratios(rows["stock"], rows[mode], "wall_s")
+            if paired:
+                m["wall_ratio_paired"] = round(statistics.median(paired), 3)
     return table
+
+
+def paired_ratios(stock: list[dict[str, Any]], other: list[dict[str, Any]], k: str) -> list[float]:
+    """``k`` of each run of ``other`` over that of the stock run of the same round (run
+    next to it, under the same load)."""
+    by_round = {r.get("round"): r[k] for r in stock if r[k]}
+    return [r[k] / by_round[r.get("round")] for r in other if r.get("round") in by_round]
 
 
 def goals(table: dict[str, Any]) -> dict[str, Any]:
@@ -319,6 +366,7 @@ def print_table(table: dict[str, Any]) -> None:
     print(
         f"\n{'workload':<11} {'mode':<7} {'wall s':>8} {'written MiB':>12} {'read MiB':>10} "
         f"{'recomp s':>9} {'peak MiB':>9} {'drops':>6} {'prefetch':>9} {'read x':>7} {'wall x':>7}"
+        f" {'paired':>7}"
     )
     for name, t in table.items():
         for mode, m in t.items():
@@ -328,6 +376,7 @@ def print_table(table: dict[str, Any]) -> None:
                 f"{m['recomputed_s']['median']:>9.1f} {m['peak']['median'] / MiB:>9,.0f} "
                 f"{m['drops']['median']:>6.0f} {m['prefetches']['median']:>9.0f} "
                 f"{m.get('read_ratio') or 0:>7.2f} {m.get('wall_ratio') or 0:>7.2f}"
+                f" {m.get('wall_ratio_paired') or 0:>7.2f}"
             )
 
 
@@ -403,6 +452,9 @@ def main() -> None:
             "repeats": args.repeats,
             "workers": WORKERS,
             "memory_limit": MEMORY[args.size],
+            "data_memory": data_memory(MEMORY[args.size]),
+            "batches": BATCHES,
+            "fits_runs": FITS_RUNS if not args.quick else 1,
             "passes": PASSES[args.size],
             "modes": args.modes,
             "rules": {mode: rules_of(mode) for mode in args.modes},

@@ -21,6 +21,7 @@ def run(workload: str, mode: str, wall: float, read: int) -> dict[str, Any]:
         "peak": 0,
         "drops": 0,
         "prefetches": 0,
+        "idle": 0,
     }
 
 

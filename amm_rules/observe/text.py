@@ -214,7 +214,7 @@ def _render_spill(spill: Mapping[str, Any] | None) -> list[str]:
         return []
     on = {True: "on", False: "off"}
     workers = spill["workers"]
-    on_disk = sum(w["bytes_on_disk"] for w in workers.values())
+    on_disk = spill.get("bytes_on_disk", sum(w["bytes_on_disk"] for w in workers.values()))
     out = [
         f"spill        order {spill['order']}, drop-copies {on[spill['drop_copies']]}, "
         f"prefetch {on[spill['prefetch']]}; {counted(spill['keys_on_disk'], 'key')} "
@@ -230,6 +230,12 @@ def _render_spill(spill: Mapping[str, Any] | None) -> list[str]:
             f"read back {size(w['read_bytes'])}; {counted(w['drops'], 'drop')}, "
             f"{w['prefetches']:,} read back ahead; {w['near_spill']:.0%} of the way to "
             "writing to disk"
+        )
+    more = spill.get("workers_reporting", len(workers)) - len(workers)
+    if more > 0:
+        out.append(
+            f"  (+{counted(more, 'more worker')} with less on disk: written "
+            f"{size(spill['written_bytes'])}, read back {size(spill['read_bytes'])} in all)"
         )
     for address, why in spill["left_alone"].items():
         out.append(f"  {address}  left alone: {why}")

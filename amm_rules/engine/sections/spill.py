@@ -11,26 +11,30 @@ reports (:data:`~amm_rules.engine.spill.plugin.TO_SCHEDULER`) fill ``ctx.spilled
 (:class:`~amm_rules.engine.state.spilled.SpilledKeys`); a worker whose data is not a
 ``SpillBuffer`` is said once (a log line, a ``spill-left-alone`` event, status).
 
-Each cycle:
+Each cycle, within :data:`SLICE` seconds (the section reads the clock every few keys;
+what it did not reach goes on at the next cycle):
 
-1. workers that left are forgotten;
-2. with ``order: value``, for the workers at least :data:`VALUE_AT` of the way to
-   writing to disk (their memory buffer's share of its target, or their process's
-   share of the memory monitor's spill threshold) or that hold keys on disk, the value per byte of
-   each key they hold (:func:`amm_rules.engine.decide.spill.value_per_byte`: the
-   key's dependents that have not run, its copies, the costs measured on that worker,
-   its rule's ``spill``) is computed, at most :data:`SLICE` seconds a cycle (half with
-   ``drop-copies``; a pass
-   over many keys goes on at the next cycle), and the values that moved are sent to
-   each worker in one message;
-3. with ``drop-copies``, on each worker at least :data:`DROP_AT` of the way to
-   writing to disk (as above), copies that other workers hold too are dropped
-   (lowest value first) until it would be at :data:`DROP_TO`: through the AMM, never
-   below a rule's ``min``, never a protected copy, never the last copy, never a key
-   with a copy in flight, a task on that worker about to read it, or ``move: never``;
-   at most :data:`MAX_DROPS` per worker and cycle; in dry-run only counted. The keys
-   looked at are the scheduler's ``replicated_tasks`` (keys with several copies), at
-   most what is left of :data:`SLICE` seconds a cycle, in turn.
+1. workers that left are forgotten (the section's own tables looked at, not the
+   scheduler's workers);
+2. with ``drop-copies``, on each worker at least :data:`DROP_AT` of the way to writing
+   to disk (its memory buffer's share of its target, or its process's share of the
+   memory monitor's spill threshold, as it last reported), copies that other workers
+   hold too are dropped, lowest value first, until it would be at :data:`DROP_TO`,
+   among the candidates the sweep found on it: through the AMM, never below a rule's
+   ``min``, never the copies a claim keeps (a move, a call, ``protect:``), never the
+   last copy (copies on workers leaving do not count), never its only copy on a host
+   under ``spread: host``, never a key with a copy in flight, a task on that worker
+   about to read it, or ``move: never``; at most :data:`MAX_DROPS` per worker and
+   cycle, half the slice at most; in dry-run only counted. Each drop is recorded in
+   the ledger (:meth:`~amm_rules.engine.state.ledger.Ledger.dropped`): no copy of the
+   key is asked of that worker for :data:`BACK_OFF` seconds, and explain says why;
+3. the sweep (:class:`~amm_rules.engine.spill.sweep.Sweep`) goes on over the keys of
+   the workers near their target, the fullest first: with ``order: value`` it sends
+   each worker, in one message, the values per byte that changed of the keys the
+   scheduler knows more of than the worker (read by tasks elsewhere, held elsewhere
+   too, a rule's ``spill``); with ``drop-copies`` it finds the candidates for step 2;
+4. with what is left of the slice, the count of bytes on disk by rule goes on
+   (:class:`ByRule`, status).
 
 Neighbours: :mod:`amm_rules.engine.spill` is the worker half;
 :mod:`amm_rules.engine.decide.spill` values keys; :mod:`amm_rules.engine.state.spilled`
@@ -40,16 +44,15 @@ keeps what is on disk.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
-import math
 import time
 from collections import Counter
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from distributed.active_memory_manager import Suggestion
 
-from amm_rules.engine.decide.spill import changed, value_per_byte
 from amm_rules.engine.features import FLOOR, Feature, Need, method
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.spill.plugin import (
@@ -61,6 +64,8 @@ from amm_rules.engine.spill.plugin import (
     SpillPlugin,
     ignore,
 )
+from amm_rules.engine.spill.sweep import CHUNK, VALUE_AT, Sweep
+from amm_rules.engine.state.spilled import WorkerDisk
 from amm_rules.engine.words import duration
 from amm_rules.language.ruleset import ALL, Ruleset, SpillSettings
 
@@ -70,10 +75,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: A worker's keys are valued once it is this share of the way to writing to disk
-#: (:attr:`WorkerDisk.fullness <amm_rules.engine.state.spilled.WorkerDisk.fullness>`),
-#: or it holds keys on disk.
-VALUE_AT = 0.5
 #: Copies are dropped from a worker this share of the way to writing to disk, down to
 #: the second share.
 DROP_AT = 0.85
@@ -84,12 +85,13 @@ BACK_OFF = 60.0
 WHY = "held elsewhere, dropped rather than written to disk"
 #: Most copies dropped from one worker in a cycle.
 MAX_DROPS = 1_000
+#: Seconds of a cycle the section spends at most: drops first (half of it at most),
+#: then the sweep over the workers' keys, then the count of bytes on disk by rule.
+SLICE = 0.003
+#: Workers with a line of their own in status (those with the most bytes on disk).
+STATUS_WORKERS = 20
 #: Seconds between two counts of the bytes on disk per rule (status).
 BY_RULE_EVERY = 5.0
-#: Seconds of a cycle the section spends valuing keys and looking for copies to drop
-#: (half each with ``drop-copies``); keys looked at between two reads of the clock.
-SLICE = 0.01
-CHUNK = 128
 
 #: What the section needs: registering a worker plugin from the scheduler, and the
 #: scheduler's stream handlers and comms to the workers.
@@ -118,8 +120,48 @@ FEATURE = Feature(
     in_use=lambda ruleset: ruleset.spill_settings is not None,
 )
 
+#: The figures of :meth:`SpillSection.metrics` for Prometheus.
+METRICS: dict[str, tuple[str, ...]] = {
+    "keys_on_disk": ("spill_keys_on_disk", "gauge", "Keys on disk, as workers report"),
+    "bytes_on_disk": (
+        "spill_bytes_on_disk",
+        "gauge",
+        "Bytes (in memory) of the keys on disk, as workers report",
+    ),
+    "written_bytes": (
+        "spill_written_bytes",
+        "counter",
+        "Bytes workers wrote to disk",
+        "worker",
+    ),
+    "read_bytes": (
+        "spill_read_bytes",
+        "counter",
+        "Bytes workers read back from disk",
+        "worker",
+    ),
+    "drops": (
+        "spill_drops",
+        "counter",
+        "Copies held elsewhere dropped from workers near their target instead of written to disk",
+        "worker",
+    ),
+    "prefetches": (
+        "spill_prefetches",
+        "counter",
+        "Keys read back from disk ahead of the tasks that read them",
+        "worker",
+    ),
+    "workers_left_alone": (
+        "spill_workers_left_alone",
+        "gauge",
+        "Workers whose data is not a SpillBuffer (eviction left as it is)",
+    ),
+    "values_sent": ("spill_values_sent", "counter", "Values per byte sent to workers"),
+}
 
-def rates(figures: dict[str, float]) -> tuple[float, float]:
+
+def rates(figures: Mapping[str, float]) -> tuple[float, float]:
     """Seconds per byte of writing and reading back measured on a worker (its report's
     figures), else the plugin's defaults."""
     out = []
@@ -129,16 +171,69 @@ def rates(figures: dict[str, float]) -> tuple[float, float]:
     return out[0], out[1]
 
 
-class _Pass:
-    """A pass over one worker's keys, taken up again at the next cycle if cut short."""
+def _send_nothing(address: str, values: list[Any], forget: list[Any]) -> None:
+    """With ``order: lru`` the sweep only finds copies to drop: no value is sent."""
 
-    __slots__ = ("address", "at", "keys", "seen")
 
-    def __init__(self, address: str, keys: list[Any]) -> None:
-        self.address = address
-        self.keys = keys
-        self.at = 0
-        self.seen: set[Hashable] = set()
+class ByRule:
+    """Bytes on disk per rule deciding the keys' ``spill`` (else their first field),
+    ``(no rule)`` for keys no rule governs: counted in slices of cycles (a walk over
+    every key on disk, one worker after another), at most every :data:`BY_RULE_EVERY`
+    seconds; status shows the last count through."""
+
+    def __init__(self) -> None:
+        self.counted: dict[str, int] = {}
+        #: The engine's clock when the last count through started (None: none yet).
+        self.at: float | None = None
+        self._workers: list[str] = []
+        self._keys: list[Hashable] = []
+        self._disk: WorkerDisk | None = None
+        self._counting: Counter[str] = Counter()
+        self._labels: dict[int, str] = {}
+        self._started = 0.0
+        self._busy = False
+
+    def age(self, now: float) -> float | None:
+        return None if self.at is None else round(now - self.at, 1)
+
+    def count(self, ctx: EngineContext, deadline: float) -> None:
+        """Go on with the count until ``deadline``."""
+        spilled = ctx.spilled
+        if not self._busy:
+            now = ctx.clock()
+            if self.at is not None and now - self.at < BY_RULE_EVERY:
+                return
+            self._busy, self._started = True, now
+            self._workers = list(spilled.workers)
+            self._counting, self._labels = Counter(), {}
+        desired = ctx.index.desired
+        while True:
+            if not self._keys:
+                if not self._workers:
+                    self.counted = dict(sorted(self._counting.items()))
+                    self.at, self._busy = self._started, False
+                    return
+                self._disk = spilled.workers.get(self._workers.pop())
+                self._keys = list(self._disk.keys) if self._disk is not None else []
+                continue
+            if time.perf_counter() >= deadline:
+                return
+            disk = self._disk
+            assert disk is not None
+            keys, self._keys = self._keys[-CHUNK:], self._keys[:-CHUNK]
+            for key in keys:
+                entry = disk.keys.get(key)
+                if entry is not None:
+                    self._counting[self._label(desired.get(key))] += entry[1]
+
+    def _label(self, d: Any) -> str:
+        if d is None or not d.reasons:
+            return "(no rule)"
+        label = self._labels.get(id(d))
+        if label is None:
+            reason = d.reasons.get("spill") or next(iter(d.reasons.values()))
+            label = self._labels[id(d)] = reason.rule or f"({reason.kind})"
+        return label
 
 
 class SpillSection(Section):
@@ -153,45 +248,7 @@ class SpillSection(Section):
         "spill: not simulated: a recorded cluster has no worker plugin, and a dump does "
         "not say which keys are on disk"
     )
-    METRICS = {
-        "keys_on_disk": ("spill_keys_on_disk", "gauge", "Keys on disk, as workers report"),
-        "bytes_on_disk": (
-            "spill_bytes_on_disk",
-            "gauge",
-            "Bytes (in memory) of the keys on disk, as workers report",
-        ),
-        "written_bytes": (
-            "spill_written_bytes",
-            "counter",
-            "Bytes workers wrote to disk",
-            "worker",
-        ),
-        "read_bytes": (
-            "spill_read_bytes",
-            "counter",
-            "Bytes workers read back from disk",
-            "worker",
-        ),
-        "drops": (
-            "spill_drops",
-            "counter",
-            "Copies held elsewhere dropped from workers near their target instead of "
-            "written to disk",
-            "worker",
-        ),
-        "prefetches": (
-            "spill_prefetches",
-            "counter",
-            "Keys read back from disk ahead of the tasks that read them",
-            "worker",
-        ),
-        "workers_left_alone": (
-            "spill_workers_left_alone",
-            "gauge",
-            "Workers whose data is not a SpillBuffer (eviction left as it is)",
-        ),
-        "values_sent": ("spill_values_sent", "counter", "Values per byte sent to workers"),
-    }
+    METRICS = METRICS
 
     @classmethod
     def in_use(cls, ruleset: Ruleset) -> bool:
@@ -205,19 +262,26 @@ class SpillSection(Section):
         #: error installing or removing it.
         self.installed: tuple[str, bool] | None = None
         self.plugin_error = ""
-        #: Worker -> key -> the value per byte last sent.
-        self.sent: dict[str, dict[Hashable, float]] = {}
-        self._pass: _Pass | None = None
-        self._queue: list[str] = []
-        self._by_rule: tuple[float, dict[str, int]] | None = None
-        #: Keys with several copies still to look at for drops (see _candidates).
-        self._copies: list[Any] = []
+        self.sweep = Sweep(self._rates, self.keeps)
+        #: Workers at least VALUE_AT of the way to writing to disk, or holding keys on
+        #: disk -> how near (what the sweep visits), and those at least DROP_AT of the
+        #: way (what the drops look at), as of their last reports.
+        self.near: dict[str, float] = {}
+        self.pressed: set[str] = set()
+        #: Bytes dropped from each worker since its last report (not in its figures yet).
+        self._dropped_since: Counter[str] = Counter()
+        self.by_rule = ByRule()
         #: Worker -> copies dropped (and their bytes), would-be drops in dry-run.
         self.drops: Counter[str] = Counter()
         self.drop_bytes: Counter[str] = Counter()
         self.would_drop = 0
         self.values_sent = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def sent(self) -> Mapping[str, Mapping[Hashable, float]]:
+        """Worker -> key -> the value per byte last sent to it."""
+        return self.sweep.sent
 
     # -- rules, attach, detach -------------------------------------------------------
 
@@ -242,7 +306,9 @@ class SpillSection(Section):
             self._later(self._unregister(scheduler))
         self.installed = None
         ctx.spilled.clear()
-        self.sent.clear()
+        self.sweep.clear()
+        self.near.clear()
+        self.pressed.clear()
 
     def _sync_plugin(self) -> None:
         """Install, change or remove the worker plugin as the rules ask."""
@@ -252,8 +318,7 @@ class SpillSection(Section):
             return
         scheduler = self.ctx.scheduler
         previous, self.installed = self.installed, wanted
-        self.sent.clear()
-        self._pass = None
+        self.sweep.clear()
 
         async def sync() -> None:
             if previous is not None:
@@ -306,13 +371,13 @@ class SpillSection(Section):
             if not attached:
                 why = str(msg.get("why", ""))
                 ctx.spilled.alone(worker, why)
-                self.sent.pop(worker, None)
+                self._left(worker)
                 if ctx.events.once(
                     ("spill-left-alone", worker), "spill-left-alone", worker=worker, why=why
                 ):
                     logger.warning("amm-rules spill: worker %s left alone: %s", worker, why)
                 return
-            ctx.spilled.report(
+            disk = ctx.spilled.report(
                 worker,
                 ctx.clock(),
                 msg.get("spilled", ()),
@@ -325,180 +390,133 @@ class SpillSection(Section):
                 msg.get("process", 0.0),
                 msg.get("spill_at", 0.0),
             )
+            self._dropped_since.pop(worker, None)
+            fullness = disk.fullness
+            if fullness >= VALUE_AT or disk.keys:
+                self.near[worker] = fullness
+            else:
+                self.near.pop(worker, None)
+            if fullness >= DROP_AT:
+                self.pressed.add(worker)
+            else:
+                self.pressed.discard(worker)
         except Exception:
             logger.exception("amm-rules spill: a report of %s could not be read", worker)
 
+    def _left(self, worker: str) -> None:
+        """``worker`` left, or is left alone: forgotten."""
+        self.ctx.spilled.worker_left(worker)
+        self.sweep.forget_workers({worker})
+        self._dropped_since.pop(worker, None)
+        self.near.pop(worker, None)
+        self.pressed.discard(worker)
+
     # -- the cycle ---------------------------------------------------------------------
 
-    def run(self, cycle: Cycle) -> Iterator[Suggestion] | tuple[()]:
-        ctx = self.ctx
+    def run(self, cycle: Cycle) -> Iterable[Suggestion]:
         settings = self.settings
         if settings is None:
             return ()
-        workers = ctx.scheduler.workers
-        spilled = ctx.spilled
-        spilled.forget_workers(workers)
-        for address in [a for a in self.sent if a not in workers]:
-            del self.sent[address]
-        # The cycle's share of the section: half of it to values, the rest to drops.
         start = time.perf_counter()
-        if settings.order == "value":
-            self._value(workers, settings, start + (SLICE / 2 if settings.drop_copies else SLICE))
-        if settings.drop_copies:
-            return self._drops(workers, cycle, start + SLICE)
+        workers = self.ctx.scheduler.workers
+        self._forget_workers(workers)
+        if settings.drop_copies and any(a in self.sweep.candidates for a in self.pressed):
+            return self._drops_then_sweep(cycle, workers, start)
+        self._sweep(workers, start + SLICE)
         return ()
 
-    def _value(self, workers: Any, settings: SpillSettings, deadline: float) -> None:
-        """Value the keys of the workers under pressure, send what moved (step 2)."""
+    def _forget_workers(self, workers: Mapping[str, Any]) -> None:
+        """Workers that left are forgotten: a look at the section's own tables, never a
+        walk over the scheduler's workers (whose keys are a sorted set, slow to
+        subtract from)."""
         spilled = self.ctx.spilled
-        while time.perf_counter() < deadline:
-            current = self._pass
-            if current is None:
-                if not self._queue:
-                    self._queue = [
-                        a
-                        for a, disk in spilled.workers.items()
-                        if a in workers and (disk.fullness >= VALUE_AT or disk.keys)
-                    ]
-                    if not self._queue:
-                        return
-                address = self._queue.pop()
-                ws = workers.get(address)
-                if ws is None:
-                    continue
-                current = self._pass = _Pass(address, list(ws.has_what))
-            done = self._value_some(current, workers, settings, deadline)
-            if done:
-                self._pass = None
-            else:
-                return
+        for table in (self.near, spilled.workers, spilled.left_alone, self.sweep.sent):
+            gone = [a for a in table if a not in workers]
+            for address in gone:
+                self._left(address)
+                spilled.left_alone.pop(address, None)
 
-    def _value_some(
-        self, current: _Pass, workers: Any, settings: SpillSettings, deadline: float
-    ) -> bool:
-        ctx = self.ctx
-        ws = workers.get(current.address)
-        disk = ctx.spilled.workers.get(current.address)
-        if ws is None or disk is None:
-            return True
-        write, read = rates(disk.figures)
-        desired = ctx.index.desired
-        sent = self.sent.setdefault(current.address, {})
-        out: list[tuple[Hashable, float]] = []
-        keys = current.keys
-        while current.at < len(keys):
-            for ts in keys[current.at : current.at + CHUNK]:
-                key = ts.key
-                current.seen.add(key)
-                d = desired.get(key)
-                copies = len(ts.who_has or ())
-                value = value_per_byte(
-                    ts.nbytes,
-                    self._reads(ts, ws),
-                    copies,
-                    write=write,
-                    read=read,
-                    # A copy the engine may not drop is written like a sole one.
-                    drop_copies=settings.drop_copies and copies > 1 and self.keeps(ts, ws) is None,
-                    spill=d.spill if d is not None else None,
-                )
-                if changed(sent.get(key), value):
-                    sent[key] = value
-                    out.append((key, value))
-            current.at += CHUNK
-            if current.at < len(keys) and time.perf_counter() >= deadline:
-                self._send(current.address, out, ())
-                return False
-        gone = [k for k in sent if k not in current.seen]
-        for key in gone:
-            del sent[key]
-        self._send(current.address, out, gone)
-        return True
+    def _sweep(self, workers: Mapping[str, Any], deadline: float) -> None:
+        """The values (with ``order: value``) and the candidates for drops (with
+        ``drop-copies``) of the keys of the workers near their target, then the count
+        of bytes on disk by rule, until ``deadline``."""
+        settings = self.settings
+        assert settings is not None
+        if settings.order == "value" or settings.drop_copies:
+            desired = self.ctx.index.desired
+            send = self._send if settings.order == "value" else _send_nothing
+            self.sweep.run(workers, self.near, desired, settings.drop_copies, deadline, send)
+        self.by_rule.count(self.ctx, deadline)
 
-    @staticmethod
-    def _reads(ts: Any, ws: Any) -> int:
-        """Dependents of ``ts`` not yet run, but those on ``ws`` (the worker counts its
-        own)."""
-        waiters = ts.waiters
-        if not waiters:
-            return 0
-        return sum(1 for w in waiters if w.processing_on is not ws)
+    def _rates(self, address: str) -> tuple[float, float]:
+        disk = self.ctx.spilled.workers.get(address)
+        return rates(disk.figures) if disk is not None else (DEFAULT_WRITE, DEFAULT_READ)
 
-    def _send(self, address: str, values: list[Any], forget: Any) -> None:
+    def _send(self, address: str, values: list[Any], forget: list[Any]) -> None:
+        """One message to the worker with the values that changed (a BatchedSend: the
+        worker's stream carries it with the scheduler's own messages)."""
         if not values and not forget:
             return
         comm = self.ctx.scheduler.stream_comms.get(address)
         if comm is None:
             return
-        comm.send({"op": TO_WORKER, "values": values, "forget": list(forget)})
+        comm.send({"op": TO_WORKER, "values": values, "forget": forget})
         self.values_sent += len(values)
 
-    def _drops(self, workers: Any, cycle: Cycle, deadline: float) -> Iterator[Suggestion]:
-        """Copies held elsewhere dropped from workers near their target (step 3)."""
+    def _drops_then_sweep(
+        self, cycle: Cycle, workers: Mapping[str, Any], start: float
+    ) -> Iterator[Suggestion]:
+        yield from self._drops(cycle, workers, start + SLICE / 2)
+        self._sweep(workers, start + SLICE)
+
+    def _drops(
+        self, cycle: Cycle, workers: Mapping[str, Any], deadline: float
+    ) -> Iterator[Suggestion]:
+        """Copies held elsewhere dropped from the workers near their target, lowest
+        value first, among the candidates their last pass found (step 2)."""
         ctx = self.ctx
-        need: dict[Any, float] = {}
-        leaving = ctx.leaving()
-        for address, disk in ctx.spilled.workers.items():
-            ws = workers.get(address)
-            if ws is not None and disk.fullness >= DROP_AT and address not in leaving:
-                need[ws] = disk.excess(DROP_TO)
-        if not need:
-            self._copies = []
-            return
-        now = cycle.now
-        candidates = self._candidates(need, deadline)
+        spilled = ctx.spilled
+        candidates = self.sweep.candidates
         pending = ctx.amm.pending
+        leaving = ctx.leaving()
+        now = cycle.now
         looked = 0
-        for ws, found in candidates.items():
-            sent = self.sent.get(ws.address, {})
-            found.sort(key=lambda ts: sent.get(ts.key, math.inf))
+        for address in [a for a in self.pressed if a in candidates]:
+            ws = workers.get(address)
+            disk = spilled.workers.get(address)
+            if ws is None or disk is None or address in leaving:
+                continue
+            found = candidates[address]
+            need = disk.excess(DROP_TO) - self._dropped_since[address]
             dropped = 0
-            for ts in found:
-                if need[ws] <= 0 or dropped >= MAX_DROPS:
-                    break
+            while found and need > 0 and dropped < MAX_DROPS:
                 looked += 1
-                if looked % CHUNK == 0 and time.perf_counter() >= deadline + SLICE:
-                    return  # the candidates found in the slice take as long again at most
+                if looked % CHUNK == 0 and time.perf_counter() >= deadline:
+                    return
+                _, ts = found.pop()
                 # Drops the AMM accepted in this cycle, this section's and the others'.
                 entry = pending.get(ts)
                 if entry is not None and ws in entry[1]:
                     continue
                 others = len(entry[1]) if entry is not None else 0
-                if self.keeps(ts, ws, others, leaving) is not None:
+                if ts.state != "memory" or self.keeps(ts, ws, others, leaving) is not None:
                     continue
                 if self.dry_run:
-                    need[ws] -= ts.nbytes
+                    need -= ts.nbytes
                     dropped += 1
                     self.would_drop += 1
                     continue
                 if (yield Suggestion("drop", ts, {ws})) is None:
                     continue  # refused by the AMM
-                need[ws] -= ts.nbytes
+                need -= ts.nbytes
                 dropped += 1
-                self.drops[ws.address] += 1
-                self.drop_bytes[ws.address] += ts.nbytes
+                self._dropped_since[address] += ts.nbytes
+                self.drops[address] += 1
+                self.drop_bytes[address] += ts.nbytes
                 cycle.stats["(spill)"]["dropped"] += 1
-                ctx.ledger.dropped(ts.key, ws.address, self.name, WHY, now, now + BACK_OFF)
-
-    def _candidates(self, need: dict[Any, float], deadline: float) -> dict[Any, list[Any]]:
-        """The keys with several copies held by the workers of ``need``, per worker:
-        the scheduler's ``replicated_tasks`` (never every key), walked in turn at most
-        until ``deadline`` (a walk over many keys goes on at the next cycle)."""
-        out: dict[Any, list[Any]] = {}
-        if not self._copies:
-            self._copies = list(self.ctx.scheduler.replicated_tasks)
-        copies = self._copies
-        while copies:
-            for ts in copies[-CHUNK:]:
-                if ts.state != "memory":
-                    continue
-                for ws in ts.who_has or ():
-                    if ws in need:
-                        out.setdefault(ws, []).append(ts)
-            del copies[-CHUNK:]
-            if time.perf_counter() >= deadline:
-                break
-        return out
+                ctx.ledger.dropped(ts.key, address, self.name, WHY, now, now + BACK_OFF)
+            if not found:
+                del candidates[address]
 
     def keeps(self, ts: Any, ws: Any, dropping: int = 0, leaving: Any = ()) -> str | None:
         """Why the copy of ``ts`` on ``ws`` may not be dropped (None: it may);
@@ -518,9 +536,13 @@ class SpillSection(Section):
         if d is not None:
             if d.move == "never":
                 return f"move: never ({d.reasons['move']})"
+            if d.spill == "last":
+                return f"spill: last ({d.reasons['spill']}): kept while anything else can go"
             target = d.replicate
             if target is not None and (target.min == ALL or copies - 1 < target.min):
                 return f"replicate min {target.min} ({d.reasons['replicate']})"
+            if d.spread == "host" and not any(w is not ws and w.host == ws.host for w in who_has):
+                return "spread: host (its only copy on that host)"
         claims = ctx.claims
         if claims.held and key in claims.held:
             claim = claims.keeping(key)
@@ -528,35 +550,26 @@ class SpillSection(Section):
                 return claim.sentence()
             kept = claims.keeps(key)
             if copies - 1 < kept:
-                return f"{kept} copies kept: {claims.holder(key).sentence()}"  # type: ignore[union-attr]
+                holder = claims.holder(key)
+                return f"{kept} copies kept ({holder.sentence() if holder else 'held'})"
         if ctx.ledger.in_flight(key):
             return "a copy of it is in flight"
-        if any(w.processing_on is ws for w in ts.waiters or ()):
-            return "a task on that worker is about to read it"
+        for w in ts.waiters or ():
+            if w.processing_on is ws:
+                return "a task on that worker is about to read it"
         return None
 
     # -- what it shows -----------------------------------------------------------------
 
     def status(self) -> dict[str, Any] | None:
-        ctx = self.ctx
         settings = self.settings
         if settings is None:
             return None
-        spilled = ctx.spilled
-        workers = {}
-        for address, disk in sorted(spilled.workers.items()):
-            figures = disk.figures
-            workers[address] = {
-                "keys_on_disk": len(disk.keys),
-                "bytes_on_disk": disk.bytes,
-                "written_bytes": int(figures.get("written_bytes", 0)),
-                "read_bytes": int(figures.get("read_bytes", 0)),
-                "drops": self.drops[address],
-                "drop_bytes": self.drop_bytes[address],
-                "prefetches": int(figures.get("prefetched_count", 0)),
-                "near_spill": round(disk.fullness, 3),
-                "valued": disk.valued,
-            }
+        spilled = self.ctx.spilled
+        shown = heapq.nlargest(
+            STATUS_WORKERS, spilled.workers.items(), key=lambda item: (item[1].bytes, item[0])
+        )
+        workers = {address: self._worker_status(address, disk) for address, disk in shown}
         return {
             "order": settings.order,
             "drop_copies": settings.drop_copies,
@@ -564,39 +577,35 @@ class SpillSection(Section):
             "plugin": "installed" if self.installed is not None else "not installed",
             "plugin_error": self.plugin_error,
             "workers": workers,
+            "workers_reporting": len(spilled.workers),
             "left_alone": dict(sorted(spilled.left_alone.items())),
-            "bytes_on_disk_by_rule": self.bytes_by_rule(),
+            "bytes_on_disk_by_rule": self.by_rule.counted,
+            "by_rule_age": self.by_rule.age(self.ctx.clock()),
             "keys_on_disk": len(spilled),
+            "bytes_on_disk": spilled.total_bytes(),
+            "written_bytes": int(spilled.figure("written_bytes")),
+            "read_bytes": int(spilled.figure("read_bytes")),
+            "prefetches": int(spilled.figure("prefetched_count")),
             "drops": sum(self.drops.values()),
             "would_drop": self.would_drop,
             "values_sent": self.values_sent,
+            "near": len(self.near),
+            "pressed": len(self.pressed),
         }
 
-    def bytes_by_rule(self) -> dict[str, int]:
-        """Bytes on disk per rule deciding the key's ``spill`` (else its first field),
-        ``(no rule)`` for keys no rule governs; computed at most every
-        :data:`BY_RULE_EVERY` seconds (a walk over every key on disk)."""
-        ctx = self.ctx
-        now = ctx.clock()
-        if self._by_rule is not None and now - self._by_rule[0] < BY_RULE_EVERY:
-            return self._by_rule[1]
-        out = self._count_by_rule()
-        self._by_rule = (now, out)
-        return out
-
-    def _count_by_rule(self) -> dict[str, int]:
-        ctx = self.ctx
-        desired = ctx.index.desired
-        out: Counter[str] = Counter()
-        for disk in ctx.spilled.workers.values():
-            for key, (_, size) in disk.keys.items():
-                d = desired.get(key)
-                label = "(no rule)"
-                if d is not None and d.reasons:
-                    reason = d.reasons.get("spill") or next(iter(d.reasons.values()))
-                    label = reason.rule or f"({reason.kind})"
-                out[label] += size
-        return dict(sorted(out.items()))
+    def _worker_status(self, address: str, disk: WorkerDisk) -> dict[str, Any]:
+        figures = disk.figures
+        return {
+            "keys_on_disk": len(disk.keys),
+            "bytes_on_disk": disk.bytes,
+            "written_bytes": int(figures.get("written_bytes", 0)),
+            "read_bytes": int(figures.get("read_bytes", 0)),
+            "drops": self.drops[address],
+            "drop_bytes": self.drop_bytes[address],
+            "prefetches": int(figures.get("prefetched_count", 0)),
+            "near_spill": round(disk.fullness, 3),
+            "valued": disk.valued,
+        }
 
     def explain(self, ts: Any, now: float) -> dict[str, Any] | None:
         ctx = self.ctx
@@ -607,6 +616,11 @@ class SpillSection(Section):
         lines = [
             f"on {address}: on disk since {duration(max(0.0, now - since))}"
             for address, since in sorted(on_disk.items())
+        ]
+        lines += [
+            f"dropped from {address} {duration(max(0.0, now - drop.at))} ago: {drop.why} "
+            f"(no copy asked there for {duration(max(0.0, drop.until - now))})"
+            for address, drop in sorted(ctx.ledger.drops_of(key).items())
         ]
         values = {address: sent[key] for address, sent in sorted(self.sent.items()) if key in sent}
         d = ctx.index.desired.get(key)

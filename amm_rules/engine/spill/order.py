@@ -14,17 +14,18 @@ to give up; nothing else of the LRU or the buffer changes, and putting a plain
 ``InsertionSortedSet`` back (:meth:`ValueOrder.keys_by_use`) restores stock behaviour.
 
 A key's value per byte is what the scheduler sent for it (:meth:`ValueOrder.set_values`;
-seconds that keeping it in memory saves, per byte), plus, for each task on the worker
-about to read it (:meth:`ValueOrder.set_readers`), the seconds per byte of reading it
-back from disk. Bands are :data:`RATIO` wide (values within about 19% are equal, and
+seconds that keeping it in memory saves, per byte), or :attr:`ValueOrder.neutral` when it
+sent none, plus, for each task on the worker about to read it
+(:meth:`ValueOrder.set_readers`), the seconds per byte of reading it back from disk. Bands are :data:`RATIO` wide (values within about 19% are equal, and
 the least recently used goes first): an exact order would cost a heap operation on
 every read of every key, a band a dictionary operation. A key whose last reader on the
 worker just finished, with no other reader known, is *consumed*: it goes half a band
 lower, before the keys of its value, the last consumed first (a dataset read in passes
 then keeps in memory the part the pass has not read yet, where least-recently-used
-gives up exactly that part: the worst case of a scan). A key with no value sent is
-in the band of :attr:`ValueOrder.neutral`, whatever its readers: ordered as stock does
-among the keys the scheduler did not value.
+gives up exactly that part: the worst case of a scan). A key with no value sent, no
+reader and not consumed is in the band of :attr:`ValueOrder.neutral`: ordered as stock
+does among the others alike. The scheduler sends values only for the keys it knows more
+of than the worker (read by tasks elsewhere, held elsewhere too, or a rule's ``spill``).
 
 Pure (no distributed, no zict): :mod:`amm_rules.engine.spill.plugin` installs it on a
 worker; tests drive it alone.
@@ -129,19 +130,19 @@ class ValueOrder:
 
     # -- what the plugin tells -------------------------------------------------------
 
-    def value_of(self, key: Hashable) -> float | None:
-        """The key's value per byte as the order sees it (None: not valued)."""
-        value = self._values.get(key)
-        if value is None:
-            return None
-        return value + self._readers.get(key, 0.0)
+    def sent(self, key: Hashable) -> float | None:
+        """The value per byte the scheduler sent for the key (None: none)."""
+        return self._values.get(key)
+
+    def value_of(self, key: Hashable) -> float:
+        """The key's value per byte as the order sees it: the scheduler's (else
+        :attr:`neutral`) and its readers'."""
+        return self._values.get(key, self.neutral) + self._readers.get(key, 0.0)
 
     def band_of(self, key: Hashable) -> float:
         """The key's band; a consumed key's is half a band below its value's."""
-        value = self.value_of(key)
-        if value is None:
-            return band(self.neutral)
-        return band(value) - 0.5 if key in self._consumed else band(value)
+        b = band(self.value_of(key))
+        return b - 0.5 if key in self._consumed else b
 
     def set_values(self, values: Mapping[Hashable, float | None]) -> int:
         """Values per byte sent by the scheduler (None: forget the key's value, ordered

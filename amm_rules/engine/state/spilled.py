@@ -139,13 +139,6 @@ class SpilledKeys:
         for key in disk.keys:
             self._forget(key, worker)
 
-    def forget_workers(self, running: Mapping[str, Any]) -> None:
-        """Forget the workers not in ``running`` (a scheduler's ``workers``)."""
-        for worker in [w for w in self.workers if w not in running]:
-            self.worker_left(worker)
-        for worker in [w for w in self.left_alone if w not in running]:
-            del self.left_alone[worker]
-
     def clear(self) -> None:
         self.workers.clear()
         self.by_key.clear()

@@ -50,11 +50,24 @@ def test_values_and_readers_move_a_present_key_between_bands():
     assert list(order) == ["y", "x", "z"]
     order.set_readers({})
     order.set_values({"z": None})
-    assert order.value_of("z") is None
-    assert list(order) == ["y", "z", "x"]
+    assert order.sent("z") is None and order.value_of("z") == 1.0
+    assert list(order) == ["z", "y", "x"], "z consumed: before the unvalued y"
     order.forget(["x"])
-    assert order.value_of("x") is None
+    assert order.sent("x") is None
     assert order.keys_by_use() == ["x", "y", "z"]
+
+
+def test_keys_the_scheduler_did_not_value_count_their_readers_and_are_consumed():
+    _, _, order = lru_with_order(100, neutral=1.0)
+    for key in "abc":
+        order.add(key)
+    assert list(order) == ["a", "b", "c"], "no value, no reader: stock order"
+    order.set_readers({"a": 1.0, "b": 1.0})
+    assert list(order)[0] == "c", "a task about to read a and b: kept longer"
+    order.update_readers({"a": 0.0})
+    assert list(order) == ["a", "c", "b"], "a read: given up first"
+    order.update_readers({"b": 0.0})
+    assert list(order) == ["b", "a", "c"], "the last consumed first"
 
 
 def test_bands():
@@ -109,7 +122,7 @@ def test_the_table_of_keys_on_disk():
     assert table.workers["w2"].excess(0.7) == 80 - 70
     table.report("w1", 101.0, [("b", 0.0, 7)], ["a"])
     assert table.workers["w1"].bytes == 7 and table.on_disk("a") == {"w2": 99.0}
-    table.forget_workers({"w1": object()})
+    table.worker_left("w2")
     assert "a" not in table and table.is_on_disk("b", "w1")
     table.alone("w3", "its data is a dict")
     assert table.left_alone == {"w3": "its data is a dict"}

@@ -105,6 +105,10 @@ async def test_a_dear_key_stays_in_memory_while_cheap_ones_go_to_disk(c, s, a):
     text = render_explain(explain_keys(policy, [spilled_key, "lookup-0"]))
     assert f"spill    on {a.address}: on disk since" in text
     assert "spill    last (rule table)" in text
+    by_rule = policy.section(SpillSection).by_rule
+    await wait_for(  # counted in the cycles' slices, every few seconds
+        lambda: by_rule.counted.get("(no rule)", 0) >= 3 * 10 * MiB, "bytes on disk by rule"
+    )
     report = status_report(policy)
     assert report["spill"]["keys_on_disk"] == len(on_disk)
     assert report["spill"]["bytes_on_disk_by_rule"]["(no rule)"] >= 3 * 10 * MiB
@@ -211,6 +215,10 @@ async def test_copies_held_elsewhere_are_dropped_not_written_and_no_sole_copy(c,
     assert all(tasks[f.key].who_has == {s.workers[a.address]} for f in sole)
     assert all(tasks[f.key].who_has for f in copies)
     assert section.drops[b.address] == 0
+    ledger = policy_of(s).ctx.ledger
+    gone = [f.key for f in copies if s.workers[a.address] not in tasks[f.key].who_has]
+    assert gone and all(a.address in ledger.drops_of(k) for k in gone), "in the ledger"
+    assert all(a.address in ledger.backing_off(k) for k in gone), "not copied back to a"
     assert policy_of(s).section(SpillSection).status()["drops"] == section.drops[a.address]
 
 
