@@ -754,11 +754,16 @@ class _Stream:
         self.values += len(msg.get("values", ()))
 
 
-def measure_spill(state: scheduler_state.BenchState, n: int) -> dict[str, Any]:
+def measure_spill(
+    state: scheduler_state.BenchState, n: int, without: ActiveMemoryManagerExtension
+) -> dict[str, Any]:
     """The ``spill`` rows: the 20-rule file with a ``spill:`` section (order by value,
     drop-copies), every worker reporting :data:`SPILL_FULLNESS` of its target in use and
     :data:`SPILL_ON_DISK` of its keys on disk: each cycle values keys (its time slice)
-    and looks for copies to drop on every worker. No worker runs the plugin here."""
+    and looks for copies to drop on every worker. No worker runs the plugin here: what
+    it would report is fed to the section. Its steady cycles are interleaved with those
+    of ``without`` (the same rules without the section, on the same state), in wall and
+    CPU time (a loaded machine takes the CPU from either alike)."""
     from amm_rules.engine.sections.spill import SpillSection
 
     scheduler = state.scheduler
@@ -774,7 +779,6 @@ def measure_spill(state: scheduler_state.BenchState, n: int) -> dict[str, Any]:
     manager = new_manager(scheduler, policy)
     try:
         catch_up(state, manager)
-        spilled = policy.ctx.spilled
         target = 2**30
         for address, ws in scheduler.workers.items():
             keys = list(ws.has_what)
@@ -787,17 +791,20 @@ def measure_spill(state: scheduler_state.BenchState, n: int) -> dict[str, Any]:
                 order="value",
             )
         first = timed(manager.run_once)
-        steady = timed_cycles(state, manager, n)
+        steady, others, paired = interleaved(state, manager, without, n)
         times, report = timed_status(policy, n)
         return {
             "first_cycle_s": first,
             "steady": steady,
+            "steady_without": others,
+            "paired": paired,
             "status_json_bytes": len(json.dumps(report)),
             "status": summary(times),
-            "keys_on_disk": len(spilled),
+            "keys_on_disk": len(policy.ctx.spilled),
             "values_sent": sum(st.values for st in streams.values()),
             "messages": sum(st.messages for st in streams.values()),
             "drops_per_cycle": steady.get("drops", 0),
+            "load": os.getloadavg()[0],
         }
     finally:
         policy.detach()
@@ -806,6 +813,40 @@ def measure_spill(state: scheduler_state.BenchState, n: int) -> dict[str, Any]:
             scheduler.stream_comms.pop(address, None)
         scheduler.stream_comms.update(saved)
         state.transfers.clear()
+
+
+def interleaved(
+    state: scheduler_state.BenchState,
+    manager: ActiveMemoryManagerExtension,
+    other: ActiveMemoryManagerExtension,
+    n: int,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``n`` cycles of ``manager`` and of ``other`` in turn: each one's summary (wall
+    time, and CPU time of the thread: ``cpu_median_s``), and the medians of the paired
+    differences (``manager``'s cycle minus the ``other`` cycle before it)."""
+    runs: dict[str, list[float]] = {"wall": [], "cpu": [], "other_wall": [], "other_cpu": []}
+    drops = 0
+    with GcWatch() as watch:
+        for _ in range(n):
+            for m, prefix in ((other, "other_"), (manager, "")):
+                state.transfers.clear()
+                cpu = time.thread_time()
+                runs[prefix + "wall"].append(timed(m.run_once))
+                runs[prefix + "cpu"].append(time.thread_time() - cpu)
+            drops = state.transfers.drops
+    state.transfers.clear()
+    mine = summary(runs["wall"], drops=drops, cpu_median_s=statistics.median(runs["cpu"]))
+    mine.update(watch.report())
+    others = summary(runs["other_wall"], cpu_median_s=statistics.median(runs["other_cpu"]))
+    paired = {
+        "wall_median_s": statistics.median(
+            a - b for a, b in zip(runs["wall"], runs["other_wall"], strict=True)
+        ),
+        "cpu_median_s": statistics.median(
+            a - b for a, b in zip(runs["cpu"], runs["other_cpu"], strict=True)
+        ),
+    }
+    return mine, others, paired
 
 
 def measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -838,7 +879,7 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
         if args.only_spill:
             detach(scheduler, policy)
             log("  spill: keys valued and copies dropped on every worker")
-            out["spill"] = measure_spill(state, n_cycles)
+            out["spill"] = measure_spill(state, n_cycles, manager)
             return out
         log("  audit cycles")
         out["audit"] = measure_audit(state, manager, policy)
@@ -867,7 +908,7 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
             out["memory"] = measure_memory(state)
             args.memory_done = True
         log("  spill: keys valued and copies dropped on every worker")
-        out["spill"] = measure_spill(state, n_cycles)
+        out["spill"] = measure_spill(state, n_cycles, manager)
         log("  protect: recompute costs and a budget of copies")
         out["protect"] = measure_protect(
             state, n_cycles, min(args.rounds, 2) if big else args.rounds
@@ -1172,6 +1213,7 @@ def table(results: list[dict[str, Any]], t: dict[str, Any] | None) -> str:
             rows += [
                 ("spill: first cycle", sp["first_cycle_s"], None, f"{sp['values_sent']:,} values"),
                 ("spill: steady", sp["steady"]["median_s"], sp["steady"]["p95_s"], asked(sp["steady"])),
+                ("spill: steady, paired difference", sp["paired"]["wall_median_s"], None, f"CPU {ms(sp['paired']['cpu_median_s'])} ms"),
                 ("spill: status report", sp["status"]["median_s"], sp["status"]["p95_s"], f"{sp['keys_on_disk']:,} on disk"),
             ]  # fmt: skip
         for n, (name, median, p95, what) in enumerate(rows):
@@ -1281,11 +1323,14 @@ def write_spill_only(
     for r in results:
         sp = r["spill"]
         print(
-            f"{r['keys']:>9,} keys {r['workers']:>6,} workers: steady {ms(r['steady']['median_s'])} ms;"
-            f" with spill: steady {ms(sp['steady']['median_s'])} ms (p95 "
-            f"{ms(sp['steady']['p95_s'])}), first {ms(sp['first_cycle_s'])} ms, status "
-            f"{ms(sp['status']['median_s'])} ms; {sp['values_sent']:,} values in "
-            f"{sp['messages']:,} messages, {sp['keys_on_disk']:,} keys on disk"
+            f"{r['keys']:>9,} keys {r['workers']:>6,} workers, interleaved: steady without the"
+            f" section {ms(sp['steady_without']['median_s'])} ms, with it"
+            f" {ms(sp['steady']['median_s'])} ms (p95 {ms(sp['steady']['p95_s'])}); paired"
+            f" difference {ms(sp['paired']['wall_median_s'])} ms wall,"
+            f" {ms(sp['paired']['cpu_median_s'])} ms CPU; first {ms(sp['first_cycle_s'])} ms,"
+            f" status {ms(sp['status']['median_s'])} ms; {sp['values_sent']:,} values in"
+            f" {sp['messages']:,} messages, {sp['keys_on_disk']:,} keys on disk;"
+            f" load {sp['load']:.1f}"
         )
     path = args.json if args.json != RESULTS else RESULTS.with_name("spill-scale.json")
     report = {

@@ -695,7 +695,7 @@ class SpillTable(DashboardComponent):
     """What each worker holds on disk and what its order by value did (the report's
     ``spill``), shown while the rules have a ``spill:`` section."""
 
-    COLUMNS = ("worker", "on_disk", "written", "read", "drops", "prefetches", "near")
+    COLUMNS = ("worker", "on_disk", "written", "read", "saved", "drops", "prefetches", "near")
 
     def __init__(self) -> None:
         self.source = ColumnDataSource({name: [] for name in self.COLUMNS})
@@ -704,6 +704,7 @@ class SpillTable(DashboardComponent):
             TableColumn(field="on_disk", title="on disk", width=150),
             TableColumn(field="written", title="written", width=100),
             TableColumn(field="read", title="read back", width=100),
+            TableColumn(field="saved", title="saved (est.)", width=150),
             TableColumn(field="drops", title="copies dropped, not written", width=170),
             TableColumn(field="prefetches", title="read back ahead", width=110),
             TableColumn(field="near", title="way to disk", width=90),
@@ -725,6 +726,11 @@ def spill_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
         data["on_disk"].append(f"{counted(w['keys_on_disk'], 'key')}, {size(w['bytes_on_disk'])}")
         data["written"].append(size(w["written_bytes"]))
         data["read"].append(size(w["read_bytes"]))
+        data["saved"].append(
+            f"{size(w['saved_read_bytes'])} (LRU ~{size(w['lru_read_bytes'])})"
+            if "lru_read_bytes" in w
+            else "-"
+        )
         data["drops"].append(f"{w['drops']:,} ({size(w['drop_bytes'])})")
         data["prefetches"].append(f"{w['prefetches']:,}")
         data["near"].append(f"{w['near_spill']:.0%}")

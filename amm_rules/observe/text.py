@@ -221,15 +221,18 @@ def _render_spill(spill: Mapping[str, Any] | None) -> list[str]:
         f"({size(on_disk)}) on disk, {counted(spill['drops'], 'copy')} dropped "
         f"instead of written; worker plugin {spill['plugin']}"
     ]
+    if "lru_read_bytes" in spill:
+        out.append(f"  {_saved_sentence(spill)}")
     if spill.get("plugin_error"):
         out.append(f"  {spill['plugin_error']}")
     for address, w in workers.items():
+        saved = f"; {_saved_sentence(w)}" if "lru_read_bytes" in w else ""
         out.append(
             f"  {address}  {counted(w['keys_on_disk'], 'key')} on disk "
             f"({size(w['bytes_on_disk'])}); written {size(w['written_bytes'])}, "
             f"read back {size(w['read_bytes'])}; {counted(w['drops'], 'drop')}, "
             f"{w['prefetches']:,} read back ahead; {w['near_spill']:.0%} of the way to "
-            "writing to disk"
+            f"writing to disk{saved}"
         )
     more = spill.get("workers_reporting", len(workers)) - len(workers)
     if more > 0:
@@ -245,6 +248,16 @@ def _render_spill(spill: Mapping[str, Any] | None) -> list[str]:
             "  on disk by rule: " + ", ".join(f"{rule} {size(n)}" for rule, n in by_rule.items())
         )
     return out
+
+
+def _saved_sentence(figures: Mapping[str, Any]) -> str:
+    """What the order saved of reading back, as the worker plugin estimates it."""
+    saved = figures["saved_read_bytes"]
+    what = f"saved {size(saved)}" if saved >= 0 else f"cost {size(-saved)} more"
+    return (
+        f"order by value {what} of reading back: {size(figures['read_since_bytes'])} "
+        f"read back, least-recently-used ~{size(figures['lru_read_bytes'])} (estimate)"
+    )
 
 
 def _render_drains(drain: Mapping[str, Any] | None) -> list[str]:

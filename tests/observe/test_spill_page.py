@@ -18,6 +18,9 @@ def test_a_row_per_worker_and_the_workers_left_alone():
                     "drop_bytes": 2**21,
                     "prefetches": 5,
                     "near_spill": 0.91,
+                    "lru_read_bytes": 3 * 2**20,
+                    "read_since_bytes": 2**20,
+                    "saved_read_bytes": 2 * 2**20,
                 }
             },
             "left_alone": {"tcp://b:1": "its data is a dict, not a SpillBuffer"},
@@ -30,4 +33,5 @@ def test_a_row_per_worker_and_the_workers_left_alone():
         "left alone: its data is a dict, not a SpillBuffer",
     ]
     assert rows["drops"][0] == "2 (2.00 MiB)" and rows["near"] == ["91%", "-"]
+    assert rows["saved"] == ["2.00 MiB (LRU ~3.00 MiB)", "-"]
     assert spill_rows({}) == {name: [] for name in rows}

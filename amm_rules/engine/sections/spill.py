@@ -158,6 +158,19 @@ METRICS: dict[str, tuple[str, ...]] = {
         "Workers whose data is not a SpillBuffer (eviction left as it is)",
     ),
     "values_sent": ("spill_values_sent", "counter", "Values per byte sent to workers"),
+    "lru_read_bytes": (
+        "spill_lru_read_bytes",
+        "counter",
+        "Bytes a least-recently-used order would have read back under the same accesses "
+        "since the worker plugin started (an estimate; with order: value)",
+        "worker",
+    ),
+    "read_since_bytes": (
+        "spill_read_since_bytes",
+        "counter",
+        "Bytes read back from disk since the worker plugin started (with order: value)",
+        "worker",
+    ),
 }
 
 
@@ -586,6 +599,7 @@ class SpillSection(Section):
             "written_bytes": int(spilled.figure("written_bytes")),
             "read_bytes": int(spilled.figure("read_bytes")),
             "prefetches": int(spilled.figure("prefetched_count")),
+            **self._saved(spilled.workers.values()),
             "drops": sum(self.drops.values()),
             "would_drop": self.would_drop,
             "values_sent": self.values_sent,
@@ -605,6 +619,28 @@ class SpillSection(Section):
             "prefetches": int(figures.get("prefetched_count", 0)),
             "near_spill": round(disk.fullness, 3),
             "valued": disk.valued,
+            **self._saved((disk,)),
+        }
+
+    @staticmethod
+    def _saved(disks: Iterable[WorkerDisk]) -> dict[str, int]:
+        """What least-recently-used would have read back under the same accesses (the
+        worker plugin's estimate, with ``order: value``), what was read back since the
+        plugin started, and the difference: what the order saved (negative: cost)."""
+        lru = since = 0.0
+        shown = False
+        for disk in disks:
+            figures = disk.figures
+            if "lru_read_bytes" in figures:
+                shown = True
+                lru += figures["lru_read_bytes"]
+                since += figures.get("read_since_bytes", 0.0)
+        if not shown:
+            return {}
+        return {
+            "lru_read_bytes": int(lru),
+            "read_since_bytes": int(since),
+            "saved_read_bytes": int(lru - since),
         }
 
     def explain(self, ts: Any, now: float) -> dict[str, Any] | None:
@@ -654,4 +690,14 @@ class SpillSection(Section):
             "prefetches": figure("prefetched_count"),
             "workers_left_alone": float(len(spilled.left_alone)),
             "values_sent": float(self.values_sent),
+            "lru_read_bytes": {
+                a: d.figures["lru_read_bytes"]
+                for a, d in workers.items()
+                if "lru_read_bytes" in d.figures
+            },
+            "read_since_bytes": {
+                a: d.figures.get("read_since_bytes", 0.0)
+                for a, d in workers.items()
+                if "lru_read_bytes" in d.figures
+            },
         }

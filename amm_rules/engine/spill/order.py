@@ -70,11 +70,23 @@ class ValueOrder:
         "_readers",
         "_values",
         "neutral",
+        "shadow",
+        "weights",
     )
 
-    def __init__(self, keys: Iterable[Hashable] = (), neutral: float = 1e-9) -> None:
+    def __init__(
+        self,
+        keys: Iterable[Hashable] = (),
+        neutral: float = 1e-9,
+        weights: Mapping[Hashable, float] | None = None,
+        shadow: ShadowLRU | None = None,
+    ) -> None:
         #: The value per byte of a key the scheduler did not value.
         self.neutral = neutral
+        #: The LRU's weights, and the shadow told of each read of a key in memory (a
+        #: store is told by the buffer's weight function: see the plugin).
+        self.weights = weights
+        self.shadow = shadow
         #: Every key, least recently used first.
         self._by_use: dict[Hashable, None] = {}
         #: Band -> its keys, least recently used first; the bands with keys, sorted.
@@ -116,6 +128,12 @@ class ValueOrder:
         used, in the band of its value. A key present already keeps its place."""
         if key in self._by_use:
             return
+        if self.shadow is not None and self.weights is not None:
+            # A read in memory: the LRU removed it and adds it back, its weight kept (a
+            # store's weight is not set yet: the weight function told the shadow).
+            weight = self.weights.get(key)
+            if weight is not None:
+                self.shadow.touch(key, weight)
         self._by_use[key] = None
         self._consumed.discard(key)  # stored or read again: in use
         self._place(key, self.band_of(key))
@@ -229,3 +247,60 @@ class ValueOrder:
         if not keys:
             del self._bands[b]
             del self._nonempty[bisect_left(self._nonempty, b)]
+
+
+class ShadowLRU:
+    """What least-recently-used would have read back from disk under the same accesses:
+    the keys a stock buffer of the same size would hold in memory, and those it would
+    have written, kept by name and weight only (no data).
+
+    Each use of a key (stored, read back, read in memory: :meth:`touch`) makes it the
+    most recently used; a key the stock buffer would have on disk counts as a read back
+    of its weight. Whenever the real buffer gives room up (:meth:`fit`, with what it
+    will hold), the shadow gives up its least recently used keys down to the same
+    weight. Keys released are forgotten (:meth:`forget`). An estimate, not a
+    measurement: the accesses are those of this order (a stock order would not have
+    read back ahead, and tasks would have run at other times), and the memory monitor's
+    own evictions count only through the buffer's.
+    """
+
+    __slots__ = ("disk", "memory", "paused", "read_bytes", "reads", "total")
+
+    def __init__(self) -> None:
+        #: Keys in the shadow's memory, least recently used first -> weight; on its disk.
+        self.memory: dict[Hashable, float] = {}
+        self.disk: dict[Hashable, float] = {}
+        self.total = 0.0
+        #: Bytes and keys the stock buffer would have read back.
+        self.read_bytes = 0.0
+        self.reads = 0
+        #: Uses not counted (a read back ahead: a stock buffer would not have made it).
+        self.paused = False
+
+    def touch(self, key: Hashable, weight: float) -> None:
+        if self.paused:
+            return
+        old = self.memory.pop(key, None)
+        if old is not None:
+            self.total -= old
+        elif self.disk.pop(key, None) is not None:
+            self.read_bytes += weight
+            self.reads += 1
+        self.memory[key] = weight
+        self.total += weight
+
+    def fit(self, limit: float) -> None:
+        """Give up the least recently used keys until at most ``limit`` is held."""
+        memory, disk = self.memory, self.disk
+        while self.total > limit and memory:
+            key = next(iter(memory))
+            weight = memory.pop(key)
+            self.total -= weight
+            disk[key] = weight
+
+    def forget(self, key: Hashable) -> None:
+        weight = self.memory.pop(key, None)
+        if weight is not None:
+            self.total -= weight
+        else:
+            self.disk.pop(key, None)

@@ -48,7 +48,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from amm_rules.engine.spill.order import ValueOrder
+from amm_rules.engine.spill.order import ShadowLRU, ValueOrder
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +121,11 @@ class SpillPlugin(WorkerPlugin):
         self.worker: Any = None
         self.data: Any = None
         self.values: ValueOrder | None = None
+        #: With ``order: value``: what least-recently-used would have read back under
+        #: the same accesses (an estimate), and the bytes read back when it started.
+        self.shadow: ShadowLRU | None = None
+        self._read_before = 0.0
+        self._weight: Any = None
         #: Key -> (time.time() it was written, bytes in memory), for keys on disk.
         self.on_disk: dict[Hashable, tuple[float, int]] = {}
         #: Keys written, and keys read back or gone, not told yet.
@@ -161,8 +166,24 @@ class SpillPlugin(WorkerPlugin):
             if self.order == "value":
                 # Values are in writes of the key (see amm_rules.engine.decide.spill):
                 # a key the scheduler did not value is one no task reads again.
-                self.values = ValueOrder(fast.order, neutral=1.0)
+                shadow = self.shadow = ShadowLRU()
+                for key in fast.order:
+                    shadow.touch(key, fast.weights.get(key, 0))
+                for key in data.slow:
+                    shadow.disk[key] = 0.0  # its weight is known once read back
+                self._read_before = float(data.cumulative_metrics.get(("disk-read", "bytes"), 0))
+                self.values = ValueOrder(fast.order, neutral=1.0, weights=fast.weights)
+                self.values.shadow = shadow
                 fast.order = self.values
+                # Stores (and reads back) reach the shadow through the weight function.
+                self._weight = weight = fast.weight
+
+                def weigh(key: Hashable, value: Any) -> Any:
+                    w = weight(key, value)
+                    shadow.touch(key, w)
+                    return w
+
+                fast.weight = weigh
             data.fast_to_slow_callbacks.append(self._written)
             data.slow_to_fast_callbacks.append(self._read_back)
             now = time.time()
@@ -192,6 +213,8 @@ class SpillPlugin(WorkerPlugin):
         with fast.lock:
             if self.values is not None and fast.order is self.values:
                 fast.order = type_of_stock_order()(self.values.keys_by_use())
+            if self._weight is not None:
+                fast.weight = self._weight
             for callbacks, mine in (
                 (data.fast_to_slow_callbacks, self._written),
                 (data.slow_to_fast_callbacks, self._read_back),
@@ -205,6 +228,9 @@ class SpillPlugin(WorkerPlugin):
 
     def _written(self, key: Hashable, value: Any) -> None:
         weight = self.data.fast.weights.get(key, 0) if self.data is not None else 0
+        if self.shadow is not None and self.data is not None:
+            # The buffer gives room up: so does a stock one of the same size.
+            self.shadow.fit(self.data.fast.total_weight - weight)
         self.on_disk[key] = (time.time(), int(weight))
         self.gone.pop(key, None)
         self.news[key] = None
@@ -228,6 +254,8 @@ class SpillPlugin(WorkerPlugin):
                 self._left_disk(key)
             if self.values is not None:
                 self.values.forget((key,))
+            if self.shadow is not None:
+                self.shadow.forget(key)
         reading, was_reading = finish in READING, start in READING
         if reading == was_reading or self.values is None or self.worker is None:
             return
@@ -291,6 +319,12 @@ class SpillPlugin(WorkerPlugin):
         metrics = getattr(self.data, "cumulative_metrics", None) or {}
         out = {name: float(metrics.get(spec, 0.0)) for name, spec in FIGURES.items()}
         out["prefetched_count"], out["prefetched_bytes"] = map(float, self.prefetched)
+        shadow = self.shadow
+        if shadow is not None:
+            # What least-recently-used would have read back since the plugin started,
+            # and what was (an estimate: see ShadowLRU).
+            out["lru_read_bytes"] = float(shadow.read_bytes)
+            out["read_since_bytes"] = out["read_bytes"] - self._read_before
         return out
 
     def _report(self, force: bool = False) -> None:
@@ -374,7 +408,13 @@ class SpillPlugin(WorkerPlugin):
                 return
             # On the event loop, as the worker reads a task's inputs before running it:
             # zict's buffer cannot read one key back from two threads at once.
-            done = self._read(key)
+            if self.shadow is not None:
+                self.shadow.paused = True  # a stock buffer would not read it now
+            try:
+                done = self._read(key)
+            finally:
+                if self.shadow is not None:
+                    self.shadow.paused = False
             await asyncio.sleep(0)
             if done:
                 budget -= size

@@ -126,3 +126,45 @@ def test_the_table_of_keys_on_disk():
     assert "a" not in table and table.is_on_disk("b", "w1")
     table.alone("w3", "its data is a dict")
     assert table.left_alone == {"w3": "its data is a dict"}
+
+
+def test_the_shadow_reads_back_what_least_recently_used_reads_back():
+    """With no value and no reader the order is least-recently-used's: what the shadow
+    says a stock buffer would have read back is what the buffer read back."""
+    import random
+
+    from zict import Buffer
+
+    from amm_rules.engine.spill.order import ShadowLRU
+
+    shadow = ShadowLRU()
+    read: list[int] = []
+
+    class Disk(dict):  # type: ignore[type-arg]
+        def __getitem__(self, key: str) -> int:
+            read.append(super().__getitem__(key))
+            return super().__getitem__(key)
+
+    def weigh(key: str, value: int) -> int:
+        shadow.touch(key, value)
+        return value
+
+    buffer: Buffer = Buffer({}, Disk(), n=100, weight=weigh)
+    lru = buffer.fast
+    order = lru.order = ValueOrder(neutral=1.0, weights=lru.weights, shadow=shadow)  # type: ignore[assignment]
+    lru.on_evict.insert(0, lambda k, v: shadow.fit(lru.total_weight - lru.weights[k]))
+    rng = random.Random(4)
+    sizes = {f"k{i}": rng.randint(5, 30) for i in range(20)}
+    for _ in range(500):
+        key = rng.choice(list(sizes))
+        if key in buffer:  # a task reads it
+            _ = buffer[key]
+        else:  # computed (again, once released)
+            buffer[key] = sizes[key]
+        if rng.random() < 0.03:
+            victim = rng.choice(list(sizes))
+            if victim in buffer:
+                del buffer[victim]
+                shadow.forget(victim)
+    assert read and shadow.read_bytes == sum(read) and shadow.reads == len(read)
+    assert list(order) == list(shadow.memory)

@@ -117,6 +117,22 @@ async def test_a_dear_key_stays_in_memory_while_cheap_ones_go_to_disk(c, s, a):
     assert f"  {a.address}  {len(on_disk)} keys on disk" in status
     metrics = policy.section(SpillSection).metrics()
     assert metrics["written_bytes"][a.address] >= 3 * 10 * MiB
+    # A task reads the table again: least-recently-used would have written it first
+    # and read it back now; the order by value kept it (what the order saved).
+    before = plugin_of(a).figures()
+    assert await c.submit(len, futures[0], workers=[a.address], key="read-lookup") == 10 * MiB
+    after = plugin_of(a).figures()
+    assert after["lru_read_bytes"] - before["lru_read_bytes"] == 10 * MiB
+    assert after["read_since_bytes"] == before["read_since_bytes"]
+    await wait_for(
+        lambda: (
+            policy.section(SpillSection).metrics()["lru_read_bytes"].get(a.address, 0)
+            >= after["lru_read_bytes"]
+        ),
+        "the reads least-recently-used would have made, reported",
+    )
+    text = render_status(status_report(policy))
+    assert "  order by value " in text and "least-recently-used ~" in text
 
 
 @gen_cluster(
