@@ -1,0 +1,411 @@
+"""Adaptive scaling of a ``LocalCluster`` whose data grows to about three workers' memory
+and shrinks again, with a ``replicate: 2`` rule on part of it: distributed's own target
+and choice of workers to close (``stock``) against the ``adaptive:`` section
+(``adaptive``).
+
+Each run starts a ``LocalCluster`` of one worker process (``processes=True``, one
+thread, ``memory_limit``) under RulesPolicy with the rule, and ``adapt(minimum=1,
+maximum=4)``; the scheduler runs in this process. Spilling and pausing are distributed's
+defaults (target 60%, spill 70%, pause 80% of the limit; terminate off). The workload:
+
+1. ``model``: small keys held throughout, which the rule ``precious`` keeps at two
+   copies (``replicate: 2``);
+2. ``grow``: stages persisted one after the other, each of chunks made by a task that
+   sleeps a little (data produced at a pace a scheduler can follow), until the data is
+   about three workers' room before spilling (3 x 60% of the limit);
+3. ``read``: one sum over every chunk (what spilled is read back);
+4. ``shrink``: the stages released one by one;
+5. ``settle``: until no worker came or went for a while (adaptive scales down).
+
+Measured from the scheduler: bytes written to disk and read back (the workers'
+``disk-write``/``disk-read`` metrics, summed by the scheduler from heartbeats); wall
+time (steps 1 to 4); worker-seconds (the workers running, integrated over the whole run:
+the cost); key-seconds below the rule's minimum caused by a scale-down (a key of
+``model`` that held its two copies and holds fewer after a worker left); keys computed
+twice (recomputed: a worker closed with data that did not leave it); the most workers.
+
+Modes alternate (each first in turn), medians of the repeats; the load average before
+each run is recorded. ``--quick``: smaller limits, fewer and smaller stages, for
+development (the figures of a quick run prove nothing).
+
+Usage: ``python -m benchmarks.adaptive [--repeats N] [--quick] [--modes stock,adaptive]
+[--section JSON]``; writes ``benchmarks/results/adaptive.json`` (``adaptive-quick.json``
+with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Hashable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import dask
+import distributed
+import numpy as np
+from distributed import Client, LocalCluster
+
+from benchmarks.support.cluster import TransitionCounter
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+MiB = 2**20
+MODES = ("stock", "adaptive")
+#: The ``adaptive:`` section of the ``adaptive`` mode (``--section`` changes it).
+SECTION: dict[str, Any] = {}
+RULE = {"name": "precious", "match": "task.prefix == 'model'", "replicate": 2}
+SAMPLE_S = 0.1
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes of one series."""
+
+    #: Each worker's memory limit.
+    limit: int
+    #: One chunk's bytes, and the seconds its task sleeps.
+    chunk: int
+    delay: float
+    #: Stages of growth; the data at its peak is ``peak`` workers' room before spilling.
+    stages: int
+    peak: float
+    #: Keys of ``model`` and their size.
+    model_keys: int
+    model_size: int
+    #: Seconds between two releases, and without a worker coming or going at the end.
+    pause: float
+    settle: float
+
+    @property
+    def chunks_per_stage(self) -> int:
+        peak_bytes = self.peak * 0.6 * self.limit
+        return max(1, math.ceil(peak_bytes / self.stages / self.chunk))
+
+
+FULL = Shape(600 * MiB, 8 * MiB, 0.25, 6, 3.0, 8, MiB, 1.0, 8.0)
+QUICK = Shape(300 * MiB, 4 * MiB, 0.1, 3, 3.0, 4, MiB // 2, 0.5, 5.0)
+
+
+# -- the workload -------------------------------------------------------------------
+
+
+def make_chunk(seed: int, nbytes: int, delay: float) -> np.ndarray:
+    time.sleep(delay)
+    return np.random.default_rng(seed).random(nbytes // 8)
+
+
+def total(*chunks: np.ndarray) -> float:
+    return float(sum(float(c[:100].sum()) for c in chunks))
+
+
+def stage_graph(stage: int, shape: Shape) -> dict[Hashable, Any]:
+    name = f"chunk-{stage}"
+    n = shape.chunks_per_stage
+    return {
+        (name, i): (make_chunk, stage * 10_000 + i, shape.chunk, shape.delay) for i in range(n)
+    }
+
+
+def model_graph(shape: Shape) -> dict[Hashable, Any]:
+    return {
+        ("model", i): (make_chunk, 1_000_000 + i, shape.model_size, 0.0)
+        for i in range(shape.model_keys)
+    }
+
+
+# -- what is measured ---------------------------------------------------------------
+
+
+def disk_bytes(s: Any, activity: str) -> int:
+    """Bytes the workers' spilling wrote (``disk-write``) or read back (``disk-read``)."""
+    return int(
+        sum(
+            v
+            for k, v in s.cumulative_worker_metrics.items()
+            if isinstance(k, tuple) and activity in k and k[-1] == "bytes"
+        )
+    )
+
+
+class Sampler:
+    """Worker-seconds, the most workers, and key-seconds below the rule's minimum after
+    a key had reached it (a key falls below it only when a worker holding a copy
+    leaves: nothing else drops a copy the rule wants)."""
+
+    def __init__(self, s: Any, model: list[Hashable]):
+        self.s = s
+        self.model = model
+        self.worker_s = 0.0
+        self.most = 0
+        self.below_key_s = 0.0
+        self.reached: set[Hashable] = set()
+        self.changed = time.monotonic()
+        self._count = 0
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    async def _run(self) -> None:
+        last = time.monotonic()
+        while not self._stop.is_set():
+            await asyncio.sleep(SAMPLE_S)
+            now = time.monotonic()
+            dt, last = now - last, now
+            n = len(self.s.workers)
+            if n != self._count:
+                self._count, self.changed = n, now
+            self.most = max(self.most, n)
+            self.worker_s += dt * n
+            for key in self.model:
+                ts = self.s.tasks.get(key)
+                held = len(ts.who_has or ()) if ts is not None else 0
+                if held >= 2:
+                    self.reached.add(key)
+                elif key in self.reached:
+                    self.below_key_s += dt
+
+
+async def one_run(mode: str, shape: Shape) -> dict[str, Any]:
+    rules: dict[str, Any] = {"version": 1, "rules": [RULE]}
+    if mode == "adaptive":
+        rules["adaptive"] = dict(SECTION)
+    prefix = "distributed.scheduler.active-memory-manager"
+    config = {
+        f"{prefix}.start": True,
+        f"{prefix}.policies": [{"class": "amm_rules.RulesPolicy", "rules": rules}],
+        "distributed.worker.memory.target": 0.6,
+        "distributed.worker.memory.spill": 0.7,
+        "distributed.worker.memory.pause": 0.8,
+        "distributed.worker.memory.terminate": False,
+    }
+    env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    load = os.getloadavg()[0]
+    with dask.config.set(config):
+        async with (
+            LocalCluster(
+                n_workers=1,
+                threads_per_worker=1,
+                processes=True,
+                asynchronous=True,
+                dashboard_address=":0",
+                memory_limit=shape.limit,
+                env=env,
+            ) as cluster,
+            Client(cluster, asynchronous=True) as client,
+        ):
+            s = cluster.scheduler
+            counter = TransitionCounter.on(s)
+            cluster.adapt(minimum=1, maximum=4)
+            model = list(model_graph(shape))
+            sampler = Sampler(s, model)
+            written0, read0 = disk_bytes(s, "disk-write"), disk_bytes(s, "disk-read")
+            start, started = time.monotonic(), time.time()
+            sampler.start()
+            held = client.get(model_graph(shape), model, sync=False)
+            await distributed.wait(held)
+            stages = []
+            for stage in range(shape.stages):
+                dsk = stage_graph(stage, shape)
+                stages.append(client.get(dsk, list(dsk), sync=False))
+                await distributed.wait(stages[-1])
+            await client.submit(total, *[f for futures in stages for f in futures], pure=False)
+            grown = time.monotonic() - start
+            while stages:
+                stages.pop(0)
+                await asyncio.sleep(shape.pause)
+            wall = time.monotonic() - start
+            while time.monotonic() - sampler.changed < shape.settle:
+                await asyncio.sleep(SAMPLE_S)
+            await asyncio.sleep(1.5)  # the workers' last heartbeats bring their metrics
+            await sampler.stop()
+            result = {
+                "mode": mode,
+                "wall_s": round(wall, 2),
+                "grow_s": round(grown, 2),
+                "total_s": round(time.monotonic() - start, 2),
+                "written": disk_bytes(s, "disk-write") - written0,
+                "read_back": disk_bytes(s, "disk-read") - read0,
+                "worker_s": round(sampler.worker_s, 1),
+                "below_min_key_s": round(sampler.below_key_s, 1),
+                "recomputed": counter.recomputed,
+                "most_workers": sampler.most,
+                "final_workers": len(s.workers),
+                "load_before": round(load, 2),
+                "adapt_log": [
+                    (round(t - started, 1), dict(r))
+                    for t, r in getattr(cluster._adaptive, "log", [])
+                    if t >= started
+                ][:50],
+            }
+            del held
+            return result
+
+
+# -- the series ---------------------------------------------------------------------
+
+
+async def run(modes: list[str], repeats: int, shape: Shape) -> list[dict[str, Any]]:
+    out = []
+    for r in range(repeats):
+        # Each mode first in turn: drift in the machine's load falls on every mode alike.
+        for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
+            result = await one_run(mode, shape)
+            result["repeat"] = r
+            print(json.dumps({k: v for k, v in result.items() if k != "adapt_log"}), flush=True)
+            out.append(result)
+    return out
+
+
+MEASURES = (
+    "wall_s",
+    "total_s",
+    "written",
+    "read_back",
+    "worker_s",
+    "below_min_key_s",
+    "recomputed",
+    "most_workers",
+    "final_workers",
+)
+
+
+def summarize(runs: list[dict[str, Any]], modes: list[str]) -> dict[str, Any]:
+    """Per mode, each measure's median and range; for ``adaptive``, its medians over
+    ``stock``'s and the issue's goals."""
+    table: dict[str, Any] = {}
+    for mode in modes:
+        got = [r for r in runs if r["mode"] == mode]
+        if got:
+            table[mode] = {
+                k: {
+                    "median": statistics.median(r[k] for r in got),
+                    "min": min(r[k] for r in got),
+                    "max": max(r[k] for r in got),
+                }
+                for k in MEASURES
+            }
+    base, new = table.get("stock"), table.get("adaptive")
+    if base is not None and new is not None:
+
+        def ratio(k: str) -> float | None:
+            b = base[k]["median"]
+            return round(new[k]["median"] / b, 3) if b else None
+
+        ratios = {k: ratio(k) for k in ("written", "wall_s", "worker_s", "read_back")}
+        table["ratios"] = ratios
+        table["goals"] = {
+            "written_at_most_0.3": _at_most(ratios["written"], 0.3, new["written"]["median"]),
+            "wall_at_most_0.8": _at_most(ratios["wall_s"], 0.8),
+            "worker_s_at_most_1.2": _at_most(ratios["worker_s"], 1.2),
+            "zero_below_min": new["below_min_key_s"]["max"] == 0,
+        }
+    return table
+
+
+def _at_most(ratio: float | None, bound: float, value: float | None = None) -> bool:
+    if ratio is None:
+        return value == 0
+    return ratio <= bound
+
+
+def mib(n: float) -> str:
+    return f"{n / MiB:,.0f}"
+
+
+def plain(x: float) -> str:
+    return f"{x:g}"
+
+
+def print_table(table: dict[str, Any], repeats: int) -> None:
+    rows = (
+        ("wall s", "wall_s", plain),
+        ("run s (to settled)", "total_s", plain),
+        ("written to disk MiB", "written", mib),
+        ("read back MiB", "read_back", mib),
+        ("worker-seconds", "worker_s", plain),
+        ("key-s below min", "below_min_key_s", plain),
+        ("keys recomputed", "recomputed", plain),
+        ("most workers", "most_workers", plain),
+        ("workers at the end", "final_workers", plain),
+    )
+    modes = [m for m in MODES if m in table]
+    print(f"\n{'':<22}" + "".join(f"{m:>24}" for m in modes))
+    for label, key, fmt in rows:
+        cells = []
+        for m in modes:
+            v = table[m][key]
+            cells.append(f"{fmt(v['median'])} ({fmt(v['min'])}-{fmt(v['max'])})")
+        print(f"{label:<22}" + "".join(f"{c:>24}" for c in cells))
+    if "ratios" in table:
+        print("adaptive / stock (medians): " + json.dumps(table["ratios"]))
+        print("goals: " + json.dumps(table["goals"]))
+    print(f"medians (min-max) of {repeats} runs per mode")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="small sizes, for development")
+    parser.add_argument("--modes", default=",".join(MODES), help="modes, comma-separated")
+    parser.add_argument(
+        "--section", default="{}", help="the adaptive mode's adaptive: section, as JSON"
+    )
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        parser.error(f"unknown modes {', '.join(unknown)}: {', '.join(MODES)}")
+    SECTION.update(json.loads(args.section))
+    shape = QUICK if args.quick else FULL
+    out = args.json or RESULTS / ("adaptive-quick.json" if args.quick else "adaptive.json")
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)
+    logging.getLogger("amm_rules").setLevel(logging.CRITICAL)
+    started = time.time()
+    runs = asyncio.run(run(modes, args.repeats, shape))
+    table = summarize(runs, modes)
+    print_table(table, args.repeats)
+    result = {
+        "date": time.strftime("%Y-%m-%d", time.localtime(started)),
+        "duration_s": round(time.time() - started),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "shared": "yes: other work ran on the machine; see load_before per run",
+        },
+        "python": platform.python_version(),
+        "distributed": distributed.__version__,
+        "settings": {
+            "repeats": args.repeats,
+            "quick": args.quick,
+            "shape": {**asdict(shape), "chunks_per_stage": shape.chunks_per_stage},
+            "rule": RULE,
+            "section": SECTION,
+            "adapt": {"minimum": 1, "maximum": 4},
+        },
+        "table": table,
+        "runs": runs,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+
+
+if __name__ == "__main__":
+    main()
