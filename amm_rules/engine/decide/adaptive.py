@@ -32,7 +32,7 @@ scheduler (the layout test keeps dask and distributed out of ``engine/decide/``)
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -155,7 +155,7 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
     if not running or min(limits) <= 0:
         return base  # 1.
     room = sum(limits) / running * (1.0 - headroom)
-    per_worker = int(room)
+    per_worker = round(room)
     if per_worker <= 0:
         return base
     # (A hair below a whole number of workers is that number: 4 GiB under 40% of 1 GiB
@@ -166,6 +166,49 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
     return MemoryTarget(
         workers, needed, total_expected, per_worker, running, tuple(rising), demand.disk_rate, top
     )
+
+
+#: Seconds of samples :class:`DiskMeter` measures a rate over.
+DISK_WINDOW = 10.0
+
+
+class DiskMeter:
+    """Bytes the workers write to disk and read back per second, lately, from their
+    running totals sampled now and then (the scheduler sums the workers' metrics as
+    their heartbeats arrive)."""
+
+    def __init__(self, window: float = DISK_WINDOW):
+        self.window = window
+        #: (time, bytes written, bytes read back, seconds reading), oldest first; one
+        #: sample older than the window marks where its time starts.
+        self.samples: deque[tuple[float, int, int, float]] = deque()
+
+    def sample(self, now: float, written: int, read: int, read_seconds: float) -> None:
+        samples = self.samples
+        if samples and (written < samples[-1][1] or read < samples[-1][2]):
+            samples.clear()  # the totals went back (a new scheduler): start again
+        samples.append((now, written, read, read_seconds))
+        while len(samples) > 2 and samples[1][0] < now - self.window:
+            samples.popleft()
+
+    def rate(self) -> float | None:
+        """Bytes written and read back per second over the window (None: fewer than two
+        samples yet)."""
+        if len(self.samples) < 2:
+            return None
+        t0, w0, r0, _ = self.samples[0]
+        t1, w1, r1, _ = self.samples[-1]
+        if t1 <= t0:
+            return None
+        return ((w1 - w0) + (r1 - r0)) / (t1 - t0)
+
+    def read_speed(self) -> float | None:
+        """Bytes read back per second of reading, over everything read so far (None:
+        nothing read yet)."""
+        if not self.samples:
+            return None
+        _, _, read, seconds = self.samples[-1]
+        return read / seconds if read > 0 and seconds > 0 else None
 
 
 # -- down: which may go ----------------------------------------------------------------
@@ -423,6 +466,7 @@ def cheapest_first(costs: Iterable[LeavingCost], bandwidth: float, disk_read: fl
 
 __all__ = [
     "DISK",
+    "DiskMeter",
     "HELD_BACK",
     "MIN",
     "NEVER",

@@ -31,7 +31,10 @@ explain and the metrics list them:
    :mod:`.departures`), through the retirements they pace (:mod:`.drain`: a drained
    worker's copies are its retirement's, recorded in flight where replication counts
    them; the AMM drops a key's extra copy from the retiring worker first, so
-   reduce-replicas never trims the copy a drain made) or report (:mod:`.demand`).
+   reduce-replicas never trims the copy a drain made) or report (:mod:`.demand`);
+   ``adaptive``: acts when adaptive scaling asks the scheduler (:mod:`.adaptive`: its
+   target, and the guard of scale-down), after the retirement whose keys it lets go;
+   in a cycle it only samples the workers' disk metrics, so its place is free.
 
 Adding a feature: a module here with its ``Section`` subclass, and its class in
 :data:`SECTIONS` (see docs/architecture.md).
@@ -40,6 +43,7 @@ Adding a feature: a module here with its ``Section`` subclass, and its class in
 from __future__ import annotations
 
 from amm_rules.engine.sections.activity import RuleActivity
+from amm_rules.engine.sections.adaptive import AdaptiveSection
 from amm_rules.engine.sections.audit import AuditSection
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.sections.costs import RecomputeCostsSection
@@ -71,6 +75,7 @@ SECTIONS: tuple[type[Section], ...] = (
     ProtectSection,
     ReduceReplicasSection,
     Retirements,
+    AdaptiveSection,
     DrainSection,
     LegacyCalls,
     DemandSection,

@@ -17,6 +17,7 @@ from amm_rules.engine.decide.adaptive import (
     NOWHERE,
     POOL,
     SPREAD,
+    DiskMeter,
     HeldClass,
     Kept,
     LeavingCost,
@@ -341,3 +342,21 @@ def test_idle_workers_first_then_the_cheapest_to_move() -> None:
         "big",
         "busy",
     ]
+
+
+def test_the_disk_meter_measures_over_its_window() -> None:
+    meter = DiskMeter(window=10.0)
+    assert meter.rate() is None and meter.read_speed() is None
+    meter.sample(0.0, 0, 0, 0.0)
+    assert meter.rate() is None
+    meter.sample(2.0, 20 * MiB, 0, 0.0)
+    assert meter.rate() == 10 * MiB
+    meter.sample(4.0, 20 * MiB, 20 * MiB, 0.5)
+    assert meter.rate() == 10 * MiB and meter.read_speed() == 40 * MiB
+    # Once the spilling stops, the window forgets it.
+    for t in range(6, 30, 2):
+        meter.sample(float(t), 20 * MiB, 20 * MiB, 0.5)
+    assert meter.rate() == 0.0
+    # Totals that go back (a new scheduler) start the measure again.
+    meter.sample(31.0, 0, 0, 0.0)
+    assert meter.rate() is None

@@ -1,6 +1,7 @@
 """Attaching and detaching RulesPolicy on a real scheduler: the scheduler methods it
 wraps (replica changes, workers' resources and heartbeats, ``replicate`` and
-``scatter``) and the comm handlers bound to them, its plugin and its own handlers are
+``scatter``, adaptive scaling's questions and ``retire_workers``) and the comm handlers
+bound to them, its plugin and its own handlers are
 put back as they were, also when several policies attach in turn."""
 
 from __future__ import annotations
@@ -27,9 +28,21 @@ METHODS = (
     "heartbeat_worker",
     "replicate",
     "scatter",
+    "adaptive_target",
+    "workers_to_close",
+    "retire_workers",
 )
 #: The comm handlers bound to some of them.
-HANDLERS = ("update_data", "set_resources", "heartbeat_worker", "replicate", "scatter")
+HANDLERS = (
+    "update_data",
+    "set_resources",
+    "heartbeat_worker",
+    "replicate",
+    "scatter",
+    "adaptive_target",
+    "workers_to_close",
+    "retire_workers",
+)
 
 
 def wrapped(scheduler: Any) -> dict[str, Any]:
