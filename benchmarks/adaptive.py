@@ -12,8 +12,11 @@ defaults (target 60%, spill 70%, pause 80% of the limit; terminate off). The wor
    copies (``replicate: 2``);
 2. ``grow``: stages persisted one after the other, each of chunks made by a task that
    sleeps a little (data produced at a pace a scheduler can follow), until the data is
-   about three workers' room before spilling (3 x 60% of the limit);
-3. ``read``: one sum over every chunk (what spilled is read back);
+   about three workers' memory: three times 40% of the limit (what a worker holds under
+   the section's default headroom of 60%; distributed spills from 60% of the limit in
+   managed data, or 70% of it in process memory, which counts some 100 MiB of the
+   process's own);
+3. ``read``: a sum over every chunk, each read where it is (what spilled is read back);
 4. ``shrink``: the stages released one by one;
 5. ``settle``: until no worker came or went for a while (adaptive scales down).
 
@@ -75,7 +78,7 @@ class Shape:
     #: One chunk's bytes, and the seconds its task sleeps.
     chunk: int
     delay: float
-    #: Stages of growth; the data at its peak is ``peak`` workers' room before spilling.
+    #: Stages of growth; the data at its peak is ``peak`` workers' 40% of the limit.
     stages: int
     peak: float
     #: Keys of ``model`` and their size.
@@ -87,12 +90,14 @@ class Shape:
 
     @property
     def chunks_per_stage(self) -> int:
-        peak_bytes = self.peak * 0.6 * self.limit
+        peak_bytes = self.peak * 0.4 * self.limit
         return max(1, math.ceil(peak_bytes / self.stages / self.chunk))
 
 
-FULL = Shape(600 * MiB, 8 * MiB, 0.25, 6, 3.0, 8, MiB, 1.0, 8.0)
-QUICK = Shape(300 * MiB, 4 * MiB, 0.1, 3, 3.0, 4, MiB // 2, 0.5, 5.0)
+FULL = Shape(1024 * MiB, 8 * MiB, 0.5, 6, 3.0, 8, MiB, 1.0, 10.0)
+QUICK = Shape(500 * MiB, 4 * MiB, 0.2, 3, 3.0, 4, MiB // 2, 0.5, 8.0)
+#: Most seconds waited for the cluster to settle at the end.
+SETTLE_CAP = 90.0
 
 
 # -- the workload -------------------------------------------------------------------
@@ -103,8 +108,8 @@ def make_chunk(seed: int, nbytes: int, delay: float) -> np.ndarray:
     return np.random.default_rng(seed).random(nbytes // 8)
 
 
-def total(*chunks: np.ndarray) -> float:
-    return float(sum(float(c[:100].sum()) for c in chunks))
+def head_sum(chunk: np.ndarray) -> float:
+    return float(chunk[:100].sum())
 
 
 def stage_graph(stage: int, shape: Shape) -> dict[Hashable, Any]:
@@ -224,13 +229,17 @@ async def one_run(mode: str, shape: Shape) -> dict[str, Any]:
                 dsk = stage_graph(stage, shape)
                 stages.append(client.get(dsk, list(dsk), sync=False))
                 await distributed.wait(stages[-1])
-            await client.submit(total, *[f for futures in stages for f in futures], pure=False)
+            heads = client.map(head_sum, [f for futures in stages for f in futures], pure=False)
+            await client.submit(sum, heads, pure=False)
+            del heads
             grown = time.monotonic() - start
             while stages:
                 stages.pop(0)
                 await asyncio.sleep(shape.pause)
             wall = time.monotonic() - start
             while time.monotonic() - sampler.changed < shape.settle:
+                if time.monotonic() - start - wall > SETTLE_CAP:
+                    break
                 await asyncio.sleep(SAMPLE_S)
             await asyncio.sleep(1.5)  # the workers' last heartbeats bring their metrics
             await sampler.stop()

@@ -91,7 +91,8 @@ class MemoryTarget:
     per_worker: int = 0
     #: Workers running when it was computed.
     running: int = 0
-    #: Why it rose above the workers running (:data:`DISK`, :data:`HELD_BACK`).
+    #: Why it rose above the workers running (:data:`DISK`, :data:`HELD_BACK`; only
+    #: while the data needs every running worker).
     rising: tuple[str, ...] = ()
     #: Bytes per second written and read back, as measured (None: not yet).
     disk_rate: float | None = None
@@ -119,7 +120,7 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
     """The workers needed to hold the data under ``headroom`` (a share of each worker's
     memory limit kept free of managed data), and one more than are running while the
     workers write to disk or read back faster than ``disk_rate`` (bytes per second) or
-    producers are held back.
+    producers are held back, as long as the data needs every running worker.
 
     The cases:
 
@@ -127,7 +128,11 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
        data's room is unknown, or unbounded);
     2. else ``ceil(needed / per_worker)``, ``per_worker`` being the mean limit's share
        left free of the headroom;
-    3. and, while rising, at least the running workers plus one.
+    3. and, rising, at least the running workers plus one, while the data is more than
+       all the running workers but one hold under the headroom: spilling then means the
+       workers are short of memory (their processes are larger than their data says);
+       otherwise it is data that is being released, or sits on the wrong worker, which
+       another worker would not help.
     """
     limits = demand.limits
     running = len(limits)
@@ -137,21 +142,12 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
     top = tuple(
         (p, demand.to_run[p], b) for p, b in sorted(expected.items(), key=lambda kv: -kv[1])
     )[:TOP_PREFIXES]
-    rising = []
+    signals = []
     if demand.disk_rate is not None and demand.disk_rate > disk_rate:
-        rising.append(DISK)
+        signals.append(DISK)
     if demand.held_back:
-        rising.append(HELD_BACK)
-    base = MemoryTarget(
-        0,
-        needed,
-        total_expected,
-        0,
-        running,
-        tuple(rising),
-        demand.disk_rate,
-        top,
-    )
+        signals.append(HELD_BACK)
+    base = MemoryTarget(0, needed, total_expected, 0, running, (), demand.disk_rate, top)
     if not running or min(limits) <= 0:
         return base  # 1.
     room = sum(limits) / running * (1.0 - headroom)
@@ -161,10 +157,11 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
     # (A hair below a whole number of workers is that number: 4 GiB under 40% of 1 GiB
     # is 10 workers, whatever 0.4's last bit.)
     workers = math.ceil(needed / room - 1e-9) if needed > 0 else 0  # 2.
+    rising = tuple(signals) if needed > (running - 1) * room else ()
     if rising:
         workers = max(workers, running + 1)  # 3.
     return MemoryTarget(
-        workers, needed, total_expected, per_worker, running, tuple(rising), demand.disk_rate, top
+        workers, needed, total_expected, per_worker, running, rising, demand.disk_rate, top
     )
 
 

@@ -134,21 +134,30 @@ async def test_the_target_rises_while_workers_write_to_disk(c, s, a):
 @gen_cluster(
     client=True,
     nthreads=[("", 1)] * 2,
-    config={**amm_config(adaptive_rules()), "distributed.scheduler.worker-saturation": 1.0},
+    worker_kwargs=LIMIT,
+    config={
+        **amm_config(adaptive_rules(headroom="90%")),
+        **MEMORY,
+        "distributed.scheduler.worker-saturation": 1.0,
+    },
 )
 async def test_the_target_rises_while_producers_are_held_back(c, s, a, b):
+    """15 MiB held by two workers of 10 MiB each under the headroom: both needed, and a
+    third asked while producers are held back."""
+    held = await c.scatter({"held": b"x" * (15 * MiB)}, workers=[a.address])
     event = Event()
     futures = [c.submit(wait_on, event, key=f"root-{i}") for i in range(20)]
     await wait_for(lambda: s.queued, "root tasks queued")
     assert s.adaptive_target() == Scheduler.adaptive_target(s)
     s.WORKER_SATURATION = 0.5  # what the memory-pressure section does while it holds
     try:
-        assert s.adaptive_target() >= 3
+        assert s.adaptive_target() == 3
         assert section_of(s).status()["target"]["rising"] == ["held-back"]
     finally:
         s.WORKER_SATURATION = 1.0
         await event.set()
     await c.gather(futures)
+    del held
 
 
 # -- down --------------------------------------------------------------------------------
