@@ -191,11 +191,19 @@ def target_sentence(t: adaptive.MemoryTarget) -> str:
         return "memory asks for nothing: no worker is running (its memory limit is unknown)"
     if not t.per_worker:
         return "memory asks for nothing: a worker has no memory limit"
-    out = f"memory asks for {counted(t.workers, 'worker')}: {size(t.needed)} to hold"
+    return f"memory asks for {counted(t.workers, 'worker')}: {target_details(t)}"
+
+
+def target_details(t: adaptive.MemoryTarget, headroom: str = "") -> str:
+    """What :func:`target_sentence` says after the workers asked for (``headroom``: how
+    to name the headroom, e.g. ``60%``)."""
+    out = f"{size(t.needed)} to hold"
     if t.expected:
         named = ", ".join(f"{p} {size(b)}" for p, _, b in t.top)
         out += f" ({size(t.expected)} expected from the tasks to run: {named})"
     out += f", {size(t.per_worker)} each under the headroom"
+    if headroom:
+        out += f" of {headroom}"
     whys = []
     if adaptive.DISK in t.rising and t.disk_rate is not None:
         whys.append(f"the workers write to disk or read back {bytes_per_second(t.disk_rate)}")
@@ -220,5 +228,6 @@ __all__ = [
     "prediction_sentence",
     "signed_size",
     "size",
+    "target_details",
     "target_sentence",
 ]

@@ -201,6 +201,7 @@ def run_simulation(
     from amm_rules.offline.report import simulation_report
     from amm_rules.offline.sim_cluster import SimCluster
     from amm_rules.offline.simulate import Simulation, runtime_targets
+    from amm_rules.offline.workers_needed import workers_needed
 
     sim = Simulation(
         ruleset,
@@ -227,6 +228,7 @@ def run_simulation(
         report = kill_workers(sim, victims)
     result = sim.run(cycles)
     out = simulation_report(sim, result, report, rules_file=rules_file)
+    out["workers_needed"] = workers_needed(sim)
     if drained is not None:
         out["drain"] = drained
     return out
