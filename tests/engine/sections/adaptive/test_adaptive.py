@@ -16,6 +16,7 @@ from distributed import Client, Event, LocalCluster, Scheduler, wait
 from distributed.utils_test import gen_cluster, gen_test
 
 from amm_rules.engine.sections.adaptive import AdaptiveSection
+from amm_rules.observe.text import render_status
 from benchmarks.support.waiting import wait_cycles, wait_for
 from tests.support.cluster import (
     CopiesFloor,
@@ -207,8 +208,12 @@ async def test_adapt_keeps_the_workers_a_rules_minimum_needs_and_says_why():
                     f"kept {e['worker']}: 12 keys of rule precious would fall below min 2"
                 )
             # distributed alone would close one of the two: that one was kept.
-            status = (await c.scheduler.amm_rules_status())["adaptive"]
+            report = await c.scheduler.amm_rules_status()
+            status = report["adaptive"]
             assert len(status["kept"]) == 1 and set(status["kept"]) <= set(s.workers)
+            text = render_status(report)
+            assert "adaptive     on (headroom 60%, hold-rules)" in text
+            assert next(iter(status["kept"].values()))["why"] in text
             assert all(
                 k["why"].endswith("12 keys of rule precious would fall below min 2")
                 for k in status["kept"].values()
