@@ -107,6 +107,7 @@ class Draft:
     #: Which paused-workers fields the file sets explicitly.
     paused_workers_fields: frozenset[str] = frozenset()
     memory_pressure: MemoryPressureSettings | None = None
+    adaptive: AdaptiveSettings | None = None
 
 
 def expression_text(value: Any) -> str | None:
@@ -127,7 +128,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
     demand, demand_depends = _demand(data.get("demand"), where)
     pressure = _memory_pressure(data.get("memory-pressure"), where, draft)
     protect = _protect(data.get("protect"), where)
-    adaptive = _adaptive(data.get("adaptive"), where)
+    adaptive = draft.adaptive = _adaptive(data.get("adaptive"), where)
     reduce = data.get("reduce-replicas", True)
     enforcement = data.get("enforcement")
     legacy = data.get("legacy-replicate", "honour")
