@@ -423,11 +423,26 @@ class AdaptiveSection(Section):
             return [getattr(workers[a], attribute) for a in chosen if a in workers]
 
         async def retire_workers_ruled(
-            workers: Any = None, *, names: Any = None, **kwargs: Any
+            workers: Any = None,
+            *,
+            names: Any = None,
+            close_workers: bool = False,
+            remove: bool = True,
+            stimulus_id: str | None = None,
+            **kwargs: Any,
         ) -> Any:
+            # (The keywords of distributed's own, by name: what the feature check of
+            # another policy attaching over this wrapper looks for.)
             if self.ctx is not None:
                 self.retiring(workers, names)
-            result = await retire_workers(workers=workers, names=names, **kwargs)
+            result = await retire_workers(
+                workers=workers,
+                names=names,
+                close_workers=close_workers,
+                remove=remove,
+                stimulus_id=stimulus_id,
+                **kwargs,
+            )
             if self.ctx is not None and workers is None and names is None and result:
                 self.retiring(list(result), None)  # it chose them itself (n=...)
             return result

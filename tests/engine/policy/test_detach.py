@@ -63,6 +63,9 @@ async def test_detach_puts_back_the_scheduler_methods(c, s, a, b):
     ActiveMemoryManagerExtension(s, {second}, register=False, start=False)
     on_second = wrapped(s)
     assert on_first != original and on_second != on_first
+    # The first policy's wrappers take the keywords of the methods they wrap: the
+    # second's feature check finds them (retire_workers(close_workers=, remove=)).
+    assert second.unsupported == {}
     # Detached under another policy's wrappers: they stay, and pass through.
     first.detach()
     assert wrapped(s) == on_second
