@@ -729,9 +729,10 @@ def measure_protect(state: scheduler_state.BenchState, n: int, rounds: int) -> d
 
 
 def measure_adaptive(state: scheduler_state.BenchState, n: int) -> dict[str, Any]:
-    """The ``adaptive`` rows (see the module docstring): distributed's answers first (no
-    policy attached), then a policy of its own with the section, once every key in
-    memory is classified; removed afterwards."""
+    """The ``adaptive`` rows (see the module docstring): distributed's answers first (the
+    caller attached no policy yet), then a policy of its own with the section, once
+    every key in memory is classified; detached afterwards (its plugins and wrappers
+    gone)."""
     scheduler = state.scheduler
     half = max(1, len(scheduler.workers) // 2)
 
@@ -794,6 +795,9 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
     n_cycles = args.cycles
     n_stock = n_cycles
     try:
+        # First, while no policy ever attached: distributed's own answers are its own.
+        log("  adaptive: the target and the choice of workers to close")
+        out["adaptive"] = measure_adaptive(state, n_cycles)
         log("  attach + first cycle")
         policy, manager, out["attach"] = measure_attach(state)
         log("  steady cycles")
@@ -828,8 +832,7 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
         out["protect"] = measure_protect(
             state, n_cycles, min(args.rounds, 2) if big else args.rounds
         )
-        log("  adaptive: the target and the choice of workers to close")
-        out["adaptive"] = measure_adaptive(state, n_cycles)
+
     finally:
         await scheduler.close()
         gc.unfreeze()

@@ -47,6 +47,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import dask
@@ -85,6 +86,8 @@ logger = logging.getLogger(__name__)
 FOLLOW_SECONDS = 10.0
 #: Seconds between two samples of the workers' disk metrics.
 SAMPLE_EVERY = 0.5
+#: Reads a worker's address.
+_ADDRESS = attrgetter("address")
 #: The scheduler's methods this section wraps, each also a comm handler of that name.
 WRAPPED = ("adaptive_target", "workers_to_close", "retire_workers")
 
@@ -168,31 +171,45 @@ def slots(ctx: EngineContext) -> dict[str, Slot]:
     }
 
 
-def held_classes(ctx: EngineContext, workers: Mapping[str, Slot]) -> list[HeldClass]:
+def held_classes(
+    ctx: EngineContext,
+    workers: Mapping[str, Slot],
+    known: dict[Any, tuple[int, list[frozenset[str]]]] | None = None,
+) -> list[HeldClass]:
     """The governed classes of keys whose rules act (not in dry-run), with the holders
     of their keys where they must stay put (``move: never``; a pool or avoid that no
-    running worker meets). Cost: one pass over the classes, plus the keys of those."""
+    running worker meets). Cost: one pass over the classes, plus the keys of those (and
+    of every class while rules are in dry-run: which of its keys act). ``known``:
+    holders read before, per class, with the governed keys' change count then; reused
+    while it is the same, and updated."""
     index = ctx.index
+    changes = index.governed.changes
     desired = index.desired
     dry_run = ctx.dry_run
     out = []
     for cls, group in index.governed.groups.items():
+        tasks: Iterable[Any] = group.values()
         if dry_run.keys_active:
             tasks = [ts for k, ts in group.items() if dry_run.label(desired.get(k)) is None]
-        else:
-            tasks = list(group.values())
-        if not tasks:
+        n = len(tasks)  # type: ignore[arg-type]
+        if not n:
             continue
-        example = desired.get(tasks[0].key)
+        example = desired.get(next(iter(tasks)).key)
         sources = {f: str(r) for f, r in example.reasons.items()} if example is not None else {}
         restricted = cls.pool is not None or cls.avoid is not None
         stay_put = cls.move == "never" or (restricted and not _any_eligible(cls, workers))
-        holders = (
-            [frozenset(ws.address for ws in ts.who_has or ()) for ts in tasks] if stay_put else []
-        )
+        holders: list[frozenset[str]] = []
+        if stay_put:
+            seen = known.get(cls) if known is not None else None
+            if seen is not None and seen[0] == changes and not dry_run.keys_active:
+                holders = seen[1]
+            else:
+                holders = [frozenset(map(_ADDRESS, ts.who_has or ())) for ts in tasks]
+                if known is not None:
+                    known[cls] = (changes, holders)
         out.append(
             HeldClass(
-                keys=len(tasks),
+                keys=n,
                 target=cls.replicate,
                 pool=cls.pool,
                 avoid=cls.avoid,
@@ -341,6 +358,9 @@ class AdaptiveSection(Section):
         self._acted: frozenset[tuple[str, tuple[Kept, ...]]] = frozenset()
         self._sampled = 0.0
         self._adapting = False
+        #: Holders of the keys that must stay put, per class, as last read (see
+        #: :func:`held_classes`).
+        self._holders: dict[Any, tuple[int, list[frozenset[str]]]] = {}
         self._unwrap: Callable[[], None] | None = None
 
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
@@ -508,7 +528,10 @@ class AdaptiveSection(Section):
             order.sort(key=lambda a: (nbytes[a], a))
         workers = slots(ctx)
         minimums = self.settings is not None and self.settings.hold_rules
-        return order, hold(workers, held_classes(ctx, workers), order, minimums=minimums)
+        if len(self._holders) > len(ctx.index.governed.groups):
+            self._holders.clear()  # classes gone
+        classes = held_classes(ctx, workers, self._holders)
+        return order, hold(workers, classes, order, minimums=minimums)
 
     def chosen(
         self,

@@ -260,3 +260,29 @@ def test_the_order_of_leaving(with_section: bool) -> None:
         del blob
 
     run()
+
+
+def double(x: Any) -> Any:
+    return 2 * x
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 3,
+    config=amm_config(
+        rules({"name": "frozen", "match": 'task.key matches "frozen-*"', "move": "never"})
+    ),
+    timeout=60,
+)
+async def test_the_guard_follows_the_copies_of_keys_that_may_not_move(c, s, a, b, d):
+    """A key that may not move keeps its only holder; once a dependent fetched a copy
+    to another worker, the first may go (what the guard read of its holders is read
+    again after a copy changed)."""
+    frozen = await c.scatter({"frozen-1": 1}, workers=[a.address])
+    await wait_for(lambda: "frozen-1" in policy_of(s).index.desired, "frozen-1 governed")
+    assert a.address not in s.workers_to_close(n=3)
+    assert section_of(s).kept[a.address][0][0].kind == "never"
+    await c.submit(double, frozen["frozen-1"], workers=[b.address])
+    await wait_for(lambda: len(holders(s, "frozen-1")) == 2, "a second copy, on b")
+    chosen = s.workers_to_close(n=3)
+    assert a.address in chosen and b.address not in chosen
