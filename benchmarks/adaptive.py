@@ -10,13 +10,15 @@ defaults (target 60%, spill 70%, pause 80% of the limit; terminate off). The wor
 
 1. ``model``: small keys held throughout, which the rule ``precious`` keeps at two
    copies (``replicate: 2``);
-2. ``grow``: stages persisted one after the other, each of chunks made by a task that
-   sleeps a little (data produced at a pace a scheduler can follow), until the data is
-   about three workers' memory: three times 40% of the limit (what a worker holds under
-   the section's default headroom of 60%; distributed spills from 60% of the limit in
-   managed data, or 70% of it in process memory, which counts some 100 MiB of the
-   process's own);
-3. ``read``: a sum over every chunk, each read where it is (what spilled is read back);
+2. ``grow``: stages persisted one after the other, ``gap`` seconds apart (the data
+   arrives at a pace: files landing, a stream, the steps of an analysis), each of chunks
+   made by a short task (a little CPU, much memory: distributed's CPU target asks for
+   few workers), until the data is about three workers' memory: three times 40% of the
+   limit (what a worker holds under the section's default headroom of 60%; distributed
+   spills from 60% of the limit in managed data, or 70% of it in process memory, which
+   counts some 100 MiB of the process's own);
+3. ``passes``: passes over every chunk, each chunk read where it is by a short task
+   (what spilled is read back), and a sum;
 4. ``shrink``: the stages released one by one;
 5. ``settle``: until no worker came or went for a while (adaptive scales down).
 
@@ -78,9 +80,14 @@ class Shape:
     #: One chunk's bytes, and the seconds its task sleeps.
     chunk: int
     delay: float
-    #: Stages of growth; the data at its peak is ``peak`` workers' 40% of the limit.
+    #: Stages of growth, and seconds between two; the data at its peak is ``peak``
+    #: workers' 40% of the limit.
     stages: int
+    gap: float
     peak: float
+    #: Passes over the data at its peak, and the seconds each chunk's task sleeps.
+    passes: int
+    pass_delay: float
     #: Keys of ``model`` and their size.
     model_keys: int
     model_size: int
@@ -94,8 +101,8 @@ class Shape:
         return max(1, math.ceil(peak_bytes / self.stages / self.chunk))
 
 
-FULL = Shape(1024 * MiB, 8 * MiB, 0.5, 6, 3.0, 8, MiB, 1.0, 10.0)
-QUICK = Shape(500 * MiB, 4 * MiB, 0.2, 3, 3.0, 4, MiB // 2, 0.5, 8.0)
+FULL = Shape(1024 * MiB, 8 * MiB, 0.05, 6, 6.0, 3.0, 2, 0.05, 8, MiB, 1.0, 10.0)
+QUICK = Shape(500 * MiB, 4 * MiB, 0.02, 3, 4.0, 3.0, 1, 0.02, 4, MiB // 2, 0.5, 8.0)
 #: Most seconds waited for the cluster to settle at the end.
 SETTLE_CAP = 90.0
 
@@ -108,7 +115,8 @@ def make_chunk(seed: int, nbytes: int, delay: float) -> np.ndarray:
     return np.random.default_rng(seed).random(nbytes // 8)
 
 
-def head_sum(chunk: np.ndarray) -> float:
+def head_sum(chunk: np.ndarray, delay: float) -> float:
+    time.sleep(delay)
     return float(chunk[:100].sum())
 
 
@@ -226,12 +234,17 @@ async def one_run(mode: str, shape: Shape) -> dict[str, Any]:
             await distributed.wait(held)
             stages = []
             for stage in range(shape.stages):
+                if stage:
+                    await asyncio.sleep(shape.gap)
                 dsk = stage_graph(stage, shape)
                 stages.append(client.get(dsk, list(dsk), sync=False))
                 await distributed.wait(stages[-1])
-            heads = client.map(head_sum, [f for futures in stages for f in futures], pure=False)
-            await client.submit(sum, heads, pure=False)
-            del heads
+            everything = [f for futures in stages for f in futures]
+            for _ in range(shape.passes):
+                heads = client.map(head_sum, everything, delay=shape.pass_delay, pure=False)
+                await client.submit(sum, heads, pure=False)
+                del heads
+            del everything
             grown = time.monotonic() - start
             while stages:
                 stages.pop(0)

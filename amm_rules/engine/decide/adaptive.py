@@ -91,8 +91,7 @@ class MemoryTarget:
     per_worker: int = 0
     #: Workers running when it was computed.
     running: int = 0
-    #: Why it rose above the workers running (:data:`DISK`, :data:`HELD_BACK`; only
-    #: while the data needs every running worker).
+    #: Why it rose above the workers running (:data:`DISK`, :data:`HELD_BACK`).
     rising: tuple[str, ...] = ()
     #: Bytes per second written and read back, as measured (None: not yet).
     disk_rate: float | None = None
@@ -119,8 +118,8 @@ def expected_bytes(to_run: Mapping[str, int], per_task: Mapping[str, float]) -> 
 def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> MemoryTarget:
     """The workers needed to hold the data under ``headroom`` (a share of each worker's
     memory limit kept free of managed data), and one more than are running while the
-    workers write to disk or read back faster than ``disk_rate`` (bytes per second) or
-    producers are held back, as long as the data needs every running worker.
+    workers write to disk or read back faster than ``disk_rate`` (bytes per second) with
+    data still on disk, or producers are held back.
 
     The cases:
 
@@ -128,11 +127,10 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
        data's room is unknown, or unbounded);
     2. else ``ceil(needed / per_worker)``, ``per_worker`` being the mean limit's share
        left free of the headroom;
-    3. and, rising, at least the running workers plus one, while the data is more than
-       all the running workers but one hold under the headroom: spilling then means the
-       workers are short of memory (their processes are larger than their data says);
-       otherwise it is data that is being released, or sits on the wrong worker, which
-       another worker would not help.
+    3. and, rising, at least the running workers plus one: while the workers spill, as
+       long as bytes are on disk (traffic measured over a window goes on a little after
+       the data that was read back is released: then nothing is on disk any more), or
+       while producers are held back.
     """
     limits = demand.limits
     running = len(limits)
@@ -143,7 +141,8 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
         (p, demand.to_run[p], b) for p, b in sorted(expected.items(), key=lambda kv: -kv[1])
     )[:TOP_PREFIXES]
     signals = []
-    if demand.disk_rate is not None and demand.disk_rate > disk_rate:
+    spilling = demand.disk_rate is not None and demand.disk_rate > disk_rate
+    if spilling and demand.on_disk > 0:
         signals.append(DISK)
     if demand.held_back:
         signals.append(HELD_BACK)
@@ -157,7 +156,7 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
     # (A hair below a whole number of workers is that number: 4 GiB under 40% of 1 GiB
     # is 10 workers, whatever 0.4's last bit.)
     workers = math.ceil(needed / room - 1e-9) if needed > 0 else 0  # 2.
-    rising = tuple(signals) if needed > (running - 1) * room else ()
+    rising = tuple(signals)
     if rising:
         workers = max(workers, running + 1)  # 3.
     return MemoryTarget(

@@ -72,13 +72,12 @@ def test_no_data_asks_for_nothing_and_unknown_room_asks_for_nothing() -> None:
 
 
 def test_the_target_rises_by_one_while_workers_spill_or_producers_are_held() -> None:
-    # 1 GiB held by 3 workers of 1 GiB: 410 MiB each under the headroom; two would not do.
-    calm = MemoryDemand(limits=(GiB,) * 3, in_memory=GiB, disk_rate=MiB // 2)
+    calm = MemoryDemand(limits=(GiB,) * 3, in_memory=GiB, on_disk=MiB, disk_rate=MiB // 2)
     assert memory_target(calm, 0.6, MiB).workers == 3
-    spilling = MemoryDemand(limits=(GiB,) * 3, in_memory=GiB, disk_rate=5 * MiB)
+    spilling = MemoryDemand(limits=(GiB,) * 3, in_memory=GiB, on_disk=MiB, disk_rate=5 * MiB)
     t = memory_target(spilling, 0.6, MiB)
     assert t.workers == 4 and t.rising == (DISK,)
-    held = MemoryDemand(limits=(GiB,) * 3, in_memory=GiB, held_back=True)
+    held = MemoryDemand(limits=(GiB,) * 3, in_memory=GiB // 10, held_back=True)
     assert memory_target(held, 0.6, MiB).rising == (HELD_BACK,)
     assert memory_target(held, 0.6, MiB).workers == 4
     # Rising never lowers what the data needs.
@@ -86,21 +85,19 @@ def test_the_target_rises_by_one_while_workers_spill_or_producers_are_held() -> 
     assert memory_target(big, 0.6, MiB).workers == 10
 
 
-def test_spilling_data_that_fewer_workers_hold_asks_for_no_more() -> None:
-    """Data being released (what was read back a moment ago), or on the wrong worker:
-    another worker would not help."""
-    small = MemoryDemand(limits=(GiB,) * 3, in_memory=GiB // 10, disk_rate=50 * MiB)
-    t = memory_target(small, 0.6, MiB)
+def test_traffic_with_nothing_left_on_disk_asks_for_no_more() -> None:
+    """The meter's window goes on counting what was read back a moment ago: once the
+    data it read was released, nothing is on disk, and no worker more is asked."""
+    released = MemoryDemand(limits=(GiB,) * 3, in_memory=GiB // 10, disk_rate=50 * MiB)
+    t = memory_target(released, 0.6, MiB)
     assert t.workers == 1 and t.rising == ()
-    # Just more than two workers hold: the third is needed, and spilling asks a fourth.
-    edge = MemoryDemand(limits=(GiB,) * 3, in_memory=int(0.81 * GiB), disk_rate=50 * MiB)
-    assert memory_target(edge, 0.6, MiB).workers == 4
 
 
 def test_the_targets_sentence() -> None:
     demand = MemoryDemand(
         limits=(GiB,) * 2,
-        in_memory=GiB,
+        in_memory=GiB - 10 * MiB,
+        on_disk=10 * MiB,
         to_run={"load": 100},
         per_task={"load": 10 * MiB},
         disk_rate=12 * MiB,
