@@ -34,8 +34,10 @@ each run is recorded. ``--quick``: smaller limits, fewer and smaller stages, for
 development (the figures of a quick run prove nothing).
 
 Usage: ``python -m benchmarks.adaptive [--repeats N] [--quick] [--modes stock,adaptive]
-[--section JSON]``; writes ``benchmarks/results/adaptive.json`` (``adaptive-quick.json``
-with ``--quick``).
+[--section JSON] [--plots-only]``; writes ``benchmarks/results/adaptive.json``
+(``adaptive-quick.json`` with ``--quick``) and, but for ``--quick``, the plots of
+docs/performance.md (:func:`plot`: workers and bytes written to disk over time, first
+repeat); needs the ``dev`` extra (matplotlib) for those.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ from benchmarks.support.cluster import TransitionCounter
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+PLOT = ROOT / "docs" / "adaptive-workers.png"
+#: Seconds between two points of a run's time series (workers, bytes written).
+SERIES_S = 0.5
 MiB = 2**20
 MODES = ("stock", "adaptive")
 #: The ``adaptive:`` section of the ``adaptive`` mode (``--section`` changes it).
@@ -162,6 +167,10 @@ class Sampler:
         self.below_key_s = 0.0
         self.reached: set[Hashable] = set()
         self.changed = time.monotonic()
+        #: (seconds since the start, workers, MiB written to disk so far, MiB of managed
+        #: data in memory), every :data:`SERIES_S`.
+        self.series: list[tuple[float, int, float, float]] = []
+        self._written0 = disk_bytes(s, "disk-write")
         self._count = 0
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -175,7 +184,8 @@ class Sampler:
             await self._task
 
     async def _run(self) -> None:
-        last = time.monotonic()
+        last = start = time.monotonic()
+        point = 0.0
         while not self._stop.is_set():
             await asyncio.sleep(SAMPLE_S)
             now = time.monotonic()
@@ -185,6 +195,11 @@ class Sampler:
                 self._count, self.changed = n, now
             self.most = max(self.most, n)
             self.worker_s += dt * n
+            if now - point >= SERIES_S:
+                point = now
+                written = (disk_bytes(self.s, "disk-write") - self._written0) / MiB
+                managed = sum(ws.memory.managed for ws in self.s.workers.values()) / MiB
+                self.series.append((round(now - start, 1), n, round(written), round(managed)))
             for key in self.model:
                 ts = self.s.tasks.get(key)
                 held = len(ts.who_has or ()) if ts is not None else 0
@@ -250,6 +265,8 @@ async def one_run(mode: str, shape: Shape) -> dict[str, Any]:
                 stages.pop(0)
                 await asyncio.sleep(shape.pause)
             wall = time.monotonic() - start
+            # Settled: no worker came or went for a while since the workload ended.
+            sampler.changed = max(sampler.changed, time.monotonic())
             while time.monotonic() - sampler.changed < shape.settle:
                 if time.monotonic() - start - wall > SETTLE_CAP:
                     break
@@ -269,6 +286,7 @@ async def one_run(mode: str, shape: Shape) -> dict[str, Any]:
                 "most_workers": sampler.most,
                 "final_workers": len(s.workers),
                 "load_before": round(load, 2),
+                "series": sampler.series,
                 "adapt_log": [
                     (round(t - started, 1), dict(r))
                     for t, r in getattr(cluster._adaptive, "log", [])
@@ -289,7 +307,8 @@ async def run(modes: list[str], repeats: int, shape: Shape) -> list[dict[str, An
         for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
             result = await one_run(mode, shape)
             result["repeat"] = r
-            print(json.dumps({k: v for k, v in result.items() if k != "adapt_log"}), flush=True)
+            shown = {k: v for k, v in result.items() if k not in ("adapt_log", "series")}
+            print(json.dumps(shown), flush=True)
             out.append(result)
     return out
 
@@ -380,6 +399,35 @@ def print_table(table: dict[str, Any], repeats: int) -> None:
     print(f"medians (min-max) of {repeats} runs per mode")
 
 
+def plot(data: dict[str, Any], path: Path = PLOT) -> None:
+    """The figure of docs/performance.md, from the benchmark's JSON: workers and bytes
+    written to disk over the first repeat, per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in data["runs"] if r["repeat"] == 0 and r.get("series")]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.2), sharex=True)
+    for r in sorted(runs, key=lambda r: MODES.index(r["mode"])):
+        ts = [p[0] for p in r["series"]]
+        (line,) = top.step(ts, [p[1] for p in r["series"]], where="post", label=r["mode"])
+        bottom.plot(ts, [p[2] for p in r["series"]], color=line.get_color(), label=r["mode"])
+        bottom.plot(
+            ts, [p[3] for p in r["series"]], color=line.get_color(), linestyle=":", linewidth=1
+        )
+        top.axvline(r["wall_s"], color=line.get_color(), linestyle=":", linewidth=1)
+    top.set_ylabel("workers")
+    top.set_title("Adaptive scaling, first repeat (dotted: the workload ends)")
+    top.legend()
+    bottom.set_ylabel("MiB")
+    bottom.set_xlabel("seconds since the start")
+    bottom.set_title("written to disk so far (solid), data in memory (dotted)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -389,6 +437,7 @@ def main() -> None:
         "--section", default="{}", help="the adaptive mode's adaptive: section, as JSON"
     )
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--plots-only", action="store_true", help="plot the JSON again")
     args = parser.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(MODES))
@@ -397,6 +446,9 @@ def main() -> None:
     SECTION.update(json.loads(args.section))
     shape = QUICK if args.quick else FULL
     out = args.json or RESULTS / ("adaptive-quick.json" if args.quick else "adaptive.json")
+    if args.plots_only:
+        plot(json.loads(out.read_text()))
+        return
     logging.getLogger("distributed").setLevel(logging.CRITICAL)
     logging.getLogger("amm_rules").setLevel(logging.CRITICAL)
     started = time.time()
@@ -427,6 +479,8 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    if not args.quick:
+        plot(result)
 
 
 if __name__ == "__main__":
