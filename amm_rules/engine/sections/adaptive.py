@@ -296,7 +296,7 @@ class AdaptiveSection(Section):
     FEATURES = (
         Feature("adaptive scale-down guard", (DOWNSCALING, *ADAPTIVE_SCALING)),
         Feature(
-            "adaptive target",
+            "adaptive: memory",
             ADAPTIVE_READS,
             in_use=lambda ruleset: ruleset.adaptive is not None and ruleset.adaptive.memory,
         ),
@@ -485,7 +485,7 @@ class AdaptiveSection(Section):
         settings = self.settings
         if ctx is None or settings is None or not settings.memory:
             return
-        if not self.supports("adaptive target"):
+        if not self.supports("adaptive: memory"):
             return
         now = time.monotonic()
         if now - self._sampled < SAMPLE_EVERY:
@@ -499,7 +499,7 @@ class AdaptiveSection(Section):
         ctx = self.ctx
         if settings is None or not settings.memory or ctx is None:
             return stock
-        if not self.supports("adaptive target"):
+        if not self.supports("adaptive: memory"):
             return stock
         self.sample()
         found = memory_target(
