@@ -48,7 +48,6 @@ import json
 import logging
 import math
 import os
-import platform
 import statistics
 import time
 from collections.abc import Hashable
@@ -59,9 +58,10 @@ from typing import Any
 import dask
 import distributed
 import numpy as np
-from distributed import Client, LocalCluster
+from distributed import Client
 
-from benchmarks.support.cluster import TransitionCounter
+from benchmarks.support.cluster import TransitionCounter, spilling_cluster, spilling_config
+from benchmarks.support.results import run_header
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -213,28 +213,10 @@ async def one_run(mode: str, shape: Shape) -> dict[str, Any]:
     rules: dict[str, Any] = {"version": 1, "rules": [RULE]}
     if mode == "adaptive":
         rules["adaptive"] = dict(SECTION)
-    prefix = "distributed.scheduler.active-memory-manager"
-    config = {
-        f"{prefix}.start": True,
-        f"{prefix}.policies": [{"class": "amm_rules.RulesPolicy", "rules": rules}],
-        "distributed.worker.memory.target": 0.6,
-        "distributed.worker.memory.spill": 0.7,
-        "distributed.worker.memory.pause": 0.8,
-        "distributed.worker.memory.terminate": False,
-    }
-    env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     load = os.getloadavg()[0]
-    with dask.config.set(config):
+    with dask.config.set(spilling_config(rules)):
         async with (
-            LocalCluster(
-                n_workers=1,
-                threads_per_worker=1,
-                processes=True,
-                asynchronous=True,
-                dashboard_address=":0",
-                memory_limit=shape.limit,
-                env=env,
-            ) as cluster,
+            spilling_cluster(1, 1, shape.limit) as cluster,
             Client(cluster, asynchronous=True) as client,
         ):
             s = cluster.scheduler
@@ -456,15 +438,7 @@ def main() -> None:
     table = summarize(runs, modes)
     print_table(table, args.repeats)
     result = {
-        "date": time.strftime("%Y-%m-%d", time.localtime(started)),
-        "duration_s": round(time.time() - started),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "shared": "yes: other work ran on the machine; see load_before per run",
-        },
-        "python": platform.python_version(),
-        "distributed": distributed.__version__,
+        **run_header(started),
         "settings": {
             "repeats": args.repeats,
             "quick": args.quick,

@@ -14,23 +14,11 @@ from distributed.utils_test import gen_cluster
 from benchmarks.support.waiting import wait_for
 from tests.offline.test_simulate import cli
 from tests.support.dumps import CONFIG, NTHREADS, array, dump, populate
+from tests.support.dumps import RULES as DUMP_RULES
 
 MiB = 2**20
-RULES = """\
-version: 1
-pools:
-  gpu: worker.resources.GPU >= 1
-rules:
-  - name: precious
-    match: task.prefix == "precious"
-    replicate: 3
-    spread: host
-  - name: device
-    match: task.prefix == "device"
-    pool: gpu
-adaptive:
-  headroom: 90%
-"""
+#: The offline tests' rules (tests/support/dumps.py), with an adaptive section.
+RULES = DUMP_RULES + "adaptive:\n  headroom: 90%\n"
 
 
 def wait_on(event: Event) -> None:

@@ -127,10 +127,13 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
        data's room is unknown, or unbounded);
     2. else ``ceil(needed / per_worker)``, ``per_worker`` being the mean limit's share
        left free of the headroom;
-    3. and, rising, at least the running workers plus one: while the workers spill, as
-       long as bytes are on disk (traffic measured over a window goes on a little after
-       the data that was read back is released: then nothing is on disk any more), or
-       while producers are held back.
+    3. and, rising, at least the running workers plus one: while producers are held
+       back; while the workers spill with bytes on disk (traffic measured over a window
+       goes on a little after the data read back was released: then nothing is on disk
+       any more), as long as the data needs all the running workers but one at least
+       (case 2 asks for that many): once it needs fewer, what spills is data being
+       released, or data on one worker that another would not relieve. (Needing all of
+       them would let the worker the rise added go again at once.)
     """
     limits = demand.limits
     running = len(limits)
@@ -140,12 +143,8 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
     top = tuple(
         (p, demand.to_run[p], b) for p, b in sorted(expected.items(), key=lambda kv: -kv[1])
     )[:TOP_PREFIXES]
-    signals = []
     spilling = demand.disk_rate is not None and demand.disk_rate > disk_rate
-    if spilling and demand.on_disk > 0:
-        signals.append(DISK)
-    if demand.held_back:
-        signals.append(HELD_BACK)
+    spilling = spilling and demand.on_disk > 0
     base = MemoryTarget(0, needed, total_expected, 0, running, (), demand.disk_rate, top)
     if not running or min(limits) <= 0:
         return base  # 1.
@@ -156,6 +155,11 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
     # (A hair below a whole number of workers is that number: 4 GiB under 40% of 1 GiB
     # is 10 workers, whatever 0.4's last bit.)
     workers = math.ceil(needed / room - 1e-9) if needed > 0 else 0  # 2.
+    signals = []
+    if spilling and workers >= running - 1:
+        signals.append(DISK)
+    if demand.held_back:
+        signals.append(HELD_BACK)
     rising = tuple(signals)
     if rising:
         workers = max(workers, running + 1)  # 3.

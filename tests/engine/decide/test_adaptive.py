@@ -88,9 +88,23 @@ def test_the_target_rises_by_one_while_workers_spill_or_producers_are_held() -> 
 def test_traffic_with_nothing_left_on_disk_asks_for_no_more() -> None:
     """The meter's window goes on counting what was read back a moment ago: once the
     data it read was released, nothing is on disk, and no worker more is asked."""
-    released = MemoryDemand(limits=(GiB,) * 3, in_memory=GiB // 10, disk_rate=50 * MiB)
+    released = MemoryDemand(limits=(GiB,) * 3, in_memory=GiB, disk_rate=50 * MiB)
     t = memory_target(released, 0.6, MiB)
-    assert t.workers == 1 and t.rising == ()
+    assert t.workers == 3 and t.rising == ()
+
+
+def test_spilling_data_that_far_fewer_workers_hold_asks_for_no_more() -> None:
+    """A few keys left on disk after the data was released: the data needs one worker
+    of four; another would not help."""
+    small = MemoryDemand(limits=(GiB,) * 4, in_memory=GiB // 10, on_disk=MiB, disk_rate=50 * MiB)
+    assert memory_target(small, 0.6, MiB).rising == ()
+    # The rise goes on while the data needs all the running workers but one: the worker
+    # it added is not let go at once.
+    after_rise = MemoryDemand(
+        limits=(GiB,) * 4, in_memory=int(1.1 * GiB), on_disk=MiB, disk_rate=50 * MiB
+    )
+    t = memory_target(after_rise, 0.6, MiB)
+    assert t.rising == (DISK,) and t.workers == 5
 
 
 def test_the_targets_sentence() -> None:
