@@ -70,6 +70,8 @@ class MemoryDemand:
     disk_rate: float | None = None
     #: Producers are held back (the ``memory-pressure`` section holds).
     held_back: bool = False
+    #: The last target rose on disk traffic (see :func:`memory_target`, case 3).
+    rose: bool = False
 
 
 #: Why a target rose by a worker: the workers write to disk or read back faster than
@@ -130,10 +132,10 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
     3. and, rising, at least the running workers plus one: while producers are held
        back; while the workers spill with bytes on disk (traffic measured over a window
        goes on a little after the data read back was released: then nothing is on disk
-       any more), as long as the data needs all the running workers but one at least
-       (case 2 asks for that many): once it needs fewer, what spills is data being
-       released, or data on one worker that another would not relieve. (Needing all of
-       them would let the worker the rise added go again at once.)
+       any more), as long as the data needs every running worker (case 2 asks for that
+       many), or, once the target rose (``rose``), all of them but the one the rise
+       added. When the data needs fewer, what spills is data being released, or data
+       on one worker that another would not relieve.
     """
     limits = demand.limits
     running = len(limits)
@@ -156,7 +158,7 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
     # is 10 workers, whatever 0.4's last bit.)
     workers = math.ceil(needed / room - 1e-9) if needed > 0 else 0  # 2.
     signals = []
-    if spilling and workers >= running - 1:
+    if spilling and workers >= running - (1 if demand.rose else 0):
         signals.append(DISK)
     if demand.held_back:
         signals.append(HELD_BACK)

@@ -55,6 +55,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from amm_rules.engine.adapters import worker_status
 from amm_rules.engine.decide.adaptive import (
+    DISK,
     TO_RUN,
     DiskMeter,
     HeldClass,
@@ -124,8 +125,9 @@ def disk_totals(scheduler: Any) -> tuple[int, int, float]:
     return written, read, seconds
 
 
-def memory_demand(ctx: EngineContext, meter: DiskMeter) -> MemoryDemand:
-    """The memory view of the scheduler (see the module docstring)."""
+def memory_demand(ctx: EngineContext, meter: DiskMeter, rose: bool = False) -> MemoryDemand:
+    """The memory view of the scheduler (see the module docstring); ``rose``: the last
+    target rose on disk traffic."""
     scheduler = ctx.scheduler
     workers = [ws for ws in scheduler.workers.values() if worker_status(ws) != "closing"]
     in_memory = on_disk = 0
@@ -159,6 +161,7 @@ def memory_demand(ctx: EngineContext, meter: DiskMeter) -> MemoryDemand:
         per_task=per_task,
         disk_rate=meter.rate(),
         held_back=held_back,
+        rose=rose,
     )
 
 
@@ -358,6 +361,8 @@ class AdaptiveSection(Section):
         self._acted: frozenset[tuple[str, tuple[Kept, ...]]] = frozenset()
         self._sampled = 0.0
         self._adapting = False
+        #: The last target rose on disk traffic.
+        self._rose = False
         #: Holders of the keys that must stay put, per class, as last read (see
         #: :func:`held_classes`).
         self._holders: dict[Any, tuple[int, list[frozenset[str]]]] = {}
@@ -502,9 +507,9 @@ class AdaptiveSection(Section):
         if not self.supports("adaptive: memory"):
             return stock
         self.sample()
-        found = memory_target(
-            memory_demand(ctx, self.meter), settings.headroom, settings.disk_rate
-        )
+        demand = memory_demand(ctx, self.meter, rose=self._rose)
+        found = memory_target(demand, settings.headroom, settings.disk_rate)
+        self._rose = DISK in found.rising
         self.target, self.stock, self.target_at = found, stock, time.time()
         if found.workers > stock:
             self.counters["raised"] += 1

@@ -5,6 +5,7 @@ order of leaving; their sentences (amm_rules.engine.words)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -98,12 +99,15 @@ def test_spilling_data_that_far_fewer_workers_hold_asks_for_no_more() -> None:
     of four; another would not help."""
     small = MemoryDemand(limits=(GiB,) * 4, in_memory=GiB // 10, on_disk=MiB, disk_rate=50 * MiB)
     assert memory_target(small, 0.6, MiB).rising == ()
-    # The rise goes on while the data needs all the running workers but one: the worker
-    # it added is not let go at once.
+    two = MemoryDemand(limits=(GiB,) * 2, in_memory=GiB // 10, on_disk=MiB, disk_rate=50 * MiB)
+    assert memory_target(two, 0.6, MiB).rising == ()
+    # Once risen, the rise goes on while the data needs all the running workers but the
+    # one it added: that worker is not let go at once.
     after_rise = MemoryDemand(
         limits=(GiB,) * 4, in_memory=int(1.1 * GiB), on_disk=MiB, disk_rate=50 * MiB
     )
-    t = memory_target(after_rise, 0.6, MiB)
+    assert memory_target(after_rise, 0.6, MiB).rising == ()
+    t = memory_target(replace(after_rise, rose=True), 0.6, MiB)
     assert t.rising == (DISK,) and t.workers == 5
 
 
