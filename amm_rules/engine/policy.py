@@ -278,6 +278,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         index.touched.update(ts.key for ts in scheduler.replicated_tasks)
         index.workers_changed = True
         ctx.early.attach(self.manager)
+        ctx.amm_running.attach(self.manager, self)
         index.wake = self._wake
         # A changed rules file is read in a thread: its rules are taken by an early cycle.
         self.rules_file.ready = lambda: ctx.early.request("rules-file-read")
@@ -335,6 +336,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         scheduler = manager.scheduler
         ctx.index.active = False
         ctx.early.close()
+        ctx.amm_running.detach()
         self.rules_file.close()
         for undo in self._unwatch:
             undo()

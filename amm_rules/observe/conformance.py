@@ -16,6 +16,10 @@ The states (TiDB's ``SHOW PLACEMENT`` has the same three):
 - ``dry-run``: the rule is in dry-run (``enforcement: dry-run``) and some of its keys do
   not hold what it asks: the engine planned their copies and drops and held them back
   (reason ``dry-run``, see :mod:`amm_rules.engine.dryrun`);
+- ``not-running``: the Active Memory Manager runs no cycle (stopped with
+  ``client.amm.stop()``, or configured with ``start: false``): nothing enforces the
+  rule, so it gets no other state (those are earned by cycles: what the last cycle saw
+  may be long gone). Every row has it, and :attr:`Conformance.running` says so first;
 - ``idle``: the rule has governed no key since the rules were loaded, while the cluster
   holds keys (and every key in memory is classified): it probably names its keys
   otherwise than the data is named. The sentence gives near-miss hints
@@ -63,9 +67,14 @@ IN_PROGRESS = "in-progress"
 UNSATISFIABLE = "unsatisfiable"
 DRY_RUN = "dry-run"
 IDLE = "idle"
+NOT_RUNNING = "not-running"
 #: Every state, best first (``dry-run``: held back by its own enforcement; ``idle``: a
-#: rule that governs nothing, last).
-STATES = (SATISFIED, IN_PROGRESS, UNSATISFIABLE, DRY_RUN, IDLE)
+#: rule that governs nothing; ``not-running``: no cycle enforces the rules, last).
+STATES = (SATISFIED, IN_PROGRESS, UNSATISFIABLE, DRY_RUN, IDLE, NOT_RUNNING)
+#: The sentence of every row while the AMM runs no cycle.
+NOT_RUNNING_SENTENCE = (
+    "not enforced: the Active Memory Manager runs no cycle (stopped, or start: false)"
+)
 #: Most keys in memory looked at for the near-miss hints of idle rules.
 SAMPLE = 2_000
 
@@ -154,6 +163,10 @@ class Conformance:
     met: int
     #: Keys in memory the classification budget left for the next cycles.
     backlog: int
+    #: Whether the AMM runs its cycles (False: every row is ``not-running``), and since
+    #: when it runs or does not (seconds since the epoch).
+    running: bool = True
+    since: float | None = None
 
     @property
     def fraction(self) -> float:
@@ -162,6 +175,8 @@ class Conformance:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "running": self.running,
+            "since": self.since,
             "governed": self.governed,
             "met": self.met,
             "fraction": self.fraction,
@@ -222,12 +237,22 @@ def conformance(policy: RulesPolicy) -> Conformance:
             r.why.setdefault(reason, sentence)
 
     backlog = policy.journal.backlog
+    amm = policy.ctx.amm_running
+    running = amm.running
     for r in rows.values():
-        r.state, r.sentence = _judge(r, backlog)
-    _idle(policy, rows, backlog)
+        r.state, r.sentence = (
+            _judge(r, backlog) if running else (NOT_RUNNING, NOT_RUNNING_SENTENCE)
+        )
+    if running:
+        _idle(policy, rows, backlog)
     governed = len(index)
     return Conformance(
-        rules=list(rows.values()), governed=governed, met=governed - unmet, backlog=backlog
+        rules=list(rows.values()),
+        governed=governed,
+        met=governed - unmet,
+        backlog=backlog,
+        running=running,
+        since=amm.since,
     )
 
 
