@@ -246,6 +246,8 @@ class HeldClass:
     #: The holders of each key: needed for ``move: never`` classes and for classes with
     #: a pool or avoid (their keys stay where they are while no worker is eligible).
     holders: Sequence[frozenset[str]] = ()
+    #: :func:`holder_index` of ``holders``, when the caller keeps one (None: built).
+    index: Mapping[str, Sequence[frozenset[str]]] | None = None
 
     def source(self, name: str) -> str:
         return self.sources.get(name) or self.sources.get("replicate") or "the rules"
@@ -301,6 +303,15 @@ class _Placement:
                 del self.hosts[host]
 
 
+def holder_index(holders: Iterable[frozenset[str]]) -> dict[str, list[frozenset[str]]]:
+    """Each holder's address -> the holder sets of the keys it holds."""
+    out: dict[str, list[frozenset[str]]] = {}
+    for held in holders:
+        for address in held:
+            out.setdefault(address, []).append(held)
+    return out
+
+
 def _eligible(
     slots: Mapping[str, Slot], pool: tuple[str, ...] | None, avoid: tuple[str, ...] | None
 ) -> frozenset[str]:
@@ -345,7 +356,7 @@ def hold(
     """
     host_of = {a: s.host for a, s in slots.items()}
     placements: dict[tuple[tuple[str, ...] | None, tuple[str, ...] | None], _Placement] = {}
-    checked: list[tuple[HeldClass, _Placement, dict[str, list[frozenset[str]]]]] = []
+    checked: list[tuple[HeldClass, _Placement, Mapping[str, Sequence[frozenset[str]]]]] = []
     for cls in classes:
         if cls.keys <= 0:
             continue
@@ -358,44 +369,49 @@ def hold(
         stay_put = cls.move == "never" or (
             (cls.pool is not None or cls.avoid is not None) and not placement.eligible
         )
-        by_holder: dict[str, list[frozenset[str]]] = {}
+        by_holder: Mapping[str, Sequence[frozenset[str]]] = {}
         if stay_put:
-            for holders in cls.holders:
-                for a in holders:
-                    by_holder.setdefault(a, []).append(holders)
+            by_holder = cls.index if cls.index is not None else holder_index(cls.holders)
         checked.append((cls, placement, by_holder))
     out = Hold()
-    leaving: set[str] = set()
+    leaving: set[str] = set()  # the candidates let go so far
     for address in candidates:
-        trial = leaving | {address}
         host = host_of.get(address, "")
         reasons: list[Kept] = []
         for cls, placement, by_holder in checked:
-            why = _check(cls, placement, by_holder, address, host, trial, minimums)
+            if address not in placement.eligible and address not in by_holder:
+                continue  # neither holds its keys nor may: nothing to break
+            why = _check(cls, placement, by_holder, address, host, leaving, minimums)
             if why is not None:
                 reasons.append(why)
         if reasons:
             out.kept[address] = _merged(reasons)
             continue
-        leaving = trial
+        leaving.add(address)
         out.allowed.append(address)
         for placement in placements.values():
             placement.let_go(address, host)
     return out
 
 
+def _stranded(holder_sets: Sequence[frozenset[str]], address: str, leaving: set[str]) -> int:
+    """Keys held by ``address`` whose every other holder is ``leaving`` too."""
+    return sum(1 for held in holder_sets if all(a == address or a in leaving for a in held))
+
+
 def _check(
     cls: HeldClass,
     placement: _Placement,
-    by_holder: Mapping[str, list[frozenset[str]]],
+    by_holder: Mapping[str, Sequence[frozenset[str]]],
     address: str,
     host: str,
     leaving: set[str],
     minimums: bool,
 ) -> Kept | None:
-    """The first of :func:`hold`'s cases that ``address`` leaving breaks for ``cls``."""
+    """The first of :func:`hold`'s cases that ``address`` leaving (with ``leaving``, let
+    go before it) breaks for ``cls``."""
     if by_holder:
-        stranded = sum(1 for holders in by_holder.get(address, ()) if holders <= leaving)
+        stranded = _stranded(by_holder.get(address, ()), address, leaving)
         if stranded:
             if cls.move == "never":
                 return Kept(NEVER, stranded, cls.source("move"))  # 1.
@@ -485,5 +501,6 @@ __all__ = [
     "cheapest_first",
     "expected_bytes",
     "hold",
+    "holder_index",
     "memory_target",
 ]

@@ -67,6 +67,7 @@ from amm_rules.engine.decide.adaptive import (
     Slot,
     cheapest_first,
     hold,
+    holder_index,
     memory_target,
 )
 from amm_rules.engine.features import ADAPTIVE_READS, ADAPTIVE_SCALING, DOWNSCALING, Feature
@@ -91,6 +92,15 @@ SAMPLE_EVERY = 0.5
 _ADDRESS = attrgetter("address")
 #: The scheduler's methods this section wraps, each also a comm handler of that name.
 WRAPPED = ("adaptive_target", "workers_to_close", "retire_workers")
+
+
+class Held(NamedTuple):
+    """The holders of a class's keys that must stay put, as read when the governed keys
+    had changed ``changes`` times, and their index by holder."""
+
+    changes: int
+    holders: list[frozenset[str]]
+    index: dict[str, list[frozenset[str]]]
 
 
 class Decision(NamedTuple):
@@ -177,7 +187,7 @@ def slots(ctx: EngineContext) -> dict[str, Slot]:
 def held_classes(
     ctx: EngineContext,
     workers: Mapping[str, Slot],
-    known: dict[Any, tuple[int, list[frozenset[str]]]] | None = None,
+    known: dict[Any, Held] | None = None,
 ) -> list[HeldClass]:
     """The governed classes of keys whose rules act (not in dry-run), with the holders
     of their keys where they must stay put (``move: never``; a pool or avoid that no
@@ -202,14 +212,16 @@ def held_classes(
         restricted = cls.pool is not None or cls.avoid is not None
         stay_put = cls.move == "never" or (restricted and not _any_eligible(cls, workers))
         holders: list[frozenset[str]] = []
+        by_holder = None
         if stay_put:
             seen = known.get(cls) if known is not None else None
-            if seen is not None and seen[0] == changes and not dry_run.keys_active:
-                holders = seen[1]
+            if seen is not None and seen.changes == changes and not dry_run.keys_active:
+                holders, by_holder = seen.holders, seen.index
             else:
                 holders = [frozenset(map(_ADDRESS, ts.who_has or ())) for ts in tasks]
+                by_holder = holder_index(holders)
                 if known is not None:
-                    known[cls] = (changes, holders)
+                    known[cls] = Held(changes, holders, by_holder)
         out.append(
             HeldClass(
                 keys=n,
@@ -220,6 +232,7 @@ def held_classes(
                 move=cls.move,
                 sources=sources,
                 holders=holders,
+                index=by_holder,
             )
         )
     return out
@@ -365,7 +378,7 @@ class AdaptiveSection(Section):
         self._rose = False
         #: Holders of the keys that must stay put, per class, as last read (see
         #: :func:`held_classes`).
-        self._holders: dict[Any, tuple[int, list[frozenset[str]]]] = {}
+        self._holders: dict[Any, Held] = {}
         self._unwrap: Callable[[], None] | None = None
 
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
