@@ -53,7 +53,6 @@ from weakref import WeakKeyDictionary
 
 from amm_rules.engine.adapters import resource_restrictions, span_path
 from amm_rules.engine.dryrun import HELD_BACK
-from amm_rules.engine.sections.activity import RuleActivity
 from amm_rules.engine.state.governed import PlanClass, labels_of
 from amm_rules.engine.state.journal import BUSY, IN_FLIGHT, IN_PROGRESS_REASONS, WAITING
 from amm_rules.engine.words import counted
@@ -259,8 +258,8 @@ def conformance(policy: RulesPolicy) -> Conformance:
 def _idle(policy: RulesPolicy, rows: dict[str, RuleConformance], backlog: int) -> None:
     """Mark the rules that governed no key since they were loaded, while keys are in
     memory and all of them classified, ``idle``, with near-miss hints."""
-    activity = policy.ctx.find(RuleActivity)
-    if activity is None or not activity.cycles or backlog:
+    activity = policy.activity
+    if not activity.cycles or backlog:
         return
     candidates = [
         r

@@ -14,9 +14,12 @@ Neighbours: :mod:`amm_rules.engine.state.index` counts keys per rule
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine.sections.base import Cycle, Section
+
+if TYPE_CHECKING:
+    from amm_rules.engine.context import EngineContext
 
 
 class RuleActivity(Section):
@@ -24,7 +27,8 @@ class RuleActivity(Section):
 
     name = "rule-activity"
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
         #: Names of the rules (and groups: ``(annotation)``...) that governed a key since
         #: the rules were loaded.
         self.matched: set[str] = set()
@@ -37,7 +41,6 @@ class RuleActivity(Section):
 
     def run(self, cycle: Cycle) -> tuple[()]:
         ctx = self.ctx
-        assert ctx is not None
         matched = self.matched
         for label, n in ctx.index.governed.governed_by.items():
             if n and label not in matched:

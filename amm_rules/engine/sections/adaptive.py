@@ -25,7 +25,7 @@ candidates of ``workers_to_close``:
   distributed's own and :func:`~amm_rules.engine.decide.adaptive.memory_target`, read
   from the workers (limits, managed and spilled bytes), the task prefixes (tasks still
   to run), the memory flow (net bytes per task), the workers' disk metrics (bytes
-  written and read back per second, sampled each cycle and at each call) and
+  written and read back per second, sampled at each call, at most every half second) and
   ``worker-saturation`` (lowered below its configured value: producers held back).
 
 ``workers_to_close`` also answers reads (``adaptive_target`` calls it, and every
@@ -71,7 +71,7 @@ from amm_rules.engine.decide.adaptive import (
     memory_target,
 )
 from amm_rules.engine.features import ADAPTIVE_READS, ADAPTIVE_SCALING, DOWNSCALING, Feature
-from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.engine.sections.base import Section
 from amm_rules.engine.words import kept_sentence, kept_why, target_sentence
 from amm_rules.engine.wrapping import wrap_methods
 from amm_rules.language.ruleset import AdaptiveSettings, Ruleset
@@ -284,7 +284,7 @@ class ScaleDownGuard(SchedulerPlugin):
     def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
         section = self.section
         ctx = section.ctx
-        if ctx is None or not ctx.attached or not workers or self.bypass:
+        if not ctx.attached or not workers or self.bypass:
             return workers
         try:
             order, decided = section.decide(workers)
@@ -355,7 +355,8 @@ class AdaptiveSection(Section):
     def in_use(cls, ruleset: Ruleset) -> bool:
         return ruleset.adaptive is not None
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
         #: The ``adaptive:`` section in force (None: the file has none).
         self.settings: AdaptiveSettings | None = None
         self.guard = ScaleDownGuard(self)
@@ -384,8 +385,8 @@ class AdaptiveSection(Section):
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
         self.settings = ruleset.adaptive
 
-    def attach(self, ctx: EngineContext) -> None:
-        super().attach(ctx)
+    def attach(self) -> None:
+        ctx = self.ctx
         if not self.supports("adaptive scale-down guard"):
             return
         ctx.add_plugin(self.guard, ScaleDownGuard.name)
@@ -395,13 +396,7 @@ class AdaptiveSection(Section):
         if self._unwrap is not None:
             self._unwrap()
             self._unwrap = None
-        if self.ctx is not None:
-            self.ctx.remove_plugin(self.guard)
-        super().detach()
-
-    def run(self, cycle: Cycle) -> tuple[()]:
-        self.sample()
-        return ()
+        self.ctx.remove_plugin(self.guard)
 
     # -- the wrappers ------------------------------------------------------------------
 
@@ -418,7 +413,7 @@ class AdaptiveSection(Section):
                 stock = adaptive_target(target_duration=target_duration)
             finally:
                 self._adapting = False
-            if self.ctx is None:
+            if not self.ctx.attached:
                 return stock
             try:
                 return self.answer_target(stock)
@@ -439,7 +434,7 @@ class AdaptiveSection(Section):
                 memory_ratio=memory_ratio, n=n, key=key, minimum=minimum, target=target
             )
             verdict, self.guard.verdict = self.guard.verdict, None
-            if self.ctx is not None and verdict is not None:
+            if self.ctx.attached and verdict is not None:
                 # How many distributed closes: n, or down to target (None: as many as
                 # memory_ratio allows, idle workers only).
                 count = n if n is not None or target is None else len(scheduler.workers) - target
@@ -471,7 +466,7 @@ class AdaptiveSection(Section):
         ) -> Any:
             # (The keywords of distributed's own, by name: what the feature check of
             # another policy attaching over this wrapper looks for.)
-            if self.ctx is not None:
+            if self.ctx.attached:
                 self.retiring(workers, names)
             result = await retire_workers(
                 workers=workers,
@@ -481,7 +476,7 @@ class AdaptiveSection(Section):
                 stimulus_id=stimulus_id,
                 **kwargs,
             )
-            if self.ctx is not None and workers is None and names is None and result:
+            if self.ctx.attached and workers is None and names is None and result:
                 self.retiring(list(result), None)  # it chose them itself (n=...)
             return result
 
@@ -501,7 +496,7 @@ class AdaptiveSection(Section):
         """A sample of the workers' disk metrics, at most every :data:`SAMPLE_EVERY`."""
         ctx = self.ctx
         settings = self.settings
-        if ctx is None or settings is None or not settings.memory:
+        if not ctx.attached or settings is None or not settings.memory:
             return
         if not self.supports("adaptive: memory"):
             return
@@ -515,7 +510,7 @@ class AdaptiveSection(Section):
         """The larger of distributed's target and memory's (see the module docstring)."""
         settings = self.settings
         ctx = self.ctx
-        if settings is None or not settings.memory or ctx is None:
+        if settings is None or not settings.memory or not ctx.attached:
             return stock
         if not self.supports("adaptive: memory"):
             return stock
@@ -534,7 +529,7 @@ class AdaptiveSection(Section):
         """The candidates in the order they should go, and which of them the rules let
         go (the guard's hook)."""
         ctx = self.ctx
-        assert ctx is not None and ctx.manager is not None
+        assert ctx.manager is not None
         ctx.placements.include_new_workers(ctx.manager.measure)
         scheduler = ctx.scheduler
         disk_read = self.meter.read_speed() or scheduler.bandwidth
@@ -569,7 +564,7 @@ class AdaptiveSection(Section):
         asked (``adapting``: the guard's hold is then what it decides), else when a
         retirement follows (see the module docstring)."""
         order, decided = verdict
-        workers = self.ctx.scheduler.workers  # type: ignore[union-attr]
+        workers = self.ctx.scheduler.workers
         chosen = list(stock)
         if key is None and (self.settings is not None or n is None):
             idle_only = n is None
@@ -603,7 +598,7 @@ class AdaptiveSection(Section):
             return
         if names is not None:
             wanted = {str(x) for x in names}
-            scheduler = self.ctx.scheduler  # type: ignore[union-attr]
+            scheduler = self.ctx.scheduler
             addresses = {a for a, ws in scheduler.workers.items() if str(ws.name) in wanted}
         else:
             addresses = set(workers or ())
@@ -620,7 +615,6 @@ class AdaptiveSection(Section):
         self._acted = said
         self.counters["downscaling_kept"] += len(decision.kept)
         ctx = self.ctx
-        assert ctx is not None
         for address, reasons in decision.kept.items():
             ws = ctx.scheduler.workers.get(address)
             text = kept_sentence(address, reasons)
