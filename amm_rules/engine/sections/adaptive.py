@@ -70,8 +70,12 @@ from amm_rules.engine.decide.adaptive import (
     holder_index,
     memory_target,
 )
+from amm_rules.engine.decide.evacuate import Copy, Evacuation
+from amm_rules.engine.decide.view import ClusterView, KeyView
+from amm_rules.engine.evacuation import rank_views
 from amm_rules.engine.features import ADAPTIVE_READS, ADAPTIVE_SCALING, DOWNSCALING, Feature
 from amm_rules.engine.sections.base import Section
+from amm_rules.engine.state.leaving import Departure
 from amm_rules.engine.words import kept_sentence, kept_why, target_sentence
 from amm_rules.engine.wrapping import wrap_methods
 from amm_rules.language.ruleset import AdaptiveSettings, Ruleset
@@ -176,12 +180,42 @@ def memory_demand(ctx: EngineContext, meter: DiskMeter, rose: bool = False) -> M
 
 
 def slots(ctx: EngineContext) -> dict[str, Slot]:
-    """Every worker, with its host and pools."""
+    """Every worker, with its host and pools; running unless it is on its way out (a
+    worker retiring or drained holds copies that count for no rule)."""
     pools = ctx.placements.pools
+    leaving = ctx.leaving()
     return {
-        a: Slot(a, ws.host, pools.get(a, frozenset()), worker_status(ws) == "running")
+        a: Slot(
+            a,
+            ws.host,
+            pools.get(a, frozenset()),
+            worker_status(ws) == "running" and a not in leaving,
+        )
         for a, ws in ctx.scheduler.workers.items()
     }
+
+
+class ValueOrder:
+    """The pacer of a retirement adaptive scale-down asked for: the worker's keys in the
+    drain's order of value (:func:`~amm_rules.engine.evacuation.rank_views`: below a
+    rule's minimum first, then the recompute seconds saved per byte, then the rest), and
+    every copy let through at once (there is no deadline to pace for)."""
+
+    def __init__(self, ctx: EngineContext):
+        self.ctx = ctx
+
+    def rank(self, ws: Any, views: list[KeyView], cluster: ClusterView) -> list[KeyView]:
+        ranked, _ = rank_views(views, cluster, self.ctx.scheduler.tasks, self.ctx.costs.estimate)
+        return ranked
+
+    def admit(self, ws: Any, plan: Evacuation, now: float) -> Evacuation:
+        return plan
+
+    def asked(self, ws: Any, copy: Copy, now: float) -> None:
+        """Nothing to pace."""
+
+    def placed(self, address: str) -> None:
+        """Nothing to pace."""
 
 
 def held_classes(
@@ -280,6 +314,8 @@ class ScaleDownGuard(SchedulerPlugin):
 
     def remove_worker(self, scheduler: Any = None, worker: str = "", **kwargs: Any) -> None:
         self.section.kept.pop(worker, None)
+        self.section.chosen_at.pop(worker, None)
+        self.section.ctx.departures.stay(worker, AdaptiveSection.name)
 
     def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
         section = self.section
@@ -373,6 +409,9 @@ class AdaptiveSection(Section):
         self.counters: Counter[str] = Counter()
         self._pending: Decision | None = None
         self._acted: frozenset[tuple[str, tuple[Kept, ...]]] = frozenset()
+        #: Workers a choice named (with ``n`` or ``target``) -> when: their retirement,
+        #: if one follows, orders their keys by value.
+        self.chosen_at: dict[str, float] = {}
         self._sampled = 0.0
         self._adapting = False
         #: The last target rose on disk traffic.
@@ -466,18 +505,23 @@ class AdaptiveSection(Section):
         ) -> Any:
             # (The keywords of distributed's own, by name: what the feature check of
             # another policy attaching over this wrapper looks for.)
+            sent: list[str] = []
             if self.ctx.attached:
-                self.retiring(workers, names)
-            result = await retire_workers(
-                workers=workers,
-                names=names,
-                close_workers=close_workers,
-                remove=remove,
-                stimulus_id=stimulus_id,
-                **kwargs,
-            )
+                sent = self.retiring(workers, names)
+            try:
+                result = await retire_workers(
+                    workers=workers,
+                    names=names,
+                    close_workers=close_workers,
+                    remove=remove,
+                    stimulus_id=stimulus_id,
+                    **kwargs,
+                )
+            finally:
+                for address in sent:
+                    self.ctx.departures.stay(address, self.name)
             if self.ctx.attached and workers is None and names is None and result:
-                self.retiring(list(result), None)  # it chose them itself (n=...)
+                self.retiring(list(result), None, started=False)  # it chose them (n=...)
             return result
 
         return wrap_methods(
@@ -578,33 +622,44 @@ class AdaptiveSection(Section):
         self.kept = {
             a: (decided.kept[a], self.kept[a][1] if a in self.kept else now) for a in kept
         }
-        decision = Decision(
-            time.monotonic(), frozenset(chosen), {a: decided.kept[a] for a in kept}
-        )
+        at = time.monotonic()
+        decision = Decision(at, frozenset(chosen), {a: decided.kept[a] for a in kept})
+        if n is not None:  # a choice (a read asks by memory ratio): a retirement may follow
+            self.chosen_at.update(dict.fromkeys(chosen, at))
         if adapting and decision.kept:
             self._act(decision)
         else:
             self._pending = decision if decision.kept else None
         return chosen
 
-    def retiring(self, workers: Any, names: Any) -> None:
-        """A retirement starts (or, chosen by itself, ended): a decision it follows is
-        acted on."""
-        pending = self._pending
-        if pending is None:
-            return
-        if time.monotonic() - pending.at > FOLLOW_SECONDS:
-            self._pending = None
-            return
+    def retiring(self, workers: Any, names: Any, started: bool = True) -> list[str]:
+        """A retirement starts (``started``; or, chosen by itself, ended): a decision it
+        follows is acted on, and the workers a decision chose leave with their keys in
+        the order of value (with the section). Returns those workers."""
         if names is not None:
             wanted = {str(x) for x in names}
             scheduler = self.ctx.scheduler
             addresses = {a for a, ws in scheduler.workers.items() if str(ws.name) in wanted}
         else:
             addresses = set(workers or ())
-        if addresses & pending.passed:
+        now = time.monotonic()
+        sent = []
+        if started and self.settings is not None:
+            order = ValueOrder(self.ctx)
+            for address in sorted(addresses):
+                if now - self.chosen_at.get(address, -FOLLOW_SECONDS) <= FOLLOW_SECONDS:
+                    departure = Departure(self.name, "scaled down by adaptive", False, order)
+                    self.ctx.departures.leave(address, departure)
+                    sent.append(address)
+        pending = self._pending
+        if pending is None:
+            return sent
+        if now - pending.at > FOLLOW_SECONDS:
+            self._pending = None
+        elif addresses & pending.passed:
             self._pending = None
             self._act(pending)
+        return sent
 
     def _act(self, decision: Decision) -> None:
         """Count a decision and say what it kept, unless the last one acted on kept the

@@ -29,11 +29,13 @@ cycle later. Here:
   says so on the context: :mod:`amm_rules.engine.state.leaving`): the pacer orders the
   worker's keys by value before they are planned, lets through only the copies that fit
   its window of bytes in flight, takes the keys that cannot move off the plan (a drain
-  reports them as lost rather than refusing: the worker leaves at the deadline anyway),
-  and the retiring worker's own copies are not dropped (its copies vanish with it);
+  reports them as lost rather than refusing: the worker leaves at the deadline anyway);
+  a departure that keeps its copies until it goes (a drain's) has none dropped (its
+  copies vanish with it);
 - adaptive scale-down closes the workers it chose whether or not their retirement
   succeeded: which workers it may choose is the adaptive section's guard
-  (:mod:`amm_rules.engine.sections.adaptive`).
+  (:mod:`amm_rules.engine.sections.adaptive`), whose departures order their keys by
+  value too (and let every copy through at once).
 
 The copies a retirement asks for are in the engine's ledger (asked by
 :func:`~amm_rules.engine.state.leaving.retirement_owner`), where the planner counts them.
@@ -236,7 +238,7 @@ class Retirements(Section):
             self.counters["copies"] += 1
             self.counters["bytes"] += copy.nbytes
             self.active[ws.address]["copies"] += 1
-        if pacer is None:
+        if departure is None or not departure.keeps_copies:
             yield from self._drop_placed(ws, plan, by_key, set(dry))
 
     def _drop_placed(

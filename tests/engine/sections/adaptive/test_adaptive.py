@@ -20,6 +20,7 @@ from amm_rules.observe.text import render_status
 from benchmarks.support.waiting import wait_cycles, wait_for
 from tests.support.cluster import (
     CopiesFloor,
+    Requests,
     amm_config,
     events,
     holders,
@@ -286,3 +287,41 @@ async def test_the_guard_follows_the_copies_of_keys_that_may_not_move(c, s, a, b
     await wait_for(lambda: len(holders(s, "frozen-1")) == 2, "a second copy, on b")
     chosen = s.workers_to_close(n=3)
     assert a.address in chosen and b.address not in chosen
+
+
+@pytest.mark.parametrize("with_section", [True, False])
+def test_the_retirement_of_a_worker_it_chose_moves_its_keys_in_order_of_value(
+    with_section: bool,
+) -> None:
+    """Worker c holds plain keys (scattered first: the first of its keys) and dear ones
+    (0.2 s of compute each, no copy elsewhere); a is busy, so scale-down chooses c. With
+    the section its retirement asks for the dear keys' copies first, as a drain orders
+    them; without, in the order c got its keys."""
+    section: dict[str, Any] | None = {} if with_section else None
+
+    @gen_cluster(client=True, nthreads=[("", 1)] * 2, config=scale_down_config(section))
+    async def run(c: Client, s: Any, a: Any, d: Any) -> None:
+        plain = await c.scatter({f"plain-{i}": i for i in range(4)}, workers=[d.address])
+        dear = c.map(slow, range(4), workers=[d.address], pure=False)
+        await c.gather(dear)
+        group = s.tasks[dear[0].key].group
+        costs = policy_of(s).ctx.costs
+        await wait_for(lambda: (costs.estimate(group) or 0) > 0, "the dear keys' estimate")
+        event = Event()
+        busy = c.submit(wait_on, event, workers=[a.address], pure=False)
+        await wait_for(lambda: s.workers[a.address].processing, "a busy")
+        assert s.workers_to_close(n=1) == [d.address]
+        requests = Requests(s)
+        await s.retire_workers(workers=[d.address])
+        asked = [str(k) for _, op, _, k in requests.log if op == "acquire"]
+        requests.stop()
+        await event.set()
+        await busy
+        dear_keys = {f.key for f in dear}
+        order = ["dear" if k in dear_keys else "plain" for k in asked]
+        assert sorted(order) == ["dear"] * 4 + ["plain"] * 4
+        expected = ["dear"] * 4 + ["plain"] * 4 if with_section else ["plain"] * 4 + ["dear"] * 4
+        assert order == expected
+        assert await c.gather(dear) == list(range(4)) and len(plain) == 4
+
+    run()
