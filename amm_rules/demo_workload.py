@@ -179,7 +179,7 @@ def _spec(
 
 
 def missing_modules(
-    rule: Rule, kinds: list[str], key_split: Callable[[str], str] | None = None
+    rule: Rule, kinds: list[str], key_split: Callable[[str], str]
 ) -> list[tuple[str, str]]:
     """The modules not installed (kinds missing from ``kinds``) that would make a key
     ``rule`` matches, with that key's type: ``[("pandas", "pandas.DataFrame")]`` for
@@ -187,28 +187,17 @@ def missing_modules(
     name the type is recorded under."""
     from amm_rules.language.type_names import names_of
 
-    if key_split is None:
-        from dask.utils import key_split
     out = []
     for kind, (public, module) in KINDS.items():
         if module is None or kind in kinds:
             continue
         for prefix, _, nbytes, annotated in _candidates(rule, [kind], key_split):
             key = f"{prefix}-0"
-            if any(
-                _safe_match(
-                    rule,
-                    TaskFacts(
-                        key,
-                        key_split(key),
-                        key_split(key),
-                        name,
-                        nbytes,
-                        annotations=dict(annotated),
-                    ),
-                )
+            facts = [
+                TaskFacts(key, key_split(key), key_split(key), name, nbytes, annotations=annotated)
                 for name in names_of(public)
-            ):
+            ]
+            if any(_safe_match(rule, f) for f in facts):
                 out.append((module, public))
                 break
     return out
