@@ -358,8 +358,8 @@ def diff(
 @click.option(
     "--allow-outside",
     is_flag=True,
-    help="Let a test file's 'rules:' name a file outside the working directory and the "
-    "directories given.",
+    help="Let a test file's 'rules:' name a file outside the tree the test file belongs "
+    "to and the directories given.",
 )
 def test_command(
     paths: tuple[str, ...], coverage: bool, fmt: str, show_schema: bool, allow_outside: bool
@@ -371,8 +371,9 @@ def test_command(
     case, with what differed and where.
 
     A test file's 'rules:' is read relative to the test file, and must be inside the
-    working directory or the directories given (or those of the files given), unless
-    --allow-outside.
+    tree the test file belongs to (the nearest directory holding .git or pyproject.toml,
+    else the file's own) or the directories given, wherever the command runs from,
+    unless --allow-outside.
 
     Exit status: 0 when every case passed, 1 when a case failed or a test file has
     errors, 2 for usage errors (including no test file found).

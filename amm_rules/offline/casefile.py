@@ -385,7 +385,8 @@ def _validator() -> Any:
 
 def read_test_file(path: str, roots: Sequence[str] | None = None) -> TestFile:
     """Read and check a test file; problems are positioned diagnostics on the result.
-    ``roots``: the directories its rules file must be in (None: anywhere)."""
+    ``roots``: the directories its rules file must be in, the first the tree the file
+    belongs to (None: anywhere)."""
     from amm_rules.language.schema_check import schema_problems
     from amm_rules.language.yaml_source import MAX_BYTES, decode, read_yaml
 
@@ -493,11 +494,13 @@ class _Builder:
         shown = os.path.normpath(os.path.join(os.path.dirname(self.out.path), rel))
         self.out.rules_path = shown
         if self.roots is not None and not _inside(full, self.roots):
+            tree, *given = self.roots
+            others = f" and the directories given ({', '.join(given)})" if given else ""
             self.error(
                 ("rules",),
-                f"the rules file {shown} is outside the working directory and the "
-                f"directories given ({', '.join(self.roots)}); pass --allow-outside to "
-                "use it",
+                f"the rules file {shown} is outside the tree this test file belongs to "
+                f"({tree}: the nearest directory holding .git or pyproject.toml, else the "
+                f"file's own){others}; pass --allow-outside to use it",
                 "outside",
             )
             return

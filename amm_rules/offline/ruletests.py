@@ -88,20 +88,43 @@ def find_test_files(paths: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+#: What marks the root of the tree a test file belongs to (a repository, a project).
+TREE_MARKERS = (".git", "pyproject.toml")
+
+
+def tree_of(path: str) -> str:
+    """The tree the test file ``path`` belongs to: the nearest directory holding
+    ``.git`` or ``pyproject.toml`` (its own directory included), else its own
+    directory; resolved (``..`` and symlinks)."""
+    here = os.path.dirname(os.path.realpath(path))
+    directory = here
+    while True:
+        if any(os.path.exists(os.path.join(directory, m)) for m in TREE_MARKERS):
+            return directory
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return here
+        directory = parent
+
+
 def allowed_roots(paths: Iterable[str]) -> list[str]:
-    """The directories a test file's ``rules:`` may be in: the working directory (a
-    repository's ``tests/`` name its ``../rules/``), the directories given and those
-    of the files given; resolved, so that ``..`` and symlinks cannot lead out."""
-    given = [p if os.path.isdir(p) else os.path.dirname(p) or "." for p in paths]
-    return list(dict.fromkeys(os.path.realpath(p) for p in [".", *given]))
+    """The directories given (files' own count through their tree, see :func:`tree_of`),
+    resolved, so that ``..`` and symlinks cannot lead out. Where a test file's ``rules:``
+    may be besides its tree: a directory named on the command line is a tree too."""
+    return list(dict.fromkeys(os.path.realpath(p) for p in paths if os.path.isdir(p)))
 
 
 def run_files(
     paths: Sequence[str], roots: Sequence[str] | None = None
 ) -> tuple[list[FileResult], Coverage]:
-    """Run test files; ``roots``: where their rules files must be (None: anywhere)."""
+    """Run test files. ``roots``: besides each file's tree (:func:`tree_of`), the
+    directories its rules file may be in; None: anywhere (``--allow-outside``)."""
     coverage = Coverage()
-    return [run_file(read_test_file(p, roots), coverage) for p in paths], coverage
+    results = []
+    for p in paths:
+        bounds = None if roots is None else list(dict.fromkeys([tree_of(p), *roots]))
+        results.append(run_file(read_test_file(p, bounds), coverage))
+    return results, coverage
 
 
 def run_file(test: TestFile, coverage: Coverage) -> FileResult:

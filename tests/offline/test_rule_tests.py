@@ -70,6 +70,7 @@ def test_doc_test_files_pass(
     (from the root of a repository holding ``rules/`` and ``tests/``, as the docs do)."""
     import shutil
 
+    (tmp_path / "pyproject.toml").write_text("")  # the repository's root
     shutil.copytree(ROOT / "examples" / "rules", tmp_path / "rules")
     (tmp_path / "tests").mkdir()
     path = tmp_path / "tests" / "doc_test.yaml"
@@ -78,6 +79,45 @@ def test_doc_test_files_pass(
     status, output = run("test", "tests/doc_test.yaml")
     assert status == 0, output
     assert "FAIL" not in output
+
+
+@pytest.mark.parametrize("where", ["elsewhere", "tests", "examples"])
+def test_rules_paths_are_bounded_by_the_tree_not_the_working_directory(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The project's own examples/tests (``rules: ../rules/x.yaml``) run from any
+    directory: their tree is the repository's (it holds pyproject.toml), whatever the
+    working directory is; a file named alone works as well as its directory."""
+    cwd = {
+        "elsewhere": tmp_path,
+        "tests": ROOT / "examples" / "tests",
+        "examples": ROOT / "examples",
+    }
+    monkeypatch.chdir(cwd[where])
+    status, output = run("test", str(ROOT / "examples" / "tests"))
+    assert status == 0, output
+    assert "outside" not in output
+    status, output = run("test", str(ROOT / "examples" / "tests" / "demo_test.yaml"))
+    assert status == 0, output
+
+
+def test_without_a_marker_the_tree_is_the_files_own_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No .git or pyproject.toml above: ``../rules`` is outside, unless the directory
+    holding both is given or --allow-outside; a marker makes it one tree."""
+    import shutil
+
+    shutil.copytree(ROOT / "examples" / "rules", tmp_path / "rules")
+    shutil.copytree(ROOT / "examples" / "tests", tmp_path / "tests")
+    monkeypatch.chdir(tmp_path)
+    test = "tests/minimal_test.yaml"
+    status, output = run("test", test)
+    assert status == 1 and "is outside the tree this test file belongs to" in output, output
+    assert run("test", test, "--allow-outside")[0] == 0
+    assert run("test", ".")[0] == 0  # the directory given holds rules/ and tests/
+    (tmp_path / ".git").mkdir()
+    assert run("test", test)[0] == 0
 
 
 def test_the_docs_show_test_files() -> None:
