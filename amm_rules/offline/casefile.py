@@ -141,11 +141,23 @@ _KEY_FIXTURE = {
         },
         "nbytes": {"description": f"Its size (default {DEFAULT_NBYTES}).", **_SIZE},
         "prefix": {
-            "description": "task.prefix (default: as dask names it from the key).",
+            "description": "task.prefix (default: as dask names it from the key, "
+            "dask's key_split: 'features-abc' stays whole, 'x-<hash>' is 'x').",
             "type": "string",
         },
-        "group": {"description": "task.group (default: the prefix).", "type": "string"},
+        "group": {
+            "description": "task.group (default: as the scheduler names it, distributed's "
+            "key_split_group of the key: the prefix of a text key, the first element of a "
+            "tuple key).",
+            "type": "string",
+        },
         "type": {"description": "task.type, e.g. numpy.ndarray.", "type": "string"},
+        "resources": {
+            "description": "task.resources: the resource restriction of the task that "
+            "made it (resources= when it was submitted), e.g. {GPU: 1}.",
+            "type": "object",
+            "additionalProperties": {"type": "number", "minimum": 0},
+        },
         "annotations": {
             "description": "task.annotations; 'amm' is read as the engine reads it.",
             "type": "object",
@@ -321,6 +333,8 @@ class KeyFixture:
     path: Path
     #: Seconds its task computed, if the case says (``recompute``).
     recompute: float | None = None
+    #: The resource restriction of the task that made it (``resources``).
+    resources: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -738,6 +752,7 @@ class _CaseBuilder:
                         waiters=k.get("waiters", 0),
                         path=at,
                         recompute=recompute,
+                        resources=field(k, at, "resources", dict) or {},
                     )
                 )
         return out

@@ -29,6 +29,7 @@ from amm_rules.offline.dump import (
     GroupRecord,
     TaskRecord,
     WorkerRecord,
+    group_of,
     prefix_of,
 )
 from amm_rules.offline.sim_cluster import SimCluster
@@ -165,12 +166,13 @@ def cluster_of(test: TestFile, case: Case) -> ClusterState:
             key=k.key,
             state="memory",
             prefix=prefix,
-            group=k.group if k.group is not None else prefix,
+            group=k.group if k.group is not None else group_of(k.key),
             type=k.type,
             nbytes=k.nbytes,
             who_has=tuple(by_name[h].address for h in k.holders),
             waiters=waiters,
             annotations=dict(k.annotations),
+            resources=dict(k.resources),
         )
         for w in waiters:
             state.tasks[w] = TaskRecord(key=w, state="waiting", prefix="waiter", group="waiter")
@@ -260,6 +262,46 @@ class _Run:
         return sorted(self.names[ws.address] for ws in ts.who_has or ())
 
     def key(self, path: tuple[Any, ...], exp: dict[str, Any]) -> None:
+        failed = len(self.failures)
+        self._key(path, exp)
+        if len(self.failures) > failed:
+            self.seen_as(exp["key"])
+
+    def seen_as(self, key: Hashable) -> None:
+        """After a key's failed expectation: what a match saw of the key (its prefix,
+        group, type and resources), and where the prefix and group came from, at the
+        key's declaration. A key ``features-abc`` has prefix ``features-abc`` to dask's
+        ``key_split``: a case expecting a rule on ``task.prefix == "features"`` fails, and
+        this says why."""
+        fixture = next((k for k in self.case.keys if k.key == key), None)
+        task = self.sim.cluster.tasks.get(key)
+        if fixture is None or task is None:
+            return
+        resources = dict(task.resource_restrictions or {})
+        names = f"prefix {task.prefix.name!r} and group {task.group.name!r}"
+        derived = [
+            n for n, v in (("prefix", fixture.prefix), ("group", fixture.group)) if v is None
+        ]
+        if derived:
+            names += (
+                " (named from the key by dask's key_split, as the scheduler names them; "
+                f"set {' and '.join(repr(n + ':') for n in derived)} on the key to change "
+                f"{'it' if len(derived) == 1 else 'them'})"
+            )
+        parts = [
+            names,
+            f"type {task.type}" if task.type else "no type",
+            f"resources {resources}" if resources else "no resources",
+        ]
+        note = ""
+        if "resources" in fixture.annotations and not fixture.resources:
+            note = (
+                " ('annotations: {resources: ...}' is an annotation; what resources= sets is "
+                "'resources:' on the key)"
+            )
+        self.fail(fixture.path, f"key {key_string(key)!r} is seen as {', '.join(parts)}{note}")
+
+    def _key(self, path: tuple[Any, ...], exp: dict[str, Any]) -> None:
         key = exp["key"]
         shown = f"key {key_string(key)!r}"
         desired = self.sim.desired.get(key) or self.wishes.get(key) or Desired()
