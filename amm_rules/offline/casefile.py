@@ -401,8 +401,7 @@ def read_test_file(path: str, roots: Sequence[str] | None = None) -> TestFile:
     """Read and check a test file; problems are positioned diagnostics on the result.
     ``roots``: the directories its rules file must be in, the first the tree the file
     belongs to (None: anywhere)."""
-    from amm_rules.language.schema_check import schema_problems
-    from amm_rules.language.yaml_source import MAX_BYTES, decode, read_yaml
+    from amm_rules.language.yaml_source import MAX_BYTES
 
     try:
         with open(path, "rb") as f:
@@ -412,6 +411,15 @@ def read_test_file(path: str, roots: Sequence[str] | None = None) -> TestFile:
         message = f"cannot read the file: {exc.strerror or exc}"
         where.diagnostics.append(Diagnostic(path, 0, 0, "error", message, None, "unreadable"))
         return TestFile(path, None, where)
+    return parse_test_file(raw, path, roots)
+
+
+def parse_test_file(raw: bytes, path: str, roots: Sequence[str] | None = None) -> TestFile:
+    """Check the bytes of a test file as if read from ``path`` (its ``rules:`` is
+    relative to that path); see :func:`read_test_file`."""
+    from amm_rules.language.schema_check import schema_problems
+    from amm_rules.language.yaml_source import decode, read_yaml
+
     text, problems = decode(raw)
     where = CaseLocator(path, None)
     if text is None:

@@ -324,6 +324,45 @@ def run_tests(
     return exit_status(results)
 
 
+def write_tests(
+    dump: str,
+    rules: str,
+    output: str,
+    *,
+    sample: int,
+    max_dump_bytes: int = MAX_DUMP_BYTES,
+    command: str = "",
+) -> int:
+    """``amm-rules test --from-dump DUMP --rules RULES -o OUTPUT``: a test file of the
+    dump's cluster, what the rules decide today as its expectations
+    (:mod:`amm_rules.offline.casegen`). ``-`` writes to standard output."""
+    from amm_rules.offline.casegen import CaseGenError, cases_from_dump
+
+    ruleset = load_rules(rules)
+    if ruleset is None:
+        return 1
+    if rules == "-":
+        raise click.UsageError("--rules: a test file names its rules file: give a path, not '-'")
+    state = load_cluster(dump, None, max_dump_bytes)
+    try:
+        made = cases_from_dump(state, ruleset, rules, output, sample=sample, command=command)
+    except CaseGenError as exc:
+        raise click.ClickException(str(exc)) from None
+    if output == "-":
+        click.echo(made.text, nl=False)
+    else:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(made.text)
+        click.echo(
+            f"wrote {output}: 1 case of {made.keys:,} keys (of {made.keys_in_memory:,} in "
+            f"memory in {state.source}), the rules' decisions as expectations",
+            err=True,
+        )
+    for warning in state.warnings:
+        click.echo(escape_controls(f"warning: {state.source}: {warning}"), err=True)
+    return 0
+
+
 def add_cluster_warnings(
     results: Sequence[Any], dump: str, max_bytes: int = MAX_DUMP_BYTES
 ) -> None:

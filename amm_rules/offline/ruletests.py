@@ -153,6 +153,13 @@ def run_file(test: TestFile, coverage: Coverage) -> FileResult:
     return result
 
 
+def outcome(test: TestFile, case: Case) -> dict[Hashable, tuple[Desired, int]]:
+    """What the rules decided for each key of a case, with the copies it ended with,
+    as the checks of the expectations see them (``test --from-dump`` writes these)."""
+    run = _Run(test, case)
+    return {k.key: (run.desired(k.key), len(run.holders(k.key))) for k in case.keys}
+
+
 def cluster_of(test: TestFile, case: Case) -> ClusterState:
     """The case's cluster, as a dump would record it."""
     state = ClusterState(f"{test.path}: case '{case.name}'")
@@ -257,6 +264,10 @@ class _Run:
                 )
         return CaseResult(case.name, self.test.position(case.path)[0], self.failures)
 
+    def desired(self, key: Hashable) -> Desired:
+        """What the rules want for ``key`` (after the run; before it for a key lost)."""
+        return self.sim.desired.get(key) or self.wishes.get(key) or Desired()
+
     def holders(self, key: Hashable) -> list[str]:
         ts = self.sim.cluster.tasks[key]
         return sorted(self.names[ws.address] for ws in ts.who_has or ())
@@ -304,7 +315,7 @@ class _Run:
     def _key(self, path: tuple[Any, ...], exp: dict[str, Any]) -> None:
         key = exp["key"]
         shown = f"key {key_string(key)!r}"
-        desired = self.sim.desired.get(key) or self.wishes.get(key) or Desired()
+        desired = self.desired(key)
         holders = self.holders(key)
         final = self.result.keys.get(key)
         hosts = sorted(self.sim.names[self._address(n)][1] for n in holders)

@@ -480,3 +480,72 @@ def test_dry_run_rules_are_tested_as_they_act(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace("dry-run: true, target: 3, copies: 1", "copies: 3"))
     status, output = run("test", str(path))
     assert status == 1 and "key 'x-1': copies: expected 3, got 1" in output
+
+
+DUMP = ROOT / "examples" / "dumps" / "demo-cluster.msgpack.gz"
+
+
+def test_cases_from_a_dump_pass_then_fail_after_a_rule_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``test --from-dump``: a test file of the dump's cluster with what the rules decide
+    as expectations passes ``amm-rules test`` on those rules, and fails once a rule is
+    changed; ``--sample`` bounds it."""
+    import shutil
+
+    (tmp_path / "pyproject.toml").write_text("")
+    shutil.copytree(ROOT / "examples" / "rules", tmp_path / "rules")
+    (tmp_path / "tests").mkdir()
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "tests" / "cluster_test.yaml"
+    status, output = run(
+        "test", "--from-dump", str(DUMP), "--rules", "rules/demo.yaml", "-o", str(out)
+    )
+    assert status == 0, output
+    assert f"wrote {out}: 1 case of 7 keys (of 7 in memory in {DUMP})" in output
+    text = out.read_text()
+    assert text.startswith("# Written by `amm-rules test --from-dump")
+    assert "\nrules: ../rules/demo.yaml\n" in text
+    data = yaml.safe_load(text)
+    (case,) = data["cases"]
+    expect = {e["key"]: e for e in case["expect"]}
+    assert expect["precious-0"] == {
+        "key": "precious-0",
+        "target": 3,
+        "spread": "host",
+        "rules": {"replicate": "precious", "spread": "precious"},
+        "copies": 3,
+    }
+    assert expect["device-0"]["rules"] == {"pool": "device-data"}
+    assert expect["other-0"] == {"key": "other-0", "governed": False, "copies": 1}
+    status, output = run("test", "tests")
+    assert status == 0, output
+    assert "1 passed, 0 failed" in output
+
+    demo = tmp_path / "rules" / "demo.yaml"
+    demo.write_text(demo.read_text().replace("replicate: 3", "replicate: 2"))
+    status, output = run("test", "tests")
+    assert status == 1
+    assert "key 'precious-0': target: expected 3, got 2" in output
+    assert "key 'precious-0': copies: expected 3, got 2" in output
+
+    status, output = run(
+        "test", "--from-dump", str(DUMP), "--rules", "rules/demo.yaml", "--sample", "3"
+    )
+    assert status == 0
+    keys = [k["key"] for k in yaml.safe_load(output)["cases"][0]["keys"]]
+    assert keys == ["device-0", "host-0", "other-0"]  # one of each group first
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--from-dump", str(DUMP)],
+        ["--rules", "x.yaml"],
+        ["--from-dump", str(DUMP), "--rules", "x.yaml", str(ROOT / "examples" / "tests")],
+    ],
+)
+def test_from_dump_and_rules_go_together(args: list[str]) -> None:
+    status, output = run("test", *args)
+    assert status == 2
+    assert "--from-dump DUMP and --rules RULES go together, without test files" in output
