@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -307,9 +308,22 @@ def keys_in_memory(scheduler: Any) -> int:
 
 
 def sample_census(scheduler: Any, limit: int = SAMPLE) -> Census:
-    """A census of at most ``limit`` keys in memory, taken from the workers' keys in
-    turn (a share of each worker's), never a walk over all of them."""
+    """A census of at most ``limit`` keys in memory (see :func:`sampled_tasks`)."""
     census = Census(sampled=True)
+    for ts in sampled_tasks(scheduler, limit):
+        census.add(
+            ts.type,
+            ts.prefix.name,
+            span_path(ts),
+            resource_restrictions(ts),
+            ts.annotations or (),
+        )
+    return census
+
+
+def sampled_tasks(scheduler: Any, limit: int = SAMPLE) -> Iterator[Any]:
+    """At most ``limit`` tasks in memory, each once, taken from the workers' keys in
+    turn (a share of each worker's), never a walk over all of them."""
     workers = list(scheduler.workers.values())
     seen: set[Any] = set()
     share = max(1, limit // max(1, len(workers)))
@@ -318,16 +332,9 @@ def sample_census(scheduler: Any, limit: int = SAMPLE) -> Census:
             if ts.key in seen:
                 continue
             seen.add(ts.key)
-            census.add(
-                ts.type,
-                ts.prefix.name,
-                span_path(ts),
-                resource_restrictions(ts),
-                ts.annotations or (),
-            )
+            yield ts
         if len(seen) >= limit:
-            break
-    return census
+            return
 
 
 def copies_wanted(policy: RulesPolicy, cls: PlanClass) -> int:
