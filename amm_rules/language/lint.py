@@ -72,7 +72,13 @@ WARNING_CODES: frozenset[str] = EXPRESSION_WARNING_CODES | frozenset(
 #: The warnings ``validate --dump`` adds about a recorded cluster
 #: (:mod:`amm_rules.offline.checks`).
 CLUSTER_WARNING_CODES: frozenset[str] = frozenset(
-    {"empty-pool", "min-exceeds-eligible", "spread-one-host", "matches-no-key"}
+    {
+        "empty-pool",
+        "min-exceeds-eligible",
+        "spread-one-host",
+        "matches-no-key",
+        "shadowed-in-cluster",
+    }
 )
 #: What ``# amm-rules: disable=CODE`` and ``validate --disable CODE`` accept, and only
 #: these: a warning is silenced, never an error.

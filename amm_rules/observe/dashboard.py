@@ -63,7 +63,7 @@ from distributed.dashboard.components import DashboardComponent, add_periodic_ca
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 
 from amm_rules.observe import status
-from amm_rules.observe.conformance import IDLE, IN_PROGRESS, SATISFIED, UNSATISFIABLE
+from amm_rules.observe.conformance import IDLE, IN_PROGRESS, SATISFIED, SHADOWED, UNSATISFIABLE
 from amm_rules.observe.extension import engine_of
 from amm_rules.observe.status import NO_POOL
 from amm_rules.observe.text import DEPARTURES_SHOWN, conformance_line, counted, signed_bytes
@@ -89,6 +89,7 @@ STATE_COLORS = {
     IN_PROGRESS: "#e65100",
     UNSATISFIABLE: "#c62828",
     IDLE: "#6a1b9a",
+    SHADOWED: "#5d4037",
 }
 ROLE_COLORS = {"sender": "#e65100", "recipient": "#2e7d32"}
 BAR_COLOR, PAUSED_COLOR = "#1f77b4", "#9e9e9e"

@@ -123,6 +123,7 @@ def render_diff(report: dict[str, Any]) -> str:
         pool_lines,
         size,
         table,
+        unused_lines,
         worker_lines,
     )
 
@@ -151,6 +152,7 @@ def render_diff(report: dict[str, Any]) -> str:
         for label, e in report["rules"].items()
     ]
     lines += ["", *table(["rule", "keys changed", "add", "drop", "transfer", "state"], rows)]
+    lines += unused_lines(report["rules"])
     lines += [
         "",
         f"in total: {t['copies_added']} copies added ({size(t['bytes_transferred'])}), "
