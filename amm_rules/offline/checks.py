@@ -122,18 +122,11 @@ def _unused_rules(
     (something earlier in the cascade does), as live status calls them ``idle`` and
     ``shadowed``: the dump's keys classified by the engine itself (a simulation of
     the dump, before any cycle)."""
-    from amm_rules.offline.sim_cluster import SimCluster
-    from amm_rules.offline.simulate import DEFAULT_INTERVAL, Simulation, runtime_targets
+    from amm_rules.offline.simulate import Simulation
 
     if not any(t.state == "memory" for t in state.tasks.values()):
         return
-    sim = Simulation(
-        ruleset,
-        SimCluster(state),
-        measure=measure,
-        interval=DEFAULT_INTERVAL,
-        runtime=runtime_targets(state),
-    )
+    sim = Simulation.of(ruleset, state, measure=measure)
     tasks = list(sim.cluster.in_memory())
     if not tasks:
         return

@@ -199,16 +199,9 @@ def run_simulation(
     ``drain``'s workers within its deadline at its rate, which kills them) and return
     the report."""
     from amm_rules.offline.report import simulation_report
-    from amm_rules.offline.sim_cluster import SimCluster
-    from amm_rules.offline.simulate import Simulation, runtime_targets
+    from amm_rules.offline.simulate import Simulation
 
-    sim = Simulation(
-        ruleset,
-        SimCluster(state),
-        measure=measure,
-        interval=interval,
-        runtime=runtime_targets(state),
-    )
+    sim = Simulation.of(ruleset, state, measure=measure, interval=interval)
     report = None
     drained = None
     drain_workers_, deadline, rate = drain

@@ -297,6 +297,20 @@ class Simulation:
         """Governed keys in memory -> what they want."""
         return self.index.desired
 
+    @classmethod
+    def of(
+        cls, ruleset: Ruleset, state: Any, *, measure: str, interval: float = DEFAULT_INTERVAL
+    ) -> Simulation:
+        """A simulation of ``ruleset`` on a recorded cluster (a
+        :class:`~amm_rules.offline.dump.ClusterState`), with its runtime targets."""
+        return cls(
+            ruleset,
+            SimCluster(state),
+            measure=measure,
+            interval=interval,
+            runtime=runtime_targets(state),
+        )
+
     def rule_usage(self, rules: Iterable[Any]) -> dict[str, Shadow]:
         """Per rule, the keys in memory it matches and who decided its fields for them
         (an ``idle`` rule matches none, a ``shadowed`` one decides none of those it

@@ -267,17 +267,11 @@ class _Checker:
         hint = misspelt(value)
         if hint is None:
             return
-        span = literal.span
-        end = span.end_column if span.end_line == span.line else None
-        self.result.warnings.append(
-            Problem(
-                f"no type is recorded as {value!r}; did you mean {hint!r}? (the type "
-                "names in docs/expressions.md match whichever name a release records)",
-                span.line,
-                span.column,
-                TYPE_NAME,
-                end,
-            )
+        self._warn(
+            literal,
+            f"no type is recorded as {value!r}; did you mean {hint!r}? (the type "
+            "names in docs/expressions.md match whichever name a release records)",
+            TYPE_NAME,
         )
 
     def _span_literal(self, literal: ast.Literal, pattern: bool) -> None:
@@ -303,35 +297,29 @@ class _Checker:
             if glob is not None
             else "; for alternatives, join comparisons with 'or' or use 'in [...]'"
         )
-        span = pattern.span
-        end = span.end_column if span.end_line == span.line else None
-        self.result.warnings.append(
-            Problem(
-                f"{pattern.text} looks like a regular expression, but 'matches' takes a "
-                f"glob pattern (*, ?, [abc]; the whole string must match){meant}",
-                span.line,
-                span.column,
-                REGEX_PATTERN,
-                end,
-            )
+        self._warn(
+            pattern,
+            f"{pattern.text} looks like a regular expression, but 'matches' takes a "
+            f"glob pattern (*, ?, [abc]; the whole string must match){meant}",
+            REGEX_PATTERN,
         )
 
     def _resources_annotation(self, node: ast.Attribute, resource: str) -> None:
         suggestion = f"task.resources.{resource}" if resource.isidentifier() else None
         if suggestion is None:
             suggestion = f'task.resources["{resource}"]'
+        self._warn(
+            node,
+            f"{node.name} reads an annotation; what a task asked for with resources= "
+            f"is its resource restriction: write {suggestion}",
+            RESOURCES_ANNOTATION,
+        )
+
+    def _warn(self, node: ast.Node, message: str, code: str) -> None:
+        """A warning at ``node`` (legal, almost certainly not meant)."""
         span = node.span
         end = span.end_column if span.end_line == span.line else None
-        self.result.warnings.append(
-            Problem(
-                f"{node.name} reads an annotation; what a task asked for with resources= "
-                f"is its resource restriction: write {suggestion}",
-                span.line,
-                span.column,
-                RESOURCES_ANNOTATION,
-                end,
-            )
-        )
+        self.result.warnings.append(Problem(message, span.line, span.column, code, end))
 
     # -- messages --------------------------------------------------------------------
 
