@@ -31,6 +31,7 @@ from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.engine.dryrun import DryRun
 from amm_rules.engine.early import EarlyCycles
 from amm_rules.engine.events import EventLog
+from amm_rules.engine.running import AmmRunning
 from amm_rules.engine.state.costs import RecomputeCosts
 from amm_rules.engine.state.flow import MemoryFlow
 from amm_rules.engine.state.index import KeyIndex
@@ -78,6 +79,9 @@ class EngineContext:
     dry_run: DryRun
     #: The AMM, once attached (None before and after).
     manager: ActiveMemoryManagerExtension | None
+    #: Whether the AMM runs its cycles periodically, and since when (followed while
+    #: the policy is attached; a simulation's never runs).
+    amm_running: AmmRunning
     #: The sections, in the order they run (``Section`` objects).
     sections: tuple[Any, ...]
 
@@ -103,6 +107,7 @@ class EngineContext:
         self.protected = {}
         self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
         self.manager = None
+        self.amm_running = AmmRunning()
         self.sections = ()
         #: The engine's clock (``time.monotonic`` in a scheduler; a simulation's own).
         self.clock: Callable[[], float] = time.monotonic

@@ -35,14 +35,20 @@ the engine's own (:class:`EngineAnswers`) until an observer above the engine giv
 fuller one (:mod:`amm_rules.observe.extension`), built on :func:`engine_status` and
 :func:`explain_key`.
 
-Bad input raises ``ValueError`` with a message (the client sees it); nothing here may
-break the scheduler, nor block its event loop for long. Answers are plain msgpack-able
-data.
+Bad input is refused: a handler raises ``ValueError`` with a message, and the
+answer is then ``{"refused": message}`` (:func:`refusing`), which
+:mod:`amm_rules.client`, the command line and the worker preload raise again as that
+``ValueError`` (:func:`refused`). A client's mistake is not an error of the scheduler:
+it is logged at debug level, never as an ``ERROR`` with a traceback (which distributed
+logs for any exception a handler raises). Nothing here may break the scheduler, nor
+block its event loop for long. Answers are plain msgpack-able data.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable, Hashable
@@ -146,11 +152,52 @@ class Answers(Protocol):
     def explain(self, keys: list[Hashable], unmet: bool, rule: Any, limit: Any) -> Explanation: ...
 
 
+#: The one key of a handler's answer to a request it refuses.
+REFUSED = "refused"
+
+
+def refusing(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """``handler`` answering ``{"refused": message}`` where it raises ``ValueError``."""
+
+    def refusal(exc: ValueError) -> dict[str, str]:
+        logger.debug("amm-rules: refused %s: %s", handler.__name__, exc)
+        return {REFUSED: str(exc) or "the request was refused"}
+
+    if inspect.iscoroutinefunction(handler):
+
+        @functools.wraps(handler)
+        async def answer_async(**kwargs: Any) -> Any:
+            try:
+                return await handler(**kwargs)
+            except ValueError as exc:
+                return refusal(exc)
+
+        return answer_async
+
+    @functools.wraps(handler)
+    def answer(**kwargs: Any) -> Any:
+        try:
+            return handler(**kwargs)
+        except ValueError as exc:
+            return refusal(exc)
+
+    return answer
+
+
+def refused(answer: Any) -> Any:
+    """A handler's answer, or the ``ValueError`` it stands for if it is a refusal. (No
+    answer is a one-entry mapping of ``"refused"`` to a text otherwise: those keyed by
+    keys or workers map them to mappings.)"""
+    if isinstance(answer, dict) and len(answer) == 1 and isinstance(answer.get(REFUSED), str):
+        raise ValueError(answer[REFUSED])
+    return answer
+
+
 def register(scheduler: Any, policy: RulesPolicy) -> None:
     """Install the handlers of ``policy`` on ``scheduler`` (replacing any earlier ones)."""
     handlers = Handlers(policy)
     for name in HANDLER_NAMES:
-        scheduler.handlers[name] = getattr(handlers, name)
+        scheduler.handlers[name] = refusing(getattr(handlers, name))
     _publish(scheduler)
     add_plugin = getattr(scheduler, "add_plugin", None)
     if add_plugin is not None:
@@ -184,7 +231,7 @@ class _Published(SchedulerPlugin):
 def unregister(scheduler: Any, policy: RulesPolicy) -> None:
     """Remove the handlers of ``policy`` (not those of another policy attached later)."""
     for name in HANDLER_NAMES:
-        handler = scheduler.handlers.get(name)
+        handler = getattr(scheduler.handlers.get(name), "__wrapped__", None)
         if getattr(getattr(handler, "__self__", None), "policy", None) is policy:
             del scheduler.handlers[name]
     if any(n in scheduler.handlers for n in HANDLER_NAMES):
@@ -372,7 +419,8 @@ async def explain_in_slices(policy: RulesPolicy, work: Explanation) -> tuple[dic
 
 
 def engine_status(policy: RulesPolicy) -> dict[str, Any]:
-    """The engine's figures for ``amm_rules_status``: the rules in force (and which are
+    """The engine's figures for ``amm_rules_status``: whether the AMM runs its cycles
+    (``amm``: ``running``, ``since``, ``interval``), the rules in force (and which are
     in dry-run), per-rule counters (``would_request``/``would_drop`` for what dry-run
     held back), reload errors, early cycles, and each section's entry under its
     ``status_key`` (``rebalance``, ``paused_workers``, ``retirements``,
@@ -382,6 +430,8 @@ def engine_status(policy: RulesPolicy) -> dict[str, Any]:
     index = ctx.index
     labels = set(policy.last_cycle) | set(policy.totals)
     out: dict[str, Any] = {
+        # First: whether the AMM runs its cycles at all, since when, and its interval.
+        "amm": ctx.amm_running.status(),
         "source": policy.path if policy.path is not None else ruleset.source,
         "loaded_at": policy.loaded_at,
         "reload": policy.reload,

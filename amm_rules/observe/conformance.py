@@ -16,6 +16,10 @@ The states (TiDB's ``SHOW PLACEMENT`` has the same three):
 - ``dry-run``: the rule is in dry-run (``enforcement: dry-run``) and some of its keys do
   not hold what it asks: the engine planned their copies and drops and held them back
   (reason ``dry-run``, see :mod:`amm_rules.engine.dryrun`);
+- ``not-running``: the Active Memory Manager runs no cycle (stopped with
+  ``client.amm.stop()``, or configured with ``start: false``): nothing enforces the
+  rule, so it gets no other state (those are earned by cycles: what the last cycle saw
+  may be long gone). Every row has it, and :attr:`Conformance.running` says so first;
 - ``shadowed``: the rule has governed no key since the rules were loaded, but it
   matches keys in memory: earlier rules (or the keys' annotations, runtime targets)
   decide every field it sets for each of them first. The sentence says how many keys
@@ -62,6 +66,7 @@ from amm_rules.engine.dryrun import HELD_BACK
 from amm_rules.engine.sections.activity import RuleActivity, census_of, rule_matches
 from amm_rules.engine.state.governed import PlanClass, labels_of
 from amm_rules.engine.state.journal import BUSY, IN_FLIGHT, IN_PROGRESS_REASONS, WAITING
+from amm_rules.engine.words import counted
 from amm_rules.language.near_miss import Census, near_misses
 
 if TYPE_CHECKING:
@@ -71,9 +76,15 @@ SATISFIED = "satisfied"
 IN_PROGRESS = "in-progress"
 UNSATISFIABLE = "unsatisfiable"
 DRY_RUN = "dry-run"
+NOT_RUNNING = "not-running"
 #: Every state, best first (``dry-run``: held back by its own enforcement; ``shadowed``
-#: and ``idle``: a rule that governs nothing, last).
-STATES = (SATISFIED, IN_PROGRESS, UNSATISFIABLE, DRY_RUN, SHADOWED, IDLE)
+#: and ``idle``: a rule that governs nothing; ``not-running``: no cycle enforces the
+#: rules, last).
+STATES = (SATISFIED, IN_PROGRESS, UNSATISFIABLE, DRY_RUN, SHADOWED, IDLE, NOT_RUNNING)
+#: The sentence of every row while the AMM runs no cycle.
+NOT_RUNNING_SENTENCE = (
+    "not enforced: the Active Memory Manager runs no cycle (stopped, or start: false)"
+)
 #: Most keys in memory looked at for the shadows and near-miss hints of the rules that
 #: govern nothing.
 SAMPLE = 2_000
@@ -167,6 +178,10 @@ class Conformance:
     met: int
     #: Keys in memory the classification budget left for the next cycles.
     backlog: int
+    #: Whether the AMM runs its cycles (False: every row is ``not-running``), and since
+    #: when it runs or does not (seconds since the epoch).
+    running: bool = True
+    since: float | None = None
 
     @property
     def fraction(self) -> float:
@@ -175,6 +190,8 @@ class Conformance:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "running": self.running,
+            "since": self.since,
             "governed": self.governed,
             "met": self.met,
             "fraction": self.fraction,
@@ -235,12 +252,22 @@ def conformance(policy: RulesPolicy) -> Conformance:
             r.why.setdefault(reason, sentence)
 
     backlog = policy.journal.backlog
+    amm = policy.ctx.amm_running
+    running = amm.running
     for r in rows.values():
-        r.state, r.sentence = _judge(r, backlog)
-    _idle(policy, rows, backlog)
+        r.state, r.sentence = (
+            _judge(r, backlog) if running else (NOT_RUNNING, NOT_RUNNING_SENTENCE)
+        )
+    if running:
+        _idle(policy, rows, backlog)
     governed = len(index)
     return Conformance(
-        rules=list(rows.values()), governed=governed, met=governed - unmet, backlog=backlog
+        rules=list(rows.values()),
+        governed=governed,
+        met=governed - unmet,
+        backlog=backlog,
+        running=running,
+        since=amm.since,
     )
 
 
@@ -344,7 +371,7 @@ def near_miss_hints(match: str, census: Census) -> list[str]:
 
 def _idle_head(in_memory: int) -> str:
     """``0 keys since the rules were loaded, 40 keys in memory``."""
-    return f"0 keys since the rules were loaded, {_keys(in_memory)} in memory"
+    return f"0 keys since the rules were loaded, {counted(in_memory, 'key')} in memory"
 
 
 def keys_in_memory(scheduler: Any) -> int:
@@ -396,12 +423,12 @@ def class_problem(policy: RulesPolicy, cls: PlanClass) -> tuple[str, str] | None
         eligible = eligible_words(cls.pool, cls.avoid, placement.achievable)
         if placement.achievable == 0:
             return TOO_FEW_WORKERS, eligible
-        wanted = f"wants {lo} copies" if cls.replicate is not None else "wants a copy"
+        wanted = f"wants {counted(lo, 'copy')}" if cls.replicate is not None else "wants a copy"
         return TOO_FEW_WORKERS, f"{wanted}, {eligible}"
     if cls.spread == "host" and lo > placement.hosts and not every:
         return TOO_FEW_HOSTS, (
-            f"spread: host wants {lo} hosts, eligible workers are on "
-            f"{placement.hosts} host{'s' if placement.hosts != 1 else ''}"
+            f"spread: host wants {counted(lo, 'host')}, eligible workers are on "
+            f"{counted(placement.hosts, 'host')}"
         )
     return None
 
@@ -419,7 +446,7 @@ def eligible_words(pool: tuple[str, ...] | None, avoid: tuple[str, ...] | None, 
     if n == 0:
         return f"no worker {' '.join(parts)} is running" if parts else "no worker is running"
     where = " ".join(parts) or "in the cluster"
-    return f"only {n} worker{'s' if n != 1 else ''} {where}"
+    return f"only {counted(n, 'worker')} {where}"
 
 
 def _rows(policy: RulesPolicy) -> dict[str, RuleConformance]:
@@ -440,12 +467,12 @@ def _judge(r: RuleConformance, backlog: int) -> tuple[str, str]:
             key=lambda item: (-item[1], item[0]),  # most keys first, then by their words
         )
         if len(causes) > 1:  # one per cause, with its keys
-            why = "; ".join(f"{_keys(k)}: {w}" for w, k in causes)
+            why = "; ".join(f"{counted(k, 'key')}: {w}" for w, k in causes)
         elif causes:
             why = causes[0][0]
         else:
             why = "; ".join(r.why[k] for k in UNSATISFIABLE_REASONS if k in hopeless)
-        sentence = f"{_keys(n)} of {r.keys:,} cannot be satisfied now: {why}"
+        sentence = f"{counted(n, 'key')} of {r.keys:,} cannot be satisfied now: {why}"
         if progress:
             sentence += f"; {_progress(progress, r)}"
         return UNSATISFIABLE, sentence
@@ -453,24 +480,23 @@ def _judge(r: RuleConformance, backlog: int) -> tuple[str, str]:
         return IN_PROGRESS, f"{_progress(progress, r)}"
     if r.unmet.get(HELD_BACK):
         n = r.unmet[HELD_BACK]
-        return DRY_RUN, f"{_keys(n)} of {r.keys:,} held back by dry-run (e.g. {r.why[HELD_BACK]})"
+        return (
+            DRY_RUN,
+            f"{counted(n, 'key')} of {r.keys:,} held back by dry-run (e.g. {r.why[HELD_BACK]})",
+        )
     if backlog:
         return IN_PROGRESS, (
-            f"{_keys(backlog)} in memory not classified yet (classification budget); "
+            f"{counted(backlog, 'key')} in memory not classified yet (classification budget); "
             f"{r.keys:,} governed so far hold their target"
         )
     if not r.keys:
         return SATISFIED, "no keys in memory"
     if r.keys == 1:
         return SATISFIED, "its one key holds its target and placement"
-    return SATISFIED, f"all {_keys(r.keys)} hold their target and placement"
+    return SATISFIED, f"all {counted(r.keys, 'key')} hold their target and placement"
 
 
 def _progress(progress: dict[str, int], r: RuleConformance) -> str:
-    parts = [f"{_keys(n)} {_PROGRESS_WORDS[k]}" for k, n in progress.items()]
+    parts = [f"{counted(n, 'key')} {_PROGRESS_WORDS[k]}" for k, n in progress.items()]
     first = next(iter(progress))
     return f"{', '.join(parts)} (e.g. {r.why[first]})"
-
-
-def _keys(n: int) -> str:
-    return f"{n:,} key{'s' if n != 1 else ''}"

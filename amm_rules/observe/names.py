@@ -19,6 +19,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from amm_rules.engine.decide.view import key_string
+from amm_rules.engine.words import counted
 
 #: Keys (or groups of a prefix) an offer shows.
 SHOWN = 5
@@ -103,7 +104,7 @@ def offer_words(offer: Mapping[str, Any]) -> str:
     """The offer in a sentence: ``a task group of 100 tasks (100 in memory), not a
     key; its first keys: ('x-1a2b', 0), ('x-1a2b', 1), ... (explain one of them)``."""
     n, memory = offer["tasks"], offer["in_memory"]
-    counts = f"{n:,} task{'s' if n != 1 else ''} ({memory:,} in memory)"
+    counts = f"{counted(n, 'task')} ({memory:,} in memory)"
     if offer["kind"] == "group":
         keys = offer["keys"]
         if not keys:

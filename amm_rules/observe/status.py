@@ -63,6 +63,7 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
     The shape (times are seconds since the epoch; sizes are bytes)::
 
         {
+          "amm": {"running": True, "since": 1764400000.0, "interval": 2.0},  # cycles run?
           "scheduler": "tcp://10.0.0.1:8786",        # None before the scheduler starts
           "time": 1764500000.0,                       # when the report was made
           # the rules in force
@@ -79,12 +80,13 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
           "reduce_replicas": True,
           # conformance (amm_rules.observe.conformance)
           "conformance": {
+            "running": True, "since": 1764400000.0,  # as "amm"; False: all "not-running"
             "governed": 1200, "met": 1180, "fraction": 0.983,
             "classification_backlog": 0,
             "rules": [                                 # rules in file order, then the groups
               {"name": "precious", "kind": "rule",    # or "annotation", "runtime"
                "in_file": True,
-               "state": "unsatisfiable",              # "satisfied", "in-progress"
+               "state": "unsatisfiable",              # "satisfied", "in-progress", "idle"...
                "sentence": "20 keys of 200 cannot be satisfied now: wants 3 copies, ...",
                "keys": 200, "bytes": 1073741824,
                "copies_held": 560, "copies_wanted": 600,  # copies now; at least wanted

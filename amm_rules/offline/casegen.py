@@ -27,6 +27,7 @@ from itertools import zip_longest
 from typing import Any
 
 from amm_rules.engine.decide.view import key_string
+from amm_rules.engine.words import counted
 from amm_rules.language.ruleset import ACTION_FIELDS, Desired, Ruleset, Target
 from amm_rules.offline.casefile import MAX_WORKERS, parse_test_file
 from amm_rules.offline.dump import ClusterState, TaskRecord, WorkerRecord
@@ -152,11 +153,14 @@ def _header(state: ClusterState, out: Generated, command: str) -> str:
         "(docs/testing-rules.md)."
     )
     if out.unwritable_keys:
-        words += f" Left out: {out.unwritable_keys:,} keys that are neither text nor a flat tuple."
+        words += (
+            f" Left out: {counted(out.unwritable_keys, 'key')} that are neither text nor a "
+            "flat tuple."
+        )
     if out.dropped_annotations:
         words += (
-            f" Left out: the annotations of {out.dropped_annotations:,} keys that are not "
-            "plain data."
+            f" Left out: the annotations of {counted(out.dropped_annotations, 'key')} that "
+            "are not plain data."
         )
     lines = textwrap.wrap(words, 86, break_long_words=False, break_on_hyphens=False)
     return "".join(f"# {line}\n" for line in lines) + "\n"

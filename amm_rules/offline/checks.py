@@ -38,6 +38,7 @@ from amm_rules.engine.decide.deciders import eligible as placeable
 from amm_rules.engine.decide.shadows import shadow_words
 from amm_rules.engine.decide.view import WorkerView
 from amm_rules.engine.sections.activity import census_of
+from amm_rules.engine.words import counted
 from amm_rules.language.diagnostics import Diagnostic, sort_key
 from amm_rules.language.expr.parser import parse
 from amm_rules.language.loader import CheckResult
@@ -66,7 +67,7 @@ def cluster_warnings(result: CheckResult, state: ClusterState, measure: str) -> 
         if not any(name in p for p in pools.values()):
             where.add(
                 ("pools", name),
-                f"pool '{name}' has no worker in {cluster} ({len(state.workers)} workers)",
+                f"pool '{name}' has no worker in {cluster} ({counted(len(state.workers), 'worker')})",
                 "empty-pool",
                 severity="warning",
                 at_key=True,
@@ -84,13 +85,13 @@ def cluster_warnings(result: CheckResult, state: ClusterState, measure: str) -> 
             field = "replicate.min" if target.max != target.min else "replicate"
             scope = _scope(rule)
             have = (
-                f"only {len(eligible)} worker{'' if len(eligible) == 1 else 's'} {scope} in {cluster}"
+                f"only {counted(len(eligible), 'worker')} {scope} in {cluster}"
                 if scope
-                else f"{cluster} has {len(eligible)} workers"
+                else f"{cluster} has {counted(len(eligible), 'worker')}"
             )
             where.add(
                 (*path, *field.split(".")),
-                f"{field}: wants {target.min} copies, but {have}: its keys would stay "
+                f"{field}: wants {counted(target.min, 'copy')}, but {have}: its keys would stay "
                 "below target",
                 "min-exceeds-eligible",
                 severity="warning",
@@ -149,7 +150,7 @@ def _unused_rules(
         if census is None:
             census = census_of(tasks, sampled=False)
         hints = near_misses(parse(rule.match_source), census)
-        message = f"the match is false for every key in memory in {cluster} ({n:,} key{'s' if n != 1 else ''})"
+        message = f"the match is false for every key in memory in {cluster} ({counted(n, 'key')})"
         where.add(at, "; ".join([message, *hints]), "matches-no-key", severity="warning")
 
 

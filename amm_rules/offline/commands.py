@@ -329,6 +329,7 @@ def write_tests(
     """``amm-rules test --from-dump DUMP --rules RULES -o OUTPUT``: a test file of the
     dump's cluster, what the rules decide today as its expectations
     (:mod:`amm_rules.offline.casegen`). ``-`` writes to standard output."""
+    from amm_rules.engine.words import counted
     from amm_rules.offline.casegen import CaseGenError, cases_from_dump
 
     ruleset = load_rules(rules)
@@ -347,7 +348,7 @@ def write_tests(
         with open(output, "w", encoding="utf-8") as f:
             f.write(made.text)
         click.echo(
-            f"wrote {output}: 1 case of {made.keys:,} keys (of {made.keys_in_memory:,} in "
+            f"wrote {output}: 1 case of {counted(made.keys, 'key')} (of {made.keys_in_memory:,} in "
             f"memory in {state.source}), the rules' decisions as expectations",
             err=True,
         )

@@ -405,11 +405,15 @@ async def test_targets_of_distributeds_own_calls_come_back_with_their_origin(c, 
 
     futures = await populate(c, s)  # noqa: F841
     policy = ObservedPolicy(rules_mapping(RULES), audit_interval=None)
-    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False, measure=MEASURE)
+    # Running (a broadcast is honoured only then), no cycle within the test.
+    amm = ActiveMemoryManagerExtension(
+        s, {policy}, register=False, start=True, interval=3600, measure=MEASURE
+    )
     try:
         held = await c.scatter({"model-0": 7}, broadcast=True)  # noqa: F841
         path = await dump(c, tmp_path, "msgpack")
     finally:
+        amm.stop()
         policy.detach()
         del amm
     state = read_dump(path)

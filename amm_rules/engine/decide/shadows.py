@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from amm_rules.language.plurals import counted
 from amm_rules.language.ruleset import Desired, Rule
 
 #: The states of a rule that governs no key while keys are in memory.
@@ -84,7 +85,7 @@ def shadow_words(shadow: Shadow, looked_at: int | None = None) -> str:
     sample of the keys in memory): ``matches 3 of 2,000 keys sampled, ...``."""
     n = shadow.matched
     if looked_at is None:
-        head = f"matches {n:,} key{'s' if n != 1 else ''}"
+        head = f"matches {counted(n, 'key')}"
     else:
         head = f"matches {n:,} of {looked_at:,} keys sampled"
     takers = ", ".join(

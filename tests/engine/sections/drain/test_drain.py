@@ -9,6 +9,7 @@ from bokeh.document import Document
 from distributed.utils_test import gen_cluster
 
 import amm_rules
+from amm_rules.engine.handlers import refused
 from amm_rules.engine.sections import drain as drain_module
 from amm_rules.engine.sections.drain import DrainSection
 from amm_rules.observe.dashboard import RulesPage
@@ -204,8 +205,10 @@ async def test_the_prediction_measured_early_matches_what_happened(c, s, a, b, w
 @gen_cluster(client=True, nthreads=[("", 1)] * 2, config=amm_config())
 async def test_a_bad_request_is_refused_with_a_sentence(c, s, a, b, workers, deadline, error):
     with pytest.raises(ValueError, match=error):
-        await c.scheduler.amm_rules_drain(
-            workers=[a.address] if workers is None else workers, deadline=deadline
+        refused(
+            await c.scheduler.amm_rules_drain(
+                workers=[a.address] if workers is None else workers, deadline=deadline
+            )
         )
     assert not section(s).drains
     assert s.workers[a.address] in s.running
