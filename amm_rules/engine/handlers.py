@@ -65,12 +65,12 @@ from amm_rules.engine.decide.plan import (
     target_bounds,
 )
 from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
-from amm_rules.engine.sections.drain import DrainSection
 from amm_rules.language.fields import ActionError, parse_actions, parse_target
 from amm_rules.language.ruleset import ACTION_FIELDS, Actions, Desired, Target
 
 if TYPE_CHECKING:
     from amm_rules.engine.context import EngineContext
+    from amm_rules.engine.sections.base import Section
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +126,7 @@ class RulesPolicy(Protocol):
 
     ctx: EngineContext
     answers: Answers
+    sections: tuple[Section, ...]
     cycles: int
     last_cycle_seconds: float
     last_cycle: dict[str, dict[str, int]]
@@ -142,6 +143,9 @@ class RulesPolicy(Protocol):
 
     @property
     def reload_errors(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def drains(self) -> Any: ...
 
 
 class Answers(Protocol):
@@ -364,13 +368,13 @@ class Handlers:
         self, workers: Any = (), deadline: Any = "60s", close_workers: bool = False
     ) -> dict[str, dict[str, Any]]:
         """Drain ``workers`` before ``deadline``; their reports, with the first prediction."""
-        return self.policy.ctx.section(DrainSection).start(workers, deadline, bool(close_workers))
+        return self.policy.drains.start(workers, deadline, bool(close_workers))
 
     def amm_rules_drain_report(self, workers: Any = None) -> dict[str, dict[str, Any]]:
         """The drains of ``workers`` (None: all known), as they go."""
         if workers is not None:
             workers = [str(w) for w in check_keys(workers)]
-        return self.policy.ctx.section(DrainSection).report(workers)
+        return self.policy.drains.report(workers)
 
 
 class EngineAnswers:
@@ -443,7 +447,7 @@ def engine_status(policy: RulesPolicy) -> dict[str, Any]:
         "governed": len(index),
         # Keys in memory the classification budget has not reached yet.
         "unclassified": index.unclassified,
-        "in_flight": sum(len(v) for v in index.inflight.values()),
+        "in_flight": len(ctx.ledger),
         "runtime_targets": len(index.runtime),
         "cycles": policy.cycles,
         "last_cycle_ms": round(policy.last_cycle_seconds * 1000, 3),
@@ -461,7 +465,7 @@ def engine_status(policy: RulesPolicy) -> dict[str, Any]:
         # Early AMM cycles: settings, requests, cycles run, the last ones and why.
         "early_cycles": ctx.early.status(),
     }
-    for section in ctx.sections:
+    for section in policy.sections:
         if section.status_key is not None:
             out[section.status_key] = section.status()
     return out
@@ -498,7 +502,7 @@ def explain_key(policy: RulesPolicy, ts: Any, cluster: ClusterView, now: float) 
             "desired": "not in memory",
         }
         if ts is not None:
-            for section in ctx.sections:
+            for section in policy.sections:
                 if section.explain_key is not None and (said := section.explain(ts, now)):
                     answer[section.explain_key] = said
         return KeyExplanation(ts, answer)
@@ -537,6 +541,9 @@ def explain_key(policy: RulesPolicy, ts: Any, cluster: ClusterView, now: float) 
         },
         "eligible": plan.eligible,
         "in_flight": sorted(view.inflight),
+        # Who holds the key, and why: the rest of the engine leaves it alone, or keeps
+        # its copies (amm_rules.engine.state.claims).
+        "held": ctx.claims.explain(ts.key, now),
         "misplaced": dict(plan.misplaced),
         "unmet": plan.unmet,
         "would": [{"op": a.op, "worker": a.worker, "reason": a.reason} for a in plan.actions]
@@ -546,12 +553,12 @@ def explain_key(policy: RulesPolicy, ts: Any, cluster: ClusterView, now: float) 
         # In dry-run: the label its actions are held back under ("would" lists them);
         # None when they are enacted.
         "dry_run": ctx.dry_run.label(desired),
-        "workers": worker_reasons(view, cluster, now),
+        "workers": worker_reasons(view, cluster),
         "annotation_ignored": bool(ignored),
         # Which: "amm", "replicate" (the shorthand), or both.
         "annotations_ignored": ignored,
     }
-    for section in ctx.sections:
+    for section in policy.sections:
         if section.explain_key is not None:
             answer[section.explain_key] = section.explain(ts, now)
     return KeyExplanation(ts, answer, desired, view, plan, lo, hi)

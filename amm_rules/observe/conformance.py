@@ -63,7 +63,7 @@ from weakref import WeakKeyDictionary
 
 from amm_rules.engine.decide.shadows import IDLE, SHADOWED, Shadow, shadow_words
 from amm_rules.engine.dryrun import HELD_BACK
-from amm_rules.engine.sections.activity import RuleActivity, census_of, rule_matches
+from amm_rules.engine.sections.activity import census_of, rule_matches
 from amm_rules.engine.state.governed import PlanClass, labels_of
 from amm_rules.engine.state.journal import BUSY, IN_FLIGHT, IN_PROGRESS_REASONS, WAITING
 from amm_rules.engine.words import counted
@@ -276,8 +276,8 @@ def _idle(policy: RulesPolicy, rows: dict[str, RuleConformance], backlog: int) -
     memory and all of them classified: ``shadowed`` when they match keys of the sample
     whose fields earlier rules (or annotations, runtime targets) all decide, else
     ``idle``, with near-miss hints."""
-    activity = policy.ctx.find(RuleActivity)
-    if activity is None or not activity.cycles or backlog:
+    activity = policy.activity
+    if not activity.cycles or backlog:
         return
     candidates = [
         r

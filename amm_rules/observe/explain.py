@@ -509,7 +509,7 @@ def _decisions(
     d = view.desired
     copy_to = {a.worker: a.reason for a in plan.actions if a.op == "replicate"}
     drop_from = {a.worker: a.reason for a in plan.actions if a.op == "drop"}
-    question = Question(view, cluster, unclassified=unclassified, now=now)
+    question = Question(view, cluster, unclassified=unclassified)
     settings = policy.rebalancer.settings
     last = policy.rebalancer.last_plan
     roles = last.roles if last is not None and settings.enabled else {}

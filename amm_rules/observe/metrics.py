@@ -276,7 +276,7 @@ class _Families:
         )
 
         self.in_flight = GaugeMetricFamily(
-            name("copies_in_flight"), "Replication copies requested and not landed", labels=s
+            name("copies_in_flight"), "Copies the engine asked for and has not seen land", labels=s
         )
         self.moves = CounterMetricFamily(
             name("rebalance_moves"), "Rebalancing moves started", labels=s
@@ -362,8 +362,7 @@ class _Families:
         for label, (would_request, would_drop) in held.items():
             self.would_request.add_metric([*where, label], would_request)
             self.would_drop.add_metric([*where, label], would_drop)
-        index = policy.index
-        self.in_flight.add_metric(where, sum(len(v) for v in index.inflight.values()))
+        self.in_flight.add_metric(where, len(policy.ctx.ledger))
         rebalancer = policy.rebalancer
         self.moves.add_metric(where, rebalancer.totals["moves"])
         self.moved_bytes.add_metric(where, rebalancer.totals["bytes"])

@@ -103,7 +103,7 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
           "governed": 1200,                           # keys governed
           "unclassified": 0,                          # keys waiting for classification now
           "classification_backlog": 0,                # left over by the last cycle's budget
-          "in_flight": 3, "in_flight_keys": 2,        # replication copies requested
+          "in_flight": 3, "in_flight_keys": 2,        # copies asked, not landed
           "runtime_targets": 1,
           "cycles": 340, "last_cycle_ms": 1.9,
           "cycle_ms": {"last": 1.9, "median": 1.7, "worst": 8.2, "mean": 2.0, "recent": 100},
@@ -147,7 +147,7 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
         conformance=c.to_dict(),
         states={r.name: r.state for r in c.rules},
         classification_backlog=journal.backlog,
-        in_flight_keys=len(policy.index.inflight),
+        in_flight_keys=len(policy.ctx.ledger.copies),
         cycle_ms=_cycle_ms(policy),
         rebalance=_finite(report["rebalance"]),
         **_workers(policy),

@@ -405,6 +405,7 @@ def _render_one(name: str, a: Mapping[str, Any]) -> str:
             if protect.get("protected")
             else f"  protect  not protected: {protect['why']}"
         )
+    lines += [f"  claim    {sentence}" for sentence in a.get("held") or ()]
     if facts["annotations"]:
         lines.append(f"  annotations  {facts['annotations']}")
     for n, h in enumerate(facts["holders"]):

@@ -25,8 +25,8 @@ from typing import Any
 from amm_rules.engine.decide.drain import TIER_NAMES, predict
 from amm_rules.engine.decide.evacuate import plan_evacuation
 from amm_rules.engine.decide.view import key_string
+from amm_rules.engine.evacuation import evacuation_input
 from amm_rules.engine.sections.drain import rank_views
-from amm_rules.engine.sections.retirement import CopyBook, evacuation_input
 from amm_rules.engine.words import (
     bytes_per_second,
     drain_item_why,
@@ -66,7 +66,7 @@ def drain_workers(
     estimated = False
     for address in victims:
         ws = sim.cluster.workers[address]
-        views, cluster = evacuation_input(ctx, list(ws.has_what), leaving, CopyBook())
+        views, cluster = evacuation_input(ctx, list(ws.has_what), leaving)
         ranked, items = rank_views(views, cluster, tasks, ctx.costs.estimate)
         estimated |= any(item.seconds for item in items.values())
         plan = plan_evacuation(ranked, cluster, now=sim.now)

@@ -598,7 +598,7 @@ async def test_the_work_at_risk_bars_follow_the_sole_copies(c, s, a, b):
     assert bars[a.address] == pytest.approx(costs.at_risk[a.address], abs=1e-3)
     assert bars[b.address] == 0.0
     assert "protect keeps 0 keys" in chart.root.title.text
-    assert policy.ctx.protected == {}
+    assert policy.ctx.claims.of("protect") == {}
     # A second copy of every key: nothing is at risk any more.
     await c.replicate(futures, n=2)
     await wait_for(lambda: costs.at_risk.get(a.address, 0) < 1e-6, "nothing held alone")

@@ -84,11 +84,11 @@ async def test_a_stopped_amm_is_said_first_and_no_rule_claims_a_state(c, s, a, b
     before = time.time()
     await c.amm.stop()
     # A copy in flight when the AMM stopped stays "in flight" for ever: not a claim.
-    policy_of(s).index.inflight["two-0"] = {w3.address: time.monotonic()}
+    policy_of(s).ctx.ledger.record("two-0", w3.address, "replication", time.monotonic())
     await says_not_running(c, s, (before, time.time()))
     report = await c.scheduler.amm_rules_status()
     assert "in flight    1 copy of 1 key (asked by an earlier cycle)" in render_status(report)
-    del policy_of(s).index.inflight["two-0"]
+    policy_of(s).ctx.ledger.forget("two-0")
 
     before = time.time()
     await c.amm.start()

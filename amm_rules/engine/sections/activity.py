@@ -18,7 +18,7 @@ Neighbours: :mod:`amm_rules.engine.state.index` counts keys per rule
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine.adapters import TaskFactsAdapter, resource_restrictions, span_path
 from amm_rules.engine.decide.shadows import Shadow
@@ -26,13 +26,17 @@ from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.language.near_miss import Census
 from amm_rules.language.ruleset import CLASS_ATTRIBUTES, Rule
 
+if TYPE_CHECKING:
+    from amm_rules.engine.context import EngineContext
+
 
 class RuleActivity(Section):
     """The rules that have governed a key since they were loaded."""
 
     name = "rule-activity"
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
         #: Names of the rules (and groups: ``(annotation)``...) that governed a key since
         #: the rules were loaded.
         self.matched: set[str] = set()
@@ -45,7 +49,6 @@ class RuleActivity(Section):
 
     def run(self, cycle: Cycle) -> tuple[()]:
         ctx = self.ctx
-        assert ctx is not None
         matched = self.matched
         for label, n in ctx.index.governed.governed_by.items():
             if n and label not in matched:

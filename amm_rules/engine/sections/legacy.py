@@ -27,8 +27,9 @@ when the call returns), with its own tree of ``gather_on_worker`` calls under th
 avoided pools, under ``spread: host`` one per host that holds no copy yet
 (:func:`spread_recipients`), and none for a ``move: never`` key. It never deletes: trimming a
 key above its target is the engine's (which never drops the last copy, nor a copy a
-running dependent reads). While a call copies a key, the engine leaves that key
-alone (:attr:`LegacyCalls.copying`), so the two never copy the same key at once.
+running dependent reads). While a call copies a key, the section holds it
+(:mod:`amm_rules.engine.state.claims`) and the rest of the engine leaves it alone, so
+the two never copy the same key at once.
 Calls the engine cannot honour (an ``n`` that is not a number of copies, keys not
 in memory) go to the stock handler unchanged, with its answers and errors.
 
@@ -99,8 +100,10 @@ class LegacyCalls(Section):
     status_key = "legacy_replicate"
     explain_key = "copying"
 
-    def __init__(self) -> None:
-        #: Keys a call is copying right now (a count: calls may overlap).
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
+        #: Keys a call is copying right now (a count: calls may overlap); the section
+        #: holds them while the count is above 0.
         self.copying: Counter[Hashable] = Counter()
         #: Calls honoured since the policy started, by origin.
         self.calls: Counter[str] = Counter()
@@ -113,7 +116,7 @@ class LegacyCalls(Section):
         its cycles (stopped, nothing would trim nor keep: the calls are the stock ones)."""
         ctx = self.ctx
         return (
-            ctx is not None
+            ctx.attached
             and ctx.index.active
             and ctx.ruleset.legacy_replicate == "honour"
             and ctx.amm_running.running
@@ -121,18 +124,16 @@ class LegacyCalls(Section):
 
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
         """Switching to ``legacy-replicate: ignore`` removes the targets the calls set."""
-        if ruleset.legacy_replicate == "ignore" and self.ctx is not None:
+        if ruleset.legacy_replicate == "ignore":
             self.forget_targets()
 
-    def attach(self, ctx: EngineContext) -> None:
-        super().attach(ctx)
-        self._unwrap = self.install(ctx.scheduler)
+    def attach(self) -> None:
+        self._unwrap = self.install(self.ctx.scheduler)
 
     def detach(self) -> None:
         if self._unwrap is not None:
             self._unwrap()
             self._unwrap = None
-        super().detach()
 
     def explain(self, ts: Any, now: float) -> bool:
         """Whether a ``replicate`` or ``scatter`` call is copying the key now."""
@@ -228,7 +229,7 @@ class LegacyCalls(Section):
         """A stock call (no cycle runs, or ``ignore``) replaces the target an earlier
         call had set on its keys: the last call says how many copies the key holds."""
         ctx = self.ctx
-        if ctx is None or not ctx.index.active:
+        if not ctx.index.active:
             return
         runtime = ctx.index.runtime
         try:
@@ -257,6 +258,8 @@ class LegacyCalls(Section):
                 return False  # (unhashable keys too: the stock call says what it says)
             keys = list(dict.fromkeys(keys))
             self.copying.update(keys)  # the engine leaves them alone until the call is done
+            for key in keys:
+                ctx.claims.hold(key, self.name, f"a {origin} call copies it")
             try:
                 for key in keys:
                     ctx.set_runtime_target(key, target, origin)  # classified at the next cycle
@@ -285,9 +288,10 @@ class LegacyCalls(Section):
     def _done(self, keys: list[Hashable]) -> None:
         """A call's keys are the engine's again."""
         self.copying.subtract(keys)
-        for key in keys:
-            if self.copying[key] <= 0:
-                del self.copying[key]
+        done = [key for key in keys if self.copying[key] <= 0]
+        for key in done:
+            del self.copying[key]
+        self.ctx.claims.release(self.name, done)
         # Classified by now or soon: look at them again once the call is done.
         index = self.ctx.index
         index.recheck.update(k for k in keys if k in index.desired)
@@ -396,11 +400,11 @@ class LegacyCalls(Section):
         gone = [k for k, t in index.runtime.items() if t.origin in ORIGINS]
         for key in gone:
             del index.runtime[key]
-        index.reclassify(gone)
+        if gone:
+            index.reclassify(gone)
         return len(gone)
 
     def status(self) -> dict[str, Any]:
-        assert self.ctx is not None
         return {
             "mode": self.ctx.ruleset.legacy_replicate,
             "calls": dict(self.calls),

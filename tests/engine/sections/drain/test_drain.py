@@ -24,7 +24,7 @@ PIN = {"name": "pin", "match": 'task.key matches "pin-*"', "replicate": {"min": 
 
 
 def section(s) -> DrainSection:
-    return policy_of(s).ctx.section(DrainSection)
+    return policy_of(s).drains
 
 
 def cheap(i: int) -> bytes:
@@ -174,9 +174,8 @@ async def test_the_prediction_measured_early_matches_what_happened(c, s, a, b, w
     status = await c.scheduler.amm_rules_status()
     assert status["drain"]["drains"][0]["state"] == "draining"
     assert drains.metrics()["draining"] == 1.0
-    waiting = [
-        k for k in drains.drains[a.address].places if k not in drains.drains[a.address].inflight
-    ]
+    flying = drains.in_flight(drains.drains[a.address])
+    waiting = [k for k in drains.drains[a.address].places if k not in flying]
     if waiting:
         said = (await c.scheduler.amm_rules_explain(keys=[waiting[-1]]))[waiting[-1]]["drain"]
         assert said["standing"] == "waiting" and said["of"] >= said["place"] >= 1
