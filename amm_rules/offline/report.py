@@ -223,7 +223,7 @@ def rules_section(ruleset: Ruleset, sim: Simulation, result: Result) -> dict[str
         elif e["unmet"] or e["misplaced"]:
             e["state"] = "unsatisfiable"
         elif e["pending"]:
-            e["state"] = "in progress"
+            e["state"] = "in-progress"
         else:
             e["state"] = "satisfied"
         e["reasons"] = dict(e["reasons"].most_common())

@@ -19,6 +19,7 @@ from distributed.utils_test import gen_cluster
 from amm_rules.cli import main
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.language.loader import load_ruleset
+from amm_rules.observe.conformance import STATES
 from amm_rules.offline.dump import read_dump
 from amm_rules.offline.report import rules_section
 from amm_rules.offline.sim_cluster import SimCluster
@@ -113,6 +114,10 @@ async def test_one_cycle_is_the_next_cycles_suggestions(c, s, *workers, tmp_path
     sim = simulate(RULES, await dump(c, tmp_path, "msgpack"), cycles=1)
     predicted = Counter((a.op, a.key) for a in sim.result.actions)
     assert sim.result.cycles == 1 and predicted
+    # Stopped before it settled: the rules it was repairing are in-progress, the word
+    # live status uses.
+    states = {e["state"] for e in rules_section(sim.ruleset, sim, sim.result).values()}
+    assert "in-progress" in states and states <= set(STATES)
 
     policy = RulesPolicy(rules_mapping(RULES), audit_interval=None, classify_seconds=None)
     amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False, measure=MEASURE)
