@@ -381,6 +381,24 @@ def print_table(table: dict[str, Any], repeats: int) -> None:
     print(f"medians (min-max) of {repeats} runs per mode")
 
 
+def dumps(result: dict[str, Any]) -> str:
+    """The benchmark's JSON, short enough to read: one run per line but its series, which
+    only the first repeat keeps (for the plot), one line each."""
+    lines: list[str] = []
+    runs = [
+        {k: v for k, v in r.items() if k != "series" or r["repeat"] == 0} for r in result["runs"]
+    ]
+    for r in runs:
+        series = r.pop("series", None)
+        line = json.dumps(r)
+        if series is not None:
+            line = line[:-1] + ', "series": ' + json.dumps(series) + "}"
+        lines.append(line)
+    head = json.dumps({**result, "runs": []}, indent=2)
+    body = ",\n    ".join(lines)
+    return head.replace('"runs": []', '"runs": [\n    ' + body + "\n  ]") + "\n"
+
+
 def plot(data: dict[str, Any], path: Path = PLOT) -> None:
     """The figure of docs/performance.md, from the benchmark's JSON: workers and bytes
     written to disk over the first repeat, per mode."""
@@ -451,7 +469,7 @@ def main() -> None:
         "runs": runs,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.write_text(dumps(result))
     print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     if not args.quick:
         plot(result)
