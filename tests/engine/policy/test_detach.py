@@ -19,12 +19,9 @@ from tests.support.rulesets import X_THREE
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat
 
-METHODS = (
-    "add_replica",
-    "remove_replica",
-    "remove_all_replicas",
+#: Methods whose comm handler has their name and is bound to them.
+SAME_NAME = (
     "update_data",
-    "add_resources",
     "heartbeat_worker",
     "replicate",
     "scatter",
@@ -32,17 +29,9 @@ METHODS = (
     "workers_to_close",
     "retire_workers",
 )
+METHODS = ("add_replica", "remove_replica", "remove_all_replicas", "add_resources", *SAME_NAME)
 #: The comm handlers bound to some of them.
-HANDLERS = (
-    "update_data",
-    "set_resources",
-    "heartbeat_worker",
-    "replicate",
-    "scatter",
-    "adaptive_target",
-    "workers_to_close",
-    "retire_workers",
-)
+HANDLERS = ("set_resources", *SAME_NAME)
 
 
 def wrapped(scheduler: Any) -> dict[str, Any]:
