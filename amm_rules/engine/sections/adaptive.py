@@ -440,10 +440,17 @@ class AdaptiveSection(Section):
     # -- the wrappers ------------------------------------------------------------------
 
     def _wrap(self, scheduler: Any) -> Callable[[], None]:
-        adaptive_target = scheduler.adaptive_target
-        workers_to_close = scheduler.workers_to_close
-        retire_workers = scheduler.retire_workers
+        return wrap_methods(
+            scheduler,
+            {
+                "adaptive_target": self._target_ruled(scheduler.adaptive_target),
+                "workers_to_close": self._close_ruled(scheduler, scheduler.workers_to_close),
+                "retire_workers": self._retire_ruled(scheduler.retire_workers),
+            },
+            {name: name for name in WRAPPED},
+        )
 
+    def _target_ruled(self, adaptive_target: Callable[..., int]) -> Callable[..., int]:
         def adaptive_target_ruled(target_duration: Any = None) -> int:
             # Adaptive passes its target duration; a /metrics scrape, the dashboard and
             # the HTTP API ask without one: their choice of workers is a read.
@@ -460,6 +467,11 @@ class AdaptiveSection(Section):
                 logger.exception("amm-rules: the adaptive target failed; distributed's own")
                 return stock
 
+        return adaptive_target_ruled
+
+    def _close_ruled(
+        self, scheduler: Any, workers_to_close: Callable[..., list[Any]]
+    ) -> Callable[..., list[Any]]:
         def workers_to_close_ruled(
             memory_ratio: Any = None,
             n: Any = None,
@@ -494,6 +506,9 @@ class AdaptiveSection(Section):
             workers = scheduler.workers
             return [getattr(workers[a], attribute) for a in chosen if a in workers]
 
+        return workers_to_close_ruled
+
+    def _retire_ruled(self, retire_workers: Callable[..., Any]) -> Callable[..., Any]:
         async def retire_workers_ruled(
             workers: Any = None,
             *,
@@ -524,15 +539,7 @@ class AdaptiveSection(Section):
                 self.retiring(list(result), None, started=False)  # it chose them (n=...)
             return result
 
-        return wrap_methods(
-            scheduler,
-            {
-                "adaptive_target": adaptive_target_ruled,
-                "workers_to_close": workers_to_close_ruled,
-                "retire_workers": retire_workers_ruled,
-            },
-            {name: name for name in WRAPPED},
-        )
+        return retire_workers_ruled
 
     # -- up ----------------------------------------------------------------------------
 
