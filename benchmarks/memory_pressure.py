@@ -54,10 +54,10 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
-from distributed import Client, LocalCluster
+from distributed import Client
 
-from benchmarks.support.cluster import BLAS_ENV, memory_config
-from benchmarks.support.results import header
+from benchmarks.support.cluster import spilling_cluster, spilling_config
+from benchmarks.support.results import run_header
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "memory_pressure.json"
@@ -152,17 +152,9 @@ def rules_of(mode: str) -> dict[str, Any]:
 async def one_run(name: str, mode: str) -> dict[str, Any]:
     threads, limit = SHAPES[name]
     load = os.getloadavg()[0]
-    with dask.config.set(memory_config(rules_of(mode))):
+    with dask.config.set(spilling_config(rules_of(mode))):
         async with (
-            LocalCluster(
-                n_workers=WORKERS,
-                threads_per_worker=threads,
-                processes=True,
-                asynchronous=True,
-                dashboard_address=":0",
-                memory_limit=limit,
-                env=BLAS_ENV,
-            ) as cluster,
+            spilling_cluster(WORKERS, threads, limit) as cluster,
             Client(cluster, asynchronous=True) as client,
         ):
             s = cluster.scheduler
@@ -383,7 +375,7 @@ def main() -> None:
     goals = {mode: targets(table, mode) for mode in args.modes if mode != "without"}
     print(json.dumps(goals))
     result = {
-        **header(started),
+        **run_header(started),
         "settings": {
             "repeats": args.repeats,
             "workers": WORKERS,

@@ -40,6 +40,10 @@ side by side, on each size:
   keys on disk (no worker runs the plugin: what it would report is fed to the
   section): the first cycle, the steady cycle (keys valued within the section's time
   slice, copies held elsewhere dropped from every worker) and a status report;
+- ``adaptive``: what adaptive scaling's two questions cost the event loop:
+  ``adaptive_target()`` and ``workers_to_close(n=half the workers)``, distributed's own
+  (no policy attached) and with the 20-rule file and an ``adaptive:`` section (the
+  target that counts memory, the guard over the governed classes, the order of leaving);
 - ``transitions``: the scheduler's transition throughput on a 100k-task graph with
   and without amm-rules (its scheduler plugins and its wrappers of the scheduler's
   replica methods), and the cost of each plugin's transition hook alone (the index's
@@ -81,6 +85,7 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension, Redu
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from amm_rules import RulesPolicy, load_ruleset
+from amm_rules.engine.sections.adaptive import AdaptiveSection
 from amm_rules.engine.sections.protect import ProtectSection
 from amm_rules.observe.explain import explain_keys
 from amm_rules.observe.metrics import RulesCollector
@@ -111,6 +116,10 @@ spill:
 #: target in use (above the section's drop threshold) and this share of its keys on disk.
 SPILL_FULLNESS = 0.9
 SPILL_ON_DISK = 0.1
+#: The adaptive section of the ``adaptive`` measurement: every default.
+ADAPTIVE = """
+adaptive: {}
+"""
 #: Per-task compute seconds given to the groups for the ``protect`` measurement.
 PROTECT_SECONDS = (0.005, 0.05, 0.5, 2.0, 30.0, 600.0)
 #: Audit interval of the measured 20-rule policy: longer than any run, so that audits
@@ -849,6 +858,50 @@ def interleaved(
     return mine, others, paired
 
 
+def measure_adaptive(state: scheduler_state.BenchState, n: int) -> dict[str, Any]:
+    """The ``adaptive`` rows (see the module docstring): distributed's answers first (the
+    caller attached no policy yet), then a policy of its own with the section, once
+    every key in memory is classified; detached afterwards (its plugins and wrappers
+    gone)."""
+    scheduler = state.scheduler
+    half = max(1, len(scheduler.workers) // 2)
+
+    def calls(fn: Callable[[], Any]) -> dict[str, Any]:
+        times = []
+        for _ in range(n):
+            gc.collect()
+            times.append(timed(fn))
+        return summary(times)
+
+    out: dict[str, Any] = {
+        "stock_target": calls(scheduler.adaptive_target),
+        "stock_close": calls(lambda: scheduler.workers_to_close(n=half)),
+    }
+    tmp = tempfile.TemporaryDirectory()  # the policy watches its file: kept until detached
+    rules = Path(tmp.name) / "scale-adaptive.yaml"
+    rules.write_text(RULES.read_text() + ADAPTIVE)
+    policy = RulesPolicy(rules=rules, audit_interval=AUDIT_NEVER_HERE)
+    manager = new_manager(scheduler, policy)
+    try:
+        state.transfers.clear()
+        manager.run_once()
+        for _ in range(500):
+            if not unclassified(manager):
+                break
+            manager.run_once()
+        state.transfers.clear()
+        out["target"] = calls(scheduler.adaptive_target)
+        out["close"] = calls(lambda: scheduler.workers_to_close(n=half))
+        report = policy.section(AdaptiveSection).status()
+        out["kept"] = len(report["kept"])
+        out["half"] = half
+        return out
+    finally:
+        policy.detach()
+        tmp.cleanup()
+        state.transfers.clear()
+
+
 def measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) -> dict[str, Any]:
     return asyncio.run(_measure_state(n_keys, n_workers, args))
 
@@ -872,6 +925,10 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
     n_cycles = args.cycles
     n_stock = n_cycles
     try:
+        # First, while no policy ever attached: distributed's own answers are its own.
+        if not args.only_spill:
+            log("  adaptive: the target and the choice of workers to close")
+            out["adaptive"] = measure_adaptive(state, n_cycles)
         log("  attach + first cycle")
         policy, manager, out["attach"] = measure_attach(state)
         log("  steady cycles")
@@ -913,6 +970,7 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
         out["protect"] = measure_protect(
             state, n_cycles, min(args.rounds, 2) if big else args.rounds
         )
+
     finally:
         await scheduler.close()
         gc.unfreeze()
@@ -1215,6 +1273,14 @@ def table(results: list[dict[str, Any]], t: dict[str, Any] | None) -> str:
                 ("spill: steady", sp["steady"]["median_s"], sp["steady"]["p95_s"], asked(sp["steady"])),
                 ("spill: steady, paired difference", sp["paired"]["wall_median_s"], None, f"CPU {ms(sp['paired']['cpu_median_s'])} ms"),
                 ("spill: status report", sp["status"]["median_s"], sp["status"]["p95_s"], f"{sp['keys_on_disk']:,} on disk"),
+            ]  # fmt: skip
+        if "adaptive" in r:
+            a = r["adaptive"]
+            rows += [
+                ("adaptive_target, distributed's", a["stock_target"]["median_s"], a["stock_target"]["p95_s"], ""),
+                ("adaptive_target, adaptive section", a["target"]["median_s"], a["target"]["p95_s"], ""),
+                ("workers_to_close, distributed's", a["stock_close"]["median_s"], a["stock_close"]["p95_s"], f"n={a['half']:,}"),
+                ("workers_to_close, guarded", a["close"]["median_s"], a["close"]["p95_s"], f"{a['kept']:,} kept"),
             ]  # fmt: skip
         for n, (name, median, p95, what) in enumerate(rows):
             lines.append(

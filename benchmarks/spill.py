@@ -62,12 +62,12 @@ from typing import Any
 
 import dask
 import numpy as np
-from distributed import Client, LocalCluster, wait
+from distributed import Client, wait
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from amm_rules.engine.sections.spill import SpillSection
-from benchmarks.support.cluster import BLAS_ENV, memory_config, policy_of
-from benchmarks.support.results import header
+from benchmarks.support.cluster import policy_of, spilling_cluster, spilling_config
+from benchmarks.support.results import run_header
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "spill.json"
@@ -233,7 +233,7 @@ async def sample(s: Any, out: dict[str, float], stop: asyncio.Event) -> None:
 
 async def one_run(name: str, mode: str, size: str) -> dict[str, Any]:
     memory = MEMORY[size]
-    config = {**memory_config(rules_of(mode)), "optimization.fuse.active": False}
+    config = {**spilling_config(rules_of(mode)), "optimization.fuse.active": False}
     # The previous run's files written back to disk now, not during this run (in the
     # series without it, the first run of a round, after another workload's spilling
     # run, was often its round's slowest whatever its mode).
@@ -241,15 +241,7 @@ async def one_run(name: str, mode: str, size: str) -> dict[str, Any]:
     load = os.getloadavg()[0]
     with dask.config.set(config):
         async with (
-            LocalCluster(
-                n_workers=WORKERS,
-                threads_per_worker=1,
-                processes=True,
-                asynchronous=True,
-                dashboard_address=":0",
-                memory_limit=memory,
-                env=BLAS_ENV,
-            ) as cluster,
+            spilling_cluster(WORKERS, 1, memory) as cluster,
             Client(cluster, asynchronous=True) as client,
         ):
             s = cluster.scheduler
@@ -454,7 +446,7 @@ def main() -> None:
     met = goals(table)
     print(json.dumps(met))
     result = {
-        **header(started),
+        **run_header(started),
         "settings": {
             "repeats": args.repeats,
             "workers": WORKERS,

@@ -1,4 +1,6 @@
-"""What every benchmark's JSON opens with: when it ran, how long, on what."""
+"""What every cluster benchmark's JSON says of the run before its own figures: when, how
+long, on what machine (shared: the load average before each run is in the runs), with
+which Python and distributed."""
 
 from __future__ import annotations
 
@@ -10,9 +12,8 @@ from typing import Any
 import distributed
 
 
-def header(started: float) -> dict[str, Any]:
-    """Date and duration of a run started at ``started`` (``time.time()``), the machine
-    (shared: the load before each run is in the runs), Python and distributed."""
+def run_header(started: float) -> dict[str, Any]:
+    """The header of a results file for a run that started at ``started`` (``time.time()``)."""
     return {
         "date": time.strftime("%Y-%m-%d", time.localtime(started)),
         "duration_s": round(time.time() - started),

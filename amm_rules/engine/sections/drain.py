@@ -49,7 +49,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -59,12 +59,10 @@ from amm_rules.engine.decide.drain import (
     DrainItem,
     Prediction,
     predict,
-    rank,
 )
-from amm_rules.engine.decide.evacuate import Evacuation, needed_copies, plan_evacuation
-from amm_rules.engine.decide.plan import source_label
+from amm_rules.engine.decide.evacuate import Evacuation, plan_evacuation
 from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
-from amm_rules.engine.evacuation import evacuation_input
+from amm_rules.engine.evacuation import evacuation_input, rank_views
 from amm_rules.engine.sections.base import Section
 from amm_rules.engine.state.leaving import Departure, retirement_owner
 from amm_rules.engine.state.transfer import TransferMeter
@@ -714,46 +712,6 @@ class DrainSection(Section):
         }
 
 
-def rank_views(
-    views: list[KeyView],
-    cluster: ClusterView,
-    tasks: Mapping[Hashable, Any],
-    estimate: Callable[[Any], float | None],
-    on_disk: Mapping[Hashable, Any] | None = None,
-) -> tuple[list[KeyView], dict[Hashable, DrainItem]]:
-    """``views`` in the drain's order of value, and the drain's item of each key
-    (``tasks``: the scheduler's, for the keys' groups; ``estimate``: a group's recompute
-    estimate; ``on_disk``: the keys the worker holds on disk). Shared by the section and
-    ``amm-rules simulate --drain``."""
-    items = [drain_item(v, cluster, tasks.get(v.key), estimate) for v in views]
-    if on_disk:
-        items = [replace(i, on_disk=i.nbytes) if i.key in on_disk else i for i in items]
-    order = {id(item): i for i, item in enumerate(rank(items))}
-    ranked = sorted(zip(views, items, strict=True), key=lambda vi: order[id(vi[1])])
-    return [v for v, _ in ranked], {v.key: item for v, item in zip(views, items, strict=True)}
-
-
-def drain_item(
-    view: KeyView, cluster: ClusterView, ts: Any, estimate: Callable[[Any], float | None]
-) -> DrainItem:
-    """The drain's view of one key: size, copies needed, recompute estimate, target."""
-    d = view.desired
-    placeable = cluster.placeable(d.pool, d.avoid)
-    staying = len((view.holders - cluster.closing) & placeable)
-    minimum = needed_copies(d, len(placeable)) if d.replicate is not None else 0
-    group = getattr(ts, "group", None)
-    return DrainItem(
-        key=view.key,
-        nbytes=view.nbytes,
-        copies=max(1, (minimum or 1) - staying),
-        seconds=estimate(group) if group is not None else None,
-        minimum=minimum,
-        staying=staying,
-        rule=source_label(d, "replicate") if d.replicate is not None else "",
-        group=getattr(group, "name", "") or _prefix(view.key),
-    )
-
-
 def resolve_workers(known: Any, workers: Any) -> list[str]:
     """The addresses of ``workers`` (addresses or names) among ``known`` (the scheduler's
     workers); ``ValueError`` naming those that are neither."""
@@ -798,11 +756,6 @@ def _moved(old: Prediction, new: Prediction) -> bool:
     return abs(after - before) > PREDICTION_CHANGE * max(before, after, 1)
 
 
-def _prefix(key: Hashable) -> str:
-    text = key[0] if isinstance(key, tuple) and key else key
-    return str(text).rsplit("-", 1)[0]
-
-
 def _ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
@@ -812,7 +765,5 @@ __all__ = [
     "Drain",
     "DrainSection",
     "deadline_seconds",
-    "drain_item",
-    "rank_views",
     "resolve_workers",
 ]
