@@ -654,27 +654,45 @@ class MemoryFlowTable(DashboardComponent):
             self.pressure.text = text
 
 
-class DrainsTable(DashboardComponent):
-    """Drains in progress (and those that ended recently): per worker what moved, what
-    is left, the predicted loss and the time left (the report's ``drain``)."""
+class _RowsTable(DashboardComponent):
+    """A table hidden while it has no rows: its columns as (field, title, width) in
+    :attr:`FIELDS`, its rows made from a status report by :meth:`rows`."""
 
-    COLUMNS = ("worker", "state", "moved", "left", "loss", "time_left")
+    FIELDS: tuple[tuple[str, str, int], ...] = ()
+    COLUMNS: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.COLUMNS = tuple(name for name, _, _ in cls.FIELDS)
 
     def __init__(self) -> None:
         self.source = ColumnDataSource({name: [] for name in self.COLUMNS})
-        columns = [
-            TableColumn(field="worker", title="draining worker", width=200),
-            TableColumn(field="state", title="state", width=80),
-            TableColumn(field="moved", title="moved", width=130),
-            TableColumn(field="left", title="left", width=130),
-            TableColumn(field="loss", title="predicted loss (or outcome)", width=420),
-            TableColumn(field="time_left", title="time left", width=80),
-        ]
+        columns = [TableColumn(field=f, title=t, width=w) for f, t, w in self.FIELDS]
         self.table = _table(self.source, columns, 0, visible=False)
         self.root = self.table
 
+    def rows(self, report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
+        raise NotImplementedError
+
     def update(self, report: Mapping[str, Any] | None) -> None:
-        _show_rows(self.table, drain_rows(report))
+        _show_rows(self.table, self.rows(report))
+
+
+class DrainsTable(_RowsTable):
+    """Drains in progress (and those that ended recently): per worker what moved, what
+    is left, the predicted loss and the time left (the report's ``drain``)."""
+
+    FIELDS = (
+        ("worker", "draining worker", 200),
+        ("state", "state", 80),
+        ("moved", "moved", 130),
+        ("left", "left", 130),
+        ("loss", "predicted loss (or outcome)", 420),
+        ("time_left", "time left", 80),
+    )
+
+    def rows(self, report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
+        return drain_rows(report)
 
 
 def drain_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
@@ -693,29 +711,23 @@ def drain_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
     return data
 
 
-class SpillTable(DashboardComponent):
+class SpillTable(_RowsTable):
     """What each worker holds on disk and what its order by value did (the report's
     ``spill``), shown while the rules have a ``spill:`` section."""
 
-    COLUMNS = ("worker", "on_disk", "written", "read", "saved", "drops", "prefetches", "near")
+    FIELDS = (
+        ("worker", "worker (spill)", 200),
+        ("on_disk", "on disk", 150),
+        ("written", "written", 100),
+        ("read", "read back", 100),
+        ("saved", "saved (est.)", 150),
+        ("drops", "copies dropped, not written", 170),
+        ("prefetches", "read back ahead", 110),
+        ("near", "way to disk", 90),
+    )
 
-    def __init__(self) -> None:
-        self.source = ColumnDataSource({name: [] for name in self.COLUMNS})
-        columns = [
-            TableColumn(field="worker", title="worker (spill)", width=200),
-            TableColumn(field="on_disk", title="on disk", width=150),
-            TableColumn(field="written", title="written", width=100),
-            TableColumn(field="read", title="read back", width=100),
-            TableColumn(field="saved", title="saved (est.)", width=150),
-            TableColumn(field="drops", title="copies dropped, not written", width=170),
-            TableColumn(field="prefetches", title="read back ahead", width=110),
-            TableColumn(field="near", title="way to disk", width=90),
-        ]
-        self.table = _table(self.source, columns, 0, visible=False)
-        self.root = self.table
-
-    def update(self, report: Mapping[str, Any] | None) -> None:
-        _show_rows(self.table, spill_rows(report))
+    def rows(self, report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
+        return spill_rows(report)
 
 
 def spill_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
