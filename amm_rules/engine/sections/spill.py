@@ -681,6 +681,8 @@ class SpillSection(Section):
         def figure(name: str) -> dict[str, float]:
             return per_worker({a: d.figures.get(name, 0.0) for a, d in workers.items()})
 
+        saving = {a: d for a, d in workers.items() if "lru_read_bytes" in d.figures}
+
         return {
             "keys_on_disk": float(len(spilled)),
             "bytes_on_disk": float(spilled.total_bytes()),
@@ -690,14 +692,12 @@ class SpillSection(Section):
             "prefetches": figure("prefetched_count"),
             "workers_left_alone": float(len(spilled.left_alone)),
             "values_sent": float(self.values_sent),
-            "lru_read_bytes": {
-                a: d.figures["lru_read_bytes"]
-                for a, d in workers.items()
-                if "lru_read_bytes" in d.figures
-            },
-            "read_since_bytes": {
-                a: d.figures.get("read_since_bytes", 0.0)
-                for a, d in workers.items()
-                if "lru_read_bytes" in d.figures
-            },
+            # Only the workers ordering by value estimate what least-recently-used would
+            # have read back.
+            "lru_read_bytes": per_worker(
+                {a: d.figures["lru_read_bytes"] for a, d in saving.items()}
+            ),
+            "read_since_bytes": per_worker(
+                {a: d.figures.get("read_since_bytes", 0.0) for a, d in saving.items()}
+            ),
         }
