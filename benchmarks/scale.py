@@ -189,8 +189,7 @@ def detach(scheduler: Any, policy: RulesPolicy) -> None:
     for name, plugin in list(scheduler.plugins.items()):
         if any(plugin is p for p in mine):
             scheduler.remove_plugin(name=name)
-    if hasattr(policy.index, "active"):
-        policy.index.active = False
+    policy.index.activate(False)
 
 
 def reattach(scheduler: Any, policy: RulesPolicy) -> None:
@@ -198,8 +197,7 @@ def reattach(scheduler: Any, policy: RulesPolicy) -> None:
     for plugin in _transition_plugins(policy):
         if not any(p is plugin for p in scheduler.plugins.values()):
             scheduler.add_plugin(plugin, name=f"amm-rules-{id(plugin)}")
-    if hasattr(policy.index, "active"):
-        policy.index.active = True
+    policy.index.activate(True)
 
 
 def engine_digest() -> str:

@@ -102,14 +102,14 @@ class EngineContext:
         self._inflight_timeout = inflight_timeout
         #: Whether retiring workers' keys are placed by the rules.
         self.retire_by_rules = bool(retire_by_rules)
-        self.index = KeyIndex()
         self.events = EventLog(summary_interval=summary_interval)
         self.journal = Journal()
         self.placements = Placements(on_pool_error=self._pool_error)
         self.flow = MemoryFlow()
         self.spans = SpanStates()
         self.costs = RecomputeCosts()
-        self.ledger = self.index.ledger = Ledger()
+        self.ledger = Ledger()
+        self.index = KeyIndex(self.ledger)
         self.claims = Claims()
         self.departures = Leaving()
         self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
@@ -167,11 +167,11 @@ class EngineContext:
 
     def leaving(self) -> dict[str, Departure]:
         """The workers on their way out, and why: those the sections send away (drains,
-        the paused-workers section) and those the scheduler retires (their status)."""
+        the paused-workers section) and those the scheduler retires or closes (their
+        status, which the index follows: no scan of the workers)."""
         out = dict(self.departures.workers)
-        for address, ws in self.scheduler.workers.items():
-            if address not in out and worker_status(ws) == "closing":
-                out[address] = RETIRING
+        for address in self.index.closing:
+            out.setdefault(address, RETIRING)
         return out
 
     def add_plugin(self, plugin: Any, name: str) -> None:
@@ -210,7 +210,7 @@ class EngineContext:
             lambda exc: events.rule_error("demand.match", exc),
         )
         self.placements.configure(ruleset)
-        index.workers_changed = True
+        index.note_workers_changed()
         #: What of the rules is in dry-run (``enforcement: dry-run``): planned and
         #: reported, its suggestions held back (see amm_rules.engine.dryrun).
         self.dry_run = DryRun(ruleset)
@@ -235,11 +235,10 @@ class EngineContext:
         :data:`~amm_rules.language.ruleset.RUNTIME_ORIGINS`) is what explanations and
         counters name as its source. The index forgets it when the key leaves memory
         or, never computed, is forgotten."""
-        if target is None and actions is None:
-            self.index.runtime.pop(key, None)
-        else:
-            self.index.runtime[key] = RuntimeTarget(target, origin, actions)
-        self.index.reclassify((key,))
+        runtime = (
+            None if target is None and actions is None else RuntimeTarget(target, origin, actions)
+        )
+        self.index.set_runtime_target(key, runtime)
 
     # ------------------------------------------------------------------ the planner
 
@@ -313,4 +312,4 @@ class EngineContext:
         cycle still checks every governed key if the workers had changed."""
         assert self.manager is not None
         if self.placements.refresh(self.manager.measure, self.index.workers_changed):
-            self.index.workers_changed = True
+            self.index.note_workers_changed()

@@ -35,20 +35,20 @@ KEYS_SHOWN = 20
 
 
 def desired_of(ctx: EngineContext, ts: Any) -> Desired:
-    """What the rules want for a key in memory, classifying it now if the policy has not
-    yet (it entered memory since the last cycle)."""
+    """What the rules want for a key in memory, classifying (and filing) it now if the
+    policy has not yet (it entered memory since the last cycle: a retirement may come
+    before that cycle)."""
     index = ctx.index
     key = ts.key
-    if index.may_be_unclassified(key):
-        desired = ctx.resolve(ts)
-        index.dirty.pop(key, None)
-        index.unqueue(key)
-        if desired.governed:
-            index.put(key, ts, desired)
-        else:
-            index.unindex(key)
-        return desired
-    return index.desired.get(key, UNGOVERNED)
+    if not index.may_be_unclassified(key):
+        return index.desired.get(key, UNGOVERNED)
+    desired = ctx.resolve(ts)
+    index.unqueue(key)
+    if desired.governed:
+        index.governed.put(key, ts, desired)
+    else:
+        index.governed.unindex(key)
+    return desired
 
 
 def ensure_pools(ctx: EngineContext) -> None:

@@ -147,6 +147,8 @@ class RulesPolicy(Protocol):
     @property
     def drains(self) -> Any: ...
 
+    unsupported: dict[str, str]
+
 
 class Answers(Protocol):
     """What answers ``amm_rules_status`` and ``amm_rules_explain`` for a policy."""

@@ -260,7 +260,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
 
     # ------------------------------------------------------------------ attach
 
-    @property  # type: ignore[override]
+    @property
     def manager(self) -> ActiveMemoryManagerExtension:
         if self._manager is None:
             raise AttributeError("RulesPolicy is not attached to an Active Memory Manager")
@@ -284,7 +284,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         scheduler = self.scheduler
         index = ctx.index
         ctx.events.scheduler = scheduler
-        index.demand.tasks = scheduler.tasks
+        # The one allowed scan of scheduler.tasks: keys already in memory when attached.
+        index.attach(scheduler.tasks, scheduler.workers, self._wake, queue_in_memory=True)
+        # Keys with several copies already: reduce-replicas' walk if no rule governs them.
+        index.touch(ts.key for ts in scheduler.replicated_tasks)
         self._off = off = self._check_features(scheduler)
         if ENGINE.name not in self.unsupported:
             ctx.add_plugin(index, "amm-rules")
@@ -293,15 +296,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             self._unwatch.append(watch_workers(scheduler, self.worker_changed))
         ctx.placements.attach(scheduler.workers)
         register(scheduler, self)
-        # The one allowed scan of scheduler.tasks: keys already in memory when attached.
-        index.tasks = scheduler.tasks
-        index.dirty.update((k, ts) for k, ts in scheduler.tasks.items() if ts.state == "memory")
-        # Keys with several copies already: reduce-replicas' walk if no rule governs them.
-        index.touched.update(ts.key for ts in scheduler.replicated_tasks)
-        index.workers_changed = True
         ctx.early.attach(self.manager)
         ctx.amm_running.attach(self.manager, self)
-        index.wake = self._wake
         # A changed rules file is read in a thread: its rules are taken by an early cycle.
         self.rules_file.ready = lambda: ctx.early.request("rules-file-read")
         self._remove_reduce_replicas()
@@ -359,7 +355,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             return
         ctx = self.ctx
         scheduler = manager.scheduler
-        ctx.index.active = False
+        ctx.index.activate(False)
         ctx.early.close()
         ctx.amm_running.detach()
         self.rules_file.close()
@@ -495,9 +491,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         """Recompute pools and placements if workers joined, left or changed status (or
         every cycle, if a pool reads worker memory). True if they were recomputed: then
         every governed key is checked this cycle."""
-        index = self.ctx.index
-        changed = index.workers_changed
-        index.workers_changed = False
+        changed = self.ctx.index.take_workers_changed()
         return self.ctx.placements.refresh(self.manager.measure, changed)
 
     def _wake(self, reason: str) -> None:
@@ -527,7 +521,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         try:
             if not ctx.placements.reevaluate(address, self.manager.measure):
                 return
-            ctx.index.workers_changed = True
+            ctx.index.note_workers_changed()
             ws = self.scheduler.workers.get(address)
             if self._room_helps() or (ws is not None and holds_governed(ws, ctx.index.desired)):
                 ctx.early.request("worker-pools-changed")

@@ -422,7 +422,7 @@ class Classifier:
                 flow,
                 self._flow_sensitive,
                 ts.resource_restrictions if self._reads_resources else None,
-                self.spans.done_of(ts) if self._span_sensitive else None,  # type: ignore[union-attr]
+                self.spans.done_of(ts) if self._span_sensitive else None,
             )
         return cascade
 

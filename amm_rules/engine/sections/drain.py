@@ -442,7 +442,7 @@ class DrainSection(Section):
         flying = self.in_flight(d)
         if d.active:
             room = self.window(d, now) - sum(flying.values())
-            admitted = []
+            admitted: list[Any] = []
             for copy in copies:
                 if copy.nbytes > room and (admitted or flying):
                     break

@@ -52,7 +52,7 @@ import logging
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Generator, Hashable, Iterable
+from collections.abc import Callable, Generator, Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from distributed.active_memory_manager import RetireWorker, Suggestion
@@ -514,7 +514,7 @@ class DownscalingGuard(SchedulerPlugin):
         dry_run = ctx.dry_run
         desired = ctx.index.desired
 
-        def acting(group: dict[Hashable, Any]) -> Iterable[Any]:
+        def acting(group: Mapping[Hashable, Any]) -> Iterable[Any]:
             """The keys whose rules act (not in dry-run: those do not keep workers)."""
             if not dry_run.keys_active:
                 return group.values()
