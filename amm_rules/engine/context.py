@@ -37,6 +37,7 @@ from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.engine.dryrun import DryRun
 from amm_rules.engine.early import EarlyCycles
 from amm_rules.engine.events import EventLog
+from amm_rules.engine.rules_file import RulesFile
 from amm_rules.engine.running import AmmRunning
 from amm_rules.engine.state.claims import Claims
 from amm_rules.engine.state.costs import RecomputeCosts
@@ -89,6 +90,11 @@ class EngineContext:
     #: Whether the AMM runs its cycles periodically, and since when (followed while
     #: the policy is attached; a simulation's never runs).
     amm_running: AmmRunning
+    #: Where the rules came from (path, reload, loaded at, reload errors).
+    rules_file: RulesFile
+    #: Features off on this scheduler for want of an internal of dask or distributed,
+    #: with their words (:mod:`amm_rules.engine.features`; the policy checks at attach).
+    unsupported: dict[str, str]
 
     def __init__(
         self,
@@ -98,6 +104,7 @@ class EngineContext:
         early_cycle_delay: float,
         early_cycle_gap: float | None,
         retire_by_rules: bool,
+        rules_file: RulesFile | None = None,
     ):
         self._inflight_timeout = inflight_timeout
         #: Whether retiring workers' keys are placed by the rules.
@@ -115,6 +122,8 @@ class EngineContext:
         self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
         self.manager = None
         self.amm_running = AmmRunning()
+        self.rules_file = RulesFile({}, reload=False) if rules_file is None else rules_file
+        self.unsupported = {}
         #: The engine's clock (``time.monotonic`` in a scheduler; a simulation's own).
         self.clock: Callable[[], float] = time.monotonic
 
