@@ -328,7 +328,9 @@ async def _explain_candidates(
             elif candidates:
                 todo.append((text, candidates))
             else:
-                errors.append(f"unknown key: {text} (not known to the scheduler)")
+                # A task group's or prefix's name: the scheduler says what it names.
+                said = answer.get("summary") if answer is not None else None
+                errors.append(f"unknown key: {text} ({said or 'not known to the scheduler'})")
     return answers, errors
 
 

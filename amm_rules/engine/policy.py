@@ -455,7 +455,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         for section in self.sections:
             if section not in self._off:
                 section.reloaded(in_memory)
-        logger.info("amm-rules: reloaded %s", self)
+        logger.info("%s", loaded_line(outcome, self.path, reloaded=True))
         ctx.events.emit(
             "reload", source=self.path, rules=len(outcome.rules), pools=len(outcome.pools)
         )

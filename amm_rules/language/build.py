@@ -97,6 +97,8 @@ class Draft:
 
     #: Pool name → constant value of its expression (None: depends on the worker).
     pools: dict[str, bool | None] = field(default_factory=dict)
+    #: The resource names the pools read (``worker.resources.GPU``: ``GPU``).
+    resources: set[str] = field(default_factory=set)
     rules: list[RuleDraft] = field(default_factory=list)
     rebalance: RebalanceSettings | None = None
     #: Which rebalance fields the file sets explicitly.
@@ -119,7 +121,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
     if not isinstance(data, dict):
         return None, draft
     pools = _pools(data.get("pools"), where, draft)
-    rules = _rules(data.get("rules"), where, draft, known=_pool_names(data))
+    rules = _rules(data.get("rules"), where, draft, _pool_names(data), frozenset(draft.resources))
     rebalance = _rebalance(data.get("rebalance"), where, draft)
     paused = _paused_workers(data.get("paused-workers"), where, draft)
     demand, demand_depends = _demand(data.get("demand"), where)
@@ -171,12 +173,16 @@ def _pool_names(data: dict[str, Any]) -> set[str] | None:
 
 
 def _compile(
-    text: str, context: Literal["task", "worker"], path: tuple[Any, ...], where: Locator
+    text: str,
+    context: Literal["task", "worker"],
+    path: tuple[Any, ...],
+    where: Locator,
+    resources: frozenset[str] = frozenset(),
 ) -> Any:
     from amm_rules.language.expr import ExpressionError, compile_expression
 
     try:
-        compiled = compile_expression(text, context)
+        compiled = compile_expression(text, context, resources)
     except ExpressionError as exc:
         where.add_expression(path, exc.problems)
         return None
@@ -206,6 +212,7 @@ def _pools(section: Any, where: Locator, draft: Draft) -> dict[str, Pool]:
         if compiled is None:
             continue
         draft.pools[str(name)] = compiled.constant
+        draft.resources |= compiled.resources
         out[str(name)] = Pool(
             str(name),
             text,
@@ -219,7 +226,15 @@ def _pools(section: Any, where: Locator, draft: Draft) -> dict[str, Pool]:
 # -- rules --------------------------------------------------------------------------
 
 
-def _rules(section: Any, where: Locator, draft: Draft, known: set[str] | None) -> list[Rule]:
+def _rules(
+    section: Any,
+    where: Locator,
+    draft: Draft,
+    known: set[str] | None,
+    resources: frozenset[str] = frozenset(),
+) -> list[Rule]:
+    """The rules; ``resources``: the resource names the pools read (an annotation of
+    one of these names is a warning)."""
     out: list[Rule] = []
     if not isinstance(section, list):
         return out
@@ -242,7 +257,7 @@ def _rules(section: Any, where: Locator, draft: Draft, known: set[str] | None) -
         text = expression_text(item.get("match"))
         compiled = None
         if text is not None and not where.reported_under((*path, "match")):
-            compiled = _compile(text, "task", (*path, "match"), where)
+            compiled = _compile(text, "task", (*path, "match"), where, resources)
         actions = _actions(item, path, where, known)
         if compiled is None or actions is None or where.reported_under(path):
             continue

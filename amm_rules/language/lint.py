@@ -31,9 +31,11 @@ exactly (docs/rules.md lists the same):
     around the cluster mean and the thresholds are absolute floors and ceilings, so
     ``recipient-max`` below ``sender-min`` (only the fullest send, only the emptiest
     receive) and any gap up to 100% can work, and are not reported.
-``type-name``, ``resources-annotation``
+``type-name``, ``resources-annotation``, ``regex-pattern``
     Found by the expression checker (:mod:`amm_rules.language.expr.checker`): a type
-    name that looks misspelt, a match reading the ``resources`` annotation.
+    name that looks misspelt, a match reading a resource as an annotation (the
+    ``resources`` annotation, or one named as a resource the pools read), a ``matches``
+    pattern written as a regular expression.
 ``unused-pool``
     A pool no rule names in ``pool`` or ``avoid``. (An ``amm`` annotation may still name
     it at run time: silence the warning there with ``# amm-rules: disable=unused-pool``.)
@@ -70,7 +72,13 @@ WARNING_CODES: frozenset[str] = EXPRESSION_WARNING_CODES | frozenset(
 #: The warnings ``validate --dump`` adds about a recorded cluster
 #: (:mod:`amm_rules.offline.checks`).
 CLUSTER_WARNING_CODES: frozenset[str] = frozenset(
-    {"empty-pool", "min-exceeds-eligible", "spread-one-host", "matches-no-key"}
+    {
+        "empty-pool",
+        "min-exceeds-eligible",
+        "spread-one-host",
+        "matches-no-key",
+        "shadowed-in-cluster",
+    }
 )
 #: What ``# amm-rules: disable=CODE`` and ``validate --disable CODE`` accept, and only
 #: these: a warning is silenced, never an error.

@@ -69,6 +69,7 @@ from amm_rules.observe.conformance import (
     IN_PROGRESS,
     NOT_RUNNING,
     SATISFIED,
+    SHADOWED,
     UNSATISFIABLE,
 )
 from amm_rules.observe.extension import engine_of
@@ -110,6 +111,7 @@ STATE_COLORS = {
     IN_PROGRESS: "#e65100",
     UNSATISFIABLE: "#c62828",
     IDLE: "#6a1b9a",
+    SHADOWED: "#5d4037",
     NOT_RUNNING: "#616161",
 }
 ROLE_COLORS = {"sender": "#e65100", "recipient": "#2e7d32"}

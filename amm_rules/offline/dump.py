@@ -720,6 +720,15 @@ def prefix_of(key: Key) -> str:
     return str(key_split(key))
 
 
+def group_of(key: Key) -> str:
+    """What the scheduler names the task group of a key, as
+    :func:`distributed.utils.key_split_group` does: a tuple key's group keeps its
+    hash (``('x-bd20...', 0)`` is of group ``x-bd20...``, prefix ``x``)."""
+    from distributed.utils import key_split_group
+
+    return str(key_split_group(key))
+
+
 def _int(value: Any, default: int) -> int:
     if isinstance(value, bool):
         return default

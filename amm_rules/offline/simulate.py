@@ -53,11 +53,13 @@ from amm_rules.engine.adapters import key_view
 from amm_rules.engine.context import EngineContext
 from amm_rules.engine.decide.classify import Classifier
 from amm_rules.engine.decide.plan import DEFAULT_SOURCE, PlanSettings, plan_key, target_bounds
+from amm_rules.engine.decide.shadows import Shadow
 from amm_rules.engine.decide.view import ClusterView
 from amm_rules.engine.dryrun import HELD_BACK, DryRun
 from amm_rules.engine.events import EventLog
 from amm_rules.engine.rebalance.rebalancer import Rebalancer
 from amm_rules.engine.sections import SECTIONS, Cycle, steps
+from amm_rules.engine.sections.activity import rule_matches
 from amm_rules.engine.sections.classification import Classification
 from amm_rules.engine.sections.costs import RecomputeCostsSection
 from amm_rules.engine.sections.protect import ProtectSection
@@ -305,6 +307,26 @@ class Simulation:
     def desired(self) -> Mapping[Key, Desired]:
         """Governed keys in memory -> what they want."""
         return self.index.desired
+
+    @classmethod
+    def of(
+        cls, ruleset: Ruleset, state: Any, *, measure: str, interval: float = DEFAULT_INTERVAL
+    ) -> Simulation:
+        """A simulation of ``ruleset`` on a recorded cluster (a
+        :class:`~amm_rules.offline.dump.ClusterState`), with its runtime targets."""
+        return cls(
+            ruleset,
+            SimCluster(state),
+            measure=measure,
+            interval=interval,
+            runtime=runtime_targets(state),
+        )
+
+    def rule_usage(self, rules: Iterable[Any]) -> dict[str, Shadow]:
+        """Per rule, the keys in memory it matches and who decided its fields for them
+        (an ``idle`` rule matches none, a ``shadowed`` one decides none of those it
+        matches), as live status tells it (:func:`~amm_rules.engine.sections.activity.rule_matches`)."""
+        return rule_matches(self.ctx, rules, self.cluster.in_memory())
 
     def kill(self, addresses: Iterable[str]) -> list[SimTask]:
         """Workers die before the next cycle. Returns the keys that lost their last copy.

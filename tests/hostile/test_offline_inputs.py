@@ -370,9 +370,9 @@ def test_rules_outside_the_directories_given_are_refused(tmp_path: Path, monkeyp
     assert status == 1
     assert "root:x" not in output
     assert (
-        f"./leak_test.yaml:1:8: error: the rules file ../secret.yaml is outside the working "
-        f"directory and the directories given ({tmp_path / 'tests'}); pass --allow-outside "
-        "to use it"
+        f"./leak_test.yaml:1:8: error: the rules file ../secret.yaml is outside the tree "
+        f"this test file belongs to ({tmp_path / 'tests'}: the nearest directory holding "
+        ".git or pyproject.toml, else the file's own); pass --allow-outside to use it"
     ) in output, output
     # Allowed: read (and it is no rules file).
     status, output = run("test", ".", "--allow-outside")
