@@ -165,7 +165,11 @@ class EngineContext:
             ws = workers.get(address)
             return ws is not None and worker_status(ws) != "closing"
 
-        self.ledger.expire(now, self.inflight_timeout, holders, staying)
+        self.ledger.expire(now, self.inflight_timeout, holders, staying, self.last_seen)
+
+    def last_seen(self, address: str) -> float | None:
+        """The scheduler's time of the last heartbeat of a worker (None: unknown)."""
+        return getattr(self.scheduler.workers.get(address), "last_seen", None)
 
     @property
     def amm(self) -> ActiveMemoryManagerExtension:

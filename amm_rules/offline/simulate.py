@@ -178,6 +178,8 @@ def offline_context(
         index.set_runtime_target(k, t if isinstance(t, RuntimeTarget) else RuntimeTarget(t))
     ctx.placements.attach(cluster.workers)
     ctx.manager = ActiveMemoryManagerExtension(
+        # A recorded cluster stands in for the scheduler, which distributed's AMM
+        # types nominally (it reads only tasks, workers and their memory).
         cluster,  # type: ignore[arg-type]
         policies,
         measure=measure,

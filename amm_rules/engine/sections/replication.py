@@ -195,7 +195,7 @@ class Replication(Section):
                 if action.op == "replicate":
                     if accepted:
                         stats[action.source]["requested"] += 1
-                        ledger.record(key, action.worker, OWNER, deadline)
+                        ledger.record(key, action.worker, OWNER, deadline, max(0, ts.nbytes))
                     else:
                         plan.inflight.pop(action.worker, None)
                 elif accepted:

@@ -614,7 +614,11 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
         held = len(ts.who_has)
         if held <= 2 and held > before and (costs := index._costs) is not None:
             costs.copy_added(ts, ws, held)  # a key's only copy, or no longer its only one
-        asked = ledger.landed(ts.key, ws.address) if in_flight and ts.key in in_flight else None
+        asked = (
+            ledger.landed(ts.key, ws.address, ws.last_seen)
+            if in_flight and ts.key in in_flight
+            else None
+        )
         if held > before and (wanted := desired.get(ts.key)) is not None:
             index.governed.copies_changed(ts.key, 1)
             # The engine's own copy landed above the target's max: the first half of a
