@@ -31,7 +31,7 @@ from amm_rules.engine.decide.drain import TIER_NAMES, DrainItem, Prediction, pre
 from amm_rules.engine.decide.evacuate import Evacuation, needed_copies
 from amm_rules.engine.decide.plan import source_label
 from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
-from amm_rules.engine.drain_request import CLOSED, DRAINING, LEFT, SAFE, DrainReport
+from amm_rules.engine.drain_request import DRAINING, SAFE, DrainReport
 
 #: Keys whose time to safety is kept per drain.
 SAFETY_KEPT = 100_000
@@ -193,15 +193,6 @@ class Drain:
             "below_min": below,
             "text": text,
         }
-
-    def closed(self) -> None:
-        """The worker went after its drain ended (or, with ``close``, once nothing was
-        lost)."""
-        self.state = CLOSED
-
-    def gone_first(self) -> None:
-        """The worker went before its drain ended."""
-        self.state = LEFT
 
     # -- what it says ------------------------------------------------------------------
 
