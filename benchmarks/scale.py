@@ -940,11 +940,11 @@ def hook_cost(
 
     def index(with_flow: bool) -> Any:
         out = type(policy.index)()
-        out.tasks = recorder.tasks  # the hook reads the task of a key entering memory
+        out.attach(recorder.tasks)  # the hook reads the task of a key entering memory
         if with_flow:
-            out.flow = type(flow)(recorder.tasks)
+            out.follow_flow(type(flow)(recorder.tasks))
         if costs is not None:
-            out.costs = type(costs)()  # the recompute costs, fed as the engine feeds them
+            out.follow_costs(type(costs)())  # the recompute costs, as the engine feeds them
         return out
 
     def engine() -> list[Callable[..., None]]:

@@ -214,6 +214,8 @@ class KeyIndex(SchedulerPlugin):
     trim_waits = ReadOnly[Set[Hashable]]("_trim_waits")
     #: The memory flow the transition hook feeds (:meth:`follow_flow`), if any.
     flow = ReadOnly["MemoryFlow | None"]("_flow")
+    #: The recompute costs the replica wrappers feed (:meth:`follow_costs`), if any.
+    costs = ReadOnly["RecomputeCosts | None"]("_costs")
     #: Whether the hooks listen (see :meth:`activate`).
     active = ReadOnly[bool]("_active")
     #: A worker joined or left since the policy last recomputed pools.
