@@ -6,24 +6,29 @@ What they ask of the evacuation planner
 engine's context (:func:`evacuation_input`: the keys' views, with the ledger's copies in
 flight, and the cluster with the leaving workers marked); the copies it plans are
 suggested with the recipient as the only candidate (:func:`suggest_copies`) and
-recorded in the ledger with who asked (:func:`record_copy`).
+recorded in the ledger with who asked (:func:`record_copy`). A leaving worker's keys in
+the drain's order of value (:func:`rank_views`, :func:`drain_item`) serve the drains and
+the retirements adaptive scale-down asks for.
 
 Neighbours: :mod:`amm_rules.engine.sections.retirement`,
-:mod:`amm_rules.engine.sections.drain`, :mod:`amm_rules.engine.sections.paused_workers`
-and ``amm-rules simulate --drain`` (:mod:`amm_rules.offline.drain`) use it; sections
-never import each other.
+:mod:`amm_rules.engine.sections.drain`, :mod:`amm_rules.engine.sections.paused_workers`,
+:mod:`amm_rules.engine.sections.adaptive` and ``amm-rules simulate --drain``
+(:mod:`amm_rules.offline.drain`) use it; sections never import each other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Hashable, Iterable, Mapping
+from collections.abc import Callable, Generator, Hashable, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from dask.utils import key_split
 from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine import key_logger
-from amm_rules.engine.decide.evacuate import Copy, Evacuation, leaving_view
+from amm_rules.engine.decide.drain import DrainItem, rank
+from amm_rules.engine.decide.evacuate import Copy, Evacuation, leaving_view, needed_copies
+from amm_rules.engine.decide.plan import source_label
 from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
 from amm_rules.language.ruleset import UNGOVERNED, Desired
 
@@ -117,3 +122,44 @@ def suggest_copies(
 
 def shown_keys(keys: Iterable[Hashable]) -> list[str]:
     return [key_string(k) for k in list(keys)[:KEYS_SHOWN]]
+
+
+# -- the order of value of a worker's keys ------------------------------------------
+
+
+def rank_views(
+    views: list[KeyView],
+    cluster: ClusterView,
+    tasks: Mapping[Hashable, Any],
+    estimate: Callable[[Any], float | None],
+) -> tuple[list[KeyView], dict[Hashable, DrainItem]]:
+    """``views`` in the drain's order of value, and the drain's item of each key
+    (``tasks``: the scheduler's, for the keys' groups; ``estimate``: a group's recompute
+    estimate). Shared by the section and ``amm-rules simulate --drain``."""
+    items = [drain_item(v, cluster, tasks.get(v.key), estimate) for v in views]
+    order = {id(item): i for i, item in enumerate(rank(items))}
+    ranked = sorted(zip(views, items, strict=True), key=lambda vi: order[id(vi[1])])
+    return [v for v, _ in ranked], {v.key: item for v, item in zip(views, items, strict=True)}
+
+
+def drain_item(
+    view: KeyView, cluster: ClusterView, ts: Any, estimate: Callable[[Any], float | None]
+) -> DrainItem:
+    """The drain's view of one key: size, copies needed, recompute estimate, target,
+    and its group (the task group's name; else the key's prefix, as dask's
+    ``key_split`` gives it)."""
+    d = view.desired
+    placeable = cluster.placeable(d.pool, d.avoid)
+    staying = len((view.holders - cluster.closing) & placeable)
+    minimum = needed_copies(d, len(placeable)) if d.replicate is not None else 0
+    group = getattr(ts, "group", None)
+    return DrainItem(
+        key=view.key,
+        nbytes=view.nbytes,
+        copies=max(1, (minimum or 1) - staying),
+        seconds=estimate(group) if group is not None else None,
+        minimum=minimum,
+        staying=staying,
+        rule=source_label(d, "replicate") if d.replicate is not None else "",
+        group=getattr(group, "name", "") or key_split(view.key),
+    )

@@ -5,8 +5,8 @@ already reported, so each problem is told once. Checks here: expressions (pools 
 ``worker`` context, matches in the ``task`` context), unique rule names, unknown pool
 names in ``pool``/``avoid``, ``replicate`` bounds, the percentages, sizes and
 durations of the ``rebalance``, ``paused-workers`` and ``memory-pressure`` sections,
-the ``demand`` section's hold and match, and the ``protect`` section's budget,
-``min-recompute`` and match.
+the ``demand`` section's hold and match, the ``protect`` section's budget,
+``min-recompute`` and match, and the ``adaptive`` section's headroom and disk rate.
 Action fields are converted by :func:`amm_rules.language.fields.parse_actions`, the same
 function that reads ``amm`` annotations, so a field means the same in both places.
 
@@ -28,6 +28,7 @@ from amm_rules.language.fields import (
     parse_budget,
     parse_duration,
     parse_fraction,
+    parse_rate,
     parse_size,
     parse_target,
     unknown_pool_message,
@@ -42,6 +43,7 @@ from amm_rules.language.ruleset import (
     PRODUCER_ATTRIBUTES,
     RELOAD_SETTLE,
     Actions,
+    AdaptiveSettings,
     DemandSettings,
     MemoryPressureSettings,
     PausedWorkersSettings,
@@ -107,6 +109,7 @@ class Draft:
     #: Which paused-workers fields the file sets explicitly.
     paused_workers_fields: frozenset[str] = frozenset()
     memory_pressure: MemoryPressureSettings | None = None
+    adaptive: AdaptiveSettings | None = None
 
 
 def expression_text(value: Any) -> str | None:
@@ -127,6 +130,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
     demand, demand_depends = _demand(data.get("demand"), where)
     pressure = _memory_pressure(data.get("memory-pressure"), where, draft)
     protect = _protect(data.get("protect"), where)
+    adaptive = draft.adaptive = _adaptive(data.get("adaptive"), where)
     reduce = data.get("reduce-replicas", True)
     enforcement = data.get("enforcement")
     legacy = data.get("legacy-replicate", "honour")
@@ -148,6 +152,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
         demand=demand,
         demand_depends=demand_depends,
         protect=protect,
+        adaptive=adaptive,
         source=source_name,
         version=1,
         enforcement=enforcement if isinstance(enforcement, str) else "enforce",
@@ -471,6 +476,56 @@ def _protect(section: Any, where: Locator) -> ProtectSettings | None:
             kwargs["match_source"] = text
             kwargs["match"] = compiled.predicate
     return ProtectSettings(**kwargs)
+
+
+# -- adaptive -----------------------------------------------------------------------
+
+
+def _adaptive(section: Any, where: Locator) -> AdaptiveSettings | None:
+    """The ``adaptive:`` section (None when the file has none). Shapes were checked by
+    the schema; the headroom's bound and the disk rate's unit are checked here."""
+    if not isinstance(section, dict):
+        return None
+    kwargs: dict[str, Any] = {}
+
+    def fresh(key: str) -> bool:
+        return key in section and not where.reported_under(("adaptive", key))
+
+    for key, attr in (("memory", "memory"), ("hold-rules", "hold_rules")):
+        if fresh(key) and isinstance(section[key], bool):
+            kwargs[attr] = section[key]
+    if fresh("headroom"):
+        try:
+            headroom = parse_fraction(section["headroom"])
+        except UnitError as exc:
+            where.add(("adaptive", "headroom"), f"headroom: {exc}", exc.code)
+        else:
+            if headroom >= 1:
+                where.add(
+                    ("adaptive", "headroom"),
+                    f"headroom: must be below 100%, got {format_fraction(headroom)}: no "
+                    "memory would be left for data",
+                    "bad-value",
+                )
+            else:
+                kwargs["headroom"] = headroom
+    if fresh("disk-rate"):
+        try:
+            rate = parse_rate(section["disk-rate"])
+        except UnitError as exc:
+            where.add(("adaptive", "disk-rate"), f"disk-rate: {exc}", exc.code)
+        else:
+            if rate < 1:
+                shown = section["disk-rate"]
+                shown = shown.strip() if isinstance(shown, str) else shown
+                where.add(
+                    ("adaptive", "disk-rate"),
+                    f"disk-rate: must be at least 1 byte per second, got {shown!r}",
+                    "bad-value",
+                )
+            else:
+                kwargs["disk_rate"] = rate
+    return AdaptiveSettings(**kwargs)
 
 
 # -- paused-workers -----------------------------------------------------------------

@@ -106,6 +106,23 @@ def parse_size(value: object) -> int:
     return int(float(m["number"]) * SIZE_UNITS[unit])
 
 
+_RATE = re.compile(r"^(?P<size>.*?)/\s*s\s*$")
+
+
+def parse_rate(value: object) -> int:
+    """``"1 MiB/s"`` → 1048576 bytes per second; a number is bytes per second."""
+    if isinstance(value, str):
+        m = _RATE.match(value)
+        if m is None or not m["size"].strip():
+            raise UnitError(
+                f"expected a rate like '1 MiB/s' or a number of bytes per second, got {value!r}"
+            )
+        return parse_size(m["size"])
+    if isinstance(value, float) and not value.is_integer():
+        raise UnitError(f"expected a whole number of bytes per second, got {value!r}")
+    return parse_size(value)
+
+
 def parse_budget(value: object) -> tuple[float | None, int | None]:
     """A memory budget: ``"10%"`` (of the cluster's memory limit) → ``(0.1, None)``;
     a size (``"4 GiB"``, or a whole number of bytes) → ``(None, 4294967296)``. Never 0."""

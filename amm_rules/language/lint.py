@@ -42,7 +42,9 @@ exactly (docs/rules.md lists the same):
 ``never-acts``
     In ``paused-workers``, settings under which no worker is ever restarted or retired
     although the action asks for it: ``max-paused-fraction`` is 0% (one paused worker is
-    already more than 0% of the cluster, so the section only ever reports).
+    already more than 0% of the cluster, so the section only ever reports). In
+    ``adaptive``, ``memory`` and ``hold-rules`` both off: the section changes nothing
+    but the order in which workers leave.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ def lint(draft: Draft, where: Locator) -> None:
     _unused_pools(draft, where)
     _thresholds(draft, where)
     _paused_workers(draft, where)
+    _adaptive(draft, where)
 
 
 def _unused_pools(draft: Draft, where: Locator) -> None:
@@ -304,6 +307,20 @@ def _paused_workers(draft: Draft, where: Locator) -> None:
         f"max-paused-fraction is 0%: one paused worker is already more than 0% of the "
         f"cluster, so no worker is ever {'restarted' if settings.action == 'restart' else 'retired'}"
         "; write 'action: report' if only reports are wanted",
+        "never-acts",
+        severity="warning",
+    )
+
+
+def _adaptive(draft: Draft, where: Locator) -> None:
+    settings = draft.adaptive
+    if settings is None or settings.memory or settings.hold_rules:
+        return
+    where.add(
+        ("adaptive",),
+        "memory and hold-rules are both off: the section changes nothing but the order in "
+        "which workers leave (the target is distributed's, and scale-down keeps only what "
+        "a retirement would refuse); turn one on, or remove the section",
         "never-acts",
         severity="warning",
     )

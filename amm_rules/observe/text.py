@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from amm_rules.engine.drain_request import DrainReport
-from amm_rules.engine.words import counted, duration, local_time, signed_size, size
+from amm_rules.engine.words import ago, counted, duration, local_time, signed_size, size
 from amm_rules.observe.conformance import SATISFIED
 
 
@@ -149,6 +149,7 @@ def _render_engine(report: Mapping[str, Any]) -> list[str]:
     out += _render_departures(report)
     out += _render_flow(report.get("memory_flow"))
     out += _render_pressure(report.get("memory_pressure"))
+    out += _render_adaptive(report.get("adaptive"), report.get("time"))
     out += _render_recompute(report.get("recompute"), report.get("protect"))
     out += _render_drains(report.get("drain"))
     r = report["rebalance"]
@@ -263,6 +264,32 @@ def _render_pressure(pressure: Mapping[str, Any] | None) -> list[str]:
         f"{totals.get('held_seconds', 0):,.1f}s held since start"
     ]
     out += [f"  {reason}" for reason in pressure.get("reasons") or ()]
+    return out
+
+
+def _render_adaptive(adaptive: Mapping[str, Any] | None, now: float | None) -> list[str]:
+    """The adaptive section: its settings, the last target, the workers kept."""
+    if not adaptive:
+        return []
+    settings = adaptive.get("settings")
+    if settings is None:
+        head = "no adaptive section (distributed's target; scale-down keeps pools, move: never)"
+    else:
+        parts = [f"headroom {settings['headroom']:.0%}"]
+        if not settings["memory"]:
+            parts.insert(0, "memory off")
+        parts.append("hold-rules" if settings["hold_rules"] else "hold-rules off")
+        head = f"on ({', '.join(parts)})"
+    out = [f"adaptive     {head}"]
+    target = adaptive.get("target")
+    if target:
+        out.append(
+            f"  target {counted(target['workers'], 'worker')} (distributed's "
+            f"{target['stock']}, memory's {target['memory']}) "
+            f"{ago((now or time.time()) - target['at'])}"
+        )
+        out.append(f"  {target['text']}")
+    out += [f"  {kept['why']}" for kept in (adaptive.get("kept") or {}).values()]
     return out
 
 

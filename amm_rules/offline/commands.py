@@ -200,6 +200,7 @@ def run_simulation(
     the report."""
     from amm_rules.offline.report import simulation_report
     from amm_rules.offline.simulate import Simulation
+    from amm_rules.offline.workers_needed import workers_needed
 
     sim = Simulation.of(ruleset, state, measure=measure, interval=interval)
     report = None
@@ -220,6 +221,7 @@ def run_simulation(
         report = kill_workers(sim, victims)
     result = sim.run(cycles)
     out = simulation_report(sim, result, report, rules_file=rules_file)
+    out["workers_needed"] = workers_needed(sim)
     if drained is not None:
         out["drain"] = drained
     return out

@@ -30,6 +30,7 @@ from amm_rules.language.expr.parser import parse
 from amm_rules.language.near_miss import near_misses
 from amm_rules.language.ruleset import Desired, Ruleset
 from amm_rules.offline.simulate import Result, SimAction, Simulation
+from amm_rules.offline.workers_needed import workers_needed_lines
 
 #: Entries of a long list the text report shows (the JSON report has them all).
 TEXT_LIMIT = 10
@@ -340,6 +341,7 @@ def render_text(report: Mapping[str, Any]) -> str:
         f"copies added: {t['copies_added']} ({size(t['bytes_transferred'])}), "
         f"copies dropped: {t['copies_dropped']}"
     )
+    lines += workers_needed_lines(report.get("workers_needed"))
     lines += ["", *rule_lines(report["rules"])]
     if report["pools"]:
         lines += ["", *pool_lines(report["pools"])]

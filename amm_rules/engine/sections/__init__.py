@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from amm_rules.engine.sections.activity import RuleActivity
+from amm_rules.engine.sections.adaptive import AdaptiveSection
 from amm_rules.engine.sections.audit import AuditSection
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.sections.classification import Classification
@@ -86,10 +87,14 @@ PLANNING: tuple[type[Section], ...] = (
     ReduceReplicasSection,
 )
 #: Sections that never run in the cycle: they act through the scheduler's hooks and
-#: handlers (retirements placed by the rules, drains pacing them, the replicate and
-#: scatter calls, demand followed, workers leaving), and report.
+#: handlers (retirements placed by the rules, drains pacing them, adaptive scaling's
+#: questions, the replicate and scatter calls, demand followed, workers leaving), and
+#: report.
 OFF_CYCLE: tuple[type[Section], ...] = (
     Retirements,
+    # Adaptive scaling's target and the guard of scale-down, when adaptive asks: after
+    # the retirement that places the keys of the workers it lets go.
+    AdaptiveSection,
     DrainSection,
     LegacyCalls,
     DemandSection,

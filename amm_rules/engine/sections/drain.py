@@ -71,9 +71,9 @@ from amm_rules.engine.drain_request import (
     deadline_seconds,
     resolve_workers,
 )
-from amm_rules.engine.evacuation import evacuation_input
+from amm_rules.engine.evacuation import evacuation_input, rank_views
 from amm_rules.engine.sections.base import Section
-from amm_rules.engine.state.drain import Drain, rank_views
+from amm_rules.engine.state.drain import Drain
 from amm_rules.engine.state.leaving import Departure, retirement_owner
 from amm_rules.engine.state.transfer import TransferMeter
 

@@ -29,14 +29,13 @@ cycle later. Here:
   says so on the context: :mod:`amm_rules.engine.state.leaving`): the pacer orders the
   worker's keys by value before they are planned, lets through only the copies that fit
   its window of bytes in flight, takes the keys that cannot move off the plan (a drain
-  reports them as lost rather than refusing: the worker leaves at the deadline anyway),
-  and the retiring worker's own copies are not dropped (its copies vanish with it);
-- :class:`DownscalingGuard`, a scheduler plugin, keeps out of adaptive scale-down's
-  candidates the workers whose departure the rules would refuse: adaptive closes the
-  workers it chose whether or not their retirement succeeded. ``workers_to_close`` is
-  also called by reads (``adaptive_target``, which a ``/metrics`` scrape and the
-  dashboard call): the guard's decision is counted and logged only when a retirement
-  of one of the workers it let through follows it.
+  reports them as lost rather than refusing: the worker leaves at the deadline anyway);
+  a departure that keeps its copies until it goes (a drain's) has none dropped (its
+  copies vanish with it);
+- adaptive scale-down closes the workers it chose whether or not their retirement
+  succeeded: which workers it may choose is the adaptive section's guard
+  (:mod:`amm_rules.engine.sections.adaptive`), whose departures order their keys by
+  value too (and let every copy through at once).
 
 The copies a retirement asks for are in the engine's ledger (asked by
 :func:`~amm_rules.engine.state.leaving.retirement_owner`), where the planner counts them.
@@ -52,24 +51,22 @@ import logging
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Generator, Hashable, Iterable, Mapping
+from collections.abc import Callable, Generator, Hashable
 from typing import TYPE_CHECKING, Any
 
 from distributed.active_memory_manager import RetireWorker, Suggestion
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from amm_rules.engine.adapters import worker_status
 from amm_rules.engine.decide.evacuate import Evacuation, needed_copies, plan_evacuation
 from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.engine.evacuation import (
     dry_run_keys,
-    ensure_pools,
     evacuation_input,
     record_copy,
     shown_keys,
     suggest_copies,
 )
-from amm_rules.engine.features import DOWNSCALING, RETIRING, Feature
+from amm_rules.engine.features import RETIRING, Feature
 from amm_rules.engine.sections.base import Section
 from amm_rules.engine.state.leaving import retirement_owner
 
@@ -77,11 +74,6 @@ if TYPE_CHECKING:
     from amm_rules.engine.context import EngineContext
 
 logger = logging.getLogger(__name__)
-
-#: Seconds within which a retirement must follow the downscaling guard's decision for
-#: the decision to count: adaptive retires the workers it chose right after choosing
-#: them (``retire_workers(n=...)`` in the same call).
-GUARD_FOLLOW_SECONDS = 10.0
 
 #: The Retirements of the RulesPolicy attached to each manager.
 _ENGINES: weakref.WeakKeyDictionary[Any, Retirements] = weakref.WeakKeyDictionary()
@@ -126,10 +118,7 @@ class Retirements(Section):
         "retirement: not simulated: no worker retires in a simulation (--kill removes workers)"
     )
     name = "retirement"
-    FEATURES = (
-        Feature("retirement", RETIRING),
-        Feature("adaptive scale-down guard", (DOWNSCALING,)),
-    )
+    FEATURES = (Feature("retirement", RETIRING),)
     status_key = "retirements"
     metric_prefix = "retirement"
     METRICS = {
@@ -148,11 +137,6 @@ class Retirements(Section):
             "counter",
             "Retirements refused: keys with nowhere to go",
         ),
-        "downscaling_kept": (
-            "retirement_downscaling_kept",
-            "counter",
-            "Workers kept out of adaptive scale-down by the rules",
-        ),
         "dry_run_keys": (
             "retirement_dry_run_keys",
             "counter",
@@ -169,10 +153,10 @@ class Retirements(Section):
         #: ``placed``), keys, copies asked, start time.
         self.active: dict[str, dict[str, Any]] = {}
         #: Counters since the policy started (metrics): ``retirements``, ``copies``,
-        #: ``bytes``, ``drops``, ``blocked``, ``placed``, ``downscaling_kept``.
+        #: ``bytes``, ``drops``, ``blocked``, ``placed``, ``dry_run_keys``.
         self.counters: Counter[str] = Counter()
         self._unwrap: Callable[[], None] | None = None
-        self._guard: DownscalingGuard | None = None
+        self._departed = _Departed(self)
 
     # -- attach ----------------------------------------------------------------------
 
@@ -186,12 +170,8 @@ class Retirements(Section):
         _ENGINES[manager] = self
         # Leaving workers' pacers are followed (a drain may start).
         ctx.departures.paced = True
-        if self.supports("adaptive scale-down guard"):
-            self._guard = DownscalingGuard(self)
-            ctx.add_plugin(self._guard, "amm-rules-downscaling")
-        self._unwrap = _wrap_add_policy(
-            manager, self._guard.retiring if self._guard is not None else None
-        )
+        ctx.add_plugin(self._departed, _Departed.name)
+        self._unwrap = _wrap_add_policy(manager)
 
     def detach(self) -> None:
         ctx = self.ctx
@@ -202,9 +182,7 @@ class Retirements(Section):
         if self._unwrap is not None:
             self._unwrap()
             self._unwrap = None
-        if self._guard is not None:
-            ctx.remove_plugin(self._guard)
-        self._guard = None
+        ctx.remove_plugin(self._departed)
 
     # -- one retiring worker, one cycle ----------------------------------------------
 
@@ -260,7 +238,7 @@ class Retirements(Section):
             self.counters["copies"] += 1
             self.counters["bytes"] += copy.nbytes
             self.active[ws.address]["copies"] += 1
-        if pacer is None:
+        if departure is None or not departure.keeps_copies:
             yield from self._drop_placed(ws, plan, by_key, set(dry))
 
     def _drop_placed(
@@ -379,7 +357,7 @@ class Retirements(Section):
     def metrics(self) -> dict[str, float]:
         """Counters and a gauge for a metrics collector, computed when called: the
         counters of :attr:`counters` (``retirements``, ``copies``, ``bytes``, ``drops``,
-        ``placed``, ``blocked``, ``downscaling_kept``) and ``retiring`` (now)."""
+        ``placed``, ``blocked``, ``dry_run_keys``) and ``retiring`` (now)."""
         out = {name: float(self.counters[name]) for name in _COUNTERS}
         out["retiring"] = float(len(self.active))
         return out
@@ -392,23 +370,19 @@ _COUNTERS = (
     "drops",
     "placed",
     "blocked",
-    "downscaling_kept",
     "dry_run_keys",
 )
 
 
-def _wrap_add_policy(manager: Any, retiring: Callable[[str], None] | None) -> Callable[[], None]:
+def _wrap_add_policy(manager: Any) -> Callable[[], None]:
     """Make every ``RetireWorker`` added to ``manager`` (and those already there) a
-    :class:`RulesRetireWorker`, telling ``retiring`` the address of each new one.
-    Returns the function that undoes the wrapper."""
+    :class:`RulesRetireWorker`. Returns the function that undoes the wrapper."""
     before = vars(manager).get("add_policy")
     add_policy = manager.add_policy
 
     def add_policy_ruled(policy: Any) -> None:
         if type(policy) is RetireWorker:
             policy.__class__ = RulesRetireWorker
-            if retiring is not None:
-                retiring(policy.address)
         add_policy(policy)
 
     manager.add_policy = add_policy_ruled
@@ -426,127 +400,13 @@ def _wrap_add_policy(manager: Any, retiring: Callable[[str], None] | None) -> Ca
     return unwrap
 
 
-# --------------------------------------------------------------------------------------
-# Adaptive scale-down
-# --------------------------------------------------------------------------------------
+class _Departed(SchedulerPlugin):
+    """Tells the retirements when a worker left: its retirement is over."""
 
-
-class DownscalingGuard(SchedulerPlugin):
-    """Keeps out of ``Scheduler.workers_to_close`` (adaptive scale-down) the workers
-    whose departure the rules would refuse, since adaptive closes the workers it chose
-    whether or not their retirement succeeded.
-
-    For each class of governed keys restricted to a pool (or by ``avoid``) whose
-    eligible running workers are all candidates, one of them is kept: the one with the
-    most data, which ``workers_to_close`` would close last anyway. For ``move: never``
-    keys, and keys with no eligible running worker at all, whose every copy is on
-    candidates, a holder is kept. Cost: one set operation per class, plus one per key of
-    those last two kinds.
-
-    ``workers_to_close`` answers reads too (``adaptive_target``: every ``/metrics``
-    scrape): the decision is held in :attr:`pending` and counted (``downscaling_kept``)
-    and logged (a ``retirement`` event, ``step: kept``) by :meth:`retiring`, when the
-    retirement of a worker it let through starts within :data:`GUARD_FOLLOW_SECONDS`.
-    """
-
-    name = "amm-rules-downscaling"
+    name = "amm-rules-retirements"
 
     def __init__(self, retirements: Retirements):
         self.retirements = retirements
-        #: The last decision that kept workers, not yet followed by a retirement:
-        #: (``time.monotonic()``, workers kept, workers let through), or None.
-        self.pending: tuple[float, frozenset[str], frozenset[str]] | None = None
-
-    def retiring(self, address: str) -> None:
-        """A retirement of ``address`` starts: if it follows the last decision (the
-        worker was among those let through, recently), that decision is acted on."""
-        pending = self.pending
-        if pending is None:
-            return
-        when, keep, passed = pending
-        if time.monotonic() - when > GUARD_FOLLOW_SECONDS:
-            self.pending = None
-            return
-        if address not in passed:
-            return
-        self.pending = None
-        ctx = self.retirements.ctx
-        self.retirements.counters["downscaling_kept"] += len(keep)
-        ctx.events.once(
-            ("downscaling-kept", keep),
-            "retirement",
-            step="kept",
-            workers=sorted(keep),
-            why="their keys have nowhere else to go under the rules",
-        )
 
     def remove_worker(self, scheduler: Any = None, worker: str = "", **kwargs: Any) -> None:
         self.retirements.forget(worker)
-
-    def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
-        ctx = self.retirements.ctx
-        if not ctx.attached or not workers:
-            return workers
-        try:
-            keep = self._keep(ctx, workers)
-        except Exception:  # never break adaptive scaling
-            logger.exception("amm-rules: downscaling guard failed; not filtering")
-            return workers
-        if not keep:
-            self.pending = None
-            return workers
-        out = [ws for ws in workers if ws.address not in keep]
-        # A read or a choice: counted once a retirement follows (see retiring).
-        self.pending = (time.monotonic(), frozenset(keep), frozenset(ws.address for ws in out))
-        return out
-
-    def _keep(self, ctx: EngineContext, workers: list[Any]) -> set[str]:
-        ensure_pools(ctx)
-        candidates = {ws.address: ws for ws in workers}
-        all_workers = ctx.scheduler.workers
-        running = {a for a, ws in all_workers.items() if worker_status(ws) == "running"}
-        pools = ctx.placements.pools
-        keep: set[str] = set()
-
-        def most_data(addresses: Iterable[str]) -> str:
-            return max(addresses, key=lambda a: (all_workers[a].nbytes, a))
-
-        dry_run = ctx.dry_run
-        desired = ctx.index.desired
-
-        def acting(group: Mapping[Hashable, Any]) -> Iterable[Any]:
-            """The keys whose rules act (not in dry-run: those do not keep workers)."""
-            if not dry_run.keys_active:
-                return group.values()
-            return [ts for k, ts in group.items() if dry_run.label(desired.get(k)) is None]
-
-        for cls, all_keys in ctx.index.governed.groups.items():
-            group = acting(all_keys)
-            if not group:
-                continue
-            if cls.move == "never":
-                for ts in group:
-                    holders = {w.address for w in ts.who_has or ()}
-                    if holders and holders <= candidates.keys() - keep:
-                        keep.add(most_data(holders))
-                continue
-            if cls.pool is None and cls.avoid is None:
-                continue
-            want = set(cls.pool) if cls.pool is not None else None
-            shun = set(cls.avoid or ())
-            eligible = {
-                a
-                for a in running
-                if (want is None or not want.isdisjoint(pools.get(a, ())))
-                and shun.isdisjoint(pools.get(a, ()))
-            }
-            if eligible - (candidates.keys() - keep):
-                continue  # an eligible worker stays
-            if eligible:
-                keep.add(most_data(eligible))
-                continue
-            for ts in group:  # nowhere eligible: keep the data where it is
-                holders = {w.address for w in ts.who_has or ()}
-                if holders and holders <= candidates.keys() - keep:
-                    keep.add(most_data(holders))
-        return keep

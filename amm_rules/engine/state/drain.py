@@ -10,9 +10,9 @@ more (:meth:`Drain.all_safe` when the retirement found every key placed,
 report (:meth:`Drain.report`, a :class:`~amm_rules.engine.drain_request.DrainReport`)
 counts each key once and its outcome agrees with the counts.
 
-The drain's view of each key (:func:`drain_item`) and its order of value
-(:func:`rank_views`) are shared with ``amm-rules simulate --drain``
-(:mod:`amm_rules.offline.drain`).
+The drain's view of each key and its order of value
+(:func:`~amm_rules.engine.evacuation.rank_views`) are shared with the retirements and
+``amm-rules simulate --drain``.
 
 Neighbours: :mod:`amm_rules.engine.sections.drain` keeps the drains and paces them;
 :mod:`amm_rules.engine.decide.drain` ranks and predicts.
@@ -20,17 +20,14 @@ Neighbours: :mod:`amm_rules.engine.sections.drain` keeps the drains and paces th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dask.utils import key_split
-
 from amm_rules.engine import words
-from amm_rules.engine.decide.drain import TIER_NAMES, DrainItem, Prediction, predict, rank
-from amm_rules.engine.decide.evacuate import Evacuation, needed_copies
-from amm_rules.engine.decide.plan import source_label
-from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
+from amm_rules.engine.decide.drain import TIER_NAMES, DrainItem, Prediction, predict
+from amm_rules.engine.decide.evacuate import Evacuation
+from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.drain_request import DRAINING, SAFE, DrainReport
 
 #: Keys whose time to safety is kept per drain.
@@ -268,47 +265,9 @@ class Drain:
         return {**out, "standing": "safe", "why": "held where its rules want it elsewhere"}
 
 
-def rank_views(
-    views: list[KeyView],
-    cluster: ClusterView,
-    tasks: Mapping[Hashable, Any],
-    estimate: Callable[[Any], float | None],
-) -> tuple[list[KeyView], dict[Hashable, DrainItem]]:
-    """``views`` in the drain's order of value, and the drain's item of each key
-    (``tasks``: the scheduler's, for the keys' groups; ``estimate``: a group's recompute
-    estimate). Shared by the drain section and ``amm-rules simulate --drain``."""
-    items = [drain_item(v, cluster, tasks.get(v.key), estimate) for v in views]
-    order = {id(item): i for i, item in enumerate(rank(items))}
-    ranked = sorted(zip(views, items, strict=True), key=lambda vi: order[id(vi[1])])
-    return [v for v, _ in ranked], {v.key: item for v, item in zip(views, items, strict=True)}
-
-
-def drain_item(
-    view: KeyView, cluster: ClusterView, ts: Any, estimate: Callable[[Any], float | None]
-) -> DrainItem:
-    """The drain's view of one key: size, copies needed, recompute estimate, target,
-    and its group (the task group's name; else the key's prefix, as dask's
-    ``key_split`` gives it)."""
-    d = view.desired
-    placeable = cluster.placeable(d.pool, d.avoid)
-    staying = len((view.holders - cluster.closing) & placeable)
-    minimum = needed_copies(d, len(placeable)) if d.replicate is not None else 0
-    group = getattr(ts, "group", None)
-    return DrainItem(
-        key=view.key,
-        nbytes=view.nbytes,
-        copies=max(1, (minimum or 1) - staying),
-        seconds=estimate(group) if group is not None else None,
-        minimum=minimum,
-        staying=staying,
-        rule=source_label(d, "replicate") if d.replicate is not None else "",
-        group=getattr(group, "name", "") or key_split(view.key),
-    )
-
-
 def _ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
 
 
-__all__ = ["Drain", "drain_item", "rank_views"]
+__all__ = ["Drain"]

@@ -93,6 +93,9 @@ class GovernedKeys:
         self._forget_plan = forget_plan
         #: id(desired) -> (it, its plan class, its labels), for :meth:`file`.
         self._derived: dict[int, tuple[Desired, PlanClass, set[str]]] = {}
+        #: Counts every change of the governed keys or of their copies: what was read of
+        #: them (the holders scale-down looks at) is current while it stays the same.
+        self._changes = 0
 
     # -- read-only views of the tables (only the methods below write them) -------------
 
@@ -122,6 +125,12 @@ class GovernedKeys:
         return self._copies_by
 
     @property
+    def changes(self) -> int:
+        """Every change of the governed keys or of their copies, counted: what was read
+        of them is current while it stays the same."""
+        return self._changes
+
+    @property
     def class_labels(self) -> Mapping[PlanClass, Mapping[str, int]]:
         """Plan class -> governed keys per counter label."""
         return self._class_labels
@@ -136,6 +145,7 @@ class GovernedKeys:
             return
         if old is not None:
             self.unindex(key)
+        self._changes += 1
         # A governed key is never in replicated_free: reduce-replicas need not ask.
         self._free.pop(key, None)
         self._desired[key] = desired
@@ -167,6 +177,7 @@ class GovernedKeys:
         desired_map = self._desired
         filed: dict[PlanClass, list[Any]] = {}
         free = self._free
+        self._changes += 1
         derived = self._derived
         governed_by, bytes_by, copies_by = self._governed_by, self._bytes_by, self._copies_by
         for desired, keys, members in batches:
@@ -229,6 +240,7 @@ class GovernedKeys:
         d = self._desired.get(key)
         if d is None:
             return
+        self._changes += 1
         labels = labels_of(d)
         if n > 0:
             for label in labels:
@@ -305,6 +317,7 @@ class GovernedKeys:
         old = self._desired.pop(key, None)
         if old is None:
             return
+        self._changes += 1
         self._forget_plan(key)
         cls = PlanClass.of(old)
         group = self._groups.get(cls)
