@@ -5,9 +5,10 @@ its own methods.
 path too: ``"ctx.index"``) and refuses to be assigned: at run time an
 ``AttributeError``, and to mypy, which types the assigned value as impossible. Give it a
 read-only type (``Mapping``, ``Set``) and the table it shows cannot be written through it
-either, where mypy checks (the whole package). The key index
-(:mod:`amm_rules.engine.state.index`) shows its tables this way, and the policy what its
-context holds (:mod:`amm_rules.engine.policy`).
+either, where mypy checks (the whole package). The key index and the governed keys
+(:mod:`amm_rules.engine.state.index`, :mod:`~amm_rules.engine.state.governed`) show
+their tables this way, and the policy what its context holds
+(:mod:`amm_rules.engine.policy`).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from amm_rules.engine.decide.plan import source_label, target_bounds
+from amm_rules.engine.readonly import ReadOnly
 from amm_rules.language.ruleset import Desired, Target
 
 if TYPE_CHECKING:
@@ -99,41 +100,19 @@ class GovernedKeys:
 
     # -- read-only views of the tables (only the methods below write them) -------------
 
-    @property
-    def desired(self) -> Mapping[Hashable, Desired]:
-        """Governed key -> its resolved wishes."""
-        return self._desired
-
-    @property
-    def groups(self) -> Mapping[PlanClass, Mapping[Hashable, Any]]:
-        """Plan class -> {key: TaskState} for every governed key."""
-        return self._groups
-
-    @property
-    def governed_by(self) -> Mapping[str, int]:
-        """Governed keys per counter label."""
-        return self._governed_by
-
-    @property
-    def bytes_by(self) -> Mapping[str, int]:
-        """Bytes of one copy of the governed keys, per counter label."""
-        return self._bytes_by
-
-    @property
-    def copies_by(self) -> Mapping[str, int]:
-        """Copies in memory of the governed keys, per counter label."""
-        return self._copies_by
-
-    @property
-    def changes(self) -> int:
-        """Every change of the governed keys or of their copies, counted: what was read
-        of them is current while it stays the same."""
-        return self._changes
-
-    @property
-    def class_labels(self) -> Mapping[PlanClass, Mapping[str, int]]:
-        """Plan class -> governed keys per counter label."""
-        return self._class_labels
+    #: Governed key -> its resolved wishes.
+    desired = ReadOnly[Mapping[Hashable, Desired]]("_desired")
+    #: Plan class -> {key: TaskState} for every governed key.
+    groups = ReadOnly[Mapping[PlanClass, Mapping[Hashable, Any]]]("_groups")
+    #: Governed keys, bytes of one copy and copies in memory, per counter label.
+    governed_by = ReadOnly[Mapping[str, int]]("_governed_by")
+    bytes_by = ReadOnly[Mapping[str, int]]("_bytes_by")
+    copies_by = ReadOnly[Mapping[str, int]]("_copies_by")
+    #: Plan class -> governed keys per counter label.
+    class_labels = ReadOnly[Mapping[PlanClass, Mapping[str, int]]]("_class_labels")
+    #: Every change of the governed keys or of their copies, counted: what was read of
+    #: them is current while it stays the same.
+    changes = ReadOnly[int]("_changes")
 
     def __len__(self) -> int:
         return len(self._desired)
