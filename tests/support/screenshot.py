@@ -6,7 +6,7 @@ A scheduler with the ``amm_rules.preload`` preload and four workers in this proc
 (two of them GPU workers, with small memory limits so that the bars show), the rules of
 :data:`RULES` from a file, data that the rules satisfy, cannot satisfy, and that
 rebalancing spreads (caught halfway); a fifth worker holding copies that leaves; then an
-``amm`` annotation that cannot be used and a rules file changed into one that does not
+``amm`` annotation that cannot be used, a drain of a worker, and a rules file changed into one that does not
 validate, so that the events show. Once the page shows
 all of it, headless Chromium (:mod:`tests.support.browser`) takes the picture.
 """
@@ -70,7 +70,7 @@ async def scene(path: Path, out: Path, width: int) -> None:
             Worker(s.address, name="gpu-0", resources={"GPU": 1}, memory_limit="256 MiB"),
             Worker(s.address, name="gpu-1", resources={"GPU": 1}, memory_limit="256 MiB"),
             Worker(s.address, name="cpu-0", memory_limit="256 MiB") as cpu0,
-            Worker(s.address, name="cpu-1", memory_limit="256 MiB"),
+            Worker(s.address, name="cpu-1", memory_limit="256 MiB") as cpu1,
             Client(s.address, asynchronous=True) as c,
         ):
             data = [
@@ -97,6 +97,9 @@ async def scene(path: Path, out: Path, width: int) -> None:
             with dask.annotate(amm={"replicate": "lots"}):
                 bad = c.submit(sum, [1, 2], key="annotated-1")
             await bad
+            # A drain of a worker with ten minutes to go: the drains table shows it.
+            started = await c.scheduler.amm_rules_drain(workers=[cpu1.address], deadline="10min")
+            assert "refused" not in started, started
             await asyncio.sleep(2)
             path.write_text(RULES.replace("replicate: 2", "replicate: two"))
             async with Browser(width=width, height=900) as browser:
@@ -104,7 +107,10 @@ async def scene(path: Path, out: Path, width: int) -> None:
                 await browser.goto(f"http://127.0.0.1:{port}/amm-rules")
                 await browser.wait_for_text(
                     lambda t: (
-                        "reload-error" in t and "invalid-annotation" in t and "worker-left" in t
+                        "reload-error" in t
+                        and "invalid-annotation" in t
+                        and "worker-left" in t
+                        and "draining worker" in t
                     ),
                     timeout=60,
                 )
