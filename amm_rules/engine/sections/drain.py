@@ -191,6 +191,10 @@ class DrainSection(Section):
                 continue  # already draining: its deadline stands
             ws = ctx.scheduler.workers[address]
             d = Drain(address, str(ws.name), drain_id, now, now + seconds, time.time(), close)
+            # The heartbeat heard before the notice is not the drain's: the meter starts
+            # from the next one (which only marks the time), not to count as the drain's
+            # what the worker sent before it (the results a client gathered a moment ago).
+            d.last_seen = getattr(ws, "last_seen", None)
             d.bytes_before = ctx.ledger.landings(retirement_owner(address))[1]
             self.drains[address] = d
             self.meter.watch(address)
