@@ -167,8 +167,21 @@ class MemoryPressure(Section, SchedulerPlugin):
     def attach(self, ctx: EngineContext) -> None:
         super().attach(ctx)
         self.flow = ctx.flow
-        ctx.add_plugin(self, CALLBACK)
+        self._plug()
         self.base = float(ctx.scheduler.WORKER_SATURATION)
+
+    def _plug(self) -> None:
+        """Be the scheduler plugin that sees graphs arrive only while the rules have a
+        section: the scheduler calls every plugin's ``transition`` on every transition,
+        and this one has nothing to do there."""
+        ctx = self.ctx
+        if ctx is None or not ctx.attached:
+            return
+        plugged = any(p is self for p in ctx.scheduler.plugins.values())
+        if self.settings is not None and not plugged:
+            ctx.add_plugin(self, CALLBACK)
+        elif self.settings is None and plugged:
+            ctx.remove_plugin(self)
 
     def detach(self) -> None:
         """Put the scheduler's saturation back and stop looking."""
@@ -191,6 +204,7 @@ class MemoryPressure(Section, SchedulerPlugin):
         if self.settings is None:
             self._stop_callback()
             self.state = "idle" if self.state != "unavailable" else self.state
+        self._plug()
 
     def run(self, cycle: Cycle) -> tuple[()]:
         self.ensure_running()
