@@ -38,6 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Generator, Hashable, Iterable, Mapping
 from typing import Any
 
+import dask
 from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine import key_logger
@@ -67,6 +68,36 @@ EXAMPLES_KEPT = 10
 
 Key = Hashable
 Emit = Callable[..., Any]
+
+
+def spill_thresholds() -> tuple[float | None, float | None]:
+    """The workers' spill thresholds as fractions of their memory limit, from the dask
+    config (``distributed.worker.memory.target``: managed memory; ``.spill``: process
+    memory), each None when off. The scheduler's config: workers started with other
+    thresholds are not known to it."""
+    out = []
+    for name in ("target", "spill"):
+        value = dask.config.get(f"distributed.worker.memory.{name}", None)
+        out.append(float(value) if value not in (None, False) else None)
+    return out[0], out[1]
+
+
+def headroom(
+    memory: Any, limit: int, thresholds: tuple[float | None, float | None], delta: int = 0
+) -> int | None:
+    """Bytes a worker can take before it starts spilling: the lesser of its managed
+    memory's distance to the ``target`` threshold and its process memory's to the
+    ``spill`` threshold, less what the AMM accepted for it this cycle (``delta``).
+    None without a limit or with both thresholds off: then nothing is known."""
+    target, spill = thresholds
+    if not limit:
+        return None
+    rooms = []
+    if target is not None:
+        rooms.append(int(target * limit) - memory.managed)
+    if spill is not None:
+        rooms.append(int(spill * limit) - memory.process)
+    return min(rooms) - max(0, delta) if rooms else None
 
 
 class Rebalancer:
@@ -345,10 +376,12 @@ class Rebalancer:
     def _loads(self, workers: Mapping[str, Any], manager: Any) -> list[WorkerLoad]:
         """Every worker that is not retiring, by the rules' measure, plus the bytes the AMM
         has accepted for it so far in this cycle (the AMM's tally minus its own measure,
-        so this works whatever measure the AMM itself uses)."""
+        so this works whatever measure the AMM itself uses), and its headroom below the
+        spill thresholds (:func:`headroom`)."""
         measure = self.settings.measure
         tally = getattr(manager, "workers_memory", None)
         amm_measure = getattr(manager, "measure", measure)
+        thresholds = spill_thresholds()
         out = []
         for address, ws in workers.items():
             status = worker_status(ws)
@@ -358,13 +391,15 @@ class Rebalancer:
             delta = 0
             if tally is not None and ws in tally:
                 delta = tally[ws] - getattr(memory, amm_measure)
+            limit = ws.memory_limit or 0
             out.append(
                 WorkerLoad(
                     address,
                     max(0, getattr(memory, measure) + delta),
-                    ws.memory_limit or 0,
+                    limit,
                     running=status == "running",
                     spilled=memory.spilled,
+                    headroom=headroom(memory, limit, thresholds, delta),
                 )
             )
         return out
