@@ -36,7 +36,7 @@ async def test_a_hold_that_does_not_lower_memory_is_released(c, s, a, b):
     assert time.monotonic() - started >= PAYING_SPAN - 0.5
     (first,) = releases(s)
     assert str(first["reason"]).startswith("holding did not lower memory: 40% of the limits")
-    assert policy.pressure.state == "cooling" and s.WORKER_SATURATION == base
+    assert policy.pressure.state == "cooling" and base == s.WORKER_SATURATION
     cooling = policy.pressure.cool_until - time.monotonic()
     assert 0 < cooling <= 1.0
     # Cooled down, still under pressure: held again, and released again for the same
