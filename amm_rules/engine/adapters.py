@@ -13,10 +13,12 @@ engine's pure parts read.
   few hundred characters without walking more of it;
 - :func:`stock_waiter_count`, :func:`busy_workers`: waiters as the stock ReduceReplicas
   counts them, and where dependents run;
-- :func:`kept_copies`: which of a protected key's copies trimming spares.
+- :func:`kept_copies`: which of a protected key's copies trimming spares;
+- :func:`spill_thresholds`, :func:`headroom`: how many bytes a worker can take before it
+  spills (rebalance and protect send nothing past it).
 
 Duck-typed: nothing here imports ``distributed``, so the classifier and the planners stay
-pure and tests can pass stand-ins.
+pure and tests can pass stand-ins (:func:`spill_thresholds` reads the dask config).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import reprlib
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from operator import attrgetter
 from typing import Any
+
+import dask
 
 from amm_rules.engine.decide.view import KeyView, WorkerStatus, key_string
 from amm_rules.language.ruleset import (
@@ -430,3 +434,33 @@ def key_view(
         pending_drop=drop,
         held=held,
     )
+
+
+def spill_thresholds() -> tuple[float | None, float | None]:
+    """The workers' spill thresholds as fractions of their memory limit, from the dask
+    config (``distributed.worker.memory.target``: managed memory; ``.spill``: process
+    memory), each None when off. The scheduler's config: workers started with other
+    thresholds are not known to it."""
+    out = []
+    for name in ("target", "spill"):
+        value = dask.config.get(f"distributed.worker.memory.{name}", None)
+        out.append(float(value) if value not in (None, False) else None)
+    return out[0], out[1]
+
+
+def headroom(
+    memory: Any, limit: int, thresholds: tuple[float | None, float | None], delta: int = 0
+) -> int | None:
+    """Bytes a worker can take before it starts spilling: the lesser of its managed
+    memory's distance to the ``target`` threshold and its process memory's to the
+    ``spill`` threshold, less what the AMM accepted for it this cycle (``delta``).
+    None without a limit or with both thresholds off: then nothing is known."""
+    target, spill = thresholds
+    if not limit:
+        return None
+    rooms = []
+    if target is not None:
+        rooms.append(int(target * limit) - memory.managed)
+    if spill is not None:
+        rooms.append(int(spill * limit) - memory.process)
+    return min(rooms) - max(0, delta) if rooms else None

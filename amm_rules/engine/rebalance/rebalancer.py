@@ -38,11 +38,15 @@ from collections import Counter
 from collections.abc import Callable, Collection, Generator, Hashable, Iterable, Mapping
 from typing import Any
 
-import dask
 from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine import key_logger
-from amm_rules.engine.adapters import TaskFactsAdapter, worker_status
+from amm_rules.engine.adapters import (
+    TaskFactsAdapter,
+    headroom,
+    spill_thresholds,
+    worker_status,
+)
 from amm_rules.engine.decide.deciders import MOVE, Question, count_copies, first_refusal
 from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.engine.rebalance.plan import (
@@ -68,36 +72,6 @@ EXAMPLES_KEPT = 10
 
 Key = Hashable
 Emit = Callable[..., Any]
-
-
-def spill_thresholds() -> tuple[float | None, float | None]:
-    """The workers' spill thresholds as fractions of their memory limit, from the dask
-    config (``distributed.worker.memory.target``: managed memory; ``.spill``: process
-    memory), each None when off. The scheduler's config: workers started with other
-    thresholds are not known to it."""
-    out = []
-    for name in ("target", "spill"):
-        value = dask.config.get(f"distributed.worker.memory.{name}", None)
-        out.append(float(value) if value not in (None, False) else None)
-    return out[0], out[1]
-
-
-def headroom(
-    memory: Any, limit: int, thresholds: tuple[float | None, float | None], delta: int = 0
-) -> int | None:
-    """Bytes a worker can take before it starts spilling: the lesser of its managed
-    memory's distance to the ``target`` threshold and its process memory's to the
-    ``spill`` threshold, less what the AMM accepted for it this cycle (``delta``).
-    None without a limit or with both thresholds off: then nothing is known."""
-    target, spill = thresholds
-    if not limit:
-        return None
-    rooms = []
-    if target is not None:
-        rooms.append(int(target * limit) - memory.managed)
-    if spill is not None:
-        rooms.append(int(spill * limit) - memory.process)
-    return min(rooms) - max(0, delta) if rooms else None
 
 
 class Rebalancer:

@@ -46,7 +46,7 @@ from typing import Any
 
 from distributed.active_memory_manager import Suggestion
 
-from amm_rules.engine.adapters import TaskFactsAdapter
+from amm_rules.engine.adapters import TaskFactsAdapter, headroom, spill_thresholds
 from amm_rules.engine.decide.protect import HYSTERESIS, Candidate, Choice, Ranking
 from amm_rules.engine.decide.units import format_seconds
 from amm_rules.engine.dryrun import DryRun
@@ -436,6 +436,9 @@ class ProtectSection(Section):
         moved = 0
         cluster = None
         spent = False
+        #: Bytes of this cycle's copies per recipient, and the spill thresholds.
+        added: dict[str, int] = {}
+        thresholds = spill_thresholds()
         protected = ctx.protected
         short = self.short
         for key in self._to_look_at(cycle.full, now):
@@ -463,7 +466,8 @@ class ProtectSection(Section):
                 continue
             if cluster is None:
                 cluster = ctx.cluster_view()
-            target = self._recipient(ts, cluster, holders | set(flying), settings, now)
+            room = self._room(cluster, nbytes, added, thresholds)
+            target = self._recipient(ts, cluster, holders | set(flying), settings, now, room)
             if target is None:
                 # No worker can take it now: looked at again in a while, or when the
                 # workers change.
@@ -491,6 +495,7 @@ class ProtectSection(Section):
                 cycle.stats[SOURCE]["requested"] += 1
                 self.inflight.setdefault(key, {})[target] = now + timeout
                 cluster.add_memory(target, nbytes)
+                added[target] = added.get(target, 0) + nbytes
 
     def _in_flight(
         self, key: Hashable, holders: set[str], workers: Any, now: float, timeout: float
@@ -514,24 +519,48 @@ class ProtectSection(Section):
             del self.inflight[key]
         return live
 
+    def _room(
+        self,
+        cluster: Any,
+        nbytes: int,
+        added: dict[str, int],
+        thresholds: tuple[float | None, float | None],
+    ) -> Callable[[str], bool]:
+        """Whether a worker has room for a copy of ``nbytes``: its memory stays below
+        :data:`ROOM` of its limit, and the copy fits in its headroom below the spill
+        thresholds (a copy that pushes as many bytes to disk protects nothing that
+        spilling does not cost back)."""
+        workers = self.ctx.scheduler.workers if self.ctx is not None else {}
+
+        def room(address: str) -> bool:
+            ws = workers.get(address)
+            limit = getattr(ws, "memory_limit", 0) or 0
+            if not limit:
+                return True
+            if cluster.memory[address] + nbytes > ROOM * limit:
+                return False
+            left = headroom(ws.memory, limit, thresholds, added.get(address, 0))
+            return left is None or nbytes <= left
+
+        return room
+
     def _recipient(
-        self, ts: Any, cluster: Any, taken: set[str], settings: ProtectSettings, now: float
+        self,
+        ts: Any,
+        cluster: Any,
+        taken: set[str],
+        settings: ProtectSettings,
+        now: float,
+        room: Callable[[str], bool],
     ) -> str | None:
         """Where the key's next copy goes: the least loaded running worker where its
-        rules let it live, with room for it, not holding it or backing off, on a new
+        rules let it live, with ``room`` for it, not holding it or backing off, on a new
         host if one can take it (``spread: host``)."""
         ctx = self.ctx
         assert ctx is not None
         d = ctx.index.desired.get(ts.key, UNGOVERNED)
-        nbytes = max(0, ts.nbytes)
         backoff = {a for a, until in self.backoff.get(ts.key, {}).items() if until > now}
         exclude = taken | backoff
-        workers = ctx.scheduler.workers
-
-        def room(address: str) -> bool:
-            limit = getattr(workers.get(address), "memory_limit", 0) or 0
-            return not limit or cluster.memory[address] + nbytes <= ROOM * limit
-
         if settings.spread == "host":
             hosts = {cluster.host(a) for a in taken if a in cluster.workers}
             choice = cluster.least_loaded(
