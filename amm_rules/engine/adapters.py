@@ -14,11 +14,12 @@ engine's pure parts read.
 - :func:`stock_waiter_count`, :func:`busy_workers`: waiters as the stock ReduceReplicas
   counts them, and where dependents run;
 - :func:`kept_copies`: which of a protected key's copies trimming spares;
-- :func:`spill_thresholds`, :func:`headroom`: how many bytes a worker can take before it
-  spills (rebalance and protect send nothing past it).
+- :func:`headroom`: how many bytes a worker can take before it spills (rebalance and
+  protect send nothing past it; the thresholds come from
+  :func:`amm_rules.engine.rebalance.rebalancer.spill_thresholds`).
 
 Duck-typed: nothing here imports ``distributed``, so the classifier and the planners stay
-pure and tests can pass stand-ins (:func:`spill_thresholds` reads the dask config).
+pure and tests can pass stand-ins.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ import reprlib
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from operator import attrgetter
 from typing import Any
-
-import dask
 
 from amm_rules.engine.decide.view import KeyView, WorkerStatus, key_string
 from amm_rules.language.ruleset import (
@@ -434,18 +433,6 @@ def key_view(
         pending_drop=drop,
         held=held,
     )
-
-
-def spill_thresholds() -> tuple[float | None, float | None]:
-    """The workers' spill thresholds as fractions of their memory limit, from the dask
-    config (``distributed.worker.memory.target``: managed memory; ``.spill``: process
-    memory), each None when off. The scheduler's config: workers started with other
-    thresholds are not known to it."""
-    out = []
-    for name in ("target", "spill"):
-        value = dask.config.get(f"distributed.worker.memory.{name}", None)
-        out.append(float(value) if value not in (None, False) else None)
-    return out[0], out[1]
 
 
 def headroom(

@@ -38,15 +38,11 @@ from collections import Counter
 from collections.abc import Callable, Collection, Generator, Hashable, Iterable, Mapping
 from typing import Any
 
+import dask
 from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine import key_logger
-from amm_rules.engine.adapters import (
-    TaskFactsAdapter,
-    headroom,
-    spill_thresholds,
-    worker_status,
-)
+from amm_rules.engine.adapters import TaskFactsAdapter, headroom, worker_status
 from amm_rules.engine.decide.deciders import MOVE, Question, count_copies, first_refusal
 from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.engine.rebalance.plan import (
@@ -72,6 +68,18 @@ EXAMPLES_KEPT = 10
 
 Key = Hashable
 Emit = Callable[..., Any]
+
+
+def spill_thresholds() -> tuple[float | None, float | None]:
+    """The workers' spill thresholds as fractions of their memory limit, from the dask
+    config (``distributed.worker.memory.target``: managed memory; ``.spill``: process
+    memory), each None when off. The scheduler's config: workers started with other
+    thresholds are not known to it."""
+    out = []
+    for name in ("target", "spill"):
+        value = dask.config.get(f"distributed.worker.memory.{name}", None)
+        out.append(float(value) if value not in (None, False) else None)
+    return out[0], out[1]
 
 
 class Rebalancer:
@@ -538,4 +546,4 @@ class Rebalancer:
         return out
 
 
-__all__ = ["SOURCE", "Rebalancer"]
+__all__ = ["SOURCE", "Rebalancer", "spill_thresholds"]

@@ -46,10 +46,11 @@ from typing import Any
 
 from distributed.active_memory_manager import Suggestion
 
-from amm_rules.engine.adapters import TaskFactsAdapter, headroom, spill_thresholds
+from amm_rules.engine.adapters import TaskFactsAdapter, headroom
 from amm_rules.engine.decide.protect import HYSTERESIS, Candidate, Choice, Ranking
 from amm_rules.engine.decide.units import format_seconds
 from amm_rules.engine.dryrun import DryRun
+from amm_rules.engine.rebalance.rebalancer import spill_thresholds
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.language.ruleset import DRY_RUN, UNGOVERNED, ProtectSettings, Ruleset
 
@@ -146,6 +147,31 @@ class _Gathering:
                 self.slices += 1
                 return False
         return True
+
+
+def room_for(
+    workers: Any,
+    cluster: Any,
+    nbytes: int,
+    added: dict[str, int],
+    thresholds: tuple[float | None, float | None],
+) -> Callable[[str], bool]:
+    """Whether a worker has room for a protection copy of ``nbytes``: its memory stays
+    below :data:`ROOM` of its limit, and the copy fits in its headroom below the spill
+    thresholds, less the ``added`` bytes of this cycle's copies (a copy that pushes as
+    many bytes to disk costs a spilling cluster what it protects)."""
+
+    def room(address: str) -> bool:
+        ws = workers.get(address)
+        limit = getattr(ws, "memory_limit", 0) or 0
+        if not limit:
+            return True
+        if cluster.memory[address] + nbytes > ROOM * limit:
+            return False
+        left = headroom(ws.memory, limit, thresholds, added.get(address, 0))
+        return left is None or nbytes <= left
+
+    return room
 
 
 def _cheapest_first(group: tuple[float, list[Any]]) -> float:
@@ -466,7 +492,7 @@ class ProtectSection(Section):
                 continue
             if cluster is None:
                 cluster = ctx.cluster_view()
-            room = self._room(cluster, nbytes, added, thresholds)
+            room = room_for(workers, cluster, nbytes, added, thresholds)
             target = self._recipient(ts, cluster, holders | set(flying), settings, now, room)
             if target is None:
                 # No worker can take it now: looked at again in a while, or when the
@@ -518,31 +544,6 @@ class ProtectSection(Section):
         else:
             del self.inflight[key]
         return live
-
-    def _room(
-        self,
-        cluster: Any,
-        nbytes: int,
-        added: dict[str, int],
-        thresholds: tuple[float | None, float | None],
-    ) -> Callable[[str], bool]:
-        """Whether a worker has room for a copy of ``nbytes``: its memory stays below
-        :data:`ROOM` of its limit, and the copy fits in its headroom below the spill
-        thresholds (a copy that pushes as many bytes to disk protects nothing that
-        spilling does not cost back)."""
-        workers = self.ctx.scheduler.workers if self.ctx is not None else {}
-
-        def room(address: str) -> bool:
-            ws = workers.get(address)
-            limit = getattr(ws, "memory_limit", 0) or 0
-            if not limit:
-                return True
-            if cluster.memory[address] + nbytes > ROOM * limit:
-                return False
-            left = headroom(ws.memory, limit, thresholds, added.get(address, 0))
-            return left is None or nbytes <= left
-
-        return room
 
     def _recipient(
         self,

@@ -17,8 +17,9 @@ import numpy as np
 from distributed.scheduler import MemoryState
 from distributed.utils_test import gen_cluster
 
-from amm_rules.engine.adapters import headroom, spill_thresholds
+from amm_rules.engine.adapters import headroom
 from amm_rules.engine.rebalance.plan import SPILLING, TOO_SMALL
+from amm_rules.engine.rebalance.rebalancer import spill_thresholds
 from benchmarks.support.waiting import wait_cycles, wait_for
 from tests.support.cluster import amm_config, keep, policy_of, rules
 
