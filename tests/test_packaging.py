@@ -61,6 +61,7 @@ def wheel_names(wheel) -> set[str]:
         "amm_rules/grammar/expr.lark",
         "amm_rules/language/expr/parse_table.json",
         "amm_rules/data/demo.yaml",
+        "amm_rules/data/recommended.yaml",
         "amm_rules/py.typed",
         "amm_rules/engine/policy.py",
     ],
