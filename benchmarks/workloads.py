@@ -563,7 +563,13 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setup]:
         "--scale", type=float, default=1.0, help="memory per worker (and data) x this"
     )
     parser.add_argument("--imbalance", choices=("producers", "late"), default=None)
-    parser.add_argument("--heavy", type=int, default=2, help="workers holding the inputs")
+    parser.add_argument("--heavy", type=int, default=1, help="workers holding the inputs")
+    parser.add_argument(
+        "--fraction", type=float, default=0.35, help="inputs / cluster memory (variant)"
+    )
+    parser.add_argument(
+        "--load-rate", type=float, default=64.0, help="MiB/s one thread loads (variant; 0: no wait)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plots-only", action="store_true")
     args = parser.parse_args(argv)
@@ -584,7 +590,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setup]:
         parser.error(f"unknown {', '.join(unknown)}: workloads {w.WORKLOADS}, modes {w.MODES}")
     if args.repeats is None:
         args.repeats = 1 if args.quick else 3
-    args.variant = w.Imbalance(args.imbalance, args.heavy) if args.imbalance else None
+    args.variant = None
+    if args.imbalance:
+        rate = args.load_rate * MiB if args.load_rate > 0 else None
+        args.variant = w.Imbalance(args.imbalance, args.heavy, args.fraction, rate)
     if args.json is None:
         variant = f"-{args.imbalance}" if args.imbalance else ""
         args.json = RESULTS / f"workloads{variant}{'-quick' if args.quick else ''}.json"
