@@ -30,7 +30,7 @@ from typing import Any
 
 import click
 import dask
-from dask.utils import format_bytes, key_split
+from dask.utils import key_split
 
 from amm_rules.demo_workload import (
     KEY_NBYTES,
@@ -42,6 +42,7 @@ from amm_rules.demo_workload import (
 )
 from amm_rules.engine.decide.deciders import count_copies, eligible
 from amm_rules.engine.decide.view import WorkerView
+from amm_rules.engine.words import counted, plural, size
 from amm_rules.language.diagnostics import RulesError
 from amm_rules.language.loader import load_ruleset
 from amm_rules.language.ruleset import UNGOVERNED, Desired, Ruleset, TaskFacts, WorkerFacts
@@ -125,7 +126,10 @@ def main(
     with _demo_cluster(path, workers) as cluster, Client(cluster) as client:
         client.wait_for_workers(workers)
         hosts = {w["host"] for w in client.scheduler_info()["workers"].values()}
-        click.echo(f"amm-rules demo: {workers} workers on {len(hosts)} hosts, rules from {path}")
+        click.echo(
+            f"amm-rules demo: {counted(workers, 'worker')} on {counted(len(hosts), 'host')}, "
+            f"rules from {path}"
+        )
         if len(hosts) < workers:
             click.echo("  (workers share a host here: 'spread: host' falls back to any worker)")
         for pool in ruleset.pools.values():
@@ -235,8 +239,8 @@ def _print_workload(workload: Workload) -> None:
     for spec in workload.specs:
         extra = f", annotated {dict(spec.annotations)}" if spec.annotations else ""
         click.echo(
-            f"  rule {spec.rule}: {spec.count} keys {spec.prefix}-N, "
-            f"{type_name(spec.kind)} of {format_bytes(spec.nbytes)}{extra}"
+            f"  rule {spec.rule}: {counted(spec.count, 'key')} {spec.prefix}-N, "
+            f"{type_name(spec.kind)} of {size(spec.nbytes)}{extra}"
         )
     if workload.unmatched:
         names = ", ".join(workload.unmatched)
@@ -244,7 +248,7 @@ def _print_workload(workload: Workload) -> None:
             f"  rules the demo makes no key for: {names}. Its keys are named after the "
             "strings in a rule's match (task.prefix, task.key, task.group), hold "
             f"{' or '.join(type_name(k) for k in _kinds())} of up to "
-            f"{format_bytes(MAX_NBYTES)} and carry the "
+            f"{size(MAX_NBYTES)} and carry the "
             "annotations the match reads; a match on other types (cupy, cudf, ...) or on "
             "larger sizes needs a real workload."
         )
@@ -391,7 +395,10 @@ class Snapshot:
     def summary(self) -> str:
         ok = sum(k.copies_ok and k.placement_ok for k in self.keys)
         copies = sum(len(k.holders) for k in self.keys)
-        return f"{ok}/{len(self.keys)} keys where the rules want them, {copies} copies held"
+        return (
+            f"{ok}/{counted(len(self.keys), 'key')} where the rules want them, "
+            f"{counted(copies, 'copy')} held"
+        )
 
 
 def _worker_facts(address: str, info: Mapping[str, Any]) -> WorkerFacts:
@@ -504,7 +511,9 @@ def _rule_rows(ruleset: Ruleset, states: list[KeyRow]) -> list[RuleRow]:
 def _describe(actions: Any) -> str:
     parts = []
     if actions.replicate is not None:
-        parts.append(f"{actions.replicate} copies")
+        target = actions.replicate
+        one = target.min == target.max == 1
+        parts.append(f"{target} {plural(1 if one else 2, 'copy')}")
     if actions.pool is not None:
         parts.append(f"in {','.join(actions.pool)}")
     if actions.avoid is not None:
@@ -593,7 +602,7 @@ def _print_tables(snapshot: Snapshot) -> None:
         _table(
             ("worker", "host", "pools", "keys", "managed"),
             (
-                (w.name, w.host, ",".join(w.pools) or "-", w.keys, format_bytes(w.managed))
+                (w.name, w.host, ",".join(w.pools) or "-", w.keys, size(w.managed))
                 for w in snapshot.workers
             ),
             right=(3, 4),
@@ -616,7 +625,7 @@ def _explain_unmet(client: Any, snapshot: Snapshot, futures: list[Any]) -> list[
         why = answer.get(str(f.key), {})
         reason = why.get("unmet") or "no reason given"
         lines.append(
-            f"{f.key}: on {len(why.get('holders', []))} workers, wants "
+            f"{f.key}: on {counted(len(why.get('holders', [])), 'worker')}, wants "
             f"{why.get('desired', '?')}; engine says: {reason}"
         )
     return lines
@@ -642,8 +651,9 @@ def _print_move_never(
             else "nothing else would have changed them here (reduce-replicas is off)"
         )
         click.echo(
-            f"\nmove: never (rule {spec.rule}): {same}/{len(keys)} keys kept the "
-            f"{copies} copies they were given; without it, {trimmed}."
+            f"\nmove: never (rule {spec.rule}): {same}/{counted(len(keys), 'key')} kept the "
+            f"{copies} {plural(2 if copies != '1' else 1, 'copy')} they were given; without it, "
+            f"{trimmed}."
         )
 
 

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import dask
+from dask.utils import key_split
 
 from benchmarks.support.throttle import run_throttled, unavailable
 
@@ -98,10 +99,6 @@ class Safety:
                 self.bytes += ts.nbytes
 
         scheduler.add_replica = add_replica
-
-
-def _kind(key: Hashable) -> str:
-    return str(key).split("-")[0]
 
 
 async def one_run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -176,7 +173,9 @@ async def _scenario(
     await _wait(futures)
     keys = {f.key for f in futures}
     deadline_ = time.monotonic() + 120
-    while not all(len(s.tasks[k].who_has or ()) == (2 if _kind(k) == "pin" else 1) for k in keys):
+    while not all(
+        len(s.tasks[k].who_has or ()) == (2 if key_split(k) == "pin" else 1) for k in keys
+    ):
         if time.monotonic() > deadline_:
             raise RuntimeError("the data did not settle (pinned keys at 2 copies, others at 1)")
         await asyncio.sleep(0.2)
@@ -200,7 +199,7 @@ async def _scenario(
     while leaving in s.workers and time.monotonic() < deadline_:
         await asyncio.sleep(0.05)
     lost = [k for k in keys if s.tasks[k].state != "memory" or not s.tasks[k].who_has]
-    below = [k for k in keys if _kind(k) == "pin" and len(s.tasks[k].who_has or ()) < 2]
+    below = [k for k in keys if key_split(k) == "pin" and len(s.tasks[k].who_has or ()) < 2]
     drained = None
     if mode == "drain":
         with contextlib.suppress(Exception):
@@ -210,11 +209,11 @@ async def _scenario(
     await _wait(futures, timeout=300)  # recomputed
     by_kind: dict[str, dict[str, Any]] = {}
     for kind in ("pin", "dear", "cheap"):
-        mine = [k for k in on_leaving if _kind(k) == kind]
+        mine = [k for k in on_leaving if key_split(k) == kind]
         times = sorted(safety.times[k] for k in mine if k in safety.times)
         by_kind[kind] = {
             "keys": len(mine),
-            "lost": sum(1 for k in lost if _kind(k) == kind),
+            "lost": sum(1 for k in lost if key_split(k) == kind),
             "safe": len(times),
             "safe_median_s": round(statistics.median(times), 3) if times else None,
             "safe_last_s": round(times[-1], 3) if times else None,

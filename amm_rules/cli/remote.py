@@ -14,6 +14,10 @@ with dask's security settings), as a client would, without starting a ``Client``
 3. call ``amm_rules_status``, ``amm_rules_memory_flow``, ``amm_rules_explain`` or the
    drain's handlers and render the answer.
 
+A command does steps 1 and 2 once, on one connection (:class:`Remote`) that it keeps
+for all its calls (``explain`` asks in batches, ``drain`` once a second) and closes
+at its end.
+
 Every failure is a :class:`RemoteError` with one line for the user; the command line
 prints it and exits 1. Neighbours: :mod:`amm_rules.cli` defines the commands;
 :mod:`amm_rules.observe.text` renders the answers.
@@ -23,8 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Hashable, Sequence
 from typing import Any
+
+from amm_rules.engine.words import counted, duration
 
 #: Seconds to wait for the scheduler at each step (connect, probe, answer): a reachable
 #: scheduler answers in milliseconds, so a longer wait mostly delays the error (the
@@ -50,37 +57,57 @@ def scheduler_address(given: str | None) -> str | None:
     return str(value) if value else None
 
 
-def ask(address: str, op: str, timeout: float = DEFAULT_TIMEOUT, **kwargs: Any) -> Any:
-    """Call the handler ``op`` of the amm-rules engine of the scheduler at ``address``."""
-    return asyncio.run(_ask(address, op, timeout, kwargs))
+class Remote:
+    """One command's connection to the scheduler at ``address``: opened and identified
+    once (step 1), each handler's presence checked once (step 2), asked as often as the
+    command needs (``amm-rules drain`` asks once a second), closed when the command ends.
+    distributed's ``rpc`` keeps its comm between calls, so the command makes one
+    connection. Use as ``async with Remote(address, timeout) as remote:``."""
 
+    def __init__(self, address: str, timeout: float = DEFAULT_TIMEOUT):
+        self.address = address
+        self.timeout = timeout
+        self._rpc: Any = None
+        #: The handlers known to be there; all of them once the metadata said so.
+        self._checked: set[str] = set()
+        self._engine_said = False
 
-async def _ask(address: str, op: str, timeout: float, kwargs: dict[str, Any]) -> Any:
-    from distributed.core import rpc
-    from distributed.security import Security
+    async def __aenter__(self) -> Remote:
+        from distributed.core import rpc
+        from distributed.security import Security
 
-    try:
-        remote = rpc(
-            address,
-            timeout=timeout,
-            connection_args=Security().get_connection_args("client"),
-        )
-    except (ValueError, TypeError) as exc:  # a malformed address
-        raise RemoteError(f"{address}: not a scheduler address ({exc})") from None
-    try:
-        identity = await _step(remote.identity(), address, timeout, CONNECT)
-        kind = identity.get("type") if isinstance(identity, dict) else None
-        if kind != "Scheduler":
-            raise RemoteError(f"{address} is a {kind or 'server'}, not a Dask scheduler")
-        await _probe(remote, address, timeout, op)
+        try:
+            self._rpc = rpc(
+                self.address,
+                timeout=self.timeout,
+                connection_args=Security().get_connection_args("client"),
+            )
+        except (ValueError, TypeError) as exc:  # a malformed address
+            raise RemoteError(f"{self.address}: not a scheduler address ({exc})") from None
+        try:
+            identity = await _step(self._rpc.identity(), self.address, self.timeout, CONNECT)
+            kind = identity.get("type") if isinstance(identity, dict) else None
+            if kind != "Scheduler":
+                raise RemoteError(f"{self.address} is a {kind or 'server'}, not a Dask scheduler")
+        except BaseException:
+            await self._rpc.close_rpc()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._rpc.close_rpc()
+
+    async def ask(self, op: str, **kwargs: Any) -> Any:
+        """Call the handler ``op`` of the amm-rules engine."""
+        if not self._engine_said and op not in self._checked:
+            self._engine_said = await _probe(self._rpc, self.address, self.timeout, op)
+            self._checked.add(op)
         return await _step(
-            getattr(remote, op)(**kwargs),
-            address,
-            timeout,
+            getattr(self._rpc, op)(**kwargs),
+            self.address,
+            self.timeout,
             "get an answer from the amm-rules engine of",
         )
-    finally:
-        await remote.close_rpc()
 
 
 async def _step(call: Any, address: str, timeout: float, what: str) -> Any:
@@ -108,7 +135,10 @@ async def _step(call: Any, address: str, timeout: float, what: str) -> Any:
         raise RemoteError(f"the scheduler at {address} answered: {_first_line(exc)}") from None
 
 
-async def _probe(remote: Any, address: str, timeout: float, op: str) -> None:
+async def _probe(remote: Any, address: str, timeout: float, op: str) -> bool:
+    """Raise :class:`RemoteError` when the scheduler has no engine or no handler ``op``;
+    True when its metadata says the engine is there (then every handler of this release
+    is: the entry came with them)."""
     from functools import partial
 
     from distributed.protocol.pickle import dumps
@@ -122,7 +152,7 @@ async def _probe(remote: Any, address: str, timeout: float, op: str) -> None:
     except Exception:
         said = None
     if engine_in_metadata(said):
-        return
+        return True
     # The scheduler does not say (no engine, or one older than its metadata entry): run
     # a function there that looks for the handlers.
     try:
@@ -130,9 +160,9 @@ async def _probe(remote: Any, address: str, timeout: float, op: str) -> None:
             remote.run_function(function=dumps(partial(_engine_attached, op=op))), timeout
         )
     except Exception:
-        return  # cannot tell (running functions is not allowed there): call the handler
+        return False  # cannot tell (running functions is not allowed there): call it
     if not isinstance(answer, dict) or answer.get("status") != "OK":
-        return
+        return False
     found = answer.get("result")
     if not found:
         raise RemoteError(
@@ -145,6 +175,7 @@ async def _probe(remote: Any, address: str, timeout: float, op: str) -> None:
             f"the amm-rules engine of the scheduler at {address} has no {op!r} handler: "
             "upgrade amm-rules on the scheduler"
         )
+    return False
 
 
 #: The handlers every release of the engine registers (the others came later).
@@ -177,17 +208,17 @@ def status_command(address: str, fmt: str, check: bool, timeout: float) -> tuple
     from amm_rules.observe.status import all_satisfied, status_json
     from amm_rules.observe.text import render_status
 
-    report = ask(address, "amm_rules_status", timeout)
+    report = asyncio.run(_ask_once(address, timeout, "amm_rules_status"))
     text = status_json(report) if fmt == "json" else escape_controls(render_status(report))
     return text, 1 if check and not all_satisfied(report) else 0
 
 
 def memory_flow_command(address: str, fmt: str, top: int, timeout: float) -> tuple[str, int]:
     """``amm-rules status --memory-flow``: the flow per prefix (JSON: every prefix)."""
+    from amm_rules.language.reporters import escape_controls
     from amm_rules.observe.text import render_memory_flow
 
-    table = ask(address, "amm_rules_memory_flow", timeout)
-    from amm_rules.language.reporters import escape_controls
+    table = asyncio.run(_ask_once(address, timeout, "amm_rules_memory_flow"))
 
     if fmt == "json":
         return json.dumps(table, indent=2, default=str) + "\n", 0
@@ -209,30 +240,24 @@ def explain_command(
     per argument, its candidate keys (see :func:`amm_rules.cli.keys.parse_key`);
     ``texts``: the arguments. With ``unmet``, fewer keys explained than are unmet is
     said: the last line of the text, a note on stderr with JSON."""
+    from amm_rules.language.reporters import escape_controls
     from amm_rules.observe.text import render_explain
 
-    note = None
-    if unmet:
-        if rule is not None:
-            _check_rule(address, rule, timeout)
-        got = ask(
-            address,
-            "amm_rules_explain",
-            timeout,
-            unmet=True,
-            rule=rule,
-            limit=limit,
-            counts=True,
-        )
-        answers = got["keys"]
-        if not answers:
-            scope = f" of rule {rule!r}" if rule else ""
-            return f"every governed key{scope} meets its target and placement\n", [], 0
-        note = shown_note(got, limit)
-        errors: list[str] = []
-    else:
-        answers, errors = _explain_candidates(address, keys, texts, timeout)
-    from amm_rules.language.reporters import escape_controls
+    async def asked() -> tuple[dict[str, Any], list[str], str | None]:
+        async with Remote(address, timeout) as remote:
+            if not unmet:
+                return (*await _explain_candidates(remote, keys, texts), None)
+            if rule is not None:
+                await _check_rule(remote, rule)
+            got = await remote.ask(
+                "amm_rules_explain", unmet=True, rule=rule, limit=limit, counts=True
+            )
+            return got["keys"], [], shown_note(got, limit)
+
+    answers, errors, note = asyncio.run(asked())
+    if unmet and not answers:
+        scope = f" of rule {rule!r}" if rule else ""
+        return f"every governed key{scope} meets its target and placement\n", [], 0
 
     lines = [f"error: {e}" for e in errors]
     if fmt == "json":
@@ -259,17 +284,22 @@ def shown_note(got: dict[str, Any], limit: int) -> str | None:
     return f"{head}; use --limit to see more (at most {most:,} in one call)"
 
 
-def _check_rule(address: str, rule: str, timeout: float) -> None:
+async def _ask_once(address: str, timeout: float, op: str) -> Any:
+    async with Remote(address, timeout) as remote:
+        return await remote.ask(op)
+
+
+async def _check_rule(remote: Remote, rule: str) -> None:
     """An unknown rule name is the user's typo: said here, in one line, rather than
     by an exception raised in the scheduler (which logs it with a traceback)."""
-    report = ask(address, "amm_rules_status", timeout)
+    report = await remote.ask("amm_rules_status")
     names = [r["name"] for r in report["conformance"]["rules"]]
     if rule not in names:
         raise RemoteError(f"--rule: no rule named {rule!r}; the rules are {', '.join(names)}")
 
 
-def _explain_candidates(
-    address: str, keys: Sequence[Sequence[Hashable]], texts: Sequence[str], timeout: float
+async def _explain_candidates(
+    remote: Remote, keys: Sequence[Sequence[Hashable]], texts: Sequence[str]
 ) -> tuple[dict[str, Any], list[str]]:
     """Ask for each argument's most likely key; for the arguments the scheduler does not
     know, ask again with their next candidate (``5`` the string, then ``5`` the number)."""
@@ -278,11 +308,9 @@ def _explain_candidates(
     errors = []
     while todo:
         batch = [(text, candidates[0], candidates) for text, candidates in todo]
-        got = ask(
-            address, "amm_rules_explain", timeout, keys=[key for _, key, _ in batch], counts=True
-        )
+        got = await remote.ask("amm_rules_explain", keys=[key for _, key, _ in batch], counts=True)
         if not got["shown"]:
-            raise RemoteError(f"the scheduler at {address} explained none of the keys")
+            raise RemoteError(f"the scheduler at {remote.address} explained none of the keys")
         # The scheduler explains the first ones (at most got["most"]): the others are
         # asked again in the next call, with the same candidate.
         todo = [(text, candidates) for text, _, candidates in batch[got["shown"] :]]
@@ -323,31 +351,31 @@ def drain_command(
     """``amm-rules drain``: start the drain, say what it predicts, follow it (a line
     when the prediction or a state changes), and end with what happened. ``echo``
     prints a line. Exit status: 0 when every key was safe, 1 when keys were not."""
-    import time
-
     from amm_rules.language.reporters import escape_controls
 
-    report = ask(
-        address,
-        "amm_rules_drain",
-        timeout,
-        workers=list(workers),
-        deadline=deadline,
-        close_workers=close,
-    )
-    if fmt == "text":
-        for line in report.values():
-            echo(escape_controls(_drain_started(line)))
-    said = {a: _drain_said(line) for a, line in report.items()}
-    give_up = time.monotonic() + deadline + DRAIN_GRACE
-    while time.monotonic() < give_up and not _drains_over(report):
-        time.sleep(DRAIN_POLL)
-        report = ask(address, "amm_rules_drain_report", timeout, workers=list(report))
-        for worker, line in report.items():
-            now_said = _drain_said(line)
-            if fmt == "text" and now_said != said.get(worker):
-                echo(escape_controls(_drain_progress(line)))
-            said[worker] = now_said
+    def say(text: str) -> None:
+        if fmt == "text":
+            echo(escape_controls(text))
+
+    async def follow() -> dict[str, Any]:
+        async with Remote(address, timeout) as remote:
+            report = await remote.ask(
+                "amm_rules_drain", workers=list(workers), deadline=deadline, close_workers=close
+            )
+            for line in report.values():
+                say(_drain_started(line))
+            said = {a: _drain_said(line) for a, line in report.items()}
+            give_up = time.monotonic() + deadline + DRAIN_GRACE
+            while time.monotonic() < give_up and not _drains_over(report):
+                await asyncio.sleep(DRAIN_POLL)
+                report = await remote.ask("amm_rules_drain_report", workers=list(report))
+                for worker, line in report.items():
+                    if _drain_said(line) != said.get(worker):
+                        say(_drain_progress(line))
+                    said[worker] = _drain_said(line)
+            return report
+
+    report = asyncio.run(follow())
     if fmt == "json":
         echo(json.dumps(report, indent=2, default=str))
     elif not _drains_over(report):
@@ -376,7 +404,7 @@ def _drain_said(line: dict[str, Any]) -> tuple[Any, ...]:
 def _drain_started(line: dict[str, Any]) -> str:
     first = line.get("first_prediction") or {}
     out = (
-        f"{line['worker']} ({line['name']}): draining within {line['deadline']:g} s"
+        f"{line['worker']} ({line['name']}): draining within {duration(line['deadline'])}"
         f"{', then closing' if line.get('close') else ''}: {first.get('text', '')}"
     )
     for entry in line.get("cannot_stay") or ():
@@ -386,18 +414,17 @@ def _drain_started(line: dict[str, Any]) -> str:
             if entry["keys"] > len(entry["shown"])
             else ""
         )
-        out += f"\n  cannot move: {entry['keys']} keys ({entry['why']}): {shown}{more}"
+        out += f"\n  cannot move: {counted(entry['keys'], 'key')} ({entry['why']}): {shown}{more}"
     return out
 
 
 def _drain_progress(line: dict[str, Any]) -> str:
     outcome = line.get("outcome")
     if outcome is not None:
-        return (
-            f"{line['worker']}: {line['state']} after {outcome['elapsed']:g} s: {outcome['text']}"
-        )
+        after = duration(outcome["elapsed"])
+        return f"{line['worker']}: {line['state']} after {after}: {outcome['text']}"
     prediction = line.get("prediction") or {}
     return (
-        f"{line['worker']}: {max(0.0, line['seconds_left']):.0f} s left, "
-        f"{line['moved_keys']} keys moved: {prediction.get('text', '')}"
+        f"{line['worker']}: {duration(max(0.0, line['seconds_left']))} left, "
+        f"{counted(line['moved_keys'], 'key')} moved: {prediction.get('text', '')}"
     )

@@ -56,6 +56,7 @@ from amm_rules.engine.sections.replication import Replication
 from amm_rules.engine.sections.retirement import Retirements
 from amm_rules.engine.startup import check_choice, invalid_at_start, loaded_line
 from amm_rules.engine.state.index import watch_scheduler
+from amm_rules.engine.words import counted
 from amm_rules.engine.worker_watch import holds_governed, watch_workers
 from amm_rules.language.diagnostics import RulesError
 from amm_rules.language.ruleset import Ruleset
@@ -386,8 +387,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     def __repr__(self) -> str:
         source = self.path if self.path is not None else self.ruleset.source
         return (
-            f"RulesPolicy(rules={source!r}, {len(self.ruleset.rules)} rules, "
-            f"{len(self.ruleset.pools)} pools)"
+            f"RulesPolicy(rules={source!r}, {counted(len(self.ruleset.rules), 'rule')}, "
+            f"{counted(len(self.ruleset.pools), 'pool')})"
         )
 
     # ------------------------------------------------------------------ rules

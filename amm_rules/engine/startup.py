@@ -28,6 +28,7 @@ from typing import Any
 
 from amm_rules.engine.events import clip_text
 from amm_rules.engine.rules_file import RELOAD_ERRORS_KEPT, RulesFile
+from amm_rules.engine.words import counted
 from amm_rules.language.diagnostics import RulesError
 from amm_rules.language.ruleset import Ruleset
 
@@ -74,7 +75,7 @@ def invalid_at_start(exc: RulesError, rules_file: RulesFile, choice: str, source
     that it ends the process without a traceback. ``start-without``: log, keep the error
     for status, and return an empty ruleset (the file stays watched)."""
     errors = len(exc.errors) or len(exc.diagnostics)
-    what = f"{errors} error{'' if errors == 1 else 's'} in the rules ({source})"
+    what = f"{counted(errors, 'error')} in the rules ({source})"
     if choice == "refuse":
         logger.error(
             "%s\namm-rules: the scheduler does not start: %s; check them with "
@@ -118,11 +119,10 @@ def loaded_line(ruleset: Ruleset, path: str | None) -> str:
     if digest is None and ruleset.text is not None:
         digest = hashlib.sha256(ruleset.text.encode()).hexdigest()
     pools = ", ".join(ruleset.pools) or "none"
-    rules = len(ruleset.rules)
     return (
         f"amm-rules: rules from {source}"
         + (f" (sha256 {digest[:12]})" if digest else "")
-        + f": {rules} rule{'' if rules == 1 else 's'}, pools: {pools}"
+        + f": {counted(len(ruleset.rules), 'rule')}, pools: {pools}"
     )
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from amm_rules.language.expr import ast
 from amm_rules.language.expr.glob import glob_match
+from amm_rules.language.plurals import counted, plural
 from amm_rules.language.type_names import names_of
 
 #: Most hints told per rule.
@@ -138,7 +139,9 @@ def _near(
         if best is None and candidates:
             best = max(candidates, key=counts.__getitem__)
         if best is not None:
-            return f"{_keys(counts[best])} {what} {best} in memory (the rule says {value})"
+            return (
+                f"{counted(counts[best], 'key')} {what} {best} in memory (the rule says {value})"
+            )
     return None
 
 
@@ -159,7 +162,7 @@ def _resources(name: str, census: Census) -> str | None:
     other = restriction[0][0]
     written = f"task.resources.{other}" if other.isidentifier() else f'task.resources["{other}"]'
     return (
-        f"{_keys(n)} {'was' if n == 1 else 'were'} made by tasks with resources="
+        f"{counted(n, 'key')} {plural(n, 'was', 'were')} made by tasks with resources="
         f"{dict(restriction)!r} "
         f"(the rule reads task.resources.{name}; use {written})"
     )
@@ -180,7 +183,7 @@ def _annotation_hints(root: ast.Node, census: Census) -> list[str]:
                 f"task.resources.{name}" if name.isidentifier() else f'task.resources["{name}"]'
             )
             out.append(
-                f"{_keys(n)} {'was' if n == 1 else 'were'} made by tasks with resources="
+                f"{counted(n, 'key')} {plural(n, 'was', 'were')} made by tasks with resources="
                 f"{dict(restriction)!r} "
                 f"(use {written})"
             )
@@ -205,7 +208,3 @@ def _attributes(root: ast.Node) -> Iterator[ast.Attribute]:
 
 def _fold(text: str) -> str:
     return "".join(ch for ch in text.casefold() if ch.isalnum())
-
-
-def _keys(n: int) -> str:
-    return f"{n:,} key{'s' if n != 1 else ''}"

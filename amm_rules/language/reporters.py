@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 from amm_rules.language.diagnostics import Diagnostic, sort_key
 from amm_rules.language.loader import CheckResult
+from amm_rules.language.plurals import counted
 
 
 def escape_controls(text: str) -> str:
@@ -38,18 +39,14 @@ def _sorted(results: Sequence[CheckResult]) -> list[tuple[CheckResult, list[Diag
     return [(r, sorted(r.diagnostics, key=sort_key)) for r in results]
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 def summary(results: Sequence[CheckResult]) -> str:
     """``"2 files checked: 1 error, 1 warning"``."""
     errors = sum(d.is_error for r in results for d in r.diagnostics)
     warnings = sum(not d.is_error for r in results for d in r.diagnostics)
-    counts = [_plural(errors, "error")] if errors else []
+    counts = [counted(errors, "error")] if errors else []
     if warnings:
-        counts.append(_plural(warnings, "warning"))
-    return f"{_plural(len(results), 'file')} checked: {', '.join(counts) or 'no problems'}"
+        counts.append(counted(warnings, "warning"))
+    return f"{counted(len(results), 'file')} checked: {', '.join(counts) or 'no problems'}"
 
 
 #: Longest source line shown under a problem, in characters; a longer one is shown as

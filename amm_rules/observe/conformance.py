@@ -52,6 +52,7 @@ from amm_rules.engine.dryrun import HELD_BACK
 from amm_rules.engine.sections.activity import RuleActivity
 from amm_rules.engine.state.governed import PlanClass, labels_of
 from amm_rules.engine.state.journal import BUSY, IN_FLIGHT, IN_PROGRESS_REASONS, WAITING
+from amm_rules.engine.words import counted
 from amm_rules.language.near_miss import Census, near_misses
 
 if TYPE_CHECKING:
@@ -295,7 +296,7 @@ def near_miss_hints(match: str, census: Census) -> list[str]:
 
 def _idle_head(in_memory: int) -> str:
     """``0 keys since the rules were loaded, 40 keys in memory``."""
-    return f"0 keys since the rules were loaded, {_keys(in_memory)} in memory"
+    return f"0 keys since the rules were loaded, {counted(in_memory, 'key')} in memory"
 
 
 def keys_in_memory(scheduler: Any) -> int:
@@ -355,12 +356,12 @@ def class_problem(policy: RulesPolicy, cls: PlanClass) -> tuple[str, str] | None
         eligible = eligible_words(cls.pool, cls.avoid, placement.achievable)
         if placement.achievable == 0:
             return TOO_FEW_WORKERS, eligible
-        wanted = f"wants {lo} copies" if cls.replicate is not None else "wants a copy"
+        wanted = f"wants {counted(lo, 'copy')}" if cls.replicate is not None else "wants a copy"
         return TOO_FEW_WORKERS, f"{wanted}, {eligible}"
     if cls.spread == "host" and lo > placement.hosts and not every:
         return TOO_FEW_HOSTS, (
-            f"spread: host wants {lo} hosts, eligible workers are on "
-            f"{placement.hosts} host{'s' if placement.hosts != 1 else ''}"
+            f"spread: host wants {counted(lo, 'host')}, eligible workers are on "
+            f"{counted(placement.hosts, 'host')}"
         )
     return None
 
@@ -378,7 +379,7 @@ def eligible_words(pool: tuple[str, ...] | None, avoid: tuple[str, ...] | None, 
     if n == 0:
         return f"no worker {' '.join(parts)} is running" if parts else "no worker is running"
     where = " ".join(parts) or "in the cluster"
-    return f"only {n} worker{'s' if n != 1 else ''} {where}"
+    return f"only {counted(n, 'worker')} {where}"
 
 
 def _rows(policy: RulesPolicy) -> dict[str, RuleConformance]:
@@ -399,12 +400,12 @@ def _judge(r: RuleConformance, backlog: int) -> tuple[str, str]:
             key=lambda item: (-item[1], item[0]),  # most keys first, then by their words
         )
         if len(causes) > 1:  # one per cause, with its keys
-            why = "; ".join(f"{_keys(k)}: {w}" for w, k in causes)
+            why = "; ".join(f"{counted(k, 'key')}: {w}" for w, k in causes)
         elif causes:
             why = causes[0][0]
         else:
             why = "; ".join(r.why[k] for k in UNSATISFIABLE_REASONS if k in hopeless)
-        sentence = f"{_keys(n)} of {r.keys:,} cannot be satisfied now: {why}"
+        sentence = f"{counted(n, 'key')} of {r.keys:,} cannot be satisfied now: {why}"
         if progress:
             sentence += f"; {_progress(progress, r)}"
         return UNSATISFIABLE, sentence
@@ -412,24 +413,23 @@ def _judge(r: RuleConformance, backlog: int) -> tuple[str, str]:
         return IN_PROGRESS, f"{_progress(progress, r)}"
     if r.unmet.get(HELD_BACK):
         n = r.unmet[HELD_BACK]
-        return DRY_RUN, f"{_keys(n)} of {r.keys:,} held back by dry-run (e.g. {r.why[HELD_BACK]})"
+        return (
+            DRY_RUN,
+            f"{counted(n, 'key')} of {r.keys:,} held back by dry-run (e.g. {r.why[HELD_BACK]})",
+        )
     if backlog:
         return IN_PROGRESS, (
-            f"{_keys(backlog)} in memory not classified yet (classification budget); "
+            f"{counted(backlog, 'key')} in memory not classified yet (classification budget); "
             f"{r.keys:,} governed so far hold their target"
         )
     if not r.keys:
         return SATISFIED, "no keys in memory"
     if r.keys == 1:
         return SATISFIED, "its one key holds its target and placement"
-    return SATISFIED, f"all {_keys(r.keys)} hold their target and placement"
+    return SATISFIED, f"all {counted(r.keys, 'key')} hold their target and placement"
 
 
 def _progress(progress: dict[str, int], r: RuleConformance) -> str:
-    parts = [f"{_keys(n)} {_PROGRESS_WORDS[k]}" for k, n in progress.items()]
+    parts = [f"{counted(n, 'key')} {_PROGRESS_WORDS[k]}" for k, n in progress.items()]
     first = next(iter(progress))
     return f"{', '.join(parts)} (e.g. {r.why[first]})"
-
-
-def _keys(n: int) -> str:
-    return f"{n:,} key{'s' if n != 1 else ''}"

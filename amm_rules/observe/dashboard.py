@@ -58,15 +58,15 @@ from bokeh.models import (
     TableColumn,
 )
 from bokeh.plotting import figure
-from dask.utils import format_bytes
 from distributed.dashboard.components import DashboardComponent, add_periodic_callback
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 
+from amm_rules.engine.words import counted, duration, local_time, signed_size, size
 from amm_rules.observe import status
 from amm_rules.observe.conformance import IDLE, IN_PROGRESS, SATISFIED, UNSATISFIABLE
 from amm_rules.observe.extension import engine_of
 from amm_rules.observe.status import NO_POOL
-from amm_rules.observe.text import DEPARTURES_SHOWN, conformance_line, counted, signed_bytes
+from amm_rules.observe.text import DEPARTURES_SHOWN, conformance_line
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +84,20 @@ NAMED_WORKERS = 40
 
 #: A cell whose text may be longer than its column: all of it shows on hover.
 LONG_TEXT = '<span title="<%- value %>"><%- value %></span>'
+#: A cell whose text wraps onto as many lines as its row has (see :func:`wrapped_rows`).
+WRAPPED_TEXT = (
+    '<div style="white-space: normal; line-height: {line}px; padding-top: 4px" '
+    'title="<%- value %>"><%- value %></div>'
+)
+#: A line of wrapped text, in pixels, and the characters a line of the rules table's
+#: ``why`` column holds at the least (560 px of text at up to 8 px a character).
+LINE_PX = 16
+#: A row of a table with one line of text (BokehJS's own row height; and a border).
+DEFAULT_ROW = 25
+WHY_WIDTH, WHY_CHARS = 560, 66
+#: Rows of the rules table grow to this many lines of ``why`` at most (about 1,300
+#: characters; all of a longer sentence shows on hover).
+WHY_LINES = 20
 STATE_COLORS = {
     SATISFIED: "#2e7d32",
     IN_PROGRESS: "#e65100",
@@ -167,14 +181,14 @@ def header_html(report: Mapping[str, Any] | None) -> str:
     )
     r = report["rebalance"]
     rebalance = (
-        f"on ({e(str(r['measure']))}): {r['in_flight']:,} moves in flight "
-        f"({format_bytes(r['in_flight_bytes'])})"
+        f"on ({e(str(r['measure']))}): {counted(r['in_flight'], 'move')} in flight "
+        f"({size(r['in_flight_bytes'])})"
         if r.get("enabled")
         else "off"
     )
     lines = [
         f"<b>rules</b> <code>{e(str(report['source']))}</code> &middot; sha256 "
-        f"<code>{e(digest[:12])}</code> &middot; loaded {_date(report['loaded_at'])}"
+        f"<code>{e(digest[:12])}</code> &middot; loaded {local_time(report['loaded_at'])}"
         f" &middot; last reload error: {reload_error}",
         f"<b>conformance</b> {e(conformance_line(c))}",
         f"<b>in flight</b> {counted(report['in_flight'], 'copy')} of "
@@ -231,8 +245,8 @@ class RulesTable(DashboardComponent):
             TableColumn(
                 field="why",
                 title="why",
-                formatter=HTMLTemplateFormatter(template=LONG_TEXT),
-                width=560,
+                formatter=HTMLTemplateFormatter(template=WRAPPED_TEXT.format(line=LINE_PX)),
+                width=WHY_WIDTH,
             ),
         ]
         self.root = _table(self.source, columns, 3)
@@ -245,15 +259,23 @@ class RulesTable(DashboardComponent):
             data["state"].append(r["state"])
             data["color"].append(STATE_COLORS.get(r["state"], "inherit"))
             data["keys"].append(r["keys"])
-            data["bytes"].append(format_bytes(r["bytes"]))
+            data["bytes"].append(size(r["bytes"]))
             data["copies"].append(f"{r['copies_held']:,} / {r['copies_wanted']:,}")
             data["met"].append(r["met"])
             data["unmet"].append(_unmet(r))
             data["why"].append(r["sentence"])
         _refill(self.root, data)
-        height = _table_height(len(rows))
-        if self.root.height != height:
-            self.root.height = height
+        row_height = wrapped_rows(data["why"])
+        _set(self.root, row_height=row_height, height=_table_height(len(rows), row_height))
+
+
+def wrapped_rows(texts: list[str]) -> int:
+    """The rules table's row height in pixels: one line of text, or as many as the
+    longest ``why`` takes wrapped (the hints of an idle rule are a sentence each), so
+    that it is read whole at any width of the page (rows of a table are all as tall)."""
+    longest = max((len(t) for t in texts), default=0)
+    lines = min(WHY_LINES, max(1, -(-longest // WHY_CHARS)))
+    return DEFAULT_ROW if lines == 1 else 8 + LINE_PX * lines
 
 
 def _unmet(r: Mapping[str, Any]) -> str:
@@ -388,9 +410,9 @@ class WorkerMemory(DashboardComponent):
         top = max([1.0, *data["fraction"]]) * 1.05
         if self.root.y_range.end != top:
             self.root.y_range.end = top
-        size = "0px" if len(factors) > NAMED_WORKERS else "11px"
-        if self.root.xaxis[0].major_label_text_font_size != size:
-            self.root.xaxis[0].major_label_text_font_size = size
+        font = "0px" if len(factors) > NAMED_WORKERS else "11px"
+        if self.root.xaxis[0].major_label_text_font_size != font:
+            self.root.xaxis[0].major_label_text_font_size = font
 
     def _thresholds(self, r: Mapping[str, Any] | None) -> None:
         on = r if r and r.get("enabled") else None  # the settings while rebalancing is on
@@ -494,8 +516,6 @@ class WorkAtRisk(DashboardComponent):
         self._drawn: Any = None
 
     def update(self, report: Mapping[str, Any] | None) -> None:
-        from amm_rules.engine.decide.units import format_seconds
-
         workers = report["workers"] if report is not None else None
         if workers != self._drawn:
             self._drawn = workers
@@ -512,20 +532,20 @@ class WorkAtRisk(DashboardComponent):
             if list(self.root.x_range.factors) != factors:
                 self.root.x_range.factors = factors
             _replace(self.source, columns)
-            size = "0px" if len(factors) > NAMED_WORKERS else "11px"
-            if self.root.xaxis[0].major_label_text_font_size != size:
-                self.root.xaxis[0].major_label_text_font_size = size
+            font = "0px" if len(factors) > NAMED_WORKERS else "11px"
+            if self.root.xaxis[0].major_label_text_font_size != font:
+                self.root.xaxis[0].major_label_text_font_size = font
         recompute = (report or {}).get("recompute") or {}
         protect = (report or {}).get("protect")
         title = (
-            f"Work at risk per worker, by pool: {format_seconds(recompute.get('total_seconds'))} "
+            f"Work at risk per worker, by pool: {duration(recompute.get('total_seconds'))} "
             "of recompute held by a single worker"
         )
         if protect:
             title += (
-                f"; protect keeps {protect['keys']:,} keys "
-                f"({format_seconds(protect['seconds_protected'])}) in "
-                f"{format_bytes(protect['held_bytes'])} of {format_bytes(protect['budget_bytes'])}"
+                f"; protect keeps {counted(protect['keys'], 'key')} "
+                f"({duration(protect['seconds_protected'])}) in "
+                f"{size(protect['held_bytes'])} of {size(protect['budget_bytes'])}"
             )
         if self.root.title.text != title:
             self.root.title.text = title
@@ -604,10 +624,10 @@ class MemoryFlowTable(DashboardComponent):
                 data["role"].append(role)
                 data["prefix"].append(r["prefix"])
                 data["tasks"].append(r["tasks"])
-                data["produced"].append(format_bytes(r["produced"]))
-                data["freed_by"].append(format_bytes(r["freed_by"]))
-                data["net"].append(signed_bytes(r["net_per_task"]))
-                data["live"].append(format_bytes(r["live"]))
+                data["produced"].append(size(r["produced"]))
+                data["freed_by"].append(size(r["freed_by"]))
+                data["net"].append(signed_size(r["net_per_task"]))
+                data["live"].append(size(r["live"]))
         _refill(self.table, data)
         height = _table_height(len(data["role"]))
         if self.table.height != height:
@@ -651,11 +671,11 @@ def drain_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
         outcome = d.get("outcome")
         data["worker"].append(f"{d['worker']} ({d['name']})")
         data["state"].append(d["state"])
-        data["moved"].append(f"{d['moved_keys']:,} keys, {format_bytes(d['moved_bytes'])}")
-        data["left"].append(f"{d['keys_left']:,} keys, {format_bytes(d['bytes_left'])}")
+        data["moved"].append(f"{counted(d['moved_keys'], 'key')}, {size(d['moved_bytes'])}")
+        data["left"].append(f"{counted(d['keys_left'], 'key')}, {size(d['bytes_left'])}")
         data["loss"].append(outcome["text"] if outcome else prediction.get("text", ""))
         left = d["seconds_left"]
-        data["time_left"].append(f"{left:.0f} s" if outcome is None and left > 0 else "-")
+        data["time_left"].append(duration(left) if outcome is None and left > 0 else "-")
     return data
 
 
@@ -756,7 +776,7 @@ def event_detail(event: Mapping[str, Any]) -> str:
     elif event.get("action") == "reload":
         # The engine's reload event counts rules and pools: ``rules=12, pools=2``.
         rules, pools = event.get("rules"), event.get("pools")
-        counts = [f"{_count(rules)} rules"] + ([f"{_count(pools)} pools"] if pools else [])
+        counts = [_count(rules, "rule")] + ([_count(pools, "pool")] if pools else [])
         text = f"{event.get('source', '')}: {', '.join(counts)}"
     else:
         fields = {k: v for k, v in event.items() if k not in ("time", "action")}
@@ -764,11 +784,13 @@ def event_detail(event: Mapping[str, Any]) -> str:
     return _clip(text, DETAIL_SHOWN)
 
 
-def _count(value: Any) -> str:
-    """A count as an event gives it: a number, or a list of names."""
+def _count(value: Any, noun: str) -> str:
+    """A count as an event gives it (a number, or a list of names), with its noun."""
     if isinstance(value, (list, tuple)):
-        return f"{len(value)}"
-    return str(value)
+        return counted(len(value), noun)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return counted(value, noun)
+    return f"{value} {noun}s"
 
 
 # ---------------------------------------------------------------------------------
@@ -893,8 +915,8 @@ def _set(model: Any, **values: Any) -> None:
         model.update(**changed)
 
 
-def _table_height(rows: int) -> int:
-    return 30 + 26 * max(rows, 1)
+def _table_height(rows: int, row_height: int = DEFAULT_ROW) -> int:
+    return 30 + (row_height + 1) * max(rows, 1)
 
 
 def _table(source: Any, columns: list[Any], rows: int, visible: bool = True) -> Any:
@@ -914,7 +936,7 @@ def _table(source: Any, columns: list[Any], rows: int, visible: bool = True) -> 
 
 def _first_line(text: Any) -> str:
     lines = str(text).strip().splitlines()
-    more = f" (+{len(lines) - 1} more lines)" if len(lines) > 1 else ""
+    more = f" (+{counted(len(lines) - 1, 'more line')})" if len(lines) > 1 else ""
     return (lines[0] if lines else "") + more
 
 
@@ -927,9 +949,3 @@ def _clock(stamp: Any) -> str:
         return time.strftime("%H:%M:%S", time.localtime(stamp))
     except (TypeError, ValueError, OverflowError, OSError):
         return str(stamp)
-
-
-def _date(stamp: float | None) -> str:
-    if stamp is None:
-        return "unknown"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))

@@ -40,6 +40,7 @@ from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
 from amm_rules.engine.handlers import KeyExplanation, check_keys, task_of
 from amm_rules.engine.handlers import explain_key as engine_explain_key
 from amm_rules.engine.state.governed import PlanClass, labels_of
+from amm_rules.engine.words import counted
 from amm_rules.language.fields import ActionError, parse_actions
 from amm_rules.language.ruleset import Actions, Desired, Reason, RuntimeTarget, overrides
 from amm_rules.observe.conformance import (
@@ -191,9 +192,9 @@ def _explained(
 def wants(lo: int, hi: int | None) -> str:
     """``wants 3 copies``, ``wants 2 to 5 copies``, ``wants at least 2 copies``."""
     if hi == lo:
-        return f"wants {lo} {'copy' if lo == 1 else 'copies'}"
+        return f"wants {counted(lo, 'copy')}"
     if hi is None:
-        return f"wants at least {lo} {'copy' if lo == 1 else 'copies'}"
+        return f"wants at least {counted(lo, 'copy')}"
     return f"wants {lo} to {hi} copies"
 
 
@@ -283,15 +284,15 @@ def _summary_line(
     hosts = ""
     if d.spread == "host":
         n_hosts = len({cluster.host(a) for a in plan.good})
-        hosts = f" on {n_hosts} host{'s' if n_hosts != 1 else ''}"
-    return f"holds its target: {n} {'copy' if n == 1 else 'copies'}{hosts} ({d.explain()})"
+        hosts = f" on {counted(n_hosts, 'host')}"
+    return f"holds its target: {counted(n, 'copy')}{hosts} ({d.explain()})"
 
 
 def _problem_words(policy: RulesPolicy, d: Desired, reason: str) -> str:
     placement = policy.placements.of(PlanClass.of(d))
     if reason == TOO_FEW_HOSTS:
         n = placement.hosts
-        return f"the eligible workers are on only {n} host{'s' if n != 1 else ''}"
+        return f"the eligible workers are on only {counted(n, 'host')}"
     return eligible_words(d.pool, d.avoid, placement.achievable)
 
 
@@ -306,7 +307,7 @@ _MISPLACED_WORDS = (
 def _held_words(n: int, plan: KeyPlan) -> str:
     """``2 copies``; ``1 copy, on a worker outside its pool``; ``3 copies, 1 of them
     on a worker that is retiring``: the copies held, as the planner counts them."""
-    copies = f"{n} {'copy' if n == 1 else 'copies'}"
+    copies = counted(n, "copy")
     bad = [a for a in plan.misplaced if a not in plan.good]
     if not bad:
         return copies

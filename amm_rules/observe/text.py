@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from amm_rules.engine.words import counted, duration, local_time, signed_size, size
 from amm_rules.observe.conformance import SATISFIED
 
 
@@ -29,15 +30,6 @@ def render_status(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def counted(n: int, word: str) -> str:
-    """``1 key``, ``2 keys``, ``1 copy``, ``3 copies``."""
-    if n == 1:
-        return f"1 {word}"
-    consonant_y = word.endswith("y") and word[-2:-1] not in tuple("aeiou")
-    plural = word[:-1] + "ies" if consonant_y else word + "s"
-    return f"{n:,} {plural}"
-
-
 def conformance_line(c: Mapping[str, Any]) -> str:
     """``98.3% of 1,200 governed keys meet their target and placement``; with nothing
     governed, says so (a percentage of nothing reads as a bug)."""
@@ -50,20 +42,28 @@ def conformance_line(c: Mapping[str, Any]) -> str:
     return f"{c['fraction']:.1%} of {governed:,} governed keys meet their target and placement"
 
 
+#: Lines of the last reload error shown after its first (each diagnostic is a line; the
+#: error itself was clipped to 10,000 characters when kept).
+RELOAD_ERROR_LINES = 20
+
+
 def _render_rules_file(report: Mapping[str, Any]) -> list[str]:
     digest = report.get("sha256")
     reload = "reloaded when it changes" if report.get("reload") else "not reloaded"
     out = [
         f"rules        {report['source']}",
         f"  sha256     {digest or '(unknown: rules given as a compiled Ruleset)'}",
-        f"  loaded     {format_time(report['loaded_at'])} ({reload})",
+        f"  loaded     {local_time(report['loaded_at'])} ({reload})",
     ]
     last = report.get("last_reload_error")
     if last:
         first, *more = str(last["error"]).splitlines() or [""]
-        extra = f" (+{len(more)} more lines)" if more else ""
         past = ", since reloaded" if last.get("since_reloaded") else ""
-        out.append(f"  last reload error at {format_time(last['time'])}{past}: {first}{extra}")
+        out.append(f"  last reload error at {local_time(last['time'])}{past}: {first}")
+        out += [f"    {line}" for line in more[:RELOAD_ERROR_LINES]]
+        if len(more) > RELOAD_ERROR_LINES:
+            hidden = len(more) - RELOAD_ERROR_LINES
+            out.append(f"    (+{counted(hidden, 'more line')}: amm-rules validate shows them all)")
     else:
         out.append("  last reload error: none")
     # Features off for want of an internal of this dask or distributed.
@@ -72,7 +72,6 @@ def _render_rules_file(report: Mapping[str, Any]) -> list[str]:
 
 
 def _render_rules(report: Mapping[str, Any]) -> list[str]:
-    from dask.utils import format_bytes
 
     c = report["conformance"]
     rows = c["rules"]
@@ -86,7 +85,7 @@ def _render_rules(report: Mapping[str, Any]) -> list[str]:
             r["name"] + ("" if r["in_file"] else " (removed)"),
             r["state"],
             f"{r['keys']:,}",
-            format_bytes(r["bytes"]),
+            size(r["bytes"]),
             f"{r['met']:,}",
             f"{r['unmet']:,}",
         )
@@ -103,7 +102,6 @@ def _render_rules(report: Mapping[str, Any]) -> list[str]:
 
 
 def _render_engine(report: Mapping[str, Any]) -> list[str]:
-    from dask.utils import format_bytes
 
     cycles = report["cycle_ms"]
     if cycles["recent"]:
@@ -138,8 +136,8 @@ def _render_engine(report: Mapping[str, Any]) -> list[str]:
     state = "on" if r.get("enabled") else "off (moves in flight finish)"
     out.append(f"rebalance    {state} ({settings})")
     out.append(
-        f"  {r['in_flight']:,} moves in flight ({format_bytes(r['in_flight_bytes'])}); "
-        f"{totals.get('moves', 0):,} moves, {format_bytes(totals.get('bytes', 0))} copied, "
+        f"  {counted(r['in_flight'], 'move')} in flight ({size(r['in_flight_bytes'])}); "
+        f"{counted(totals.get('moves', 0), 'move')}, {size(totals.get('bytes', 0))} copied, "
         f"{totals.get('done', 0):,} done, {totals.get('void', 0):,} abandoned since start"
     )
     plan = r.get("last_plan")
@@ -147,7 +145,7 @@ def _render_engine(report: Mapping[str, Any]) -> list[str]:
         mean = plan.get("mean")
         mean_text = f"mean {mean:.0%}, " if isinstance(mean, float) else ""
         out.append(
-            f"  last plan: {plan['moves']:,} moves ({format_bytes(plan['bytes'])}), "
+            f"  last plan: {counted(plan['moves'], 'move')} ({size(plan['bytes'])}), "
             f"{mean_text}stopped: {plan['stopped']}"
         )
     return out
@@ -185,25 +183,26 @@ def _render_departures(report: Mapping[str, Any]) -> list[str]:
 
 def _render_drains(drain: Mapping[str, Any] | None) -> list[str]:
     """A line per drain (running, or ended recently), then its prediction or outcome."""
-    from dask.utils import format_bytes
 
     out: list[str] = []
     for d in (drain or {}).get("drains", ()):
         head = "drain        " if not out else "             "
         if d["outcome"] is None:
-            state = f"{max(0.0, d['seconds_left']):.0f} s left"
+            state = f"{duration(max(0.0, d['seconds_left']))} left"
         else:
-            state = f"{d['state']} after {d['elapsed']:g} s"
+            state = f"{d['state']} after {duration(d['elapsed'])}"
         out.append(
-            f"{head}{d['worker']} ({d['name']}): {state}; {d['moved_keys']:,} keys moved "
-            f"({format_bytes(d['moved_bytes'])}), {d['keys_left']:,} left"
+            f"{head}{d['worker']} ({d['name']}): {state}; {counted(d['moved_keys'], 'key')} "
+            f"moved ({size(d['moved_bytes'])}), {d['keys_left']:,} left"
         )
         if d["outcome"] is not None:
             out.append(f"               {d['outcome']['text']}")
         elif d["prediction"]:
             out.append(f"               {d['prediction']['text']}")
         for entry in d["cannot_stay"]:
-            out.append(f"               cannot move: {entry['keys']:,} keys ({entry['why']})")
+            out.append(
+                f"               cannot move: {counted(entry['keys'], 'key')} ({entry['why']})"
+            )
     return out
 
 
@@ -211,20 +210,18 @@ def _render_flow(flow: Mapping[str, Any] | None) -> list[str]:
     """The memory flow's summary line and its top producers and freers."""
     if not flow:
         return []
-    from dask.utils import format_bytes
 
     totals = flow.get("totals") or {}
     out = [
-        f"memory flow  {flow['prefixes']:,} prefixes; {format_bytes(totals.get('produced', 0))} "
-        f"produced, {format_bytes(totals.get('freed', 0))} freed, "
-        f"{format_bytes(totals.get('live', 0))} live"
+        f"memory flow  {counted(flow['prefixes'], 'prefix')}; {size(totals.get('produced', 0))} "
+        f"produced, {size(totals.get('freed', 0))} freed, "
+        f"{size(totals.get('live', 0))} live"
     ]
     producers = ", ".join(
-        f"{r['prefix']} ({signed_bytes(r['net_per_task'])}/task)" for r in flow["top_producers"]
+        f"{r['prefix']} ({signed_size(r['net_per_task'])}/task)" for r in flow["top_producers"]
     )
     freers = ", ".join(
-        f"{r['prefix']} ({format_bytes(r['freed_by'])} freed by finishing)"
-        for r in flow["top_freers"]
+        f"{r['prefix']} ({size(r['freed_by'])} freed by finishing)" for r in flow["top_freers"]
     )
     out.append(f"  producers  {producers or 'none yet'}")
     out.append(f"  freers     {freers or 'none yet'}")
@@ -256,20 +253,17 @@ def _render_recompute(
     recompute: Mapping[str, Any] | None, protect: Mapping[str, Any] | None
 ) -> list[str]:
     """Work at risk (the workers with the most) and the protect section."""
-    from dask.utils import format_bytes
-
-    from amm_rules.engine.decide.units import format_seconds
 
     out = []
     if recompute:
         workers = recompute.get("workers") or []
         top = ", ".join(
-            f"{w['worker']} {format_seconds(w['seconds'])} ({w['keys']:,} keys)"
+            f"{w['worker']} {duration(w['seconds'])} ({counted(w['keys'], 'key')})"
             for w in workers[:3]
         )
         out.append(
-            f"at risk      {format_seconds(recompute['total_seconds'])} of recompute on "
-            f"{recompute['workers_at_risk']:,} workers holding keys alone"
+            f"at risk      {duration(recompute['total_seconds'])} of recompute on "
+            f"{counted(recompute['workers_at_risk'], 'worker')} holding keys alone"
             + (f"; most: {top}" if top else "")
         )
     if not protect:
@@ -277,33 +271,23 @@ def _render_recompute(
         return out
     state = "budget exhausted" if protect["budget_exhausted"] else "within budget"
     out.append(
-        f"protect      {protect['keys']:,} keys ({protect['keys_held']:,} holding "
-        f"{protect['copies']} copies), {format_bytes(protect['held_bytes'])} of "
-        f"{format_bytes(protect['budget_bytes'])} budget ({protect['budget']}), {state}"
+        f"protect      {counted(protect['keys'], 'key')} ({protect['keys_held']:,} holding "
+        f"{counted(protect['copies'], 'copy')}), {size(protect['held_bytes'])} of "
+        f"{size(protect['budget_bytes'])} budget ({protect['budget']}), {state}"
     )
     out.append(
-        f"  {format_seconds(protect['seconds_protected'])} of recompute protected, "
-        f"{format_seconds(protect['seconds_at_risk'])} left at risk; "
-        f"{protect['left_out']:,} candidates left out "
-        f"({format_seconds(protect['left_out_seconds'])})"
+        f"  {duration(protect['seconds_protected'])} of recompute protected, "
+        f"{duration(protect['seconds_at_risk'])} left at risk; "
+        f"{counted(protect['left_out'], 'candidate')} left out "
+        f"({duration(protect['left_out_seconds'])})"
         + ("; choosing again" if protect.get("choosing") else "")
     )
     return out
 
 
-def signed_bytes(n: float | None) -> str:
-    """``+16.00 MiB``, ``-7.63 MiB``; ``-`` for None."""
-    from dask.utils import format_bytes
-
-    if n is None:
-        return "-"
-    return ("-" if n < 0 else "+") + format_bytes(int(abs(n)))
-
-
 def render_memory_flow(table: Mapping[str, Mapping[str, Any]], top: int) -> str:
     """``amm-rules status --memory-flow``: the top producers (largest net bytes per
     task) and the top freers (most bytes freed by their tasks finishing)."""
-    from dask.utils import format_bytes
 
     rows = [(prefix, row) for prefix, row in table.items()]
     producers = sorted(
@@ -319,11 +303,11 @@ def render_memory_flow(table: Mapping[str, Mapping[str, Any]], top: int) -> str:
         return (
             prefix,
             f"{r['tasks']:,}",
-            format_bytes(r["produced"]),
-            format_bytes(r["freed_by"]),
-            signed_bytes(r["net_per_task"]),
-            format_bytes(r["freed"]),
-            format_bytes(r["live"]),
+            size(r["produced"]),
+            size(r["freed_by"]),
+            signed_size(r["net_per_task"]),
+            size(r["freed"]),
+            size(r["live"]),
         )
 
     out = [f"memory flow of {len(rows):,} task prefixes"]
@@ -345,13 +329,6 @@ def render_memory_flow(table: Mapping[str, Mapping[str, Any]], top: int) -> str:
     return "\n".join(out) + "\n"
 
 
-def format_time(stamp: float | None) -> str:
-    """A wall-clock time as a local date: ``2026-11-30 14:02:11 +0100``."""
-    if stamp is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(stamp))
-
-
 # ---------------------------------------------------------------------------------
 # explain
 # ---------------------------------------------------------------------------------
@@ -367,7 +344,6 @@ def render_explain(answers: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def _render_one(name: str, a: Mapping[str, Any]) -> str:
-    from dask.utils import format_bytes
 
     lines = [f"{name}: {a['summary']}"]
     facts = a.get("facts")
@@ -379,26 +355,27 @@ def _render_one(name: str, a: Mapping[str, Any]) -> str:
         return "\n".join(lines) + "\n"
     lines.append(
         f"  task     prefix {facts['prefix']}, group {facts['group']}, type {facts['type']}, "
-        f"{format_bytes(facts['nbytes'])}, {facts['waiters']} waiting tasks"
+        f"{size(facts['nbytes'])}, {counted(facts['waiters'], 'waiting task')}"
     )
     flow = facts.get("memory_flow")
     if flow and flow.get("tasks"):
         lines.append(
-            f"  kind     {signed_bytes(flow['net_per_task'])} per task over {flow['tasks']:,} "
-            f"tasks ({format_bytes(flow['produced'])} produced, "
-            f"{format_bytes(flow['freed_by'])} freed by finishing)"
+            f"  kind     {signed_size(flow['net_per_task'])} per task over "
+            f"{counted(flow['tasks'], 'task')} ({size(flow['produced'])} produced, "
+            f"{size(flow['freed_by'])} freed by finishing)"
         )
     recompute = a.get("recompute")
     if recompute:
         alone = recompute.get("sole_holder")
+        # (The sentence names itself: "recompute ≈ 29 ms: own ...".)
         lines.append(
-            f"  recompute  {recompute['text']} ({recompute['source']})"
+            f"  {recompute['text']} ({recompute['source']})"
             + (f"; only copy on {alone}" if alone else "")
         )
     protect = a.get("protect")
     if protect:
         lines.append(
-            f"  protect  {protect['copies']} copies kept"
+            f"  protect  {counted(protect['copies'], 'copy')} kept"
             if protect.get("protected")
             else f"  protect  not protected: {protect['why']}"
         )
@@ -476,7 +453,8 @@ def _render_workers(decisions: Mapping[str, Mapping[str, Any]]) -> list[str]:
             groups.setdefault((d["decision"], text), []).append(address)
     for (decision, text), addresses in sorted(groups.items(), key=lambda g: -len(g[1])):
         examples = ", ".join(addresses[:3]) + (", ..." if len(addresses) > 3 else "")
-        out.append(f"    {len(addresses)} workers  {decision:<9}  {text or '-'}  ({examples})")
+        workers = counted(len(addresses), "worker")
+        out.append(f"    {workers}  {decision:<9}  {text or '-'}  ({examples})")
     return out
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from amm_rules.engine.decide.deciders import eligible as placeable
 from amm_rules.engine.decide.view import WorkerView, key_string
+from amm_rules.engine.words import counted
 from amm_rules.language.diagnostics import Diagnostic, sort_key
 from amm_rules.language.loader import CheckResult
 from amm_rules.language.locator import Locator
@@ -58,7 +59,7 @@ def cluster_warnings(result: CheckResult, state: ClusterState, measure: str) -> 
         if not any(name in p for p in pools.values()):
             where.add(
                 ("pools", name),
-                f"pool '{name}' has no worker in {cluster} ({len(state.workers)} workers)",
+                f"pool '{name}' has no worker in {cluster} ({counted(len(state.workers), 'worker')})",
                 "empty-pool",
                 severity="warning",
                 at_key=True,
@@ -76,13 +77,13 @@ def cluster_warnings(result: CheckResult, state: ClusterState, measure: str) -> 
             field = "replicate.min" if target.max != target.min else "replicate"
             scope = _scope(rule)
             have = (
-                f"only {len(eligible)} worker{'' if len(eligible) == 1 else 's'} {scope} in {cluster}"
+                f"only {counted(len(eligible), 'worker')} {scope} in {cluster}"
                 if scope
-                else f"{cluster} has {len(eligible)} workers"
+                else f"{cluster} has {counted(len(eligible), 'worker')}"
             )
             where.add(
                 (*path, *field.split(".")),
-                f"{field}: wants {target.min} copies, but {have}: its keys would stay "
+                f"{field}: wants {counted(target.min, 'copy')}, but {have}: its keys would stay "
                 "below target",
                 "min-exceeds-eligible",
                 severity="warning",
@@ -121,7 +122,7 @@ def _matches_nothing(
                 census.add(t.type, t.prefix, f.span, t.resources, t.annotations)
         hints = near_misses(parse(rule.match_source), census)
         n = len(tasks)
-        message = f"the match is false for every key in memory in {cluster} ({n:,} key{'s' if n != 1 else ''})"
+        message = f"the match is false for every key in memory in {cluster} ({counted(n, 'key')})"
         where.add(
             ("rules", index.get(rule.name, 0), "match"),
             "; ".join([message, *hints]),

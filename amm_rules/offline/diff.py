@@ -117,32 +117,27 @@ def _empty_rule() -> dict[str, Any]:
 
 def render_diff(report: dict[str, Any]) -> str:
     """The diff for a terminal."""
-    from amm_rules.offline.report import (
-        list_lines,
-        plural,
-        pool_lines,
-        size,
-        table,
-        worker_lines,
-    )
+    from amm_rules.engine.words import counted, size
+    from amm_rules.offline.report import list_lines, pool_lines, table, worker_lines
 
     t = report["totals"]
     settling = report["old_settling"]
     lines = [f"{report['old_rules_file']} -> {report['new_rules_file']} on {report['cluster']}"]
     if settling["actions"]:
         lines.append(
-            f"the old rules are not at rest on this cluster: {plural(settling['actions'], 'action')}"
-            f" in {plural(settling['cycles'], 'cycle')} settle them first (not counted below)"
+            f"the old rules are not at rest on this cluster: {counted(settling['actions'], 'action')}"
+            f" in {counted(settling['cycles'], 'cycle')} settle them first (not counted below)"
         )
     lines.append(
-        f"{t['keys_changed']} of {t['keys_in_memory']} keys in memory change what they want"
+        f"{t['keys_changed']:,} of {counted(t['keys_in_memory'], 'key')} in memory change what "
+        "they want"
     )
     by_field: dict[str, list[dict[str, Any]]] = {}
     for change in report["changed"]:
         for name in change["fields"]:
             by_field.setdefault(name, []).append(change)
     for name, items in by_field.items():
-        lines.append(f"  {name}: {len(items)} keys, e.g.")
+        lines.append(f"  {name}: {counted(len(items), 'key')}, e.g.")
         for item in items[:EXAMPLES]:
             f = item["fields"][name]
             lines.append(f"    {item['key']}: {f['old']} -> {f['new']}")
@@ -153,12 +148,12 @@ def render_diff(report: dict[str, Any]) -> str:
     lines += ["", *table(["rule", "keys changed", "add", "drop", "transfer", "state"], rows)]
     lines += [
         "",
-        f"in total: {t['copies_added']} copies added ({size(t['bytes_transferred'])}), "
+        f"in total: {counted(t['copies_added'], 'copy')} added ({size(t['bytes_transferred'])}), "
         f"{t['copies_dropped']} dropped; "
         + (
-            f"settled after {plural(report['cycles'], 'cycle')}"
+            f"settled after {counted(report['cycles'], 'cycle')}"
             if report["settled"]
-            else f"not settled after {plural(report['cycles_run'], 'cycle')}"
+            else f"not settled after {counted(report['cycles_run'], 'cycle')}"
         ),
     ]
     if report["pools"]:

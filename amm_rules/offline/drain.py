@@ -24,10 +24,15 @@ from typing import Any
 
 from amm_rules.engine.decide.drain import TIER_NAMES, predict
 from amm_rules.engine.decide.evacuate import plan_evacuation
-from amm_rules.engine.decide.units import format_seconds, format_size
 from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.sections.drain import rank_views
 from amm_rules.engine.sections.retirement import CopyBook, evacuation_input
+from amm_rules.engine.words import (
+    bytes_per_second,
+    drain_item_why,
+    duration,
+    prediction_record,
+)
 from amm_rules.language.fields import UnitError, parse_size
 
 #: Keys listed per worker, in the order they would leave.
@@ -78,14 +83,14 @@ def drain_workers(
                 moved += copy.nbytes
         out["workers"][address] = {
             "name": sim.names.get(address, (address, ""))[0],
-            "prediction": prediction.as_dict(),
+            "prediction": prediction_record(prediction),
             "moved_keys": len(in_time),
             "moved_bytes": moved,
             "first": [
                 {
                     "key": key_string(k),
                     "tier": TIER_NAMES[items[k].tier],
-                    "why": items[k].why(),
+                    "why": drain_item_why(items[k]),
                     "in_time": k in in_time,
                 }
                 for k in order[:KEYS_SHOWN]
@@ -106,8 +111,7 @@ def drain_lines(drain: dict[str, Any] | None) -> list[str]:
         return []
     note = f" ({drain['note']})" if drain["note"] else ""
     lines = [
-        f"drain within {format_seconds(drain['deadline'])} at "
-        f"{format_size(drain['rate'])}/s per worker{note}:"
+        f"drain within {duration(drain['deadline'])} at {bytes_per_second(drain['rate'])} per worker{note}:"
     ]
     for address, w in drain["workers"].items():
         lines.append(f"  {address} ({w['name']}): {w['prediction']['text']}")

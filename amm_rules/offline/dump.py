@@ -194,9 +194,9 @@ def _kind(mode: int) -> str:
 
 
 def _limit(max_bytes: int) -> str:
-    from dask.utils import format_bytes
+    from amm_rules.engine.words import size
 
-    return f"the limit of {format_bytes(max_bytes)} for a cluster dump (--max-dump-size raises it)"
+    return f"the limit of {size(max_bytes)} for a cluster dump (--max-dump-size raises it)"
 
 
 def decode(raw: bytes, name: str, max_bytes: int = MAX_DUMP_BYTES) -> Any:

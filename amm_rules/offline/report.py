@@ -22,6 +22,7 @@ from typing import Any
 from amm_rules.engine.decide.plan import DEFAULT_SOURCE, source_label
 from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.dryrun import REBALANCE_LABEL
+from amm_rules.engine.words import counted, duration, plural, size
 from amm_rules.language.ruleset import Desired, Ruleset
 from amm_rules.offline.simulate import Result, SimAction, Simulation
 
@@ -142,15 +143,6 @@ def governing_label(desired: Desired) -> str:
         if name in desired.reasons:
             return source_label(desired, name)
     return DEFAULT_SOURCE
-
-
-def plural(n: int, word: str) -> str:
-    """``1 key``, ``2 keys``, ``2 copies``."""
-    if n == 1:
-        return f"{n} {word}"
-    if word.endswith("y") and word[-2:-1] not in ("a", "e", "o", "u"):
-        return f"{n} {word[:-1]}ies"
-    return f"{n} {word}s"
 
 
 #: The counts of a rule's row in a simulation's report, in the order they are shown.
@@ -274,12 +266,6 @@ def pools_section(ruleset: Ruleset, result: Result) -> dict[str, dict[str, Any]]
 # -- text ----------------------------------------------------------------------------------
 
 
-def size(n: int) -> str:
-    from dask.utils import format_bytes
-
-    return format_bytes(n)
-
-
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
     """Columns padded to their widest cell; numbers right-aligned."""
     rows = [[str(c) for c in r] for r in rows]
@@ -312,15 +298,16 @@ def render_text(report: Mapping[str, Any]) -> str:
     """The report for a terminal."""
     t = report["totals"]
     lines = [
-        f"cluster: {report['cluster']}: {t['workers']} workers, {t['keys_in_memory']} keys in "
-        f"memory ({size(t['bytes_in_memory'])}), {t['governed']} governed by the rules",
+        f"cluster: {report['cluster']}: {counted(t['workers'], 'worker')}, "
+        f"{counted(t['keys_in_memory'], 'key')} in memory ({size(t['bytes_in_memory'])}), "
+        f"{t['governed']:,} governed by the rules",
     ]
     lines += kill_lines(report)
     if report["settled"]:
-        lines.append(f"settled after {plural(report['cycles'], 'cycle')}")
+        lines.append(f"settled after {counted(report['cycles'], 'cycle')}")
     else:
         lines.append(
-            f"not settled after {plural(report['cycles_run'], 'cycle')} (stopped by --cycles "
+            f"not settled after {counted(report['cycles_run'], 'cycle')} (stopped by --cycles "
             "or the cycle limit)"
         )
     lines.append(
@@ -339,16 +326,14 @@ def kill_lines(report: Mapping[str, Any]) -> list[str]:
     if not report["killed"]:
         return []
     lost = report["lost"]
-    from amm_rules.engine.decide.units import format_seconds
-
-    lines = [f"killed: {plural(len(report['killed']), 'worker')}: {', '.join(report['killed'])}"]
+    lines = [f"killed: {counted(len(report['killed']), 'worker')}: {', '.join(report['killed'])}"]
     for address, seconds in (report.get("recompute_lost") or {}).items():
         if seconds > 0:
-            lines.append(f"losing {address} costs ≈ {format_seconds(seconds)} of recompute")
+            lines.append(f"losing {address} costs ≈ {duration(seconds)} of recompute")
     if lost:
         lines.append(
-            f"DATA LOSS: {plural(len(lost), 'key')} "
-            f"{'loses its' if len(lost) == 1 else 'lose their'} last copy "
+            f"DATA LOSS: {counted(len(lost), 'key')} "
+            f"{plural(len(lost), 'loses its', 'lose their')} last copy "
             f"({size(sum(x['bytes'] for x in lost))}):"
         )
         lines += [
@@ -362,11 +347,11 @@ def kill_lines(report: Mapping[str, Any]) -> list[str]:
     if below:
         r = report["restoring"]
         lines.append(
-            f"below target after the kill: {plural(len(below), 'key')}; restored by "
-            f"{plural(r['copies'], 'copy')} ({size(r['bytes'])}):"
+            f"below target after the kill: {counted(len(below), 'key')}; restored by "
+            f"{counted(r['copies'], 'copy')} ({size(r['bytes'])}):"
         )
         lines += [
-            f"  {x['key']}: {x['copies']} of {x['target']} copies {_paren(x['rule'])}"
+            f"  {x['key']}: {x['copies']} of {counted(x['target'], 'copy')} {_paren(x['rule'])}"
             for x in below[:TEXT_LIMIT]
         ]
         lines += _more(below)
@@ -392,7 +377,7 @@ def rule_lines(rules: Mapping[str, Mapping[str, Any]]) -> list[str]:
             ]
         )
         for reason, n in list(e["reasons"].items())[:REASONS_SHOWN]:
-            notes.append(f"  {label}: {n} keys: {reason}")
+            notes.append(f"  {label}: {counted(n, 'key')}: {reason}")
     out = table(["rule", "keys", "bytes", "add", "drop", "transfer", "state"], rows)
     if any(e["state"] == "dry-run" for e in rules.values()):
         out.append("(in dry-run: what enforcing would add and drop, in parentheses)")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amm_rules.engine.decide.view import key_string
+from amm_rules.engine.words import counted
 from amm_rules.language.diagnostics import Diagnostic
 from amm_rules.language.ruleset import Desired, Target
 from amm_rules.offline.casefile import Case, TestFile, read_test_file
@@ -402,9 +403,12 @@ def summary(results: Sequence[FileResult]) -> str:
     cases = [c for r in results for c in r.cases]
     passed = sum(c.passed for c in cases)
     errors = sum(not r.test.ok for r in results)
-    out = f"{len(results)} file{'s' if len(results) != 1 else ''}, {len(cases)} cases: {passed} passed, {len(cases) - passed} failed"
+    out = (
+        f"{counted(len(results), 'file')}, {counted(len(cases), 'case')}: {passed} passed, "
+        f"{len(cases) - passed} failed"
+    )
     if errors:
-        out += f"; {errors} file{'s' if errors != 1 else ''} with errors"
+        out += f"; {counted(errors, 'file')} with errors"
     return out
 
 
@@ -414,8 +418,8 @@ def coverage_lines(coverage: Coverage) -> list[str]:
         rules, pools = coverage.missing(name)
         n_rules, n_pools = len(coverage.rules[name]), len(coverage.pools[name])
         lines.append(
-            f"coverage of {name}: {n_rules - len(rules)} of {n_rules} rules, "
-            f"{n_pools - len(pools)} of {n_pools} pools exercised"
+            f"coverage of {name}: {n_rules - len(rules)} of {counted(n_rules, 'rule')}, "
+            f"{n_pools - len(pools)} of {counted(n_pools, 'pool')} exercised"
         )
         lines += [f"  not exercised: rule '{r}'" for r in rules]
         lines += [f"  not exercised: pool '{p}'" for p in pools]

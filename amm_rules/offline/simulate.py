@@ -67,6 +67,7 @@ from amm_rules.engine.state.governed import PlanClass
 from amm_rules.engine.state.index import KeyIndex
 from amm_rules.engine.state.journal import Journal
 from amm_rules.engine.state.placement import VOLATILE_WORKER_ATTRIBUTES, Placements
+from amm_rules.engine.words import counted
 from amm_rules.language.ruleset import Desired, Ruleset, RuntimeTarget, Target
 from amm_rules.offline.sim_cluster import SimCluster, SimTask
 
@@ -398,7 +399,7 @@ class Simulation:
                 worker = answer.address if answer is not None else None
                 if worker is None:
                     continue
-                why = f"{len(s.ts.who_has or ())} copies; no rule governs the key"
+                why = f"{counted(len(s.ts.who_has or ()), 'copy')}; no rule governs the key"
                 self.note(s.op, s.ts.key, worker, DEFAULT_SOURCE, why, "accepted")
         finally:
             close = getattr(it, "close", None)

@@ -88,14 +88,14 @@ async def test_the_page_keeps_updating_through_reloads_and_client_events(c, s, a
         assert "since reloaded" not in text
         write_atomically(path, RELOADABLE.format(n=3))
         await wait_for(lambda: copies(s, "x-1") == 3, "x-1 at 3 copies after the reload")
-        text = await browser.wait_for_text(lambda t: f"{path}: 1 rules" in t)
+        text = await browser.wait_for_text(lambda t: f"{path}: 1 rule" in t)
         assert "failed to update" not in text
         assert "since reloaded" in text
         lines = text.splitlines()
         shown = [
             lines[i + 1] for i, line in enumerate(lines) if line in ("reload", "reload-error")
         ]
-        assert shown[0] == f"{path}: 1 rules"  # newest first; the client's "reload" not shown
+        assert shown[0] == f"{path}: 1 rule"  # newest first; the client's "reload" not shown
         assert len(shown) == 2, shown
         assert not browser.exceptions, browser.exceptions
     report = status_report(policy)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from amm_rules.language.expr import parser, table
+from amm_rules.language.expr import table
 
 EXPRESSIONS = [
     'task.prefix == "a" and task.nbytes > 5 MiB or not (task.key matches "x*")',
@@ -17,8 +17,8 @@ EXPRESSIONS = [
 
 
 def test_shipped_table_is_current():
-    grammar = parser.grammar_text()
-    digest = table.grammar_hash(grammar, parser.LARK_OPTIONS)
+    grammar = table.grammar_text()
+    digest = table.grammar_hash(grammar, table.LARK_OPTIONS)
     assert table.load_parser(digest) is not None, (
         "amm_rules/language/expr/parse_table.json is stale: run `python -m amm_rules.language.expr.table`"
     )
@@ -26,9 +26,9 @@ def test_shipped_table_is_current():
 
 @pytest.mark.parametrize("text", EXPRESSIONS)
 def test_table_parser_equals_built_parser(text):
-    digest = table.grammar_hash(parser.grammar_text(), parser.LARK_OPTIONS)
+    digest = table.grammar_hash(table.grammar_text(), table.LARK_OPTIONS)
     loaded = table.load_parser(digest)
-    built = parser.build_parser(parser.grammar_text())
+    built = table.build_parser(table.grammar_text())
     assert loaded.parse(text) == built.parse(text)
 
 
@@ -37,7 +37,7 @@ def test_stale_or_broken_table_falls_back(tmp_path, monkeypatch):
     broken = tmp_path / "parse_table.json"
     broken.write_text("{not json", encoding="utf-8")
     monkeypatch.setattr(table, "TABLE_PATH", broken)
-    digest = table.grammar_hash(parser.grammar_text(), parser.LARK_OPTIONS)
+    digest = table.grammar_hash(table.grammar_text(), table.LARK_OPTIONS)
     assert table.load_parser(digest) is None
 
 

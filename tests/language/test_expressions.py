@@ -26,7 +26,8 @@ from amm_rules.language.expr import (
     compile_expression,
 )
 from amm_rules.language.expr.attributes import ATTRIBUTES, ValueType
-from amm_rules.language.expr.parser import get_parser, grammar_text, parse
+from amm_rules.language.expr.parser import get_parser, parse
+from amm_rules.language.expr.table import grammar_text
 from amm_rules.language.ruleset import TASK_ATTRIBUTES, WORKER_ATTRIBUTES, TaskFacts, WorkerFacts
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,6 +5,7 @@ scheduler of a ``gen_cluster`` by its address."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import socket
@@ -241,6 +242,50 @@ async def test_status_and_explain_run_no_function_on_the_scheduler(c, s, a):
     # Once detached, the entry goes with the handlers.
     policy_of(s).detach()
     assert "amm-rules" not in s.task_metadata
+
+
+def record_calls(s: Any, ops: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Wrap the scheduler's handlers ``ops``: each call is recorded as (op, the address of
+    the connection it came on)."""
+    calls: list[tuple[str, str]] = []
+    for op in ops:
+        handler = s.handlers[op]
+        takes_comm = next(iter(inspect.signature(handler).parameters), None) == "comm"
+
+        def recorded(comm: Any, _op: str = op, _h: Any = handler, _c: bool = takes_comm, **kw):
+            calls.append((_op, comm.peer_address))
+            return _h(comm, **kw) if _c else _h(**kw)
+
+        s.handlers[op] = recorded
+    return calls
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 2, config=amm_config(RULES), timeout=120)
+async def test_a_command_connects_and_asks_whether_the_engine_is_there_once(
+    c, s, a, b, monkeypatch
+):
+    """However many calls a command makes (keys explained four at a time; a rule's name
+    checked, then its keys), it makes them on one connection, identified and probed
+    once."""
+    futures = c.map(inc, range(12), key=[f"five-{i}" for i in range(12)])
+    await c.gather(futures)
+    await wait_for(lambda: len(policy_of(s).index) == 12, "12 governed keys")
+    monkeypatch.setattr(handlers, "EXPLAIN_KEYS", 4)
+    calls = record_calls(
+        s, ("identity", "get_metadata", "run_function", "amm_rules_explain", "amm_rules_status")
+    )
+    for args, asks in (
+        ([f"five-{i}" for i in range(12)], ["amm_rules_explain"] * 3),
+        (["--unmet", "--rule", "five"], ["amm_rules_status", "amm_rules_explain"]),
+    ):
+        calls.clear()
+        result = await cli("explain", *args, "--scheduler", s.address)
+        assert result.returncode == 0, result.stderr
+        # (The test's client asks for the scheduler's identity every few seconds.)
+        peers = {peer for op, peer in calls if op.startswith("amm_rules_")}
+        assert len(peers) == 1, calls
+        ops = [op for op, peer in calls if peer in peers]
+        assert ops == ["identity", "get_metadata", *asks], calls
 
 
 @gen_cluster(client=True, nthreads=[("", 1)], timeout=120)

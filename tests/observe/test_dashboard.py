@@ -164,6 +164,40 @@ async def test_the_page_shows_every_rule_and_its_state_live(c, s, *workers):
 @needs_chromium
 @gen_cluster(
     client=True,
+    nthreads=[("", 1, GPU), ("", 1)],
+    scheduler_kwargs=PAGE,
+    config=amm_config(
+        rules(
+            {"name": "fpga", "match": "task.annotations.resources.FPGA >= 1", "replicate": 2},
+            {"name": "typo", "match": 'task.prefix == "incc"', "replicate": 2},
+        )
+    ),
+    timeout=120,
+)
+async def test_the_why_of_a_rule_is_read_whole_on_a_page_1400_pixels_wide(c, s, a, b):
+    """Idle rules' hints make long sentences: the rules table's rows grow to show them
+    whole in the ``why`` column (they were cut at the width of the column)."""
+    futures = c.map(inc, range(12), key=[f"inc-{i}" for i in range(12)], resources={"GPU": 1})
+    await c.gather(futures)
+    policy = policy_of(s)
+    await wait_for(
+        lambda: "(use task.resources.FPGA)" in str(status_report(policy)["conformance"]),
+        "the fpga rule is idle, with its hint",
+    )
+    async with Browser(width=1400) as browser:
+        await browser.goto(url(s, "/amm-rules"))
+        text = await browser.wait_for_text(
+            lambda t: "(use task.resources.FPGA)" in t and "(the rule says incc)" in t
+        )
+        assert state(text, "fpga") == state(text, "typo") == "idle"
+        clipped = await browser.clipped()
+        assert not [t for t in clipped if "in memory" in t], clipped
+        no_script_errors(browser)
+
+
+@needs_chromium
+@gen_cluster(
+    client=True,
     nthreads=[("", 1), ("", 1)],
     scheduler_kwargs=PAGE,
     config=amm_config(
@@ -191,7 +225,9 @@ async def test_the_page_says_when_a_worker_left_and_shows_an_event_whole(c, s, a
         lines = text.splitlines()
         left = lines[lines.index("workers left") + 1]
         assert re.fullmatch(
-            re.escape(spot.address) + r" left \d+ s ago: 1 key below target \(28 B\)", left
+            re.escape(spot.address)
+            + r" left (just now|[\d.]+ s ago): 1 key below target \(28 B\)",
+            left,
         ), left
         detail = lines[lines.index("worker-left") + 1]
         assert detail == f"{spot.address} left: 1 key below target (28 B)"

@@ -12,14 +12,10 @@ from dask.utils import format_bytes
 from distributed.utils_test import gen_cluster
 
 from amm_rules.engine.decide.view import key_string
+from amm_rules.engine.words import signed_size
 from amm_rules.observe.explain import explain_keys
 from amm_rules.observe.status import status_report
-from amm_rules.observe.text import (
-    render_explain,
-    render_memory_flow,
-    render_status,
-    signed_bytes,
-)
+from amm_rules.observe.text import render_explain, render_memory_flow, render_status
 from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, policy_of
 from tests.support.flow import SIZE, graph
@@ -116,7 +112,7 @@ async def test_the_dashboard_page_shows_the_flow_and_the_pressure(c, s, a, b):
     at = rows["prefix"].index("cons-inp")
     assert rows["role"][at] == "freer" and rows["freed_by"][at] == format_bytes(4 * SIZE)
     net = policy.flow.table()["cons-inp"]["net_per_task"]
-    assert net < 0 and rows["net"][at] == signed_bytes(net)
+    assert net < 0 and rows["net"][at] == signed_size(net)
     assert "holding for" in page.flow.pressure.text
     assert "worker-saturation 0.5" in page.flow.pressure.text
     await c.gather(work)

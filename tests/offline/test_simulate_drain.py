@@ -23,10 +23,10 @@ def test_too_slow_a_link_loses_the_key_and_says_so_first() -> None:
     result = run("--drain", "gpu-1", "--deadline", "1s", "--rate", "1MiB/s")
     assert result.exit_code == 1, result.output
     lines = result.output.splitlines()
-    assert lines[0].startswith("drain within 1.0 s at 1.0 MiB/s per worker")
-    assert "0 B of 2.0 MiB will leave in time;" in lines[1]
+    assert lines[0].startswith("drain within 1.0 s at 1.00 MiB/s per worker")
+    assert "0 B of 2.00 MiB will leave in time;" in lines[1]
     # The recorded cluster measured the device task: its recompute is what is lost.
-    assert "≈ 3 ms of recompute will be lost: 1 key (device 3 ms)" in lines[1]
+    assert "≈ 2.7 ms of recompute will be lost: 1 key (device 2.7 ms)" in lines[1]
     assert "too late: device-1" in result.output
     assert "DATA LOSS: 1 key loses its last copy" in result.output
 
@@ -34,7 +34,7 @@ def test_too_slow_a_link_loses_the_key_and_says_so_first() -> None:
 def test_a_fast_enough_link_saves_it() -> None:
     result = run("--drain", "tcp://127.0.0.1:44945", "--deadline", "5s", "--rate", "100MiB/s")
     assert result.exit_code == 0, result.output
-    assert "all 2.0 MiB will leave in time" in result.output
+    assert "all 2.00 MiB will leave in time" in result.output
     assert "in time: device-1" in result.output
     assert "DATA LOSS" not in result.output
     report = json.loads(

@@ -55,7 +55,7 @@ def test_kill_says_what_losing_a_worker_costs() -> None:
     # Each agg key: its own 60 s and 4 of the released loads' 600 s (groups of 8 and 2).
     assert report["recompute_lost"] == {"w1": 2 * (60.0 + 4 * 600.0)}
     text = render_text(report)
-    assert "losing w1 costs ≈ 82 min of recompute" in text
+    assert "losing w1 costs ≈ 82m 0s of recompute" in text
 
 
 def test_protect_is_simulated_within_its_budget() -> None:

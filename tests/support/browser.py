@@ -101,6 +101,28 @@ FIND_JS = """
 """
 
 
+#: The text of each table cell whose content is cut (wider or taller than the cell shows),
+#: shadow roots included.
+CLIPPED_JS = """
+(() => {
+  const out = [];
+  const walk = (node) => {
+    if (node.nodeType === Node.ELEMENT_NODE) {
+      if (node.shadowRoot) walk(node.shadowRoot);
+      if (node.classList.contains("slick-cell") && node.getBoundingClientRect().width > 0
+          && (node.scrollWidth > node.clientWidth + 1
+              || node.scrollHeight > node.clientHeight + 1)) {
+        out.push(node.textContent.trim());
+      }
+    }
+    for (const child of node.childNodes) walk(child);
+  };
+  walk(document);
+  return out;
+})()
+"""
+
+
 class Browser:
     """One headless Chromium with one tab (``async with Browser() as b``)."""
 
@@ -226,6 +248,12 @@ class Browser:
         """The page's visible text, one text node per line."""
         result = await self.send("Runtime.evaluate", expression=TEXT_JS, returnByValue=True)
         return str(result["result"].get("value", ""))
+
+    async def clipped(self) -> list[str]:
+        """The text of each table cell that shows only part of it (a person reads the
+        rest only by hovering, if at all)."""
+        result = await self.send("Runtime.evaluate", expression=CLIPPED_JS, returnByValue=True)
+        return list(result["result"].get("value") or [])
 
     async def wait_for_text(self, check: Callable[[str], bool], timeout: float = 30) -> str:
         """The page's text once ``check`` holds for it; fails after ``timeout`` seconds,

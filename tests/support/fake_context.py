@@ -21,6 +21,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 import yaml
+from dask.utils import key_split
 from distributed.active_memory_manager import (
     ActiveMemoryManagerPolicy,
     Suggestion,
@@ -119,7 +120,7 @@ def engine(
         spec = {"holders": spec} if not isinstance(spec, Mapping) else spec
         holders = tuple(spec["holders"])
         nbytes = int(spec.get("nbytes", 1000))
-        prefix = spec.get("prefix", str(key).split("-")[0])
+        prefix = spec.get("prefix", key_split(key))
         tasks[key] = TaskRecord(
             key=key,
             state="memory",

@@ -463,10 +463,13 @@ def check_paths(root: Path, dirs: Iterable[str]) -> list[Violation]:
     return out
 
 
-def check_engine_cycles(tree: Tree, engine: str) -> list[Violation]:
-    """Rule 6: no cycle of modules inside ``engine``, by any import (``module``,
-    ``function`` or ``type-checking``): a module that names another's type in a signature
-    depends on it as much as one that calls it."""
+def check_engine_cycles(
+    tree: Tree, engine: str, what: str = "modules of the engine"
+) -> list[Violation]:
+    """Rule 6: no cycle of modules inside ``engine`` (or another part of the package,
+    ``what``), by any import (``module``, ``function`` or ``type-checking``): a module
+    that names another's type in a signature depends on it as much as one that calls
+    it."""
     edges: dict[tuple[str, str], list[Import]] = defaultdict(list)
     for imp in tree.imports:
         a, b = imp.importer, imp.target
@@ -474,7 +477,7 @@ def check_engine_cycles(tree: Tree, engine: str) -> list[Violation]:
         # (A module importing its own package's __init__ is not a dependency.)
         if inside and a != b and b != engine and not a.startswith(f"{b}."):
             edges[a, b].append(imp)
-    return _cycles(edges, "engine-cycle", "modules of the engine")
+    return _cycles(edges, "engine-cycle", what)
 
 
 def _private(name: str) -> bool:

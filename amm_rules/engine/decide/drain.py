@@ -17,11 +17,12 @@ by value, in three tiers:
 
 Ties keep the order the keys came in. :func:`predict` then walks the ranked items at
 a transfer rate with the seconds left, and says which leave in time and what the others
-would cost: bytes, keys, recompute seconds, keys that fall below their minimum
-(:meth:`Prediction.sentence`: "at 40 MiB/s, 1.2 GiB of 3.0 GiB will leave in time;
-≈ 14 min of recompute will be lost: ...").
+would cost: bytes, keys, recompute seconds, keys that fall below their minimum.
 
-Nothing here reads the scheduler: the section builds the items from the engine's views
+Figures only: their sentences ("at 40.00 MiB/s, 1.20 GiB of 3.00 GiB will leave in
+time; ≈ 14m 0s of recompute will be lost: ...") are made by
+:mod:`amm_rules.engine.words`, which formats sizes and durations as dask does (this
+module imports no dask). Nothing here reads the scheduler: the section builds the items from the engine's views
 and the evacuation planner (:mod:`amm_rules.engine.decide.evacuate`), and the simulator
 (``amm-rules simulate --drain``) from a recorded cluster.
 """
@@ -30,8 +31,6 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
-
-from amm_rules.engine.decide.units import format_seconds, format_size
 
 #: The tiers of :func:`rank`, and what status and explain call them.
 BELOW_MIN, RECOMPUTE, REST = 0, 1, 2
@@ -83,18 +82,6 @@ class DrainItem:
         if not self.seconds or not self.lost_outright:
             return 0.0
         return self.seconds / max(1, self.bytes_needed)
-
-    def why(self) -> str:
-        """Why the key stands where it does in the order, in a few words."""
-        tier = self.tier
-        if tier == BELOW_MIN:
-            where = "no copy stays" if self.lost_outright else f"{self.staying} stay"
-            return f"below its minimum: replicate min {self.minimum} ({self.rule}), {where}"
-        if tier == RECOMPUTE:
-            return f"recompute ≈ {format_seconds(self.seconds)}, {self.worth:.3g} s per byte"
-        if not self.lost_outright:
-            return "a copy stays elsewhere"
-        return "no recompute estimate"
 
 
 def _order(item: DrainItem) -> tuple[int, int, float, int]:
@@ -155,43 +142,6 @@ class Prediction:
     def seconds_needed(self) -> float:
         return self.total_bytes / self.rate if self.rate > 0 else float("inf")
 
-    def sentence(self) -> str:
-        """``at 40 MiB/s, 1.2 GiB of 3.0 GiB will leave in time; ≈ 14 min of recompute
-        will be lost: 310 keys (x 12 min, y 2 min)``."""
-        rate = f"{format_size(self.rate)}/s ({self.rate_source})"
-        lost_seconds = self.lost_seconds + self.cannot_move_seconds
-        lost_keys = self.lost_keys + self.cannot_move
-        if not lost_keys:
-            if not self.total_bytes:
-                return "every key is safe: nothing left to move"
-            return (
-                f"at {rate}, all {format_size(self.total_bytes)} will leave in time "
-                f"(≈ {format_seconds(self.seconds_needed)} of "
-                f"{format_seconds(self.seconds_left)} left)"
-            )
-        out = (
-            f"at {rate}, {format_size(self.in_time_bytes)} of "
-            f"{format_size(self.total_bytes)} will leave in time; "
-        )
-        if lost_seconds > 0:
-            out += f"≈ {format_seconds(lost_seconds)} of recompute will be lost: "
-        else:
-            out += "lost: "
-        out += f"{lost_keys} key{'s' if lost_keys != 1 else ''}"
-        named = [f"{g.group} {format_seconds(g.seconds)}" for g in self.groups if g.seconds]
-        if named:
-            out += f" ({', '.join(named)})"
-        extra = []
-        if self.lost_unknown:
-            extra.append(f"{self.lost_unknown} without an estimate")
-        if self.below_min:
-            extra.append(f"{self.below_min} left below their minimum")
-        if self.cannot_move:
-            extra.append(f"{self.cannot_move} that cannot move")
-        if extra:
-            out += "; " + ", ".join(extra)
-        return out
-
     def as_dict(self) -> dict[str, object]:
         return {
             "rate": round(self.rate, 1),
@@ -217,7 +167,6 @@ class Prediction:
                 }
                 for g in self.groups
             ],
-            "text": self.sentence(),
         }
 
 

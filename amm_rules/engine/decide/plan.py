@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from amm_rules.engine.decide.view import ClusterView, KeyView
+from amm_rules.language.plurals import plural
 from amm_rules.language.ruleset import Desired
 
 #: Counter label of targets that come from the reduce-replicas default, not a field.
@@ -550,7 +551,7 @@ def _unmet_reason(
 ) -> str:
     """``"wants 3 copies, holds 2: 2 eligible workers (1 paused); 4 not eligible"``."""
     paused = sum(1 for a in placeable if cluster.workers[a].status == "paused")
-    parts = [f"{len(placeable)} eligible worker{'' if len(placeable) == 1 else 's'}"]
+    parts = [f"{len(placeable)} eligible {plural(len(placeable), 'worker')}"]
     extra = []
     if paused:
         extra.append(f"{paused} paused")
@@ -561,5 +562,5 @@ def _unmet_reason(
     others = len(cluster.workers) - len(placeable)
     if others:
         parts.append(f"{others} outside the pool, avoided or retiring")
-    wanted = f"wants {lo} cop{'y' if lo == 1 else 'ies'}"
+    wanted = f"wants {lo} {plural(lo, 'copy')}"
     return f"{wanted}, holds or awaits {len(counted)}: " + "; ".join(parts)

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from amm_rules.engine.decide.units import format_seconds
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.state.costs import RecomputeCosts
+from amm_rules.engine.words import counted, duration
 from amm_rules.language.ruleset import Ruleset
 
 #: Workers with series (and status rows) of their own; the total counts them all.
@@ -40,8 +40,8 @@ def recompute_sentence(estimate: float | None, own: float | None, ancestors: flo
     if estimate is None:
         return "recompute: unknown (no task of its group measured)"
     n = round(ancestors)
-    released = f"{n} ancestor{'s' if n != 1 else ''} released" if n else "no ancestor released"
-    return f"recompute ≈ {format_seconds(estimate)}: own {format_seconds(own)}, {released}"
+    released = f"{counted(n, 'ancestor')} released" if n else "no ancestor released"
+    return f"recompute ≈ {duration(estimate)}: own {duration(own)}, {released}"
 
 
 class RecomputeCostsSection(Section):

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.sections.base import Section
 from amm_rules.engine.state.departures import Departure
+from amm_rules.engine.words import ago, counted, size
 
 if TYPE_CHECKING:
     from amm_rules.engine.context import EngineContext
@@ -102,31 +103,16 @@ class WorkerDepartures(Section):
 def departure_sentence(entry: Mapping[str, Any], now: float | None = None) -> str:
     """``tcp://10.0.0.7:4001 left 2 s ago: 3 keys below target (84 B); 1 key lost its
     last copy`` (without ``now``: no age)."""
-    from dask.utils import format_bytes
-
     how = "retired" if entry.get("retired") else "left"
-    when = f" {_age(now - entry['time'])}" if now is not None else ""
+    when = f" {ago(now - entry['time'])}" if now is not None else ""
     parts = []
     below, lost = entry.get("below", 0), entry.get("lost", 0)
     if below:
-        parts.append(f"{_keys(below)} below target ({format_bytes(entry.get('below_bytes', 0))})")
+        parts.append(f"{counted(below, 'key')} below target ({size(entry.get('below_bytes', 0))})")
     if lost:
         verb = "lost its" if lost == 1 else "lost their"
         parts.append(
-            f"{_keys(lost)} {verb} last copy ({format_bytes(entry.get('lost_bytes', 0))})"
+            f"{counted(lost, 'key')} {verb} last copy ({size(entry.get('lost_bytes', 0))})"
         )
     what = "; ".join(parts) or "no key below target"
     return f"{entry['worker']} {how}{when}: {what}"
-
-
-def _keys(n: int) -> str:
-    return f"{n:,} key{'' if n == 1 else 's'}"
-
-
-def _age(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 90:
-        return f"{seconds:.0f} s ago"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min ago"
-    return f"{seconds / 3600:.1f} h ago"

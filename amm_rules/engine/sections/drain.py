@@ -49,6 +49,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from amm_rules.engine import words
 from amm_rules.engine.decide.drain import (
     TIER_NAMES,
     DrainItem,
@@ -58,7 +59,6 @@ from amm_rules.engine.decide.drain import (
 )
 from amm_rules.engine.decide.evacuate import Evacuation, needed_copies, plan_evacuation
 from amm_rules.engine.decide.plan import source_label
-from amm_rules.engine.decide.units import format_seconds, format_size
 from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
 from amm_rules.engine.sections.base import Section
 from amm_rules.engine.sections.retirement import (
@@ -160,9 +160,10 @@ class Drain:
             unsafe = last.lost_keys + last.cannot_move
             seconds = last.lost_seconds + last.cannot_move_seconds
             below = last.below_min
-        text = f"{self.moved_keys} keys moved ({format_size(self.moved_bytes)}), " + (
-            f"{unsafe} keys not safe (≈ {format_seconds(seconds)} of recompute), "
-            f"{below} below their minimum"
+        moved = words.counted(self.moved_keys, "key")
+        text = f"{moved} moved ({words.size(self.moved_bytes)}), " + (
+            f"{words.counted(unsafe, 'key')} not safe (≈ {words.duration(seconds)} of "
+            f"recompute), {below:,} below their minimum"
             if unsafe or below
             else "every key safe"
         )
@@ -198,8 +199,10 @@ class Drain:
             "bytes_left": left.total_bytes if left is not None else 0,
             "safe_keys": len(self.safe_after),
             "rate": {"bytes_per_second": round(rate, 1), "source": source},
-            "prediction": left.as_dict() if left is not None else None,
-            "first_prediction": self.first.as_dict() if self.first is not None else None,
+            "prediction": words.prediction_record(left) if left is not None else None,
+            "first_prediction": (
+                words.prediction_record(self.first) if self.first is not None else None
+            ),
             "cannot_stay": self.cannot_stay(),
             "time_to_safety": {
                 "keys": len(times),
@@ -224,9 +227,9 @@ class Drain:
                 "place": place + 1,
                 "of": len(self.places),
                 "tier": TIER_NAMES[item.tier],
-                "why": item.why(),
+                "why": (why := words.drain_item_why(item)),
                 "in_time": in_time,
-                "text": f"moved {_ordinal(place + 1)} of {len(self.places)} ({item.why()}); "
+                "text": f"moved {_ordinal(place + 1)} of {len(self.places)} ({why}); "
                 + ("expected to leave in time" if in_time else "not expected to leave in time"),
             }
         return {**out, "standing": "safe", "why": "held where its rules want it elsewhere"}
@@ -357,11 +360,11 @@ class DrainSection(Section):
         self._pace(d, set())
         d.first = d.last
         cannot = d.cannot_stay()
-        text = d.last.sentence() if d.last is not None else ""
+        text = words.prediction_sentence(d.last) if d.last is not None else ""
         logger.warning(
             "amm-rules: draining %s within %s: %s",
             d.address,
-            format_seconds(d.deadline - now),
+            words.duration(d.deadline - now),
             text,
         )
         ctx.events.emit(
@@ -513,7 +516,7 @@ class DrainSection(Section):
                 step="prediction",
                 worker=d.address,
                 seconds_left=round(seconds_left, 3),
-                prediction=prediction.sentence(),
+                prediction=words.prediction_sentence(prediction),
             )
 
     def _landed(self, d: Drain, now: float) -> None:
@@ -598,7 +601,7 @@ class DrainSection(Section):
         if state == "expired":
             self.counters["lost_keys"] += d.outcome["unsafe_keys"]
         text = (
-            f"drain of {d.address} {state} after {format_seconds(now - d.started)}: "
+            f"drain of {d.address} {state} after {words.duration(now - d.started)}: "
             f"{d.outcome['text']}"
         )
         logger.warning("amm-rules: %s", text)

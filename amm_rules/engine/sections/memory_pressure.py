@@ -64,6 +64,7 @@ from tornado.ioloop import PeriodicCallback
 from amm_rules.engine.features import DATA_PRODUCER, QUEUEING, Feature
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.state.flow import MemoryFlow, PrefixFlow
+from amm_rules.engine.words import counted
 from amm_rules.language.fields import format_fraction
 from amm_rules.language.ruleset import MemoryPressureSettings, Ruleset, TaskFacts
 
@@ -394,9 +395,10 @@ class MemoryPressure(Section, SchedulerPlugin):
             what = " with transfers in flight" if settings.require_transfers else ""
             return [f"no worker at or above {format_fraction(settings.threshold)}{what}"]
         worst = sorted(self.pressured.items(), key=lambda kv: -kv[1][0])[:SHOWN_WORKERS]
-        shown = ", ".join(f"{a} at {f:.0%} ({n} transfers)" for a, (f, n) in worst)
+        shown = ", ".join(f"{a} at {f:.0%} ({counted(n, 'transfer')})" for a, (f, n) in worst)
         return [
-            f"{len(self.pressured)} workers at or above {format_fraction(settings.threshold)} "
+            f"{counted(len(self.pressured), 'worker')} at or above "
+            f"{format_fraction(settings.threshold)} "
             f"of their memory limit ({settings.measure}): {shown}"
         ]
 

@@ -67,6 +67,7 @@ from amm_rules.engine.sections.retirement import (
     shown_keys,
     suggest_copies,
 )
+from amm_rules.engine.words import counted, plural
 from amm_rules.language.fields import format_fraction
 from amm_rules.language.ruleset import PausedWorkersSettings, Ruleset
 
@@ -398,7 +399,8 @@ class PausedWorkers(Section):
             )
         if len(self.handling) >= settings.max_concurrent:
             return "max-concurrent", (
-                f"{len(self.handling)} workers are being handled (max-concurrent "
+                f"{counted(len(self.handling), 'worker')} "
+                f"{plural(len(self.handling), 'is', 'are')} being handled (max-concurrent "
                 f"{settings.max_concurrent})"
             )
         return None

@@ -48,10 +48,10 @@ from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine.adapters import TaskFactsAdapter, headroom
 from amm_rules.engine.decide.protect import HYSTERESIS, Candidate, Choice, Ranking
-from amm_rules.engine.decide.units import format_seconds
 from amm_rules.engine.dryrun import DryRun
 from amm_rules.engine.rebalance.rebalancer import spill_thresholds
 from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.engine.words import counted, duration
 from amm_rules.language.ruleset import DRY_RUN, UNGOVERNED, ProtectSettings, Ruleset
 
 logger = logging.getLogger(__name__)
@@ -512,7 +512,7 @@ class ProtectSection(Section):
                 "replicate",
                 target,
                 "accepted" if accepted else "refused",
-                f"protect: recompute ≈ {format_seconds(seconds)}, {copies} copies",
+                f"protect: recompute ≈ {duration(seconds)}, {counted(copies, 'copy')}",
                 SOURCE,
             )
             if accepted:
@@ -636,8 +636,8 @@ class ProtectSection(Section):
             return "its recompute estimate is unknown"
         if seconds < settings.min_recompute:
             return (
-                f"recompute ≈ {format_seconds(seconds)}, below min-recompute "
-                f"{format_seconds(settings.min_recompute)}"
+                f"recompute ≈ {duration(seconds)}, below min-recompute "
+                f"{duration(settings.min_recompute)}"
             )
         if settings.match is not None and not self._matches(settings.match, ts):
             return f"protect.match does not select it ({settings.match_source})"

@@ -25,6 +25,7 @@ from itertools import islice
 from typing import Any, NamedTuple
 
 from amm_rules.engine.dryrun import HELD_BACK
+from amm_rules.engine.words import counted
 
 #: Decisions kept (across all keys); ``explain`` shows a key's own among them.
 DECISIONS_KEPT = 10_000
@@ -171,9 +172,9 @@ def shortfall(plan: Any, refused: bool) -> tuple[str, str] | None:
     drops = [a for a in plan.actions if a.op == "drop"]
     if plan.inflight:
         n = len(plan.inflight)
-        return IN_FLIGHT, f"{n} {'copy' if n == 1 else 'copies'} in flight"
+        return IN_FLIGHT, f"{counted(n, 'copy')} in flight"
     if drops and not refused:
-        return IN_FLIGHT, f"{len(drops)} {'drop' if len(drops) == 1 else 'drops'} requested"
+        return IN_FLIGHT, f"{counted(len(drops), 'drop')} requested"
     if plan.deferred:
         return BUSY, plan.deferred[0]
     if plan.unmet:

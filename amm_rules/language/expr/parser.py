@@ -1,7 +1,7 @@
 """From expression text to the AST of :mod:`amm_rules.language.expr.ast`.
 
-Owns the one shared lark LALR parser (built lazily, once per process, from
-``grammar/expr.lark``), the limits on length and nesting, and the translation of
+Owns the one shared lark LALR parser (made lazily, once per process, from
+``grammar/expr.lark`` by :mod:`amm_rules.language.expr.table`), the limits on length and nesting, and the translation of
 lark's exceptions into :class:`~amm_rules.language.expr.errors.Problem` with a line and column.
 Literal tokens are decoded here (via :mod:`amm_rules.language.expr.literals`), so a bad escape
 or an unknown unit is reported at the exact token; the problems of all literals are
@@ -12,10 +12,8 @@ checked later, by :mod:`amm_rules.language.expr.checker`.
 from __future__ import annotations
 
 import contextlib
-import importlib.resources
 import re
 import threading
-from pathlib import Path
 
 from lark import Lark, Token, Transformer, Tree
 from lark.exceptions import (
@@ -57,39 +55,16 @@ _parser: Lark | None = None
 _parser_lock = threading.Lock()
 
 
-def grammar_text() -> str:
-    """The grammar, from the installed package or else from a source checkout."""
-    resource = importlib.resources.files("amm_rules") / "grammar" / "expr.lark"
-    if resource.is_file():
-        return resource.read_text(encoding="utf-8")
-    # Source checkout or editable install: grammar/ sits next to the package.
-    return (Path(__file__).resolve().parents[3] / "grammar" / "expr.lark").read_text(
-        encoding="utf-8"
-    )
-
-
-#: Options of the shared parser; part of the prebuilt table's identity.
-LARK_OPTIONS = {"parser": "lalr", "propagate_positions": True, "maybe_placeholders": False}
-
-
-def build_parser(grammar: str) -> Lark:
-    return Lark(grammar, **LARK_OPTIONS)
-
-
 def get_parser() -> Lark:
     """The shared parser, made on first use, not at import (``amm-rules validate`` must
-    start fast): from the prebuilt table when it matches the grammar (see
-    :mod:`amm_rules.language.expr.table`), else built from the grammar, which takes tens of
-    milliseconds."""
+    start fast), by :func:`amm_rules.language.expr.table.make_parser`."""
     global _parser
     if _parser is None:
         with _parser_lock:
             if _parser is None:
-                from amm_rules.language.expr import table
+                from amm_rules.language.expr.table import make_parser
 
-                grammar = grammar_text()
-                digest = table.grammar_hash(grammar, LARK_OPTIONS)
-                _parser = table.load_parser(digest) or build_parser(grammar)
+                _parser = make_parser()
     return _parser
 
 

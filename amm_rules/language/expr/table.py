@@ -1,4 +1,6 @@
-"""A prebuilt LALR parse table for the expression grammar, stored as JSON.
+"""The expression grammar and the LALR parser lark makes of it (:func:`make_parser`,
+which :mod:`amm_rules.language.expr.parser` calls once), from a prebuilt parse table
+stored as JSON when it is current.
 
 Building lark's LALR tables from ``grammar/expr.lark`` costs more than every other
 step of ``amm-rules validate`` on a small file. The table is a pure function of the
@@ -17,6 +19,7 @@ shipped table is stale.
 from __future__ import annotations
 
 import hashlib
+import importlib.resources
 import json
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,25 @@ TABLE_PATH = Path(__file__).with_name("parse_table.json")
 #: Bumped when the layout of the file changes, independently of lark's own format.
 FORMAT = 1
 _INT_KEYS = "__int_keyed__"
+
+
+def grammar_text() -> str:
+    """The grammar, from the installed package or else from a source checkout."""
+    resource = importlib.resources.files("amm_rules") / "grammar" / "expr.lark"
+    if resource.is_file():
+        return resource.read_text(encoding="utf-8")
+    # Source checkout or editable install: grammar/ sits next to the package.
+    return (Path(__file__).resolve().parents[3] / "grammar" / "expr.lark").read_text(
+        encoding="utf-8"
+    )
+
+
+#: Options of the shared parser; part of the prebuilt table's identity.
+LARK_OPTIONS = {"parser": "lalr", "propagate_positions": True, "maybe_placeholders": False}
+
+
+def build_parser(grammar: str) -> Lark:
+    return Lark(grammar, **LARK_OPTIONS)
 
 
 def grammar_hash(grammar: str, options: dict[str, Any]) -> str:
@@ -75,9 +97,14 @@ def load_parser(digest: str) -> Lark | None:
         return None
 
 
-def main() -> None:
-    from amm_rules.language.expr.parser import LARK_OPTIONS, build_parser, grammar_text
+def make_parser() -> Lark:
+    """The parser of the grammar: from the shipped table when it was built from this
+    grammar, else built from the grammar (tens of milliseconds)."""
+    grammar = grammar_text()
+    return load_parser(grammar_hash(grammar, LARK_OPTIONS)) or build_parser(grammar)
 
+
+def main() -> None:
     grammar = grammar_text()
     digest = grammar_hash(grammar, LARK_OPTIONS)
     TABLE_PATH.write_text(dump_table(build_parser(grammar), digest), encoding="utf-8")

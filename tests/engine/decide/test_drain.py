@@ -1,4 +1,5 @@
-"""The drain's order of value and its prediction (amm_rules.engine.decide.drain): pure."""
+"""The drain's order of value and its prediction (amm_rules.engine.decide.drain): pure;
+the prediction's sentence (amm_rules.engine.words), with dask's sizes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from amm_rules.engine.decide.drain import (
     predict,
     rank,
 )
+from amm_rules.engine.words import prediction_sentence
 
 CHEAP_LARGE = DrainItem("cheap-large", nbytes=1_000_000, seconds=0.5, group="cheap")
 DEAR_SMALL = DrainItem("dear-small", nbytes=1_000, seconds=30.0, group="dear")
@@ -57,8 +59,10 @@ def test_the_prediction_walks_the_order_at_the_rate() -> None:
     assert p.lost_keys == 2 and p.lost_bytes == 1_000_500
     assert p.lost_seconds == 0.5 and p.lost_unknown == 1
     assert p.cutoff == 2
-    text = p.sentence()
-    assert text.startswith("at 1000 B/s (heartbeats), 11 KiB of 988 KiB will leave in time; ")
+    text = prediction_sentence(p)
+    assert text.startswith(
+        "at 0.98 kiB/s (heartbeats), 10.74 kiB of 0.96 MiB will leave in time; "
+    )
     assert "of recompute will be lost: 2 keys (cheap 500 ms)" in text
     assert "1 without an estimate" in text
 
@@ -67,7 +71,7 @@ def test_a_key_below_its_minimum_with_a_copy_elsewhere_is_not_lost() -> None:
     p = predict(rank([PINNED, DEAR_SMALL]), rate=1, seconds_left=1)
     assert p.lost_keys == 1 and p.below_min == 1
     assert p.lost_seconds == 30.0
-    assert "1 left below their minimum" in p.sentence()
+    assert "1 left below their minimum" in prediction_sentence(p)
 
 
 def test_keys_that_cannot_move_are_lost_whatever_the_rate() -> None:
@@ -75,14 +79,14 @@ def test_keys_that_cannot_move_are_lost_whatever_the_rate() -> None:
     p = predict([DEAR_SMALL], rate=1e12, seconds_left=60, cannot_move=[frozen])
     assert p.in_time_keys == 1 and p.lost_keys == 0
     assert p.cannot_move == 1 and p.cannot_move_seconds == 600.0
-    assert "≈ 10 min of recompute will be lost: 1 key (frozen 10 min)" in p.sentence()
-    assert "1 that cannot move" in p.sentence()
+    assert "≈ 600 s of recompute will be lost: 1 key (frozen 600 s)" in prediction_sentence(p)
+    assert "1 that cannot move" in prediction_sentence(p)
 
 
 def test_everything_in_time_says_how_long_it_takes() -> None:
     p = predict([DEAR_SMALL, MIDDLE], rate=1_100, seconds_left=60, rate_source="assumed")
     assert p.lost_keys == 0
-    assert p.sentence() == (
-        "at 1.1 KiB/s (assumed), all 11 KiB will leave in time (≈ 10 s of 60 s left)"
+    assert prediction_sentence(p) == (
+        "at 1.07 kiB/s (assumed), all 10.74 kiB will leave in time (≈ 10 s of 60 s left)"
     )
-    assert predict([], 1.0, 1.0).sentence() == "every key is safe: nothing left to move"
+    assert prediction_sentence(predict([], 1.0, 1.0)) == "every key is safe: nothing left to move"

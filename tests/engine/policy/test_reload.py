@@ -109,4 +109,4 @@ async def test_no_reload_when_disabled(c, s, a, tmp_path):
 
 def test_repr_names_the_file(tmp_path):
     path = _rules_file(tmp_path, RELOADABLE.format(n=1))
-    assert repr(RulesPolicy(str(path))) == f"RulesPolicy(rules={str(path)!r}, 1 rules, 0 pools)"
+    assert repr(RulesPolicy(str(path))) == f"RulesPolicy(rules={str(path)!r}, 1 rule, 0 pools)"

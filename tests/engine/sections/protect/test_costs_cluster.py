@@ -87,7 +87,8 @@ async def _costs_learnt(c: Any, s: Any, a: Any, b: Any, kept: bool) -> None:
     assert explained["text"].startswith("recompute ≈ ")
     assert "1 ancestor released" in explained["text"]
     text = render_explain(explain_keys(policy, ["second-0"]))
-    assert "  recompute  recompute ≈ " in text and "1 ancestor released" in text
+    assert "\n  recompute ≈ " in text and "1 ancestor released" in text
+    assert "recompute  recompute" not in text
     no_errors(s)
 
 

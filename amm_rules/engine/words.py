@@ -1,0 +1,166 @@
+"""The words of the package's sentences: counts with nouns, sizes, rates, durations and
+times, as dask writes them, and the sentences of what the engine's pure parts compute.
+
+- **Sizes** are dask's (:func:`dask.utils.format_bytes`: ``2.00 MiB``, ``1.21 kiB``,
+  ``512 B``), so that status, explain, the dashboard page, the offline reports and
+  dask's own dashboard write one size one way.
+- **Durations** are dask's (:func:`dask.utils.format_time`: ``20m 34s``, ``3hr 25m``,
+  ``14d 6hr``) from ten minutes up. Below, dask writes two decimals (``95.00 s``,
+  ``450.00 ms``, ``400.00 us``), a precision the engine's estimates and countdowns do
+  not have: seconds, and milliseconds below a second, whole from ten and with one
+  decimal below (``95 s``, ``2.5 s``, ``450 ms``, ``3.2 ms``).
+- **Counts**: :func:`~amm_rules.language.plurals.counted` (``1 key``, ``3 copies``).
+
+Why here: the language half may not import dask, nor may the engine's pure parts
+(``engine/decide/``, ``tests/test_layout.py``), while the engine's sections (drain,
+protect, recompute costs, departures) speak in these words as well as status, explain,
+the page, the command line and the offline reports above the engine. The engine is the
+lowest place open both to dask and to every part that writes sentences. The plural rule
+alone needs no dask and lives in the language half (:mod:`amm_rules.language.plurals`),
+which its reporters and the pure parts use; it is given here with the rest.
+
+The pure parts compute figures; the sentences made of them with sizes and durations are
+here: a drain's prediction (:func:`prediction_sentence`) and a key's place in a drain's
+order (:func:`drain_item_why`), from :mod:`amm_rules.engine.decide.drain`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from dask.utils import format_bytes, format_time
+
+from amm_rules.engine.decide.drain import BELOW_MIN, RECOMPUTE, DrainItem, Prediction
+from amm_rules.language.plurals import counted, plural
+
+
+def size(n: float) -> str:
+    """``2.00 MiB``, ``512 B`` (dask's); a negative size keeps its sign."""
+    n = int(n)
+    return "-" + format_bytes(-n) if n < 0 else format_bytes(n)
+
+
+def signed_size(n: float | None) -> str:
+    """``+16.00 MiB``, ``-7.63 MiB``; ``-`` for None."""
+    if n is None:
+        return "-"
+    return ("-" if n < 0 else "+") + format_bytes(int(abs(n)))
+
+
+def bytes_per_second(n: float) -> str:
+    """``40.00 MiB/s``."""
+    return f"{size(n)}/s"
+
+
+def duration(seconds: float | None) -> str:
+    """``450 ms``, ``2.5 s``, ``95 s``, ``20m 34s``, ``3hr 25m``; ``unknown`` for None,
+    ``forever`` for infinity (see the module docstring)."""
+    if seconds is None:
+        return "unknown"
+    if seconds == float("inf"):
+        return "forever"
+    if seconds < 0:
+        return "-" + duration(-seconds)
+    if seconds > TEN_MINUTES:
+        return format_time(seconds)
+    if seconds >= 0.9995:
+        return f"{_figure(seconds)} s"
+    return f"{_figure(seconds * 1000)} ms"
+
+
+#: From here up, dask's words (``format_time`` changes its form there too).
+TEN_MINUTES = 600.0
+
+
+def _figure(x: float) -> str:
+    """Whole from ten, one decimal below (``0`` for zero)."""
+    if x == 0:
+        return "0"
+    return f"{x:.0f}" if x >= 9.95 else f"{x:.1f}"
+
+
+def ago(seconds: float) -> str:
+    """``3.0 s ago``, ``20m 34s ago``; ``just now`` under a second (a negative age,
+    from clocks apart, too)."""
+    return f"{duration(seconds)} ago" if seconds >= 1 else "just now"
+
+
+def local_time(stamp: float | None) -> str:
+    """A wall-clock time as a local date: ``2026-11-30 14:02:11 +0100``; ``-`` for None."""
+    if stamp is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(stamp))
+
+
+# ---------------------------------------------------------------------------------
+# The sentences of a drain's pure half
+# ---------------------------------------------------------------------------------
+
+
+def drain_item_why(item: DrainItem) -> str:
+    """Why a key stands where it does in a drain's order, in a few words."""
+    tier = item.tier
+    if tier == BELOW_MIN:
+        where = "no copy stays" if item.lost_outright else f"{item.staying} stay"
+        return f"below its minimum: replicate min {item.minimum} ({item.rule}), {where}"
+    if tier == RECOMPUTE:
+        return f"recompute ≈ {duration(item.seconds)}, {item.worth:.3g} s per byte"
+    if not item.lost_outright:
+        return "a copy stays elsewhere"
+    return "no recompute estimate"
+
+
+def prediction_sentence(p: Prediction) -> str:
+    """``at 40.00 MiB/s (heartbeats), 1.20 GiB of 3.00 GiB will leave in time; ≈ 14m 0s
+    of recompute will be lost: 310 keys (x 12m 0s, y 2m 0s)``."""
+    speed = f"{bytes_per_second(p.rate)} ({p.rate_source})"
+    lost_seconds = p.lost_seconds + p.cannot_move_seconds
+    lost_keys = p.lost_keys + p.cannot_move
+    if not lost_keys:
+        if not p.total_bytes:
+            return "every key is safe: nothing left to move"
+        return (
+            f"at {speed}, all {size(p.total_bytes)} will leave in time "
+            f"(≈ {duration(p.seconds_needed)} of {duration(p.seconds_left)} left)"
+        )
+    out = f"at {speed}, {size(p.in_time_bytes)} of {size(p.total_bytes)} will leave in time; "
+    if lost_seconds > 0:
+        out += f"≈ {duration(lost_seconds)} of recompute will be lost: "
+    else:
+        out += "lost: "
+    out += counted(lost_keys, "key")
+    named = [f"{g.group} {duration(g.seconds)}" for g in p.groups if g.seconds]
+    if named:
+        out += f" ({', '.join(named)})"
+    extra = []
+    if p.lost_unknown:
+        extra.append(f"{p.lost_unknown:,} without an estimate")
+    if p.below_min:
+        extra.append(f"{p.below_min:,} left below their minimum")
+    if p.cannot_move:
+        extra.append(f"{p.cannot_move:,} that cannot move")
+    if extra:
+        out += "; " + ", ".join(extra)
+    return out
+
+
+def prediction_record(p: Prediction) -> dict[str, Any]:
+    """The prediction as data (:meth:`~amm_rules.engine.decide.drain.Prediction.as_dict`)
+    with its sentence (``text``)."""
+    return {**p.as_dict(), "text": prediction_sentence(p)}
+
+
+__all__ = [
+    "ago",
+    "bytes_per_second",
+    "counted",
+    "drain_item_why",
+    "duration",
+    "local_time",
+    "plural",
+    "prediction_record",
+    "prediction_sentence",
+    "signed_size",
+    "size",
+]
