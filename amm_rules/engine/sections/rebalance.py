@@ -56,6 +56,8 @@ class RebalanceSection(Section):
 
     def run(self, cycle: Cycle) -> Any:
         if self.rebalancer.idle:
+            if self.ctx is not None:
+                self.ctx.index.moving = {}
             return ()
         return self._run(cycle)
 
@@ -78,6 +80,9 @@ class RebalanceSection(Section):
         held = ctx.dry_run.rebalance_label(index.desired)
         journaled = ctx.journal.rebalancing(moves, rebalancer.book.pending, held)
         yield from ctx.dry_run.rebalancing(journaled, index.desired, cycle.stats)
+        # The moves in flight now (the book's table is a new one after each settling):
+        # a copy landing wakes the policy for its drop.
+        index.moving = rebalancer.book.pending
 
     def _adopt_copy(self, key: Hashable, worker: str) -> None:
         """A move given up after its copy landed on ``worker`` (the key's replication

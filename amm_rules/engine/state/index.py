@@ -116,6 +116,10 @@ class KeyIndex(SchedulerPlugin):
         self._reclassifying = False
         #: Keys whose copies changed since the last cycle (see :func:`watch_scheduler`).
         self.touched: set[Hashable] = set()
+        #: Rebalancing's moves in flight (key -> the move, with its ``recipient``), set
+        #: by the rebalance section after each cycle: a move's copy landing wakes the
+        #: policy, whose next cycle drops the sender's copy (the relief the move is for).
+        self.moving: Mapping[Hashable, Any] = {}
         #: Governed keys to look at again next cycle (an action refused or deferred,
         #: copies held for waiters, a worker backed off).
         self.recheck: set[Hashable] = set()
@@ -583,6 +587,10 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
                 index.wake("copy-landed")
         if held > 1:  # the first copy is a key entering memory: see dirty
             index.touched.add(ts.key)
+            moving = index.moving
+            move = moving.get(ts.key) if moving else None
+            if move is not None and move.recipient == ws.address:
+                index.wake("move-landed")
 
     def remove_replica_watched(ts: Any, ws: Any) -> None:
         remove_replica(ts, ws)

@@ -1,7 +1,8 @@
 """Rebalancing stays out of the way where a move relieves nothing: a worker at its spill
 threshold receives nothing (it would push as much to its disk), and keys too small to
 change any worker's memory never move (the planner's side is in
-tests/engine/rebalance/test_plan.py).
+tests/engine/rebalance/test_plan.py). And where a move relieves a worker, the relief
+comes at once: the sender's copy is dropped by an early cycle when the copy lands.
 
 The thresholds are the scheduler's ``distributed.worker.memory.target`` and ``.spill``;
 here the workers keep their data in a plain dict (``worker_kwargs``: nothing a memory
@@ -21,7 +22,7 @@ from amm_rules.engine.adapters import headroom
 from amm_rules.engine.rebalance.plan import SPILLING, TOO_SMALL
 from amm_rules.engine.rebalance.rebalancer import spill_thresholds
 from benchmarks.support.waiting import wait_cycles, wait_for
-from tests.support.cluster import amm_config, keep, policy_of, rules
+from tests.support.cluster import LONG_INTERVAL, amm_config, holders, keep, policy_of, rules
 
 MiB = 2**20
 LIMIT = 10 * MiB
@@ -91,3 +92,37 @@ async def test_tiny_keys_never_move(c, s, a, b):
     assert plan.skipped.get(TOO_SMALL, 0) == 200 and plan.moves == ()
     assert policy.rebalancer.totals["moves"] == 0
     keep(tiny)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 2,
+    worker_kwargs=WORKERS,
+    # The periodic cycles a minute apart: only early cycles can finish a move.
+    config={
+        **config(target=False, spill=False, pause=False),
+        "distributed.scheduler.active-memory-manager.interval": LONG_INTERVAL,
+    },
+    timeout=60,
+)
+async def test_a_move_whose_copy_landed_drops_the_senders_copy_at_once(c, s, a, b):
+    data = await c.scatter(
+        {f"x-{i}": np.full(KEY // 8, float(i)) for i in range(40)}, workers=[a.address]
+    )
+    policy = policy_of(s)
+    await c.amm.run_once()  # the moves' copies are asked for here ...
+    assert policy.rebalancer.totals["moves"] > 0
+    moved = policy.rebalancer.totals["moves"]
+    # ... and their drops follow in early cycles, long before the next periodic one.
+    await wait_for(
+        lambda: (
+            policy.rebalancer.totals["drops"] == moved
+            and sum(b.address in holders(s, k) for k in data) == moved
+            and all(len(holders(s, k)) == 1 for k in data)
+        ),
+        "every move's drop made: each key once, the moved ones on b",
+        show=lambda: dict(policy.rebalancer.totals),
+    )
+    reasons = {r for _, rs in policy.early.history for r in rs}
+    assert "move-landed" in reasons
+    keep(data)
