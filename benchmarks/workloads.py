@@ -292,8 +292,11 @@ async def one_run(
     seed: int,
     imbalance: w.Imbalance | None = None,
 ) -> dict[str, Any]:
-    fraction = w.FRACTIONS[name] if imbalance is None else imbalance.fraction
-    shape = w.shape_of(name, setup.workers, setup.memory_limit, fraction * setup.data)
+    if imbalance is None:
+        fraction, chunk = w.FRACTIONS[name], None
+    else:
+        fraction, chunk = imbalance.fraction, imbalance.chunk_fraction
+    shape = w.shape_of(name, setup.workers, setup.memory_limit, fraction * setup.data, chunk)
     latency = 0.0 if imbalance is None else imbalance.latency(shape)
     sink_dir = Path(tempfile.mkdtemp(prefix="amm-rules-workloads-"))
     built = w.build(name, shape, seed, sink_dir, latency)
@@ -568,7 +571,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setup]:
         "--fraction", type=float, default=0.35, help="inputs / cluster memory (variant)"
     )
     parser.add_argument(
-        "--load-rate", type=float, default=64.0, help="MiB/s one thread loads (variant; 0: no wait)"
+        "--load-rate",
+        type=float,
+        default=64.0,
+        help="MiB/s one thread loads (variant; 0: no wait)",
     )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plots-only", action="store_true")

@@ -181,13 +181,20 @@ class Shape:
         return inputs * math.prod(self.shape) * 8 * n
 
 
-def shape_of(name: str, workers: int, memory_limit: int, fraction: float | None = None) -> Shape:
+def shape_of(
+    name: str,
+    workers: int,
+    memory_limit: int,
+    fraction: float | None = None,
+    chunk_fraction: float | None = None,
+) -> Shape:
     """The sizes of workload ``name`` on ``workers`` workers of ``memory_limit`` bytes,
-    its inputs taking ``fraction`` (default: :data:`FRACTIONS`) of their memory."""
+    its inputs taking ``fraction`` (default: :data:`FRACTIONS`) of their memory, in
+    chunks of ``chunk_fraction`` of a worker's limit (default: :data:`CHUNKS`)."""
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
     total = (FRACTIONS[name] if fraction is None else fraction) * workers * memory_limit
-    chunk = CHUNKS[name] * memory_limit
+    chunk = (CHUNKS[name] if chunk_fraction is None else chunk_fraction) * memory_limit
     if name in ("double_diff", "vorticity"):
         side_chunk = max(2, int(math.sqrt(chunk / 8)))
         side = max(2 * side_chunk, int(math.sqrt(total / 2 / 8)))
@@ -393,7 +400,8 @@ class Imbalance:
     ran the producers); ``late``: they are persisted while only ``heavy`` workers run,
     and the others join once they are in memory. Either way the computation then runs
     on every worker. ``fraction`` of the cluster's memory is what the inputs take
-    (instead of :data:`FRACTIONS`); ``load_rate`` the bytes per second one thread
+    (instead of :data:`FRACTIONS`), in chunks of ``chunk_fraction`` of a worker's limit
+    (instead of :data:`CHUNKS`); ``load_rate`` the bytes per second one thread
     loads (a chunk's load waits ``chunk bytes / load_rate``, storage's read time: a
     worker that runs the producers fills at a reader's pace, not at the pace numpy
     draws random numbers; None: no wait)."""
@@ -402,6 +410,10 @@ class Imbalance:
     heavy: int = 1
     fraction: float = 0.35
     load_rate: float | None = 64 * MiB
+    #: Chunks (and partitions) of this fraction of a worker's limit, smaller than the
+    #: even runs' arrays': spread evenly, the computation does not spill, so what
+    #: spills is the imbalance's doing.
+    chunk_fraction: float = 1 / 48
 
     def __post_init__(self) -> None:
         if self.kind not in ("producers", "late"):
