@@ -301,38 +301,40 @@ def anom_mean(data: Any) -> Any:
 
 
 def frames(shape: Shape, seed: int, latency: float = 0.0) -> tuple[Any, Any]:
+    """The two frames of ``dataframe_align``: ids in order (known divisions), and the
+    same ids shuffled over every partition."""
+    parts, rows = shape.shape
+    divisions = [i * rows for i in range(parts)] + [parts * rows - 1]
+    left = frame(parts, rows, seed, False, latency, divisions, "left-part")
+    right = frame(parts, rows, seed + 1, True, latency, None, "right-part")
+    return left, right
+
+
+def frame(
+    parts: int,
+    rows: int,
+    seed: int,
+    shuffled: bool,
+    latency: float,
+    divisions: list[int] | None,
+    label: str,
+) -> Any:
     import dask.dataframe as dd
 
-    parts, rows = shape.shape
-    meta = frame_part(0, 1, 1, FRAME_COLUMNS, seed, False).iloc[:0]
-    left = dd.from_map(
+    return dd.from_map(
         frame_part,
         range(parts),
         parts=parts,
         rows=rows,
         width=FRAME_COLUMNS,
         seed=seed,
-        shuffled=False,
+        shuffled=shuffled,
         latency=latency,
-        meta=meta,
-        divisions=[i * rows for i in range(parts)] + [parts * rows - 1],
-        label="left-part",
+        meta=frame_part(0, 1, 1, FRAME_COLUMNS, seed, False).iloc[:0],
+        divisions=divisions,
+        label=label,
         enforce_metadata=False,
     )
-    right = dd.from_map(
-        frame_part,
-        range(parts),
-        parts=parts,
-        rows=rows,
-        width=FRAME_COLUMNS,
-        seed=seed + 1,
-        shuffled=True,
-        latency=latency,
-        meta=meta,
-        label="right-part",
-        enforce_metadata=False,
-    )
-    return left, right
 
 
 def dataframe_align(left: Any, right: Any) -> Any:
