@@ -42,6 +42,7 @@ Usage::
     python -m benchmarks.workloads --imbalance producers --only double_diff,anom_mean
     python -m benchmarks.workloads --scale 4           # 4 x the memory per worker, same chunks
     python -m benchmarks.workloads --plots-only        # the plots again from the JSON
+    python -m benchmarks.workloads --markdown          # the docs' tables from the JSON
 
 Writes ``benchmarks/results/workloads[-VARIANT][-quick].json`` and, unless ``--quick``,
 the plots ``docs/workloads-<workload>[-VARIANT].png``.
@@ -491,6 +492,35 @@ def print_table(table: dict[str, Any], repeats: int) -> None:
     print(f"medians (min-max) of {repeats} runs per mode")
 
 
+def markdown(table: dict[str, Any]) -> str:
+    """The tables of docs/performance.md: per workload, a row per mode with medians and
+    ranges, and each ratio of medians to stock's."""
+    out = []
+    for name, rows in table.items():
+        out += [
+            f"**{name}**",
+            "",
+            "| mode | wall s | written MiB | read MiB | peak MiB | max/mean | scheduler s | lost "
+            "| wall, written, read vs stock |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for mode, e in rows.items():
+            r = e.get("vs_stock") or {}
+            ratios = ", ".join(
+                "-" if r.get(k) is None else f"{r[k]:.2f}" for k in ("wall_s", "written", "read")
+            )
+            imb = e["imbalance_mean"]
+            out.append(
+                f"| {mode} | {cell(e, 'wall_s')} | {cell(e, 'written', mib)} "
+                f"| {cell(e, 'read', mib)} | {mib(e['peak_process']['median'])} "
+                f"| {'-' if imb is None else format(imb['median'], '.2f')} "
+                f"| {e['scheduler_cpu_s']['median']:.1f} | {e['workers_lost']['max']:.0f} "
+                f"| {ratios if mode != 'stock' else ''} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
 # -- plots ----------------------------------------------------------------------------
 
 
@@ -578,6 +608,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setup]:
     )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plots-only", action="store_true")
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the docs' tables from the JSON"
+    )
     args = parser.parse_args(argv)
     base = QUICK if args.quick else Setup()
     setup = Setup(
@@ -608,6 +641,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setup]:
 
 def main(argv: list[str] | None = None) -> None:
     args, setup = parse(argv)
+    if args.markdown:
+        print(markdown(json.loads(args.json.read_text())["table"]))
+        return
     if args.plots_only:
         for path in plot(json.loads(args.json.read_text())):
             print(f"wrote {path.relative_to(ROOT)}")

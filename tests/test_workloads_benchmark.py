@@ -213,3 +213,13 @@ def test_plots_are_drawn_from_the_json(tmp_path: Path) -> None:
     data = {"settings": {"variant": "even"}, "table": table, "runs": runs}
     (path,) = bench.plot(data, tmp_path)
     assert path.name == "workloads-vorticity.png" and path.stat().st_size > 1000
+
+
+def test_the_docs_tables_are_printed_from_the_summary() -> None:
+    runs = [run("stock", 10, 100 * MiB, 50 * MiB), run("rebalance", 9, 90 * MiB, 40 * MiB)]
+    table = bench.summarize(runs, ["vorticity"], ["stock", "rebalance"])
+    lines = bench.markdown(table).splitlines()
+    assert lines[0] == "**vorticity**"
+    stock, rebalance = (line for line in lines if line.startswith(("| stock", "| rebalance")))
+    assert stock.startswith("| stock | 10.0 (10.0-10.0) | 100 (100-100) | 50 (50-50) |")
+    assert rebalance.endswith("| 0.90, 0.90, 0.80 |")
