@@ -191,8 +191,9 @@ def persist(
     cannot be. The target waits for keys still computing and holds from when each
     enters memory, until it is released (as :func:`replicate`'s). Fields other than
     ``replicate`` override the rules and the ``amm`` annotation as a runtime target
-    overrides ``replicate``; an unknown pool is refused by the scheduler
-    (:class:`ValueError`).
+    overrides ``replicate``. The scheduler checks the fields with its pools before
+    anything is persisted: an unknown pool raises :class:`ValueError` and persists
+    nothing.
 
     ``persist_kwargs`` go to ``client.persist``. Returns the persisted collection (with
     an asynchronous client, an awaitable of it); a list or tuple of collections is
@@ -215,24 +216,40 @@ def persist(
     target = checked.pop("replicate", None)
     client = client or get_client()
     many = isinstance(collection, (list, tuple))
-    persisted = client.persist(list(collection) if many else collection, **persist_kwargs)
-    futures = futures_of(persisted)
-    keys = list(dict.fromkeys(f.key for f in futures))
-    answer = client.sync(_set_pending, client, keys, target, checked or None)
+    work = (list(collection) if many else collection, target, checked or None, persist_kwargs)
     if client.asynchronous:
-        return _after(answer, persisted)
+        return _persist_async(client, *work)
+    client.sync(_set_pending, client, [], *work[1:3])  # checked first: nothing persisted
+    return _persist(client, *work)
+
+
+def _persist(
+    client: Client, collection: Any, target: Any, fields: Any, persist_kwargs: Any
+) -> Any:
+    persisted = client.persist(collection, **persist_kwargs)
+    keys = list(dict.fromkeys(f.key for f in futures_of(persisted)))
+    client.sync(_set_pending, client, keys, target, fields)
     return persisted
 
 
-async def _after(answer: Any, persisted: Any) -> Any:
-    await answer
+async def _persist_async(
+    client: Client, collection: Any, target: Any, fields: Any, persist_kwargs: Any
+) -> Any:
+    await _set_pending(client, [], target, fields)  # checked first: nothing persisted
+    persisted = client.persist(collection, **persist_kwargs)
+    keys = list(dict.fromkeys(f.key for f in futures_of(persisted)))
+    await _set_pending(client, keys, target, fields)
     return persisted
 
 
 async def _set_pending(client: Client, keys: list[Any], target: Any, fields: Any) -> Any:
+    """Set the target and fields on ``keys``, also on those still to compute; with no
+    keys, only check them (the scheduler knows the pools): a ``ValueError`` if refused."""
     await _require_engine(client)
-    return await client.scheduler.amm_rules_set_target(
-        keys=keys, target=target, fields=fields, pending=True
+    return _refused(
+        await client.scheduler.amm_rules_set_target(
+            keys=keys, target=target, fields=fields, pending=True
+        )
     )
 
 
@@ -413,6 +430,14 @@ def _futures_and_keys(obj: Any, depth: int = 0) -> tuple[list[Future], list[Any]
     return futures, keys
 
 
+def _refused(answer: Any) -> Any:
+    """A handler's answer, or the ``ValueError`` of a refusal (the engine is imported
+    when a call is made, not with this module)."""
+    from amm_rules.engine.handlers import refused
+
+    return refused(answer)
+
+
 def _client(futures: list[Future], client: Client | None) -> Client:
     if client is not None:
         return client
@@ -473,14 +498,16 @@ async def _set_target(client: Client, futures: list[Future], keys: list[Any], ta
         await _wait(futures)
     await _require_engine(client)
     keys = list(dict.fromkeys([*(f.key for f in futures), *keys]))
-    answer = await client.scheduler.amm_rules_set_target(keys=keys, target=target)
+    answer = _refused(await client.scheduler.amm_rules_set_target(keys=keys, target=target))
     # Lists come back as tuples over TCP (msgpack) but as lists in-process: pick one.
     return {**answer, "missing": list(answer.get("missing", ()))}
 
 
 async def _explain(client: Client, keys: list[Any]) -> Any:
     await _require_engine(client)
-    got = await client.scheduler.amm_rules_explain(keys=list(dict.fromkeys(keys)), counts=True)
+    got = _refused(
+        await client.scheduler.amm_rules_explain(keys=list(dict.fromkeys(keys)), counts=True)
+    )
     if got["shown"] < got["total"]:
         warnings.warn(
             f"amm_rules.explain: explained {got['shown']:,} of {got['total']:,} keys (the "
@@ -505,15 +532,17 @@ async def _drain(client: Client, workers: list[str], seconds: float, close: bool
 
     await _require_engine(client)
     await _require_handler(client, "amm_rules_drain")
-    started = await client.scheduler.amm_rules_drain(
-        workers=workers, deadline=seconds, close_workers=close
+    started = _refused(
+        await client.scheduler.amm_rules_drain(
+            workers=workers, deadline=seconds, close_workers=close
+        )
     )
     addresses = list(started)
     report = dict(started)
     loop = asyncio.get_running_loop()
     give_up = loop.time() + seconds + 30.0  # the deadline, and time to close
     while loop.time() < give_up:
-        report = await client.scheduler.amm_rules_drain_report(workers=addresses)
+        report = _refused(await client.scheduler.amm_rules_drain_report(workers=addresses))
         if all(drain_over(line) for line in report.values()):
             break
         await asyncio.sleep(DRAIN_POLL)

@@ -242,8 +242,17 @@ def _print_workload(workload: Workload) -> None:
             f"  rule {spec.rule}: {counted(spec.count, 'key')} {spec.prefix}-N, "
             f"{type_name(spec.kind)} of {size(spec.nbytes)}{extra}"
         )
-    if workload.unmatched:
-        names = ", ".join(workload.unmatched)
+    for rule, missing in workload.missing.items():
+        modules = [module for module, _ in missing]
+        verb = "is" if len(modules) == 1 else "are"
+        click.echo(
+            f"  rule {rule}: no key: {' and '.join(modules)} {verb} not installed, and its "
+            f"keys would be {' or '.join(t for _, t in missing)} "
+            f"(pip install {' '.join(modules)})"
+        )
+    unmatched = [r for r in workload.unmatched if r not in workload.missing]
+    if unmatched:
+        names = ", ".join(unmatched)
         click.echo(
             f"  rules the demo makes no key for: {names}. Its keys are named after the "
             "strings in a rule's match (task.prefix, task.key, task.group), hold "

@@ -103,6 +103,10 @@ class Workload:
     #: The prefix of the keys no rule governs (broadcast, to show ``reduce-replicas``),
     #: or None when every candidate prefix is governed.
     scratch: str | None = None
+    #: Per unmatched rule, the modules not installed whose keys it would match, each
+    #: with the type it would make (``("pandas", "pandas.DataFrame")``): the cause to
+    #: tell, rather than the types the demo makes.
+    missing: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
 
 
 def available_kinds() -> list[str]:
@@ -133,6 +137,9 @@ def plan(
         spec = _spec(rule, ruleset, kinds, key_split, group_of)
         if spec is None:
             out.unmatched.append(rule.name)
+            missing = missing_modules(rule, kinds, key_split)
+            if missing:
+                out.missing[rule.name] = missing
         else:
             out.specs.append(spec)
     for prefix in ("scratch", "spare", "unruled"):
@@ -169,6 +176,31 @@ def _spec(
             _placement(desired),
         )
     return None
+
+
+def missing_modules(
+    rule: Rule, kinds: list[str], key_split: Callable[[str], str]
+) -> list[tuple[str, str]]:
+    """The modules not installed (kinds missing from ``kinds``) that would make a key
+    ``rule`` matches, with that key's type: ``[("pandas", "pandas.DataFrame")]`` for
+    ``task.type == "pandas.DataFrame"`` where pandas is not installed. Tried with every
+    name the type is recorded under."""
+    from amm_rules.language.type_names import names_of
+
+    out = []
+    for kind, (public, module) in KINDS.items():
+        if module is None or kind in kinds:
+            continue
+        for prefix, _, nbytes, annotated in _candidates(rule, [kind], key_split):
+            key = f"{prefix}-0"
+            facts = [
+                TaskFacts(key, key_split(key), key_split(key), name, nbytes, annotations=annotated)
+                for name in names_of(public)
+            ]
+            if any(_safe_match(rule, f) for f in facts):
+                out.append((module, public))
+                break
+    return out
 
 
 def _safe_match(rule: Rule, facts: TaskFacts) -> bool:

@@ -79,12 +79,18 @@ async def drain_self(scheduler: Any, address: str, seconds: float) -> dict[str, 
     """Ask the scheduler (an rpc) to drain the worker at ``address`` within ``seconds``,
     and wait until the drain ended or the time is up. Returns the drain's last report
     (None: the scheduler could not drain it, which a warning says)."""
+    from amm_rules.engine.handlers import refused
+
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
     try:
-        answer = await asyncio.wait_for(
-            scheduler.amm_rules_drain(workers=[address], deadline=seconds, close_workers=False),
-            ASK_TIMEOUT,
+        answer = refused(
+            await asyncio.wait_for(
+                scheduler.amm_rules_drain(
+                    workers=[address], deadline=seconds, close_workers=False
+                ),
+                ASK_TIMEOUT,
+            )
         )
     except Exception as exc:
         logger.warning(
@@ -104,8 +110,10 @@ async def drain_self(scheduler: Any, address: str, seconds: float) -> dict[str, 
         )
     while loop.time() < end:
         try:
-            report = await asyncio.wait_for(
-                scheduler.amm_rules_drain_report(workers=[address]), ASK_TIMEOUT
+            report = refused(
+                await asyncio.wait_for(
+                    scheduler.amm_rules_drain_report(workers=[address]), ASK_TIMEOUT
+                )
             )
         except Exception as exc:
             logger.warning("amm-rules: the drain of %s cannot be followed: %s", address, _why(exc))
@@ -225,9 +233,36 @@ class SignalDrain:
                 _signalled["drained"] = time.monotonic()
                 await drain_self(worker.scheduler, worker.address, _time_left(self.seconds))
         finally:
-            # With a nanny: the nanny was signalled too (it waits for the drain, then
-            # stops), or it restarts the worker, which is its job.
-            await worker.close(nanny=False, reason="amm-rules: drained after SIGTERM")
+            if not await _stopped_by_nanny(worker):
+                await worker.close(nanny=False, reason=CLOSED)
+
+
+#: Why a worker closes after its drain (the worker's and the nanny's logs say it).
+CLOSED = "amm-rules: drained after SIGTERM"
+#: Seconds a nanny has to stop its worker process before it kills it.
+STOP_TIMEOUT = 10.0
+
+
+async def _stopped_by_nanny(worker: Any) -> bool:
+    """Have the worker's nanny stop its process, the nanny's own way; False if it has
+    no nanny or the nanny did not do it.
+
+    The nanny stops a worker process through a queue that a thread of the process
+    watches: the worker closes when that thread is told to. A worker closing itself
+    leaves the thread waiting, and the process's exit then closes the queue under it:
+    the nanny's code logged ``Worker process died unexpectedly`` with a ``TypeError``
+    from ``watch_stop_q``. Stopped by the nanny, the process ends cleanly, and the
+    nanny does what it does when a signal ends its worker: starts a new one, unless it
+    is closing itself (it was signalled too, and waits for the drain)."""
+    if not getattr(worker, "nanny", None):
+        return False
+    try:
+        async with worker.rpc(worker.nanny) as nanny:
+            # The answer never comes: the nanny answers once this process has ended.
+            await asyncio.wait_for(nanny.kill(timeout=STOP_TIMEOUT, reason=CLOSED), ASK_TIMEOUT)
+    except Exception:
+        pass  # the comm closed with the worker, or the nanny did not answer in time
+    return worker.status.name not in ("running", "paused", "init")
 
 
 async def dask_setup(server: Any) -> None:

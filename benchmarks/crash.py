@@ -108,7 +108,7 @@ class Sampler:
 def _protect_section(policy: Any) -> Any:
     from amm_rules.engine.sections.protect import ProtectSection
 
-    return policy.ctx.find(ProtectSection)
+    return policy.section(ProtectSection)
 
 
 async def settle(s: Any, mode: str, keys: list[str], timeout: float = 60.0) -> float:
@@ -120,7 +120,7 @@ async def settle(s: Any, mode: str, keys: list[str], timeout: float = 60.0) -> f
             done = all(copies(s, k) >= 2 for k in keys)
         elif mode == "protect":
             (policy,) = s.extensions["amm"].policies
-            protected = policy.ctx.protected
+            protected = _protect_section(policy).protected
             done = bool(protected) and all(copies(s, k) >= 2 for k in protected)
         else:
             done = True

@@ -46,7 +46,6 @@ import asyncio
 import json
 import logging
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -54,9 +53,11 @@ from typing import Any
 
 import dask
 import dask.array as da
-import distributed
 import numpy as np
-from distributed import Client, LocalCluster
+from distributed import Client
+
+from benchmarks.support.cluster import spilling_cluster, spilling_config
+from benchmarks.support.results import run_header
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "memory_pressure.json"
@@ -150,28 +151,10 @@ def rules_of(mode: str) -> dict[str, Any]:
 
 async def one_run(name: str, mode: str) -> dict[str, Any]:
     threads, limit = SHAPES[name]
-    prefix = "distributed.scheduler.active-memory-manager"
-    config = {
-        f"{prefix}.start": True,
-        f"{prefix}.policies": [{"class": "amm_rules.RulesPolicy", "rules": rules_of(mode)}],
-        "distributed.worker.memory.target": 0.6,
-        "distributed.worker.memory.spill": 0.7,
-        "distributed.worker.memory.pause": 0.8,
-        "distributed.worker.memory.terminate": False,
-    }
-    env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     load = os.getloadavg()[0]
-    with dask.config.set(config):
+    with dask.config.set(spilling_config(rules_of(mode))):
         async with (
-            LocalCluster(
-                n_workers=WORKERS,
-                threads_per_worker=threads,
-                processes=True,
-                asynchronous=True,
-                dashboard_address=":0",
-                memory_limit=limit,
-                env=env,
-            ) as cluster,
+            spilling_cluster(WORKERS, threads, limit) as cluster,
             Client(cluster, asynchronous=True) as client,
         ):
             s = cluster.scheduler
@@ -392,15 +375,7 @@ def main() -> None:
     goals = {mode: targets(table, mode) for mode in args.modes if mode != "without"}
     print(json.dumps(goals))
     result = {
-        "date": time.strftime("%Y-%m-%d", time.localtime(started)),
-        "duration_s": round(time.time() - started),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "shared": "yes: other work ran on the machine; see load_before per run",
-        },
-        "python": platform.python_version(),
-        "distributed": distributed.__version__,
+        **run_header(started),
         "settings": {
             "repeats": args.repeats,
             "workers": WORKERS,

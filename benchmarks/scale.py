@@ -35,6 +35,10 @@ side by side, on each size:
   cycles until the protected copies landed, then the steady cycle, the first cycle
   after 1% of the keys changed, and a status report, with the recompute estimates
   and the protect section's choice in them;
+- ``adaptive``: what adaptive scaling's two questions cost the event loop:
+  ``adaptive_target()`` and ``workers_to_close(n=half the workers)``, distributed's own
+  (no policy attached) and with the 20-rule file and an ``adaptive:`` section (the
+  target that counts memory, the guard over the governed classes, the order of leaving);
 - ``transitions``: the scheduler's transition throughput on a 100k-task graph with
   and without amm-rules (its scheduler plugins and its wrappers of the scheduler's
   replica methods), and the cost of each plugin's transition hook alone (the index's
@@ -76,6 +80,7 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension, Redu
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from amm_rules import RulesPolicy, load_ruleset
+from amm_rules.engine.sections.adaptive import AdaptiveSection
 from amm_rules.engine.sections.protect import ProtectSection
 from amm_rules.observe.explain import explain_keys
 from amm_rules.observe.metrics import RulesCollector
@@ -95,6 +100,10 @@ PROTECT = """
 protect:
   budget: 2 GiB
   min-recompute: 1s
+"""
+#: The adaptive section of the ``adaptive`` measurement: every default.
+ADAPTIVE = """
+adaptive: {}
 """
 #: Per-task compute seconds given to the groups for the ``protect`` measurement.
 PROTECT_SECONDS = (0.005, 0.05, 0.5, 2.0, 30.0, 600.0)
@@ -719,6 +728,50 @@ def measure_protect(state: scheduler_state.BenchState, n: int, rounds: int) -> d
         state.transfers.apply(scheduler)
 
 
+def measure_adaptive(state: scheduler_state.BenchState, n: int) -> dict[str, Any]:
+    """The ``adaptive`` rows (see the module docstring): distributed's answers first (the
+    caller attached no policy yet), then a policy of its own with the section, once
+    every key in memory is classified; detached afterwards (its plugins and wrappers
+    gone)."""
+    scheduler = state.scheduler
+    half = max(1, len(scheduler.workers) // 2)
+
+    def calls(fn: Callable[[], Any]) -> dict[str, Any]:
+        times = []
+        for _ in range(n):
+            gc.collect()
+            times.append(timed(fn))
+        return summary(times)
+
+    out: dict[str, Any] = {
+        "stock_target": calls(scheduler.adaptive_target),
+        "stock_close": calls(lambda: scheduler.workers_to_close(n=half)),
+    }
+    tmp = tempfile.TemporaryDirectory()  # the policy watches its file: kept until detached
+    rules = Path(tmp.name) / "scale-adaptive.yaml"
+    rules.write_text(RULES.read_text() + ADAPTIVE)
+    policy = RulesPolicy(rules=rules, audit_interval=AUDIT_NEVER_HERE)
+    manager = new_manager(scheduler, policy)
+    try:
+        state.transfers.clear()
+        manager.run_once()
+        for _ in range(500):
+            if not unclassified(manager):
+                break
+            manager.run_once()
+        state.transfers.clear()
+        out["target"] = calls(scheduler.adaptive_target)
+        out["close"] = calls(lambda: scheduler.workers_to_close(n=half))
+        report = policy.section(AdaptiveSection).status()
+        out["kept"] = len(report["kept"])
+        out["half"] = half
+        return out
+    finally:
+        policy.detach()
+        tmp.cleanup()
+        state.transfers.clear()
+
+
 def measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) -> dict[str, Any]:
     return asyncio.run(_measure_state(n_keys, n_workers, args))
 
@@ -742,6 +795,9 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
     n_cycles = args.cycles
     n_stock = n_cycles
     try:
+        # First, while no policy ever attached: distributed's own answers are its own.
+        log("  adaptive: the target and the choice of workers to close")
+        out["adaptive"] = measure_adaptive(state, n_cycles)
         log("  attach + first cycle")
         policy, manager, out["attach"] = measure_attach(state)
         log("  steady cycles")
@@ -776,6 +832,7 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
         out["protect"] = measure_protect(
             state, n_cycles, min(args.rounds, 2) if big else args.rounds
         )
+
     finally:
         await scheduler.close()
         gc.unfreeze()
@@ -1070,6 +1127,14 @@ def table(results: list[dict[str, Any]], t: dict[str, Any] | None) -> str:
                 ("protect: steady", p["steady"]["median_s"], p["steady"]["p95_s"], f"{p['protected_keys']:,} keys"),
                 ("protect: 1% changed", p["changed"]["median_s"], p["changed"]["p95_s"], ""),
                 ("protect: status report", p["status"]["median_s"], p["status"]["p95_s"], f"{p['status_json_bytes']:,} B json"),
+            ]  # fmt: skip
+        if "adaptive" in r:
+            a = r["adaptive"]
+            rows += [
+                ("adaptive_target, distributed's", a["stock_target"]["median_s"], a["stock_target"]["p95_s"], ""),
+                ("adaptive_target, adaptive section", a["target"]["median_s"], a["target"]["p95_s"], ""),
+                ("workers_to_close, distributed's", a["stock_close"]["median_s"], a["stock_close"]["p95_s"], f"n={a['half']:,}"),
+                ("workers_to_close, guarded", a["close"]["median_s"], a["close"]["p95_s"], f"{a['kept']:,} kept"),
             ]  # fmt: skip
         for n, (name, median, p95, what) in enumerate(rows):
             lines.append(

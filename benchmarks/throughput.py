@@ -67,10 +67,10 @@ PROFILED: tuple[tuple[str, str, str, tuple[str, str] | None], ...] = (
      ("distributed/scheduler.py", "update_data")),
     ("AMM cycles (run_once)", "distributed/active_memory_manager.py", "run_once", None),
     ("  RulesPolicy.run", "engine/policy.py", "run", None),
-    ("    classification", "engine/policy.py", "_classify_dirty", None),
-    ("    suspects", "engine/policy.py", "_suspects", None),
-    ("    planning and suggesting", "engine/policy.py", "_plan_and_suggest", None),
-    ("    reduce-replicas", "engine/reduce_replicas.py", "reduce_replicas", None),
+    ("    classification", "engine/sections/classification.py", "_classify_dirty", None),
+    ("    suspects", "engine/sections/replication.py", "_suspects", None),
+    ("    planning and suggesting", "engine/sections/replication.py", "_plan_and_suggest", None),
+    ("    reduce-replicas", "engine/sections/reduce_replicas.py", "reduce_replicas", None),
     ("  stock ReduceReplicas.run", "distributed/active_memory_manager.py", "run", None),
 )  # fmt: skip
 

@@ -25,9 +25,10 @@ workload under one mode and measures:
 
 The modes (:data:`benchmarks.support.workloads.MODES`): ``off`` (no AMM), ``stock``
 (distributed's ReduceReplicas), ``engine`` (amm-rules with an empty rules file),
-``rebalance``, ``memory-pressure``, ``protect`` (each section alone, at its
-defaults), ``recommended`` (``examples/rules/recommended.yaml``). Rounds rotate the
-modes' order and interleave the workloads; the summary gives medians and ranges and,
+``rebalance``, ``memory-pressure``, ``protect``, ``adaptive`` (each section alone, at
+its defaults; ``adaptive`` acts only where the cluster adapts, which this one does
+not), ``recommended`` (``examples/rules/recommended.yaml``). Rounds rotate the modes'
+order and interleave the workloads; the summary gives medians and ranges and,
 per mode, ratios to stock's medians.
 
 The imbalance variant (``--imbalance producers`` or ``late``): each workload's inputs

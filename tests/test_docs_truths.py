@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import dask.array as da
 import numpy as np
@@ -16,7 +17,7 @@ from distributed.utils_test import gen_cluster
 
 from amm_rules.cli import main
 from amm_rules.language.expr import compile_expression
-from amm_rules.language.fields import parse_duration, parse_fraction, parse_size
+from amm_rules.language.fields import parse_duration, parse_fraction, parse_rate, parse_size
 from amm_rules.language.loader import check_text
 from amm_rules.language.ruleset import TaskFacts
 from amm_rules.language.schema import SCHEMA
@@ -41,7 +42,9 @@ REBALANCE_FIELDS = {
 }
 
 
-def table_defaults(text: str, heading: str) -> dict[str, str]:
+def table_defaults(
+    text: str, heading: str, fields: dict[str, Any] = REBALANCE_FIELDS
+) -> dict[str, str]:
     """Field -> its Default cell, from the first table after ``heading`` that has a
     field and a default column. The first `code` span of the cell is the default."""
     lines = text[text.index(heading) :].splitlines()
@@ -57,7 +60,7 @@ def table_defaults(text: str, heading: str) -> dict[str, str]:
     for row in rows[2:]:
         cells = [c.strip() for c in row.strip("|").split("|")]
         name = cells[0].strip("`")
-        if name in REBALANCE_FIELDS:
+        if name in fields:
             m = re.search(r"`([^`]*)`", cells[column])
             out[name] = m.group(1) if m else cells[column]
     return out
@@ -81,6 +84,33 @@ def test_documented_rebalance_defaults_are_the_code_defaults(doc: str, heading: 
     # The schema (what an editor shows) says the same.
     rebalance = SCHEMA["$defs"]["rebalance"]["properties"]
     assert rebalance["enabled"]["default"] is True
+
+
+#: Adaptive field -> (attribute of AdaptiveSettings, how its documented default reads).
+ADAPTIVE_FIELDS = {
+    "memory": ("memory", lambda text: {"true": True, "false": False}[text]),
+    "headroom": ("headroom", parse_fraction),
+    "hold-rules": ("hold_rules", lambda text: {"true": True, "false": False}[text]),
+    "disk-rate": ("disk_rate", parse_rate),
+}
+
+
+@pytest.mark.parametrize(
+    ("doc", "heading"), [("adaptive.md", "## The fields"), ("rules.md", "## Adaptive")]
+)
+def test_documented_adaptive_defaults_are_the_code_defaults(doc: str, heading: str) -> None:
+    documented = table_defaults((DOCS / doc).read_text(), heading, ADAPTIVE_FIELDS)
+    assert set(documented) == set(ADAPTIVE_FIELDS)
+    ruleset, diagnostics = check_text("version: 1\nadaptive: {}\n")
+    assert ruleset is not None and ruleset.adaptive is not None and not diagnostics
+    for name, text in documented.items():
+        attribute, read = ADAPTIVE_FIELDS[name]
+        assert read(text) == getattr(ruleset.adaptive, attribute), (doc, name, text)
+    properties = SCHEMA["$defs"]["adaptive"]["properties"]
+    shown = {True: "true", False: "false"}
+    assert {n: shown.get(p["default"], p["default"]) for n, p in properties.items()} == documented
+    ruleset, _ = check_text("version: 1\n")
+    assert ruleset is not None and ruleset.adaptive is None  # off unless written
 
 
 def test_rebalance_page_does_not_say_off_unless_enabled() -> None:

@@ -22,7 +22,13 @@ fails, naming ``file:line`` and the rule, when
    as an attribute of something other than ``self``/``cls`` or by importing it;
 8. a class is longer than 500 lines, or a function than 100;
 9. anything in ``benchmarks/`` imports ``tests`` (shared helpers live in
-   ``benchmarks/support/``, which tests may import).
+   ``benchmarks/support/``, which tests may import);
+10. a module of ``engine/sections/`` imports another section module (they share state on
+    the engine's context: the ledger, the claims, the workers leaving);
+11. a section is looked up by its class (``x.find(Cls)``, ``x.section(Cls)``) outside the
+    policy, or anyone asks the engine's context for a section (``ctx.find(...)``);
+12. a section's context may be ``None``: an ``EngineContext | None`` annotation, or a
+    comparison of the context with ``None``, under ``engine/sections/``.
 
 The checker first runs on small trees written to a temporary directory, one planted
 violation of each rule and a clean tree that must pass, so that a clean result means a
@@ -41,6 +47,7 @@ from tests.support.layout import (
     Tree,
     Violation,
     check_benchmarks_apart,
+    check_context_given,
     check_engine_cycles,
     check_language,
     check_module_cycles,
@@ -49,6 +56,8 @@ from tests.support.layout import (
     check_package_cycles,
     check_paths,
     check_private_reads,
+    check_section_lookups,
+    check_sections_apart,
     check_sizes,
     read_tree,
     within,
@@ -73,6 +82,9 @@ PURE = (
 )
 #: Where shared code is imported as modules (rule 5).
 SCRIPT_DIRS = ("tests", "benchmarks")
+#: The engine's sections, and the one module that may look a section up by its class.
+SECTIONS = "amm_rules.engine.sections"
+POLICY = "amm_rules/engine/policy.py"
 
 
 # -- the package ----------------------------------------------------------------------------
@@ -136,6 +148,22 @@ def test_no_class_or_function_is_too_long() -> None:
 
 def test_benchmarks_import_nothing_from_the_tests() -> None:
     found = check_benchmarks_apart(REPO, "benchmarks", "tests")
+    assert not found, "\n".join(map(str, found))
+
+
+def test_no_section_imports_another(package: Tree) -> None:
+    assert len([m for m in package.modules if within(m, SECTIONS)]) >= 15
+    found = check_sections_apart(package, SECTIONS)
+    assert not found, "\n".join(map(str, found))
+
+
+def test_no_section_is_looked_up_by_class_outside_the_policy() -> None:
+    found = check_section_lookups(REPO, PACKAGE, [POLICY])
+    assert not found, "\n".join(map(str, found))
+
+
+def test_a_sections_context_is_never_optional() -> None:
+    found = check_context_given(REPO, Path(PACKAGE, "engine", "sections"))
     assert not found, "\n".join(map(str, found))
 
 
@@ -413,4 +441,82 @@ def test_a_benchmark_importing_the_tests_is_caught(tmp_path: Path) -> None:
     assert found == [
         "benchmarks/b.py:1: [benchmarks] imports tests.support.cluster",
         "benchmarks/b.py:2: [benchmarks] imports tests",
+    ]
+
+
+def test_a_section_importing_another_is_caught(tmp_path: Path) -> None:
+    write_tree(
+        tmp_path,
+        {
+            "pkg/engine/sections/__init__.py": "from pkg.engine.sections.a import A\n",
+            "pkg/engine/sections/base.py": "class Section: ...\n",
+            "pkg/engine/sections/a.py": (
+                "from pkg.engine.sections.base import Section\n"
+                "from pkg.engine import context\n"
+                "class A(Section): ...\n"
+            ),
+            "pkg/engine/sections/b.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from pkg.engine.sections.a import A\n"
+                "def f():\n    from pkg.engine.sections import a\n"
+            ),
+            "pkg/engine/context.py": "class EngineContext: ...\n",
+        },
+    )
+    found = sorted(
+        str(v) for v in check_sections_apart(read_tree(tmp_path, "pkg"), "pkg.engine.sections")
+    )
+    assert found == [
+        "pkg/engine/sections/b.py:3: [sections] pkg.engine.sections.b imports"
+        " pkg.engine.sections.a: sections share state on the context, never each other",
+        "pkg/engine/sections/b.py:5: [sections] pkg.engine.sections.b imports"
+        " pkg.engine.sections.a: sections share state on the context, never each other",
+    ]
+
+
+def test_a_section_looked_up_by_class_is_caught(tmp_path: Path) -> None:
+    write_tree(
+        tmp_path,
+        {
+            "pkg/engine/policy.py": "def f(self):\n    return self.section(Replication)\n",
+            "pkg/engine/sections/r.py": (
+                "def f(self):\n    return self.ctx.find(Drain)\n"
+                "def g(ctx):\n    return ctx.section('drain')\n"
+                "def h(text):\n    return text.find('x'), text.find(sep)\n"
+            ),
+            "pkg/observe/status.py": "def f(policy):\n    return policy.section(Drain)\n",
+        },
+    )
+    found = sorted(
+        str(v) for v in check_section_lookups(tmp_path, "pkg", ["pkg/engine/policy.py"])
+    )
+    assert found == [
+        "pkg/engine/sections/r.py:2: [lookup] looks a section up: self.ctx.find(...)",
+        "pkg/engine/sections/r.py:4: [lookup] looks a section up: ctx.section(...)",
+        "pkg/observe/status.py:2: [lookup] looks a section up: policy.section(...)",
+    ]
+
+
+def test_an_optional_context_is_caught(tmp_path: Path) -> None:
+    write_tree(
+        tmp_path,
+        {
+            "pkg/engine/sections/s.py": (
+                "class S:\n"
+                "    ctx: EngineContext | None = None\n"
+                "    def attach(self, ctx: 'Optional[EngineContext]') -> None:\n"
+                "        if self.ctx is not None and ctx is None:\n"
+                "            return\n"
+                "    def fine(self, ctx: EngineContext, other: int | None) -> None:\n"
+                "        if other is None or self.ctx.manager is None:\n"
+                "            return\n"
+            ),
+        },
+    )
+    found = sorted(str(v) for v in check_context_given(tmp_path, Path("pkg/engine/sections")))
+    assert found == [
+        "pkg/engine/sections/s.py:2: [context] annotated EngineContext|None",
+        "pkg/engine/sections/s.py:3: [context] annotated Optional[EngineContext]",
+        "pkg/engine/sections/s.py:4: [context] compares ctx is None",
+        "pkg/engine/sections/s.py:4: [context] compares self.ctx is not None",
     ]

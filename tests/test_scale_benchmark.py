@@ -217,3 +217,20 @@ def test_the_protect_measurement_protects_within_its_budget_and_cleans_up(state:
     assert out["steady"]["copies"] == out["steady"]["drops"] == 0  # nothing left to do
     assert sum(len(ts.who_has or ()) for ts in scheduler.tasks.values()) == replicas
     assert set(scheduler.plugins) == plugins
+
+
+def test_the_adaptive_measurement_asks_both_and_cleans_up(state: Any) -> None:
+    """The benchmark's ``adaptive`` rows at 2,000 keys: distributed's answers, then the
+    section's (the guard keeps the workers the rules need: none is asked to close more
+    than the rules allow), and the scheduler's methods and plugins as they were found
+    (no timing asserted)."""
+    from benchmarks import scale
+
+    scheduler = state.scheduler
+    plugins = set(scheduler.plugins)
+    methods = {name: vars(scheduler).get(name) for name in ("adaptive_target", "workers_to_close")}
+    out = scale.measure_adaptive(state, n=2)
+    assert {"stock_target", "stock_close", "target", "close"} <= set(out)
+    assert out["half"] >= 1 and out["kept"] >= 0
+    assert set(scheduler.plugins) == plugins
+    assert {name: vars(scheduler).get(name) for name in methods} == methods

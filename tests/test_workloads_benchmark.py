@@ -115,6 +115,8 @@ def sections_on(policy: RulesPolicy) -> set[str]:
         on.add("memory-pressure")
     if r.protect is not None:
         on.add("protect")
+    if r.adaptive is not None:
+        on.add("adaptive")
     return on
 
 

@@ -358,11 +358,54 @@ def diff(
 @click.option(
     "--allow-outside",
     is_flag=True,
-    help="Let a test file's 'rules:' name a file outside the working directory and the "
-    "directories given.",
+    help="Let a test file's 'rules:' name a file outside the tree the test file belongs "
+    "to and the directories given.",
 )
+@click.option(
+    "--from-dump",
+    "from_dump",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="DUMP",
+    help="Write a test file instead of running tests: the cluster of this dump "
+    "(Client.dump_cluster_state), and what --rules decide for its keys as expectations.",
+)
+@click.option(
+    "--rules",
+    "rules",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="RULES",
+    help="With --from-dump: the rules file the cases test.",
+)
+@click.option(
+    "-o",
+    "--output",
+    default="-",
+    show_default=True,
+    metavar="FILE",
+    help="With --from-dump: where to write the test file ('-': standard output).",
+)
+@click.option(
+    "--sample",
+    type=click.IntRange(min=1, max=100_000),
+    default=200,
+    show_default=True,
+    metavar="N",
+    help="With --from-dump: most keys in the case, taken in turn from each task group.",
+)
+@_max_dump_option
 def test_command(
-    paths: tuple[str, ...], coverage: bool, fmt: str, show_schema: bool, allow_outside: bool
+    paths: tuple[str, ...],
+    coverage: bool,
+    fmt: str,
+    show_schema: bool,
+    allow_outside: bool,
+    from_dump: str | None,
+    rules: str | None,
+    output: str,
+    sample: int,
+    max_dump_bytes: int,
 ) -> None:
     """Run rule tests: test files, or every *_test.yaml under the directories given.
 
@@ -371,8 +414,14 @@ def test_command(
     case, with what differed and where.
 
     A test file's 'rules:' is read relative to the test file, and must be inside the
-    working directory or the directories given (or those of the files given), unless
-    --allow-outside.
+    tree the test file belongs to (the nearest directory holding .git or pyproject.toml,
+    else the file's own) or the directories given, wherever the command runs from,
+    unless --allow-outside.
+
+    With --from-dump DUMP --rules RULES, writes a test file instead (to -o FILE): the
+    dump's workers, a sample of its keys in memory (--sample) and what RULES decide for
+    each as expectations; it passes on RULES and fails once a change of them changes a
+    decision.
 
     Exit status: 0 when every case passed, 1 when a case failed or a test file has
     errors, 2 for usage errors (including no test file found).
@@ -380,6 +429,24 @@ def test_command(
     if show_schema:
         click.echo(rule_test_schema_text(), nl=False)
         return
+    if from_dump is not None or rules is not None:
+        if from_dump is None or rules is None or paths:
+            raise click.UsageError(
+                "--from-dump DUMP and --rules RULES go together, without test files"
+            )
+        from amm_rules.offline.commands import write_tests
+
+        command = f"amm-rules test --from-dump {from_dump} --rules {rules}"
+        sys.exit(
+            write_tests(
+                from_dump,
+                rules,
+                output,
+                sample=sample,
+                max_dump_bytes=max_dump_bytes,
+                command=command,
+            )
+        )
     if not paths:
         raise click.UsageError("give test files or directories (or --schema)")
     from amm_rules.offline.commands import run_tests

@@ -98,16 +98,25 @@ class Remote:
         await self._rpc.close_rpc()
 
     async def ask(self, op: str, **kwargs: Any) -> Any:
-        """Call the handler ``op`` of the amm-rules engine."""
+        """Call the handler ``op`` of the amm-rules engine; a refusal (a bad rule
+        name...) is a :class:`RemoteError` with the engine's words."""
+        from amm_rules.engine.handlers import refused
+
         if not self._engine_said and op not in self._checked:
             self._engine_said = await _probe(self._rpc, self.address, self.timeout, op)
             self._checked.add(op)
-        return await _step(
+        answer = await _step(
             getattr(self._rpc, op)(**kwargs),
             self.address,
             self.timeout,
             "get an answer from the amm-rules engine of",
         )
+        try:
+            return refused(answer)
+        except ValueError as exc:
+            raise RemoteError(
+                f"the scheduler at {self.address} answered: {_first_line(exc)}"
+            ) from None
 
 
 async def _step(call: Any, address: str, timeout: float, what: str) -> Any:
@@ -322,7 +331,9 @@ async def _explain_candidates(
             elif candidates:
                 todo.append((text, candidates))
             else:
-                errors.append(f"unknown key: {text} (not known to the scheduler)")
+                # A task group's or prefix's name: the scheduler says what it names.
+                said = answer.get("summary") if answer is not None else None
+                errors.append(f"unknown key: {text} ({said or 'not known to the scheduler'})")
     return answers, errors
 
 

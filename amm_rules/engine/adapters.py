@@ -25,7 +25,7 @@ pure and tests can pass stand-ins.
 from __future__ import annotations
 
 import reprlib
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Container, Hashable, Iterable, Mapping
 from operator import attrgetter
 from typing import Any
 
@@ -379,11 +379,14 @@ def _no_class(ts: Any) -> Hashable:
     return None
 
 
-def kept_copies(who_has: Iterable[Any], n: int) -> frozenset[str]:
-    """The ``n`` copies of a protected key that trimming spares (see
-    :attr:`~amm_rules.engine.context.EngineContext.protected`): all of them when it holds
-    no more; else one per host first, in address order, so that what is kept is spread."""
-    holders = sorted(who_has, key=_ADDRESS)
+def kept_copies(who_has: Iterable[Any], n: int, away: Container[str] = ()) -> frozenset[str]:
+    """The ``n`` copies of a key held to keep ``n`` copies that trimming spares (see
+    :mod:`amm_rules.engine.state.claims`): all of them when it holds no more; else those
+    on workers that stay first (not retiring, not in ``away``: the workers the sections
+    send away), one per host first, in address order, so that what is kept is spread."""
+    holders = sorted(
+        who_has, key=lambda ws: (ws.address in away or worker_status(ws) == "closing", ws.address)
+    )
     if len(holders) <= n:
         return frozenset(ws.address for ws in holders)
     kept: list[str] = []
@@ -398,9 +401,6 @@ def kept_copies(who_has: Iterable[Any], n: int) -> frozenset[str]:
     return frozenset(kept[:n])
 
 
-_ADDRESS = attrgetter("address")
-
-
 def key_view(
     ts: Any,
     desired: Desired,
@@ -408,12 +408,13 @@ def key_view(
     backoff: Mapping[str, float],
     pending: Mapping[Any, Any] | None = None,
     held: frozenset[str] = frozenset(),
+    landed: frozenset[str] = frozenset(),
 ) -> KeyView:
     """The planner's view of one scheduler task: its holders, size and waiters, the
-    copies the engine has in flight (``inflight``, worker -> deadline) and the workers it
-    backs off from, what other policies had the AMM accept for it in this cycle
-    (``pending``: the AMM's ``manager.pending``), and the workers whose copy the demand
-    hold keeps (``held``)."""
+    copies the engine has in flight (``inflight``, worker -> deadline), the workers it
+    backs off from and the copies that just landed (``landed``), what other policies had
+    the AMM accept for it in this cycle (``pending``: the AMM's ``manager.pending``), and
+    the workers whose copy the demand hold or a claim keeps (``held``)."""
     add = drop = frozenset()
     if pending:
         entry = pending.get(ts)
@@ -432,6 +433,7 @@ def key_view(
         pending_add=add,
         pending_drop=drop,
         held=held,
+        landed=landed,
     )
 
 

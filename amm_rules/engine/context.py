@@ -1,17 +1,23 @@
 """The engine's context: everything a section may use, in one object.
 
-:class:`EngineContext` is built by :class:`~amm_rules.engine.policy.RulesPolicy` and
-handed to each section (:mod:`amm_rules.engine.sections`) when the policy attaches.
+:class:`EngineContext` is built by :class:`~amm_rules.engine.policy.RulesPolicy` before
+its sections, and each section is built with it (:mod:`amm_rules.engine.sections.base`).
 It holds the engine's shared state (the key index, placements, the event log, the
-journal, the memory flow, the recompute costs, the copies protection keeps, early
-cycles), the rules in force with their classifier and
-dry-run, and the scheduler and AMM once attached; and it answers the questions every
-feature asks: what the rules want for a key (:meth:`~EngineContext.resolve`), the
-planner's view of a key and of the workers (:meth:`~EngineContext.key_view`,
+journal, the memory flow, the recompute costs, early cycles), the rules in force with
+their classifier and dry-run, and the scheduler and AMM once attached; and it answers the
+questions every feature asks: what the rules want for a key (:meth:`~EngineContext.resolve`),
+the planner's view of a key and of the workers (:meth:`~EngineContext.key_view`,
 :meth:`~EngineContext.cluster_view`), the planner's settings, and how to add and remove
-a scheduler plugin. Sections find each other here too
-(:meth:`~EngineContext.section`), by class: what one reads of another is that one's
-public attributes.
+a scheduler plugin.
+
+Sections never look each other up. What they must agree on is here, typed:
+
+- :attr:`~EngineContext.ledger`: what the engine asked of the workers and has not seen
+  land (:mod:`amm_rules.engine.state.ledger`);
+- :attr:`~EngineContext.claims`: keys a section holds, which the others leave alone
+  (:mod:`amm_rules.engine.state.claims`);
+- :meth:`~EngineContext.leaving`: the workers on their way out, and why
+  (:mod:`amm_rules.engine.state.leaving`).
 
 Neighbours: :mod:`amm_rules.engine.policy` owns it; :mod:`amm_rules.engine.sections.base`
 is the contract of what receives it.
@@ -22,19 +28,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from amm_rules.engine.adapters import kept_copies, key_view
+from amm_rules.engine.adapters import kept_copies, key_view, worker_status
 from amm_rules.engine.decide.classify import Classifier
 from amm_rules.engine.decide.plan import PlanSettings
 from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.engine.dryrun import DryRun
 from amm_rules.engine.early import EarlyCycles
 from amm_rules.engine.events import EventLog
+from amm_rules.engine.running import AmmRunning
+from amm_rules.engine.state.claims import Claims
 from amm_rules.engine.state.costs import RecomputeCosts
 from amm_rules.engine.state.flow import MemoryFlow
 from amm_rules.engine.state.index import KeyIndex
 from amm_rules.engine.state.journal import Journal
+from amm_rules.engine.state.leaving import RETIRING, Departure, Leaving
+from amm_rules.engine.state.ledger import Ledger
 from amm_rules.engine.state.placement import Placements
 from amm_rules.engine.state.spans import SpanStates
 from amm_rules.language.ruleset import Actions, Desired, Pool, Ruleset, RuntimeTarget, Target
@@ -43,10 +53,6 @@ if TYPE_CHECKING:
     from distributed.active_memory_manager import ActiveMemoryManagerExtension
 
 logger = logging.getLogger(__name__)
-
-#: A section's class (engine/sections/base.py; named here by no import: the sections
-#: import this module).
-S = TypeVar("S")
 
 
 class EngineContext:
@@ -64,10 +70,12 @@ class EngineContext:
     flow: MemoryFlow
     #: Recompute estimates per task group and work at risk per worker (fed likewise).
     costs: RecomputeCosts
-    #: Keys the ``protect:`` section keeps copies of -> how many copies: trimming
-    #: (reduce-replicas, and the planner for keys without a replication target)
-    #: leaves them that many (see amm_rules.engine.sections.protect).
-    protected: dict[Hashable, int]
+    #: What the engine asked of the workers and has not seen land.
+    ledger: Ledger
+    #: Keys a section holds, which the others leave alone.
+    claims: Claims
+    #: The workers the sections send away (read through :meth:`leaving`).
+    departures: Leaving
     #: Early AMM cycles.
     early: EarlyCycles
     #: Whether each span is done (``task.span_done``; the spans section refreshes it).
@@ -78,8 +86,9 @@ class EngineContext:
     dry_run: DryRun
     #: The AMM, once attached (None before and after).
     manager: ActiveMemoryManagerExtension | None
-    #: The sections, in the order they run (``Section`` objects).
-    sections: tuple[Any, ...]
+    #: Whether the AMM runs its cycles periodically, and since when (followed while
+    #: the policy is attached; a simulation's never runs).
+    amm_running: AmmRunning
 
     def __init__(
         self,
@@ -100,15 +109,20 @@ class EngineContext:
         self.flow = MemoryFlow()
         self.spans = SpanStates()
         self.costs = RecomputeCosts()
-        self.protected = {}
+        self.ledger = self.index.ledger = Ledger()
+        self.claims = Claims()
+        self.departures = Leaving()
         self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
         self.manager = None
-        self.sections = ()
+        self.amm_running = AmmRunning()
         #: The engine's clock (``time.monotonic`` in a scheduler; a simulation's own).
         self.clock: Callable[[], float] = time.monotonic
 
     def __repr__(self) -> str:
-        return f"<EngineContext {len(self.index)} governed, {len(self.sections)} sections>"
+        return (
+            f"<EngineContext {len(self.index)} governed, {len(self.ledger)} copies in flight, "
+            f"{len(self.claims)} keys held>"
+        )
 
     # ------------------------------------------------------------------ attach
 
@@ -119,23 +133,46 @@ class EngineContext:
 
     @property
     def scheduler(self) -> Any:
+        """The scheduler, valid once attached (``AttributeError`` before and after)."""
         if self.manager is None:
             raise AttributeError("the rules engine is not attached to an Active Memory Manager")
         return self.manager.scheduler
 
-    def section(self, cls: type[S]) -> S:
-        """The section of class ``cls`` (``LookupError`` if the engine has none)."""
-        found = self.find(cls)
-        if found is None:
-            raise LookupError(f"the engine has no {cls.__name__} section")
-        return found
+    def settle(self, now: float) -> None:
+        """Bring the ledger and the claims to ``now``, the cycle's planning time (see
+        :meth:`Ledger.expire <amm_rules.engine.state.ledger.Ledger.expire>`)."""
+        self.claims.expire(now)
+        scheduler = self.scheduler
+        tasks = scheduler.tasks
+        workers = scheduler.workers
 
-    def find(self, cls: type[S]) -> S | None:
-        """The section of class ``cls``, or None (a simulation runs only some)."""
-        for section in self.sections:
-            if type(section) is cls:
-                return section
-        return None
+        def holders(key: Hashable) -> set[str] | None:
+            ts = tasks.get(key)
+            if ts is None or ts.state != "memory":
+                return None
+            return {ws.address for ws in ts.who_has or ()}
+
+        def staying(address: str) -> bool:
+            ws = workers.get(address)
+            return ws is not None and worker_status(ws) != "closing"
+
+        self.ledger.expire(now, self.inflight_timeout, holders, staying)
+
+    @property
+    def amm(self) -> ActiveMemoryManagerExtension:
+        """The AMM, valid once attached (``AttributeError`` before and after)."""
+        if self.manager is None:
+            raise AttributeError("the rules engine is not attached to an Active Memory Manager")
+        return self.manager
+
+    def leaving(self) -> dict[str, Departure]:
+        """The workers on their way out, and why: those the sections send away (drains,
+        the paused-workers section) and those the scheduler retires (their status)."""
+        out = dict(self.departures.workers)
+        for address, ws in self.scheduler.workers.items():
+            if address not in out and worker_status(ws) == "closing":
+                out[address] = RETIRING
+        return out
 
     def add_plugin(self, plugin: Any, name: str) -> None:
         """Add a scheduler plugin, under ``name`` and the plugin's id (unique to it)."""
@@ -221,7 +258,6 @@ class EngineContext:
         return PlanSettings(
             now=now,
             inflight_timeout=timeout,
-            backoff=timeout,
             reduce_replicas=self.ruleset.reduce_replicas,
         )
 
@@ -254,10 +290,21 @@ class EngineContext:
             if desired.replicate is None
             else frozenset()
         )
-        if desired.replicate is None and self.protected and key in self.protected:
-            held = held | kept_copies(ts.who_has or (), self.protected[key])
+        claims = self.claims.held
+        if desired.replicate is None and claims and key in claims:
+            kept = self.claims.keeps(key)
+            if kept:
+                held = held | kept_copies(ts.who_has or (), kept, self.departures.workers)
+        ledger = self.ledger
+        inflight = ledger.copies.get(key)
         return key_view(
-            ts, desired, index.inflight.get(key, {}), index.backoff.get(key, {}), pending, held
+            ts,
+            desired,
+            {a: c.deadline for a, c in inflight.items()} if inflight else {},
+            ledger.backing_off(key),
+            pending,
+            held,
+            ledger.just_landed(key),
         )
 
     def refresh_pools(self) -> None:

@@ -40,8 +40,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Hashable, Mapping
-from typing import Any
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,15 @@ def clip(text: str, limit: int = CLIP) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
+class Part(Protocol):
+    """What adds its own facts to the ``cycle`` event (a section)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def cycle_summary(self, into: dict[str, Any]) -> bool: ...
+
+
 class EventLog:
     """Writes ``amm-rules`` events to a scheduler (or anything with ``log_event``)."""
 
@@ -86,7 +95,8 @@ class EventLog:
         self._last_summary = float("-inf")
         self._pending: dict[str, dict[str, int]] = {}
         self._pending_work = False
-        self._rebalance: dict[str, Any] = {}
+        #: Each part's facts since the last ``cycle`` event (see :meth:`summary`).
+        self._parts: dict[str, dict[str, Any]] = {}
         self._dry_run: dict[str, dict[str, int]] = {}
         #: The latest events this log wrote, but cycle summaries, as ``(time, event)``,
         #: oldest first: the engine's own, whatever clients log to the same topic.
@@ -150,13 +160,19 @@ class EventLog:
         self,
         per_rule: Mapping[str, Mapping[str, int]],
         now: float,
-        rebalance: Mapping[str, Any] | None = None,
+        parts: Iterable[Part] = (),
     ) -> bool:
         """Add one cycle's counters; emit a ``cycle`` event if the interval has passed
-        and something was requested or dropped since the last one. ``rebalance``: the
-        cycle's :meth:`~amm_rules.engine.rebalance.rebalancer.Rebalancer.cycle_summary`."""
-        if rebalance:
-            self._add_rebalance(rebalance)
+        and something was requested or dropped since the last one. ``parts``: what
+        adds its own facts to the event, under its name (the sections: see
+        :meth:`Section.cycle_summary <amm_rules.engine.sections.base.Section.cycle_summary>`)."""
+        for part in parts:
+            known = self._parts.get(part.name)
+            into = {} if known is None else known
+            if part.cycle_summary(into):
+                self._pending_work = True
+            if known is None and into:
+                self._parts[part.name] = into
         for label, counts in per_rule.items():
             acc = self._pending.setdefault(label, dict.fromkeys(COUNTERS, 0))
             acc["requested"] += counts.get("requested", 0)
@@ -178,7 +194,7 @@ class EventLog:
         if not self._pending_work or now - self._last_summary < self.summary_interval:
             return False
         rules = {k: v for k, v in self._pending.items() if v["requested"] or v["dropped"]}
-        extra: dict[str, Any] = {"rebalance": self._rebalance} if self._rebalance else {}
+        extra: dict[str, Any] = {name: facts for name, facts in self._parts.items() if facts}
         if self._dry_run:
             extra["dry_run"] = self._dry_run
         self.emit(
@@ -191,22 +207,6 @@ class EventLog:
         self._last_summary = now
         self._pending = {}
         self._pending_work = False
-        self._rebalance = {}
+        self._parts = {}
         self._dry_run = {}
         return True
-
-    def _add_rebalance(self, cycle: Mapping[str, Any]) -> None:
-        """Flows (moves, bytes, drops, done, void, skipped) add up between two events;
-        states (roles, mean, why planning stopped) are the latest."""
-        acc = self._rebalance
-        for name in ("moves", "bytes", "drops", "done", "refused"):
-            acc[name] = acc.get(name, 0) + cycle.get(name, 0)
-        for name in ("void", "skipped"):
-            counts = acc.setdefault(name, {})
-            for reason, n in cycle.get(name, {}).items():
-                counts[reason] = counts.get(reason, 0) + n
-        for name in ("roles", "mean", "stopped"):
-            if name in cycle:
-                acc[name] = cycle[name]
-        if cycle.get("moves") or cycle.get("drops") or cycle.get("done") or cycle.get("void"):
-            self._pending_work = True

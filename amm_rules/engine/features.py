@@ -257,6 +257,19 @@ DOWNSCALING = _distributed(
     "2024.4.2",
     of_class(_plugin, "valid_workers_downscaling"),
 )
+#: What the adaptive section wraps: adaptive scaling's questions and the retirement
+#: that follows them.
+ADAPTIVE_SCALING = scheduler_methods("adaptive_target", "workers_to_close", "retire_workers")
+#: What the adaptive target reads of the scheduler besides: tasks still to run per
+#: prefix, and the workers' disk metrics.
+ADAPTIVE_READS = (
+    _distributed("Scheduler.task_prefixes", FLOOR, attribute("task_prefixes")),
+    _distributed(
+        "Scheduler.cumulative_worker_metrics",
+        FLOOR,
+        lambda s: s is None or hasattr(s, "cumulative_worker_metrics"),
+    ),
+)
 #: Restarting workers through their nannies.
 RESTART_WORKERS = _distributed(
     "Scheduler.restart_workers(on_error=, stimulus_id=)",

@@ -35,14 +35,20 @@ the engine's own (:class:`EngineAnswers`) until an observer above the engine giv
 fuller one (:mod:`amm_rules.observe.extension`), built on :func:`engine_status` and
 :func:`explain_key`.
 
-Bad input raises ``ValueError`` with a message (the client sees it); nothing here may
-break the scheduler, nor block its event loop for long. Answers are plain msgpack-able
-data.
+Bad input is refused: a handler raises ``ValueError`` with a message, and the
+answer is then ``{"refused": message}`` (:func:`refusing`), which
+:mod:`amm_rules.client`, the command line and the worker preload raise again as that
+``ValueError`` (:func:`refused`). A client's mistake is not an error of the scheduler:
+it is logged at debug level, never as an ``ERROR`` with a traceback (which distributed
+logs for any exception a handler raises). Nothing here may break the scheduler, nor
+block its event loop for long. Answers are plain msgpack-able data.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable, Hashable
@@ -59,12 +65,12 @@ from amm_rules.engine.decide.plan import (
     target_bounds,
 )
 from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
-from amm_rules.engine.sections.drain import DrainSection
 from amm_rules.language.fields import ActionError, parse_actions, parse_target
 from amm_rules.language.ruleset import ACTION_FIELDS, Actions, Desired, Target
 
 if TYPE_CHECKING:
     from amm_rules.engine.context import EngineContext
+    from amm_rules.engine.sections.base import Section
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +126,7 @@ class RulesPolicy(Protocol):
 
     ctx: EngineContext
     answers: Answers
+    sections: tuple[Section, ...]
     cycles: int
     last_cycle_seconds: float
     last_cycle: dict[str, dict[str, int]]
@@ -137,6 +144,9 @@ class RulesPolicy(Protocol):
     @property
     def reload_errors(self) -> list[dict[str, Any]]: ...
 
+    @property
+    def drains(self) -> Any: ...
+
 
 class Answers(Protocol):
     """What answers ``amm_rules_status`` and ``amm_rules_explain`` for a policy."""
@@ -146,11 +156,52 @@ class Answers(Protocol):
     def explain(self, keys: list[Hashable], unmet: bool, rule: Any, limit: Any) -> Explanation: ...
 
 
+#: The one key of a handler's answer to a request it refuses.
+REFUSED = "refused"
+
+
+def refusing(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """``handler`` answering ``{"refused": message}`` where it raises ``ValueError``."""
+
+    def refusal(exc: ValueError) -> dict[str, str]:
+        logger.debug("amm-rules: refused %s: %s", handler.__name__, exc)
+        return {REFUSED: str(exc) or "the request was refused"}
+
+    if inspect.iscoroutinefunction(handler):
+
+        @functools.wraps(handler)
+        async def answer_async(**kwargs: Any) -> Any:
+            try:
+                return await handler(**kwargs)
+            except ValueError as exc:
+                return refusal(exc)
+
+        return answer_async
+
+    @functools.wraps(handler)
+    def answer(**kwargs: Any) -> Any:
+        try:
+            return handler(**kwargs)
+        except ValueError as exc:
+            return refusal(exc)
+
+    return answer
+
+
+def refused(answer: Any) -> Any:
+    """A handler's answer, or the ``ValueError`` it stands for if it is a refusal. (No
+    answer is a one-entry mapping of ``"refused"`` to a text otherwise: those keyed by
+    keys or workers map them to mappings.)"""
+    if isinstance(answer, dict) and len(answer) == 1 and isinstance(answer.get(REFUSED), str):
+        raise ValueError(answer[REFUSED])
+    return answer
+
+
 def register(scheduler: Any, policy: RulesPolicy) -> None:
     """Install the handlers of ``policy`` on ``scheduler`` (replacing any earlier ones)."""
     handlers = Handlers(policy)
     for name in HANDLER_NAMES:
-        scheduler.handlers[name] = getattr(handlers, name)
+        scheduler.handlers[name] = refusing(getattr(handlers, name))
     _publish(scheduler)
     add_plugin = getattr(scheduler, "add_plugin", None)
     if add_plugin is not None:
@@ -184,7 +235,7 @@ class _Published(SchedulerPlugin):
 def unregister(scheduler: Any, policy: RulesPolicy) -> None:
     """Remove the handlers of ``policy`` (not those of another policy attached later)."""
     for name in HANDLER_NAMES:
-        handler = scheduler.handlers.get(name)
+        handler = getattr(scheduler.handlers.get(name), "__wrapped__", None)
         if getattr(getattr(handler, "__self__", None), "policy", None) is policy:
             del scheduler.handlers[name]
     if any(n in scheduler.handlers for n in HANDLER_NAMES):
@@ -317,13 +368,13 @@ class Handlers:
         self, workers: Any = (), deadline: Any = "60s", close_workers: bool = False
     ) -> dict[str, dict[str, Any]]:
         """Drain ``workers`` before ``deadline``; their reports, with the first prediction."""
-        return self.policy.ctx.section(DrainSection).start(workers, deadline, bool(close_workers))
+        return self.policy.drains.start(workers, deadline, bool(close_workers))
 
     def amm_rules_drain_report(self, workers: Any = None) -> dict[str, dict[str, Any]]:
         """The drains of ``workers`` (None: all known), as they go."""
         if workers is not None:
             workers = [str(w) for w in check_keys(workers)]
-        return self.policy.ctx.section(DrainSection).report(workers)
+        return self.policy.drains.report(workers)
 
 
 class EngineAnswers:
@@ -372,7 +423,8 @@ async def explain_in_slices(policy: RulesPolicy, work: Explanation) -> tuple[dic
 
 
 def engine_status(policy: RulesPolicy) -> dict[str, Any]:
-    """The engine's figures for ``amm_rules_status``: the rules in force (and which are
+    """The engine's figures for ``amm_rules_status``: whether the AMM runs its cycles
+    (``amm``: ``running``, ``since``, ``interval``), the rules in force (and which are
     in dry-run), per-rule counters (``would_request``/``would_drop`` for what dry-run
     held back), reload errors, early cycles, and each section's entry under its
     ``status_key`` (``rebalance``, ``paused_workers``, ``retirements``,
@@ -382,6 +434,8 @@ def engine_status(policy: RulesPolicy) -> dict[str, Any]:
     index = ctx.index
     labels = set(policy.last_cycle) | set(policy.totals)
     out: dict[str, Any] = {
+        # First: whether the AMM runs its cycles at all, since when, and its interval.
+        "amm": ctx.amm_running.status(),
         "source": policy.path if policy.path is not None else ruleset.source,
         "loaded_at": policy.loaded_at,
         "reload": policy.reload,
@@ -393,7 +447,7 @@ def engine_status(policy: RulesPolicy) -> dict[str, Any]:
         "governed": len(index),
         # Keys in memory the classification budget has not reached yet.
         "unclassified": index.unclassified,
-        "in_flight": sum(len(v) for v in index.inflight.values()),
+        "in_flight": len(ctx.ledger),
         "runtime_targets": len(index.runtime),
         "cycles": policy.cycles,
         "last_cycle_ms": round(policy.last_cycle_seconds * 1000, 3),
@@ -411,7 +465,7 @@ def engine_status(policy: RulesPolicy) -> dict[str, Any]:
         # Early AMM cycles: settings, requests, cycles run, the last ones and why.
         "early_cycles": ctx.early.status(),
     }
-    for section in ctx.sections:
+    for section in policy.sections:
         if section.status_key is not None:
             out[section.status_key] = section.status()
     return out
@@ -448,7 +502,7 @@ def explain_key(policy: RulesPolicy, ts: Any, cluster: ClusterView, now: float) 
             "desired": "not in memory",
         }
         if ts is not None:
-            for section in ctx.sections:
+            for section in policy.sections:
                 if section.explain_key is not None and (said := section.explain(ts, now)):
                     answer[section.explain_key] = said
         return KeyExplanation(ts, answer)
@@ -487,6 +541,9 @@ def explain_key(policy: RulesPolicy, ts: Any, cluster: ClusterView, now: float) 
         },
         "eligible": plan.eligible,
         "in_flight": sorted(view.inflight),
+        # Who holds the key, and why: the rest of the engine leaves it alone, or keeps
+        # its copies (amm_rules.engine.state.claims).
+        "held": ctx.claims.explain(ts.key, now),
         "misplaced": dict(plan.misplaced),
         "unmet": plan.unmet,
         "would": [{"op": a.op, "worker": a.worker, "reason": a.reason} for a in plan.actions]
@@ -496,12 +553,12 @@ def explain_key(policy: RulesPolicy, ts: Any, cluster: ClusterView, now: float) 
         # In dry-run: the label its actions are held back under ("would" lists them);
         # None when they are enacted.
         "dry_run": ctx.dry_run.label(desired),
-        "workers": worker_reasons(view, cluster, now),
+        "workers": worker_reasons(view, cluster),
         "annotation_ignored": bool(ignored),
         # Which: "amm", "replicate" (the shorthand), or both.
         "annotations_ignored": ignored,
     }
-    for section in ctx.sections:
+    for section in policy.sections:
         if section.explain_key is not None:
             answer[section.explain_key] = section.explain(ts, now)
     return KeyExplanation(ts, answer, desired, view, plan, lo, hi)

@@ -7,10 +7,10 @@ Each AMM cycle (every 2 s by default, on the scheduler's event loop) the policy:
    new rules in every section;
 2. recomputes pool membership if workers joined, left or changed status (or every
    cycle, if a pool reads worker memory): then every governed key is checked;
-3. runs its sections in order (:data:`amm_rules.engine.sections.SECTIONS`: the audit,
-   memory flow, memory pressure, replication, paused workers, rebalancing,
-   reduce-replicas, ...), passing on the suggestions each yields;
-4. counts per rule what was done, for ``amm_rules_status`` and the ``cycle`` event.
+3. runs the steps of the cycle, in the order written in :mod:`amm_rules.engine.sections`
+   (:func:`~amm_rules.engine.sections.steps`), passing on the suggestions each yields;
+4. counts per rule what was done, for ``amm_rules_status`` and the ``cycle`` event (to
+   which each section adds its part).
 
 What the sections use is in one :class:`~amm_rules.engine.context.EngineContext`; a
 section never sees the policy. The policy owns the rules file, the cycle's counters and
@@ -46,8 +46,11 @@ from amm_rules.engine.events import COUNTERS
 from amm_rules.engine.features import ENGINE, WORKER_WATCH, Need, missing, words
 from amm_rules.engine.handlers import Answers, EngineAnswers, register, unregister
 from amm_rules.engine.rules_file import ReloadFailed, RulesFile
-from amm_rules.engine.sections import SECTIONS, Cycle, Section
+from amm_rules.engine.sections import OFF_CYCLE, SECTIONS, Cycle, Section, steps
+from amm_rules.engine.sections.activity import RuleActivity
 from amm_rules.engine.sections.audit import AuditSection
+from amm_rules.engine.sections.classification import Classification
+from amm_rules.engine.sections.drain import DrainSection
 from amm_rules.engine.sections.legacy import LegacyCalls
 from amm_rules.engine.sections.memory_pressure import MemoryPressure
 from amm_rules.engine.sections.paused_workers import PausedWorkers
@@ -65,6 +68,7 @@ from amm_rules.language.ruleset import Ruleset
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+S = TypeVar("S", bound=Section)
 
 
 class _Shown(Generic[T]):
@@ -188,9 +192,12 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.last_cycle_seconds = 0.0
         options: dict[type[Section], dict[str, Any]] = {
             AuditSection: {"interval": audit_interval},
-            Replication: {"classify_seconds": classify_seconds, "classify_keys": classify_keys},
+            Classification: {
+                "classify_seconds": classify_seconds,
+                "classify_keys": classify_keys,
+            },
         }
-        self.sections = ctx.sections = tuple(cls(**options.get(cls, {})) for cls in SECTIONS)
+        self.sections = tuple(cls(ctx, **options.get(cls, {})) for cls in SECTIONS)
         self._manager: ActiveMemoryManagerExtension | None = None
         #: What the ``status`` and ``explain`` handlers answer: the engine's own, or an
         #: observer's fuller one (see :mod:`amm_rules.engine.handlers`).
@@ -201,40 +208,55 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         #: (see :mod:`amm_rules.engine.features`), and the sections off with them.
         self.unsupported: dict[str, str] = {}
         self._off: frozenset[Section] = frozenset()
+        #: The steps of the cycle that run here (see _attach).
+        self._steps: tuple[Section, ...] = ()
         self._install(ruleset)
 
-    def section(self, cls: type[Any]) -> Any:
-        """The policy's section of class ``cls`` (see :meth:`EngineContext.section`)."""
-        return self.ctx.section(cls)
+    def section(self, cls: type[S]) -> S:
+        """The policy's section of class ``cls`` (``LookupError`` if it has none). For
+        the observers above the engine, tests and benchmarks: sections never look each
+        other up."""
+        for section in self.sections:
+            if type(section) is cls:
+                return section
+        raise LookupError(f"the engine has no {cls.__name__} section")
 
-    # The sections under the names the observers and tests use.
+    # The sections under the names the observers, handlers and tests use.
     @property
     def replication(self) -> Replication:
-        return self.ctx.section(Replication)
+        return self.section(Replication)
+
+    @property
+    def activity(self) -> RuleActivity:
+        return self.section(RuleActivity)
 
     @property
     def rebalancer(self) -> Any:
-        return self.ctx.section(RebalanceSection).rebalancer
+        return self.section(RebalanceSection).rebalancer
 
     @property
     def paused(self) -> PausedWorkers:
-        return self.ctx.section(PausedWorkers)
+        return self.section(PausedWorkers)
 
     @property
     def pressure(self) -> MemoryPressure:
-        return self.ctx.section(MemoryPressure)
+        return self.section(MemoryPressure)
 
     @property
     def retirements(self) -> Retirements:
-        return self.ctx.section(Retirements)
+        return self.section(Retirements)
+
+    @property
+    def drains(self) -> DrainSection:
+        return self.section(DrainSection)
 
     @property
     def legacy(self) -> LegacyCalls:
-        return self.ctx.section(LegacyCalls)
+        return self.section(LegacyCalls)
 
     @property
     def auditor(self) -> Any:
-        return self.ctx.section(AuditSection).auditor
+        return self.section(AuditSection).auditor
 
     # ------------------------------------------------------------------ attach
 
@@ -278,13 +300,17 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         index.touched.update(ts.key for ts in scheduler.replicated_tasks)
         index.workers_changed = True
         ctx.early.attach(self.manager)
+        ctx.amm_running.attach(self.manager, self)
         index.wake = self._wake
         # A changed rules file is read in a thread: its rules are taken by an early cycle.
         self.rules_file.ready = lambda: ctx.early.request("rules-file-read")
         self._remove_reduce_replicas()
+        self._steps = tuple(
+            s for s in self.sections if s not in off and not isinstance(s, OFF_CYCLE)
+        )
         for section in self.sections:
             if section not in off:
-                section.attach(ctx)
+                section.attach()
         observers.attached(scheduler, self)
         logger.info("%s", loaded_line(self.ruleset, self.path))
         for error in self.rules_file.errors:
@@ -335,6 +361,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         scheduler = manager.scheduler
         ctx.index.active = False
         ctx.early.close()
+        ctx.amm_running.detach()
         self.rules_file.close()
         for undo in self._unwatch:
             undo()
@@ -429,7 +456,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         for section in self.sections:
             if section not in self._off:
                 section.reloaded(in_memory)
-        logger.info("amm-rules: reloaded %s", self)
+        logger.info("%s", loaded_line(outcome, self.path, reloaded=True))
         ctx.events.emit(
             "reload", source=self.path, rules=len(outcome.rules), pools=len(outcome.pools)
         )
@@ -448,10 +475,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         try:
             self._remove_reduce_replicas()
             self._maybe_reload()
-            cycle = Cycle(self._refresh_workers(), time.monotonic(), start)
-            for section in self.sections:
-                if section not in self._off:
-                    yield from section.run(cycle)
+            cycle = Cycle(self._refresh_workers(), ctx.clock(), start)
+            for section in steps(ctx, cycle, self._steps):
+                yield from section.run(cycle)
             self._count(cycle.stats)
         except Exception as exc:
             logger.exception("amm-rules: cycle failed; skipped")
@@ -519,5 +545,5 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         for label, c in stats.items():
             self.totals[label]["requested"] += c["requested"]
             self.totals[label]["dropped"] += c["dropped"]
-        summary = self.ctx.section(RebalanceSection).cycle_summary()
-        self.ctx.events.summary(self.last_cycle, now, rebalance=summary)
+        running = [s for s in self.sections if s not in self._off]
+        self.ctx.events.summary(self.last_cycle, now, running)

@@ -105,10 +105,11 @@ def invalid_at_start(exc: RulesError, rules_file: RulesFile, choice: str, source
     return load_ruleset({"version": 1}, filename=NO_RULES)
 
 
-def loaded_line(ruleset: Ruleset, path: str | None) -> str:
+def loaded_line(ruleset: Ruleset, path: str | None, *, reloaded: bool = False) -> str:
     """One line for the log when the rules come into force: where from, which version of
     the text (the start of its SHA-256, as ``sha256sum`` prints it), how many rules and
-    which pools."""
+    which pools. A reload says ``reloaded rules from ...``, the same line otherwise: an
+    operator tells from the digest that a change landed."""
     source = path if path is not None else ruleset.source
     if ruleset.source == NO_RULES:
         return (
@@ -120,7 +121,7 @@ def loaded_line(ruleset: Ruleset, path: str | None) -> str:
         digest = hashlib.sha256(ruleset.text.encode()).hexdigest()
     pools = ", ".join(ruleset.pools) or "none"
     return (
-        f"amm-rules: rules from {source}"
+        f"amm-rules: {'reloaded ' if reloaded else ''}rules from {source}"
         + (f" (sha256 {digest[:12]})" if digest else "")
         + f": {counted(len(ruleset.rules), 'rule')}, pools: {pools}"
     )

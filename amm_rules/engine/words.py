@@ -21,7 +21,9 @@ which its reporters and the pure parts use; it is given here with the rest.
 
 The pure parts compute figures; the sentences made of them with sizes and durations are
 here: a drain's prediction (:func:`prediction_sentence`) and a key's place in a drain's
-order (:func:`drain_item_why`), from :mod:`amm_rules.engine.decide.drain`.
+order (:func:`drain_item_why`), from :mod:`amm_rules.engine.decide.drain`; what kept a
+worker out of adaptive scale-down (:func:`kept_sentence`) and what memory asks of the
+adaptive target (:func:`target_sentence`), from :mod:`amm_rules.engine.decide.adaptive`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 
 from dask.utils import format_bytes, format_time
 
+from amm_rules.engine.decide import adaptive
 from amm_rules.engine.decide.drain import BELOW_MIN, RECOMPUTE, DrainItem, Prediction
 from amm_rules.language.plurals import counted, plural
 
@@ -151,16 +154,80 @@ def prediction_record(p: Prediction) -> dict[str, Any]:
     return {**p.as_dict(), "text": prediction_sentence(p)}
 
 
+# ---------------------------------------------------------------------------------
+# The sentences of adaptive scaling's pure half
+# ---------------------------------------------------------------------------------
+
+
+def _pools(names: tuple[str, ...]) -> str:
+    return f"pool {names[0]}" if len(names) == 1 else f"pools {', '.join(names)}"
+
+
+def kept_why(kept: adaptive.Kept) -> str:
+    """``12 keys of rule precious would fall below min 2``."""
+    keys = f"{counted(kept.keys, 'key')} of {kept.source}"
+    if kept.kind == adaptive.MIN:
+        return f"{keys} would fall below min {kept.count}"
+    if kept.kind == adaptive.POOL:
+        return f"{keys} would have no worker in {_pools(kept.pools)}"
+    if kept.kind == adaptive.SPREAD:
+        hosts = "one host" if kept.count == 1 else counted(kept.count, "host")
+        return f"{keys} (spread: host) would be left on {hosts}"
+    if kept.kind == adaptive.NEVER:
+        return f"{keys} (move: never) would have no copy left"
+    return f"{keys} have no worker in {_pools(kept.pools)} to go to and no copy elsewhere"
+
+
+def kept_sentence(worker: str, reasons: list[adaptive.Kept]) -> str:
+    """``kept tcp://10.0.0.3:4567: 12 keys of rule precious would fall below min 2``."""
+    return f"kept {worker}: {'; '.join(kept_why(r) for r in reasons)}"
+
+
+def target_sentence(t: adaptive.MemoryTarget) -> str:
+    """``memory asks for 4 workers: 2.40 GiB to hold (1.20 GiB expected from the tasks
+    to run: load 1.10 GiB), 614.40 MiB each under the headroom; rising: the workers
+    write to disk or read back 12.00 MiB/s``."""
+    if not t.running:
+        return "memory asks for nothing: no worker is running (its memory limit is unknown)"
+    if not t.per_worker:
+        return "memory asks for nothing: a worker has no memory limit"
+    return f"memory asks for {counted(t.workers, 'worker')}: {target_details(t)}"
+
+
+def target_details(t: adaptive.MemoryTarget, headroom: str = "") -> str:
+    """What :func:`target_sentence` says after the workers asked for (``headroom``: how
+    to name the headroom, e.g. ``60%``)."""
+    out = f"{size(t.needed)} to hold"
+    if t.expected:
+        named = ", ".join(f"{p} {size(b)}" for p, _, b in t.top)
+        out += f" ({size(t.expected)} expected from the tasks to run: {named})"
+    out += f", {size(t.per_worker)} each under the headroom"
+    if headroom:
+        out += f" of {headroom}"
+    whys = []
+    if adaptive.DISK in t.rising and t.disk_rate is not None:
+        whys.append(f"the workers write to disk or read back {bytes_per_second(t.disk_rate)}")
+    if adaptive.HELD_BACK in t.rising:
+        whys.append("producers are held back")
+    if whys:
+        out += f"; one more than running: {', '.join(whys)}"
+    return out
+
+
 __all__ = [
     "ago",
     "bytes_per_second",
     "counted",
     "drain_item_why",
     "duration",
+    "kept_sentence",
+    "kept_why",
     "local_time",
     "plural",
     "prediction_record",
     "prediction_sentence",
     "signed_size",
     "size",
+    "target_details",
+    "target_sentence",
 ]

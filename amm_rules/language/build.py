@@ -5,8 +5,8 @@ already reported, so each problem is told once. Checks here: expressions (pools 
 ``worker`` context, matches in the ``task`` context), unique rule names, unknown pool
 names in ``pool``/``avoid``, ``replicate`` bounds, the percentages, sizes and
 durations of the ``rebalance``, ``paused-workers`` and ``memory-pressure`` sections,
-the ``demand`` section's hold and match, and the ``protect`` section's budget,
-``min-recompute`` and match.
+the ``demand`` section's hold and match, the ``protect`` section's budget,
+``min-recompute`` and match, and the ``adaptive`` section's headroom and disk rate.
 Action fields are converted by :func:`amm_rules.language.fields.parse_actions`, the same
 function that reads ``amm`` annotations, so a field means the same in both places.
 
@@ -28,6 +28,7 @@ from amm_rules.language.fields import (
     parse_budget,
     parse_duration,
     parse_fraction,
+    parse_rate,
     parse_size,
     parse_target,
     unknown_pool_message,
@@ -42,6 +43,7 @@ from amm_rules.language.ruleset import (
     PRODUCER_ATTRIBUTES,
     RELOAD_SETTLE,
     Actions,
+    AdaptiveSettings,
     DemandSettings,
     MemoryPressureSettings,
     PausedWorkersSettings,
@@ -97,6 +99,8 @@ class Draft:
 
     #: Pool name → constant value of its expression (None: depends on the worker).
     pools: dict[str, bool | None] = field(default_factory=dict)
+    #: The resource names the pools read (``worker.resources.GPU``: ``GPU``).
+    resources: set[str] = field(default_factory=set)
     rules: list[RuleDraft] = field(default_factory=list)
     rebalance: RebalanceSettings | None = None
     #: Which rebalance fields the file sets explicitly.
@@ -105,6 +109,7 @@ class Draft:
     #: Which paused-workers fields the file sets explicitly.
     paused_workers_fields: frozenset[str] = frozenset()
     memory_pressure: MemoryPressureSettings | None = None
+    adaptive: AdaptiveSettings | None = None
 
 
 def expression_text(value: Any) -> str | None:
@@ -119,12 +124,13 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
     if not isinstance(data, dict):
         return None, draft
     pools = _pools(data.get("pools"), where, draft)
-    rules = _rules(data.get("rules"), where, draft, known=_pool_names(data))
+    rules = _rules(data.get("rules"), where, draft, _pool_names(data), frozenset(draft.resources))
     rebalance = _rebalance(data.get("rebalance"), where, draft)
     paused = _paused_workers(data.get("paused-workers"), where, draft)
     demand, demand_depends = _demand(data.get("demand"), where)
     pressure = _memory_pressure(data.get("memory-pressure"), where, draft)
     protect = _protect(data.get("protect"), where)
+    adaptive = draft.adaptive = _adaptive(data.get("adaptive"), where)
     reduce = data.get("reduce-replicas", True)
     enforcement = data.get("enforcement")
     legacy = data.get("legacy-replicate", "honour")
@@ -146,6 +152,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
         demand=demand,
         demand_depends=demand_depends,
         protect=protect,
+        adaptive=adaptive,
         source=source_name,
         version=1,
         enforcement=enforcement if isinstance(enforcement, str) else "enforce",
@@ -171,12 +178,16 @@ def _pool_names(data: dict[str, Any]) -> set[str] | None:
 
 
 def _compile(
-    text: str, context: Literal["task", "worker"], path: tuple[Any, ...], where: Locator
+    text: str,
+    context: Literal["task", "worker"],
+    path: tuple[Any, ...],
+    where: Locator,
+    resources: frozenset[str] = frozenset(),
 ) -> Any:
     from amm_rules.language.expr import ExpressionError, compile_expression
 
     try:
-        compiled = compile_expression(text, context)
+        compiled = compile_expression(text, context, resources)
     except ExpressionError as exc:
         where.add_expression(path, exc.problems)
         return None
@@ -206,6 +217,7 @@ def _pools(section: Any, where: Locator, draft: Draft) -> dict[str, Pool]:
         if compiled is None:
             continue
         draft.pools[str(name)] = compiled.constant
+        draft.resources |= compiled.resources
         out[str(name)] = Pool(
             str(name),
             text,
@@ -219,7 +231,15 @@ def _pools(section: Any, where: Locator, draft: Draft) -> dict[str, Pool]:
 # -- rules --------------------------------------------------------------------------
 
 
-def _rules(section: Any, where: Locator, draft: Draft, known: set[str] | None) -> list[Rule]:
+def _rules(
+    section: Any,
+    where: Locator,
+    draft: Draft,
+    known: set[str] | None,
+    resources: frozenset[str] = frozenset(),
+) -> list[Rule]:
+    """The rules; ``resources``: the resource names the pools read (an annotation of
+    one of these names is a warning)."""
     out: list[Rule] = []
     if not isinstance(section, list):
         return out
@@ -242,7 +262,7 @@ def _rules(section: Any, where: Locator, draft: Draft, known: set[str] | None) -
         text = expression_text(item.get("match"))
         compiled = None
         if text is not None and not where.reported_under((*path, "match")):
-            compiled = _compile(text, "task", (*path, "match"), where)
+            compiled = _compile(text, "task", (*path, "match"), where, resources)
         actions = _actions(item, path, where, known)
         if compiled is None or actions is None or where.reported_under(path):
             continue
@@ -456,6 +476,56 @@ def _protect(section: Any, where: Locator) -> ProtectSettings | None:
             kwargs["match_source"] = text
             kwargs["match"] = compiled.predicate
     return ProtectSettings(**kwargs)
+
+
+# -- adaptive -----------------------------------------------------------------------
+
+
+def _adaptive(section: Any, where: Locator) -> AdaptiveSettings | None:
+    """The ``adaptive:`` section (None when the file has none). Shapes were checked by
+    the schema; the headroom's bound and the disk rate's unit are checked here."""
+    if not isinstance(section, dict):
+        return None
+    kwargs: dict[str, Any] = {}
+
+    def fresh(key: str) -> bool:
+        return key in section and not where.reported_under(("adaptive", key))
+
+    for key, attr in (("memory", "memory"), ("hold-rules", "hold_rules")):
+        if fresh(key) and isinstance(section[key], bool):
+            kwargs[attr] = section[key]
+    if fresh("headroom"):
+        try:
+            headroom = parse_fraction(section["headroom"])
+        except UnitError as exc:
+            where.add(("adaptive", "headroom"), f"headroom: {exc}", exc.code)
+        else:
+            if headroom >= 1:
+                where.add(
+                    ("adaptive", "headroom"),
+                    f"headroom: must be below 100%, got {format_fraction(headroom)}: no "
+                    "memory would be left for data",
+                    "bad-value",
+                )
+            else:
+                kwargs["headroom"] = headroom
+    if fresh("disk-rate"):
+        try:
+            rate = parse_rate(section["disk-rate"])
+        except UnitError as exc:
+            where.add(("adaptive", "disk-rate"), f"disk-rate: {exc}", exc.code)
+        else:
+            if rate < 1:
+                shown = section["disk-rate"]
+                shown = shown.strip() if isinstance(shown, str) else shown
+                where.add(
+                    ("adaptive", "disk-rate"),
+                    f"disk-rate: must be at least 1 byte per second, got {shown!r}",
+                    "bad-value",
+                )
+            else:
+                kwargs["disk_rate"] = rate
+    return AdaptiveSettings(**kwargs)
 
 
 # -- paused-workers -----------------------------------------------------------------

@@ -55,6 +55,24 @@ _DURATION = re.compile(
     r"^\s*(?P<sign>-?)\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]*)\s*$"
 )
 _DURATION_EXAMPLE = "expected a duration like '30s' or '500ms', or a number of seconds"
+#: A percentage written in words: ``10 percent``, ``10 per cent``, ``10 pct``.
+_PERCENT_WORDS = re.compile(
+    r"^\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?:percent|per\s*cent|pct|perc)\.?\s*$", re.I
+)
+#: A number written as text: ``"3"``, ``" 2.5 "``.
+_NUMBER_TEXT = re.compile(r"^\s*-?[0-9]+(?:\.[0-9]+)?\s*$")
+
+
+def percent_meant(value: object) -> str | None:
+    """``"10%"`` for ``"10 percent"`` (``per cent``, ``pct``); None for anything else."""
+    if isinstance(value, str) and (m := _PERCENT_WORDS.match(value)):
+        return f"{m['number']}%"
+    return None
+
+
+def quoted_number(value: object) -> bool:
+    """True for a number in quotes (``replicate: "3"``): text where a number goes."""
+    return isinstance(value, str) and _NUMBER_TEXT.match(value) is not None
 
 
 class UnitError(ValueError):
@@ -88,9 +106,34 @@ def parse_size(value: object) -> int:
     return int(float(m["number"]) * SIZE_UNITS[unit])
 
 
+_RATE = re.compile(r"^(?P<size>.*?)/\s*s\s*$")
+
+
+def parse_rate(value: object) -> int:
+    """``"1 MiB/s"`` → 1048576 bytes per second; a number is bytes per second."""
+    if isinstance(value, str):
+        m = _RATE.match(value)
+        if m is None or not m["size"].strip():
+            raise UnitError(
+                f"expected a rate like '1 MiB/s' or a number of bytes per second, got {value!r}"
+            )
+        return parse_size(m["size"])
+    if isinstance(value, float) and not value.is_integer():
+        raise UnitError(f"expected a whole number of bytes per second, got {value!r}")
+    return parse_size(value)
+
+
 def parse_budget(value: object) -> tuple[float | None, int | None]:
     """A memory budget: ``"10%"`` (of the cluster's memory limit) → ``(0.1, None)``;
     a size (``"4 GiB"``, or a whole number of bytes) → ``(None, 4294967296)``. Never 0."""
+    meant = percent_meant(value)
+    if meant is not None:
+        assert isinstance(value, str)
+        unit = value.strip().lstrip("0123456789.").strip()
+        raise UnitError(
+            f"unknown unit {unit!r}; did you mean {meant!r}? (a share of the cluster's memory)",
+            code="unknown-unit",
+        )
     if isinstance(value, str) and value.strip().endswith("%"):
         fraction = parse_fraction(value)
         if fraction <= 0:
@@ -121,8 +164,10 @@ def parse_fraction(value: object) -> float:
             )
         return float(value)
     if not isinstance(value, str) or not (m := _PERCENT.match(value)):
+        meant = percent_meant(value)
+        hint = f"; did you mean {meant!r}?" if meant is not None else ""
         raise UnitError(
-            f"expected a percentage like '30%' or a fraction from 0 to 1, got {value!r}"
+            f"expected a percentage like '30%' or a fraction from 0 to 1, got {value!r}{hint}"
         )
     number = float(m["number"])
     if number > 100:

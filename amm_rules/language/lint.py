@@ -31,16 +31,20 @@ exactly (docs/rules.md lists the same):
     around the cluster mean and the thresholds are absolute floors and ceilings, so
     ``recipient-max`` below ``sender-min`` (only the fullest send, only the emptiest
     receive) and any gap up to 100% can work, and are not reported.
-``type-name``, ``resources-annotation``
+``type-name``, ``resources-annotation``, ``regex-pattern``
     Found by the expression checker (:mod:`amm_rules.language.expr.checker`): a type
-    name that looks misspelt, a match reading the ``resources`` annotation.
+    name that looks misspelt, a match reading a resource as an annotation (the
+    ``resources`` annotation, or one named as a resource the pools read), a ``matches``
+    pattern written as a regular expression.
 ``unused-pool``
     A pool no rule names in ``pool`` or ``avoid``. (An ``amm`` annotation may still name
     it at run time: silence the warning there with ``# amm-rules: disable=unused-pool``.)
 ``never-acts``
     In ``paused-workers``, settings under which no worker is ever restarted or retired
     although the action asks for it: ``max-paused-fraction`` is 0% (one paused worker is
-    already more than 0% of the cluster, so the section only ever reports).
+    already more than 0% of the cluster, so the section only ever reports). In
+    ``adaptive``, ``memory`` and ``hold-rules`` both off: the section changes nothing
+    but the order in which workers leave.
 """
 
 from __future__ import annotations
@@ -70,7 +74,13 @@ WARNING_CODES: frozenset[str] = EXPRESSION_WARNING_CODES | frozenset(
 #: The warnings ``validate --dump`` adds about a recorded cluster
 #: (:mod:`amm_rules.offline.checks`).
 CLUSTER_WARNING_CODES: frozenset[str] = frozenset(
-    {"empty-pool", "min-exceeds-eligible", "spread-one-host", "matches-no-key"}
+    {
+        "empty-pool",
+        "min-exceeds-eligible",
+        "spread-one-host",
+        "matches-no-key",
+        "shadowed-in-cluster",
+    }
 )
 #: What ``# amm-rules: disable=CODE`` and ``validate --disable CODE`` accept, and only
 #: these: a warning is silenced, never an error.
@@ -92,6 +102,7 @@ def lint(draft: Draft, where: Locator) -> None:
     _unused_pools(draft, where)
     _thresholds(draft, where)
     _paused_workers(draft, where)
+    _adaptive(draft, where)
 
 
 def _unused_pools(draft: Draft, where: Locator) -> None:
@@ -296,6 +307,20 @@ def _paused_workers(draft: Draft, where: Locator) -> None:
         f"max-paused-fraction is 0%: one paused worker is already more than 0% of the "
         f"cluster, so no worker is ever {'restarted' if settings.action == 'restart' else 'retired'}"
         "; write 'action: report' if only reports are wanted",
+        "never-acts",
+        severity="warning",
+    )
+
+
+def _adaptive(draft: Draft, where: Locator) -> None:
+    settings = draft.adaptive
+    if settings is None or settings.memory or settings.hold_rules:
+        return
+    where.add(
+        ("adaptive",),
+        "memory and hold-rules are both off: the section changes nothing but the order in "
+        "which workers leave (the target is distributed's, and scale-down keeps only what "
+        "a retirement would refuse); turn one on, or remove the section",
         "never-acts",
         severity="warning",
     )

@@ -169,24 +169,32 @@ def _resources(name: str, census: Census) -> str | None:
 
 
 def _annotation_hints(root: ast.Node, census: Census) -> list[str]:
-    """A rule reading the ``resources`` annotation, or one no key has, where keys carry
-    resource restrictions: point at ``task.resources``."""
+    """A rule reading the ``resources`` annotation, or an annotation no key has that is
+    named as the keys' resource restrictions are (``task.annotations.GPU`` over keys
+    made with ``resources={"GPU": 1}``): point at ``task.resources``."""
     out = []
+    named = {name.casefold(): name for r in census.resources for name, _ in r}
     for node in _attributes(root):
         parts = node.parts
-        if len(parts) < 3 or parts[:2] != ("task", "annotations"):
+        if len(parts) < 3 or parts[:2] != ("task", "annotations") or not census.resources:
             continue
-        if parts[2] == "resources" and census.resources:
+        if parts[2] == "resources":
             restriction, n = census.resources.most_common(1)[0]
             name = parts[3] if len(parts) > 3 else restriction[0][0]
-            written = (
-                f"task.resources.{name}" if name.isidentifier() else f'task.resources["{name}"]'
+        elif parts[2].casefold() in named and parts[2] not in census.annotations:
+            # task.annotations.GPU over keys made with resources={"GPU": 1}
+            name = named[parts[2].casefold()]
+            restriction, n = max(
+                ((r, k) for r, k in census.resources.items() if name in dict(r)),
+                key=lambda item: item[1],
             )
-            out.append(
-                f"{counted(n, 'key')} {plural(n, 'was', 'were')} made by tasks with resources="
-                f"{dict(restriction)!r} "
-                f"(use {written})"
-            )
+        else:
+            continue
+        written = f"task.resources.{name}" if name.isidentifier() else f'task.resources["{name}"]'
+        out.append(
+            f"{counted(n, 'key')} {plural(n, 'was', 'were')} made by tasks with resources="
+            f"{dict(restriction)!r} (use {written})"
+        )
     return out
 
 

@@ -339,6 +339,36 @@ class DemandSettings:
         return self.hold > 0
 
 
+#: ``adaptive``'s default ``headroom`` (a share of each worker's memory limit) and
+#: ``disk-rate`` (bytes per second over the cluster).
+ADAPTIVE_HEADROOM = 0.60
+ADAPTIVE_DISK_RATE = 2**20
+
+
+@record(frozen=True)
+class AdaptiveSettings:
+    """The ``adaptive:`` section: what the scheduler's ``adaptive_target`` and
+    ``workers_to_close`` see, which every adaptive deployment of Dask asks (see
+    docs/adaptive.md)."""
+
+    #: The target counts memory (bytes in memory, on disk and expected from the tasks
+    #: still to run), not only CPU.
+    memory: bool = True
+    #: Share of each worker's memory limit kept free of managed data: the target asks
+    #: for enough workers to hold the data below the rest.
+    headroom: float = ADAPTIVE_HEADROOM
+    #: Scale-down never breaks a rule's minimum, pool or spread.
+    hold_rules: bool = True
+    #: Bytes per second the workers write to disk or read back (all together) above
+    #: which the target rises by a worker.
+    disk_rate: int = ADAPTIVE_DISK_RATE
+
+    @property
+    def room(self) -> float:
+        """The share of a worker's memory limit its data may fill."""
+        return 1.0 - self.headroom
+
+
 #: ``protect``'s default ``copies``, its largest, and its default ``min-recompute``.
 PROTECT_COPIES = 2
 MAX_PROTECT_COPIES = 8
@@ -553,6 +583,9 @@ class Ruleset:
     demand_depends: frozenset[str] = frozenset()
     #: The ``protect:`` section, or None when the file has none (nothing is protected).
     protect: ProtectSettings | None = None
+    #: The ``adaptive:`` section, or None when the file has none (adaptive scaling as
+    #: distributed does it, with the retirement's guard of pools and ``move: never``).
+    adaptive: AdaptiveSettings | None = None
     #: Where the rules came from: a path, or ``"<rules>"`` for an inline mapping.
     source: str = "<rules>"
     version: int = 1

@@ -77,6 +77,19 @@ _SIZE = {
         {"title": "a number of bytes", "type": "integer", "minimum": 1},
     ],
 }
+_RATE = {
+    "title": "rate",
+    "oneOf": [
+        {
+            "title": "a rate like '1 MiB/s'",
+            "type": "string",
+            "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*[A-Za-z]*\s*/\s*s\s*$",
+            "errorMessage": "expected a rate like '1 MiB/s' (units: B, kB, MB, GB, TB, KiB, "
+            "MiB, GiB, TiB)",
+        },
+        {"title": "a number of bytes per second", "type": "integer", "minimum": 1},
+    ],
+}
 _DURATION_TEXT = {
     "title": "a duration like '30s'",
     "type": "string",
@@ -239,6 +252,7 @@ SCHEMA: dict[str, Any] = {
         },
         "demand": {"$ref": "#/$defs/demand"},
         "protect": {"$ref": "#/$defs/protect"},
+        "adaptive": {"$ref": "#/$defs/adaptive"},
         "reload-settle": {
             "title": "reload settle",
             "description": "A rules file changed in place (the same file written again) "
@@ -323,6 +337,46 @@ SCHEMA: dict[str, Any] = {
                     **_TASK_EXPRESSION,
                     "description": "Only keys this matches are candidates (default: all), "
                     "e.g. task.prefix == 'load'.",
+                },
+            },
+        },
+        "adaptive": {
+            "title": "adaptive",
+            "description": "What adaptive scaling sees (LocalCluster.adapt, dask-kubernetes, "
+            "dask-jobqueue: every deployment asks the scheduler's adaptive_target and "
+            "workers_to_close): memory, and the rules. Off unless the file has the section. "
+            "See docs/adaptive.md.",
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "memory": {
+                    "description": "The target counts memory: at least the workers that hold "
+                    "the data (in memory, on disk, and what the tasks still to run are "
+                    "expected to produce) under the headroom; more while workers write to "
+                    "disk or read back faster than disk-rate, or while producers are held "
+                    "back. Never fewer than distributed's own target.",
+                    "type": "boolean",
+                    "default": True,
+                },
+                "headroom": {
+                    "description": "Share of each worker's memory limit kept free of managed "
+                    "data. Below 100%.",
+                    "default": "60%",
+                    **_PERCENT,
+                },
+                "hold-rules": {
+                    "description": "Scale-down never closes a worker whose leaving would put "
+                    "a key below its rule's min, empty a pool a rule needs, or leave "
+                    "spread: host keys on one host; it closes first the workers whose data "
+                    "is cheapest to move.",
+                    "type": "boolean",
+                    "default": True,
+                },
+                "disk-rate": {
+                    "description": "The target rises by a worker while the workers together "
+                    "write to disk or read back faster than this.",
+                    "default": "1 MiB/s",
+                    **_RATE,
                 },
             },
         },

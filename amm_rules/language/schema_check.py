@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from amm_rules.language.fields import percent_meant, quoted_number
 from amm_rules.language.records import record
 from amm_rules.language.schema import SCHEMA
 from amm_rules.language.spelling import closest, did_you_mean
@@ -279,9 +280,8 @@ def _single_keyword(error: Any, path: Path, words: FileWords) -> Iterable[Schema
             expected = "an expression (text)"
         else:
             expected = _type_name(value)
-        yield SchemaProblem(
-            path, _say(path, f"expected {expected}, got {describe(instance)}"), "wrong-type"
-        )
+        got = describe(instance) + _value_hint(error, path)
+        yield SchemaProblem(path, _say(path, f"expected {expected}, got {got}"), "wrong-type")
     elif kind == "const":
         if path == ("version",):
             yield SchemaProblem(
@@ -354,12 +354,40 @@ def _single_keyword(error: Any, path: Path, words: FileWords) -> Iterable[Schema
         yield SchemaProblem(path, _say(path, f"must be at most {value} characters"), "bad-value")
     elif kind == "pattern":
         message = schema.get("errorMessage", f"does not match {value}")
-        yield SchemaProblem(path, _say(path, f"{message}, got {describe(instance)}"), "bad-value")
+        got = describe(instance) + _value_hint(error, path)
+        yield SchemaProblem(path, _say(path, f"{message}, got {got}"), "bad-value")
     else:  # a keyword this module does not know: still a readable, positioned message
         text = error.message  # it quotes the value, which may be large: clipped
         yield SchemaProblem(
             path, _say(path, text if len(text) <= 300 else text[:300] + "..."), "schema"
         )
+
+
+def _value_hint(error: Any, path: Path) -> str:
+    """What a refused text probably meant: a number in quotes where a number goes
+    (``; drop the quotes: ... (replicate: 3)``), a percentage in words (``; did you
+    mean '10%'?``); empty otherwise."""
+    instance = error.instance
+    if quoted_number(instance) and _takes_a_number(error):
+        name = path[-1] if path and isinstance(path[-1], str) else None
+        written = f"{name}: {instance.strip()}" if name else instance.strip()
+        return f"; drop the quotes: a number in quotes is text ({written})"
+    meant = percent_meant(instance)
+    return f"; did you mean {meant!r}?" if meant is not None else ""
+
+
+def _takes_a_number(error: Any) -> bool:
+    """Whether the schema that failed, or another alternative of the same value, takes
+    a number (``replicate``: a number of copies or 'all')."""
+    schemas = [_schema(error)]
+    parent = getattr(error, "parent", None)
+    if parent is not None and parent.validator in ("oneOf", "anyOf"):
+        schemas += [b for b in parent.validator_value if isinstance(b, dict)]
+    for schema in schemas:
+        kinds = schema.get("type")
+        if {"integer", "number"} & set(kinds if isinstance(kinds, list) else [kinds]):
+            return True
+    return False
 
 
 def _type_name(value: Any) -> str:

@@ -16,12 +16,25 @@ The states (TiDB's ``SHOW PLACEMENT`` has the same three):
 - ``dry-run``: the rule is in dry-run (``enforcement: dry-run``) and some of its keys do
   not hold what it asks: the engine planned their copies and drops and held them back
   (reason ``dry-run``, see :mod:`amm_rules.engine.dryrun`);
-- ``idle``: the rule has governed no key since the rules were loaded, while the cluster
-  holds keys (and every key in memory is classified): it probably names its keys
-  otherwise than the data is named. The sentence gives near-miss hints
-  (:mod:`amm_rules.language.near_miss`) from a sample of at most :data:`SAMPLE` keys in
-  memory, taken from the workers' keys (taken again at most every :data:`HINTS_FOR`
-  seconds: an open dashboard page asks for a status every second).
+- ``not-running``: the Active Memory Manager runs no cycle (stopped with
+  ``client.amm.stop()``, or configured with ``start: false``): nothing enforces the
+  rule, so it gets no other state (those are earned by cycles: what the last cycle saw
+  may be long gone). Every row has it, and :attr:`Conformance.running` says so first;
+- ``shadowed``: the rule has governed no key since the rules were loaded, but it
+  matches keys in memory: earlier rules (or the keys' annotations, runtime targets)
+  decide every field it sets for each of them first. The sentence says how many keys
+  it matches and who took them: ``matches 3 keys, all taken by checkpoints
+  (replicate)`` (of a sample, when there are more keys in memory than it holds: see
+  below; :mod:`amm_rules.engine.decide.shadows`);
+- ``idle``: the rule has governed no key since the rules were loaded, and matches none
+  of the keys in memory (and every key in memory is classified): it probably names its
+  keys otherwise than the data is named. The sentence gives near-miss hints
+  (:mod:`amm_rules.language.near_miss`).
+
+Both are told from one sample of at most :data:`SAMPLE` keys in memory, taken from the
+workers' keys (taken again at most every :data:`HINTS_FOR` seconds: an open dashboard
+page asks for a status every second), with at most :data:`SHADOW_BUDGET` match
+evaluations.
 
 A key counts towards every rule that decided one of its fields, so one key short of
 its target shows under each of them; annotations and runtime targets are two groups,
@@ -42,14 +55,15 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
-from amm_rules.engine.adapters import resource_restrictions, span_path
+from amm_rules.engine.decide.shadows import IDLE, SHADOWED, Shadow, shadow_words
 from amm_rules.engine.dryrun import HELD_BACK
-from amm_rules.engine.sections.activity import RuleActivity
+from amm_rules.engine.sections.activity import census_of, rule_matches
 from amm_rules.engine.state.governed import PlanClass, labels_of
 from amm_rules.engine.state.journal import BUSY, IN_FLIGHT, IN_PROGRESS_REASONS, WAITING
 from amm_rules.engine.words import counted
@@ -62,11 +76,17 @@ SATISFIED = "satisfied"
 IN_PROGRESS = "in-progress"
 UNSATISFIABLE = "unsatisfiable"
 DRY_RUN = "dry-run"
-IDLE = "idle"
-#: Every state, best first (``dry-run``: held back by its own enforcement; ``idle``: a
-#: rule that governs nothing, last).
-STATES = (SATISFIED, IN_PROGRESS, UNSATISFIABLE, DRY_RUN, IDLE)
-#: Most keys in memory looked at for the near-miss hints of idle rules.
+NOT_RUNNING = "not-running"
+#: Every state, best first (``dry-run``: held back by its own enforcement; ``shadowed``
+#: and ``idle``: a rule that governs nothing; ``not-running``: no cycle enforces the
+#: rules, last).
+STATES = (SATISFIED, IN_PROGRESS, UNSATISFIABLE, DRY_RUN, SHADOWED, IDLE, NOT_RUNNING)
+#: The sentence of every row while the AMM runs no cycle.
+NOT_RUNNING_SENTENCE = (
+    "not enforced: the Active Memory Manager runs no cycle (stopped, or start: false)"
+)
+#: Most keys in memory looked at for the shadows and near-miss hints of the rules that
+#: govern nothing.
 SAMPLE = 2_000
 
 #: Why keys cannot be satisfied on the current workers.
@@ -117,6 +137,9 @@ class RuleConformance:
     causes: Counter[tuple[str, str]] = field(default_factory=Counter)
     state: str = SATISFIED
     sentence: str = ""
+    #: For a ``shadowed`` rule: the keys of the sample it matches, and who took its
+    #: fields (see :mod:`amm_rules.engine.decide.shadows`).
+    shadow: Shadow | None = None
 
     @property
     def met(self) -> int:
@@ -141,6 +164,7 @@ class RuleConformance:
                 {"reason": reason, "why": why, "keys": n}
                 for (reason, why), n in self.causes.most_common()
             ],
+            "shadowed": self.shadow.to_dict() if self.shadow is not None else None,
         }
 
 
@@ -154,6 +178,10 @@ class Conformance:
     met: int
     #: Keys in memory the classification budget left for the next cycles.
     backlog: int
+    #: Whether the AMM runs its cycles (False: every row is ``not-running``), and since
+    #: when it runs or does not (seconds since the epoch).
+    running: bool = True
+    since: float | None = None
 
     @property
     def fraction(self) -> float:
@@ -162,6 +190,8 @@ class Conformance:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "running": self.running,
+            "since": self.since,
             "governed": self.governed,
             "met": self.met,
             "fraction": self.fraction,
@@ -222,20 +252,32 @@ def conformance(policy: RulesPolicy) -> Conformance:
             r.why.setdefault(reason, sentence)
 
     backlog = policy.journal.backlog
+    amm = policy.ctx.amm_running
+    running = amm.running
     for r in rows.values():
-        r.state, r.sentence = _judge(r, backlog)
-    _idle(policy, rows, backlog)
+        r.state, r.sentence = (
+            _judge(r, backlog) if running else (NOT_RUNNING, NOT_RUNNING_SENTENCE)
+        )
+    if running:
+        _idle(policy, rows, backlog)
     governed = len(index)
     return Conformance(
-        rules=list(rows.values()), governed=governed, met=governed - unmet, backlog=backlog
+        rules=list(rows.values()),
+        governed=governed,
+        met=governed - unmet,
+        backlog=backlog,
+        running=running,
+        since=amm.since,
     )
 
 
 def _idle(policy: RulesPolicy, rows: dict[str, RuleConformance], backlog: int) -> None:
     """Mark the rules that governed no key since they were loaded, while keys are in
-    memory and all of them classified, ``idle``, with near-miss hints."""
-    activity = policy.ctx.find(RuleActivity)
-    if activity is None or not activity.cycles or backlog:
+    memory and all of them classified: ``shadowed`` when they match keys of the sample
+    whose fields earlier rules (or annotations, runtime targets) all decide, else
+    ``idle``, with near-miss hints."""
+    activity = policy.activity
+    if not activity.cycles or backlog:
         return
     candidates = [
         r
@@ -248,39 +290,72 @@ def _idle(policy: RulesPolicy, rows: dict[str, RuleConformance], backlog: int) -
     if not in_memory:
         return
     rules = {rule.name: rule for rule in policy.ruleset.rules}
-    hints = _hints(policy, [rules[r.name] for r in candidates if r.name in rules])
+    looked = _looked(policy, [rules[r.name] for r in candidates if r.name in rules])
     for r in candidates:
         if r.name not in rules:
             continue
+        shadow = looked.shadows.get(r.name)
+        if shadow is not None and shadow.shadowed:
+            r.state = SHADOWED
+            r.shadow = shadow
+            exact = looked.sampled >= in_memory
+            r.sentence = shadow_words(shadow, None if exact else looked.sampled)
+            continue
         r.state = IDLE
-        r.sentence = "; ".join([_idle_head(in_memory), *hints.get(r.name, ())])
+        r.sentence = "; ".join([_idle_head(in_memory), *looked.hints.get(r.name, ())])
 
 
-#: policy -> (when, the rules in force, {rule name: near-miss hints}): the hints of the
-#: idle rules, from one census of the keys in memory, for :data:`HINTS_FOR` seconds.
-_HINTS: WeakKeyDictionary[Any, tuple[float, Any, dict[str, list[str]]]] = WeakKeyDictionary()
-#: Seconds the near-miss hints of a status are reused: a census and a parse of each
-#: idle rule cost milliseconds, a status is asked for every second by an open page.
+@dataclass
+class _Looked:
+    """What a sample of the keys in memory says of the rules that govern none."""
+
+    when: float
+    ruleset: Any
+    #: Keys in the sample.
+    sampled: int
+    #: Rule name -> near-miss hints (of the rules the sample does not match).
+    hints: dict[str, list[str]]
+    #: Rule name -> the keys of the sample it matches and who took its fields.
+    shadows: dict[str, Shadow]
+
+
+#: policy -> what the last sample said of the rules that govern nothing, reused for
+#: :data:`HINTS_FOR` seconds.
+_LOOKED: WeakKeyDictionary[Any, _Looked] = WeakKeyDictionary()
+#: Seconds the near-miss hints and the shadows of a status are reused: a sample, its
+#: matches and a parse of each idle rule cost milliseconds, a status is asked for every
+#: second by an open page.
 HINTS_FOR = 10.0
+#: Most match evaluations spent on the shadows of one sample (a match that reads only
+#: what a class of keys shares costs one per class of the sample, another one per key):
+#: rules past it are told as idle.
+SHADOW_BUDGET = 20_000
 
 
-def _hints(policy: RulesPolicy, rules: list[Any]) -> dict[str, list[str]]:
-    """The near-miss hints of ``rules`` (idle), taken again at most every
-    :data:`HINTS_FOR` seconds, or when the rules in force or the idle rules change."""
+def _looked(policy: RulesPolicy, rules: list[Any]) -> _Looked:
+    """The near-miss hints and the shadows of ``rules`` (governing nothing), from one
+    sample of the keys in memory, taken again at most every :data:`HINTS_FOR` seconds,
+    or when the rules in force or those governing nothing change."""
     now = time.monotonic()
-    cached = _HINTS.get(policy)
+    cached = _LOOKED.get(policy)
     names = {rule.name for rule in rules}
     if (
         cached is not None
-        and cached[1] is policy.ruleset
-        and now - cached[0] < HINTS_FOR
-        and names <= cached[2].keys()
+        and cached.ruleset is policy.ruleset
+        and now - cached.when < HINTS_FOR
+        and names <= cached.hints.keys() | cached.shadows.keys()
     ):
-        return cached[2]
-    census = sample_census(policy.scheduler)
-    hints = {rule.name: near_miss_hints(rule.match_source, census) for rule in rules}
-    _HINTS[policy] = (now, policy.ruleset, hints)
-    return hints
+        return cached
+    tasks = list(sampled_tasks(policy.scheduler))
+    shadows = rule_matches(policy.ctx, rules, tasks, budget=SHADOW_BUDGET)
+    census = census_of(tasks)
+    hints = {
+        rule.name: near_miss_hints(rule.match_source, census)
+        for rule in rules
+        if rule.name not in shadows or not shadows[rule.name].shadowed
+    }
+    looked = _LOOKED[policy] = _Looked(now, policy.ruleset, len(tasks), hints, shadows)
+    return looked
 
 
 def near_miss_hints(match: str, census: Census) -> list[str]:
@@ -307,10 +382,9 @@ def keys_in_memory(scheduler: Any) -> int:
     return sum(tp.states.get("memory", 0) for tp in prefixes.values())
 
 
-def sample_census(scheduler: Any, limit: int = SAMPLE) -> Census:
-    """A census of at most ``limit`` keys in memory, taken from the workers' keys in
+def sampled_tasks(scheduler: Any, limit: int = SAMPLE) -> Iterator[Any]:
+    """At most ``limit`` tasks in memory, each once, taken from the workers' keys in
     turn (a share of each worker's), never a walk over all of them."""
-    census = Census(sampled=True)
     workers = list(scheduler.workers.values())
     seen: set[Any] = set()
     share = max(1, limit // max(1, len(workers)))
@@ -319,16 +393,9 @@ def sample_census(scheduler: Any, limit: int = SAMPLE) -> Census:
             if ts.key in seen:
                 continue
             seen.add(ts.key)
-            census.add(
-                ts.type,
-                ts.prefix.name,
-                span_path(ts),
-                resource_restrictions(ts),
-                ts.annotations or (),
-            )
+            yield ts
         if len(seen) >= limit:
-            break
-    return census
+            return
 
 
 def copies_wanted(policy: RulesPolicy, cls: PlanClass) -> int:

@@ -63,10 +63,17 @@ from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 
 from amm_rules.engine.words import counted, duration, local_time, signed_size, size
 from amm_rules.observe import status
-from amm_rules.observe.conformance import IDLE, IN_PROGRESS, SATISFIED, UNSATISFIABLE
+from amm_rules.observe.conformance import (
+    IDLE,
+    IN_PROGRESS,
+    NOT_RUNNING,
+    SATISFIED,
+    SHADOWED,
+    UNSATISFIABLE,
+)
 from amm_rules.observe.extension import engine_of
 from amm_rules.observe.status import NO_POOL
-from amm_rules.observe.text import DEPARTURES_SHOWN, conformance_line
+from amm_rules.observe.text import DEPARTURES_SHOWN, conformance_line, not_running_line
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +110,8 @@ STATE_COLORS = {
     IN_PROGRESS: "#e65100",
     UNSATISFIABLE: "#c62828",
     IDLE: "#6a1b9a",
+    SHADOWED: "#5d4037",
+    NOT_RUNNING: "#616161",
 }
 ROLE_COLORS = {"sender": "#e65100", "recipient": "#2e7d32"}
 BAR_COLOR, PAUSED_COLOR = "#1f77b4", "#9e9e9e"
@@ -186,7 +195,15 @@ def header_html(report: Mapping[str, Any] | None) -> str:
         if r.get("enabled")
         else "off"
     )
-    lines = [
+    stopped = not_running_line(report)
+    lines = (
+        [
+            f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}"><b>not running</b> {e(stopped)}</span>'
+        ]
+        if stopped
+        else []
+    )
+    lines += [
         f"<b>rules</b> <code>{e(str(report['source']))}</code> &middot; sha256 "
         f"<code>{e(digest[:12])}</code> &middot; loaded {local_time(report['loaded_at'])}"
         f" &middot; last reload error: {reload_error}",

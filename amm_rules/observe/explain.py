@@ -48,7 +48,9 @@ from amm_rules.observe.conformance import (
     class_problem,
     conformance,
     eligible_words,
+    sampled_tasks,
 )
+from amm_rules.observe.names import name_offer, offer_words
 from amm_rules.observe.status import decision_dict
 
 if TYPE_CHECKING:
@@ -77,6 +79,9 @@ class Explainer:
         measured = ctx.journal.worker_memory
         self.cluster = ctx.placements.cluster_view(measured) if measured else ctx.cluster_view()
         self.now = time.monotonic()
+        #: Keys of a sample of those in memory, per group name (taken once, when a name
+        #: that is not a key needs it: see :mod:`amm_rules.observe.names`).
+        self._by_group: dict[str, list[Hashable]] | None = None
 
     def __call__(self, key: Hashable) -> tuple[str, dict[str, Any]]:
         """``str(key)`` and the engine's own explanation of the key
@@ -88,7 +93,18 @@ class Explainer:
         core = engine_explain_key(policy, task_of(self.scheduler, key), cluster, now)
         answer = core.answer
         answer.update(_explained(policy, key, core, cluster, now))
+        if core.ts is None and (offer := name_offer(self.scheduler, key, self._sampled)):
+            # A task group's or prefix's name: what to explain instead.
+            answer["offer"] = offer
+            answer["summary"] = f"{answer['summary']}: {offer_words(offer)}"
         return key_string(key), answer
+
+    def _sampled(self) -> dict[str, list[Hashable]]:
+        if self._by_group is None:
+            self._by_group = {}
+            for ts in sampled_tasks(self.scheduler):
+                self._by_group.setdefault(ts.group.name, []).append(ts.key)
+        return self._by_group
 
 
 def explain_keys(policy: RulesPolicy, keys: Any) -> dict[str, dict[str, Any]]:
@@ -493,7 +509,7 @@ def _decisions(
     d = view.desired
     copy_to = {a.worker: a.reason for a in plan.actions if a.op == "replicate"}
     drop_from = {a.worker: a.reason for a in plan.actions if a.op == "drop"}
-    question = Question(view, cluster, unclassified=unclassified, now=now)
+    question = Question(view, cluster, unclassified=unclassified)
     settings = policy.rebalancer.settings
     last = policy.rebalancer.last_plan
     roles = last.roles if last is not None and settings.enabled else {}

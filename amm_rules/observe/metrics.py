@@ -18,6 +18,8 @@ counters also ``(reduce-replicas)`` and ``(rebalance)``):
 ========================================================  =======  =====================
 name                                                      type     labels
 ========================================================  =======  =====================
+``dask_amm_rules_amm_running``                            gauge    scheduler
+``dask_amm_rules_amm_running_changed_timestamp_seconds``  gauge    scheduler
 ``dask_amm_rules_governed_keys``                          gauge    scheduler, rule
 ``dask_amm_rules_governed_bytes``                         gauge    scheduler, rule
 ``dask_amm_rules_keys_met``                               gauge    scheduler, rule
@@ -195,6 +197,20 @@ class _Families:
         #: Families of the engine's sections, by name, made when first met.
         self._extra: dict[str, Any] = {}
         s, rule = ["scheduler"], ["scheduler", "rule"]
+        # First: whether anything is enforced at all.
+        self.amm_running = GaugeMetricFamily(
+            name("amm_running"),
+            "1 while the Active Memory Manager runs its cycles; 0 while it runs none "
+            "(stopped, or start: false): nothing enforces the rules, every rule is in "
+            "state not-running",
+            labels=s,
+        )
+        self.amm_running_changed = GaugeMetricFamily(
+            name("amm_running_changed_timestamp_seconds"),
+            "When the Active Memory Manager last started or stopped running its cycles "
+            "(seconds since the epoch; the policy's attach if neither since)",
+            labels=s,
+        )
         self.governed_keys = GaugeMetricFamily(
             name("governed_keys"), "Keys in memory governed by a rule or group", labels=rule
         )
@@ -260,7 +276,7 @@ class _Families:
         )
 
         self.in_flight = GaugeMetricFamily(
-            name("copies_in_flight"), "Replication copies requested and not landed", labels=s
+            name("copies_in_flight"), "Copies the engine asked for and has not seen land", labels=s
         )
         self.moves = CounterMetricFamily(
             name("rebalance_moves"), "Rebalancing moves started", labels=s
@@ -306,6 +322,9 @@ class _Families:
     def add(self, policy: RulesPolicy) -> None:
         where = [_scheduler_label(policy)]
         c = conformance(policy)
+        self.amm_running.add_metric(where, float(c.running))
+        if c.since is not None:
+            self.amm_running_changed.add_metric(where, c.since)
         shown, other = _shown_rows(c.rules)
         for r in shown:
             self._rule(where, r)
@@ -343,8 +362,7 @@ class _Families:
         for label, (would_request, would_drop) in held.items():
             self.would_request.add_metric([*where, label], would_request)
             self.would_drop.add_metric([*where, label], would_drop)
-        index = policy.index
-        self.in_flight.add_metric(where, sum(len(v) for v in index.inflight.values()))
+        self.in_flight.add_metric(where, len(policy.ctx.ledger))
         rebalancer = policy.rebalancer
         self.moves.add_metric(where, rebalancer.totals["moves"])
         self.moved_bytes.add_metric(where, rebalancer.totals["bytes"])

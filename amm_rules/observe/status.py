@@ -63,6 +63,7 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
     The shape (times are seconds since the epoch; sizes are bytes)::
 
         {
+          "amm": {"running": True, "since": 1764400000.0, "interval": 2.0},  # cycles run?
           "scheduler": "tcp://10.0.0.1:8786",        # None before the scheduler starts
           "time": 1764500000.0,                       # when the report was made
           # the rules in force
@@ -79,12 +80,13 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
           "reduce_replicas": True,
           # conformance (amm_rules.observe.conformance)
           "conformance": {
+            "running": True, "since": 1764400000.0,  # as "amm"; False: all "not-running"
             "governed": 1200, "met": 1180, "fraction": 0.983,
             "classification_backlog": 0,
             "rules": [                                 # rules in file order, then the groups
               {"name": "precious", "kind": "rule",    # or "annotation", "runtime"
                "in_file": True,
-               "state": "unsatisfiable",              # "satisfied", "in-progress"
+               "state": "unsatisfiable",              # "satisfied", "in-progress", "idle"...
                "sentence": "20 keys of 200 cannot be satisfied now: wants 3 copies, ...",
                "keys": 200, "bytes": 1073741824,
                "copies_held": 560, "copies_wanted": 600,  # copies now; at least wanted
@@ -101,7 +103,7 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
           "governed": 1200,                           # keys governed
           "unclassified": 0,                          # keys waiting for classification now
           "classification_backlog": 0,                # left over by the last cycle's budget
-          "in_flight": 3, "in_flight_keys": 2,        # replication copies requested
+          "in_flight": 3, "in_flight_keys": 2,        # copies asked, not landed
           "runtime_targets": 1,
           "cycles": 340, "last_cycle_ms": 1.9,
           "cycle_ms": {"last": 1.9, "median": 1.7, "worst": 8.2, "mean": 2.0, "recent": 100},
@@ -145,7 +147,7 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
         conformance=c.to_dict(),
         states={r.name: r.state for r in c.rules},
         classification_backlog=journal.backlog,
-        in_flight_keys=len(policy.index.inflight),
+        in_flight_keys=len(policy.ctx.ledger.copies),
         cycle_ms=_cycle_ms(policy),
         rebalance=_finite(report["rebalance"]),
         **_workers(policy),

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from amm_rules.engine.words import counted, duration, local_time, signed_size, size
+from amm_rules.engine.words import ago, counted, duration, local_time, signed_size, size
 from amm_rules.observe.conformance import SATISFIED
 
 
@@ -22,6 +22,9 @@ from amm_rules.observe.conformance import SATISFIED
 def render_status(report: Mapping[str, Any]) -> str:
     """``amm-rules status``: the rules file, one row per rule, then the engine's work."""
     lines = [f"amm-rules on {report.get('scheduler') or 'a scheduler'}"]
+    stopped = not_running_line(report)
+    if stopped:
+        lines.append(f"not running  {stopped}")
     lines += _render_rules_file(report)
     lines.append("")
     lines += _render_rules(report)
@@ -30,9 +33,25 @@ def render_status(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def not_running_line(report: Mapping[str, Any]) -> str:
+    """What a report says first while the Active Memory Manager runs no cycle, with
+    since when; "" while it runs."""
+    amm = report.get("amm") or {}
+    if amm.get("running", True):
+        return ""
+    return (
+        f"the Active Memory Manager runs no cycle since {local_time(amm.get('since'))} "
+        "(stopped, or start: false): nothing enforces the rules, and client.replicate "
+        "and scatter(broadcast=...) are the stock calls"
+    )
+
+
 def conformance_line(c: Mapping[str, Any]) -> str:
     """``98.3% of 1,200 governed keys meet their target and placement``; with nothing
-    governed, says so (a percentage of nothing reads as a bug)."""
+    governed, says so (a percentage of nothing reads as a bug); while no cycle runs,
+    that nothing is enforced."""
+    if c.get("running") is False:
+        return "not enforced: the Active Memory Manager runs no cycle"
     governed = c["governed"]
     if not governed:
         return "no governed key in memory"
@@ -101,6 +120,13 @@ def _render_rules(report: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _asked_before(report: Mapping[str, Any]) -> str:
+    """While no cycle runs, copies in flight are what an earlier cycle asked."""
+    if report["in_flight"] and not (report.get("amm") or {}).get("running", True):
+        return " (asked by an earlier cycle)"
+    return ""
+
+
 def _render_engine(report: Mapping[str, Any]) -> list[str]:
 
     cycles = report["cycle_ms"]
@@ -117,11 +143,12 @@ def _render_engine(report: Mapping[str, Any]) -> list[str]:
         f"backlog      {counted(report['classification_backlog'], 'key')} waiting for "
         "classification",
         f"in flight    {counted(report['in_flight'], 'copy')} of "
-        f"{counted(report['in_flight_keys'], 'key')}",
+        f"{counted(report['in_flight_keys'], 'key')}{_asked_before(report)}",
     ]
     out += _render_departures(report)
     out += _render_flow(report.get("memory_flow"))
     out += _render_pressure(report.get("memory_pressure"))
+    out += _render_adaptive(report.get("adaptive"), report.get("time"))
     out += _render_recompute(report.get("recompute"), report.get("protect"))
     out += _render_drains(report.get("drain"))
     r = report["rebalance"]
@@ -246,6 +273,32 @@ def _render_pressure(pressure: Mapping[str, Any] | None) -> list[str]:
         f"{totals.get('held_seconds', 0):,.1f}s held since start"
     ]
     out += [f"  {reason}" for reason in pressure.get("reasons") or ()]
+    return out
+
+
+def _render_adaptive(adaptive: Mapping[str, Any] | None, now: float | None) -> list[str]:
+    """The adaptive section: its settings, the last target, the workers kept."""
+    if not adaptive:
+        return []
+    settings = adaptive.get("settings")
+    if settings is None:
+        head = "no adaptive section (distributed's target; scale-down keeps pools, move: never)"
+    else:
+        parts = [f"headroom {settings['headroom']:.0%}"]
+        if not settings["memory"]:
+            parts.insert(0, "memory off")
+        parts.append("hold-rules" if settings["hold_rules"] else "hold-rules off")
+        head = f"on ({', '.join(parts)})"
+    out = [f"adaptive     {head}"]
+    target = adaptive.get("target")
+    if target:
+        out.append(
+            f"  target {counted(target['workers'], 'worker')} (distributed's "
+            f"{target['stock']}, memory's {target['memory']}) "
+            f"{ago((now or time.time()) - target['at'])}"
+        )
+        out.append(f"  {target['text']}")
+    out += [f"  {kept['why']}" for kept in (adaptive.get("kept") or {}).values()]
     return out
 
 
@@ -379,6 +432,7 @@ def _render_one(name: str, a: Mapping[str, Any]) -> str:
             if protect.get("protected")
             else f"  protect  not protected: {protect['why']}"
         )
+    lines += [f"  claim    {sentence}" for sentence in a.get("held") or ()]
     if facts["annotations"]:
         lines.append(f"  annotations  {facts['annotations']}")
     for n, h in enumerate(facts["holders"]):

@@ -141,11 +141,23 @@ _KEY_FIXTURE = {
         },
         "nbytes": {"description": f"Its size (default {DEFAULT_NBYTES}).", **_SIZE},
         "prefix": {
-            "description": "task.prefix (default: as dask names it from the key).",
+            "description": "task.prefix (default: as dask names it from the key, "
+            "dask's key_split: 'features-abc' stays whole, 'x-<hash>' is 'x').",
             "type": "string",
         },
-        "group": {"description": "task.group (default: the prefix).", "type": "string"},
+        "group": {
+            "description": "task.group (default: as the scheduler names it, distributed's "
+            "key_split_group of the key: the prefix of a text key, the first element of a "
+            "tuple key).",
+            "type": "string",
+        },
         "type": {"description": "task.type, e.g. numpy.ndarray.", "type": "string"},
+        "resources": {
+            "description": "task.resources: the resource restriction of the task that "
+            "made it (resources= when it was submitted), e.g. {GPU: 1}.",
+            "type": "object",
+            "additionalProperties": {"type": "number", "minimum": 0},
+        },
         "annotations": {
             "description": "task.annotations; 'amm' is read as the engine reads it.",
             "type": "object",
@@ -321,6 +333,8 @@ class KeyFixture:
     path: Path
     #: Seconds its task computed, if the case says (``recompute``).
     recompute: float | None = None
+    #: The resource restriction of the task that made it (``resources``).
+    resources: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -385,9 +399,9 @@ def _validator() -> Any:
 
 def read_test_file(path: str, roots: Sequence[str] | None = None) -> TestFile:
     """Read and check a test file; problems are positioned diagnostics on the result.
-    ``roots``: the directories its rules file must be in (None: anywhere)."""
-    from amm_rules.language.schema_check import schema_problems
-    from amm_rules.language.yaml_source import MAX_BYTES, decode, read_yaml
+    ``roots``: the directories its rules file must be in, the first the tree the file
+    belongs to (None: anywhere)."""
+    from amm_rules.language.yaml_source import MAX_BYTES
 
     try:
         with open(path, "rb") as f:
@@ -397,6 +411,15 @@ def read_test_file(path: str, roots: Sequence[str] | None = None) -> TestFile:
         message = f"cannot read the file: {exc.strerror or exc}"
         where.diagnostics.append(Diagnostic(path, 0, 0, "error", message, None, "unreadable"))
         return TestFile(path, None, where)
+    return parse_test_file(raw, path, roots)
+
+
+def parse_test_file(raw: bytes, path: str, roots: Sequence[str] | None = None) -> TestFile:
+    """Check the bytes of a test file as if read from ``path`` (its ``rules:`` is
+    relative to that path); see :func:`read_test_file`."""
+    from amm_rules.language.schema_check import schema_problems
+    from amm_rules.language.yaml_source import decode, read_yaml
+
     text, problems = decode(raw)
     where = CaseLocator(path, None)
     if text is None:
@@ -493,11 +516,13 @@ class _Builder:
         shown = os.path.normpath(os.path.join(os.path.dirname(self.out.path), rel))
         self.out.rules_path = shown
         if self.roots is not None and not _inside(full, self.roots):
+            tree, *given = self.roots
+            others = f" and the directories given ({', '.join(given)})" if given else ""
             self.error(
                 ("rules",),
-                f"the rules file {shown} is outside the working directory and the "
-                f"directories given ({', '.join(self.roots)}); pass --allow-outside to "
-                "use it",
+                f"the rules file {shown} is outside the tree this test file belongs to "
+                f"({tree}: the nearest directory holding .git or pyproject.toml, else the "
+                f"file's own){others}; pass --allow-outside to use it",
                 "outside",
             )
             return
@@ -735,6 +760,7 @@ class _CaseBuilder:
                         waiters=k.get("waiters", 0),
                         path=at,
                         recompute=recompute,
+                        resources=field(k, at, "resources", dict) or {},
                     )
                 )
         return out

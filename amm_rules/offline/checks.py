@@ -19,7 +19,12 @@ through the rules file's own :class:`~amm_rules.language.locator.Locator`:
 ``matches-no-key``
     A rule's match is false for every key in memory of the dump (the dump holds some),
     with near-miss hints (:mod:`amm_rules.language.near_miss`): a type, prefix, span or
-    resource named otherwise than the data is.
+    resource named otherwise than the data is (live status: ``idle``).
+``shadowed-in-cluster``
+    A rule matches keys in memory of the dump, but something earlier in the cascade (a
+    rule, an annotation, a runtime target) decides every field it sets for each of
+    them: it decides nothing there (live status: ``shadowed``). Said as live status
+    says it: ``matches 3 keys, all taken by checkpoints (replicate)``.
 
 Warnings, not errors: the cluster of a dump is one moment of one cluster, and the same
 file may serve others.
@@ -30,13 +35,16 @@ from __future__ import annotations
 from typing import Any
 
 from amm_rules.engine.decide.deciders import eligible as placeable
-from amm_rules.engine.decide.view import WorkerView, key_string
+from amm_rules.engine.decide.shadows import shadow_words
+from amm_rules.engine.decide.view import WorkerView
+from amm_rules.engine.sections.activity import census_of
 from amm_rules.engine.words import counted
 from amm_rules.language.diagnostics import Diagnostic, sort_key
+from amm_rules.language.expr.parser import parse
 from amm_rules.language.loader import CheckResult
 from amm_rules.language.locator import Locator
 from amm_rules.language.near_miss import Census, near_misses
-from amm_rules.language.ruleset import Rule, Ruleset, TaskFacts
+from amm_rules.language.ruleset import Rule, Ruleset
 from amm_rules.offline.dump import ClusterState
 
 _NONE: frozenset[str] = frozenset()
@@ -98,64 +106,52 @@ def cluster_warnings(result: CheckResult, state: ClusterState, measure: str) -> 
                     "spread-one-host",
                     severity="warning",
                 )
-    _matches_nothing(ruleset, state, where, index, cluster)
+    _unused_rules(ruleset, state, measure, where, index, cluster)
     return sorted(where.diagnostics, key=sort_key)
 
 
-def _matches_nothing(
-    ruleset: Ruleset, state: ClusterState, where: Locator, index: dict[Any, int], cluster: str
+def _unused_rules(
+    ruleset: Ruleset,
+    state: ClusterState,
+    measure: str,
+    where: Locator,
+    index: dict[Any, int],
+    cluster: str,
 ) -> None:
-    """``matches-no-key``: rules whose match no key in memory of the dump satisfies."""
-    from amm_rules.language.expr.parser import parse
+    """``matches-no-key`` and ``shadowed-in-cluster``: rules that match none of the keys
+    in memory of the dump, and rules that match some but decide none of their fields
+    (something earlier in the cascade does), as live status calls them ``idle`` and
+    ``shadowed``: the dump's keys classified by the engine itself (a simulation of
+    the dump, before any cycle)."""
+    from amm_rules.offline.simulate import Simulation
 
-    tasks = [t for t in state.tasks.values() if t.state == "memory"]
+    if not any(t.state == "memory" for t in state.tasks.values()):
+        return
+    sim = Simulation.of(ruleset, state, measure=measure)
+    tasks = list(sim.cluster.in_memory())
     if not tasks:
         return
-    facts = [_facts(t, state) for t in tasks]
+    usage = sim.rule_usage(ruleset.rules)
     census: Census | None = None
+    n = len(tasks)
     for rule in ruleset.rules:
-        if any(_matches(rule, f) for f in facts):
+        at = ("rules", index.get(rule.name, 0), "match")
+        shadow = usage[rule.name]
+        if shadow.shadowed:
+            where.add(
+                at,
+                f"{shadow_words(shadow)}, in {cluster}: the rule decides nothing there",
+                "shadowed-in-cluster",
+                severity="warning",
+            )
+            continue
+        if shadow.matched:
             continue
         if census is None:
-            census = Census()
-            for t, f in zip(tasks, facts, strict=True):
-                census.add(t.type, t.prefix, f.span, t.resources, t.annotations)
+            census = census_of(tasks, sampled=False)
         hints = near_misses(parse(rule.match_source), census)
-        n = len(tasks)
         message = f"the match is false for every key in memory in {cluster} ({counted(n, 'key')})"
-        where.add(
-            ("rules", index.get(rule.name, 0), "match"),
-            "; ".join([message, *hints]),
-            "matches-no-key",
-            severity="warning",
-        )
-
-
-def _matches(rule: Rule, facts: TaskFacts) -> bool:
-    try:
-        return bool(rule.match(facts))
-    except Exception:  # (never for the documented facts)
-        return False
-
-
-def _facts(record: Any, state: ClusterState) -> TaskFacts:
-    """What a match sees of a recorded key (its span read from its ``span`` annotation,
-    done when none of the span's tasks was to run)."""
-    from amm_rules.engine.adapters import span_path
-
-    span = span_path(record)
-    return TaskFacts(
-        key=key_string(record.key),
-        prefix=record.prefix,
-        group=record.group,
-        type=record.type,
-        nbytes=record.nbytes,
-        replicas=len(record.who_has),
-        waiters=len(record.waiters),
-        annotations=record.annotations,
-        resources=record.resources,
-        span=span,
-    )
+        where.add(at, "; ".join([message, *hints]), "matches-no-key", severity="warning")
 
 
 def _locator(result: CheckResult) -> Locator:

@@ -199,16 +199,10 @@ def run_simulation(
     ``drain``'s workers within its deadline at its rate, which kills them) and return
     the report."""
     from amm_rules.offline.report import simulation_report
-    from amm_rules.offline.sim_cluster import SimCluster
-    from amm_rules.offline.simulate import Simulation, runtime_targets
+    from amm_rules.offline.simulate import Simulation
+    from amm_rules.offline.workers_needed import workers_needed
 
-    sim = Simulation(
-        ruleset,
-        SimCluster(state),
-        measure=measure,
-        interval=interval,
-        runtime=runtime_targets(state),
-    )
+    sim = Simulation.of(ruleset, state, measure=measure, interval=interval)
     report = None
     drained = None
     drain_workers_, deadline, rate = drain
@@ -227,6 +221,7 @@ def run_simulation(
         report = kill_workers(sim, victims)
     result = sim.run(cycles)
     out = simulation_report(sim, result, report, rules_file=rules_file)
+    out["workers_needed"] = workers_needed(sim)
     if drained is not None:
         out["drain"] = drained
     return out
@@ -297,8 +292,9 @@ def diff(
 def run_tests(
     paths: Sequence[str], *, coverage: bool, fmt: str, allow_outside: bool = False
 ) -> int:
-    """``amm-rules test``. A test file's ``rules:`` must be inside the directories given
-    (or those of the files given), unless ``allow_outside``."""
+    """``amm-rules test``. A test file's ``rules:`` must be inside the tree the file
+    belongs to (the nearest directory holding ``.git`` or ``pyproject.toml``, else its
+    own) or the directories given, unless ``allow_outside``."""
     from amm_rules.offline.ruletests import (
         allowed_roots,
         exit_status,
@@ -321,6 +317,46 @@ def run_tests(
     else:
         click.echo(escape_controls(render_text(results, shown)), nl=False)
     return exit_status(results)
+
+
+def write_tests(
+    dump: str,
+    rules: str,
+    output: str,
+    *,
+    sample: int,
+    max_dump_bytes: int = MAX_DUMP_BYTES,
+    command: str = "",
+) -> int:
+    """``amm-rules test --from-dump DUMP --rules RULES -o OUTPUT``: a test file of the
+    dump's cluster, what the rules decide today as its expectations
+    (:mod:`amm_rules.offline.casegen`). ``-`` writes to standard output."""
+    from amm_rules.engine.words import counted
+    from amm_rules.offline.casegen import CaseGenError, cases_from_dump
+
+    ruleset = load_rules(rules)
+    if ruleset is None:
+        return 1
+    if rules == "-":
+        raise click.UsageError("--rules: a test file names its rules file: give a path, not '-'")
+    state = load_cluster(dump, None, max_dump_bytes)
+    try:
+        made = cases_from_dump(state, ruleset, rules, output, sample=sample, command=command)
+    except CaseGenError as exc:
+        raise click.ClickException(str(exc)) from None
+    if output == "-":
+        click.echo(made.text, nl=False)
+    else:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(made.text)
+        click.echo(
+            f"wrote {output}: 1 case of {counted(made.keys, 'key')} (of {made.keys_in_memory:,} in "
+            f"memory in {state.source}), the rules' decisions as expectations",
+            err=True,
+        )
+    for warning in state.warnings:
+        click.echo(escape_controls(f"warning: {state.source}: {warning}"), err=True)
+    return 0
 
 
 def add_cluster_warnings(

@@ -118,7 +118,7 @@ def _empty_rule() -> dict[str, Any]:
 def render_diff(report: dict[str, Any]) -> str:
     """The diff for a terminal."""
     from amm_rules.engine.words import counted, size
-    from amm_rules.offline.report import list_lines, pool_lines, table, worker_lines
+    from amm_rules.offline.report import list_lines, pool_lines, table, unused_lines, worker_lines
 
     t = report["totals"]
     settling = report["old_settling"]
@@ -146,6 +146,7 @@ def render_diff(report: dict[str, Any]) -> str:
         for label, e in report["rules"].items()
     ]
     lines += ["", *table(["rule", "keys changed", "add", "drop", "transfer", "state"], rows)]
+    lines += unused_lines(report["rules"])
     lines += [
         "",
         f"in total: {counted(t['copies_added'], 'copy')} added ({size(t['bytes_transferred'])}), "

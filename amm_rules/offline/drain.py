@@ -5,7 +5,7 @@ lose.
 The engine's own parts decide, as in the scheduler (:mod:`amm_rules.engine.sections.drain`):
 the evacuation planner places each key the drained workers hold by its rules
 (:func:`~amm_rules.engine.decide.evacuate.plan_evacuation`), the drain's order of value
-ranks them (:func:`~amm_rules.engine.sections.drain.rank_views`) and its prediction
+ranks them (:func:`~amm_rules.engine.evacuation.rank_views`) and its prediction
 walks them at the rate given (:func:`~amm_rules.engine.decide.drain.predict`), each
 drained worker sending at that rate. The copies that leave in time land, the drained
 workers are then lost (``--kill``'s report: keys lost, keys below their target) and the
@@ -25,8 +25,7 @@ from typing import Any
 from amm_rules.engine.decide.drain import TIER_NAMES, predict
 from amm_rules.engine.decide.evacuate import plan_evacuation
 from amm_rules.engine.decide.view import key_string
-from amm_rules.engine.sections.drain import rank_views
-from amm_rules.engine.sections.retirement import CopyBook, evacuation_input
+from amm_rules.engine.evacuation import evacuation_input, rank_views
 from amm_rules.engine.words import (
     bytes_per_second,
     drain_item_why,
@@ -66,7 +65,7 @@ def drain_workers(
     estimated = False
     for address in victims:
         ws = sim.cluster.workers[address]
-        views, cluster = evacuation_input(ctx, list(ws.has_what), leaving, CopyBook())
+        views, cluster = evacuation_input(ctx, list(ws.has_what), leaving)
         ranked, items = rank_views(views, cluster, tasks, ctx.costs.estimate)
         estimated |= any(item.seconds for item in items.values())
         plan = plan_evacuation(ranked, cluster, now=sim.now)

@@ -16,7 +16,9 @@ cut short, not a dump at all) raises :class:`DumpError`, whose text is one line 
 the file and what is wrong. So does a dump that would cost too much to read: a path
 that is not a regular file (a device, a named pipe: never opened), more than
 ``max_bytes`` once decompressed (:data:`MAX_DUMP_BYTES` by default: ``--max-dump-size``
-raises it), YAML whose aliases stand for more than :data:`MAX_ALIAS_VALUES` values, or
+raises it; gzip is decompressed as it is read), msgpack that would build more than a
+dump holds (:mod:`amm_rules.offline.bounded`: entries per array or map, values and
+objects per byte read), YAML whose aliases stand for more than :data:`MAX_ALIAS_VALUES` values, or
 nest deeper than :data:`MAX_DUMP_DEPTH`, and YAML integers longer than
 :data:`~amm_rules.language.yaml_source.MAX_INT_CHARS` characters. References that cannot be resolved (a holder that is not in
 the dump's workers, a repr in an unknown shape) are skipped and counted in
@@ -33,10 +35,12 @@ import ast
 import os
 import re
 import stat
-import zlib
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from amm_rules.offline.bounded import Budget, Refused, Stream, limit_words
+from amm_rules.offline.bounded import unpacker as bounded_unpacker
 
 Key = Hashable
 
@@ -57,8 +61,6 @@ MAX_DUMP_BYTES = 2**30
 #: deepest nesting of a YAML dump.
 MAX_ALIAS_VALUES = 1_000_000
 MAX_DUMP_DEPTH = 200
-#: Bytes read or decompressed at a time.
-_CHUNK = 2**20
 
 
 class DumpError(Exception):
@@ -200,44 +202,21 @@ def _limit(max_bytes: int) -> str:
 
 
 def decode(raw: bytes, name: str, max_bytes: int = MAX_DUMP_BYTES) -> Any:
-    """The plain data of a dump file's bytes (gzip, then msgpack or YAML)."""
-    if raw[:2] == b"\x1f\x8b":
-        raw = gunzip(raw, name, max_bytes)
-    if not raw.strip():
+    """The plain data of a dump file's bytes (gzip, then msgpack or YAML). gzip is
+    decompressed as it is read and msgpack decoded within bounds
+    (:mod:`amm_rules.offline.bounded`): a msgpack dump is never held whole."""
+    too_large = f"decompresses to more than {_limit(max_bytes)}; a decompression bomb?"
+    stream = Stream(raw, max_bytes, too_large)
+    try:
+        first = stream.peek()
+        if 0x80 <= first <= 0x8F or first in (0xDE, 0xDF):  # a msgpack map
+            return _msgpack(stream, name, max_bytes)
+        text = stream.read()
+    except Refused as exc:
+        raise DumpError(f"{name}: {exc}") from None
+    if not text.strip():
         raise DumpError(f"{name}: the file is empty")
-    first = raw[0]
-    if 0x80 <= first <= 0x8F or first in (0xDE, 0xDF):  # a msgpack map
-        return _msgpack(raw, name)
-    return _yaml(raw, name)
-
-
-def gunzip(raw: bytes, name: str, max_bytes: int = MAX_DUMP_BYTES) -> bytes:
-    """Gzip data (of one member or several) decompressed, refused as soon as it passes
-    ``max_bytes``: nothing larger is ever held."""
-    out = bytearray()
-    data = raw
-    while data:
-        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            while data:
-                out += inflate.decompress(data, _CHUNK)
-                data = inflate.unconsumed_tail
-                if len(out) > max_bytes:
-                    raise DumpError(
-                        f"{name}: decompresses to more than {_limit(max_bytes)}; "
-                        "a decompression bomb?"
-                    )
-            out += inflate.flush()
-        except zlib.error as exc:
-            raise DumpError(f"{name}: not readable as gzip ({exc})") from None
-        if not inflate.eof:
-            raise DumpError(f"{name}: the gzip data ends early (the file is truncated)")
-        data = inflate.unused_data
-        if data and data[:2] != b"\x1f\x8b":
-            break  # trailing garbage after the last member, as gzip tolerates
-    if len(out) > max_bytes:
-        raise DumpError(f"{name}: decompresses to more than {_limit(max_bytes)}")
-    return bytes(out)
+    return _yaml(text, name)
 
 
 #: The parts of ``scheduler`` a dump is read for; the rest (the transition log, events,
@@ -249,38 +228,46 @@ SCHEDULER_PARTS = frozenset({"address", "id", "workers", "tasks", "memory", "tas
 ENGINE_EXTENSION = "amm-rules"
 
 
-def _msgpack(raw: bytes, name: str) -> Any:
-    """The dump's plain data, streamed: only the parts that are read are built."""
+def _msgpack(stream: Stream, name: str, max_bytes: int) -> Any:
+    """The dump's plain data, streamed: only the parts that are read are built, within
+    the decoder's bounds."""
     import msgpack
 
-    unpacker = msgpack.Unpacker(strict_map_key=False, raw=False, max_buffer_size=len(raw) + 1)
-    unpacker.feed(raw)
+    budget = Budget(stream)
+    unpacker = bounded_unpacker(stream, budget, max_bytes)
     try:
         out: dict[Any, Any] = {}
         for _ in range(unpacker.read_map_header()):
             key = unpacker.unpack()
             if key == "scheduler":
-                out[key] = _scheduler_part(unpacker)
+                out[key] = _scheduler_part(unpacker, budget)
             elif key == "workers":
-                unpacker.skip()
+                budget.skip(unpacker)
                 out[key] = {}
             else:
                 out[key] = unpacker.unpack()
+    except Refused:
+        raise
     except msgpack.OutOfData:
         raise DumpError(f"{name}: the msgpack data ends early (the file is truncated)") from None
     except Exception as exc:  # ValueError and msgpack's own (format, stack, type) errors
+        bomb = limit_words(exc)
+        if bomb is not None:
+            raise DumpError(f"{name}: {bomb}") from None
         why = str(exc) or type(exc).__name__  # a StackError (nesting too deep) says nothing
         raise DumpError(f"{name}: not readable as msgpack ({why})") from None
     try:
         unpacker.unpack()
     except msgpack.OutOfData:
         return out
+    except Refused:
+        raise
     except Exception:
         pass
     raise DumpError(f"{name}: data after the end of the dump (not one msgpack document)")
 
 
-def _scheduler_part(unpacker: Any) -> Any:
+def _scheduler_part(unpacker: Any, budget: Budget) -> Any:
     """The ``scheduler`` mapping with only :data:`SCHEDULER_PARTS` (a non-mapping as is,
     for :func:`parse_state` to refuse)."""
     try:
@@ -293,13 +280,13 @@ def _scheduler_part(unpacker: Any) -> Any:
         if key in SCHEDULER_PARTS:
             out[key] = unpacker.unpack()
         elif key == "extensions":
-            out[key] = _only(unpacker, ENGINE_EXTENSION)
+            out[key] = _only(unpacker, budget, ENGINE_EXTENSION)
         else:
-            unpacker.skip()
+            budget.skip(unpacker)
     return out
 
 
-def _only(unpacker: Any, name: str) -> Any:
+def _only(unpacker: Any, budget: Budget, name: str) -> Any:
     """A mapping with only its entry ``name`` read (the others skipped)."""
     try:
         n = unpacker.read_map_header()
@@ -311,7 +298,7 @@ def _only(unpacker: Any, name: str) -> Any:
         if key == name:
             out[key] = unpacker.unpack()
         else:
-            unpacker.skip()
+            budget.skip(unpacker)
     return out
 
 
@@ -731,6 +718,15 @@ def prefix_of(key: Key) -> str:
     from dask.utils import key_split
 
     return str(key_split(key))
+
+
+def group_of(key: Key) -> str:
+    """What the scheduler names the task group of a key, as
+    :func:`distributed.utils.key_split_group` does: a tuple key's group keeps its
+    hash (``('x-bd20...', 0)`` is of group ``x-bd20...``, prefix ``x``)."""
+    from distributed.utils import key_split_group
+
+    return str(key_split_group(key))
 
 
 def _int(value: Any, default: int) -> int:

@@ -3,7 +3,8 @@
 :func:`simulation_report` turns a :class:`~amm_rules.offline.simulate.Result` (and, with
 ``--kill``, what the kill did) into plain data: per rule (keys and bytes governed, copies
 added and dropped, bytes transferred, the state after: satisfied, unsatisfiable with
-reasons, in progress, dry-run), per worker and per pool (memory before and after), the
+reasons, in progress, dry-run, and for a rule that governs no key while keys are in
+memory ``shadowed`` or ``idle`` with a sentence, as live status says it), per worker and per pool (memory before and after), the
 actions, the keys left unmet, lost or below target, and the cycles taken. Keys are
 ``str(key)``. :func:`render_text` lays the same data out for a terminal, with long lists
 cut short (the JSON has everything).
@@ -20,11 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amm_rules.engine.decide.plan import DEFAULT_SOURCE, source_label
+from amm_rules.engine.decide.shadows import IDLE, SHADOWED, shadow_words
 from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.dryrun import REBALANCE_LABEL
+from amm_rules.engine.sections.activity import census_of
 from amm_rules.engine.words import counted, duration, plural, size
+from amm_rules.language.expr.parser import parse
+from amm_rules.language.near_miss import near_misses
 from amm_rules.language.ruleset import Desired, Ruleset
 from amm_rules.offline.simulate import Result, SimAction, Simulation
+from amm_rules.offline.workers_needed import workers_needed_lines
 
 #: Entries of a long list the text report shows (the JSON report has them all).
 TEXT_LIMIT = 10
@@ -218,12 +224,38 @@ def rules_section(ruleset: Ruleset, sim: Simulation, result: Result) -> dict[str
         elif e["unmet"] or e["misplaced"]:
             e["state"] = "unsatisfiable"
         elif e["pending"]:
-            e["state"] = "in progress"
+            e["state"] = "in-progress"
         else:
             e["state"] = "satisfied"
         e["reasons"] = dict(e["reasons"].most_common())
+    _unused(ruleset, sim, stats)
     known = [k for k in order if k in stats]
     return {k: stats[k] for k in [*known, *sorted(set(stats) - set(known))]}
+
+
+def _unused(ruleset: Ruleset, sim: Simulation, stats: dict[str, dict[str, Any]]) -> None:
+    """The rules that govern no key while keys are in memory, as live status tells
+    them: ``shadowed`` when they match keys whose fields something earlier decides,
+    ``idle`` when they match none (with near-miss hints); each with its ``sentence``."""
+    unused = [r for r in ruleset.rules if not stats[r.name]["keys"]]
+    tasks = list(sim.cluster.in_memory())
+    if not unused or not tasks:
+        return  # no key in memory: nothing to match, as in live status
+    usage = sim.rule_usage(unused)
+    census = None
+    for rule in unused:
+        e = stats[rule.name]
+        shadow = usage[rule.name]
+        if shadow.shadowed:
+            e["state"], e["sentence"] = SHADOWED, shadow_words(shadow)
+            e["shadowed"] = shadow.to_dict()
+            continue
+        if census is None:
+            census = census_of(tasks, sampled=False)
+        hints = near_misses(parse(rule.match_source), census)
+        n = len(tasks)
+        head = f"matches none of the {counted(n, 'key')} in memory"
+        e["state"], e["sentence"] = IDLE, "; ".join([head, *hints])
 
 
 def _placement_label(desired: Desired) -> str:
@@ -314,6 +346,7 @@ def render_text(report: Mapping[str, Any]) -> str:
         f"copies added: {t['copies_added']} ({size(t['bytes_transferred'])}), "
         f"copies dropped: {t['copies_dropped']}"
     )
+    lines += workers_needed_lines(report.get("workers_needed"))
     lines += ["", *rule_lines(report["rules"])]
     if report["pools"]:
         lines += ["", *pool_lines(report["pools"])]
@@ -383,7 +416,17 @@ def rule_lines(rules: Mapping[str, Mapping[str, Any]]) -> list[str]:
         out.append("(in dry-run: what enforcing would add and drop, in parentheses)")
     if notes:
         out += ["", "why not satisfied:", *notes]
-    return out
+    return out + unused_lines(rules)
+
+
+def unused_lines(rules: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The rules that govern no key (``shadowed``, ``idle``), each with its sentence."""
+    said = [
+        f"  {label}: {e['state']}: {e['sentence']}"
+        for label, e in rules.items()
+        if e.get("sentence")
+    ]
+    return ["", "rules that govern no key:", *said] if said else []
 
 
 def pool_lines(pools: Mapping[str, Mapping[str, Any]]) -> list[str]:

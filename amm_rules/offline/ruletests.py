@@ -30,6 +30,7 @@ from amm_rules.offline.dump import (
     GroupRecord,
     TaskRecord,
     WorkerRecord,
+    group_of,
     prefix_of,
 )
 from amm_rules.offline.sim_cluster import SimCluster
@@ -89,20 +90,43 @@ def find_test_files(paths: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+#: What marks the root of the tree a test file belongs to (a repository, a project).
+TREE_MARKERS = (".git", "pyproject.toml")
+
+
+def tree_of(path: str) -> str:
+    """The tree the test file ``path`` belongs to: the nearest directory holding
+    ``.git`` or ``pyproject.toml`` (its own directory included), else its own
+    directory; resolved (``..`` and symlinks)."""
+    here = os.path.dirname(os.path.realpath(path))
+    directory = here
+    while True:
+        if any(os.path.exists(os.path.join(directory, m)) for m in TREE_MARKERS):
+            return directory
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return here
+        directory = parent
+
+
 def allowed_roots(paths: Iterable[str]) -> list[str]:
-    """The directories a test file's ``rules:`` may be in: the working directory (a
-    repository's ``tests/`` name its ``../rules/``), the directories given and those
-    of the files given; resolved, so that ``..`` and symlinks cannot lead out."""
-    given = [p if os.path.isdir(p) else os.path.dirname(p) or "." for p in paths]
-    return list(dict.fromkeys(os.path.realpath(p) for p in [".", *given]))
+    """The directories given (files' own count through their tree, see :func:`tree_of`),
+    resolved, so that ``..`` and symlinks cannot lead out. Where a test file's ``rules:``
+    may be besides its tree: a directory named on the command line is a tree too."""
+    return list(dict.fromkeys(os.path.realpath(p) for p in paths if os.path.isdir(p)))
 
 
 def run_files(
     paths: Sequence[str], roots: Sequence[str] | None = None
 ) -> tuple[list[FileResult], Coverage]:
-    """Run test files; ``roots``: where their rules files must be (None: anywhere)."""
+    """Run test files. ``roots``: besides each file's tree (:func:`tree_of`), the
+    directories its rules file may be in; None: anywhere (``--allow-outside``)."""
     coverage = Coverage()
-    return [run_file(read_test_file(p, roots), coverage) for p in paths], coverage
+    results = []
+    for p in paths:
+        bounds = None if roots is None else list(dict.fromkeys([tree_of(p), *roots]))
+        results.append(run_file(read_test_file(p, bounds), coverage))
+    return results, coverage
 
 
 def run_file(test: TestFile, coverage: Coverage) -> FileResult:
@@ -130,6 +154,13 @@ def run_file(test: TestFile, coverage: Coverage) -> FileResult:
     return result
 
 
+def outcome(test: TestFile, case: Case) -> dict[Hashable, tuple[Desired, int]]:
+    """What the rules decided for each key of a case, with the copies it ended with,
+    as the checks of the expectations see them (``test --from-dump`` writes these)."""
+    run = _Run(test, case)
+    return {k.key: (run.desired(k.key), len(run.holders(k.key))) for k in case.keys}
+
+
 def cluster_of(test: TestFile, case: Case) -> ClusterState:
     """The case's cluster, as a dump would record it."""
     state = ClusterState(f"{test.path}: case '{case.name}'")
@@ -143,12 +174,13 @@ def cluster_of(test: TestFile, case: Case) -> ClusterState:
             key=k.key,
             state="memory",
             prefix=prefix,
-            group=k.group if k.group is not None else prefix,
+            group=k.group if k.group is not None else group_of(k.key),
             type=k.type,
             nbytes=k.nbytes,
             who_has=tuple(by_name[h].address for h in k.holders),
             waiters=waiters,
             annotations=dict(k.annotations),
+            resources=dict(k.resources),
         )
         for w in waiters:
             state.tasks[w] = TaskRecord(key=w, state="waiting", prefix="waiter", group="waiter")
@@ -233,14 +265,58 @@ class _Run:
                 )
         return CaseResult(case.name, self.test.position(case.path)[0], self.failures)
 
+    def desired(self, key: Hashable) -> Desired:
+        """What the rules want for ``key`` (after the run; before it for a key lost)."""
+        return self.sim.desired.get(key) or self.wishes.get(key) or Desired()
+
     def holders(self, key: Hashable) -> list[str]:
         ts = self.sim.cluster.tasks[key]
         return sorted(self.names[ws.address] for ws in ts.who_has or ())
 
     def key(self, path: tuple[Any, ...], exp: dict[str, Any]) -> None:
+        failed = len(self.failures)
+        self._key(path, exp)
+        if len(self.failures) > failed:
+            self.seen_as(exp["key"])
+
+    def seen_as(self, key: Hashable) -> None:
+        """After a key's failed expectation: what a match saw of the key (its prefix,
+        group, type and resources), and where the prefix and group came from, at the
+        key's declaration. A key ``features-abc`` has prefix ``features-abc`` to dask's
+        ``key_split``: a case expecting a rule on ``task.prefix == "features"`` fails, and
+        this says why."""
+        fixture = next((k for k in self.case.keys if k.key == key), None)
+        task = self.sim.cluster.tasks.get(key)
+        if fixture is None or task is None:
+            return
+        resources = dict(task.resource_restrictions or {})
+        names = f"prefix {task.prefix.name!r} and group {task.group.name!r}"
+        derived = [
+            n for n, v in (("prefix", fixture.prefix), ("group", fixture.group)) if v is None
+        ]
+        if derived:
+            names += (
+                " (named from the key by dask's key_split, as the scheduler names them; "
+                f"set {' and '.join(repr(n + ':') for n in derived)} on the key to change "
+                f"{'it' if len(derived) == 1 else 'them'})"
+            )
+        parts = [
+            names,
+            f"type {task.type}" if task.type else "no type",
+            f"resources {resources}" if resources else "no resources",
+        ]
+        note = ""
+        if "resources" in fixture.annotations and not fixture.resources:
+            note = (
+                " ('annotations: {resources: ...}' is an annotation; what resources= sets is "
+                "'resources:' on the key)"
+            )
+        self.fail(fixture.path, f"key {key_string(key)!r} is seen as {', '.join(parts)}{note}")
+
+    def _key(self, path: tuple[Any, ...], exp: dict[str, Any]) -> None:
         key = exp["key"]
         shown = f"key {key_string(key)!r}"
-        desired = self.sim.desired.get(key) or self.wishes.get(key) or Desired()
+        desired = self.desired(key)
         holders = self.holders(key)
         final = self.result.keys.get(key)
         hosts = sorted(self.sim.names[self._address(n)][1] for n in holders)

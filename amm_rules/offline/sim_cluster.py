@@ -93,6 +93,11 @@ class SimWorker:
             spilled=b.get("spilled", 0),
         )
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the keys it holds (as ``WorkerState.nbytes``)."""
+        return sum(max(0, ts.nbytes) for ts in self.has_what)
+
     def __repr__(self) -> str:
         return f"<SimWorker {self.address!r}, name: {self.name}, status: {self.status.name}>"
 

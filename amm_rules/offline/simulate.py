@@ -53,11 +53,14 @@ from amm_rules.engine.adapters import key_view
 from amm_rules.engine.context import EngineContext
 from amm_rules.engine.decide.classify import Classifier
 from amm_rules.engine.decide.plan import DEFAULT_SOURCE, PlanSettings, plan_key, target_bounds
+from amm_rules.engine.decide.shadows import Shadow
 from amm_rules.engine.decide.view import ClusterView
 from amm_rules.engine.dryrun import HELD_BACK, DryRun
 from amm_rules.engine.events import EventLog
 from amm_rules.engine.rebalance.rebalancer import Rebalancer
-from amm_rules.engine.sections import SECTIONS, Cycle
+from amm_rules.engine.sections import SECTIONS, Cycle, steps
+from amm_rules.engine.sections.activity import rule_matches
+from amm_rules.engine.sections.classification import Classification
 from amm_rules.engine.sections.costs import RecomputeCostsSection
 from amm_rules.engine.sections.protect import ProtectSection
 from amm_rules.engine.sections.rebalance import RebalanceSection
@@ -191,17 +194,25 @@ def offline_context(
     return ctx
 
 
-class Simulation:
-    """The engine's cycle on a :class:`SimCluster` (see the module docstring)."""
-
-    #: The sections the simulation runs: the engine's own, on the recorded cluster.
-    SECTIONS = (
+#: The engine's sections a recorded cluster can run.
+SIMULATED = frozenset(
+    {
         RecomputeCostsSection,
+        Classification,
         Replication,
         RebalanceSection,
         ProtectSection,
         ReduceReplicasSection,
-    )
+    }
+)
+
+
+class Simulation:
+    """The engine's cycle on a :class:`SimCluster` (see the module docstring)."""
+
+    #: The sections the simulation runs: the engine's own, on the recorded cluster, in
+    #: the engine's order.
+    SECTIONS = tuple(cls for cls in SECTIONS if cls in SIMULATED)
 
     def __init__(
         self,
@@ -237,12 +248,13 @@ class Simulation:
         assert ctx.manager is not None
         self.amm = ctx.manager
         index = ctx.index
-        self.sections = ctx.sections = tuple(
-            cls(classify_seconds=None) if cls is Replication else cls() for cls in self.SECTIONS
+        self.sections = tuple(
+            Classification(ctx, classify_seconds=None) if cls is Classification else cls(ctx)
+            for cls in self.SECTIONS
         )
         for section in self.sections:
             section.configure(ruleset, ctx.dry_run)
-            section.attach(ctx)
+            section.attach()
         # The recompute estimates of the keys in memory, and who holds which alone (once
         # the sections said whether the costs keep keys per group).
         costs = ctx.costs
@@ -289,12 +301,34 @@ class Simulation:
 
     @property
     def rebalancer(self) -> Rebalancer:
-        return self.ctx.section(RebalanceSection).rebalancer
+        rebalance = self.sections[self.SECTIONS.index(RebalanceSection)]
+        assert isinstance(rebalance, RebalanceSection)
+        return rebalance.rebalancer
 
     @property
     def desired(self) -> dict[Key, Desired]:
         """Governed keys in memory -> what they want."""
         return self.index.desired
+
+    @classmethod
+    def of(
+        cls, ruleset: Ruleset, state: Any, *, measure: str, interval: float = DEFAULT_INTERVAL
+    ) -> Simulation:
+        """A simulation of ``ruleset`` on a recorded cluster (a
+        :class:`~amm_rules.offline.dump.ClusterState`), with its runtime targets."""
+        return cls(
+            ruleset,
+            SimCluster(state),
+            measure=measure,
+            interval=interval,
+            runtime=runtime_targets(state),
+        )
+
+    def rule_usage(self, rules: Iterable[Any]) -> dict[str, Shadow]:
+        """Per rule, the keys in memory it matches and who decided its fields for them
+        (an ``idle`` rule matches none, a ``shadowed`` one decides none of those it
+        matches), as live status tells it (:func:`~amm_rules.engine.sections.activity.rule_matches`)."""
+        return rule_matches(self.ctx, rules, self.cluster.in_memory())
 
     def kill(self, addresses: Iterable[str]) -> list[SimTask]:
         """Workers die before the next cycle. Returns the keys that lost their last copy.
@@ -355,12 +389,12 @@ class Simulation:
         self.actions.extend(self._cycle_actions)
         if enacted:
             self.last_active = self.cycle
-        return bool(enacted) or bool(self.index.inflight) or bool(self.rebalancer.book.pending)
+        return bool(enacted) or bool(self.ctx.ledger.copies) or bool(self.rebalancer.book.pending)
 
     def _at_rest(self) -> bool:
         """Nothing would happen in the next cycle (after a run stopped by its limit)."""
         return (
-            not self.index.inflight
+            not self.ctx.ledger.copies
             and not self.rebalancer.book.pending
             and not any(s.pending for s in self.final_states().values())
         )
@@ -372,7 +406,7 @@ class Simulation:
         run, in the policy's order, on one :class:`~amm_rules.engine.sections.base.Cycle`."""
         cycle = Cycle(self._full or self._volatile, self.now, time.perf_counter())
         self._full = False
-        for section in self.sections:
+        for section in steps(self.ctx, cycle, self.sections):
             if isinstance(section, ReduceReplicasSection):
                 # Not journalled by the engine (a drop per excess copy): noted here.
                 yield from self._record(section.run(cycle))

@@ -109,8 +109,8 @@ async def wait_for_targets(
             short = {
                 k: (
                     copies(s, k),
-                    policy.index.inflight.get(k),
-                    policy.index.backoff.get(k),
+                    policy.ctx.ledger.copies.get(k),
+                    policy.ctx.ledger.backoffs.get(k),
                     policy.section(RebalanceSection).explain(s.tasks[k], time.monotonic()),
                 )
                 for k in keys

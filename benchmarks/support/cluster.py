@@ -1,7 +1,8 @@
 """What tests and benchmarks read of a real scheduler running RulesPolicy: :func:`copies`
 of a key, the :func:`policy_of` a scheduler, and a :class:`TransitionCounter` of keys
-computed (twice: recomputed) or erred. Imported by ``tests.support.cluster`` (which the
-tests use) and by the benchmarks; nothing here imports ``tests``.
+computed (twice: recomputed) or erred; and the cluster the memory benchmarks run
+(:func:`spilling_config`, :func:`spilling_cluster`). Imported by ``tests.support.cluster``
+(which the tests use) and by the benchmarks; nothing here imports ``tests``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections import Counter
 from collections.abc import Hashable
 from typing import Any
 
+from distributed import LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from amm_rules.engine.policy import RulesPolicy
@@ -52,3 +54,33 @@ class TransitionCounter(SchedulerPlugin):
         counter = cls()
         scheduler.add_plugin(counter, name=cls.name)
         return counter
+
+
+def spilling_config(rules: Any) -> dict[str, Any]:
+    """dask config: the AMM runs RulesPolicy with ``rules``; workers spill and pause at
+    distributed's default thresholds (target 60%, spill 70%, pause 80% of their limit)
+    and never terminate, so that a run is never cut short by a restart."""
+    prefix = "distributed.scheduler.active-memory-manager"
+    return {
+        f"{prefix}.start": True,
+        f"{prefix}.policies": [{"class": "amm_rules.RulesPolicy", "rules": rules}],
+        "distributed.worker.memory.target": 0.6,
+        "distributed.worker.memory.spill": 0.7,
+        "distributed.worker.memory.pause": 0.8,
+        "distributed.worker.memory.terminate": False,
+    }
+
+
+def spilling_cluster(n_workers: int, threads: int, memory_limit: int) -> LocalCluster:
+    """An asynchronous LocalCluster of worker processes with ``memory_limit`` each, their
+    numeric libraries on one thread (a benchmark's tasks, not BLAS, use the cores)."""
+    env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return LocalCluster(
+        n_workers=n_workers,
+        threads_per_worker=threads,
+        processes=True,
+        asynchronous=True,
+        dashboard_address=":0",
+        memory_limit=memory_limit,
+        env=env,
+    )

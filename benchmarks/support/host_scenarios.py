@@ -794,7 +794,7 @@ async def _kill_while_moving_round(cluster: HostCluster) -> Round:
     heavy, retiring_host, victim = hosts[0], hosts[1], hosts[2]
     await cluster.persist(workers=cluster.workers_of(heavy)[:1])
     policy = policy_of(cluster.scheduler)
-    await cluster.until(lambda: policy.rebalancer.moving, "a rebalancing move in flight")
+    await cluster.until(lambda: policy.rebalancer.book.pending, "a rebalancing move in flight")
     clock = RoundClock(
         cluster, "kill-while-moving", f"kill {victim.name} mid-move, mid-retirement"
     )
@@ -804,7 +804,7 @@ async def _kill_while_moving_round(cluster: HostCluster) -> Round:
         lambda: cluster.scheduler.workers[retiring].status == Status.closing_gracefully,
         "the retirement started",
     )
-    clock.round.notes["moves_in_flight_at_kill"] = len(policy.rebalancer.moving)
+    clock.round.notes["moves_in_flight_at_kill"] = len(policy.rebalancer.book.pending)
     clock.round.notes["retiring_at_kill"] = retiring in cluster.scheduler.workers
     cluster.kill(victim)
     await cluster.gone(victim)

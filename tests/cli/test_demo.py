@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -147,3 +150,30 @@ def test_demo_reports_a_target_it_cannot_meet(tmp_path):
         r"^  device-0: on 2 workers, wants replicate=3 from rule too-many", output, re.M
     )
     assert "  unmet: " in output  # in the explain answer too
+
+
+def test_demo_without_pandas_says_pandas_is_not_installed():
+    """After ``pip install .`` without pandas, the shipped ``frames`` rule gets no key:
+    the demo says pandas is the cause, not "a match on other types". pandas is made
+    unimportable in the demo's own process (a None in sys.modules), not uninstalled."""
+    run = (
+        "import sys; sys.modules['pandas'] = None\n"
+        "from amm_rules.cli import main\n"
+        "main(['demo'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", run],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert (
+        "rule frames: no key: pandas is not installed, and its keys would be "
+        "pandas.DataFrame (pip install pandas)" in output
+    )
+    assert "rules the demo makes no key for" not in output  # nothing else is blamed
+    assert "Every target is met." in output

@@ -47,6 +47,24 @@ def test_what_the_demo_cannot_make_is_listed() -> None:
     workload = plan(rules, kinds=["bytes"])  # as if numpy were not installed
     assert workload.unmatched == ["device", "huge", "arrays"]
     assert set(KINDS) >= {"bytes", "numpy", "pandas"}
+    # The cause, where a module that is not installed would make the keys.
+    assert workload.missing == {"arrays": [("numpy", "numpy.ndarray")]}
+
+
+def test_a_rule_on_a_type_of_a_missing_module_names_the_module() -> None:
+    rules = ruleset(
+        "version: 1\nrules:\n"
+        '  - name: frames\n    match: task.type == "pandas.core.frame.DataFrame"\n'
+        "    replicate: 2\n"
+        '  - name: any-pandas\n    match: task.type matches "pandas.*"\n    replicate: 2\n'
+        '  - name: device\n    match: task.type == "cupy.ndarray"\n    replicate: 2\n'
+    )
+    workload = plan(rules, kinds=["bytes", "numpy"])  # as if pandas were not installed
+    assert workload.missing == {
+        "frames": [("pandas", "pandas.DataFrame")],
+        "any-pandas": [("pandas", "pandas.DataFrame")],
+    }
+    assert workload.unmatched == ["frames", "any-pandas", "device"]
 
 
 def test_a_rule_decided_first_by_another_is_unmatched_and_scratch_moves_aside() -> None:

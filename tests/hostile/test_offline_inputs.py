@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import os
 import tracemalloc
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -80,8 +81,13 @@ def test_the_default_limit_is_documented() -> None:
 @pytest.mark.parametrize("suffix", [".msgpack.gz", ".yaml.gz"])
 def test_a_decompression_bomb_is_refused_at_the_limit(tmp_path: Path, rules: str, suffix: str):
     """A 194 kB .msgpack.gz reached 2.0 GB, a 1 MB .yaml.gz 3.2 GB: refused as soon as
-    the data passes the limit (here lowered to 10 MB; the default is 1 GiB)."""
-    head = msgpack.packb({"scheduler": {}}) if suffix == ".msgpack.gz" else b"scheduler: "
+    the data passes the limit (here lowered to 10 MB; the default is 1 GiB). (The msgpack
+    one is a part of the dump that is read through unbuilt, its transition log: what
+    follows a whole dump is refused as soon as it starts.)"""
+    head = b"scheduler: "
+    if suffix == ".msgpack.gz":
+        log = msgpack.packb("transition_log") + b"\xdd" + (100_000_000).to_bytes(4, "big")
+        head = b"\x81" + msgpack.packb("scheduler") + b"\x81" + log
     path = tmp_path / f"bomb{suffix}"
     path.write_bytes(gzip.compress(head + b"\x00" * 100_000_000, compresslevel=9))
     assert path.stat().st_size < 200_000
@@ -128,6 +134,84 @@ def test_a_named_pipe_is_refused_without_waiting(tmp_path: Path, rules: str) -> 
         1,
         f"Error: {fifo}: not a regular file (a named pipe), not a cluster dump\n",
     )
+
+
+def gzipped(*parts: bytes, repeat: bytes = b"", times: int = 0) -> bytes:
+    """gzip of ``parts`` followed by ``repeat`` ``times`` times, made a megabyte at a
+    time (the decompressed data is never held)."""
+    engine = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    out = [engine.compress(b"".join(parts))]
+    block = repeat * max(1, 2**20 // max(1, len(repeat)))
+    left = len(repeat) * times
+    while left > 0:
+        out.append(engine.compress(block[:left]))
+        left -= len(block)
+    out.append(engine.flush())
+    return b"".join(out)
+
+
+def peak_megabytes(block: Any) -> tuple[Any, float]:
+    """``block()`` and the most memory it allocated at once, in MiB (tracemalloc)."""
+    tracemalloc.start()
+    try:
+        result = block()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return result, peak / 2**20
+
+
+def tasks_of(header: bytes) -> bytes:
+    """A dump's first bytes up to its tasks, whose value follows (``header``)."""
+    return b"\x81" + msgpack.packb("scheduler") + b"\x81" + msgpack.packb("tasks") + header
+
+
+def test_an_array_of_200_million_nils_is_refused_at_its_header(tmp_path: Path, rules: str):
+    """190 kB of gzip took ``simulate`` to 2 GB: the decompressed bytes (200 MB) passed
+    the bound, and msgpack built the list its header announced."""
+    path = tmp_path / "nils.msgpack.gz"
+    path.write_bytes(
+        gzipped(
+            tasks_of(b"\xdd" + (200_000_000).to_bytes(4, "big")), repeat=b"\xc0", times=2 * 10**8
+        )
+    )
+    assert path.stat().st_size < 250_000
+    (status, output), peak = peak_megabytes(lambda: run("simulate", rules, "--dump", str(path)))
+    assert status == 1
+    assert output == (
+        f"Error: {path}: an array of 200,000,000 entries, more than a cluster dump holds (at "
+        "most 2,097,152; --max-dump-size raises the limit of entries); a decoding bomb?\n"
+    )
+    assert peak < 40, f"{peak:.0f} MiB allocated"
+
+
+@pytest.mark.parametrize(
+    "value, what",
+    [(b"\xc0", "values"), (b"\x80", "values"), (b"\x90", "values"), (b"\xa2ab", "objects")],
+    ids=["nil", "map", "array", "string"],
+)
+def test_many_arrays_under_the_limit_are_refused_within_a_budget(
+    tmp_path: Path, rules: str, value: bytes, what: str
+) -> None:
+    """Arrays of a million nils, empty maps, empty arrays or two-letter strings each, 64
+    of them: a value per byte or two, an object per three bytes, where a real dump has
+    a value per 8 to 14 bytes and an object per 25."""
+    inner = b"\xdd" + (2**20).to_bytes(4, "big")
+    path = tmp_path / "arrays.msgpack.gz"
+    path.write_bytes(
+        gzipped(
+            tasks_of(b"\xdc" + (64).to_bytes(2, "big")), repeat=inner + value * 2**20, times=64
+        )
+    )
+    (status, output), peak = peak_megabytes(lambda: run("simulate", rules, "--dump", str(path)))
+    assert status == 1
+    per = {"values": 2, "objects": 8}[what]
+    assert output.startswith(f"Error: {path}: decodes to ")
+    assert output.endswith(
+        f" {what} from {output.split(' from ')[1].split(' ')[0]} bytes, more than a cluster "
+        f"dump holds (at most one per {per} bytes); a decoding bomb?\n"
+    )
+    assert peak < 400, f"{peak:.0f} MiB allocated"
 
 
 # ---------------------------------------------------------------------------------
@@ -286,9 +370,9 @@ def test_rules_outside_the_directories_given_are_refused(tmp_path: Path, monkeyp
     assert status == 1
     assert "root:x" not in output
     assert (
-        f"./leak_test.yaml:1:8: error: the rules file ../secret.yaml is outside the working "
-        f"directory and the directories given ({tmp_path / 'tests'}); pass --allow-outside "
-        "to use it"
+        f"./leak_test.yaml:1:8: error: the rules file ../secret.yaml is outside the tree "
+        f"this test file belongs to ({tmp_path / 'tests'}: the nearest directory holding "
+        ".git or pyproject.toml, else the file's own); pass --allow-outside to use it"
     ) in output, output
     # Allowed: read (and it is no rules file).
     status, output = run("test", ".", "--allow-outside")

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from amm_rules.language.expr.glob import GlobError, compile_glob, glob_match
+from amm_rules.language.expr.glob import GlobError, compile_glob, glob_match, regex_meant
 
 
 @pytest.mark.parametrize(
@@ -126,3 +126,30 @@ def test_agrees_with_fnmatch(pattern: str, text: str) -> None:
     except GlobError:
         return  # fnmatch reads a bad class as literal text; we refuse it instead
     assert matcher(text) is fnmatch.fnmatchcase(text, pattern)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "meant"),
+    [
+        ("^x-.*$", "x-*"),
+        ("^x-", "x-"),
+        ("stage[0-9]+", "stage[0-9]*"),
+        (".+[.]parquet$", "*.parquet"),
+        ("^chunk-\\d$", "chunk-[0-9]"),
+        ("^[^a]b$", "[!a]b"),
+        ("^(a|b)$", None),
+        ("^x{3}$", None),
+        ("\\w+", None),
+    ],
+)
+def test_a_regular_expression_is_told_with_the_glob_meant(pattern: str, meant: str | None) -> None:
+    assert regex_meant(pattern) == (True, meant)
+    if meant is not None:
+        compile_glob(meant)  # the suggestion is a valid glob
+
+
+@pytest.mark.parametrize(
+    "pattern", ["pandas.*", "x-*", "('shuffle-*", "stage[0-9]*", "*$*", "a.b", "?", "[$]"]
+)
+def test_a_glob_is_no_regular_expression(pattern: str) -> None:
+    assert regex_meant(pattern) == (False, None)

@@ -34,6 +34,13 @@ def test_type_prefix_span_and_resource_hints() -> None:
     assert hints("task.annotations.resources.GPU >= 1") == [
         "12 keys were made by tasks with resources={'GPU': 1} (use task.resources.GPU)"
     ]
+    # A resource read as an annotation of its own name.
+    assert hints("task.annotations.GPU >= 1") == [
+        "12 keys were made by tasks with resources={'GPU': 1} (use task.resources.GPU)"
+    ]
+    assert hints("task.annotations.gpu >= 1") == [
+        "12 keys were made by tasks with resources={'GPU': 1} (use task.resources.GPU)"
+    ]
     assert hints("task.resources.FPGA >= 1") == [
         "12 keys were made by tasks with resources={'GPU': 1} (the rule reads "
         "task.resources.FPGA; use task.resources.GPU)"
@@ -46,3 +53,8 @@ def test_no_hint_where_the_data_has_what_the_rule_names() -> None:
     assert hints('task.span == "etl/load" and task.nbytes > 1 GiB') == []
     assert hints("task.resources.GPU >= 2") == []
     assert hints('task.key == "x"') == []
+    # An annotation the keys carry is no resource misread.
+    assert hints("task.annotations.resources == 1") != []  # (the nested one is)
+    census_ = census()
+    census_.add("numpy.ndarray", "inc", "default", {"GPU": 1}, ("GPU",))
+    assert near_misses(parse("task.annotations.GPU >= 1"), census_) == []

@@ -1,4 +1,5 @@
-"""YAML value units of the ``rebalance:`` section: durations (:func:`parse_duration`)."""
+"""YAML value units: durations (:func:`parse_duration`, the ``rebalance:`` section's and
+others') and rates (:func:`parse_rate`, the ``adaptive:`` section's ``disk-rate``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import pytest
 
-from amm_rules.language.fields import DURATION_UNITS, UnitError, parse_duration
+from amm_rules.language.fields import DURATION_UNITS, UnitError, parse_duration, parse_rate
 
 
 @pytest.mark.parametrize(
@@ -70,3 +71,29 @@ def test_every_duration_unit_reads() -> None:
     for unit, seconds in DURATION_UNITS.items():
         assert parse_duration(f"2{unit}") == pytest.approx(2 * seconds)
         assert parse_duration(f"2 {unit}") == pytest.approx(2 * seconds)
+
+
+@pytest.mark.parametrize(
+    ("value", "rate"),
+    [("1 MiB/s", 2**20), ("1MiB/s", 2**20), (" 2.5 kB / s ", 2500), ("10/s", 10), (4000, 4000)],
+)
+def test_parse_rate(value: object, rate: int) -> None:
+    assert parse_rate(value) == rate
+
+
+@pytest.mark.parametrize(
+    ("value", "code", "words"),
+    [
+        ("10 MiB", "bad-value", "expected a rate like '1 MiB/s'"),
+        ("/s", "bad-value", "expected a rate like '1 MiB/s'"),
+        ("3 parsecs/s", "unknown-unit", "unknown size unit 'parsecs'"),
+        ("1 mib/s", "unknown-unit", "did you mean 'MiB'?"),
+        (1.5, "bad-value", "expected a whole number of bytes per second, got 1.5"),
+        (True, "bad-value", "got True"),
+    ],
+)
+def test_parse_rate_refuses(value: object, code: str, words: str) -> None:
+    with pytest.raises(UnitError) as info:
+        parse_rate(value)
+    assert info.value.code == code
+    assert words in str(info.value)

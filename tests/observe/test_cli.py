@@ -390,3 +390,55 @@ def test_memory_flow_usage_errors_exit_2():
     assert both.exit_code == 2 and "cannot be used together" in both.stderr
     zero = invoke("status", "--memory-flow", "--top", "0", "--scheduler", "tcp://127.0.0.1:1")
     assert zero.exit_code == 2 and "--top" in zero.stderr
+
+
+def features(block: Any) -> Any:
+    return block + 1
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 2, config=amm_config(RULES), timeout=120)
+async def test_explain_of_a_group_name_offers_the_groups_keys(c, s, a, b):
+    """``amm-rules explain features-bd20...`` names a task group (a key's string form
+    without its index): the scheduler offers the group's first keys and how many there
+    are, found through its task groups (keys looked up, no walk over the tasks); a
+    prefix's name is offered its groups; a group of keys that are not tuples, keys from
+    a sample of those in memory; a name that is none of these stays unknown."""
+    import dask.array as da
+    from distributed import futures_of, wait
+
+    x = c.persist(da.ones((6, 4), chunks=(2, 2)).map_blocks(features))
+    await wait(futures_of(x))
+    group = x.name
+    assert group.startswith("features-") and group in s.task_groups
+    futures = c.map(inc, range(3), key=[f"tagged-{i}" for i in range(3)])
+    await c.gather(futures)
+
+    why = await cli("explain", group, "--scheduler", s.address)
+    assert why.returncode == 1
+    shown = [(group, i, j) for i, j in ((0, 0), (0, 1), (1, 0), (1, 1), (2, 0))]
+    assert why.stderr == (
+        f"amm-rules: error: unknown key: {group} (not known to the scheduler: a task group "
+        f"of 6 tasks (6 in memory), not a key; its keys: {', '.join(map(str, shown))} and "
+        "1 more)\n"
+    )
+    # The offer is in the answer of the client's explain too.
+    offer = (await amm_rules.explain(group, client=c))[group]["offer"]
+    assert {**offer, "keys": list(offer["keys"])} == {
+        "kind": "group",
+        "name": group,
+        "tasks": 6,
+        "in_memory": 6,
+        "keys": [str(k) for k in shown],
+    }
+    prefix = (await amm_rules.explain("features", client=c))["features"]["offer"]
+    assert prefix["kind"] == "prefix"
+    assert list(prefix["groups"]) == [{"name": group, "tasks": 6, "in_memory": 6}]
+    tagged = (await amm_rules.explain("tagged", client=c))["tagged"]["offer"]
+    assert (tagged["kind"], sorted(tagged["keys"])) == (
+        "group",
+        ["tagged-0", "tagged-1", "tagged-2"],
+    )
+    unknown = await cli("explain", "nothing-here", "--scheduler", s.address)
+    assert unknown.stderr == (
+        "amm-rules: error: unknown key: nothing-here (not known to the scheduler)\n"
+    )

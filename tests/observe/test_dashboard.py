@@ -256,9 +256,11 @@ async def test_without_a_policy_the_page_says_so_until_one_attaches(c, s, a, b):
         late = rules({"name": "late", "match": 'task.prefix == "late"', "replicate": 2})
         s.extensions["amm"].add_policy(RulesPolicy(rules=late))
         text = await browser.wait_for_text(
-            lambda t: state(t, "late") == "satisfied" and "No RulesPolicy attached" not in t
+            lambda t: state(t, "late") == "not-running" and "No RulesPolicy attached" not in t
         )
-        assert "conformance" in text
+        # This AMM runs no cycle (start: false): said first, and no rule claims more.
+        said = "not running\nthe Active Memory Manager runs no cycle since"
+        assert said in text and text.index(said) < text.index("conformance")
         no_script_errors(browser)
 
 
@@ -288,7 +290,7 @@ async def test_status_json_is_what_amm_rules_status_prints(c, s, a, b):
     from_cli = json.loads(printed.output)
     assert served.pop("time") <= from_cli.pop("time")
     assert served == from_cli
-    assert served["states"]["precious"] == "satisfied"
+    assert served["states"]["precious"] == "not-running"  # (the AMM is stopped)
     (precious,) = [r for r in served["conformance"]["rules"] if r["name"] == "precious"]
     assert (precious["copies_held"], precious["copies_wanted"]) == (6, 6)
 
@@ -596,7 +598,7 @@ async def test_the_work_at_risk_bars_follow_the_sole_copies(c, s, a, b):
     assert bars[a.address] == pytest.approx(costs.at_risk[a.address], abs=1e-3)
     assert bars[b.address] == 0.0
     assert "protect keeps 0 keys" in chart.root.title.text
-    assert policy.ctx.protected == {}
+    assert policy.ctx.claims.of("protect") == {}
     # A second copy of every key: nothing is at risk any more.
     await c.replicate(futures, n=2)
     await wait_for(lambda: costs.at_risk.get(a.address, 0) < 1e-6, "nothing held alone")

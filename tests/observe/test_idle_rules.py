@@ -99,3 +99,57 @@ async def test_hints_are_taken_again_after_a_while_the_key_count_at_once(
         "0 keys since the rules were loaded, 8 keys in memory; "
         "8 keys of prefix inc in memory (the rule says incc)"
     )
+
+
+SHADOWING = {
+    "version": 1,
+    "rules": [
+        {"name": "checkpoints", "match": 'task.prefix == "checkpoint"', "replicate": 3},
+        {"name": "arrays-everywhere", "match": 'task.type == "numpy.ndarray"', "replicate": "all"},
+        {"name": "typo", "match": 'task.prefix == "checkpont"', "replicate": 2},
+    ],
+}
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(SHADOWING), timeout=90)
+async def test_a_rule_whose_every_match_is_taken_is_shadowed(c: Any, s: Any, *w: Any) -> None:
+    """``checkpoints`` (replicate: 3) before ``arrays-everywhere`` (numpy arrays,
+    replicate: all), three numpy checkpoint keys: explain shows them "matched;
+    overridden" for arrays-everywhere, and status says so too: ``shadowed``, with who
+    took its keys, in the rows, the JSON, the text and the metrics; a rule matching
+    nothing stays ``idle``."""
+    import numpy as np
+    import prometheus_client
+
+    from amm_rules.observe.text import render_status
+
+    futures = [c.submit(np.ones, 4, key=f"checkpoint-{i}") for i in range(3)]
+    await c.gather(futures)
+    await wait_for(lambda: states(s)["checkpoints"].keys == 3, "checkpoints governs 3 keys")
+    await wait_cycles(s, 2)
+    rows = states(s)
+    shadowed = rows["arrays-everywhere"]
+    assert shadowed.state == "shadowed"
+    assert shadowed.sentence == "matches 3 keys, all taken by checkpoints (replicate)"
+    assert rows["typo"].state == "idle"
+    report = policy_of(s).answers.status()
+    (row,) = [r for r in report["conformance"]["rules"] if r["name"] == "arrays-everywhere"]
+    assert row["state"] == "shadowed"
+    assert row["shadowed"] == {
+        "matched": 3,
+        "taken_by": {"checkpoints": {"keys": 3, "fields": ["replicate"]}},
+    }
+    assert report["states"]["arrays-everywhere"] == "shadowed"
+    text = render_status(report)
+    assert "shadowed" in text and "matches 3 keys, all taken by checkpoints (replicate)" in text
+    scraped = prometheus_client.generate_latest().decode()
+    assert (
+        f'dask_amm_rules_rule_state{{rule="arrays-everywhere",scheduler="{s.address}",'
+        'state="shadowed"} 1.0'
+    ) in scraped
+    # explain says the same of a key.
+    from amm_rules.observe.explain import explain_keys
+
+    (answer,) = explain_keys(policy_of(s), ["checkpoint-0"]).values()
+    (entry,) = [e for e in answer["cascade"] if e.get("rule") == "arrays-everywhere"]
+    assert entry["matched"] and entry["overridden"] == {"replicate": "rule checkpoints"}

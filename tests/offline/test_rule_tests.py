@@ -70,6 +70,7 @@ def test_doc_test_files_pass(
     (from the root of a repository holding ``rules/`` and ``tests/``, as the docs do)."""
     import shutil
 
+    (tmp_path / "pyproject.toml").write_text("")  # the repository's root
     shutil.copytree(ROOT / "examples" / "rules", tmp_path / "rules")
     (tmp_path / "tests").mkdir()
     path = tmp_path / "tests" / "doc_test.yaml"
@@ -78,6 +79,45 @@ def test_doc_test_files_pass(
     status, output = run("test", "tests/doc_test.yaml")
     assert status == 0, output
     assert "FAIL" not in output
+
+
+@pytest.mark.parametrize("where", ["elsewhere", "tests", "examples"])
+def test_rules_paths_are_bounded_by_the_tree_not_the_working_directory(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The project's own examples/tests (``rules: ../rules/x.yaml``) run from any
+    directory: their tree is the repository's (it holds pyproject.toml), whatever the
+    working directory is; a file named alone works as well as its directory."""
+    cwd = {
+        "elsewhere": tmp_path,
+        "tests": ROOT / "examples" / "tests",
+        "examples": ROOT / "examples",
+    }
+    monkeypatch.chdir(cwd[where])
+    status, output = run("test", str(ROOT / "examples" / "tests"))
+    assert status == 0, output
+    assert "outside" not in output
+    status, output = run("test", str(ROOT / "examples" / "tests" / "demo_test.yaml"))
+    assert status == 0, output
+
+
+def test_without_a_marker_the_tree_is_the_files_own_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No .git or pyproject.toml above: ``../rules`` is outside, unless the directory
+    holding both is given or --allow-outside; a marker makes it one tree."""
+    import shutil
+
+    shutil.copytree(ROOT / "examples" / "rules", tmp_path / "rules")
+    shutil.copytree(ROOT / "examples" / "tests", tmp_path / "tests")
+    monkeypatch.chdir(tmp_path)
+    test = "tests/minimal_test.yaml"
+    status, output = run("test", test)
+    assert status == 1 and "is outside the tree this test file belongs to" in output, output
+    assert run("test", test, "--allow-outside")[0] == 0
+    assert run("test", ".")[0] == 0  # the directory given holds rules/ and tests/
+    (tmp_path / ".git").mkdir()
+    assert run("test", test)[0] == 0
 
 
 def test_the_docs_show_test_files() -> None:
@@ -175,11 +215,17 @@ def test_pass_and_fail_with_what_differed_and_where(project: Path) -> None:
     assert lines[0] == f"{path} (rules: {project / 'rules.yaml'})"
     assert lines[1] == "  PASS  right"
     assert lines[2] == "  FAIL  wrong"
+    named = (
+        "(named from the key by dask's key_split, as the scheduler names them; set "
+        "'prefix:' and 'group:' on the key to change them), no type, no resources"
+    )
     assert lines[3:] == [
         f"        {path}:16:28: key 'x-2': copies: expected 3, got 2",
         f"        {path}:16:37: key 'x-2': rule: expected 'on-gpu', got 'keep-three'",
         f"        {path}:16:71: key 'x-2': copies-on-distinct-hosts: expected false, got true (hosts: h1, h2)",
+        f"        {path}:13:9: key 'x-2' is seen as prefix 'x' and group 'x' {named}",
         f"        {path}:17:31: key 'dev-0': holders: expected ['b'], got ['a']",
+        f"        {path}:14:9: key 'dev-0' is seen as prefix 'dev' and group 'dev' {named}",
         f"        {path}:18:5: actions: missing: drop x-2 on a, unexpected: replicate x-2 on b (keep-three); replicate dev-0 on a (on-gpu); drop dev-0 on b (on-gpu)",
         f"        {path}:20:25: pool 'gpu': expected workers ['a', 'b'], got ['a']",
         "1 file, 2 cases: 1 passed, 1 failed",
@@ -196,7 +242,90 @@ def test_pass_and_fail_with_what_differed_and_where(project: Path) -> None:
     (entry,) = report["files"]
     assert [c["passed"] for c in entry["cases"]] == [True, False]
     assert entry["cases"][1]["line"] == 11
-    assert len(entry["cases"][1]["failures"]) == 6
+    assert len(entry["cases"][1]["failures"]) == 8
+
+
+def readme_rules() -> str:
+    """The README's first rules file (its GPU rule reads task.resources.GPU)."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    body = re.search(r"^```yaml\n(?P<body>.*?)^```", text, re.MULTILINE | re.DOTALL)
+    assert body is not None and "task.resources.GPU" in body["body"]
+    return body["body"]
+
+
+GPU_CASES = """\
+rules: rules.yaml
+workers:
+  - {name: gpu-0, host: h1, resources: {GPU: 1}}
+  - {name: cpu-0, host: h2}
+cases:
+  - name: a result of a task that asked for a GPU goes to the GPU worker
+    keys:
+      - {key: embed-0, resources: {GPU: 1}, holders: [cpu-0]}
+      - {key: embed-1, resources: {GPU: 0}, holders: [cpu-0]}
+    expect:
+      - {key: embed-0, rules: {pool: gpu-results}, holders: [gpu-0]}
+      - {key: embed-1, governed: false, holders: [cpu-0]}
+  - name: the same name as an annotation is no resource restriction
+    keys:
+      - {key: embed-2, annotations: {resources: {GPU: 1}}, holders: [cpu-0]}
+    expect:
+      - {key: embed-2, holders: [gpu-0]}
+"""
+
+
+def test_a_case_key_states_its_tasks_resources(tmp_path: Path) -> None:
+    """``resources:`` on a case key is the producing task's resource restriction
+    (task.resources), so the README's GPU rule is tested; an annotation of that name is
+    not, and the failure says what the key was seen as, and why."""
+    (tmp_path / "rules.yaml").write_text(readme_rules())
+    path = tmp_path / "gpu_test.yaml"
+    path.write_text(GPU_CASES)
+    status, output = run("test", str(path))
+    assert status == 1, output
+    lines = output.splitlines()
+    assert lines[1:3] == [
+        "  PASS  a result of a task that asked for a GPU goes to the GPU worker",
+        "  FAIL  the same name as an annotation is no resource restriction",
+    ]
+    assert lines[3] == (
+        f"        {path}:17:33: key 'embed-2': holders: expected ['gpu-0'], got ['cpu-0']"
+    )
+    assert lines[4] == (
+        f"        {path}:15:9: key 'embed-2' is seen as prefix 'embed' and group 'embed' "
+        "(named from the key by dask's key_split, as the scheduler names them; set "
+        "'prefix:' and 'group:' on the key to change them), no type, no resources "
+        "('annotations: {resources: ...}' is an annotation; what resources= sets is "
+        "'resources:' on the key)"
+    )
+
+
+def test_a_failing_key_says_why_its_prefix_is_what_it_is(tmp_path: Path) -> None:
+    """``features-abc`` is one word to dask's key_split (no hash to strip): a rule on
+    the prefix ``features`` does not match it, and the failure says so."""
+    (tmp_path / "rules.yaml").write_text(RULES_TEXT.replace('== "x"', '== "features"'))
+    path = tmp_path / "prefix_test.yaml"
+    path.write_text(
+        "rules: rules.yaml\nworkers: [{name: a}, {name: b}]\ncases:\n"
+        "  - name: features\n"
+        "    keys:\n"
+        "      - {key: features-abc, type: numpy.ndarray, holders: [a]}\n"
+        "      - {key: features-def, prefix: features, holders: [a]}\n"
+        "    expect:\n"
+        "      - {key: features-abc, rule: keep-three}\n"
+        "      - {key: features-def, rule: keep-three}\n"
+    )
+    status, output = run("test", str(path))
+    assert status == 1
+    assert f"{path}:9:35: key 'features-abc': rule: expected 'keep-three', got nothing" in output
+    assert (
+        f"{path}:6:9: key 'features-abc' is seen as prefix 'features-abc' and group "
+        "'features-abc' (named from the key by dask's key_split" in output
+    )
+    assert "type numpy.ndarray, no resources" in output
+    assert "features-def' is seen" not in output  # its expectation held
 
 
 BAD = """\
@@ -291,7 +420,7 @@ def test_every_problem_in_one_pass_beside_the_schemas(project: Path) -> None:
         "memory-limit: unknown size unit 'GiBs'; did you mean 'GiB'? (in worker '#2')",
         "unknown worker 'z' (in case 'one')",
         "unknown field 'colour'; expected one of key, holders, nbytes, prefix, group, type, "
-        "annotations, target, waiters, recompute, count (in case 'one')",
+        "resources, annotations, target, waiters, recompute, count (in case 'one')",
         "unknown host 'h9' (in case 'one')",
         "unknown field 'colour'; expected one of workers, hosts, pools (in case 'one')",
         "key 'x-9' is not among the case's keys (in case 'one')",
@@ -351,3 +480,72 @@ def test_dry_run_rules_are_tested_as_they_act(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace("dry-run: true, target: 3, copies: 1", "copies: 3"))
     status, output = run("test", str(path))
     assert status == 1 and "key 'x-1': copies: expected 3, got 1" in output
+
+
+DUMP = ROOT / "examples" / "dumps" / "demo-cluster.msgpack.gz"
+
+
+def test_cases_from_a_dump_pass_then_fail_after_a_rule_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``test --from-dump``: a test file of the dump's cluster with what the rules decide
+    as expectations passes ``amm-rules test`` on those rules, and fails once a rule is
+    changed; ``--sample`` bounds it."""
+    import shutil
+
+    (tmp_path / "pyproject.toml").write_text("")
+    shutil.copytree(ROOT / "examples" / "rules", tmp_path / "rules")
+    (tmp_path / "tests").mkdir()
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "tests" / "cluster_test.yaml"
+    status, output = run(
+        "test", "--from-dump", str(DUMP), "--rules", "rules/demo.yaml", "-o", str(out)
+    )
+    assert status == 0, output
+    assert f"wrote {out}: 1 case of 7 keys (of 7 in memory in {DUMP})" in output
+    text = out.read_text()
+    assert text.startswith("# Written by `amm-rules test --from-dump")
+    assert "\nrules: ../rules/demo.yaml\n" in text
+    data = yaml.safe_load(text)
+    (case,) = data["cases"]
+    expect = {e["key"]: e for e in case["expect"]}
+    assert expect["precious-0"] == {
+        "key": "precious-0",
+        "target": 3,
+        "spread": "host",
+        "rules": {"replicate": "precious", "spread": "precious"},
+        "copies": 3,
+    }
+    assert expect["device-0"]["rules"] == {"pool": "device-data"}
+    assert expect["other-0"] == {"key": "other-0", "governed": False, "copies": 1}
+    status, output = run("test", "tests")
+    assert status == 0, output
+    assert "1 passed, 0 failed" in output
+
+    demo = tmp_path / "rules" / "demo.yaml"
+    demo.write_text(demo.read_text().replace("replicate: 3", "replicate: 2"))
+    status, output = run("test", "tests")
+    assert status == 1
+    assert "key 'precious-0': target: expected 3, got 2" in output
+    assert "key 'precious-0': copies: expected 3, got 2" in output
+
+    status, output = run(
+        "test", "--from-dump", str(DUMP), "--rules", "rules/demo.yaml", "--sample", "3"
+    )
+    assert status == 0
+    keys = [k["key"] for k in yaml.safe_load(output)["cases"][0]["keys"]]
+    assert keys == ["device-0", "host-0", "other-0"]  # one of each group first
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--from-dump", str(DUMP)],
+        ["--rules", "x.yaml"],
+        ["--from-dump", str(DUMP), "--rules", "x.yaml", str(ROOT / "examples" / "tests")],
+    ],
+)
+def test_from_dump_and_rules_go_together(args: list[str]) -> None:
+    status, output = run("test", *args)
+    assert status == 2
+    assert "--from-dump DUMP and --rules RULES go together, without test files" in output

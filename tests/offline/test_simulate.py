@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import dask
@@ -18,7 +19,9 @@ from distributed.utils_test import gen_cluster
 from amm_rules.cli import main
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.language.loader import load_ruleset
+from amm_rules.observe.conformance import STATES
 from amm_rules.offline.dump import read_dump
+from amm_rules.offline.report import rules_section
 from amm_rules.offline.sim_cluster import SimCluster
 from amm_rules.offline.simulate import Simulation, runtime_targets
 from tests.support.dumps import (
@@ -34,6 +37,7 @@ from tests.support.dumps import (
     settle_live,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 AMM_MEASURE = {"distributed.scheduler.active-memory-manager.measure": MEASURE}
 
 
@@ -110,6 +114,10 @@ async def test_one_cycle_is_the_next_cycles_suggestions(c, s, *workers, tmp_path
     sim = simulate(RULES, await dump(c, tmp_path, "msgpack"), cycles=1)
     predicted = Counter((a.op, a.key) for a in sim.result.actions)
     assert sim.result.cycles == 1 and predicted
+    # Stopped before it settled: the rules it was repairing are in-progress, the word
+    # live status uses.
+    states = {e["state"] for e in rules_section(sim.ruleset, sim, sim.result).values()}
+    assert "in-progress" in states and states <= set(STATES)
 
     policy = RulesPolicy(rules_mapping(RULES), audit_interval=None, classify_seconds=None)
     amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False, measure=MEASURE)
@@ -402,11 +410,15 @@ async def test_targets_of_distributeds_own_calls_come_back_with_their_origin(c, 
 
     futures = await populate(c, s)  # noqa: F841
     policy = ObservedPolicy(rules_mapping(RULES), audit_interval=None)
-    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False, measure=MEASURE)
+    # Running (a broadcast is honoured only then), no cycle within the test.
+    amm = ActiveMemoryManagerExtension(
+        s, {policy}, register=False, start=True, interval=3600, measure=MEASURE
+    )
     try:
         held = await c.scatter({"model-0": 7}, broadcast=True)  # noqa: F841
         path = await dump(c, tmp_path, "msgpack")
     finally:
+        amm.stop()
         policy.detach()
         del amm
     state = read_dump(path)
@@ -426,3 +438,68 @@ def _rules_file(directory: Any) -> Any:
     path = directory / "rules.yaml"
     path.write_text(RULES)
     return path
+
+
+#: On the committed demo dump (precious-0 and -1 are numpy arrays): a rule whose every
+#: match is taken by an earlier one, and one that matches nothing.
+UNUSED = """\
+version: 1
+rules:
+  - name: precious
+    match: task.prefix == "precious"
+    replicate: 3
+  - name: arrays-everywhere
+    match: task.type == "numpy.ndarray" and task.key matches "precious-*"
+    replicate: all
+  - name: typo
+    match: task.prefix == "precius"
+    replicate: 2
+"""
+DEMO_DUMP = ROOT / "examples" / "dumps" / "demo-cluster.msgpack.gz"
+
+
+def test_rules_governing_nothing_are_shadowed_or_idle_as_live_status_says(tmp_path) -> None:
+    """simulate, diff and validate --dump tell a rule whose every match is taken
+    (``shadowed``) from one matching nothing (``idle``), in live status' words; a
+    rule governing nothing on a cluster without keys in memory stays satisfied."""
+    rules = tmp_path / "unused.yaml"
+    rules.write_text(UNUSED)
+    status, output = cli("simulate", str(rules), "--dump", str(DEMO_DUMP), "--format", "json")
+    assert status == 0, output
+    report = json.loads(output)["rules"]
+    assert report["precious"]["state"] == "satisfied"
+    shadowed, idle = report["arrays-everywhere"], report["typo"]
+    assert shadowed["state"] == "shadowed"
+    assert shadowed["sentence"] == "matches 2 keys, all taken by precious (replicate)"
+    assert shadowed["shadowed"] == {
+        "matched": 2,
+        "taken_by": {"precious": {"keys": 2, "fields": ["replicate"]}},
+    }
+    assert idle["state"] == "idle"
+    assert idle["sentence"] == (
+        "matches none of the 7 keys in memory; 2 keys of prefix precious in memory "
+        "(the rule says precius)"
+    )
+    status, text = cli("simulate", str(rules), "--dump", str(DEMO_DUMP))
+    assert "rules that govern no key:\n  arrays-everywhere: shadowed: matches 2 keys" in text
+    old = ROOT / "examples" / "rules" / "demo.yaml"
+    status, output = cli(
+        "diff", str(old), str(rules), "--dump", str(DEMO_DUMP), "--format", "json"
+    )
+    states = {name: e["state"] for name, e in json.loads(output)["rules"].items()}
+    assert states["arrays-everywhere"] == "shadowed" and states["typo"] == "idle"
+    status, output = cli("validate", str(rules), "--dump", str(DEMO_DUMP))
+    assert (
+        f"{rules}:7:12: warning[shadowed-in-cluster]: matches 2 keys, all taken by precious "
+        f"(replicate), in the cluster of {DEMO_DUMP}: the rule decides nothing there"
+    ) in output
+    assert f"{rules}:10:12: warning[matches-no-key]: " in output
+
+    # No key in memory: nothing to match, as in live status.
+    state = read_dump(DEMO_DUMP)
+    state.tasks.clear()
+    for worker in state.workers.values():
+        worker.has_what.clear()
+    sim = Simulation(load_ruleset(rules_mapping(UNUSED)), SimCluster(state), measure=MEASURE)
+    empty = rules_section(sim.ruleset, sim, sim.run())
+    assert {e["state"] for e in empty.values()} == {"satisfied"}

@@ -66,8 +66,13 @@ async def test_cluster_warnings(c, s, *workers, tmp_path):
         f"in the cluster of {path}: its keys would stay below target (in rule 'on-gpu')",
         f"{rules}:17:13: warning[spread-one-host]: spread: host, but the workers it may use in the cluster of "
         f"{path} are all on one host (127.0.0.2) (in rule 'spread-on-one-host')",
+        # Its one key is annotated amm: {replicate: 2}, which decides first: live status
+        # calls the rule shadowed.
+        f"{rules}:24:12: warning[shadowed-in-cluster]: matches 1 key, taken by (annotation) "
+        f"(replicate), in the cluster of {path}: the rule decides nothing there (in rule "
+        "'on-every-worker')",
     ]
-    assert output.endswith("1 file checked: 4 warnings\n")
+    assert output.endswith("1 file checked: 5 warnings\n")
     status, _ = run("validate", str(rules), "--dump", path, "--strict")
     assert status == 1
 

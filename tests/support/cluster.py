@@ -13,6 +13,7 @@ Waiting is in :mod:`benchmarks.support.waiting`, shared rules in :mod:`tests.sup
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
@@ -25,6 +26,7 @@ from benchmarks.support.cluster import TransitionCounter, copies, policy_of
 from tests.support.rulesets import RELOADABLE, rules
 
 __all__ = [
+    "CopiesFloor",
     "CountingDict",
     "INTERVAL",
     "RELOADABLE",
@@ -200,3 +202,23 @@ class CountingDict(dict):
     def keys(self):
         type(self).walks += 1
         return super().keys()
+
+
+class CopiesFloor:
+    """The fewest copies any of ``keys`` held while it watched: it looks every few
+    milliseconds in the background, from its creation until :meth:`stop`."""
+
+    def __init__(self, scheduler: Any, keys: Iterable[Hashable], every: float = 0.005):
+        self.scheduler, self.keys, self.every = scheduler, list(keys), every
+        self.fewest = min(counts(scheduler, self.keys), default=0)
+        self._task = asyncio.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            self.fewest = min(self.fewest, *counts(self.scheduler, self.keys))
+            await asyncio.sleep(self.every)
+
+    def stop(self) -> int:
+        self._task.cancel()
+        self.fewest = min(self.fewest, *counts(self.scheduler, self.keys))
+        return self.fewest

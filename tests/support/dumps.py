@@ -149,7 +149,7 @@ async def settle_live(s: Any, rules: Any, cycles: int = 20) -> RulesPolicy:
         for _ in range(cycles):
             requested.clear()
             amm.run_once()
-            if not requested and not policy.index.inflight:
+            if not requested and not policy.ctx.ledger.copies:
                 return policy
             await async_poll_for(done, timeout=10)
             await asyncio.sleep(0)

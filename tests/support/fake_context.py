@@ -4,11 +4,13 @@
 cluster made from a few lines of specs (:class:`~amm_rules.offline.sim_cluster.SimCluster`:
 scheduler-shaped tasks and workers), with distributed's own Active Memory Manager over it,
 the rules installed and the keys in memory classified, as the policy has them after
-attaching. :meth:`Engine.cycle` runs one cycle of the sections given (each attached to
-the context) and returns what the AMM asked the workers for; the clock is the test's.
+attaching. Sections are built with its context (``Replication(e.ctx)``);
+:meth:`Engine.cycle` runs one cycle of the sections given (each attached first), as the
+policy runs its steps (:func:`amm_rules.engine.sections.steps`), and returns what the
+AMM asked the workers for; the clock is the test's.
 
     e = engine("rules: [...]", workers={"a": {}, "b": {"host": "h2"}}, keys={"x": ["a"]})
-    assert e.cycle(Replication()) == [("replicate", "b", "x")]
+    assert e.cycle(Replication(e.ctx)) == [("replicate", "b", "x")]
 
 Worker addresses are the names given; a key is given by its holders, or a mapping with
 ``holders`` and any of ``nbytes``, ``prefix``, ``waiters``, ``annotations``.
@@ -27,6 +29,7 @@ from distributed.active_memory_manager import (
     Suggestion,
 )
 
+from amm_rules.engine.sections import steps
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.language.loader import load_ruleset
 from amm_rules.offline.dump import ClusterState, TaskRecord, WorkerRecord
@@ -42,9 +45,10 @@ class _Sections(ActiveMemoryManagerPolicy):
         self.sections = tuple(sections)
 
     def run(self) -> Any:
-        cycle = Cycle(self.engine.full, self.engine.now, time.perf_counter())
-        self.engine.full = False
-        for section in self.sections:
+        engine = self.engine
+        cycle = Cycle(engine.full, engine.now, time.perf_counter())
+        engine.full = False
+        for section in steps(engine.ctx, cycle, self.sections):
             yield from section.run(cycle)
 
 
@@ -65,19 +69,22 @@ class Engine:
             measure=measure,
         )
         ctx.placements.refresh(measure, True)
+        #: The sections attached so far.
+        self.sections: list[Section] = []
 
     def attach(self, *sections: Section) -> None:
-        """Configure and attach ``sections``; they become the context's sections."""
+        """Configure and attach ``sections`` (built with :attr:`ctx`)."""
         ctx = self.ctx
-        ctx.sections = (*ctx.sections, *sections)
         for section in sections:
+            assert section.ctx is ctx, "build the section with the engine's context"
+            self.sections.append(section)
             section.configure(ctx.ruleset, ctx.dry_run)
-            section.attach(ctx)
+            section.attach()
 
     def cycle(self, *sections: Section, now: float = 0.0) -> list[tuple[str, str, Hashable]]:
         """One AMM cycle of ``sections`` (attached first if they are not), at ``now``;
         returns what the AMM asked the workers for: ``(op, address, key)``."""
-        self.attach(*(s for s in sections if s not in self.ctx.sections))
+        self.attach(*(s for s in sections if s not in self.sections))
         self.now = now
         amm = self.ctx.manager
         assert amm is not None
@@ -91,10 +98,11 @@ class Engine:
     def suggest(self, section: Section, now: float = 0.0) -> list[Suggestion]:
         """What one section yields in a cycle, every suggestion answered as accepted
         (no AMM in between)."""
-        self.attach(*(() if section in self.ctx.sections else (section,)))
+        self.attach(*(() if section in self.sections else (section,)))
+        self.now = now
         cycle = Cycle(self.full, now, time.perf_counter())
         out = []
-        gen = iter(section.run(cycle))
+        gen = iter(next(steps(self.ctx, cycle, (section,))).run(cycle))
         send = getattr(gen, "send", None)
         answer = None
         while True:

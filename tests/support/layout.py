@@ -33,6 +33,10 @@ The rules, each reported as ``file:line: [rule] message``:
    a module may reach one that imports it (rule 3 still sees it).
 5. ``path`` (:func:`check_paths`, over scripts and tests rather than the package): nothing
    edits ``sys.path`` or loads a module from its file; shared code is imported as modules.
+
+The engine's sections (:func:`check_sections_apart`, :func:`check_section_lookups`,
+:func:`check_context_given`) have rules of their own: they share state on the engine's
+context, never each other.
 """
 
 from __future__ import annotations
@@ -573,4 +577,85 @@ def check_benchmarks_apart(root: Path, benchmarks: str, tests: str) -> list[Viol
             for name in names:
                 if name == tests or name.startswith(f"{tests}."):
                     out.append(Violation(rel, node.lineno, "benchmarks", f"imports {name}"))
+    return out
+
+
+def check_sections_apart(tree: Tree, sections: str) -> list[Violation]:
+    """Rule 10: no module of the ``sections`` package imports another section module, by
+    any import (``type-checking`` and ``function`` ones too). The contract
+    (``sections.base``) is every section's to import; the package itself (its
+    ``__init__``: the order of the cycle) imports them all."""
+    base = f"{sections}.base"
+    out = []
+    for imp in tree.imports:
+        a, b = imp.importer, imp.target
+        if a == sections or not within(a, sections) or not within(b, sections):
+            continue
+        if b in (a, base, sections) or b not in tree.modules:
+            continue
+        message = f"{a} imports {b}: sections share state on the context, never each other"
+        out.append(Violation(imp.path, imp.line, "sections", message))
+    return out
+
+
+#: Methods that look a section up by its class.
+LOOKUPS = ("find", "section")
+
+
+def check_section_lookups(root: Path, package: str, allowed: Iterable[str]) -> list[Violation]:
+    """Rule 11: no section is looked up by its class (``x.find(Cls)``, ``x.section(Cls)``,
+    the argument a capitalized name) outside the ``allowed`` files (the policy, which
+    owns the sections); and nobody asks the engine's context for a section
+    (``ctx.find(...)``, ``self.ctx.section(...)``), whatever the argument."""
+    skip = set(allowed)
+    out = []
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), rel)):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            if node.func.attr not in LOOKUPS:
+                continue
+            owner = _dotted(node.func.value) or ""
+            by_class = bool(
+                node.args and isinstance(node.args[0], ast.Name) and node.args[0].id[:1].isupper()
+            )
+            on_context = owner == "ctx" or owner.endswith(".ctx")
+            if on_context or (by_class and rel not in skip):
+                what = f"{owner or '...'}.{node.func.attr}(...)"
+                out.append(Violation(rel, node.lineno, "lookup", f"looks a section up: {what}"))
+    return out
+
+
+def _is_context(node: ast.expr | None) -> bool:
+    """``ctx``, ``self.ctx`` or ``anything.ctx``."""
+    name = _dotted(node) if node is not None else None
+    return name is not None and (name == "ctx" or name.endswith(".ctx"))
+
+
+def check_context_given(root: Path, sections: Path) -> list[Violation]:
+    """Rule 12: a section's context is never optional: in the modules under ``sections``
+    (a directory relative to ``root``) no annotation allows ``None`` for the context
+    (``EngineContext | None``, ``Optional[EngineContext]``) and nothing compares the
+    context with ``None`` (``ctx is None``, ``self.ctx is not None``)."""
+    out = []
+    for path in sorted((root / sections).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), rel)):
+            annotation = None
+            if isinstance(node, (ast.AnnAssign, ast.arg)):
+                annotation = node.annotation
+            if annotation is not None:
+                text = ast.unparse(annotation).replace(" ", "").strip("'\"")
+                optional = {"EngineContext|None", "None|EngineContext"}
+                if text in optional or text == "Optional[EngineContext]":
+                    out.append(Violation(rel, node.lineno, "context", f"annotated {text}"))
+            if isinstance(node, ast.Compare) and any(
+                isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops
+            ):
+                sides = [node.left, *node.comparators]
+                nones = [isinstance(x, ast.Constant) and x.value is None for x in sides]
+                if any(nones) and any(_is_context(x) for x in sides):
+                    what = ast.unparse(node)
+                    out.append(Violation(rel, node.lineno, "context", f"compares {what}"))
     return out

@@ -7,7 +7,10 @@ workers (hosts, pools, running / paused / retiring, memory) and keys (targets ex
 ``{min, max}`` or ``all`` in either bound, ``pool``, ``avoid``, ``spread``, ``move``, copies
 on live and departed workers, waiters and dependents processing, copies in flight with
 live or expired deadlines, workers backed off, what other policies had accepted in the
-same cycle, copies the demand hold keeps).
+same cycle, copies the demand hold keeps). What was asked goes through the engine's
+ledger, brought to the planning time as a cycle brings it
+(:meth:`~amm_rules.engine.state.ledger.Ledger.expire`): the views hold what it leaves in
+flight, backing off and just landed.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from hypothesis import strategies as st
 
 from amm_rules.engine.decide.plan import PlanSettings
 from amm_rules.engine.decide.view import KeyView, WorkerView
+from amm_rules.engine.state.ledger import Ledger
 from amm_rules.language.ruleset import ALL, Desired, Reason, Target
 
 NOW = 1_000.0
-SETTINGS = PlanSettings(now=NOW, inflight_timeout=10.0, backoff=10.0)
+SETTINGS = PlanSettings(now=NOW, inflight_timeout=10.0)
 POOLS = ("gpu", "spot", "big")
 HOSTS = ("h0", "h1", "h2", "h3")
 #: A worker that held copies or had copies in flight and has since left.
@@ -112,7 +116,11 @@ def decode_wish(spec: tuple[int, ...]) -> Desired:
 
 
 def decode_key(
-    name: str, addresses: list[str], wish: tuple[int, ...], spec: tuple[int, ...]
+    name: str,
+    addresses: list[str],
+    wish: tuple[int, ...],
+    spec: tuple[int, ...],
+    closing: frozenset[str] = frozenset(),
 ) -> KeyView:
     everywhere = [*addresses, GONE]
 
@@ -142,6 +150,13 @@ def decode_key(
     pending_drop = members(drop_m) & live
     if pending_drop and pending_drop == live:  # the AMM never lets the last copy go
         pending_drop.discard(min(pending_drop))
+    ledger = Ledger()
+    for address, deadline in timed(inflight_m, inflight_t).items():
+        ledger.record(name, address, "replication", deadline)
+    for address, until in timed(backoff_m, backoff_t).items():
+        ledger.back_off(name, (address,), until)
+    staying = set(addresses) - closing
+    ledger.expire(NOW, SETTINGS.inflight_timeout, lambda key: live, staying.__contains__)
     return KeyView(
         key=name,
         desired=decode_wish(wish),
@@ -149,11 +164,12 @@ def decode_key(
         nbytes=nb,
         waiters=wt,
         busy=frozenset(members(busy_m) & live),
-        inflight=timed(inflight_m, inflight_t),
-        backoff=timed(backoff_m, backoff_t),
+        inflight={a: c.deadline for a, c in ledger.in_flight(name).items()},
+        backoff=dict(ledger.backing_off(name)),
         pending_add=frozenset(members(add_m) - holders - {GONE}),
         pending_drop=frozenset(pending_drop),
         held=frozenset(members(held_m) & live),
+        landed=ledger.just_landed(name),
     )
 
 
@@ -164,7 +180,8 @@ def scenarios(
     workers = decode_workers(draw(worker_specs))
     addresses = [w.address for w in workers]
     specs = draw(st.lists(st.tuples(wish_specs, key_specs), min_size=1, max_size=max_keys))
-    views = [decode_key(f"k{i}", addresses, w, k) for i, (w, k) in enumerate(specs)]
+    closing = frozenset(w.address for w in workers if w.status == "closing")
+    views = [decode_key(f"k{i}", addresses, w, k, closing) for i, (w, k) in enumerate(specs)]
     if not pending:
         views = [replace(v, pending_add=frozenset(), pending_drop=frozenset()) for v in views]
     return workers, views

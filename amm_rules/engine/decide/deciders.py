@@ -37,7 +37,8 @@ The replication planner (:func:`amm_rules.engine.decide.plan.plan_key`) keeps it
 fast path: it runs for up to a million keys in one cycle, and a per-worker loop per key
 would cost O(workers). A property test holds it to this table (the workers it copies to
 are ``yes`` here, a key it leaves short has no ``yes`` worker, the copies it calls
-misplaced are the ones :func:`stays` refuses).
+misplaced are the ones :func:`stays` refuses). What is in flight and backing off both
+read from the same view of the engine's ledger, never derived again here.
 
 Pure: imports nothing from ``distributed``. Neighbours: :mod:`amm_rules.engine.decide.view`
 (the views it reads), :mod:`amm_rules.engine.decide.plan`.
@@ -99,10 +100,6 @@ class Question:
     recipient_max: float | None = None
     #: Workers' memory limits (address -> bytes), with ``recipient_max``.
     limits: dict[str, int] = field(default_factory=dict)
-    #: The time of the question (the clock of the key's deadlines): a copy in flight
-    #: past its deadline is given up and its worker backed off, a back-off that ended
-    #: is over, as the planner bookkeeps them. None: every entry as it stands.
-    now: float | None = None
 
     @cached_property
     def desired(self) -> Desired:
@@ -110,27 +107,13 @@ class Question:
 
     @cached_property
     def inflight(self) -> frozenset[str]:
-        """Workers a copy is on its way to (the planner's case 2: not landed, the worker
-        still there and not leaving, the deadline not passed)."""
-        k, cluster, now = self.key, self.cluster, self.now
-        if now is None:
-            return frozenset(k.inflight)
-        return frozenset(
-            a
-            for a, t in k.inflight.items()
-            if a not in k.holders and a in cluster.workers and a not in cluster.closing and t > now
-        )
+        """Workers a copy is on its way to (the engine's ledger, as the view has it)."""
+        return frozenset(self.key.inflight)
 
     @cached_property
     def backoff(self) -> frozenset[str]:
-        """Workers not asked again for a while: backed off, or whose copy timed out."""
-        k, now = self.key, self.now
-        if now is None:
-            return frozenset(k.backoff)
-        expired = set(k.inflight) - self.inflight - k.holders
-        cluster = self.cluster
-        gave_up = {a for a in expired if a in cluster.workers and a not in cluster.closing}
-        return frozenset({a for a, t in k.backoff.items() if t > now} | gave_up)
+        """Workers not asked again for a while (a copy there timed out)."""
+        return frozenset(self.key.backoff)
 
     @cached_property
     def counted(self) -> frozenset[str]:
@@ -383,12 +366,11 @@ def count_copies(
 
 
 def worker_reasons(
-    key: KeyView, cluster: ClusterView, now: float | None = None, unclassified: bool = False
+    key: KeyView, cluster: ClusterView, unclassified: bool = False
 ) -> dict[str, str]:
     """Per worker, in a few words, whether a new copy of the key may go there: ``holds a
-    copy``, ``candidate``, or the first decider's reason against it (deadlines read at
-    ``now``, as the planner reads them)."""
-    q = Question(key, cluster, unclassified=unclassified, now=now)
+    copy``, ``candidate``, or the first decider's reason against it."""
+    q = Question(key, cluster, unclassified=unclassified)
     out: dict[str, str] = {}
     for addr, w in sorted(cluster.workers.items()):
         said = first_refusal(q, w)

@@ -4,8 +4,10 @@
 copies, resolved wishes, in-flight copies, waiters) and a
 :class:`~amm_rules.engine.decide.view.ClusterView` (workers, their pools and memory). It returns a
 :class:`KeyPlan`: the actions to take, each naming the exact worker and carrying its
-reason, plus what the key's state is (copies counted, eligible workers, unmet target),
-and the in-flight bookkeeping to keep for the next cycle.
+reason, plus what the key's state is (copies counted, eligible workers, unmet target).
+What is in flight is the engine's ledger (:mod:`amm_rules.engine.state.ledger`), brought
+to the cycle's time before anything plans and copied into the view: the planner counts
+it and never writes it (the replication section records the copies the AMM accepts).
 
 :mod:`amm_rules.engine.sections.replication` turns actions into AMM ``Suggestion``s with the
 chosen worker as the only candidate, so the AMM validates each decision but does not
@@ -24,7 +26,7 @@ Keys that no rule governs follow the stock ReduceReplicas arithmetic
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -42,10 +44,9 @@ class PlanSettings:
 
     #: Current time (seconds, the same clock as in-flight deadlines).
     now: float
-    #: How long a requested copy counts as in flight before it is given up.
+    #: How long a requested copy counts as in flight before it is given up (the
+    #: deadline of the copies planned; the ledger gives them up).
     inflight_timeout: float = 10.0
-    #: After a copy to a worker timed out, do not ask that worker again for this long.
-    backoff: float = 10.0
     #: The ruleset's ``reduce-replicas``: keys without a replication target keep one
     #: copy plus those their waiters need.
     reduce_replicas: bool = True
@@ -85,12 +86,12 @@ class KeyPlan:
     unmet: str | None = None
     #: Why an action that is due was not taken this cycle.
     deferred: list[str] = field(default_factory=list)
-    #: In-flight copies to remember after this cycle (including the new ones):
-    #: address -> deadline. The policy removes those the AMM refuses.
+    #: Copies counted in flight after this plan (the ledger's and the new ones):
+    #: address -> deadline. The replication section takes out those the AMM refuses.
     inflight: dict[str, float] = field(default_factory=dict)
-    #: Workers not to ask again before a time.
-    backoff: dict[str, float] = field(default_factory=dict)
-    #: In-flight copies seen landing in this cycle.
+    #: Workers not to ask again before a time (the ledger's back-offs).
+    backoff: Mapping[str, float] = field(default_factory=dict)
+    #: Copies of the engine's that landed since the key was last planned.
     landed: frozenset[str] = frozenset()
     #: The key is left alone entirely (``move: never``).
     frozen: bool = False
@@ -146,9 +147,8 @@ def plan_key(key: KeyView, cluster: ClusterView, settings: PlanSettings) -> KeyP
     The cases, in order:
 
     1. ``move: never``: nothing, ever.
-    2. In-flight bookkeeping: a copy asked for earlier has landed (forget it), its
-       worker left (forget it), its deadline passed (forget it, back off from that
-       worker), or it is still in flight (it counts toward the target).
+    2. Copies asked for earlier and still in flight (the ledger's) count toward the
+       target, and no worker backing off is asked.
     3. Split the landed copies into good ones (on allowed workers that are not
        retiring) and misplaced ones.
     4. Add copies on eligible running workers until ``lo`` is counted (landed good
@@ -178,11 +178,10 @@ def plan_key(key: KeyView, cluster: ClusterView, settings: PlanSettings) -> KeyP
 
     holders = frozenset(a for a in key.holders if a in cluster.workers) - key.pending_drop
 
-    # 2. In-flight bookkeeping.
-    if key.inflight or key.backoff:
-        inflight, backoff = _inflight_bookkeeping(plan, key, holders, cluster, settings)
-    else:
-        inflight, backoff = {}, {}
+    # 2. Copies in flight and workers backing off.
+    inflight = dict(key.inflight) if key.inflight else {}
+    backoff = key.backoff
+    plan.landed = key.landed
 
     # 3. Good and misplaced copies (``all`` in the target counts the eligible workers).
     placeable = cluster.placeable(d.pool, d.avoid)
@@ -231,38 +230,6 @@ def _frozen(plan: KeyPlan, key: KeyView) -> KeyPlan:
     return plan
 
 
-def _inflight_bookkeeping(
-    plan: KeyPlan,
-    key: KeyView,
-    holders: frozenset[str],
-    cluster: ClusterView,
-    settings: PlanSettings,
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Case 2: what to remember of the copies asked for in earlier cycles.
-
-    Returns ``(inflight, backoff)`` for this cycle and sets :attr:`KeyPlan.landed`. A
-    copy still in flight counts toward the target, so that it is not asked for twice;
-    one whose deadline passed is forgotten and its worker left alone for a while, so
-    that a worker that cannot take the copy is not asked again every cycle.
-    """
-    workers = cluster.workers
-    now = settings.now
-    backoff = {a: t for a, t in key.backoff.items() if t > now and a in workers}
-    inflight: dict[str, float] = {}
-    landed = []
-    for addr, deadline in key.inflight.items():
-        if addr in holders:
-            landed.append(addr)  # 2a: landed
-        elif addr not in workers or addr in cluster.closing:
-            pass  # 2b: the worker left or is leaving
-        elif deadline <= now:
-            backoff[addr] = now + settings.backoff  # 2c: gave up, back off
-        else:
-            inflight[addr] = deadline  # 2d: still in flight
-    plan.landed = frozenset(landed)
-    return inflight, backoff
-
-
 def _host_goal(lo: int, good: frozenset[str], cluster: ClusterView, d: Desired) -> int:
     """With ``spread: host``, how many hosts the copies should cover: one per copy of
     the target, but no more than the hosts that can hold one (those of the recipients,
@@ -278,7 +245,7 @@ def _add_copies(
     settings: PlanSettings,
     counted: set[str],
     inflight: dict[str, float],
-    backoff: dict[str, float],
+    backoff: Mapping[str, float],
     spread: bool,
     host_goal: int,
 ) -> None:
@@ -336,7 +303,7 @@ def _wait_for_dropped_host(
     key: KeyView,
     cluster: ClusterView,
     hosts: set[str],
-    backoff: dict[str, float],
+    backoff: Mapping[str, float],
     short: int,
 ) -> bool:
     """Case 4, ``spread: host``, no recipient on a new host: True (and the wait noted
@@ -546,7 +513,7 @@ def _unmet_reason(
     lo: int,
     counted: set[str],
     placeable: frozenset[str],
-    backoff: dict[str, float],
+    backoff: Mapping[str, float],
     cluster: ClusterView,
 ) -> str:
     """``"wants 3 copies, holds 2: 2 eligible workers (1 paused); 4 not eligible"``."""

@@ -47,16 +47,20 @@ class KeyView:
     waiters: int = 0
     #: Workers where a dependent of the key is processing: the AMM will not drop there.
     busy: frozenset[str] = frozenset()
-    #: Copies amm-rules asked for and has not seen land: address -> deadline.
+    #: Copies amm-rules asked for and has not seen land: address -> deadline (the
+    #: engine's ledger, brought to the cycle's time: landed, given up and gone ones out).
     inflight: Mapping[str, float] = field(default_factory=dict)
-    #: Workers not to ask again before a time, after a copy there timed out.
+    #: Workers not to ask again before a time, after a copy there timed out (likewise).
     backoff: Mapping[str, float] = field(default_factory=dict)
     #: Copies and drops other policies had accepted in this same AMM cycle.
     pending_add: frozenset[str] = frozenset()
     pending_drop: frozenset[str] = frozenset()
     #: Workers whose copy the ``demand:`` hold keeps (a dependent read the key there
-    #: recently); heeded for keys without a replication target only.
+    #: recently), or a claim (``protect:``'s copies); heeded for keys without a
+    #: replication target only.
     held: frozenset[str] = frozenset()
+    #: Copies of the engine's that landed since the key was last planned.
+    landed: frozenset[str] = frozenset()
 
 
 class ClusterView:

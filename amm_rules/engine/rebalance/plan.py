@@ -834,7 +834,10 @@ class MoveBook:
     :meth:`remember` the plan.
 
     The timings (seconds) are the rules file's ``cool-down``, ``copy-timeout`` and
-    ``drop-timeout``; :meth:`retime` changes them on a reload.
+    ``drop-timeout``; :meth:`retime` changes them on a reload. ``pending`` is the table
+    the moves in flight are kept in: the engine's ledger's
+    (:attr:`Ledger.moves <amm_rules.engine.state.ledger.Ledger.moves>`), where the rest
+    of the engine reads them; it is changed in place, never rebound.
     """
 
     def __init__(
@@ -843,6 +846,7 @@ class MoveBook:
         cooldown: float = _DEFAULT.cooldown,
         copy_timeout: float = _DEFAULT.copy_timeout,
         drop_timeout: float = _DEFAULT.drop_timeout,
+        pending: dict[Key, PendingMove] | None = None,
     ):
         #: Seconds after a move finishes (or is abandoned) during which its key stays put.
         self.cooldown = cooldown
@@ -852,7 +856,7 @@ class MoveBook:
         #: left in place and the move is void.
         self.drop_timeout = drop_timeout
         #: key → move in flight.
-        self.pending: dict[Key, PendingMove] = {}
+        self.pending: dict[Key, PendingMove] = {} if pending is None else pending
         #: Roles of the last plan, for ``plan_rebalance(previous=...)``.
         self.roles: dict[str, str] = {}
         # key → end of its cool-down. Insertion order is expiry order because every key
@@ -912,7 +916,8 @@ class MoveBook:
             drop_timeout=self.drop_timeout,
             target=target,
         )
-        self.pending = s.pending
+        self.pending.clear()
+        self.pending.update(s.pending)
         for p in s.done:
             self._cool(p.key, now)
         for p, _ in s.void:

@@ -21,10 +21,11 @@ policy (hot reloads keep it); each AMM cycle :meth:`Rebalancer.run`:
 4. suggests one ``replicate`` per move, with the recipient as the only candidate, and
    records what the AMM accepted.
 
-Neighbours: :mod:`amm_rules.engine.policy` calls :meth:`Rebalancer.run` after replication planning
-and skips trimming keys in :attr:`Rebalancer.moving`; :mod:`amm_rules.engine.handlers` reports
-:meth:`Rebalancer.status` and :meth:`Rebalancer.explain`; :mod:`amm_rules.engine.events` adds
-:meth:`Rebalancer.cycle_summary` to ``cycle`` events.
+Neighbours: the rebalance section (:mod:`amm_rules.engine.sections.rebalance`) runs it,
+holds the keys of the moves in flight (the other sections
+keep their copies) and reports it; the moves in flight are kept in the engine's ledger
+(:mod:`amm_rules.engine.state.ledger`); :meth:`Rebalancer.cycle_summary` adds its part
+to ``cycle`` events.
 
 Cost per cycle: O(workers) to measure, plus the planner's O(keys moved) and the moves in
 flight; a disabled rebalancer with nothing in flight costs nothing. It never scans
@@ -55,6 +56,7 @@ from amm_rules.engine.rebalance.plan import (
     WorkerLoad,
     plan_rebalance,
 )
+from amm_rules.engine.state.ledger import Copy
 from amm_rules.language.ruleset import UNGOVERNED, RebalanceSettings
 
 logger = logging.getLogger(__name__)
@@ -98,10 +100,13 @@ class Rebalancer:
     #: What the last settlement decided.
     last_settlement: Settlement | None
 
-    def __init__(self) -> None:
+    def __init__(self, moves: dict[Key, Any] | None = None) -> None:
         self.settings = s = RebalanceSettings()
         self.book = MoveBook(
-            cooldown=s.cooldown, copy_timeout=s.copy_timeout, drop_timeout=s.drop_timeout
+            cooldown=s.cooldown,
+            copy_timeout=s.copy_timeout,
+            drop_timeout=s.drop_timeout,
+            pending=moves,
         )
         self.last_plan = None
         self.last_settlement = None
@@ -156,12 +161,6 @@ class Rebalancer:
         self._on_match_error = on_match_error
 
     @property
-    def moving(self) -> Collection[Key]:
-        """Keys with a move in flight: other trimming must leave their copies alone, or
-        it could drop the new copy and undo the move."""
-        return self.book.pending.keys()
-
-    @property
     def idle(self) -> bool:
         """Nothing to do this cycle: disabled and no move in flight."""
         return not self.settings.enabled and not self.book.pending
@@ -175,13 +174,13 @@ class Rebalancer:
         *,
         now: float,
         desired: Mapping[Key, Any],
-        inflight: Mapping[Key, Mapping[str, float]],
+        inflight: Mapping[Key, Mapping[str, Copy]],
         cluster: Callable[[], ClusterView],
         stats: Mapping[str, Counter[str]],
         adopt: Callable[[Key, str], None] | None = None,
     ) -> Generator[Suggestion, Any, None]:
         """One cycle. ``desired``: governed keys' resolved wishes (others are ungoverned);
-        ``inflight``: keys with replication copies in flight; ``cluster``: builds the
+        ``inflight``: the engine's copies in flight (the ledger's); ``cluster``: builds the
         planner's view of the workers (pools), called at most once, when a move of a
         replicated key settles or a key with a ``pool`` or ``avoid`` needs a recipient;
         ``stats``: the cycle's counters, by label; ``adopt(key, recipient)``: told of
@@ -458,7 +457,7 @@ class Rebalancer:
         tasks: Mapping[Key, Any],
         manager: Any,
         desired: Mapping[Key, Any],
-        inflight: Mapping[Key, Mapping[str, float]],
+        inflight: Mapping[Key, Mapping[str, Copy]],
     ) -> Callable[[Key, str], str | None]:
         pending = getattr(manager, "pending", None) or {}
         match = self.settings.match
@@ -503,7 +502,7 @@ class Rebalancer:
         workers: Mapping[str, Any],
         manager: Any,
         desired: Mapping[Key, Any],
-        inflight: Mapping[Key, Mapping[str, float]],
+        inflight: Mapping[Key, Mapping[str, Copy]],
         view: Callable[[], ClusterView],
     ) -> Callable[[Key, str], str | None]:
         """May a move put a copy of the key on a recipient? The decider table's answer
@@ -526,7 +525,7 @@ class Rebalancer:
                     key,
                     desired.get(key, UNGOVERNED),
                     frozenset(ws.address for ws in ts.who_has or ()),
-                    inflight=inflight.get(key, {}),
+                    inflight={a: c.deadline for a, c in inflight.get(key, {}).items()},
                     pending_add=frozenset(ws.address for ws in entry[0])
                     if entry is not None
                     else frozenset(),
@@ -539,11 +538,27 @@ class Rebalancer:
 
     # ------------------------------------------------------------------ reporting
 
-    def cycle_summary(self) -> dict[str, Any]:
-        """This cycle's facts, for the ``cycle`` event; empty when idle. Read once: a
-        cycle that does not run the rebalancer must not report the last one's again."""
-        out, self._cycle = self._cycle, {}
-        return out
+    def cycle_summary(self, into: dict[str, Any]) -> bool:
+        """Add this cycle's facts to ``into``, the part of the next ``cycle`` event kept
+        since the last one: flows (moves, bytes, drops, done, void, skipped) add up,
+        states (roles, mean, why planning stopped) are the latest. True if a move
+        started, dropped, finished or was void. Read once: a cycle that does not run the
+        rebalancer must not report the last one's again."""
+        cycle, self._cycle = self._cycle, {}
+        if not cycle:
+            return False
+        for name in ("moves", "bytes", "drops", "done", "refused"):
+            into[name] = into.get(name, 0) + cycle.get(name, 0)
+        for name in ("void", "skipped"):
+            counts = into.setdefault(name, {})
+            for reason, n in cycle.get(name, {}).items():
+                counts[reason] = counts.get(reason, 0) + n
+        for name in ("roles", "mean", "stopped"):
+            if name in cycle:
+                into[name] = cycle[name]
+        return bool(
+            cycle.get("moves") or cycle.get("drops") or cycle.get("done") or cycle.get("void")
+        )
 
 
 __all__ = ["SOURCE", "Rebalancer", "spill_thresholds"]

@@ -1,47 +1,36 @@
 """The engine's sections: one module per feature, each a
-:class:`~amm_rules.engine.sections.base.Section`.
+:class:`~amm_rules.engine.sections.base.Section`, and the order of the cycle.
 
-:data:`SECTIONS` is the order in which they run in a cycle, and in which status,
-explain and the metrics list them:
+The order is written here once: :data:`PREPARING` then :data:`PLANNING` are the steps of
+one AMM cycle, in order, each with the reason it stands where it does. Between the two
+the cycle takes its planning time (:attr:`Cycle.now
+<amm_rules.engine.sections.base.Cycle.now>`): classification may take the cycle's
+budget, and every planning step plans at that one time; the context's ledger and claims
+are brought to it first (:meth:`~amm_rules.engine.context.EngineContext.settle`), so that
+no step sees a copy landed, given up or held past its time.
 
-1. ``audit``: the safety net behind the scheduler hooks (:mod:`.audit`), first, after
-   the placements are fresh and before classification;
-2. ``memory-flow``: publishes what each prefix produced and freed (:mod:`.memory_flow`),
-   before classification (rules may read it); ``spans``: which spans finished
-   (:mod:`.spans`, ``task.span_done``), before classification too;
-   ``recompute-costs``: refreshes what each key would cost to compute again and the
-   work at risk per worker (:mod:`.costs`), before classification too
-   (``task.recompute_seconds``);
-3. ``memory-pressure``: keeps its periodic check running (:mod:`.memory_pressure`);
-4. ``replication``: classification, then each governed key's target and placement
-   (:mod:`.replication`); ``rule-activity``: which rules governed a key since they
-   were loaded (:mod:`.activity`), right after;
-5. ``paused-workers``: empties workers paused for too long (:mod:`.paused_workers`),
-   after replication (its copies count) and before rebalancing (which then sees the
-   loads they add);
-6. ``rebalance``: moves between workers (:mod:`.rebalance`), after replication, so that
-   its copies count in the loads and its keys stay put;
-   ``protect``: extra copies of the dearest keys within a memory budget
-   (:mod:`.protect`), after replication (a key's own target wins) and before
-   reduce-replicas, which spares what it protects;
-7. ``reduce-replicas``: the stock reduction for keys no rule governs
-   (:mod:`.reduce_replicas`), last, sparing keys mid-move and protected copies;
-8. ``retirement``, ``drain``, ``legacy-replicate``, ``demand``, ``departures``: nothing to
-   do in a cycle; they act through scheduler hooks (:mod:`.retirement`, :mod:`.legacy`,
-   :mod:`.departures`), through the retirements they pace (:mod:`.drain`: a drained
-   worker's copies are its retirement's, recorded in flight where replication counts
-   them; the AMM drops a key's extra copy from the retiring worker first, so
-   reduce-replicas never trims the copy a drain made) or report (:mod:`.demand`).
+The sections of :data:`OFF_CYCLE` never run in the cycle: they act through scheduler
+hooks, handlers and retirements, and report. They are not steps of it (a step that does
+nothing would still be called every cycle, and the list would no longer say what a
+cycle does).
 
-Adding a feature: a module here with its ``Section`` subclass, and its class in
-:data:`SECTIONS` (see docs/architecture.md).
+:data:`SECTIONS` is every section, steps first: the order in which the policy builds,
+attaches and configures them and in which status, explain and the metrics list them.
+
+Adding a feature: a module here with its ``Section`` subclass, and its class in one of
+the lists, at the place where it belongs, with its reason (see docs/architecture.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
 from amm_rules.engine.sections.activity import RuleActivity
+from amm_rules.engine.sections.adaptive import AdaptiveSection
 from amm_rules.engine.sections.audit import AuditSection
 from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.engine.sections.classification import Classification
 from amm_rules.engine.sections.costs import RecomputeCostsSection
 from amm_rules.engine.sections.demand import DemandSection
 from amm_rules.engine.sections.departures import WorkerDepartures
@@ -57,24 +46,82 @@ from amm_rules.engine.sections.replication import Replication
 from amm_rules.engine.sections.retirement import Retirements
 from amm_rules.engine.sections.spans import SpansSection
 
-#: The sections, in the order they run.
-SECTIONS: tuple[type[Section], ...] = (
+if TYPE_CHECKING:
+    from amm_rules.engine.context import EngineContext
+
+#: The steps before planning, in order.
+PREPARING: tuple[type[Section], ...] = (
+    # The safety net behind the scheduler hooks: first, once the placements are fresh,
+    # so that what it repairs is classified and planned in this cycle.
     AuditSection,
+    # What each prefix produced and freed: before classification, which rules read it.
     MemoryFlowSection,
+    # Which spans finished (task.span_done): before classification too.
     SpansSection,
+    # What each key would cost to compute again, the work at risk per worker
+    # (task.recompute_seconds): before classification too.
     RecomputeCostsSection,
+    # Its periodic check of the workers' memory: before planning, independent of it.
     MemoryPressure,
+    # The keys that entered memory (or must be classified again), within the cycle's
+    # budget: last before planning, after everything the rules read is published.
+    Classification,
+)
+#: The steps of planning, in order, at the cycle's planning time.
+PLANNING: tuple[type[Section], ...] = (
+    # Each governed key's target and placement: first, the other steps work around it.
     Replication,
+    # Which rules governed a key since they were loaded: right after replication.
     RuleActivity,
+    # Empties workers paused for too long: after replication (its copies count), before
+    # rebalancing (which then sees the loads they add).
     PausedWorkers,
+    # Moves between workers: after replication, so that its copies count in the loads
+    # and its keys stay put.
     RebalanceSection,
+    # Extra copies of the dearest keys within a memory budget: after replication (a
+    # key's own target wins), before reduce-replicas (which keeps what it holds).
     ProtectSection,
+    # The stock reduction for keys no rule governs: last, keeping the copies the others
+    # hold (a move, protect's) and the keys they leave alone.
     ReduceReplicasSection,
+)
+#: Sections that never run in the cycle: they act through the scheduler's hooks and
+#: handlers (retirements placed by the rules, drains pacing them, adaptive scaling's
+#: questions, the replicate and scatter calls, demand followed, workers leaving), and
+#: report.
+OFF_CYCLE: tuple[type[Section], ...] = (
     Retirements,
+    # Adaptive scaling's target and the guard of scale-down, when adaptive asks: after
+    # the retirement that places the keys of the workers it lets go.
+    AdaptiveSection,
     DrainSection,
     LegacyCalls,
     DemandSection,
     WorkerDepartures,
 )
+#: Every section, in the order status, explain and the metrics list them.
+SECTIONS: tuple[type[Section], ...] = PREPARING + PLANNING + OFF_CYCLE
 
-__all__ = ["SECTIONS", "Cycle", "Section"]
+_PLANNING = frozenset(PLANNING)
+
+
+def steps(ctx: EngineContext, cycle: Cycle, sections: Iterable[Section]) -> Iterator[Section]:
+    """The steps of one cycle among ``sections`` (those of :data:`OFF_CYCLE` left out),
+    in the order given (:data:`SECTIONS`' for the policy; a simulation runs some). Before
+    the first planning step, the cycle's planning time is taken and the context settled
+    at it. The caller runs each step (``yield from section.run(cycle)``): no generator
+    stands between the AMM and the suggestions."""
+    planning = False
+    for section in sections:
+        kind = type(section)
+        if kind in OFF_CYCLE:
+            continue
+        if not planning and kind in _PLANNING:
+            planning = True
+            cycle.now = ctx.clock()
+            ctx.settle(cycle.now)
+        yield section
+
+
+__all__ = ["OFF_CYCLE", "PLANNING", "PREPARING", "SECTIONS", "Cycle", "Section", "steps"]

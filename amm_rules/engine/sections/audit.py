@@ -29,12 +29,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.state.governed import PlanClass
 from amm_rules.engine.state.index import KeyIndex
+
+if TYPE_CHECKING:
+    from amm_rules.engine.context import EngineContext
 
 logger = logging.getLogger(__name__)
 
@@ -76,14 +79,15 @@ class Auditor:
         scheduler: Any,
         resolve: Callable[[Any], Any],
         suspects: Callable[[PlanClass, list[Any]], Iterable[Any]],
-        protected: Mapping[Hashable, int] | None = None,
+        kept: Callable[[Hashable], int] | None = None,
     ) -> dict[str, int] | None:
         """This cycle's slice of the sweep. Returns the counts of a sweep that finished
         in this cycle, else None. ``resolve(ts)`` is what the rules want for a task;
         ``suspects(cls, tasks)`` those of a class's tasks that may need the planner
-        (:meth:`KeyIndex.suspects` with the class's placement); ``protected``: the keys
-        the protect section keeps copies of (out of reduce-replicas' walk while they
-        hold no more than those copies)."""
+        (:meth:`KeyIndex.suspects` with the class's placement); ``kept(key)``: the copies
+        a claim keeps of a key (:meth:`Claims.keeps
+        <amm_rules.engine.state.claims.Claims.keeps>`: out of reduce-replicas' walk
+        while it holds no more than those copies)."""
         if not self.sweeping:
             if self.interval is None or now < self.next_sweep:
                 return None
@@ -93,7 +97,7 @@ class Auditor:
             self._found = dict.fromkeys(FOUND, 0)
             self.sweeping = True
         self._check_governed(index, scheduler.tasks, suspects)
-        self._check_replicated(index, resolve, protected or {})
+        self._check_replicated(index, resolve, kept)
         if self._governed or self._replicated:
             return None
         self.sweeping = False
@@ -131,7 +135,10 @@ class Auditor:
             index.recheck.update(ts.key for ts in suspects(cls, alive))
 
     def _check_replicated(
-        self, index: KeyIndex, resolve: Callable[[Any], Any], protected: Mapping[Hashable, int]
+        self,
+        index: KeyIndex,
+        resolve: Callable[[Any], Any],
+        kept: Callable[[Hashable], int] | None,
     ) -> None:
         todo = self._replicated
         desired, free = index.desired, index.replicated_free
@@ -145,8 +152,8 @@ class Auditor:
             key = ts.key
             if ts.state != "memory" or key in desired or key in touched or waiting(key):
                 continue
-            if protected and len(ts.who_has or ()) <= protected.get(key, 0):
-                continue  # out of the walk while it holds no more than its protected copies
+            if kept is not None and len(ts.who_has or ()) <= kept(key):
+                continue  # out of the walk while it holds no more than the copies kept
             if key not in free or resolve(ts).governed:
                 # Unknown to reduce-replicas' walk, or filed there though a rule
                 # governs it: classified again in this cycle.
@@ -165,18 +172,17 @@ class AuditSection(Section):
     name = "audit"
     status_key = "audit"
 
-    def __init__(self, interval: float | None = 60.0):
+    def __init__(self, ctx: EngineContext, interval: float | None = 60.0):
+        super().__init__(ctx)
         self.auditor = Auditor(None if interval is None else float(interval))
 
-    def attach(self, ctx: Any) -> None:
-        super().attach(ctx)
+    def attach(self) -> None:
         self.auditor.start_in(time.monotonic())
 
     def run(self, cycle: Cycle) -> tuple[()]:
         """This cycle's slice of the sweep; report a finished sweep that found state the
         hooks had missed (it has been repaired by then)."""
         ctx = self.ctx
-        assert ctx is not None
         index = ctx.index
         placements = ctx.placements
         reduce_replicas = ctx.ruleset.reduce_replicas
@@ -188,7 +194,7 @@ class AuditSection(Section):
             suspects=lambda cls, members: index.suspects(
                 cls, placements.of(cls), reduce_replicas, members
             ),
-            protected=ctx.protected,
+            kept=ctx.claims.keeps if ctx.claims.held else None,
         )
         if found is not None and any(found.values()):
             logger.warning("amm-rules: the audit found state the hooks missed: %s", found)

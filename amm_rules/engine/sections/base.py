@@ -1,43 +1,56 @@
-"""The contract of a section: one feature of the engine, run in the policy's cycle.
+"""The contract of a section: one feature of the engine.
 
-A :class:`Section` is what the policy knows of a feature. The policy builds one of each
-class listed in :data:`amm_rules.engine.sections.SECTIONS`, in that order, and then:
+A :class:`Section` is what the policy knows of a feature. It is built with the
+:class:`~amm_rules.engine.context.EngineContext` (``Section(ctx)``: the context exists
+before the sections, and a section keeps it, never the policy), and never sees another
+section: what sections must agree on is on the context (the ledger, the claims, the
+workers leaving).
 
-- ``configure(ruleset, dry_run)`` when the rules are installed (at start and on every
+**What a section must have**: a :attr:`~Section.name` (its part of the rules file where it
+has one), and its place in :mod:`amm_rules.engine.sections`: a step of the cycle (it
+runs every cycle, in the order written there once, with the reason beside it), or
+a section off the cycle (it acts only through scheduler hooks, handlers and its
+reports, and is not a step of the cycle at all).
+
+**What a section may have** (each has a default that does nothing):
+
+- ``configure(ruleset, dry_run)``: the rules were installed (at start and on every
   reload), before the keys are classified again;
-- ``attach(ctx)`` once the policy has an AMM (and so a scheduler), with the
-  :class:`~amm_rules.engine.context.EngineContext`: everything a section may use; a
-  section keeps the context, never the policy;
-- ``run(cycle)`` once per AMM cycle, in list order: the suggestions it yields go to the
-  AMM, which validates and enacts them (a section with nothing to suggest returns an
-  empty tuple: each generator between the AMM and a suggestion costs a frame switch
+- ``attach()``: the policy has an AMM (and so a scheduler: ``ctx.scheduler`` is valid
+  from here on); install plugins and wrappers;
+- ``run(cycle)``: the cycle's work (steps of the cycle only); the suggestions it yields
+  go to the AMM, which validates and enacts them (a step with nothing to suggest returns
+  an empty tuple: each generator between the AMM and a suggestion costs a frame switch
   per suggestion);
-- ``reloaded(in_memory)`` after a reload installed new rules, with the tasks in memory
-  (the one pass over ``scheduler.tasks`` a reload costs, shared by every section);
-- ``detach()`` when the policy leaves the AMM: every plugin, wrapper and callback the
-  section installed is removed.
+- ``reloaded(in_memory)``: a reload installed new rules; the tasks in memory (the one
+  pass over ``scheduler.tasks`` a reload costs, shared by every section);
+- ``detach()``: the policy leaves the AMM: remove every plugin, wrapper and callback
+  ``attach`` installed (``ctx.attached`` is false from then on);
+- ``status()``, ``explain(ts, now)``, ``metrics()``: its entry in ``amm_rules_status``
+  under :attr:`~Section.status_key`, in an ``explain`` answer under
+  :attr:`~Section.explain_key`, and its figures for Prometheus, described by
+  :attr:`~Section.METRICS`;
+- ``cycle_summary(into)``: its part of the ``cycle`` event;
+- :attr:`~Section.FEATURES`: what it needs of dask's and distributed's internals
+  (:mod:`amm_rules.engine.features`): the policy checks them at attach; a section whose
+  own feature (named as the section) lacks a need is neither attached nor run, and a
+  part of it that lacks one is in :attr:`~Section.unsupported`, which the section
+  consults (:meth:`~Section.supports`) to leave that part off;
+- :attr:`~Section.offline` and :meth:`~Section.in_use`: why a simulation cannot run it,
+  and whether the rules use it.
 
-What a section needs of dask's and distributed's internals is in :attr:`Section.FEATURES`
-(:mod:`amm_rules.engine.features`): the policy checks it at attach; a section whose own
-feature (named as the section) lacks a need is neither attached nor run, and a part of
-it that lacks one is in :attr:`Section.unsupported`, which the section consults
-(:meth:`Section.supports`) to leave that part off.
+Adding a feature is a new module in this package and one entry in the list of
+:mod:`amm_rules.engine.sections`; status, explain and the collector find it there (see
+docs/architecture.md).
 
-What a section shows goes through the same list: ``status()`` is the section's entry in
-``amm_rules_status`` under :attr:`Section.status_key`, ``explain(ts, now)`` its entry in
-an ``explain`` answer under :attr:`Section.explain_key`, ``metrics()`` its figures for
-Prometheus, described by :attr:`Section.METRICS`. Adding a feature is a new module in
-this package and one entry in :data:`~amm_rules.engine.sections.SECTIONS`; status,
-explain and the collector find it there (see docs/architecture.md).
-
-Neighbours: :mod:`amm_rules.engine.policy` drives the sections;
-:mod:`amm_rules.engine.context` is what they are given.
+Neighbours: :mod:`amm_rules.engine.sections` runs the cycle;
+:mod:`amm_rules.engine.context` is what the sections are given.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -54,7 +67,7 @@ MetricSpec = tuple[str, ...]
 class Cycle:
     """One AMM cycle, as the sections see it."""
 
-    __slots__ = ("ended", "full", "now", "started", "stats")
+    __slots__ = ("ended", "filed", "full", "now", "started", "stats")
 
     def __init__(self, full: bool, now: float, started: float):
         #: Workers changed since the last cycle: every governed key is checked in this one.
@@ -63,17 +76,23 @@ class Cycle:
         self.started = started
         #: Called with ``time.perf_counter()`` when the cycle ends, even if it failed.
         self.ended: list[Callable[[float], None]] = []
-        #: ``time.monotonic()`` when planning starts. The replication section sets it
-        #: again after classification (which may take the cycle's budget), so that the
-        #: sections after it plan at the same time as it does.
+        #: The engine's clock when planning starts: taken once, after classification
+        #: (which may take the cycle's budget), by the cycle itself
+        #: (:func:`amm_rules.engine.sections.run_cycle`); the steps before it see the
+        #: cycle's start.
         self.now = now
         #: The cycle's counters: label -> {governed, requested, dropped, unmet, ...}.
         self.stats: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        #: What the classification step filed in this cycle that may need action, by
+        #: plan class (:meth:`~amm_rules.engine.state.index.KeyIndex.suspects`); the
+        #: replication step plans them.
+        self.filed: dict[Any, list[Any]] = {}
 
 
 class Section:
-    """One feature of the engine (see the module docstring). Every method has a default
-    that does nothing, so a section defines only what it needs."""
+    """One feature of the engine, built with the engine's context (see the module
+    docstring). Every method has a default that does nothing, so a section defines only
+    what it needs."""
 
     #: The section's name: its part of the rules file where it has one
     #: (``paused-workers``), else what docs/architecture.md calls it.
@@ -99,8 +118,9 @@ class Section:
     #: the policy's check at attach).
     unsupported: Mapping[str, str] = {}
 
-    #: The engine's context while attached, else None.
-    ctx: EngineContext | None = None
+    def __init__(self, ctx: EngineContext) -> None:
+        #: The engine's context (its scheduler and AMM valid once attached).
+        self.ctx = ctx
 
     def supports(self, feature: str) -> bool:
         """Whether the feature (the section or one of its parts) is on here."""
@@ -117,13 +137,11 @@ class Section:
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
         """The rules in force changed (start or reload)."""
 
-    def attach(self, ctx: EngineContext) -> None:
+    def attach(self) -> None:
         """The policy attached to an AMM: install what the section needs."""
-        self.ctx = ctx
 
     def detach(self) -> None:
         """The policy leaves the AMM: remove everything :meth:`attach` installed."""
-        self.ctx = None
 
     def run(self, cycle: Cycle) -> Iterable[Any]:
         """This cycle's work; the ``Suggestion`` objects it yields go to the AMM."""
@@ -131,11 +149,6 @@ class Section:
 
     def reloaded(self, in_memory: list[Any]) -> None:
         """A reload installed new rules; ``in_memory``: the tasks in memory now."""
-
-    def emptying(self) -> Collection[str]:
-        """Addresses of the workers this section is emptying: their copies are about to
-        vanish, so placements for other keys pass them over."""
-        return ()
 
     def status(self) -> Any:
         """The section's entry in ``amm_rules_status`` (plain data)."""
@@ -150,3 +163,9 @@ class Section:
         """Counters and gauges for a metrics collector (see :attr:`METRICS`): numbers,
         or for a figure whose spec names a label, label value -> number."""
         return {}
+
+    def cycle_summary(self, into: dict[str, Any]) -> bool:
+        """Add the last cycle's facts to ``into``, the section's part of the next
+        ``cycle`` event (kept since the last one: flows add up, states are the
+        latest); True if they are work worth an event. Asked after every cycle."""
+        return False

@@ -61,8 +61,8 @@ class RecomputeCostsSection(Section):
         ),
     }
 
-    def attach(self, ctx: Any) -> None:
-        super().attach(ctx)
+    def attach(self) -> None:
+        ctx = self.ctx
         costs: RecomputeCosts = ctx.costs
         index = ctx.index
         # The keys found in memory at attach are the index's first batch (the policy's
@@ -73,17 +73,12 @@ class RecomputeCostsSection(Section):
         index.costs_kept = costs if costs.track_keys else None
 
     def detach(self) -> None:
-        ctx = self.ctx
-        if ctx is not None:
-            ctx.index.costs = ctx.index.costs_kept = None
-        super().detach()
+        self.ctx.index.costs = self.ctx.index.costs_kept = None
 
     def reloaded(self, in_memory: list[Any]) -> None:
         """Keep (or stop keeping) the keys in memory per group, as the rules in force
         need them or not; ``in_memory``: the tasks in memory now."""
         ctx = self.ctx
-        if ctx is None:
-            return
         costs = ctx.costs
         if _tracks(ctx.ruleset):
             if not costs.track_keys:
@@ -96,7 +91,6 @@ class RecomputeCostsSection(Section):
         """Refresh the estimates if keys entered or left memory; while rules read
         ``task.recompute_seconds``, classify again the keys of the groups republished."""
         ctx = self.ctx
-        assert ctx is not None
         costs = ctx.costs
         index = ctx.index
         if index.memory_changed:
@@ -111,7 +105,6 @@ class RecomputeCostsSection(Section):
     def status(self) -> dict[str, Any]:
         """Work at risk in all and for the workers with the most; the dearest groups
         with keys in memory."""
-        assert self.ctx is not None
         costs = self.ctx.costs
         workers = [
             {"worker": address, "seconds": round(seconds, 3), "keys": costs.sole_keys(address)}
@@ -148,7 +141,6 @@ class RecomputeCostsSection(Section):
 
     def explain(self, ts: Any, now: float) -> dict[str, Any] | None:
         """The key's recompute estimate, what it is made of, and who holds it alone."""
-        assert self.ctx is not None
         costs = self.ctx.costs
         group = getattr(ts, "group", None)
         entry = costs.groups.get(group) if group is not None else None
@@ -167,7 +159,6 @@ class RecomputeCostsSection(Section):
 
     def metrics(self) -> dict[str, Any]:
         """``work_at_risk_seconds`` per worker (the top ones) and in all."""
-        assert self.ctx is not None
         costs = self.ctx.costs
         per_worker: dict[str, float] = dict(costs.top_at_risk(TOP_WORKERS))
         per_worker[TOTAL] = costs.total_at_risk()

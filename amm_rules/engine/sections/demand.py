@@ -37,17 +37,18 @@ class DemandSection(Section):
     name = "demand"
     status_key = "demand"
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
         #: Whether the tracker followed demand at the last look (seeded when it starts).
         self._following = False
         #: Keys whose reads were seeded from the scheduler (at attach or a reload).
         self.seeded = 0
 
-    def attach(self, ctx: EngineContext) -> None:
+    def attach(self) -> None:
         """``task.reads`` of the keys already in memory starts from what the scheduler
         knows (:meth:`DemandTracker.seed`): the policy just queued them, all of them,
         for classification."""
-        super().attach(ctx)
+        ctx = self.ctx
         demand = ctx.index.demand
         self._following = demand.enabled
         if demand.enabled:
@@ -55,15 +56,12 @@ class DemandSection(Section):
 
     def reloaded(self, in_memory: list[Any]) -> None:
         """A reload that turned demand on seeds the keys in memory, as at attach."""
-        if self.ctx is None:
-            return  # not attached: attach seeds
         demand = self.ctx.index.demand
         if demand.enabled and not self._following:
             self.seeded += demand.seed(in_memory)
         self._following = demand.enabled
 
     def status(self) -> dict[str, Any]:
-        assert self.ctx is not None
         demand = self.ctx.index.demand
         settings = self.ctx.ruleset.demand
         return {

@@ -55,25 +55,23 @@ class WorkerDepartures(Section):
         ),
     }
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
         #: The latest departures, oldest first (see :meth:`status`).
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_KEPT)
         self.left = 0
         self.lost_keys = 0
 
-    def attach(self, ctx: EngineContext) -> None:
-        super().attach(ctx)
-        ctx.index.departing.listener = self._left
+    def attach(self) -> None:
+        self.ctx.index.departing.listener = self._left
 
     def detach(self) -> None:
-        if self.ctx is not None and self.ctx.index.departing.listener == self._left:
-            self.ctx.index.departing.listener = None
-        super().detach()
+        departing = self.ctx.index.departing
+        if departing.listener == self._left:
+            departing.listener = None
 
     def _left(self, tally: Departure, retired: bool) -> None:
         ctx = self.ctx
-        if ctx is None:
-            return
         self.left += 1
         self.lost_keys += tally.lost
         entry = {

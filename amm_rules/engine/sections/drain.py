@@ -11,17 +11,21 @@ the worker preload :mod:`amm_rules.worker`):
    stuck keys), with the first prediction (:func:`~amm_rules.engine.decide.drain.predict`);
 2. retires the workers through ``Scheduler.retire_workers`` (they stop receiving
    tasks; the rules place their keys: :mod:`amm_rules.engine.sections.retirement`), as
-   the :class:`~amm_rules.engine.sections.retirement.Pacer` of their retirements: each
+   the :class:`~amm_rules.engine.state.leaving.Pacer` of their retirements (their
+   departure on the context names the drain as their pacer, and says that they keep
+   their copies until they go): each
    cycle it ranks the worker's keys by value (:func:`~amm_rules.engine.decide.drain.rank`:
    below a replication minimum first, then recompute seconds saved per byte from the
    recompute cost model, then the rest), and lets through only the copies that fit a
    window of bytes in flight (:data:`WINDOW_SECONDS` of the measured rate), so that
-   the recipients fetch in that order rather than all at once; keys that cannot move
-   are reported, not a reason to refuse; the drain never drops a copy itself;
+   the recipients fetch in that order rather than all at once, and holds the keys still
+   waiting for their turn (:mod:`amm_rules.engine.state.claims`: the rest of the engine
+   leaves them alone until then); keys that cannot move are reported, not a reason to
+   refuse; the drain never drops a copy itself;
 3. measures the rate while it runs, from the draining workers' heartbeats (bytes their
    ``get-data`` handler sent: :class:`~amm_rules.engine.state.transfer.TransferMeter`,
    read by the ticker),
-   else from its own copies that landed, else distributed's estimate
+   else from its copies that landed (the ledger's count), else distributed's estimate
    (``Scheduler.bandwidth``, said as ``assumed``), and updates the prediction every
    cycle (an event when it moved);
 4. ends when every key is safe (held where its rules want it on workers that stay), at
@@ -45,9 +49,9 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine import words
 from amm_rules.engine.decide.drain import (
@@ -55,20 +59,17 @@ from amm_rules.engine.decide.drain import (
     DrainItem,
     Prediction,
     predict,
-    rank,
 )
-from amm_rules.engine.decide.evacuate import Evacuation, needed_copies, plan_evacuation
-from amm_rules.engine.decide.plan import source_label
+from amm_rules.engine.decide.evacuate import Evacuation, plan_evacuation
 from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
+from amm_rules.engine.evacuation import evacuation_input, rank_views
 from amm_rules.engine.sections.base import Section
-from amm_rules.engine.sections.retirement import (
-    CopyBook,
-    Retirements,
-    evacuation_input,
-    leaving_addresses,
-)
+from amm_rules.engine.state.leaving import Departure, retirement_owner
 from amm_rules.engine.state.transfer import TransferMeter
 from amm_rules.language.fields import UnitError, parse_duration
+
+if TYPE_CHECKING:
+    from amm_rules.engine.context import EngineContext
 
 logger = logging.getLogger(__name__)
 
@@ -111,8 +112,9 @@ class Drain:
     #: The last ranking: key -> (place, item); what cannot move: key -> (item, why).
     places: dict[Hashable, tuple[int, DrainItem]] = field(default_factory=dict)
     cannot: dict[Hashable, tuple[DrainItem, str]] = field(default_factory=dict)
-    #: Copies asked for and not seen landing: key -> (bytes, recipient).
-    inflight: dict[Hashable, tuple[int, str]] = field(default_factory=dict)
+    #: The copies and bytes of the worker's retirement landed before the drain (the
+    #: ledger counts them since the start).
+    landed_before: tuple[int, int] = (0, 0)
     #: Seconds from the notice to each key's safety.
     safe_after: dict[Hashable, float] = field(default_factory=dict)
     copies: int = 0
@@ -178,7 +180,15 @@ class Drain:
             "text": text,
         }
 
-    def line(self, now: float, rate: float, source: str) -> dict[str, Any]:
+    @property
+    def owner(self) -> str:
+        """Who holds the keys waiting for their turn (the claims)."""
+        return f"the drain of {self.address}"
+
+    def line(
+        self, now: float, rate: float, source: str, flying: Mapping[Hashable, int]
+    ) -> dict[str, Any]:
+        """The drain's report; ``flying``: its copies in flight, key -> bytes."""
         left = self.last
         times = sorted(self.safe_after.values())
         return {
@@ -194,7 +204,7 @@ class Drain:
             "moved_keys": self.moved_keys,
             "moved_bytes": self.moved_bytes,
             "copies": self.copies,
-            "in_flight_bytes": sum(n for n, _ in self.inflight.values()),
+            "in_flight_bytes": sum(flying.values()),
             "keys_left": len(self.places),
             "bytes_left": left.total_bytes if left is not None else 0,
             "safe_keys": len(self.safe_after),
@@ -212,7 +222,7 @@ class Drain:
             "outcome": self.outcome,
         }
 
-    def explain(self, key: Hashable) -> dict[str, Any]:
+    def explain(self, key: Hashable, flying: Mapping[Hashable, int]) -> dict[str, Any]:
         out: dict[str, Any] = {"worker": self.address, "drain": self.drain_id, "state": self.state}
         if key in self.cannot:
             item, why = self.cannot[key]
@@ -223,7 +233,7 @@ class Drain:
             in_time = cutoff is None or place < cutoff
             return {
                 **out,
-                "standing": "in flight" if key in self.inflight else "waiting",
+                "standing": "in flight" if key in flying else "waiting",
                 "place": place + 1,
                 "of": len(self.places),
                 "tier": TIER_NAMES[item.tier],
@@ -265,19 +275,15 @@ class DrainSection(Section):
         "rate": ("drain_rate_bytes", "gauge", "Bytes per second the running drains send"),
     }
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
         #: Every drain known: address -> its drain (the running ones and the last ended).
         self.drains: dict[str, Drain] = {}
         self.recent: list[Drain] = []
         self.meter = TransferMeter()
         self.counters: Counter[str] = Counter()
-        self.book = CopyBook()  # (planning only: the retirement records the copies)
         #: Per drained worker, the drain's view of each of its keys, as last ranked.
         self.items: dict[str, dict[Hashable, DrainItem]] = {}
-        #: Keys the drains will copy in their turn (neither asked for yet nor safe): the
-        #: replication section leaves them alone, so that they leave in order of value.
-        self.paced: set[Hashable] = set()
-        self._paced_by: dict[str, set[Hashable]] = {}
         self._ids = 0
         self._tasks: set[asyncio.Future[Any]] = set()
         self._ticker: asyncio.Future[Any] | None = None
@@ -285,16 +291,21 @@ class DrainSection(Section):
     # -- detach ----------------------------------------------------------------------
 
     def detach(self) -> None:
-        ctx = self.ctx
         for task in list(self._tasks):
             task.cancel()
-        if ctx is not None:
-            retirements = ctx.find(Retirements)
-            if retirements is not None:
-                for address in list(self.drains):
-                    if retirements.pacers.get(address) is self:
-                        del retirements.pacers[address]
-        super().detach()
+        for d in self.drains.values():
+            self._let_go(d)
+
+    def _let_go(self, d: Drain) -> None:
+        """The drain of ``d`` no longer holds keys, paces nor keeps the worker's copies."""
+        self.ctx.claims.release(d.owner)
+        self.ctx.departures.stay(d.address, self.name)
+
+    def in_flight(self, d: Drain) -> dict[Hashable, int]:
+        """The drain's copies in flight (the retirement's of its worker, in the ledger):
+        key -> bytes."""
+        asked = self.ctx.ledger.asked_by(retirement_owner(d.address))
+        return {key: copy.nbytes for key, (_, copy) in asked.items()}
 
     def _sample(self, d: Drain, ws: Any) -> None:
         """A heartbeat of a drained worker arrived since the last tick: what it sent.
@@ -305,11 +316,6 @@ class DrainSection(Section):
             d.last_seen = seen
             self.meter.heartbeat(d.address, seen, getattr(ws, "metrics", None))
 
-    def emptying(self) -> set[str]:
-        """The drained workers still there (drain over or not): they are leaving, and
-        keep their copies until they go."""
-        return set(self.drains)
-
     # -- starting --------------------------------------------------------------------
 
     def start(self, workers: Any, deadline: Any, close: bool = False) -> dict[str, Any]:
@@ -317,10 +323,8 @@ class DrainSection(Section):
         duration such as ``"60s"``); ``ValueError`` with a sentence for a bad request.
         Returns :meth:`report` of the workers, with the first prediction."""
         ctx = self.ctx
-        assert ctx is not None
         seconds = deadline_seconds(deadline)
-        retirements = ctx.find(Retirements)
-        if retirements is None or retirements.ctx is None:
+        if not ctx.departures.paced:
             raise ValueError(
                 "drain needs the rules' retirement: the policy runs with "
                 "retire_by_rules=False, so retiring workers are placed by distributed alone"
@@ -336,13 +340,18 @@ class DrainSection(Section):
                 continue  # already draining: its deadline stands
             ws = ctx.scheduler.workers[address]
             d = Drain(address, str(ws.name), drain_id, now, now + seconds, time.time(), close)
+            d.landed_before = ctx.ledger.landings(retirement_owner(address))
             self.drains[address] = d
             self.meter.watch(address)
-            retirements.pacers[address] = self
+            # Leaving (drain over or not) until it goes, keeping its copies until then.
+            until = time.strftime("%H:%M:%S", time.localtime(d.started_wall + seconds))
+            ctx.departures.leave(
+                address, Departure(self.name, f"draining until {until}", True, self)
+            )
             new.append(d)
         if new:
             self.counters["drains"] += len(new)
-            leaving = leaving_addresses(ctx) | {d.address for d in new}
+            leaving = set(ctx.leaving())
             for d in new:
                 self._first_prediction(d, leaving, now)
             self._spawn(self._retire([d.address for d in new], close))
@@ -352,7 +361,6 @@ class DrainSection(Section):
     def _first_prediction(self, d: Drain, leaving: set[str], now: float) -> None:
         """What the drain will lose, said before it starts (step 1)."""
         ctx = self.ctx
-        assert ctx is not None
         ws = ctx.scheduler.workers[d.address]
         views, cluster = self._views(ws, leaving)
         plan = plan_evacuation(self.rank(ws, views, cluster), cluster, now=now)
@@ -381,15 +389,13 @@ class DrainSection(Section):
 
     def _views(self, ws: Any, leaving: set[str]) -> tuple[list[KeyView], ClusterView]:
         ctx = self.ctx
-        assert ctx is not None
         tasks = [ts for ts in ws.has_what if not ts.actor]
-        return evacuation_input(ctx, tasks, leaving, self.book)
+        return evacuation_input(ctx, tasks, leaving)
 
     async def _retire(self, addresses: list[str], close: bool) -> None:
         """Retire the drained workers (closing them once their keys are safe, with
         ``close``); the deadline is the ticker's."""
         ctx = self.ctx
-        assert ctx is not None
         try:
             await ctx.scheduler.retire_workers(
                 workers=addresses,
@@ -411,16 +417,15 @@ class DrainSection(Section):
 
     def rank(self, ws: Any, views: list[KeyView], cluster: ClusterView) -> list[KeyView]:
         """The worker's key views, most valuable first (see the module docstring)."""
-        tasks = self.ctx.scheduler.tasks if self.ctx is not None else {}
+        tasks = self.ctx.scheduler.tasks
         ranked, self.items[ws.address] = rank_views(views, cluster, tasks, self._recompute)
         return ranked
 
     def _recompute(self, group: Any) -> float | None:
         """The recompute estimate of a key of ``group`` (the cost model's)."""
-        ctx = self.ctx
-        if ctx is None or group is None:
+        if group is None:
             return None
-        return ctx.costs.estimate(group)
+        return self.ctx.costs.estimate(group)
 
     def admit(self, ws: Any, plan: Evacuation, now: float) -> Evacuation:
         """The copies of ``plan`` (in the order of value) that fit the window of bytes
@@ -429,36 +434,41 @@ class DrainSection(Section):
         d = self.drains.get(ws.address)
         if d is None:
             return replace(plan, stuck=[], satisfied=[])
-        self._landed(d, now)
+        self._landed(d)
         self._account(d, ws, plan, now)
         copies = plan.copies
+        flying = self.in_flight(d)
         if d.active:
-            room = self.window(d, now) - sum(n for n, _ in d.inflight.values())
+            room = self.window(d, now) - sum(flying.values())
             admitted = []
             for copy in copies:
-                if copy.nbytes > room and (admitted or d.inflight):
+                if copy.nbytes > room and (admitted or flying):
                     break
                 admitted.append(copy)
                 room -= copy.nbytes
             copies = admitted
-        self._pace(d, {c.key for c in copies})
+        self._pace(d, {c.key for c in copies} | flying.keys())
         nbytes = sum(c.nbytes for c in copies)
         return replace(plan, copies=copies, stuck=[], satisfied=[], bytes=nbytes)
 
     def _pace(self, d: Drain, admitted: set[Hashable]) -> None:
-        """The keys of ``d`` still waiting for their turn (none once it no longer runs)."""
-        waiting = set(d.places) - admitted - d.inflight.keys() if d.active else set()
-        if waiting:
-            self._paced_by[d.address] = waiting
-        else:
-            self._paced_by.pop(d.address, None)
-        self.paced = set().union(*self._paced_by.values()) if self._paced_by else set()
+        """Hold the keys of ``d`` still waiting for their turn, until its deadline (none
+        once it no longer runs): the rest of the engine leaves them alone."""
+        claims = self.ctx.claims
+        owner = d.owner
+        waiting = set(d.places) - admitted if d.active else set()
+        held = claims.of(owner)
+        done = [key for key in held if key not in waiting]
+        if done:
+            claims.release(owner, done)
+        for key in waiting:
+            if key not in held:
+                claims.hold(key, owner, "copied in its turn", until=d.deadline)
 
     def asked(self, ws: Any, copy: Any, now: float) -> None:
         d = self.drains.get(ws.address)
         if d is None:
             return
-        d.inflight[copy.key] = (copy.nbytes, copy.worker)
         d.copies += 1
         self.counters["copies"] += 1
         if d.first_asked is None:
@@ -480,7 +490,7 @@ class DrainSection(Section):
             return measured, "heartbeats"
         if d.moved_bytes and d.first_asked is not None and now - d.first_asked > 0.2:
             return d.moved_bytes / (now - d.first_asked), "copies landed"
-        bandwidth = getattr(self.ctx.scheduler, "bandwidth", 0) if self.ctx else 0
+        bandwidth = getattr(self.ctx.scheduler, "bandwidth", 0) if self.ctx.attached else 0
         return float(bandwidth or 100e6), "assumed"
 
     # -- bookkeeping -------------------------------------------------------------------
@@ -511,7 +521,7 @@ class DrainSection(Section):
             and now - d.last_event >= PREDICTION_GAP
         ):
             d.last_event = now
-            self.ctx.events.emit(  # type: ignore[union-attr]
+            self.ctx.events.emit(
                 "drain",
                 step="prediction",
                 worker=d.address,
@@ -519,19 +529,14 @@ class DrainSection(Section):
                 prediction=words.prediction_sentence(prediction),
             )
 
-    def _landed(self, d: Drain, now: float) -> None:
-        """Copies of the drain that landed (or whose key left memory) since last looked."""
-        tasks = self.ctx.scheduler.tasks  # type: ignore[union-attr]
-        for key, (nbytes, worker) in list(d.inflight.items()):
-            ts = tasks.get(key)
-            if ts is None or ts.state != "memory":
-                del d.inflight[key]
-                continue
-            if any(w.address == worker for w in ts.who_has or ()):
-                del d.inflight[key]
-                d.moved_bytes += nbytes
-                d.moved_keys += 1
-                self.counters["bytes"] += nbytes
+    def _landed(self, d: Drain) -> None:
+        """Copies of the drain that landed since last looked (the ledger counts those of
+        the worker's retirement)."""
+        copies, nbytes = self.ctx.ledger.landings(retirement_owner(d.address))
+        keys = copies - d.landed_before[0]
+        moved = nbytes - d.landed_before[1]
+        self.counters["bytes"] += moved - d.moved_bytes
+        d.moved_keys, d.moved_bytes = keys, moved
 
     # -- the ticker ----------------------------------------------------------------------
 
@@ -540,7 +545,7 @@ class DrainSection(Section):
             self._ticker = self._spawn(self._tick_loop())
 
     async def _tick_loop(self) -> None:
-        while self.ctx is not None and self.drains:
+        while self.ctx.attached and self.drains:
             try:
                 self.tick(time.monotonic())
             except Exception as exc:  # never let a drain take anything else down
@@ -551,9 +556,7 @@ class DrainSection(Section):
     def tick(self, now: float) -> None:
         """Between cycles: copies landed, early cycles, the deadline, safety, leaving."""
         ctx = self.ctx
-        assert ctx is not None
         workers = ctx.scheduler.workers
-        retirements = ctx.find(Retirements)
         for d in list(self.drains.values()):
             if d.address not in workers:
                 self._gone(d, now)
@@ -561,13 +564,20 @@ class DrainSection(Section):
             if not d.active:
                 continue
             self._sample(d, workers[d.address])
-            self._landed(d, now)
+            self._landed(d)
             if now >= d.deadline:
                 self._expire(d, now)
-            elif retirements is not None and retirements.placed(d.address):
-                self._end(d, "safe", now)
-            elif sum(n for n, _ in d.inflight.values()) < self.window(d, now) / 2:
+            elif sum(self.in_flight(d).values()) < self.window(d, now) / 2:
                 ctx.early.request("drain")
+
+    def placed(self, address: str) -> None:
+        """The retirement found every key of ``address`` held where its rules want it on
+        workers that stay: the drain ends, safe."""
+        d = self.drains.get(address)
+        if d is not None and d.active:
+            now = time.monotonic()
+            self._landed(d)
+            self._end(d, "safe", now)
 
     def _expire(self, d: Drain, now: float) -> None:
         """The deadline came before every key was safe."""
@@ -577,7 +587,6 @@ class DrainSection(Section):
 
     async def _remove(self, address: str) -> None:
         ctx = self.ctx
-        assert ctx is not None
         try:
             await ctx.scheduler.remove_worker(
                 address, stimulus_id=f"amm-rules-drain-deadline-{time.time()}", close=True
@@ -588,13 +597,12 @@ class DrainSection(Section):
     def _end(self, d: Drain, state: str, now: float) -> None:
         """The drain of ``d`` ends (``safe``, ``expired``): what it left unsafe."""
         ctx = self.ctx
-        assert ctx is not None
         d.state = state
         d.ended = now
         self._pace(d, set())
         ws = ctx.scheduler.workers.get(d.address)
         if ws is not None and state == "expired":
-            views, cluster = self._views(ws, leaving_addresses(ctx) | {d.address})
+            views, cluster = self._views(ws, set(ctx.leaving()) | {d.address})
             plan = plan_evacuation(self.rank(ws, views, cluster), cluster, now=now)
             self._account(d, ws, plan, now)
         d.outcome = d.result(now)
@@ -611,16 +619,11 @@ class DrainSection(Section):
         """The worker left (closed by the drain, or died): what was not safe is counted
         from the keys themselves (a key with no copy left is lost)."""
         ctx = self.ctx
-        assert ctx is not None
         self.meter.forget(d.address)
         self.items.pop(d.address, None)
-        self._paced_by.pop(d.address, None)
-        self.paced = set().union(*self._paced_by.values()) if self._paced_by else set()
-        retirements = ctx.find(Retirements)
-        if retirements is not None and retirements.pacers.get(d.address) is self:
-            del retirements.pacers[d.address]
+        self._let_go(d)
         if d.active:
-            self._landed(d, now)
+            self._landed(d)
             truth = self._counted(d)
             d.state = "closed" if d.close and not truth[0] else "left"
             d.ended = now
@@ -642,7 +645,7 @@ class DrainSection(Section):
     def _counted(self, d: Drain) -> tuple[int, float, int]:
         """Once the worker left: keys of the drain lost (no copy anywhere), their
         recompute seconds, and keys below their minimum."""
-        tasks = self.ctx.scheduler.tasks  # type: ignore[union-attr]
+        tasks = self.ctx.scheduler.tasks
         lost, seconds, below = 0, 0.0, 0
         items = [item for _, item in d.places.values()] + [i for i, _ in d.cannot.values()]
         for item in items:
@@ -668,7 +671,7 @@ class DrainSection(Section):
             d = known.get(address)
             if d is not None:
                 rate, source = self.rate(d, now) if d.active else (0.0, "")
-                out[address] = d.line(now, rate, source)
+                out[address] = d.line(now, rate, source, self.in_flight(d))
         return out
 
     def status(self) -> dict[str, Any]:
@@ -682,7 +685,10 @@ class DrainSection(Section):
         for w in ts.who_has or ():
             d = self.drains.get(w.address)
             if d is not None:
-                return d.explain(ts.key)
+                asked = retirement_owner(d.address)
+                flying = self.ctx.ledger.in_flight(ts.key)
+                mine = [c.nbytes for c in flying.values() if c.by == asked]
+                return d.explain(ts.key, {ts.key: mine[0]} if mine else {})
         return None
 
     def metrics(self) -> dict[str, float]:
@@ -700,42 +706,6 @@ class DrainSection(Section):
             "seconds_left": min((max(0.0, d.deadline - now) for d in active), default=0.0),
             "rate": sum(self.rate(d, now)[0] for d in active),
         }
-
-
-def rank_views(
-    views: list[KeyView],
-    cluster: ClusterView,
-    tasks: Mapping[Hashable, Any],
-    estimate: Callable[[Any], float | None],
-) -> tuple[list[KeyView], dict[Hashable, DrainItem]]:
-    """``views`` in the drain's order of value, and the drain's item of each key
-    (``tasks``: the scheduler's, for the keys' groups; ``estimate``: a group's recompute
-    estimate). Shared by the section and ``amm-rules simulate --drain``."""
-    items = [drain_item(v, cluster, tasks.get(v.key), estimate) for v in views]
-    order = {id(item): i for i, item in enumerate(rank(items))}
-    ranked = sorted(zip(views, items, strict=True), key=lambda vi: order[id(vi[1])])
-    return [v for v, _ in ranked], {v.key: item for v, item in zip(views, items, strict=True)}
-
-
-def drain_item(
-    view: KeyView, cluster: ClusterView, ts: Any, estimate: Callable[[Any], float | None]
-) -> DrainItem:
-    """The drain's view of one key: size, copies needed, recompute estimate, target."""
-    d = view.desired
-    placeable = cluster.placeable(d.pool, d.avoid)
-    staying = len((view.holders - cluster.closing) & placeable)
-    minimum = needed_copies(d, len(placeable)) if d.replicate is not None else 0
-    group = getattr(ts, "group", None)
-    return DrainItem(
-        key=view.key,
-        nbytes=view.nbytes,
-        copies=max(1, (minimum or 1) - staying),
-        seconds=estimate(group) if group is not None else None,
-        minimum=minimum,
-        staying=staying,
-        rule=source_label(d, "replicate") if d.replicate is not None else "",
-        group=getattr(group, "name", "") or _prefix(view.key),
-    )
 
 
 def resolve_workers(known: Any, workers: Any) -> list[str]:
@@ -782,11 +752,6 @@ def _moved(old: Prediction, new: Prediction) -> bool:
     return abs(after - before) > PREDICTION_CHANGE * max(before, after, 1)
 
 
-def _prefix(key: Hashable) -> str:
-    text = key[0] if isinstance(key, tuple) and key else key
-    return str(text).rsplit("-", 1)[0]
-
-
 def _ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
@@ -796,7 +761,5 @@ __all__ = [
     "Drain",
     "DrainSection",
     "deadline_seconds",
-    "drain_item",
-    "rank_views",
     "resolve_workers",
 ]

@@ -18,18 +18,25 @@ target of the rules engine, whose origin explanations and counters name:
 - ``scatter(..., broadcast=True)``: ``all``, one copy on every eligible worker,
   following the cluster (``origin="scatter broadcast"``); ``broadcast=N``: ``N``.
 
-The call then makes its first copies as before, so that the client sees what it saw
-with stock Dask (the data on the workers when the call returns), but restricted to
-where the engine would keep them: the workers inside the key's pool and outside its
+The call does all of it once it holds the scheduler's replica lock, as the stock call
+reads the workers only then (``retire_workers``, which holds that lock while it moves
+a worker's keys away, may remove workers meanwhile). It then makes its first copies as
+before, so that the client sees what it saw with stock Dask (the data on the workers
+when the call returns), with its own tree of ``gather_on_worker`` calls under that lock
+(the stock call takes the lock itself), restricted to where the engine would keep them: the workers inside the key's pool and outside its
 avoided pools, under ``spread: host`` one per host that holds no copy yet
 (:func:`spread_recipients`), and none for a ``move: never`` key. It never deletes: trimming a
 key above its target is the engine's (which never drops the last copy, nor a copy a
-running dependent reads). While a call copies a key, the engine leaves that key
-alone (:attr:`LegacyCalls.copying`), so the two never copy the same key at once.
+running dependent reads). While a call copies a key, the section holds it
+(:mod:`amm_rules.engine.state.claims`) and the rest of the engine leaves it alone, so
+the two never copy the same key at once.
 Calls the engine cannot honour (an ``n`` that is not a number of copies, keys not
 in memory) go to the stock handler unchanged, with its answers and errors.
 
-With ``legacy-replicate: ignore``, the wrappers pass every call through: the calls
+While the AMM runs no cycle (stopped, or ``start: false``: see
+:mod:`amm_rules.engine.running`), nothing would hold or trim a target: the calls are
+the stock ones, and replace the target an earlier call had set on their keys. With
+``legacy-replicate: ignore``, the wrappers pass every call through: the calls
 behave as with the stock AMM. Switching to ``ignore`` by a reload removes the
 targets these calls had set. Keys whose wishes are in dry-run (``enforcement:
 dry-run``) get their target recorded, for explain and status, and the stock call
@@ -44,11 +51,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
+import random
+from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from amm_rules.engine.features import Feature, scheduler_methods
+from amm_rules.engine.features import FLOOR, Feature, Need, scheduler_methods
 from amm_rules.engine.sections.base import Section
 from amm_rules.engine.wrapping import wrap_methods
 from amm_rules.language.fields import MAX_REPLICAS
@@ -75,12 +83,27 @@ class LegacyCalls(Section):
         "(the targets they set are replayed)"
     )
     name = "legacy-replicate"
-    FEATURES = (Feature("legacy-replicate", scheduler_methods("replicate", "scatter")),)
+    FEATURES = (
+        Feature(
+            "legacy-replicate",
+            (
+                *scheduler_methods("replicate", "scatter", "gather_on_worker"),
+                Need(
+                    "Scheduler._replica_lock",
+                    "distributed",
+                    FLOOR,
+                    lambda s: s is None or hasattr(s, "_replica_lock"),
+                ),
+            ),
+        ),
+    )
     status_key = "legacy_replicate"
     explain_key = "copying"
 
-    def __init__(self) -> None:
-        #: Keys a call is copying right now (a count: calls may overlap).
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
+        #: Keys a call is copying right now (a count: calls may overlap); the section
+        #: holds them while the count is above 0.
         self.copying: Counter[Hashable] = Counter()
         #: Calls honoured since the policy started, by origin.
         self.calls: Counter[str] = Counter()
@@ -89,23 +112,28 @@ class LegacyCalls(Section):
 
     @property
     def honouring(self) -> bool:
+        """Whether calls are honoured now: ``legacy-replicate: honour``, and the AMM runs
+        its cycles (stopped, nothing would trim nor keep: the calls are the stock ones)."""
         ctx = self.ctx
-        return ctx is not None and ctx.index.active and ctx.ruleset.legacy_replicate == "honour"
+        return (
+            ctx.attached
+            and ctx.index.active
+            and ctx.ruleset.legacy_replicate == "honour"
+            and ctx.amm_running.running
+        )
 
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
         """Switching to ``legacy-replicate: ignore`` removes the targets the calls set."""
-        if ruleset.legacy_replicate == "ignore" and self.ctx is not None:
+        if ruleset.legacy_replicate == "ignore":
             self.forget_targets()
 
-    def attach(self, ctx: EngineContext) -> None:
-        super().attach(ctx)
-        self._unwrap = self.install(ctx.scheduler)
+    def attach(self) -> None:
+        self._unwrap = self.install(self.ctx.scheduler)
 
     def detach(self) -> None:
         if self._unwrap is not None:
             self._unwrap()
             self._unwrap = None
-        super().detach()
 
     def explain(self, ts: Any, now: float) -> bool:
         """Whether a ``replicate`` or ``scatter`` call is copying the key now."""
@@ -135,13 +163,12 @@ class LegacyCalls(Section):
                 stimulus_id=stimulus_id,
             )
             if not self.honouring:
+                self._superseded(keys)
                 return await replicate(**stock)
-            target = self._target(n, workers)
-            if target is None or not self._all_in_memory(keys):
-                return await replicate(**stock)  # the stock answer or error
             stock.pop("keys")
-            await self._honour(keys, target, REPLICATE, stock)
-            return None
+            if await self._honour(keys, REPLICATE, stock):
+                return None
+            return await replicate(keys=keys, **stock)  # the stock answer or error
 
         async def scatter_honoured(
             data: dict[Hashable, Any],
@@ -151,19 +178,19 @@ class LegacyCalls(Section):
             timeout: float = 2,
         ) -> Any:
             if not broadcast or not self.honouring:
-                return await scatter(
+                keys = await scatter(
                     data=data, workers=workers, client=client, broadcast=broadcast, timeout=timeout
                 )
+                if broadcast:
+                    self._superseded(keys)
+                return keys
             keys = await scatter(
                 data=data, workers=workers, client=client, broadcast=False, timeout=timeout
             )
             n = None if broadcast is True else broadcast
-            target = self._target(n, workers)
             stock = {"n": n, "workers": workers}  # what the stock scatter asks of replicate
-            if target is None or not self._all_in_memory(keys):
+            if not await self._honour(keys, BROADCAST, stock):
                 await replicate(keys=keys, **stock)
-            else:
-                await self._honour(keys, target, BROADCAST, stock)
             return keys
 
         wrappers = {"replicate": replicate_honoured, "scatter": scatter_honoured}
@@ -172,12 +199,15 @@ class LegacyCalls(Section):
     # ------------------------------------------------------------------ calls
 
     def _target(self, n: Any, workers: Iterable[str] | None) -> Target | None:
-        """The target a call asks for; None if it is not one (the stock call then
-        answers: ``n=0`` is its "Can not use replicate to delete data")."""
+        """The target a call asks for, on the workers of now; None if it is not one (the
+        stock call then answers: ``n=0``, or no running worker among those named, is its
+        "Can not use replicate to delete data")."""
         scheduler = self.ctx.scheduler
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             return None
         if workers is None:
+            if not scheduler.running:
+                return None
             return Target.exact(ALL if n is None else min(n, MAX_REPLICAS))
         try:
             addresses = scheduler.workers_list(list(workers))
@@ -195,15 +225,26 @@ class LegacyCalls(Section):
         except TypeError:  # an unhashable key: the stock call says what it says
             return False
 
-    async def _honour(
-        self,
-        keys: Iterable[Hashable],
-        target: Target,
-        origin: str,
-        stock: dict[str, Any],
-    ) -> None:
-        """Set the target on ``keys``, then make the call's own first copies where the
-        engine would keep them, leaving the keys to the engine afterwards.
+    def _superseded(self, keys: Iterable[Hashable]) -> None:
+        """A stock call (no cycle runs, or ``ignore``) replaces the target an earlier
+        call had set on its keys: the last call says how many copies the key holds."""
+        ctx = self.ctx
+        if not ctx.index.active:
+            return
+        runtime = ctx.index.runtime
+        try:
+            gone = [k for k in keys if (t := runtime.get(k)) is not None and t.origin in ORIGINS]
+        except TypeError:  # an unhashable key: the stock call says what it says
+            return
+        for key in gone:
+            ctx.set_runtime_target(key, None)
+
+    async def _honour(self, keys: Iterable[Hashable], origin: str, stock: dict[str, Any]) -> bool:
+        """Honour a call on ``keys``: once it holds the scheduler's replica lock, as the
+        stock call does (a retirement holding it may remove workers meanwhile), set the
+        target the call asks for, then make the call's own first copies where the engine
+        would keep them, leaving the keys to the engine afterwards. False if the call is
+        not one to honour (no target, keys not in memory): the stock call answers it.
 
         ``stock`` holds the arguments of the stock ``replicate`` call besides the keys
         (``n``, ``workers``, ...). Keys whose wishes are in dry-run get exactly that
@@ -211,32 +252,49 @@ class LegacyCalls(Section):
         nothing of what the call does."""
         ctx = self.ctx
         workers = stock.get("workers")
-        branching_factor = stock.get("branching_factor", 2)
-        stimulus_id = stock.get("stimulus_id")
-        index = ctx.index
-        keys = list(dict.fromkeys(keys))
-        for key in keys:
-            ctx.set_runtime_target(key, target, origin)  # classified at the next cycle
-        self.calls[origin] += 1
-        logger.debug("amm-rules: %s set %s on %d keys", origin, target, len(keys))
-        self.copying.update(keys)
+        async with ctx.scheduler._replica_lock(("replicate", object())):  # not reentrant
+            target = self._target(stock.get("n"), workers)
+            if target is None or not self._all_in_memory(keys):
+                return False  # (unhashable keys too: the stock call says what it says)
+            keys = list(dict.fromkeys(keys))
+            self.copying.update(keys)  # the engine leaves them alone until the call is done
+            for key in keys:
+                ctx.claims.hold(key, self.name, f"a {origin} call copies it")
+            try:
+                for key in keys:
+                    ctx.set_runtime_target(key, target, origin)  # classified at the next cycle
+                self.calls[origin] += 1
+                logger.debug("amm-rules: %s set %s on %d keys", origin, target, len(keys))
+                groups, dry = self._copy_groups(keys, target, workers)
+                branching = stock.get("branching_factor", 2)
+                await asyncio.gather(
+                    *(
+                        self._copy(group, recipients, n, branching)
+                        for (recipients, n), group in groups.items()
+                    )
+                )
+                self._log_call(keys, groups, branching)
+            except BaseException:
+                self._done(keys)
+                raise
         try:
-            groups, dry = self._copy_groups(keys, target, workers)
-            calls = [
-                self._copy(group, recipients, n, branching_factor, stimulus_id)
-                for (recipients, n), group in groups.items()
-            ]
             if dry:
                 assert self._replicate is not None
-                calls.append(self._replicate(keys=dry, **stock))
-            await asyncio.gather(*calls)
+                await self._replicate(keys=dry, **stock)  # takes the lock itself
         finally:
-            self.copying.subtract(keys)
-            for key in keys:
-                if self.copying[key] <= 0:
-                    del self.copying[key]
-            # Classified by now or soon: look at them again once the call is done.
-            index.recheck.update(k for k in keys if k in index.desired)
+            self._done(keys)
+        return True
+
+    def _done(self, keys: list[Hashable]) -> None:
+        """A call's keys are the engine's again."""
+        self.copying.subtract(keys)
+        done = [key for key in keys if self.copying[key] <= 0]
+        for key in done:
+            del self.copying[key]
+        self.ctx.claims.release(self.name, done)
+        # Classified by now or soon: look at them again once the call is done.
+        index = self.ctx.index
+        index.recheck.update(k for k in keys if k in index.desired)
 
     def _copy_groups(
         self, keys: list[Hashable], target: Target, workers: Iterable[str] | None
@@ -280,22 +338,58 @@ class LegacyCalls(Section):
         return groups, dry
 
     async def _copy(
+        self, keys: list[Hashable], recipients: tuple[str, ...], n: int, branching_factor: int
+    ) -> None:
+        """Copy ``keys`` until each has ``n`` copies on ``recipients``, as the stock call's
+        tree does and without its deletions: in rounds, each holder the source of at
+        most ``branching_factor`` new copies per round, on recipients chosen at random
+        among those still running. A round that lands no copy ends the call's part
+        (a recipient that left, a holder that cannot send): the engine goes on."""
+        scheduler = self.ctx.scheduler
+        todo = keys
+        while todo:
+            running = {a for a in recipients if (ws := scheduler.workers.get(a)) and _running(ws)}
+            gathers: dict[str, dict[Hashable, list[str]]] = defaultdict(dict)
+            left = []
+            for key in todo:
+                ts = scheduler.tasks.get(key)
+                if ts is None or ts.state != "memory" or not ts.who_has:
+                    continue
+                holders = {ws.address for ws in ts.who_has}
+                free = sorted(running - holders)
+                count = min(n - len(holders & running), branching_factor * len(holders), len(free))
+                if count <= 0:
+                    continue
+                for address in random.sample(free, count):
+                    gathers[address][key] = sorted(holders)
+                left.append(key)
+            if not gathers:
+                return
+            failed = await asyncio.gather(
+                *(scheduler.gather_on_worker(w, who_has) for w, who_has in gathers.items())
+            )
+            for address, who_has in gathers.items():
+                scheduler.log_event(address, {"action": "replicate-add", "who_has": who_has})
+            if all(len(f) == len(gathers[w]) for f, w in zip(failed, gathers, strict=True)):
+                return
+            todo = left
+
+    def _log_call(
         self,
         keys: list[Hashable],
-        recipients: tuple[str, ...],
-        n: int,
+        groups: dict[tuple[tuple[str, ...], int], list[Hashable]],
         branching_factor: int,
-        stimulus_id: str | None,
     ) -> None:
-        """The stock tree copy, restricted to ``recipients``, without its deletions."""
-        assert self._replicate is not None
-        await self._replicate(
-            keys=keys,
-            n=n,
-            workers=list(recipients),
-            branching_factor=branching_factor,
-            delete=False,
-            stimulus_id=stimulus_id,
+        """The scheduler event the stock call logs for every call."""
+        workers = sorted({a for recipients, _ in groups for a in recipients})
+        self.ctx.scheduler.log_event(
+            "all",
+            {
+                "action": "replicate",
+                "workers": workers,
+                "key-count": len(keys),
+                "branching-factor": branching_factor,
+            },
         )
 
     # ------------------------------------------------------------------ rules
@@ -306,11 +400,11 @@ class LegacyCalls(Section):
         gone = [k for k, t in index.runtime.items() if t.origin in ORIGINS]
         for key in gone:
             del index.runtime[key]
-        index.reclassify(gone)
+        if gone:
+            index.reclassify(gone)
         return len(gone)
 
     def status(self) -> dict[str, Any]:
-        assert self.ctx is not None
         return {
             "mode": self.ctx.ruleset.legacy_replicate,
             "calls": dict(self.calls),

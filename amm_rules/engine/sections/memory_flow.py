@@ -38,8 +38,8 @@ class MemoryFlowSection(Section):
     name = "memory-flow"
     status_key = "memory_flow"
 
-    def attach(self, ctx: Any) -> None:
-        super().attach(ctx)
+    def attach(self) -> None:
+        ctx = self.ctx
         scheduler = ctx.scheduler
         flow = ctx.flow
         flow.tasks = scheduler.tasks
@@ -50,18 +50,14 @@ class MemoryFlowSection(Section):
             self.reloaded([ts for ts in scheduler.tasks.values() if ts.state == "memory"])
 
     def detach(self) -> None:
-        ctx = self.ctx
-        if ctx is not None:
-            ctx.index.flow = None
-            ctx.index.on_scatter = None
-        super().detach()
+        index = self.ctx.index
+        index.flow = None
+        index.on_scatter = None
 
     def reloaded(self, in_memory: list[Any]) -> None:
         """Keep (or stop keeping) the keys in memory per prefix, as the rules in force
         read flow attributes or not; ``in_memory``: the tasks in memory now."""
         ctx = self.ctx
-        if ctx is None:
-            return
         if _keys_needed(ctx.ruleset):
             ctx.flow.start_tracking(in_memory)
         elif ctx.flow.track_keys:
@@ -72,7 +68,6 @@ class MemoryFlowSection(Section):
         the keys in memory of the prefixes whose figures changed (within the cycle's
         classification budget, like every key that needs classifying)."""
         ctx = self.ctx
-        assert ctx is not None
         flow = ctx.flow
         republished = flow.publish()
         if republished and flow.track_keys and ctx.ruleset.reads_flow:
@@ -84,7 +79,6 @@ class MemoryFlowSection(Section):
         """How many prefixes are kept, the top producers (largest positive net bytes per
         task) and freers (most bytes freed by finishing), each with its figures, and the
         totals over every prefix."""
-        assert self.ctx is not None
         flow = self.ctx.flow
         producers = [
             {"prefix": name, **e.as_dict()}

@@ -63,7 +63,7 @@ from tornado.ioloop import PeriodicCallback
 
 from amm_rules.engine.features import DATA_PRODUCER, QUEUEING, Feature
 from amm_rules.engine.sections.base import Cycle, Section
-from amm_rules.engine.state.flow import MemoryFlow, PrefixFlow
+from amm_rules.engine.state.flow import PrefixFlow
 from amm_rules.engine.words import counted
 from amm_rules.language.fields import format_fraction
 from amm_rules.language.ruleset import MemoryPressureSettings, Ruleset, TaskFacts
@@ -150,9 +150,10 @@ class MemoryPressure(Section, SchedulerPlugin):
         ),
     }
 
-    def __init__(self) -> None:
-        #: What the prefixes produce and free (the engine's, once attached).
-        self.flow = MemoryFlow()
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
+        #: What the prefixes produce and free (the engine's).
+        self.flow = ctx.flow
         #: The section in force; None when the rules have none.
         self.settings: MemoryPressureSettings | None = None
         #: ``idle``, ``holding``, ``cooling`` (after max-hold, or after someone else
@@ -182,9 +183,8 @@ class MemoryPressure(Section, SchedulerPlugin):
 
     # -- attach ----------------------------------------------------------------------
 
-    def attach(self, ctx: EngineContext) -> None:
-        super().attach(ctx)
-        self.flow = ctx.flow
+    def attach(self) -> None:
+        ctx = self.ctx
         self._plug()
         self.base = float(ctx.scheduler.WORKER_SATURATION)
 
@@ -193,7 +193,7 @@ class MemoryPressure(Section, SchedulerPlugin):
         section: the scheduler calls every plugin's ``transition`` on every transition,
         and this one has nothing to do there."""
         ctx = self.ctx
-        if ctx is None or not ctx.attached:
+        if not ctx.attached:
             return
         plugged = any(p is self for p in ctx.scheduler.plugins.values())
         if self.settings is not None and not plugged:
@@ -204,13 +204,12 @@ class MemoryPressure(Section, SchedulerPlugin):
     def detach(self) -> None:
         """Put the scheduler's saturation back and stop looking."""
         ctx = self.ctx
-        if ctx is None or not ctx.attached:
+        if not ctx.attached:
             return
         if self.state == "holding":
             self.release(time.monotonic(), "the policy detached")
         self._stop_callback()
         ctx.remove_plugin(self)
-        super().detach()
 
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
         """The rules changed (start or reload). A hold in force ends if the new rules
@@ -232,7 +231,7 @@ class MemoryPressure(Section, SchedulerPlugin):
         """Start (or re-time) the periodic check; called from the AMM cycle, which runs on
         the scheduler's event loop once the scheduler started."""
         settings, ctx = self.settings, self.ctx
-        if settings is None or ctx is None:
+        if settings is None:
             return
         if self._callback is not None and self._interval == settings.check_interval:
             return
@@ -247,7 +246,7 @@ class MemoryPressure(Section, SchedulerPlugin):
             return
         self._callback.stop()
         ctx = self.ctx
-        if ctx is not None and ctx.attached:
+        if ctx.attached:
             callbacks = ctx.scheduler.periodic_callbacks
             name = f"{CALLBACK}-{id(self)}"
             if callbacks.get(name) is self._callback:
@@ -331,7 +330,7 @@ class MemoryPressure(Section, SchedulerPlugin):
     def check(self) -> None:
         """One look at the workers and the queue (see the module docstring)."""
         settings, ctx = self.settings, self.ctx
-        if settings is None or ctx is None or not ctx.attached:
+        if settings is None or not ctx.attached:
             return
         try:
             self._check(settings, ctx.scheduler, time.monotonic())
@@ -508,7 +507,7 @@ class MemoryPressure(Section, SchedulerPlugin):
         held_for = now - (self.since or now)
         self.held_seconds_done += held_for
         self.counters["releases"] += 1
-        if ctx is not None and ctx.attached and self.base is not None:
+        if ctx.attached and self.base is not None:
             _set_saturation(ctx.scheduler, self.base, opened=True)
         self.state = "idle"
         self.since = None
@@ -527,9 +526,7 @@ class MemoryPressure(Section, SchedulerPlugin):
         self._emit("stopped", reason=why)
 
     def _emit(self, step: str, **fields: Any) -> None:
-        ctx = self.ctx
-        if ctx is not None:
-            ctx.events.emit("memory-pressure", step=step, **fields)
+        self.ctx.events.emit("memory-pressure", step=step, **fields)
 
     # -- reading -----------------------------------------------------------------------
 

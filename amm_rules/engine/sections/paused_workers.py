@@ -35,9 +35,11 @@ data but runs and fetches nothing, and nothing in distributed acts on it (dask i
 Every step is an ``amm-rules`` event (``action: "paused-worker"``, with a ``step``), a
 line of :meth:`PausedWorkers.status` and a counter of :meth:`PausedWorkers.metrics`.
 
-Neighbours: the policy runs :meth:`PausedWorkers.run` in its cycle, after replication;
-:mod:`amm_rules.engine.decide.evacuate` plans; :mod:`amm_rules.engine.sections.retirement` supplies the glue
-and the retirement under the rules; :mod:`amm_rules.engine.handlers` shows the status.
+Neighbours: the policy runs :meth:`PausedWorkers.run` as a step of its cycle;
+:mod:`amm_rules.engine.decide.evacuate` plans; :mod:`amm_rules.engine.evacuation` is
+the work it shares with the retirements (:mod:`amm_rules.engine.sections.retirement`
+places its workers' keys by the rules when they retire); :mod:`amm_rules.engine.handlers`
+shows the status.
 """
 
 from __future__ import annotations
@@ -57,16 +59,15 @@ from distributed.metrics import time as heartbeat_clock
 
 from amm_rules.engine.adapters import worker_status
 from amm_rules.engine.decide.evacuate import Evacuation, plan_evacuation
-from amm_rules.engine.features import RESTART_WORKERS, RETIRING, Feature
-from amm_rules.engine.sections.base import Cycle, Section
-from amm_rules.engine.sections.retirement import (
-    CopyBook,
+from amm_rules.engine.evacuation import (
     evacuation_input,
-    leaving_addresses,
     record_copy,
     shown_keys,
     suggest_copies,
 )
+from amm_rules.engine.features import RESTART_WORKERS, RETIRING, Feature
+from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.engine.state.leaving import Departure
 from amm_rules.engine.words import counted, plural
 from amm_rules.language.fields import format_fraction
 from amm_rules.language.ruleset import PausedWorkersSettings, Ruleset
@@ -238,7 +239,8 @@ class PausedWorkers(Section):
     metric_prefix = "paused_workers"
     METRICS = FIGURES
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
         #: The section in force; None when the rules have none.
         self.settings: PausedWorkersSettings | None = None
         self.clock = PauseClock()
@@ -256,8 +258,6 @@ class PausedWorkers(Section):
         self.counters: Counter[str] = Counter()
         #: Seconds workers spent paused in pauses that ended.
         self.paused_seconds_done = 0.0
-        #: Copies of ungoverned keys in flight.
-        self.book = CopyBook()
         #: Copies sent that the recipients' heartbeats may not show yet.
         self.sent = SentCopies()
         #: The restart and retirement coroutines running (shared with the clock, which
@@ -267,8 +267,7 @@ class PausedWorkers(Section):
 
     # -- attach ----------------------------------------------------------------------
 
-    def attach(self, ctx: EngineContext) -> None:
-        super().attach(ctx)
+    def attach(self) -> None:
         self._plug()
 
     def _plug(self) -> None:
@@ -279,7 +278,7 @@ class PausedWorkers(Section):
         retirements still running keep it plugged in (it cancels them if the scheduler
         closes first)."""
         ctx = self.ctx
-        if ctx is None or not ctx.attached:
+        if not ctx.attached:
             return
         plugged = any(p is self.clock for p in ctx.scheduler.plugins.values())
         if self.settings is not None and not plugged:
@@ -288,9 +287,7 @@ class PausedWorkers(Section):
             ctx.remove_plugin(self.clock)
 
     def detach(self) -> None:
-        if self.ctx is not None:
-            self.ctx.remove_plugin(self.clock)
-        super().detach()
+        self.ctx.remove_plugin(self.clock)
 
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
         """The rules changed (start or reload). Workers being emptied under the old
@@ -301,28 +298,28 @@ class PausedWorkers(Section):
         self._plug()
         if settings is None:
             for addr in [a for a, h in self.handling.items() if h.state == "evacuating"]:
-                del self.handling[addr]
+                self._unhandle(addr)
                 self._emit(
                     "stopped", addr, reason="the rules no longer have a paused-workers section"
                 )
 
-    @property
-    def leaving(self) -> set[str]:
-        """Workers being handled: their copies are about to vanish."""
-        return set(self.handling)
+    def _handle(self, h: Handling) -> None:
+        """Handle a worker: it is on its way out (the context's leaving workers)."""
+        self.handling[h.address] = h
+        action = "restarted" if h.action == "restart" else "retired"
+        why = f"paused for too long: emptied, then {action}"
+        self.ctx.departures.leave(h.address, Departure(self.name, why))
 
-    def emptying(self) -> set[str]:
-        return self.leaving
+    def _unhandle(self, address: str) -> None:
+        """No longer handled (done, blocked, failed, stopped): no longer leaving."""
+        self.handling.pop(address, None)
+        self.ctx.departures.stay(address, self.name)
 
     # -- the cycle ---------------------------------------------------------------------
 
     def run(self, cycle: Cycle) -> Generator[Suggestion, Any, None]:
-        """One cycle (see the module docstring); yields the copies. After replication
-        planning (its copies count), before rebalancing (which then sees the loads they
-        add)."""
+        """One cycle (see the module docstring); yields the copies."""
         ctx = self.ctx
-        if ctx is None:
-            return
         now, stats = cycle.now, cycle.stats
         workers = ctx.scheduler.workers
         self.clock.reconcile(workers, now)
@@ -330,7 +327,6 @@ class PausedWorkers(Section):
         settings = self.settings
         if settings is None:
             return
-        self.book.prune(now)
         self.sent.settle(ctx.scheduler.tasks, workers, now)
         census = _Census.of(workers)
         budget = [settings.max_bytes_per_cycle]
@@ -362,7 +358,7 @@ class PausedWorkers(Section):
             self.stuck.pop(addr, None)
             h = self.handling.get(addr)
             if h is not None and h.state == "evacuating":
-                del self.handling[addr]
+                self._unhandle(addr)
                 self.counters["recovered"] += 1
                 self._emit("recovered", addr, name=h.name, copies=h.copies)
         for addr, t in since.items():
@@ -432,7 +428,6 @@ class PausedWorkers(Section):
     def _held(self, ws: Any, since: float, now: float, code: str, words: str) -> None:
         self.notes[ws.address] = {"since": since, "state": "held", "reason": code, "detail": words}
         ctx = self.ctx
-        assert ctx is not None
         if ctx.events.once(
             ("paused-held", ws.address, since, code),
             "paused-worker",
@@ -454,7 +449,7 @@ class PausedWorkers(Section):
         elif action == "restart" and not self.supports(RESTART):
             action, note = "retire", f"{self.unsupported[RESTART]}: retired instead"
         h = Handling(ws.address, str(ws.name), action, now, keys=len(ws.has_what), note=note)
-        self.handling[ws.address] = h
+        self._handle(h)
         self.stuck.pop(ws.address, None)
         self.counters["evacuations"] += 1
         self.notes[ws.address] = {
@@ -491,13 +486,12 @@ class PausedWorkers(Section):
         """One cycle of copying a handled worker's keys away (cases in order: the
         worker left, unpaused, a guard holds it; then a turn of its keys)."""
         ctx = self.ctx
-        assert ctx is not None
         ws = ctx.scheduler.workers.get(h.address)
         if ws is None or worker_status(ws) != "paused":
             return  # left or unpaused: _account_pauses forgets it next cycle
         hold = self._hold(ws, census, now, starting=False)
         if hold is not None:
-            del self.handling[h.address]
+            self._unhandle(h.address)
             self._held(ws, self.clock.since.get(h.address, now), now, *hold)
             return
         if not h.pending:
@@ -507,7 +501,7 @@ class PausedWorkers(Section):
         tasks = ctx.scheduler.tasks
         has_what = ws.has_what
         todo = [ts for k in batch if (ts := tasks.get(k)) is not None and ts in has_what]
-        views, cluster = evacuation_input(ctx, todo, leaving_addresses(ctx), self.book)
+        views, cluster = evacuation_input(ctx, todo, ctx.leaving())
         room = self.sent.room(ctx.scheduler.workers, cluster)
         plan = plan_evacuation(
             views,
@@ -536,12 +530,11 @@ class PausedWorkers(Section):
         stats: dict[str, Counter[str]],
     ) -> Generator[Suggestion, Any, None]:
         ctx = self.ctx
-        assert ctx is not None
         by_key = {ts.key: ts for ts in todo}
         workers = ctx.scheduler.workers
         accepted = yield from suggest_copies(plan, by_key, workers, f"paused {h.address}")
-        for copy, ts in accepted:
-            record_copy(ctx, self.book, ts, copy.worker, now)
+        for copy, _ in accepted:
+            record_copy(ctx, self.name, copy, now)
             self.sent.record(copy.worker, copy.key, copy.nbytes, now + ctx.inflight_timeout)
             budget[0] -= copy.nbytes
             h.copies += 1
@@ -554,7 +547,7 @@ class PausedWorkers(Section):
         """Keys that may not go elsewhere: the worker stays; tried again ``after`` later."""
         settings = self.settings
         assert settings is not None
-        del self.handling[h.address]
+        self._unhandle(h.address)
         self.retry[h.address] = now + settings.after
         stuck = self.stuck[h.address] = blocked_by(plan)
         rules = sorted({rule for _, rule in stuck.values()})
@@ -595,7 +588,6 @@ class PausedWorkers(Section):
 
     async def _restart_or_retire(self, h: Handling) -> None:
         ctx = self.ctx
-        assert ctx is not None
         try:
             why = await restart_or_retire(ctx.scheduler, h.address, h.action == "restart")
         except Exception as exc:  # never let a restart take anything else down
@@ -608,7 +600,7 @@ class PausedWorkers(Section):
 
     def _done(self, h: Handling) -> None:
         settings = self.settings
-        self.handling.pop(h.address, None)
+        self._unhandle(h.address)
         if settings is not None and settings.cooldown > 0:
             self.cooling[h.name] = time.monotonic() + settings.cooldown
         step = "restarted" if h.action == "restart" else "retired"
@@ -619,7 +611,7 @@ class PausedWorkers(Section):
 
     def _failed(self, h: Handling, why: str) -> None:
         settings = self.settings
-        self.handling.pop(h.address, None)
+        self._unhandle(h.address)
         self.retry[h.address] = time.monotonic() + (settings.after if settings else 0.0)
         self.counters["failed"] += 1
         self.notes[h.address] = {**self.notes.get(h.address, {}), "state": "failed", "reason": why}
@@ -629,9 +621,7 @@ class PausedWorkers(Section):
     # -- reporting -----------------------------------------------------------------------
 
     def _emit(self, step: str, worker: str, **fields: Any) -> None:
-        ctx = self.ctx
-        if ctx is not None:
-            ctx.events.emit("paused-worker", step=step, worker=worker, **fields)
+        self.ctx.events.emit("paused-worker", step=step, worker=worker, **fields)
 
     def status(self) -> dict[str, Any]:
         """For ``amm_rules_status()["paused_workers"]``: the section, one line per paused
@@ -639,7 +629,7 @@ class PausedWorkers(Section):
         settings = self.settings
         now = time.monotonic()
         lines = []
-        workers = self.ctx.scheduler.workers if self.ctx is not None else {}
+        workers = self.ctx.scheduler.workers if self.ctx.attached else {}
         for addr in sorted(set(self.clock.since) | set(self.handling)):
             since = self.clock.since.get(addr)
             h = self.handling.get(addr)

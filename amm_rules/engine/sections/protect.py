@@ -26,11 +26,12 @@ Each cycle:
    ``max-bytes-per-cycle`` per cycle (the first copy of a cycle may exceed it), and
    none in dry-run.
 
-What it protects is :attr:`EngineContext.protected
-<amm_rules.engine.context.EngineContext.protected>` (key -> copies): reduce-replicas and
-the planner (for keys without a replication target) spare that many copies. A key that
-loses its protection joins the keys whose copies changed, so that the next cycle trims
-it as before.
+What it protects it holds (:mod:`amm_rules.engine.state.claims`, a claim keeping
+``copies`` copies): reduce-replicas and the planner (for keys without a replication
+target) spare that many copies. Its copies in flight and back-offs are the engine's
+ledger's (:mod:`amm_rules.engine.state.ledger`), which it shares with the rest of the
+engine. A key that loses its protection joins the keys whose copies changed, so that the
+next cycle trims it as before.
 
 Neighbours: :mod:`amm_rules.engine.decide.protect` chooses;
 :mod:`amm_rules.engine.sections.reduce_replicas` spares what is protected.
@@ -40,9 +41,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator, Hashable
+from collections.abc import Callable, Container, Generator, Hashable, Mapping
 from itertools import islice, takewhile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed.active_memory_manager import Suggestion
 
@@ -51,8 +52,12 @@ from amm_rules.engine.decide.protect import HYSTERESIS, Candidate, Choice, Ranki
 from amm_rules.engine.dryrun import DryRun
 from amm_rules.engine.rebalance.rebalancer import spill_thresholds
 from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.engine.state.claims import Claim
 from amm_rules.engine.words import counted, duration
 from amm_rules.language.ruleset import DRY_RUN, UNGOVERNED, ProtectSettings, Ruleset
+
+if TYPE_CHECKING:
+    from amm_rules.engine.context import EngineContext
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +118,7 @@ class _Gathering:
         desired = index.desired
         unclassified = index.dirty
         backlog = index.backlog
-        protected = ctx.protected
+        protected = ctx.claims.of(ProtectSection.name)
         match = settings.match
         add = self.ranking.add
         groups = self.groups
@@ -197,13 +202,10 @@ class ProtectSection(Section):
         "copies": ("protect_copies", "counter", "Copies the protect section asked for"),
     }
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
         self.settings: ProtectSettings | None = None
         self.dry_run = False
-        #: Copies asked for and not seen landing: key -> {address: deadline}.
-        self.inflight: dict[Hashable, dict[str, float]] = {}
-        #: Workers not to ask again for a key before a time (a copy timed out).
-        self.backoff: dict[Hashable, dict[str, float]] = {}
         #: The last choice, its budget, and the worth per byte of the last key chosen.
         self.last: Choice | None = None
         self.budget = 0
@@ -248,28 +250,30 @@ class ProtectSection(Section):
         self.dry_run = ruleset.enforcement == DRY_RUN
         self._stale = True
 
+    @property
+    def protected(self) -> Mapping[Hashable, Claim]:
+        """The keys protected: key -> the section's claim (``keeps``: its copies)."""
+        return self.ctx.claims.of(self.name)
+
     def detach(self) -> None:
-        if self.ctx is not None:
-            self._release(list(self.ctx.protected))
-            self.ctx.costs.reduced = None
-        super().detach()
+        self._release(list(self.protected))
+        self.ctx.costs.reduced = None
 
     # ------------------------------------------------------------------ the cycle
 
     def run(self, cycle: Cycle) -> Any:
         ctx = self.ctx
-        assert ctx is not None
         costs = ctx.costs
         if self.settings is None:
             costs.reduced = None  # nobody to tell
             self._gathering = None
-            if ctx.protected:
-                self._release(list(ctx.protected))
+            if self.protected:
+                self._release(list(self.protected))
             return ()
         if costs.reduced is None:
             costs.reduced = set()
         now = ctx.clock()
-        gap = CHOOSE_EVERY * (ctx.manager.interval if ctx.manager is not None else 2.0)
+        gap = CHOOSE_EVERY * ctx.amm.interval
         due = now - self._chosen_at >= gap
         changed = costs.refreshes != self._seen_refresh
         # Keys passed over for want of a classification are looked at again as soon as
@@ -292,7 +296,7 @@ class ProtectSection(Section):
             if done:
                 self.truncated = gathering.truncated
                 self._finish_choice()
-        if not ctx.protected:
+        if not self.protected:
             self._clear_holding()
             return ()
         return self._copies(cycle)
@@ -303,7 +307,7 @@ class ProtectSection(Section):
         leaves out the cheapest)."""
         ctx = self.ctx
         settings = self.settings
-        assert ctx is not None and settings is not None
+        assert settings is not None
         floor = settings.min_recompute / HYSTERESIS
         groups = [
             (seconds, list(entry.keys.values()))
@@ -319,21 +323,24 @@ class ProtectSection(Section):
         ctx = self.ctx
         settings = self.settings
         gathering = self._gathering
-        assert ctx is not None and settings is not None and gathering is not None
+        assert settings is not None and gathering is not None
         self._gathering = None
         self.slices = gathering.slices + 1
         memory = sum(max(0, ws.memory_limit or 0) for ws in ctx.scheduler.workers.values())
         self.budget = settings.budget(memory)
         choice = gathering.ranking.pick(self.budget, settings.copies, MAX_PROTECTED)
         chosen = set(choice.keys)
-        protected = ctx.protected
+        protected = self.protected
         self._release([key for key in protected if key not in chosen])
         short = self.short
         touched = ctx.index.touched
+        claims = ctx.claims
+        copies = settings.copies
+        why = f"protect keeps {copies} copies: dear to compute again"
         for key in choice.keys:
             before = protected.get(key)
-            if before != settings.copies:
-                protected[key] = settings.copies
+            if before is None or before.keeps != copies:
+                claims.hold(key, self.name, why, alone=False, keeps=copies)
                 short[key] = None
                 if before is not None:
                     touched.add(key)  # fewer copies now: back in reduce-replicas' walk
@@ -358,7 +365,6 @@ class ProtectSection(Section):
 
     def _matches(self, match: Any, ts: Any) -> bool:
         ctx = self.ctx
-        assert ctx is not None
         facts = TaskFactsAdapter(
             ts, ctx.index.demand.reads, ctx.flow.published, ctx.spans, ctx.costs.published
         )
@@ -370,18 +376,13 @@ class ProtectSection(Section):
 
     def _release(self, keys: list[Hashable]) -> None:
         """Stop protecting ``keys``: their extra copies are trimmed as before."""
-        ctx = self.ctx
-        if ctx is None:
-            return
+        touched = self.ctx.index.touched
         for key in keys:
             self._forget(key)
-            ctx.index.touched.add(key)
+            touched.add(key)
 
     def _forget(self, key: Hashable) -> None:
-        assert self.ctx is not None
-        self.ctx.protected.pop(key, None)
-        self.inflight.pop(key, None)
-        self.backoff.pop(key, None)
+        self.ctx.claims.release(self.name, (key,))
         self.short.pop(key, None)
         self.later.pop(key, None)
         self._count(key, None, 0)
@@ -394,7 +395,6 @@ class ProtectSection(Section):
             self._holding_bytes -= before[1]
         n = len(ts.who_has) if ts is not None and ts.who_has else 0
         if n >= 2:
-            assert self.ctx is not None
             seconds = self.ctx.costs.estimate(ts.group) or 0.0
             extra = max(0, ts.nbytes) * (min(n, copies) - 1)
             self._holding[key] = (seconds, extra)
@@ -410,12 +410,12 @@ class ProtectSection(Section):
         self.later.clear()
         self._sweep, self._swept = [], 0
 
-    def _to_look_at(self, full: bool, now: float) -> list[Hashable]:
+    def _to_look_at(self, full: bool, now: float, leaving: Container[str]) -> list[Hashable]:
         """The protected keys this cycle looks at (step 2 of the module docstring);
-        ``full``: the workers changed (the keys no worker could take are tried again)."""
+        ``full``: the workers changed (the keys no worker could take are tried again);
+        ``leaving``: workers whose copies do not count."""
         ctx = self.ctx
-        assert ctx is not None
-        protected = ctx.protected
+        protected = self.protected
         short = self.short
         later = self.later
         if later:
@@ -438,11 +438,12 @@ class ProtectSection(Section):
         self._swept += len(turn)
         tasks = ctx.scheduler.tasks
         for key in turn:
-            copies = protected.get(key)
-            if copies is None or key in short or key in later:
+            claim = protected.get(key)
+            if claim is None or key in short or key in later:
                 continue
+            copies = claim.keeps
             ts = tasks.get(key)
-            n = len(ts.who_has) if ts is not None and ts.who_has else 0
+            n = sum(ws.address not in leaving for ws in ts.who_has or ()) if ts is not None else 0
             if n < copies:
                 short[key] = None  # short, or gone: looked at below
             else:
@@ -453,7 +454,7 @@ class ProtectSection(Section):
         """Step 2: one more copy of each protected key short of its copies."""
         ctx = self.ctx
         settings = self.settings
-        assert ctx is not None and settings is not None and ctx.manager is not None
+        assert settings is not None
         tasks = ctx.scheduler.tasks
         workers = ctx.scheduler.workers
         now = ctx.clock()
@@ -465,11 +466,15 @@ class ProtectSection(Section):
         #: Bytes of this cycle's copies per recipient, and the spill thresholds.
         added: dict[str, int] = {}
         thresholds = spill_thresholds()
-        protected = ctx.protected
+        protected = self.protected
+        ledger = ctx.ledger
         short = self.short
-        for key in self._to_look_at(cycle.full, now):
+        # Copies on workers on their way out do not count, as the planner counts them.
+        leaving = ctx.leaving().keys()
+        for key in self._to_look_at(cycle.full, now, leaving):
             ts = tasks.get(key)
-            copies = protected.get(key, 0)
+            claim = protected.get(key)
+            copies = claim.keeps if claim is not None else 0
             if ts is None or ts.state != "memory" or not ts.who_has or not copies:
                 self._forget(key)
                 continue
@@ -480,8 +485,8 @@ class ProtectSection(Section):
                 short[key] = None
                 continue
             nbytes = max(0, ts.nbytes)
-            holders = {ws.address for ws in ts.who_has}
-            flying = self._in_flight(key, holders, workers, now, timeout)
+            holders = {ws.address for ws in ts.who_has} - leaving
+            flying = ledger.in_flight(key)
             if len(holders) >= copies:
                 continue  # held: looked at again if its copies fall (or in the sweep)
             short[key] = None
@@ -493,7 +498,9 @@ class ProtectSection(Section):
             if cluster is None:
                 cluster = ctx.cluster_view()
             room = room_for(workers, cluster, nbytes, added, thresholds)
-            target = self._recipient(ts, cluster, holders | set(flying), settings, now, room)
+            target = self._recipient(
+                ts, cluster, holders | set(flying), settings, now, leaving, room
+            )
             if target is None:
                 # No worker can take it now: looked at again in a while, or when the
                 # workers change.
@@ -519,31 +526,9 @@ class ProtectSection(Section):
                 moved += nbytes
                 self.copies += 1
                 cycle.stats[SOURCE]["requested"] += 1
-                self.inflight.setdefault(key, {})[target] = now + timeout
+                ledger.record(key, target, self.name, now + timeout, nbytes)
                 cluster.add_memory(target, nbytes)
                 added[target] = added.get(target, 0) + nbytes
-
-    def _in_flight(
-        self, key: Hashable, holders: set[str], workers: Any, now: float, timeout: float
-    ) -> dict[str, float]:
-        """The key's copies still in flight; those that landed or whose worker left are
-        forgotten, those past their deadline too, their worker backed off from."""
-        entry = self.inflight.get(key)
-        if not entry:
-            return {}
-        live = {}
-        for address, deadline in entry.items():
-            if address in holders or address not in workers:
-                continue
-            if deadline <= now:
-                self.backoff.setdefault(key, {})[address] = now + timeout
-                continue
-            live[address] = deadline
-        if live:
-            self.inflight[key] = live
-        else:
-            del self.inflight[key]
-        return live
 
     def _recipient(
         self,
@@ -552,16 +537,17 @@ class ProtectSection(Section):
         taken: set[str],
         settings: ProtectSettings,
         now: float,
+        leaving: Container[str],
         room: Callable[[str], bool],
     ) -> str | None:
         """Where the key's next copy goes: the least loaded running worker where its
-        rules let it live, with ``room`` for it, not holding it or backing off, on a new
-        host if one can take it (``spread: host``)."""
+        rules let it live, with ``room`` for it, not holding it, not leaving, not backing
+        off, on a host without a copy (``taken``: those that count) if one can take it
+        (``spread: host``)."""
         ctx = self.ctx
-        assert ctx is not None
         d = ctx.index.desired.get(ts.key, UNGOVERNED)
-        backoff = {a for a, until in self.backoff.get(ts.key, {}).items() if until > now}
-        exclude = taken | backoff
+        backoff = {a for a, until in ctx.ledger.backing_off(ts.key).items() if until > now}
+        exclude = taken | backoff | {ws.address for ws in ts.who_has} | set(leaving)
         if settings.spread == "host":
             hosts = {cluster.host(a) for a in taken if a in cluster.workers}
             choice = cluster.least_loaded(
@@ -578,7 +564,7 @@ class ProtectSection(Section):
         those still at risk."""
         ctx = self.ctx
         settings = self.settings
-        if ctx is None or settings is None:
+        if settings is None:
             return None
         choice = self.last
         keys, seconds, held = self.held
@@ -589,7 +575,7 @@ class ProtectSection(Section):
             "copies": settings.copies,
             "spread": settings.spread or "none",
             "match": settings.match_source,
-            "keys": len(ctx.protected),
+            "keys": len(self.protected),
             "reserved_bytes": choice.spent if choice is not None else 0,
             "held_bytes": held,
             "keys_held": keys,
@@ -601,7 +587,7 @@ class ProtectSection(Section):
             "examined_limit_reached": self.truncated,
             "choosing": self._gathering is not None,
             "choice_cycles": self.slices,
-            "in_flight": sum(len(v) for v in self.inflight.values()),
+            "in_flight": len(ctx.ledger.asked_by(self.name)),
             "copies_requested": self.copies,
             "would_copy": self.would_copy,
             "dry_run": self.dry_run,
@@ -609,23 +595,23 @@ class ProtectSection(Section):
 
     def explain(self, ts: Any, now: float) -> dict[str, Any] | None:
         """Whether the key is protected, and if not, why."""
-        ctx = self.ctx
-        settings = self.settings
-        if ctx is None or settings is None:
+        if self.settings is None:
             return None
         key = ts.key
-        if key in ctx.protected:
+        claim = self.protected.get(key)
+        if claim is not None:
+            flying = self.ctx.ledger.in_flight(key)
             return {
                 "protected": True,
-                "copies": ctx.protected[key],
-                "in_flight": sorted(self.inflight.get(key, {})),
+                "copies": claim.keeps,
+                "in_flight": sorted(a for a, c in flying.items() if c.by == self.name),
             }
         return {"protected": False, "why": self._why_not(ts)}
 
     def _why_not(self, ts: Any) -> str:
         ctx = self.ctx
         settings = self.settings
-        assert ctx is not None and settings is not None
+        assert settings is not None
         d = ctx.index.desired.get(ts.key)
         if d is not None and d.replicate is not None:
             return f"its replication target decides its copies ({d.reasons['replicate']})"
@@ -653,12 +639,9 @@ class ProtectSection(Section):
 
     def metrics(self) -> dict[str, float]:
         """Zeros without a protect section (the series exist whatever the rules)."""
-        ctx = self.ctx
-        if ctx is None:
-            return {}
         _, seconds, _ = self.held
         return {
-            "keys": float(len(ctx.protected)),
+            "keys": float(len(self.protected)),
             "bytes": float(self.last.spent if self.last is not None else 0),
             "budget_bytes": float(self.budget),
             "seconds": seconds,

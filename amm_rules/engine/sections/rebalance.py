@@ -1,20 +1,19 @@
 """The rebalance section: the ``rebalance:`` part of the rules in the policy's cycle.
 
-It runs after replication (whose copies count in the loads and whose keys stay put)
-and before reduce-replicas (which must spare keys mid-move, :attr:`RebalanceSection.moving`).
 The work is the :class:`~amm_rules.engine.rebalance.rebalancer.Rebalancer`'s, which lives
-as long as the policy (hot reloads keep its moves in flight); its suggestions are held
-back by dry-run and journalled here.
+as long as the policy (hot reloads keep its moves in flight, in the engine's ledger);
+its suggestions are held back by dry-run and journalled here. The section holds the key
+of each move in flight (:mod:`amm_rules.engine.state.claims`: its copies stay, so that
+no other section drops the new copy and undoes the move) until the move settles.
 
-Neighbours: :mod:`amm_rules.engine.rebalance` plans and settles the moves; the
-replication section defers trimming a key in :attr:`RebalanceSection.moving`.
+Neighbours: :mod:`amm_rules.engine.rebalance` plans and settles the moves.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Generator, Hashable
-from typing import Any
+from collections.abc import Generator, Hashable
+from typing import TYPE_CHECKING, Any
 
 from distributed.active_memory_manager import Suggestion
 
@@ -24,6 +23,9 @@ from amm_rules.engine.rebalance.rebalancer import EXAMPLES_KEPT, Rebalancer
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.language.ruleset import Ruleset
 
+if TYPE_CHECKING:
+    from amm_rules.engine.context import EngineContext
+
 
 class RebalanceSection(Section):
     """Rebalancing by the rules (see the module docstring)."""
@@ -32,38 +34,29 @@ class RebalanceSection(Section):
     status_key = "rebalance"
     explain_key = "rebalance"
 
-    def __init__(self) -> None:
-        #: The ``rebalance:`` section at work; kept across reloads (moves in flight).
-        self.rebalancer = Rebalancer()
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
+        #: The ``rebalance:`` section at work; kept across reloads (moves in flight,
+        #: kept in the ledger).
+        self.rebalancer = rebalancer = Rebalancer(ctx.ledger.moves)
+        rebalancer.reads = ctx.index.demand.reads
+        rebalancer.flow = ctx.flow.published
+        rebalancer.costs = ctx.costs.published
 
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
         self.rebalancer.configure(ruleset.rebalance, self._match_error)
 
     def _match_error(self, exc: Exception) -> None:
-        if self.ctx is not None:
-            self.ctx.events.rule_error("rebalance.match", exc)
-
-    def attach(self, ctx: Any) -> None:
-        super().attach(ctx)
-        self.rebalancer.reads = ctx.index.demand.reads
-        self.rebalancer.flow = ctx.flow.published
-        self.rebalancer.costs = ctx.costs.published
-
-    @property
-    def moving(self) -> Collection[Hashable]:
-        """Keys with a move in flight: other trimming must leave their copies alone."""
-        return self.rebalancer.moving
+        self.ctx.events.rule_error("rebalance.match", exc)
 
     def run(self, cycle: Cycle) -> Any:
         if self.rebalancer.idle:
-            if self.ctx is not None:
-                self.ctx.index.moving = {}
+            self.ctx.index.moving = {}
             return ()
         return self._run(cycle)
 
     def _run(self, cycle: Cycle) -> Generator[Suggestion, Any, None]:
         ctx = self.ctx
-        assert ctx is not None
         index = ctx.index
         rebalancer = self.rebalancer
         moves = rebalancer.run(
@@ -71,7 +64,7 @@ class RebalanceSection(Section):
             ctx.manager,
             now=cycle.now,
             desired=index.desired,
-            inflight=index.inflight,
+            inflight=ctx.ledger.copies,
             cluster=ctx.cluster_view,
             stats=cycle.stats,
             adopt=self._adopt_copy,
@@ -80,9 +73,28 @@ class RebalanceSection(Section):
         held = ctx.dry_run.rebalance_label(index.desired)
         journaled = ctx.journal.rebalancing(moves, rebalancer.book.pending, held)
         yield from ctx.dry_run.rebalancing(journaled, index.desired, cycle.stats)
+        self._hold_moves()
         # The moves in flight now (the book's table is a new one after each settling):
         # a copy landing wakes the policy for its drop.
         index.moving = rebalancer.book.pending
+
+    def _hold_moves(self) -> None:
+        """Hold the keys of the moves in flight (their copies stay), and let go of those
+        of the moves settled."""
+        claims = self.ctx.claims
+        pending = self.rebalancer.book.pending
+        held = claims.of(self.name)
+        gone = [key for key in held if key not in pending]
+        if gone:
+            claims.release(self.name, gone)
+        for key, p in pending.items():
+            if key not in held:
+                claims.hold(
+                    key,
+                    self.name,
+                    f"a move from {p.sender} to {p.recipient}",
+                    alone=False,
+                )
 
     def _adopt_copy(self, key: Hashable, worker: str) -> None:
         """A move given up after its copy landed on ``worker`` (the key's replication
@@ -90,14 +102,13 @@ class RebalanceSection(Section):
         of the engine's that just landed, so that a trim takes it last (no drop from the
         worker a copy was just sent to)."""
         ctx = self.ctx
-        assert ctx is not None
         if key in ctx.index.desired:
-            deadline = ctx.clock() + ctx.inflight_timeout
-            ctx.index.inflight.setdefault(key, {})[worker] = deadline
+            # In flight as far as the ledger knows: found landed at the next cycle.
+            ctx.ledger.record(key, worker, self.name, ctx.clock() + ctx.inflight_timeout)
 
-    def cycle_summary(self) -> dict[str, Any]:
+    def cycle_summary(self, into: dict[str, Any]) -> bool:
         """This cycle's facts for the ``cycle`` event (see Rebalancer.cycle_summary)."""
-        return self.rebalancer.cycle_summary()
+        return self.rebalancer.cycle_summary(into)
 
     def explain(self, ts: Any, now: float) -> dict[str, Any] | None:
         """Whether the key is mid-move or cooling down; ``None`` if neither."""

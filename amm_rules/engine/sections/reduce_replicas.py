@@ -6,16 +6,18 @@ the rules file's ``reduce-replicas`` is on. :meth:`ReduceReplicasSection.run` re
 the :func:`reduce_replicas` generator itself, for the policy to delegate to directly:
 every suggestion passes through each generator between the AMM and the one yielding it,
 and this one yields a drop per excess copy (120,000 per cycle at a million keys in the
-scale benchmark). It runs after the rebalance and protect sections, spares the keys
-mid-move, and leaves a protected key its copies (the ``protect:`` section's, one per host
-first: :func:`~amm_rules.engine.adapters.kept_copies`); a protected key holding no more
-leaves the walk until its copies or its protection change.
+scale benchmark). It honours the claims
+(:mod:`amm_rules.engine.state.claims`): a key held whole (a move in flight, a
+``replicate`` call copying it) keeps its copies, and a key held for a number of copies
+(the ``protect:`` section's) keeps that many, one per host first
+(:func:`~amm_rules.engine.adapters.kept_copies`); a key holding no more leaves the walk
+until its copies or the hold change.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Generator, Hashable, Iterable, Mapping
+from collections.abc import Container, Generator, Iterable, Mapping
 from typing import Any
 
 from distributed.active_memory_manager import Suggestion
@@ -23,7 +25,7 @@ from distributed.active_memory_manager import Suggestion
 from amm_rules.engine.adapters import kept_copies, stock_waiter_count
 from amm_rules.engine.decide.plan import DEFAULT_SOURCE, reduce_replicas_excess
 from amm_rules.engine.sections.base import Cycle, Section
-from amm_rules.engine.sections.rebalance import RebalanceSection
+from amm_rules.engine.state.claims import Claims
 from amm_rules.engine.state.demand import DemandTracker
 from amm_rules.engine.state.index import KeyIndex
 
@@ -45,10 +47,10 @@ else:  # pragma: no cover - another layout of Suggestion in a later distributed
 def reduce_replicas(
     index: KeyIndex,
     pending: Mapping[Any, Any],
-    moving: Collection[Hashable],
+    claims: Claims,
     stats: dict[str, Counter[str]],
     now: float = 0.0,
-    protected: Mapping[Hashable, int] | None = None,
+    away: Container[str] = (),
 ) -> Generator[Suggestion, Any, None]:
     """The stock ReduceReplicas, for keys nobody governs: keep one copy plus one per
     worker where waiters of the key run (see :func:`~amm_rules.engine.adapters.stock_waiter_count`),
@@ -56,10 +58,12 @@ def reduce_replicas(
     the keys nobody governs that hold several copies (``index.replicated_free``),
     which is the scheduler's ``replicated_tasks`` without the governed keys.
 
-    ``pending`` is the AMM's ``manager.pending``; ``moving`` the keys mid-move (the
-    rebalancer drops their extra copy itself); ``stats`` gets the drops, under the
+    ``pending`` is the AMM's ``manager.pending``; ``claims`` the keys other sections
+    hold (a move drops its extra copy itself); ``stats`` gets the drops, under the
     ungoverned label. Copies the ``demand:`` hold keeps at time ``now`` are never
-    dropped (see :meth:`~amm_rules.engine.state.demand.DemandTracker.held_copies`)."""
+    dropped (see :meth:`~amm_rules.engine.state.demand.DemandTracker.held_copies`);
+    those a claim keeps are kept on workers that stay first (``away``: the workers the
+    sections send away)."""
     replicated = index.replicated_free
     demand: DemandTracker = index.demand
     # Keys read recently (only with a demand hold): the few that need a closer look.
@@ -79,6 +83,7 @@ def reduce_replicas(
     # as the stock policy; the AMM copies ``who_has`` itself and picks the most
     # loaded holder). The suggestion is built once per key (see _drop_suggestion).
     drop_suggestion = _drop_suggestion
+    claimed = claims.held
     for key, ts in replicated.items():
         who_has = ts.who_has
         # (Governed keys are never here: KeyIndex.put takes them out.) Only a key in
@@ -86,17 +91,18 @@ def reduce_replicas(
         if who_has is None or len(who_has) < 2:
             stale.append(key)
             continue
-        if protected and len(who_has) <= protected.get(key, 0):
-            # A protected key holding no more than its copies: out of the walk until it
-            # gains a copy or loses its protection (either makes it touched).
-            stale.append(key)
-            continue
-        if (
-            (moving and key in moving)
-            or (unclassified and key in unclassified)
-            or (backlog and key in backlog)
-        ):
-            continue  # mid-move (the move drops its extra copy), or not classified yet
+        kept = 0
+        if claimed and key in claimed:
+            kept = claims.keeps(key)
+            if len(who_has) <= kept:
+                # Held for no fewer copies than it has: out of the walk until it gains a
+                # copy or the hold changes (either makes it touched).
+                stale.append(key)
+                continue
+            if claims.keeping(key) is not None:
+                continue  # held whole (a move drops its extra copy itself)
+        if (unclassified and key in unclassified) or (backlog and key in backlog):
+            continue  # not classified yet
         if ts.waiters:
             excess = reduce_replicas_excess(len(who_has), stock_waiter_count(ts))
         else:
@@ -108,12 +114,12 @@ def reduce_replicas(
         if excess <= 0:
             continue
         drop = drop_suggestion(ts)
-        if protected and key in protected:
-            kept = kept_copies(who_has, protected[key])
-            excess = min(excess, len(who_has) - len(kept))
+        if kept:
+            spared = kept_copies(who_has, kept, away)
+            excess = min(excess, len(who_has) - len(spared))
             if excess <= 0:
                 continue
-            drop = Suggestion("drop", ts, {ws for ws in who_has if ws.address not in kept})
+            drop = Suggestion("drop", ts, {ws for ws in who_has if ws.address not in spared})
         if last_read and key in last_read:
             held = demand.held_copies(ts, now)
             if held:
@@ -136,11 +142,9 @@ class ReduceReplicasSection(Section):
 
     def run(self, cycle: Cycle) -> Iterable[Suggestion]:
         ctx = self.ctx
-        assert ctx is not None and ctx.manager is not None
         if not ctx.ruleset.reduce_replicas:
             return ()
-        rebalance = ctx.find(RebalanceSection)
-        moving = rebalance.moving if rebalance is not None else ()
+        away = ctx.departures.workers
         return reduce_replicas(
-            ctx.index, ctx.manager.pending, moving, cycle.stats, ctx.clock(), ctx.protected
+            ctx.index, ctx.amm.pending, ctx.claims, cycle.stats, ctx.clock(), away
         )

@@ -1,46 +1,40 @@
 """The replication section: each governed key's target, pool, avoid, spread and
 ``move: never``, held every cycle.
 
-One cycle of it:
+One cycle of it, at the cycle's planning time (after the classification step):
 
-1. classifies the keys that entered memory (or got a runtime target) since the last
-   cycle, within the cycle's classification budget
-   (:class:`~amm_rules.engine.decide.classify.Classifier`, :class:`~amm_rules.engine.decide.classify_budget.ClassifyBudget`),
-   filing governed ones in the :class:`~amm_rules.engine.state.index.KeyIndex`;
-2. routes keys whose copies changed (governed ones are checked, the others join
+1. routes keys whose copies changed (governed ones are checked, the others join
    reduce-replicas' walk) and gives up copies in flight from workers that died;
-3. checks every governed key with one cheap comparison (all of them after workers
-   changed, else those that changed), and plans the few that fail it, or have copies in
-   flight, with :func:`amm_rules.engine.decide.plan.plan_key`;
-4. yields a ``Suggestion`` per planned action, with the chosen worker as the only
-   candidate (held back for keys in dry-run), and remembers the copies the AMM accepted
-   (with a deadline) and what each plan left short.
+2. checks every governed key with one cheap comparison (all of them after workers
+   changed, else those that changed or were just classified), and plans the few that
+   fail it, or have copies in flight or just landed, with
+   :func:`amm_rules.engine.decide.plan.plan_key`;
+3. yields a ``Suggestion`` per planned action, with the chosen worker as the only
+   candidate (held back for keys in dry-run), records the copies the AMM accepted in the
+   ledger (with a deadline) and remembers what each plan left short.
 
-Neighbours: :mod:`amm_rules.engine.decide.plan` decides; the rebalance section's moves
-(:attr:`~amm_rules.engine.sections.rebalance.RebalanceSection.moving`) and the legacy
-calls' copies (:attr:`~amm_rules.engine.sections.legacy.LegacyCalls.copying`) are
-left alone here, and so are the keys a drain will copy in its order of value
-(:attr:`~amm_rules.engine.sections.drain.DrainSection.paced`).
+Keys another section holds (:mod:`amm_rules.engine.state.claims`) are left alone (a
+``replicate`` call copying them, a drain copying them in its order of value) or keep
+their copies (a move in flight); a worker leaving that keeps its copies until it goes (a
+drain's) is dropped from by nobody (:meth:`~amm_rules.engine.context.EngineContext.leaving`).
+
+Neighbours: :mod:`amm_rules.engine.decide.plan` decides;
+:mod:`amm_rules.engine.sections.classification` files what this plans.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
-from collections.abc import Generator, Hashable, Iterable, Mapping
+from collections.abc import Generator, Hashable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine import key_logger
-from amm_rules.engine.decide.classify_budget import ClassifyBudget
 from amm_rules.engine.decide.plan import plan_key
 from amm_rules.engine.dryrun import HELD_BACK
 from amm_rules.engine.sections.base import Cycle, Section
-from amm_rules.engine.sections.drain import DrainSection
-from amm_rules.engine.sections.legacy import LegacyCalls
-from amm_rules.engine.sections.rebalance import RebalanceSection
 from amm_rules.engine.state.governed import PlanClass
 from amm_rules.engine.state.index import KeyIndex
 from amm_rules.engine.state.journal import shortfall
@@ -51,32 +45,21 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class Replication(Section):
-    """Replication targets and placement of the governed keys (see the module docstring).
+#: The owner of the copies the planner asks for (in the ledger).
+OWNER = "replication"
 
-    ``classify_seconds``, ``classify_keys``: the classification budget of one cycle (see
-    :class:`~amm_rules.engine.policy.RulesPolicy`)."""
+
+class Replication(Section):
+    """Replication targets and placement of the governed keys (see the module docstring)."""
 
     name = "replication"
 
-    def __init__(self, classify_seconds: float | None = 0.1, classify_keys: int | None = None):
-        #: The classification budget of a cycle: seconds (of the whole cycle) and keys.
-        self.classify_seconds = None if classify_seconds is None else float(classify_seconds)
-        self.classify_keys = None if classify_keys is None else max(1, int(classify_keys))
-        #: How much of the cycle the classification loop may take (see ClassifyBudget).
-        self.classify_budget = ClassifyBudget()
-
-    # ------------------------------------------------------------------ the cycle
-
     def run(self, cycle: Cycle) -> Generator[Suggestion, Any, None]:
         ctx = self.ctx
-        assert ctx is not None
-        cycle.ended.append(self.classify_budget.cycle_ended)
-        filed = self._classify_dirty(ctx, cycle)
         self._absorb_touched(ctx.index, ctx.scheduler.tasks)
         self._give_up_orphaned_copies(ctx)
-
-        now = cycle.now = ctx.clock()
+        filed = cycle.filed
+        now = cycle.now
         stats = cycle.stats
         for label, n in ctx.index.governed.governed_by.items():
             stats[label]["governed"] = n
@@ -86,63 +69,6 @@ class Replication(Section):
             yield from ctx.dry_run.replication(
                 self._plan_and_suggest(ctx, todo, now, stats), ctx.index.desired, stats
             )
-
-    def _classify_dirty(self, ctx: EngineContext, cycle: Cycle) -> dict[PlanClass, list[Any]]:
-        """Resolve the keys that entered memory (or got a runtime target) since the last
-        cycle, within the cycle's classification budget, and file governed ones in the
-        index. Returns the tasks filed that may need action (their suspects, see
-        :meth:`KeyIndex.suspects`), by plan class; all of them when the cycle is full
-        (every governed key is checked in this cycle anyway). The keys not reached wait
-        for the next cycles (see :meth:`KeyIndex.classify
-        <amm_rules.engine.state.index.KeyIndex.classify>`), and are neither planned nor
-        reduced until then. Keys that are no longer governed join ``index.touched``, so
-        that reduce-replicas finds them if they hold several copies."""
-        index = ctx.index
-        classifier = ctx.classifier
-        scheduler = ctx.scheduler
-        if classifier.replicas_sensitive:
-            # A match reading task.replicas can change its mind when copies come and go.
-            index.reclassify(index.touched)
-        ctx.journal.backlog = 0
-        demand = index.demand
-        if demand.touched:
-            if classifier.demand_sensitive:
-                # A match reading task.waiters or task.reads: dependents came or went.
-                tasks = scheduler.tasks
-                index.reclassify(k for k in demand.touched if k in tasks)
-            demand.touched.clear()
-        if not index.unclassified:
-            return {}
-        task_groups = scheduler.task_groups
-        if classifier.groups_remembered > 2 * len(task_groups) + 1_000:
-            classifier.forget_groups(task_groups)
-        limit = index.unclassified if self.classify_keys is None else self.classify_keys
-        check = None
-        if not cycle.full:
-            reduce_replicas = ctx.ruleset.reduce_replicas
-            placement_of = ctx.placements.of
-
-            def check(cls: PlanClass, members: list[Any]) -> Iterable[Any]:
-                return index.suspects(cls, placement_of(cls), reduce_replicas, members)
-
-        began = time.perf_counter()
-        # The budget is the cycle's: the loop stops early enough for the rest of the
-        # cycle (filing, checking, planning what it classified) to fit too.
-        budget = self.classify_budget
-        deadline = (
-            None
-            if self.classify_seconds is None
-            else budget.deadline(cycle.started, began, self.classify_seconds)
-        )
-        filed, done = index.classify(classifier, scheduler.tasks, limit, deadline, check)
-        left = index.unclassified
-        if left:
-            if deadline is not None and index.loop_ended >= deadline:
-                # (Learnt only from loops the deadline stopped, not the key limit.)
-                budget.stopped(began, index.loop_ended)
-            logger.debug("amm-rules: classified %d keys; %d left for the next cycles", done, left)
-        ctx.journal.backlog = left
-        return filed
 
     @staticmethod
     def _absorb_touched(index: KeyIndex, tasks: Mapping[Hashable, Any]) -> None:
@@ -179,14 +105,12 @@ class Replication(Section):
         The dependents are read for keys that lost a holder, and then each cycle only
         for those whose fetches go on."""
         index = ctx.index
+        ledger = ctx.ledger
         tasks = ctx.scheduler.tasks
-        assert ctx.manager is not None
-        until = ctx.clock() + ctx.manager.interval / 2
+        until = ctx.clock() + ctx.amm.interval / 2
         read: set[Hashable] = set()
         for key in index.source_lost:
-            entry = index.inflight.pop(key, None)
-            if entry:
-                pass_over(index, key, entry, until)
+            ledger.give_up(key, until)
             fetching = _fetching_for_dependents(tasks.get(key))
             read.add(key)
             if fetching:
@@ -198,7 +122,7 @@ class Replication(Section):
             if not workers:
                 del index.fetching[key]
                 continue
-            pass_over(index, key, workers, until)
+            ledger.back_off(key, workers, until)
 
     @staticmethod
     def _suspects(
@@ -209,8 +133,9 @@ class Replication(Section):
     ) -> dict[Hashable, Any]:
         """Governed keys that may need action this cycle (see KeyIndex.suspects): all
         of them after workers changed, else only those just filed (``filed``, by plan
-        class: the suspects among them, see _classify_dirty), those whose copies
-        changed, those with copies in flight and those left to look at again."""
+        class: the suspects among them, see the classification step), those whose copies
+        changed, those with copies in flight or just landed and those left to look at
+        again."""
         index = ctx.index
         placements = ctx.placements
         reduce_replicas = ctx.ruleset.reduce_replicas
@@ -231,10 +156,12 @@ class Replication(Section):
                 for ts in members:
                     todo[ts.key] = ts
         tasks = ctx.scheduler.tasks
-        for key in index.inflight:
-            ts = tasks.get(key)
-            if ts is not None:
-                todo[key] = ts
+        desired = index.desired
+        ledger = ctx.ledger
+        for keys in (ledger.copies, ledger.settled_keys()):
+            for key in keys:
+                if key in desired and (ts := tasks.get(key)) is not None:
+                    todo[key] = ts
         if index.shortfall:
             # Checked this cycle and not to be planned: they hold their target now.
             checked = index.shortfall.keys() if full else recheck & index.shortfall.keys()
@@ -257,30 +184,29 @@ class Replication(Section):
         stats: dict[str, Counter[str]],
     ) -> Generator[Suggestion, Any, None]:
         index = ctx.index
+        ledger = ctx.ledger
         cluster = ctx.cluster_view()
         settings = ctx.settings(now)
-        assert ctx.manager is not None
-        pending = ctx.manager.pending
+        deadline = now + settings.inflight_timeout
+        pending = ctx.amm.pending
         workers = ctx.scheduler.workers
-        rebalance = ctx.find(RebalanceSection)
-        moving = rebalance.moving if rebalance is not None else ()
         journal = ctx.journal
-        legacy = ctx.find(LegacyCalls)
-        copying = legacy.copying if legacy is not None else ()
-        drain = ctx.find(DrainSection)
-        paced = drain.paced if drain is not None else ()
-        draining = drain.emptying() if drain is not None else ()
+        claims = ctx.claims
+        held = claims.held
+        keeping = {a for a, d in ctx.departures.workers.items() if d.keeps_copies}
         placements = ctx.placements
         dry_run = ctx.dry_run
         for key, ts in todo.items():
             desired = index.desired.get(key)
-            if desired is None or ts.state != "memory":
-                index.inflight.pop(key, None)
+            if desired is None:
                 continue
-            if key in copying:
-                continue  # a replicate or scatter call is copying it: looked at after
-            if paced and key in paced:
-                index.recheck.add(key)  # a drain copies it in its turn: looked at then
+            if ts.state != "memory":
+                ledger.forget(key)
+                continue
+            if held and key in held and claims.alone(key) is not None:
+                # Another section's (a replicate call copying it, a drain copying it in
+                # its turn): looked at again once it lets go.
+                index.recheck.add(key)
                 continue
             plan = plan_key(ctx.key_view(ts, desired, pending, now), cluster, settings)
             if plan.unmet and not placements.class_unmet(PlanClass.of(desired)):
@@ -292,15 +218,10 @@ class Replication(Section):
                 ws = workers.get(action.worker)
                 if ws is None:  # pragma: no cover - the view was built from these workers
                     continue
-                if action.op == "drop" and key in moving:
-                    # Mid-move the key holds one extra copy until the move's own drop;
-                    # trimming now could drop the new copy and undo the move.
-                    plan.deferred.append(f"drop from {action.worker} waits: key mid-move")
-                    continue
-                if action.op == "drop" and action.worker in draining:
-                    # A draining worker keeps its copies until it leaves: if it
-                    # outlives its deadline, nothing was lost.
-                    plan.deferred.append(f"drop from {action.worker} waits: it is draining")
+                if action.op == "drop" and (
+                    why := self._drop_waits(key, action.worker, keeping, now)
+                ):
+                    plan.deferred.append(why)
                     continue
                 choice = yield Suggestion(action.op, ts, {ws})
                 accepted = choice is not None
@@ -324,11 +245,11 @@ class Replication(Section):
                 if action.op == "replicate":
                     if accepted:
                         stats[action.source]["requested"] += 1
+                        ledger.record(key, action.worker, OWNER, deadline)
                     else:
                         plan.inflight.pop(action.worker, None)
                 elif accepted:
                     stats[action.source]["dropped"] += 1
-            index.store_plan(key, plan)
             if plan.misplaced and (plan.deferred or refused):
                 index.trim_waits.add(key)  # a dependent finishing wakes a cycle
             else:
@@ -349,13 +270,18 @@ class Replication(Section):
                 # waiters that may finish.
                 index.recheck.add(key)
 
-
-def pass_over(index: KeyIndex, key: Hashable, workers: Iterable[str], until: float) -> None:
-    """Ask none of ``workers`` for a copy of ``key`` before ``until`` (or later, if
-    they were passed over for longer already)."""
-    backoff = index.backoff.setdefault(key, {})
-    for addr in workers:
-        backoff[addr] = max(backoff.get(addr, until), until)
+    def _drop_waits(self, key: Hashable, worker: str, keeping: set[str], now: float) -> str:
+        """Why a planned drop of ``key`` from ``worker`` waits ("" if it does not): a
+        claim keeps every copy (mid-move the key holds one extra copy until the move's
+        own drop: trimming now could drop the new copy and undo the move), or the worker
+        keeps its copies until it leaves (``keeping``: a drain's; if it outlives its
+        deadline, nothing was lost)."""
+        claims = self.ctx.claims
+        if claims.held and (claim := claims.keeping(key)) is not None:
+            return f"drop from {worker} waits: {claim.sentence(now)}"
+        if worker in keeping:
+            return f"drop from {worker} waits: it keeps its copies until it leaves"
+        return ""
 
 
 def _fetching_for_dependents(ts: Any) -> list[str]:

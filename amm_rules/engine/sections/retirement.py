@@ -25,20 +25,24 @@ cycle later. Here:
 - :meth:`RulesRetireWorker.done` waits until every key is held where the rules want it
   on the workers that stay (the stock one waits for any second copy, even one on
   another retiring worker);
-- a retirement with a deadline (a *drain*, :mod:`amm_rules.engine.sections.drain`) has a
-  :class:`Pacer` in :attr:`Retirements.pacers`: it orders the worker's keys by value
-  before they are planned, lets through only the copies that fit its window of bytes in
-  flight, takes the keys that cannot move off the plan (a drain reports them as lost
-  rather than refusing: the worker leaves at the deadline anyway), and the retiring
-  worker's own copies are not dropped (its copies vanish with it);
-- :class:`DownscalingGuard`, a scheduler plugin, keeps out of adaptive scale-down's
-  candidates the workers whose departure the rules would refuse: adaptive closes the
-  workers it chose whether or not their retirement succeeded. ``workers_to_close`` is
-  also called by reads (``adaptive_target``, which a ``/metrics`` scrape and the
-  dashboard call): the guard's decision is counted and logged only when a retirement
-  of one of the workers it let through follows it.
+- a worker whose departure has a pacer (a *drain*, :mod:`amm_rules.engine.sections.drain`,
+  says so on the context: :mod:`amm_rules.engine.state.leaving`): the pacer orders the
+  worker's keys by value before they are planned, lets through only the copies that fit
+  its window of bytes in flight, takes the keys that cannot move off the plan (a drain
+  reports them as lost rather than refusing: the worker leaves at the deadline anyway);
+  a departure that keeps its copies until it goes (a drain's) has none dropped (its
+  copies vanish with it);
+- adaptive scale-down closes the workers it chose whether or not their retirement
+  succeeded: which workers it may choose is the adaptive section's guard
+  (:mod:`amm_rules.engine.sections.adaptive`), whose departures order their keys by
+  value too (and let every copy through at once).
 
-Neighbours: the policy runs :class:`Retirements` as a section (attach, detach, status); :mod:`amm_rules.engine.sections.paused_workers` uses :func:`evacuation_input` and :class:`CopyBook`.
+The copies a retirement asks for are in the engine's ledger (asked by
+:func:`~amm_rules.engine.state.leaving.retirement_owner`), where the planner counts them.
+
+Neighbours: the policy runs :class:`Retirements` as a section off the cycle (attach,
+detach, status); :mod:`amm_rules.engine.evacuation` is the work it shares with the
+paused-workers section and the drains.
 """
 
 from __future__ import annotations
@@ -47,175 +51,32 @@ import logging
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Generator, Hashable, Iterable, Mapping
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Generator, Hashable
+from typing import TYPE_CHECKING, Any
 
 from distributed.active_memory_manager import RetireWorker, Suggestion
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from amm_rules.engine import key_logger
-from amm_rules.engine.adapters import worker_status
-from amm_rules.engine.decide.evacuate import (
-    Copy,
-    Evacuation,
-    leaving_view,
-    needed_copies,
-    plan_evacuation,
+from amm_rules.engine.decide.evacuate import Evacuation, needed_copies, plan_evacuation
+from amm_rules.engine.decide.view import ClusterView, KeyView
+from amm_rules.engine.evacuation import (
+    dry_run_keys,
+    evacuation_input,
+    record_copy,
+    shown_keys,
+    suggest_copies,
 )
-from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
-from amm_rules.engine.features import DOWNSCALING, RETIRING, Feature
+from amm_rules.engine.features import RETIRING, Feature
 from amm_rules.engine.sections.base import Section
-from amm_rules.language.ruleset import UNGOVERNED, Desired
+from amm_rules.engine.state.leaving import retirement_owner
 
 if TYPE_CHECKING:
     from amm_rules.engine.context import EngineContext
 
 logger = logging.getLogger(__name__)
 
-#: Keys named in an event or a status line (the count is always given).
-KEYS_SHOWN = 20
-
-#: Seconds within which a retirement must follow the downscaling guard's decision for
-#: the decision to count: adaptive retires the workers it chose right after choosing
-#: them (``retire_workers(n=...)`` in the same call).
-GUARD_FOLLOW_SECONDS = 10.0
-
 #: The Retirements of the RulesPolicy attached to each manager.
 _ENGINES: weakref.WeakKeyDictionary[Any, Retirements] = weakref.WeakKeyDictionary()
-
-
-# --------------------------------------------------------------------------------------
-# Glue shared with the paused-workers section
-# --------------------------------------------------------------------------------------
-
-
-class CopyBook:
-    """Copies asked for off leaving workers, for keys nobody governs: key -> {address:
-    deadline}. (A governed key's copies go to the index's in-flight table, where the
-    planner counts them.)"""
-
-    def __init__(self) -> None:
-        self.entries: dict[Hashable, dict[str, float]] = {}
-
-    def get(self, key: Hashable) -> dict[str, float]:
-        return self.entries.get(key, {})
-
-    def prune(self, now: float) -> None:
-        """Forget copies whose deadline passed (landed or given up alike)."""
-        for key in [k for k, e in self.entries.items() if all(d <= now for d in e.values())]:
-            del self.entries[key]
-
-
-def desired_of(ctx: EngineContext, ts: Any) -> Desired:
-    """What the rules want for a key in memory, classifying it now if the policy has not
-    yet (it entered memory since the last cycle)."""
-    index = ctx.index
-    key = ts.key
-    if index.may_be_unclassified(key):
-        desired = ctx.resolve(ts)
-        index.dirty.pop(key, None)
-        index.unqueue(key)
-        if desired.governed:
-            index.put(key, ts, desired)
-        else:
-            index.unindex(key)
-        return desired
-    return index.desired.get(key, UNGOVERNED)
-
-
-def leaving_addresses(ctx: EngineContext) -> set[str]:
-    """Workers whose copies are about to vanish: retiring or closing, or being emptied
-    by a section (the paused-workers section's, see :meth:`Section.emptying`)."""
-    out = {a for a, ws in ctx.scheduler.workers.items() if worker_status(ws) == "closing"}
-    for section in ctx.sections:
-        out.update(section.emptying())
-    return out
-
-
-def ensure_pools(ctx: EngineContext) -> None:
-    """Pool membership of the workers that joined since the policy's last cycle: a
-    retirement may come before that cycle."""
-    assert ctx.manager is not None
-    ctx.placements.include_new_workers(ctx.manager.measure)
-
-
-def evacuation_input(
-    ctx: EngineContext, tasks: Iterable[Any], leaving: Iterable[str], book: CopyBook
-) -> tuple[list[KeyView], ClusterView]:
-    """Key views of ``tasks`` and the cluster with ``leaving`` marked, for
-    :func:`~amm_rules.engine.decide.evacuate.plan_evacuation`."""
-    ensure_pools(ctx)
-    manager = ctx.manager
-    pending = getattr(manager, "pending", None)  # only exists during an AMM cycle
-    cluster = leaving_view(ctx.cluster_view().workers.values(), leaving)
-    views = []
-    dry_run = ctx.dry_run
-    for ts in tasks:
-        desired = desired_of(ctx, ts)
-        view = ctx.key_view(ts, desired, pending)
-        if not desired.governed:
-            view = replace(view, inflight=book.get(ts.key))
-        elif dry_run.keys_active and dry_run.label(desired) is not None:
-            # In dry-run its rules do not act: placed as if nothing governed it (one
-            # copy on any worker that stays), its copies in flight kept.
-            view = replace(view, desired=UNGOVERNED)
-        views.append(view)
-    return views, cluster
-
-
-def dry_run_keys(ctx: EngineContext, views: Iterable[KeyView]) -> list[Hashable]:
-    """The keys of ``views`` that their rules govern but placed as ungoverned: in
-    dry-run (see :func:`evacuation_input`)."""
-    governed = ctx.index.desired
-    return [v.key for v in views if not v.desired.governed and v.key in governed]
-
-
-def record_copy(ctx: EngineContext, book: CopyBook, ts: Any, address: str, now: float) -> None:
-    """Remember a copy the AMM accepted, until it lands or its deadline passes."""
-    deadline = now + ctx.inflight_timeout
-    table = ctx.index.inflight if ts.key in ctx.index.desired else book.entries
-    table.setdefault(ts.key, {})[address] = deadline
-
-
-def suggest_copies(
-    plan: Evacuation, by_key: Mapping[Hashable, Any], workers: Mapping[str, Any], why: str
-) -> Generator[Suggestion, Any, list[tuple[Copy, Any]]]:
-    """Suggest each copy of an evacuation plan (its worker the only candidate), logging
-    each answer with ``why`` (``retiring ADDRESS``); returns the copies the AMM accepted,
-    with their tasks."""
-    accepted = []
-    for copy in plan.copies:
-        ts = by_key[copy.key]
-        choice = yield Suggestion("replicate", ts, {workers[copy.worker]})
-        key_logger.debug(
-            "(replicate, %s, %s) %s: %s (%s)",
-            copy.key,
-            copy.worker,
-            "accepted" if choice else "refused",
-            copy.reason,
-            why,
-        )
-        if choice is not None:
-            accepted.append((copy, ts))
-    return accepted
-
-
-def shown_keys(keys: Iterable[Hashable]) -> list[str]:
-    return [key_string(k) for k in list(keys)[:KEYS_SHOWN]]
-
-
-class Pacer(Protocol):
-    """What paces the retirement of one worker (a drain: see the module docstring)."""
-
-    def rank(self, ws: Any, views: list[KeyView], cluster: ClusterView) -> list[KeyView]:
-        """The worker's key views in the order their copies should be made."""
-
-    def admit(self, ws: Any, plan: Evacuation, now: float) -> Evacuation:
-        """The part of ``plan`` to enact now."""
-
-    def asked(self, ws: Any, copy: Any, now: float) -> None:
-        """The AMM accepted ``copy`` (an :class:`~amm_rules.engine.decide.evacuate.Copy`)."""
 
 
 # --------------------------------------------------------------------------------------
@@ -257,10 +118,7 @@ class Retirements(Section):
         "retirement: not simulated: no worker retires in a simulation (--kill removes workers)"
     )
     name = "retirement"
-    FEATURES = (
-        Feature("retirement", RETIRING),
-        Feature("adaptive scale-down guard", (DOWNSCALING,)),
-    )
+    FEATURES = (Feature("retirement", RETIRING),)
     status_key = "retirements"
     metric_prefix = "retirement"
     METRICS = {
@@ -279,11 +137,6 @@ class Retirements(Section):
             "counter",
             "Retirements refused: keys with nowhere to go",
         ),
-        "downscaling_kept": (
-            "retirement_downscaling_kept",
-            "counter",
-            "Workers kept out of adaptive scale-down by the rules",
-        ),
         "dry_run_keys": (
             "retirement_dry_run_keys",
             "counter",
@@ -291,9 +144,8 @@ class Retirements(Section):
         ),
     }
 
-    def __init__(self) -> None:
-        #: Copies of ungoverned keys in flight off retiring workers.
-        self.book = CopyBook()
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
         #: Per retiring worker: what its keys need (key -> (copies, eligible workers or
         #: None for any worker that stays)), as of its policy's last run.
         self.needs: dict[str, dict[Hashable, tuple[int, frozenset[str] | None]]] = {}
@@ -301,56 +153,48 @@ class Retirements(Section):
         #: ``placed``), keys, copies asked, start time.
         self.active: dict[str, dict[str, Any]] = {}
         #: Counters since the policy started (metrics): ``retirements``, ``copies``,
-        #: ``bytes``, ``drops``, ``blocked``, ``placed``, ``downscaling_kept``.
+        #: ``bytes``, ``drops``, ``blocked``, ``placed``, ``dry_run_keys``.
         self.counters: Counter[str] = Counter()
-        #: Retiring workers whose copies are paced (by a drain): address -> its pacer.
-        self.pacers: dict[str, Pacer] = {}
         self._unwrap: Callable[[], None] | None = None
-        self._guard: DownscalingGuard | None = None
+        self._departed = _Departed(self)
 
     # -- attach ----------------------------------------------------------------------
 
-    def attach(self, ctx: EngineContext) -> None:
+    def attach(self) -> None:
         """Place retirements by the rules, unless the policy was told not to
         (``retire_by_rules=False``: distributed's own ``RetireWorker`` is left alone)."""
+        ctx = self.ctx
         if not ctx.retire_by_rules:
             return
-        super().attach(ctx)
         manager = ctx.manager
         _ENGINES[manager] = self
-        if self.supports("adaptive scale-down guard"):
-            self._guard = DownscalingGuard(self)
-            ctx.add_plugin(self._guard, "amm-rules-downscaling")
-        self._unwrap = _wrap_add_policy(
-            manager, self._guard.retiring if self._guard is not None else None
-        )
+        # Leaving workers' pacers are followed (a drain may start).
+        ctx.departures.paced = True
+        ctx.add_plugin(self._departed, _Departed.name)
+        self._unwrap = _wrap_add_policy(manager)
 
     def detach(self) -> None:
         ctx = self.ctx
-        if ctx is None:
-            return
+        ctx.departures.paced = False
         manager = ctx.manager
         if manager is not None and _ENGINES.get(manager) is self:
             del _ENGINES[manager]
         if self._unwrap is not None:
             self._unwrap()
             self._unwrap = None
-        if self._guard is not None:
-            ctx.remove_plugin(self._guard)
-        self._guard = None
-        super().detach()
+        ctx.remove_plugin(self._departed)
 
     # -- one retiring worker, one cycle ----------------------------------------------
 
     def run_for(self, rw: RulesRetireWorker, ws: Any) -> Generator[Suggestion, Any, None]:
         ctx = self.ctx
-        assert ctx is not None
         manager = rw.manager
         now = time.monotonic()
-        self.book.prune(now)
         tasks = [ts for ts in ws.has_what if not ts.actor]
-        views, cluster = evacuation_input(ctx, tasks, leaving_addresses(ctx), self.book)
-        pacer = self.pacers.get(ws.address)
+        leaving = ctx.leaving()
+        views, cluster = evacuation_input(ctx, tasks, leaving)
+        departure = leaving.get(ws.address)
+        pacer = departure.pacer if departure is not None else None
         if pacer is not None:
             views = pacer.rank(ws, views, cluster)
         plan = plan_evacuation(views, cluster, now=now)
@@ -386,14 +230,15 @@ class Retirements(Section):
         by_key = {ts.key: ts for ts in tasks}
         workers = manager.scheduler.workers
         accepted = yield from suggest_copies(plan, by_key, workers, f"retiring {ws.address}")
-        for copy, ts in accepted:
-            record_copy(ctx, self.book, ts, copy.worker, now)
+        owner = retirement_owner(ws.address)
+        for copy, _ in accepted:
+            record_copy(ctx, owner, copy, now)
             if pacer is not None:
                 pacer.asked(ws, copy, now)
             self.counters["copies"] += 1
             self.counters["bytes"] += copy.nbytes
             self.active[ws.address]["copies"] += 1
-        if pacer is None:
+        if departure is None or not departure.keeps_copies:
             yield from self._drop_placed(ws, plan, by_key, set(dry))
 
     def _drop_placed(
@@ -403,7 +248,7 @@ class Retirements(Section):
         elsewhere: its memory is freed early, as the stock policy does (a spilled worker
         reads its keys back from disk to send them). ``dry``: keys in dry-run, dropped
         as the stock policy drops them."""
-        index = self.ctx.index  # type: ignore[union-attr]
+        index = self.ctx.index
         for key in plan.satisfied:
             desired = index.desired.get(key)
             if desired is not None and desired.move == "never" and key not in dry:
@@ -414,7 +259,6 @@ class Retirements(Section):
     def _refuse(self, rw: RulesRetireWorker, ws: Any, plan: Evacuation) -> None:
         """Fail the retirement as distributed does when no worker can receive a key."""
         ctx = self.ctx
-        assert ctx is not None
         rw.no_recipients = True
         rw.manager.policies.discard(rw)
         self.counters["blocked"] += 1
@@ -459,7 +303,6 @@ class Retirements(Section):
         the rules want it on workers that stay. Cheap (it runs every few tens of ms
         while a retirement waits): it checks what the last run found each key needs."""
         ctx = self.ctx
-        assert ctx is not None
         scheduler = ctx.scheduler
         ws = scheduler.workers.get(address)
         if ws is None:
@@ -467,7 +310,7 @@ class Retirements(Section):
         needs = self.needs.get(address)
         if needs is None:
             return False
-        leaving = leaving_addresses(ctx)
+        leaving = ctx.leaving().keys()
         for ts in ws.has_what:
             if ts.actor:
                 continue
@@ -480,6 +323,9 @@ class Retirements(Section):
                 staying &= eligible
             if len(staying) < want:
                 return False
+        departure = ctx.departures.workers.get(address)
+        if departure is not None and departure.pacer is not None:
+            departure.pacer.placed(address)
         info = self.active.get(address)
         if info is not None and info["state"] != "placed":
             # The worker leaves now (or, for a restart, is about to be killed); the policy
@@ -511,7 +357,7 @@ class Retirements(Section):
     def metrics(self) -> dict[str, float]:
         """Counters and a gauge for a metrics collector, computed when called: the
         counters of :attr:`counters` (``retirements``, ``copies``, ``bytes``, ``drops``,
-        ``placed``, ``blocked``, ``downscaling_kept``) and ``retiring`` (now)."""
+        ``placed``, ``blocked``, ``dry_run_keys``) and ``retiring`` (now)."""
         out = {name: float(self.counters[name]) for name in _COUNTERS}
         out["retiring"] = float(len(self.active))
         return out
@@ -524,23 +370,19 @@ _COUNTERS = (
     "drops",
     "placed",
     "blocked",
-    "downscaling_kept",
     "dry_run_keys",
 )
 
 
-def _wrap_add_policy(manager: Any, retiring: Callable[[str], None] | None) -> Callable[[], None]:
+def _wrap_add_policy(manager: Any) -> Callable[[], None]:
     """Make every ``RetireWorker`` added to ``manager`` (and those already there) a
-    :class:`RulesRetireWorker`, telling ``retiring`` the address of each new one.
-    Returns the function that undoes the wrapper."""
+    :class:`RulesRetireWorker`. Returns the function that undoes the wrapper."""
     before = vars(manager).get("add_policy")
     add_policy = manager.add_policy
 
     def add_policy_ruled(policy: Any) -> None:
         if type(policy) is RetireWorker:
             policy.__class__ = RulesRetireWorker
-            if retiring is not None:
-                retiring(policy.address)
         add_policy(policy)
 
     manager.add_policy = add_policy_ruled
@@ -558,128 +400,13 @@ def _wrap_add_policy(manager: Any, retiring: Callable[[str], None] | None) -> Ca
     return unwrap
 
 
-# --------------------------------------------------------------------------------------
-# Adaptive scale-down
-# --------------------------------------------------------------------------------------
+class _Departed(SchedulerPlugin):
+    """Tells the retirements when a worker left: its retirement is over."""
 
-
-class DownscalingGuard(SchedulerPlugin):
-    """Keeps out of ``Scheduler.workers_to_close`` (adaptive scale-down) the workers
-    whose departure the rules would refuse, since adaptive closes the workers it chose
-    whether or not their retirement succeeded.
-
-    For each class of governed keys restricted to a pool (or by ``avoid``) whose
-    eligible running workers are all candidates, one of them is kept: the one with the
-    most data, which ``workers_to_close`` would close last anyway. For ``move: never``
-    keys, and keys with no eligible running worker at all, whose every copy is on
-    candidates, a holder is kept. Cost: one set operation per class, plus one per key of
-    those last two kinds.
-
-    ``workers_to_close`` answers reads too (``adaptive_target``: every ``/metrics``
-    scrape): the decision is held in :attr:`pending` and counted (``downscaling_kept``)
-    and logged (a ``retirement`` event, ``step: kept``) by :meth:`retiring`, when the
-    retirement of a worker it let through starts within :data:`GUARD_FOLLOW_SECONDS`.
-    """
-
-    name = "amm-rules-downscaling"
+    name = "amm-rules-retirements"
 
     def __init__(self, retirements: Retirements):
         self.retirements = retirements
-        #: The last decision that kept workers, not yet followed by a retirement:
-        #: (``time.monotonic()``, workers kept, workers let through), or None.
-        self.pending: tuple[float, frozenset[str], frozenset[str]] | None = None
-
-    def retiring(self, address: str) -> None:
-        """A retirement of ``address`` starts: if it follows the last decision (the
-        worker was among those let through, recently), that decision is acted on."""
-        pending = self.pending
-        if pending is None:
-            return
-        when, keep, passed = pending
-        if time.monotonic() - when > GUARD_FOLLOW_SECONDS:
-            self.pending = None
-            return
-        if address not in passed:
-            return
-        self.pending = None
-        ctx = self.retirements.ctx
-        self.retirements.counters["downscaling_kept"] += len(keep)
-        if ctx is not None:
-            ctx.events.once(
-                ("downscaling-kept", keep),
-                "retirement",
-                step="kept",
-                workers=sorted(keep),
-                why="their keys have nowhere else to go under the rules",
-            )
 
     def remove_worker(self, scheduler: Any = None, worker: str = "", **kwargs: Any) -> None:
         self.retirements.forget(worker)
-
-    def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
-        ctx = self.retirements.ctx
-        if ctx is None or not workers:
-            return workers
-        try:
-            keep = self._keep(ctx, workers)
-        except Exception:  # never break adaptive scaling
-            logger.exception("amm-rules: downscaling guard failed; not filtering")
-            return workers
-        if not keep:
-            self.pending = None
-            return workers
-        out = [ws for ws in workers if ws.address not in keep]
-        # A read or a choice: counted once a retirement follows (see retiring).
-        self.pending = (time.monotonic(), frozenset(keep), frozenset(ws.address for ws in out))
-        return out
-
-    def _keep(self, ctx: EngineContext, workers: list[Any]) -> set[str]:
-        ensure_pools(ctx)
-        candidates = {ws.address: ws for ws in workers}
-        all_workers = ctx.scheduler.workers
-        running = {a for a, ws in all_workers.items() if worker_status(ws) == "running"}
-        pools = ctx.placements.pools
-        keep: set[str] = set()
-
-        def most_data(addresses: Iterable[str]) -> str:
-            return max(addresses, key=lambda a: (all_workers[a].nbytes, a))
-
-        dry_run = ctx.dry_run
-        desired = ctx.index.desired
-
-        def acting(group: dict[Hashable, Any]) -> Iterable[Any]:
-            """The keys whose rules act (not in dry-run: those do not keep workers)."""
-            if not dry_run.keys_active:
-                return group.values()
-            return [ts for k, ts in group.items() if dry_run.label(desired.get(k)) is None]
-
-        for cls, all_keys in ctx.index.governed.groups.items():
-            group = acting(all_keys)
-            if not group:
-                continue
-            if cls.move == "never":
-                for ts in group:
-                    holders = {w.address for w in ts.who_has or ()}
-                    if holders and holders <= candidates.keys() - keep:
-                        keep.add(most_data(holders))
-                continue
-            if cls.pool is None and cls.avoid is None:
-                continue
-            want = set(cls.pool) if cls.pool is not None else None
-            shun = set(cls.avoid or ())
-            eligible = {
-                a
-                for a in running
-                if (want is None or not want.isdisjoint(pools.get(a, ())))
-                and shun.isdisjoint(pools.get(a, ()))
-            }
-            if eligible - (candidates.keys() - keep):
-                continue  # an eligible worker stays
-            if eligible:
-                keep.add(most_data(eligible))
-                continue
-            for ts in group:  # nowhere eligible: keep the data where it is
-                holders = {w.address for w in ts.who_has or ()}
-                if holders and holders <= candidates.keys() - keep:
-                    keep.add(most_data(holders))
-        return keep

@@ -15,7 +15,6 @@ Neighbours: :mod:`amm_rules.engine.state.spans` keeps the states;
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any
 
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.language.ruleset import Ruleset
@@ -35,13 +34,12 @@ class SpansSection(Section):
     def in_use(cls, ruleset: Ruleset) -> bool:
         return bool(ruleset.reads_span_state)
 
-    def attach(self, ctx: Any) -> None:
-        super().attach(ctx)
+    def attach(self) -> None:
+        ctx = self.ctx
         ctx.spans.extension = ctx.scheduler.extensions.get("spans")
 
     def run(self, cycle: Cycle) -> tuple[()]:
         ctx = self.ctx
-        assert ctx is not None
         if not ctx.ruleset.reads_span_state:
             return ()
         if ctx.spans.extension is None:
@@ -55,7 +53,6 @@ class SpansSection(Section):
         """The keys in memory of the span's task groups (through the memory flow's
         keys per prefix)."""
         ctx = self.ctx
-        assert ctx is not None
         groups = set(ctx.spans.groups_of(span_id))
         tasks = ctx.scheduler.tasks
         out: list[Hashable] = []
@@ -67,6 +64,5 @@ class SpansSection(Section):
         return out
 
     def status(self) -> dict[str, int]:
-        assert self.ctx is not None
         published = self.ctx.spans.published
         return {"followed": len(published), "done": sum(published.values())}

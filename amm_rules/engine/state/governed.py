@@ -93,6 +93,9 @@ class GovernedKeys:
         self.forget_plan = forget_plan
         #: id(desired) -> (it, its plan class, its labels), for :meth:`file`.
         self._derived: dict[int, tuple[Desired, PlanClass, set[str]]] = {}
+        #: Counts every change of the governed keys or of their copies: what was read of
+        #: them (the holders scale-down looks at) is current while it stays the same.
+        self.changes = 0
 
     def __len__(self) -> int:
         return len(self.desired)
@@ -104,6 +107,7 @@ class GovernedKeys:
             return
         if old is not None:
             self.unindex(key)
+        self.changes += 1
         # A governed key is never in replicated_free: reduce-replicas need not ask.
         self.free.pop(key, None)
         self.desired[key] = desired
@@ -135,6 +139,7 @@ class GovernedKeys:
         desired_map = self.desired
         filed: dict[PlanClass, list[Any]] = {}
         free = self.free
+        self.changes += 1
         derived = self._derived
         governed_by, bytes_by, copies_by = self.governed_by, self.bytes_by, self.copies_by
         for desired, keys, members in batches:
@@ -197,6 +202,7 @@ class GovernedKeys:
         d = self.desired.get(key)
         if d is None:
             return
+        self.changes += 1
         labels = labels_of(d)
         if n > 0:
             for label in labels:
@@ -273,6 +279,7 @@ class GovernedKeys:
         old = self.desired.pop(key, None)
         if old is None:
             return
+        self.changes += 1
         self.forget_plan(key)
         cls = PlanClass.of(old)
         group = self.groups.get(cls)

@@ -12,7 +12,8 @@ hot paths):
 - wrappers of the scheduler's ``add_replica`` / ``remove_replica`` /
   ``remove_all_replicas`` (:func:`watch_scheduler`): a governed key that gained or lost
   a copy, or any key that now has more than one, goes into :attr:`~KeyIndex.touched`,
-  and the copies of governed keys are counted per rule (:attr:`~KeyIndex.copies_by`).
+  and the copies of governed keys are counted per rule (:attr:`~KeyIndex.copies_by`);
+  a copy the engine asked for that landed is done in the ledger.
   The AMM gets no notification of replica changes (dependency transfers,
   ``client.replicate``, drops, dead workers all change ``ts.who_has`` silently), so
   this is how a cycle learns which keys to look at;
@@ -58,12 +59,12 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from amm_rules.engine.state.demand import DemandTracker
 from amm_rules.engine.state.departures import Departures
 from amm_rules.engine.state.governed import GovernedKeys, Placement, PlanClass
+from amm_rules.engine.state.ledger import Ledger
 from amm_rules.engine.wrapping import wrap_methods
 from amm_rules.language.ruleset import ALL, Desired, RuntimeTarget
 
 if TYPE_CHECKING:
     from amm_rules.engine.decide.classify import Batch, Classifier
-    from amm_rules.engine.decide.plan import KeyPlan
     from amm_rules.engine.state.costs import RecomputeCosts
     from amm_rules.engine.state.flow import MemoryFlow
 
@@ -93,10 +94,9 @@ class KeyIndex(SchedulerPlugin):
         #: handler, or by distributed's ``replicate`` and ``scatter(broadcast=...)``
         #: (see :mod:`amm_rules.engine.sections.legacy`).
         self.runtime: dict[Hashable, RuntimeTarget] = {}
-        #: Copies asked for and not yet seen land: key -> {address: deadline}.
-        self.inflight: dict[Hashable, dict[str, float]] = {}
-        #: Workers not to ask again before a time: key -> {address: until}.
-        self.backoff: dict[Hashable, dict[str, float]] = {}
+        #: What the engine asked and has not seen land (the context's ledger): the
+        #: replica wrappers note landings, the hooks keys and workers that left.
+        self.ledger = Ledger()
         #: Governed keys that the last plan left short of their target or placement:
         #: key -> (reason, sentence) (see :mod:`amm_rules.engine.state.journal`). Keys of a
         #: class the workers cannot satisfy at all are counted by class, not here.
@@ -237,8 +237,9 @@ class KeyIndex(SchedulerPlugin):
         self.wake("worker-joined")
 
     def remove_worker(self, scheduler: Any = None, worker: str = "", **kwargs: Any) -> None:
-        # In-flight copies to the worker are cleared by the planner (case 2b) when the
-        # key is next planned; every governed key is checked at the next cycle.
+        # Copies asked of the worker never land; every governed key is checked at the
+        # next cycle.
+        self.ledger.worker_left(worker)
         retiring = worker in self.retiring
         self.retiring.discard(worker)
         if self.costs is not None:
@@ -283,10 +284,9 @@ class KeyIndex(SchedulerPlugin):
             self.replicated_free.pop(key, None)
         if self.runtime:
             self.runtime.pop(key, None)
-        if self.inflight:
-            self.inflight.pop(key, None)
-        if self.backoff:
-            self.backoff.pop(key, None)
+        ledger = self.ledger
+        if ledger.copies or ledger.backoffs:
+            ledger.forget(key)
         departing = self.departing
         if departing.source_lost:
             departing.source_lost.discard(key)
@@ -537,14 +537,6 @@ class KeyIndex(SchedulerPlugin):
     def __contains__(self, key: Hashable) -> bool:
         return key in self.desired
 
-    def store_plan(self, key: Hashable, plan: KeyPlan) -> None:
-        """Keep what a key's plan leaves in flight and backing off for the next cycle."""
-        for table, value in ((self.inflight, plan.inflight), (self.backoff, plan.backoff)):
-            if value:
-                table[key] = value
-            else:
-                table.pop(key, None)
-
 
 def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
     """Wrap the scheduler's ``add_replica``, ``remove_replica``, ``remove_all_replicas``
@@ -562,6 +554,8 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
     remove_replica = scheduler.remove_replica
     remove_all_replicas = scheduler.remove_all_replicas
     desired = index.desired  # never rebound; index.touched is, so read it each time
+    ledger = index.ledger
+    in_flight = ledger.copies  # never rebound
 
     def add_replica_watched(ts: Any, ws: Any) -> None:
         before = len(ts.who_has or ())  # adding a copy a worker already holds is a no-op
@@ -571,6 +565,7 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
         held = len(ts.who_has)
         if held <= 2 and held > before and (costs := index.costs) is not None:
             costs.copy_added(ts, ws, held)  # a key's only copy, or no longer its only one
+        asked = ledger.landed(ts.key, ws.address) if in_flight and ts.key in in_flight else None
         if held > before and (wanted := desired.get(ts.key)) is not None:
             index.copies_changed(ts.key, 1)
             # The engine's own copy landed above the target's max: the first half of a
@@ -579,10 +574,10 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
             # reads the key again would fetch it again (see docs/performance.md).
             target = wanted.replicate
             if (
-                target is not None
+                asked is not None
+                and target is not None
                 and type(target.max) is int
                 and held > target.max
-                and ws.address in index.inflight.get(ts.key, ())
             ):
                 index.wake("copy-landed")
         if held > 1:  # the first copy is a key entering memory: see dirty

@@ -69,6 +69,8 @@ class CompiledExpression:
     #: What is legal but almost certainly not meant (a misspelt type name, the
     #: ``resources`` annotation), positioned in the text: warnings, never raised.
     warnings: tuple[Problem, ...] = ()
+    #: The resource names it reads (``worker.resources.GPU``: ``GPU``).
+    resources: frozenset[str] = frozenset()
 
     def __call__(self, facts: Any) -> bool:
         return self.predicate(facts)
@@ -77,8 +79,12 @@ class CompiledExpression:
         return f"<CompiledExpression {self.context}: {self.source}>"
 
 
-def compile_expression(text: str, context: Context) -> CompiledExpression:
-    """Compile ``text`` for ``context`` (``"task"`` or ``"worker"``).
+def compile_expression(
+    text: str, context: Context, resources: frozenset[str] = frozenset()
+) -> CompiledExpression:
+    """Compile ``text`` for ``context`` (``"task"`` or ``"worker"``). ``resources``: names
+    known to be resources (those the pools of the file read), which an annotation
+    should not be named after (a ``resources-annotation`` warning).
 
     Raises :class:`ExpressionError` with every problem found: all name, type and
     literal problems at once; a syntax error stops at the first.
@@ -90,7 +96,7 @@ def compile_expression(text: str, context: Context) -> CompiledExpression:
     try:
         found: list[Problem] = []
         root = parse(text, found)
-        checked = check(root, context)
+        checked = check(root, context, resources)
         found += checked.problems
         if found:
             raise ExpressionError(found, text)
@@ -102,14 +108,23 @@ def compile_expression(text: str, context: Context) -> CompiledExpression:
             [Problem("the expression is nested too deeply", 1, 1, TOO_DEEP)], text
         ) from None
     warnings = tuple(checked.warnings)
+    read = frozenset(checked.resources)
     if code.fn is None:
         value = bool(code.value)
         predicate: Callable[[Any], bool] = (lambda _f: True) if value else (lambda _f: False)
         return CompiledExpression(
-            text, context, predicate, frozenset(), value, root, warnings=warnings
+            text, context, predicate, frozenset(), value, root, warnings=warnings, resources=read
         )
     return CompiledExpression(
-        text, context, code.fn, code.depends, None, root, _conjuncts(root, checked), warnings
+        text,
+        context,
+        code.fn,
+        code.depends,
+        None,
+        root,
+        _conjuncts(root, checked),
+        warnings,
+        read,
     )
 
 

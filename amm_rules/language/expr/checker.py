@@ -27,12 +27,13 @@ from amm_rules.language.expr.attributes import (
 )
 from amm_rules.language.expr.errors import (
     BAD_LITERAL,
+    REGEX_PATTERN,
     RESOURCES_ANNOTATION,
     TYPE_MISMATCH,
     TYPE_NAME,
     Problem,
 )
-from amm_rules.language.expr.glob import GlobError, Matcher, compile_glob
+from amm_rules.language.expr.glob import GlobError, Matcher, compile_glob, regex_meant
 from amm_rules.language.records import record
 from amm_rules.language.type_names import misspelt
 
@@ -46,6 +47,10 @@ _LITERAL_TYPES = {
     "invalid": ValueType.ERROR,
 }
 _ORDERING = frozenset({"<", "<=", ">", ">="})
+#: Resource names so common that an annotation of that name is almost certainly a
+#: resource restriction misread (compared case-insensitively); the names a rules file's
+#: pools read as ``worker.resources.NAME`` count too (see :func:`check`).
+CONVENTIONAL_RESOURCES = frozenset({"gpu", "gpus", "tpu", "tpus"})
 
 
 @record
@@ -58,13 +63,18 @@ class Checked:
     patterns: dict[int, Matcher] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     #: What is legal but almost certainly not meant (``validate`` shows them as
-    #: warnings): a type name that looks misspelt, the ``resources`` annotation.
+    #: warnings): a type name that looks misspelt, a resource read as an annotation, a
+    #: regular expression given to ``matches``.
     warnings: list[Problem] = field(default_factory=list)
+    #: The names read as ``worker.resources.NAME`` / ``task.resources.NAME``.
+    resources: set[str] = field(default_factory=set)
 
 
-def check(root: ast.Node, context: Context) -> Checked:
-    """Check ``root`` as a condition in ``context``; problems are in the result."""
-    checker = _Checker(context)
+def check(root: ast.Node, context: Context, resources: frozenset[str] = frozenset()) -> Checked:
+    """Check ``root`` as a condition in ``context``; problems are in the result.
+    ``resources``: names known to be resources (those the file's pools read): an
+    annotation of one of these names gets a ``resources-annotation`` warning."""
+    checker = _Checker(context, resources)
     checker.condition(root)
     return checker.result
 
@@ -79,9 +89,13 @@ def fits(a: ValueType, b: ValueType) -> bool:
 
 
 class _Checker:
-    def __init__(self, context: Context):
+    def __init__(self, context: Context, resources: frozenset[str] = frozenset()):
         self.context = context
         self.result = Checked()
+        #: Casefolded resource name -> the name as a pool reads it (None: a
+        #: conventional name, suggested as the annotation writes it).
+        self.resources: dict[str, str | None] = dict.fromkeys(CONVENTIONAL_RESOURCES)
+        self.resources.update((name.casefold(), name) for name in resources)
 
     # -- conditions and values -------------------------------------------------------
 
@@ -116,8 +130,17 @@ class _Checker:
             else:
                 self.result.attributes[id(node)] = resolved
                 kind = resolved.spec.type
-                if resolved.spec.name == "annotations" and resolved.key == "resources":
-                    self._resources_annotation(node, resolved)
+                if resolved.spec.name == "resources" and resolved.key is not None:
+                    self.result.resources.add(resolved.key)
+                elif resolved.spec.name == "annotations" and resolved.key == "resources":
+                    self._resources_annotation(node, resolved.path[0] if resolved.path else "GPU")
+                elif (
+                    resolved.spec.name == "annotations"
+                    and resolved.key is not None
+                    and resolved.key.casefold() in self.resources
+                ):
+                    written = self.resources[resolved.key.casefold()]
+                    self._resources_annotation(node, written or resolved.key)
         elif isinstance(node, ast.Literal):
             kind = _LITERAL_TYPES[node.kind]
         elif isinstance(node, ast.ListLiteral):
@@ -202,6 +225,7 @@ class _Checker:
             return
         pattern = node.right
         if isinstance(pattern, ast.Literal) and isinstance(pattern.value, str):
+            self._regex(pattern)
             try:
                 self.result.patterns[id(pattern)] = compile_glob(pattern.value)
             except GlobError as error:
@@ -243,17 +267,11 @@ class _Checker:
         hint = misspelt(value)
         if hint is None:
             return
-        span = literal.span
-        end = span.end_column if span.end_line == span.line else None
-        self.result.warnings.append(
-            Problem(
-                f"no type is recorded as {value!r}; did you mean {hint!r}? (the type "
-                "names in docs/expressions.md match whichever name a release records)",
-                span.line,
-                span.column,
-                TYPE_NAME,
-                end,
-            )
+        self._warn(
+            literal,
+            f"no type is recorded as {value!r}; did you mean {hint!r}? (the type "
+            "names in docs/expressions.md match whichever name a release records)",
+            TYPE_NAME,
         )
 
     def _span_literal(self, literal: ast.Literal, pattern: bool) -> None:
@@ -266,23 +284,42 @@ class _Checker:
         end = span.end_column if span.end_line == span.line else None
         self.result.problems.append(Problem(why, span.line, span.column, BAD_LITERAL, end))
 
-    def _resources_annotation(self, node: ast.Attribute, resolved: Resolved) -> None:
-        resource = resolved.path[0] if resolved.path else "GPU"
+    def _regex(self, pattern: ast.Literal) -> None:
+        """A ``matches`` pattern that reads as a regular expression: say so, with the
+        glob it probably means."""
+        value = pattern.value
+        assert isinstance(value, str)
+        regex, glob = regex_meant(value)
+        if not regex:
+            return
+        meant = (
+            f"; did you mean {_quote_like(pattern.text, glob)}?"
+            if glob is not None
+            else "; for alternatives, join comparisons with 'or' or use 'in [...]'"
+        )
+        self._warn(
+            pattern,
+            f"{pattern.text} looks like a regular expression, but 'matches' takes a "
+            f"glob pattern (*, ?, [abc]; the whole string must match){meant}",
+            REGEX_PATTERN,
+        )
+
+    def _resources_annotation(self, node: ast.Attribute, resource: str) -> None:
         suggestion = f"task.resources.{resource}" if resource.isidentifier() else None
         if suggestion is None:
             suggestion = f'task.resources["{resource}"]'
+        self._warn(
+            node,
+            f"{node.name} reads an annotation; what a task asked for with resources= "
+            f"is its resource restriction: write {suggestion}",
+            RESOURCES_ANNOTATION,
+        )
+
+    def _warn(self, node: ast.Node, message: str, code: str) -> None:
+        """A warning at ``node`` (legal, almost certainly not meant)."""
         span = node.span
         end = span.end_column if span.end_line == span.line else None
-        self.result.warnings.append(
-            Problem(
-                f"{node.name} reads an annotation; what a task asked for with resources= "
-                f"is its resource restriction: write {suggestion}",
-                span.line,
-                span.column,
-                RESOURCES_ANNOTATION,
-                end,
-            )
-        )
+        self.result.warnings.append(Problem(message, span.line, span.column, code, end))
 
     # -- messages --------------------------------------------------------------------
 
@@ -349,6 +386,12 @@ def span_problem(value: str, pattern: bool = False) -> str | None:
             f"with no '/' at either end{hint}"
         )
     return None
+
+
+def _quote_like(text: str, value: str) -> str:
+    """``value`` quoted as ``text`` (a string literal as written) is."""
+    quote = text[0] if text[:1] in ("'", '"') else '"'
+    return f"{quote}{value}{quote}"
 
 
 def _is_literal(node: ast.Node) -> bool:

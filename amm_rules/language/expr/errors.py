@@ -26,7 +26,8 @@ TOO_DEEP = "too-deep"
 #: with these codes, which ``# amm-rules: disable=CODE`` silences.
 TYPE_NAME = "type-name"
 RESOURCES_ANNOTATION = "resources-annotation"
-WARNING_CODES: frozenset[str] = frozenset({TYPE_NAME, RESOURCES_ANNOTATION})
+REGEX_PATTERN = "regex-pattern"
+WARNING_CODES: frozenset[str] = frozenset({TYPE_NAME, RESOURCES_ANNOTATION, REGEX_PATTERN})
 
 CODES: frozenset[str] = frozenset(
     {

@@ -240,3 +240,100 @@ def _match(segments: list[Segment], widths: list[int], text: str) -> bool:
             return False
         start = found + widths[k]
     return True
+
+
+# -- a regular expression written where a glob is read ---------------------------------------
+
+#: Escapes of a regular expression and what a glob writes for them (None: no glob can).
+_REGEX_ESCAPES: dict[str, str | None] = {
+    "d": "[0-9]",
+    "w": None,
+    "s": None,
+    "D": None,
+    "W": None,
+    "S": None,
+    "b": None,
+}
+
+
+def regex_meant(pattern: str) -> tuple[bool, str | None]:
+    """Whether ``pattern`` reads as a regular expression rather than a glob, and the
+    glob it probably means (None when a glob cannot say it: alternatives, counted
+    repeats, ``\\w``...).
+
+    Only what a glob pattern would not hold on purpose counts: a ``^`` first, a ``$``
+    last, a backslash escape (a glob has none), ``.+``, a ``+`` after ``]`` or ``)``,
+    ``(?``. ``"pandas.*"`` is a fine glob (``pandas.`` then anything) and is not
+    reported; ``"^x-.*$"`` is, with ``"x-*"``."""
+    signs = (
+        pattern.startswith("^")
+        or (pattern.endswith("$") and not pattern.endswith("\\$"))
+        or "\\" in pattern
+        or ".+" in pattern
+        or "]+" in pattern
+        or ")+" in pattern
+        or ")*" in pattern
+        or "(?" in pattern
+    )
+    if not signs or len(pattern) < 2:
+        return False, None
+    return True, _glob_of(pattern)
+
+
+def _glob_of(regex: str) -> str | None:
+    """A glob for a simple regular expression, read as a whole-string match."""
+    text = regex[1:] if regex.startswith("^") else regex
+    if text.endswith("$") and not text.endswith("\\$"):
+        text = text[:-1]
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        nxt = text[i + 1] if i + 1 < n else ""
+        if ch == "\\":
+            if not nxt:
+                return None
+            if nxt in _REGEX_ESCAPES:
+                glob = _REGEX_ESCAPES[nxt]
+                if glob is None:
+                    return None
+                out.append(glob)
+            else:
+                out.append(_literal(nxt))
+            i += 2
+        elif ch == ".":
+            if nxt in ("*", "+"):  # ".+": at least one character; "*" is what is meant
+                out.append("*")
+                i += 2
+                continue
+            out.append("?")
+            i += 1
+        elif ch == "[":
+            end = text.find("]", i + 2)
+            if end < 0:
+                return None
+            body = text[i + 1 : end]
+            if len(body) == 1 and body not in "*?[!^":
+                out.append(body)  # "[.]": a literal dot, which a glob writes as it is
+            else:
+                out.append("[!" + body[1:] + "]" if body.startswith("^") else f"[{body}]")
+            i = end + 1
+        elif ch in "*+":  # a repeat of what came before: a glob says "anything"
+            if not out:
+                return None
+            out[-1] = "*" if ch == "*" else f"{out[-1]}*"
+            i += 1
+        elif ch in "(){}|?^$":
+            return None
+        else:
+            out.append(_literal(ch))
+            i += 1
+    glob = "".join(out)
+    while "**" in glob:
+        glob = glob.replace("**", "*")
+    return glob or None
+
+
+def _literal(ch: str) -> str:
+    """``ch`` as a glob matches it literally."""
+    return f"[{ch}]" if ch in "*?[" else ch

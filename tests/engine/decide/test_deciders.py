@@ -3,8 +3,10 @@ held to it.
 
 The replication planner (:func:`~amm_rules.engine.decide.plan.plan_key`) does not ask the
 table worker by worker (that would cost O(workers) per key at a million keys); explain,
-the rebalancer and the demo do. Over random clusters and keys (``tests.support.views``),
-the two must agree:
+the rebalancer and the demo do. Both read what is in flight and backing off from the
+same view of the engine's ledger (what it records is tests/engine/state/test_ledger.py's,
+nothing is derived twice); over random clusters and keys (``tests.support.views``), their
+placements must agree:
 
 - every worker the planner copies a key to is ``yes`` in the table (the first copy with
   every decider; later ones, which see the first, with all but ``spread``);
@@ -40,6 +42,7 @@ from amm_rules.engine.decide.deciders import (
 )
 from amm_rules.engine.decide.plan import plan_key, target_bounds
 from amm_rules.engine.decide.view import ClusterView, KeyView, WorkerView
+from amm_rules.engine.state.ledger import Ledger
 from amm_rules.language.ruleset import Desired, Reason, Target
 from tests.support.views import NOW, SETTINGS, reduce_flags, scenarios
 
@@ -51,7 +54,7 @@ def test_the_planners_fast_path_agrees_with_the_decider_table(scenario, reduce) 
     for view in views:
         cluster = ClusterView(workers)  # a fresh tally per key: each is judged alone
         plan = plan_key(view, cluster, replace(SETTINGS, reduce_replicas=reduce))
-        question = Question(view, ClusterView(workers), now=NOW)
+        question = Question(view, ClusterView(workers))
         by_address = question.cluster.workers
         context = f"{view}\nplan: {plan.actions}"
         copies = [a.worker for a in plan.actions if a.op == "replicate"]
@@ -155,14 +158,29 @@ def test_move_never_and_ungoverned_keys_get_no_copy() -> None:
     ]
 
 
-def test_deadlines_are_read_as_the_planner_reads_them() -> None:
-    workers = [WorkerView("w0"), WorkerView("w1"), WorkerView("w2")]
-    d = wish(replicate=Target.exact(3))
-    key = KeyView("k", d, frozenset({"w0"}), inflight={"w1": NOW - 1}, backoff={"w2": NOW - 1})
-    q = Question(key, ClusterView(workers), now=NOW)
-    # The copy to w1 timed out: backed off; w2's back-off is over.
+def test_the_table_reads_the_ledger_as_the_planner_does() -> None:
+    workers = [WorkerView("w0"), WorkerView("w1"), WorkerView("w2"), WorkerView("w3")]
+    d = wish(replicate=Target.exact(4))
+    ledger = Ledger()
+    ledger.record("k", "w1", "replication", NOW - 1)
+    ledger.back_off("k", ["w2"], NOW - 1)
+    ledger.record("k", "w3", "protect", NOW + 5)
+    ledger.expire(NOW, 10.0, lambda key: {"w0"}, lambda w: True)
+    key = KeyView(
+        "k",
+        d,
+        frozenset({"w0"}),
+        inflight={a: c.deadline for a, c in ledger.in_flight("k").items()},
+        backoff=dict(ledger.backing_off("k")),
+    )
+    q = Question(key, ClusterView(workers))
+    # The copy to w1 timed out: backed off; w2's back-off is over; w3's copy (asked by
+    # another section) is on its way.
     assert [x.decider for x in decide(q, q.cluster.workers["w1"])] == ["backoff"]
     assert decide(q, q.cluster.workers["w2"]) == []
+    assert [x.decider for x in decide(q, q.cluster.workers["w3"])] == ["in flight"]
+    plan = plan_key(key, ClusterView(workers), SETTINGS)
+    assert plan.replicas == ["w2"] and set(plan.inflight) == {"w2", "w3"}
 
 
 def test_recipient_max_for_moves() -> None:

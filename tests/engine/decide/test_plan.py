@@ -24,7 +24,7 @@ from amm_rules.engine.decide.view import ClusterView, KeyView, WorkerView
 from amm_rules.language.ruleset import Desired, Reason, Target
 
 NOW = 1000.0
-SETTINGS = PlanSettings(now=NOW, inflight_timeout=10.0, backoff=10.0)
+SETTINGS = PlanSettings(now=NOW, inflight_timeout=10.0)
 
 
 def rule(name: str = "r", **fields: object) -> Desired:
@@ -59,11 +59,18 @@ def ops(plan: KeyPlan) -> list[tuple[str, str]]:
 
 
 def apply(view: KeyView, plan: KeyPlan) -> KeyView:
-    """The cluster after every action succeeded and every copy landed."""
+    """The cluster after every action succeeded and every copy landed (the ledger then
+    has nothing in flight, and the copies as just landed)."""
     holders = set(view.holders)
     for a in plan.actions:
         (holders.add if a.op == "replicate" else holders.discard)(a.worker)
-    return replace(view, holders=frozenset(holders), inflight=plan.inflight, backoff=plan.backoff)
+    return replace(
+        view,
+        holders=frozenset(holders),
+        inflight={},
+        backoff=plan.backoff,
+        landed=frozenset(plan.replicas),
+    )
 
 
 def settle(
@@ -135,7 +142,8 @@ def test_holders_not_in_cluster_are_ignored():
 
 
 # ---------------------------------------------------------------------------------
-# in-flight copies
+# in-flight copies (the ledger's: when they land, expire or are forgotten is
+# tests/engine/state/test_ledger.py's)
 
 
 def test_inflight_copy_counts_toward_target_and_is_not_requested_again():
@@ -145,32 +153,27 @@ def test_inflight_copy_counts_toward_target_and_is_not_requested_again():
     assert plan.inflight == {"b": NOW + 5}
 
 
-def test_landed_copy_is_forgotten():
-    view = key(rule(replicate=2), "a", "b", inflight={"b": NOW + 5})
+def test_new_copies_count_in_flight_with_their_deadline():
+    plan = plan_key(key(rule(replicate=2), "a"), workers("a b"), SETTINGS)
+    assert plan.inflight == {"b": NOW + SETTINGS.inflight_timeout}
+
+
+def test_a_landed_copy_counts_as_a_holder():
+    view = key(rule(replicate=2), "a", "b", landed=frozenset({"b"}))
     plan = plan_key(view, workers("a b c"), SETTINGS)
     assert plan.actions == [] and plan.inflight == {} and plan.landed == {"b"}
 
 
-def test_inflight_to_departed_worker_is_forgotten_and_replaced():
-    view = key(rule(replicate=2), "a", inflight={"gone": NOW + 5})
-    plan = plan_key(view, workers("a c"), SETTINGS)
-    assert ops(plan) == [("replicate", "c")]
-    assert set(plan.inflight) == {"c"}
-
-
-def test_deadline_expiry_requests_elsewhere_and_backs_off_that_worker():
-    view = key(rule(replicate=2), "a", inflight={"b": NOW - 1})
+def test_workers_backing_off_are_not_asked():
+    view = key(rule(replicate=2), "a", backoff={"b": NOW + 10.0})
     plan = plan_key(view, workers("a b c"), SETTINGS)
     assert ops(plan) == [("replicate", "c")]
     assert plan.backoff == {"b": NOW + 10.0}
-    # While backing off, b is not asked even if c fails too.
-    later = replace(view, inflight={"c": NOW - 1}, backoff=plan.backoff)
-    plan2 = plan_key(later, workers("a b c"), replace(SETTINGS, now=NOW + 1))
+    # With every other worker backing off too, nothing is asked, and the key is unmet.
+    later = replace(view, backoff={"b": NOW + 10.0, "c": NOW + 10.0})
+    plan2 = plan_key(later, workers("a b c"), SETTINGS)
     assert plan2.actions == []
     assert "backing off" in (plan2.unmet or "")
-    # After the back-off, b may be asked again.
-    plan3 = plan_key(later, workers("a b c"), replace(SETTINGS, now=NOW + 11))
-    assert ops(plan3) == [("replicate", "b")]
 
 
 def test_pending_from_other_policies_is_counted():
@@ -201,7 +204,7 @@ def test_pool_move_in_copies_first_then_drops_after_landing():
     plan2 = plan_key(replace(view, inflight=plan1.inflight), cluster, SETTINGS)
     assert plan2.actions == []
     # Cycle 3, copy landed: drop the outside copy.
-    landed = replace(view, holders=frozenset({"a", "b"}), inflight=plan1.inflight)
+    landed = replace(view, holders=frozenset({"a", "b"}), landed=frozenset({"b"}))
     plan3 = plan_key(landed, cluster, SETTINGS)
     assert ops(plan3) == [("drop", "a")]
     assert plan3.actions[0].reason == "outside pool gpu"
@@ -344,7 +347,7 @@ def test_never_drops_below_min_counting_landed_eligible_copies():
     view = key(rule(replicate=Target(3, 3), pool="gpu"), "a", "p1", "p2", inflight={"p3": NOW + 5})
     plan = plan_key(view, cluster, SETTINGS)
     assert plan.drops == []
-    landed = replace(view, holders=view.holders | {"p3"})
+    landed = replace(view, holders=view.holders | {"p3"}, inflight={}, landed=frozenset({"p3"}))
     assert ops(plan_key(landed, cluster, SETTINGS)) == [("drop", "a")]
 
 
@@ -362,7 +365,7 @@ def test_drop_waits_where_a_dependent_is_processing():
 def test_a_copy_that_just_landed_is_dropped_last():
     cluster = workers("a b c")
     cluster.memory.update(a=0, b=0, c=500)  # c is the most loaded ...
-    view = key(rule(replicate=2), "a", "b", "c", inflight={"c": NOW + 5})  # ... and just landed
+    view = key(rule(replicate=2), "a", "b", "c", landed=frozenset({"c"}))  # ... and just landed
     assert plan_key(view, cluster, SETTINGS).drops == ["a"]
 
 

@@ -165,15 +165,17 @@ def test_one_cycle_is_safe(scenario: tuple[list[WorkerView], list[KeyView]], red
 
 
 def apply(view: KeyView, plan: KeyPlan, now: float) -> KeyView:
-    """The next cycle's view of the key: every copy landed, every drop happened, and
-    what other policies did last cycle is no longer pending."""
+    """The next cycle's view of the key: every copy landed (the ledger has them as just
+    landed, and still in flight those asked earlier that did not), every drop happened,
+    and what other policies did last cycle is no longer pending."""
     holders = set(view.holders) - view.pending_drop | view.pending_add
     for a in plan.actions:
         (holders.add if a.op == "replicate" else holders.discard)(a.worker)
     return replace(
         view,
         holders=frozenset(holders),
-        inflight=plan.inflight,
+        inflight={a: t for a, t in plan.inflight.items() if a not in holders},
+        landed=frozenset(a for a in plan.inflight if a in holders),
         backoff=plan.backoff,
         pending_add=frozenset(),
         pending_drop=frozenset(),

@@ -280,7 +280,7 @@ async def test_a_hung_recipient_is_not_asked_again_every_cycle(c, s, a, d):
         await wait_cycles(s, 20)
         assert requests.of("move-1") == ({slow.address: 1}, {})
         assert holders(s, "move-1") == {a.address}  # not dropped before a copy landed
-        assert policy.index.inflight["move-1"].keys() == {slow.address}
+        assert policy.ctx.ledger.in_flight("move-1").keys() == {slow.address}
 
         slow.block_gather_dep.set()
         await wait_for(lambda: holders(s, "move-1") == {slow.address}, "move-1 moved to slow")

@@ -1,6 +1,7 @@
 """Attaching and detaching RulesPolicy on a real scheduler: the scheduler methods it
 wraps (replica changes, workers' resources and heartbeats, ``replicate`` and
-``scatter``) and the comm handlers bound to them, its plugin and its own handlers are
+``scatter``, adaptive scaling's questions and ``retire_workers``) and the comm handlers
+bound to them, its plugin and its own handlers are
 put back as they were, also when several policies attach in turn."""
 
 from __future__ import annotations
@@ -18,18 +19,19 @@ from tests.support.rulesets import X_THREE
 #: Run in the version matrix too (.ci/run): the floor and the newest dask/distributed.
 pytestmark = pytest.mark.compat
 
-METHODS = (
-    "add_replica",
-    "remove_replica",
-    "remove_all_replicas",
+#: Methods whose comm handler has their name and is bound to them.
+SAME_NAME = (
     "update_data",
-    "add_resources",
     "heartbeat_worker",
     "replicate",
     "scatter",
+    "adaptive_target",
+    "workers_to_close",
+    "retire_workers",
 )
+METHODS = ("add_replica", "remove_replica", "remove_all_replicas", "add_resources", *SAME_NAME)
 #: The comm handlers bound to some of them.
-HANDLERS = ("update_data", "set_resources", "heartbeat_worker", "replicate", "scatter")
+HANDLERS = ("set_resources", *SAME_NAME)
 
 
 def wrapped(scheduler: Any) -> dict[str, Any]:
@@ -50,6 +52,9 @@ async def test_detach_puts_back_the_scheduler_methods(c, s, a, b):
     ActiveMemoryManagerExtension(s, {second}, register=False, start=False)
     on_second = wrapped(s)
     assert on_first != original and on_second != on_first
+    # The first policy's wrappers take the keywords of the methods they wrap: the
+    # second's feature check finds them (retire_workers(close_workers=, remove=)).
+    assert second.unsupported == {}
     # Detached under another policy's wrappers: they stay, and pass through.
     first.detach()
     assert wrapped(s) == on_second

@@ -128,7 +128,7 @@ async def test_a_worker_fetching_a_lost_key_for_a_dependent_is_not_asked_for_the
         await kill(a)
         await wait_for(lambda: copies(s, key) == 2, f"{key} copied again")
         assert holders(s, key) == {b.address, d.address}
-        assert slow.address not in policy.index.inflight.get(key, {})
+        assert slow.address not in policy.ctx.ledger.in_flight(key)
         # One early cycle asked for the copy; at most one more saw it land.
         assert policy.cycles - cycles <= 2
         slow.block_gather_dep.set()
@@ -176,7 +176,7 @@ async def test_a_worker_fetching_a_lost_key_is_passed_over_while_its_fetch_lasts
             amm,
             lambda: holders(s, key) == {b.address, d.address},
             f"{key} copied to d",
-            show=lambda: (requests.of(key), policy.index.backoff.get(key)),
+            show=lambda: (requests.of(key), policy.ctx.ledger.backoffs.get(key)),
         )
         assert requests.of(key) == ({hung.address: 1, d.address: 1}, {})
         slow.block_gather_dep.set()

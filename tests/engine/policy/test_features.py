@@ -20,6 +20,7 @@ from amm_rules.cli import main
 from amm_rules.engine import features
 from amm_rules.engine.features import DATA_PRODUCER, Feature, missing, words
 from amm_rules.engine.sections import SECTIONS
+from amm_rules.engine.sections.adaptive import AdaptiveSection
 from amm_rules.engine.sections.memory_pressure import CALLBACK, MemoryPressure
 from amm_rules.engine.sections.paused_workers import RESTART, PausedWorkers
 from amm_rules.observe.dashboard import header_html
@@ -89,7 +90,7 @@ async def test_memory_pressure_without_its_internal_is_off_and_says_so(c, s, a, 
     # Off: neither attached nor run (its periodic check never starts).
     await wait_cycles(s, 3)
     pressure = policy.section(MemoryPressure)
-    assert pressure.ctx is None
+    assert pressure not in s.plugins.values()  # (attached, it is one of them)
     assert not any(name.startswith(CALLBACK) for name in s.periodic_callbacks)
     assert len(events(s, "unsupported")) == 1  # once, not per cycle
     # status, its text, the page's header.
@@ -113,7 +114,9 @@ async def test_restarts_without_restart_workers_retire_instead_and_say_why(c, s,
     try:
         assert policy.unsupported == {RESTART: RESTARTS}
         paused = policy.section(PausedWorkers)
-        assert paused.ctx is not None and not paused.supports(RESTART)  # the rest is on
+        assert paused.clock in s.plugins.values() and not paused.supports(
+            RESTART
+        )  # the rest is on
         ws = s.workers[a.address]
         monkeypatch.setattr(ws, "nanny", "tcp://127.0.0.1:1")  # restartable, but for this
         handling = paused._start(ws, now=0.0)
@@ -181,3 +184,55 @@ def test_the_engine_without_its_hooks_runs_nothing(monkeypatch: pytest.MonkeyPat
         "engine": "engine: off: needs distributed >= 2025.1 (Scheduler.remove_all_replicas)"
     }
     assert policy._off == frozenset(policy.sections)
+
+
+ADAPTIVE_MEMORY = "adaptive: memory: off: needs distributed >= 2025.1 (Scheduler.task_prefixes)"
+
+
+@pytest.fixture
+def no_task_prefixes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adaptive target's need of ``Scheduler.task_prefixes`` unmet, as on a release
+    that moved it (the scheduler itself cannot run without its prefixes)."""
+    guard, memory = AdaptiveSection.FEATURES
+    (prefixes, *rest) = memory.needs
+    gone = features.Need(prefixes.what, prefixes.package, prefixes.since, lambda _: False)
+    changed = Feature(memory.name, (gone, *rest), memory.in_use)
+    monkeypatch.setattr(AdaptiveSection, "FEATURES", (guard, changed))
+
+
+@pytest.mark.usefixtures("no_task_prefixes")
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)],
+    config=amm_config({**rules(), "adaptive": {}}),
+)
+async def test_the_adaptive_target_without_its_internal_is_distributeds(c, s, a):
+    """Without the task prefixes, memory asks for nothing: the target is distributed's,
+    the guard still holds, and the section says why."""
+    policy = policy_of(s)
+    assert policy.unsupported == {"adaptive: memory": ADAPTIVE_MEMORY}
+    held = await c.scatter({"x": b"." * 1000})
+    assert s.adaptive_target() == Scheduler.adaptive_target(s)
+    adaptive = policy.section(AdaptiveSection)
+    assert "target" not in adaptive.status()
+    assert ADAPTIVE_MEMORY in render_status(status_report(policy))
+    del held
+
+
+def test_validate_names_the_adaptive_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``validate --dask-config`` says it at the section's key, with the scheduler's
+    class as this environment has it (here without ``task_prefixes``)."""
+    from distributed.scheduler import SchedulerState
+
+    monkeypatch.delattr(SchedulerState, "task_prefixes")
+    config = tmp_path / "dask.yaml"
+    policies = [{"class": "amm_rules.RulesPolicy", "rules": {**rules(), "adaptive": {}}}]
+    scheduler = {"active-memory-manager": {"policies": policies}}
+    config.write_text(yaml.safe_dump({"distributed": {"scheduler": scheduler}}, sort_keys=False))
+    result = CliRunner().invoke(main, ["validate", "--dask-config", str(config)])
+    text = config.read_text().splitlines()
+    at = next(n for n, line in enumerate(text, 1) if line.lstrip().startswith("adaptive:"))
+    column = len(text[at - 1]) - len(text[at - 1].lstrip()) + 1
+    assert f"{config}:{at}:{column}: warning[unsupported]: {ADAPTIVE_MEMORY}" in result.output

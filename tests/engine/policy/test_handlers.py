@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from distributed.utils_test import gen_cluster
 
+from amm_rules.engine.handlers import refused
 from benchmarks.support.waiting import wait_cycles, wait_for
 from tests.support.cluster import amm_config, counts, holders, inc, policy_of
 from tests.support.rulesets import INC_TWO as RULES
@@ -49,9 +50,9 @@ def test_set_target_rejects_bad_targets(target, message):
     @gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(RULES))
     async def run(c, s, a):
         with pytest.raises(ValueError, match=message):
-            await c.scheduler.amm_rules_set_target(keys=["x"], target=target)
+            refused(await c.scheduler.amm_rules_set_target(keys=["x"], target=target))
         with pytest.raises(ValueError, match="keys: expected a list of keys"):
-            await c.scheduler.amm_rules_set_target(keys="x", target=2)
+            refused(await c.scheduler.amm_rules_set_target(keys="x", target=2))
         # The scheduler carries on.
         assert await c.submit(inc, 1) == 2
 

@@ -28,6 +28,7 @@ from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
 import amm_rules
+from amm_rules.engine.handlers import refused
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.language.fields import ActionError
 from amm_rules.language.yaml_source import MAX_BYTES
@@ -144,12 +145,12 @@ async def test_runtime_calls_with_garbage_are_errors_and_targets_stay(c, s, *wor
             amm_rules.replicate(held, n=target)
         # ... and by the scheduler, for a client that calls the handler directly.
         with pytest.raises(ValueError, match=r"^target(\.min|\.max)?: "):
-            await c.scheduler.amm_rules_set_target(keys=[held.key], target=target)
+            refused(await c.scheduler.amm_rules_set_target(keys=[held.key], target=target))
     for keys in ["inc-held", None, 5, {"inc-held": 1}, b"inc-held"]:
         with pytest.raises(ValueError, match="keys: expected a list of keys"):
-            await c.scheduler.amm_rules_set_target(keys=keys, target=2)
+            refused(await c.scheduler.amm_rules_set_target(keys=keys, target=2))
         with pytest.raises(ValueError, match="keys: expected a list of keys"):
-            await c.scheduler.amm_rules_explain(keys=keys)
+            refused(await c.scheduler.amm_rules_explain(keys=keys))
     # Keys that do not exist, or cannot be keys at all, are "missing", not errors.
     answer = await c.scheduler.amm_rules_set_target(
         keys=["nope", ["un", "hashable"], {"a": 1}, None, 3.5], target=2

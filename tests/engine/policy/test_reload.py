@@ -3,6 +3,8 @@ a bad, missing or unreadable file keeps the running rules and logs one event."""
 
 from __future__ import annotations
 
+import hashlib
+import logging
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,52 @@ async def test_reload_good_and_bad(c, s, w1, w2, w3, w4, tmp_path):
     write_atomically(path, RELOADABLE.format(n=1))
     await cycle_until(amm, lambda: copies(s, "x-1") == 1, "x-1 at 1 copy after the reload")
     assert len(events(s, "reload")) == 2
+    keep(futures)
+
+
+#: Two pools and four rules (the start-up line's example), ``{n}`` copies of x-*.
+POOLED = """\
+version: 1
+pools:
+  gpu: worker.resources.GPU >= 1
+  cpu: not worker.resources.GPU
+rules:
+  - name: keep
+    match: task.key matches "x-*"
+    replicate: {n}
+  - name: on-gpu
+    match: task.prefix == "gpu"
+    pool: gpu
+  - name: on-cpu
+    match: task.prefix == "cpu"
+    pool: cpu
+  - name: spread
+    match: task.prefix == "wide"
+    spread: host
+"""
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 2, config=amm_config(None, start=False), timeout=60)
+async def test_the_reload_line_has_the_start_up_lines_shape_with_the_new_digest(
+    c, s, a, b, tmp_path, caplog
+):
+    """An operator tells from the log that a change (a ConfigMap edited) landed: the
+    reload's line names the file, the new text's digest, the rules and the pools, as
+    the start-up line does."""
+    caplog.set_level(logging.INFO, logger="amm_rules.engine.policy")
+    path = _rules_file(tmp_path, POOLED.format(n=1))
+    policy = RulesPolicy(str(path))
+    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
+    futures = await c.scatter({"x-1": 1})
+    await cycle_until(amm, lambda: copies(s, "x-1") == 1, "x-1 at 1 copy")
+
+    write_atomically(path, POOLED.format(n=2))
+    await cycle_until(amm, lambda: events(s, "reload"), "a reload event")
+    digests = [hashlib.sha256(POOLED.format(n=n).encode()).hexdigest()[:12] for n in (1, 2)]
+    said = [r.getMessage() for r in caplog.records if r.name == "amm_rules.engine.policy"]
+    tail = "4 rules, pools: gpu, cpu"
+    assert f"amm-rules: rules from {path} (sha256 {digests[0]}): {tail}" in said
+    assert f"amm-rules: reloaded rules from {path} (sha256 {digests[1]}): {tail}" in said
     keep(futures)
 
 

@@ -9,6 +9,7 @@ from bokeh.document import Document
 from distributed.utils_test import gen_cluster
 
 import amm_rules
+from amm_rules.engine.handlers import refused
 from amm_rules.engine.sections import drain as drain_module
 from amm_rules.engine.sections.drain import DrainSection
 from amm_rules.observe.dashboard import RulesPage
@@ -23,7 +24,7 @@ PIN = {"name": "pin", "match": 'task.key matches "pin-*"', "replicate": {"min": 
 
 
 def section(s) -> DrainSection:
-    return policy_of(s).ctx.section(DrainSection)
+    return policy_of(s).drains
 
 
 def cheap(i: int) -> bytes:
@@ -173,9 +174,8 @@ async def test_the_prediction_measured_early_matches_what_happened(c, s, a, b, w
     status = await c.scheduler.amm_rules_status()
     assert status["drain"]["drains"][0]["state"] == "draining"
     assert drains.metrics()["draining"] == 1.0
-    waiting = [
-        k for k in drains.drains[a.address].places if k not in drains.drains[a.address].inflight
-    ]
+    flying = drains.in_flight(drains.drains[a.address])
+    waiting = [k for k in drains.drains[a.address].places if k not in flying]
     if waiting:
         said = (await c.scheduler.amm_rules_explain(keys=[waiting[-1]]))[waiting[-1]]["drain"]
         assert said["standing"] == "waiting" and said["of"] >= said["place"] >= 1
@@ -204,8 +204,10 @@ async def test_the_prediction_measured_early_matches_what_happened(c, s, a, b, w
 @gen_cluster(client=True, nthreads=[("", 1)] * 2, config=amm_config())
 async def test_a_bad_request_is_refused_with_a_sentence(c, s, a, b, workers, deadline, error):
     with pytest.raises(ValueError, match=error):
-        await c.scheduler.amm_rules_drain(
-            workers=[a.address] if workers is None else workers, deadline=deadline
+        refused(
+            await c.scheduler.amm_rules_drain(
+                workers=[a.address] if workers is None else workers, deadline=deadline
+            )
         )
     assert not section(s).drains
     assert s.workers[a.address] in s.running

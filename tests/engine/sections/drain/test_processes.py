@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 from distributed.utils_test import gen_cluster
@@ -22,14 +25,14 @@ def payload(i: int) -> bytes:
     return bytes([i]) * 100_000
 
 
-@pytest.mark.parametrize("nanny", [True, False], ids=["nanny", "no-nanny"])
-@gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(), timeout=90)
-async def test_sigterm_drains_the_worker_through_the_preload(c, s, a, nanny, tmp_path):
+def start_worker(address: str, nanny: bool, directory: Path) -> tuple[Any, Path]:
+    """``dask worker`` named ``leaving``, one thread, with the preload and a drain
+    deadline of 15 s in its own dask config; its process and its log."""
     command = [
         sys.executable,
         "-m",
         "distributed.cli.dask_worker",
-        s.address,
+        address,
         "--name",
         "leaving",
         "--nthreads",
@@ -38,11 +41,17 @@ async def test_sigterm_drains_the_worker_through_the_preload(c, s, a, nanny, tmp
         "amm_rules.worker",
         "--nanny" if nanny else "--no-nanny",
     ]
-    # The deadline comes from the worker's own dask config.
     env = environment(DASK_AMM_RULES__DRAIN__DEADLINE="15s")
-    log = tmp_path / "worker.log"
+    log = directory / "worker.log"
     with log.open("wb") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return process, log
+
+
+@pytest.mark.parametrize("nanny", [True, False], ids=["nanny", "no-nanny"])
+@gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(), timeout=90)
+async def test_sigterm_drains_the_worker_through_the_preload(c, s, a, nanny, tmp_path):
+    process, log = start_worker(s.address, nanny, tmp_path)
     try:
         await wait_for(
             lambda: any(ws.name == "leaving" for ws in s.workers.values()),
@@ -134,3 +143,48 @@ def test_the_preloads_deadline_comes_from_dask_config_and_is_checked() -> None:
     for bad in ("soon", "0s", "2 days"):
         with dask.config.set({CONFIG_KEY: bad}), pytest.raises(ValueError, match=CONFIG_KEY):
             deadline_seconds()
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(), timeout=120)
+async def test_sigterm_to_the_worker_process_under_a_nanny(c, s, a, tmp_path):
+    """The signal reaches the worker process alone (``kill PID``): it drains, then
+    stops through its nanny, which starts a new worker process as it does for a worker
+    that a signal ended. The nanny logged ``Worker process died unexpectedly`` with a
+    ``TypeError`` from its stop-queue watch: the worker had closed itself while that
+    thread still waited on the queue, which the process's exit then closed under it."""
+    process, log = start_worker(s.address, True, tmp_path)
+    try:
+        await wait_for(
+            lambda: (
+                "Starting Nanny plugin amm-rules-drain-on-signal" in log.read_text()
+                and any(ws.name == "leaving" for ws in s.workers.values())
+            ),
+            "the worker joins, its nanny has the preload's plugin",
+            timeout=40,
+            show=lambda: log.read_text()[-2000:],
+        )
+        (leaving,) = [ws for ws in s.workers.values() if ws.name == "leaving"]
+        assert leaving.pid != process.pid  # the worker process, not the nanny's
+        futures = await c.scatter(
+            {f"p-{i}": payload(i) for i in range(20)}, workers=[leaving.address]
+        )
+        os.kill(leaving.pid, signal.SIGTERM)
+        await wait_for(
+            lambda: any(
+                ws.name == "leaving" and ws.address != leaving.address for ws in s.workers.values()
+            ),
+            "the nanny starts a new worker process",
+            timeout=60,
+            show=lambda: log.read_text()[-3000:],
+        )
+    finally:
+        process.kill()
+        process.wait()
+    text = log.read_text()
+    drains = [e for e in events(s, "drain") if e["worker"] == leaving.address]
+    assert [e for e in drains if e["step"] == "safe"], (drains, text[-3000:])
+    assert all(holders(s, k) == {a.address} for k in futures)
+    # Stopped by its nanny, the nanny's own way (its stop queue), after the drain.
+    assert "Nanny asking worker to close. Reason: amm-rules: drained after SIGTERM" in text
+    assert "Worker process died unexpectedly" not in text, text[-3000:]
+    assert "Traceback" not in text and "ERROR" not in text, text[-3000:]

@@ -295,7 +295,8 @@ async def test_a_reload_to_ignore_removes_the_calls_targets(c, s, a, b, w3, tmp_
     path = tmp_path / "rules.yaml"
     write(path, "version: 1\n")
     policy = RulesPolicy(str(path))
-    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
+    # Running (the calls are honoured only then), its cycles driven by hand.
+    amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=True, interval=3600)
     (y,) = await c.scatter([60], broadcast=True)
     x = c.submit(inc, 1, key="x-1")
     await x

@@ -19,7 +19,14 @@ from amm_rules.engine.sections.protect import ProtectSection
 from amm_rules.observe.status import status_report
 from amm_rules.observe.text import render_status
 from benchmarks.support.waiting import wait_cycles, wait_for
-from tests.support.cluster import TransitionCounter, amm_config, copies, no_errors, policy_of
+from tests.support.cluster import (
+    TransitionCounter,
+    amm_config,
+    copies,
+    holders,
+    no_errors,
+    policy_of,
+)
 
 #: Seconds a dear task works; cheap ones work a tenth of it.
 WORK = 0.3
@@ -62,9 +69,9 @@ async def test_the_dearest_keys_per_byte_are_protected_within_the_budget(c, s, a
     await wait_for(
         lambda: all(copies(s, k) == 2 for k in dear_keys),
         "every dear key on two workers",
-        show=lambda: (dict(policy.ctx.protected), [copies(s, k) for k in dear_keys]),
+        show=lambda: (dict(policy.ctx.claims.of("protect")), [copies(s, k) for k in dear_keys]),
     )
-    assert set(policy.ctx.protected) == dear_keys
+    assert set(policy.ctx.claims.of("protect")) == dear_keys
     # The bulky keys are as dear but do not fit; the cheap ones are below min-recompute.
     assert [copies(s, f.key) for f in bulky + cheap] == [1] * 6
     # Both bulky keys are left out once a choice saw both (choices are made at most
@@ -115,7 +122,7 @@ async def test_a_rule_of_the_key_wins_over_protection(c, s, a, b, w):
     )
     await wait_cycles(s, 5)
     assert [copies(s, f.key) for f in exact + frozen] == [1] * 4
-    assert set(policy.ctx.protected) == {f.key for f in free}
+    assert set(policy.ctx.claims.of("protect")) == {f.key for f in free}
     why = policy.section(ProtectSection).explain(s.tasks[exact[0].key], 0.0)["why"]
     assert why == "its replication target decides its copies (rule one)"
     no_errors(s)
@@ -149,6 +156,37 @@ async def test_losing_the_only_holder_of_a_protected_key_recomputes_nothing(c, s
     no_errors(s)
 
 
+@gen_cluster(
+    client=True,
+    nthreads=[("", 2)] * 3,
+    config=amm_config(protect_rules("1 MiB")),
+    timeout=90,
+)
+async def test_copies_on_a_worker_on_its_way_out_do_not_count(c, s, a, b, w):
+    """A worker drained (it keeps its copies until it leaves, and leaves at its
+    deadline) holds the second copy of protected keys: those copies count no more, as
+    the planner counts them; each key gets its second copy on a worker that stays
+    before the drained one goes."""
+    dear = await stage(c, "dear", 3, WORK, 1000, workers=[a.address])
+    keys = {f.key for f in dear}
+    await wait_for(lambda: all(copies(s, k) == 2 for k in keys), "the dear keys protected")
+    # The worker holding most of the second copies leaves.
+    second = [h for k in keys for h in holders(s, k) if h != a.address]
+    gone = max({b.address, w.address}, key=second.count)
+    stays = ({b.address, w.address} - {gone}).pop()
+    await c.scheduler.amm_rules_drain(workers=[gone], deadline="60s")
+
+    def staying() -> list[set[str]]:
+        return [holders(s, k) - {gone} for k in sorted(keys)]
+
+    await wait_for(
+        lambda: all(h == {a.address, stays} for h in staying()),
+        "two copies of each on the workers that stay",
+        show=lambda: (staying(), policy_of(s).ctx.leaving()),
+    )
+    no_errors(s)
+
+
 @gen_cluster(client=True, nthreads=[("", 2)] * 3, config=amm_config(None, start=False), timeout=90)
 async def test_keys_already_in_memory_on_a_quiet_cluster_are_protected(c, s, a, b, w):
     """The section attached over data persisted before it, with nothing computing: its
@@ -162,9 +200,9 @@ async def test_keys_already_in_memory_on_a_quiet_cluster_are_protected(c, s, a, 
         await wait_for(
             lambda: all(copies(s, f.key) == 2 for f in dear),
             "the keys persisted before the section protected",
-            show=lambda: (dict(policy.ctx.protected), status_report(policy)["protect"]),
+            show=lambda: (dict(policy.ctx.claims.of("protect")), status_report(policy)["protect"]),
         )
-        assert set(policy.ctx.protected) == {f.key for f in dear}
+        assert set(policy.ctx.claims.of("protect")) == {f.key for f in dear}
     finally:
         amm.stop()
         policy.detach()
@@ -187,7 +225,7 @@ async def test_a_key_no_worker_can_take_is_put_off_until_a_worker_joins(c, s, a)
     await wait_for(
         lambda: set(section.later) == keys,
         "both keys put off",
-        show=lambda: (dict(policy_of(s).ctx.protected), dict(section.later)),
+        show=lambda: (dict(policy_of(s).ctx.claims.of("protect")), dict(section.later)),
     )
     assert set(section.short) == set()
     async with Worker(s.address, nthreads=1):
@@ -213,9 +251,9 @@ async def test_a_choice_among_many_keys_is_made_over_several_cycles(c, s, a, b, 
         for _ in range(40):
             amm.run_once()
             seen_choosing += section.status()["choosing"]
-            if set(policy.ctx.protected) == keys:
+            if set(policy.ctx.claims.of("protect")) == keys:
                 break
-        assert set(policy.ctx.protected) == keys
+        assert set(policy.ctx.claims.of("protect")) == keys
         assert section.status()["choice_cycles"] == 4
         assert seen_choosing >= 3  # the cycles before the last of the choice
         await wait_for(lambda: all(copies(s, k) == 2 for k in keys), "the four keys copied")
@@ -246,7 +284,7 @@ async def test_no_protection_copy_goes_to_a_worker_at_its_spill_threshold(c, s, 
 
     dear = await stage(c, "dear", 2, WORK, 1000, workers=[a.address])
     policy = policy_of(s)
-    await wait_for(lambda: set(policy.ctx.protected) == {f.key for f in dear}, "chosen")
+    await wait_for(lambda: set(policy.ctx.claims.of("protect")) == {f.key for f in dear}, "chosen")
     await wait_cycles(s, 10)
     assert [copies(s, f.key) for f in dear] == [1, 1]  # b spills already: no copy there
     with dask.config.set({"distributed.worker.memory.spill": False}):

@@ -14,8 +14,8 @@ import pytest
 from distributed.active_memory_manager import ActiveMemoryManagerExtension
 from distributed.utils_test import gen_cluster
 
+from amm_rules.engine.evacuation import desired_of
 from amm_rules.engine.policy import RulesPolicy
-from amm_rules.engine.sections.retirement import desired_of
 from amm_rules.observe.explain import explain_keys
 from benchmarks.support.waiting import wait_for
 from tests.support.cluster import Requests, amm_config, counts

@@ -53,12 +53,15 @@ async def test_the_default_inflight_timeout_is_three_intervals_at_least_ten_seco
         await x
         await cycle_until(amm, lambda: asked(requests, "x-1"), "a copy of x-1 asked of slow")
         # The copy counts as in flight for those 10 s.
-        (deadline,) = policy.index.inflight["x-1"].values()
+        ((deadline, by),) = (
+            (c.deadline, c.by) for c in policy.ctx.ledger.in_flight("x-1").values()
+        )
+        assert by == "replication"
         (first,) = asked(requests, "x-1")
         assert first < deadline <= first + 10.0
         await cycles(amm, 5)
         assert requests.of("x-1") == ({slow.address: 1}, {})
-        assert list(policy.index.inflight["x-1"]) == [slow.address]
+        assert list(policy.ctx.ledger.in_flight("x-1")) == [slow.address]
         slow.block_gather_dep.set()
         await cycle_until(amm, lambda: holders(s, "x-1") == {slow.address}, "x-1 moved")
         keep(x)
@@ -79,12 +82,13 @@ async def test_a_copy_that_does_not_land_is_given_up_and_its_worker_backed_off(c
         await x
         await cycle_until(amm, lambda: asked(requests, "x-1"), "a copy of x-1 asked of slow")
         await slow.in_gather_dep.wait()
-        (deadline,) = policy.index.inflight["x-1"].values()
+        ledger = policy.ctx.ledger
+        (deadline,) = (c.deadline for c in ledger.in_flight("x-1").values())
         # Given up once the deadline passed; the slow worker backed off for as long again.
-        await cycle_until(amm, lambda: "x-1" in policy.index.backoff, "the copy given up")
+        await cycle_until(amm, lambda: "x-1" in ledger.backoffs, "the copy given up")
         gave_up = time.monotonic()
-        (until,) = policy.index.backoff["x-1"].values()
-        assert "x-1" not in policy.index.inflight and gave_up >= deadline
+        (until,) = ledger.backing_off("x-1").values()
+        assert "x-1" not in ledger.copies and gave_up >= deadline
         assert deadline + timeout <= until <= gave_up + timeout
         # No other worker may hold it: nothing is asked until the back-off ends ...
         await cycle_until(amm, lambda: len(asked(requests, "x-1")) == 2, "asked again")
@@ -116,10 +120,10 @@ async def test_a_refused_suggestion_is_suggested_again_once_per_cycle(c, s, *wor
         amm.run_once()
     # Two copies missing: each cycle suggests them once, not more, not fewer.
     assert per_cycle == [2, 2, 2, 2, 2]
-    assert "x-1" not in policy.index.inflight and counts(s, ["x-1"]) == [1]
+    assert "x-1" not in policy.ctx.ledger.copies and counts(s, ["x-1"]) == [1]
     per_cycle.append(0)
     amm.run_once()
-    assert per_cycle[-1] == 2 and len(policy.index.inflight["x-1"]) == 2
+    assert per_cycle[-1] == 2 and len(policy.ctx.ledger.in_flight("x-1")) == 2
     per_cycle.append(0)
     await cycles(amm, 1)
     assert per_cycle[-1] == 0  # in flight: nothing suggested again

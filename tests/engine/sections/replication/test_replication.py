@@ -131,7 +131,7 @@ async def test_unmet_target_is_held_reported_and_not_retried(c, s, *workers):
     await wait_cycles(s, STILL)
     assert (requests.acquire, requests.remove) == ({}, {})  # no storm
     assert policy.totals["five"]["requested"] == 2
-    assert policy.index.inflight == {}
+    assert policy.ctx.ledger.copies == {}
 
 
 @gen_cluster(

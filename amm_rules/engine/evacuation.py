@@ -1,0 +1,167 @@
+"""The work the sections that empty workers share: the retirements, the drains that
+pace them and the paused-workers section.
+
+What they ask of the evacuation planner
+(:func:`~amm_rules.engine.decide.evacuate.plan_evacuation`) is built here from the
+engine's context (:func:`evacuation_input`: the keys' views, with the ledger's copies in
+flight, and the cluster with the leaving workers marked); the copies it plans are
+suggested with the recipient as the only candidate (:func:`suggest_copies`) and
+recorded in the ledger with who asked (:func:`record_copy`). A leaving worker's keys in
+the drain's order of value (:func:`rank_views`, :func:`drain_item`) serve the drains and
+the retirements adaptive scale-down asks for.
+
+Neighbours: :mod:`amm_rules.engine.sections.retirement`,
+:mod:`amm_rules.engine.sections.drain`, :mod:`amm_rules.engine.sections.paused_workers`,
+:mod:`amm_rules.engine.sections.adaptive` and ``amm-rules simulate --drain``
+(:mod:`amm_rules.offline.drain`) use it; sections never import each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Hashable, Iterable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from distributed.active_memory_manager import Suggestion
+
+from amm_rules.engine import key_logger
+from amm_rules.engine.decide.drain import DrainItem, rank
+from amm_rules.engine.decide.evacuate import Copy, Evacuation, leaving_view, needed_copies
+from amm_rules.engine.decide.plan import source_label
+from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
+from amm_rules.language.ruleset import UNGOVERNED, Desired
+
+if TYPE_CHECKING:
+    from amm_rules.engine.context import EngineContext
+
+#: Keys named in an event or a status line (the count is always given).
+KEYS_SHOWN = 20
+
+
+def desired_of(ctx: EngineContext, ts: Any) -> Desired:
+    """What the rules want for a key in memory, classifying it now if the policy has not
+    yet (it entered memory since the last cycle)."""
+    index = ctx.index
+    key = ts.key
+    if index.may_be_unclassified(key):
+        desired = ctx.resolve(ts)
+        index.dirty.pop(key, None)
+        index.unqueue(key)
+        if desired.governed:
+            index.put(key, ts, desired)
+        else:
+            index.unindex(key)
+        return desired
+    return index.desired.get(key, UNGOVERNED)
+
+
+def ensure_pools(ctx: EngineContext) -> None:
+    """Pool membership of the workers that joined since the policy's last cycle: a
+    retirement may come before that cycle."""
+    ctx.placements.include_new_workers(ctx.amm.measure)
+
+
+def evacuation_input(
+    ctx: EngineContext, tasks: Iterable[Any], leaving: Iterable[str]
+) -> tuple[list[KeyView], ClusterView]:
+    """Key views of ``tasks`` (with the ledger's copies in flight) and the cluster with
+    ``leaving`` marked, for :func:`~amm_rules.engine.decide.evacuate.plan_evacuation`."""
+    ensure_pools(ctx)
+    manager = ctx.manager
+    pending = getattr(manager, "pending", None)  # only exists during an AMM cycle
+    cluster = leaving_view(ctx.cluster_view().workers.values(), leaving)
+    views = []
+    dry_run = ctx.dry_run
+    for ts in tasks:
+        desired = desired_of(ctx, ts)
+        view = ctx.key_view(ts, desired, pending)
+        if desired.governed and dry_run.keys_active and dry_run.label(desired) is not None:
+            # In dry-run its rules do not act: placed as if nothing governed it (one
+            # copy on any worker that stays), its copies in flight kept.
+            view = replace(view, desired=UNGOVERNED)
+        views.append(view)
+    return views, cluster
+
+
+def dry_run_keys(ctx: EngineContext, views: Iterable[KeyView]) -> list[Hashable]:
+    """The keys of ``views`` that their rules govern but placed as ungoverned: in
+    dry-run (see :func:`evacuation_input`)."""
+    governed = ctx.index.desired
+    return [v.key for v in views if not v.desired.governed and v.key in governed]
+
+
+def record_copy(ctx: EngineContext, by: str, copy: Copy, now: float) -> None:
+    """Remember a copy the AMM accepted, asked by ``by``, until it lands or its deadline
+    passes (the ledger)."""
+    ctx.ledger.record(copy.key, copy.worker, by, now + ctx.inflight_timeout, copy.nbytes)
+
+
+def suggest_copies(
+    plan: Evacuation, by_key: Mapping[Hashable, Any], workers: Mapping[str, Any], why: str
+) -> Generator[Suggestion, Any, list[tuple[Copy, Any]]]:
+    """Suggest each copy of an evacuation plan (its worker the only candidate), logging
+    each answer with ``why`` (``retiring ADDRESS``); returns the copies the AMM accepted,
+    with their tasks."""
+    accepted = []
+    for copy in plan.copies:
+        ts = by_key[copy.key]
+        choice = yield Suggestion("replicate", ts, {workers[copy.worker]})
+        key_logger.debug(
+            "(replicate, %s, %s) %s: %s (%s)",
+            copy.key,
+            copy.worker,
+            "accepted" if choice else "refused",
+            copy.reason,
+            why,
+        )
+        if choice is not None:
+            accepted.append((copy, ts))
+    return accepted
+
+
+def shown_keys(keys: Iterable[Hashable]) -> list[str]:
+    return [key_string(k) for k in list(keys)[:KEYS_SHOWN]]
+
+
+# -- the order of value of a worker's keys ------------------------------------------
+
+
+def rank_views(
+    views: list[KeyView],
+    cluster: ClusterView,
+    tasks: Mapping[Hashable, Any],
+    estimate: Callable[[Any], float | None],
+) -> tuple[list[KeyView], dict[Hashable, DrainItem]]:
+    """``views`` in the drain's order of value, and the drain's item of each key
+    (``tasks``: the scheduler's, for the keys' groups; ``estimate``: a group's recompute
+    estimate). Shared by the section and ``amm-rules simulate --drain``."""
+    items = [drain_item(v, cluster, tasks.get(v.key), estimate) for v in views]
+    order = {id(item): i for i, item in enumerate(rank(items))}
+    ranked = sorted(zip(views, items, strict=True), key=lambda vi: order[id(vi[1])])
+    return [v for v, _ in ranked], {v.key: item for v, item in zip(views, items, strict=True)}
+
+
+def drain_item(
+    view: KeyView, cluster: ClusterView, ts: Any, estimate: Callable[[Any], float | None]
+) -> DrainItem:
+    """The drain's view of one key: size, copies needed, recompute estimate, target."""
+    d = view.desired
+    placeable = cluster.placeable(d.pool, d.avoid)
+    staying = len((view.holders - cluster.closing) & placeable)
+    minimum = needed_copies(d, len(placeable)) if d.replicate is not None else 0
+    group = getattr(ts, "group", None)
+    return DrainItem(
+        key=view.key,
+        nbytes=view.nbytes,
+        copies=max(1, (minimum or 1) - staying),
+        seconds=estimate(group) if group is not None else None,
+        minimum=minimum,
+        staying=staying,
+        rule=source_label(d, "replicate") if d.replicate is not None else "",
+        group=getattr(group, "name", "") or _prefix(view.key),
+    )
+
+
+def _prefix(key: Hashable) -> str:
+    text = key[0] if isinstance(key, tuple) and key else key
+    return str(text).rsplit("-", 1)[0]

@@ -1,0 +1,215 @@
+"""The ledger: what the engine asked of the workers and has not seen land.
+
+The AMM forgets what it was asked between two cycles; the engine must not, or a slow
+transfer is asked for again, elsewhere, then trimmed. Whoever asks writes here, and
+whoever must not ask twice reads here: one record, never a copy of it.
+
+- **copies**: key -> {recipient: :class:`Copy` (who asked, deadline, bytes)}, accepted by
+  the AMM and not seen on the recipient (:meth:`Ledger.record`,
+  :meth:`Ledger.in_flight`): the planner counts them toward a key's target, protect
+  toward its copies, an evacuation toward a leaving worker's keys;
+- **back-offs**: key -> {worker: until}: a copy there timed out, or its source died
+  (:meth:`Ledger.back_off`, :meth:`Ledger.backing_off`);
+- **moves**: key -> rebalancing's :class:`~amm_rules.engine.rebalance.plan.PendingMove`
+  (a copy, then a drop once it landed), settled by its
+  :class:`~amm_rules.engine.rebalance.plan.MoveBook`; a move's copy is not among the
+  copies the planner counts;
+- **landings**: the copies that landed since the last cycle (:meth:`Ledger.just_landed`:
+  the planner drops them last), and per asker since the start (:meth:`Ledger.landings`:
+  what a drain moved).
+
+A drop needs no entry: the scheduler forgets a copy when the AMM asks for its drop.
+
+The hooks keep it current between cycles (the ``add_replica`` wrapper calls
+:meth:`~Ledger.landed`, the transition hook :meth:`~Ledger.forget`, ``remove_worker``
+:meth:`~Ledger.worker_left`); at each cycle's planning time
+:meth:`~Ledger.expire` gives up what passed its deadline and notes what no hook saw (a
+simulation has none). :mod:`amm_rules.engine.decide` never imports it: the planners read
+what :meth:`~amm_rules.engine.context.EngineContext.key_view` copied of it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from amm_rules.engine.rebalance.plan import PendingMove
+
+
+class Copy(NamedTuple):
+    """One copy asked for and not seen landing."""
+
+    #: Who asked: a section (``replication``, ``protect``) or an owner in one
+    #: (``retirement of tcp://...``).
+    by: str
+    #: The engine's clock when it is given up (and its worker backed off from).
+    deadline: float
+    nbytes: int = 0
+
+
+_NONE: Mapping[str, Any] = {}
+_NOTHING: frozenset[str] = frozenset()
+
+
+class Ledger:
+    """What the engine asked and has not seen land (see the module docstring). The hot
+    paths read :attr:`copies`, :attr:`backoffs` and :attr:`moves` directly; only this
+    class (and the move book, :attr:`moves`) writes them, and never rebinds them."""
+
+    def __init__(self) -> None:
+        self.copies: dict[Hashable, dict[str, Copy]] = {}
+        self.backoffs: dict[Hashable, dict[str, float]] = {}
+        self.moves: dict[Hashable, PendingMove] = {}
+        #: Landings since the last expire, and as of it (what plans read).
+        self._landing: dict[Hashable, set[str]] = {}
+        self._landed: dict[Hashable, set[str]] = {}
+        #: Keys whose copies settled as of the last expire, and those forgotten since.
+        self._settled: set[Hashable] = set()
+        self._settling: set[Hashable] = set()
+        #: Per asker, since the start: copies and bytes landed.
+        self._count: Counter[str] = Counter()
+        self._bytes: Counter[str] = Counter()
+
+    def __repr__(self) -> str:
+        return f"<Ledger {len(self)} copies in flight, {len(self.moves)} moves>"
+
+    def __len__(self) -> int:
+        """Copies in flight."""
+        return sum(len(entry) for entry in self.copies.values())
+
+    # ------------------------------------------------------------------ writing
+
+    def record(
+        self, key: Hashable, worker: str, by: str, deadline: float, nbytes: int = 0
+    ) -> None:
+        """The AMM accepted a copy of ``key`` to ``worker``, asked by ``by``."""
+        self.copies.setdefault(key, {})[worker] = Copy(by, deadline, nbytes)
+
+    def landed(self, key: Hashable, worker: str) -> Copy | None:
+        """``worker`` now holds ``key``: the copy asked there, if any, is done (returned)."""
+        entry = self.copies.get(key)
+        copy = entry.pop(worker, None) if entry is not None else None
+        if copy is not None:
+            if not entry:
+                del self.copies[key]
+            self._land(self._landing, key, worker, copy)
+        return copy
+
+    def _land(
+        self, table: dict[Hashable, set[str]], key: Hashable, worker: str, copy: Copy
+    ) -> None:
+        table.setdefault(key, set()).add(worker)
+        self._count[copy.by] += 1
+        self._bytes[copy.by] += copy.nbytes
+
+    def give_up(self, key: Hashable, until: float) -> None:
+        """Forget the copies of ``key`` in flight and back off from their workers until
+        ``until`` (their source died: a fetch from a dead worker can hang)."""
+        entry = self.copies.pop(key, None)
+        if entry:
+            self.back_off(key, entry, until)
+
+    def back_off(self, key: Hashable, workers: Iterable[str], until: float) -> None:
+        """Ask none of ``workers`` for a copy of ``key`` before ``until`` (or later)."""
+        for worker in workers:
+            table = self.backoffs.setdefault(key, {})
+            table[worker] = max(table.get(worker, until), until)
+
+    def forget(self, key: Hashable) -> None:
+        """The key left memory: nothing of it is in flight any more."""
+        tables: tuple[dict[Hashable, Any], ...] = (self.copies, self.backoffs, self._landing)
+        for table in tables:
+            if table:
+                table.pop(key, None)
+        if self._settling:
+            self._settling.discard(key)
+
+    def worker_left(self, worker: str) -> None:
+        """``worker`` left: copies asked of it never land, backing off from it is moot."""
+        tables: tuple[dict[Hashable, Any], ...] = (self.copies, self.backoffs)
+        for table in tables:
+            for key in [k for k, entry in table.items() if worker in entry]:
+                del table[key][worker]
+                if not table[key]:
+                    del table[key]
+                if table is self.copies:
+                    self._settling.add(key)
+
+    def expire(
+        self,
+        now: float,
+        backoff: float,
+        holders: Callable[[Hashable], Collection[str] | None],
+        staying: Callable[[str], bool],
+    ) -> None:
+        """Bring the ledger to ``now``, once per cycle: a copy on its recipient
+        (``holders(key)``, None once the key left memory) landed; one to a key no longer
+        in memory, or a worker gone or retiring (``staying`` false), is forgotten; one
+        past its deadline is given up and its worker backed off from for ``backoff``
+        seconds. Back-offs that ended, or from workers gone, are dropped. The landings
+        since the last call become :meth:`just_landed`'s, the keys whose copies settled
+        :meth:`settled_keys`'."""
+        self._landed, self._landing = self._landing, {}
+        settled = self._settled = set(self._landed) | self._settling
+        self._settling = set()
+        for key, entry in list(self.copies.items()):
+            held = holders(key)
+            for worker, copy in list(entry.items()):
+                if held is not None and worker in held:
+                    self._land(self._landed, key, worker, copy)
+                elif held is not None and staying(worker) and copy.deadline > now:
+                    continue
+                elif held is not None and staying(worker):
+                    self.back_off(key, (worker,), now + backoff)
+                del entry[worker]
+                settled.add(key)
+            if not entry:
+                del self.copies[key]
+        for key, table in list(self.backoffs.items()):
+            for worker in [w for w, until in table.items() if until <= now or not staying(w)]:
+                del table[worker]
+            if not table:
+                del self.backoffs[key]
+
+    # ------------------------------------------------------------------ reading
+
+    def in_flight(self, key: Hashable) -> Mapping[str, Copy]:
+        """The copies of ``key`` asked for and not seen landing: recipient -> Copy."""
+        return self.copies.get(key, _NONE)
+
+    def backing_off(self, key: Hashable) -> Mapping[str, float]:
+        """Workers not asked for a copy of ``key`` before a time: address -> until."""
+        return self.backoffs.get(key, _NONE)
+
+    def just_landed(self, key: Hashable) -> frozenset[str]:
+        """Recipients of copies of ``key`` that landed between the last two cycles (and
+        since the last one, for a look between cycles)."""
+        out = self._landed.get(key) if self._landed else None
+        more = self._landing.get(key) if self._landing else None
+        if out is None and more is None:
+            return _NOTHING
+        return frozenset(out or ()) | frozenset(more or ())
+
+    def settled_keys(self) -> Collection[Hashable]:
+        """Keys whose copies settled (landed, given up, forgotten) as of the last
+        :meth:`expire`: their plans look again (a copy given up leaves a key short)."""
+        return self._settled
+
+    def asked_by(self, by: str) -> dict[Hashable, tuple[str, Copy]]:
+        """The copies in flight ``by`` asked for: key -> (recipient, Copy). A walk over
+        every copy in flight: for status and a drain's window, never a cycle's loop."""
+        return {
+            key: (worker, copy)
+            for key, entry in self.copies.items()
+            for worker, copy in entry.items()
+            if copy.by == by
+        }
+
+    def landings(self, by: str) -> tuple[int, int]:
+        """Copies and bytes asked by ``by`` that landed, since the start."""
+        return self._count[by], self._bytes[by]
+
+
+__all__ = ["Copy", "Ledger"]
