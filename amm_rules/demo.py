@@ -82,15 +82,7 @@ def suggestion(path: Path | None = None) -> list[str]:
         ruleset = load_ruleset(path)
     except (OSError, RulesError):
         return []
-    sections = []
-    if ruleset.rebalance.enabled:
-        sections.append("rebalance")
-    if ruleset.memory_pressure is not None and ruleset.memory_pressure.enabled:
-        sections.append("memory-pressure")
-    if ruleset.protect is not None:
-        sections.append("protect")
-    if ruleset.paused_workers is not None:
-        sections.append("paused-workers")
+    sections = ruleset.sections_on
     turned_on = ", ".join(sections) if sections else "no section"
     return [
         "No rules of your own yet? The recommended file turns on what measured best on",

@@ -106,17 +106,9 @@ def test_every_mode_is_known_and_the_recommended_file_is_valid() -> None:
 
 
 def sections_on(policy: RulesPolicy) -> set[str]:
-    """The sections the policy's rules turn on, read from the policy itself."""
-    r = policy.ruleset
-    on = set()
-    if policy.rebalancer.settings.enabled:
-        on.add("rebalance")
-    if r.memory_pressure is not None and r.memory_pressure.enabled:
-        on.add("memory-pressure")
-    if r.protect is not None:
-        on.add("protect")
-    if r.adaptive is not None:
-        on.add("adaptive")
+    """The sections the policy's rules turn on, and the rebalancer's own state."""
+    on = set(policy.ruleset.sections_on)
+    assert ("rebalance" in on) is policy.rebalancer.settings.enabled
     return on
 
 
