@@ -4,9 +4,9 @@ The package has two halves. The language half (loading, schema, expressions,
 diagnostics, ``amm-rules validate``) imports nothing from ``distributed`` so that
 validating a rules file is fast and works where no cluster exists. The scheduler
 half (:class:`RulesPolicy` and its planner, annotations and runtime helpers) is
-imported lazily, on first access of one of its names; ``RulesPolicy`` is looked up
-through :mod:`amm_rules.observe.extension`, which turns on what makes it seen (status,
-explain, metrics, cluster dumps).
+imported lazily, on first access of one of its names. Importing changes nothing in a
+scheduler: a :class:`RulesPolicy` turns on what makes it seen (status, explain,
+metrics, cluster dumps: :mod:`amm_rules.observe.extension`) when it attaches.
 """
 
 from __future__ import annotations
@@ -29,9 +29,7 @@ __version__ = "0.1.0"
 
 #: Names of the scheduler half, resolved on first access (they import distributed).
 _LAZY = {
-    # The engine's policy, through the module that has it observed (metrics, cluster
-    # dumps, status and explain answers): the engine does not know what watches it.
-    "RulesPolicy": "amm_rules.observe.extension",
+    "RulesPolicy": "amm_rules.engine.policy",
     "annotate": "amm_rules.client",
     "persist": "amm_rules.client",
     "replicate": "amm_rules.client",

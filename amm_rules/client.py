@@ -356,12 +356,12 @@ def drain(
     with an asynchronous client. ``deadline`` is checked here: seconds, or a duration
     such as ``"60s"`` or ``"2 min"``.
     """
-    from amm_rules.engine.sections.drain import deadline_seconds
+    from amm_rules.engine.drain_request import deadline_seconds, named_workers
 
     seconds = deadline_seconds(deadline)
-    names = [workers] if isinstance(workers, (str, int)) else list(workers)
+    names = named_workers(workers)
     client = client or get_client()
-    return client.sync(_drain, client, [str(w) for w in names], seconds, bool(close))
+    return client.sync(_drain, client, names, seconds, bool(close))
 
 
 def status(client: Client | None = None) -> Any:
@@ -528,7 +528,7 @@ DRAIN_POLL = 0.25
 
 
 async def _drain(client: Client, workers: list[str], seconds: float, close: bool) -> Any:
-    import asyncio
+    from amm_rules.engine.drain_request import follow
 
     await _require_engine(client)
     await _require_handler(client, "amm_rules_drain")
@@ -537,24 +537,11 @@ async def _drain(client: Client, workers: list[str], seconds: float, close: bool
             workers=workers, deadline=seconds, close_workers=close
         )
     )
-    addresses = list(started)
-    report = dict(started)
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + seconds + 30.0  # the deadline, and time to close
-    while loop.time() < give_up:
-        report = _refused(await client.scheduler.amm_rules_drain_report(workers=addresses))
-        if all(drain_over(line) for line in report.values()):
-            break
-        await asyncio.sleep(DRAIN_POLL)
-    return dict(report)
 
+    async def ask(name: str, **kwargs: Any) -> Any:
+        return _refused(await getattr(client.scheduler, name)(**kwargs))
 
-def drain_over(line: Mapping[str, Any]) -> bool:
-    """Whether a worker's drain ended: its outcome is known and, with ``close``, the
-    worker is gone."""
-    if line.get("outcome") is None:
-        return False
-    return not line.get("close") or line.get("state") in ("closed", "left")
+    return await follow(ask, started, seconds, DRAIN_POLL)
 
 
 async def _require_handler(client: Client, name: str) -> None:

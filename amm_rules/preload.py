@@ -54,9 +54,6 @@ else:
         page.register()
         _page = page
 
-#: Policies configured by a path other than ``amm_rules.RulesPolicy`` are found too.
-extension.activate()
-
 
 def dask_setup(scheduler: Any) -> None:
     """Serve ``/amm-rules/status.json``; say where the page is, or why there is none."""

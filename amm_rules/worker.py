@@ -70,7 +70,7 @@ _signalled: dict[str, float] = {}
 
 def deadline_seconds() -> float:
     """``amm-rules.drain.deadline`` in seconds (``ValueError`` naming the key)."""
-    from amm_rules.engine.sections.drain import deadline_seconds as checked
+    from amm_rules.engine.drain_request import deadline_seconds as checked
 
     return checked(dask.config.get(CONFIG_KEY, DEFAULT_DEADLINE), f"dask config {CONFIG_KEY}")
 
@@ -79,18 +79,15 @@ async def drain_self(scheduler: Any, address: str, seconds: float) -> dict[str, 
     """Ask the scheduler (an rpc) to drain the worker at ``address`` within ``seconds``,
     and wait until the drain ended or the time is up. Returns the drain's last report
     (None: the scheduler could not drain it, which a warning says)."""
+    from amm_rules.engine.drain_request import DrainReport, follow
     from amm_rules.engine.handlers import refused
 
-    loop = asyncio.get_running_loop()
-    end = loop.time() + seconds
+    async def ask(name: str, **kwargs: Any) -> Any:
+        return refused(await asyncio.wait_for(getattr(scheduler, name)(**kwargs), ASK_TIMEOUT))
+
     try:
-        answer = refused(
-            await asyncio.wait_for(
-                scheduler.amm_rules_drain(
-                    workers=[address], deadline=seconds, close_workers=False
-                ),
-                ASK_TIMEOUT,
-            )
+        started = await ask(
+            "amm_rules_drain", workers=[address], deadline=seconds, close_workers=False
         )
     except Exception as exc:
         logger.warning(
@@ -100,30 +97,20 @@ async def drain_self(scheduler: Any, address: str, seconds: float) -> dict[str, 
             _why(exc),
         )
         return None
-    line = answer.get(address) if isinstance(answer, dict) else None
-    if line is not None and line.get("first_prediction"):
-        logger.warning(
-            "amm-rules: SIGTERM: draining %s within %.0f s: %s",
-            address,
-            seconds,
-            line["first_prediction"].get("text"),
-        )
-    while loop.time() < end:
-        try:
-            report = refused(
-                await asyncio.wait_for(
-                    scheduler.amm_rules_drain_report(workers=[address]), ASK_TIMEOUT
-                )
-            )
-        except Exception as exc:
-            logger.warning("amm-rules: the drain of %s cannot be followed: %s", address, _why(exc))
-            return line
-        line = report.get(address) if isinstance(report, dict) else None
-        if line is None or line.get("outcome") is not None:
-            break
-        await asyncio.sleep(POLL)
-    if line is not None and line.get("outcome"):
-        logger.warning("amm-rules: drain of %s: %s", address, line["outcome"].get("text"))
+    line = started.get(address) if isinstance(started, dict) else None
+    if line is None:
+        return None
+    record = DrainReport.from_dict(line)
+    logger.warning("amm-rules: SIGTERM: %s", record.notice())
+    try:
+        report = await follow(ask, {address: line}, seconds, POLL, grace=0.0)
+    except Exception as exc:
+        logger.warning("amm-rules: the drain of %s cannot be followed: %s", address, _why(exc))
+        return line
+    line = report.get(address) or line
+    record = DrainReport.from_dict(line)
+    if record.outcome is not None:
+        logger.warning("amm-rules: %s", record.progress())
     return line
 
 

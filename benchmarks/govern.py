@@ -49,10 +49,8 @@ def hook_cost(state: scheduler_state.BenchState, policy: Any) -> float:
     tasks = state.scheduler.tasks
     keys = [k for k, ts in tasks.items() if ts.state == "memory"]
     index = type(policy.index)()
-    index.tasks = tasks
-    costs = getattr(policy.index, "costs", None)
-    if costs is not None:
-        index.costs = type(costs)()  # fed as the engine feeds it
+    index.attach(tasks)
+    index.follow_costs(type(policy.ctx.costs)())  # fed as the engine feeds it
     hook = index.transition
     gc.collect()
     start = time.thread_time()

@@ -198,8 +198,7 @@ def detach(scheduler: Any, policy: RulesPolicy) -> None:
     for name, plugin in list(scheduler.plugins.items()):
         if any(plugin is p for p in mine):
             scheduler.remove_plugin(name=name)
-    if hasattr(policy.index, "active"):
-        policy.index.active = False
+    policy.index.activate(False)
 
 
 def reattach(scheduler: Any, policy: RulesPolicy) -> None:
@@ -207,8 +206,7 @@ def reattach(scheduler: Any, policy: RulesPolicy) -> None:
     for plugin in _transition_plugins(policy):
         if not any(p is plugin for p in scheduler.plugins.values()):
             scheduler.add_plugin(plugin, name=f"amm-rules-{id(plugin)}")
-    if hasattr(policy.index, "active"):
-        policy.index.active = True
+    policy.index.activate(True)
 
 
 def engine_digest() -> str:
@@ -999,11 +997,11 @@ def hook_cost(
 
     def index(with_flow: bool) -> Any:
         out = type(policy.index)()
-        out.tasks = recorder.tasks  # the hook reads the task of a key entering memory
+        out.attach(recorder.tasks)  # the hook reads the task of a key entering memory
         if with_flow:
-            out.flow = type(flow)(recorder.tasks)
+            out.follow_flow(type(flow)(recorder.tasks))
         if costs is not None:
-            out.costs = type(costs)()  # the recompute costs, fed as the engine feeds them
+            out.follow_costs(type(costs)())  # the recompute costs, as the engine feeds them
         return out
 
     def engine() -> list[Callable[..., None]]:

@@ -29,6 +29,9 @@ fails, naming ``file:line`` and the rule, when
     policy, or anyone asks the engine's context for a section (``ctx.find(...)``);
 12. a section's context may be ``None``: an ``EngineContext | None`` annotation, or a
     comparison of the context with ``None``, under ``engine/sections/``.
+13. mypy's errors are ignored somewhere in the package: ``ignore_errors = true`` in a
+    ``[tool.mypy]`` table of ``pyproject.toml`` (an override too), or a module's
+    ``# mypy: ignore-errors``.
 
 The checker first runs on small trees written to a temporary directory, one planted
 violation of each rule and a clean tree that must pass, so that a clean result means a
@@ -59,6 +62,7 @@ from tests.support.layout import (
     check_section_lookups,
     check_sections_apart,
     check_sizes,
+    check_types_enforced,
     read_tree,
     within,
 )
@@ -164,6 +168,11 @@ def test_no_section_is_looked_up_by_class_outside_the_policy() -> None:
 
 def test_a_sections_context_is_never_optional() -> None:
     found = check_context_given(REPO, Path(PACKAGE, "engine", "sections"))
+    assert not found, "\n".join(map(str, found))
+
+
+def test_no_part_of_the_package_is_left_unchecked_by_mypy() -> None:
+    found = check_types_enforced(REPO, "pyproject.toml", PACKAGE)
     assert not found, "\n".join(map(str, found))
 
 
@@ -519,4 +528,27 @@ def test_an_optional_context_is_caught(tmp_path: Path) -> None:
         "pkg/engine/sections/s.py:3: [context] annotated Optional[EngineContext]",
         "pkg/engine/sections/s.py:4: [context] compares ctx is None",
         "pkg/engine/sections/s.py:4: [context] compares self.ctx is not None",
+    ]
+
+
+def test_ignored_type_errors_are_caught(tmp_path: Path) -> None:
+    write_tree(
+        tmp_path,
+        {
+            "pyproject.toml": (
+                "[tool.ruff]\nignore_errors = true\n"
+                "[tool.mypy]\nfiles = ['pkg']\n"
+                "[[tool.mypy.overrides]]\nmodule = ['pkg.engine.*']\n"
+                "ignore_errors = true  # for now\n"
+                "[[tool.mypy.overrides]]\nmodule = ['pkg.x']\nignore_errors = false\n"
+                "# ignore_errors = true\n"
+            ),
+            "pkg/a.py": "# mypy: ignore-errors\nx: int = 'a'\n",
+            "pkg/b.py": "x: int = 'a'  # type: ignore[assignment]  # a reason\n",
+        },
+    )
+    found = sorted(str(v) for v in check_types_enforced(tmp_path, "pyproject.toml", "pkg"))
+    assert found == [
+        "pkg/a.py:1: [types] the module's errors are ignored",
+        "pyproject.toml:7: [types] ignore_errors in [tool.mypy.overrides]",
     ]

@@ -289,7 +289,7 @@ def simulate(
     from amm_rules.offline.drain import parse_rate
 
     try:
-        seconds = _duration(click.get_current_context(), None, deadline)  # type: ignore[arg-type]
+        seconds = _duration(None, None, deadline)
         per_second = parse_rate(rate)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--deadline' / '--rate'") from None
@@ -664,7 +664,7 @@ def explain(
     sys.exit(code)
 
 
-def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+def _duration(ctx: click.Context | None, param: click.Parameter | None, value: str) -> float:
     from amm_rules.language.fields import UnitError, parse_duration
 
     try:

@@ -92,9 +92,10 @@ def _value(node: ast.AST, text: str) -> Hashable:
         isinstance(node, ast.UnaryOp)
         and isinstance(node.op, ast.USub)
         and isinstance(node.operand, ast.Constant)
-        and type(node.operand.value) in (int, float)
+        and isinstance(number := node.operand.value, (int, float))
+        and not isinstance(number, bool)
     ):
-        return -node.operand.value  # type: ignore[operator]
+        return -number
     if isinstance(node, ast.Tuple):
         return tuple(_value(elt, text) for elt in node.elts)
     raise KeyTextError(

@@ -27,11 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Hashable, Sequence
 from typing import Any
-
-from amm_rules.engine.words import counted, duration
 
 #: Seconds to wait for the scheduler at each step (connect, probe, answer): a reachable
 #: scheduler answers in milliseconds, so a longer wait mostly delays the error (the
@@ -345,8 +342,6 @@ def _answer_for(got: Any, key: Hashable) -> Any:
 
 #: Seconds between two looks at a drain while ``amm-rules drain`` follows it.
 DRAIN_POLL = 1.0
-#: Seconds ``amm-rules drain`` waits past the deadline for the drains to end.
-DRAIN_GRACE = 30.0
 
 
 def drain_command(
@@ -362,80 +357,29 @@ def drain_command(
     """``amm-rules drain``: start the drain, say what it predicts, follow it (a line
     when the prediction or a state changes), and end with what happened. ``echo``
     prints a line. Exit status: 0 when every key was safe, 1 when keys were not."""
+    from amm_rules.engine.drain_request import GRACE, DrainReport, drain_over, follow
     from amm_rules.language.reporters import escape_controls
 
     def say(text: str) -> None:
         if fmt == "text":
             echo(escape_controls(text))
 
-    async def follow() -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
         async with Remote(address, timeout) as remote:
-            report = await remote.ask(
+            started = await remote.ask(
                 "amm_rules_drain", workers=list(workers), deadline=deadline, close_workers=close
             )
-            for line in report.values():
-                say(_drain_started(line))
-            said = {a: _drain_said(line) for a, line in report.items()}
-            give_up = time.monotonic() + deadline + DRAIN_GRACE
-            while time.monotonic() < give_up and not _drains_over(report):
-                await asyncio.sleep(DRAIN_POLL)
-                report = await remote.ask("amm_rules_drain_report", workers=list(report))
-                for worker, line in report.items():
-                    if _drain_said(line) != said.get(worker):
-                        say(_drain_progress(line))
-                    said[worker] = _drain_said(line)
-            return report
+            for line in map(DrainReport.from_dict, started.values()):
+                say(line.notice())
+            return await follow(
+                remote.ask, started, deadline, DRAIN_POLL, lambda line: say(line.progress())
+            )
 
-    report = asyncio.run(follow())
+    report = asyncio.run(run())
+    over = all(drain_over(line) for line in report.values())
     if fmt == "json":
         echo(json.dumps(report, indent=2, default=str))
-    elif not _drains_over(report):
-        echo(f"the drains had not ended {DRAIN_GRACE:g} s after their deadline")
+    elif not over:
+        echo(f"the drains had not ended {GRACE:g} s after their deadline")
     lost = sum((line.get("outcome") or {}).get("unsafe_keys", 0) for line in report.values())
-    return 1 if lost or not _drains_over(report) else 0
-
-
-def _drains_over(report: dict[str, Any]) -> bool:
-    """Every drain ended: its outcome is known and, with ``close``, its worker is gone
-    (as :func:`amm_rules.client.drain_over`, which this module does not import: it
-    imports distributed)."""
-    for line in report.values():
-        if line.get("outcome") is None:
-            return False
-        if line.get("close") and line.get("state") not in ("closed", "left"):
-            return False
-    return True
-
-
-def _drain_said(line: dict[str, Any]) -> tuple[Any, ...]:
-    prediction = line.get("prediction") or {}
-    return (line.get("state"), prediction.get("lost_keys"), prediction.get("rate_source"))
-
-
-def _drain_started(line: dict[str, Any]) -> str:
-    first = line.get("first_prediction") or {}
-    out = (
-        f"{line['worker']} ({line['name']}): draining within {duration(line['deadline'])}"
-        f"{', then closing' if line.get('close') else ''}: {first.get('text', '')}"
-    )
-    for entry in line.get("cannot_stay") or ():
-        shown = ", ".join(entry["shown"])
-        more = (
-            f" and {entry['keys'] - len(entry['shown'])} more"
-            if entry["keys"] > len(entry["shown"])
-            else ""
-        )
-        out += f"\n  cannot move: {counted(entry['keys'], 'key')} ({entry['why']}): {shown}{more}"
-    return out
-
-
-def _drain_progress(line: dict[str, Any]) -> str:
-    outcome = line.get("outcome")
-    if outcome is not None:
-        after = duration(outcome["elapsed"])
-        return f"{line['worker']}: {line['state']} after {after}: {outcome['text']}"
-    prediction = line.get("prediction") or {}
-    return (
-        f"{line['worker']}: {duration(max(0.0, line['seconds_left']))} left, "
-        f"{counted(line['moved_keys'], 'key')} moved: {prediction.get('text', '')}"
-    )
+    return 1 if lost or not over else 0

@@ -257,19 +257,19 @@ class TaskFactsAdapter:
 
     @property
     def prefix_tasks(self) -> int | None:
-        return self._figure("tasks")  # type: ignore[no-any-return]
+        return self._figure("tasks")
 
     @property
     def prefix_produced_per_task(self) -> float | None:
-        return self._figure("produced_per_task")  # type: ignore[no-any-return]
+        return self._figure("produced_per_task")
 
     @property
     def prefix_freed_by_per_task(self) -> float | None:
-        return self._figure("freed_by_per_task")  # type: ignore[no-any-return]
+        return self._figure("freed_by_per_task")
 
     @property
     def prefix_net_per_task(self) -> float | None:
-        return self._figure("net_per_task")  # type: ignore[no-any-return]
+        return self._figure("net_per_task")
 
     @property
     def key(self) -> str:
@@ -415,7 +415,8 @@ def key_view(
     backs off from and the copies that just landed (``landed``), what other policies had
     the AMM accept for it in this cycle (``pending``: the AMM's ``manager.pending``), and
     the workers whose copy the demand hold or a claim keeps (``held``)."""
-    add = drop = frozenset()
+    add: frozenset[str] = frozenset()
+    drop: frozenset[str] = frozenset()
     if pending:
         entry = pending.get(ts)
         if entry is not None:

@@ -37,6 +37,7 @@ from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.engine.dryrun import DryRun
 from amm_rules.engine.early import EarlyCycles
 from amm_rules.engine.events import EventLog
+from amm_rules.engine.rules_file import RulesFile
 from amm_rules.engine.running import AmmRunning
 from amm_rules.engine.state.claims import Claims
 from amm_rules.engine.state.costs import RecomputeCosts
@@ -89,6 +90,11 @@ class EngineContext:
     #: Whether the AMM runs its cycles periodically, and since when (followed while
     #: the policy is attached; a simulation's never runs).
     amm_running: AmmRunning
+    #: Where the rules came from (path, reload, loaded at, reload errors).
+    rules_file: RulesFile
+    #: Features off on this scheduler for want of an internal of dask or distributed,
+    #: with their words (:mod:`amm_rules.engine.features`; the policy checks at attach).
+    unsupported: dict[str, str]
 
     def __init__(
         self,
@@ -98,23 +104,26 @@ class EngineContext:
         early_cycle_delay: float,
         early_cycle_gap: float | None,
         retire_by_rules: bool,
+        rules_file: RulesFile | None = None,
     ):
         self._inflight_timeout = inflight_timeout
         #: Whether retiring workers' keys are placed by the rules.
         self.retire_by_rules = bool(retire_by_rules)
-        self.index = KeyIndex()
         self.events = EventLog(summary_interval=summary_interval)
         self.journal = Journal()
         self.placements = Placements(on_pool_error=self._pool_error)
         self.flow = MemoryFlow()
         self.spans = SpanStates()
         self.costs = RecomputeCosts()
-        self.ledger = self.index.ledger = Ledger()
+        self.ledger = Ledger()
+        self.index = KeyIndex(self.ledger)
         self.claims = Claims()
         self.departures = Leaving()
         self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
         self.manager = None
         self.amm_running = AmmRunning()
+        self.rules_file = RulesFile({}, reload=False) if rules_file is None else rules_file
+        self.unsupported = {}
         #: The engine's clock (``time.monotonic`` in a scheduler; a simulation's own).
         self.clock: Callable[[], float] = time.monotonic
 
@@ -156,7 +165,11 @@ class EngineContext:
             ws = workers.get(address)
             return ws is not None and worker_status(ws) != "closing"
 
-        self.ledger.expire(now, self.inflight_timeout, holders, staying)
+        self.ledger.expire(now, self.inflight_timeout, holders, staying, self.last_seen)
+
+    def last_seen(self, address: str) -> float | None:
+        """The scheduler's time of the last heartbeat of a worker (None: unknown)."""
+        return getattr(self.scheduler.workers.get(address), "last_seen", None)
 
     @property
     def amm(self) -> ActiveMemoryManagerExtension:
@@ -167,11 +180,11 @@ class EngineContext:
 
     def leaving(self) -> dict[str, Departure]:
         """The workers on their way out, and why: those the sections send away (drains,
-        the paused-workers section) and those the scheduler retires (their status)."""
+        the paused-workers section) and those the scheduler retires or closes (their
+        status, which the index follows: no scan of the workers)."""
         out = dict(self.departures.workers)
-        for address, ws in self.scheduler.workers.items():
-            if address not in out and worker_status(ws) == "closing":
-                out[address] = RETIRING
+        for address in self.index.closing:
+            out.setdefault(address, RETIRING)
         return out
 
     def add_plugin(self, plugin: Any, name: str) -> None:
@@ -210,7 +223,7 @@ class EngineContext:
             lambda exc: events.rule_error("demand.match", exc),
         )
         self.placements.configure(ruleset)
-        index.workers_changed = True
+        index.note_workers_changed()
         #: What of the rules is in dry-run (``enforcement: dry-run``): planned and
         #: reported, its suggestions held back (see amm_rules.engine.dryrun).
         self.dry_run = DryRun(ruleset)
@@ -235,11 +248,10 @@ class EngineContext:
         :data:`~amm_rules.language.ruleset.RUNTIME_ORIGINS`) is what explanations and
         counters name as its source. The index forgets it when the key leaves memory
         or, never computed, is forgotten."""
-        if target is None and actions is None:
-            self.index.runtime.pop(key, None)
-        else:
-            self.index.runtime[key] = RuntimeTarget(target, origin, actions)
-        self.index.reclassify((key,))
+        runtime = (
+            None if target is None and actions is None else RuntimeTarget(target, origin, actions)
+        )
+        self.index.set_runtime_target(key, runtime)
 
     # ------------------------------------------------------------------ the planner
 
@@ -313,4 +325,4 @@ class EngineContext:
         cycle still checks every governed key if the workers had changed."""
         assert self.manager is not None
         if self.placements.refresh(self.manager.measure, self.index.workers_changed):
-            self.index.workers_changed = True
+            self.index.note_workers_changed()

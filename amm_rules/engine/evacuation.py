@@ -22,6 +22,7 @@ from collections.abc import Callable, Generator, Hashable, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from dask.utils import key_split
 from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine import key_logger
@@ -39,20 +40,20 @@ KEYS_SHOWN = 20
 
 
 def desired_of(ctx: EngineContext, ts: Any) -> Desired:
-    """What the rules want for a key in memory, classifying it now if the policy has not
-    yet (it entered memory since the last cycle)."""
+    """What the rules want for a key in memory, classifying (and filing) it now if the
+    policy has not yet (it entered memory since the last cycle: a retirement may come
+    before that cycle)."""
     index = ctx.index
     key = ts.key
-    if index.may_be_unclassified(key):
-        desired = ctx.resolve(ts)
-        index.dirty.pop(key, None)
-        index.unqueue(key)
-        if desired.governed:
-            index.put(key, ts, desired)
-        else:
-            index.unindex(key)
-        return desired
-    return index.desired.get(key, UNGOVERNED)
+    if not index.may_be_unclassified(key):
+        return index.desired.get(key, UNGOVERNED)
+    desired = ctx.resolve(ts)
+    index.unqueue(key)
+    if desired.governed:
+        index.governed.put(key, ts, desired)
+    else:
+        index.governed.unindex(key)
+    return desired
 
 
 def ensure_pools(ctx: EngineContext) -> None:
@@ -144,7 +145,9 @@ def rank_views(
 def drain_item(
     view: KeyView, cluster: ClusterView, ts: Any, estimate: Callable[[Any], float | None]
 ) -> DrainItem:
-    """The drain's view of one key: size, copies needed, recompute estimate, target."""
+    """The drain's view of one key: size, copies needed, recompute estimate, target,
+    and its group (the task group's name; else the key's prefix, as dask's
+    ``key_split`` gives it)."""
     d = view.desired
     placeable = cluster.placeable(d.pool, d.avoid)
     staying = len((view.holders - cluster.closing) & placeable)
@@ -158,10 +161,5 @@ def drain_item(
         minimum=minimum,
         staying=staying,
         rule=source_label(d, "replicate") if d.replicate is not None else "",
-        group=getattr(group, "name", "") or _prefix(view.key),
+        group=getattr(group, "name", "") or key_split(view.key),
     )
-
-
-def _prefix(key: Hashable) -> str:
-    text = key[0] if isinstance(key, tuple) and key else key
-    return str(text).rsplit("-", 1)[0]

@@ -30,9 +30,11 @@ names. Called by :mod:`amm_rules.client` (``replicate``, ``explain``, ``status``
   prediction, and ``amm_rules_drain_report(workers=None)`` the reports as the drains go
   (see :mod:`amm_rules.engine.sections.drain`).
 
-What ``status`` and ``explain`` answer is the policy's :attr:`~amm_rules.engine.policy.RulesPolicy.answers`:
-the engine's own (:class:`EngineAnswers`) until an observer above the engine gives a
-fuller one (:mod:`amm_rules.observe.extension`), built on :func:`engine_status` and
+The handlers of one engine are a :class:`Handlers` object (the policy's ``handlers``),
+built with the engine's context and sections, never the policy. What ``status`` and
+``explain`` answer is its :attr:`Handlers.answers`: the engine's own
+(:class:`EngineAnswers`) until the observer above the engine gives fuller ones
+(:mod:`amm_rules.observe.extension`), built on :func:`engine_status` and
 :func:`explain_key`.
 
 Bad input is refused: a handler raises ``ValueError`` with a message, and the
@@ -71,6 +73,7 @@ from amm_rules.language.ruleset import ACTION_FIELDS, Actions, Desired, Target
 if TYPE_CHECKING:
     from amm_rules.engine.context import EngineContext
     from amm_rules.engine.sections.base import Section
+    from amm_rules.engine.sections.drain import DrainSection
 
 logger = logging.getLogger(__name__)
 
@@ -117,35 +120,6 @@ class Explanation:
     most: int
     #: Explains one key: its name (``str(key)``) and its answer.
     one: Callable[[Hashable], tuple[str, dict[str, Any]]]
-
-
-class RulesPolicy(Protocol):
-    """What the handlers read of the policy whose handlers they are (its context, its
-    answers, the rules file and the cycle's counters): the policy is the one module that
-    imports this one, and this one imports nothing of it."""
-
-    ctx: EngineContext
-    answers: Answers
-    sections: tuple[Section, ...]
-    cycles: int
-    last_cycle_seconds: float
-    last_cycle: dict[str, dict[str, int]]
-    totals: dict[str, Any]
-
-    @property
-    def path(self) -> str | None: ...
-
-    @property
-    def loaded_at(self) -> float: ...
-
-    @property
-    def reload(self) -> bool: ...
-
-    @property
-    def reload_errors(self) -> list[dict[str, Any]]: ...
-
-    @property
-    def drains(self) -> Any: ...
 
 
 class Answers(Protocol):
@@ -197,9 +171,8 @@ def refused(answer: Any) -> Any:
     return answer
 
 
-def register(scheduler: Any, policy: RulesPolicy) -> None:
-    """Install the handlers of ``policy`` on ``scheduler`` (replacing any earlier ones)."""
-    handlers = Handlers(policy)
+def register(scheduler: Any, handlers: Handlers) -> None:
+    """Install ``handlers`` on ``scheduler`` (replacing any earlier ones)."""
     for name in HANDLER_NAMES:
         scheduler.handlers[name] = refusing(getattr(handlers, name))
     _publish(scheduler)
@@ -232,11 +205,11 @@ class _Published(SchedulerPlugin):
             _publish(scheduler)
 
 
-def unregister(scheduler: Any, policy: RulesPolicy) -> None:
-    """Remove the handlers of ``policy`` (not those of another policy attached later)."""
+def unregister(scheduler: Any, handlers: Handlers) -> None:
+    """Remove ``handlers`` (not those of another policy attached later)."""
     for name in HANDLER_NAMES:
         handler = getattr(scheduler.handlers.get(name), "__wrapped__", None)
-        if getattr(getattr(handler, "__self__", None), "policy", None) is policy:
+        if getattr(handler, "__self__", None) is handlers:
             del scheduler.handlers[name]
     if any(n in scheduler.handlers for n in HANDLER_NAMES):
         return  # another policy's
@@ -274,10 +247,16 @@ def task_of(scheduler: Any, key: Any) -> Any:
 
 
 class Handlers:
-    """The handlers of one policy (bound methods are what the scheduler calls)."""
+    """The handlers of one engine (bound methods are what the scheduler calls): its
+    context, its sections (for status and explain) and its drains."""
 
-    def __init__(self, policy: RulesPolicy):
-        self.policy = policy
+    def __init__(
+        self, ctx: EngineContext, sections: tuple[Section, ...], drains: DrainSection
+    ) -> None:
+        self.ctx = ctx
+        self.drains = drains
+        #: What ``status`` and ``explain`` answer (see the module docstring).
+        self.answers: Answers = EngineAnswers(ctx, sections)
 
     def amm_rules_set_target(
         self, keys: Any = (), target: Any = None, fields: Any = None, pending: Any = False
@@ -285,7 +264,7 @@ class Handlers:
         """Set a lasting replication target (and other action fields) on keys in
         memory, and with ``pending`` on keys still to compute; None removes it."""
         keys = check_keys(keys)
-        ctx = self.policy.ctx
+        ctx = self.ctx
         parsed: Target | None = None
         actions: Actions | None = None
         try:
@@ -340,8 +319,8 @@ class Handlers:
     ) -> dict[str, Any]:
         """Why is each key where it is, and what would the engine do now? (See the
         module docstring: at most :func:`explain_cap` keys, a slice at a time.)"""
-        work = self.policy.answers.explain(check_keys(keys), unmet, rule, limit)
-        answers, done = await explain_in_slices(self.policy, work)
+        work = self.answers.explain(check_keys(keys), unmet, rule, limit)
+        answers, done = await explain_in_slices(self.ctx, work)
         if done < work.total and not counts:
             logger.info(
                 "amm-rules: explained %d of %d keys (at most %d in one call)",
@@ -357,53 +336,53 @@ class Handlers:
 
     def amm_rules_status(self) -> dict[str, Any]:
         """The rules in force, counters per rule (last cycle and totals), the sections."""
-        return self.policy.answers.status()
+        return self.answers.status()
 
     def amm_rules_memory_flow(self) -> dict[str, dict[str, Any]]:
         """Per task prefix: bytes produced, freed, freed because a task of the prefix
         finished, live now, tasks finished and the net bytes per task."""
-        return self.policy.ctx.flow.table()
+        return self.ctx.flow.table()
 
     def amm_rules_drain(
         self, workers: Any = (), deadline: Any = "60s", close_workers: bool = False
     ) -> dict[str, dict[str, Any]]:
         """Drain ``workers`` before ``deadline``; their reports, with the first prediction."""
-        return self.policy.drains.start(workers, deadline, bool(close_workers))
+        return self.drains.start(workers, deadline, bool(close_workers))
 
     def amm_rules_drain_report(self, workers: Any = None) -> dict[str, dict[str, Any]]:
         """The drains of ``workers`` (None: all known), as they go."""
         if workers is not None:
             workers = [str(w) for w in check_keys(workers)]
-        return self.policy.drains.report(workers)
+        return self.drains.report(workers)
 
 
 class EngineAnswers:
     """The engine's own answers to ``status`` and ``explain`` (no observer)."""
 
-    def __init__(self, policy: RulesPolicy):
-        self.policy = policy
+    def __init__(self, ctx: EngineContext, sections: tuple[Section, ...]) -> None:
+        self.ctx = ctx
+        self.sections = sections
 
     def status(self) -> dict[str, Any]:
-        return engine_status(self.policy)
+        return engine_status(self.ctx, self.sections)
 
     def explain(
         self, keys: list[Hashable], unmet: bool = False, rule: Any = None, limit: Any = 10
     ) -> Explanation:
-        ctx = self.policy.ctx
+        ctx = self.ctx
         cluster = ctx.cluster_view()
         now = time.monotonic()
         scheduler = ctx.scheduler
         most = explain_cap(len(cluster.workers))
 
         def one(key: Hashable) -> tuple[str, dict[str, Any]]:
-            return key_string(key), explain_key(
-                self.policy, task_of(scheduler, key), cluster, now
-            ).answer
+            ts = task_of(scheduler, key)
+            return key_string(key), explain_key(ctx, self.sections, ts, cluster, now).answer
 
         return Explanation(keys[:most], len(keys), most, one)
 
 
-async def explain_in_slices(policy: RulesPolicy, work: Explanation) -> tuple[dict[str, Any], int]:
+async def explain_in_slices(ctx: EngineContext, work: Explanation) -> tuple[dict[str, Any], int]:
     """Explain ``work``'s keys, yielding to the event loop every :data:`EXPLAIN_SLICE`
     seconds: the answers, and how many of the keys were explained (all, unless the
     policy detached meanwhile)."""
@@ -416,29 +395,30 @@ async def explain_in_slices(policy: RulesPolicy, work: Explanation) -> tuple[dic
         done += 1
         if time.perf_counter() >= deadline:
             await asyncio.sleep(0)
-            if not policy.ctx.attached:
+            if not ctx.attached:
                 break
             deadline = time.perf_counter() + EXPLAIN_SLICE
     return answers, done
 
 
-def engine_status(policy: RulesPolicy) -> dict[str, Any]:
+def engine_status(ctx: EngineContext, sections: tuple[Section, ...]) -> dict[str, Any]:
     """The engine's figures for ``amm_rules_status``: whether the AMM runs its cycles
     (``amm``: ``running``, ``since``, ``interval``), the rules in force (and which are
     in dry-run), per-rule counters (``would_request``/``would_drop`` for what dry-run
     held back), reload errors, early cycles, and each section's entry under its
     ``status_key`` (``rebalance``, ``paused_workers``, ``retirements``,
     ``legacy_replicate``, ``demand``, ``memory_flow``, ``memory_pressure``, ``audit``...)."""
-    ctx = policy.ctx
     ruleset = ctx.ruleset
     index = ctx.index
-    labels = set(policy.last_cycle) | set(policy.totals)
+    journal = ctx.journal
+    rules_file = ctx.rules_file
+    labels = set(journal.last_cycle) | set(journal.totals)
     out: dict[str, Any] = {
         # First: whether the AMM runs its cycles at all, since when, and its interval.
         "amm": ctx.amm_running.status(),
-        "source": policy.path if policy.path is not None else ruleset.source,
-        "loaded_at": policy.loaded_at,
-        "reload": policy.reload,
+        "source": rules_file.path if rules_file.path is not None else ruleset.source,
+        "loaded_at": rules_file.loaded_at,
+        "reload": rules_file.reload,
         "rules": [r.name for r in ruleset.rules],
         "pools": sorted(ruleset.pools),
         "reduce_replicas": ruleset.reduce_replicas,
@@ -449,23 +429,23 @@ def engine_status(policy: RulesPolicy) -> dict[str, Any]:
         "unclassified": index.unclassified,
         "in_flight": len(ctx.ledger),
         "runtime_targets": len(index.runtime),
-        "cycles": policy.cycles,
-        "last_cycle_ms": round(policy.last_cycle_seconds * 1000, 3),
-        "last_cycle": policy.last_cycle,
+        "cycles": journal.cycles,
+        "last_cycle_ms": round(journal.last_cycle_seconds * 1000, 3),
+        "last_cycle": journal.last_cycle,
         "totals": {
             label: {
-                "requested": policy.totals[label]["requested"],
-                "dropped": policy.totals[label]["dropped"],
+                "requested": journal.totals[label]["requested"],
+                "dropped": journal.totals[label]["dropped"],
             }
             for label in sorted(labels)
         },
-        "reload_errors": list(policy.reload_errors),
+        "reload_errors": list(rules_file.errors),
         # Features off here for want of an internal of dask or distributed, in words.
-        "unsupported": list(policy.unsupported.values()),
+        "unsupported": list(ctx.unsupported.values()),
         # Early AMM cycles: settings, requests, cycles run, the last ones and why.
         "early_cycles": ctx.early.status(),
     }
-    for section in policy.sections:
+    for section in sections:
         if section.status_key is not None:
             out[section.status_key] = section.status()
     return out
@@ -487,13 +467,14 @@ class KeyExplanation:
     hi: int | None = None
 
 
-def explain_key(policy: RulesPolicy, ts: Any, cluster: ClusterView, now: float) -> KeyExplanation:
+def explain_key(
+    ctx: EngineContext, sections: tuple[Section, ...], ts: Any, cluster: ClusterView, now: float
+) -> KeyExplanation:
     """Plan one key as a cycle would (on ``cluster``, the planner's view of the workers,
     in which what the planner decides is tallied) and say what the engine makes of it:
     holders, desired, target, eligible, would, workers, and each section's entry under
     its ``explain_key`` (for a key not in memory, those that have something to say).
     Explaining changes nothing of the engine's state."""
-    ctx = policy.ctx
     if ts is None or ts.state != "memory":
         answer: dict[str, Any] = {
             "state": ts.state if ts is not None else "unknown",
@@ -502,7 +483,7 @@ def explain_key(policy: RulesPolicy, ts: Any, cluster: ClusterView, now: float) 
             "desired": "not in memory",
         }
         if ts is not None:
-            for section in policy.sections:
+            for section in sections:
                 if section.explain_key is not None and (said := section.explain(ts, now)):
                     answer[section.explain_key] = said
         return KeyExplanation(ts, answer)
@@ -558,7 +539,7 @@ def explain_key(policy: RulesPolicy, ts: Any, cluster: ClusterView, now: float) 
         # Which: "amm", "replicate" (the shorthand), or both.
         "annotations_ignored": ignored,
     }
-    for section in policy.sections:
+    for section in sections:
         if section.explain_key is not None:
             answer[section.explain_key] = section.explain(ts, now)
     return KeyExplanation(ts, answer, desired, view, plan, lo, hi)

@@ -25,12 +25,14 @@ Neighbours: :mod:`amm_rules.engine.sections` (the features),
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 import os
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Generator, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from distributed.active_memory_manager import (
     ActiveMemoryManagerExtension,
@@ -39,12 +41,14 @@ from distributed.active_memory_manager import (
     Suggestion,
 )
 
-from amm_rules.engine import observers
 from amm_rules.engine.context import EngineContext
-from amm_rules.engine.dryrun import dry_run_counts
-from amm_rules.engine.events import COUNTERS
+from amm_rules.engine.decide.classify import Classifier
+from amm_rules.engine.dryrun import DryRun
+from amm_rules.engine.early import EarlyCycles
+from amm_rules.engine.events import EventLog
 from amm_rules.engine.features import ENGINE, WORKER_WATCH, Need, missing, words
-from amm_rules.engine.handlers import Answers, EngineAnswers, register, unregister
+from amm_rules.engine.handlers import Answers, Handlers, register, unregister
+from amm_rules.engine.readonly import ReadOnly
 from amm_rules.engine.rules_file import ReloadFailed, RulesFile
 from amm_rules.engine.sections import OFF_CYCLE, SECTIONS, Cycle, Section, steps
 from amm_rules.engine.sections.activity import RuleActivity
@@ -58,7 +62,10 @@ from amm_rules.engine.sections.rebalance import RebalanceSection
 from amm_rules.engine.sections.replication import Replication
 from amm_rules.engine.sections.retirement import Retirements
 from amm_rules.engine.startup import check_choice, invalid_at_start, loaded_line
-from amm_rules.engine.state.index import watch_scheduler
+from amm_rules.engine.state.flow import MemoryFlow
+from amm_rules.engine.state.index import KeyIndex, watch_scheduler
+from amm_rules.engine.state.journal import Journal
+from amm_rules.engine.state.placement import Placements
 from amm_rules.engine.words import counted
 from amm_rules.engine.worker_watch import holds_governed, watch_workers
 from amm_rules.language.diagnostics import RulesError
@@ -67,20 +74,15 @@ from amm_rules.language.ruleset import Ruleset
 # Terse, also at DEBUG level. The per-key logger is amm_rules.engine.key_logger.
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 S = TypeVar("S", bound=Section)
 
-
-class _Shown(Generic[T]):
-    """A read-only attribute of the policy that shows what its context holds."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __get__(self, policy: Any, owner: Any = None) -> T:
-        if policy is None:
-            return self  # type: ignore[return-value]
-        return getattr(policy.ctx, self.name)
+#: What observes every policy that attaches, named ``module:attribute``: the fuller
+#: status and explain answers, the engine's entry in ``scheduler.extensions`` (cluster
+#: dumps) and the Prometheus metrics (:mod:`amm_rules.observe.extension`). Imported by
+#: name when a policy first attaches: the engine never imports what watches it
+#: (``observe/`` sits above it, and imports it), and importing ``amm_rules`` turns
+#: nothing on in a scheduler by itself.
+OBSERVERS: tuple[str, ...] = ("amm_rules.observe.extension:OBSERVER",)
 
 
 class RulesPolicy(ActiveMemoryManagerPolicy):
@@ -137,25 +139,30 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     rules_file: RulesFile
     #: The sections, in the order they run (see :mod:`amm_rules.engine.sections`).
     sections: tuple[Section, ...]
-    #: Counters of the last cycle: label -> {governed, requested, dropped, unmet}.
-    last_cycle: dict[str, dict[str, int]]
-    #: Copies requested and dropped since the policy started: label -> counts.
-    totals: dict[str, Counter[str]]
-    #: Number of cycles run, and the duration of the last one in seconds.
-    cycles: int
-    last_cycle_seconds: float
 
     # What the context holds, under the names the observers and tests use.
-    ruleset = _Shown[Ruleset]("ruleset")
-    index = _Shown[Any]("index")
-    events = _Shown[Any]("events")
-    journal = _Shown[Any]("journal")
-    placements = _Shown[Any]("placements")
-    flow = _Shown[Any]("flow")
-    early = _Shown[Any]("early")
-    classifier = _Shown[Any]("classifier")
-    dry_run = _Shown[Any]("dry_run")
-    inflight_timeout = _Shown[float]("inflight_timeout")
+    ruleset = ReadOnly[Ruleset]("ctx.ruleset")
+    index = ReadOnly[KeyIndex]("ctx.index")
+    events = ReadOnly[EventLog]("ctx.events")
+    journal = ReadOnly[Journal]("ctx.journal")
+    placements = ReadOnly[Placements]("ctx.placements")
+    flow = ReadOnly[MemoryFlow]("ctx.flow")
+    early = ReadOnly[EarlyCycles]("ctx.early")
+    classifier = ReadOnly[Classifier]("ctx.classifier")
+    dry_run = ReadOnly[DryRun]("ctx.dry_run")
+    inflight_timeout = ReadOnly[float]("ctx.inflight_timeout")
+    #: Counters of the last cycle: label -> {governed, requested, dropped, unmet}.
+    last_cycle = ReadOnly[dict[str, dict[str, int]]]("ctx.journal.last_cycle")
+    #: Copies requested and dropped since the policy started: label -> counts.
+    totals = ReadOnly[Mapping[str, Counter[str]]]("ctx.journal.totals")
+    #: Number of cycles run, and the duration of the last one in seconds.
+    cycles = ReadOnly[int]("ctx.journal.cycles")
+    last_cycle_seconds = ReadOnly[float]("ctx.journal.last_cycle_seconds")
+    #: Features off on this scheduler for want of an internal, with their words
+    #: (see :mod:`amm_rules.engine.features`).
+    unsupported = ReadOnly[dict[str, str]]("ctx.unsupported")
+    #: What the ``status`` and ``explain`` handlers answer (see :attr:`handlers`).
+    answers = ReadOnly[Answers]("handlers.answers")
 
     def __init__(
         self,
@@ -185,11 +192,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             early_cycle_delay=early_cycle_delay,
             early_cycle_gap=early_cycle_gap,
             retire_by_rules=retire_by_rules,
+            rules_file=self.rules_file,
         )
-        self.last_cycle = {}
-        self.totals = defaultdict(Counter)
-        self.cycles = 0
-        self.last_cycle_seconds = 0.0
         options: dict[type[Section], dict[str, Any]] = {
             AuditSection: {"interval": audit_interval},
             Classification: {
@@ -199,14 +203,13 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         }
         self.sections = tuple(cls(ctx, **options.get(cls, {})) for cls in SECTIONS)
         self._manager: ActiveMemoryManagerExtension | None = None
-        #: What the ``status`` and ``explain`` handlers answer: the engine's own, or an
-        #: observer's fuller one (see :mod:`amm_rules.engine.handlers`).
-        self.answers: Answers = EngineAnswers(self)
+        #: The scheduler handlers clients call (:mod:`amm_rules.engine.handlers`); what
+        #: ``status`` and ``explain`` answer is its ``answers``, the engine's own until
+        #: an observer gives fuller ones.
+        self.handlers = Handlers(ctx, self.sections, self.drains)
         #: Undo the wrappers of the scheduler's replica and worker methods (see detach).
         self._unwatch: list[Any] = []
-        #: Features off on this scheduler for want of an internal, with their words
-        #: (see :mod:`amm_rules.engine.features`), and the sections off with them.
-        self.unsupported: dict[str, str] = {}
+        #: The sections off for want of an internal (see :meth:`unsupported_feature`).
         self._off: frozenset[Section] = frozenset()
         #: The steps of the cycle that run here (see _attach).
         self._steps: tuple[Section, ...] = ()
@@ -260,7 +263,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
 
     # ------------------------------------------------------------------ attach
 
-    @property  # type: ignore[override]
+    @property
     def manager(self) -> ActiveMemoryManagerExtension:
         if self._manager is None:
             raise AttributeError("RulesPolicy is not attached to an Active Memory Manager")
@@ -284,7 +287,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         scheduler = self.scheduler
         index = ctx.index
         ctx.events.scheduler = scheduler
-        index.demand.tasks = scheduler.tasks
+        # The one allowed scan of scheduler.tasks: keys already in memory when attached.
+        index.attach(scheduler.tasks, scheduler.workers, self._wake, queue_in_memory=True)
+        # Keys with several copies already: reduce-replicas' walk if no rule governs them.
+        index.touch(ts.key for ts in scheduler.replicated_tasks)
         self._off = off = self._check_features(scheduler)
         if ENGINE.name not in self.unsupported:
             ctx.add_plugin(index, "amm-rules")
@@ -292,16 +298,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         if WORKER_WATCH.name not in self.unsupported:
             self._unwatch.append(watch_workers(scheduler, self.worker_changed))
         ctx.placements.attach(scheduler.workers)
-        register(scheduler, self)
-        # The one allowed scan of scheduler.tasks: keys already in memory when attached.
-        index.tasks = scheduler.tasks
-        index.dirty.update((k, ts) for k, ts in scheduler.tasks.items() if ts.state == "memory")
-        # Keys with several copies already: reduce-replicas' walk if no rule governs them.
-        index.touched.update(ts.key for ts in scheduler.replicated_tasks)
-        index.workers_changed = True
+        register(scheduler, self.handlers)
         ctx.early.attach(self.manager)
         ctx.amm_running.attach(self.manager, self)
-        index.wake = self._wake
         # A changed rules file is read in a thread: its rules are taken by an early cycle.
         self.rules_file.ready = lambda: ctx.early.request("rules-file-read")
         self._remove_reduce_replicas()
@@ -311,7 +310,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         for section in self.sections:
             if section not in off:
                 section.attach()
-        observers.attached(scheduler, self)
+        _tell("attached", scheduler, self)
         logger.info("%s", loaded_line(self.ruleset, self.path))
         for error in self.rules_file.errors:
             if error.get("at_start"):
@@ -359,7 +358,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             return
         ctx = self.ctx
         scheduler = manager.scheduler
-        ctx.index.active = False
+        ctx.index.activate(False)
         ctx.early.close()
         ctx.amm_running.detach()
         self.rules_file.close()
@@ -367,11 +366,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             undo()
         self._unwatch = []
         ctx.remove_plugin(ctx.index)
-        unregister(scheduler, self)
+        unregister(scheduler, self.handlers)
         for section in reversed(self.sections):
             if section not in self._off:
                 section.detach()
-        observers.detached(scheduler, self)
+        _tell("detached", scheduler, self)
         manager.policies.discard(self)
         self._manager = ctx.manager = None
 
@@ -483,21 +482,17 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             logger.exception("amm-rules: cycle failed; skipped")
             ctx.events.once(("error", repr(exc)), "error", error=repr(exc))
         finally:
-            self.cycles += 1
             end = time.perf_counter()
-            self.last_cycle_seconds = end - start
             for ended in cycle.ended if cycle is not None else ():
                 ended(end)
-            ctx.journal.cycle(self.last_cycle_seconds)
+            ctx.journal.cycle(end - start)
             ctx.early.cycle_ended()
 
     def _refresh_workers(self) -> bool:
         """Recompute pools and placements if workers joined, left or changed status (or
         every cycle, if a pool reads worker memory). True if they were recomputed: then
         every governed key is checked this cycle."""
-        index = self.ctx.index
-        changed = index.workers_changed
-        index.workers_changed = False
+        changed = self.ctx.index.take_workers_changed()
         return self.ctx.placements.refresh(self.manager.measure, changed)
 
     def _wake(self, reason: str) -> None:
@@ -527,7 +522,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         try:
             if not ctx.placements.reevaluate(address, self.manager.measure):
                 return
-            ctx.index.workers_changed = True
+            ctx.index.note_workers_changed()
             ws = self.scheduler.workers.get(address)
             if self._room_helps() or (ws is not None and holds_governed(ws, ctx.index.desired)):
                 ctx.early.request("worker-pools-changed")
@@ -538,12 +533,39 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     def _count(self, stats: Mapping[str, Counter[str]]) -> None:
         """Keep the cycle's counters (status, totals) and emit its summary event."""
         now = time.monotonic()
-        self.last_cycle = {
-            label: {**{c: counts[c] for c in COUNTERS}, **dry_run_counts(counts)}
-            for label, counts in stats.items()
-        }
-        for label, c in stats.items():
-            self.totals[label]["requested"] += c["requested"]
-            self.totals[label]["dropped"] += c["dropped"]
+        self.ctx.journal.counted(stats)
         running = [s for s in self.sections if s not in self._off]
         self.ctx.events.summary(self.last_cycle, now, running)
+
+
+class Observer(Protocol):
+    """What is told when a :class:`RulesPolicy` attaches to a scheduler, and when it
+    leaves it (see :data:`OBSERVERS`)."""
+
+    def attached(self, scheduler: Any, policy: RulesPolicy) -> None: ...
+
+    def detached(self, scheduler: Any, policy: RulesPolicy) -> None: ...
+
+
+@functools.cache
+def observers() -> tuple[Observer, ...]:
+    """The observers of :data:`OBSERVERS`, imported once; one that cannot be is logged
+    and left out (a policy attaches and runs without it)."""
+    out = []
+    for name in OBSERVERS:
+        module, _, attribute = name.partition(":")
+        try:
+            out.append(getattr(importlib.import_module(module), attribute))
+        except Exception:
+            logger.exception("amm-rules: cannot load the observer %s", name)
+    return tuple(out)
+
+
+def _tell(what: str, scheduler: Any, policy: RulesPolicy) -> None:
+    """Tell every observer that ``policy`` was ``attached`` or ``detached``; a failing
+    observer is logged and never stops the policy."""
+    for observer in observers():
+        try:
+            getattr(observer, what)(scheduler, policy)
+        except Exception:
+            logger.exception("amm-rules: observer %r failed when %s", observer, what)

@@ -165,7 +165,7 @@ class RulesFile:
             if before == self._signature:
                 self._settling = None
                 return None
-            if self._in_place(before) and not self._settled(before):
+            if before is not None and self._in_place(before) and not self._settled(before):
                 return None
             self._settling = None
             self._start(before)

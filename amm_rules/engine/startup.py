@@ -84,7 +84,7 @@ def invalid_at_start(exc: RulesError, rules_file: RulesFile, choice: str, source
             diagnostics_text(exc),
             what,
         )
-        exc.reported_at_start = True  # type: ignore[attr-defined]
+        exc.reported_at_start = True
         _install_quiet_hook()
         raise exc
     logger.error(
@@ -133,7 +133,7 @@ _previous_hook: Any = None
 def _quiet_excepthook(
     kind: type[BaseException], exc: BaseException, tb: TracebackType | None
 ) -> None:
-    if isinstance(exc, RulesError) and getattr(exc, "reported_at_start", False):
+    if isinstance(exc, RulesError) and exc.reported_at_start:
         return  # its diagnostics and what it means were logged where it was raised
     _previous_hook(kind, exc, tb)
 

@@ -167,11 +167,11 @@ def kept_why(kept: adaptive.Kept) -> str:
     """``12 keys of rule precious would fall below min 2``."""
     keys = f"{counted(kept.keys, 'key')} of {kept.source}"
     if kept.kind == adaptive.MIN:
-        return f"{keys} would fall below min {kept.count}"
+        return f"{keys} would fall below min {kept.bound}"
     if kept.kind == adaptive.POOL:
         return f"{keys} would have no worker in {_pools(kept.pools)}"
     if kept.kind == adaptive.SPREAD:
-        hosts = "one host" if kept.count == 1 else counted(kept.count, "host")
+        hosts = "one host" if kept.bound == 1 else counted(kept.bound, "host")
         return f"{keys} (spread: host) would be left on {hosts}"
     if kept.kind == adaptive.NEVER:
         return f"{keys} (move: never) would have no copy left"

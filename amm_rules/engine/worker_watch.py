@@ -58,12 +58,12 @@ def watch_workers(scheduler: Any, on_change: Callable[[str, str], None]) -> Call
 
     def heartbeat_worker_watched(**kwargs: Any) -> Any:
         result = heartbeat_worker(**kwargs)
-        address = kwargs.get("address")
+        address = kwargs.get("address", "")
         if address in workers:  # the canonical address a worker reports (else ignored)
             on_change(address, "memory")
         return result
 
-    wrappers = {
+    wrappers: dict[str, Callable[..., Any]] = {
         "add_resources": add_resources_watched,
         "heartbeat_worker": heartbeat_worker_watched,
     }

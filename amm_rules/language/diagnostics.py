@@ -117,6 +117,10 @@ class RulesError(ValueError):
     exactly as ``amm-rules validate`` prints them.
     """
 
+    #: Said in the scheduler's log already, as it refused to start (the process's
+    #: excepthook then says it in one line: :mod:`amm_rules.engine.startup`).
+    reported_at_start = False
+
     def __init__(self, diagnostics: Iterable[Diagnostic], text: str | None = None):
         self.diagnostics: list[Diagnostic] = sorted(diagnostics, key=sort_key)
         #: The text the diagnostics point into, when there is one (a report shows its

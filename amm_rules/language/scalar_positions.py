@@ -81,7 +81,9 @@ def _scalar_start(text: str, node: ScalarNode) -> int:
     """Index of the scalar itself: the node's mark is at its anchor or tag, if any."""
     index = node.start_mark.index
     if text[index : index + 1] in ("&", "!"):
-        index = _PROPERTY.match(text, index).end()  # type: ignore[union-attr]
+        found = _PROPERTY.match(text, index)
+        assert found is not None  # (the pattern matches the empty text too)
+        index = found.end()
     return index
 
 

@@ -61,6 +61,7 @@ from bokeh.plotting import figure
 from distributed.dashboard.components import DashboardComponent, add_periodic_callback
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 
+from amm_rules.engine.drain_request import DrainReport
 from amm_rules.engine.words import counted, duration, local_time, signed_size, size
 from amm_rules.observe import status
 from amm_rules.observe.conformance import (
@@ -683,16 +684,15 @@ class DrainsTable(DashboardComponent):
 def drain_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
     """The rows of :class:`DrainsTable` (plain data, tested without Bokeh)."""
     data: dict[str, list[Any]] = {name: [] for name in DrainsTable.COLUMNS}
-    for d in ((report or {}).get("drain") or {}).get("drains", ()):
-        prediction = d.get("prediction") or {}
-        outcome = d.get("outcome")
-        data["worker"].append(f"{d['worker']} ({d['name']})")
-        data["state"].append(d["state"])
-        data["moved"].append(f"{counted(d['moved_keys'], 'key')}, {size(d['moved_bytes'])}")
-        data["left"].append(f"{counted(d['keys_left'], 'key')}, {size(d['bytes_left'])}")
-        data["loss"].append(outcome["text"] if outcome else prediction.get("text", ""))
-        left = d["seconds_left"]
-        data["time_left"].append(duration(left) if outcome is None and left > 0 else "-")
+    drains = ((report or {}).get("drain") or {}).get("drains", ())
+    for d in map(DrainReport.from_dict, drains):
+        data["worker"].append(f"{d.worker} ({d.name})")
+        data["state"].append(d.state)
+        data["moved"].append(f"{counted(d.moved_keys, 'key')}, {size(d.moved_bytes)}")
+        data["left"].append(f"{counted(d.keys_left, 'key')}, {size(d.bytes_left)}")
+        data["loss"].append(d.detail())
+        left = d.seconds_left
+        data["time_left"].append(duration(left) if d.outcome is None and left > 0 else "-")
     return data
 
 

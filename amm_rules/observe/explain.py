@@ -90,7 +90,8 @@ class Explainer:
         module added (see the module docstring), from the one plan the engine made of
         the key."""
         policy, cluster, now = self.policy, self.cluster, self.now
-        core = engine_explain_key(policy, task_of(self.scheduler, key), cluster, now)
+        ts = task_of(self.scheduler, key)
+        core = engine_explain_key(policy.ctx, policy.sections, ts, cluster, now)
         answer = core.answer
         answer.update(_explained(policy, key, core, cluster, now))
         if core.ts is None and (offer := name_offer(self.scheduler, key, self._sampled)):

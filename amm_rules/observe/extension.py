@@ -1,7 +1,8 @@
-"""What makes an attached :class:`~amm_rules.engine.policy.RulesPolicy` seen: the engine
-observer that :func:`activate` adds to :mod:`amm_rules.engine.observers`.
+"""What makes an attached :class:`~amm_rules.engine.policy.RulesPolicy` seen: the
+observer every policy loads when it attaches (the engine names it in
+:data:`~amm_rules.engine.policy.OBSERVERS`, and never imports it).
 
-When a policy attaches to a scheduler, the observer
+When a policy attaches to a scheduler, :data:`OBSERVER`
 
 - puts an :class:`EngineExtension` in ``scheduler.extensions["amm-rules"]``.
   distributed writes every extension with a ``_to_dict`` into
@@ -11,20 +12,18 @@ When a policy attaches to a scheduler, the observer
   scheduler calls its ``teardown`` when it closes, which takes the policy off
   ``/metrics``. :func:`engine_of` finds the policy of a scheduler from there (for a
   dashboard page or an HTTP route);
-- gives the policy its :class:`Answers`: the engine's ``amm_rules_status`` and
-  ``amm_rules_explain`` handlers (:mod:`amm_rules.engine.handlers`, their one owner) then
-  answer with :func:`~amm_rules.observe.status.status_report` and
+- gives the policy's handlers their :class:`Answers`: the engine's ``amm_rules_status``
+  and ``amm_rules_explain`` handlers (:mod:`amm_rules.engine.handlers`, their one owner)
+  then answer with :func:`~amm_rules.observe.status.status_report` and
   :func:`~amm_rules.observe.explain.explain_keys` (each a superset of the engine's own
   answer, which it extends);
 - has the Prometheus collector scrape it (:mod:`amm_rules.observe.metrics`).
 
 When the policy detaches, the extension and the metrics are undone (the handlers go
 with the engine's). If two policies are attached to one scheduler, the extension and the
-handlers belong to the last one attached, and both are scraped.
-
-Importing this module activates the observer (:func:`activate`, idempotent); it is
-where ``amm_rules.RulesPolicy``, the name dask configurations use, is looked up, so
-every policy configured by that name is observed.
+handlers belong to the last one attached, and both are scraped. Importing this module
+changes nothing: a policy turns observation on when it attaches, whatever name it was
+configured by (``amm_rules.RulesPolicy`` in a dask config, or the engine's own module).
 """
 
 from __future__ import annotations
@@ -34,14 +33,13 @@ import logging
 from collections.abc import Container
 from typing import TYPE_CHECKING, Any
 
-from amm_rules.engine import observers
 from amm_rules.engine.features import PROMETHEUS, missing
 from amm_rules.engine.policy import RulesPolicy
 
 if TYPE_CHECKING:
     from amm_rules.engine.handlers import Explanation
 
-__all__ = ["EngineExtension", "RulesPolicy", "activate", "engine_of"]
+__all__ = ["OBSERVER", "Answers", "EngineExtension", "engine_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +140,7 @@ class _Observer:
 
     def attached(self, scheduler: Any, policy: RulesPolicy) -> None:
         scheduler.extensions[NAME] = EngineExtension(policy)
-        policy.answers = Answers(policy)
+        policy.handlers.answers = Answers(policy)
         if importlib.util.find_spec("prometheus_client") is None:
             return  # no /metrics on this scheduler: nothing of ours to serve there
         lacking = missing(PROMETHEUS, scheduler)
@@ -171,12 +169,8 @@ def _unregister_metrics(policy: RulesPolicy) -> None:
     metrics.unregister(policy)
 
 
+#: The observer :data:`~amm_rules.engine.policy.OBSERVERS` names.
 OBSERVER = _Observer()
-
-
-def activate() -> None:
-    """Observe every policy that attaches from now on (idempotent)."""
-    observers.add(OBSERVER)
 
 
 def engine_of(scheduler: Any) -> RulesPolicy | None:
@@ -184,6 +178,3 @@ def engine_of(scheduler: Any) -> RulesPolicy | None:
     (the last one attached), or None."""
     extension = getattr(scheduler, "extensions", {}).get(NAME)
     return extension.policy if isinstance(extension, EngineExtension) else None
-
-
-activate()

@@ -133,7 +133,7 @@ def status_report(policy: RulesPolicy) -> dict[str, Any]:
           "decisions": [{"time", "key", "op", "worker", "outcome", "reason", "source"}],
         }
     """
-    report = engine_status(policy)  # the engine's own counters and its sections
+    report = engine_status(policy.ctx, policy.sections)  # its counters and sections
     c = conformance(policy)
     errors, last = _reload_errors(policy, report["reload_errors"])
     journal = policy.journal

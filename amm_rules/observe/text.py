@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from amm_rules.engine.drain_request import DrainReport
 from amm_rules.engine.words import ago, counted, duration, local_time, signed_size, size
 from amm_rules.observe.conformance import SATISFIED
 
@@ -210,23 +211,13 @@ def _render_departures(report: Mapping[str, Any]) -> list[str]:
 
 def _render_drains(drain: Mapping[str, Any] | None) -> list[str]:
     """A line per drain (running, or ended recently), then its prediction or outcome."""
-
     out: list[str] = []
-    for d in (drain or {}).get("drains", ()):
+    for d in map(DrainReport.from_dict, (drain or {}).get("drains", ())):
         head = "drain        " if not out else "             "
-        if d["outcome"] is None:
-            state = f"{duration(max(0.0, d['seconds_left']))} left"
-        else:
-            state = f"{d['state']} after {duration(d['elapsed'])}"
-        out.append(
-            f"{head}{d['worker']} ({d['name']}): {state}; {counted(d['moved_keys'], 'key')} "
-            f"moved ({size(d['moved_bytes'])}), {d['keys_left']:,} left"
-        )
-        if d["outcome"] is not None:
-            out.append(f"               {d['outcome']['text']}")
-        elif d["prediction"]:
-            out.append(f"               {d['prediction']['text']}")
-        for entry in d["cannot_stay"]:
+        out.append(f"{head}{d.headline()}")
+        if d.detail():
+            out.append(f"               {d.detail()}")
+        for entry in d.cannot_stay:
             out.append(
                 f"               cannot move: {counted(entry['keys'], 'key')} ({entry['why']})"
             )

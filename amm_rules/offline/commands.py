@@ -265,14 +265,14 @@ def diff(
 
     if old == new == "-":
         raise click.UsageError("OLD and NEW cannot both be '-': standard input is read once")
-    rulesets = [load_rules(old), load_rules(new)]
-    if None in rulesets:
+    before, after = load_rules(old), load_rules(new)
+    if before is None or after is None:
         return 1
     state = load_cluster(dump, scheduler, max_dump_bytes)
     measure, interval = amm_defaults()
     report = diff_rules(
-        rulesets[0],  # type: ignore[arg-type]
-        rulesets[1],  # type: ignore[arg-type]
+        before,
+        after,
         state,
         measure=measure,
         interval=interval,

@@ -384,6 +384,8 @@ def _loader() -> Any:
 
     base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+    # The base is chosen at run time (the C loader when PyYAML has it): mypy cannot
+    # type a class whose base is a variable.
     class DumpLoader(base):  # type: ignore[misc, valid-type]
         def __init__(self, stream: Any):
             super().__init__(stream)

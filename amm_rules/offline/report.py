@@ -133,11 +133,6 @@ def simulation_report(
     return out
 
 
-def _rule_name(label: str) -> str:
-    """``rule precious`` for a rule, ``(annotation)`` as it is."""
-    return label if label.startswith("(") else f"rule {label}"
-
-
 def _paren(label: str) -> str:
     """``(precious)``; ``(annotation)`` as it is."""
     return label if label.startswith("(") else f"({label})"

@@ -174,12 +174,12 @@ def offline_context(
     for path, done in cluster.span_states().items():
         ctx.spans.set(path, done)
     index = ctx.index
-    index.runtime.update(
-        (k, t if isinstance(t, RuntimeTarget) else RuntimeTarget(t))
-        for k, t in (runtime or {}).items()
-    )
+    for k, t in (runtime or {}).items():
+        index.set_runtime_target(k, t if isinstance(t, RuntimeTarget) else RuntimeTarget(t))
     ctx.placements.attach(cluster.workers)
     ctx.manager = ActiveMemoryManagerExtension(
+        # A recorded cluster stands in for the scheduler, which distributed's AMM
+        # types nominally (it reads only tasks, workers and their memory).
         cluster,  # type: ignore[arg-type]
         policies,
         measure=measure,
@@ -187,10 +187,10 @@ def offline_context(
         start=False,
         interval=interval,
     )
-    index.tasks = cluster.tasks
+    index.attach(cluster.tasks, cluster.workers)
     index.queue(ts.key for ts in cluster.in_memory())
     index.classify(ctx.classifier, cluster.tasks, index.unclassified, None, None)
-    index.touched.update(ts.key for ts in cluster.in_memory() if len(ts.who_has or ()) > 1)
+    index.touch(ts.key for ts in cluster.in_memory() if len(ts.who_has or ()) > 1)
     return ctx
 
 
@@ -306,7 +306,7 @@ class Simulation:
         return rebalance.rebalancer
 
     @property
-    def desired(self) -> dict[Key, Desired]:
+    def desired(self) -> Mapping[Key, Desired]:
         """Governed keys in memory -> what they want."""
         return self.index.desired
 
@@ -341,7 +341,7 @@ class Simulation:
         gone = {ts.key for ts in lost}
         for key in gone:
             index.forget(key)
-        index.source_lost.update(k for k in hit - gone if k in index.desired)
+        index.departing.lost_holders(k for k in hit - gone if k in index.desired)
         self._workers_changed = self._full = True
         self._refresh()
         return lost
@@ -385,7 +385,7 @@ class Simulation:
         self.amm.run_once()
         enacted = self.cluster.enact()
         # What the engine's replica hooks would have seen: the next cycle routes them.
-        self.index.touched.update(self.cluster.take_touched())
+        self.index.touch(self.cluster.take_touched())
         self.actions.extend(self._cycle_actions)
         if enacted:
             self.last_active = self.cycle
@@ -480,7 +480,7 @@ class Simulation:
             if placements.class_unmet(cls):
                 look = set(group)
             else:
-                look = {ts.key for ts in index.suspects(cls, placements.of(cls), reduce)}
+                look = {ts.key for ts in index.governed.suspects(cls, placements.of(cls), reduce)}
             for key, ts in group.items():
                 desired = index.desired[key]
                 state = KeyState(key, desired, len(ts.who_has or ()), cls.source)

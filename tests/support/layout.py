@@ -36,7 +36,8 @@ The rules, each reported as ``file:line: [rule] message``:
 
 The engine's sections (:func:`check_sections_apart`, :func:`check_section_lookups`,
 :func:`check_context_given`) have rules of their own: they share state on the engine's
-context, never each other.
+context, never each other. :func:`check_types_enforced` reads the mypy configuration: no
+part of the package is left unchecked.
 """
 
 from __future__ import annotations
@@ -658,4 +659,25 @@ def check_context_given(root: Path, sections: Path) -> list[Violation]:
                 if any(nones) and any(_is_context(x) for x in sides):
                     what = ast.unparse(node)
                     out.append(Violation(rel, node.lineno, "context", f"compares {what}"))
+    return out
+
+
+def check_types_enforced(root: Path, pyproject: str, package: str) -> list[Violation]:
+    """Rule 13: mypy's errors count everywhere in the package: no ``ignore_errors = true``
+    in a ``[tool.mypy]`` table of ``pyproject`` (the whole configuration, or an override
+    for some modules), and no module opts out by a ``# mypy: ignore-errors`` comment. A
+    line's own ``# type: ignore[code]``, with its reason, is how a false error is kept."""
+    out = []
+    table = ""
+    for number, line in enumerate((root / pyproject).read_text().splitlines(), 1):
+        text = line.split("#", 1)[0].strip()
+        if text.startswith("["):
+            table = text.strip("[]").strip()
+        elif table.startswith("tool.mypy") and text.replace(" ", "") == "ignore_errors=true":
+            out.append(Violation(pyproject, number, "types", f"ignore_errors in [{table}]"))
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip().replace(" ", "").startswith("#mypy:ignore-errors"):
+                out.append(Violation(rel, number, "types", "the module's errors are ignored"))
     return out

@@ -266,7 +266,8 @@ class Kept(NamedTuple):
     keys: int
     source: str
     #: The minimum that would break (:data:`MIN`), or the hosts left (:data:`SPREAD`).
-    count: int = 0
+    #: (Not ``count``: a tuple's method of that name.)
+    bound: int = 0
     #: The pools (:data:`POOL`, :data:`NOWHERE`).
     pools: tuple[str, ...] = ()
 
@@ -442,7 +443,7 @@ def _merged(reasons: list[Kept]) -> list[Kept]:
     classes), in the order first seen."""
     out: dict[tuple[str, str, int, tuple[str, ...]], Kept] = {}
     for r in reasons:
-        k = (r.kind, r.source, r.count, r.pools)
+        k = (r.kind, r.source, r.bound, r.pools)
         seen = out.get(k)
         out[k] = r if seen is None else Kept(r.kind, seen.keys + r.keys, *k[1:])
     return list(out.values())

@@ -119,7 +119,7 @@ class _ClassCascade:
     def resolve(self, facts: Any) -> Desired:
         """The Desired of one key of the class (``facts`` adapts that key)."""
         node = self._root
-        while type(node) is _Node:
+        while isinstance(node, _Node):
             if node.match(facts):
                 child = node.yes
                 if child is None:
@@ -129,7 +129,7 @@ class _ClassCascade:
                 if child is None:
                     child = node.no = self._branch((*node.path, False))
             node = child
-        return node  # type: ignore[return-value]
+        return node
 
     def _branch(self, path: tuple[bool, ...]) -> _Branch:
         """What follows the per-key outcomes ``path``: the next per-key match that
@@ -414,7 +414,7 @@ class Classifier:
             groups = self._groups
             if len(groups) >= MEMO_LIMIT:
                 groups.clear()
-            flow = self.flow.get(ts.prefix.name) if self._flow_sensitive else None  # type: ignore[union-attr]
+            flow = self.flow.get(ts.prefix.name) if self._flow_sensitive and self.flow else None
             groups[ts.group] = _GroupClass(
                 ts.type,
                 ts.annotations or None,
@@ -422,7 +422,7 @@ class Classifier:
                 flow,
                 self._flow_sensitive,
                 ts.resource_restrictions if self._reads_resources else None,
-                self.spans.done_of(ts) if self._span_sensitive else None,  # type: ignore[union-attr]
+                self.spans.done_of(ts) if self._span_sensitive else None,
             )
         return cascade
 

@@ -169,14 +169,21 @@ def _move_never(q: Question, w: WorkerView) -> Decision | None:
     return None
 
 
-def _pool(q: Question, w: WorkerView) -> Decision | None:
+class _Wants(Protocol):
+    """What the stay deciders read of a question: the key's wishes."""
+
+    @property
+    def desired(self) -> Placed: ...
+
+
+def _pool(q: _Wants, w: WorkerView) -> Decision | None:
     pool = q.desired.pool
     if pool is not None and w.pools.isdisjoint(pool):
         return Decision(NO, "pool", f"outside pool {','.join(pool)}")
     return None
 
 
-def _avoid(q: Question, w: WorkerView) -> Decision | None:
+def _avoid(q: _Wants, w: WorkerView) -> Decision | None:
     avoid = q.desired.avoid
     if avoid is not None and not w.pools.isdisjoint(avoid):
         return Decision(NO, "avoid", f"in avoided pool {','.join(sorted(w.pools & set(avoid)))}")
@@ -287,7 +294,7 @@ def verdict(decisions: Iterable[Decision]) -> str:
 
 
 #: The deciders that judge a copy already on a worker (where copies count).
-STAY_DECIDERS: tuple[Decider, ...] = (_pool, _avoid)
+STAY_DECIDERS: tuple[Callable[[_Wants, WorkerView], Decision | None], ...] = (_pool, _avoid)
 
 
 def stays(desired: Placed, w: WorkerView) -> Decision | None:
@@ -295,7 +302,7 @@ def stays(desired: Placed, w: WorkerView) -> Decision | None:
     misplaced: outside the pool, in an avoided pool, or on a retiring worker)."""
     q = _StayQuestion(desired)
     for decider in STAY_DECIDERS:
-        said = decider(q, w)  # type: ignore[arg-type]
+        said = decider(q, w)
         if said is not None:
             return said
     if w.status == "closing":

@@ -224,7 +224,7 @@ def _frozen(plan: KeyPlan, key: KeyView) -> KeyPlan:
     """Case 1, ``move: never``: the copies stay exactly where they are, so the bounds
     are what the key holds and no action, in-flight copy or backoff is kept."""
     plan.frozen = True
-    plan.lo = plan.hi = len(key.holders)  # type: ignore[assignment]
+    plan.lo = plan.hi = len(key.holders)
     plan.good = key.holders
     plan.source = source_label(key.desired, "move")
     return plan

@@ -768,13 +768,14 @@ def settle_moves(
             void.append((p, "recipient left the cluster"))
         # 3. The copy landed.
         elif landed:
+            landed_at = now if p.landed is None else p.landed
             if p.landed is None:
-                p = PendingMove(p.key, p.sender, p.recipient, p.nbytes, p.started, now)
+                p = PendingMove(p.key, p.sender, p.recipient, p.nbytes, p.started, landed_at)
             # 3a. ... and the sender's copy is gone (dropped, or the sender left).
             if not sender_holds:
                 done.append(p)
             # 3b. ... the sender's copy has been kept too long: leave it to replication.
-            elif now - p.landed > drop_timeout:
+            elif now - landed_at > drop_timeout:
                 void.append((p, f"sender's copy not dropped within {drop_timeout:g}s"))
             else:
                 _landed(p, target, can_drop, drops, void, keep)

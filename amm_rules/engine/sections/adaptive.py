@@ -104,7 +104,7 @@ class Held(NamedTuple):
 
     changes: int
     holders: list[frozenset[str]]
-    index: dict[str, list[frozenset[str]]]
+    by_holder: dict[str, list[frozenset[str]]]
 
 
 class Decision(NamedTuple):
@@ -250,7 +250,7 @@ def held_classes(
         if stay_put:
             seen = known.get(cls) if known is not None else None
             if seen is not None and seen.changes == changes and not dry_run.keys_active:
-                holders, by_holder = seen.holders, seen.index
+                holders, by_holder = seen.holders, seen.by_holder
             else:
                 holders = [frozenset(map(_ADDRESS, ts.who_has or ())) for ts in tasks]
                 by_holder = holder_index(holders)

@@ -132,7 +132,7 @@ class Auditor:
                     alive.append(ts)
             # The planner's own cheap test (copies, placement); keys that fail it are
             # planned in this cycle, as after workers change.
-            index.recheck.update(ts.key for ts in suspects(cls, alive))
+            index.look_again(ts.key for ts in suspects(cls, alive))
 
     def _check_replicated(
         self,
@@ -157,10 +157,8 @@ class Auditor:
             if key not in free or resolve(ts).governed:
                 # Unknown to reduce-replicas' walk, or filed there though a rule
                 # governs it: classified again in this cycle.
-                free.pop(key, None)
-                index.queue((key,))
                 # Routed once classified: to reduce-replicas' walk if no rule governs it.
-                index.touched.add(key)
+                index.requeue(key)
                 self._found["replicated_unknown"] += 1
 
 
@@ -191,7 +189,7 @@ class AuditSection(Section):
             index,
             ctx.scheduler,
             resolve=ctx.resolve,
-            suspects=lambda cls, members: index.suspects(
+            suspects=lambda cls, members: index.governed.suspects(
                 cls, placements.of(cls), reduce_replicas, members
             ),
             kept=ctx.claims.keeps if ctx.claims.held else None,

@@ -64,8 +64,8 @@ class Classification(Section):
         (every governed key is checked in this cycle anyway). The keys not reached wait
         for the next cycles (see :meth:`KeyIndex.classify
         <amm_rules.engine.state.index.KeyIndex.classify>`), and are neither planned nor
-        reduced until then. Keys that are no longer governed join ``index.touched``, so
-        that reduce-replicas finds them if they hold several copies."""
+        reduced until then. Keys that are no longer governed are touched, so that
+        reduce-replicas finds them if they hold several copies."""
         ctx = self.ctx
         index = ctx.index
         classifier = ctx.classifier
@@ -93,7 +93,7 @@ class Classification(Section):
             placement_of = ctx.placements.of
 
             def check(cls: PlanClass, members: list[Any]) -> Iterable[Any]:
-                return index.suspects(cls, placement_of(cls), reduce_replicas, members)
+                return index.governed.suspects(cls, placement_of(cls), reduce_replicas, members)
 
         began = time.perf_counter()
         # The budget is the cycle's: the loop stops early enough for the rest of the

@@ -69,11 +69,10 @@ class RecomputeCostsSection(Section):
         # one scan of scheduler.tasks): counted from there.
         costs.track_keys = _tracks(ctx.ruleset)
         costs.seed(list(index.dirty.values()), track=costs.track_keys)
-        index.costs = costs
-        index.costs_kept = costs if costs.track_keys else None
+        index.follow_costs(costs, costs.track_keys)
 
     def detach(self) -> None:
-        self.ctx.index.costs = self.ctx.index.costs_kept = None
+        self.ctx.index.follow_costs(None)
 
     def reloaded(self, in_memory: list[Any]) -> None:
         """Keep (or stop keeping) the keys in memory per group, as the rules in force
@@ -85,7 +84,7 @@ class RecomputeCostsSection(Section):
                 costs.start_tracking(in_memory)
         elif costs.track_keys:
             costs.stop_tracking()
-        ctx.index.costs_kept = costs if costs.track_keys else None
+        ctx.index.follow_costs(costs, costs.track_keys)
 
     def run(self, cycle: Cycle) -> tuple[()]:
         """Refresh the estimates if keys entered or left memory; while rules read
@@ -93,8 +92,7 @@ class RecomputeCostsSection(Section):
         ctx = self.ctx
         costs = ctx.costs
         index = ctx.index
-        if index.memory_changed:
-            index.memory_changed = False
+        if index.take_memory_changed():
             costs.changed = True
         republished = costs.refresh(ctx.scheduler.task_groups)
         if republished and ctx.ruleset.reads_costs and costs.track_keys:

@@ -32,11 +32,17 @@ the worker preload :mod:`amm_rules.worker`):
    the deadline, or when the worker leaves: with ``close``, the retirement closes the
    worker once its keys are safe, and the drain removes it at the deadline; without,
    the worker stays retiring (it gets no new tasks) until it leaves. What happened
-   is kept beside the first prediction.
+   is kept beside the first prediction; once the worker went, the drain says
+   ``closed`` (``left`` if it went before its drain ended).
 
 Between two cycles a ticker (every :data:`TICK` seconds while a drain runs) notes the
 copies that landed, asks for an early cycle when the window has room, and acts at the
 deadline.
+
+What each drain knows of its worker's keys, and its report, is a
+:class:`~amm_rules.engine.state.drain.Drain`; the request's checks and the report's record
+are shared with the client, the command line and the worker preload
+(:mod:`amm_rules.engine.drain_request`).
 
 Neighbours: :mod:`amm_rules.engine.decide.drain` ranks and predicts;
 :mod:`amm_rules.engine.sections.retirement` enacts; :mod:`amm_rules.engine.handlers`
@@ -49,24 +55,27 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Hashable, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from amm_rules.engine import words
-from amm_rules.engine.decide.drain import (
-    TIER_NAMES,
-    DrainItem,
-    Prediction,
-    predict,
-)
+from amm_rules.engine.decide.drain import DrainItem, Prediction
 from amm_rules.engine.decide.evacuate import Evacuation, plan_evacuation
-from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
+from amm_rules.engine.decide.view import ClusterView, KeyView
+from amm_rules.engine.drain_request import (
+    CLOSED,
+    EXPIRED,
+    LEFT,
+    SAFE,
+    deadline_seconds,
+    resolve_workers,
+)
 from amm_rules.engine.evacuation import evacuation_input, rank_views
 from amm_rules.engine.sections.base import Section
+from amm_rules.engine.state.drain import Drain
 from amm_rules.engine.state.leaving import Departure, retirement_owner
 from amm_rules.engine.state.transfer import TransferMeter
-from amm_rules.language.fields import UnitError, parse_duration
 
 if TYPE_CHECKING:
     from amm_rules.engine.context import EngineContext
@@ -79,170 +88,12 @@ TICK = 0.2
 #: :data:`MIN_WINDOW` bytes).
 WINDOW_SECONDS = 1.5
 MIN_WINDOW = 8 * 2**20
-#: The longest deadline a drain accepts.
-MAX_DEADLINE = 86_400.0
 #: Drains that ended, kept for status.
 RECENT = 10
-#: Keys whose time to safety is kept per drain.
-SAFETY_KEPT = 100_000
-#: Keys named per reason a key cannot move.
-KEYS_SHOWN = 10
 #: A new prediction is an event when its loss moved by this share, at most every
 #: :data:`PREDICTION_GAP` seconds per worker.
 PREDICTION_CHANGE = 0.1
 PREDICTION_GAP = 2.0
-
-
-@dataclass
-class Drain:
-    """One worker's drain."""
-
-    address: str
-    name: str
-    #: Workers drained together share an id (``drain-<n>``).
-    drain_id: str
-    #: ``time.monotonic()`` at the notice and at the deadline; wall-clock of the notice.
-    started: float
-    deadline: float
-    started_wall: float
-    close: bool
-    #: ``draining``, then ``safe`` (every key held where it should be), ``expired`` (the
-    #: deadline came first), ``left`` (the worker went first) or ``closed``.
-    state: str = "draining"
-    #: The last ranking: key -> (place, item); what cannot move: key -> (item, why).
-    places: dict[Hashable, tuple[int, DrainItem]] = field(default_factory=dict)
-    cannot: dict[Hashable, tuple[DrainItem, str]] = field(default_factory=dict)
-    #: The copies and bytes of the worker's retirement landed before the drain (the
-    #: ledger counts them since the start).
-    landed_before: tuple[int, int] = (0, 0)
-    #: Seconds from the notice to each key's safety.
-    safe_after: dict[Hashable, float] = field(default_factory=dict)
-    copies: int = 0
-    moved_bytes: int = 0
-    moved_keys: int = 0
-    first_asked: float | None = None
-    #: The prediction made at the notice, and the latest.
-    first: Prediction | None = None
-    last: Prediction | None = None
-    last_event: float = 0.0
-    #: The scheduler's time of the last heartbeat of the worker read.
-    last_seen: float | None = None
-    #: What the drain found when it ended.
-    outcome: dict[str, Any] | None = None
-    ended: float | None = None
-
-    def seconds_left(self, now: float) -> float:
-        return self.deadline - now
-
-    @property
-    def active(self) -> bool:
-        return self.state == "draining"
-
-    def cannot_stay(self) -> list[dict[str, Any]]:
-        """What cannot stay where its rules want it, by reason: keys, bytes, rules."""
-        by_why: dict[str, dict[str, Any]] = {}
-        for key, (item, why) in self.cannot.items():
-            entry = by_why.setdefault(why, {"why": why, "keys": 0, "bytes": 0, "shown": []})
-            entry["keys"] += 1
-            entry["bytes"] += max(0, item.nbytes)
-            if len(entry["shown"]) < KEYS_SHOWN:
-                entry["shown"].append(key_string(key))
-        return sorted(by_why.values(), key=lambda e: -e["keys"])
-
-    def result(self, now: float, counted: tuple[int, float, int] | None = None) -> dict[str, Any]:
-        """What the drain did, and what it left unsafe: as ``counted`` (keys lost,
-        their recompute seconds, keys below their minimum) once the worker left, else
-        as the last plan found it (nothing once every key is safe)."""
-        last = self.last
-        if counted is not None:
-            unsafe, seconds, below = counted
-        elif self.state == "safe" or last is None:
-            unsafe, seconds, below = 0, 0.0, 0
-        else:
-            unsafe = last.lost_keys + last.cannot_move
-            seconds = last.lost_seconds + last.cannot_move_seconds
-            below = last.below_min
-        moved = words.counted(self.moved_keys, "key")
-        text = f"{moved} moved ({words.size(self.moved_bytes)}), " + (
-            f"{words.counted(unsafe, 'key')} not safe (≈ {words.duration(seconds)} of "
-            f"recompute), {below:,} below their minimum"
-            if unsafe or below
-            else "every key safe"
-        )
-        return {
-            "elapsed": round(now - self.started, 3),
-            "moved_keys": self.moved_keys,
-            "moved_bytes": self.moved_bytes,
-            "copies": self.copies,
-            "unsafe_keys": unsafe,
-            "unsafe_seconds": round(seconds, 3),
-            "below_min": below,
-            "text": text,
-        }
-
-    @property
-    def owner(self) -> str:
-        """Who holds the keys waiting for their turn (the claims)."""
-        return f"the drain of {self.address}"
-
-    def line(
-        self, now: float, rate: float, source: str, flying: Mapping[Hashable, int]
-    ) -> dict[str, Any]:
-        """The drain's report; ``flying``: its copies in flight, key -> bytes."""
-        left = self.last
-        times = sorted(self.safe_after.values())
-        return {
-            "worker": self.address,
-            "name": self.name,
-            "drain": self.drain_id,
-            "state": self.state,
-            "close": self.close,
-            "started": self.started_wall,
-            "elapsed": round((self.ended or now) - self.started, 3),
-            "seconds_left": round(self.deadline - now, 3),
-            "deadline": round(self.deadline - self.started, 3),
-            "moved_keys": self.moved_keys,
-            "moved_bytes": self.moved_bytes,
-            "copies": self.copies,
-            "in_flight_bytes": sum(flying.values()),
-            "keys_left": len(self.places),
-            "bytes_left": left.total_bytes if left is not None else 0,
-            "safe_keys": len(self.safe_after),
-            "rate": {"bytes_per_second": round(rate, 1), "source": source},
-            "prediction": words.prediction_record(left) if left is not None else None,
-            "first_prediction": (
-                words.prediction_record(self.first) if self.first is not None else None
-            ),
-            "cannot_stay": self.cannot_stay(),
-            "time_to_safety": {
-                "keys": len(times),
-                "median": round(times[len(times) // 2], 3) if times else None,
-                "max": round(times[-1], 3) if times else None,
-            },
-            "outcome": self.outcome,
-        }
-
-    def explain(self, key: Hashable, flying: Mapping[Hashable, int]) -> dict[str, Any]:
-        out: dict[str, Any] = {"worker": self.address, "drain": self.drain_id, "state": self.state}
-        if key in self.cannot:
-            item, why = self.cannot[key]
-            return {**out, "standing": "cannot move", "why": why}
-        if key in self.places:
-            place, item = self.places[key]
-            cutoff = self.last.cutoff if self.last is not None else None
-            in_time = cutoff is None or place < cutoff
-            return {
-                **out,
-                "standing": "in flight" if key in flying else "waiting",
-                "place": place + 1,
-                "of": len(self.places),
-                "tier": TIER_NAMES[item.tier],
-                "why": (why := words.drain_item_why(item)),
-                "in_time": in_time,
-                "text": f"moved {_ordinal(place + 1)} of {len(self.places)} ({why}); "
-                + ("expected to leave in time" if in_time else "not expected to leave in time"),
-            }
-        return {**out, "standing": "safe", "why": "held where its rules want it elsewhere"}
 
 
 class DrainSection(Section):
@@ -340,7 +191,7 @@ class DrainSection(Section):
                 continue  # already draining: its deadline stands
             ws = ctx.scheduler.workers[address]
             d = Drain(address, str(ws.name), drain_id, now, now + seconds, time.time(), close)
-            d.landed_before = ctx.ledger.landings(retirement_owner(address))
+            d.bytes_before = ctx.ledger.landings(retirement_owner(address))[1]
             self.drains[address] = d
             self.meter.watch(address)
             # Leaving (drain over or not) until it goes, keeping its copies until then.
@@ -364,7 +215,7 @@ class DrainSection(Section):
         ws = ctx.scheduler.workers[d.address]
         views, cluster = self._views(ws, leaving)
         plan = plan_evacuation(self.rank(ws, views, cluster), cluster, now=now)
-        self._account(d, ws, plan, now)
+        self._note(d, ws, plan, now)
         self._pace(d, set())
         d.first = d.last
         cannot = d.cannot_stay()
@@ -435,12 +286,12 @@ class DrainSection(Section):
         if d is None:
             return replace(plan, stuck=[], satisfied=[])
         self._landed(d)
-        self._account(d, ws, plan, now)
+        self._note(d, ws, plan, now)
         copies = plan.copies
         flying = self.in_flight(d)
         if d.active:
             room = self.window(d, now) - sum(flying.values())
-            admitted = []
+            admitted: list[Any] = []
             for copy in copies:
                 if copy.nbytes > room and (admitted or flying):
                     break
@@ -495,24 +346,11 @@ class DrainSection(Section):
 
     # -- bookkeeping -------------------------------------------------------------------
 
-    def _account(self, d: Drain, ws: Any, plan: Evacuation, now: float) -> None:
-        """The keys' standing after a plan: safe, still to move (ranked), cannot move;
-        and the prediction."""
-        items = self.items.get(ws.address, {})
-        for key in plan.satisfied:
-            if key not in d.safe_after and len(d.safe_after) < SAFETY_KEPT:
-                d.safe_after[key] = now - d.started
-        d.cannot = {s.key: (items.get(s.key) or DrainItem(s.key, 0), s.why) for s in plan.stuck}
-        todo = dict.fromkeys([c.key for c in plan.copies] + list(plan.waiting))
-        ranked = [items[k] for k in todo if k in items]
-        d.places = {item.key: (i, item) for i, item in enumerate(ranked)}
+    def _note(self, d: Drain, ws: Any, plan: Evacuation, now: float) -> None:
+        """The keys' standing after a plan (:meth:`Drain.note`), and the prediction."""
+        d.note(plan, self.items.get(ws.address, {}), now)
         rate, source = self.rate(d, now)
-        seconds_left = d.seconds_left(now)
-        if not d.active and d.state != "expired":
-            seconds_left = max(seconds_left, 0.0)
-        prediction = predict(
-            ranked, rate, max(0.0, seconds_left), source, (i for i, _ in d.cannot.values())
-        )
+        prediction = d.predict(rate, source, now)
         previous, d.last = d.last, prediction
         if (
             previous is not None
@@ -525,18 +363,17 @@ class DrainSection(Section):
                 "drain",
                 step="prediction",
                 worker=d.address,
-                seconds_left=round(seconds_left, 3),
+                seconds_left=round(d.seconds_left(now), 3),
                 prediction=words.prediction_sentence(prediction),
             )
 
     def _landed(self, d: Drain) -> None:
-        """Copies of the drain that landed since last looked (the ledger counts those of
-        the worker's retirement)."""
-        copies, nbytes = self.ctx.ledger.landings(retirement_owner(d.address))
-        keys = copies - d.landed_before[0]
-        moved = nbytes - d.landed_before[1]
+        """Bytes of the drain's copies that landed since last looked (the ledger counts
+        those of the worker's retirement)."""
+        _, nbytes = self.ctx.ledger.landings(retirement_owner(d.address))
+        moved = nbytes - d.bytes_before
         self.counters["bytes"] += moved - d.moved_bytes
-        d.moved_keys, d.moved_bytes = keys, moved
+        d.moved_bytes = moved
 
     # -- the ticker ----------------------------------------------------------------------
 
@@ -575,13 +412,12 @@ class DrainSection(Section):
         workers that stay: the drain ends, safe."""
         d = self.drains.get(address)
         if d is not None and d.active:
-            now = time.monotonic()
             self._landed(d)
-            self._end(d, "safe", now)
+            self._end(d, SAFE, time.monotonic())
 
     def _expire(self, d: Drain, now: float) -> None:
         """The deadline came before every key was safe."""
-        self._end(d, "expired", now)
+        self._end(d, EXPIRED, now)
         if d.close:
             self._spawn(self._remove(d.address))
 
@@ -595,68 +431,52 @@ class DrainSection(Section):
             logger.exception("amm-rules: closing %s at its drain's deadline failed", address)
 
     def _end(self, d: Drain, state: str, now: float) -> None:
-        """The drain of ``d`` ends (``safe``, ``expired``): what it left unsafe."""
+        """The drain of ``d`` ends, ``safe`` or ``expired`` (its worker still there):
+        every key safe, or what the last plan left unsafe."""
         ctx = self.ctx
-        d.state = state
-        d.ended = now
+        d.ended = now  # the time left stops here
         self._pace(d, set())
         ws = ctx.scheduler.workers.get(d.address)
-        if ws is not None and state == "expired":
+        if state == SAFE:
+            d.all_safe(now)
+        elif ws is not None:
             views, cluster = self._views(ws, set(ctx.leaving()) | {d.address})
             plan = plan_evacuation(self.rank(ws, views, cluster), cluster, now=now)
-            self._account(d, ws, plan, now)
-        d.outcome = d.result(now)
-        if state == "expired":
-            self.counters["lost_keys"] += d.outcome["unsafe_keys"]
-        text = (
-            f"drain of {d.address} {state} after {words.duration(now - d.started)}: "
-            f"{d.outcome['text']}"
+            self._note(d, ws, plan, now)
+        d.end(state, now)
+        assert d.outcome is not None
+        self.counters["lost_keys"] += d.outcome["unsafe_keys"]
+        logger.warning(
+            "amm-rules: drain of %s %s after %s: %s",
+            d.address,
+            state,
+            words.duration(now - d.started),
+            d.outcome["text"],
         )
-        logger.warning("amm-rules: %s", text)
         ctx.events.emit("drain", step=state, worker=d.address, drain=d.drain_id, **d.outcome)
 
     def _gone(self, d: Drain, now: float) -> None:
-        """The worker left (closed by the drain, or died): what was not safe is counted
-        from the keys themselves (a key with no copy left is lost)."""
+        """The worker left: after its drain ended (``closed``: by the drain, the worker
+        preload or anyone), or before (``left``; ``closed`` if the drain was to close it
+        and nothing was lost: the retirement may close it before it says so). What was
+        not safe is counted from the keys themselves (a key with no copy left is lost):
+        the count at the deadline raced with copies landing, or with a kill."""
         ctx = self.ctx
         self.meter.forget(d.address)
         self.items.pop(d.address, None)
         self._let_go(d)
+        self._landed(d)
+        before = d.outcome["unsafe_keys"] if d.outcome is not None else 0
+        counted = d.worker_gone(ctx.scheduler.tasks, now)
         if d.active:
-            self._landed(d)
-            truth = self._counted(d)
-            d.state = "closed" if d.close and not truth[0] else "left"
-            d.ended = now
-            d.outcome = d.result(now, truth)
-            self.counters["lost_keys"] += d.outcome["unsafe_keys"]
-            ctx.events.emit("drain", step=d.state, worker=d.address, **d.outcome)
+            d.end(CLOSED if d.close and not counted[0] else LEFT, now, counted)
         else:
-            if d.state == "expired" and d.outcome is not None:
-                # Now that the worker is gone, what it left unsafe is counted for real
-                # (the count at the deadline raced with copies landing, or with a kill).
-                before = d.outcome["unsafe_keys"]
-                d.outcome = d.result(d.ended or now, self._counted(d))
-                self.counters["lost_keys"] += d.outcome["unsafe_keys"] - before
-            if d.close:
-                d.state = "closed"
+            d.end(CLOSED, now, counted)
+        assert d.outcome is not None
+        self.counters["lost_keys"] += d.outcome["unsafe_keys"] - before
+        ctx.events.emit("drain", step=d.state, worker=d.address, drain=d.drain_id, **d.outcome)
         del self.drains[d.address]
         self.recent = [*self.recent, d][-RECENT:]
-
-    def _counted(self, d: Drain) -> tuple[int, float, int]:
-        """Once the worker left: keys of the drain lost (no copy anywhere), their
-        recompute seconds, and keys below their minimum."""
-        tasks = self.ctx.scheduler.tasks
-        lost, seconds, below = 0, 0.0, 0
-        items = [item for _, item in d.places.values()] + [i for i, _ in d.cannot.values()]
-        for item in items:
-            ts = tasks.get(item.key)
-            held = len(ts.who_has or ()) if ts is not None and ts.state == "memory" else 0
-            if not held:
-                lost += 1
-                seconds += item.seconds or 0.0
-            elif item.minimum and held < item.minimum:
-                below += 1
-        return lost, seconds, below
 
     # -- showing it ------------------------------------------------------------------------
 
@@ -671,7 +491,8 @@ class DrainSection(Section):
             d = known.get(address)
             if d is not None:
                 rate, source = self.rate(d, now) if d.active else (0.0, "")
-                out[address] = d.line(now, rate, source, self.in_flight(d))
+                flying = sum(self.in_flight(d).values())
+                out[address] = d.report(now, rate, source, flying).to_dict()
         return out
 
     def status(self) -> dict[str, Any]:
@@ -687,8 +508,7 @@ class DrainSection(Section):
             if d is not None:
                 asked = retirement_owner(d.address)
                 flying = self.ctx.ledger.in_flight(ts.key)
-                mine = [c.nbytes for c in flying.values() if c.by == asked]
-                return d.explain(ts.key, {ts.key: mine[0]} if mine else {})
+                return d.explain(ts.key, any(c.by == asked for c in flying.values()))
         return None
 
     def metrics(self) -> dict[str, float]:
@@ -703,45 +523,9 @@ class DrainSection(Section):
             "predicted_loss_seconds": sum(
                 d.last.lost_seconds + d.last.cannot_move_seconds for d in active if d.last
             ),
-            "seconds_left": min((max(0.0, d.deadline - now) for d in active), default=0.0),
+            "seconds_left": min((d.seconds_left(now) for d in active), default=0.0),
             "rate": sum(self.rate(d, now)[0] for d in active),
         }
-
-
-def resolve_workers(known: Any, workers: Any) -> list[str]:
-    """The addresses of ``workers`` (addresses or names) among ``known`` (the scheduler's
-    workers); ``ValueError`` naming those that are neither."""
-    if isinstance(workers, (str, bytes)) or not isinstance(workers, (list, tuple, set)):
-        raise ValueError(f"workers: expected a list of workers, got {type(workers).__name__}")
-    if not workers:
-        raise ValueError("workers: name at least one worker to drain")
-    by_name = {str(ws.name): a for a, ws in known.items()}
-    out: list[str] = []
-    unknown = []
-    for w in workers:
-        address = w if w in known else by_name.get(str(w))
-        if address is None:
-            unknown.append(str(w))
-        elif address not in out:
-            out.append(address)
-    if unknown:
-        raise ValueError(
-            f"no worker of this scheduler has the address or name {', '.join(unknown)}"
-        )
-    return out
-
-
-def deadline_seconds(value: Any, where: str = "deadline") -> float:
-    """A drain's deadline in seconds: a duration (``"60s"``, ``"2 min"``) or a number,
-    more than 0 and at most :data:`MAX_DEADLINE`; ``ValueError`` saying ``where``.
-    (The client, the command line and the worker preload check theirs with it too.)"""
-    try:
-        seconds = parse_duration(value)
-    except UnitError as exc:
-        raise ValueError(f"{where}: {exc}") from None
-    if not 0 < seconds <= MAX_DEADLINE:
-        raise ValueError(f"{where}: expected more than 0 s and at most 1 day, got {value!r}")
-    return seconds
 
 
 def _moved(old: Prediction, new: Prediction) -> bool:
@@ -752,14 +536,4 @@ def _moved(old: Prediction, new: Prediction) -> bool:
     return abs(after - before) > PREDICTION_CHANGE * max(before, after, 1)
 
 
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
-__all__ = [
-    "Drain",
-    "DrainSection",
-    "deadline_seconds",
-    "resolve_workers",
-]
+__all__ = ["DrainSection"]

@@ -193,7 +193,10 @@ class LegacyCalls(Section):
                 await replicate(keys=keys, **stock)
             return keys
 
-        wrappers = {"replicate": replicate_honoured, "scatter": scatter_honoured}
+        wrappers: dict[str, Callable[..., Any]] = {
+            "replicate": replicate_honoured,
+            "scatter": scatter_honoured,
+        }
         return wrap_methods(scheduler, wrappers, {name: name for name in wrappers})
 
     # ------------------------------------------------------------------ calls
@@ -294,7 +297,7 @@ class LegacyCalls(Section):
         self.ctx.claims.release(self.name, done)
         # Classified by now or soon: look at them again once the call is done.
         index = self.ctx.index
-        index.recheck.update(k for k in keys if k in index.desired)
+        index.look_again(k for k in keys if k in index.desired)
 
     def _copy_groups(
         self, keys: list[Hashable], target: Target, workers: Iterable[str] | None
@@ -399,9 +402,7 @@ class LegacyCalls(Section):
         index = self.ctx.index
         gone = [k for k, t in index.runtime.items() if t.origin in ORIGINS]
         for key in gone:
-            del index.runtime[key]
-        if gone:
-            index.reclassify(gone)
+            index.set_runtime_target(key, None)
         return len(gone)
 
     def status(self) -> dict[str, Any]:

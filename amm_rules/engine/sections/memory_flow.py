@@ -44,15 +44,12 @@ class MemoryFlowSection(Section):
         flow = ctx.flow
         flow.tasks = scheduler.tasks
         # Fed by the index's transition hook (one plugin call per transition, not two).
-        ctx.index.flow = flow
-        ctx.index.on_scatter = flow.scattered
+        ctx.index.follow_flow(flow)
         if _keys_needed(ctx.ruleset):
             self.reloaded([ts for ts in scheduler.tasks.values() if ts.state == "memory"])
 
     def detach(self) -> None:
-        index = self.ctx.index
-        index.flow = None
-        index.on_scatter = None
+        self.ctx.index.follow_flow(None)
 
     def reloaded(self, in_memory: list[Any]) -> None:
         """Keep (or stop keeping) the keys in memory per prefix, as the rules in force

@@ -19,9 +19,9 @@ data but runs and fetches nothing, and nothing in distributed acts on it (dask i
 3. copies the keys it holds alone, or below their target on the other workers, by the
    rules (:func:`~amm_rules.engine.decide.evacuate.plan_evacuation`: pools, ``avoid``,
    ``spread``), to workers with room: below their own pause threshold after receiving,
-   less :data:`ROOM_MARGIN` of their limit, counting the copies they were sent and have
-   not reported in a heartbeat since. At most ``max-bytes-per-cycle`` per cycle, and
-   :data:`KEYS_PER_CYCLE` keys looked at;
+   less :data:`ROOM_MARGIN` of their limit, counting the copies the engine sent them (any
+   section's, from the ledger) and they have not reported in a heartbeat since. At most
+   ``max-bytes-per-cycle`` per cycle, and :data:`KEYS_PER_CYCLE` keys looked at;
 4. once a full pass over its keys finds every one held where it should be, spawns (on
    the scheduler's event loop, never waiting for it in the cycle) a coroutine that retires
    it through ``Scheduler.retire_workers`` (whose placement is the rules', see
@@ -48,14 +48,13 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Generator, Hashable
+from collections.abc import Generator, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import dask
 from distributed.active_memory_manager import Suggestion
 from distributed.diagnostics.plugin import SchedulerPlugin
-from distributed.metrics import time as heartbeat_clock
 
 from amm_rules.engine.adapters import worker_status
 from amm_rules.engine.decide.evacuate import Evacuation, plan_evacuation
@@ -258,8 +257,6 @@ class PausedWorkers(Section):
         self.counters: Counter[str] = Counter()
         #: Seconds workers spent paused in pauses that ended.
         self.paused_seconds_done = 0.0
-        #: Copies sent that the recipients' heartbeats may not show yet.
-        self.sent = SentCopies()
         #: The restart and retirement coroutines running (shared with the clock, which
         #: cancels them when the scheduler closes).
         self.tasks: set[asyncio.Future[Any]] = self.clock.tasks
@@ -327,7 +324,6 @@ class PausedWorkers(Section):
         settings = self.settings
         if settings is None:
             return
-        self.sent.settle(ctx.scheduler.tasks, workers, now)
         census = _Census.of(workers)
         budget = [settings.max_bytes_per_cycle]
         for h in [h for h in self.handling.values() if h.state == "evacuating"]:
@@ -486,6 +482,8 @@ class PausedWorkers(Section):
         """One cycle of copying a handled worker's keys away (cases in order: the
         worker left, unpaused, a guard holds it; then a turn of its keys)."""
         ctx = self.ctx
+        settings = self.settings
+        assert settings is not None  # (the cycle handles workers only with the section)
         ws = ctx.scheduler.workers.get(h.address)
         if ws is None or worker_status(ws) != "paused":
             return  # left or unpaused: _account_pauses forgets it next cycle
@@ -502,14 +500,15 @@ class PausedWorkers(Section):
         has_what = ws.has_what
         todo = [ts for k in batch if (ts := tasks.get(k)) is not None and ts in has_what]
         views, cluster = evacuation_input(ctx, todo, ctx.leaving())
-        room = self.sent.room(ctx.scheduler.workers, cluster)
+        workers = ctx.scheduler.workers
+        space = room(workers, cluster, ctx.ledger.unseen(ctx.last_seen))
         plan = plan_evacuation(
             views,
             cluster,
             now=now,
-            room=room,
+            room=space,
             budget=max(budget[0], 0),
-            first_free=budget[0] == self.settings.max_bytes_per_cycle,  # type: ignore[union-attr]
+            first_free=budget[0] == settings.max_bytes_per_cycle,
         )
         if plan.stuck or _no_room(plan):
             self._block(h, plan, now)
@@ -535,7 +534,6 @@ class PausedWorkers(Section):
         accepted = yield from suggest_copies(plan, by_key, workers, f"paused {h.address}")
         for copy, _ in accepted:
             record_copy(ctx, self.name, copy, now)
-            self.sent.record(copy.worker, copy.key, copy.nbytes, now + ctx.inflight_timeout)
             budget[0] -= copy.nbytes
             h.copies += 1
             h.bytes += copy.nbytes
@@ -823,51 +821,17 @@ async def restart_or_retire(scheduler: Any, addr: str, restart: bool) -> str | N
     return None
 
 
-class SentCopies:
-    """The copies sent to recipients that their heartbeats may not show yet: a copy
-    counts against its recipient's room until a heartbeat after it landed (heartbeats
-    carry the process memory), or until it is given up."""
-
-    def __init__(self) -> None:
-        #: recipient -> {key: [bytes, landed_at or None, deadline]}.
-        self.table: dict[str, dict[Hashable, list[Any]]] = {}
-
-    def record(self, worker: str, key: Hashable, nbytes: int, deadline: float) -> None:
-        self.table.setdefault(worker, {})[key] = [nbytes, None, deadline]
-
-    def room(self, workers: Any, cluster: Any) -> dict[str, int]:
-        """Bytes each running worker may still receive: up to its pause threshold less
-        the margin, by its process memory at its last heartbeat plus the copies sent to
-        it that no heartbeat has shown yet."""
-        pause = _pause_fraction()
-        room = {}
-        for addr in cluster.running:
-            ws = workers[addr]
-            limit = ws.memory_limit or 0
-            if not limit:
-                room[addr] = 1 << 62
-                continue
-            unseen = sum(entry[0] for entry in self.table.get(addr, {}).values())
-            room[addr] = int((pause - ROOM_MARGIN) * limit) - ws.memory.process - unseen
-        return room
-
-    def settle(self, tasks: Any, workers: Any, now: float) -> None:
-        """Forget the copies a heartbeat has shown since they landed, those given up, and
-        those of workers that left."""
-        for addr in list(self.table):
-            ws = workers.get(addr)
-            entries = self.table[addr]
-            for key in list(entries):
-                nbytes, landed, deadline = entries[key]
-                if ws is None:
-                    del entries[key]
-                elif landed is None:
-                    ts = tasks.get(key)
-                    if ts is not None and ws in (ts.who_has or ()):
-                        entries[key][1] = heartbeat_clock()
-                    elif deadline <= now:
-                        del entries[key]
-                elif ws.last_seen > landed:
-                    del entries[key]
-            if not entries:
-                del self.table[addr]
+def room(workers: Mapping[str, Any], cluster: Any, unseen: Mapping[str, int]) -> dict[str, int]:
+    """Bytes each running worker may still receive: up to its pause threshold less the
+    margin, by its process memory at its last heartbeat plus the copies sent to it that
+    no heartbeat has shown yet (``unseen``: the ledger's)."""
+    pause = _pause_fraction()
+    out = {}
+    for addr in cluster.running:
+        ws = workers[addr]
+        limit = ws.memory_limit or 0
+        if not limit:
+            out[addr] = 1 << 62
+            continue
+        out[addr] = int((pause - ROOM_MARGIN) * limit) - ws.memory.process - unseen.get(addr, 0)
+    return out

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Container, Generator, Hashable, Mapping
+from collections.abc import Callable, Collection, Container, Generator, Hashable, Mapping
 from itertools import islice, takewhile
 from typing import TYPE_CHECKING, Any
 
@@ -333,7 +333,7 @@ class ProtectSection(Section):
         protected = self.protected
         self._release([key for key in protected if key not in chosen])
         short = self.short
-        touched = ctx.index.touched
+        index = ctx.index
         claims = ctx.claims
         copies = settings.copies
         why = f"protect keeps {copies} copies: dear to compute again"
@@ -343,7 +343,7 @@ class ProtectSection(Section):
                 claims.hold(key, self.name, why, alone=False, keeps=copies)
                 short[key] = None
                 if before is not None:
-                    touched.add(key)  # fewer copies now: back in reduce-replicas' walk
+                    index.touch((key,))  # fewer copies now: back in reduce-replicas' walk
         self.last = choice
         self.cutoff = None
         if choice.keys:
@@ -376,10 +376,9 @@ class ProtectSection(Section):
 
     def _release(self, keys: list[Hashable]) -> None:
         """Stop protecting ``keys``: their extra copies are trimmed as before."""
-        touched = self.ctx.index.touched
         for key in keys:
             self._forget(key)
-            touched.add(key)
+        self.ctx.index.touch(keys)
 
     def _forget(self, key: Hashable) -> None:
         self.ctx.claims.release(self.name, (key,))
@@ -537,7 +536,7 @@ class ProtectSection(Section):
         taken: set[str],
         settings: ProtectSettings,
         now: float,
-        leaving: Container[str],
+        leaving: Collection[str],
         room: Callable[[str], bool],
     ) -> str | None:
         """Where the key's next copy goes: the least loaded running worker where its
@@ -554,8 +553,8 @@ class ProtectSection(Section):
                 d.pool, d.avoid, exclude, lambda a: room(a) and cluster.host(a) not in hosts
             )
             if choice is not None:
-                return choice  # type: ignore[no-any-return]
-        return cluster.least_loaded(d.pool, d.avoid, exclude, room)  # type: ignore[no-any-return]
+                return choice
+        return cluster.least_loaded(d.pool, d.avoid, exclude, room)
 
     # ------------------------------------------------------------------ showing it
 

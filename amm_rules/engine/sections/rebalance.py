@@ -51,7 +51,6 @@ class RebalanceSection(Section):
 
     def run(self, cycle: Cycle) -> Any:
         if self.rebalancer.idle:
-            self.ctx.index.moving = {}
             return ()
         return self._run(cycle)
 
@@ -74,9 +73,6 @@ class RebalanceSection(Section):
         journaled = ctx.journal.rebalancing(moves, rebalancer.book.pending, held)
         yield from ctx.dry_run.rebalancing(journaled, index.desired, cycle.stats)
         self._hold_moves()
-        # The moves in flight now (the book's table is a new one after each settling):
-        # a copy landing wakes the policy for its drop.
-        index.moving = rebalancer.book.pending
 
     def _hold_moves(self) -> None:
         """Hold the keys of the moves in flight (their copies stay), and let go of those

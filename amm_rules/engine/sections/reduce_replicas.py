@@ -129,8 +129,7 @@ def reduce_replicas(
         for _ in range(excess):
             if (yield drop) is not None:
                 dropped += 1
-    for key in stale:
-        del replicated[key]
+    index.drop_free(stale)
     if dropped:
         stats[DEFAULT_SOURCE]["dropped"] += dropped
 

@@ -36,7 +36,6 @@ from amm_rules.engine.decide.plan import plan_key
 from amm_rules.engine.dryrun import HELD_BACK
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.state.governed import PlanClass
-from amm_rules.engine.state.index import KeyIndex
 from amm_rules.engine.state.journal import shortfall
 
 if TYPE_CHECKING:
@@ -56,73 +55,25 @@ class Replication(Section):
 
     def run(self, cycle: Cycle) -> Generator[Suggestion, Any, None]:
         ctx = self.ctx
-        self._absorb_touched(ctx.index, ctx.scheduler.tasks)
-        self._give_up_orphaned_copies(ctx)
+        index = ctx.index
+        # Keys whose copies changed: governed ones are checked this cycle, the others
+        # join reduce-replicas' walk if they hold more than one copy.
+        index.route_touched()
+        # Copies in flight from workers that died are given up, workers fetching such
+        # keys passed over for half an interval (see Departures.give_up_orphaned_copies).
+        until = ctx.clock() + ctx.amm.interval / 2
+        index.departing.give_up_orphaned_copies(ctx.ledger, ctx.scheduler.tasks, until)
         filed = cycle.filed
         now = cycle.now
         stats = cycle.stats
-        for label, n in ctx.index.governed.governed_by.items():
+        for label, n in index.governed.governed_by.items():
             stats[label]["governed"] = n
 
         todo = self._suspects(ctx, stats, cycle.full, filed)
         if todo:
             yield from ctx.dry_run.replication(
-                self._plan_and_suggest(ctx, todo, now, stats), ctx.index.desired, stats
+                self._plan_and_suggest(ctx, todo, now, stats), index.desired, stats
             )
-
-    @staticmethod
-    def _absorb_touched(index: KeyIndex, tasks: Mapping[Hashable, Any]) -> None:
-        """Route keys whose copies changed: governed ones are checked this cycle, the
-        others join reduce-replicas' walk if they hold more than one copy."""
-        touched, index.touched = index.touched, set()
-        for key in touched:
-            if key in index.desired:
-                index.recheck.add(key)
-                index.replicated_free.pop(key, None)
-                continue
-            ts = tasks.get(key)
-            if ts is not None and ts.state == "memory" and len(ts.who_has or ()) > 1:
-                index.replicated_free[key] = ts
-
-    @staticmethod
-    def _give_up_orphaned_copies(ctx: EngineContext) -> None:
-        """A key that lost a holder with its worker may be on its way to other workers
-        from that dead worker, and such a fetch can hang until the comm times out
-        (seconds to minutes) while the key is short. Two kinds of recipient:
-
-        - the engine's own copies in flight: forgotten, and their workers passed over
-          for a while (half an AMM interval), so that other workers are asked first;
-          with no other worker, the same one is asked again later (which refreshes its
-          list of holders);
-        - workers running a dependent of the key that do not hold it: they are
-          fetching it for that task, maybe from the dead worker. Asking one of them
-          for a copy would add nothing (the worker keeps its fetch going) and the
-          copy would count as in flight, the key short, for the whole in-flight
-          timeout. They are passed over for the key for as long as they still fetch
-          it (run a dependent without holding it): a fetch from a dead worker can
-          outlast the in-flight timeout of the copy asked of another worker instead.
-
-        The dependents are read for keys that lost a holder, and then each cycle only
-        for those whose fetches go on."""
-        index = ctx.index
-        ledger = ctx.ledger
-        tasks = ctx.scheduler.tasks
-        until = ctx.clock() + ctx.amm.interval / 2
-        read: set[Hashable] = set()
-        for key in index.source_lost:
-            ledger.give_up(key, until)
-            fetching = _fetching_for_dependents(tasks.get(key))
-            read.add(key)
-            if fetching:
-                index.fetching.setdefault(key, set()).update(fetching)
-        index.source_lost.clear()
-        for key, workers in list(index.fetching.items()):
-            if key not in read:  # (just read above: still fetching)
-                workers.intersection_update(_fetching_for_dependents(tasks.get(key)))
-            if not workers:
-                del index.fetching[key]
-                continue
-            ledger.back_off(key, workers, until)
 
     @staticmethod
     def _suspects(
@@ -143,14 +94,14 @@ class Replication(Section):
             if placements.class_unmet(cls):
                 # Held as far as possible; every key of the class is unmet.
                 stats[cls.source]["unmet"] += len(group)
-        recheck, index.recheck = index.recheck, set()
+        recheck = index.take_recheck()
         todo: dict[Hashable, Any] = {}
         if full:
             for cls in index.governed.groups:
-                for ts in index.suspects(cls, placements.of(cls), reduce_replicas):
+                for ts in index.governed.suspects(cls, placements.of(cls), reduce_replicas):
                     todo[ts.key] = ts
         else:
-            for ts in index.suspects_among(recheck, placements.of, reduce_replicas):
+            for ts in index.governed.suspects_among(recheck, placements.of, reduce_replicas):
                 todo[ts.key] = ts
             for members in filed.values():  # checked as they were filed
                 for ts in members:
@@ -165,8 +116,7 @@ class Replication(Section):
         if index.shortfall:
             # Checked this cycle and not to be planned: they hold their target now.
             checked = index.shortfall.keys() if full else recheck & index.shortfall.keys()
-            for key in [k for k in checked if k not in todo]:
-                del index.shortfall[key]
+            index.clear_shortfall([k for k in checked if k not in todo])
         if index.dirty:
             # Left over by the classification budget: what they want is not known yet
             # (a reload or a runtime target may have changed it). Planned once classified.
@@ -206,7 +156,7 @@ class Replication(Section):
             if held and key in held and claims.alone(key) is not None:
                 # Another section's (a replicate call copying it, a drain copying it in
                 # its turn): looked at again once it lets go.
-                index.recheck.add(key)
+                index.look_again((key,))
                 continue
             plan = plan_key(ctx.key_view(ts, desired, pending, now), cluster, settings)
             if plan.unmet and not placements.class_unmet(PlanClass.of(desired)):
@@ -245,20 +195,15 @@ class Replication(Section):
                 if action.op == "replicate":
                     if accepted:
                         stats[action.source]["requested"] += 1
-                        ledger.record(key, action.worker, OWNER, deadline)
+                        ledger.record(key, action.worker, OWNER, deadline, max(0, ts.nbytes))
                     else:
                         plan.inflight.pop(action.worker, None)
                 elif accepted:
                     stats[action.source]["dropped"] += 1
-            if plan.misplaced and (plan.deferred or refused):
-                index.trim_waits.add(key)  # a dependent finishing wakes a cycle
-            else:
-                index.trim_waits.discard(key)
+            # A drop of a misplaced copy that waits: a dependent finishing wakes a cycle.
+            trim_waits = bool(plan.misplaced and (plan.deferred or refused))
             short = dry_run.shortfall(desired, plan, shortfall(plan, refused))
-            if short is None:
-                index.shortfall.pop(key, None)
-            else:
-                index.shortfall[key] = short
+            index.note_plan(key, short, trim_waits)
             if (
                 refused
                 or plan.deferred
@@ -268,7 +213,7 @@ class Replication(Section):
                 # Nothing else may touch the key before this is worth another look:
                 # a refused or deferred action, a back-off ending, copies held for
                 # waiters that may finish.
-                index.recheck.add(key)
+                index.look_again((key,))
 
     def _drop_waits(self, key: Hashable, worker: str, keeping: set[str], now: float) -> str:
         """Why a planned drop of ``key`` from ``worker`` waits ("" if it does not): a
@@ -282,16 +227,3 @@ class Replication(Section):
         if worker in keeping:
             return f"drop from {worker} waits: it keeps its copies until it leaves"
         return ""
-
-
-def _fetching_for_dependents(ts: Any) -> list[str]:
-    """Workers running a task that depends on ``ts`` and not holding it: they fetch it
-    (or are about to). Empty for a key gone from memory or without dependents."""
-    if ts is None or not ts.waiters:
-        return []
-    holders = ts.who_has or ()
-    return [
-        ws.address
-        for dts in ts.waiters
-        if (ws := dts.processing_on) is not None and ws not in holders
-    ]

@@ -357,7 +357,7 @@ class RecomputeCosts:
             if released <= 0 or alive <= 0:
                 continue
             missing = released / alive
-            per_task = fanin.get(dep) if fanin is not None else None
+            per_task: float | None = fanin.get(dep) if fanin is not None else None
             if per_task is None:
                 per_task = max(1.0, len(dep) / size)
             need = per_task * missing

@@ -16,12 +16,13 @@ workers (:class:`Placement`); :mod:`amm_rules.engine.decide.plan` plans the susp
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from amm_rules.engine.decide.plan import source_label, target_bounds
+from amm_rules.engine.readonly import ReadOnly
 from amm_rules.language.ruleset import Desired, Target
 
 if TYPE_CHECKING:
@@ -74,59 +75,75 @@ class GovernedKeys:
 
     def __init__(self, free: dict[Hashable, Any], forget_plan: Callable[[Hashable], None]) -> None:
         #: Governed key -> its resolved wishes.
-        self.desired: dict[Hashable, Desired] = {}
+        self._desired: dict[Hashable, Desired] = {}
         #: Plan class -> {key: TaskState} for every governed key.
-        self.groups: dict[PlanClass, dict[Hashable, Any]] = {}
+        self._groups: dict[PlanClass, dict[Hashable, Any]] = {}
         #: Governed keys per counter label (rule name, ``(annotation)``, ``(runtime)``).
-        self.governed_by: Counter[str] = Counter()
+        self._governed_by: Counter[str] = Counter()
         #: Bytes of one copy of the governed keys, per counter label.
-        self.bytes_by: Counter[str] = Counter()
+        self._bytes_by: Counter[str] = Counter()
         #: Copies in memory of the governed keys, per counter label (kept up to date by
         #: the replica wrappers of :func:`~amm_rules.engine.state.index.watch_scheduler`:
         #: a dashboard shows copies held against copies wanted without counting them
         #: key by key).
-        self.copies_by: Counter[str] = Counter()
+        self._copies_by: Counter[str] = Counter()
         #: Plan class -> governed keys per counter label: how a class's keys count
         #: towards each rule (the keys of one class may take fields from other rules).
-        self.class_labels: dict[PlanClass, Counter[str]] = {}
-        self.free = free
-        self.forget_plan = forget_plan
+        self._class_labels: dict[PlanClass, Counter[str]] = {}
+        self._free = free
+        self._forget_plan = forget_plan
         #: id(desired) -> (it, its plan class, its labels), for :meth:`file`.
         self._derived: dict[int, tuple[Desired, PlanClass, set[str]]] = {}
         #: Counts every change of the governed keys or of their copies: what was read of
         #: them (the holders scale-down looks at) is current while it stays the same.
-        self.changes = 0
+        self._changes = 0
+
+    # -- read-only views of the tables (only the methods below write them) -------------
+
+    #: Governed key -> its resolved wishes.
+    desired = ReadOnly[Mapping[Hashable, Desired]]("_desired")
+    #: Plan class -> {key: TaskState} for every governed key.
+    groups = ReadOnly[Mapping[PlanClass, Mapping[Hashable, Any]]]("_groups")
+    #: Governed keys, bytes of one copy and copies in memory, per counter label.
+    governed_by = ReadOnly[Mapping[str, int]]("_governed_by")
+    bytes_by = ReadOnly[Mapping[str, int]]("_bytes_by")
+    copies_by = ReadOnly[Mapping[str, int]]("_copies_by")
+    #: Plan class -> governed keys per counter label.
+    class_labels = ReadOnly[Mapping[PlanClass, Mapping[str, int]]]("_class_labels")
+    #: Every change of the governed keys or of their copies, counted: what was read of
+    #: them is current while it stays the same.
+    changes = ReadOnly[int]("_changes")
 
     def __len__(self) -> int:
-        return len(self.desired)
+        return len(self._desired)
 
     def put(self, key: Hashable, ts: Any, desired: Desired) -> None:
         """Index a governed key (or move it to its new group)."""
-        old = self.desired.get(key)
+        old = self._desired.get(key)
         if old is desired:
             return
         if old is not None:
             self.unindex(key)
-        self.changes += 1
+        self._changes += 1
         # A governed key is never in replicated_free: reduce-replicas need not ask.
-        self.free.pop(key, None)
-        self.desired[key] = desired
+        self._free.pop(key, None)
+        self._desired[key] = desired
         cls = PlanClass.of(desired)
-        self.groups.setdefault(cls, {})[key] = ts
+        self._groups.setdefault(cls, {})[key] = ts
         labels = labels_of(desired)
-        self.governed_by.update(labels)
-        counts = self.class_labels.get(cls)
+        self._governed_by.update(labels)
+        counts = self._class_labels.get(cls)
         if counts is None:
-            counts = self.class_labels[cls] = Counter()
+            counts = self._class_labels[cls] = Counter()
         counts.update(labels)
         nbytes = max(ts.nbytes, 0)
         if nbytes:
-            bytes_by = self.bytes_by
+            bytes_by = self._bytes_by
             for label in labels:
                 bytes_by[label] += nbytes
         held = len(ts.who_has or ())
         if held:
-            copies_by = self.copies_by
+            copies_by = self._copies_by
             for label in labels:
                 copies_by[label] += held
 
@@ -136,12 +153,12 @@ class GovernedKeys:
         per-class and per-label work done once per batch. Returns the tasks filed (new,
         or moved to another group) by plan class; keys whose ``Desired`` is unchanged
         are left out. ``fresh``: none of the keys is indexed (keys entering memory)."""
-        desired_map = self.desired
+        desired_map = self._desired
         filed: dict[PlanClass, list[Any]] = {}
-        free = self.free
-        self.changes += 1
+        free = self._free
+        self._changes += 1
         derived = self._derived
-        governed_by, bytes_by, copies_by = self.governed_by, self.bytes_by, self.copies_by
+        governed_by, bytes_by, copies_by = self._governed_by, self._bytes_by, self._copies_by
         for desired, keys, members in batches:
             if not fresh and not desired_map.keys().isdisjoint(keys):
                 keys, members = self._refile(desired, keys, members)
@@ -155,10 +172,10 @@ class GovernedKeys:
                 cls = PlanClass.of(desired)
                 known = derived[id(desired)] = (desired, cls, labels_of(desired))
             _, cls, labels = known
-            self.groups.setdefault(cls, {}).update(zip(keys, members, strict=True))
-            counts = self.class_labels.get(cls)
+            self._groups.setdefault(cls, {}).update(zip(keys, members, strict=True))
+            counts = self._class_labels.get(cls)
             if counts is None:
-                counts = self.class_labels[cls] = Counter()
+                counts = self._class_labels[cls] = Counter()
             n = len(keys)
             sizes = list(map(_NBYTES, members))
             nbytes = sum(sizes)
@@ -185,7 +202,7 @@ class GovernedKeys:
     ) -> tuple[list[Hashable], list[Any]]:
         """The keys of a batch, some of them indexed already: unindex those filed with
         another ``Desired``, leave out those filed with this one."""
-        desired_map = self.desired
+        desired_map = self._desired
         out_keys, out_members = [], []
         for key, ts in zip(keys, members, strict=True):
             old = desired_map.get(key)
@@ -199,16 +216,16 @@ class GovernedKeys:
 
     def copies_changed(self, key: Hashable, n: int) -> None:
         """A governed key gained (``n > 0``) or lost copies (:func:`watch_scheduler`)."""
-        d = self.desired.get(key)
+        d = self._desired.get(key)
         if d is None:
             return
-        self.changes += 1
+        self._changes += 1
         labels = labels_of(d)
         if n > 0:
             for label in labels:
-                self.copies_by[label] += n
+                self._copies_by[label] += n
         else:
-            _subtract(self.copies_by, labels, -n)
+            _subtract(self._copies_by, labels, -n)
 
     def suspects(
         self,
@@ -222,7 +239,7 @@ class GovernedKeys:
         restricts placement. Keys that pass hold their target as far as the workers
         allow; the others go to the planner, which may still decide nothing."""
         if members is None:
-            members = self.groups.get(cls, {}).values()
+            members = self._groups.get(cls, {}).values()
         if cls.move == "never":
             return iter(())
         lo, hi = target_bounds(
@@ -267,43 +284,43 @@ class GovernedKeys:
         keys not governed are passed over."""
         by_class: dict[PlanClass, list[Any]] = {}
         for key in keys:
-            desired = self.desired.get(key)
+            desired = self._desired.get(key)
             if desired is not None:
                 cls = PlanClass.of(desired)
-                by_class.setdefault(cls, []).append(self.groups[cls][key])
+                by_class.setdefault(cls, []).append(self._groups[cls][key])
         for cls, members in by_class.items():
             yield from self.suspects(cls, placement_of(cls), reduce_replicas, members)
 
     def unindex(self, key: Hashable) -> None:
         """The key is no longer governed (or is being re-filed)."""
-        old = self.desired.pop(key, None)
+        old = self._desired.pop(key, None)
         if old is None:
             return
-        self.changes += 1
-        self.forget_plan(key)
+        self._changes += 1
+        self._forget_plan(key)
         cls = PlanClass.of(old)
-        group = self.groups.get(cls)
+        group = self._groups.get(cls)
         ts = None
         if group is not None:
             ts = group.pop(key, None)
             if not group:
-                del self.groups[cls]
+                del self._groups[cls]
         labels = labels_of(old)
-        _subtract(self.governed_by, labels, 1)
-        counts = self.class_labels.get(cls)
+        _subtract(self._governed_by, labels, 1)
+        counts = self._class_labels.get(cls)
         if counts is not None:
             _subtract(counts, labels, 1)
             if not counts:
-                del self.class_labels[cls]
+                del self._class_labels[cls]
         # The size the key was filed with: a task's nbytes changes only on its way into
         # memory, or when scattered again (update_data, which un-files the key first).
         nbytes = max(ts.nbytes, 0) if ts is not None else 0
         if nbytes:
-            _subtract(self.bytes_by, labels, nbytes)
+            _subtract(self._bytes_by, labels, nbytes)
         # The copies it holds now: the wrappers counted every change since it was filed.
         held = len(ts.who_has or ()) if ts is not None else 0
         if held:
-            _subtract(self.copies_by, labels, held)
+            _subtract(self._copies_by, labels, held)
 
 
 def _subtract(counter: Counter[str], labels: Iterable[str], n: int) -> None:

@@ -2,17 +2,18 @@
 want, and which of them changed since the last cycle, so that a cycle never scans
 ``scheduler.tasks`` and, in the steady state, looks only at keys that changed.
 
-:class:`KeyIndex` is fed by three deliberately tiny hooks (they run on the scheduler's
-hot paths):
+:class:`KeyIndex` is fed by deliberately tiny hooks (they run on the scheduler's hot
+paths):
 
-- the ``SchedulerPlugin.transition`` hook: a key entering memory goes into
-  :attr:`~KeyIndex.dirty` (to be classified at the next cycle; what a cycle's budget
-  leaves over waits in the backlog, see :meth:`~KeyIndex.classify`); a key leaving
+- the ``SchedulerPlugin.transition`` hook: a key entering memory is queued to be
+  classified at the next cycle (:attr:`~KeyIndex.dirty`; what a cycle's budget leaves
+  over waits in the backlog, :mod:`amm_rules.engine.state.backlog`); a key leaving
   memory is forgotten at once, with its runtime target and in-flight copies;
 - wrappers of the scheduler's ``add_replica`` / ``remove_replica`` /
   ``remove_all_replicas`` (:func:`watch_scheduler`): a governed key that gained or lost
-  a copy, or any key that now has more than one, goes into :attr:`~KeyIndex.touched`,
-  and the copies of governed keys are counted per rule (:attr:`~KeyIndex.copies_by`);
+  a copy, or any key that now has more than one, is touched
+  (:attr:`~KeyIndex.touched`), and the copies of governed keys are counted per rule
+  (:attr:`GovernedKeys.copies_by <amm_rules.engine.state.governed.GovernedKeys.copies_by>`);
   a copy the engine asked for that landed is done in the ledger.
   The AMM gets no notification of replica changes (dependency transfers,
   ``client.replicate``, drops, dead workers all change ``ts.who_has`` silently), so
@@ -24,152 +25,216 @@ hot paths):
 - the same transition hook feeds the :class:`~amm_rules.engine.state.demand.DemandTracker`
   (reads and waiters of keys), when the rules read demand, the
   :class:`~amm_rules.engine.state.flow.MemoryFlow` (keys entering and leaving memory, with
-  their tasks), when the policy gives it one;
-- ``log_event``: a worker's status changed (retiring, resumed after a pause);
+  their tasks), when the policy gives it one (:meth:`~KeyIndex.follow_flow`);
+- ``log_event``: a worker's status changed (retiring, closing, resumed after a pause):
+  the workers on their way out by their status (:attr:`~KeyIndex.closing`) are known
+  without a scan of the workers;
 - the same ``remove_replica`` wrapper and ``remove_worker`` hook tally, per worker
   leaving, the keys that fell below their target and those that lost their last copy
   (:class:`~amm_rules.engine.state.departures.Departures`, :attr:`KeyIndex.departing`).
 - for the :class:`~amm_rules.engine.state.costs.RecomputeCosts` the transition hook
-  sets a flag (:attr:`~KeyIndex.memory_changed`), and hands it the keys entering and
-  leaving memory only while it keeps them per group; the replica wrappers tell the
-  costs which worker holds a key's only copy;
+  notes that memory changed (:meth:`~KeyIndex.take_memory_changed`), and hands it the
+  keys entering and leaving memory only while it keeps them per group; the replica
+  wrappers tell the costs which worker holds a key's only copy
+  (:meth:`~KeyIndex.follow_costs`).
 
 Workers leaving, joining, retiring or resuming, governed keys falling below their
 target, the engine's own copies landing above a target's ``max`` (a move), tasks
 finishing that held up the drop of a misplaced copy, and keys entering memory on a
-retiring worker also wake the policy
-(:attr:`KeyIndex.wake`), which may ask the AMM for an early cycle
-(:mod:`amm_rules.engine.early`).
+retiring worker also wake the policy (the ``wake`` given to :meth:`KeyIndex.attach`),
+which may ask the AMM for an early cycle (:mod:`amm_rules.engine.early`).
 
-Governed keys live in :attr:`~KeyIndex.groups`, one group per :data:`PlanClass` (the
-resolved fields that decide the plan, plus the label of the replication target), so a
-full check (:meth:`~KeyIndex.suspects`) costs one length comparison per key.
+What the index keeps is read through read-only views
+(:class:`~amm_rules.engine.readonly.ReadOnly`) and written only by its hooks and its
+methods: the planner's state per key (what a plan left short, drops waiting for a
+dependent, keys to look at again: :meth:`~KeyIndex.note_plan`,
+:meth:`~KeyIndex.look_again`), runtime targets (:meth:`~KeyIndex.set_runtime_target`),
+keys to classify (:meth:`~KeyIndex.queue`, :meth:`~KeyIndex.reclassify`).
+
+Governed keys live in :class:`~amm_rules.engine.state.governed.GovernedKeys`, one group
+per plan class (the resolved fields that decide the plan, plus the label of the
+replication target), so a full check (``suspects``) costs one length comparison per key.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Set
 from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from amm_rules.engine.readonly import ReadOnly
+from amm_rules.engine.state.backlog import Backlog
 from amm_rules.engine.state.demand import DemandTracker
 from amm_rules.engine.state.departures import Departures
-from amm_rules.engine.state.governed import GovernedKeys, Placement, PlanClass
+from amm_rules.engine.state.governed import GovernedKeys, PlanClass
 from amm_rules.engine.state.ledger import Ledger
 from amm_rules.engine.wrapping import wrap_methods
 from amm_rules.language.ruleset import ALL, Desired, RuntimeTarget
 
 if TYPE_CHECKING:
-    from amm_rules.engine.decide.classify import Batch, Classifier
+    from amm_rules.engine.decide.classify import Classifier
     from amm_rules.engine.state.costs import RecomputeCosts
     from amm_rules.engine.state.flow import MemoryFlow
 
-#: Keys classified between two looks at the clock (see :meth:`KeyIndex.classify`).
-CLASSIFY_CHUNK = 4096
+#: The statuses of a worker that stays (any other: it is on its way out), and of one
+#: the scheduler retires.
+_STAYING = frozenset({"running", "paused"})
+RETIRING = "closing_gracefully"
 
 
 class KeyIndex(SchedulerPlugin):
-    """Governed keys in memory, by plan class; plus per-key engine state."""
+    """Governed keys in memory, by plan class; plus per-key engine state.
+
+    Nothing of it is a public attribute to write: the hooks and the methods below write
+    its tables, and everyone else reads them through read-only views (typed
+    ``Mapping`` and ``Set``: mypy refuses a write), so that what a key's state is can be
+    read in one place. (The engine's state is kept in few attributes: past 30, CPython
+    stops sharing the instances' attribute tables, and every attribute read in the hooks
+    gets slower.)"""
 
     idempotent = False
 
-    def __init__(self) -> None:
-        #: Keys that entered memory (or must be classified again) since the last cycle,
-        #: in the order they arrived: key -> its TaskState, or None (looked up then:
-        #: only keys to classify again, see :meth:`reclassify`).
-        #: Keys a cycle's budget left over wait in the backlog (see :meth:`classify`).
-        self.dirty: dict[Hashable, Any] = {}
-        #: Keys that entered memory, left over by a cycle's budget (see :class:`_Backlog`).
-        #: (The engine's state is kept in few attributes: past 30, CPython stops
-        #: sharing the instances' attribute tables, and every attribute read in the
-        #: hooks gets slower.)
-        self._backlog = _Backlog()
-        #: The scheduler's ``tasks`` once attached (read by the transition hook).
-        self.tasks: Mapping[Hashable, Any] = {}
-        #: Runtime targets, with their origin: set through the ``amm_rules_set_target``
-        #: handler, or by distributed's ``replicate`` and ``scatter(broadcast=...)``
-        #: (see :mod:`amm_rules.engine.sections.legacy`).
-        self.runtime: dict[Hashable, RuntimeTarget] = {}
-        #: What the engine asked and has not seen land (the context's ledger): the
-        #: replica wrappers note landings, the hooks keys and workers that left.
-        self.ledger = Ledger()
-        #: Governed keys that the last plan left short of their target or placement:
-        #: key -> (reason, sentence) (see :mod:`amm_rules.engine.state.journal`). Keys of a
-        #: class the workers cannot satisfy at all are counted by class, not here.
-        self.shortfall: dict[Hashable, tuple[str, str]] = {}
-        #: Set when a worker joined or left; the policy recomputes pools and clears it.
-        self.workers_changed: bool = True
-        #: False once the policy is detached: the scheduler wrappers then only pass through.
-        self.active: bool = True
-        #: Called with a reason when something happened that an early AMM cycle should
-        #: repair (a worker left or joined, changed status, a governed key fell below
-        #: its target); the policy sets it (see :mod:`amm_rules.engine.early`).
-        self.wake: Callable[[str], None] = _no_wake
-        #: When the last classification stopped taking chunks (``time.perf_counter()``):
-        #: what follows (filing, the rest of the cycle) is what its keys cost after it.
-        self.loop_ended = 0.0
-        #: Set when keys that may be indexed already joined dirty (see reclassify).
+    def __init__(self, ledger: Ledger | None = None) -> None:
+        # Keys that entered memory (or must be classified again) since the last cycle,
+        # in the order they arrived: key -> its TaskState, or None (looked up then:
+        # only keys to classify again, see reclassify); what a cycle's budget left
+        # over waits in the backlog (see classify).
+        self._dirty: dict[Hashable, Any] = {}
+        self._backlog = Backlog()
+        # Set when keys that may be indexed already joined _dirty (see reclassify).
         self._reclassifying = False
-        #: Keys whose copies changed since the last cycle (see :func:`watch_scheduler`).
-        self.touched: set[Hashable] = set()
-        #: Rebalancing's moves in flight (key -> the move, with its ``recipient``), set
-        #: by the rebalance section after each cycle: a move's copy landing wakes the
-        #: policy, whose next cycle drops the sender's copy (the relief the move is for).
-        self.moving: Mapping[Hashable, Any] = {}
-        #: Governed keys to look at again next cycle (an action refused or deferred,
-        #: copies held for waiters, a worker backed off).
-        self.recheck: set[Hashable] = set()
-        #: Keys nobody governs that hold more than one copy: what reduce-replicas walks
-        #: (the scheduler's ``replicated_tasks`` minus governed keys, kept up to date
-        #: from :attr:`touched`, so governed keys cost nothing there).
-        self.replicated_free: dict[Hashable, Any] = {}
-        #: What the workers leaving take with them (see
-        #: :mod:`amm_rules.engine.state.departures`): per worker leaving now, the keys
-        #: below target and lost; and the governed keys that lost a copy with a worker
-        #: (:attr:`source_lost`) and the workers fetching them then (:attr:`fetching`).
-        self.departing = Departures()
-        #: Reads and waiters of keys (followed only when the rules read demand).
-        self.demand = DemandTracker()
-        #: The memory flow this hook feeds (keys entering and leaving memory), if any.
-        self.flow: MemoryFlow | None = None
-        #: The recompute costs the replica wrappers feed (sole copies), if any; the
-        #: same while it keeps keys per group (the transition hook feeds it then).
-        self.costs: RecomputeCosts | None = None
-        self.costs_kept: RecomputeCosts | None = None
-        #: A key entered or left memory since the recompute costs last looked.
-        self.memory_changed = False
-        #: Told of scattered keys (``update_data``): ``on_scatter(keys, already_in_memory)``.
-        self.on_scatter: Callable[[Iterable[Hashable], set[Hashable]], None] | None = None
-        #: Addresses of the workers retiring (from their status changes), until they
-        #: leave: a key entering memory on one wakes the policy, since the retirement
-        #: waits for a cycle to plan where that key goes.
-        self.retiring: set[str] = set()
-        #: Governed keys with a copy outside where they may live whose drop waited at
-        #: their last planning (a dependent processing there, a refused action): a task
-        #: that read one of them finishing wakes the policy, as the drop may go through.
-        self.trim_waits: set[Hashable] = set()
-        #: The governed keys by plan class, and what they count towards each rule
-        #: (:class:`~amm_rules.engine.state.governed.GovernedKeys`); :attr:`desired`,
-        #: governed key -> its resolved wishes, is its table, read by the hooks.
-        self.governed = GovernedKeys(self.replicated_free, self._forget_plan)
-        self.desired: dict[Hashable, Desired] = self.governed.desired
+        # When the last classification stopped taking chunks (time.perf_counter()).
+        self._loop_ended = 0.0
+        # The scheduler's tasks once attached (read by the transition hook).
+        self._tasks: Mapping[Hashable, Any] = {}
+        self._runtime: dict[Hashable, RuntimeTarget] = {}
+        self._ledger = Ledger() if ledger is None else ledger
+        self._shortfall: dict[Hashable, tuple[str, str]] = {}
+        self._workers_changed = True
+        self._active = True
+        self._wake: Callable[[str], None] = _no_wake
+        self._touched: set[Hashable] = set()
+        self._recheck: set[Hashable] = set()
+        self._free: dict[Hashable, Any] = {}
+        self._departing = Departures()
+        self._demand = DemandTracker()
+        self._flow: MemoryFlow | None = None
+        self._costs: RecomputeCosts | None = None
+        self._costs_kept: RecomputeCosts | None = None
+        self._memory_changed = False
+        # Addresses of the workers whose status says they are on their way out
+        # (retiring, closing), from their status changes, until they leave.
+        self._closing: dict[str, str] = {}
+        self._trim_waits: set[Hashable] = set()
+        self._governed = GovernedKeys(self._free, self._forget_plan)
+        self._desired = self._governed.desired  # never rebound: read by the hooks
+
+    # -- wiring (the policy and the sections at attach) ----------------------------------
+
+    def attach(
+        self,
+        tasks: Mapping[Hashable, Any],
+        workers: Mapping[str, Any] | None = None,
+        wake: Callable[[str], None] | None = None,
+        queue_in_memory: bool = False,
+    ) -> None:
+        """Read the scheduler's ``tasks`` (and the statuses of its ``workers``, for
+        :attr:`closing`); ``wake(reason)`` asks for an early cycle. With
+        ``queue_in_memory``, every key in memory is queued to be classified: the one
+        scan of ``tasks`` attaching costs."""
+        self._tasks = tasks
+        self._demand.tasks = tasks
+        self._closing = {
+            a: status
+            for a, ws in (workers or {}).items()
+            if (status := _status(ws)) not in _STAYING
+        }
+        if wake is not None:
+            self._wake = wake
+        if queue_in_memory:
+            self._dirty.update((k, ts) for k, ts in tasks.items() if ts.state == "memory")
+        self._workers_changed = True
+
+    def activate(self, active: bool = True) -> None:
+        """Listen to the scheduler's hooks (False once the policy is detached: the
+        scheduler wrappers then only pass through)."""
+        self._active = active
+
+    def follow_flow(self, flow: MemoryFlow | None) -> None:
+        """Feed ``flow`` (keys entering and leaving memory, scattered keys); None: none."""
+        self._flow = flow
+
+    def follow_costs(self, costs: RecomputeCosts | None, keep_keys: bool = False) -> None:
+        """Feed ``costs`` (sole copies, from the replica wrappers), and with
+        ``keep_keys`` the keys entering and leaving memory (the transition hook), while
+        it keeps them per group; None: none."""
+        self._costs = costs
+        self._costs_kept = costs if keep_keys else None
+
+    # -- what it keeps, read-only (written by the hooks and the methods below) ----------
+
+    #: The scheduler's tasks once attached.
+    tasks = ReadOnly[Mapping[Hashable, Any]]("_tasks")
+    #: What the engine asked and has not seen land (the context's ledger): the replica
+    #: wrappers note landings, the hooks keys and workers that left.
+    ledger = ReadOnly[Ledger]("_ledger")
+    #: Reads and waiters of keys (followed only when the rules read demand).
+    demand = ReadOnly[DemandTracker]("_demand")
+    #: What the workers leaving take with them (:mod:`~amm_rules.engine.state.departures`).
+    departing = ReadOnly[Departures]("_departing")
+    #: The governed keys by plan class, and what they count towards each rule.
+    governed = ReadOnly[GovernedKeys]("_governed")
+    #: Governed key -> its resolved wishes.
+    desired = ReadOnly[Mapping[Hashable, Desired]]("_desired")
+    #: Runtime targets, with their origin: the ``amm_rules_set_target`` handler,
+    #: ``amm_rules.persist``, distributed's ``replicate`` and ``scatter(broadcast=...)``.
+    runtime = ReadOnly[Mapping[Hashable, RuntimeTarget]]("_runtime")
+    #: Keys to classify at the next cycle, in the order they arrived: key -> its task,
+    #: or None (keys to classify again); what a cycle's budget left over is the backlog.
+    dirty = ReadOnly[Mapping[Hashable, Any]]("_dirty")
+    #: The backlog's table: every key in it entered memory and is classified already or
+    #: waits (those that left memory meanwhile map to a marker). A key in neither it
+    #: nor :attr:`dirty` is classified (see :meth:`classify`).
+    backlog = ReadOnly[Mapping[Hashable, Any]]("_backlog.table")
+    #: Keys whose copies changed since the last cycle (:func:`watch_scheduler`).
+    touched = ReadOnly[Set[Hashable]]("_touched")
+    #: Keys nobody governs that hold more than one copy: what reduce-replicas walks (the
+    #: scheduler's ``replicated_tasks`` minus governed keys, kept from :attr:`touched`).
+    replicated_free = ReadOnly[Mapping[Hashable, Any]]("_free")
+    #: Governed keys that the last plan left short of their target or placement: key ->
+    #: (reason, sentence) (:mod:`~amm_rules.engine.state.journal`). Keys of a class the
+    #: workers cannot satisfy at all are counted by class, not here.
+    shortfall = ReadOnly[Mapping[Hashable, tuple[str, str]]]("_shortfall")
+    #: Governed keys whose drop of a misplaced copy waited at their last plan (a
+    #: dependent running there): a task that read one finishing wakes the policy.
+    trim_waits = ReadOnly[Set[Hashable]]("_trim_waits")
+    #: The memory flow the transition hook feeds (:meth:`follow_flow`), if any.
+    flow = ReadOnly["MemoryFlow | None"]("_flow")
+    #: The recompute costs the replica wrappers feed (:meth:`follow_costs`), if any.
+    costs = ReadOnly["RecomputeCosts | None"]("_costs")
+    #: Whether the hooks listen (see :meth:`activate`).
+    active = ReadOnly[bool]("_active")
+    #: A worker joined or left since the policy last recomputed pools.
+    workers_changed = ReadOnly[bool]("_workers_changed")
+    #: When the last classification stopped taking chunks (``time.perf_counter()``):
+    #: what follows (filing, the rest of the cycle) is what its keys cost after it.
+    loop_ended = ReadOnly[float]("_loop_ended")
 
     @property
-    def source_lost(self) -> set[Hashable]:
-        """Governed keys that lost a copy with its worker (the worker died or left).
-        Copies of them in flight may be fetched from that worker, and a fetch from a
-        dead worker can hang until the comm times out: the policy gives them up."""
-        return self.departing.source_lost
+    def closing(self) -> Set[str]:
+        """Workers whose status says they are on their way out (retiring, closing),
+        kept from their status changes: no scan of the workers."""
+        return self._closing.keys()
 
-    @property
-    def fetching(self) -> dict[Hashable, set[str]]:
-        """Keys that lost a holder -> workers that were fetching them for a dependent
-        then, without holding them: passed over for the key while they still are."""
-        return self.departing.fetching
+    def __len__(self) -> int:
+        return len(self._desired)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._desired
 
     # -- SchedulerPlugin hooks: keep them minimal, they run on every transition ----------
 
@@ -185,69 +250,68 @@ class KeyIndex(SchedulerPlugin):
         if finish == "memory":
             # The scheduler has just read the task: reading it again here is cheap,
             # where the classification, later, would look it up in a cold table.
-            ts = self.dirty[key] = self.tasks.get(key)
+            ts = self._dirty[key] = self._tasks.get(key)
             # The memory flow counts here rather than as a plugin of its own: a second
             # plugin call on every transition cost about as much as its counting.
-            flow = self.flow
+            flow = self._flow
             if flow is not None and ts is not None:
                 flow.entered(key, ts, start, stimulus_id)
             # The recompute estimates read the scheduler's own figures per task group
             # when next refreshed; only while keys are kept per group is each counted.
-            self.memory_changed = True
-            kept = self.costs_kept
+            self._memory_changed = True
+            kept = self._costs_kept
             if kept is not None and ts is not None:
                 if start == "processing":
                     kept.finished(ts)
                 else:
                     kept.entered(ts)
-            if self.retiring and kwargs.get("worker") in self.retiring:
+            if self._closing and self._closing.get(kwargs.get("worker", "")) == RETIRING:
                 # A task that was running there when its retirement started finished:
                 # the retirement waits until a cycle has planned where its key goes.
-                self.wake("key-on-retiring-worker")
+                self._wake("key-on-retiring-worker")
         elif start == "memory":
             self.forget(key)
-            self.memory_changed = True  # the estimates of its dependents move
-            flow, kept = self.flow, self.costs_kept
-            if (flow is not None or kept is not None) and (ts := self.tasks.get(key)) is not None:
+            self._memory_changed = True  # the estimates of its dependents move
+            flow, kept = self._flow, self._costs_kept
+            if (flow is not None or kept is not None) and (ts := self._tasks.get(key)) is not None:
                 if flow is not None:
                     flow.left(key, ts, stimulus_id)
                 if kept is not None:
                     kept.left(ts)
-        elif finish == "forgotten" and self.runtime:
+        elif finish == "forgotten" and self._runtime:
             # A target set on a key still to compute (amm_rules.persist) that never
             # reached memory.
-            self.runtime.pop(key, None)
-        if start == "processing" and self.trim_waits:
+            self._runtime.pop(key, None)
+        if start == "processing" and self._trim_waits:
             self._dependent_done(key)
-        if self.demand.enabled:
-            self.demand.transition(key, start, finish, kwargs.get("worker"))
+        if self._demand.enabled:
+            self._demand.transition(key, start, finish, kwargs.get("worker"))
 
     def _dependent_done(self, key: Hashable) -> None:
         """A task left processing while some governed keys' drops wait: if it read one,
         wake the policy (once per key and wait)."""
-        ts = self.tasks.get(key)
-        waits = self.trim_waits
+        ts = self._tasks.get(key)
+        waits = self._trim_waits
         for dep in ts.dependencies if ts is not None else ():
             if dep.key in waits:
                 waits.discard(dep.key)
-                self.wake("dependent-finished")
+                self._wake("dependent-finished")
 
     def add_worker(self, scheduler: Any = None, worker: str = "") -> None:
-        self.workers_changed = True
-        self.wake("worker-joined")
+        self._workers_changed = True
+        self._wake("worker-joined")
 
     def remove_worker(self, scheduler: Any = None, worker: str = "", **kwargs: Any) -> None:
         # Copies asked of the worker never land; every governed key is checked at the
         # next cycle.
-        self.ledger.worker_left(worker)
-        retiring = worker in self.retiring
-        self.retiring.discard(worker)
-        if self.costs is not None:
-            self.costs.worker_left(worker)  # its copies were removed before this hook
-        self.workers_changed = True
-        self.wake("worker-left")
-        if self.active:
-            self.departing.left(worker, retiring)
+        self._ledger.worker_left(worker)
+        retiring = self._closing.pop(worker, None) == RETIRING
+        if self._costs is not None:
+            self._costs.worker_left(worker)  # its copies were removed before this hook
+        self._workers_changed = True
+        self._wake("worker-left")
+        if self._active:
+            self._departing.left(worker, retiring)
 
     def log_event(self, topic: Any, msg: Any) -> None:
         # A worker's status changed; the scheduler logs it as an event, there is no
@@ -256,13 +320,14 @@ class KeyIndex(SchedulerPlugin):
         # nothing to repair: the paused worker keeps its copies.
         if type(msg) is dict and msg.get("action") == "worker-status-change":
             status = msg.get("status")
-            if status == "closing_gracefully":
-                self.retiring.add(topic)
-                self.wake("worker-retiring")
-            elif msg.get("prev-status") == "closing_gracefully":
-                self.retiring.discard(topic)  # the retirement failed: it runs again
-            elif status == "running" and msg.get("prev-status") == "paused":
-                self.wake("worker-resumed")
+            if status not in _STAYING:
+                self._closing[topic] = str(status)
+                if status == RETIRING:
+                    self._wake("worker-retiring")
+            else:
+                self._closing.pop(topic, None)  # a retirement that failed runs again
+                if status == "running" and msg.get("prev-status") == "paused":
+                    self._wake("worker-resumed")
 
     # -- bookkeeping -----------------------------------------------------------------
 
@@ -270,39 +335,121 @@ class KeyIndex(SchedulerPlugin):
         """The key left memory: drop everything known about it."""
         # Runs for every key leaving memory, and most of these tables are empty most of
         # the time (most keys are not governed): a look at a table costs less than a call.
-        if key in self.desired:
-            self.unindex(key)
-        if self.dirty:
-            self.dirty.pop(key, None)
+        if key in self._desired:
+            self._governed.unindex(key)
+        if self._dirty:
+            self._dirty.pop(key, None)
         if self._backlog.table:
-            self.unqueue(key)
-        if self.touched:
-            self.touched.discard(key)
-        if self.recheck:
-            self.recheck.discard(key)
-        if self.replicated_free:
-            self.replicated_free.pop(key, None)
-        if self.runtime:
-            self.runtime.pop(key, None)
-        ledger = self.ledger
+            self._backlog.mark(key)
+        if self._touched:
+            self._touched.discard(key)
+        if self._recheck:
+            self._recheck.discard(key)
+        if self._free:
+            self._free.pop(key, None)
+        if self._runtime:
+            self._runtime.pop(key, None)
+        ledger = self._ledger
         if ledger.copies or ledger.backoffs:
             ledger.forget(key)
-        departing = self.departing
-        if departing.source_lost:
-            departing.source_lost.discard(key)
-        if departing.fetching:
-            departing.fetching.pop(key, None)
-        if self.shortfall:
-            self.shortfall.pop(key, None)
-        self.demand.forget(key)
+        departing = self._departing
+        if departing.source_lost or departing.fetching:
+            departing.forget(key)
+        if self._shortfall:
+            self._shortfall.pop(key, None)
+        self._demand.forget(key)
 
-    def unqueue(self, key: Hashable) -> None:
-        """Take a key out of the backlog (it left memory, or was classified on its own):
-        marked, so that the backlog's place stays valid."""
-        backlog = self._backlog
-        if backlog.table.get(key, _LEFT) is not _LEFT:
-            backlog.table[key] = _LEFT
-            backlog.marked += 1
+    def note_workers_changed(self) -> None:
+        """Pools are recomputed, and every governed key checked, at the next cycle."""
+        self._workers_changed = True
+
+    def take_workers_changed(self) -> bool:
+        """Whether workers changed since the last call (the policy's cycle asks)."""
+        changed, self._workers_changed = self._workers_changed, False
+        return changed
+
+    def take_memory_changed(self) -> bool:
+        """Whether a key entered or left memory since the last call (for the costs)."""
+        changed, self._memory_changed = self._memory_changed, False
+        return changed
+
+    def set_runtime_target(self, key: Hashable, target: RuntimeTarget | None) -> None:
+        """Set (None: remove) the runtime target of a key in memory or still to
+        compute; the key is classified again at the next cycle. Forgotten when the key
+        leaves memory or, never computed, is forgotten."""
+        if target is None:
+            self._runtime.pop(key, None)
+        else:
+            self._runtime[key] = target
+        self.reclassify((key,))
+
+    # -- keys to look at ----------------------------------------------------------------
+
+    def touch(self, keys: Iterable[Hashable]) -> None:
+        """Route these keys at the next cycle as if their copies changed."""
+        self._touched.update(keys)
+
+    def route_touched(self) -> None:
+        """Route the keys whose copies changed: governed ones are checked this cycle,
+        the others join reduce-replicas' walk if they hold several copies."""
+        touched, self._touched = self._touched, set()
+        tasks, desired, free = self._tasks, self._desired, self._free
+        for key in touched:
+            if key in desired:
+                self._recheck.add(key)
+                free.pop(key, None)
+                continue
+            ts = tasks.get(key)
+            if ts is not None and ts.state == "memory" and len(ts.who_has or ()) > 1:
+                free[key] = ts
+
+    def look_again(self, keys: Iterable[Hashable]) -> None:
+        """Check these governed keys at the next cycle (an action refused or deferred,
+        copies held for waiters, a worker backed off, a claim let go)."""
+        self._recheck.update(keys)
+
+    def take_recheck(self) -> set[Hashable]:
+        """The governed keys to look at again, taken (see :meth:`look_again`)."""
+        recheck, self._recheck = self._recheck, set()
+        return recheck
+
+    def requeue(self, key: Hashable) -> None:
+        """Classify a key again at the next cycle, out of reduce-replicas' walk until
+        then, and route it once classified (the audit: a key whose filing was wrong)."""
+        self._free.pop(key, None)
+        self.queue((key,))
+        self._touched.add(key)
+
+    def drop_free(self, keys: Iterable[Hashable]) -> None:
+        """Take keys out of reduce-replicas' walk (touched again when their copies or
+        a claim on them change)."""
+        for key in keys:
+            self._free.pop(key, None)
+
+    def note_plan(self, key: Hashable, short: tuple[str, str] | None, trim_waits: bool) -> None:
+        """What a governed key's plan left: short of its target or placement (``short``:
+        (reason, sentence), None: not), and whether the drop of a misplaced copy waits
+        (a dependent finishing then wakes the policy)."""
+        if short is None:
+            self._shortfall.pop(key, None)
+        else:
+            self._shortfall[key] = short
+        if trim_waits:
+            self._trim_waits.add(key)
+        else:
+            self._trim_waits.discard(key)
+
+    def clear_shortfall(self, keys: Iterable[Hashable]) -> None:
+        """These keys hold their target now (checked and not to be planned)."""
+        for key in list(keys):
+            self._shortfall.pop(key, None)
+
+    def _forget_plan(self, key: Hashable) -> None:
+        """What was planned for a key that is no longer governed."""
+        self._shortfall.pop(key, None)
+        self._trim_waits.discard(key)
+
+    # -- keys to classify -----------------------------------------------------------------
 
     def queue(self, keys: Iterable[Hashable]) -> None:
         """Classify these keys, none of them indexed, at the next cycle (scattered data,
@@ -310,57 +457,47 @@ class KeyIndex(SchedulerPlugin):
         keys = list(keys)
         if self._backlog.table:
             for key in keys:
-                self.unqueue(key)
-        get = self.tasks.get
-        self.dirty.update((key, ts) for key in keys if (ts := get(key)) is not None)
+                self._backlog.mark(key)
+        get = self._tasks.get
+        self._dirty.update((key, ts) for key in keys if (ts := get(key)) is not None)
 
-    @property
-    def backlog(self) -> Mapping[Hashable, Any]:
-        """The backlog's table (see :meth:`classify`): every key in it entered memory
-        and is classified already or waits (keys that left memory meanwhile map to a
-        marker). A key not in it nor in :attr:`dirty` is classified."""
-        return self._backlog.table
+    def reclassify(self, keys: Iterable[Hashable]) -> None:
+        """Classify these keys again at the next cycle (they may be governed already:
+        a reload, a runtime target, copies that a match counts). Keys entering memory
+        go into :attr:`dirty` directly: they are never indexed, which spares the check."""
+        self._dirty.update(zip(keys, repeat(None)))
+        self._reclassifying = True
+
+    def unqueue(self, key: Hashable) -> None:
+        """Take a key out of the keys to classify (it was classified on its own)."""
+        self._dirty.pop(key, None)
+        self._backlog.mark(key)
 
     @property
     def unclassified(self) -> int:
         """Keys waiting to be classified: in :attr:`dirty` or not yet reached in the
         backlog (keys of the backlog that left memory meanwhile count until reached)."""
-        return len(self.dirty) + len(self._backlog.table) - self._backlog.taken
+        return len(self._dirty) + len(self._backlog)
 
     def unclassified_keys(self) -> list[Hashable]:
         """The keys waiting to be classified, in the order they will be (a walk over
         the backlog and a list of it: for looking at the engine, not for a cycle; see
         :meth:`waiting` for one key)."""
-        waiting = [
-            k
-            for k, ts in islice(self._backlog.table.items(), self._backlog.taken, None)
-            if ts is not _LEFT
-        ]
-        waiting.extend(self.dirty)
-        return waiting
+        return [*self._backlog.waiting_keys(), *self._dirty]
 
     def may_be_unclassified(self, key: Hashable) -> bool:
         """True if the key waits to be classified, or is in the backlog (classified
         already, perhaps: a table lookup cannot tell where the backlog's place is). Keys
         governed already are in the backlog only once classified (it holds keys that
         entered memory): for them, only :attr:`dirty` answers."""
-        return key in self.dirty or self._backlog.table.get(key, _LEFT) is not _LEFT
+        return key in self._dirty or self._backlog.holds(key)
 
     def waiting(self, key: Hashable) -> bool:
         """True if the key waits to be classified, exactly (for explain: a key of the
         backlog that is not governed costs a walk over what is left of the backlog)."""
-        if key in self.dirty:
+        if key in self._dirty:
             return True
-        if self._backlog.table.get(key, _LEFT) is _LEFT or key in self.desired:
-            return False  # a key of the backlog is governed only once classified
-        return key in islice(self._backlog.table, self._backlog.taken, None)
-
-    def reclassify(self, keys: Iterable[Hashable]) -> None:
-        """Classify these keys again at the next cycle (they may be governed already:
-        a reload, a runtime target, copies that a match counts). Keys entering memory
-        go into :attr:`dirty` directly: they are never indexed, which spares the check."""
-        self.dirty.update(zip(keys, repeat(None)))
-        self._reclassifying = True
+        return key not in self._desired and self._backlog.waits(key)
 
     def classify(
         self,
@@ -394,19 +531,19 @@ class KeyIndex(SchedulerPlugin):
         done = 0
         stopped = False
         if self._backlog.table:
-            done, stopped = self._classify_from(
-                classifier, tasks, limit, deadline, filed, {}, check, self._backlog
-            )
-            if self._backlog.taken >= len(self._backlog.table):
-                self._backlog = _Backlog()  # through: released
-        if not stopped and done < limit and self.dirty:
-            dirty = self.dirty
+            chunk = self._chunk_classifier(classifier, tasks, filed, {}, check)
+            done, stopped = self._backlog.take(chunk, limit, deadline)
+            self._loop_ended = time.perf_counter()
+            if not len(self._backlog):
+                self._backlog = Backlog()  # through: released
+        if not stopped and done < limit and self._dirty:
+            dirty = self._dirty
             keyed = self._reclassifying
-            indexed = self.desired if keyed else {}
-            place = _Backlog(dirty)
-            taken, _ = self._classify_from(
-                classifier, tasks, limit - done, deadline, filed, indexed, check, place, keyed
-            )
+            indexed = self._desired if keyed else {}
+            place = Backlog(dirty)
+            chunk = self._chunk_classifier(classifier, tasks, filed, indexed, check)
+            taken, _ = place.take(chunk, limit - done, deadline, keyed)
+            self._loop_ended = time.perf_counter()
             done += taken
             if taken == len(dirty):
                 dirty.clear()
@@ -416,126 +553,38 @@ class KeyIndex(SchedulerPlugin):
                 deque(map(dirty.pop, list(islice(dirty, taken))), maxlen=0)
             else:
                 # Left over: the rest of dirty becomes the backlog, the place kept.
-                self._backlog, self.dirty = place, {}
+                self._backlog, self._dirty = place, {}
         return filed, done
 
-    def _classify_from(
+    def _chunk_classifier(
         self,
         classifier: Classifier,
         tasks: Mapping[Hashable, Any],
-        limit: int,
-        deadline: float | None,
         filed: dict[PlanClass, list[Any]],
         indexed: Mapping[Hashable, Any],
         check: Callable[[PlanClass, list[Any]], Iterable[Any]] | None,
-        place: _Backlog,
-        keyed: bool = False,
-    ) -> tuple[int, bool]:
-        """Classify and file keys from ``place`` (the backlog, or a new place in
-        :attr:`dirty`) on: returns the keys taken (marked ones not counted) and
-        whether the deadline stopped the loop. ``keyed``: the keys are read from the
-        table (they may map to None: keys to classify again)."""
-        # Keys that entered memory (never indexed) are read through their tasks only:
-        # most of them need not be touched at all (see Classifier.classify).
-        keys_left = place.keys if keyed else None
-        tasks_left = place.tasks
-        done = 0
-        stopped = False
-        chunk: list[Hashable] | None = None
-        while done < limit:
-            # In chunks, so that the clock is read once per chunk, not once per key.
-            # Keys and tasks in two lists: a list of pairs would allocate a tuple per
-            # key, and with it the cyclic garbage collector's attention.
-            chunk_tasks = list(islice(tasks_left, min(CLASSIFY_CHUNK, limit - done)))
-            if not chunk_tasks:
-                break
-            taken = len(chunk_tasks)
-            if keys_left is not None:
-                chunk = list(islice(keys_left, taken))
-            place.taken += taken
-            if place.marked:
-                # Keys that left memory meanwhile: passed over, and not counted.
-                chunk_tasks = [ts for ts in chunk_tasks if ts is not _LEFT]
-            done += len(chunk_tasks)
-            batches, dropped = classifier.classify(
-                chunk, chunk_tasks, tasks, self.runtime, indexed
-            )
+    ) -> Callable[[list[Hashable] | None, list[Any]], None]:
+        """What :meth:`Backlog.take <amm_rules.engine.state.backlog.Backlog.take>` hands
+        each chunk to: classified, unindexed or filed into ``filed`` (and checked) with
+        the chunk, while the processor's caches hold its tasks (gathering 16,384
+        governed keys over chunks first cost a third more at a million keys)."""
+        runtime, touched = self._runtime, self._touched
+
+        def classify_chunk(keys: list[Hashable] | None, members: list[Any]) -> None:
+            batches, dropped = classifier.classify(keys, members, tasks, runtime, indexed)
             for key in dropped:
-                self.unindex(key)
-            self.touched.update(dropped)
-            # Filed (and checked) with each chunk, while the processor's caches hold its
-            # tasks: gathering 16,384 governed keys over chunks first cost a third more
-            # at a million keys.
-            if batches:
-                self._file_chunk(batches, filed, not indexed, check)
-            if deadline is not None and time.perf_counter() >= deadline:
-                stopped = True
-                break
-        self.loop_ended = time.perf_counter()
-        return done, stopped
+                self._governed.unindex(key)
+            touched.update(dropped)
+            for cls, group in (
+                self._governed.file(batches, fresh=not indexed).items() if batches else ()
+            ):
+                if check is not None:
+                    group = list(check(cls, group))
+                    if not group:
+                        continue
+                filed.setdefault(cls, []).extend(group)
 
-    def _file_chunk(
-        self,
-        batches: list[Batch],
-        filed: dict[PlanClass, list[Any]],
-        fresh: bool,
-        check: Callable[[PlanClass, list[Any]], Iterable[Any]] | None,
-    ) -> None:
-        """File the batches of one chunk (see :meth:`classify`) into ``filed``."""
-        for cls, members in self.file(batches, fresh=fresh).items():
-            if check is not None:
-                members = list(check(cls, members))
-                if not members:
-                    continue
-            filed.setdefault(cls, []).extend(members)
-
-    # -- the governed keys (see GovernedKeys) ------------------------------------------
-
-    def put(self, key: Hashable, ts: Any, desired: Desired) -> None:
-        """Index a governed key (or move it to its new group)."""
-        self.governed.put(key, ts, desired)
-
-    def file(self, batches: Iterable[Batch], fresh: bool = False) -> dict[PlanClass, list[Any]]:
-        """Index classified keys (see :meth:`GovernedKeys.file`)."""
-        return self.governed.file(batches, fresh)
-
-    def unindex(self, key: Hashable) -> None:
-        """The key is no longer governed (or is being re-filed)."""
-        self.governed.unindex(key)
-
-    def _forget_plan(self, key: Hashable) -> None:
-        """What was planned for a key that is no longer governed."""
-        self.shortfall.pop(key, None)
-        self.trim_waits.discard(key)
-
-    def copies_changed(self, key: Hashable, n: int) -> None:
-        """A governed key gained (``n > 0``) or lost copies (:func:`watch_scheduler`)."""
-        self.governed.copies_changed(key, n)
-
-    def suspects(
-        self,
-        cls: PlanClass,
-        placement: Placement,
-        reduce_replicas: bool,
-        members: Iterable[Any] | None = None,
-    ) -> Iterator[Any]:
-        """See :meth:`GovernedKeys.suspects`."""
-        return self.governed.suspects(cls, placement, reduce_replicas, members)
-
-    def suspects_among(
-        self,
-        keys: Iterable[Hashable],
-        placement_of: Callable[[PlanClass], Placement],
-        reduce_replicas: bool,
-    ) -> Iterator[Any]:
-        """See :meth:`GovernedKeys.suspects_among`."""
-        return self.governed.suspects_among(keys, placement_of, reduce_replicas)
-
-    def __len__(self) -> int:
-        return len(self.desired)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self.desired
+        return classify_chunk
 
 
 def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
@@ -553,21 +602,28 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
     add_replica = scheduler.add_replica
     remove_replica = scheduler.remove_replica
     remove_all_replicas = scheduler.remove_all_replicas
-    desired = index.desired  # never rebound; index.touched is, so read it each time
+    # (The wrappers belong to the index: they read its tables, and write them through it.)
+    desired = index.desired  # never rebound; the touched keys are, so read them each time
     ledger = index.ledger
     in_flight = ledger.copies  # never rebound
+    moves = ledger.moves  # rebalancing's moves in flight (never rebound either)
+    departing = index.departing
 
     def add_replica_watched(ts: Any, ws: Any) -> None:
         before = len(ts.who_has or ())  # adding a copy a worker already holds is a no-op
         add_replica(ts, ws)
-        if not index.active:
+        if not index._active:
             return
         held = len(ts.who_has)
-        if held <= 2 and held > before and (costs := index.costs) is not None:
+        if held <= 2 and held > before and (costs := index._costs) is not None:
             costs.copy_added(ts, ws, held)  # a key's only copy, or no longer its only one
-        asked = ledger.landed(ts.key, ws.address) if in_flight and ts.key in in_flight else None
+        asked = (
+            ledger.landed(ts.key, ws.address, ws.last_seen)
+            if in_flight and ts.key in in_flight
+            else None
+        )
         if held > before and (wanted := desired.get(ts.key)) is not None:
-            index.copies_changed(ts.key, 1)
+            index.governed.copies_changed(ts.key, 1)
             # The engine's own copy landed above the target's max: the first half of a
             # move, whose second half (the drop) an early cycle makes. Copies fetched
             # by dependents are trimmed by the periodic cycles: a computation that
@@ -579,46 +635,46 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
                 and type(target.max) is int
                 and held > target.max
             ):
-                index.wake("copy-landed")
+                index._wake("copy-landed")
         if held > 1:  # the first copy is a key entering memory: see dirty
-            index.touched.add(ts.key)
-            moving = index.moving
-            move = moving.get(ts.key) if moving else None
+            index._touched.add(ts.key)
+            # A rebalancing move's copy landed: its drop (the relief) follows at once.
+            move = moves.get(ts.key) if moves else None
             if move is not None and move.recipient == ws.address:
-                index.wake("move-landed")
+                index._wake("move-landed")
 
     def remove_replica_watched(ts: Any, ws: Any) -> None:
         remove_replica(ts, ws)
-        if not index.active:
+        if not index._active:
             return
-        if (costs := index.costs) is not None and (left := len(ts.who_has or ())) <= 1:
+        if (costs := index._costs) is not None and (left := len(ts.who_has or ())) <= 1:
             costs.copy_removed(ts, ws, left)
         wanted = desired.get(ts.key)
         # remove_worker marks the worker closed before it removes its copies; a drop
         # leaves it running.
         closed = getattr(ws.status, "name", ws.status) == "closed"
         if closed:
-            index.departing.lost_copy(ws.address, ts, wanted)
+            departing.lost_copy(ws.address, ts, wanted)
         if wanted is not None:
-            index.copies_changed(ts.key, -1)
-            index.touched.add(ts.key)
+            index.governed.copies_changed(ts.key, -1)
+            index._touched.add(ts.key)
             if closed:
-                index.departing.source_lost.add(ts.key)
+                departing.source_lost.add(ts.key)
             target = wanted.replicate
             # Under ``all`` (a copy on every eligible worker) any copy lost is missed.
             if target is not None and (target.min == ALL or len(ts.who_has or ()) < target.min):
-                index.wake("copy-lost")
+                index._wake("copy-lost")
 
     def remove_all_replicas_watched(ts: Any) -> None:
         # A key leaving memory: its copies go here, before the transition hook forgets it.
-        if index.active and ts.who_has:
+        if index._active and ts.who_has:
             if ts.key in desired:
-                index.copies_changed(ts.key, -len(ts.who_has))
-            if len(ts.who_has) == 1 and (costs := index.costs) is not None:
+                index.governed.copies_changed(ts.key, -len(ts.who_has))
+            if len(ts.who_has) == 1 and (costs := index._costs) is not None:
                 costs.all_removed(ts)
         remove_all_replicas(ts)
 
-    wrappers = {
+    wrappers: dict[str, Callable[..., Any]] = {
         "add_replica": add_replica_watched,
         "remove_replica": remove_replica_watched,
         "remove_all_replicas": remove_all_replicas_watched,
@@ -634,52 +690,32 @@ def _watch_update_data(scheduler: Any, index: KeyIndex) -> Callable[..., Any]:
     desired = index.desired
 
     def update_data_watched(*args: Any, **kwargs: Any) -> Any:
-        who_has = kwargs.get("who_has")
-        on_scatter = index.on_scatter if index.active and who_has else None
+        who_has = kwargs.get("who_has") or {}
+        flow = index._flow if index._active and who_has else None
         before: set[Hashable] = set()
-        if on_scatter is not None:
+        if flow is not None:
             tasks = scheduler.tasks
             before = {
                 k for k in who_has if (ts := tasks.get(k)) is not None and ts.state == "memory"
             }
-        if index.active and who_has:
+        if index._active and who_has:
             # Scattered again, maybe with a new size: un-filed now (with the size it was
             # filed with), filed again when classified.
             for key in who_has:
                 if key in desired:
-                    index.unindex(key)
+                    index.governed.unindex(key)
         result = update_data(*args, **kwargs)
-        if index.active and who_has:
+        if index._active and who_has:
             index.queue(who_has)  # un-filed above: not indexed
-            if on_scatter is not None:
-                on_scatter(who_has, before)
+            if flow is not None:
+                flow.scattered(who_has, before)
         return result
 
     return update_data_watched
 
 
-#: Marks a key of the backlog that left memory (or was classified on its own).
-_LEFT: Any = object()
-
-
-class _Backlog:
-    """Keys that entered memory and a cycle's budget left over, with the place the
-    classification reached in them (see :meth:`KeyIndex.classify`): the table of keys
-    to classify of the cycle that stopped (key -> task), kept whole. Taking classified
-    keys out of a table of a million one at a time cost as much as classifying them;
-    a key that leaves memory meanwhile is marked (:data:`_LEFT`) rather than taken
-    out, so that the table never changes size and the place (its iterators) stays
-    valid."""
-
-    __slots__ = ("table", "keys", "tasks", "taken", "marked")
-
-    def __init__(self, table: dict[Hashable, Any] | None = None) -> None:
-        self.table: dict[Hashable, Any] = {} if table is None else table
-        self.keys: Iterator[Hashable] = iter(self.table)
-        self.tasks: Iterator[Any] = iter(self.table.values())
-        #: Entries passed so far, and entries marked.
-        self.taken = 0
-        self.marked = 0
+def _status(ws: Any) -> str:
+    return str(getattr(ws.status, "name", ws.status))
 
 
 def _no_wake(reason: str) -> None:

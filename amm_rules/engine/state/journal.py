@@ -19,12 +19,13 @@ workers, computed by :mod:`amm_rules.observe.conformance`.
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Generator, Hashable, Mapping
 from itertools import islice
 from typing import Any, NamedTuple
 
-from amm_rules.engine.dryrun import HELD_BACK
+from amm_rules.engine.dryrun import HELD_BACK, dry_run_counts
+from amm_rules.engine.events import COUNTERS
 from amm_rules.engine.words import counted
 
 #: Decisions kept (across all keys); ``explain`` shows a key's own among them.
@@ -73,6 +74,10 @@ class Journal:
         #: Cycles run and their total duration since the policy started.
         self.cycles = 0
         self.cycle_seconds_total = 0.0
+        #: Counters of the last cycle: label -> {governed, requested, dropped, unmet, ...}.
+        self.last_cycle: dict[str, dict[str, int]] = {}
+        #: Copies requested and dropped since the policy started: label -> counts.
+        self.totals: defaultdict[str, Counter[str]] = defaultdict(Counter)
         #: Reloads of the rules file by result (``ok``, ``error``).
         self.reloads: Counter[str] = Counter()
         #: Keys the classification budget left for later cycles, at the last cycle.
@@ -105,6 +110,21 @@ class Journal:
         self.cycles += 1
         self.cycle_seconds_total += seconds
         self.cycle_seconds.append(seconds)
+
+    @property
+    def last_cycle_seconds(self) -> float:
+        """The duration of the last cycle (0 before the first)."""
+        return self.cycle_seconds[-1] if self.cycle_seconds else 0.0
+
+    def counted(self, stats: Mapping[str, Counter[str]]) -> None:
+        """Keep a cycle's counters per label (:attr:`last_cycle`, :attr:`totals`)."""
+        self.last_cycle = {
+            label: {**{c: counts[c] for c in COUNTERS}, **dry_run_counts(counts)}
+            for label, counts in stats.items()
+        }
+        for label, c in stats.items():
+            self.totals[label]["requested"] += c["requested"]
+            self.totals[label]["dropped"] += c["dropped"]
 
     def for_key(self, key: Hashable, limit: int = 10) -> list[Decision]:
         """The key's latest decisions, oldest first (from the index by key: a few

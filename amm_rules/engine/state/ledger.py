@@ -15,8 +15,10 @@ whoever must not ask twice reads here: one record, never a copy of it.
   :class:`~amm_rules.engine.rebalance.plan.MoveBook`; a move's copy is not among the
   copies the planner counts;
 - **landings**: the copies that landed since the last cycle (:meth:`Ledger.just_landed`:
-  the planner drops them last), and per asker since the start (:meth:`Ledger.landings`:
-  what a drain moved).
+  the planner drops them last), per asker since the start (:meth:`Ledger.landings`:
+  what a drain moved), and per recipient until its next heartbeat
+  (:meth:`Ledger.unseen`: the memory a worker reports does not show them yet, and the
+  paused-workers section must not send a worker past its pause threshold).
 
 A drop needs no entry: the scheduler forgets a copy when the AMM asks for its drop.
 
@@ -71,6 +73,9 @@ class Ledger:
         #: Per asker, since the start: copies and bytes landed.
         self._count: Counter[str] = Counter()
         self._bytes: Counter[str] = Counter()
+        #: Per recipient, the copies landed that its heartbeats may not show yet:
+        #: key -> (bytes, the recipient's last heartbeat when it landed).
+        self._unseen: dict[str, dict[Hashable, tuple[int, float | None]]] = {}
 
     def __repr__(self) -> str:
         return f"<Ledger {len(self)} copies in flight, {len(self.moves)} moves>"
@@ -87,22 +92,31 @@ class Ledger:
         """The AMM accepted a copy of ``key`` to ``worker``, asked by ``by``."""
         self.copies.setdefault(key, {})[worker] = Copy(by, deadline, nbytes)
 
-    def landed(self, key: Hashable, worker: str) -> Copy | None:
-        """``worker`` now holds ``key``: the copy asked there, if any, is done (returned)."""
+    def landed(self, key: Hashable, worker: str, seen: float | None = None) -> Copy | None:
+        """``worker`` now holds ``key``: the copy asked there, if any, is done (returned).
+        ``seen``: the worker's last heartbeat (the copy counts in :meth:`unseen` until a
+        later one)."""
         entry = self.copies.get(key)
         copy = entry.pop(worker, None) if entry is not None else None
         if copy is not None:
             if not entry:
                 del self.copies[key]
-            self._land(self._landing, key, worker, copy)
+            self._land(self._landing, key, worker, copy, seen)
         return copy
 
     def _land(
-        self, table: dict[Hashable, set[str]], key: Hashable, worker: str, copy: Copy
+        self,
+        table: dict[Hashable, set[str]],
+        key: Hashable,
+        worker: str,
+        copy: Copy,
+        seen: float | None,
     ) -> None:
         table.setdefault(key, set()).add(worker)
         self._count[copy.by] += 1
         self._bytes[copy.by] += copy.nbytes
+        if copy.nbytes:
+            self._unseen.setdefault(worker, {})[key] = (copy.nbytes, seen)
 
     def give_up(self, key: Hashable, until: float) -> None:
         """Forget the copies of ``key`` in flight and back off from their workers until
@@ -128,6 +142,7 @@ class Ledger:
 
     def worker_left(self, worker: str) -> None:
         """``worker`` left: copies asked of it never land, backing off from it is moot."""
+        self._unseen.pop(worker, None)
         tables: tuple[dict[Hashable, Any], ...] = (self.copies, self.backoffs)
         for table in tables:
             for key in [k for k, entry in table.items() if worker in entry]:
@@ -143,14 +158,16 @@ class Ledger:
         backoff: float,
         holders: Callable[[Hashable], Collection[str] | None],
         staying: Callable[[str], bool],
+        seen: Callable[[str], float | None] = lambda worker: None,
     ) -> None:
         """Bring the ledger to ``now``, once per cycle: a copy on its recipient
         (``holders(key)``, None once the key left memory) landed; one to a key no longer
         in memory, or a worker gone or retiring (``staying`` false), is forgotten; one
         past its deadline is given up and its worker backed off from for ``backoff``
-        seconds. Back-offs that ended, or from workers gone, are dropped. The landings
-        since the last call become :meth:`just_landed`'s, the keys whose copies settled
-        :meth:`settled_keys`'."""
+        seconds. Back-offs that ended, or from workers gone, are dropped; so are the
+        landings a heartbeat has shown since (``seen(worker)``: its last heartbeat).
+        The landings since the last call become :meth:`just_landed`'s, the keys whose
+        copies settled :meth:`settled_keys`'."""
         self._landed, self._landing = self._landing, {}
         settled = self._settled = set(self._landed) | self._settling
         self._settling = set()
@@ -158,7 +175,7 @@ class Ledger:
             held = holders(key)
             for worker, copy in list(entry.items()):
                 if held is not None and worker in held:
-                    self._land(self._landed, key, worker, copy)
+                    self._land(self._landed, key, worker, copy, seen(worker))
                 elif held is not None and staying(worker) and copy.deadline > now:
                     continue
                 elif held is not None and staying(worker):
@@ -172,6 +189,7 @@ class Ledger:
                 del table[worker]
             if not table:
                 del self.backoffs[key]
+        self._forget_seen(seen)
 
     # ------------------------------------------------------------------ reading
 
@@ -210,6 +228,30 @@ class Ledger:
     def landings(self, by: str) -> tuple[int, int]:
         """Copies and bytes asked by ``by`` that landed, since the start."""
         return self._count[by], self._bytes[by]
+
+    def unseen(self, seen: Callable[[str], float | None]) -> dict[str, int]:
+        """Bytes per recipient its heartbeats may not show yet: the copies in flight to
+        it, and those that landed since its last heartbeat (``seen(worker)``; the
+        others are forgotten here). A walk over every copy in flight."""
+        self._forget_seen(seen)
+        out: Counter[str] = Counter()
+        for worker, landed in self._unseen.items():
+            out[worker] += sum(nbytes for nbytes, _ in landed.values())
+        for entry in self.copies.values():
+            for worker, copy in entry.items():
+                if copy.nbytes:
+                    out[worker] += copy.nbytes
+        return dict(out)
+
+    def _forget_seen(self, seen: Callable[[str], float | None]) -> None:
+        """Forget the landings a heartbeat of their recipient came after (or whose
+        recipient says no heartbeat at all: a simulation's)."""
+        for worker, landed in list(self._unseen.items()):
+            now = seen(worker)
+            for key in [k for k, (_, then) in landed.items() if now is None or then != now]:
+                del landed[key]
+            if not landed:
+                del self._unseen[worker]
 
 
 __all__ = ["Copy", "Ledger"]

@@ -29,6 +29,7 @@ import re
 from collections.abc import Callable
 from functools import lru_cache
 from operator import methodcaller
+from typing import TypeGuard
 
 from amm_rules.language.records import record
 
@@ -71,8 +72,9 @@ def compile_glob(pattern: str) -> Matcher:
     """A function ``text -> bool`` for ``pattern``; raises :class:`GlobError`."""
     segments = _parse(pattern)
     # The common shapes need no Python-level code at all: C-level callables.
-    if all(_is_literal(seg) for seg in segments):
-        texts = ["".join(seg) for seg in segments]  # type: ignore[arg-type]
+    literals = [seg for seg in segments if _is_literal(seg)]
+    if len(literals) == len(segments):
+        texts = ["".join(seg) for seg in literals]
         if len(texts) == 1:
             return texts[0].__eq__
         if len(texts) == 2:
@@ -106,7 +108,7 @@ def glob_match(pattern: str, text: str) -> bool:
     return matcher is not None and matcher(text)
 
 
-def _is_literal(segment: Segment) -> bool:
+def _is_literal(segment: Segment) -> TypeGuard[tuple[str, ...]]:
     return all(isinstance(atom, str) for atom in segment)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+from typing import cast
 
 from lark import Lark, Token, Transformer, Tree
 from lark.exceptions import (
@@ -356,7 +357,8 @@ class _AstBuilder(Transformer):
         return ast.Compare(op, left, right, left.span.to(right.span), op_span)
 
     def compare(self, children: list[ast.Node | Token]) -> ast.Compare:
-        return self._compare(str(children[1]), children)  # type: ignore[arg-type]
+        # The grammar's comparison operators are CompareOp's spellings.
+        return self._compare(cast(ast.CompareOp, str(children[1])), children)
 
     def in_(self, children: list[ast.Node | Token]) -> ast.Compare:
         return self._compare("in", children)

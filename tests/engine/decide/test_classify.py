@@ -26,7 +26,7 @@ from amm_rules import load_ruleset
 from amm_rules.engine.adapters import TaskFactsAdapter
 from amm_rules.engine.decide.classify import Classifier
 from amm_rules.engine.decide.plan import source_label
-from amm_rules.engine.state import index as index_module
+from amm_rules.engine.state import backlog as backlog_module
 from amm_rules.engine.state.governed import PlanClass
 from amm_rules.engine.state.index import KeyIndex
 from amm_rules.language.ruleset import Target
@@ -321,7 +321,7 @@ class Harness:
         self.classifier = Classifier(ruleset)
         self.index = KeyIndex()
         self.tasks = {ts.key: ts for ts in keys}
-        self.index.tasks = self.tasks
+        self.index.attach(self.tasks)
         for ts in keys:
             self.index.transition(ts.key, "processing", "memory")
 
@@ -366,23 +366,19 @@ class Harness:
         elif kind == "enter":
             self.enter(ts)
         elif kind == "runtime" and ts.state == "memory":
-            # As RulesPolicy.set_runtime_target.
-            if step[2] is None:
-                self.index.runtime.pop(ts.key, None)
-            else:
-                self.index.runtime[ts.key] = step[2]
-            self.index.reclassify((ts.key,))
+            # As EngineContext.set_runtime_target.
+            self.index.set_runtime_target(ts.key, step[2])
         elif kind == "copies" and ts.state == "memory":
             before = len(ts.who_has)
             ts.who_has = set(range(step[2]))
             if len(ts.who_has) != before:  # as the scheduler's replica wrappers tell it
-                self.index.copies_changed(ts.key, len(ts.who_has) - before)
+                self.index.governed.copies_changed(ts.key, len(ts.who_has) - before)
             if self.classifier.replicas_sensitive:
                 self.index.reclassify((ts.key,))  # as the policy re-dirties touched keys
         elif kind == "scatter" and ts.state == "memory":
             # Scattered again (as the update_data wrapper): un-filed, then queued.
             if ts.key in self.index:
-                self.index.unindex(ts.key)
+                self.index.governed.unindex(ts.key)
             self.index.queue((ts.key,))
 
     def check(self) -> None:
@@ -440,7 +436,7 @@ def test_classification_by_group_gives_the_cascade_answer(first, second, keys, s
     as ``Ruleset.resolve`` says, under the rules in force. The chunks a cycle takes
     from the keys to classify (and files, one at a time) are drawn small, so that the
     classification runs over several chunks."""
-    with patch.object(index_module, "CLASSIFY_CHUNK", chunk):
+    with patch.object(backlog_module, "CLASSIFY_CHUNK", chunk):
         _classify_by_group(first, second, keys, steps)
 
 

@@ -143,10 +143,10 @@ def test_the_index_checks_all_against_the_current_workers():
     d = rule(replicate=EVERY)
     holders = [Holder("a", "h"), Holder("b", "h")]
     ts = SimpleNamespace(key="x", who_has=set(holders), nbytes=8)
-    index.put("x", ts, d)
+    index.governed.put("x", ts, d)
     cls = PlanClass.of(d)
-    assert list(index.suspects(cls, Placement(None, 2, 1), True)) == []
-    assert list(index.suspects(cls, Placement(None, 3, 1), True)) == [ts]
+    assert list(index.governed.suspects(cls, Placement(None, 2, 1), True)) == []
+    assert list(index.governed.suspects(cls, Placement(None, 3, 1), True)) == [ts]
 
 
 def test_the_demand_hold_keeps_copies_recently_read():

@@ -151,7 +151,7 @@ async def test_a_pool_that_raises_leaves_the_worker_out_and_is_one_rule_error(
 
     monkeypatch.setattr(placement, "worker_facts", angry_facts)
     # Pools are evaluated when workers change: as if one had just joined.
-    policy_of(s).index.workers_changed = True
+    policy_of(s).index.note_workers_changed()
     x = c.submit(inc, 1, key="x-1", workers=[cpu.address])
     await x
     # Only g1 is in the pool: the key moves there, unmet (2 wanted, 1 eligible).

@@ -27,9 +27,9 @@ def task(key: str, nbytes: int) -> SimpleNamespace:
 def test_keys_and_bytes_per_rule_and_class():
     index = KeyIndex()
     a, b, c = task("a", 100), task("b", 1000), task("c", -1)  # -1: size unknown
-    index.put("a", a, THREE)
-    index.put("b", b, THREE_GPU)
-    index.put("c", c, ANNOTATED)
+    index.governed.put("a", a, THREE)
+    index.governed.put("b", b, THREE_GPU)
+    index.governed.put("c", c, ANNOTATED)
     assert index.governed.governed_by == {"three": 2, "gpu": 1, "(annotation)": 1}
     assert index.governed.bytes_by == {"three": 1100, "gpu": 1000}
     assert index.governed.class_labels == {
@@ -39,17 +39,17 @@ def test_keys_and_bytes_per_rule_and_class():
     }
 
     # Re-filed under another class: counted once, in its new place.
-    index.put("b", b, THREE)
+    index.governed.put("b", b, THREE)
     assert index.governed.governed_by == {"three": 2, "(annotation)": 1}
     assert index.governed.bytes_by == {"three": 1100}
     assert PlanClass.of(THREE_GPU) not in index.governed.class_labels
     assert index.governed.class_labels[PlanClass.of(THREE)] == {"three": 2}
 
     # Left memory: nothing remains, not even zero counts.
-    index.shortfall["a"] = (IN_FLIGHT, "1 copy in flight")
+    index.note_plan("a", (IN_FLIGHT, "1 copy in flight"), False)
     index.forget("a")
     index.forget("b")
-    index.unindex("c")
+    index.governed.unindex("c")
     assert (
         not index.governed.governed_by
         and not index.governed.bytes_by
@@ -62,24 +62,24 @@ def test_copies_per_rule():
     index = KeyIndex()
     a, b = task("a", 100), task("b", 100)
     a.who_has, b.who_has = {"w1", "w2"}, {"w1"}
-    index.put("a", a, THREE)
-    index.put("b", b, THREE_GPU)
+    index.governed.put("a", a, THREE)
+    index.governed.put("b", b, THREE_GPU)
     assert index.governed.copies_by == {"three": 3, "gpu": 1}
     # The replica wrappers report each change of a governed key; others are ignored.
     b.who_has.add("w2")
-    index.copies_changed("b", 1)
-    index.copies_changed("not-governed", 1)
+    index.governed.copies_changed("b", 1)
+    index.governed.copies_changed("not-governed", 1)
     assert index.governed.copies_by == {"three": 4, "gpu": 2}
     # Re-filed: counted once, with the copies it holds now.
-    index.put("b", b, THREE)
+    index.governed.put("b", b, THREE)
     assert index.governed.copies_by == {"three": 4}
     # Leaving memory: the scheduler removes every copy (reported), then the key is
     # forgotten with none left.
-    index.copies_changed("a", -2)
+    index.governed.copies_changed("a", -2)
     a.who_has = None
     index.forget("a")
     assert index.governed.copies_by == {"three": 2}
-    index.unindex("b")
+    index.governed.unindex("b")
     assert not index.governed.copies_by
 
 

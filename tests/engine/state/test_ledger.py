@@ -125,6 +125,29 @@ def test_giving_up_backs_off_from_the_workers_it_was_asked_of() -> None:
     assert "nothing" not in ledger.backoffs
 
 
+def test_a_copy_counts_against_its_recipient_until_a_heartbeat_shows_it() -> None:
+    """The bytes the workers' own figures do not show yet (the paused-workers section's
+    room): copies in flight, and those landed since the recipient's last heartbeat,
+    whoever asked them."""
+    ledger = Ledger()
+    ledger.record("x", "w", "paused-workers", 10.0, 1_000)
+    ledger.record("y", "w", "replication", 10.0, 500)
+    ledger.record("z", "v", "replication", 10.0, 0)  # no size known: nothing counted
+    heartbeat = {"w": 1.0, "v": 1.0}
+    assert ledger.unseen(heartbeat.get) == {"w": 1_500}
+    ledger.landed("x", "w", seen=1.0)
+    assert ledger.unseen(heartbeat.get) == {"w": 1_500}  # landed, no heartbeat since
+    heartbeat["w"] = 2.0
+    assert ledger.unseen(heartbeat.get) == {"w": 500}  # shown by the next heartbeat
+    ledger.landed("y", "w", seen=2.0)
+    ledger.expire(0.0, BACKOFF, lambda key: {"w"}, lambda w: True, {"w": 3.0}.get)
+    assert ledger.unseen(heartbeat.get) == {}  # the cycle forgot what a heartbeat showed
+    ledger.record("q", "w", "protect", 10.0, 7)
+    ledger.landed("q", "w", seen=2.0)
+    ledger.worker_left("w")
+    assert ledger.unseen(heartbeat.get) == {}
+
+
 def test_what_one_asker_has_in_flight() -> None:
     ledger = Ledger()
     ledger.record("a", "w1", "retirement of w0", NOW + 5, 3)

@@ -1,6 +1,6 @@
 """The audit: the safety net behind the engine's scheduler hooks.
 
-Each test blinds the hooks (``index.active = False`` makes the replica wrappers pass
+Each test blinds the hooks (``index.activate(False)`` makes the replica wrappers pass
 through; removing the plugin hides transitions), changes the cluster behind the
 engine's back, and checks what an audit finds and repairs, and that without audits the
 engine indeed did not notice (so the test can tell the audit's work from the hooks').
@@ -28,14 +28,14 @@ pytestmark = pytest.mark.compat
 def blind(s: Any, policy: Any) -> str:
     """Hide every change from the engine; return the plugin's name, for :func:`unblind`."""
     (name,) = [n for n, p in s.plugins.items() if p is policy.index]
-    policy.index.active = False
+    policy.index.activate(False)
     s.remove_plugin(name=name)
     return name
 
 
 def unblind(s: Any, policy: Any, name: str) -> None:
     s.add_plugin(policy.index, name=name)
-    policy.index.active = True
+    policy.index.activate(True)
     policy.auditor.next_sweep = 0.0  # audits (if on) resume at once
 
 
@@ -174,9 +174,9 @@ async def test_a_governed_key_filed_as_ungoverned_keeps_its_copies(c, s, *worker
     amm = ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
     # What the hooks leave behind when the transition into memory was missed (and the
     # copies' change was absorbed already: the attach notes keys with several copies).
-    policy.index.dirty.pop("pair-0", None)
-    policy.index.touched.discard("pair-0")
-    policy.index.replicated_free["pair-0"] = s.tasks["pair-0"]
+    policy.index.unqueue("pair-0")
+    policy.index.route_touched()
+    assert "pair-0" in policy.index.replicated_free and not policy.index.touched
     requests = Requests(s)
     if audit_interval is None:
         # The harm the audit exists to prevent.

@@ -10,12 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from distributed.utils_test import gen_cluster
 
+from amm_rules.observe.text import render_status
 from benchmarks.support.waiting import wait_for
 from tests.observe.test_cli import cli, environment
 from tests.support.cluster import amm_config, events, holders
@@ -79,11 +81,37 @@ async def test_sigterm_drains_the_worker_through_the_preload(c, s, a, nanny, tmp
     drains = [e for e in events(s, "drain") if e["worker"] == leaving]
     started = [e for e in drains if e["step"] == "started"]
     assert started and started[0]["deadline"] == pytest.approx(15.0, abs=1.0)
-    assert [e for e in drains if e["step"] == "safe"], drains
+    assert [e["step"] for e in drains if e["step"] != "prediction"] == [
+        "started",
+        "safe",
+        "closed",
+    ], drains
     # Every key stayed: none had to be computed again.
     assert all(holders(s, k) == {a.address} for k in futures)
     assert await c.gather(list(futures.values())) == [payload(i) for i in range(20)]
     assert code == 0, log.read_text()[-3000:]
+    await the_record_agrees_with_itself(c, s, leaving, len(futures))
+
+
+async def the_record_agrees_with_itself(c, s, worker: str, keys: int) -> None:
+    """The drain's record once its worker closed: one count of the keys (all moved and
+    safe, none left), the time left stopped when the drain ended, the state what
+    happened; the status text says the same."""
+    first = (await c.scheduler.amm_rules_drain_report(workers=[worker]))[worker]
+    assert first["state"] == "closed", first
+    assert first["outcome"]["unsafe_keys"] == 0 and first["outcome"]["below_min"] == 0
+    assert (first["moved_keys"], first["safe_keys"], first["keys_left"]) == (keys, keys, 0)
+    assert first["outcome"]["moved_keys"] == keys and first["bytes_left"] == 0
+    assert first["time_to_safety"]["keys"] == keys
+    moment = time.monotonic() + 0.3
+    await wait_for(lambda: time.monotonic() > moment, "a moment passes", timeout=5.0)
+    again = (await c.scheduler.amm_rules_drain_report(workers=[worker]))[worker]
+    assert again["seconds_left"] == first["seconds_left"] > 0, (first, again)
+    assert again["elapsed"] == first["elapsed"] == first["outcome"]["elapsed"]
+    text = render_status(await c.scheduler.amm_rules_status())
+    (line,) = [t for t in text.splitlines() if t.startswith("drain") and worker in t]
+    assert "closed after" in line and f"{keys} keys moved" in line and ", 0 left" in line, line
+    assert "every key safe" in text
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(), timeout=60)
@@ -106,6 +134,7 @@ async def test_the_command_drains_and_closes(c, s, a, b, w):
     assert report[a.address]["outcome"]["unsafe_keys"] == 0
     assert a.address not in s.workers
     assert all(holders(s, k) for k in futures)
+    await the_record_agrees_with_itself(c, s, a.address, len(futures))
 
     text = await cli("drain", "--scheduler", s.address, b.address, "--deadline", "20s")
     assert text.returncode == 0, text.stderr

@@ -243,8 +243,8 @@ def fed(way: str, tasks: dict[str, _Task]) -> tuple[MemoryFlow, Any]:
     if way == "plugin":
         return flow, flow.transition
     index = KeyIndex()
-    index.tasks = tasks
-    index.flow = flow
+    index.attach(tasks)
+    index.follow_flow(flow)
     return flow, index.transition
 
 
