@@ -35,6 +35,11 @@ side by side, on each size:
   cycles until the protected copies landed, then the steady cycle, the first cycle
   after 1% of the keys changed, and a status report, with the recompute estimates
   and the protect section's choice in them;
+- ``spill``: the 20-rule file with a ``spill:`` section (``order: value``,
+  ``drop-copies``), every worker reporting 90% of its memory target in use and 10% of its
+  keys on disk (no worker runs the plugin: what it would report is fed to the
+  section): the first cycle, the steady cycle (keys valued within the section's time
+  slice, copies held elsewhere dropped from every worker) and a status report;
 - ``adaptive``: what adaptive scaling's two questions cost the event loop:
   ``adaptive_target()`` and ``workers_to_close(n=half the workers)``, distributed's own
   (no policy attached) and with the 20-rule file and an ``adaptive:`` section (the
@@ -101,6 +106,16 @@ protect:
   budget: 2 GiB
   min-recompute: 1s
 """
+#: The spill section of the ``spill`` measurement: order by value, copies dropped.
+SPILL = """
+spill:
+  order: value
+  drop-copies: true
+"""
+#: In the ``spill`` measurement, every worker reports this share of its memory buffer's
+#: target in use (above the section's drop threshold) and this share of its keys on disk.
+SPILL_FULLNESS = 0.9
+SPILL_ON_DISK = 0.1
 #: The adaptive section of the ``adaptive`` measurement: every default.
 ADAPTIVE = """
 adaptive: {}
@@ -637,6 +652,18 @@ def measure_changed(
     )
 
 
+def timed_status(policy: RulesPolicy, n: int) -> tuple[list[float], dict[str, Any]]:
+    """``n`` status reports, each timed after a collection; the last report."""
+    times = []
+    report: dict[str, Any] = {}
+    for _ in range(n):
+        gc.collect()
+        start = time.perf_counter()
+        report = status_report(policy)
+        times.append(time.perf_counter() - start)
+    return times, report
+
+
 def measure_protect(state: scheduler_state.BenchState, n: int, rounds: int) -> dict[str, Any]:
     """The ``protect`` rows (see the module docstring): a policy of its own on the
     state, alone (the caller detached the others), removed afterwards with the copies it
@@ -673,12 +700,7 @@ def measure_protect(state: scheduler_state.BenchState, n: int, rounds: int) -> d
             manager.run_once()
             requested = state.transfers.take()
         steady = timed_cycles(state, manager, n)
-        times = []
-        for _ in range(n):
-            gc.collect()
-            start = time.perf_counter()
-            report = status_report(policy)
-            times.append(time.perf_counter() - start)
+        times, report = timed_status(policy, n)
         protect = report.get("protect") or {}
         recompute = report.get("recompute") or {}
         changed_times = []
@@ -724,6 +746,114 @@ def measure_protect(state: scheduler_state.BenchState, n: int, rounds: int) -> d
         state.transfers.clear()
         state.transfers.remove += [(addr, [key]) for addr, key in added]
         state.transfers.apply(scheduler)
+
+
+class _Stream:
+    """A worker's stream from the scheduler, counting what the spill section sends
+    (a BatchedSend's ``send`` appends to a buffer: so does this)."""
+
+    def __init__(self) -> None:
+        self.messages = 0
+        self.values = 0
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.messages += 1
+        self.values += len(msg.get("values", ()))
+
+
+def measure_spill(
+    state: scheduler_state.BenchState, n: int, without: ActiveMemoryManagerExtension
+) -> dict[str, Any]:
+    """The ``spill`` rows: the 20-rule file with a ``spill:`` section (order by value,
+    drop-copies), every worker reporting :data:`SPILL_FULLNESS` of its target in use and
+    :data:`SPILL_ON_DISK` of its keys on disk: each cycle values keys (its time slice)
+    and looks for copies to drop on every worker. No worker runs the plugin here: what
+    it would report is fed to the section. Its steady cycles are interleaved with those
+    of ``without`` (the same rules without the section, on the same state), in wall and
+    CPU time (a loaded machine takes the CPU from either alike)."""
+    from amm_rules.engine.sections.spill import SpillSection
+
+    scheduler = state.scheduler
+    tmp = tempfile.TemporaryDirectory()
+    rules = Path(tmp.name) / "scale-spill.yaml"
+    rules.write_text(RULES.read_text() + SPILL)
+    policy = RulesPolicy(rules=rules, audit_interval=AUDIT_NEVER_HERE)
+    section = policy.section(SpillSection)
+    section.installed = ("value", False)  # no worker to install the plugin on
+    streams = {address: _Stream() for address in scheduler.workers}
+    saved = dict(scheduler.stream_comms)
+    scheduler.stream_comms.update(streams)
+    manager = new_manager(scheduler, policy)
+    try:
+        catch_up(state, manager)
+        target = 2**30
+        for address, ws in scheduler.workers.items():
+            keys = list(ws.has_what)
+            on_disk = keys[: int(len(keys) * SPILL_ON_DISK)]
+            section.on_report(
+                worker=address,
+                spilled=[(ts.key, 10.0, ts.nbytes) for ts in on_disk],
+                fast=SPILL_FULLNESS * target,
+                target=target,
+                order="value",
+            )
+        first = timed(manager.run_once)
+        steady, others, paired = interleaved(state, manager, without, n)
+        times, report = timed_status(policy, n)
+        return {
+            "first_cycle_s": first,
+            "steady": steady,
+            "steady_without": others,
+            "paired": paired,
+            "status_json_bytes": len(json.dumps(report)),
+            "status": summary(times),
+            "keys_on_disk": len(policy.ctx.spilled),
+            "values_sent": sum(st.values for st in streams.values()),
+            "messages": sum(st.messages for st in streams.values()),
+            "drops_per_cycle": steady.get("drops", 0),
+            "load": os.getloadavg()[0],
+        }
+    finally:
+        policy.detach()
+        tmp.cleanup()
+        for address in streams:
+            scheduler.stream_comms.pop(address, None)
+        scheduler.stream_comms.update(saved)
+        state.transfers.clear()
+
+
+def interleaved(
+    state: scheduler_state.BenchState,
+    manager: ActiveMemoryManagerExtension,
+    other: ActiveMemoryManagerExtension,
+    n: int,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``n`` cycles of ``manager`` and of ``other`` in turn: each one's summary (wall
+    time, and CPU time of the thread: ``cpu_median_s``), and the medians of the paired
+    differences (``manager``'s cycle minus the ``other`` cycle before it)."""
+    runs: dict[str, list[float]] = {"wall": [], "cpu": [], "other_wall": [], "other_cpu": []}
+    drops = 0
+    with GcWatch() as watch:
+        for _ in range(n):
+            for m, prefix in ((other, "other_"), (manager, "")):
+                state.transfers.clear()
+                cpu = time.thread_time()
+                runs[prefix + "wall"].append(timed(m.run_once))
+                runs[prefix + "cpu"].append(time.thread_time() - cpu)
+            drops = state.transfers.drops
+    state.transfers.clear()
+    mine = summary(runs["wall"], drops=drops, cpu_median_s=statistics.median(runs["cpu"]))
+    mine.update(watch.report())
+    others = summary(runs["other_wall"], cpu_median_s=statistics.median(runs["other_cpu"]))
+    paired = {
+        "wall_median_s": statistics.median(
+            a - b for a, b in zip(runs["wall"], runs["other_wall"], strict=True)
+        ),
+        "cpu_median_s": statistics.median(
+            a - b for a, b in zip(runs["cpu"], runs["other_cpu"], strict=True)
+        ),
+    }
+    return mine, others, paired
 
 
 def measure_adaptive(state: scheduler_state.BenchState, n: int) -> dict[str, Any]:
@@ -794,12 +924,18 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
     n_stock = n_cycles
     try:
         # First, while no policy ever attached: distributed's own answers are its own.
-        log("  adaptive: the target and the choice of workers to close")
-        out["adaptive"] = measure_adaptive(state, n_cycles)
+        if not args.only_spill:
+            log("  adaptive: the target and the choice of workers to close")
+            out["adaptive"] = measure_adaptive(state, n_cycles)
         log("  attach + first cycle")
         policy, manager, out["attach"] = measure_attach(state)
         log("  steady cycles")
         out["steady"] = timed_cycles(state, manager, n_cycles)
+        if args.only_spill:
+            detach(scheduler, policy)
+            log("  spill: keys valued and copies dropped on every worker")
+            out["spill"] = measure_spill(state, n_cycles, manager)
+            return out
         log("  audit cycles")
         out["audit"] = measure_audit(state, manager, policy)
         log("  status, scrape, explain")
@@ -826,6 +962,8 @@ async def _measure_state(n_keys: int, n_workers: int, args: argparse.Namespace) 
             log("  memory (tracemalloc)")
             out["memory"] = measure_memory(state)
             args.memory_done = True
+        log("  spill: keys valued and copies dropped on every worker")
+        out["spill"] = measure_spill(state, n_cycles, manager)
         log("  protect: recompute costs and a budget of copies")
         out["protect"] = measure_protect(
             state, n_cycles, min(args.rounds, 2) if big else args.rounds
@@ -1126,6 +1264,14 @@ def table(results: list[dict[str, Any]], t: dict[str, Any] | None) -> str:
                 ("protect: 1% changed", p["changed"]["median_s"], p["changed"]["p95_s"], ""),
                 ("protect: status report", p["status"]["median_s"], p["status"]["p95_s"], f"{p['status_json_bytes']:,} B json"),
             ]  # fmt: skip
+        if "spill" in r:
+            sp = r["spill"]
+            rows += [
+                ("spill: first cycle", sp["first_cycle_s"], None, f"{sp['values_sent']:,} values"),
+                ("spill: steady", sp["steady"]["median_s"], sp["steady"]["p95_s"], asked(sp["steady"])),
+                ("spill: steady, paired difference", sp["paired"]["wall_median_s"], None, f"CPU {ms(sp['paired']['cpu_median_s'])} ms"),
+                ("spill: status report", sp["status"]["median_s"], sp["status"]["p95_s"], f"{sp['keys_on_disk']:,} on disk"),
+            ]  # fmt: skip
         if "adaptive" in r:
             a = r["adaptive"]
             rows += [
@@ -1193,6 +1339,10 @@ def targets(results: list[dict[str, Any]], transitions: dict[str, Any] | None) -
         out["steady_1M_1000w_le_20ms"] = top["steady"]["median_s"] <= TARGET_STEADY_S
         out["status_1M_1000w_le_5ms"] = top["observe"]["status"]["median_s"] <= TARGET_OBSERVE_S
         out["scrape_1M_1000w_le_5ms"] = top["observe"]["scrape"]["median_s"] <= TARGET_OBSERVE_S
+        if "spill" in top:
+            out["spill_steady_1M_1000w_le_20ms"] = (
+                top["spill"]["steady"]["median_s"] <= TARGET_STEADY_S
+            )
         if "protect" in top:
             protect = top["protect"]
             out["protect_steady_1M_1000w_le_20ms"] = (
@@ -1230,6 +1380,35 @@ def targets(results: list[dict[str, Any]], transitions: dict[str, Any] | None) -
     return out
 
 
+def write_spill_only(
+    results: list[dict[str, Any]], started: float, args: argparse.Namespace
+) -> None:
+    """``--only-spill``: the steady cycle without and with the spill section, per size."""
+    for r in results:
+        sp = r["spill"]
+        print(
+            f"{r['keys']:>9,} keys {r['workers']:>6,} workers, interleaved: steady without the"
+            f" section {ms(sp['steady_without']['median_s'])} ms, with it"
+            f" {ms(sp['steady']['median_s'])} ms (p95 {ms(sp['steady']['p95_s'])}); paired"
+            f" difference {ms(sp['paired']['wall_median_s'])} ms wall,"
+            f" {ms(sp['paired']['cpu_median_s'])} ms CPU; first {ms(sp['first_cycle_s'])} ms,"
+            f" status {ms(sp['status']['median_s'])} ms; {sp['values_sent']:,} values in"
+            f" {sp['messages']:,} messages, {sp['keys_on_disk']:,} keys on disk;"
+            f" load {sp['load']:.1f}"
+        )
+    path = args.json if args.json != RESULTS else RESULTS.with_name("spill-scale.json")
+    report = {
+        "date": time.strftime("%Y-%m-%d", time.localtime(started)),
+        "duration_s": time.time() - started,
+        "load_before": args.load_before,
+        "engine_digest": engine_digest(),
+        "results": results,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -1248,6 +1427,9 @@ def main() -> None:
     parser.add_argument("--size", action="append", default=None, metavar="KEYSxWORKERS",
                         help="measure only these sizes, e.g. --size 1000000x1000 (repeatable)")  # fmt: skip
     parser.add_argument("--no-transitions", dest="transitions", action="store_false")
+    parser.add_argument("--only-spill", action="store_true",
+                        help="only the steady cycle and the spill rows (to benchmarks/results/"
+                             "spill-scale.json unless --json)")  # fmt: skip
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
@@ -1262,7 +1444,11 @@ def main() -> None:
     logging.getLogger("distributed").setLevel(logging.WARNING)
 
     started = time.time()
+    args.load_before = os.getloadavg()[0]
     results = [measure_state(n_keys, n_workers, args) for n_keys, n_workers in sizes]
+    if args.only_spill:
+        write_spill_only(results, started, args)
+        return
     transitions = None
     if args.transitions:
         log(f"transition throughput, {args.graph:,}-task graph")

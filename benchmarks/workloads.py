@@ -25,9 +25,9 @@ workload under one mode and measures:
 
 The modes (:data:`benchmarks.support.workloads.MODES`): ``off`` (no AMM), ``stock``
 (distributed's ReduceReplicas), ``engine`` (amm-rules with an empty rules file),
-``rebalance``, ``memory-pressure``, ``protect``, ``adaptive`` (each section alone, at
-its defaults; ``adaptive`` acts only where the cluster adapts, which this one does
-not), ``recommended`` (``examples/rules/recommended.yaml``). Rounds rotate the modes'
+``rebalance``, ``memory-pressure``, ``protect``, ``spill``, ``adaptive`` (each section
+alone, at its defaults; ``adaptive`` acts only where the cluster adapts, which this one
+does not), ``recommended`` (``examples/rules/recommended.yaml``). Rounds rotate the modes'
 order and interleave the workloads; the summary gives medians and ranges and,
 per mode, ratios to stock's medians.
 

@@ -48,6 +48,7 @@ from amm_rules.engine.state.leaving import RETIRING, Departure, Leaving
 from amm_rules.engine.state.ledger import Ledger
 from amm_rules.engine.state.placement import Placements
 from amm_rules.engine.state.spans import SpanStates
+from amm_rules.engine.state.spilled import SpilledKeys
 from amm_rules.language.ruleset import Actions, Desired, Pool, Ruleset, RuntimeTarget, Target
 
 if TYPE_CHECKING:
@@ -77,6 +78,9 @@ class EngineContext:
     claims: Claims
     #: The workers the sections send away (read through :meth:`leaving`).
     departures: Leaving
+    #: Which keys each worker holds on disk, as the ``spill`` section's worker plugin
+    #: reports them (empty without ``spill:`` in the rules).
+    spilled: SpilledKeys
     #: Early AMM cycles.
     early: EarlyCycles
     #: Whether each span is done (``task.span_done``; the spans section refreshes it).
@@ -119,6 +123,7 @@ class EngineContext:
         self.index = KeyIndex(self.ledger)
         self.claims = Claims()
         self.departures = Leaving()
+        self.spilled = SpilledKeys()
         self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
         self.manager = None
         self.amm_running = AmmRunning()
@@ -309,6 +314,7 @@ class EngineContext:
                 held = held | kept_copies(ts.who_has or (), kept, self.departures.workers)
         ledger = self.ledger
         inflight = ledger.copies.get(key)
+        drops = ledger.drops.get(key) if ledger.drops else None
         return key_view(
             ts,
             desired,
@@ -317,6 +323,7 @@ class EngineContext:
             pending,
             held,
             ledger.just_landed(key),
+            {a: f"dropped by {d.by}: {d.why}" for a, d in drops.items()} if drops else None,
         )
 
     def refresh_pools(self) -> None:

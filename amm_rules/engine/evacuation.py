@@ -132,11 +132,15 @@ def rank_views(
     cluster: ClusterView,
     tasks: Mapping[Hashable, Any],
     estimate: Callable[[Any], float | None],
+    on_disk: Mapping[Hashable, Any] | None = None,
 ) -> tuple[list[KeyView], dict[Hashable, DrainItem]]:
     """``views`` in the drain's order of value, and the drain's item of each key
     (``tasks``: the scheduler's, for the keys' groups; ``estimate``: a group's recompute
-    estimate). Shared by the section and ``amm-rules simulate --drain``."""
+    estimate; ``on_disk``: the keys the worker holds on disk, read back before they
+    leave). Shared by the section and ``amm-rules simulate --drain``."""
     items = [drain_item(v, cluster, tasks.get(v.key), estimate) for v in views]
+    if on_disk:
+        items = [replace(i, on_disk=i.nbytes) if i.key in on_disk else i for i in items]
     order = {id(item): i for i, item in enumerate(rank(items))}
     ranked = sorted(zip(views, items, strict=True), key=lambda vi: order[id(vi[1])])
     return [v for v, _ in ranked], {v.key: item for v, item in zip(views, items, strict=True)}

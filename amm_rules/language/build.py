@@ -6,7 +6,8 @@ already reported, so each problem is told once. Checks here: expressions (pools 
 names in ``pool``/``avoid``, ``replicate`` bounds, the percentages, sizes and
 durations of the ``rebalance``, ``paused-workers`` and ``memory-pressure`` sections,
 the ``demand`` section's hold and match, the ``protect`` section's budget,
-``min-recompute`` and match, and the ``adaptive`` section's headroom and disk rate.
+``min-recompute`` and match, and the ``adaptive`` section's headroom and disk rate (the
+``spill`` section is all shape: the schema checks it).
 Action fields are converted by :func:`amm_rules.language.fields.parse_actions`, the same
 function that reads ``amm`` annotations, so a field means the same in both places.
 
@@ -53,6 +54,7 @@ from amm_rules.language.ruleset import (
     RebalanceSettings,
     Rule,
     Ruleset,
+    SpillSettings,
 )
 
 _FRACTIONS = {"sender-min": "sender_min", "recipient-max": "recipient_max", "gap": "gap"}
@@ -109,6 +111,7 @@ class Draft:
     #: Which paused-workers fields the file sets explicitly.
     paused_workers_fields: frozenset[str] = frozenset()
     memory_pressure: MemoryPressureSettings | None = None
+    spill: SpillSettings | None = None
     adaptive: AdaptiveSettings | None = None
 
 
@@ -130,6 +133,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
     demand, demand_depends = _demand(data.get("demand"), where)
     pressure = _memory_pressure(data.get("memory-pressure"), where, draft)
     protect = _protect(data.get("protect"), where)
+    spill = draft.spill = _spill(data.get("spill"))
     adaptive = draft.adaptive = _adaptive(data.get("adaptive"), where)
     reduce = data.get("reduce-replicas", True)
     enforcement = data.get("enforcement")
@@ -152,6 +156,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
         demand=demand,
         demand_depends=demand_depends,
         protect=protect,
+        spill=spill,
         adaptive=adaptive,
         source=source_name,
         version=1,
@@ -476,6 +481,21 @@ def _protect(section: Any, where: Locator) -> ProtectSettings | None:
             kwargs["match_source"] = text
             kwargs["match"] = compiled.predicate
     return ProtectSettings(**kwargs)
+
+
+# -- spill --------------------------------------------------------------------------
+
+
+def _spill(section: Any) -> SpillSettings | None:
+    """The ``spill:`` section (None when the file has none); the schema checked it."""
+    if not isinstance(section, dict):
+        return None
+    order = section.get("order", "value")
+    return SpillSettings(
+        order=order if isinstance(order, str) else "value",
+        drop_copies=section.get("drop-copies") is True,
+        prefetch=section.get("prefetch") is True,
+    )
 
 
 # -- adaptive -----------------------------------------------------------------------

@@ -6,7 +6,7 @@ Two families, shared by rules files, ``amm`` annotations and runtime targets:
   ``30%``, ``30s``), used by :mod:`amm_rules.language.build` for the ``rebalance:``
   section; the expression language (:mod:`amm_rules.language.expr`) has its own size
   and percentage literals with the same units, read from the tables here;
-- *action fields* (``replicate``, ``pool``, ``avoid``, ``spread``, ``move``): the rules
+- *action fields* (``replicate``, ``pool``, ``avoid``, ``spread``, ``move``, ``spill``): the rules
   file is checked structurally by the JSON Schema first (see
   :mod:`amm_rules.language.schema`); annotations arrive as arbitrary Python values from
   a client. Both end here, so that a field means exactly the same thing wherever it is
@@ -224,6 +224,7 @@ MAX_REPLICAS = 10_000
 POOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 SPREAD_VALUES = ("host", "none")
 MOVE_VALUES = ("allowed", "never")
+SPILL_VALUES = ("first", "last")
 #: ``enforcement`` of a rules file, a rule or the rebalance section: ``enforce`` acts,
 #: ``dry-run`` classifies, plans and reports without acting.
 ENFORCEMENT_VALUES = ("enforce", "dry-run")
@@ -347,4 +348,5 @@ def parse_actions(value: Any, known_pools: Collection[str] | None = None) -> Act
         avoid=parse_pools(value["avoid"], "avoid", known_pools) if "avoid" in value else None,
         spread=_choice(value["spread"], "spread", SPREAD_VALUES) if "spread" in value else None,
         move=_choice(value["move"], "move", MOVE_VALUES) if "move" in value else None,
+        spill=_choice(value["spill"], "spill", SPILL_VALUES) if "spill" in value else None,
     )

@@ -102,6 +102,7 @@ def lint(draft: Draft, where: Locator) -> None:
     _unused_pools(draft, where)
     _thresholds(draft, where)
     _paused_workers(draft, where)
+    _spill_lru(draft, where)
     _adaptive(draft, where)
 
 
@@ -310,6 +311,21 @@ def _paused_workers(draft: Draft, where: Locator) -> None:
         "never-acts",
         severity="warning",
     )
+
+
+def _spill_lru(draft: Draft, where: Locator) -> None:
+    """A rule's ``spill`` under ``spill.order: lru`` orders nothing."""
+    if draft.spill is None or draft.spill.order != "lru":
+        return
+    for rule in draft.rules:
+        if rule.actions.spill is not None:
+            where.add(
+                ("rules", rule.index, "spill"),
+                f"spill: {rule.actions.spill} has no effect while spill.order is 'lru': "
+                "workers give up the least recently used keys first; write 'order: value'",
+                "never-acts",
+                severity="warning",
+            )
 
 
 def _adaptive(draft: Draft, where: Locator) -> None:

@@ -25,7 +25,7 @@ from typing import Any, Final, Literal
 from amm_rules.language.records import record
 
 #: The fields a rule (or an ``amm`` annotation) can set, in the order they are reported.
-ACTION_FIELDS: tuple[str, ...] = ("replicate", "pool", "avoid", "spread", "move")
+ACTION_FIELDS: tuple[str, ...] = ("replicate", "pool", "avoid", "spread", "move", "spill")
 
 #: Task attributes a ``match`` may read (``annotations`` stands for ``annotations.NAME``).
 TASK_ATTRIBUTES: tuple[str, ...] = (
@@ -213,6 +213,9 @@ class Actions:
     avoid: tuple[str, ...] | None = None
     spread: Literal["host", "none"] | None = None
     move: Literal["allowed", "never"] | None = None
+    #: Where the key goes in its worker's order of eviction (the ``spill:`` section):
+    #: ``"last"`` kept in memory while anything else can go, ``"first"`` given up first.
+    spill: Literal["first", "last"] | None = None
 
     def __post_init__(self) -> None:
         # The cascade asks every rule for its set fields for every key it resolves:
@@ -337,6 +340,26 @@ class DemandSettings:
     @property
     def enabled(self) -> bool:
         return self.hold > 0
+
+
+#: ``spill.order``: by value per byte (the engine's), or least recently used (stock).
+SPILL_ORDERS = ("value", "lru")
+
+
+@record(frozen=True)
+class SpillSettings:
+    """The ``spill:`` section: what each worker keeps in memory, chosen by value (see
+    docs/spill.md)."""
+
+    #: ``"value"``: workers give up the key of lowest value per byte first; ``"lru"``:
+    #: the least recently used, as stock does.
+    order: str = "value"
+    #: A worker near its target drops copies that other workers hold too, through the
+    #: AMM, rather than writing them to disk.
+    drop_copies: bool = False
+    #: Keys on disk that a task of their worker is about to read are read back ahead
+    #: while the worker is below its target.
+    prefetch: bool = False
 
 
 #: ``adaptive``'s default ``headroom`` (a share of each worker's memory limit) and
@@ -513,6 +536,7 @@ class Desired:
     avoid: tuple[str, ...] | None = None
     spread: str | None = None
     move: str | None = None
+    spill: str | None = None
     reasons: Mapping[str, Reason] = field(default_factory=dict)
 
     @property
@@ -583,6 +607,9 @@ class Ruleset:
     demand_depends: frozenset[str] = frozenset()
     #: The ``protect:`` section, or None when the file has none (nothing is protected).
     protect: ProtectSettings | None = None
+    #: The ``spill:`` section, or None when the file has none (stock order, unless a
+    #: rule sets ``spill``: see :attr:`spill_settings`).
+    spill: SpillSettings | None = None
     #: The ``adaptive:`` section, or None when the file has none (adaptive scaling as
     #: distributed does it, with the retirement's guard of pools and ``move: never``).
     adaptive: AdaptiveSettings | None = None
@@ -622,6 +649,7 @@ class Ruleset:
             "rebalance": self.rebalance.enabled,
             "memory-pressure": self.memory_pressure is not None and self.memory_pressure.enabled,
             "protect": self.protect is not None,
+            "spill": self.spill is not None,
             "paused-workers": self.paused_workers is not None,
             "adaptive": self.adaptive is not None,
         }
@@ -643,6 +671,16 @@ class Ruleset:
             not DEMAND_ATTRIBUTES.isdisjoint(self.depends | self.demand_depends)
             or self.demand.enabled
         )
+
+    @property
+    def spill_settings(self) -> SpillSettings | None:
+        """What workers are asked about eviction: the ``spill:`` section; else, when a
+        rule sets ``spill``, the section's defaults (``order: value``); else None."""
+        if self.spill is not None:
+            return self.spill
+        if any(rule.actions.spill is not None for rule in self.rules):
+            return SpillSettings()
+        return None
 
     @property
     def reads_span_state(self) -> bool:

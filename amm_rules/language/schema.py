@@ -21,6 +21,7 @@ from amm_rules.language.fields import (
     MAX_REPLICAS,
     MOVE_VALUES,
     POOL_NAME,
+    SPILL_VALUES,
     SPREAD_VALUES,
 )
 from amm_rules.language.ruleset import (
@@ -34,6 +35,7 @@ from amm_rules.language.ruleset import (
     MAX_SATURATION,
     MEASURES,
     PAUSED_ACTIONS,
+    SPILL_ORDERS,
 )
 
 _POOL_NAME = {
@@ -160,6 +162,13 @@ ACTION_PROPERTIES: dict[str, Any] = {
         "enum": list(MOVE_VALUES),
         "default": "allowed",
     },
+    "spill": {
+        "title": "spill",
+        "description": "Where the key goes in its workers' order of eviction: 'last' "
+        "(kept in memory while anything else can go: a lookup table) or 'first' (given up "
+        "before the rest: bulky data cheap to read back). See docs/spill.md.",
+        "enum": list(SPILL_VALUES),
+    },
 }
 
 
@@ -252,6 +261,7 @@ SCHEMA: dict[str, Any] = {
         },
         "demand": {"$ref": "#/$defs/demand"},
         "protect": {"$ref": "#/$defs/protect"},
+        "spill": {"$ref": "#/$defs/spill"},
         "adaptive": {"$ref": "#/$defs/adaptive"},
         "reload-settle": {
             "title": "reload settle",
@@ -337,6 +347,37 @@ SCHEMA: dict[str, Any] = {
                     **_TASK_EXPRESSION,
                     "description": "Only keys this matches are candidates (default: all), "
                     "e.g. task.prefix == 'load'.",
+                },
+            },
+        },
+        "spill": {
+            "title": "spill",
+            "description": "What each worker keeps in memory when it must write data to "
+            "disk: chosen by value per byte rather than by age (see docs/spill.md).",
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "order": {
+                    "description": "'value': workers give up the key of lowest value per "
+                    "byte first (what the engine knows: tasks about to read it, copies "
+                    "elsewhere, costs measured on the worker, the rules' 'spill'); "
+                    "'lru': least recently used first, as stock Dask does.",
+                    "enum": list(SPILL_ORDERS),
+                    "default": "value",
+                },
+                "drop-copies": {
+                    "description": "A worker near its memory target drops copies that "
+                    "other workers hold too (through the Active Memory Manager, never "
+                    "below a rule's min, a protected copy or the last copy) rather "
+                    "than writing them to disk.",
+                    "type": "boolean",
+                    "default": False,
+                },
+                "prefetch": {
+                    "description": "A key on disk that a task queued on its worker reads "
+                    "is read back ahead while the worker is below its memory target.",
+                    "type": "boolean",
+                    "default": False,
                 },
             },
         },

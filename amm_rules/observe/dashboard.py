@@ -655,30 +655,45 @@ class MemoryFlowTable(DashboardComponent):
             self.pressure.text = text
 
 
-class DrainsTable(DashboardComponent):
-    """Drains in progress (and those that ended recently): per worker what moved, what
-    is left, the predicted loss and the time left (the report's ``drain``)."""
+class _RowsTable(DashboardComponent):
+    """A table hidden while it has no rows: its columns as (field, title, width) in
+    :attr:`FIELDS`, its rows made from a status report by :meth:`rows`."""
 
-    COLUMNS = ("worker", "state", "moved", "left", "loss", "time_left")
+    FIELDS: tuple[tuple[str, str, int], ...] = ()
+    COLUMNS: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.COLUMNS = tuple(name for name, _, _ in cls.FIELDS)
 
     def __init__(self) -> None:
         self.source = ColumnDataSource({name: [] for name in self.COLUMNS})
-        columns = [
-            TableColumn(field="worker", title="draining worker", width=200),
-            TableColumn(field="state", title="state", width=80),
-            TableColumn(field="moved", title="moved", width=130),
-            TableColumn(field="left", title="left", width=130),
-            TableColumn(field="loss", title="predicted loss (or outcome)", width=420),
-            TableColumn(field="time_left", title="time left", width=80),
-        ]
+        columns = [TableColumn(field=f, title=t, width=w) for f, t, w in self.FIELDS]
         self.table = _table(self.source, columns, 0, visible=False)
         self.root = self.table
 
+    def rows(self, report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
+        raise NotImplementedError
+
     def update(self, report: Mapping[str, Any] | None) -> None:
-        data = drain_rows(report)
-        _refill(self.table, data)
-        rows = len(data["worker"])
-        _set(self.table, visible=bool(rows), height=_table_height(rows))
+        _show_rows(self.table, self.rows(report))
+
+
+class DrainsTable(_RowsTable):
+    """Drains in progress (and those that ended recently): per worker what moved, what
+    is left, the predicted loss and the time left (the report's ``drain``)."""
+
+    FIELDS = (
+        ("worker", "draining worker", 200),
+        ("state", "state", 80),
+        ("moved", "moved", 130),
+        ("left", "left", 130),
+        ("loss", "predicted loss (or outcome)", 420),
+        ("time_left", "time left", 80),
+    )
+
+    def rows(self, report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
+        return drain_rows(report)
 
 
 def drain_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
@@ -693,6 +708,51 @@ def drain_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
         data["loss"].append(d.detail())
         left = d.seconds_left
         data["time_left"].append(duration(left) if d.outcome is None and left > 0 else "-")
+    return data
+
+
+class SpillTable(_RowsTable):
+    """What each worker holds on disk and what its order by value did (the report's
+    ``spill``), shown while the rules have a ``spill:`` section."""
+
+    FIELDS = (
+        ("worker", "worker (spill)", 200),
+        ("on_disk", "on disk", 150),
+        ("written", "written", 100),
+        ("read", "read back", 100),
+        ("saved", "saved (est.)", 150),
+        ("drops", "copies dropped, not written", 170),
+        ("prefetches", "read back ahead", 110),
+        ("near", "way to disk", 90),
+    )
+
+    def rows(self, report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
+        return spill_rows(report)
+
+
+def spill_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
+    """The rows of :class:`SpillTable` (plain data, tested without Bokeh): a worker
+    left alone says why in its ``on disk`` cell."""
+    data: dict[str, list[Any]] = {name: [] for name in SpillTable.COLUMNS}
+    spill = (report or {}).get("spill") or {}
+    for address, w in (spill.get("workers") or {}).items():
+        data["worker"].append(address)
+        data["on_disk"].append(f"{counted(w['keys_on_disk'], 'key')}, {size(w['bytes_on_disk'])}")
+        data["written"].append(size(w["written_bytes"]))
+        data["read"].append(size(w["read_bytes"]))
+        data["saved"].append(
+            f"{size(w['saved_read_bytes'])} (LRU ~{size(w['lru_read_bytes'])})"
+            if "lru_read_bytes" in w
+            else "-"
+        )
+        data["drops"].append(f"{w['drops']:,} ({size(w['drop_bytes'])})")
+        data["prefetches"].append(f"{w['prefetches']:,}")
+        data["near"].append(f"{w['near_spill']:.0%}")
+    for address, why in (spill.get("left_alone") or {}).items():
+        data["worker"].append(address)
+        data["on_disk"].append(f"left alone: {why}")
+        for name in SpillTable.COLUMNS[2:]:
+            data[name].append("-")
     return data
 
 
@@ -828,11 +888,13 @@ class RulesPage(DashboardComponent):
         self.events = EventsTable()
         self.flow = MemoryFlowTable()
         self.drains = DrainsTable()
+        self.spill = SpillTable()
         self.root = column(
             self.header.root,
             self.drains.root,
             self.rules.root,
             self.memory.root,
+            self.spill.root,
             self.at_risk.root,
             row(self.in_flight.root, self.events.root, sizing_mode="stretch_width"),
             self.flow.root,
@@ -849,6 +911,7 @@ class RulesPage(DashboardComponent):
                 self.drains,
                 self.rules,
                 self.memory,
+                self.spill,
                 self.at_risk,
                 self.in_flight,
                 self.events,
@@ -919,6 +982,13 @@ def _refill(table: DataTable, data: dict[str, list[Any]]) -> None:
     if _replace(source, data) and rows == len(next(iter(data.values()), ())):
         view = table.view
         view.tags = [int(view.tags[0]) + 1 if view.tags else 1]
+
+
+def _show_rows(table: DataTable, data: dict[str, list[Any]]) -> None:
+    """New rows for a table shown only when it has some, as tall as they are."""
+    _refill(table, data)
+    rows = len(next(iter(data.values()), ()))
+    _set(table, visible=bool(rows), height=_table_height(rows))
 
 
 def _short(name: str) -> str:

@@ -152,6 +152,7 @@ def _render_engine(report: Mapping[str, Any]) -> list[str]:
     out += _render_adaptive(report.get("adaptive"), report.get("time"))
     out += _render_recompute(report.get("recompute"), report.get("protect"))
     out += _render_drains(report.get("drain"))
+    out += _render_spill(report.get("spill"))
     r = report["rebalance"]
     if not r.get("enabled") and not r.get("in_flight"):
         out.append("rebalance    off")
@@ -207,6 +208,58 @@ def _render_departures(report: Mapping[str, Any]) -> list[str]:
     if not lines:
         return ["left         no worker left since the policy started"]
     return [f"left         {lines[0]}", *(f"             {line}" for line in lines[1:])]
+
+
+def _render_spill(spill: Mapping[str, Any] | None) -> list[str]:
+    """The spill section: its settings, what is on disk, then a line per worker."""
+    if not spill:
+        return []
+    on = {True: "on", False: "off"}
+    workers = spill["workers"]
+    on_disk = spill.get("bytes_on_disk", sum(w["bytes_on_disk"] for w in workers.values()))
+    out = [
+        f"spill        order {spill['order']}, drop-copies {on[spill['drop_copies']]}, "
+        f"prefetch {on[spill['prefetch']]}; {counted(spill['keys_on_disk'], 'key')} "
+        f"({size(on_disk)}) on disk, {counted(spill['drops'], 'copy')} dropped "
+        f"instead of written; worker plugin {spill['plugin']}"
+    ]
+    if "lru_read_bytes" in spill:
+        out.append(f"  {_saved_sentence(spill)}")
+    if spill.get("plugin_error"):
+        out.append(f"  {spill['plugin_error']}")
+    for address, w in workers.items():
+        saved = f"; {_saved_sentence(w)}" if "lru_read_bytes" in w else ""
+        out.append(
+            f"  {address}  {counted(w['keys_on_disk'], 'key')} on disk "
+            f"({size(w['bytes_on_disk'])}); written {size(w['written_bytes'])}, "
+            f"read back {size(w['read_bytes'])}; {counted(w['drops'], 'drop')}, "
+            f"{w['prefetches']:,} read back ahead; {w['near_spill']:.0%} of the way to "
+            f"writing to disk{saved}"
+        )
+    more = spill.get("workers_reporting", len(workers)) - len(workers)
+    if more > 0:
+        out.append(
+            f"  (+{counted(more, 'more worker')} with less on disk: written "
+            f"{size(spill['written_bytes'])}, read back {size(spill['read_bytes'])} in all)"
+        )
+    for address, why in spill["left_alone"].items():
+        out.append(f"  {address}  left alone: {why}")
+    by_rule = spill.get("bytes_on_disk_by_rule") or {}
+    if by_rule:
+        out.append(
+            "  on disk by rule: " + ", ".join(f"{rule} {size(n)}" for rule, n in by_rule.items())
+        )
+    return out
+
+
+def _saved_sentence(figures: Mapping[str, Any]) -> str:
+    """What the order saved of reading back, as the worker plugin estimates it."""
+    saved = figures["saved_read_bytes"]
+    what = f"saved {size(saved)}" if saved >= 0 else f"cost {size(-saved)} more"
+    return (
+        f"order by value {what} of reading back: {size(figures['read_since_bytes'])} "
+        f"read back, least-recently-used ~{size(figures['lru_read_bytes'])} (estimate)"
+    )
 
 
 def _render_drains(drain: Mapping[str, Any] | None) -> list[str]:
@@ -423,6 +476,11 @@ def _render_one(name: str, a: Mapping[str, Any]) -> str:
             if protect.get("protected")
             else f"  protect  not protected: {protect['why']}"
         )
+    spill = a.get("spill")
+    if spill:
+        if spill.get("spill"):
+            lines.append(f"  spill    {spill['spill']} ({spill['spill_from']})")
+        lines += [f"  spill    {line}" for line in spill["lines"]]
     lines += [f"  claim    {sentence}" for sentence in a.get("held") or ()]
     if facts["annotations"]:
         lines.append(f"  annotations  {facts['annotations']}")

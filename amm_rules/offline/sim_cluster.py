@@ -22,6 +22,7 @@ held). The computation itself is frozen: no task runs, none is released.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Iterator
+from typing import Any
 
 from distributed.core import Status
 from distributed.scheduler import MemoryState
@@ -161,6 +162,13 @@ class SimGroup:
         return f"<{self.name}>"
 
 
+class SentMessages(list[Any]):
+    """A stream to a worker of a recorded cluster: the messages sent on it."""
+
+    def send(self, msg: Any) -> None:
+        self.append(msg)
+
+
 class SimCluster:
     """The scheduler of a recorded cluster: ``tasks``, ``workers`` and what the Active
     Memory Manager calls. Transfers it is asked for are kept until :meth:`enact`."""
@@ -194,6 +202,11 @@ class SimCluster:
         }
         #: Transfers the AMM asked for: (op, worker address, key).
         self.requested: list[tuple[str, str, Key]] = []
+        #: The scheduler's stream handlers and its streams to the workers: no worker
+        #: listens to a recorded cluster, so what a section sends is kept (address ->
+        #: messages) for tests to read.
+        self.stream_handlers: dict[str, Any] = {}
+        self.stream_comms: dict[str, SentMessages] = {a: SentMessages() for a in self.workers}
 
     def _link_groups(self, state: ClusterState) -> None:
         """Dependencies between groups, and the states of groups the dump did not

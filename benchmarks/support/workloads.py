@@ -436,8 +436,8 @@ class Imbalance:
 
 #: Each mode's AMM: ``off`` (no AMM), ``stock`` (distributed's ``ReduceReplicas``), or
 #: RulesPolicy with these rules. ``recommended`` is the shipped recommended file.
-#: A section of the engine that lands later (spill) gets its mode here: one entry with
-#: the section at its defaults, and its name in :data:`SECTION_MODES`. ``adaptive``
+#: A section of the engine that lands later gets its mode here: one entry with the
+#: section at its defaults, and its name in :data:`SECTION_MODES`. ``adaptive``
 #: acts only on a cluster that adapts: on the benchmark's fixed cluster it answers
 #: ``adaptive_target`` and nobody asks.
 RULES: dict[str, dict[str, Any] | Path] = {
@@ -445,11 +445,12 @@ RULES: dict[str, dict[str, Any] | Path] = {
     "rebalance": {"version": 1, "rebalance": {}},
     "memory-pressure": {"version": 1, "memory-pressure": {}},
     "protect": {"version": 1, "protect": {}},
+    "spill": {"version": 1, "spill": {}},
     "adaptive": {"version": 1, "adaptive": {}},
     "recommended": RECOMMENDED,
 }
 #: The modes that turn on one section each (the section's name is the mode's).
-SECTION_MODES = ("rebalance", "memory-pressure", "protect", "adaptive")
+SECTION_MODES = ("rebalance", "memory-pressure", "protect", "spill", "adaptive")
 MODES = ("off", "stock", *RULES)
 STOCK_POLICY = "distributed.active_memory_manager.ReduceReplicas"
 

@@ -42,6 +42,7 @@ __all__ = [
     "no_errors",
     "policy_of",
     "rules",
+    "skipped",
     "who_has",
 ]
 
@@ -202,6 +203,14 @@ class CountingDict(dict):
     def keys(self):
         type(self).walks += 1
         return super().keys()
+
+
+def skipped(s: Any) -> Counter[str]:
+    """Keys rebalancing looked at and did not move, by reason, over the cycle events."""
+    out: Counter[str] = Counter()
+    for e in events(s, "cycle"):
+        out.update(e.get("rebalance", {}).get("skipped", {}))
+    return out
 
 
 class CopiesFloor:

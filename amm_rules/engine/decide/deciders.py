@@ -22,7 +22,8 @@ decider            says        when
 ``paused``         throttled   the worker is paused (replication)
 ``in flight``      throttled   a copy is on its way there
 ``pending``        throttled   the AMM accepted a copy there earlier in this cycle
-``backoff``        throttled   a copy there timed out: not asked again for a while
+``backoff``        throttled   a copy there timed out, or was dropped to give the
+                               worker room (``spill``): not asked again for a while
 ``budget``         throttled   the key is not classified yet (classification budget)
 ``recipient-max``  no          above the rebalance ``recipient-max`` (moves, with the
                                rebalance settings given)
@@ -112,7 +113,8 @@ class Question:
 
     @cached_property
     def backoff(self) -> frozenset[str]:
-        """Workers not asked again for a while (a copy there timed out)."""
+        """Workers not asked again for a while (a copy there timed out, or was dropped
+        to give the worker room)."""
         return frozenset(self.key.backoff)
 
     @cached_property
@@ -226,7 +228,8 @@ def _pending(q: Question, w: WorkerView) -> Decision | None:
 
 def _backoff(q: Question, w: WorkerView) -> Decision | None:
     if q.purpose == COPY and w.address in q.backoff:
-        return Decision(THROTTLED, "backoff", "a copy here timed out: not asked again for a while")
+        why = q.key.dropped.get(w.address) or "a copy here timed out"
+        return Decision(THROTTLED, "backoff", f"{why}: not asked again for a while")
     return None
 
 

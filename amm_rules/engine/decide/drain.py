@@ -15,6 +15,10 @@ by value, in three tiers:
 3. **the rest**: keys without an estimate (nothing measured of their group, or data
    that was never computed); the smallest first (more keys safe per second).
 
+A key the draining worker holds on disk must be read back before it is sent: its
+bytes count twice in its cost (:attr:`DrainItem.cost`, a byte read back taken to cost
+what a byte sent does), so that of two keys alike, the one in memory goes first.
+
 Ties keep the order the keys came in. :func:`predict` then walks the ranked items at
 a transfer rate with the seconds left, and says which leave in time and what the others
 would cost: bytes, keys, recompute seconds, keys that fall below their minimum.
@@ -58,6 +62,9 @@ class DrainItem:
     rule: str = ""
     #: The key's group, for reports (``x`` of ``x-1a2b``).
     group: str = ""
+    #: Bytes the draining worker must read back from disk before it can send the key
+    #: (0: in memory there; the spill section's reports tell).
+    on_disk: int = 0
 
     @property
     def lost_outright(self) -> bool:
@@ -77,20 +84,26 @@ class DrainItem:
         return REST
 
     @property
+    def cost(self) -> int:
+        """Bytes the drain spends on the key: those it sends, and those it reads back
+        from disk first (a byte read back taken to cost what a byte sent does)."""
+        return self.bytes_needed + max(0, self.on_disk)
+
+    @property
     def worth(self) -> float:
-        """Recompute seconds saved per byte moved (0 when unknown)."""
+        """Recompute seconds saved per byte spent (0 when unknown)."""
         if not self.seconds or not self.lost_outright:
             return 0.0
-        return self.seconds / max(1, self.bytes_needed)
+        return self.seconds / max(1, self.cost)
 
 
 def _order(item: DrainItem) -> tuple[int, int, float, int]:
     tier = item.tier
     if tier == BELOW_MIN:
-        return (tier, 0 if item.lost_outright else 1, -item.worth, item.bytes_needed)
+        return (tier, 0 if item.lost_outright else 1, -item.worth, item.cost)
     if tier == RECOMPUTE:
-        return (tier, 0, -item.worth, item.bytes_needed)
-    return (tier, 0 if item.lost_outright else 1, 0.0, item.bytes_needed)
+        return (tier, 0, -item.worth, item.cost)
+    return (tier, 0 if item.lost_outright else 1, 0.0, item.cost)
 
 
 def rank(items: Iterable[DrainItem]) -> list[DrainItem]:

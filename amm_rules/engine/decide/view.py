@@ -50,8 +50,11 @@ class KeyView:
     #: Copies amm-rules asked for and has not seen land: address -> deadline (the
     #: engine's ledger, brought to the cycle's time: landed, given up and gone ones out).
     inflight: Mapping[str, float] = field(default_factory=dict)
-    #: Workers not to ask again before a time, after a copy there timed out (likewise).
+    #: Workers not to ask again before a time, after a copy there timed out, or was
+    #: dropped to give the worker room (likewise).
     backoff: Mapping[str, float] = field(default_factory=dict)
+    #: Of those, the workers whose copy was dropped to give them room: address -> why.
+    dropped: Mapping[str, str] = field(default_factory=dict)
     #: Copies and drops other policies had accepted in this same AMM cycle.
     pending_add: frozenset[str] = frozenset()
     pending_drop: frozenset[str] = frozenset()

@@ -65,6 +65,8 @@ logger = logging.getLogger(__name__)
 SOURCE = "(rebalance)"
 #: Why a key with dependents still to run is not moved.
 READ_SOON = "read by a task still to run"
+#: Why a key its sender holds on disk is not moved (its memory is not the sender's).
+ON_DISK = "on disk on the sender: moving it relieves no memory"
 #: How many void reasons and examples ``status`` keeps from the last plan.
 EXAMPLES_KEPT = 10
 
@@ -178,13 +180,17 @@ class Rebalancer:
         cluster: Callable[[], ClusterView],
         stats: Mapping[str, Counter[str]],
         adopt: Callable[[Key, str], None] | None = None,
+        on_disk: Callable[[Key, str], bool] | None = None,
     ) -> Generator[Suggestion, Any, None]:
         """One cycle. ``desired``: governed keys' resolved wishes (others are ungoverned);
         ``inflight``: the engine's copies in flight (the ledger's); ``cluster``: builds the
         planner's view of the workers (pools), called at most once, when a move of a
         replicated key settles or a key with a ``pool`` or ``avoid`` needs a recipient;
         ``stats``: the cycle's counters, by label; ``adopt(key, recipient)``: told of
-        each move given up after its copy landed (the copy is the key's own now).
+        each move given up after its copy landed (the copy is the key's own now);
+        ``on_disk(key, worker)``: whether the worker holds the key on disk (the spill
+        section's table): such a key is not moved from it, which would read it back
+        and relieve no memory (dask/distributed#6002).
         """
         self._cycle = {}
         if self.idle:
@@ -216,7 +222,7 @@ class Rebalancer:
             loads,
             settings,
             keys_on=self._keys_on(workers),
-            can_move=self._can_move(tasks, manager, desired, inflight),
+            can_move=self._can_move(tasks, manager, desired, inflight, on_disk),
             can_place=self._can_place(tasks, workers, manager, desired, inflight, view),
             pending=self.book.pending.values(),
             cooling=self.book.cooling(now),
@@ -458,6 +464,7 @@ class Rebalancer:
         manager: Any,
         desired: Mapping[Key, Any],
         inflight: Mapping[Key, Mapping[str, Copy]],
+        on_disk: Callable[[Key, str], bool] | None = None,
     ) -> Callable[[Key, str], str | None]:
         pending = getattr(manager, "pending", None) or {}
         match = self.settings.match
@@ -483,6 +490,8 @@ class Rebalancer:
                 # no client wants is released once its dependents ran, a wanted one can
                 # move then.
                 return READ_SOON
+            if on_disk is not None and on_disk(key, sender):
+                return ON_DISK
             if match is not None:
                 try:
                     if not match(TaskFactsAdapter(ts, self.reads, self.flow, costs=self.costs)):

@@ -45,6 +45,7 @@ from amm_rules.engine.sections.reduce_replicas import ReduceReplicasSection
 from amm_rules.engine.sections.replication import Replication
 from amm_rules.engine.sections.retirement import Retirements
 from amm_rules.engine.sections.spans import SpansSection
+from amm_rules.engine.sections.spill import SpillSection
 
 if TYPE_CHECKING:
     from amm_rules.engine.context import EngineContext
@@ -82,6 +83,11 @@ PLANNING: tuple[type[Section], ...] = (
     # Extra copies of the dearest keys within a memory budget: after replication (a
     # key's own target wins), before reduce-replicas (which keeps what it holds).
     ProtectSection,
+    # Values sent to the workers' eviction order, and copies held elsewhere dropped
+    # from workers near their memory target: after replication and protect (their
+    # targets and held copies count: it never drops below them), before reduce-replicas
+    # (so that the copy trimmed is the one on the worker short of memory).
+    SpillSection,
     # The stock reduction for keys no rule governs: last, keeping the copies the others
     # hold (a move, protect's) and the keys they leave alone.
     ReduceReplicasSection,

@@ -269,7 +269,11 @@ class DrainSection(Section):
     def rank(self, ws: Any, views: list[KeyView], cluster: ClusterView) -> list[KeyView]:
         """The worker's key views, most valuable first (see the module docstring)."""
         tasks = self.ctx.scheduler.tasks
-        ranked, self.items[ws.address] = rank_views(views, cluster, tasks, self._recompute)
+        # Keys on disk there are read back before they leave (the spill section's table).
+        spilled = self.ctx.spilled.workers.get(ws.address)
+        ranked, self.items[ws.address] = rank_views(
+            views, cluster, tasks, self._recompute, spilled.keys if spilled else None
+        )
         return ranked
 
     def _recompute(self, group: Any) -> float | None:

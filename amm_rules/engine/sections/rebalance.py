@@ -67,6 +67,9 @@ class RebalanceSection(Section):
             cluster=ctx.cluster_view,
             stats=cycle.stats,
             adopt=self._adopt_copy,
+            # Keys on disk stay where they are (read from the context, empty without
+            # spill: in the rules).
+            on_disk=ctx.spilled.is_on_disk if ctx.spilled else None,
         )
         # The journal records every move, those dry-run holds back as such (``dry-run``).
         held = ctx.dry_run.rebalance_label(index.desired)

@@ -20,7 +20,12 @@ whoever must not ask twice reads here: one record, never a copy of it.
   (:meth:`Ledger.unseen`: the memory a worker reports does not show them yet, and the
   paused-workers section must not send a worker past its pause threshold).
 
-A drop needs no entry: the scheduler forgets a copy when the AMM asks for its drop.
+A drop needs no entry to be counted: the scheduler forgets a copy when the AMM asks for
+its drop. A drop made to give a worker room (the ``spill`` section's, a copy held
+elsewhere dropped rather than written to disk) is recorded all the same
+(:meth:`Ledger.dropped`, :meth:`Ledger.drops_of`): its worker is backed off from for the
+key, so that no section copies the key back to the worker short of memory, and explain
+says why.
 
 The hooks keep it current between cycles (the ``add_replica`` wrapper calls
 :meth:`~Ledger.landed`, the transition hook :meth:`~Ledger.forget`, ``remove_worker``
@@ -51,6 +56,18 @@ class Copy(NamedTuple):
     nbytes: int = 0
 
 
+class Drop(NamedTuple):
+    """A copy dropped to give its worker room, and not to be copied back before
+    ``until``."""
+
+    #: Who dropped it (``spill``), and why, in a few words.
+    by: str
+    why: str
+    #: The engine's clock when the drop was asked, and when its back-off ends.
+    at: float
+    until: float
+
+
 _NONE: Mapping[str, Any] = {}
 _NOTHING: frozenset[str] = frozenset()
 
@@ -64,6 +81,9 @@ class Ledger:
         self.copies: dict[Hashable, dict[str, Copy]] = {}
         self.backoffs: dict[Hashable, dict[str, float]] = {}
         self.moves: dict[Hashable, PendingMove] = {}
+        #: key -> {worker: Drop}: copies dropped to give a worker room (their workers
+        #: are backed off from in :attr:`backoffs` until the same time).
+        self.drops: dict[Hashable, dict[str, Drop]] = {}
         #: Landings since the last expire, and as of it (what plans read).
         self._landing: dict[Hashable, set[str]] = {}
         self._landed: dict[Hashable, set[str]] = {}
@@ -131,9 +151,22 @@ class Ledger:
             table = self.backoffs.setdefault(key, {})
             table[worker] = max(table.get(worker, until), until)
 
+    def dropped(
+        self, key: Hashable, worker: str, by: str, why: str, at: float, until: float
+    ) -> None:
+        """``by`` had the copy of ``key`` on ``worker`` dropped to give it room: no copy
+        of ``key`` is asked of ``worker`` before ``until`` (a back-off, which says why)."""
+        self.drops.setdefault(key, {})[worker] = Drop(by, why, at, until)
+        self.back_off(key, (worker,), until)
+
     def forget(self, key: Hashable) -> None:
         """The key left memory: nothing of it is in flight any more."""
-        tables: tuple[dict[Hashable, Any], ...] = (self.copies, self.backoffs, self._landing)
+        tables: tuple[dict[Hashable, Any], ...] = (
+            self.copies,
+            self.backoffs,
+            self._landing,
+            self.drops,
+        )
         for table in tables:
             if table:
                 table.pop(key, None)
@@ -143,7 +176,7 @@ class Ledger:
     def worker_left(self, worker: str) -> None:
         """``worker`` left: copies asked of it never land, backing off from it is moot."""
         self._unseen.pop(worker, None)
-        tables: tuple[dict[Hashable, Any], ...] = (self.copies, self.backoffs)
+        tables: tuple[dict[Hashable, Any], ...] = (self.copies, self.backoffs, self.drops)
         for table in tables:
             for key in [k for k, entry in table.items() if worker in entry]:
                 del table[key][worker]
@@ -189,6 +222,11 @@ class Ledger:
                 del table[worker]
             if not table:
                 del self.backoffs[key]
+        for key, drops in list(self.drops.items()):
+            for worker in [w for w, drop in drops.items() if w not in self.backoffs.get(key, ())]:
+                del drops[worker]
+            if not drops:
+                del self.drops[key]
         self._forget_seen(seen)
 
     # ------------------------------------------------------------------ reading
@@ -200,6 +238,11 @@ class Ledger:
     def backing_off(self, key: Hashable) -> Mapping[str, float]:
         """Workers not asked for a copy of ``key`` before a time: address -> until."""
         return self.backoffs.get(key, _NONE)
+
+    def drops_of(self, key: Hashable) -> Mapping[str, Drop]:
+        """Copies of ``key`` dropped to give their workers room, still backed off from:
+        worker -> Drop."""
+        return self.drops.get(key, _NONE)
 
     def just_landed(self, key: Hashable) -> frozenset[str]:
         """Recipients of copies of ``key`` that landed between the last two cycles (and
@@ -254,4 +297,4 @@ class Ledger:
                 del self._unseen[worker]
 
 
-__all__ = ["Copy", "Ledger"]
+__all__ = ["Copy", "Drop", "Ledger"]

@@ -90,3 +90,14 @@ def test_everything_in_time_says_how_long_it_takes() -> None:
         "at 1.07 kiB/s (assumed), all 10.74 kiB will leave in time (≈ 10 s of 60 s left)"
     )
     assert prediction_sentence(predict([], 1.0, 1.0)) == "every key is safe: nothing left to move"
+
+
+def test_a_key_on_disk_costs_its_read_back_too() -> None:
+    """Of two keys alike, the one in memory on the draining worker goes first."""
+    on_disk = DrainItem("on-disk", nbytes=100, seconds=1.0, on_disk=100)
+    in_memory = DrainItem("in-memory", nbytes=100, seconds=1.0)
+    assert on_disk.cost == 200 and on_disk.worth == 1.0 / 200
+    assert [i.key for i in rank([on_disk, in_memory])] == ["in-memory", "on-disk"]
+    unknown_on_disk = DrainItem("u-disk", nbytes=100, on_disk=100)
+    unknown = DrainItem("u", nbytes=150)
+    assert [i.key for i in rank([unknown_on_disk, unknown])] == ["u", "u-disk"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amm_rules.engine.state.ledger import Copy, Ledger
+from amm_rules.engine.state.ledger import Copy, Drop, Ledger
 
 NOW = 100.0
 BACKOFF = 10.0
@@ -225,3 +225,21 @@ def test_the_ledger_follows_a_plain_model(history: list[tuple]) -> None:  # type
         assert waits == backoff, step
         for key in KEYS:
             assert ledger.in_flight(key).keys() == {w for k, w in flying if k == key}
+
+
+def test_a_copy_dropped_to_give_its_worker_room_backs_the_worker_off() -> None:
+    ledger = Ledger()
+    ledger.dropped("k", "w1", "spill", "held elsewhere", NOW, NOW + 60)
+    ledger.dropped("j", "w2", "spill", "held elsewhere", NOW, NOW + 60)
+    assert ledger.drops_of("k") == {"w1": Drop("spill", "held elsewhere", NOW, NOW + 60)}
+    assert ledger.backing_off("k") == {"w1": NOW + 60}, "no copy asked there meanwhile"
+    expire(ledger, NOW + 30, {"k": {"w2"}, "j": {"w1"}})
+    assert set(ledger.drops) == {"k", "j"}, "kept until the back-off ends"
+    ledger.forget("j")
+    ledger.worker_left("w9")
+    assert set(ledger.drops) == {"k"}, "the key left memory"
+    expire(ledger, NOW + 61, {"k": {"w2"}})
+    assert ledger.drops_of("k") == {} and ledger.backing_off("k") == {}
+    ledger.dropped("k", "w1", "spill", "held elsewhere", NOW, NOW + 60)
+    ledger.worker_left("w1")
+    assert not ledger.drops and not ledger.backoffs

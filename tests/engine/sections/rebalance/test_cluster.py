@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from collections.abc import Generator
 from typing import Any
 
@@ -34,6 +33,7 @@ from tests.support.cluster import (
     keep,
     policy_of,
     rules,
+    skipped,
 )
 from tests.support.rulesets import GPU, GPU_POOL
 
@@ -103,14 +103,6 @@ def state(s: Any) -> Any:
         return {"fractions": fractions(s), "in flight": len(r.book.pending), **r.totals}
 
     return show
-
-
-def skipped(s: Any) -> Counter[str]:
-    """Keys rebalancing looked at and did not move, by reason, over the cycle events."""
-    out: Counter[str] = Counter()
-    for e in events(s, "cycle"):
-        out.update(e.get("rebalance", {}).get("skipped", {}))
-    return out
 
 
 def settled(s: Any) -> bool:
