@@ -47,7 +47,7 @@ from amm_rules.language.diagnostics import RulesError
 from amm_rules.language.loader import load_ruleset
 from amm_rules.language.ruleset import UNGOVERNED, Desired, Ruleset, TaskFacts, WorkerFacts
 
-__all__ = ["default_rules_path", "main"]
+__all__ = ["default_rules_path", "main", "recommended_rules_path", "suggestion"]
 
 #: How often the demo looks at the cluster while the AMM works.
 POLL_INTERVAL = 0.25
@@ -62,6 +62,34 @@ def default_rules_path() -> Path:
     if checkout.is_file():
         return checkout
     return Path(str(resources.files("amm_rules") / "data" / "demo.yaml"))
+
+
+def recommended_rules_path() -> Path:
+    """``examples/rules/recommended.yaml`` in a source checkout, else the copy the wheel
+    ships as ``amm_rules/data/recommended.yaml``: the sections that measured best on
+    the seed's workloads (docs/performance.md), for a user who writes no rules."""
+    checkout = Path(__file__).resolve().parent.parent / "examples" / "rules" / "recommended.yaml"
+    if checkout.is_file():
+        return checkout
+    return Path(str(resources.files("amm_rules") / "data" / "recommended.yaml"))
+
+
+def suggestion(path: Path | None = None) -> list[str]:
+    """What the demo suggests once it ran its own rules: the recommended file, the
+    sections it turns on, and how to use it."""
+    path = recommended_rules_path() if path is None else path
+    try:
+        ruleset = load_ruleset(path)
+    except (OSError, RulesError):
+        return []
+    sections = ruleset.sections_on
+    turned_on = ", ".join(sections) if sections else "no section"
+    return [
+        "No rules of your own yet? The recommended file turns on what measured best on",
+        f"the workloads of docs/performance.md ({turned_on}): {path}",
+        "Deploy it as `rules:` of amm_rules.RulesPolicy, or try it here:",
+        f"  amm-rules demo --rules {path}",
+    ]
 
 
 def main(
@@ -118,6 +146,8 @@ def main(
         _print_explain(client, after, futures, workload)
         if after.all_ok:
             click.echo("\nEvery target is met.")
+            if rules is None:
+                click.echo("\n" + "\n".join(suggestion()))
             return 0
         click.echo("\nSome targets are not met:", err=True)
         for line in _explain_unmet(client, after, futures):

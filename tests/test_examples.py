@@ -96,3 +96,13 @@ def test_demo_example_is_the_demo_cluster_rules() -> None:
     assert by_name["host-data"].avoid == ("gpu",)
     assert by_name["pinned"].move == "never"
     assert ruleset.reduce_replicas is True
+
+
+def test_the_readme_shows_the_recommended_file() -> None:
+    """The README's recommended rules are the shipped file's, whatever its comments."""
+    text = (ROOT / "README.md").read_text()
+    after = text[text.index("No rules of your own yet?") :]
+    shown = YAML_BLOCK.search(after)
+    assert shown is not None
+    recommended = ROOT / "examples" / "rules" / "recommended.yaml"
+    assert yaml.safe_load(shown["body"]) == yaml.safe_load(recommended.read_text())

@@ -61,6 +61,7 @@ def wheel_names(wheel) -> set[str]:
         "amm_rules/grammar/expr.lark",
         "amm_rules/language/expr/parse_table.json",
         "amm_rules/data/demo.yaml",
+        "amm_rules/data/recommended.yaml",
         "amm_rules/py.typed",
         "amm_rules/engine/policy.py",
     ],
@@ -119,7 +120,10 @@ def test_the_installed_wheel_runs_the_demo_with_its_own_rules(wheel, tmp_path):
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert f"rules from {package / 'data' / 'demo.yaml'}\n" in demo.stdout
-    assert demo.stdout.endswith("\nEvery target is met.\n"), demo.stdout
+    assert "\nEvery target is met.\n" in demo.stdout, demo.stdout
+    # The suggestion at the end names the wheel's copy of the recommended rules.
+    recommended = package / "data" / "recommended.yaml"
+    assert demo.stdout.endswith(f"  amm-rules demo --rules {recommended}\n"), demo.stdout
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,10 @@ engine's pure parts read.
   few hundred characters without walking more of it;
 - :func:`stock_waiter_count`, :func:`busy_workers`: waiters as the stock ReduceReplicas
   counts them, and where dependents run;
-- :func:`kept_copies`: which of a protected key's copies trimming spares.
+- :func:`kept_copies`: which of a protected key's copies trimming spares;
+- :func:`headroom`: how many bytes a worker can take before it spills (rebalance and
+  protect send nothing past it; the thresholds come from
+  :func:`amm_rules.engine.rebalance.rebalancer.spill_thresholds`).
 
 Duck-typed: nothing here imports ``distributed``, so the classifier and the planners stay
 pure and tests can pass stand-ins.
@@ -437,3 +440,21 @@ def key_view(
         landed=landed,
         dropped=dropped or {},
     )
+
+
+def headroom(
+    memory: Any, limit: int, thresholds: tuple[float | None, float | None], delta: int = 0
+) -> int | None:
+    """Bytes a worker can take before it starts spilling: the lesser of its managed
+    memory's distance to the ``target`` threshold and its process memory's to the
+    ``spill`` threshold, less what the AMM accepted for it this cycle (``delta``).
+    None without a limit or with both thresholds off: then nothing is known."""
+    target, spill = thresholds
+    if not limit:
+        return None
+    rooms = []
+    if target is not None:
+        rooms.append(int(target * limit) - memory.managed)
+    if spill is not None:
+        rooms.append(int(spill * limit) - memory.process)
+    return min(rooms) - max(0, delta) if rooms else None

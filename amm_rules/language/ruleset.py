@@ -642,6 +642,20 @@ class Ruleset:
         return (self.rebalance.enforcement or self.enforcement) == DRY_RUN
 
     @property
+    def sections_on(self) -> tuple[str, ...]:
+        """The sections of the file that act, by their names in the file (a
+        ``memory-pressure`` or ``rebalance`` written with ``enabled: false`` does not)."""
+        on = {
+            "rebalance": self.rebalance.enabled,
+            "memory-pressure": self.memory_pressure is not None and self.memory_pressure.enabled,
+            "protect": self.protect is not None,
+            "spill": self.spill is not None,
+            "paused-workers": self.paused_workers is not None,
+            "adaptive": self.adaptive is not None,
+        }
+        return tuple(name for name, acts in on.items() if acts)
+
+    @property
     def depends(self) -> frozenset[str]:
         """Every task attribute any rule's match reads."""
         out: frozenset[str] = frozenset()

@@ -63,6 +63,10 @@ def test_demo_meets_every_target():
     after = output.split("After", 1)[1]
     assert re.search(r"^gpu-0\s+\S+\s+gpu\s", after, re.M)
     assert re.search(r"^cpu-3\s+\S+\s+cpu\s", after, re.M)
+    # With its own rules, the demo ends by suggesting the recommended file.
+    recommended = REPO / "examples" / "rules" / "recommended.yaml"
+    assert output.rstrip().endswith(f"  amm-rules demo --rules {recommended}")
+    assert "No rules of your own yet? The recommended file" in output
 
 
 def test_demo_workload_follows_another_rules_file(tmp_path):
@@ -112,6 +116,16 @@ def test_demo_refuses_an_invalid_rules_file(tmp_path):
 
 def test_demo_rules_default_to_the_examples_file():
     assert demo.default_rules_path() == REPO / "examples" / "rules" / "demo.yaml"
+    assert demo.recommended_rules_path() == REPO / "examples" / "rules" / "recommended.yaml"
+
+
+def test_the_suggestion_names_the_sections_the_recommended_file_turns_on(tmp_path):
+    rules = tmp_path / "r.yaml"
+    rules.write_text("version: 1\nrebalance: {}\nmemory-pressure: {}\n")
+    lines = demo.suggestion(rules)
+    assert "(rebalance, memory-pressure)" in lines[1] and str(rules) in lines[1]
+    assert lines[-1] == f"  amm-rules demo --rules {rules}"
+    assert demo.suggestion(tmp_path / "missing.yaml") == []
 
 
 def test_demo_reports_a_target_it_cannot_meet(tmp_path):

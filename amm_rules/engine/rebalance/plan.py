@@ -81,6 +81,16 @@ CYCLE_SCAN_LIMIT = 100_000
 #: count as too large for the sender.
 SIZE_MISSES = 16
 NO_ROOM = "no recipient has room for it"
+#: Keys smaller than this are never moved (see :func:`smallest_move`): they change no
+#: worker's memory by what a heartbeat can tell apart, and a move costs the same
+#: messages and bookkeeping whatever its size (distributed's ``da.store`` leaves a
+#: 16-byte ``None`` per chunk written, which used to be all a spilling cluster moved).
+SMALLEST_MOVE = 2**20
+#: ... or than this fraction of the sender's memory limit, if that is less.
+SMALLEST_MOVE_FRACTION = 1 / 1000
+TOO_SMALL = "too small to change any worker's memory"
+#: A worker's role when it would receive but is at its spill threshold.
+SPILLING = "at its spill threshold (a copy would push as much to disk)"
 #: Keys skipped and kept with their reason in :attr:`RebalancePlan.examples`.
 EXAMPLES = 50
 #: The defaults of the timings, from the one place that states them.
@@ -109,6 +119,11 @@ class WorkerLoad:
     #: Bytes spilled to disk (``ws.memory.spilled``). The scheduler does not know which
     #: keys they are.
     spilled: int = 0
+    #: Bytes the worker can take before it starts spilling (the lesser of its managed
+    #: memory's and its process memory's distance to the workers' spill thresholds);
+    #: ``None`` when the thresholds are off. At or below 0 the worker does not receive:
+    #: every byte sent there would push a byte to its disk.
+    headroom: int | None = None
 
     @property
     def fraction(self) -> float:
@@ -242,6 +257,19 @@ def _refusal(result: str | bool | None, default: str) -> str | None:
 
 def _pct(x: float) -> str:
     return f"{x:.0%}"
+
+
+def smallest_move(limit: int) -> int:
+    """Bytes below which a key on a worker with this memory limit is never moved:
+    :data:`SMALLEST_MOVE`, or :data:`SMALLEST_MOVE_FRACTION` of the limit if less."""
+    return min(SMALLEST_MOVE, int(limit * SMALLEST_MOVE_FRACTION))
+
+
+def _room(w: WorkerLoad, ceiling: float, mem: int) -> int:
+    """Bytes a recipient may take: up to ``ceiling`` by the measure, and no further
+    than its headroom below the spill thresholds."""
+    room = int(ceiling - mem)
+    return room if w.headroom is None else min(room, w.headroom)
 
 
 def plan_rebalance(
@@ -414,16 +442,19 @@ def _roles(
                 )
             elif address in sending:
                 roles[address] = "sending a move in flight"
+            elif w.headroom is not None and w.headroom <= 0:
+                roles[address] = SPILLING
             else:
-                side = _Side(seq, address, w.memory_limit, mem, int(ceiling - mem))
+                side = _Side(seq, address, w.memory_limit, mem, _room(w, ceiling, mem))
                 recipients.append(side.entry(mean))
                 roles[address] = "recipient"
         # 2c. Neither; but a running worker below the mean is kept in reserve (2d).
         else:
             roles[address] = "within gap"
             ceiling = min(mean, settings.recipient_max) * w.memory_limit
-            if frac < mean and w.running and address not in sending and ceiling > mem:
-                reserve.append(_Side(seq, address, w.memory_limit, mem, int(ceiling - mem)))
+            room = _room(w, ceiling, mem)
+            if frac < mean and w.running and address not in sending and room > 0:
+                reserve.append(_Side(seq, address, w.memory_limit, mem, room))
     # 2d. Workers within the band start nothing. But when the recipients below the band
     #     cannot take all that the senders above it have to lose, the workers just under
     #     the mean top up: otherwise one worker far above the mean would stay there
@@ -599,6 +630,7 @@ class _Pairing:
         # Others offer their oldest first: long-lived data, rather than intermediates
         # that their dependents are about to consume and release.
         keys = self.keys_on(snd.address, self.loads[snd.address].spilled > 0)
+        smallest = smallest_move(snd.limit)
         skip = self._skip
         taken, in_flight, cooling = self.taken, self.in_flight, self.cooling
         can_move, can_place, recipients = self.can_move, self.can_place, self.recipients
@@ -614,6 +646,8 @@ class _Pairing:
             # 3b. Size: never past the mean, never past the budget.
             elif nbytes <= 0:
                 skip(key, snd, "no bytes to move")
+            elif nbytes < smallest:
+                skip(key, snd, TOO_SMALL)
             elif nbytes > snd.left:
                 skip(key, snd, "larger than what the sender has to lose")
                 snd.misses += 1
@@ -924,6 +958,8 @@ def minimum_bytes_to_balance(workers: Iterable[WorkerLoad]) -> int:
 __all__ = [
     "ABOVE",
     "NEEDED",
+    "SPILLING",
+    "TOO_SMALL",
     "Move",
     "MoveBook",
     "PendingMove",
@@ -935,4 +971,5 @@ __all__ = [
     "minimum_bytes_to_balance",
     "plan_rebalance",
     "settle_moves",
+    "smallest_move",
 ]

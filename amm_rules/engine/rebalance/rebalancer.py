@@ -39,10 +39,11 @@ from collections import Counter
 from collections.abc import Callable, Collection, Generator, Hashable, Iterable, Mapping
 from typing import Any
 
+import dask
 from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine import key_logger
-from amm_rules.engine.adapters import TaskFactsAdapter, worker_status
+from amm_rules.engine.adapters import TaskFactsAdapter, headroom, worker_status
 from amm_rules.engine.decide.deciders import MOVE, Question, count_copies, first_refusal
 from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.engine.rebalance.plan import (
@@ -71,6 +72,18 @@ EXAMPLES_KEPT = 10
 
 Key = Hashable
 Emit = Callable[..., Any]
+
+
+def spill_thresholds() -> tuple[float | None, float | None]:
+    """The workers' spill thresholds as fractions of their memory limit, from the dask
+    config (``distributed.worker.memory.target``: managed memory; ``.spill``: process
+    memory), each None when off. The scheduler's config: workers started with other
+    thresholds are not known to it."""
+    out = []
+    for name in ("target", "spill"):
+        value = dask.config.get(f"distributed.worker.memory.{name}", None)
+        out.append(float(value) if value not in (None, False) else None)
+    return out[0], out[1]
 
 
 class Rebalancer:
@@ -350,10 +363,12 @@ class Rebalancer:
     def _loads(self, workers: Mapping[str, Any], manager: Any) -> list[WorkerLoad]:
         """Every worker that is not retiring, by the rules' measure, plus the bytes the AMM
         has accepted for it so far in this cycle (the AMM's tally minus its own measure,
-        so this works whatever measure the AMM itself uses)."""
+        so this works whatever measure the AMM itself uses), and its headroom below the
+        spill thresholds (:func:`headroom`)."""
         measure = self.settings.measure
         tally = getattr(manager, "workers_memory", None)
         amm_measure = getattr(manager, "measure", measure)
+        thresholds = spill_thresholds()
         out = []
         for address, ws in workers.items():
             status = worker_status(ws)
@@ -363,13 +378,15 @@ class Rebalancer:
             delta = 0
             if tally is not None and ws in tally:
                 delta = tally[ws] - getattr(memory, amm_measure)
+            limit = ws.memory_limit or 0
             out.append(
                 WorkerLoad(
                     address,
                     max(0, getattr(memory, measure) + delta),
-                    ws.memory_limit or 0,
+                    limit,
                     running=status == "running",
                     spilled=memory.spilled,
+                    headroom=headroom(memory, limit, thresholds, delta),
                 )
             )
         return out
@@ -553,4 +570,4 @@ class Rebalancer:
         )
 
 
-__all__ = ["SOURCE", "Rebalancer"]
+__all__ = ["SOURCE", "Rebalancer", "spill_thresholds"]

@@ -79,6 +79,16 @@ logger = logging.getLogger(__name__)
 CALLBACK = "amm-rules-memory-pressure"
 #: Workers named in an event or the status (the worst first).
 SHOWN_WORKERS = 10
+#: A hold is judged over spans of twice ``min-hold``, at least :data:`PAYING_SPAN`
+#: seconds: unless the memory of the workers it started for fell by at least
+#: :data:`PAYING` of their limits over a span, holding stopped paying (a shuffle, whose
+#: pieces stay in memory until every input is read, only waits on the producers held
+#: back) and the hold is released.
+PAYING = 0.01
+PAYING_SPAN = 5.0
+#: The cool-down after a hold released for not paying doubles with each such release in
+#: a row, up to this multiple of ``cool-down``; a hold that paid resets it.
+UNPAID_COOL_DOWN_MAX = 8
 
 
 def _fmt_bytes(n: float) -> str:
@@ -123,6 +133,11 @@ class MemoryPressure(Section, SchedulerPlugin):
         ),
         "holds": ("memory_pressure_holds", "counter", "Holds started"),
         "releases": ("memory_pressure_releases", "counter", "Holds ended"),
+        "unpaid": (
+            "memory_pressure_unpaid",
+            "counter",
+            "Holds released because the memory they were for did not fall",
+        ),
         "held_seconds": (
             "memory_pressure_held_seconds",
             "counter",
@@ -151,6 +166,8 @@ class MemoryPressure(Section, SchedulerPlugin):
         #: Monotonic time the hold (or the cool-down) started, and when cooling ends.
         self.since: float | None = None
         self.cool_until = 0.0
+        #: Whether the hold in force pays (see :class:`HoldJudge`).
+        self.judge = HoldJudge()
         #: Why the engine holds or does not, as sentences (the latest check).
         self.reasons: list[str] = []
         #: Workers under pressure at the latest check: address -> (fraction, transfers).
@@ -168,8 +185,21 @@ class MemoryPressure(Section, SchedulerPlugin):
 
     def attach(self) -> None:
         ctx = self.ctx
-        ctx.add_plugin(self, CALLBACK)
+        self._plug()
         self.base = float(ctx.scheduler.WORKER_SATURATION)
+
+    def _plug(self) -> None:
+        """Be the scheduler plugin that sees graphs arrive only while the rules have a
+        section: the scheduler calls every plugin's ``transition`` on every transition,
+        and this one has nothing to do there."""
+        ctx = self.ctx
+        if not ctx.attached:
+            return
+        plugged = any(p is self for p in ctx.scheduler.plugins.values())
+        if self.settings is not None and not plugged:
+            ctx.add_plugin(self, CALLBACK)
+        elif self.settings is None and plugged:
+            ctx.remove_plugin(self)
 
     def detach(self) -> None:
         """Put the scheduler's saturation back and stop looking."""
@@ -191,6 +221,7 @@ class MemoryPressure(Section, SchedulerPlugin):
         if self.settings is None:
             self._stop_callback()
             self.state = "idle" if self.state != "unavailable" else self.state
+        self._plug()
 
     def run(self, cycle: Cycle) -> tuple[()]:
         self.ensure_running()
@@ -421,9 +452,22 @@ class MemoryPressure(Section, SchedulerPlugin):
         if held_for < settings.min_hold:
             return
         if not above_release:
+            self.judge.paid()
             self.release(now, f"no worker at or above {format_fraction(settings.release)}")
         elif head is not None and not head[1]:
             self.release(now, self._head_reason(head))
+        else:
+            self._judge(settings, scheduler, now)
+
+    def _judge(self, settings: MemoryPressureSettings, scheduler: Any, now: float) -> None:
+        """Release a hold that stopped paying (:class:`HoldJudge`), and cool down."""
+        why = self.judge.unpaid(scheduler, settings, now)
+        if why is None:
+            return
+        self.counters["unpaid"] += 1
+        self.release(now, why)
+        self.state = "cooling"
+        self.cool_until = now + self.judge.cool_down(settings)
 
     def _unavailable(self) -> None:
         if self.state != "unavailable":
@@ -446,6 +490,7 @@ class MemoryPressure(Section, SchedulerPlugin):
         self.since = now
         self.held_at = target
         self.counters["holds"] += 1
+        self.judge.start(scheduler, frozenset(self.pressured), settings.measure, now)
         _set_saturation(scheduler, target)
         self._emit(
             "hold",
@@ -467,6 +512,7 @@ class MemoryPressure(Section, SchedulerPlugin):
         self.state = "idle"
         self.since = None
         self.held_at = None
+        self.judge.stop()
         self.reasons = [f"released: {why}"]
         self._emit("release", reason=why, held_seconds=round(held_for, 3), saturation=self.base)
 
@@ -475,6 +521,7 @@ class MemoryPressure(Section, SchedulerPlugin):
         self.state = "idle"
         self.since = None
         self.held_at = None
+        self.judge.stop()
         self.reasons = [f"stopped holding: {why}"]
         self._emit("stopped", reason=why)
 
@@ -538,9 +585,72 @@ class MemoryPressure(Section, SchedulerPlugin):
             "holding": float(self.state == "holding"),
             "holds": float(self.counters["holds"]),
             "releases": float(self.counters["releases"]),
+            "unpaid": float(self.counters["unpaid"]),
             "held_seconds": round(self.held_seconds(now), 3),
             "queued_roots": float(self.counters["queued_roots"]),
         }
+
+
+class HoldJudge:
+    """Whether a hold pays: the memory of the workers it started for must fall, by
+    :data:`PAYING` of their limits, over each span of twice ``min-hold`` (at least
+    :data:`PAYING_SPAN`). A hold that does not is released, and the section cools down
+    for ``cool-down``, doubled with each such release in a row (at most
+    :data:`UNPAID_COOL_DOWN_MAX` times); a hold that paid resets it."""
+
+    def __init__(self) -> None:
+        #: The span being judged: the workers, when it started, their memory (bytes by
+        #: the section's measure) and their limits then; None without a hold.
+        self.span: tuple[frozenset[str], float, int, int] | None = None
+        self.measure = "process"
+        #: Holds released in a row for not paying.
+        self.unpaid_in_a_row = 0
+
+    def start(self, scheduler: Any, workers: frozenset[str], measure: str, now: float) -> None:
+        self.measure = measure
+        memory, limits = _memory_of(scheduler, workers, measure)
+        self.span = (workers, now, memory, limits) if limits else None
+
+    def stop(self) -> None:
+        self.span = None
+
+    def paid(self) -> None:
+        self.unpaid_in_a_row = 0
+
+    def unpaid(self, scheduler: Any, settings: MemoryPressureSettings, now: float) -> str | None:
+        """Why the hold stopped paying, or None (it pays, or its span is not over)."""
+        if self.span is None:
+            return None
+        workers, start, before, limits = self.span
+        if now - start < max(2 * settings.min_hold, PAYING_SPAN):
+            return None
+        memory, limits_now = _memory_of(scheduler, workers, self.measure)
+        if not limits_now:
+            return None
+        if before / limits - memory / limits_now >= PAYING:
+            self.paid()
+            self.span = (workers, now, memory, limits_now)
+            return None
+        self.unpaid_in_a_row += 1
+        return (
+            f"holding did not lower memory: {before / limits:.0%} of the limits of the "
+            f"workers it was for {now - start:.0f}s ago, {memory / limits_now:.0%} now"
+        )
+
+    def cool_down(self, settings: MemoryPressureSettings) -> float:
+        return settings.cooldown * min(2 ** (self.unpaid_in_a_row - 1), UNPAID_COOL_DOWN_MAX)
+
+
+def _memory_of(scheduler: Any, workers: frozenset[str], measure: str) -> tuple[int, int]:
+    """Bytes by ``measure`` and memory limits, summed over those of ``workers`` still in
+    the cluster (with a limit)."""
+    memory = limits = 0
+    for addr in workers:
+        ws = scheduler.workers.get(addr)
+        if ws is not None and ws.memory_limit:
+            memory += getattr(ws.memory, measure)
+            limits += ws.memory_limit
+    return memory, limits
 
 
 def _transfers(ws: Any) -> int:

@@ -265,8 +265,23 @@ class PausedWorkers(Section):
     # -- attach ----------------------------------------------------------------------
 
     def attach(self) -> None:
+        self._plug()
+
+    def _plug(self) -> None:
+        """Keep the pause clock among the scheduler's plugins only while the rules have
+        a section (the scheduler calls every plugin on every transition; the clock
+        needs only the status events). Pauses that began before it was plugged in are
+        found by :meth:`PauseClock.reconcile` at the next cycle; restarts and
+        retirements still running keep it plugged in (it cancels them if the scheduler
+        closes first)."""
         ctx = self.ctx
-        ctx.add_plugin(self.clock, "amm-rules-pause-clock")
+        if not ctx.attached:
+            return
+        plugged = any(p is self.clock for p in ctx.scheduler.plugins.values())
+        if self.settings is not None and not plugged:
+            ctx.add_plugin(self.clock, "amm-rules-pause-clock")
+        elif self.settings is None and plugged and not self.tasks:
+            ctx.remove_plugin(self.clock)
 
     def detach(self) -> None:
         self.ctx.remove_plugin(self.clock)
@@ -277,6 +292,7 @@ class PausedWorkers(Section):
         in dry-run the section only reports (see :meth:`DryRun.paused_settings`)."""
         settings = dry_run.paused_settings(ruleset.paused_workers)
         self.settings = settings
+        self._plug()
         if settings is None:
             for addr in [a for a, h in self.handling.items() if h.state == "evacuating"]:
                 self._unhandle(addr)

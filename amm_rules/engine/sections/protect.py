@@ -47,9 +47,10 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.active_memory_manager import Suggestion
 
-from amm_rules.engine.adapters import TaskFactsAdapter
+from amm_rules.engine.adapters import TaskFactsAdapter, headroom
 from amm_rules.engine.decide.protect import HYSTERESIS, Candidate, Choice, Ranking
 from amm_rules.engine.dryrun import DryRun
+from amm_rules.engine.rebalance.rebalancer import spill_thresholds
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.state.claims import Claim
 from amm_rules.engine.words import counted, duration
@@ -151,6 +152,31 @@ class _Gathering:
                 self.slices += 1
                 return False
         return True
+
+
+def room_for(
+    workers: Any,
+    cluster: Any,
+    nbytes: int,
+    added: dict[str, int],
+    thresholds: tuple[float | None, float | None],
+) -> Callable[[str], bool]:
+    """Whether a worker has room for a protection copy of ``nbytes``: its memory stays
+    below :data:`ROOM` of its limit, and the copy fits in its headroom below the spill
+    thresholds, less the ``added`` bytes of this cycle's copies (a copy that pushes as
+    many bytes to disk costs a spilling cluster what it protects)."""
+
+    def room(address: str) -> bool:
+        ws = workers.get(address)
+        limit = getattr(ws, "memory_limit", 0) or 0
+        if not limit:
+            return True
+        if cluster.memory[address] + nbytes > ROOM * limit:
+            return False
+        left = headroom(ws.memory, limit, thresholds, added.get(address, 0))
+        return left is None or nbytes <= left
+
+    return room
 
 
 def _cheapest_first(group: tuple[float, list[Any]]) -> float:
@@ -436,6 +462,9 @@ class ProtectSection(Section):
         moved = 0
         cluster = None
         spent = False
+        #: Bytes of this cycle's copies per recipient, and the spill thresholds.
+        added: dict[str, int] = {}
+        thresholds = spill_thresholds()
         protected = self.protected
         ledger = ctx.ledger
         short = self.short
@@ -467,7 +496,10 @@ class ProtectSection(Section):
                 continue
             if cluster is None:
                 cluster = ctx.cluster_view()
-            target = self._recipient(ts, cluster, holders | set(flying), settings, now, leaving)
+            room = room_for(workers, cluster, nbytes, added, thresholds)
+            target = self._recipient(
+                ts, cluster, holders | set(flying), settings, now, leaving, room
+            )
             if target is None:
                 # No worker can take it now: looked at again in a while, or when the
                 # workers change.
@@ -495,6 +527,7 @@ class ProtectSection(Section):
                 cycle.stats[SOURCE]["requested"] += 1
                 ledger.record(key, target, self.name, now + timeout, nbytes)
                 cluster.add_memory(target, nbytes)
+                added[target] = added.get(target, 0) + nbytes
 
     def _recipient(
         self,
@@ -504,22 +537,16 @@ class ProtectSection(Section):
         settings: ProtectSettings,
         now: float,
         leaving: Collection[str],
+        room: Callable[[str], bool],
     ) -> str | None:
         """Where the key's next copy goes: the least loaded running worker where its
-        rules let it live, with room for it, not holding it, not leaving, not backing
+        rules let it live, with ``room`` for it, not holding it, not leaving, not backing
         off, on a host without a copy (``taken``: those that count) if one can take it
         (``spread: host``)."""
         ctx = self.ctx
         d = ctx.index.desired.get(ts.key, UNGOVERNED)
-        nbytes = max(0, ts.nbytes)
         backoff = {a for a, until in ctx.ledger.backing_off(ts.key).items() if until > now}
         exclude = taken | backoff | {ws.address for ws in ts.who_has} | set(leaving)
-        workers = ctx.scheduler.workers
-
-        def room(address: str) -> bool:
-            limit = getattr(workers.get(address), "memory_limit", 0) or 0
-            return not limit or cluster.memory[address] + nbytes <= ROOM * limit
-
         if settings.spread == "host":
             hosts = {cluster.host(a) for a in taken if a in cluster.workers}
             choice = cluster.least_loaded(

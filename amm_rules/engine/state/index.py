@@ -606,6 +606,7 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
     desired = index.desired  # never rebound; the touched keys are, so read them each time
     ledger = index.ledger
     in_flight = ledger.copies  # never rebound
+    moves = ledger.moves  # rebalancing's moves in flight (never rebound either)
     departing = index.departing
 
     def add_replica_watched(ts: Any, ws: Any) -> None:
@@ -637,6 +638,10 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
                 index._wake("copy-landed")
         if held > 1:  # the first copy is a key entering memory: see dirty
             index._touched.add(ts.key)
+            # A rebalancing move's copy landed: its drop (the relief) follows at once.
+            move = moves.get(ts.key) if moves else None
+            if move is not None and move.recipient == ws.address:
+                index._wake("move-landed")
 
     def remove_replica_watched(ts: Any, ws: Any) -> None:
         remove_replica(ts, ws)

@@ -20,6 +20,8 @@ from amm_rules.engine.rebalance.plan import (
     ABOVE,
     NEEDED,
     SIZE_MISSES,
+    SPILLING,
+    TOO_SMALL,
     Move,
     MoveBook,
     PendingMove,
@@ -28,6 +30,7 @@ from amm_rules.engine.rebalance.plan import (
     minimum_bytes_to_balance,
     plan_rebalance,
     settle_moves,
+    smallest_move,
 )
 from amm_rules.language.ruleset import RebalanceSettings
 
@@ -46,6 +49,8 @@ class Model:
         self.data: dict[str, dict[Hashable, int]] = {a: {} for a in limits}
         self.who_has: dict[Hashable, set[str]] = {}
         self.spilled: dict[str, int] = {a: 0 for a in limits}
+        #: Bytes each worker can take before it spills (None: thresholds off).
+        self.headroom: dict[str, int | None] = {a: None for a in limits}
         self.paused: set[str] = set()
         #: Copies requested and not yet landed: (key, recipient).
         self.in_transit: list[tuple[Hashable, str]] = []
@@ -86,6 +91,7 @@ class Model:
                 self.limits[a],
                 running=a not in self.paused,
                 spilled=self.spilled[a],
+                headroom=self.headroom[a],
             )
             for a in self.limits
         ]
@@ -460,6 +466,46 @@ def test_managed_total_sheds_no_more_than_the_excess_in_memory():
     assert 0 < plan.bytes <= m.memory("a") - 2 * GiB - plan.mean * 10 * GiB
     # With the optimistic measure spilled bytes are not in `memory` at all: no cap.
     assert m.plan(replace(settings, measure="optimistic")).bytes > plan.bytes
+
+
+def test_no_recipient_at_its_spill_threshold():
+    # Every worker spills: moving data between them only moves where it spills.
+    m = Model({"a": 10 * GiB, "b": 10 * GiB, "c": 10 * GiB})
+    m.fill("a", 90, 100 * MiB)
+    m.fill("b", 30, 100 * MiB)
+    m.fill("c", 30, 100 * MiB)
+    m.headroom.update(a=-1 * GiB, b=0, c=-10 * MiB)
+    plan = m.plan(replace(ON, max_bytes_per_cycle=100 * GiB))
+    assert plan.moves == () and plan.stopped == "no recipients"
+    assert plan.roles == {"a": "sender", "b": SPILLING, "c": SPILLING}
+    # One worker with room below its threshold takes what fits there, no more.
+    m.headroom["c"] = 250 * MiB
+    plan = m.plan(replace(ON, max_bytes_per_cycle=100 * GiB))
+    assert {mv.recipient for mv in plan.moves} == {"c"}
+    assert 0 < plan.bytes <= 250 * MiB
+    # Unknown thresholds (None) leave the measure alone to decide.
+    m.headroom.update(b=None, c=None)
+    assert m.plan(replace(ON, max_bytes_per_cycle=100 * GiB)).bytes > 1 * GiB
+
+
+def test_keys_too_small_to_change_any_worker_never_move():
+    m = Model({"a": 768 * MiB, "b": 768 * MiB})
+    for i in range(40):
+        m.put("a", f"store-map-{i}", 16)  # what da.store leaves per chunk written
+    m.fill("a", 5, 64 * MiB, prefix="chunk")
+    for i in range(40, 80):
+        m.put("a", f"store-map-{i}", 16)
+    plan = m.plan(replace(ON, max_bytes_per_cycle=100 * GiB))
+    assert plan.moves and all(mv.key.startswith("chunk") for mv in plan.moves)
+    assert plan.skipped[TOO_SMALL] > 0
+    # Only tiny keys: nothing moves, however unbalanced the counts.
+    small = Model({"a": 768 * MiB, "b": 768 * MiB})
+    small.fill("a", 900, 300 * 2**10)  # 34% of a's limit, in keys of 300 KiB
+    plan = small.plan(replace(ON, max_bytes_per_cycle=100 * GiB))
+    assert plan.roles["a"] == "sender"
+    assert plan.moves == () and plan.skipped == {TOO_SMALL: 900}
+    # The floor: 1 MiB, or a thousandth of the sender's limit if that is less.
+    assert smallest_move(16 * GiB) == MiB and smallest_move(100 * MiB) == 104_857
 
 
 # --- convergence, hysteresis, bytes moved ------------------------------------------------

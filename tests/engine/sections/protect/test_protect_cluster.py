@@ -260,3 +260,33 @@ async def test_a_choice_among_many_keys_is_made_over_several_cycles(c, s, a, b, 
     finally:
         policy.detach()
     no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 2)] * 2,
+    # Workers that keep their data in a plain dict (nothing to spill), with a 10 MiB
+    # limit: by process memory (the test process's, hundreds of MiB) every one is past
+    # a 70% spill threshold. The AMM measures managed memory, far below protect's 80%.
+    worker_kwargs={"memory_limit": "10 MiB", "data": dict},
+    config={
+        **amm_config(protect_rules("1 MiB")),
+        "distributed.scheduler.active-memory-manager.measure": "managed",
+        "distributed.worker.memory.target": False,
+        "distributed.worker.memory.spill": 0.7,
+        "distributed.worker.memory.pause": False,
+        "distributed.worker.memory.terminate": False,
+    },
+    timeout=90,
+)
+async def test_no_protection_copy_goes_to_a_worker_at_its_spill_threshold(c, s, a, b):
+    import dask
+
+    dear = await stage(c, "dear", 2, WORK, 1000, workers=[a.address])
+    policy = policy_of(s)
+    await wait_for(lambda: set(policy.ctx.claims.of("protect")) == {f.key for f in dear}, "chosen")
+    await wait_cycles(s, 10)
+    assert [copies(s, f.key) for f in dear] == [1, 1]  # b spills already: no copy there
+    with dask.config.set({"distributed.worker.memory.spill": False}):
+        await wait_for(lambda: all(copies(s, f.key) == 2 for f in dear), "copies once no spill")
+    no_errors(s)
