@@ -676,7 +676,10 @@ def main(argv: list[str] | None = None) -> None:
             "modes": args.modes,
             "fractions": w.FRACTIONS,
             "chunks": w.CHUNKS,
-            "rules": {m: str(r) if isinstance(r, Path) else r for m, r in w.RULES.items()},
+            "rules": {
+                m: str(r.relative_to(w.ROOT)) if isinstance(r, Path) else r
+                for m, r in w.RULES.items()
+            },
         },
         "table": table,
         "goals": met,
