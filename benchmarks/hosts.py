@@ -111,7 +111,7 @@ def _line(row: dict[str, Any]) -> str:
 def plan(args: argparse.Namespace, settings: hs.Settings) -> list[tuple[Any, ...]]:
     """(label, number, mode, settings, scenario, persist) of every run asked for."""
     n = args.rounds
-    moving = replace(settings, rebalance=hs.REBALANCE)
+    moving = hs.moving(settings)
     soak_settings = replace(settings, spare_hosts=1)
     seconds = args.soak_minutes * 60
 

@@ -45,7 +45,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import dask
@@ -769,15 +769,23 @@ REBALANCE = {
     "sender-min": 0,
     "recipient-max": 1,
     "gap": 0,
-    "max-bytes-per-cycle": 200_000,
+    "max-bytes-per-cycle": 2_600_000,
 }
+#: Elements of a chunk while rebalancing: 1.28 MB a key, above the smallest key the
+#: rebalancer moves off a worker of 1 GiB (1 MiB), two keys a cycle within its budget.
+MOVING_CHUNK = 160_000
+
+
+def moving(settings: Settings) -> Settings:
+    """``settings`` for scenario 4: the rebalance section on, keys large enough to move."""
+    return replace(settings, rebalance=REBALANCE, chunk=MOVING_CHUNK)
 
 
 async def kill_while_moving(cluster: HostCluster, rounds: int = 1) -> list[Round]:
     """Scenario 4: with the held keys computed on one worker (so that the rebalance
     section keeps moving copies off it), a worker of a second host retiring
     (``retire_workers``) and moves in flight, kill a third host. Needs
-    ``Settings(rebalance=REBALANCE)``; each round persists the keys anew."""
+    :func:`moving` settings; each round persists the keys anew."""
     out = []
     for _ in range(rounds):
         out.append(await _kill_while_moving_round(cluster))

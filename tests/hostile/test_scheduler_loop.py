@@ -137,7 +137,7 @@ def test_explain_yields_to_the_loop_between_slices(monkeypatch):
     async def explain() -> tuple[dict[str, Any], int]:
         asyncio.get_running_loop().call_soon(order.append, "the loop ran")
         work = handlers.Explanation(["k-1", "k-2", "k-3"], 3, 3, one)
-        return await handlers.explain_in_slices(policy, work)
+        return await handlers.explain_in_slices(policy.ctx, work)
 
     answers, done = asyncio.run(explain())
     assert order == ["k-1", "the loop ran", "k-2", "k-3"]

@@ -124,7 +124,7 @@ def _rebalancing_config() -> dict[str, Any]:
         "sender-min": 0,
         "recipient-max": 1,
         "gap": 0,
-        "max-bytes-per-cycle": 300_000,
+        "max-bytes-per-cycle": 2_600_000,
     }
     return _chaos_config(held)
 
@@ -137,9 +137,10 @@ def _rebalancing_config() -> dict[str, Any]:
     timeout=240,
 )
 async def test_kill_busiest_holder_each_round_while_rebalancing(c, s, *workers):
-    # Ballast on one worker keeps the rebalancer busy for the whole run.
+    # Ballast on one worker keeps the rebalancer busy for the whole run (keys of 1.2 MiB:
+    # the rebalancer moves no key under 1 MiB off a worker of 1 GiB).
     ballast = await c.scatter(
-        {f"ballast-{i}": b"x" * 100_000 for i in range(40)}, workers=[workers[0].address]
+        {f"ballast-{i}": b"x" * 1_250_000 for i in range(40)}, workers=[workers[0].address]
     )
     stats = await _rounds(c, s, list(workers), rounds=3)
     assert stats.kills == 3

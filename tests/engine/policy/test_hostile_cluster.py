@@ -215,7 +215,7 @@ HOSTILE_STATES: list[tuple[str, Callable[[Path], Any], str]] = [
         "half-written",
         _half_written,
         "{path}:3:5: error: rule has no action; set at least one of replicate, pool, avoid, "
-        "spread, move (in rule 'keep')\n"
+        "spread, move, spill (in rule 'keep')\n"
         "{path}:4:29: error: match: unexpected character '\"'; this string has no closing "
         "quote on its line (in rule 'keep')",
     ),

@@ -148,7 +148,7 @@ async def test_a_short_cut_off_does_not_make_the_engine_storm() -> None:
 
 @gen_test(timeout=180)
 async def test_a_host_killed_mid_move_and_mid_retirement_loses_nothing() -> None:
-    async with hs.host_cluster(replace(SETTINGS, rebalance=hs.REBALANCE)) as cluster:
+    async with hs.host_cluster(hs.moving(SETTINGS)) as cluster:
         (r,) = await hs.kill_while_moving(cluster)
         assert r.notes["moves_in_flight_at_kill"] > 0 and r.notes["retiring_at_kill"]
         assert r.notes["retired"] and r.notes["data_correct"]
