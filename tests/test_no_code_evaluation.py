@@ -155,14 +155,21 @@ class _Scanner(ast.NodeVisitor):
         arg = node.args[0] if node.args else None
         if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
             return True
-        # The one reviewed exception: amm_rules/__init__.py's lazy loader, whose module
-        # name comes from its own constant table (checked in the test below).
+        # The reviewed exceptions: amm_rules/__init__.py's lazy loader and the policy's
+        # observers, whose module names come from their own constant tables (checked in
+        # the tests below).
         return (
-            self.filename == "amm_rules/__init__.py"
-            and self._function == ["__getattr__"]
+            (self.filename, tuple(self._function)) in REVIEWED_IMPORTERS
             and isinstance(arg, ast.Name)
             and arg.id == "module"
         )
+
+
+#: Where ``import_module(module)`` may take a name: (file, enclosing functions).
+REVIEWED_IMPORTERS = {
+    ("amm_rules/__init__.py", ("__getattr__",)),
+    ("amm_rules/engine/policy.py", ("observers",)),
+}
 
 
 def scan_source(source: str, filename: str) -> list[Finding]:
@@ -278,3 +285,29 @@ def test_only_the_lazy_loader_may_import_a_name() -> None:
     source = "import importlib\ndef __getattr__(name):\n    module = _LAZY[name]\n    importlib.import_module(module)\n"
     assert scan_source(source, "amm_rules/__init__.py") == []
     assert len(scan_source(source, "amm_rules/other.py")) == 1
+
+
+def test_the_policy_imports_only_observers_from_its_constant_table() -> None:
+    """The policy's ``import_module(module)`` takes ``module`` from ``OBSERVERS``, a
+    literal tuple of ``amm_rules.`` names bound once."""
+    tree = ast.parse((PACKAGE / "engine" / "policy.py").read_text(encoding="utf-8"))
+    tables = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Assign, ast.AnnAssign))
+        and any(
+            isinstance(t, ast.Name) and t.id == "OBSERVERS"
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        )
+    ]
+    assert len(tables) == 1
+    (table,) = tables
+    assert isinstance(table.value, ast.Tuple) and table.value.elts
+    for value in table.value.elts:
+        assert isinstance(value, ast.Constant) and isinstance(value.value, str)
+        assert value.value.startswith("amm_rules.")
+    (observers,) = [
+        n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "observers"
+    ]
+    loops = [n for n in ast.walk(observers) if isinstance(n, ast.For)]
+    assert [ast.unparse(loop.iter) for loop in loops] == ["OBSERVERS"]

@@ -82,7 +82,7 @@ S = TypeVar("S", bound=Section)
 #: name when a policy first attaches: the engine never imports what watches it
 #: (``observe/`` sits above it, and imports it), and importing ``amm_rules`` turns
 #: nothing on in a scheduler by itself.
-OBSERVER_NAME = "amm_rules.observe.extension:OBSERVER"
+OBSERVERS: tuple[str, ...] = ("amm_rules.observe.extension:OBSERVER",)
 
 
 class RulesPolicy(ActiveMemoryManagerPolicy):
@@ -540,7 +540,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
 
 class Observer(Protocol):
     """What is told when a :class:`RulesPolicy` attaches to a scheduler, and when it
-    leaves it (see :data:`OBSERVER_NAME`)."""
+    leaves it (see :data:`OBSERVERS`)."""
 
     def attached(self, scheduler: Any, policy: RulesPolicy) -> None: ...
 
@@ -549,13 +549,16 @@ class Observer(Protocol):
 
 @functools.cache
 def observers() -> tuple[Observer, ...]:
-    """The observer :data:`OBSERVER_NAME` names, imported once; if it cannot be, that
-    is logged and the policy attaches and runs without it."""
-    try:  # the module's name written out: no text from elsewhere is ever imported
-        return (importlib.import_module("amm_rules.observe.extension").OBSERVER,)
-    except Exception:
-        logger.exception("amm-rules: cannot load the observer %s", OBSERVER_NAME)
-        return ()
+    """The observers of :data:`OBSERVERS`, imported once; one that cannot be is logged
+    and left out (a policy attaches and runs without it)."""
+    out = []
+    for name in OBSERVERS:
+        module, _, attribute = name.partition(":")
+        try:
+            out.append(getattr(importlib.import_module(module), attribute))
+        except Exception:
+            logger.exception("amm-rules: cannot load the observer %s", name)
+    return tuple(out)
 
 
 def _tell(what: str, scheduler: Any, policy: RulesPolicy) -> None:

@@ -1,6 +1,6 @@
 """What makes an attached :class:`~amm_rules.engine.policy.RulesPolicy` seen: the
 observer every policy loads when it attaches (the engine names it in
-:data:`~amm_rules.engine.policy.OBSERVER_NAME`, and never imports it).
+:data:`~amm_rules.engine.policy.OBSERVERS`, and never imports it).
 
 When a policy attaches to a scheduler, :data:`OBSERVER`
 
@@ -169,7 +169,7 @@ def _unregister_metrics(policy: RulesPolicy) -> None:
     metrics.unregister(policy)
 
 
-#: The observer :data:`~amm_rules.engine.policy.OBSERVER_NAME` names.
+#: The observer :data:`~amm_rules.engine.policy.OBSERVERS` names.
 OBSERVER = _Observer()
 
 
