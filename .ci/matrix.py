@@ -21,8 +21,9 @@ repository's root::
     python .ci/matrix.py --pre newest=3.13                 # with pre-releases
     python .ci/matrix.py floor=3.10:.ci/constraints-floor.txt -- -x tests/engine
 
-Arguments after ``--`` replace the tests (default ``-m compat``). Exits non-zero when an
-environment could not be made or its tests failed.
+Arguments after ``--`` replace the tests (default ``-m compat -n 2 --dist worksteal``: two
+pytest processes in each environment, whose tests mostly wait on a cluster). Exits non-zero
+when an environment could not be made or its tests failed.
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ def main(argv: list[str]) -> int:
         split = argv.index("--")
         argv, tests = argv[:split], argv[split + 1 :]
     else:
-        tests = ["-m", "compat"]
+        tests = ["-m", "compat", "-n", "2", "--dist", "worksteal"]
     options = parser.parse_args(argv)
     envs = [parse(spec) for spec in options.envs or DEFAULT]
     for env in envs:
