@@ -7,8 +7,10 @@ parsed into Python's syntax tree (``ast.parse``, which runs nothing), and only s
 bytes and number literals, negative numbers and tuples of them are accepted; anything
 else is a plain string key, or, if it opens a tuple, an error.
 
-The text is bounded (:data:`MAX_KEY_TEXT` characters), and a text nested too deeply to
-parse is one clear error, never a ``RecursionError`` or ``MemoryError``.
+The text is bounded (:data:`MAX_KEY_TEXT` characters), and a text nested deeper than
+:data:`MAX_KEY_DEPTH` is one clear error, never a ``RecursionError`` or ``MemoryError``:
+the depth is counted, so the answer does not depend on how deep the interpreter's parser
+happens to get before it gives up (that varies with the recursion limit and the stack).
 
 Imports nothing from dask or distributed (the command line loads it before connecting).
 """
@@ -21,6 +23,9 @@ from collections.abc import Hashable
 #: Longest key text read (dask's keys are names and short tuples; the parser of
 #: Python's syntax recurses per nesting level and holds the whole tree).
 MAX_KEY_TEXT = 10_000
+#: Deepest nesting read (tuples within tuples, a sign on a number): dask's keys nest two
+#: or three levels.
+MAX_KEY_DEPTH = 32
 
 
 class KeyTextError(ValueError):
@@ -74,6 +79,8 @@ def parse_key(text: str) -> list[Hashable]:
 def _literal(text: str) -> Hashable:
     try:
         tree = ast.parse(text, mode="eval")
+        if _depth(tree.body) > MAX_KEY_DEPTH:
+            raise RecursionError
         return _value(tree.body, text)
     except (SyntaxError, ValueError) as exc:
         if isinstance(exc, KeyTextError):
@@ -83,6 +90,19 @@ def _literal(text: str) -> Hashable:
         ) from None
     except (RecursionError, MemoryError):
         raise KeyTextError(f"{_shown(text)} is not a key: nested too deeply") from None
+
+
+def _depth(root: ast.AST) -> int:
+    """How deep the tree nests, counted without recursion (stops past the bound)."""
+    deepest = 0
+    stack = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest > MAX_KEY_DEPTH:
+            break
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 def _value(node: ast.AST, text: str) -> Hashable:

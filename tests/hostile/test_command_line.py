@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from click.testing import CliRunner
 from distributed.utils_test import gen_cluster
 
 from amm_rules.cli import main
-from amm_rules.cli.keys import MAX_KEY_TEXT
+from amm_rules.cli.keys import MAX_KEY_DEPTH, MAX_KEY_TEXT, KeyTextError, parse_key
 from amm_rules.language.reporters import escape_controls
 from benchmarks.support.waiting import wait_for
 from tests.support.cluster import amm_config, copies, keep, rules
@@ -100,3 +101,21 @@ def test_a_key_text_that_breaks_the_parser_is_one_line(text: str, why: str) -> N
     assert line.startswith(f"Error: Invalid value for KEY: {text[:60]!r}... is not a key: ")
     assert line.endswith(why)
     assert len(output) < 1_000
+
+
+@pytest.mark.parametrize("limit", [1_000, 100_000])
+def test_how_deep_a_key_may_nest_does_not_depend_on_the_recursion_limit(limit: int) -> None:
+    """The parser of Python's syntax got through 3,000 signs in a process whose recursion
+    limit had been raised, and the answer changed from "nested too deeply" to "not
+    unaryop": the depth is counted, whatever the limit."""
+    deep = "(" + "-" * 3000 + "1,)"
+    nested = "(" * MAX_KEY_DEPTH + "1" + ",)" * MAX_KEY_DEPTH  # tuples in tuples
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit)
+    try:
+        for text in (deep, nested):
+            with pytest.raises(KeyTextError, match="nested too deeply$"):
+                parse_key(text)
+        assert parse_key("(('x-1', -1), 2)") == [(("x-1", -1), 2)]
+    finally:
+        sys.setrecursionlimit(before)
