@@ -451,7 +451,9 @@ async def host_cluster(settings: Settings, mode: str = "rules") -> AsyncIterator
     made = Hosts(settings.hosts + settings.spare_hosts)
     with made as hosts, dask.config.set(scheduler_config(settings, mode)):
         async with (
-            Scheduler(host=hosts.address, port=0, dashboard=False) as scheduler,
+            Scheduler(
+                host=hosts.address, port=0, dashboard=False, dashboard_address=":0"
+            ) as scheduler,
             Client(scheduler.address, asynchronous=True) as client,
         ):
             cluster = HostCluster(hosts, scheduler, client, settings, mode)
