@@ -19,10 +19,13 @@ sent none, plus, for each task on the worker about to read it
 (:meth:`ValueOrder.set_readers`), the seconds per byte of reading it back from disk. Bands are :data:`RATIO` wide (values within about 19% are equal, and
 the least recently used goes first): an exact order would cost a heap operation on
 every read of every key, a band a dictionary operation. A key whose last reader on the
-worker just finished, with no other reader known, is *consumed*: it goes half a band
-lower, before the keys of its value, the last consumed first (a dataset read in passes
-then keeps in memory the part the pass has not read yet, where least-recently-used
-gives up exactly that part: the worst case of a scan). A key with no value sent, no
+worker just finished, with no other reader known, is *consumed* once it stayed in memory
+:data:`CONSUMED_AFTER` since: it goes half a band lower, before the keys of its value,
+the last consumed first (a dataset read in passes then keeps in memory the part the pass
+has not read yet, where least-recently-used gives up exactly that part: the worst case
+of a scan). Until then it keeps its place: a key read by its last task is most often an
+intermediate result that the scheduler releases within milliseconds, and giving it up
+at once would write to disk what was about to be freed. A key with no value sent, no
 reader and not consumed is in the band of :attr:`ValueOrder.neutral`: ordered as stock
 does among the others alike. The scheduler sends values only for the keys it knows more
 of than the worker (read by tasks elsewhere, held elsewhere too, or a rule's ``spill``).
@@ -34,8 +37,9 @@ worker; tests drive it alone.
 from __future__ import annotations
 
 import math
+import time
 from bisect import bisect_left, insort
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 
 #: Width of a band: values within this ratio of each other are a tie (2 ** 0.25).
 RATIO = 2**0.25
@@ -44,6 +48,9 @@ _LOG_RATIO = math.log(RATIO)
 #: an infinite value (``spill: last``: kept while anything else can go).
 FIRST_BAND = -(10**6)
 LAST_BAND = 10**6
+#: Seconds a key stays in memory after its last reader finished before it counts as
+#: consumed (a scheduler releases an intermediate result well within it, under load too).
+CONSUMED_AFTER = 0.5
 
 
 def band(value: float) -> int:
@@ -67,8 +74,11 @@ class ValueOrder:
         "_by_use",
         "_consumed",
         "_nonempty",
+        "_pending",
         "_readers",
         "_values",
+        "clock",
+        "grace",
         "neutral",
         "shadow",
         "weights",
@@ -80,6 +90,8 @@ class ValueOrder:
         neutral: float = 1e-9,
         weights: Mapping[Hashable, float] | None = None,
         shadow: ShadowLRU | None = None,
+        grace: float = CONSUMED_AFTER,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         #: The value per byte of a key the scheduler did not value.
         self.neutral = neutral
@@ -101,6 +113,11 @@ class ValueOrder:
         #: Keys whose last reader on the worker finished, none other known: given up
         #: before the other keys of their band, the last consumed first.
         self._consumed: set[Hashable] = set()
+        #: Keys whose last reader finished less than ``grace`` ago -> when, in that
+        #: order: consumed if still present once ``grace`` passed.
+        self._pending: dict[Hashable, float] = {}
+        self.grace = grace
+        self.clock = clock
         for key in keys:
             self.add(key)
 
@@ -119,6 +136,8 @@ class ValueOrder:
         """Keys from the first to give up to the last (the LRU takes the first)."""
         # As a stock ``order`` does, the keys are not copied: the LRU takes the first
         # and stops (the bands, few, are).
+        if self._pending:
+            self._ripen()
         for b in list(self._nonempty):
             keys = self._bands.get(b, {})
             yield from (reversed(keys) if b != int(b) else keys)
@@ -135,11 +154,12 @@ class ValueOrder:
             if weight is not None:
                 self.shadow.touch(key, weight)
         self._by_use[key] = None
-        self._consumed.discard(key)  # stored or read again: in use
+        self._in_use(key)  # stored or read again
         self._place(key, self.band_of(key))
 
     def remove(self, key: Hashable) -> None:
         del self._by_use[key]
+        self._pending.pop(key, None)
         self._unplace(key)
 
     def discard(self, key: Hashable) -> None:
@@ -179,20 +199,25 @@ class ValueOrder:
         ``readers`` has none). Returns how many present keys changed band."""
         changed = set(self._readers).symmetric_difference(readers)
         changed.update(k for k, v in readers.items() if self._readers.get(k) != v)
-        self._consumed.update(k for k in self._readers if k not in readers)
-        self._consumed.difference_update(readers)
+        now = self.clock()
+        for key in self._readers:
+            if key not in readers:
+                self._consume(key, now)
+        for key in readers:
+            self._in_use(key)
         self._readers = dict(readers)
         return self._rebands(changed)
 
     def update_readers(self, readers: Mapping[Hashable, float]) -> int:
         """Readers of some keys changed (0: none left); the others keep theirs.
         Returns how many present keys changed band."""
+        now = self.clock()
         for key, value in readers.items():
             if value:
                 self._readers[key] = value
-                self._consumed.discard(key)
+                self._in_use(key)
             elif self._readers.pop(key, None) is not None:
-                self._consumed.add(key)
+                self._consume(key, now)
         return self._rebands(readers)
 
     def forget(self, keys: Iterable[Hashable]) -> None:
@@ -200,7 +225,7 @@ class ValueOrder:
         for key in keys:
             self._values.pop(key, None)
             self._readers.pop(key, None)
-            self._consumed.discard(key)
+            self._in_use(key)
 
     def keys_by_use(self) -> list[Hashable]:
         """Every key, least recently used first (what a stock ``order`` holds)."""
@@ -214,6 +239,37 @@ class ValueOrder:
     def bands(self) -> dict[float, int]:
         """Band -> how many present keys are in it."""
         return {b: len(self._bands[b]) for b in self._nonempty}
+
+    # -- consumption -------------------------------------------------------------------
+
+    def _consume(self, key: Hashable, now: float) -> None:
+        """The key's last reader finished: consumed once ``grace`` has passed."""
+        if key in self._consumed:
+            return
+        if self.grace <= 0:
+            self._consumed.add(key)  # the caller rebands it
+            return
+        self._pending.pop(key, None)
+        self._pending[key] = now
+
+    def _in_use(self, key: Hashable) -> None:
+        self._consumed.discard(key)
+        self._pending.pop(key, None)
+
+    def _ripen(self) -> None:
+        """Keys consumed ``grace`` ago or more and still present go half a band down,
+        in the order they were consumed (the last consumed is given up first)."""
+        due = self.clock() - self.grace
+        pending = self._pending
+        ripe = []
+        for key, since in pending.items():
+            if since > due:
+                break  # in the order of consumption: the rest are younger
+            ripe.append(key)
+        for key in ripe:
+            del pending[key]
+            self._consumed.add(key)
+        self._rebands(ripe)
 
     # -- bands -------------------------------------------------------------------------
 

@@ -4,18 +4,29 @@ and the value of a key (pure: no cluster)."""
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 
 import pytest
 from zict import LRU
 
 from amm_rules.engine.decide.spill import OVERHEAD, changed, value_per_byte
-from amm_rules.engine.spill.order import FIRST_BAND, LAST_BAND, ValueOrder, band
+from amm_rules.engine.spill.order import (
+    CONSUMED_AFTER,
+    FIRST_BAND,
+    LAST_BAND,
+    ValueOrder,
+    band,
+)
 
 
-def lru_with_order(n: float, neutral: float = 1.0) -> tuple[LRU, list[str], ValueOrder]:
+def lru_with_order(
+    n: float, neutral: float = 1.0, grace: float = 0.0, clock: Callable[[], float] = time.monotonic
+) -> tuple[LRU, list[str], ValueOrder]:
+    """An LRU evicting in a ValueOrder (a key consumed at once unless ``grace`` says)."""
     evicted: list[str] = []
     lru: LRU = LRU(n, {}, on_evict=lambda k, v: evicted.append(k), weight=lambda k, v: v)
-    order = lru.order = ValueOrder(neutral=neutral)  # type: ignore[assignment]
+    order = lru.order = ValueOrder(neutral=neutral, grace=grace, clock=clock)  # type: ignore[assignment]
     return lru, evicted, order
 
 
@@ -68,6 +79,38 @@ def test_keys_the_scheduler_did_not_value_count_their_readers_and_are_consumed()
     assert list(order) == ["a", "c", "b"], "a read: given up first"
     order.update_readers({"b": 0.0})
     assert list(order) == ["b", "a", "c"], "the last consumed first"
+
+
+def test_a_key_counts_as_consumed_only_once_it_outlived_the_grace():
+    """An intermediate result read by its last task is released by the scheduler within
+    milliseconds: given up at once, it was written to disk for nothing (the workloads'
+    double difference wrote twice stock's bytes). Consumed only if still present once
+    the grace has passed, and then the last consumed first, as before."""
+    now = [0.0]
+    lru, evicted, order = lru_with_order(6, grace=CONSUMED_AFTER, clock=lambda: now[0])
+    for key in ("old", "mid", "new"):
+        lru[key] = 2
+        order.update_readers({key: 1.0})
+    order.update_readers({"new": 0.0})  # its last reader finished
+    now[0] += CONSUMED_AFTER / 2
+    assert list(order)[0] == "new", "its reader gone: below the read keys, in its band"
+    order.update_readers({"mid": 0.0})
+    del lru["new"]  # released by the scheduler within the grace
+    lru["next"] = 2
+    lru["more"] = 2  # 8 > 6: one goes
+    assert evicted == ["mid"], "unread and unconsumed: least recently used first"
+    now[0] += CONSUMED_AFTER
+    order.update_readers({"old": 0.0})
+    lru["last"] = 2
+    assert evicted == ["mid", "next"], "old consumed within the grace: not yet first"
+    now[0] += CONSUMED_AFTER
+    assert list(order)[0] == "old", "still present past the grace: consumed, first to go"
+    order.update_readers({"more": 1.0})
+    order.update_readers({"more": 0.0})
+    now[0] += CONSUMED_AFTER
+    assert list(order)[:2] == ["more", "old"], "the last consumed first"
+    order.update_readers({"old": 1.0})  # read again: in use
+    assert list(order)[0] == "more"
 
 
 def test_bands():
@@ -151,7 +194,7 @@ def test_the_shadow_reads_back_what_least_recently_used_reads_back():
 
     buffer: Buffer = Buffer({}, Disk(), n=100, weight=weigh)
     lru = buffer.fast
-    order = lru.order = ValueOrder(neutral=1.0, weights=lru.weights, shadow=shadow)  # type: ignore[assignment]
+    order = lru.order = ValueOrder(neutral=1.0, weights=lru.weights, shadow=shadow, grace=0.0)  # type: ignore[assignment]
     lru.on_evict.insert(0, lambda k, v: shadow.fit(lru.total_weight - lru.weights[k]))
     rng = random.Random(4)
     sizes = {f"k{i}": rng.randint(5, 30) for i in range(20)}
