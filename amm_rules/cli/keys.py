@@ -80,7 +80,7 @@ def _literal(text: str) -> Hashable:
     try:
         tree = ast.parse(text, mode="eval")
         if _depth(tree.body) > MAX_KEY_DEPTH:
-            raise RecursionError
+            raise KeyTextError(f"{_shown(text)} is not a key: nested too deeply")
         return _value(tree.body, text)
     except (SyntaxError, ValueError) as exc:
         if isinstance(exc, KeyTextError):

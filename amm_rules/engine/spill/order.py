@@ -110,8 +110,9 @@ class ValueOrder:
         #: back), and tasks of the worker about to read each key.
         self._values: dict[Hashable, float] = {}
         self._readers: dict[Hashable, float] = {}
-        #: Keys whose last reader on the worker finished, none other known: given up
-        #: before the other keys of their band, the last consumed first.
+        #: Keys whose last reader on the worker finished ``grace`` ago or more, none
+        #: other known: given up before the other keys of their band, the last
+        #: consumed first.
         self._consumed: set[Hashable] = set()
         #: Keys whose last reader finished less than ``grace`` ago -> when, in that
         #: order: consumed if still present once ``grace`` passed.
@@ -154,7 +155,7 @@ class ValueOrder:
             if weight is not None:
                 self.shadow.touch(key, weight)
         self._by_use[key] = None
-        self._in_use(key)  # stored or read again
+        self._unconsume(key)  # stored or read again
         self._place(key, self.band_of(key))
 
     def remove(self, key: Hashable) -> None:
@@ -204,7 +205,7 @@ class ValueOrder:
             if key not in readers:
                 self._consume(key, now)
         for key in readers:
-            self._in_use(key)
+            self._unconsume(key)
         self._readers = dict(readers)
         return self._rebands(changed)
 
@@ -215,7 +216,7 @@ class ValueOrder:
         for key, value in readers.items():
             if value:
                 self._readers[key] = value
-                self._in_use(key)
+                self._unconsume(key)
             elif self._readers.pop(key, None) is not None:
                 self._consume(key, now)
         return self._rebands(readers)
@@ -225,7 +226,7 @@ class ValueOrder:
         for key in keys:
             self._values.pop(key, None)
             self._readers.pop(key, None)
-            self._in_use(key)
+            self._unconsume(key)
 
     def keys_by_use(self) -> list[Hashable]:
         """Every key, least recently used first (what a stock ``order`` holds)."""
@@ -252,7 +253,8 @@ class ValueOrder:
         self._pending.pop(key, None)
         self._pending[key] = now
 
-    def _in_use(self, key: Hashable) -> None:
+    def _unconsume(self, key: Hashable) -> None:
+        """The key is read or stored again, or gone: neither consumed nor on its way."""
         self._consumed.discard(key)
         self._pending.pop(key, None)
 
