@@ -250,8 +250,7 @@ class ValueOrder:
         if self.grace <= 0:
             self._consumed.add(key)  # the caller rebands it
             return
-        self._pending.pop(key, None)
-        self._pending[key] = now
+        self._pending[key] = now  # not pending already: a reader came in between
 
     def _unconsume(self, key: Hashable) -> None:
         """The key is read or stored again, or gone: neither consumed nor on its way."""
