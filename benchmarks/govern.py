@@ -69,6 +69,7 @@ async def _run(n_keys: int, n_workers: int, rounds: int, files: list[str]) -> li
     gc.collect()
     gc.freeze()  # as the scale benchmark: the state's heap stays out of the cycles' times
     runs = []
+    policy = None
     try:
         policy, manager, _ = scale.measure_attach(state)
         steady = scale.timed_cycles(state, manager, 9)
@@ -103,6 +104,10 @@ async def _run(n_keys: int, n_workers: int, rounds: int, files: list[str]) -> li
                     f"hook {row['hook_cpu_us_per_key']:.3f} us/key"
                 )
     finally:
+        if policy is not None:
+            # The scheduler was never started: closing it tears down no extension, so
+            # the policy leaves its hooks (and the process's metrics) itself.
+            policy.detach()
         await state.scheduler.close()
         gc.unfreeze()
     return runs

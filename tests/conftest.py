@@ -1,4 +1,4 @@
-"""Shared test configuration: hypothesis profiles, the ``slow`` marker, and two checks
+"""Shared test configuration: hypothesis profiles, the ``slow`` marker, and the checks
 every test gets.
 
 ``CI=true`` selects the ``ci`` hypothesis profile (bounded, derandomized example counts
@@ -15,7 +15,9 @@ Every test fails, after its own checks pass:
   ``@pytest.mark.engine_errors("error", ...)`` with the actions it provokes on purpose;
 - if the deadlines of its waits add up to more than its own timeout
   (:mod:`benchmarks.support.waiting`): a wait must fail with its own message, before the
-  test's timeout cuts it short.
+  test's timeout cuts it short;
+- (at its teardown) if a policy it attached is still scraped by the process's
+  ``/metrics``: it was never detached, and every later test's scrape would show it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from amm_rules.observe import metrics
 from benchmarks.support import hosts
 from benchmarks.support.waiting import BUDGET, declared_timeout
 from tests.support import engine_errors
@@ -95,6 +98,27 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
             f"the deadlines of this test's {BUDGET.waits} waits add up to {BUDGET.spent:.0f} s, "
             f"not less than its timeout of {timeout:.0f} s: raise the timeout (a slow run "
             "must fail at the wait that names its condition)",
+            pytrace=False,
+        )
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, Any, Any]:
+    result = yield
+    # A policy still scraped once its test is over was never detached: its scheduler's
+    # figures would stay in every later /metrics of the process (another test's).
+    collector = metrics.registered()
+    left = list(collector.policies) if collector is not None else []
+    for policy in left:
+        metrics.unregister(policy)
+    if left:
+        pytest.fail(
+            f"{len(left)} policy(ies) still attached after the test (scraped by /metrics "
+            "for every later test of the process): detach them (RulesPolicy.detach, or "
+            "close the scheduler they run on)",
             pytrace=False,
         )
     return result

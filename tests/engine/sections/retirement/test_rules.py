@@ -386,8 +386,13 @@ async def test_a_metrics_scrape_is_not_a_retirement(c, s, gpu, cpu):
 
     async def kept() -> float:
         text = (await AsyncHTTPClient().fetch(url)).body.decode()
+        # This scheduler's line (the process's other schedulers have their own).
         (line,) = re.findall(
-            r"^dask_amm_rules_retirement_downscaling_kept_total\S* .*$", text, re.M
+            r"^dask_amm_rules_retirement_downscaling_kept_total\{[^}]*"
+            + re.escape(f'scheduler="{s.address}"')
+            + r"[^}]*\} .*$",
+            text,
+            re.M,
         )
         return float(line.split()[-1])
 
