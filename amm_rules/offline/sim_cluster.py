@@ -115,6 +115,7 @@ class SimTask:
         "nbytes",
         "who_has",
         "waiters",
+        "who_wants",
         "processing_on",
         "annotations",
         "actor",
@@ -130,6 +131,8 @@ class SimTask:
         self.nbytes = record.nbytes
         self.who_has: set[SimWorker] | None = None
         self.waiters: set[SimTask] | None = None
+        #: The clients holding it (the spill sweep asks): not read from the dump.
+        self.who_wants: set[Any] | None = None
         self.processing_on: SimWorker | None = None
         self.annotations = record.annotations
         self.actor = record.actor

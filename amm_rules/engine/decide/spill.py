@@ -10,7 +10,13 @@ What giving a key up costs, in seconds, on worker W (docs/spill.md, "The model")
   the key's dependents that have not run, except those already on W (the worker counts
   its own and adds them itself, as they come and go), shared among the workers
   holding a copy (each dependent reads one copy), plus the reads the ``demand``
-  tracker saw of it within its hold;
+  tracker saw of it within its hold. A dependent running on another worker that holds a
+  copy reads that copy, not W's: it is no read of W's copy, but once it is done W's copy
+  is released (*releasing*, when no client holds the key and no other dependent waits).
+  Writing such a copy frees W's memory only until it would have been freed anyway, and
+  the memory its release would have freed must then be made by writing another key: it
+  is valued as one read more (kept as a key about to be read is), unless
+  ``drop-copies`` lets the engine drop it;
 
 and a rule's ``spill`` decides over all of that: ``last`` is an infinite value (kept
 while anything else can go), ``first`` is 0 (given up first). The value per byte is the
@@ -45,11 +51,13 @@ def value_per_byte(
     read: float,
     drop_copies: bool,
     spill: str | None = None,
+    releasing: bool = False,
 ) -> float:
     """Seconds saved per byte by keeping the key in memory, in seconds per byte of a
     write on the worker (see the module docstring):
     ``reads`` later reads of it elsewhere than the worker's own tasks, ``copies`` the
-    workers holding it, ``write`` and ``read`` seconds per byte on the worker."""
+    workers holding it, ``write`` and ``read`` seconds per byte on the worker;
+    ``releasing``: the copy is released once dependents elsewhere finish."""
     if spill == "last":
         return math.inf
     if spill == "first":
@@ -58,6 +66,8 @@ def value_per_byte(
     cost = (reads / max(1, copies)) * (OVERHEAD + size * read)
     if copies <= 1 or not drop_copies:
         cost += OVERHEAD + size * write
+        if releasing:
+            cost += OVERHEAD + size * read
     return cost / size / max(write, 1e-15)
 
 

@@ -92,6 +92,9 @@ SLICE = 0.003
 STATUS_WORKERS = 20
 #: Seconds between two counts of the bytes on disk per rule (status).
 BY_RULE_EVERY = 5.0
+#: A key stored without a value counts as read once more on its worker for this many
+#: of the AMM's cycles at most (the sweep comes to a worker's keys once a cycle).
+YOUNG_CYCLES = 2
 
 #: What the section needs: registering a worker plugin from the scheduler, and the
 #: scheduler's stream handlers and comms to the workers.
@@ -338,9 +341,16 @@ class SpillSection(Section):
                 await self._unregister(scheduler)
             if wanted is not None:
                 order, prefetch = wanted
-                await self._register(scheduler, SpillPlugin(order=order, prefetch=prefetch))
+                plugin = SpillPlugin(order=order, prefetch=prefetch, young=self._young())
+                await self._register(scheduler, plugin)
 
         self._later(sync())
+
+    def _young(self) -> float:
+        """Seconds a key stored without a value counts as read once more on its worker:
+        two of the AMM's cycles, time for the sweep to come to it."""
+        manager = self.ctx.manager
+        return YOUNG_CYCLES * (manager.interval if manager is not None else 2.0)
 
     async def _register(self, scheduler: Any, plugin: SpillPlugin) -> None:
         from distributed.protocol.pickle import dumps

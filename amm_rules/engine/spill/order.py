@@ -30,6 +30,21 @@ reader and not consumed is in the band of :attr:`ValueOrder.neutral`: ordered as
 does among the others alike. The scheduler sends values only for the keys it knows more
 of than the worker (read by tasks elsewhere, held elsewhere too, or a rule's ``spill``).
 
+A key is *young* from when it is stored (or read back) until the scheduler sent a value
+for it (or forgot it), or for :attr:`ValueOrder.young` seconds at most (the plugin: two
+of the Active Memory Manager's cycles, time for the scheduler's sweep to come to it):
+while young, with no reader on the worker and not consumed, it counts as read once more
+(:attr:`ValueOrder.young_value`). The scheduler values a worker's keys once a cycle;
+without this, a key just stored stands below every key valued already, and an
+intermediate result that a task not yet assigned reads within the second (a reduction's
+partial sums) is written to disk before older keys, where least-recently-used writes the
+oldest first. A new key read by its last task stays young through the grace, as an
+intermediate result about to be released should. A key read back is young too (else,
+stored among young keys, it would be the next to go, written again at once), until a
+task of the worker reads it: a pass over a dataset larger than memory gives up first what
+it just read back, rather than keeping it, tied with the keys the pass is about to read,
+through the grace.
+
 Pure (no distributed, no zict): :mod:`amm_rules.engine.spill.plugin` installs it on a
 worker; tests drive it alone.
 """
@@ -39,7 +54,7 @@ from __future__ import annotations
 import math
 import time
 from bisect import bisect_left, insort
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Hashable, Iterable, Iterator, Mapping
 
 #: Width of a band: values within this ratio of each other are a tie (2 ** 0.25).
 RATIO = 2**0.25
@@ -77,11 +92,15 @@ class ValueOrder:
         "_pending",
         "_readers",
         "_values",
+        "_young",
         "clock",
+        "disk",
         "grace",
         "neutral",
         "shadow",
         "weights",
+        "young",
+        "young_value",
     )
 
     def __init__(
@@ -92,6 +111,9 @@ class ValueOrder:
         shadow: ShadowLRU | None = None,
         grace: float = CONSUMED_AFTER,
         clock: Callable[[], float] = time.monotonic,
+        young: float = 0.0,
+        young_value: float = 1.0,
+        disk: Container[Hashable] = (),
     ) -> None:
         #: The value per byte of a key the scheduler did not value.
         self.neutral = neutral
@@ -119,6 +141,16 @@ class ValueOrder:
         self._pending: dict[Hashable, float] = {}
         self.grace = grace
         self.clock = clock
+        #: Keys stored less than ``young`` seconds ago without a value sent -> (when,
+        #: whether new rather than read back), in that order; while young (and without
+        #: a reader, and not consumed) a key counts ``young_value`` more: one read, in
+        #: writes (0 seconds: none is young).
+        self._young: dict[Hashable, tuple[float, bool]] = {}
+        self.young = young
+        self.young_value = young_value
+        #: The keys on disk (the buffer's ``slow``): a key stored while still there is
+        #: read back, not new.
+        self.disk = disk
         for key in keys:
             self.add(key)
 
@@ -139,6 +171,8 @@ class ValueOrder:
         # and stops (the bands, few, are).
         if self._pending:
             self._ripen()
+        if self._young:
+            self._age()
         for b in list(self._nonempty):
             keys = self._bands.get(b, {})
             yield from (reversed(keys) if b != int(b) else keys)
@@ -148,17 +182,22 @@ class ValueOrder:
         used, in the band of its value. A key present already keeps its place."""
         if key in self._by_use:
             return
-        if self.shadow is not None and self.weights is not None:
-            # A read in memory: the LRU removed it and adds it back, its weight kept (a
-            # store's weight is not set yet: the weight function told the shadow).
-            weight = self.weights.get(key)
-            if weight is not None:
+        # A read in memory: the LRU removed the key and adds it back, its weight kept;
+        # a store's weight is not set yet (the weight function told the shadow).
+        weight = self.weights.get(key) if self.weights is not None else None
+        if weight is not None:
+            if self.shadow is not None:
                 self.shadow.touch(key, weight)
+        elif self.young > 0 and key not in self._values:
+            self._young.pop(key, None)
+            self._young[key] = (self.clock(), key not in self.disk)
         self._by_use[key] = None
         self._unconsume(key)  # stored or read again
         self._place(key, self.band_of(key))
 
     def remove(self, key: Hashable) -> None:
+        # Not its youth: a read in memory removes the key and adds it back (a key gone
+        # for good leaves the young ones as it ages, or when it is forgotten).
         del self._by_use[key]
         self._pending.pop(key, None)
         self._unplace(key)
@@ -175,8 +214,12 @@ class ValueOrder:
 
     def value_of(self, key: Hashable) -> float:
         """The key's value per byte as the order sees it: the scheduler's (else
-        :attr:`neutral`) and its readers'."""
-        return self._values.get(key, self.neutral) + self._readers.get(key, 0.0)
+        :attr:`neutral`) and its readers' (else, while it is young and not consumed,
+        :attr:`young_value`)."""
+        extra = self._readers.get(key, 0.0)
+        if not extra and key in self._young and key not in self._consumed:
+            extra = self.young_value
+        return self._values.get(key, self.neutral) + extra
 
     def band_of(self, key: Hashable) -> float:
         """The key's band; a consumed key's is half a band below its value's."""
@@ -186,13 +229,23 @@ class ValueOrder:
     def set_values(self, values: Mapping[Hashable, float | None]) -> int:
         """Values per byte sent by the scheduler (None: forget the key's value, ordered
         as stock again). Returns how many present keys changed band."""
-        stored = self._values
+        stored, young = self._values, self._young
         for key, value in values.items():
             if value is None:
                 stored.pop(key, None)
             else:
                 stored[key] = value
+            if young:
+                young.pop(key, None)  # the scheduler came to it: what it knows is sent
         return self._rebands(values)
+
+    def set_young_value(self, value: float) -> int:
+        """What a young key counts more (a read back, in writes, as last measured).
+        Returns how many present keys changed band."""
+        if value == self.young_value:
+            return 0
+        self.young_value = value
+        return self._rebands(list(self._young))
 
     def set_readers(self, readers: Mapping[Hashable, float]) -> int:
         """Seconds per byte that the worker's own tasks about to read each key would
@@ -226,6 +279,7 @@ class ValueOrder:
         for key in keys:
             self._values.pop(key, None)
             self._readers.pop(key, None)
+            self._young.pop(key, None)
             self._unconsume(key)
 
     def keys_by_use(self) -> list[Hashable]:
@@ -244,7 +298,11 @@ class ValueOrder:
     # -- consumption -------------------------------------------------------------------
 
     def _consume(self, key: Hashable, now: float) -> None:
-        """The key's last reader finished: consumed once ``grace`` has passed."""
+        """The key's last reader finished: consumed once ``grace`` has passed; read back
+        from disk, it is young no more (a new key stays young through the grace)."""
+        young = self._young.get(key)
+        if young is not None and not young[1]:
+            del self._young[key]  # read back, then read: as a pass over a dataset reads
         if key in self._consumed:
             return
         if self.grace <= 0:
@@ -271,6 +329,20 @@ class ValueOrder:
             del pending[key]
             self._consumed.add(key)
         self._rebands(ripe)
+
+    def _age(self) -> None:
+        """Keys stored ``young`` ago or more that the scheduler did not come to are young
+        no longer (ordered by what the worker knows of them)."""
+        due = self.clock() - self.young
+        young = self._young
+        old = []
+        for key, (since, _) in young.items():
+            if since > due:
+                break  # in the order of storing: the rest are younger
+            old.append(key)
+        for key in old:
+            del young[key]
+        self._rebands(old)  # (those no longer present are skipped)
 
     # -- bands -------------------------------------------------------------------------
 

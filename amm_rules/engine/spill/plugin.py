@@ -111,13 +111,15 @@ def rates(metrics: Any) -> tuple[float, float]:
 
 class SpillPlugin(WorkerPlugin):
     """See the module docstring. ``order``: ``"value"`` or ``"lru"`` (stock order,
-    reports and prefetch only)."""
+    reports and prefetch only); ``young``: seconds a key stored without a value counts
+    as read once more, at most (:class:`~amm_rules.engine.spill.order.ValueOrder`)."""
 
     name = PLUGIN_NAME
 
-    def __init__(self, order: str = "value", prefetch: bool = False) -> None:
+    def __init__(self, order: str = "value", prefetch: bool = False, young: float = 0.0) -> None:
         self.order = order
         self.prefetch = prefetch
+        self.young = young
         self.worker: Any = None
         self.data: Any = None
         self.values: ValueOrder | None = None
@@ -144,7 +146,7 @@ class SpillPlugin(WorkerPlugin):
         self._last_process = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"order": self.order, "prefetch": self.prefetch}
+        return {"order": self.order, "prefetch": self.prefetch, "young": self.young}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
@@ -172,7 +174,14 @@ class SpillPlugin(WorkerPlugin):
                 for key in data.slow:
                     shadow.disk[key] = 0.0  # its weight is known once read back
                 self._read_before = float(data.cumulative_metrics.get(("disk-read", "bytes"), 0))
-                self.values = ValueOrder(fast.order, neutral=1.0, weights=fast.weights)
+                self.values = ValueOrder(
+                    fast.order,
+                    neutral=1.0,
+                    weights=fast.weights,
+                    young=self.young,
+                    young_value=self.read_rate,
+                    disk=data.slow,  # still there while a key is read back
+                )
                 self.values.shadow = shadow
                 fast.order = self.values
                 # Stores (and reads back) reach the shadow through the weight function.
@@ -236,6 +245,9 @@ class SpillPlugin(WorkerPlugin):
         self.news[key] = None
 
     def _read_back(self, key: Hashable, value: Any) -> None:
+        data = self.data
+        if data is not None and key in data.slow:
+            return  # written again as it was read back (the buffer evicts before telling)
         self._left_disk(key)
 
     def _left_disk(self, key: Hashable) -> None:
@@ -314,6 +326,7 @@ class SpillPlugin(WorkerPlugin):
         assert self.values is not None
         with self.data.fast.lock:
             self.values.set_readers({k: n * read for k, n in self.readers.items()})
+            self.values.set_young_value(read)
 
     def figures(self) -> dict[str, float]:
         metrics = getattr(self.data, "cumulative_metrics", None) or {}

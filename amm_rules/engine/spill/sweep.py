@@ -148,11 +148,16 @@ class Sweep:
                     continue  # no longer in memory
                 copies = len(who_has)
                 reads = 0
+                on_copies = 0
                 waiters = ts.waiters
                 if waiters:
-                    # The worker counts the readers of its own.
                     for w in waiters:
-                        if w.processing_on is not ws:
+                        on = w.processing_on
+                        if on is ws:
+                            continue  # the worker counts the readers of its own
+                        if on is not None and copies > 1 and on in who_has:
+                            on_copies += 1  # reads the copy there
+                        else:
                             reads += 1
                 key = ts.key
                 d = desired.get(key) if desired else None
@@ -173,6 +178,8 @@ class Sweep:
                     read=read,
                     drop_copies=droppable,
                     spill=spill,
+                    # Released once those finish, unless a client holds it or more wait.
+                    releasing=bool(on_copies) and not reads and not ts.who_wants,
                 )
                 seen.add(key)
                 if droppable:

@@ -113,6 +113,73 @@ def test_a_key_counts_as_consumed_only_once_it_outlived_the_grace():
     assert list(order)[0] == "more"
 
 
+def test_a_key_just_stored_counts_as_read_once_until_the_scheduler_comes_to_it():
+    """The scheduler values a worker's keys once a cycle: a key stored since is young,
+    counts as read once more (a key the scheduler will say is read stands where it
+    will), is not given up as consumed yet, and stops being young once a value comes
+    (or it is forgotten), or once ``young`` seconds passed. A read in memory keeps it
+    young; so does a key read back from disk (else, among young keys, it would be
+    written again at once). Read by a task of the worker, a key is young no more."""
+    now = [0.0]
+    lru, evicted, order = lru_with_order(100, grace=0.0, clock=lambda: now[0])
+    order.young, order.young_value = 4.0, 0.5
+    lru["unread"] = 2
+    now[0] = 10.0  # unread: no longer young
+    lru["young"] = 2
+    lru["valued"] = 2
+    order.set_values({"valued": 1.2})  # a band above the unvalued, below 1 + 0.5
+    assert order.value_of("young") == 1.5 and order.sent("young") is None
+    assert list(order) == ["unread", "valued", "young"], "young (1.5) after valued (1.2)"
+    _ = lru["young"]  # read in memory: still young
+    now[0] = 14.5  # 4.5 s since it was stored: the scheduler had nothing to say
+    assert list(order) == ["unread", "young", "valued"], "young no more: stock order"
+    lru["fresh"] = 2
+    order.set_values({"fresh": None})  # the scheduler came to it: nothing to say
+    assert order.value_of("fresh") == 1.0
+    lru["again"] = 2
+    order.set_values({"again": 3.0})  # its value: young no longer
+    assert order.value_of("again") == 3.0
+    lru.evict()
+    lru.evict()
+    assert evicted == ["unread", "young"]
+    order.disk = {"young"}
+    lru["young"] = 2  # read back from disk
+    order.disk = ()
+    assert order.value_of("young") == 1.5, "read back: young"
+    order.update_readers({"young": 1.0})
+    order.update_readers({"young": 0.0})
+    assert order.value_of("young") == 1.0 and list(order)[0] == "young", "read, consumed"
+    lru["new"] = 2
+    assert order.value_of("new") == 1.5
+    assert order.set_young_value(1.0) == 1, "a read back measured dearer: its band moves"
+    assert order.value_of("new") == 2.0
+    order.forget(["new"])
+    assert order.value_of("new") == 1.0
+
+
+def test_read_by_a_task_a_key_read_back_is_young_no_more_and_a_new_one_keeps_its_place():
+    """A pass over a dataset reads back each key once: what it read within the grace must
+    not stand tied with what it is about to read (least recently used first: the keys
+    about to be read would go first). A new key read by its last task is most often an
+    intermediate result the scheduler releases within milliseconds: it keeps its place
+    through the grace."""
+    now = [0.0]
+    _, _, order = lru_with_order(100, grace=CONSUMED_AFTER, clock=lambda: now[0])
+    disk = {"read"}  # the buffer deletes a key from disk once it is back in memory
+    order.young, order.young_value, order.disk = 4.0, 1.0, disk
+    for key in ("next", "read", "intermediate"):
+        order.add(key)
+    disk.clear()
+    order.set_readers({"next": 1.0, "read": 1.0, "intermediate": 1.0})
+    order.update_readers({"read": 0.0, "intermediate": 0.0})  # read, within the grace
+    assert order.value_of("read") == 1.0 and order.value_of("next") == 2.0
+    assert order.value_of("intermediate") == 2.0, "new: kept through the grace"
+    assert list(order)[0] == "read"
+    now[0] += CONSUMED_AFTER
+    assert list(order)[:2] == ["intermediate", "read"], "consumed, the last first"
+    assert order.value_of("intermediate") == 1.0
+
+
 def test_bands():
     assert band(0.0) == FIRST_BAND and band(math.inf) == LAST_BAND
     assert band(1.0) == 0 and band(1.1) == band(1.0) and band(1.3) == 1
@@ -132,6 +199,11 @@ def test_the_value_of_a_key():
     assert value_per_byte(small, 0, 1, drop_copies=True, **rates) > sole
     assert value_per_byte(big, 5, 1, drop_copies=True, spill="first", **rates) == 0.0
     assert value_per_byte(1, 0, 1, drop_copies=True, spill="last", **rates) == math.inf
+    # A copy released once dependents elsewhere finish: kept as one about to be read
+    # (writing it frees memory that its release would have freed anyway).
+    releasing = value_per_byte(big, 0, 2, drop_copies=False, releasing=True, **rates)
+    assert releasing == pytest.approx(value_per_byte(big, 1, 1, drop_copies=False, **rates))
+    assert value_per_byte(big, 0, 2, drop_copies=True, releasing=True, **rates) == 0.0
     assert changed(None, 1.0) and not changed(1.0, 1.1) and changed(1.0, 1.2)
     assert changed(1.0, math.inf) and changed(0.0, 1.0) and not changed(0.0, 0.0)
 

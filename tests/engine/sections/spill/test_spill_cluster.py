@@ -9,16 +9,19 @@ holds far more than any worker's limit, which the monitor would count.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from distributed import Worker
 from distributed.utils_test import gen_cluster
 
+from amm_rules.engine.decide.spill import value_per_byte
 from amm_rules.engine.rebalance.rebalancer import ON_DISK
 from amm_rules.engine.sections.spill import SpillSection
 from amm_rules.engine.spill.order import ValueOrder
 from amm_rules.engine.spill.plugin import PLUGIN_NAME, SpillPlugin, type_of_stock_order
+from amm_rules.engine.spill.sweep import Sweep
 from amm_rules.observe.explain import explain_keys
 from amm_rules.observe.status import status_report
 from amm_rules.observe.text import render_explain, render_status
@@ -243,6 +246,61 @@ def wait_on(event: Any) -> int:
     return 0
 
 
+def read_then_wait(x: bytes, event: Any) -> int:
+    event.wait()
+    return len(x)
+
+
+@gen_cluster(
+    client=True,
+    timeout=TIMEOUT,
+    nthreads=[("", 1), ("", 1)],
+    # No Active Memory Manager: stock's would drop a's copy, which b's task does not read.
+    config={"distributed.scheduler.active-memory-manager.start": False},
+)
+async def test_a_copy_released_once_a_task_elsewhere_ends_is_valued_as_read_once(c, s, a, b):
+    """The scheduler's sweep on its own state: a's copy of x, which a task running on b
+    reads from b's copy, is released once that task ends (writing it would free memory
+    that its release frees anyway): valued as a key read once; not while a client holds
+    x (then nothing releases it)."""
+    from distributed import Event
+
+    x = c.submit(blob, 1, MiB, key="x", workers=[a.address])
+    await x
+    event = Event()
+    y = c.submit(read_then_wait, x, event, key="y", workers=[b.address])
+    ts = s.tasks["x"]
+    await wait_for(
+        lambda: len(ts.who_has) == 2 and s.tasks["y"].processing_on is s.workers[b.address],
+        "x copied to b, where y runs",
+    )
+    rates = (2e-9, 1e-9)
+
+    def value_on_a() -> float:
+        sent: dict[Any, float] = {}
+        sweep = Sweep(lambda address: rates, lambda ts, ws: None)
+        sweep.run(
+            s.workers,
+            {a.address: 1.0},
+            {},
+            False,
+            time.perf_counter() + 10,
+            lambda address, values, forget: sent.update(values),
+        )
+        return sent["x"]
+
+    held = value_on_a()
+    del x
+    await wait_for(lambda: not ts.who_wants, "the client let x go")
+    releasing = value_on_a()
+    rates_of = {"write": rates[0], "read": rates[1], "drop_copies": False}
+    assert held == pytest.approx(value_per_byte(ts.nbytes, 0, 2, **rates_of))
+    assert releasing == pytest.approx(value_per_byte(ts.nbytes, 1, 1, **rates_of))
+    assert releasing > held
+    await event.set()
+    assert await y == MiB
+
+
 @gen_cluster(
     client=True,
     timeout=TIMEOUT,
@@ -306,9 +364,11 @@ async def test_rebalance_leaves_keys_on_disk_where_they_are(c, s, a, b):
     # some still untold, rebalancing could even the workers out with keys it takes for
     # in memory, and never come to one it knows is on disk.
     await wait_for(
-        lambda: a.address in spilled.workers
-        and len(a.data.slow) >= 3
-        and set(spilled.workers[a.address].keys) == set(a.data.slow),
+        lambda: (
+            a.address in spilled.workers
+            and len(a.data.slow) >= 3
+            and set(spilled.workers[a.address].keys) == set(a.data.slow)
+        ),
         "every key on disk told",
     )
     on_disk = set(spilled.workers[a.address].keys)
