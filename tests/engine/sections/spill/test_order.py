@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from zict import LRU
@@ -283,3 +284,29 @@ def test_the_shadow_reads_back_what_least_recently_used_reads_back():
                 shadow.forget(victim)
     assert read and shadow.read_bytes == sum(read) and shadow.reads == len(read)
     assert list(order) == list(shadow.memory)
+
+
+def test_a_key_written_again_as_it_is_read_back_stays_on_disk_in_the_plugins_table(
+    tmp_path: Path,
+) -> None:
+    """The buffer makes room before it tells of a read back: a key read back and, being
+    the first to go, written again at once is on disk, and the table of keys on disk
+    (what the scheduler is told, what prefetch reads back) says so."""
+    from distributed.spill import SpillBuffer
+
+    from amm_rules.engine.spill.plugin import SpillPlugin
+
+    buffer = SpillBuffer(str(tmp_path), target=1_000)
+    plugin = SpillPlugin()
+    plugin.data = buffer
+    buffer.fast_to_slow_callbacks.append(plugin._written)
+    buffer.slow_to_fast_callbacks.append(plugin._read_back)
+    fast = buffer.fast
+    order = fast.order = ValueOrder(fast.order, neutral=1.0, weights=fast.weights)
+    order.set_values({"first": 0.0})  # spill: first
+    buffer["first"] = b"f" * 600
+    buffer["other"] = b"o" * 600  # 1,200 > 1,000: "first" goes
+    assert "first" in buffer.slow and "first" in plugin.on_disk
+    assert buffer["first"] == b"f" * 600  # read back, and the first to go again
+    assert "first" in buffer.slow and "first" in plugin.on_disk
+    assert "first" not in plugin.gone, "not told as gone from disk"
