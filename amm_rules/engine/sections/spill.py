@@ -348,7 +348,8 @@ class SpillSection(Section):
 
     def _young(self) -> float:
         """Seconds a key stored without a value counts as read once more on its worker:
-        two of the AMM's cycles, time for the sweep to come to it."""
+        two of the AMM's cycles, time for the sweep to come to it. (Asked once the AMM
+        is set up: it attaches its policies before it sets its interval.)"""
         manager = self.ctx.manager
         return YOUNG_CYCLES * (manager.interval if manager is not None else 2.0)
 

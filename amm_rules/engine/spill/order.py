@@ -55,6 +55,9 @@ import math
 import time
 from bisect import bisect_left, insort
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator, Mapping
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 #: Width of a band: values within this ratio of each other are a tie (2 ** 0.25).
 RATIO = 2**0.25
@@ -318,31 +321,15 @@ class ValueOrder:
     def _ripen(self) -> None:
         """Keys consumed ``grace`` ago or more and still present go half a band down,
         in the order they were consumed (the last consumed is given up first)."""
-        due = self.clock() - self.grace
-        pending = self._pending
-        ripe = []
-        for key, since in pending.items():
-            if since > due:
-                break  # in the order of consumption: the rest are younger
-            ripe.append(key)
-        for key in ripe:
-            del pending[key]
-            self._consumed.add(key)
+        ripe = _take_due(self._pending, self.clock() - self.grace, _stamp)
+        self._consumed.update(ripe)
         self._rebands(ripe)
 
     def _age(self) -> None:
         """Keys stored ``young`` ago or more that the scheduler did not come to are young
         no longer (ordered by what the worker knows of them)."""
-        due = self.clock() - self.young
-        young = self._young
-        old = []
-        for key, (since, _) in young.items():
-            if since > due:
-                break  # in the order of storing: the rest are younger
-            old.append(key)
-        for key in old:
-            del young[key]
-        self._rebands(old)  # (those no longer present are skipped)
+        # (Those no longer present are skipped by the rebanding.)
+        self._rebands(_take_due(self._young, self.clock() - self.young, _first))
 
     # -- bands -------------------------------------------------------------------------
 
@@ -376,6 +363,29 @@ class ValueOrder:
         if not keys:
             del self._bands[b]
             del self._nonempty[bisect_left(self._nonempty, b)]
+
+
+def _take_due(
+    table: dict[Hashable, _T], due: float, when: Callable[[_T], float]
+) -> list[Hashable]:
+    """Remove from ``table`` (key -> an entry whose ``when`` is a time, kept in the
+    order of those times) the keys whose time is ``due`` or earlier, and return them."""
+    out = []
+    for key, entry in table.items():
+        if when(entry) > due:
+            break  # in the order of time: the rest are later
+        out.append(key)
+    for key in out:
+        del table[key]
+    return out
+
+
+def _stamp(since: float) -> float:
+    return since
+
+
+def _first(entry: tuple[float, bool]) -> float:
+    return entry[0]
 
 
 class ShadowLRU:
