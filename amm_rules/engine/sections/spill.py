@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Mapping
@@ -65,7 +66,7 @@ from amm_rules.engine.spill.plugin import (
     ignore,
 )
 from amm_rules.engine.spill.sweep import CHUNK, VALUE_AT, Sweep
-from amm_rules.engine.state.spilled import WorkerDisk
+from amm_rules.engine.state.spilled import RuledKeys, WorkerDisk
 from amm_rules.engine.words import duration
 from amm_rules.language.ruleset import ALL, Ruleset, SpillSettings
 
@@ -287,6 +288,7 @@ class SpillSection(Section):
         #: Bytes dropped from each worker since its last report (not in its figures yet).
         self._dropped_since: Counter[str] = Counter()
         self.by_rule = ByRule()
+        self.ruled = RuledKeys()
         #: Worker -> copies dropped (and their bytes), would-be drops in dry-run.
         self.drops: Counter[str] = Counter()
         self.drop_bytes: Counter[str] = Counter()
@@ -302,8 +304,10 @@ class SpillSection(Section):
     # -- rules, attach, detach -------------------------------------------------------
 
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
-        self.settings = ruleset.spill_settings
+        self.settings = settings = ruleset.spill_settings
         self.dry_run = dry_run.file
+        by_value = settings is not None and settings.order == "value"
+        self.ctx.index.governed.follow_spill_rules(self.ruled if by_value else None)
         if self.ctx.attached:
             self._sync_plugin()
 
@@ -322,6 +326,8 @@ class SpillSection(Section):
             self._later(self._unregister(scheduler))
         self.installed = None
         ctx.spilled.clear()
+        ctx.index.governed.follow_spill_rules(None)
+        self.ruled.take()
         self.sweep.clear()
         self.near.clear()
         self.pressed.clear()
@@ -444,6 +450,8 @@ class SpillSection(Section):
         start = time.perf_counter()
         workers = self.ctx.scheduler.workers
         self._forget_workers(workers)
+        if settings.order == "value":
+            self._send_ruled()
         if settings.drop_copies and any(a in self.sweep.candidates for a in self.pressed):
             return self._drops_then_sweep(cycle, workers, start)
         self._sweep(workers, start + SLICE)
@@ -459,6 +467,35 @@ class SpillSection(Section):
             for address in gone:
                 self._left(address)
                 spilled.left_alone.pop(address, None)
+
+    def _send_ruled(self) -> None:
+        """The keys whose rule sets ``spill``, filed or copied since the last cycle:
+        their value is sent to their holders now, however full (the sweep visits a
+        worker only once it is near its target: a lookup table made while the workers
+        were empty would go to disk first once they fill, before the sweep came to it).
+        Only to workers whose plugin reported (it handles the message)."""
+        ruled = self.ruled.take()
+        if not ruled:
+            return
+        desired = self.ctx.index.desired
+        reported = self.ctx.spilled.workers
+        sent = self.sweep.sent
+        out: dict[str, list[tuple[Hashable, float]]] = {}
+        for ts, ws in ruled:
+            d = desired.get(ts.key)
+            if d is None or d.spill is None or not ts.who_has:
+                continue
+            value = math.inf if d.spill == "last" else 0.0
+            for holder in (ws,) if ws is not None else ts.who_has:
+                address = holder.address
+                if address not in reported or holder not in ts.who_has:
+                    continue
+                mine = sent.setdefault(address, {})
+                if mine.get(ts.key) != value:
+                    mine[ts.key] = value
+                    out.setdefault(address, []).append((ts.key, value))
+        for address, values in out.items():
+            self._send(address, values, [])
 
     def _sweep(self, workers: Mapping[str, Any], deadline: float) -> None:
         """The values (with ``order: value``) and the candidates for drops (with

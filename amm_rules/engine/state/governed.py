@@ -27,6 +27,7 @@ from amm_rules.language.ruleset import Desired, Target
 
 if TYPE_CHECKING:
     from amm_rules.engine.decide.classify import Batch
+    from amm_rules.engine.state.spilled import RuledKeys
 
 #: Reads a task's size (one copy's bytes; -1 while unknown).
 _NBYTES = attrgetter("nbytes")
@@ -97,6 +98,9 @@ class GovernedKeys:
         #: Counts every change of the governed keys or of their copies: what was read of
         #: them (the holders scale-down looks at) is current while it stays the same.
         self._changes = 0
+        #: Told of the keys whose rule sets ``spill`` as they are filed (and, by the
+        #: replica wrappers, as they gain a copy), while the spill section follows them.
+        self._spill_ruled: RuledKeys | None = None
 
     # -- read-only views of the tables (only the methods below write them) -------------
 
@@ -113,6 +117,13 @@ class GovernedKeys:
     #: Every change of the governed keys or of their copies, counted: what was read of
     #: them is current while it stays the same.
     changes = ReadOnly[int]("_changes")
+    #: See :meth:`follow_spill_rules`.
+    spill_ruled = ReadOnly["RuledKeys | None"]("_spill_ruled")
+
+    def follow_spill_rules(self, ruled: RuledKeys | None) -> None:
+        """Tell ``ruled`` of the keys whose rule sets ``spill`` as they are filed;
+        None: none."""
+        self._spill_ruled = ruled
 
     def __len__(self) -> int:
         return len(self._desired)
@@ -128,6 +139,8 @@ class GovernedKeys:
         # A governed key is never in replicated_free: reduce-replicas need not ask.
         self._free.pop(key, None)
         self._desired[key] = desired
+        if desired.spill is not None and self._spill_ruled is not None:
+            self._spill_ruled.filed([ts])
         cls = PlanClass.of(desired)
         self._groups.setdefault(cls, {})[key] = ts
         labels = labels_of(desired)
@@ -165,6 +178,8 @@ class GovernedKeys:
             if not keys:
                 continue
             desired_map.update(zip(keys, repeat(desired)))
+            if desired.spill is not None and self._spill_ruled is not None:
+                self._spill_ruled.filed(members)
             known = derived.get(id(desired))
             if known is None or known[0] is not desired:
                 if len(derived) >= 10_000:

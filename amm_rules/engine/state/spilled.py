@@ -18,6 +18,33 @@ from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 
+class RuledKeys:
+    """Keys whose rule sets ``spill``, filed or given a copy since the ``spill`` section
+    last took them (:meth:`take`): the section sends their value to their holders in
+    the next cycle, however full, where the sweep values a worker's keys only once it
+    is near its target. Told by the governed keys (:meth:`GovernedKeys.follow_spill_rules
+    <amm_rules.engine.state.governed.GovernedKeys.follow_spill_rules>`) and the key
+    index's replica wrappers."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self) -> None:
+        #: (task, the worker that gained a copy, or None: every holder).
+        self._keys: list[tuple[Any, Any]] = []
+
+    def filed(self, tasks: Iterable[Any]) -> None:
+        """Keys filed with a rule's ``spill`` (every holder is told)."""
+        self._keys.extend((ts, None) for ts in tasks)
+
+    def copied(self, ts: Any, ws: Any) -> None:
+        """A key whose rule sets ``spill`` gained a copy on ``ws``."""
+        self._keys.append((ts, ws))
+
+    def take(self) -> list[tuple[Any, Any]]:
+        keys, self._keys = self._keys, []
+        return keys
+
+
 class WorkerDisk:
     """One worker's report: keys on disk and the buffer's figures."""
 

@@ -141,6 +141,45 @@ async def test_a_dear_key_stays_in_memory_while_cheap_ones_go_to_disk(c, s, a):
 @gen_cluster(
     client=True,
     timeout=TIMEOUT,
+    nthreads=[("", 1), ("", 1)],
+    worker_kwargs={"memory_limit": LIMIT},
+    config=config({"order": "value"}, [{**LOOKUP_LAST[0], "replicate": {"min": 1, "max": 2}}]),
+)
+async def test_a_rules_spill_reaches_an_empty_worker_and_a_new_copy(c, s, a, b):
+    """The sweep values a worker's keys only once it is near its target; a rule's
+    ``spill`` is sent to the key's holders in the cycle after the key is filed, however
+    full they are, and to a worker that gains a copy in the cycle after it landed: a
+    table made while the workers were empty is not given up first once they fill."""
+    await wait_for(
+        lambda: all(plugin_of(w) is not None for w in (a, b)), "the plugin on the workers"
+    )
+    policy = policy_of(s)
+    await wait_for(
+        lambda: {a.address, b.address} <= set(policy.ctx.spilled.workers),
+        "both workers reported",
+    )
+    table = c.submit(blob, 0, 5 * MiB, key="lookup-0", workers=[a.address])
+    other = c.submit(blob, 1, 5 * MiB, key="other-0", workers=[a.address])
+    await c.gather([table, other])
+    await wait_for(
+        lambda: plugin_of(a).values.value_of("lookup-0") == float("inf"),
+        "the table valued on its worker, a tenth full",
+    )
+    assert policy.section(SpillSection).near.get(a.address) is None  # not swept
+    assert plugin_of(a).values.sent("other-0") is None  # no rule: nothing sent
+    # A task on b reads the table: b gains a copy (kept: the rule's max is 2), valued
+    # there too.
+    assert await c.submit(len, table, workers=[b.address], key="read-on-b") == 5 * MiB
+    assert "lookup-0" in b.data
+    await wait_for(
+        lambda: plugin_of(b).values.value_of("lookup-0") == float("inf"),
+        "the table's new copy valued on the worker that fetched it",
+    )
+
+
+@gen_cluster(
+    client=True,
+    timeout=TIMEOUT,
     nthreads=[("", 1)],
     worker_kwargs={"memory_limit": LIMIT},
     config=config({"order": "lru"}, LOOKUP_LAST),
