@@ -196,31 +196,43 @@ def new_manager(scheduler: Any, policy: Any) -> ActiveMemoryManagerExtension:
     return ActiveMemoryManagerExtension(scheduler, {policy}, register=False, start=False)
 
 
-def _transition_plugins(policy: RulesPolicy) -> list[Any]:
-    """The policy's scheduler plugins that see transitions: its index, and its memory
-    flow where the engine registers it as a plugin of its own (engines whose index
-    feeds the flow do not)."""
-    flow = getattr(policy, "flow", None)
-    if flow is None or getattr(policy.index, "flow", None) is flow:
-        return [policy.index]
-    return [policy.index, flow]
+#: Policy id -> the scheduler plugins :func:`detach` removed (name, plugin).
+_DETACHED: dict[int, list[tuple[str, Any]]] = {}
+
+
+def _engine_plugins(scheduler: Any, policy: RulesPolicy) -> list[tuple[str, Any]]:
+    """The scheduler plugins the policy added, as (name, plugin): the engine's one
+    plugin (``ctx.hooks``); in engines before it, the index and whatever of the
+    policy's sections the scheduler holds (the sections themselves, their attributes,
+    the handlers' metadata keeper), each called on every transition."""
+    hooks = getattr(getattr(policy, "ctx", None), "hooks", None)
+    if hooks is not None:
+        return [(n, p) for n, p in scheduler.plugins.items() if p is hooks]
+    mine: list[Any] = [policy.index, getattr(policy, "flow", None)]
+    for section in getattr(policy, "sections", ()):
+        mine.append(section)
+        mine.extend(vars(section).values())
+    return [
+        (n, p)
+        for n, p in scheduler.plugins.items()
+        if n == "amm-rules-handlers" or any(p is q for q in mine)
+    ]
 
 
 def detach(scheduler: Any, policy: RulesPolicy) -> None:
     """Remove the policy's scheduler plugins, so that they no longer see transitions,
     and switch off its other scheduler hooks (they stay installed but pass through)."""
-    mine = _transition_plugins(policy)
-    for name, plugin in list(scheduler.plugins.items()):
-        if any(plugin is p for p in mine):
-            scheduler.remove_plugin(name=name)
+    removed = _engine_plugins(scheduler, policy)
+    for name, _ in removed:
+        scheduler.remove_plugin(name=name)
+    _DETACHED.setdefault(id(policy), []).extend(removed)
     policy.index.activate(False)
 
 
 def reattach(scheduler: Any, policy: RulesPolicy) -> None:
     """Undo :func:`detach` (nothing to do if attached)."""
-    for plugin in _transition_plugins(policy):
-        if not any(p is plugin for p in scheduler.plugins.values()):
-            scheduler.add_plugin(plugin, name=f"amm-rules-{id(plugin)}")
+    for name, plugin in _DETACHED.pop(id(policy), []):
+        scheduler.add_plugin(plugin, name=name)
     policy.index.activate(True)
 
 

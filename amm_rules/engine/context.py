@@ -37,6 +37,7 @@ from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.engine.dryrun import DryRun
 from amm_rules.engine.early import EarlyCycles
 from amm_rules.engine.events import EventLog
+from amm_rules.engine.hooks import EngineHooks
 from amm_rules.engine.rules_file import RulesFile
 from amm_rules.engine.running import AmmRunning
 from amm_rules.engine.state.claims import Claims
@@ -76,6 +77,9 @@ class EngineContext:
     ledger: Ledger
     #: Keys a section holds, which the others leave alone.
     claims: Claims
+    #: The engine's one scheduler plugin: the parts that hear the scheduler are its
+    #: members (:meth:`add_plugin`).
+    hooks: EngineHooks
     #: The workers the sections send away (read through :meth:`leaving`).
     departures: Leaving
     #: Which keys each worker holds on disk, as the ``spill`` section's worker plugin
@@ -122,6 +126,7 @@ class EngineContext:
         self.ledger = Ledger()
         self.index = KeyIndex(self.ledger)
         self.claims = Claims()
+        self.hooks = EngineHooks()
         self.departures = Leaving()
         self.spilled = SpilledKeys()
         self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
@@ -193,17 +198,25 @@ class EngineContext:
         return out
 
     def add_plugin(self, plugin: Any, name: str) -> None:
-        """Add a scheduler plugin, under ``name`` and the plugin's id (unique to it)."""
-        self.scheduler.add_plugin(plugin, name=f"{name}-{id(plugin)}", idempotent=True)
+        """Let ``plugin`` (any object with some of ``SchedulerPlugin``'s hooks) hear the
+        scheduler, as a member of the engine's one scheduler plugin (:attr:`hooks`),
+        which joins the scheduler's plugins with its first member."""
+        hooks = self.hooks
+        hooks.add(plugin, name)
+        scheduler = self.scheduler
+        if all(p is not hooks for p in scheduler.plugins.values()):
+            scheduler.add_plugin(hooks, name=f"amm-rules-{id(hooks)}", idempotent=True)
 
     def remove_plugin(self, plugin: Any) -> None:
-        """Remove ``plugin`` from the scheduler, whatever name it was added under
-        (nothing if the engine is detached or the plugin is not there)."""
-        if self.manager is None:
+        """Stop ``plugin`` hearing the scheduler (nothing if it does not); the engine's
+        plugin leaves the scheduler's with its last member."""
+        hooks = self.hooks
+        hooks.remove(plugin)
+        if len(hooks) or self.manager is None:
             return
         scheduler = self.manager.scheduler
         for name, added in list(scheduler.plugins.items()):
-            if added is plugin:
+            if added is hooks:
                 scheduler.remove_plugin(name=name)
 
     # ------------------------------------------------------------------ the rules

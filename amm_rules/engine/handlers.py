@@ -171,18 +171,13 @@ def refused(answer: Any) -> Any:
     return answer
 
 
-def register(scheduler: Any, handlers: Handlers) -> None:
-    """Install ``handlers`` on ``scheduler`` (replacing any earlier ones)."""
+def register(scheduler: Any, handlers: Handlers) -> SchedulerPlugin:
+    """Install ``handlers`` on ``scheduler`` (replacing any earlier ones). Returns the
+    plugin that keeps their metadata entry in place, for the engine to add."""
     for name in HANDLER_NAMES:
         scheduler.handlers[name] = refusing(getattr(handlers, name))
     _publish(scheduler)
-    add_plugin = getattr(scheduler, "add_plugin", None)
-    if add_plugin is not None:
-        add_plugin(_Published(), name=_PUBLISHED, idempotent=True)
-
-
-#: The name of the scheduler plugin that keeps :data:`METADATA_KEY` in place.
-_PUBLISHED = "amm-rules-handlers"
+    return _Published()
 
 
 def _publish(scheduler: Any) -> None:
@@ -195,7 +190,7 @@ class _Published(SchedulerPlugin):
     """Puts the metadata entry back where the scheduler clears its metadata: when it
     starts (after the policy attached in its constructor) and at ``client.restart()``."""
 
-    name = _PUBLISHED
+    name = "amm-rules-handlers"
 
     async def start(self, scheduler: Any) -> None:
         self.restart(scheduler)
@@ -216,9 +211,6 @@ def unregister(scheduler: Any, handlers: Handlers) -> None:
     metadata = getattr(scheduler, "task_metadata", None)
     if isinstance(metadata, dict):
         metadata.pop(METADATA_KEY, None)
-    plugins = getattr(scheduler, "plugins", None)
-    if isinstance(plugins, dict):
-        plugins.pop(_PUBLISHED, None)
 
 
 def engine_in_metadata(answer: Any) -> bool:

@@ -209,6 +209,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self.handlers = Handlers(ctx, self.sections, self.drains)
         #: Undo the wrappers of the scheduler's replica and worker methods (see detach).
         self._unwatch: list[Any] = []
+        #: The plugin keeping the handlers' metadata in place, while attached.
+        self._published: Any = None
         #: The sections off for want of an internal (see :meth:`unsupported_feature`).
         self._off: frozenset[Section] = frozenset()
         #: The steps of the cycle that run here (see _attach).
@@ -298,7 +300,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         if WORKER_WATCH.name not in self.unsupported:
             self._unwatch.append(watch_workers(scheduler, self.worker_changed))
         ctx.placements.attach(scheduler.workers)
-        register(scheduler, self.handlers)
+        self._published = register(scheduler, self.handlers)
+        ctx.add_plugin(self._published, self._published.name)
         ctx.early.attach(self.manager)
         ctx.amm_running.attach(self.manager, self)
         # A changed rules file is read in a thread: its rules are taken by an early cycle.
@@ -366,6 +369,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             undo()
         self._unwatch = []
         ctx.remove_plugin(ctx.index)
+        if self._published is not None:
+            ctx.remove_plugin(self._published)
         unregister(scheduler, self.handlers)
         for section in reversed(self.sections):
             if section not in self._off:

@@ -189,13 +189,12 @@ class MemoryPressure(Section, SchedulerPlugin):
         self.base = float(ctx.scheduler.WORKER_SATURATION)
 
     def _plug(self) -> None:
-        """Be the scheduler plugin that sees graphs arrive only while the rules have a
-        section: the scheduler calls every plugin's ``transition`` on every transition,
-        and this one has nothing to do there."""
+        """Hear graphs arrive (a member of the engine's scheduler plugin) only while
+        the rules have a section."""
         ctx = self.ctx
         if not ctx.attached:
             return
-        plugged = any(p is self for p in ctx.scheduler.plugins.values())
+        plugged = self in ctx.hooks
         if self.settings is not None and not plugged:
             ctx.add_plugin(self, CALLBACK)
         elif self.settings is None and plugged:

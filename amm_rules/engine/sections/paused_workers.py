@@ -277,7 +277,7 @@ class PausedWorkers(Section):
         ctx = self.ctx
         if not ctx.attached:
             return
-        plugged = any(p is self.clock for p in ctx.scheduler.plugins.values())
+        plugged = self.clock in ctx.hooks
         if self.settings is not None and not plugged:
             ctx.add_plugin(self.clock, "amm-rules-pause-clock")
         elif self.settings is None and plugged and not self.tasks:

@@ -90,7 +90,8 @@ async def test_memory_pressure_without_its_internal_is_off_and_says_so(c, s, a, 
     # Off: neither attached nor run (its periodic check never starts).
     await wait_cycles(s, 3)
     pressure = policy.section(MemoryPressure)
-    assert pressure not in s.plugins.values()  # (attached, it is one of them)
+    assert pressure not in policy.ctx.hooks  # (attached, it is one of the engine's plugin's)
+    assert policy.ctx.hooks in s.plugins.values()
     assert not any(name.startswith(CALLBACK) for name in s.periodic_callbacks)
     assert len(events(s, "unsupported")) == 1  # once, not per cycle
     # status, its text, the page's header.
@@ -114,9 +115,7 @@ async def test_restarts_without_restart_workers_retire_instead_and_say_why(c, s,
     try:
         assert policy.unsupported == {RESTART: RESTARTS}
         paused = policy.section(PausedWorkers)
-        assert paused.clock in s.plugins.values() and not paused.supports(
-            RESTART
-        )  # the rest is on
+        assert paused.clock in policy.ctx.hooks and not paused.supports(RESTART)  # the rest is on
         ws = s.workers[a.address]
         monkeypatch.setattr(ws, "nanny", "tcp://127.0.0.1:1")  # restartable, but for this
         handling = paused._start(ws, now=0.0)

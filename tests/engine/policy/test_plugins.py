@@ -1,7 +1,8 @@
-"""The engine's scheduler plugins: the scheduler calls every plugin's ``transition`` on
-every transition, so a section whose plugin has nothing to do there is among them only
-while the rules have the section (``memory-pressure``, ``paused-workers``), and follows a
-reload both ways."""
+"""The engine's scheduler plugin: the scheduler calls every plugin's ``transition`` on
+every transition, so the engine adds one plugin, whose members are the parts that hear
+the scheduler, and whose ``transition`` is the key index's own; a section's part is a
+member only while the rules have the section (``memory-pressure``, ``paused-workers``),
+and follows a reload both ways."""
 
 from __future__ import annotations
 
@@ -31,8 +32,7 @@ def plugged(s: Any, policy: RulesPolicy) -> set[str]:
         "memory-pressure": policy.section(MemoryPressure),
         "paused-workers": policy.section(PausedWorkers).clock,
     }
-    present = list(s.plugins.values())
-    return {name for name, p in mine.items() if any(q is p for q in present)}
+    return {name for name, p in mine.items() if p in policy.ctx.hooks}
 
 
 @gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(None, start=False), timeout=60)
@@ -43,10 +43,18 @@ async def test_section_plugins_only_while_the_rules_have_the_section(c, s, a, tm
     ActiveMemoryManagerExtension(s, {policy}, register=False, start=False)
     amm = policy.manager
     assert plugged(s, policy) == set()
-    engine = [name for name in s.plugins if name.startswith("amm-rules")]
+    engine = [p for name, p in s.plugins.items() if name.startswith("amm-rules")]
+    assert engine == [policy.ctx.hooks]
     # The key index (transitions), the handlers' metadata, the retirements' departures
-    # and adaptive scaling's scale-down guard: the plugins every rules file needs.
-    assert len(engine) == 4, engine
+    # and adaptive scaling's scale-down guard: what every rules file needs.
+    assert [n for _, n in policy.ctx.hooks.members] == [
+        "amm-rules",
+        "amm-rules-handlers",
+        "amm-rules-retirements",
+        "amm-rules-scale-down",
+    ]
+    # A transition costs the key index's hook and nothing more.
+    assert policy.ctx.hooks.transition == policy.index.transition
 
     write_atomically(path, BOTH)
     await cycle_until(

@@ -26,15 +26,15 @@ pytestmark = pytest.mark.compat
 
 
 def blind(s: Any, policy: Any) -> str:
-    """Hide every change from the engine; return the plugin's name, for :func:`unblind`."""
-    (name,) = [n for n, p in s.plugins.items() if p is policy.index]
+    """Hide every change from the engine; return its plugin's name, for :func:`unblind`."""
+    (name,) = [n for n, p in s.plugins.items() if p is policy.ctx.hooks]
     policy.index.activate(False)
     s.remove_plugin(name=name)
     return name
 
 
 def unblind(s: Any, policy: Any, name: str) -> None:
-    s.add_plugin(policy.index, name=name)
+    s.add_plugin(policy.ctx.hooks, name=name)
     policy.index.activate(True)
     policy.auditor.next_sweep = 0.0  # audits (if on) resume at once
 
