@@ -46,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Mapping
@@ -327,7 +326,7 @@ class SpillSection(Section):
         self.installed = None
         ctx.spilled.clear()
         ctx.index.governed.follow_spill_rules(None)
-        self.ruled.take()
+        self.ruled.clear()
         self.sweep.clear()
         self.near.clear()
         self.pressed.clear()
@@ -423,6 +422,12 @@ class SpillSection(Section):
             self._dropped_since.pop(worker, None)
             fullness = disk.fullness
             if fullness >= VALUE_AT or disk.keys:
+                settings = self.settings
+                if worker not in self.near and settings and settings.order == "value":
+                    # Valued now rather than at the next cycle (up to an interval away):
+                    # the keys it made since the last one are classified, and a rule's
+                    # spill sent, before it writes any of them.
+                    ctx.early.request("spill-worker-filling")
                 self.near[worker] = fullness
             else:
                 self.near.pop(worker, None)
@@ -470,30 +475,11 @@ class SpillSection(Section):
 
     def _send_ruled(self) -> None:
         """The keys whose rule sets ``spill``, filed or copied since the last cycle:
-        their value is sent to their holders now, however full (the sweep visits a
-        worker only once it is near its target: a lookup table made while the workers
-        were empty would go to disk first once they fill, before the sweep came to it).
-        Only to workers whose plugin reported (it handles the message)."""
-        ruled = self.ruled.take()
-        if not ruled:
-            return
-        desired = self.ctx.index.desired
-        reported = self.ctx.spilled.workers
-        sent = self.sweep.sent
-        out: dict[str, list[tuple[Hashable, float]]] = {}
-        for ts, ws in ruled:
-            d = desired.get(ts.key)
-            if d is None or d.spill is None or not ts.who_has:
-                continue
-            value = math.inf if d.spill == "last" else 0.0
-            for holder in (ws,) if ws is not None else ts.who_has:
-                address = holder.address
-                if address not in reported or holder not in ts.who_has:
-                    continue
-                mine = sent.setdefault(address, {})
-                if mine.get(ts.key) != value:
-                    mine[ts.key] = value
-                    out.setdefault(address, []).append((ts.key, value))
+        their value is sent to their holders now, however full (see
+        :class:`~amm_rules.engine.state.spilled.RuledKeys`), to the workers whose plugin
+        reported (it handles the message)."""
+        ctx = self.ctx
+        out = self.ruled.values(ctx.index.desired, ctx.spilled.workers, self.sweep.sent)
         for address, values in out.items():
             self._send(address, values, [])
 

@@ -626,6 +626,7 @@ def watch_scheduler(scheduler: Any, index: KeyIndex) -> Callable[[], None]:
             index.governed.copies_changed(ts.key, 1)
             if wanted.spill is not None and (ruled := index.governed.spill_ruled) is not None:
                 ruled.copied(ts, ws)
+                index._wake("spill-rule-copy")  # its value sent before the worker writes it
             # The engine's own copy landed above the target's max: the first half of a
             # move, whose second half (the drop) an early cycle makes. Copies fetched
             # by dependents are trimmed by the periodic cycles: a computation that

@@ -14,7 +14,8 @@ Neighbours: :mod:`amm_rules.engine.sections.spill` feeds it.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+import math
+from collections.abc import Container, Hashable, Iterable, Mapping
 from typing import Any
 
 
@@ -40,9 +41,35 @@ class RuledKeys:
         """A key whose rule sets ``spill`` gained a copy on ``ws``."""
         self._keys.append((ts, ws))
 
-    def take(self) -> list[tuple[Any, Any]]:
+    def values(
+        self,
+        desired: Mapping[Hashable, Any],
+        reported: Container[str],
+        sent: dict[str, dict[Hashable, float]],
+    ) -> dict[str, list[tuple[Hashable, float]]]:
+        """Take the keys told since the last call: worker -> the values to send it (a
+        rule's ``last`` is an infinite value, ``first`` zero), for the holders whose
+        plugin ``reported``, unless ``sent`` (worker -> key -> value, updated) has it."""
         keys, self._keys = self._keys, []
-        return keys
+        out: dict[str, list[tuple[Hashable, float]]] = {}
+        for ts, ws in keys:
+            d = desired.get(ts.key)
+            who_has = ts.who_has
+            if d is None or d.spill is None or not who_has:
+                continue
+            value = math.inf if d.spill == "last" else 0.0
+            for holder in (ws,) if ws is not None else who_has:
+                address = holder.address
+                if address not in reported or holder not in who_has:
+                    continue
+                mine = sent.setdefault(address, {})
+                if mine.get(ts.key) != value:
+                    mine[ts.key] = value
+                    out.setdefault(address, []).append((ts.key, value))
+        return out
+
+    def clear(self) -> None:
+        self._keys = []
 
 
 class WorkerDisk:

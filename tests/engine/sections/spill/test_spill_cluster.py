@@ -26,7 +26,7 @@ from amm_rules.observe.explain import explain_keys
 from amm_rules.observe.status import status_report
 from amm_rules.observe.text import render_explain, render_status
 from benchmarks.support.waiting import wait_for
-from tests.support.cluster import amm_config, events, policy_of, skipped
+from tests.support.cluster import amm_config, events, keep, long_interval, policy_of, skipped
 
 pytestmark = pytest.mark.compat
 
@@ -175,6 +175,53 @@ async def test_a_rules_spill_reaches_an_empty_worker_and_a_new_copy(c, s, a, b):
         lambda: plugin_of(b).values.value_of("lookup-0") == float("inf"),
         "the table's new copy valued on the worker that fetched it",
     )
+
+
+@gen_cluster(
+    client=True,
+    timeout=TIMEOUT,
+    nthreads=[("", 1), ("", 1)],
+    worker_kwargs={"memory_limit": LIMIT},
+    config={
+        **long_interval(
+            {
+                "version": 1,
+                "spill": {"order": "value"},
+                "rules": [{**LOOKUP_LAST[0], "replicate": {"min": 1, "max": 2}}],
+            }
+        ),
+        **MEMORY,
+    },
+)
+async def test_a_filling_worker_and_a_ruled_copy_do_not_wait_for_the_next_cycle(c, s, a, b):
+    """With an AMM interval longer than the test, the table's value still reaches its
+    worker once that worker is half-way to writing to disk (an early cycle classifies
+    what it made and sweeps it), and reaches the worker that fetched a copy (an early
+    cycle for a copy of a key whose rule sets spill)."""
+    await wait_for(
+        lambda: all(plugin_of(w) is not None for w in (a, b)), "the plugin on the workers"
+    )
+    policy = policy_of(s)
+    await wait_for(
+        lambda: {a.address, b.address} <= set(policy.ctx.spilled.workers),
+        "both workers reported",
+    )
+    table = c.submit(blob, 0, 5 * MiB, key="lookup-0", workers=[a.address])
+    await table
+    assert plugin_of(a).values.sent("lookup-0") is None  # no cycle came to it yet
+    bulk = await fill(c, a, "bulk", 3, 10 * MiB)  # 35 MiB of 60: half-way
+    await wait_for(
+        lambda: plugin_of(a).values.value_of("lookup-0") == float("inf"),
+        "the table valued once its worker filled",
+    )
+    assert await c.submit(len, table, workers=[b.address], key="read-on-b") == 5 * MiB
+    await wait_for(
+        lambda: plugin_of(b).values.value_of("lookup-0") == float("inf"),
+        "the table's new copy valued",
+    )
+    reasons = {r for _, rs in policy.ctx.early.history for r in rs}
+    assert {"spill-worker-filling", "spill-rule-copy"} <= reasons
+    keep(bulk)
 
 
 @gen_cluster(
