@@ -58,6 +58,19 @@ def plugin_of(worker: Worker) -> Any:
     return worker.plugins.get(PLUGIN_NAME)
 
 
+async def reported(s: Any, *workers: Worker) -> Any:
+    """Wait until the plugin is on ``workers`` and each reported; return the policy."""
+    await wait_for(
+        lambda: all(plugin_of(w) is not None for w in workers), "the plugin on the workers"
+    )
+    policy = policy_of(s)
+    await wait_for(
+        lambda: {w.address for w in workers} <= set(policy.ctx.spilled.workers),
+        "the workers reported",
+    )
+    return policy
+
+
 async def fill(c: Any, worker: Worker, prefix: str, count: int, size: int) -> list[Any]:
     futures = [
         c.submit(blob, i, size, key=f"{prefix}-{i}", workers=[worker.address])
@@ -150,14 +163,7 @@ async def test_a_rules_spill_reaches_an_empty_worker_and_a_new_copy(c, s, a, b):
     ``spill`` is sent to the key's holders in the cycle after the key is filed, however
     full they are, and to a worker that gains a copy in the cycle after it landed: a
     table made while the workers were empty is not given up first once they fill."""
-    await wait_for(
-        lambda: all(plugin_of(w) is not None for w in (a, b)), "the plugin on the workers"
-    )
-    policy = policy_of(s)
-    await wait_for(
-        lambda: {a.address, b.address} <= set(policy.ctx.spilled.workers),
-        "both workers reported",
-    )
+    policy = await reported(s, a, b)
     table = c.submit(blob, 0, 5 * MiB, key="lookup-0", workers=[a.address])
     other = c.submit(blob, 1, 5 * MiB, key="other-0", workers=[a.address])
     await c.gather([table, other])
@@ -198,14 +204,7 @@ async def test_a_filling_worker_and_a_ruled_copy_do_not_wait_for_the_next_cycle(
     worker once that worker is half-way to writing to disk (an early cycle classifies
     what it made and sweeps it), and reaches the worker that fetched a copy (an early
     cycle for a copy of a key whose rule sets spill)."""
-    await wait_for(
-        lambda: all(plugin_of(w) is not None for w in (a, b)), "the plugin on the workers"
-    )
-    policy = policy_of(s)
-    await wait_for(
-        lambda: {a.address, b.address} <= set(policy.ctx.spilled.workers),
-        "both workers reported",
-    )
+    policy = await reported(s, a, b)
     table = c.submit(blob, 0, 5 * MiB, key="lookup-0", workers=[a.address])
     await table
     assert plugin_of(a).values.sent("lookup-0") is None  # no cycle came to it yet
