@@ -288,6 +288,7 @@ class SpillSection(Section):
         self._dropped_since: Counter[str] = Counter()
         self.by_rule = ByRule()
         self.ruled = RuledKeys()
+        self.rules_spill = False
         #: Worker -> copies dropped (and their bytes), would-be drops in dry-run.
         self.drops: Counter[str] = Counter()
         self.drop_bytes: Counter[str] = Counter()
@@ -307,6 +308,9 @@ class SpillSection(Section):
         self.dry_run = dry_run.file
         by_value = settings is not None and settings.order == "value"
         self.ctx.index.governed.follow_spill_rules(self.ruled if by_value else None)
+        #: Whether a rule sets ``spill``: a worker reaching half-way then asks for an
+        #: early cycle (see on_report).
+        self.rules_spill = by_value and any(r.actions.spill for r in ruleset.rules)
         if self.ctx.attached:
             self._sync_plugin()
 
@@ -422,11 +426,9 @@ class SpillSection(Section):
             self._dropped_since.pop(worker, None)
             fullness = disk.fullness
             if fullness >= VALUE_AT or disk.keys:
-                settings = self.settings
-                if worker not in self.near and settings and settings.order == "value":
-                    # Valued now rather than at the next cycle (up to an interval away):
-                    # the keys it made since the last one are classified, and a rule's
-                    # spill sent, before it writes any of them.
+                if worker not in self.near and (self.rules_spill or self.ruled.told):
+                    # The keys it made since the last cycle classified now rather than
+                    # up to an interval later: a rule's spill sent before it writes them.
                     ctx.early.request("spill-worker-filling")
                 self.near[worker] = fullness
             else:

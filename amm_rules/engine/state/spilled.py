@@ -27,15 +27,19 @@ class RuledKeys:
     <amm_rules.engine.state.governed.GovernedKeys.follow_spill_rules>`) and the key
     index's replica wrappers."""
 
-    __slots__ = ("_keys",)
+    __slots__ = ("_keys", "told")
 
     def __init__(self) -> None:
         #: (task, the worker that gained a copy, or None: every holder).
         self._keys: list[tuple[Any, Any]] = []
+        #: Whether any key was ever told (an annotation's or a runtime target's spill
+        #: included, which no rule shows).
+        self.told = False
 
     def filed(self, tasks: Iterable[Any]) -> None:
         """Keys filed with a rule's ``spill`` (every holder is told)."""
         self._keys.extend((ts, None) for ts in tasks)
+        self.told = True
 
     def copied(self, ts: Any, ws: Any) -> None:
         """A key whose rule sets ``spill`` gained a copy on ``ws``."""

@@ -396,6 +396,10 @@ async def test_a_copy_released_once_a_task_elsewhere_ends_is_valued_as_read_once
 async def test_prefetch_reads_back_what_a_queued_task_reads(c, s, a):
     from distributed import Event
 
+    early = policy_of(s).ctx.early
+    requested: list[str] = []
+    ask = early.request
+    early.request = lambda reason: (requested.append(reason), ask(reason))[-1]
     futures = await fill(c, a, "early", 9, 10 * MiB)
     on_disk = [f for f in futures if f.key in a.data.slow]
     assert on_disk
@@ -412,6 +416,9 @@ async def test_prefetch_reads_back_what_a_queued_task_reads(c, s, a):
     assert a.state.executing_count == 1, "before the tasks that read them ran"
     await event.set()
     assert await c.gather(readers) == [10 * MiB] * len(on_disk)
+    # The worker filled past half-way, but no rule sets spill: no early cycle for it.
+    assert policy_of(s).section(SpillSection).near.get(a.address) is not None
+    assert "spill-worker-filling" not in requested
     del blocker, futures
 
 
