@@ -146,7 +146,7 @@ class EngineHooks(SchedulerPlugin):
             try:
                 workers = call(scheduler, workers)
             except Exception:
-                logger.exception("amm-rules: %s failed in valid_workers_downscaling", call)
+                logger.exception("amm-rules: %s failed in valid_workers_downscaling", _owner(call))
         return workers
 
 

@@ -93,6 +93,7 @@ def test_a_failing_member_is_logged_and_the_others_still_hear(caplog: Any) -> No
     assert first.left == last.left == ["w-1"]
     assert kept == ["a", "b"]  # the broken guard filters nothing
     assert "Failing failed in remove_worker" in caplog.text
+    assert "Failing failed in valid_workers_downscaling" in caplog.text
 
 
 def test_scale_down_guards_chain_and_async_hooks_are_awaited() -> None:
