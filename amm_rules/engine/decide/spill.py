@@ -58,10 +58,9 @@ def value_per_byte(
     ``reads`` later reads of it elsewhere than the worker's own tasks, ``copies`` the
     workers holding it, ``write`` and ``read`` seconds per byte on the worker;
     ``releasing``: the copy is released once dependents elsewhere finish."""
-    if spill == "last":
-        return math.inf
-    if spill == "first":
-        return 0.0
+    ruled = rule_value(spill)
+    if ruled is not None:
+        return ruled
     size = max(1, nbytes)
     cost = (reads / max(1, copies)) * (OVERHEAD + size * read)
     if copies <= 1 or not drop_copies:
@@ -69,6 +68,16 @@ def value_per_byte(
         if releasing:
             cost += OVERHEAD + size * read
     return cost / size / max(write, 1e-15)
+
+
+def rule_value(spill: str | None) -> float | None:
+    """A rule's ``spill`` as a value per byte: ``last`` infinite, ``first`` zero; None
+    for no rule (the value is the model's)."""
+    if spill == "last":
+        return math.inf
+    if spill == "first":
+        return 0.0
+    return None
 
 
 def changed(old: float | None, new: float) -> bool:

@@ -287,6 +287,9 @@ class SpillSection(Section):
         #: Bytes dropped from each worker since its last report (not in its figures yet).
         self._dropped_since: Counter[str] = Counter()
         self.by_rule = ByRule()
+        #: Keys whose rule sets ``spill``, their values sent at the next cycle; and
+        #: whether a rule sets ``spill`` (a worker reaching half-way then asks for an
+        #: early cycle: see on_report).
         self.ruled = RuledKeys()
         self.rules_spill = False
         #: Worker -> copies dropped (and their bytes), would-be drops in dry-run.
@@ -308,8 +311,6 @@ class SpillSection(Section):
         self.dry_run = dry_run.file
         by_value = settings is not None and settings.order == "value"
         self.ctx.index.governed.follow_spill_rules(self.ruled if by_value else None)
-        #: Whether a rule sets ``spill``: a worker reaching half-way then asks for an
-        #: early cycle (see on_report).
         self.rules_spill = by_value and any(r.actions.spill for r in ruleset.rules)
         if self.ctx.attached:
             self._sync_plugin()

@@ -14,14 +14,15 @@ Neighbours: :mod:`amm_rules.engine.sections.spill` feeds it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Container, Hashable, Iterable, Mapping
 from typing import Any
+
+from amm_rules.engine.decide.spill import rule_value
 
 
 class RuledKeys:
     """Keys whose rule sets ``spill``, filed or given a copy since the ``spill`` section
-    last took them (:meth:`take`): the section sends their value to their holders in
+    last took them (:meth:`values`): the section sends their value to their holders in
     the next cycle, however full, where the sweep values a worker's keys only once it
     is near its target. Told by the governed keys (:meth:`GovernedKeys.follow_spill_rules
     <amm_rules.engine.state.governed.GovernedKeys.follow_spill_rules>`) and the key
@@ -58,10 +59,10 @@ class RuledKeys:
         out: dict[str, list[tuple[Hashable, float]]] = {}
         for ts, ws in keys:
             d = desired.get(ts.key)
+            value = rule_value(d.spill) if d is not None else None
             who_has = ts.who_has
-            if d is None or d.spill is None or not who_has:
+            if value is None or not who_has:
                 continue
-            value = math.inf if d.spill == "last" else 0.0
             for holder in (ws,) if ws is not None else who_has:
                 address = holder.address
                 if address not in reported or holder not in who_has:
