@@ -15,7 +15,7 @@ Neighbours: :mod:`amm_rules.offline.simulate` produces the result; the ``simulat
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,17 +74,15 @@ def simulation_report(
     sim: Simulation, result: Result, kill: KillReport | None = None, *, rules_file: str = ""
 ) -> dict[str, Any]:
     """The whole report of one run, as plain (JSON-able) data."""
-    cluster = sim.cluster
+    kill = kill or KillReport()
     keys, nbytes = sim.initial_keys
     add = [a for a in result.actions if a.op == "replicate"]
     drop = [a for a in result.actions if a.op == "drop"]
-    restoring = []
-    if kill is not None and kill.below:
-        short = {k for k, *_ in kill.below}
-        restoring = [a for a in add if a.key in short]
-    out: dict[str, Any] = {
+    short = {k for k, *_ in kill.below}
+    restoring = [a for a in add if a.key in short]
+    return {
         "rules_file": rules_file,
-        "cluster": cluster.source,
+        "cluster": sim.cluster.source,
         "cycles": sim.last_active,
         "cycles_run": result.cycles,
         "settled": result.settled,
@@ -113,24 +111,17 @@ def simulation_report(
             if sim.dry.label(s.desired) is None
             for w, why in sorted(s.misplaced.items())
         ],
-        "killed": kill.workers if kill is not None else [],
-        "recompute_lost": (
-            {a: round(v, 3) for a, v in kill.recompute.items()} if kill is not None else {}
-        ),
-        "lost": [{"key": key_string(k), "bytes": n, "rule": label} for k, n, label in kill.lost]
-        if kill is not None
-        else [],
+        "killed": kill.workers,
+        "recompute_lost": {a: round(v, 3) for a, v in kill.recompute.items()},
+        "lost": [{"key": key_string(k), "bytes": n, "rule": label} for k, n, label in kill.lost],
         "below_target": [
             {"key": key_string(k), "rule": label, "target": lo, "copies": n}
             for k, label, lo, n in kill.below
-        ]
-        if kill is not None
-        else [],
+        ],
         "restoring": {"copies": len(restoring), "bytes": sum(a.nbytes for a in restoring)},
         "warnings": list(result.warnings),
         "not_simulated": list(result.not_simulated),
     }
-    return out
 
 
 def _paren(label: str) -> str:
@@ -169,44 +160,36 @@ def empty_rule_stats() -> dict[str, Any]:
 def rules_section(ruleset: Ruleset, sim: Simulation, result: Result) -> dict[str, Any]:
     """Per label: keys and bytes governed, copies added/dropped, bytes moved, state."""
     order = [r.name for r in ruleset.rules]
-    stats: dict[str, dict[str, Any]] = {}
-
-    def entry(label: str) -> dict[str, Any]:
-        if label not in stats:
-            stats[label] = empty_rule_stats()
-        return stats[label]
-
-    for name in order:
-        entry(name)
+    stats: defaultdict[str, dict[str, Any]] = defaultdict(
+        empty_rule_stats, {name: empty_rule_stats() for name in order}
+    )
     tasks = sim.cluster.tasks
     for state in result.keys.values():
         nbytes = tasks[state.key].nbytes
         for label in labels(state.desired):
-            e = entry(label)
-            e["keys"] += 1
-            e["bytes"] += nbytes
+            stats[label]["keys"] += 1
+            stats[label]["bytes"] += nbytes
         if sim.dry.label(state.desired) is not None:
             continue
         if state.unmet:
-            e = entry(state.rule)
+            e = stats[state.rule]
             e["unmet"] += 1
             e["reasons"][state.unmet] += 1
         for why in state.misplaced.values():
-            label = _placement_label(state.desired)
-            e = entry(label)
+            e = stats[_placement_label(state.desired)]
             e["misplaced"] += 1
             e["reasons"][f"a copy stays where it should not be: {why}"] += 1
         if state.pending:
-            entry(state.rule)["pending"] += state.pending
+            stats[state.rule]["pending"] += state.pending
     for a in result.actions:
-        e = entry(a.rule)
+        e = stats[a.rule]
         if a.op == "replicate":
             e["add"] += 1
             e["bytes_transferred"] += a.nbytes
         else:
             e["drop"] += 1
     for a in result.dry_run:
-        entry(a.rule)["would_add" if a.op == "replicate" else "would_drop"] += 1
+        stats[a.rule]["would_add" if a.op == "replicate" else "would_drop"] += 1
     dry = sim.dry
     for label, e in stats.items():
         in_dry_run = label in dry.rules or (dry.file and label.startswith("("))
@@ -261,9 +244,9 @@ def _placement_label(desired: Desired) -> str:
 
 
 def workers_section(
-    sim: Simulation, result: Result, kill: KillReport | None
+    sim: Simulation, result: Result, kill: KillReport
 ) -> dict[str, dict[str, Any]]:
-    killed = set(kill.workers) if kill is not None else set()
+    killed = set(kill.workers)
     out = {}
     for address in sorted(result.before):
         name, host = sim.names[address]
