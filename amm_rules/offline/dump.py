@@ -240,7 +240,8 @@ def _msgpack(stream: Stream, name: str, max_bytes: int) -> Any:
         for _ in range(unpacker.read_map_header()):
             key = unpacker.unpack()
             if key == "scheduler":
-                out[key] = _scheduler_part(unpacker, budget)
+                extensions = {"extensions": (ENGINE_EXTENSION,)}
+                out[key] = _only(unpacker, budget, SCHEDULER_PARTS, extensions)
             elif key == "workers":
                 budget.skip(unpacker)
                 out[key] = {}
@@ -267,27 +268,10 @@ def _msgpack(stream: Stream, name: str, max_bytes: int) -> Any:
     raise DumpError(f"{name}: data after the end of the dump (not one msgpack document)")
 
 
-def _scheduler_part(unpacker: Any, budget: Budget) -> Any:
-    """The ``scheduler`` mapping with only :data:`SCHEDULER_PARTS` (a non-mapping as is,
-    for :func:`parse_state` to refuse)."""
-    try:
-        n = unpacker.read_map_header()
-    except ValueError:
-        return unpacker.unpack()
-    out: dict[Any, Any] = {}
-    for _ in range(n):
-        key = unpacker.unpack()
-        if key in SCHEDULER_PARTS:
-            out[key] = unpacker.unpack()
-        elif key == "extensions":
-            out[key] = _only(unpacker, budget, ENGINE_EXTENSION)
-        else:
-            budget.skip(unpacker)
-    return out
-
-
-def _only(unpacker: Any, budget: Budget, name: str) -> Any:
-    """A mapping with only its entry ``name`` read (the others skipped)."""
+def _only(unpacker: Any, budget: Budget, names: Any, inner: Any = None) -> Any:
+    """A mapping with only its entries ``names`` read, and the entries of ``inner``
+    (name -> names) read likewise; the others are skipped unread. A non-mapping is read
+    as is, for :func:`parse_state` to refuse."""
     try:
         n = unpacker.read_map_header()
     except ValueError:
@@ -295,8 +279,10 @@ def _only(unpacker: Any, budget: Budget, name: str) -> Any:
     out = {}
     for _ in range(n):
         key = unpacker.unpack()
-        if key == name:
+        if key in names:
             out[key] = unpacker.unpack()
+        elif inner is not None and key in inner:
+            out[key] = _only(unpacker, budget, inner[key])
         else:
             budget.skip(unpacker)
     return out
@@ -597,10 +583,8 @@ class _Refs:
         if not isinstance(ref, str):
             self._fail("worker reference")
             return None
-        try:
+        if ref in self._workers:
             return self._workers[ref]
-        except KeyError:
-            pass
         address: str | None
         if ref.startswith("<"):
             m = _WORKER_REPR.match(ref)
@@ -618,10 +602,8 @@ class _Refs:
         if not isinstance(ref, str):
             self._fail("task reference")
             return None
-        try:
+        if ref in self._tasks:
             return self._tasks[ref]
-        except KeyError:
-            pass
         m = _TASK_REPR.match(ref)
         text = m["key"] if m else ""
         if (
@@ -650,10 +632,8 @@ class _Refs:
         """The name in a ``TaskPrefix``/``TaskGroup`` repr (or a plain name)."""
         if not isinstance(ref, str) or not ref:
             return None
-        try:
+        if ref in self._named:
             return self._named[ref]
-        except KeyError:
-            pass
         if ref.startswith("<"):
             m = _NAMED_REPR.match(ref)
             name = m["name"] if m else None
