@@ -150,18 +150,17 @@ class Budget:
         self._next = SLACK
 
     def array(self, items: list[Any]) -> list[Any]:
-        self.values += len(items) + 1
-        if self.values >= self._next:
-            self._check()
+        self._count(len(items) + 1)
         return items
 
     def map(self, entries: dict[Any, Any]) -> dict[Any, Any]:
-        self.values += 2 * len(entries) + 1
-        if self.values >= self._next:
-            self._check()
+        self._count(2 * len(entries) + 1)
         return entries
 
-    def _check(self) -> None:
+    def _count(self, values: int) -> None:
+        self.values += values
+        if self.values < self._next:
+            return
         self._next = self.values + CHECK_EVERY
         read = self.stream.read_so_far - self.skipped
         if self.values > read // BYTES_PER_VALUE + SLACK:
