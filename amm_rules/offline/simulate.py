@@ -52,9 +52,8 @@ from distributed.active_memory_manager import (
 from amm_rules.engine.adapters import key_view
 from amm_rules.engine.context import EngineContext
 from amm_rules.engine.decide.classify import Classifier
-from amm_rules.engine.decide.plan import DEFAULT_SOURCE, PlanSettings, plan_key, target_bounds
+from amm_rules.engine.decide.plan import DEFAULT_SOURCE, plan_key, target_bounds
 from amm_rules.engine.decide.shadows import Shadow
-from amm_rules.engine.decide.view import ClusterView
 from amm_rules.engine.dryrun import HELD_BACK, DryRun
 from amm_rules.engine.events import EventLog
 from amm_rules.engine.rebalance.rebalancer import Rebalancer
@@ -233,7 +232,6 @@ class Simulation:
         #: The engine's context on the recorded cluster: its own index, placements,
         #: classifier and dry-run; the clock is the simulation's; events become
         #: warnings, and the journal records what the cycle did.
-        self.journal = _Record(self)
         self.ctx = ctx = offline_context(
             ruleset,
             cluster,
@@ -243,11 +241,10 @@ class Simulation:
             interval=interval,
             runtime=runtime,
             events=_Warnings(self.warnings),
-            journal=self.journal,
+            journal=_Record(self),
         )
         assert ctx.manager is not None
         self.amm = ctx.manager
-        index = ctx.index
         self.sections = tuple(
             Classification(ctx, classify_seconds=None) if cls is Classification else cls(ctx)
             for cls in self.SECTIONS
@@ -257,8 +254,9 @@ class Simulation:
             section.attach()
         # The recompute estimates of the keys in memory, and who holds which alone (once
         # the sections said whether the costs keep keys per group).
+        in_memory = list(cluster.in_memory())
         costs = ctx.costs
-        costs.seed(list(cluster.in_memory()), track=costs.track_keys)
+        costs.seed(in_memory, track=costs.track_keys)
         costs.refresh(cluster.task_groups)
         #: A pool reads worker memory: pools change as copies land; plan every key.
         self._volatile = any(
@@ -275,10 +273,9 @@ class Simulation:
         #: Memory (by the AMM's measure) and pools of every worker before the first cycle.
         self.initial_memory = cluster.measure(measure)
         self.initial_pools = dict(ctx.placements.pools)
-        in_memory = list(cluster.in_memory())
         #: Keys in memory and their bytes, and governed keys, before the first cycle.
         self.initial_keys = (len(in_memory), sum(ts.nbytes for ts in in_memory))
-        self.initial_governed = len(index.desired)
+        self.initial_governed = len(ctx.index.desired)
         #: Address -> (name, host) of every worker there was (killed ones included).
         self.names = {a: (str(ws.name), ws.host) for a, ws in cluster.workers.items()}
 
@@ -356,12 +353,11 @@ class Simulation:
     def run(self, max_cycles: int | None = None) -> Result:
         """Cycles until settled or ``max_cycles`` (default :data:`MAX_CYCLES`)."""
         limit = MAX_CYCLES if max_cycles is None else max_cycles
-        settled = False
         while self.cycle < limit:
             if not self.step():
                 settled = True
                 break
-        if not settled:
+        else:
             settled = self._at_rest()
         return Result(
             cycles=self.cycle,
@@ -413,11 +409,6 @@ class Simulation:
             else:
                 yield from section.run(cycle)
 
-    def cluster_view(self) -> ClusterView:
-        """The planner's view of the workers: memory is the AMM's tally during a cycle,
-        else each worker's measure."""
-        return self.ctx.cluster_view()
-
     def _record(self, suggestions: Iterable[Suggestion]) -> Generator[Suggestion, Any, None]:
         """reduce-replicas' drops, passed on and noted with their answers."""
         answer = None
@@ -452,9 +443,6 @@ class Simulation:
         elif outcome == "accepted":
             self._cycle_actions.append(action)
 
-    def settings(self) -> PlanSettings:
-        return self.ctx.settings(self.now)
-
     def not_simulated(self) -> list[str]:
         """Why each section of the engine that the rules use is not run here."""
         return [
@@ -472,8 +460,8 @@ class Simulation:
         planned once more to say why."""
         index, placements = self.index, self.placements
         reduce = self.ruleset.reduce_replicas
-        cluster = self.cluster_view()
-        settings = self.settings()
+        cluster = self.ctx.cluster_view()
+        settings = self.ctx.settings(self.now)
         tasks = self.cluster.tasks
         out = {}
         for cls, group in index.governed.groups.items():
