@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -36,14 +36,18 @@ if TYPE_CHECKING:
 FORMATS = ("text", "json", "github")
 
 
-_format_option = click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(("text", "json")),
-    default="text",
-    show_default=True,
-    help="Output format.",
-)
+def _format(choices: tuple[str, ...]) -> Any:
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(choices),
+        default="text",
+        show_default=True,
+        help="Output format.",
+    )
+
+
+_format_option = _format(("text", "json"))
 # The cluster that simulate and diff read: a dump file, or a running scheduler's state.
 _dump_option = click.option(
     "--dump",
@@ -86,14 +90,7 @@ def main() -> None:
 
 @main.command()
 @click.argument("files", nargs=-1, metavar="FILE...")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(FORMATS),
-    default="text",
-    show_default=True,
-    help="Output format.",
-)
+@_format(FORMATS)
 @click.option("--strict", is_flag=True, help="Fail (exit 1) on warnings too.")
 @click.option(
     "--dump",
@@ -162,9 +159,10 @@ def _validate(
     dask_configs: list[str] | None = None,
     max_dump_bytes: int | None = None,
 ) -> int:
+    from amm_rules.language.loader import check_argument
     from amm_rules.language.reporters import REPORTERS
 
-    results = [_check(f) for f in files]
+    results = [check_argument(f) for f in files]
     if dask_configs:
         from amm_rules.language.dask_config import check_dask_config
 
@@ -212,12 +210,6 @@ def _key_position(text: str | None, key: str) -> tuple[int, int]:
         if line.lstrip().startswith(f"{key}:"):
             return n, len(line) - len(line.lstrip()) + 1
     return 0, 0
-
-
-def _check(file: str) -> CheckResult:
-    from amm_rules.language.loader import check_argument
-
-    return check_argument(file)
 
 
 @main.command()
