@@ -119,15 +119,14 @@ class Remote:
 async def _step(call: Any, address: str, timeout: float, what: str) -> Any:
     try:
         return await asyncio.wait_for(call, timeout)
-    except asyncio.TimeoutError:
-        raise RemoteError(
-            f"could not {what} the scheduler at {address} within {timeout:g} s ({TIMEOUT_HINT})"
-        ) from None
     except RemoteError:
         raise
     except Exception as exc:
-        if isinstance(exc, OSError) and str(exc).startswith("Timed out"):
-            # distributed's connect retries until the timeout: nothing answered there.
+        # distributed's connect retries until the timeout ("Timed out..."): nothing
+        # answered there.
+        if isinstance(exc, asyncio.TimeoutError) or (
+            isinstance(exc, OSError) and str(exc).startswith("Timed out")
+        ):
             raise RemoteError(
                 f"could not {what} the scheduler at {address} within {timeout:g} s "
                 f"({TIMEOUT_HINT})"
