@@ -23,7 +23,7 @@ keys, pools and rules that exist, sizes and targets parse. The result is a
 from __future__ import annotations
 
 import os
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -570,19 +570,14 @@ class _Builder:
             )
 
     def size(self, value: Any, path: Path) -> int:
-        if self.skip(path):
-            return 0
-        try:
-            return parse_size(value)
-        except UnitError as exc:
-            self.error(path, f"{path[-1]}: {exc}", exc.code)
-            return 0
+        return self.unit(parse_size, value, path) or 0
 
-    def seconds(self, value: Any, path: Path) -> float | None:
+    def unit(self, parse: Callable[[Any], Any], value: Any, path: Path) -> Any:
+        """``parse(value)``; None if an error was reported at ``path``, or now is."""
         if self.skip(path):
             return None
         try:
-            return parse_duration(value)
+            return parse(value)
         except UnitError as exc:
             self.error(path, f"{path[-1]}: {exc}", exc.code)
             return None
@@ -721,7 +716,9 @@ class _CaseBuilder:
                 else None
             )
             recompute = (
-                self.b.seconds(k["recompute"], (*at, "recompute")) if "recompute" in k else None
+                self.b.unit(parse_duration, k["recompute"], (*at, "recompute"))
+                if "recompute" in k
+                else None
             )
             count = field(k, at, "count", int)
             raw = field(k, at, "key", (str, list))
