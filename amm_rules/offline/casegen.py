@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import zip_longest
@@ -29,7 +30,7 @@ from typing import Any
 from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.words import counted
 from amm_rules.language.ruleset import ACTION_FIELDS, Desired, Ruleset, Target
-from amm_rules.offline.casefile import MAX_WORKERS, parse_test_file
+from amm_rules.offline.casefile import MAX_WORKERS, parse_test_file, plain_key
 from amm_rules.offline.dump import ClusterState, TaskRecord, WorkerRecord
 
 #: Keys a generated case holds by default (``--sample``).
@@ -103,7 +104,9 @@ def cases_from_dump(
     from amm_rules.offline.ruletests import outcome
 
     decided = outcome(test, test.cases[0])
-    data["cases"][0]["expect"] = [_expectation(k["key"], *decided[_plain(k["key"])]) for k in keys]
+    data["cases"][0]["expect"] = [
+        _expectation(k["key"], *decided[plain_key(k["key"])]) for k in keys
+    ]
     out.text = _header(state, out, command) + _yaml(data)
     return out
 
@@ -187,9 +190,7 @@ def _sampled(tasks: list[TaskRecord], sample: int) -> Iterator[TaskRecord]:
 def _worker_names(state: ClusterState) -> dict[str, str]:
     """A name per worker address: its own, or its address where the name is empty or
     another worker's too."""
-    counts: dict[str, int] = {}
-    for w in state.workers.values():
-        counts[str(w.name)] = counts.get(str(w.name), 0) + 1
+    counts = Counter(str(w.name) for w in state.workers.values())
     return {
         a: str(w.name) if str(w.name) and counts[str(w.name)] == 1 else a
         for a, w in state.workers.items()
@@ -274,10 +275,6 @@ def _written_key(key: Hashable) -> Any:
     ):
         return list(key)
     return None
-
-
-def _plain(key: Any) -> Hashable:
-    return tuple(key) if isinstance(key, list) else key
 
 
 def _plain_data(value: Any, depth: int = 0) -> bool:
