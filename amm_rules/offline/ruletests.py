@@ -475,16 +475,27 @@ def render_text(results: Sequence[FileResult], coverage: Coverage | None) -> str
     return "\n".join(lines) + "\n"
 
 
-def summary(results: Sequence[FileResult]) -> str:
+def counts(results: Sequence[FileResult]) -> dict[str, int]:
+    """Files, cases, cases passed and failed, files with errors."""
     cases = [c for r in results for c in r.cases]
     passed = sum(c.passed for c in cases)
-    errors = sum(not r.test.ok for r in results)
+    return {
+        "files": len(results),
+        "cases": len(cases),
+        "passed": passed,
+        "failed": len(cases) - passed,
+        "files_with_errors": sum(not r.test.ok for r in results),
+    }
+
+
+def summary(results: Sequence[FileResult]) -> str:
+    n = counts(results)
     out = (
-        f"{counted(len(results), 'file')}, {counted(len(cases), 'case')}: {passed} passed, "
-        f"{len(cases) - passed} failed"
+        f"{counted(n['files'], 'file')}, {counted(n['cases'], 'case')}: {n['passed']} passed, "
+        f"{n['failed']} failed"
     )
-    if errors:
-        out += f"; {counted(errors, 'file')} with errors"
+    if n["files_with_errors"]:
+        out += f"; {counted(n['files_with_errors'], 'file')} with errors"
     return out
 
 
@@ -519,17 +530,7 @@ def render_json(results: Sequence[FileResult], coverage: Coverage | None) -> dic
                 ],
             }
         )
-    cases = [c for r in results for c in r.cases]
-    out: dict[str, Any] = {
-        "files": files,
-        "summary": {
-            "files": len(results),
-            "cases": len(cases),
-            "passed": sum(c.passed for c in cases),
-            "failed": sum(not c.passed for c in cases),
-            "files_with_errors": sum(not r.test.ok for r in results),
-        },
-    }
+    out: dict[str, Any] = {"files": files, "summary": counts(results)}
     if coverage is not None:
         out["coverage"] = {
             name: dict(
@@ -546,5 +547,5 @@ def render_json(results: Sequence[FileResult], coverage: Coverage | None) -> dic
 
 def exit_status(results: Sequence[FileResult]) -> int:
     """0: every case passed; 1: a case failed or a file has errors."""
-    bad = any(not r.test.ok or not all(c.passed for c in r.cases) for r in results)
-    return 1 if bad else 0
+    n = counts(results)
+    return 1 if n["failed"] or n["files_with_errors"] else 0
