@@ -106,9 +106,7 @@ def diff_rules(
 
 def _label(old: Desired, new: Desired, name: str) -> str:
     """The rule a change of field ``name`` is due to: the new side's, else the old's."""
-    if name in new.reasons:
-        return source_label(new, name)
-    return source_label(old, name)
+    return source_label(new if name in new.reasons else old, name)
 
 
 def _empty_rule() -> dict[str, Any]:

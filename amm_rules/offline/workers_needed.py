@@ -86,12 +86,8 @@ def workers_needed(sim: Simulation) -> dict[str, Any]:
     order = cheapest_first(leaving_costs(ctx, running), BANDWIDTH, BANDWIDTH)
     decided = hold(workers, held_classes(ctx, workers), order, minimums=settings.hold_rules)
     by_rules = max(1, len(running) - len(decided.allowed))
-    reasons: list[str] = []
-    for kept in decided.kept.values():
-        for why in kept:
-            text = kept_why(why)
-            if text not in reasons:
-                reasons.append(text)
+    # Each reason once, in the order the workers kept give them.
+    reasons = list(dict.fromkeys(kept_why(why) for kept in decided.kept.values() for why in kept))
     return {
         "workers": max(1, target.workers, by_rules),
         "running": len(running),
