@@ -76,8 +76,8 @@ def diff_rules(
     changes = []
     changed_by: Counter[str] = Counter()
     for ts in cluster.in_memory():
-        was = before.classifier.resolve(ts, runtime.get(ts.key))
-        now = after.classifier.resolve(ts, runtime.get(ts.key))
+        was = before.ctx.classifier.resolve(ts, runtime.get(ts.key))
+        now = after.ctx.classifier.resolve(ts, runtime.get(ts.key))
         fields = changed_fields(was, now)
         if not fields:
             continue

@@ -103,12 +103,12 @@ def simulation_report(
         "unmet": [
             {"key": key_string(s.key), "rule": s.rule, "reason": s.unmet}
             for s in result.keys.values()
-            if s.unmet and sim.dry.label(s.desired) is None
+            if s.unmet and sim.ctx.dry_run.label(s.desired) is None
         ],
         "misplaced": [
             {"key": key_string(s.key), "worker": w, "reason": why}
             for s in result.keys.values()
-            if sim.dry.label(s.desired) is None
+            if sim.ctx.dry_run.label(s.desired) is None
             for w, why in sorted(s.misplaced.items())
         ],
         "killed": kill.workers,
@@ -131,10 +131,13 @@ def _paren(label: str) -> str:
 
 def governing_label(desired: Desired) -> str:
     """The label a key is reported under: its target's, else the first field's."""
-    for name in ("replicate", "pool", "avoid", "spread", "move"):
-        if name in desired.reasons:
-            return source_label(desired, name)
-    return DEFAULT_SOURCE
+    return _first_label(desired, ("replicate", "pool", "avoid", "spread", "move"))
+
+
+def _first_label(desired: Desired, names: Sequence[str]) -> str:
+    """The label of the first of the fields ``names`` that something decided."""
+    decided = next((name for name in names if name in desired.reasons), None)
+    return DEFAULT_SOURCE if decided is None else source_label(desired, decided)
 
 
 #: The counts of a rule's row in a simulation's report, in the order they are shown.
@@ -169,14 +172,14 @@ def rules_section(ruleset: Ruleset, sim: Simulation, result: Result) -> dict[str
         for label in labels(state.desired):
             stats[label]["keys"] += 1
             stats[label]["bytes"] += nbytes
-        if sim.dry.label(state.desired) is not None:
+        if sim.ctx.dry_run.label(state.desired) is not None:
             continue
         if state.unmet:
             e = stats[state.rule]
             e["unmet"] += 1
             e["reasons"][state.unmet] += 1
         for why in state.misplaced.values():
-            e = stats[_placement_label(state.desired)]
+            e = stats[_first_label(state.desired, ("pool", "avoid", "replicate"))]
             e["misplaced"] += 1
             e["reasons"][f"a copy stays where it should not be: {why}"] += 1
         if state.pending:
@@ -190,7 +193,7 @@ def rules_section(ruleset: Ruleset, sim: Simulation, result: Result) -> dict[str
             e["drop"] += 1
     for a in result.dry_run:
         stats[a.rule]["would_add" if a.op == "replicate" else "would_drop"] += 1
-    dry = sim.dry
+    dry = sim.ctx.dry_run
     for label, e in stats.items():
         in_dry_run = label in dry.rules or (dry.file and label.startswith("("))
         if label == REBALANCE_LABEL:
@@ -234,13 +237,6 @@ def _unused(ruleset: Ruleset, sim: Simulation, stats: dict[str, dict[str, Any]])
         n = len(tasks)
         head = f"matches none of the {counted(n, 'key')} in memory"
         e["state"], e["sentence"] = IDLE, "; ".join([head, *hints])
-
-
-def _placement_label(desired: Desired) -> str:
-    for name in ("pool", "avoid"):
-        if name in desired.reasons:
-            return source_label(desired, name)
-    return source_label(desired, "replicate")
 
 
 def workers_section(

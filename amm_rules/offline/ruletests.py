@@ -232,6 +232,7 @@ class _Run:
         #: What the rules want for each key, before anything happens.
         self.wishes: dict[Hashable, Desired] = dict(self.sim.desired)
         self.names = {w.address: w.name for w in test.workers}
+        self.hosts = {w.name: w.host for w in test.workers}
         self.pools = {self.names[a]: p for a, p in self.sim.initial_pools.items()}
         addresses = {w.name: w.address for w in test.workers}
         victims = {addresses[n] for n in case.kill_workers}
@@ -319,14 +320,14 @@ class _Run:
         desired = self.desired(key)
         holders = self.holders(key)
         final = self.result.keys.get(key)
-        hosts = sorted(self.sim.names[self._address(n)][1] for n in holders)
+        hosts = sorted(self.hosts[n] for n in holders)
         got: dict[str, Any] = {
             "governed": desired.governed,
             "target": desired.replicate,
             "rule": _who(desired, "replicate"),
             "spread": desired.spread or "none",
             "move": desired.move or "allowed",
-            "dry-run": self.sim.dry.label(desired) is not None,
+            "dry-run": self.sim.ctx.dry_run.label(desired) is not None,
             "copies": len(holders),
             "hosts": len(set(hosts)),
             "lost": key in self.lost,
@@ -390,9 +391,6 @@ class _Run:
                     self.fail(
                         at, f"{shown}: unmet: expected {_show(want)}, got {_show(reason or False)}"
                     )
-
-    def _address(self, name: str) -> str:
-        return next(a for a, n in self.names.items() if n == name)
 
     def actions(self) -> None:
         case = self.case

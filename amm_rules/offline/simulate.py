@@ -51,10 +51,9 @@ from distributed.active_memory_manager import (
 
 from amm_rules.engine.adapters import key_view
 from amm_rules.engine.context import EngineContext
-from amm_rules.engine.decide.classify import Classifier
 from amm_rules.engine.decide.plan import DEFAULT_SOURCE, plan_key, target_bounds
 from amm_rules.engine.decide.shadows import Shadow
-from amm_rules.engine.dryrun import HELD_BACK, DryRun
+from amm_rules.engine.dryrun import HELD_BACK
 from amm_rules.engine.events import EventLog
 from amm_rules.engine.rebalance.rebalancer import Rebalancer
 from amm_rules.engine.sections import SECTIONS, Cycle, steps
@@ -66,9 +65,8 @@ from amm_rules.engine.sections.rebalance import RebalanceSection
 from amm_rules.engine.sections.reduce_replicas import ReduceReplicasSection
 from amm_rules.engine.sections.replication import Replication
 from amm_rules.engine.state.governed import PlanClass
-from amm_rules.engine.state.index import KeyIndex
 from amm_rules.engine.state.journal import Journal
-from amm_rules.engine.state.placement import VOLATILE_WORKER_ATTRIBUTES, Placements
+from amm_rules.engine.state.placement import VOLATILE_WORKER_ATTRIBUTES
 from amm_rules.engine.words import counted
 from amm_rules.language.ruleset import Desired, Ruleset, RuntimeTarget, Target
 from amm_rules.offline.sim_cluster import SimCluster, SimTask
@@ -279,23 +277,6 @@ class Simulation:
         #: Address -> (name, host) of every worker there was (killed ones included).
         self.names = {a: (str(ws.name), ws.host) for a, ws in cluster.workers.items()}
 
-    # The engine's parts, under the names the reports read.
-    @property
-    def index(self) -> KeyIndex:
-        return self.ctx.index
-
-    @property
-    def placements(self) -> Placements:
-        return self.ctx.placements
-
-    @property
-    def classifier(self) -> Classifier:
-        return self.ctx.classifier
-
-    @property
-    def dry(self) -> DryRun:
-        return self.ctx.dry_run
-
     @property
     def rebalancer(self) -> Rebalancer:
         rebalance = self.sections[self.SECTIONS.index(RebalanceSection)]
@@ -305,7 +286,7 @@ class Simulation:
     @property
     def desired(self) -> Mapping[Key, Desired]:
         """Governed keys in memory -> what they want."""
-        return self.index.desired
+        return self.ctx.index.desired
 
     @classmethod
     def of(
@@ -331,7 +312,7 @@ class Simulation:
         """Workers die before the next cycle. Returns the keys that lost their last copy.
         Governed keys that lost a copy are given up in flight from the dead workers, as
         the engine's replica hooks have it."""
-        index = self.index
+        index = self.ctx.index
         dead = {a for a in addresses if a in self.cluster.workers}
         hit = {ts.key for a in dead for ts in self.cluster.workers[a].has_what}
         lost = self.cluster.remove_workers(dead)
@@ -344,7 +325,7 @@ class Simulation:
         return lost
 
     def _refresh(self) -> None:
-        if self.placements.refresh(self.measure, self._workers_changed):
+        if self.ctx.placements.refresh(self.measure, self._workers_changed):
             self._full = True
         self._workers_changed = False
 
@@ -381,7 +362,7 @@ class Simulation:
         self.amm.run_once()
         enacted = self.cluster.enact()
         # What the engine's replica hooks would have seen: the next cycle routes them.
-        self.index.touch(self.cluster.take_touched())
+        self.ctx.index.touch(self.cluster.take_touched())
         self.actions.extend(self._cycle_actions)
         if enacted:
             self.last_active = self.cycle
@@ -458,7 +439,7 @@ class Simulation:
         target is met, copies still misplaced, actions still due. Keys that pass the
         index's cheap check in a class that can be met are at rest; the others are
         planned once more to say why."""
-        index, placements = self.index, self.placements
+        index, placements = self.ctx.index, self.ctx.placements
         reduce = self.ruleset.reduce_replicas
         cluster = self.ctx.cluster_view()
         settings = self.ctx.settings(self.now)
@@ -476,7 +457,7 @@ class Simulation:
                     plan = plan_key(key_view(tasks[key], desired, {}, {}), cluster, settings)
                     state.unmet = plan.unmet
                     state.misplaced = dict(plan.misplaced)
-                    if self.dry.label(desired) is None:
+                    if self.ctx.dry_run.label(desired) is None:
                         state.pending = len(plan.actions)
                 out[key] = state
         return out
@@ -485,11 +466,11 @@ class Simulation:
         """Governed keys with fewer copies than their target's minimum: (task, wishes,
         minimum)."""
         out = []
-        for key, desired in self.index.desired.items():
+        for key, desired in self.ctx.index.desired.items():
             ts = self.cluster.tasks[key]
             if desired.move == "never":
                 continue
-            eligible = self.placements.of(PlanClass.of(desired)).achievable  # for ``all``
+            eligible = self.ctx.placements.of(PlanClass.of(desired)).achievable  # for ``all``
             lo, _ = target_bounds(desired, 0, self.ruleset.reduce_replicas, eligible)
             if len(ts.who_has or ()) < lo:
                 out.append((ts, desired, lo))
