@@ -359,7 +359,7 @@ class TestFile:
 
     path: str
     text: str | None
-    locator: Locator | None
+    locator: Locator
     rules_path: str | None = None
     rules: CheckResult | None = None
     workers: list[WorkerFixture] = field(default_factory=list)
@@ -367,14 +367,14 @@ class TestFile:
 
     @property
     def diagnostics(self) -> list[Diagnostic]:
-        return self.locator.diagnostics if self.locator is not None else []
+        return self.locator.diagnostics
 
     @property
     def ok(self) -> bool:
-        return self.locator is not None and not self.locator.has_errors
+        return not self.locator.has_errors
 
     def position(self, path: Path) -> tuple[int, int]:
-        return self.locator.position(path) if self.locator is not None else (0, 0)
+        return self.locator.position(path)
 
 
 class CaseLocator(Locator):

@@ -292,9 +292,8 @@ def diff(
 def run_tests(
     paths: Sequence[str], *, coverage: bool, fmt: str, allow_outside: bool = False
 ) -> int:
-    """``amm-rules test``. A test file's ``rules:`` must be inside the tree the file
-    belongs to (the nearest directory holding ``.git`` or ``pyproject.toml``, else its
-    own) or the directories given, unless ``allow_outside``."""
+    """``amm-rules test``; ``allow_outside``: a test file's ``rules:`` may be anywhere
+    (see :func:`~amm_rules.offline.ruletests.run_files`)."""
     from amm_rules.offline.ruletests import (
         allowed_roots,
         exit_status,
