@@ -4,7 +4,7 @@ classifier, planners and dry-run filter, the ``diff`` of two rules files, rule t
 the warnings ``validate --dump`` adds.
 
 - :mod:`.dump`: reading ``Client.dump_cluster_state`` files into plain records;
-- :mod:`.views`: records -> scheduler-shaped objects the engine reads;
+- :mod:`.sim_cluster`: records -> scheduler-shaped objects the engine reads;
 - :mod:`.simulate`: cycles of the engine's planning on those objects;
 - :mod:`.report`: what a simulation found, as text or JSON;
 - :mod:`.diff`: what changing the rules would do to a cluster;

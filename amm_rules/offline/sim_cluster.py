@@ -37,14 +37,12 @@ Key = Hashable
 
 
 class Named:
-    """A ``TaskPrefix`` or ``TaskGroup``: what the engine reads of one is its name, and
-    of a group its span (here the span's path, which stands for its id)."""
+    """A ``TaskPrefix``: what the engine reads of one is its name."""
 
-    __slots__ = ("name", "span_id")
+    __slots__ = ("name",)
 
     def __init__(self, name: str):
         self.name = name
-        self.span_id: str | None = None
 
     def __repr__(self) -> str:
         return f"<{self.name}>"

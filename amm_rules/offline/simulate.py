@@ -37,7 +37,6 @@ a :class:`Result`; :mod:`.diff` and :mod:`.ruletests` run simulations of their o
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Generator, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -69,9 +68,8 @@ from amm_rules.engine.state.journal import Journal
 from amm_rules.engine.state.placement import VOLATILE_WORKER_ATTRIBUTES
 from amm_rules.engine.words import counted
 from amm_rules.language.ruleset import Desired, Ruleset, RuntimeTarget, Target
+from amm_rules.offline.dump import ClusterState
 from amm_rules.offline.sim_cluster import SimCluster, SimTask
-
-logger = logging.getLogger(__name__)
 
 Key = Hashable
 #: The AMM's defaults (distributed's config), used when no dask config says otherwise.
@@ -535,12 +533,11 @@ class _Cycle(ActiveMemoryManagerPolicy):
         return "SimulatedRulesPolicy()"
 
 
-def runtime_targets(state: Any) -> dict[Key, RuntimeTarget]:
+def runtime_targets(state: ClusterState) -> dict[Key, RuntimeTarget]:
     """The runtime targets a dump recorded (see :attr:`ClusterState.runtime`), as the
     engine holds them: each with its origin."""
-    origins = getattr(state, "runtime_origins", {})
     return {
-        key: RuntimeTarget(Target(lo, hi), origins.get(key, "runtime"))
+        key: RuntimeTarget(Target(lo, hi), state.runtime_origins.get(key, "runtime"))
         for key, (lo, hi) in state.runtime.items()
     }
 
