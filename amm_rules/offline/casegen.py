@@ -24,7 +24,7 @@ import os
 from collections import Counter
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
-from itertools import zip_longest
+from itertools import islice, zip_longest
 from typing import Any
 
 from amm_rules.engine.decide.view import key_string
@@ -176,15 +176,8 @@ def _sampled(tasks: list[TaskRecord], sample: int) -> Iterator[TaskRecord]:
     for task in tasks:
         groups.setdefault(task.group, []).append(task)
     ordered = [sorted(g, key=lambda t: key_string(t.key)) for _, g in sorted(groups.items())]
-    taken = 0
-    for row in zip_longest(*ordered):
-        for task in row:
-            if task is None:
-                continue
-            if taken >= sample:
-                return
-            taken += 1
-            yield task
+    in_turn = (task for row in zip_longest(*ordered) for task in row if task is not None)
+    return islice(in_turn, sample)
 
 
 def _worker_names(state: ClusterState) -> dict[str, str]:

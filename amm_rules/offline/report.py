@@ -234,8 +234,7 @@ def _unused(ruleset: Ruleset, sim: Simulation, stats: dict[str, dict[str, Any]])
         if census is None:
             census = census_of(tasks, sampled=False)
         hints = near_misses(parse(rule.match_source), census)
-        n = len(tasks)
-        head = f"matches none of the {counted(n, 'key')} in memory"
+        head = f"matches none of the {counted(len(tasks), 'key')} in memory"
         e["state"], e["sentence"] = IDLE, "; ".join([head, *hints])
 
 
