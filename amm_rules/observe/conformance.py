@@ -302,7 +302,8 @@ def _idle(policy: RulesPolicy, rows: dict[str, RuleConformance], backlog: int) -
             r.sentence = shadow_words(shadow, None if exact else looked.sampled)
             continue
         r.state = IDLE
-        r.sentence = "; ".join([_idle_head(in_memory), *looked.hints.get(r.name, ())])
+        head = f"0 keys since the rules were loaded, {counted(in_memory, 'key')} in memory"
+        r.sentence = "; ".join([head, *looked.hints.get(r.name, ())])
 
 
 @dataclass
@@ -369,11 +370,6 @@ def near_miss_hints(match: str, census: Census) -> list[str]:
         return []
 
 
-def _idle_head(in_memory: int) -> str:
-    """``0 keys since the rules were loaded, 40 keys in memory``."""
-    return f"0 keys since the rules were loaded, {counted(in_memory, 'key')} in memory"
-
-
 def keys_in_memory(scheduler: Any) -> int:
     """Keys in memory, from the task prefixes' counts of their tasks' states."""
     prefixes = getattr(scheduler, "task_prefixes", None)
@@ -416,8 +412,7 @@ def class_problem(policy: RulesPolicy, cls: PlanClass) -> tuple[str, str] | None
             f"move: never leaves them alone, so replicate: {cls.replicate} is not held"
         )
     placement = policy.placements.of(cls)
-    # ``all`` stands for the eligible workers: never more than there are.
-    lo = cls.replicate.bounds(placement.achievable)[0] if cls.replicate is not None else 1
+    lo = copies_wanted(policy, cls)
     every = cls.replicate is not None and cls.replicate.min == "all"
     if lo > placement.achievable:
         eligible = eligible_words(cls.pool, cls.avoid, placement.achievable)
