@@ -413,13 +413,12 @@ def _cascade(
     distributed's set it."""
     decided, reasons = overrides(annotation, runtime)
     origin = runtime.origin if runtime is not None else "runtime"
+    fields = runtime.fields() if runtime is not None else {}
     out: list[dict[str, Any]] = [
         {
             "source": "runtime target" if origin == "runtime" else origin,
-            "sets": {f: _field_text(v) for f, v in runtime.fields().items()}
-            if runtime is not None
-            else {},
-            "decided": list(runtime.fields()) if runtime is not None else [],
+            "sets": {f: _field_text(v) for f, v in fields.items()},
+            "decided": list(fields),
             "overridden": {},
         }
     ]

@@ -12,46 +12,11 @@ scanning keys). Every sample carries a ``scheduler`` label (the scheduler's addr
 so that several schedulers in one process, which share that registry, each keep their
 own series.
 
-The metrics (``rule``: a rule's name, ``(annotation)`` or ``(runtime)``; the copy
-counters also ``(reduce-replicas)`` and ``(rebalance)``):
-
-========================================================  =======  =====================
-name                                                      type     labels
-========================================================  =======  =====================
-``dask_amm_rules_amm_running``                            gauge    scheduler
-``dask_amm_rules_amm_running_changed_timestamp_seconds``  gauge    scheduler
-``dask_amm_rules_governed_keys``                          gauge    scheduler, rule
-``dask_amm_rules_governed_bytes``                         gauge    scheduler, rule
-``dask_amm_rules_keys_met``                               gauge    scheduler, rule
-``dask_amm_rules_keys_unmet``                             gauge    scheduler, rule, reason
-``dask_amm_rules_rule_state``                             gauge    scheduler, rule, state
-``dask_amm_rules_rules_in_state``                         gauge    scheduler, state
-``dask_amm_rules_keys_met_ratio``                         gauge    scheduler
-``dask_amm_rules_copies_requested_total``                 counter  scheduler, rule
-``dask_amm_rules_copies_dropped_total``                   counter  scheduler, rule
-``dask_amm_rules_dry_run_would_request``                  gauge    scheduler, rule
-``dask_amm_rules_dry_run_would_drop``                     gauge    scheduler, rule
-``dask_amm_rules_copies_in_flight``                       gauge    scheduler
-``dask_amm_rules_rebalance_moves_total``                  counter  scheduler
-``dask_amm_rules_rebalance_moved_bytes_total``            counter  scheduler
-``dask_amm_rules_rebalance_moves_in_flight``              gauge    scheduler
-``dask_amm_rules_cycle_duration_seconds`` (_count, _sum)  summary  scheduler
-``dask_amm_rules_last_cycle_duration_seconds``            gauge    scheduler
-``dask_amm_rules_classification_backlog_keys``            gauge    scheduler
-``dask_amm_rules_reloads_total``                          counter  scheduler, result
-``dask_amm_rules_rules_info``                             info     scheduler, source,
-                                                                   sha256, loaded_at
-``dask_amm_rules_rules_loaded_timestamp_seconds``         gauge    scheduler
-``dask_amm_rules_paused_workers`` (and ``_handling``)       gauge    scheduler
-``dask_amm_rules_paused_workers_*_total`` (see below)       counter  scheduler
-``dask_amm_rules_memory_flow_*`` (see below)              mixed    scheduler, prefix
-``dask_amm_rules_memory_*_total``, ``_memory_live_bytes``   mixed    scheduler
-``dask_amm_rules_memory_pressure_*`` (see below)          mixed    scheduler
-``dask_amm_rules_retiring_workers``                       gauge    scheduler
-``dask_amm_rules_retirement*_total`` (see below)            counter  scheduler
-``dask_amm_rules_work_at_risk_seconds``                   gauge    scheduler, worker
-``dask_amm_rules_protect_*`` (see below)                  mixed    scheduler
-========================================================  =======  =====================
+The metrics are the families of :data:`FAMILIES`, of the memory flow and of the
+engine's sections (below); ``docs/observe.md`` lists and describes each
+(tests/observe/test_metrics.py keeps the two in step). Their ``rule`` label is a rule's
+name, ``(annotation)`` or ``(runtime)``; the copy counters' also ``(reduce-replicas)``
+and ``(rebalance)``.
 
 Rules with series of their own are the first :data:`RULE_SERIES` of the file (with the
 ``(annotation)`` and ``(runtime)`` groups, and the copy counters' own groups): the
@@ -69,9 +34,8 @@ the 20 workers with the most and ``worker="(total)"``). The
 memory flow (:mod:`amm_rules.engine.state.flow`) has series per prefix for the top prefixes
 only (:func:`shown_prefixes`: bounded label cardinality) and totals over every prefix.
 
-``docs/observe.md`` describes each. Neighbours: :mod:`amm_rules.observe.extension`
-registers and unregisters policies here; :mod:`amm_rules.observe.conformance` computes
-the per-rule figures.
+Neighbours: :mod:`amm_rules.observe.extension` registers and unregisters policies here;
+:mod:`amm_rules.observe.conformance` computes the per-rule figures.
 """
 
 from __future__ import annotations

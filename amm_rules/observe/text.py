@@ -9,7 +9,7 @@ Sizes are shown as dask shows them (``152.59 MiB``), times as local dates.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from amm_rules.engine.drain_request import DrainReport
@@ -99,23 +99,22 @@ def _render_rules(report: Mapping[str, Any]) -> list[str]:
     since = _departure_behind(report)
     if since:
         out.append(f"  in progress since {since}")
-    header = ("rule", "state", "keys", "bytes", "met", "unmet")
     table = [
-        (
-            r["name"] + ("" if r["in_file"] else " (removed)"),
-            r["state"],
-            f"{r['keys']:,}",
-            size(r["bytes"]),
-            f"{r['met']:,}",
-            f"{r['unmet']:,}",
-        )
-        for r in rows
+        ("rule", "state", "keys", "bytes", "met", "unmet"),
+        *(
+            (
+                r["name"] + ("" if r["in_file"] else " (removed)"),
+                r["state"],
+                f"{r['keys']:,}",
+                size(r["bytes"]),
+                f"{r['met']:,}",
+                f"{r['unmet']:,}",
+            )
+            for r in rows
+        ),
     ]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *table, strict=False)]
-    for n, cells in enumerate([header, *table]):
-        left = [f"{cells[i]:<{widths[i]}}" for i in range(2)]
-        right = [f"{cells[i]:>{widths[i]}}" for i in range(2, len(cells))]
-        out.append("  " + "  ".join(left + right).rstrip())
+    for n, line in enumerate(aligned(table, left=2)):
+        out.append(f"  {line}")
         if n and rows[n - 1]["state"] != SATISFIED:
             out.append(f"    {rows[n - 1]['sentence']}")
     return out
@@ -130,6 +129,19 @@ def cycle_timing(cycles: Mapping[str, Any]) -> str:
         f"last {cycles['last']:.1f} ms, median {cycles['median']:.1f} ms, worst "
         f"{cycles['worst']:.1f} ms of the last {cycles['recent']}"
     )
+
+
+def aligned(rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:
+    """Rows of cells as lines, each column as wide as its widest cell and two spaces
+    from the next: the first ``left`` columns aligned left, the others (figures) right."""
+    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
+    return [
+        "  ".join(
+            cell.ljust(width) if i < left else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
 
 
 def _asked_before(report: Mapping[str, Any]) -> str:
@@ -394,7 +406,7 @@ def render_memory_flow(table: Mapping[str, Mapping[str, Any]], top: int) -> str:
     """``amm-rules status --memory-flow``: the top producers (largest net bytes per
     task) and the top freers (most bytes freed by their tasks finishing)."""
 
-    rows = [(prefix, row) for prefix, row in table.items()]
+    rows = list(table.items())
     producers = sorted(
         (r for r in rows if (r[1]["net_per_task"] or 0) > 0),
         key=lambda r: -r[1]["net_per_task"],
@@ -424,13 +436,7 @@ def render_memory_flow(table: Mapping[str, Mapping[str, Any]], top: int) -> str:
         if not chosen:
             out.append("  none yet")
             continue
-        table_rows = [header, *(cells(p, r) for p, r in chosen)]
-        widths = [max(len(row[i]) for row in table_rows) for i in range(len(header))]
-        for row in table_rows:
-            text = [f"{row[0]:<{widths[0]}}"] + [
-                f"{row[i]:>{widths[i]}}" for i in range(1, len(row))
-            ]
-            out.append("  " + "  ".join(text).rstrip())
+        out += [f"  {line}" for line in aligned([header, *(cells(p, r) for p, r in chosen)])]
     return "\n".join(out) + "\n"
 
 
