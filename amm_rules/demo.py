@@ -289,13 +289,9 @@ def _workload(
     # makes them (client.replicate would set a runtime target instead).
     readers = [
         client.submit(len, f, workers=[w], allow_other_workers=False, pure=False)
-        for f in two_copies
-        for w in order[:2]
-    ]
-    readers += [
-        client.submit(len, f, workers=[w], allow_other_workers=False, pure=False)
-        for f in broadcast
-        for w in order
+        for made, where in ((two_copies, order[:2]), (broadcast, order))
+        for f in made
+        for w in where
     ]
     wait(readers)
     return futures, facts

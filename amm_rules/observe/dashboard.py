@@ -443,7 +443,8 @@ def worker_bars(report: Mapping[str, Any] | None) -> tuple[dict[str, list[Any]],
     order = sorted(by_pool, key=lambda p: (p == NO_POOL, p))
     bars = [i for pool in order for i in by_pool[pool]]
     groups = [pool for pool in order for _ in by_pool[pool]]
-    names = list(map(_short, map(str, w["name"])))
+    # A worker's name for the axis: without the protocol when it is its address.
+    names = [str(name).split("://", 1)[-1] for name in w["name"]]
     colors = [
         PAUSED_COLOR if status != "running" else ROLE_COLORS.get(role, BAR_COLOR)
         for status, role in zip(w["status"], w["role"], strict=True)
@@ -624,7 +625,10 @@ class _RowsTable(DashboardComponent):
         raise NotImplementedError
 
     def update(self, report: Mapping[str, Any] | None) -> None:
-        _show_rows(self.table, self.rows(report))
+        data = self.rows(report)
+        _refill(self.table, data)
+        rows = len(data[self.COLUMNS[0]])
+        _set(self.table, visible=bool(rows), height=_table_height(rows))
 
 
 class DrainsTable(_RowsTable):
@@ -798,7 +802,7 @@ def event_detail(event: Mapping[str, Any]) -> str:
     else:
         fields = {k: v for k, v in event.items() if k not in ("time", "action")}
         text = ", ".join(f"{k}={v}" for k, v in fields.items())
-    return _clip(text, DETAIL_SHOWN)
+    return text if len(text) <= DETAIL_SHOWN else text[: DETAIL_SHOWN - 3] + "..."
 
 
 def _count(value: Any, noun: str) -> str:
@@ -926,13 +930,6 @@ def _refill(table: DataTable, data: dict[str, list[Any]]) -> None:
         view.tags = [int(view.tags[0]) + 1 if view.tags else 1]
 
 
-def _show_rows(table: DataTable, data: dict[str, list[Any]]) -> None:
-    """New rows for a table shown only when it has some, as tall as they are."""
-    _refill(table, data)
-    rows = len(next(iter(data.values()), ()))
-    _set(table, visible=bool(rows), height=_table_height(rows))
-
-
 def _show_factors(chart: Any, factors: list[Any]) -> None:
     """A bar chart's ``(pool, worker)`` factors, the workers named up to
     :data:`NAMED_WORKERS` of them."""
@@ -940,11 +937,6 @@ def _show_factors(chart: Any, factors: list[Any]) -> None:
         chart.x_range.factors = factors
     font = "0px" if len(factors) > NAMED_WORKERS else "11px"
     _set(chart.xaxis[0], major_label_text_font_size=font)
-
-
-def _short(name: str) -> str:
-    """A worker's name for an axis: without the protocol when it is its address."""
-    return name.split("://", 1)[-1]
 
 
 def _set(model: Any, **values: Any) -> None:
@@ -976,10 +968,6 @@ def _first_line(text: Any) -> str:
     lines = str(text).strip().splitlines()
     more = f" (+{counted(len(lines) - 1, 'more line')})" if len(lines) > 1 else ""
     return (lines[0] if lines else "") + more
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _clock(stamp: Any) -> str:
