@@ -75,9 +75,9 @@ from amm_rules.observe.conformance import (
 from amm_rules.observe.extension import engine_of
 from amm_rules.observe.status import NO_POOL
 from amm_rules.observe.text import (
-    DEPARTURES_SHOWN,
     conformance_line,
     cycle_timing,
+    latest_departures,
     not_running_line,
     pressure_state,
 )
@@ -169,10 +169,7 @@ def header_html(report: Mapping[str, Any] | None) -> str:
             f'<span title="{e(str(last["error"]))}">{e(_first_line(last["error"]))}</span>'
         )
     else:
-        reload_error = (
-            f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}">at {_clock(last["time"])}: '
-            f"{e(_first_line(last['error']))}</span>"
-        )
+        reload_error = _red(f"at {_clock(last['time'])}: {e(_first_line(last['error']))}")
     r = report["rebalance"]
     rebalance = (
         f"on ({e(str(r['measure']))}): {counted(r['in_flight'], 'move')} in flight "
@@ -181,13 +178,7 @@ def header_html(report: Mapping[str, Any] | None) -> str:
         else "off"
     )
     stopped = not_running_line(report)
-    lines = (
-        [
-            f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}"><b>not running</b> {e(stopped)}</span>'
-        ]
-        if stopped
-        else []
-    )
+    lines = [_red(f"<b>not running</b> {e(stopped)}")] if stopped else []
     lines += [
         f"<b>rules</b> <code>{e(str(report['source']))}</code> &middot; sha256 "
         f"<code>{e(digest[:12])}</code> &middot; loaded {local_time(report['loaded_at'])}"
@@ -196,36 +187,21 @@ def header_html(report: Mapping[str, Any] | None) -> str:
         f"<b>in flight</b> {counted(report['in_flight'], 'copy')} of "
         f"{counted(report['in_flight_keys'], 'key')} &middot; <b>rebalance</b> {rebalance}",
         f"<b>cycles</b> {report['cycles']:,}; {cycle_timing(report['cycle_ms'])} &middot; "
-        f"<b>backlog</b> "
-        f"{counted(report['classification_backlog'], 'key')} waiting for classification",
+        f"<b>backlog</b> {counted(report['classification_backlog'], 'key')} waiting for "
+        "classification",
     ]
     # Features off for want of an internal of this dask or distributed.
-    lines += [
-        f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}"><b>unsupported</b> {e(said)}</span>'
-        for said in report.get("unsupported") or ()
-    ]
-    left = departures_html(report)
-    if left:
-        lines.append(left)
+    lines += [_red(f"<b>unsupported</b> {e(said)}") for said in report.get("unsupported") or ()]
+    departures = latest_departures(report)
+    if departures:  # in red those whose keys lost their last copy
+        left = [_red(e(said)) if d.get("lost") else e(said) for d, said in departures]
+        lines.append("<b>workers left</b> " + " &middot; ".join(left))
     return TITLE_HTML + "".join(f"<div>{line}</div>" for line in lines)
 
 
-def departures_html(report: Mapping[str, Any]) -> str:
-    """The last workers that left and what they left below target or lost (the
-    ``worker-left`` events), in red while keys lost their last copy."""
-    from amm_rules.engine.sections.departures import departure_sentence
-
-    recent = (report.get("workers_left") or {}).get("recent") or []
-    if not recent:
-        return ""
-    now = report.get("time")
-    parts = []
-    for entry in reversed(recent[-DEPARTURES_SHOWN:]):
-        text = html.escape(departure_sentence(entry, now))
-        if entry.get("lost"):
-            text = f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}">{text}</span>'
-        parts.append(text)
-    return "<b>workers left</b> " + " &middot; ".join(parts)
+def _red(text: str) -> str:
+    """HTML in the colour of what needs a look (an unsatisfiable rule's)."""
+    return f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}">{text}</span>'
 
 
 class RulesTable(DashboardComponent):

@@ -216,12 +216,18 @@ def _departure_behind(report: Mapping[str, Any]) -> str | None:
     return departure_sentence(last, report.get("time"))
 
 
-def _render_departures(report: Mapping[str, Any]) -> list[str]:
+def latest_departures(report: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], str]]:
+    """The last :data:`DEPARTURES_SHOWN` workers that left (the ``worker-left`` events),
+    newest first, each with its sentence: what it left below target or lost."""
     from amm_rules.engine.sections.departures import departure_sentence
 
     recent = (report.get("workers_left") or {}).get("recent") or []
     now = report.get("time")
-    lines = [departure_sentence(e, now) for e in reversed(recent[-DEPARTURES_SHOWN:])]
+    return [(e, departure_sentence(e, now)) for e in reversed(recent[-DEPARTURES_SHOWN:])]
+
+
+def _render_departures(report: Mapping[str, Any]) -> list[str]:
+    lines = [said for _, said in latest_departures(report)]
     if not lines:
         return ["left         no worker left since the policy started"]
     return [f"left         {lines[0]}", *(f"             {line}" for line in lines[1:])]
