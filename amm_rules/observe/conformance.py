@@ -290,10 +290,8 @@ def _idle(policy: RulesPolicy, rows: dict[str, RuleConformance], backlog: int) -
     if not in_memory:
         return
     rules = {rule.name: rule for rule in policy.ruleset.rules}
-    looked = _looked(policy, [rules[r.name] for r in candidates if r.name in rules])
+    looked = _looked(policy, [rules[r.name] for r in candidates])
     for r in candidates:
-        if r.name not in rules:
-            continue
         shadow = looked.shadows.get(r.name)
         if shadow is not None and shadow.shadowed:
             r.state = SHADOWED
@@ -472,7 +470,7 @@ def _judge(r: RuleConformance, backlog: int) -> tuple[str, str]:
             sentence += f"; {_progress(progress, r)}"
         return UNSATISFIABLE, sentence
     if progress:
-        return IN_PROGRESS, f"{_progress(progress, r)}"
+        return IN_PROGRESS, _progress(progress, r)
     if r.unmet.get(HELD_BACK):
         n = r.unmet[HELD_BACK]
         return (
