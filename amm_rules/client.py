@@ -214,21 +214,16 @@ def persist(
         raise TypeError("amm_rules.persist needs a field: replicate, pool, avoid, spread or move")
     checked = validate_annotation(fields)
     target = checked.pop("replicate", None)
+    others = checked or None
     client = client or get_client()
-    many = isinstance(collection, (list, tuple))
-    work = (list(collection) if many else collection, target, checked or None, persist_kwargs)
+    if isinstance(collection, (list, tuple)):
+        collection = list(collection)
     if client.asynchronous:
-        return _persist_async(client, *work)
-    client.sync(_set_pending, client, [], *work[1:3])  # checked first: nothing persisted
-    return _persist(client, *work)
-
-
-def _persist(
-    client: Client, collection: Any, target: Any, fields: Any, persist_kwargs: Any
-) -> Any:
+        return _persist_async(client, collection, target, others, persist_kwargs)
+    client.sync(_set_pending, client, [], target, others)  # checked first: nothing persisted
     persisted = client.persist(collection, **persist_kwargs)
     keys = list(dict.fromkeys(f.key for f in futures_of(persisted)))
-    client.sync(_set_pending, client, keys, target, fields)
+    client.sync(_set_pending, client, keys, target, others)
     return persisted
 
 

@@ -36,6 +36,7 @@ from amm_rules.demo_workload import (
     KEY_NBYTES,
     MAX_NBYTES,
     Workload,
+    available_kinds,
     plan,
     type_name,
     workers_for,
@@ -55,23 +56,25 @@ POLL_INTERVAL = 0.25
 AMM_INTERVAL = "500ms"
 
 
-def default_rules_path() -> Path:
-    """``examples/rules/demo.yaml`` in a source checkout, else the copy the wheel
-    ships as ``amm_rules/data/demo.yaml`` (the build maps the one file to the other)."""
-    checkout = Path(__file__).resolve().parent.parent / "examples" / "rules" / "demo.yaml"
+def _shipped(name: str) -> Path:
+    """``examples/rules/NAME`` in a source checkout, else the copy the wheel ships as
+    ``amm_rules/data/NAME`` (the build maps the one file to the other)."""
+    checkout = Path(__file__).resolve().parent.parent / "examples" / "rules" / name
     if checkout.is_file():
         return checkout
-    return Path(str(resources.files("amm_rules") / "data" / "demo.yaml"))
+    return Path(str(resources.files("amm_rules") / "data" / name))
+
+
+def default_rules_path() -> Path:
+    """The demo's rules: ``demo.yaml`` of the checkout's examples, or of the wheel."""
+    return _shipped("demo.yaml")
 
 
 def recommended_rules_path() -> Path:
-    """``examples/rules/recommended.yaml`` in a source checkout, else the copy the wheel
-    ships as ``amm_rules/data/recommended.yaml``: the sections that measured best on
-    the seed's workloads (docs/performance.md), for a user who writes no rules."""
-    checkout = Path(__file__).resolve().parent.parent / "examples" / "rules" / "recommended.yaml"
-    if checkout.is_file():
-        return checkout
-    return Path(str(resources.files("amm_rules") / "data" / "recommended.yaml"))
+    """``recommended.yaml`` of the checkout's examples, or of the wheel: the sections
+    that measured best on the seed's workloads (docs/performance.md), for a user who
+    writes no rules."""
+    return _shipped("recommended.yaml")
 
 
 def suggestion(path: Path | None = None) -> list[str]:
@@ -248,17 +251,11 @@ def _print_workload(workload: Workload) -> None:
         click.echo(
             f"  rules the demo makes no key for: {names}. Its keys are named after the "
             "strings in a rule's match (task.prefix, task.key, task.group), hold "
-            f"{' or '.join(type_name(k) for k in _kinds())} of up to "
+            f"{' or '.join(type_name(k) for k in available_kinds())} of up to "
             f"{size(MAX_NBYTES)} and carry the "
             "annotations the match reads; a match on other types (cupy, cudf, ...) or on "
             "larger sizes needs a real workload."
         )
-
-
-def _kinds() -> list[str]:
-    from amm_rules.demo_workload import available_kinds
-
-    return available_kinds()
 
 
 def _workload(
@@ -292,13 +289,9 @@ def _workload(
     # makes them (client.replicate would set a runtime target instead).
     readers = [
         client.submit(len, f, workers=[w], allow_other_workers=False, pure=False)
-        for f in two_copies
-        for w in order[:2]
-    ]
-    readers += [
-        client.submit(len, f, workers=[w], allow_other_workers=False, pure=False)
-        for f in broadcast
-        for w in order
+        for made, where in ((two_copies, order[:2]), (broadcast, order))
+        for f in made
+        for w in where
     ]
     wait(readers)
     return futures, facts

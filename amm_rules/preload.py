@@ -91,7 +91,5 @@ def dask_setup(scheduler: Any) -> None:
 def _has_page(scheduler: Any, prefix: str) -> bool:
     """Whether the scheduler's Bokeh server has the page."""
     url = _page.URL if _page is not None else None  # Bokeh lists its paths without the prefix
-    for app in getattr(scheduler.http_application, "applications", ()):
-        if url in getattr(app, "app_paths", ()):
-            return True
-    return False
+    apps = getattr(scheduler.http_application, "applications", ())
+    return any(url in getattr(app, "app_paths", ()) for app in apps)

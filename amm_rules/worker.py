@@ -272,11 +272,11 @@ _background: set[asyncio.Future[Any]] = set()
 
 async def _tell_nanny(worker: Any, seconds: float) -> None:
     """Give the worker's nanny the plugin that waits for a drain at its close."""
+    from distributed.protocol.pickle import dumps
+
     try:
         async with worker.rpc(worker.nanny) as nanny:
-            answer = await nanny.plugin_add(
-                plugin=_pickled(DrainOnSignal(seconds)), name=PLUGIN_NAME
-            )
+            answer = await nanny.plugin_add(plugin=dumps(DrainOnSignal(seconds)), name=PLUGIN_NAME)
         if isinstance(answer, dict) and answer.get("status") != "OK":
             raise RuntimeError(answer.get("exception") or answer)
     except Exception as exc:
@@ -298,12 +298,6 @@ def dask_teardown(server: Any) -> None:
 
 #: The SIGTERM handler of each worker of this process that has one.
 _installed: weakref.WeakKeyDictionary[Any, SignalDrain] = weakref.WeakKeyDictionary()
-
-
-def _pickled(plugin: Any) -> bytes:
-    from distributed.protocol.pickle import dumps
-
-    return dumps(plugin)
 
 
 __all__ = ["CONFIG_KEY", "DEFAULT_DEADLINE", "DrainOnSignal", "deadline_seconds", "drain_self"]

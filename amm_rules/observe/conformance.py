@@ -290,10 +290,8 @@ def _idle(policy: RulesPolicy, rows: dict[str, RuleConformance], backlog: int) -
     if not in_memory:
         return
     rules = {rule.name: rule for rule in policy.ruleset.rules}
-    looked = _looked(policy, [rules[r.name] for r in candidates if r.name in rules])
+    looked = _looked(policy, [rules[r.name] for r in candidates])
     for r in candidates:
-        if r.name not in rules:
-            continue
         shadow = looked.shadows.get(r.name)
         if shadow is not None and shadow.shadowed:
             r.state = SHADOWED
@@ -302,7 +300,8 @@ def _idle(policy: RulesPolicy, rows: dict[str, RuleConformance], backlog: int) -
             r.sentence = shadow_words(shadow, None if exact else looked.sampled)
             continue
         r.state = IDLE
-        r.sentence = "; ".join([_idle_head(in_memory), *looked.hints.get(r.name, ())])
+        head = f"0 keys since the rules were loaded, {counted(in_memory, 'key')} in memory"
+        r.sentence = "; ".join([head, *looked.hints.get(r.name, ())])
 
 
 @dataclass
@@ -369,11 +368,6 @@ def near_miss_hints(match: str, census: Census) -> list[str]:
         return []
 
 
-def _idle_head(in_memory: int) -> str:
-    """``0 keys since the rules were loaded, 40 keys in memory``."""
-    return f"0 keys since the rules were loaded, {counted(in_memory, 'key')} in memory"
-
-
 def keys_in_memory(scheduler: Any) -> int:
     """Keys in memory, from the task prefixes' counts of their tasks' states."""
     prefixes = getattr(scheduler, "task_prefixes", None)
@@ -416,8 +410,7 @@ def class_problem(policy: RulesPolicy, cls: PlanClass) -> tuple[str, str] | None
             f"move: never leaves them alone, so replicate: {cls.replicate} is not held"
         )
     placement = policy.placements.of(cls)
-    # ``all`` stands for the eligible workers: never more than there are.
-    lo = cls.replicate.bounds(placement.achievable)[0] if cls.replicate is not None else 1
+    lo = copies_wanted(policy, cls)
     every = cls.replicate is not None and cls.replicate.min == "all"
     if lo > placement.achievable:
         eligible = eligible_words(cls.pool, cls.avoid, placement.achievable)
@@ -477,7 +470,7 @@ def _judge(r: RuleConformance, backlog: int) -> tuple[str, str]:
             sentence += f"; {_progress(progress, r)}"
         return UNSATISFIABLE, sentence
     if progress:
-        return IN_PROGRESS, f"{_progress(progress, r)}"
+        return IN_PROGRESS, _progress(progress, r)
     if r.unmet.get(HELD_BACK):
         n = r.unmet[HELD_BACK]
         return (

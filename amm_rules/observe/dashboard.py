@@ -74,7 +74,13 @@ from amm_rules.observe.conformance import (
 )
 from amm_rules.observe.extension import engine_of
 from amm_rules.observe.status import NO_POOL
-from amm_rules.observe.text import DEPARTURES_SHOWN, conformance_line, not_running_line
+from amm_rules.observe.text import (
+    conformance_line,
+    cycle_timing,
+    latest_departures,
+    not_running_line,
+    pressure_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -125,19 +131,6 @@ NO_POLICY = (
 
 
 # ---------------------------------------------------------------------------------
-# One report for every open page
-# ---------------------------------------------------------------------------------
-
-
-def shared_report(scheduler: Any) -> dict[str, Any] | None:
-    """The status report of ``scheduler``'s policy (None without one), made at most
-    once per :data:`~amm_rules.observe.status.SHARED_FOR` seconds whatever the number
-    of open pages (:func:`amm_rules.observe.status.shared_report`)."""
-    policy = engine_of(scheduler)
-    return None if policy is None else status.shared_report(policy)
-
-
-# ---------------------------------------------------------------------------------
 # The parts
 # ---------------------------------------------------------------------------------
 
@@ -154,8 +147,7 @@ class Header(DashboardComponent):
             text = f'{TITLE_HTML}<p style="color: {color}">{html.escape(error)}</p>'
         else:
             text = header_html(report)
-        if self.root.text != text:
-            self.root.text = text
+        _set(self.root, text=text)
 
 
 TITLE_HTML = "<h2>Active Memory Manager rules</h2>"
@@ -163,9 +155,8 @@ TITLE_HTML = "<h2>Active Memory Manager rules</h2>"
 
 def header_html(report: Mapping[str, Any] | None) -> str:
     """The header's HTML (every figure from the report; text from it is escaped)."""
-    title = TITLE_HTML
     if report is None:
-        return f"{title}<p><b>{NO_POLICY}</b></p>"
+        return f"{TITLE_HTML}<p><b>{NO_POLICY}</b></p>"
     e = html.escape
     c = report["conformance"]
     digest = report.get("sha256") or "unknown"
@@ -178,17 +169,7 @@ def header_html(report: Mapping[str, Any] | None) -> str:
             f'<span title="{e(str(last["error"]))}">{e(_first_line(last["error"]))}</span>'
         )
     else:
-        reload_error = (
-            f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}">at {_clock(last["time"])}: '
-            f"{e(_first_line(last['error']))}</span>"
-        )
-    cycles = report["cycle_ms"]
-    timing = (
-        f"last {cycles['last']:.1f} ms, median {cycles['median']:.1f} ms, worst "
-        f"{cycles['worst']:.1f} ms of the last {cycles['recent']}"
-        if cycles["recent"]
-        else "no cycle yet"
-    )
+        reload_error = _red(f"at {_clock(last['time'])}: {e(_first_line(last['error']))}")
     r = report["rebalance"]
     rebalance = (
         f"on ({e(str(r['measure']))}): {counted(r['in_flight'], 'move')} in flight "
@@ -197,13 +178,7 @@ def header_html(report: Mapping[str, Any] | None) -> str:
         else "off"
     )
     stopped = not_running_line(report)
-    lines = (
-        [
-            f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}"><b>not running</b> {e(stopped)}</span>'
-        ]
-        if stopped
-        else []
-    )
+    lines = [_red(f"<b>not running</b> {e(stopped)}")] if stopped else []
     lines += [
         f"<b>rules</b> <code>{e(str(report['source']))}</code> &middot; sha256 "
         f"<code>{e(digest[:12])}</code> &middot; loaded {local_time(report['loaded_at'])}"
@@ -211,36 +186,22 @@ def header_html(report: Mapping[str, Any] | None) -> str:
         f"<b>conformance</b> {e(conformance_line(c))}",
         f"<b>in flight</b> {counted(report['in_flight'], 'copy')} of "
         f"{counted(report['in_flight_keys'], 'key')} &middot; <b>rebalance</b> {rebalance}",
-        f"<b>cycles</b> {report['cycles']:,}; {timing} &middot; <b>backlog</b> "
-        f"{counted(report['classification_backlog'], 'key')} waiting for classification",
+        f"<b>cycles</b> {report['cycles']:,}; {cycle_timing(report['cycle_ms'])} &middot; "
+        f"<b>backlog</b> {counted(report['classification_backlog'], 'key')} waiting for "
+        "classification",
     ]
     # Features off for want of an internal of this dask or distributed.
-    lines += [
-        f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}"><b>unsupported</b> {e(said)}</span>'
-        for said in report.get("unsupported") or ()
-    ]
-    left = departures_html(report)
-    if left:
-        lines.append(left)
-    return title + "".join(f"<div>{line}</div>" for line in lines)
+    lines += [_red(f"<b>unsupported</b> {e(said)}") for said in report.get("unsupported") or ()]
+    departures = latest_departures(report)
+    if departures:  # in red those whose keys lost their last copy
+        left = [_red(e(said)) if d.get("lost") else e(said) for d, said in departures]
+        lines.append("<b>workers left</b> " + " &middot; ".join(left))
+    return TITLE_HTML + "".join(f"<div>{line}</div>" for line in lines)
 
 
-def departures_html(report: Mapping[str, Any]) -> str:
-    """The last workers that left and what they left below target or lost (the
-    ``worker-left`` events), in red while keys lost their last copy."""
-    from amm_rules.engine.sections.departures import departure_sentence
-
-    recent = (report.get("workers_left") or {}).get("recent") or []
-    if not recent:
-        return ""
-    now = report.get("time")
-    parts = []
-    for entry in reversed(recent[-DEPARTURES_SHOWN:]):
-        text = html.escape(departure_sentence(entry, now))
-        if entry.get("lost"):
-            text = f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}">{text}</span>'
-        parts.append(text)
-    return "<b>workers left</b> " + " &middot; ".join(parts)
+def _red(text: str) -> str:
+    """HTML in the colour of what needs a look (an unsatisfiable rule's)."""
+    return f'<span style="color: {STATE_COLORS[UNSATISFIABLE]}">{text}</span>'
 
 
 class RulesTable(DashboardComponent):
@@ -354,19 +315,11 @@ class WorkerMemory(DashboardComponent):
             bottom=0, top=0, fill_alpha=0.08, fill_color="#555555", visible=False
         )
         self.mean = Span(location=0, dimension="width", line_color="#555555", visible=False)
-        self.sender_min = Span(
-            location=0,
-            dimension="width",
-            line_dash="dashed",
-            visible=False,
-            line_color=ROLE_COLORS["sender"],
-        )
-        self.recipient_max = Span(
-            location=0,
-            dimension="width",
-            line_dash="dashed",
-            visible=False,
-            line_color=ROLE_COLORS["recipient"],
+        self.sender_min, self.recipient_max = (
+            Span(
+                location=0, dimension="width", line_dash="dashed", visible=False, line_color=color
+            )
+            for color in (ROLE_COLORS["sender"], ROLE_COLORS["recipient"])
         )
         # Above the bars, on a background of their own, so that a bar never hides one
         # and no bar shows through one; the mean's stands apart, as the mean is often
@@ -416,51 +369,37 @@ class WorkerMemory(DashboardComponent):
         title = f"Memory per worker, by pool ({measure or 'no measure'})"
         if report and report["rebalance"].get("enabled"):
             title += ": orange sends, green receives (last rebalancing plan)"
-        if self.root.title.text != title:
-            self.root.title.text = title
+        _set(self.root.title, text=title)
         self._thresholds(report["rebalance"] if report else None)
 
     def _bars(self, report: Mapping[str, Any] | None) -> None:
         data, factors = worker_bars(report)
-        if list(self.root.x_range.factors) != factors:
-            self.root.x_range.factors = factors
+        _show_factors(self.root, factors)
         _replace(self.source, data)
-        top = max([1.0, *data["fraction"]]) * 1.05
-        if self.root.y_range.end != top:
-            self.root.y_range.end = top
-        font = "0px" if len(factors) > NAMED_WORKERS else "11px"
-        if self.root.xaxis[0].major_label_text_font_size != font:
-            self.root.xaxis[0].major_label_text_font_size = font
+        _set(self.root.y_range, end=max([1.0, *data["fraction"]]) * 1.05)
 
     def _thresholds(self, r: Mapping[str, Any] | None) -> None:
         on = r if r and r.get("enabled") else None  # the settings while rebalancing is on
         plan = (on or {}).get("last_plan") or {}
         mean = plan.get("mean")
-        lines = {
-            "sender_min": (self.sender_min, on["sender_min"] if on else None, "sender-min"),
-            "recipient_max": (
-                self.recipient_max,
-                on["recipient_max"] if on else None,
-                "recipient-max",
-            ),
-            "mean": (self.mean, mean, "mean"),
-        }
-        for name, (span, value, words) in lines.items():
-            label = self.labels[name]
+        for name, span, value in (
+            ("sender_min", self.sender_min, on["sender_min"] if on else None),
+            ("recipient_max", self.recipient_max, on["recipient_max"] if on else None),
+            ("mean", self.mean, mean),
+        ):
             visible = isinstance(value, (int, float))
             _set(span, visible=visible, location=value if visible else 0)
             _set(
-                label,
+                self.labels[name],
                 visible=visible,
                 y=value if visible else 0,
-                text=f"{words} {value:.0%}" if visible else "",
+                text=f"{name.replace('_', '-')} {value:.0%}" if visible else "",
             )
         half = on["gap"] / 2 if on else 0
-        visible = isinstance(mean, (int, float))
         # Hidden models keep numbers: BokehJS refuses a null coordinate.
         _set(
             self.band,
-            visible=visible,
+            visible=isinstance(mean, (int, float)),
             bottom=(mean - half) if isinstance(mean, (int, float)) else 0,
             top=(mean + half) if isinstance(mean, (int, float)) else 0,
         )
@@ -480,7 +419,8 @@ def worker_bars(report: Mapping[str, Any] | None) -> tuple[dict[str, list[Any]],
     order = sorted(by_pool, key=lambda p: (p == NO_POOL, p))
     bars = [i for pool in order for i in by_pool[pool]]
     groups = [pool for pool in order for _ in by_pool[pool]]
-    names = list(map(_short, map(str, w["name"])))
+    # A worker's name for the axis: without the protocol when it is its address.
+    names = [str(name).split("://", 1)[-1] for name in w["name"]]
     colors = [
         PAUSED_COLOR if status != "running" else ROLE_COLORS.get(role, BAR_COLOR)
         for status, role in zip(w["status"], w["role"], strict=True)
@@ -547,12 +487,8 @@ class WorkAtRisk(DashboardComponent):
                 "worker": data["worker"],
                 "address": data["address"],
             }
-            if list(self.root.x_range.factors) != factors:
-                self.root.x_range.factors = factors
+            _show_factors(self.root, factors)
             _replace(self.source, columns)
-            font = "0px" if len(factors) > NAMED_WORKERS else "11px"
-            if self.root.xaxis[0].major_label_text_font_size != font:
-                self.root.xaxis[0].major_label_text_font_size = font
         recompute = (report or {}).get("recompute") or {}
         protect = (report or {}).get("protect")
         title = (
@@ -565,8 +501,7 @@ class WorkAtRisk(DashboardComponent):
                 f"({duration(protect['seconds_protected'])}) in "
                 f"{size(protect['held_bytes'])} of {size(protect['budget_bytes'])}"
             )
-        if self.root.title.text != title:
-            self.root.title.text = title
+        _set(self.root.title, text=title)
 
 
 class InFlight(DashboardComponent):
@@ -582,22 +517,13 @@ class InFlight(DashboardComponent):
             tools="",
             toolbar_location=None,
         )
-        self.root.line(
-            x="time",
-            y="copies",
-            source=self.source,
-            line_width=2,
-            color=BAR_COLOR,
-            legend_label="copies",
-        )
-        self.root.line(
-            x="time",
-            y="moves",
-            source=self.source,
-            line_width=2,
-            color=ROLE_COLORS["sender"],
-            legend_label="rebalancing moves",
-        )
+        for y, color, legend in (
+            ("copies", BAR_COLOR, "copies"),
+            ("moves", ROLE_COLORS["sender"], "rebalancing moves"),
+        ):
+            self.root.line(
+                x="time", y=y, source=self.source, line_width=2, color=color, legend_label=legend
+            )
         self.root.legend.location = "top_left"
         self.root.y_range.start = 0
 
@@ -647,12 +573,11 @@ class MemoryFlowTable(DashboardComponent):
                 data["net"].append(signed_size(r["net_per_task"]))
                 data["live"].append(size(r["live"]))
         _refill(self.table, data)
-        height = _table_height(len(data["role"]))
-        if self.table.height != height:
-            self.table.height = height
-        text = pressure_html((report or {}).get("memory_pressure"), report is not None)
-        if self.pressure.text != text:
-            self.pressure.text = text
+        _set(self.table, height=_table_height(len(data["role"])))
+        _set(
+            self.pressure,
+            text=pressure_html((report or {}).get("memory_pressure"), report is not None),
+        )
 
 
 class _RowsTable(DashboardComponent):
@@ -676,7 +601,10 @@ class _RowsTable(DashboardComponent):
         raise NotImplementedError
 
     def update(self, report: Mapping[str, Any] | None) -> None:
-        _show_rows(self.table, self.rows(report))
+        data = self.rows(report)
+        _refill(self.table, data)
+        rows = len(data[self.COLUMNS[0]])
+        _set(self.table, visible=bool(rows), height=_table_height(rows))
 
 
 class DrainsTable(_RowsTable):
@@ -764,12 +692,7 @@ def pressure_html(pressure: Mapping[str, Any] | None, attached: bool = True) -> 
         return "<div><b>memory pressure</b> no memory-pressure section</div>"
     e = html.escape
     totals = pressure.get("totals") or {}
-    state = str(pressure["state"])
-    if state == "holding":
-        state = (
-            f"holding for {pressure['held_for']:.0f}s (worker-saturation "
-            f"{pressure['saturation']:g}, the scheduler's {pressure['scheduler_saturation']:g})"
-        )
+    state = pressure_state(pressure)
     reasons = "; ".join(str(r) for r in pressure.get("reasons") or ())
     return (
         f"<div><b>memory pressure</b> {e(state)} &middot; {totals.get('holds', 0):,.0f} holds, "
@@ -829,10 +752,7 @@ def event_full_html(event: Mapping[str, Any]) -> str:
     own (an error's diagnostics keep their lines), escaped."""
     e = html.escape
     parts = [f"<b>{e(_clock(event.get('time')))} {e(str(event.get('action')))}</b>"]
-    for name, value in event.items():
-        if name in ("time", "action"):
-            continue
-        parts.append(e(f"{name}: {value}"))
+    parts += [e(f"{k}: {v}") for k, v in event.items() if k not in ("time", "action")]
     return f'<div style="white-space: pre-wrap">{"<br>".join(parts)}</div>'
 
 
@@ -858,7 +778,7 @@ def event_detail(event: Mapping[str, Any]) -> str:
     else:
         fields = {k: v for k, v in event.items() if k not in ("time", "action")}
         text = ", ".join(f"{k}={v}" for k, v in fields.items())
-    return _clip(text, DETAIL_SHOWN)
+    return text if len(text) <= DETAIL_SHOWN else text[: DETAIL_SHOWN - 3] + "..."
 
 
 def _count(value: Any, noun: str) -> str:
@@ -889,6 +809,18 @@ class RulesPage(DashboardComponent):
         self.flow = MemoryFlowTable()
         self.drains = DrainsTable()
         self.spill = SpillTable()
+        #: In the order they are updated.
+        self.parts = (
+            self.header,
+            self.drains,
+            self.rules,
+            self.memory,
+            self.spill,
+            self.at_risk,
+            self.in_flight,
+            self.events,
+            self.flow,
+        )
         self.root = column(
             self.header.root,
             self.drains.root,
@@ -905,19 +837,9 @@ class RulesPage(DashboardComponent):
     @without_property_validation
     def update(self) -> None:
         try:
-            report = shared_report(self.scheduler)
-            parts = (
-                self.header,
-                self.drains,
-                self.rules,
-                self.memory,
-                self.spill,
-                self.at_risk,
-                self.in_flight,
-                self.events,
-                self.flow,
-            )
-            for part in parts:
+            policy = engine_of(self.scheduler)
+            report = None if policy is None else status.shared_report(policy)
+            for part in self.parts:
                 part.update(report)
         except Exception as exc:  # a bug: say it on the page, log it once, keep serving
             error = f"this page failed to update: {type(exc).__name__}: {exc}"
@@ -984,16 +906,13 @@ def _refill(table: DataTable, data: dict[str, list[Any]]) -> None:
         view.tags = [int(view.tags[0]) + 1 if view.tags else 1]
 
 
-def _show_rows(table: DataTable, data: dict[str, list[Any]]) -> None:
-    """New rows for a table shown only when it has some, as tall as they are."""
-    _refill(table, data)
-    rows = len(next(iter(data.values()), ()))
-    _set(table, visible=bool(rows), height=_table_height(rows))
-
-
-def _short(name: str) -> str:
-    """A worker's name for an axis: without the protocol when it is its address."""
-    return name.split("://", 1)[-1]
+def _show_factors(chart: Any, factors: list[Any]) -> None:
+    """A bar chart's ``(pool, worker)`` factors, the workers named up to
+    :data:`NAMED_WORKERS` of them."""
+    if list(chart.x_range.factors) != factors:
+        chart.x_range.factors = factors
+    font = "0px" if len(factors) > NAMED_WORKERS else "11px"
+    _set(chart.xaxis[0], major_label_text_font_size=font)
 
 
 def _set(model: Any, **values: Any) -> None:
@@ -1025,10 +944,6 @@ def _first_line(text: Any) -> str:
     lines = str(text).strip().splitlines()
     more = f" (+{counted(len(lines) - 1, 'more line')})" if len(lines) > 1 else ""
     return (lines[0] if lines else "") + more
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _clock(stamp: Any) -> str:

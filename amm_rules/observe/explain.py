@@ -189,9 +189,12 @@ def _explained(
     unclassified = index.waiting(ts.key)
     problem = class_problem(policy, PlanClass.of(desired)) if desired.governed else None
     annotation, annotation_error = _annotation(policy, ts)
+    summary = _summary(policy, view, plan, cluster, lo, hi, problem)
+    if unclassified:
+        summary += " (not classified by the engine yet: classification budget)"
     return {
         "key": name,
-        "summary": _summary(policy, view, plan, cluster, lo, hi, problem, unclassified),
+        "summary": summary,
         "facts": _facts(policy, ts, view, cluster),
         "cascade": _cascade(policy, ts, annotation, annotation_error, runtime),
         "decisions": _decisions(policy, view, plan, cluster, unclassified, now),
@@ -216,22 +219,6 @@ def wants(lo: int, hi: int | None) -> str:
 
 
 def _summary(
-    policy: RulesPolicy,
-    view: KeyView,
-    plan: KeyPlan,
-    cluster: ClusterView,
-    lo: int,
-    hi: int | None,
-    problem: tuple[str, str] | None,
-    unclassified: bool,
-) -> str:
-    line = _summary_line(policy, view, plan, cluster, lo, hi, problem)
-    if unclassified:
-        line += " (not classified by the engine yet: classification budget)"
-    return line
-
-
-def _summary_line(
     policy: RulesPolicy,
     view: KeyView,
     plan: KeyPlan,
@@ -426,13 +413,12 @@ def _cascade(
     distributed's set it."""
     decided, reasons = overrides(annotation, runtime)
     origin = runtime.origin if runtime is not None else "runtime"
+    fields = runtime.fields() if runtime is not None else {}
     out: list[dict[str, Any]] = [
         {
             "source": "runtime target" if origin == "runtime" else origin,
-            "sets": {f: _field_text(v) for f, v in runtime.fields().items()}
-            if runtime is not None
-            else {},
-            "decided": list(runtime.fields()) if runtime is not None else [],
+            "sets": {f: _field_text(v) for f, v in fields.items()},
+            "decided": list(fields),
             "overridden": {},
         }
     ]

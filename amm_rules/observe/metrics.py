@@ -12,46 +12,11 @@ scanning keys). Every sample carries a ``scheduler`` label (the scheduler's addr
 so that several schedulers in one process, which share that registry, each keep their
 own series.
 
-The metrics (``rule``: a rule's name, ``(annotation)`` or ``(runtime)``; the copy
-counters also ``(reduce-replicas)`` and ``(rebalance)``):
-
-========================================================  =======  =====================
-name                                                      type     labels
-========================================================  =======  =====================
-``dask_amm_rules_amm_running``                            gauge    scheduler
-``dask_amm_rules_amm_running_changed_timestamp_seconds``  gauge    scheduler
-``dask_amm_rules_governed_keys``                          gauge    scheduler, rule
-``dask_amm_rules_governed_bytes``                         gauge    scheduler, rule
-``dask_amm_rules_keys_met``                               gauge    scheduler, rule
-``dask_amm_rules_keys_unmet``                             gauge    scheduler, rule, reason
-``dask_amm_rules_rule_state``                             gauge    scheduler, rule, state
-``dask_amm_rules_rules_in_state``                         gauge    scheduler, state
-``dask_amm_rules_keys_met_ratio``                         gauge    scheduler
-``dask_amm_rules_copies_requested_total``                 counter  scheduler, rule
-``dask_amm_rules_copies_dropped_total``                   counter  scheduler, rule
-``dask_amm_rules_dry_run_would_request``                  gauge    scheduler, rule
-``dask_amm_rules_dry_run_would_drop``                     gauge    scheduler, rule
-``dask_amm_rules_copies_in_flight``                       gauge    scheduler
-``dask_amm_rules_rebalance_moves_total``                  counter  scheduler
-``dask_amm_rules_rebalance_moved_bytes_total``            counter  scheduler
-``dask_amm_rules_rebalance_moves_in_flight``              gauge    scheduler
-``dask_amm_rules_cycle_duration_seconds`` (_count, _sum)  summary  scheduler
-``dask_amm_rules_last_cycle_duration_seconds``            gauge    scheduler
-``dask_amm_rules_classification_backlog_keys``            gauge    scheduler
-``dask_amm_rules_reloads_total``                          counter  scheduler, result
-``dask_amm_rules_rules_info``                             info     scheduler, source,
-                                                                   sha256, loaded_at
-``dask_amm_rules_rules_loaded_timestamp_seconds``         gauge    scheduler
-``dask_amm_rules_paused_workers`` (and ``_handling``)       gauge    scheduler
-``dask_amm_rules_paused_workers_*_total`` (see below)       counter  scheduler
-``dask_amm_rules_memory_flow_*`` (see below)              mixed    scheduler, prefix
-``dask_amm_rules_memory_*_total``, ``_memory_live_bytes``   mixed    scheduler
-``dask_amm_rules_memory_pressure_*`` (see below)          mixed    scheduler
-``dask_amm_rules_retiring_workers``                       gauge    scheduler
-``dask_amm_rules_retirement*_total`` (see below)            counter  scheduler
-``dask_amm_rules_work_at_risk_seconds``                   gauge    scheduler, worker
-``dask_amm_rules_protect_*`` (see below)                  mixed    scheduler
-========================================================  =======  =====================
+The metrics are the families of :data:`FAMILIES`, of the memory flow and of the
+engine's sections (below); ``docs/observe.md`` lists and describes each
+(tests/observe/test_metrics.py keeps the two in step). Their ``rule`` label is a rule's
+name, ``(annotation)`` or ``(runtime)``; the copy counters' also ``(reduce-replicas)``
+and ``(rebalance)``.
 
 Rules with series of their own are the first :data:`RULE_SERIES` of the file (with the
 ``(annotation)`` and ``(runtime)`` groups, and the copy counters' own groups): the
@@ -69,15 +34,13 @@ the 20 workers with the most and ``worker="(total)"``). The
 memory flow (:mod:`amm_rules.engine.state.flow`) has series per prefix for the top prefixes
 only (:func:`shown_prefixes`: bounded label cardinality) and totals over every prefix.
 
-``docs/observe.md`` describes each. Neighbours: :mod:`amm_rules.observe.extension`
-registers and unregisters policies here; :mod:`amm_rules.observe.conformance` computes
-the per-rule figures.
+Neighbours: :mod:`amm_rules.observe.extension` registers and unregisters policies here;
+:mod:`amm_rules.observe.conformance` computes the per-rule figures.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
 import time
@@ -181,155 +144,92 @@ class RulesCollector(PrometheusCollector):
         yield from families.all()
 
 
+#: The families of every scrape, in the order they are published: metric name, kind,
+#: labels after ``scheduler``, help. Whether anything is enforced at all comes first.
+FAMILIES = (
+    ("amm_running", "gauge", (),
+     "1 while the Active Memory Manager runs its cycles; 0 while it runs none (stopped, or "
+     "start: false): nothing enforces the rules, every rule is in state not-running"),
+    ("amm_running_changed_timestamp_seconds", "gauge", (),
+     "When the Active Memory Manager last started or stopped running its cycles (seconds "
+     "since the epoch; the policy's attach if neither since)"),
+    ("governed_keys", "gauge", ("rule",), "Keys in memory governed by a rule or group"),
+    ("governed_bytes", "gauge", ("rule",),
+     "Bytes of one copy of the keys governed by a rule or group"),
+    ("keys_met", "gauge", ("rule",), "Governed keys holding their target and placement"),
+    ("keys_unmet", "gauge", ("rule", "reason"),
+     "Governed keys not holding their target or placement, by reason (reasons with keys "
+     "only)"),
+    ("rule_state", "gauge", ("rule", "state"),
+     "Conformance state of a rule or group: 1 for the current state, 0 for the others"),
+    ("rules_in_state", "gauge", ("state",),
+     "Rules of the file (every one, also those without series of their own) in each "
+     "conformance state"),
+    ("keys_met_ratio", "gauge", (),
+     "Fraction of governed keys holding their target and placement"),
+    ("copies_requested", "counter", ("rule",),
+     "Copies requested since the policy started, by rule or group"),
+    ("copies_dropped", "counter", ("rule",),
+     "Copies dropped since the policy started, by rule or group"),
+    ("dry_run_would_request", "gauge", ("rule",),
+     "Copies the rules in dry-run would request now (held back in the last cycle)"),
+    ("dry_run_would_drop", "gauge", ("rule",),
+     "Copies the rules in dry-run would drop now (held back in the last cycle)"),
+    ("copies_in_flight", "gauge", (), "Copies the engine asked for and has not seen land"),
+    ("rebalance_moves", "counter", (), "Rebalancing moves started"),
+    ("rebalance_moved_bytes", "counter", (), "Bytes copied by rebalancing moves"),
+    ("rebalance_moves_in_flight", "gauge", (), "Rebalancing moves not finished"),
+    ("cycle_duration_seconds", "summary", (), "Duration of the policy's AMM cycles"),
+    ("last_cycle_duration_seconds", "gauge", (), "Duration of the last AMM cycle"),
+    ("classification_backlog_keys", "gauge", (),
+     "Keys in memory left unclassified by the last cycle's classification budget"),
+    ("reloads", "counter", ("result",), "Reloads of the rules file, by result (ok, error)"),
+    ("rules", "info", (),
+     "The rules in force: their source, the SHA-256 of the file, when they were loaded"),
+    ("rules_loaded_timestamp_seconds", "gauge", (),
+     "When the rules in force were loaded (seconds since the epoch)"),
+)  # fmt: skip
+
+
+def _family(name: Callable[[str], str], kind: str, metric: str, doc: str, labels: Any) -> Any:
+    """A family of ``kind`` (counter, summary, info; anything else a gauge) with a
+    ``scheduler`` label before ``labels``."""
+    from prometheus_client import core
+
+    factory = {
+        "counter": core.CounterMetricFamily,
+        "summary": core.SummaryMetricFamily,
+        "info": core.InfoMetricFamily,
+    }.get(kind, core.GaugeMetricFamily)
+    return factory(name(metric), doc, labels=["scheduler", *labels])
+
+
 class _Families:
     """The metric families of one scrape, filled policy by policy."""
 
     def __init__(self, collector: RulesCollector):
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-        )
-
-        name = collector.build_name
-        self._name = name
-        self._counter = CounterMetricFamily
-        self._gauge = GaugeMetricFamily
+        self._name = collector.build_name
+        #: :data:`FAMILIES`, by metric name.
+        self.fixed = {
+            metric: _family(self._name, kind, metric, doc, labels)
+            for metric, kind, labels, doc in FAMILIES
+        }
+        self.flow = _FlowFamilies(self._name)
         #: Families of the engine's sections, by name, made when first met.
         self._extra: dict[str, Any] = {}
-        s, rule = ["scheduler"], ["scheduler", "rule"]
-        # First: whether anything is enforced at all.
-        self.amm_running = GaugeMetricFamily(
-            name("amm_running"),
-            "1 while the Active Memory Manager runs its cycles; 0 while it runs none "
-            "(stopped, or start: false): nothing enforces the rules, every rule is in "
-            "state not-running",
-            labels=s,
-        )
-        self.amm_running_changed = GaugeMetricFamily(
-            name("amm_running_changed_timestamp_seconds"),
-            "When the Active Memory Manager last started or stopped running its cycles "
-            "(seconds since the epoch; the policy's attach if neither since)",
-            labels=s,
-        )
-        self.governed_keys = GaugeMetricFamily(
-            name("governed_keys"), "Keys in memory governed by a rule or group", labels=rule
-        )
-        self.governed_bytes = GaugeMetricFamily(
-            name("governed_bytes"),
-            "Bytes of one copy of the keys governed by a rule or group",
-            labels=rule,
-        )
-        self.keys_met = GaugeMetricFamily(
-            name("keys_met"), "Governed keys holding their target and placement", labels=rule
-        )
-        self.keys_unmet = GaugeMetricFamily(
-            name("keys_unmet"),
-            "Governed keys not holding their target or placement, by reason (reasons with "
-            "keys only)",
-            labels=[*rule, "reason"],
-        )
-        self.rule_state = GaugeMetricFamily(
-            name("rule_state"),
-            "Conformance state of a rule or group: 1 for the current state, 0 for the others",
-            labels=[*rule, "state"],
-        )
-        self.rules_in_state = GaugeMetricFamily(
-            name("rules_in_state"),
-            "Rules of the file (every one, also those without series of their own) in "
-            "each conformance state",
-            labels=[*s, "state"],
-        )
-        self.met_ratio = GaugeMetricFamily(
-            name("keys_met_ratio"),
-            "Fraction of governed keys holding their target and placement",
-            labels=s,
-        )
-        self.requested = CounterMetricFamily(
-            name("copies_requested"),
-            "Copies requested since the policy started, by rule or group",
-            labels=rule,
-        )
-        self.dropped = CounterMetricFamily(
-            name("copies_dropped"),
-            "Copies dropped since the policy started, by rule or group",
-            labels=rule,
-        )
-        self.would_request = GaugeMetricFamily(
-            name("dry_run_would_request"),
-            "Copies the rules in dry-run would request now (held back in the last cycle)",
-            labels=rule,
-        )
-        self.would_drop = GaugeMetricFamily(
-            name("dry_run_would_drop"),
-            "Copies the rules in dry-run would drop now (held back in the last cycle)",
-            labels=rule,
-        )
-        self._engine_wide(name, s)
-
-    def _engine_wide(self, name: Callable[[str], str], s: list[str]) -> None:
-        """The families of the engine's own figures (one series per scheduler)."""
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            InfoMetricFamily,
-            SummaryMetricFamily,
-        )
-
-        self.in_flight = GaugeMetricFamily(
-            name("copies_in_flight"), "Copies the engine asked for and has not seen land", labels=s
-        )
-        self.moves = CounterMetricFamily(
-            name("rebalance_moves"), "Rebalancing moves started", labels=s
-        )
-        self.moved_bytes = CounterMetricFamily(
-            name("rebalance_moved_bytes"), "Bytes copied by rebalancing moves", labels=s
-        )
-        self.moves_in_flight = GaugeMetricFamily(
-            name("rebalance_moves_in_flight"), "Rebalancing moves not finished", labels=s
-        )
-        self.cycle = SummaryMetricFamily(
-            name("cycle_duration_seconds"), "Duration of the policy's AMM cycles", labels=s
-        )
-        self.last_cycle = GaugeMetricFamily(
-            name("last_cycle_duration_seconds"), "Duration of the last AMM cycle", labels=s
-        )
-        self.backlog = GaugeMetricFamily(
-            name("classification_backlog_keys"),
-            "Keys in memory left unclassified by the last cycle's classification budget",
-            labels=s,
-        )
-        self.reloads = CounterMetricFamily(
-            name("reloads"),
-            "Reloads of the rules file, by result (ok, error)",
-            labels=[*s, "result"],
-        )
-        self.info = InfoMetricFamily(
-            name("rules"),
-            "The rules in force: their source, the SHA-256 of the file, when they were loaded",
-            labels=s,
-        )
-        self.loaded = GaugeMetricFamily(
-            name("rules_loaded_timestamp_seconds"),
-            "When the rules in force were loaded (seconds since the epoch)",
-            labels=s,
-        )
-
-    @functools.cached_property
-    def flow(self) -> _FlowFamilies:
-        """The memory flow's families (made at first use, like the sections')."""
-        return _FlowFamilies(self._name)
 
     def add(self, policy: RulesPolicy) -> None:
+        f = self.fixed
         where = [_scheduler_label(policy)]
         c = conformance(policy)
-        self.amm_running.add_metric(where, float(c.running))
+        f["amm_running"].add_metric(where, float(c.running))
         if c.since is not None:
-            self.amm_running_changed.add_metric(where, c.since)
+            f["amm_running_changed_timestamp_seconds"].add_metric(where, c.since)
         shown, other = _shown_rows(c.rules)
         for r in shown:
             self._rule(where, r)
             for state in STATES:
-                self.rule_state.add_metric([*where, r.name, state], float(r.state == state))
+                f["rule_state"].add_metric([*where, r.name, state], float(r.state == state))
         if other is not None:
             self._rule(where, other)
         by_state = dict.fromkeys(STATES, 0)
@@ -337,8 +237,8 @@ class _Families:
             if r.kind == "rule":
                 by_state[r.state] = by_state.get(r.state, 0) + 1
         for state, n in by_state.items():
-            self.rules_in_state.add_metric([*where, state], n)
-        self.met_ratio.add_metric(where, c.fraction)
+            f["rules_in_state"].add_metric([*where, state], n)
+        f["keys_met_ratio"].add_metric(where, c.fraction)
         label_of = _labels(shown, c.rules)
         totals: dict[str, list[int]] = {}
         for label, counts in sorted(policy.totals.items()):
@@ -346,8 +246,8 @@ class _Families:
             acc[0] += counts["requested"]
             acc[1] += counts["dropped"]
         for label, (requested, dropped) in totals.items():
-            self.requested.add_metric([*where, label], requested)
-            self.dropped.add_metric([*where, label], dropped)
+            f["copies_requested"].add_metric([*where, label], requested)
+            f["copies_dropped"].add_metric([*where, label], dropped)
         # Every rule and group shown (0 when not in dry-run), and any other label
         # holding back (the rules without series of their own add up).
         last = policy.last_cycle
@@ -360,21 +260,21 @@ class _Families:
                 acc[0] += cycle.get("would_request", 0)
                 acc[1] += cycle.get("would_drop", 0)
         for label, (would_request, would_drop) in held.items():
-            self.would_request.add_metric([*where, label], would_request)
-            self.would_drop.add_metric([*where, label], would_drop)
-        self.in_flight.add_metric(where, len(policy.ctx.ledger))
+            f["dry_run_would_request"].add_metric([*where, label], would_request)
+            f["dry_run_would_drop"].add_metric([*where, label], would_drop)
+        f["copies_in_flight"].add_metric(where, len(policy.ctx.ledger))
         rebalancer = policy.rebalancer
-        self.moves.add_metric(where, rebalancer.totals["moves"])
-        self.moved_bytes.add_metric(where, rebalancer.totals["bytes"])
-        self.moves_in_flight.add_metric(where, len(rebalancer.book.pending))
+        f["rebalance_moves"].add_metric(where, rebalancer.totals["moves"])
+        f["rebalance_moved_bytes"].add_metric(where, rebalancer.totals["bytes"])
+        f["rebalance_moves_in_flight"].add_metric(where, len(rebalancer.book.pending))
         journal = policy.journal
-        self.cycle.add_metric(where, journal.cycles, journal.cycle_seconds_total)
-        self.last_cycle.add_metric(where, policy.last_cycle_seconds)
-        self.backlog.add_metric(where, journal.backlog)
+        f["cycle_duration_seconds"].add_metric(where, journal.cycles, journal.cycle_seconds_total)
+        f["last_cycle_duration_seconds"].add_metric(where, policy.last_cycle_seconds)
+        f["classification_backlog_keys"].add_metric(where, journal.backlog)
         for result in ("ok", "error"):
-            self.reloads.add_metric([*where, result], journal.reloads[result])
+            f["reloads"].add_metric([*where, result], journal.reloads[result])
         ruleset = policy.ruleset
-        self.info.add_metric(
+        f["rules"].add_metric(
             where,
             {
                 "source": policy.path if policy.path is not None else ruleset.source,
@@ -382,21 +282,21 @@ class _Families:
                 "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(policy.loaded_at)),
             },
         )
-        self.loaded.add_metric(where, policy.loaded_at)
+        f["rules_loaded_timestamp_seconds"].add_metric(where, policy.loaded_at)
         self.flow.add(policy, where)
         self._sections(policy, where)
 
     def _rule(self, where: list[str], r: RuleConformance) -> None:
         at = [*where, r.name]
-        self.governed_keys.add_metric(at, r.keys)
-        self.governed_bytes.add_metric(at, r.bytes)
-        self.keys_met.add_metric(at, r.met)
+        self.fixed["governed_keys"].add_metric(at, r.keys)
+        self.fixed["governed_bytes"].add_metric(at, r.bytes)
+        self.fixed["keys_met"].add_metric(at, r.met)
         # Only the reasons that have keys: with every reason of every rule at zero,
         # formatting the scrape would cost more than computing it.
         for reason in REASONS:
             n = r.unmet.get(reason, 0)
             if n:
-                self.keys_unmet.add_metric([*at, reason], n)
+                self.fixed["keys_unmet"].add_metric([*at, reason], n)
 
     def _sections(self, policy: RulesPolicy, where: list[str]) -> None:
         """The figures of the engine's sections (see Section.metrics and METRICS)."""
@@ -415,9 +315,8 @@ class _Families:
                 label = spec[3] if len(spec) > 3 else None
                 family = self._extra.get(name)
                 if family is None:
-                    factory = self._counter if kind == "counter" else self._gauge
-                    labels = ["scheduler"] if label is None else ["scheduler", label]
-                    family = self._extra[name] = factory(self._name(name), doc, labels=labels)
+                    labels = () if label is None else (label,)
+                    family = self._extra[name] = _family(self._name, kind, name, doc, labels)
                 if label is None:
                     family.add_metric(where, value)
                 else:
@@ -425,8 +324,7 @@ class _Families:
                         family.add_metric([*where, str(at)], v)
 
     def all(self) -> Iterator[Any]:
-        fixed = [v for k, v in vars(self).items() if not k.startswith("_") and k != "flow"]
-        return iter([*fixed, *self.flow.all(), *self._extra.values()])
+        return iter([*self.fixed.values(), *self.flow.all(), *self._extra.values()])
 
 
 #: Prefixes with their own series: those that produced the most bytes, then those with
@@ -455,25 +353,16 @@ class _FlowFamilies:
         ("live", "gauge", "memory_live_bytes", "Bytes of keys in memory now (each key once)"),
     )  # fmt: skip
 
-    def __init__(self, name: Any) -> None:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        def family(kind: str, metric: str, doc: str, labels: list[str]) -> Any:
-            factory = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-            return factory(name(metric), doc, labels=labels)
-
+    def __init__(self, name: Callable[[str], str]) -> None:
         self.per_prefix = {
-            field: family(kind, metric, doc, ["scheduler", "prefix"])
+            field: _family(name, kind, metric, doc, ("prefix",))
             for field, kind, metric, doc in self.PER_PREFIX
         }
         self.totals = {
-            field: family(kind, metric, doc, ["scheduler"])
-            for field, kind, metric, doc in self.TOTALS
+            field: _family(name, kind, metric, doc, ()) for field, kind, metric, doc in self.TOTALS
         }
-        self.prefixes = GaugeMetricFamily(
-            name("memory_flow_prefixes"),
-            "Task prefixes whose memory flow is kept",
-            labels=["scheduler"],
+        self.prefixes = _family(
+            name, "gauge", "memory_flow_prefixes", "Task prefixes whose memory flow is kept", ()
         )
 
     def add(self, policy: RulesPolicy, where: list[str]) -> None:

@@ -28,6 +28,7 @@ import statistics
 import time
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from itertools import islice
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -177,15 +178,13 @@ def status_json(report: Mapping[str, Any]) -> str:
     return json.dumps(report, indent=2, default=str) + "\n"
 
 
+@dataclass(slots=True)
 class _Shared:
     """One report of a policy and, once asked for, its JSON (see :func:`shared_report`)."""
 
-    __slots__ = ("made", "report", "text")
-
-    def __init__(self, made: float, report: dict[str, Any]):
-        self.made = made
-        self.report = report
-        self.text: str | None = None
+    made: float
+    report: dict[str, Any]
+    text: str | None = None
 
 
 _shared: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()

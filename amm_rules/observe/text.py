@@ -9,7 +9,7 @@ Sizes are shown as dask shows them (``152.59 MiB``), times as local dates.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from amm_rules.engine.drain_request import DrainReport
@@ -99,26 +99,49 @@ def _render_rules(report: Mapping[str, Any]) -> list[str]:
     since = _departure_behind(report)
     if since:
         out.append(f"  in progress since {since}")
-    header = ("rule", "state", "keys", "bytes", "met", "unmet")
     table = [
-        (
-            r["name"] + ("" if r["in_file"] else " (removed)"),
-            r["state"],
-            f"{r['keys']:,}",
-            size(r["bytes"]),
-            f"{r['met']:,}",
-            f"{r['unmet']:,}",
-        )
-        for r in rows
+        ("rule", "state", "keys", "bytes", "met", "unmet"),
+        *(
+            (
+                r["name"] + ("" if r["in_file"] else " (removed)"),
+                r["state"],
+                f"{r['keys']:,}",
+                size(r["bytes"]),
+                f"{r['met']:,}",
+                f"{r['unmet']:,}",
+            )
+            for r in rows
+        ),
     ]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *table, strict=False)]
-    for n, cells in enumerate([header, *table]):
-        left = [f"{cells[i]:<{widths[i]}}" for i in range(2)]
-        right = [f"{cells[i]:>{widths[i]}}" for i in range(2, len(cells))]
-        out.append("  " + "  ".join(left + right).rstrip())
+    for n, line in enumerate(aligned(table, left=2)):
+        out.append(f"  {line}")
         if n and rows[n - 1]["state"] != SATISFIED:
             out.append(f"    {rows[n - 1]['sentence']}")
     return out
+
+
+def cycle_timing(cycles: Mapping[str, Any]) -> str:
+    """``last 1.9 ms, median 1.7 ms, worst 8.2 ms of the last 100`` (a report's
+    ``cycle_ms``), or ``no cycle yet``."""
+    if not cycles["recent"]:
+        return "no cycle yet"
+    return (
+        f"last {cycles['last']:.1f} ms, median {cycles['median']:.1f} ms, worst "
+        f"{cycles['worst']:.1f} ms of the last {cycles['recent']}"
+    )
+
+
+def aligned(rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:
+    """Rows of cells as lines, each column as wide as its widest cell and two spaces
+    from the next: the first ``left`` columns aligned left, the others (figures) right."""
+    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
+    return [
+        "  ".join(
+            cell.ljust(width) if i < left else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
 
 
 def _asked_before(report: Mapping[str, Any]) -> str:
@@ -130,15 +153,9 @@ def _asked_before(report: Mapping[str, Any]) -> str:
 
 def _render_engine(report: Mapping[str, Any]) -> list[str]:
 
-    cycles = report["cycle_ms"]
-    if cycles["recent"]:
-        timing = (
-            f"{report['cycles']:,} cycles; last {cycles['last']:.1f} ms, median "
-            f"{cycles['median']:.1f} ms, worst {cycles['worst']:.1f} ms of the last "
-            f"{cycles['recent']}"
-        )
-    else:
-        timing = "no cycle yet"
+    timing = cycle_timing(report["cycle_ms"])
+    if report["cycle_ms"]["recent"]:
+        timing = f"{report['cycles']:,} cycles; {timing}"
     out = [
         f"cycles       {timing}",
         f"backlog      {counted(report['classification_backlog'], 'key')} waiting for "
@@ -199,12 +216,18 @@ def _departure_behind(report: Mapping[str, Any]) -> str | None:
     return departure_sentence(last, report.get("time"))
 
 
-def _render_departures(report: Mapping[str, Any]) -> list[str]:
+def latest_departures(report: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], str]]:
+    """The last :data:`DEPARTURES_SHOWN` workers that left (the ``worker-left`` events),
+    newest first, each with its sentence: what it left below target or lost."""
     from amm_rules.engine.sections.departures import departure_sentence
 
     recent = (report.get("workers_left") or {}).get("recent") or []
     now = report.get("time")
-    lines = [departure_sentence(e, now) for e in reversed(recent[-DEPARTURES_SHOWN:])]
+    return [(e, departure_sentence(e, now)) for e in reversed(recent[-DEPARTURES_SHOWN:])]
+
+
+def _render_departures(report: Mapping[str, Any]) -> list[str]:
+    lines = [said for _, said in latest_departures(report)]
     if not lines:
         return ["left         no worker left since the policy started"]
     return [f"left         {lines[0]}", *(f"             {line}" for line in lines[1:])]
@@ -303,21 +326,24 @@ def _render_pressure(pressure: Mapping[str, Any] | None) -> list[str]:
     """The memory-pressure section: its state and why."""
     if not pressure:
         return ["pressure     no memory-pressure section"]
-    state = pressure["state"]
-    if state == "holding":
-        head = (
-            f"holding for {pressure['held_for']:.0f}s (worker-saturation "
-            f"{pressure['saturation']:g}, the scheduler's {pressure['scheduler_saturation']:g})"
-        )
-    else:
-        head = state
     totals = pressure.get("totals") or {}
     out = [
-        f"pressure     {head}; {totals.get('holds', 0):,.0f} holds, "
+        f"pressure     {pressure_state(pressure)}; {totals.get('holds', 0):,.0f} holds, "
         f"{totals.get('held_seconds', 0):,.1f}s held since start"
     ]
     out += [f"  {reason}" for reason in pressure.get("reasons") or ()]
     return out
+
+
+def pressure_state(pressure: Mapping[str, Any]) -> str:
+    """The memory-pressure section's state; while it holds, for how long and at what
+    saturation."""
+    if pressure["state"] != "holding":
+        return str(pressure["state"])
+    return (
+        f"holding for {pressure['held_for']:.0f}s (worker-saturation "
+        f"{pressure['saturation']:g}, the scheduler's {pressure['scheduler_saturation']:g})"
+    )
 
 
 def _render_adaptive(adaptive: Mapping[str, Any] | None, now: float | None) -> list[str]:
@@ -386,7 +412,7 @@ def render_memory_flow(table: Mapping[str, Mapping[str, Any]], top: int) -> str:
     """``amm-rules status --memory-flow``: the top producers (largest net bytes per
     task) and the top freers (most bytes freed by their tasks finishing)."""
 
-    rows = [(prefix, row) for prefix, row in table.items()]
+    rows = list(table.items())
     producers = sorted(
         (r for r in rows if (r[1]["net_per_task"] or 0) > 0),
         key=lambda r: -r[1]["net_per_task"],
@@ -416,13 +442,7 @@ def render_memory_flow(table: Mapping[str, Mapping[str, Any]], top: int) -> str:
         if not chosen:
             out.append("  none yet")
             continue
-        table_rows = [header, *(cells(p, r) for p, r in chosen)]
-        widths = [max(len(row[i]) for row in table_rows) for i in range(len(header))]
-        for row in table_rows:
-            text = [f"{row[0]:<{widths[0]}}"] + [
-                f"{row[i]:>{widths[i]}}" for i in range(1, len(row))
-            ]
-            out.append("  " + "  ".join(text).rstrip())
+        out += [f"  {line}" for line in aligned([header, *(cells(p, r) for p, r in chosen)])]
     return "\n".join(out) + "\n"
 
 
