@@ -164,6 +164,15 @@ class Section:
         or for a figure whose spec names a label, label value -> number."""
         return {}
 
+    def counter_figures(self, counters: Mapping[str, int]) -> dict[str, float]:
+        """The figures of :attr:`METRICS` that are counters, read from ``counters``
+        (0 for those not counted yet)."""
+        return {
+            name: float(counters.get(name, 0))
+            for name, spec in self.METRICS.items()
+            if spec[1] == "counter"
+        }
+
     def cycle_summary(self, into: dict[str, Any]) -> bool:
         """Add the last cycle's facts to ``into``, the section's part of the next
         ``cycle`` event (kept since the last one: flows add up, states are the

@@ -524,10 +524,7 @@ class DrainSection(Section):
         active = [d for d in self.drains.values() if d.active]
         return {
             "draining": float(len(active)),
-            "drains": float(self.counters["drains"]),
-            "copies": float(self.counters["copies"]),
-            "bytes": float(self.counters["bytes"]),
-            "lost_keys": float(self.counters["lost_keys"]),
+            **self.counter_figures(self.counters),
             "predicted_loss_seconds": sum(
                 d.last.lost_seconds + d.last.cannot_move_seconds for d in active if d.last
             ),

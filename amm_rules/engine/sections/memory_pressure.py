@@ -345,9 +345,10 @@ class MemoryPressure(Section, SchedulerPlugin):
         if self.state == "holding" and self.held_at != scheduler.WORKER_SATURATION:
             # Someone else set the saturation: theirs wins, ours is forgotten, and no
             # hold overrides it before a cool-down.
-            self._forget_hold(now, "worker-saturation was changed by someone else")
-            self.state = "cooling"
-            self.cool_until = now + settings.cooldown
+            why = "worker-saturation was changed by someone else"
+            self._end_hold(now, f"stopped holding: {why}")
+            self._emit("stopped", reason=why)
+            self._cool(now + settings.cooldown)
             return
         above_release = self._look(settings, scheduler)
         head = self._head(scheduler)
@@ -445,8 +446,7 @@ class MemoryPressure(Section, SchedulerPlugin):
         self.reasons = [*reasons, f"holding for {held_for:.0f}s"]
         if held_for >= settings.max_hold:
             self.release(now, f"held for max-hold ({settings.max_hold:g}s)")
-            self.state = "cooling"
-            self.cool_until = now + settings.cooldown
+            self._cool(now + settings.cooldown)
             return
         if held_for < settings.min_hold:
             return
@@ -465,8 +465,7 @@ class MemoryPressure(Section, SchedulerPlugin):
             return
         self.counters["unpaid"] += 1
         self.release(now, why)
-        self.state = "cooling"
-        self.cool_until = now + self.judge.cool_down(settings)
+        self._cool(now + self.judge.cool_down(settings))
 
     def _unavailable(self) -> None:
         if self.state != "unavailable":
@@ -503,26 +502,26 @@ class MemoryPressure(Section, SchedulerPlugin):
     def release(self, now: float, why: str) -> None:
         """Put the scheduler's own worker-saturation back."""
         ctx = self.ctx
-        held_for = now - (self.since or now)
-        self.held_seconds_done += held_for
+        held_for = self._end_hold(now, f"released: {why}")
         self.counters["releases"] += 1
         if ctx.attached and self.base is not None:
             _set_saturation(ctx.scheduler, self.base, opened=True)
-        self.state = "idle"
-        self.since = None
-        self.held_at = None
-        self.judge.stop()
-        self.reasons = [f"released: {why}"]
         self._emit("release", reason=why, held_seconds=round(held_for, 3), saturation=self.base)
 
-    def _forget_hold(self, now: float, why: str) -> None:
-        self.held_seconds_done += now - (self.since or now)
+    def _end_hold(self, now: float, reason: str) -> float:
+        """The hold in force ends (its seconds counted); returns how long it held."""
+        held_for = now - (self.since or now)
+        self.held_seconds_done += held_for
         self.state = "idle"
         self.since = None
         self.held_at = None
         self.judge.stop()
-        self.reasons = [f"stopped holding: {why}"]
-        self._emit("stopped", reason=why)
+        self.reasons = [reason]
+        return held_for
+
+    def _cool(self, until: float) -> None:
+        self.state = "cooling"
+        self.cool_until = until
 
     def _emit(self, step: str, **fields: Any) -> None:
         self.ctx.events.emit("memory-pressure", step=step, **fields)
@@ -580,14 +579,9 @@ class MemoryPressure(Section, SchedulerPlugin):
     def metrics(self, now: float | None = None) -> dict[str, float]:
         """Counters for a collector: holds, releases, seconds held, root tasks made
         queueable, and whether a hold is in force."""
-        return {
-            "holding": float(self.state == "holding"),
-            "holds": float(self.counters["holds"]),
-            "releases": float(self.counters["releases"]),
-            "unpaid": float(self.counters["unpaid"]),
-            "held_seconds": round(self.held_seconds(now), 3),
-            "queued_roots": float(self.counters["queued_roots"]),
-        }
+        out = {"holding": float(self.state == "holding"), **self.counter_figures(self.counters)}
+        out["held_seconds"] = round(self.held_seconds(now), 3)
+        return out
 
 
 class HoldJudge:

@@ -88,18 +88,6 @@ RESTART = "paused-workers: action: restart"
 #: Seconds given to ``retire_workers`` and to the nanny's restart.
 RESTART_TIMEOUT = 60.0
 
-#: Why a worker paused for long enough is not acted on (the ``reason`` of ``held``).
-HOLD_REASONS = (
-    "all-paused",
-    "too-many-paused",
-    "actors",
-    "no-memory-limit",
-    "managed-memory",
-    "cooling-down",
-    "blocked-recently",
-    "max-concurrent",
-)
-
 
 class PauseClock(SchedulerPlugin):
     """When each worker paused, from the scheduler's ``worker-status-change`` events
@@ -662,7 +650,7 @@ class PausedWorkers(Section):
         plus ``paused_workers`` and ``handling`` now and ``paused_seconds`` (total time
         workers spent paused, the current pauses included)."""
         now = time.monotonic()
-        out: dict[str, float] = {name: float(self.counters[name]) for name in _COUNTERS}
+        out = self.counter_figures(self.counters)
         out["paused_workers"] = float(len(self.clock.since))
         out["handling"] = float(len(self.handling))
         out["paused_seconds"] = self.paused_seconds_done + sum(
@@ -691,20 +679,6 @@ class PausedWorkers(Section):
                 entry["blocks"] = f"keeps the worker from leaving: {why} ({rule})"
             out.append(entry)
         return out
-
-
-_COUNTERS = (
-    "paused",
-    "held",
-    "evacuations",
-    "copies",
-    "bytes",
-    "blocked",
-    "restarted",
-    "retired",
-    "failed",
-    "recovered",
-)
 
 
 @dataclass(frozen=True)

@@ -358,20 +358,9 @@ class Retirements(Section):
         """Counters and a gauge for a metrics collector, computed when called: the
         counters of :attr:`counters` (``retirements``, ``copies``, ``bytes``, ``drops``,
         ``placed``, ``blocked``, ``dry_run_keys``) and ``retiring`` (now)."""
-        out = {name: float(self.counters[name]) for name in _COUNTERS}
+        out = self.counter_figures(self.counters)
         out["retiring"] = float(len(self.active))
         return out
-
-
-_COUNTERS = (
-    "retirements",
-    "copies",
-    "bytes",
-    "drops",
-    "placed",
-    "blocked",
-    "dry_run_keys",
-)
 
 
 def _wrap_add_policy(manager: Any) -> Callable[[], None]:
