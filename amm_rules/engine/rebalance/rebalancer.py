@@ -71,7 +71,6 @@ ON_DISK = "on disk on the sender: moving it relieves no memory"
 EXAMPLES_KEPT = 10
 
 Key = Hashable
-Emit = Callable[..., Any]
 
 
 def spill_thresholds() -> tuple[float | None, float | None]:
@@ -93,25 +92,20 @@ class Rebalancer:
     timings of the :class:`~amm_rules.engine.rebalance.plan.MoveBook` included.
     """
 
-    #: The settings in force (replaced on reload by :meth:`configure`).
-    settings: RebalanceSettings
-    #: Moves in flight, keys cooling down, roles of the last plan.
-    book: MoveBook
-    #: The plan of the last cycle that planned (``None`` before the first).
-    last_plan: RebalancePlan | None
-    #: What the last settlement decided.
-    last_settlement: Settlement | None
-
     def __init__(self, moves: dict[Key, Any] | None = None) -> None:
+        #: The settings in force (replaced on reload by :meth:`configure`).
         self.settings = s = RebalanceSettings()
+        #: Moves in flight, keys cooling down, roles of the last plan.
         self.book = MoveBook(
             cooldown=s.cooldown,
             copy_timeout=s.copy_timeout,
             drop_timeout=s.drop_timeout,
             pending=moves,
         )
-        self.last_plan = None
-        self.last_settlement = None
+        #: The plan of the last cycle that planned (``None`` before the first).
+        self.last_plan: RebalancePlan | None = None
+        #: What the last settlement decided.
+        self.last_settlement: Settlement | None = None
         #: Since the policy started: moves started, bytes copied, moves done, drops
         #: accepted, copies the AMM refused, moves void.
         self.totals: Counter[str] = Counter()
