@@ -5,21 +5,9 @@ scheduler's objects and the pure planner of :mod:`amm_rules.engine.rebalance.pla
 keys with sizes, predicates) and keeps the moves in flight in a
 :class:`~amm_rules.engine.rebalance.plan.MoveBook`. This module reads the live scheduler to feed it, and
 turns its answers into AMM ``Suggestion``\\ s. One :class:`Rebalancer` lives as long as its
-policy (hot reloads keep it); each AMM cycle :meth:`Rebalancer.run`:
-
-1. settles the moves in flight (:meth:`MoveBook.settle`): for each copy that landed, asks the
-   sender to drop its copy, unless the key's replication target comes first (it needs the
-   sender's copy, or is exceeded while that copy is in use: the move is void, and its
-   landed copy is handed to replication); forgets moves that are complete or void;
-2. measures every worker that is not retiring with the ``rebalance.measure`` of the rules,
-   plus what the AMM has already accepted in this cycle (other policies and the replication
-   half of RulesPolicy);
-3. plans (:func:`~amm_rules.engine.rebalance.plan.plan_rebalance`) with the rules as predicates:
-   ``move: never``, ``rebalance.match``, keys read by tasks still to run, keys another
-   decision touched this cycle stay put; recipients must be allowed by the key's
-   ``pool``/``avoid``/``spread``;
-4. suggests one ``replicate`` per move, with the recipient as the only candidate, and
-   records what the AMM accepted.
+policy (hot reloads keep it); each AMM cycle :meth:`Rebalancer.run` measures the workers,
+settles the moves in flight, plans with the rules as predicates and suggests the copies
+(its steps say how).
 
 Neighbours: the rebalance section (:mod:`amm_rules.engine.sections.rebalance`) runs it,
 holds the keys of the moves in flight (the other sections

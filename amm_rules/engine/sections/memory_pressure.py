@@ -79,15 +79,11 @@ logger = logging.getLogger(__name__)
 CALLBACK = "amm-rules-memory-pressure"
 #: Workers named in an event or the status (the worst first).
 SHOWN_WORKERS = 10
-#: A hold is judged over spans of twice ``min-hold``, at least :data:`PAYING_SPAN`
-#: seconds: unless the memory of the workers it started for fell by at least
-#: :data:`PAYING` of their limits over a span, holding stopped paying (a shuffle, whose
-#: pieces stay in memory until every input is read, only waits on the producers held
-#: back) and the hold is released.
+#: Whether a hold pays: the share of their limits by which the workers' memory must
+#: fall, the shortest span it is judged over, and the most the cool-down after holds
+#: that did not pay is multiplied by (see :class:`HoldJudge`).
 PAYING = 0.01
 PAYING_SPAN = 5.0
-#: The cool-down after a hold released for not paying doubles with each such release in
-#: a row, up to this multiple of ``cool-down``; a hold that paid resets it.
 UNPAID_COOL_DOWN_MAX = 8
 
 
@@ -587,9 +583,11 @@ class MemoryPressure(Section, SchedulerPlugin):
 class HoldJudge:
     """Whether a hold pays: the memory of the workers it started for must fall, by
     :data:`PAYING` of their limits, over each span of twice ``min-hold`` (at least
-    :data:`PAYING_SPAN`). A hold that does not is released, and the section cools down
-    for ``cool-down``, doubled with each such release in a row (at most
-    :data:`UNPAID_COOL_DOWN_MAX` times); a hold that paid resets it."""
+    :data:`PAYING_SPAN`). A hold that does not has stopped paying (a shuffle, whose
+    pieces stay in memory until every input is read, only waits on the producers held
+    back): it is released, and the section cools down for ``cool-down``, doubled with
+    each such release in a row (at most :data:`UNPAID_COOL_DOWN_MAX` times); a hold
+    that paid resets it."""
 
     def __init__(self) -> None:
         #: The span being judged: the workers, when it started, their memory (bytes by
