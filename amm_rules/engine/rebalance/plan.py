@@ -5,16 +5,10 @@ This module owns the decision logic of the ``rebalance:`` section of a rules fil
 nothing from ``distributed``, reads a small view of the cluster (:class:`WorkerLoad`,
 an iterator of candidate keys per worker, and predicates), and returns data.
 
-Neighbours:
-
-- :mod:`amm_rules.language.ruleset` holds the settings (``measure``, ``sender-min``,
-  ``recipient-max``, ``gap``, ``max-bytes-per-cycle``, ``match``, and the timings
-  ``cool-down``, ``copy-timeout``, ``drop-timeout`` that :class:`MoveBook` applies).
-- The scheduler engine (:mod:`amm_rules.engine.policy`) builds the view each AMM cycle, after
-  replication planning; supplies the predicates that carry the rules (``move: never``,
-  ``match``, pools, ``avoid``, ``spread``, keys read by running tasks); turns
-  :class:`Move` into a ``replicate`` suggestion and a settled move into a ``drop``
-  suggestion; and keeps a :class:`MoveBook` between cycles.
+Neighbours: :mod:`amm_rules.language.ruleset` holds the settings;
+:mod:`amm_rules.engine.rebalance.rebalancer` builds the view each AMM cycle, supplies the
+predicates that carry the rules, turns :class:`Move` into a ``replicate`` suggestion and
+a settled move into a ``drop`` one, and keeps a :class:`MoveBook` between cycles.
 
 A move is never one step. It is a copy onto the recipient in one cycle and a drop from
 the sender in a later one, once the copy has landed (:func:`settle_moves`). Until then
@@ -124,10 +118,6 @@ class WorkerLoad:
     #: ``None`` when the thresholds are off. At or below 0 the worker does not receive:
     #: every byte sent there would push a byte to its disk.
     headroom: int | None = None
-
-    @property
-    def fraction(self) -> float:
-        return self.memory / self.memory_limit if self.memory_limit > 0 else math.nan
 
 
 # --- moves --------------------------------------------------------------------------

@@ -39,10 +39,6 @@ reports, and is not a step of the cycle at all).
 - :attr:`~Section.offline` and :meth:`~Section.in_use`: why a simulation cannot run it,
   and whether the rules use it.
 
-Adding a feature is a new module in this package and one entry in the list of
-:mod:`amm_rules.engine.sections`; status, explain and the collector find it there (see
-docs/architecture.md).
-
 Neighbours: :mod:`amm_rules.engine.sections` runs the cycle;
 :mod:`amm_rules.engine.context` is what the sections are given.
 """
@@ -78,7 +74,7 @@ class Cycle:
         self.ended: list[Callable[[float], None]] = []
         #: The engine's clock when planning starts: taken once, after classification
         #: (which may take the cycle's budget), by the cycle itself
-        #: (:func:`amm_rules.engine.sections.run_cycle`); the steps before it see the
+        #: (:func:`amm_rules.engine.sections.steps`); the steps before it see the
         #: cycle's start.
         self.now = now
         #: The cycle's counters: label -> {governed, requested, dropped, unmet, ...}.
