@@ -1,4 +1,4 @@
-"""Rebalancing inside the engine: :mod:`.planner` decides moves from worker loads (pure),
+"""Rebalancing inside the engine: :mod:`.plan` decides moves from worker loads (pure),
 :mod:`.rebalancer` feeds it the engine's views and turns its moves into suggestions.
 
 It sits inside the engine because the rebalancer reads the engine's views and the policy

@@ -5,16 +5,10 @@ This module owns the decision logic of the ``rebalance:`` section of a rules fil
 nothing from ``distributed``, reads a small view of the cluster (:class:`WorkerLoad`,
 an iterator of candidate keys per worker, and predicates), and returns data.
 
-Neighbours:
-
-- :mod:`amm_rules.language.ruleset` holds the settings (``measure``, ``sender-min``,
-  ``recipient-max``, ``gap``, ``max-bytes-per-cycle``, ``match``, and the timings
-  ``cool-down``, ``copy-timeout``, ``drop-timeout`` that :class:`MoveBook` applies).
-- The scheduler engine (:mod:`amm_rules.engine.policy`) builds the view each AMM cycle, after
-  replication planning; supplies the predicates that carry the rules (``move: never``,
-  ``match``, pools, ``avoid``, ``spread``, keys read by running tasks); turns
-  :class:`Move` into a ``replicate`` suggestion and a settled move into a ``drop``
-  suggestion; and keeps a :class:`MoveBook` between cycles.
+Neighbours: :mod:`amm_rules.language.ruleset` holds the settings;
+:mod:`amm_rules.engine.rebalance.rebalancer` builds the view each AMM cycle, supplies the
+predicates that carry the rules, turns :class:`Move` into a ``replicate`` suggestion and
+a settled move into a ``drop`` one, and keeps a :class:`MoveBook` between cycles.
 
 A move is never one step. It is a copy onto the recipient in one cycle and a drop from
 the sender in a later one, once the copy has landed (:func:`settle_moves`). Until then
@@ -125,10 +119,6 @@ class WorkerLoad:
     #: every byte sent there would push a byte to its disk.
     headroom: int | None = None
 
-    @property
-    def fraction(self) -> float:
-        return self.memory / self.memory_limit if self.memory_limit > 0 else math.nan
-
 
 # --- moves --------------------------------------------------------------------------
 
@@ -224,21 +214,19 @@ class RebalancePlan:
 # --- planning -------------------------------------------------------------------------
 
 
+@dataclass(slots=True, eq=False)
 class _Side:
     """A sender or recipient while planning: its memory so far and what it may still
     send or receive (``left``, in bytes, up to the mean)."""
 
-    __slots__ = ("seq", "address", "limit", "memory", "left", "scanned", "misses")
-
-    def __init__(self, seq: int, address: str, limit: int, memory: int, left: int):
-        #: Tie-breaker in the heaps, so that sides are never compared.
-        self.seq = seq
-        self.address = address
-        self.limit = limit
-        self.memory = memory
-        self.left = left
-        self.scanned = 0
-        self.misses = 0
+    #: Tie-breaker in the heaps, so that sides are never compared.
+    seq: int
+    address: str
+    limit: int
+    memory: int
+    left: int
+    scanned: int = 0
+    misses: int = 0
 
     def entry(self, mean: float) -> tuple[float, int, _Side]:
         """Heap entry: the farthest from the mean (as a fraction of its limit) first."""
@@ -471,6 +459,7 @@ def _roles(
     return senders, recipients
 
 
+@dataclass(slots=True)
 class _Pairing:
     """Step 3 of :func:`plan_rebalance`: pair the sender farthest above the mean with the
     recipient farthest below it, one key at a time, until one side runs out or the
@@ -481,67 +470,32 @@ class _Pairing:
     the cycle's counters.
     """
 
-    __slots__ = (
-        "senders",
-        "recipients",
-        "loads",
-        "mean",
-        "budget",
-        "keys_on",
-        "can_move",
-        "can_place",
-        "in_flight",
-        "cooling",
-        "sender_scan_limit",
-        "cycle_scan_limit",
-        "moves",
-        "taken",
-        "skipped",
-        "examples",
-        "left",
-        "scanned",
-        "budget_misses",
-    )
+    senders: list[tuple[float, int, _Side]]
+    recipients: list[tuple[float, int, _Side]]
+    loads: Mapping[str, WorkerLoad]
+    mean: float
+    budget: int
+    keys_on: KeysOn
+    can_move: Check
+    can_place: Check
+    in_flight: Container[Key]
+    cooling: Container[Key]
+    sender_scan_limit: int
+    cycle_scan_limit: int
+    moves: list[Move] = field(default_factory=list, init=False)
+    #: Keys moved by this plan: a key with several holders moves once.
+    taken: set[Key] = field(default_factory=set, init=False)
+    skipped: Counter[str] = field(default_factory=Counter, init=False)
+    examples: list[Skip] = field(default_factory=list, init=False)
+    #: Keys examined and not moved, over the whole cluster.
+    scanned: int = field(default=0, init=False)
+    #: Keys too large for what is left of the budget.
+    budget_misses: int = field(default=0, init=False)
+    #: Bytes of the budget left.
+    left: int = field(default=0, init=False)
 
-    def __init__(
-        self,
-        senders: list[tuple[float, int, _Side]],
-        recipients: list[tuple[float, int, _Side]],
-        loads: Mapping[str, WorkerLoad],
-        mean: float,
-        budget: int,
-        *,
-        keys_on: KeysOn,
-        can_move: Check,
-        can_place: Check,
-        in_flight: Container[Key],
-        cooling: Container[Key],
-        sender_scan_limit: int,
-        cycle_scan_limit: int,
-    ):
-        self.senders = senders
-        self.recipients = recipients
-        self.loads = loads
-        self.mean = mean
-        self.budget = budget
-        self.keys_on = keys_on
-        self.can_move = can_move
-        self.can_place = can_place
-        self.in_flight = in_flight
-        self.cooling = cooling
-        self.sender_scan_limit = sender_scan_limit
-        self.cycle_scan_limit = cycle_scan_limit
-        self.moves: list[Move] = []
-        #: Keys moved by this plan: a key with several holders moves once.
-        self.taken: set[Key] = set()
-        self.skipped: Counter[str] = Counter()
-        self.examples: list[Skip] = []
-        #: Bytes of the budget left.
-        self.left = budget
-        #: Keys examined and not moved, over the whole cluster.
-        self.scanned = 0
-        #: Keys too large for what is left of the budget.
-        self.budget_misses = 0
+    def __post_init__(self) -> None:
+        self.left = self.budget
 
     def run(self) -> str:
         """Choose the moves; returns why planning ended (:attr:`RebalancePlan.stopped`)."""

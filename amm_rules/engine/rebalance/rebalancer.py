@@ -5,21 +5,9 @@ scheduler's objects and the pure planner of :mod:`amm_rules.engine.rebalance.pla
 keys with sizes, predicates) and keeps the moves in flight in a
 :class:`~amm_rules.engine.rebalance.plan.MoveBook`. This module reads the live scheduler to feed it, and
 turns its answers into AMM ``Suggestion``\\ s. One :class:`Rebalancer` lives as long as its
-policy (hot reloads keep it); each AMM cycle :meth:`Rebalancer.run`:
-
-1. settles the moves in flight (:meth:`MoveBook.settle`): for each copy that landed, asks the
-   sender to drop its copy, unless the key's replication target comes first (it needs the
-   sender's copy, or is exceeded while that copy is in use: the move is void, and its
-   landed copy is handed to replication); forgets moves that are complete or void;
-2. measures every worker that is not retiring with the ``rebalance.measure`` of the rules,
-   plus what the AMM has already accepted in this cycle (other policies and the replication
-   half of RulesPolicy);
-3. plans (:func:`~amm_rules.engine.rebalance.plan.plan_rebalance`) with the rules as predicates:
-   ``move: never``, ``rebalance.match``, keys read by tasks still to run, keys another
-   decision touched this cycle stay put; recipients must be allowed by the key's
-   ``pool``/``avoid``/``spread``;
-4. suggests one ``replicate`` per move, with the recipient as the only candidate, and
-   records what the AMM accepted.
+policy (hot reloads keep it); each AMM cycle :meth:`Rebalancer.run` measures the workers,
+settles the moves in flight, plans with the rules as predicates and suggests the copies
+(its steps say how).
 
 Neighbours: the rebalance section (:mod:`amm_rules.engine.sections.rebalance`) runs it,
 holds the keys of the moves in flight (the other sections
@@ -71,7 +59,6 @@ ON_DISK = "on disk on the sender: moving it relieves no memory"
 EXAMPLES_KEPT = 10
 
 Key = Hashable
-Emit = Callable[..., Any]
 
 
 def spill_thresholds() -> tuple[float | None, float | None]:
@@ -93,25 +80,20 @@ class Rebalancer:
     timings of the :class:`~amm_rules.engine.rebalance.plan.MoveBook` included.
     """
 
-    #: The settings in force (replaced on reload by :meth:`configure`).
-    settings: RebalanceSettings
-    #: Moves in flight, keys cooling down, roles of the last plan.
-    book: MoveBook
-    #: The plan of the last cycle that planned (``None`` before the first).
-    last_plan: RebalancePlan | None
-    #: What the last settlement decided.
-    last_settlement: Settlement | None
-
     def __init__(self, moves: dict[Key, Any] | None = None) -> None:
+        #: The settings in force (replaced on reload by :meth:`configure`).
         self.settings = s = RebalanceSettings()
+        #: Moves in flight, keys cooling down, roles of the last plan.
         self.book = MoveBook(
             cooldown=s.cooldown,
             copy_timeout=s.copy_timeout,
             drop_timeout=s.drop_timeout,
             pending=moves,
         )
-        self.last_plan = None
-        self.last_settlement = None
+        #: The plan of the last cycle that planned (``None`` before the first).
+        self.last_plan: RebalancePlan | None = None
+        #: What the last settlement decided.
+        self.last_settlement: Settlement | None = None
         #: Since the policy started: moves started, bytes copied, moves done, drops
         #: accepted, copies the AMM refused, moves void.
         self.totals: Counter[str] = Counter()

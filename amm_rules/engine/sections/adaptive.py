@@ -742,8 +742,7 @@ class AdaptiveSection(Section):
             "needed_bytes": float(t.needed) if t is not None else 0.0,
             "disk_bytes_per_second": float(self.meter.rate() or 0.0),
             "kept": float(len(self.kept)),
-            "raised": float(self.counters["raised"]),
-            "downscaling_kept": float(self.counters["downscaling_kept"]),
+            **self.counter_figures(self.counters),
         }
 
 

@@ -39,10 +39,6 @@ reports, and is not a step of the cycle at all).
 - :attr:`~Section.offline` and :meth:`~Section.in_use`: why a simulation cannot run it,
   and whether the rules use it.
 
-Adding a feature is a new module in this package and one entry in the list of
-:mod:`amm_rules.engine.sections`; status, explain and the collector find it there (see
-docs/architecture.md).
-
 Neighbours: :mod:`amm_rules.engine.sections` runs the cycle;
 :mod:`amm_rules.engine.context` is what the sections are given.
 """
@@ -78,7 +74,7 @@ class Cycle:
         self.ended: list[Callable[[float], None]] = []
         #: The engine's clock when planning starts: taken once, after classification
         #: (which may take the cycle's budget), by the cycle itself
-        #: (:func:`amm_rules.engine.sections.run_cycle`); the steps before it see the
+        #: (:func:`amm_rules.engine.sections.steps`); the steps before it see the
         #: cycle's start.
         self.now = now
         #: The cycle's counters: label -> {governed, requested, dropped, unmet, ...}.
@@ -163,6 +159,15 @@ class Section:
         """Counters and gauges for a metrics collector (see :attr:`METRICS`): numbers,
         or for a figure whose spec names a label, label value -> number."""
         return {}
+
+    def counter_figures(self, counters: Mapping[str, int]) -> dict[str, float]:
+        """The figures of :attr:`METRICS` that are counters, read from ``counters``
+        (0 for those not counted yet)."""
+        return {
+            name: float(counters.get(name, 0))
+            for name, spec in self.METRICS.items()
+            if spec[1] == "counter"
+        }
 
     def cycle_summary(self, into: dict[str, Any]) -> bool:
         """Add the last cycle's facts to ``into``, the section's part of the next

@@ -216,10 +216,7 @@ class DrainSection(Section):
     def _first_prediction(self, d: Drain, leaving: set[str], now: float) -> None:
         """What the drain will lose, said before it starts (step 1)."""
         ctx = self.ctx
-        ws = ctx.scheduler.workers[d.address]
-        views, cluster = self._views(ws, leaving)
-        plan = plan_evacuation(self.rank(ws, views, cluster), cluster, now=now)
-        self._note(d, ws, plan, now)
+        self._replan(d, ctx.scheduler.workers[d.address], leaving, now)
         self._pace(d, set())
         d.first = d.last
         cannot = d.cannot_stay()
@@ -242,10 +239,13 @@ class DrainSection(Section):
             cannot_stay=cannot,
         )
 
-    def _views(self, ws: Any, leaving: set[str]) -> tuple[list[KeyView], ClusterView]:
-        ctx = self.ctx
+    def _replan(self, d: Drain, ws: Any, leaving: set[str], now: float) -> None:
+        """Plan the worker's keys in the drain's order (with ``leaving`` gone), and note
+        the plan (:meth:`_note`)."""
         tasks = [ts for ts in ws.has_what if not ts.actor]
-        return evacuation_input(ctx, tasks, leaving)
+        views, cluster = evacuation_input(self.ctx, tasks, leaving)
+        plan = plan_evacuation(self.rank(ws, views, cluster), cluster, now=now)
+        self._note(d, ws, plan, now)
 
     async def _retire(self, addresses: list[str], close: bool) -> None:
         """Retire the drained workers (closing them once their keys are safe, with
@@ -276,15 +276,9 @@ class DrainSection(Section):
         # Keys on disk there are read back before they leave (the spill section's table).
         spilled = self.ctx.spilled.workers.get(ws.address)
         ranked, self.items[ws.address] = rank_views(
-            views, cluster, tasks, self._recompute, spilled.keys if spilled else None
+            views, cluster, tasks, self.ctx.costs.estimate, spilled.keys if spilled else None
         )
         return ranked
-
-    def _recompute(self, group: Any) -> float | None:
-        """The recompute estimate of a key of ``group`` (the cost model's)."""
-        if group is None:
-            return None
-        return self.ctx.costs.estimate(group)
 
     def admit(self, ws: Any, plan: Evacuation, now: float) -> Evacuation:
         """The copies of ``plan`` (in the order of value) that fit the window of bytes
@@ -448,9 +442,7 @@ class DrainSection(Section):
         if state == SAFE:
             d.all_safe(now)
         elif ws is not None:
-            views, cluster = self._views(ws, set(ctx.leaving()) | {d.address})
-            plan = plan_evacuation(self.rank(ws, views, cluster), cluster, now=now)
-            self._note(d, ws, plan, now)
+            self._replan(d, ws, set(ctx.leaving()) | {d.address}, now)
         d.end(state, now)
         assert d.outcome is not None
         self.counters["lost_keys"] += d.outcome["unsafe_keys"]
@@ -524,10 +516,7 @@ class DrainSection(Section):
         active = [d for d in self.drains.values() if d.active]
         return {
             "draining": float(len(active)),
-            "drains": float(self.counters["drains"]),
-            "copies": float(self.counters["copies"]),
-            "bytes": float(self.counters["bytes"]),
-            "lost_keys": float(self.counters["lost_keys"]),
+            **self.counter_figures(self.counters),
             "predicted_loss_seconds": sum(
                 d.last.lost_seconds + d.last.cannot_move_seconds for d in active if d.last
             ),

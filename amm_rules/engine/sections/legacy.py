@@ -56,6 +56,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from amm_rules.engine.adapters import worker_status
 from amm_rules.engine.features import FLOOR, Feature, Need, scheduler_methods
 from amm_rules.engine.sections.base import Section
 from amm_rules.engine.wrapping import wrap_methods
@@ -214,7 +215,7 @@ class LegacyCalls(Section):
             return Target.exact(ALL if n is None else min(n, MAX_REPLICAS))
         try:
             addresses = scheduler.workers_list(list(workers))
-            running = [a for a in addresses if _running(scheduler.workers[a])]
+            running = [a for a in addresses if worker_status(scheduler.workers[a]) == "running"]
         except (KeyError, TypeError):
             return None  # the stock call reports the unknown worker
         if not running:
@@ -351,7 +352,11 @@ class LegacyCalls(Section):
         scheduler = self.ctx.scheduler
         todo = keys
         while todo:
-            running = {a for a in recipients if (ws := scheduler.workers.get(a)) and _running(ws)}
+            running = {
+                a
+                for a in recipients
+                if (ws := scheduler.workers.get(a)) and worker_status(ws) == "running"
+            }
             gathers: dict[str, dict[Hashable, list[str]]] = defaultdict(dict)
             left = []
             for key in todo:
@@ -435,7 +440,3 @@ def spread_recipients(
                 return chosen
     rest = [a for a in ranked if a not in chosen]
     return chosen + rest[: missing - len(chosen)]
-
-
-def _running(ws: Any) -> bool:
-    return getattr(ws.status, "name", ws.status) == "running"

@@ -79,15 +79,11 @@ logger = logging.getLogger(__name__)
 CALLBACK = "amm-rules-memory-pressure"
 #: Workers named in an event or the status (the worst first).
 SHOWN_WORKERS = 10
-#: A hold is judged over spans of twice ``min-hold``, at least :data:`PAYING_SPAN`
-#: seconds: unless the memory of the workers it started for fell by at least
-#: :data:`PAYING` of their limits over a span, holding stopped paying (a shuffle, whose
-#: pieces stay in memory until every input is read, only waits on the producers held
-#: back) and the hold is released.
+#: Whether a hold pays: the share of their limits by which the workers' memory must
+#: fall, the shortest span it is judged over, and the most the cool-down after holds
+#: that did not pay is multiplied by (see :class:`HoldJudge`).
 PAYING = 0.01
 PAYING_SPAN = 5.0
-#: The cool-down after a hold released for not paying doubles with each such release in
-#: a row, up to this multiple of ``cool-down``; a hold that paid resets it.
 UNPAID_COOL_DOWN_MAX = 8
 
 
@@ -345,9 +341,10 @@ class MemoryPressure(Section, SchedulerPlugin):
         if self.state == "holding" and self.held_at != scheduler.WORKER_SATURATION:
             # Someone else set the saturation: theirs wins, ours is forgotten, and no
             # hold overrides it before a cool-down.
-            self._forget_hold(now, "worker-saturation was changed by someone else")
-            self.state = "cooling"
-            self.cool_until = now + settings.cooldown
+            why = "worker-saturation was changed by someone else"
+            self._end_hold(now, f"stopped holding: {why}")
+            self._emit("stopped", reason=why)
+            self._cool(now + settings.cooldown)
             return
         above_release = self._look(settings, scheduler)
         head = self._head(scheduler)
@@ -445,8 +442,7 @@ class MemoryPressure(Section, SchedulerPlugin):
         self.reasons = [*reasons, f"holding for {held_for:.0f}s"]
         if held_for >= settings.max_hold:
             self.release(now, f"held for max-hold ({settings.max_hold:g}s)")
-            self.state = "cooling"
-            self.cool_until = now + settings.cooldown
+            self._cool(now + settings.cooldown)
             return
         if held_for < settings.min_hold:
             return
@@ -465,8 +461,7 @@ class MemoryPressure(Section, SchedulerPlugin):
             return
         self.counters["unpaid"] += 1
         self.release(now, why)
-        self.state = "cooling"
-        self.cool_until = now + self.judge.cool_down(settings)
+        self._cool(now + self.judge.cool_down(settings))
 
     def _unavailable(self) -> None:
         if self.state != "unavailable":
@@ -503,26 +498,26 @@ class MemoryPressure(Section, SchedulerPlugin):
     def release(self, now: float, why: str) -> None:
         """Put the scheduler's own worker-saturation back."""
         ctx = self.ctx
-        held_for = now - (self.since or now)
-        self.held_seconds_done += held_for
+        held_for = self._end_hold(now, f"released: {why}")
         self.counters["releases"] += 1
         if ctx.attached and self.base is not None:
             _set_saturation(ctx.scheduler, self.base, opened=True)
-        self.state = "idle"
-        self.since = None
-        self.held_at = None
-        self.judge.stop()
-        self.reasons = [f"released: {why}"]
         self._emit("release", reason=why, held_seconds=round(held_for, 3), saturation=self.base)
 
-    def _forget_hold(self, now: float, why: str) -> None:
-        self.held_seconds_done += now - (self.since or now)
+    def _end_hold(self, now: float, reason: str) -> float:
+        """The hold in force ends (its seconds counted); returns how long it held."""
+        held_for = now - (self.since or now)
+        self.held_seconds_done += held_for
         self.state = "idle"
         self.since = None
         self.held_at = None
         self.judge.stop()
-        self.reasons = [f"stopped holding: {why}"]
-        self._emit("stopped", reason=why)
+        self.reasons = [reason]
+        return held_for
+
+    def _cool(self, until: float) -> None:
+        self.state = "cooling"
+        self.cool_until = until
 
     def _emit(self, step: str, **fields: Any) -> None:
         self.ctx.events.emit("memory-pressure", step=step, **fields)
@@ -580,22 +575,19 @@ class MemoryPressure(Section, SchedulerPlugin):
     def metrics(self, now: float | None = None) -> dict[str, float]:
         """Counters for a collector: holds, releases, seconds held, root tasks made
         queueable, and whether a hold is in force."""
-        return {
-            "holding": float(self.state == "holding"),
-            "holds": float(self.counters["holds"]),
-            "releases": float(self.counters["releases"]),
-            "unpaid": float(self.counters["unpaid"]),
-            "held_seconds": round(self.held_seconds(now), 3),
-            "queued_roots": float(self.counters["queued_roots"]),
-        }
+        out = {"holding": float(self.state == "holding"), **self.counter_figures(self.counters)}
+        out["held_seconds"] = round(self.held_seconds(now), 3)
+        return out
 
 
 class HoldJudge:
     """Whether a hold pays: the memory of the workers it started for must fall, by
     :data:`PAYING` of their limits, over each span of twice ``min-hold`` (at least
-    :data:`PAYING_SPAN`). A hold that does not is released, and the section cools down
-    for ``cool-down``, doubled with each such release in a row (at most
-    :data:`UNPAID_COOL_DOWN_MAX` times); a hold that paid resets it."""
+    :data:`PAYING_SPAN`). A hold that does not has stopped paying (a shuffle, whose
+    pieces stay in memory until every input is read, only waits on the producers held
+    back): it is released, and the section cools down for ``cool-down``, doubled with
+    each such release in a row (at most :data:`UNPAID_COOL_DOWN_MAX` times); a hold
+    that paid resets it."""
 
     def __init__(self) -> None:
         #: The span being judged: the workers, when it started, their memory (bytes by

@@ -88,18 +88,6 @@ RESTART = "paused-workers: action: restart"
 #: Seconds given to ``retire_workers`` and to the nanny's restart.
 RESTART_TIMEOUT = 60.0
 
-#: Why a worker paused for long enough is not acted on (the ``reason`` of ``held``).
-HOLD_REASONS = (
-    "all-paused",
-    "too-many-paused",
-    "actors",
-    "no-memory-limit",
-    "managed-memory",
-    "cooling-down",
-    "blocked-recently",
-    "max-concurrent",
-)
-
 
 class PauseClock(SchedulerPlugin):
     """When each worker paused, from the scheduler's ``worker-status-change`` events
@@ -135,7 +123,7 @@ class PauseClock(SchedulerPlugin):
         was missed, is taken as pausing now; one that is not paused is forgotten."""
         since = self.since
         for addr, ws in workers.items():
-            if getattr(ws.status, "name", ws.status) == "paused":
+            if worker_status(ws) == "paused":
                 since.setdefault(addr, now)
             else:
                 since.pop(addr, None)
@@ -448,11 +436,7 @@ class PausedWorkers(Section):
         self._handle(h)
         self.stuck.pop(ws.address, None)
         self.counters["evacuations"] += 1
-        self.notes[ws.address] = {
-            **self.notes.get(ws.address, {}),
-            "state": "evacuating",
-            "reason": None,
-        }
+        self._note(ws.address, "evacuating")
         self._emit(
             "evacuating",
             ws.address,
@@ -551,11 +535,7 @@ class PausedWorkers(Section):
         rules = sorted({rule for _, rule in stuck.values()})
         whys = sorted({why for why, _ in stuck.values()})
         self.counters["blocked"] += 1
-        self.notes[h.address] = {
-            **self.notes.get(h.address, {}),
-            "state": "blocked",
-            "reason": "; ".join(whys),
-        }
+        self._note(h.address, "blocked", "; ".join(whys))
         logger.warning(
             "amm-rules: not %s paused worker %s: %d keys may not go elsewhere (%s; %s)",
             "restarting" if h.action == "restart" else "retiring",
@@ -578,7 +558,7 @@ class PausedWorkers(Section):
     def _finish(self, h: Handling) -> None:
         """Every key is held elsewhere: retire (and restart) without blocking the cycle."""
         h.state = "restarting" if h.action == "restart" else "retiring"
-        self.notes[h.address] = {**self.notes.get(h.address, {}), "state": h.state, "reason": None}
+        self._note(h.address, h.state)
         self._emit(h.state, h.address, name=h.name, copies=h.copies, bytes=h.bytes, note=h.note)
         task = asyncio.ensure_future(self._restart_or_retire(h))
         self.tasks.add(task)
@@ -612,11 +592,15 @@ class PausedWorkers(Section):
         self._unhandle(h.address)
         self.retry[h.address] = time.monotonic() + (settings.after if settings else 0.0)
         self.counters["failed"] += 1
-        self.notes[h.address] = {**self.notes.get(h.address, {}), "state": "failed", "reason": why}
+        self._note(h.address, "failed", why)
         logger.warning("amm-rules: paused worker %s not handled: %s", h.address, why)
         self._emit("failed", h.address, name=h.name, error=why)
 
     # -- reporting -----------------------------------------------------------------------
+
+    def _note(self, address: str, state: str, reason: str | None = None) -> None:
+        """The latest decision about a paused worker, over what was noted before."""
+        self.notes[address] = {**self.notes.get(address, {}), "state": state, "reason": reason}
 
     def _emit(self, step: str, worker: str, **fields: Any) -> None:
         self.ctx.events.emit("paused-worker", step=step, worker=worker, **fields)
@@ -656,13 +640,10 @@ class PausedWorkers(Section):
         }
 
     def metrics(self) -> dict[str, float]:
-        """Counters and gauges for a metrics collector (Prometheus or other): the
-        counters of :attr:`counters` (``paused``, ``held``, ``evacuations``, ``copies``,
-        ``bytes``, ``blocked``, ``restarted``, ``retired``, ``failed``, ``recovered``),
-        plus ``paused_workers`` and ``handling`` now and ``paused_seconds`` (total time
-        workers spent paused, the current pauses included)."""
+        """The figures of :data:`FIGURES`: the counters of :attr:`counters`, and
+        ``paused_workers``, ``handling`` and ``paused_seconds`` computed now."""
         now = time.monotonic()
-        out: dict[str, float] = {name: float(self.counters[name]) for name in _COUNTERS}
+        out = self.counter_figures(self.counters)
         out["paused_workers"] = float(len(self.clock.since))
         out["handling"] = float(len(self.handling))
         out["paused_seconds"] = self.paused_seconds_done + sum(
@@ -691,20 +672,6 @@ class PausedWorkers(Section):
                 entry["blocks"] = f"keeps the worker from leaving: {why} ({rule})"
             out.append(entry)
         return out
-
-
-_COUNTERS = (
-    "paused",
-    "held",
-    "evacuations",
-    "copies",
-    "bytes",
-    "blocked",
-    "restarted",
-    "retired",
-    "failed",
-    "recovered",
-)
 
 
 @dataclass(frozen=True)

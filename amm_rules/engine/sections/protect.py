@@ -42,7 +42,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Container, Generator, Hashable, Mapping
+from dataclasses import dataclass
 from itertools import islice, takewhile
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from distributed.active_memory_manager import Suggestion
@@ -87,23 +89,21 @@ GATHER_CHUNK = 512
 CHOOSE_EVERY = 2.5
 
 
+@dataclass(slots=True)
 class _Gathering:
     """A choice under way: its ranking, the groups still to look at (each with its
     estimate and its tasks in memory when the choice started) and the place reached in
     the last of them."""
 
-    __slots__ = ("at", "examined", "groups", "ranking", "slices", "truncated", "waiting")
-
-    def __init__(self, ranking: Ranking, groups: list[tuple[float, list[Any]]]) -> None:
-        self.ranking = ranking
-        self.groups = groups
-        self.at = 0
-        self.examined = 0
-        self.slices = 0
-        #: Keys were passed over for want of a classification; the examined limit cut
-        #: the choice short.
-        self.waiting = False
-        self.truncated = False
+    ranking: Ranking
+    groups: list[tuple[float, list[Any]]]
+    at: int = 0
+    examined: int = 0
+    slices: int = 0
+    #: Keys were passed over for want of a classification; the examined limit cut
+    #: the choice short.
+    waiting: bool = False
+    truncated: bool = False
 
     def step(
         self,
@@ -177,10 +177,6 @@ def room_for(
         return left is None or nbytes <= left
 
     return room
-
-
-def _cheapest_first(group: tuple[float, list[Any]]) -> float:
-    return group[0]
 
 
 class ProtectSection(Section):
@@ -314,7 +310,7 @@ class ProtectSection(Section):
             for entry in ctx.costs.groups.values()
             if (seconds := entry.published) is not None and seconds >= floor and entry.keys
         ]
-        groups.sort(key=_cheapest_first)  # taken from the end
+        groups.sort(key=itemgetter(0))  # cheapest first: taken from the end
         self._gathering = _Gathering(Ranking(settings.min_recompute), groups)
         self._waiting = False
 

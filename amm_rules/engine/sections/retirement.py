@@ -262,8 +262,7 @@ class Retirements(Section):
         rw.no_recipients = True
         rw.manager.policies.discard(rw)
         self.counters["blocked"] += 1
-        self.active.pop(ws.address, None)
-        self.needs.pop(ws.address, None)
+        self.forget(ws.address)
         rules = sorted({s.rule for s in plan.stuck})
         whys = sorted({s.why for s in plan.stuck})
         logger.warning(
@@ -355,23 +354,10 @@ class Retirements(Section):
         }
 
     def metrics(self) -> dict[str, float]:
-        """Counters and a gauge for a metrics collector, computed when called: the
-        counters of :attr:`counters` (``retirements``, ``copies``, ``bytes``, ``drops``,
-        ``placed``, ``blocked``, ``dry_run_keys``) and ``retiring`` (now)."""
-        out = {name: float(self.counters[name]) for name in _COUNTERS}
+        """The counters of :attr:`counters` and ``retiring`` (now)."""
+        out = self.counter_figures(self.counters)
         out["retiring"] = float(len(self.active))
         return out
-
-
-_COUNTERS = (
-    "retirements",
-    "copies",
-    "bytes",
-    "drops",
-    "placed",
-    "blocked",
-    "dry_run_keys",
-)
 
 
 def _wrap_add_policy(manager: Any) -> Callable[[], None]:

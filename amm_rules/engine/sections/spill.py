@@ -551,15 +551,13 @@ class SpillSection(Section):
                 others = len(entry[1]) if entry is not None else 0
                 if ts.state != "memory" or self.keeps(ts, ws, others, leaving) is not None:
                     continue
-                if self.dry_run:
-                    need -= ts.nbytes
-                    dropped += 1
-                    self.would_drop += 1
-                    continue
-                if (yield Suggestion("drop", ts, {ws})) is None:
+                if not self.dry_run and (yield Suggestion("drop", ts, {ws})) is None:
                     continue  # refused by the AMM
                 need -= ts.nbytes
                 dropped += 1
+                if self.dry_run:
+                    self.would_drop += 1
+                    continue
                 self._dropped_since[address] += ts.nbytes
                 self.drops[address] += 1
                 self.drop_bytes[address] += ts.nbytes
