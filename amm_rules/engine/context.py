@@ -153,9 +153,7 @@ class EngineContext:
     @property
     def scheduler(self) -> Any:
         """The scheduler, valid once attached (``AttributeError`` before and after)."""
-        if self.manager is None:
-            raise AttributeError("the rules engine is not attached to an Active Memory Manager")
-        return self.manager.scheduler
+        return self.amm.scheduler
 
     def settle(self, now: float) -> None:
         """Bring the ledger and the claims to ``now``, the cycle's planning time (see
@@ -284,10 +282,9 @@ class EngineContext:
 
     def settings(self, now: float) -> PlanSettings:
         """The planner's settings at ``now``."""
-        timeout = self.inflight_timeout
         return PlanSettings(
             now=now,
-            inflight_timeout=timeout,
+            inflight_timeout=self.inflight_timeout,
             reduce_replicas=self.ruleset.reduce_replicas,
         )
 

@@ -281,18 +281,25 @@ class Classifier:
     def resolve(self, ts: Any, runtime: Target | RuntimeTarget | None = None) -> Desired:
         """The :class:`Desired` of a scheduler ``TaskState`` (or anything duck-alike):
         the same as ``ruleset.resolve(TaskFactsAdapter(ts), annotation, runtime)``."""
+        cascade = self._class_cascade(ts, runtime)
+        if cascade.desired is not None:
+            return cascade.desired
+        return cascade.resolve(
+            TaskFactsAdapter(ts, self._reads, self.flow, self.spans, self.costs)
+        )
+
+    def _class_cascade(self, ts: Any, runtime: Target | RuntimeTarget | None) -> _ClassCascade:
+        """The cascade of the key's class, annotation and runtime target (memoized)."""
         annotation = self.annotation(ts)
         memo_key = (self._class_of(ts), annotation, runtime)
         cascade = self._cascades.get(memo_key)
-        if cascade is not None and cascade.desired is not None:
-            return cascade.desired
-        facts = TaskFactsAdapter(ts, self._reads, self.flow, self.spans, self.costs)
         if cascade is None:
+            facts = TaskFactsAdapter(ts, self._reads, self.flow, self.spans, self.costs)
             cascade = self._cascade(facts, annotation, runtime)
             if len(self._cascades) >= MEMO_LIMIT:
                 self._cascades.clear()
             self._cascades[memo_key] = cascade
-        return cascade.resolve(facts)
+        return cascade
 
     def classify(
         self,
@@ -370,10 +377,10 @@ class Classifier:
                         same = theirs is not None and (mine is theirs or _same(mine, theirs))
                     else:
                         same = last.annotations is None
-                    cascade = last.cascade if same else self._group_miss(ts, ts.key, runtime)
+                    cascade = last.cascade if same else self._group_miss(ts, runtime)
                 # Case 2: another class, or a runtime target: the class memo.
                 else:
-                    cascade = self._group_miss(ts, ts.key, runtime)
+                    cascade = self._group_miss(ts, runtime)
                 desired = cascade.desired
                 if desired is None:
                     desired = cascade.resolve(
@@ -396,20 +403,12 @@ class Classifier:
         return list(batches.values()), dropped
 
     def _group_miss(
-        self, ts: Any, key: Hashable, runtime: Mapping[Hashable, Target | RuntimeTarget]
+        self, ts: Any, runtime: Mapping[Hashable, Target | RuntimeTarget]
     ) -> _ClassCascade:
         """The cascade of a key whose group's last class does not apply; it becomes
         the group's last class unless the key has a runtime target (its own)."""
-        target = runtime.get(key)
-        annotation = self.annotation(ts)
-        memo_key = (self._class_of(ts), annotation, target)
-        cascade = self._cascades.get(memo_key)
-        if cascade is None:
-            facts = TaskFactsAdapter(ts, self._reads, self.flow, self.spans, self.costs)
-            cascade = self._cascade(facts, annotation, target)
-            if len(self._cascades) >= MEMO_LIMIT:
-                self._cascades.clear()
-            self._cascades[memo_key] = cascade
+        target = runtime.get(ts.key)
+        cascade = self._class_cascade(ts, target)
         if target is None:
             groups = self._groups
             if len(groups) >= MEMO_LIMIT:

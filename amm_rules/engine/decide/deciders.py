@@ -296,21 +296,14 @@ def verdict(decisions: Iterable[Decision]) -> str:
     return NO if NO in says else THROTTLED if THROTTLED in says else YES
 
 
-#: The deciders that judge a copy already on a worker (where copies count).
-STAY_DECIDERS: tuple[Callable[[_Wants, WorkerView], Decision | None], ...] = (_pool, _avoid)
-
-
 def stays(desired: Placed, w: WorkerView) -> Decision | None:
     """Whether a copy on ``w`` counts for the key: None if it does, else why not (it is
     misplaced: outside the pool, in an avoided pool, or on a retiring worker)."""
     q = _StayQuestion(desired)
-    for decider in STAY_DECIDERS:
-        said = decider(q, w)
-        if said is not None:
-            return said
-    if w.status == "closing":
+    said = _pool(q, w) or _avoid(q, w)
+    if said is None and w.status == "closing":
         return Decision(NO, "retiring", "worker is retiring")
-    return None
+    return said
 
 
 class _StayQuestion:

@@ -191,7 +191,7 @@ def plan_key(key: KeyView, cluster: ClusterView, settings: PlanSettings) -> KeyP
     good = frozenset(a for a in holders if a in placeable)
     if len(good) < len(holders):
         for addr in holders - good:
-            plan.misplaced[addr] = _misplaced_reason(addr, d, cluster)
+            plan.misplaced[addr] = _misplaced(addr, d, cluster)[0]
     plan.good = good
     plan.eligible = len(placeable)
     counted = set(good) | set(inflight) | (key.pending_add & placeable)
@@ -381,15 +381,8 @@ def _drop_misplaced(
         if addr in busy:
             plan.deferred.append(f"drop from {addr} waits: a dependent is processing there")
             continue
-        _drop(
-            plan,
-            key,
-            cluster,
-            remaining,
-            addr,
-            plan.misplaced[addr],
-            _misplaced_source(addr, d, cluster),
-        )
+        reason, name = _misplaced(addr, d, cluster)
+        _drop(plan, key, cluster, remaining, addr, reason, source_label(d, name))
         n_bad -= 1
 
 
@@ -448,15 +441,8 @@ def _trim(
             ),
         )
         why = "spread: host" if cluster.host(victim) in dup_hosts else "above max"
-        _drop(
-            plan,
-            key,
-            cluster,
-            remaining,
-            victim,
-            f"{why}: {len(keep)} copies, replicate max {hi} ({plan.source})",
-            plan.source,
-        )
+        reason = f"{why}: {len(keep)} copies, replicate max {hi} ({plan.source})"
+        _drop(plan, key, cluster, remaining, victim, reason, plan.source)
         keep.discard(victim)
         excess -= 1
 
@@ -483,13 +469,14 @@ def _duplicated_hosts(addresses: set[str], cluster: ClusterView) -> set[str]:
     return dup
 
 
-def _misplaced_reason(addr: str, d: Desired, cluster: ClusterView) -> str:
+def _misplaced(addr: str, d: Desired, cluster: ClusterView) -> tuple[str, str]:
+    """Why a landed copy is misplaced, and the field that says so."""
     w = cluster.workers[addr]
     if d.pool is not None and w.pools.isdisjoint(d.pool):
-        return f"outside pool {','.join(d.pool)}"
+        return f"outside pool {','.join(d.pool)}", "pool"
     if d.avoid is not None and not w.pools.isdisjoint(d.avoid):
-        return f"in avoided pool {','.join(sorted(w.pools & set(d.avoid)))}"
-    return "worker is retiring"
+        return f"in avoided pool {','.join(sorted(w.pools & set(d.avoid)))}", "avoid"
+    return "worker is retiring", "replicate"
 
 
 def _placement_source(d: Desired, default: str) -> str:
@@ -498,15 +485,6 @@ def _placement_source(d: Desired, default: str) -> str:
         if getattr(d, name) is not None:
             return source_label(d, name)
     return default
-
-
-def _misplaced_source(addr: str, d: Desired, cluster: ClusterView) -> str:
-    w = cluster.workers[addr]
-    if d.pool is not None and w.pools.isdisjoint(d.pool):
-        return source_label(d, "pool")
-    if d.avoid is not None and not w.pools.isdisjoint(d.avoid):
-        return source_label(d, "avoid")
-    return source_label(d, "replicate")
 
 
 def _unmet_reason(

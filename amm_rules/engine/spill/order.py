@@ -294,10 +294,6 @@ class ValueOrder:
         """How many keys have a value sent (present or not)."""
         return len(self._values)
 
-    def bands(self) -> dict[float, int]:
-        """Band -> how many present keys are in it."""
-        return {b: len(self._bands[b]) for b in self._nonempty}
-
     # -- consumption -------------------------------------------------------------------
 
     def _consume(self, key: Hashable, now: float) -> None:

@@ -78,9 +78,6 @@ class Sweep:
         #: Workers still to visit in this round (the fullest last), and the pass under way.
         self._queue: list[str] = []
         self._pass: _Pass | None = None
-        #: Passes completed, rounds over the workers begun (status).
-        self.passes = 0
-        self.rounds = 0
 
     def clear(self) -> None:
         self.sent.clear()
@@ -117,7 +114,6 @@ class Sweep:
                     # The fullest last: popped first.
                     self._queue = sorted(near, key=near.__getitem__)
                     refilled = True
-                    self.rounds += 1
                 address = self._queue.pop()
                 ws = workers.get(address)
                 if ws is None:
@@ -196,7 +192,6 @@ class Sweep:
         """A worker's pass is through: its candidates for drops replace the last ones,
         and values of keys it no longer holds are forgotten (here; the worker forgets
         them as they leave)."""
-        self.passes += 1
         sent = self.sent.get(p.address)
         if sent:
             for key in [k for k in sent if k not in p.seen]:

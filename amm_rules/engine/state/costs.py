@@ -242,9 +242,7 @@ class RecomputeCosts:
         self.changed = True
         for ts in in_memory:
             group = ts.group
-            entry = self.groups.get(group)
-            if entry is None:
-                entry = self._entry(group)
+            entry = self.groups.get(group) or self._entry(group)
             who_has = ts.who_has
             if who_has is not None and len(who_has) == 1:
                 for ws in who_has:

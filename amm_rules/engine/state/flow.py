@@ -281,10 +281,8 @@ class MemoryFlow(SchedulerPlugin):
         out = dict(self.evicted_counts)
         live = 0
         for entry in self.prefixes.values():
-            out["produced"] += entry.produced
-            out["freed"] += entry.freed
-            out["freed_by"] += entry.freed_by
-            out["tasks"] += entry.tasks
+            for field in TOTALS:
+                out[field] += getattr(entry, field)
             live += max(entry.live, 0)
         out["live"] = live
         return out
