@@ -29,7 +29,6 @@ Neighbours: :mod:`amm_rules.engine.policy` runs the check; the sections declare.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -109,24 +108,17 @@ def unsupported_in(ruleset: Any, features: Iterable[Feature]) -> list[tuple[Feat
 # How a need is checked
 
 
-def _importer(module: str, name: str | None = None) -> Callable[[], Any]:
-    """What imports ``module`` when called and returns it, or its attribute ``name``."""
+def _scheduler_class() -> Any:
+    from distributed.scheduler import Scheduler
 
-    def load() -> Any:
-        found = importlib.import_module(module)
-        return found if name is None else getattr(found, name)
-
-    return load
-
-
-_SCHEDULER = _importer("distributed.scheduler", "Scheduler")
+    return Scheduler
 
 
 def method(name: str, *params: str) -> Callable[[Any], bool]:
     """A scheduler method taking the keyword arguments ``params``."""
 
     def present(scheduler: Any) -> bool:
-        found = getattr(scheduler if scheduler is not None else _SCHEDULER(), name, None)
+        found = getattr(scheduler if scheduler is not None else _scheduler_class(), name, None)
         if not callable(found):
             return False
         return all(p in inspect.signature(found).parameters for p in params)
@@ -138,7 +130,7 @@ def attribute(name: str) -> Callable[[Any], bool]:
     """An attribute of the scheduler (of its class for ``validate``)."""
 
     def present(scheduler: Any) -> bool:
-        return hasattr(scheduler if scheduler is not None else _SCHEDULER(), name)
+        return hasattr(scheduler if scheduler is not None else _scheduler_class(), name)
 
     return present
 
@@ -162,6 +154,48 @@ def of_class(
     return present
 
 
+def _task() -> Any:
+    from dask._task_spec import Task
+
+    return Task
+
+
+def _plugin() -> Any:
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    return SchedulerPlugin
+
+
+def _retire_worker() -> Any:
+    from distributed.active_memory_manager import RetireWorker
+
+    return RetireWorker
+
+
+def _prometheus() -> Any:
+    import distributed.http.prometheus
+
+    return distributed.http.prometheus
+
+
+def _applications() -> Any:
+    import distributed.dashboard.scheduler
+
+    return distributed.dashboard.scheduler
+
+
+def _components() -> Any:
+    import distributed.dashboard.components
+
+    return distributed.dashboard.components
+
+
+def _scheduler_components() -> Any:
+    import distributed.dashboard.components.scheduler
+
+    return distributed.dashboard.components.scheduler
+
+
 def _dask(what: str, since: str, check: Callable[[Any], bool]) -> Need:
     return Need(what, "dask", since, check)
 
@@ -178,13 +212,11 @@ def scheduler_methods(*names: str) -> tuple[Need, ...]:
 # ---------------------------------------------------------------------------------
 # The needs, by feature (docs/deploy.md lists them)
 
-_PLUGIN = _importer("distributed.diagnostics.plugin", "SchedulerPlugin")
-
 #: The plugin hook that feeds the key index, the memory flow and demand.
 TRANSITION = _distributed(
     "SchedulerPlugin.transition(stimulus_id=)",
     FLOOR,
-    of_class(_PLUGIN, "transition", params=("stimulus_id",)),
+    of_class(_plugin, "transition", params=("stimulus_id",)),
 )
 #: The engine itself: the key index, the memory flow and demand.
 ENGINE = Feature(
@@ -199,11 +231,7 @@ WORKER_WATCH = Feature(
     "pools following resources and memory", scheduler_methods("add_resources", "heartbeat_worker")
 )
 #: dask's flag of a task that produces data (read by the scheduler's ``is_rootish``).
-DATA_PRODUCER = _dask(
-    "Task._data_producer",
-    "2025.1",
-    of_class(_importer("dask._task_spec", "Task"), "_data_producer"),
-)
+DATA_PRODUCER = _dask("Task._data_producer", "2025.1", of_class(_task, "_data_producer"))
 #: The scheduler's queue of root-ish tasks and its saturation.
 QUEUEING = (
     _distributed("Scheduler.WORKER_SATURATION", FLOOR, attribute("WORKER_SATURATION")),
@@ -215,13 +243,7 @@ RETIRING = (
     _distributed(
         "RetireWorker (run, done, manager, address)",
         FLOOR,
-        of_class(
-            _importer("distributed.active_memory_manager", "RetireWorker"),
-            "run",
-            "done",
-            "manager",
-            "address",
-        ),
+        of_class(_retire_worker, "run", "done", "manager", "address"),
     ),
     _distributed(
         "Scheduler.retire_workers(close_workers=, remove=)",
@@ -233,7 +255,7 @@ RETIRING = (
 DOWNSCALING = _distributed(
     "SchedulerPlugin.valid_workers_downscaling",
     "2024.4.2",
-    of_class(_PLUGIN, "valid_workers_downscaling"),
+    of_class(_plugin, "valid_workers_downscaling"),
 )
 #: What the adaptive section wraps: adaptive scaling's questions and the retirement
 #: that follows them.
@@ -261,7 +283,7 @@ PROMETHEUS = Feature(
         _distributed(
             "distributed.http.prometheus.PrometheusCollector",
             FLOOR,
-            of_class(_importer("distributed.http.prometheus"), "PrometheusCollector"),
+            of_class(_prometheus, "PrometheusCollector"),
         ),
     ),
 )
@@ -272,14 +294,12 @@ DASHBOARD = Feature(
         _distributed(
             "distributed.dashboard.scheduler.applications",
             FLOOR,
-            of_class(_importer("distributed.dashboard.scheduler"), "applications"),
+            of_class(_applications, "applications"),
         ),
         _distributed(
             "distributed.dashboard.components.scheduler.BOKEH_THEME and env",
             FLOOR,
-            of_class(
-                _importer("distributed.dashboard.components.scheduler"), "BOKEH_THEME", "env"
-            ),
+            of_class(_scheduler_components, "BOKEH_THEME", "env"),
         ),
         _distributed(
             "the simple.html template",
@@ -289,11 +309,7 @@ DASHBOARD = Feature(
         _distributed(
             "distributed.dashboard.components.DashboardComponent and add_periodic_callback",
             FLOOR,
-            of_class(
-                _importer("distributed.dashboard.components"),
-                "DashboardComponent",
-                "add_periodic_callback",
-            ),
+            of_class(_components, "DashboardComponent", "add_periodic_callback"),
         ),
         _distributed(
             "Scheduler.http_application",
