@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from amm_rules.engine.adapters import kept_copies, key_view, worker_status
+from amm_rules.engine.adapters import TaskFactsAdapter, kept_copies, key_view, worker_status
 from amm_rules.engine.decide.classify import Classifier
 from amm_rules.engine.decide.plan import PlanSettings
 from amm_rules.engine.decide.view import ClusterView, KeyView
@@ -299,6 +299,13 @@ class EngineContext:
                 ws: getattr(ws.memory, manager.measure) for ws in self.scheduler.workers.values()
             }
         return self.placements.cluster_view(memory)
+
+    def facts(self, ts: Any) -> TaskFactsAdapter:
+        """``ts`` as a rule's match sees it: with demand's reads, the published memory
+        flow, the spans and the recompute costs (as the classifier sees it)."""
+        return TaskFactsAdapter(
+            ts, self.index.demand.reads, self.flow.published, self.spans, self.costs.published
+        )
 
     def key_view(
         self,

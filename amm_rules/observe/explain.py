@@ -439,10 +439,7 @@ def _cascade(
                 entry["overridden"][f] = str(reasons[f])
     out.append(entry)
     # What the engine's classifier sees: demand, the published memory flow and costs.
-    ctx = policy.ctx
-    facts = TaskFactsAdapter(
-        ts, ctx.index.demand.reads, ctx.flow.published, ctx.spans, ctx.costs.published
-    )
+    facts = policy.ctx.facts(ts)
     for rule in policy.ruleset.rules:
         sets = {f: _field_text(getattr(rule.actions, f)) for f in rule.actions.set_fields()}
         row: dict[str, Any] = {

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from amm_rules.engine.adapters import TaskFactsAdapter, resource_restrictions, span_path
+from amm_rules.engine.adapters import resource_restrictions, span_path
 from amm_rules.engine.decide.shadows import Shadow
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.language.near_miss import Census
@@ -93,11 +93,7 @@ def _matching(
     """The tasks of ``classes`` ``rule`` matches, and the evaluations it took; None
     once more than ``budget`` would be needed."""
 
-    def facts(ts: Any) -> TaskFactsAdapter:
-        return TaskFactsAdapter(
-            ts, ctx.index.demand.reads, ctx.flow.published, ctx.spans, ctx.costs.published
-        )
-
+    facts = ctx.facts
     whole = rule.depends <= CLASS_ATTRIBUTES
     shared = [] if whole else [fn for fn, deps in rule.conjuncts if deps <= CLASS_ATTRIBUTES]
     spent = 0

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.active_memory_manager import Suggestion
 
-from amm_rules.engine.adapters import TaskFactsAdapter, headroom
+from amm_rules.engine.adapters import headroom
 from amm_rules.engine.decide.protect import HYSTERESIS, Candidate, Choice, Ranking
 from amm_rules.engine.dryrun import DryRun
 from amm_rules.engine.rebalance.rebalancer import spill_thresholds
@@ -361,11 +361,8 @@ class ProtectSection(Section):
 
     def _matches(self, match: Any, ts: Any) -> bool:
         ctx = self.ctx
-        facts = TaskFactsAdapter(
-            ts, ctx.index.demand.reads, ctx.flow.published, ctx.spans, ctx.costs.published
-        )
         try:
-            return bool(match(facts))
+            return bool(match(ctx.facts(ts)))
         except Exception as exc:
             ctx.events.rule_error("protect.match", exc)
             return False
