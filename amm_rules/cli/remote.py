@@ -204,7 +204,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------------
-# The two commands, as (output, exit status)
+# The commands: status, memory-flow and explain as (output, exit status); drain prints
+# as it goes and returns its exit status
 # ---------------------------------------------------------------------------------
 
 
