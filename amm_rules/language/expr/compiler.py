@@ -86,10 +86,6 @@ class Code:
     #: Attribute roots the function reads.
     depends: frozenset[str] = frozenset()
 
-    @property
-    def is_constant(self) -> bool:
-        return self.fn is None
-
     def as_fn(self) -> Fn:
         if self.fn is not None:
             return self.fn

@@ -317,12 +317,16 @@ class _AstBuilder(Transformer):
         super().__init__()
         self.problems: list[Problem] = []
 
-    def _bad(self, error: LiteralError, token: Token, text: str) -> ast.Literal:
-        span = _span(token)
-        column = span.column + error.offset
-        end = column + error.length if error.length else span.end_column
-        self.problems.append(Problem(error.message, span.line, column, error.code, end))
-        return ast.Literal(None, "invalid", text, span)
+    def _bad(
+        self, error: LiteralError, token: Token, text: str, span: ast.Span | None = None
+    ) -> ast.Literal:
+        """Record the problem of a literal at ``token``; the literal, invalid, over
+        ``span`` (the token's by default)."""
+        at = _span(token)
+        column = at.column + error.offset
+        end = column + error.length if error.length else at.end_column
+        self.problems.append(Problem(error.message, at.line, column, error.code, end))
+        return ast.Literal(None, "invalid", text, span or at)
 
     # Boolean structure
 
@@ -413,8 +417,7 @@ class _AstBuilder(Transformer):
             return ast.Literal(decode_size(str(number), str(unit)), "size", text, span)
         except LiteralError as error:
             # An unknown unit is reported at the unit, anything else at the number.
-            self._bad(error, unit if error.code != BAD_LITERAL else number, text)
-            return ast.Literal(None, "invalid", text, span)
+            return self._bad(error, unit if error.code != BAD_LITERAL else number, text, span)
 
     def percent(self, children: list[Token]) -> ast.Literal:
         number, sign = children
@@ -423,8 +426,7 @@ class _AstBuilder(Transformer):
         try:
             return ast.Literal(decode_percent(str(number)), "fraction", text, span)
         except LiteralError as error:
-            self._bad(error, number, text)
-            return ast.Literal(None, "invalid", text, span)
+            return self._bad(error, number, text, span)
 
     def true(self, children: list[Token]) -> ast.Literal:
         return ast.Literal(True, "bool", "true", _span(children[0]))
