@@ -362,12 +362,6 @@ class SpillSettings:
     prefetch: bool = False
 
 
-#: ``adaptive``'s default ``headroom`` (a share of each worker's memory limit) and
-#: ``disk-rate`` (bytes per second over the cluster).
-ADAPTIVE_HEADROOM = 0.60
-ADAPTIVE_DISK_RATE = 2**20
-
-
 @record(frozen=True)
 class AdaptiveSettings:
     """The ``adaptive:`` section: what the scheduler's ``adaptive_target`` and
@@ -379,12 +373,12 @@ class AdaptiveSettings:
     memory: bool = True
     #: Share of each worker's memory limit kept free of managed data: the target asks
     #: for enough workers to hold the data below the rest.
-    headroom: float = ADAPTIVE_HEADROOM
+    headroom: float = 0.60
     #: Scale-down never breaks a rule's minimum, pool or spread.
     hold_rules: bool = True
     #: Bytes per second the workers write to disk or read back (all together) above
     #: which the target rises by a worker.
-    disk_rate: int = ADAPTIVE_DISK_RATE
+    disk_rate: int = 2**20
 
     @property
     def room(self) -> float:
@@ -392,10 +386,8 @@ class AdaptiveSettings:
         return 1.0 - self.headroom
 
 
-#: ``protect``'s default ``copies``, its largest, and its default ``min-recompute``.
-PROTECT_COPIES = 2
+#: The most copies ``protect`` may hold of a key.
 MAX_PROTECT_COPIES = 8
-PROTECT_MIN_RECOMPUTE = 30.0
 
 
 @record(frozen=True)
@@ -408,9 +400,9 @@ class ProtectSettings:
     budget_fraction: float | None = 0.10
     budget_bytes: int | None = None
     #: Keys whose recompute estimate is below this (seconds) are never protected.
-    min_recompute: float = PROTECT_MIN_RECOMPUTE
+    min_recompute: float = 30.0
     #: Copies a protected key holds.
-    copies: int = PROTECT_COPIES
+    copies: int = 2
     #: ``"host"``: protected copies on distinct hosts where possible; None: anywhere.
     spread: str | None = "host"
     #: Only keys this expression matches are candidates (None: every key).
@@ -482,11 +474,10 @@ class Reason:
     def __str__(self) -> str:
         if self.kind == "rule":
             return f"rule {self.rule}"
-        if self.kind == "runtime":
-            return "runtime target"
-        if self.kind == "annotation":
-            return "amm annotation"
-        return self.kind  # "client.replicate", "scatter broadcast": the call itself
+        # "client.replicate", "scatter broadcast": the call itself
+        return {"runtime": "runtime target", "annotation": "amm annotation"}.get(
+            self.kind, self.kind
+        )
 
 
 #: Where a runtime target can come from: :func:`amm_rules.replicate` (``"runtime"``),
@@ -546,14 +537,11 @@ class Desired:
 
     def explain(self) -> str:
         """``"replicate=3 from rule stage-one, pool=gpu from rule device-arrays"``."""
-        parts = []
-        for name in ACTION_FIELDS:
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, tuple):
-                value = ",".join(value)
-            parts.append(f"{name}={value} from {self.reasons[name]}")
+        parts = [
+            f"{name}={_plain(getattr(self, name))} from {self.reasons[name]}"
+            for name in ACTION_FIELDS
+            if getattr(self, name) is not None
+        ]
         return ", ".join(parts) or "no rule applies"
 
 
@@ -565,13 +553,11 @@ def overrides(
     fields it sets."""
     decided: dict[str, Any] = {}
     reasons: dict[str, Reason] = {}
-    if isinstance(runtime, RuntimeTarget):
-        for name, value in runtime.fields().items():
-            decided[name] = value
-            reasons[name] = Reason(runtime.origin)
-    elif runtime is not None:
-        decided["replicate"] = runtime
-        reasons["replicate"] = Reason("runtime")
+    if isinstance(runtime, Target):
+        runtime = RuntimeTarget(runtime)
+    if runtime is not None:
+        decided = runtime.fields()
+        reasons = dict.fromkeys(decided, Reason(runtime.origin))
     if annotation is not None:
         for name in annotation.set_fields():
             if name not in decided:
@@ -658,10 +644,7 @@ class Ruleset:
     @property
     def depends(self) -> frozenset[str]:
         """Every task attribute any rule's match reads."""
-        out: frozenset[str] = frozenset()
-        for rule in self.rules:
-            out |= rule.depends
-        return out
+        return frozenset().union(*(rule.depends for rule in self.rules))
 
     @property
     def reads_demand(self) -> bool:
