@@ -137,35 +137,23 @@ def _entry_kind(path: Path, words: FileWords = RULES_FILE) -> str:
 def _translate(error: Any, words: FileWords = RULES_FILE) -> Iterable[SchemaProblem]:
     """One jsonschema error as the problems a person reads, in the words of a rules file.
 
-    The cases, in order; the first that fits decides:
-
-    1. A pool name that is not a valid name.
-    2. Unknown fields.
-    3. Missing required fields.
-    4. A rule without any action field.
-    5. A value that fits none of several alternatives.
-    6. Any other single keyword (type, const, enum, bounds, lengths, pattern...).
+    The cases, in order (the first that fits decides; each function's docstring says
+    more): 1. a pool name that is not a valid name; 2. unknown fields; 3. missing
+    required fields; 4. a rule without any action field; 5. a value that fits none of
+    several alternatives; 6. any other single keyword (type, const, enum, bounds...).
     """
     path: Path = tuple(error.absolute_path)
     kind = error.validator
-
-    # 1. A pool name (a mapping key) that is not a valid name: point at the key.
     if "propertyNames" in error.schema_path:
         return [_bad_name(error, path)]
-    # 2. Unknown fields: one problem per key, at the key, with a suggestion.
     if kind == "additionalProperties":
         return _unknown_fields(error, path)
-    # 3. Missing fields, reported at the mapping that lacks them.
     if kind == "required":
         return _missing_fields(error, path, words)
-    # 4. A rule without any action field: unless a misspelt action is the cause, which
-    #    case 2 reports at its key, with the action meant.
     if kind == "anyOf" and all(set(branch) == {"required"} for branch in error.validator_value):
         return [] if _misspelt_action(error) else [_no_action(error, path)]
-    # 5. Alternatives (replicate, pool lists, percentages, sizes).
     if kind in ("oneOf", "anyOf"):
         return _alternatives(error, path, words)
-    # 6. Single-keyword failures.
     return _single_keyword(error, path, words)
 
 
