@@ -255,29 +255,29 @@ def _pool_avoid(rule: RuleDraft, draft: Draft, where: Locator) -> None:
         )
 
 
+def _field(section: str, name: str, given: frozenset[str]) -> tuple[str, ...]:
+    """Where to warn about a field of a section: at the field if the file writes it,
+    else at the section."""
+    return (section, name) if name in given else (section,)
+
+
 def _thresholds(draft: Draft, where: Locator) -> None:
     """``inverted-thresholds`` (the module docstring says which settings, and why only
     those)."""
     settings = draft.rebalance
     if settings is None:
         return
-    given = draft.rebalance_fields
     pct = format_fraction
-
-    def at(name: str) -> tuple[str, ...]:
-        """The field if it is written in the file, else the section itself."""
-        return ("rebalance", name) if name in given else ("rebalance",)
-
     if settings.recipient_max <= 0:
         where.warn(
-            at("recipient-max"),
+            _field("rebalance", "recipient-max", draft.rebalance_fields),
             f"recipient-max is {pct(settings.recipient_max)}: no worker is ever below it, "
             "so no worker receives and nothing is rebalanced",
             "inverted-thresholds",
         )
     if settings.sender_min >= 1 and settings.measure not in MEASURES_WITH_SPILLED:
         where.warn(
-            at("sender-min"),
+            _field("rebalance", "sender-min", draft.rebalance_fields),
             f"sender-min is {pct(settings.sender_min)}: by measure '{settings.measure}' a "
             "worker would send only once it holds its whole memory limit, which Dask's "
             "workers do not reach (they pause at 80% and restart at 95%), so nothing is "
@@ -290,10 +290,8 @@ def _paused_workers(draft: Draft, where: Locator) -> None:
     settings = draft.paused_workers
     if settings is None or settings.action == "report" or settings.max_paused_fraction > 0:
         return
-    given = draft.paused_workers_fields
-    at = ("paused-workers", "max-paused-fraction")
     where.warn(
-        at if "max-paused-fraction" in given else at[:1],
+        _field("paused-workers", "max-paused-fraction", draft.paused_workers_fields),
         f"max-paused-fraction is 0%: one paused worker is already more than 0% of the "
         f"cluster, so no worker is ever {'restarted' if settings.action == 'restart' else 'retired'}"
         "; write 'action: report' if only reports are wanted",
