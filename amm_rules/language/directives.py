@@ -80,18 +80,13 @@ def apply(
     for line, codes in found.items():
         for code, column in codes:
             if code not in warning_codes:
+                message = (
+                    f"amm-rules: disable={code}: {code!r} is not a warning code; "
+                    f"only warnings can be disabled: {', '.join(sorted(warning_codes))}"
+                )
+                end = column + len(code)
                 out.append(
-                    Diagnostic(
-                        file,
-                        line,
-                        column,
-                        "warning",
-                        f"amm-rules: disable={code}: {code!r} is not a warning code; "
-                        f"only warnings can be disabled: {', '.join(sorted(warning_codes))}",
-                        None,
-                        "bad-directive",
-                        column + len(code),
-                    )
+                    Diagnostic(file, line, column, "warning", message, None, "bad-directive", end)
                 )
     return out
 

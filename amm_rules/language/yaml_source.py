@@ -160,15 +160,8 @@ def decode(raw: bytes) -> tuple[str | None, list[SourceProblem]]:
         before = raw[: exc.start]
         line = before.count(b"\n") + 1
         column = len(before[before.rfind(b"\n") + 1 :].decode("utf-8", "replace")) + 1
-        byte = raw[exc.start]
-        return None, [
-            SourceProblem(
-                line,
-                column,
-                f"invalid UTF-8 (byte 0x{byte:02x}); rules files are UTF-8 text",
-                "encoding",
-            )
-        ]
+        message = f"invalid UTF-8 (byte 0x{raw[exc.start]:02x}); rules files are UTF-8 text"
+        return None, [SourceProblem(line, column, message, "encoding")]
     return text.removeprefix("\ufeff"), []
 
 
@@ -196,14 +189,8 @@ def text_problems(text: str) -> list[SourceProblem]:
     starts = line_starts(text)
     for m in _NON_PRINTABLE.finditer(text):
         row = bisect.bisect_right(starts, m.start()) - 1
-        problems.append(
-            SourceProblem(
-                row + 1,
-                m.start() - starts[row] + 1,
-                f"control character U+{ord(m.group()):04X} is not allowed in a rules file",
-                "encoding",
-            )
-        )
+        message = f"control character U+{ord(m.group()):04X} is not allowed in a rules file"
+        problems.append(SourceProblem(row + 1, m.start() - starts[row] + 1, message, "encoding"))
         if len(problems) >= 10:  # one binary blob would otherwise yield thousands
             break
     if problems:
@@ -211,18 +198,15 @@ def text_problems(text: str) -> list[SourceProblem]:
     for row, line in enumerate(split_lines(text)):
         indent = len(line) - len(line.lstrip(" \t"))
         if "\t" in line[:indent] and line[indent:].strip():
-            problems.append(
-                SourceProblem(
-                    row + 1,
-                    line.index("\t") + 1,
-                    "tab character in indentation; YAML indents with spaces only",
-                    "tab",
-                )
-            )
+            message = "tab character in indentation; YAML indents with spaces only"
+            problems.append(SourceProblem(row + 1, line.index("\t") + 1, message, "tab"))
     return problems
 
 
 # -- 3. pre-scan --------------------------------------------------------------------
+
+
+_TOO_DEEP = f"nesting deeper than {MAX_DEPTH} levels is not allowed in a rules file"
 
 
 def _yaml_problem(exc: Exception) -> SourceProblem:
@@ -232,12 +216,7 @@ def _yaml_problem(exc: Exception) -> SourceProblem:
         if "nesting depth" in str(exc.problem):
             # Newer libyaml stops at its own depth limit while reading ahead, before
             # the pre-scan sees our (lower) limit: the same refusal, said our way.
-            return SourceProblem(
-                line,
-                column,
-                f"nesting deeper than {MAX_DEPTH} levels is not allowed in a rules file",
-                "too-deep",
-            )
+            return SourceProblem(line, column, _TOO_DEEP, "too-deep")
         message = f"YAML syntax error: {exc.problem}"
         if exc.context and exc.context_mark is not None:
             message += f" ({exc.context} on line {exc.context_mark.line + 1})"
@@ -303,10 +282,7 @@ class _Prescan:
         # 2. A mapping or list opens: refused past the depth limit before it is built.
         elif isinstance(event, yaml.CollectionStartEvent):
             if len(self.stack) >= MAX_DEPTH:
-                return (
-                    f"nesting deeper than {MAX_DEPTH} levels is not allowed in a rules file",
-                    "too-deep",
-                )
+                return _TOO_DEEP, "too-deep"
             self.stack.append(_Frame(event.anchor))
             if event.anchor is not None:
                 self.open_anchors.add(event.anchor)

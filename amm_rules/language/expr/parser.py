@@ -78,17 +78,8 @@ def parse(text: str, problems: list[Problem] | None = None) -> ast.Node:
     literal is in the tree with ``kind == "invalid"``.
     """
     if len(text) > MAX_LENGTH:
-        raise ExpressionError(
-            [
-                Problem(
-                    f"the expression is {len(text)} characters long; the limit is {MAX_LENGTH}",
-                    1,
-                    1,
-                    TOO_LONG,
-                )
-            ],
-            text,
-        )
+        message = f"the expression is {len(text)} characters long; the limit is {MAX_LENGTH}"
+        raise ExpressionError([Problem(message, 1, 1, TOO_LONG)], text)
     if not text.strip():
         raise ExpressionError([Problem("the expression is empty", 1, 1, SYNTAX, 2)], text)
     try:
@@ -144,14 +135,8 @@ def _too_deep(tree: Tree) -> Problem | None:
     if worst is None:
         return None
     line, column, end = worst
-    return Problem(
-        f"the expression is nested too deeply: more than {MAX_DEPTH} levels of "
-        "parentheses and 'not'",
-        line,
-        column,
-        TOO_DEEP,
-        end,
-    )
+    message = f"the expression is nested too deeply: more than {MAX_DEPTH} levels of "
+    return Problem(message + "parentheses and 'not'", line, column, TOO_DEEP, end)
 
 
 # -- syntax errors -------------------------------------------------------------------
@@ -203,22 +188,13 @@ def _syntax_problem(exc: UnexpectedInput, text: str) -> Problem:
     expected = _expected(exc)
     if isinstance(exc, UnexpectedToken) and exc.token.type != "$END":
         token = exc.token
-        return Problem(
-            _unexpected_token_message(token, expected),
-            token.line or 1,
-            token.column or 1,
-            SYNTAX,
-            token.end_column if token.end_line == token.line else None,
-        )
+        message = _unexpected_token_message(token, expected)
+        end = token.end_column if token.end_line == token.line else None
+        return Problem(message, token.line or 1, token.column or 1, SYNTAX, end)
     # The end of the text came too early: point just past its last character.
     line, column = _end_position(text)
-    return Problem(
-        f"unexpected end of the expression; expected {_describe_expected(expected)}",
-        line,
-        column,
-        SYNTAX,
-        column + 1,
-    )
+    message = f"unexpected end of the expression; expected {_describe_expected(expected)}"
+    return Problem(message, line, column, SYNTAX, column + 1)
 
 
 #: An attribute of at least three parts written just before a character: ``task.annotations.x``
@@ -438,13 +414,8 @@ class _AstBuilder(Transformer):
         items = tuple(c for c in children if not isinstance(c, Token))
         span = _node_span(children[0]).to(_node_span(children[-1]))
         if len(items) > MAX_LIST_ITEMS:
+            message = f"the list has {len(items)} items; the limit is {MAX_LIST_ITEMS}"
             self.problems.append(
-                Problem(
-                    f"the list has {len(items)} items; the limit is {MAX_LIST_ITEMS}",
-                    span.line,
-                    span.column,
-                    TOO_LONG,
-                    span.column + 1,
-                )
+                Problem(message, span.line, span.column, TOO_LONG, span.column + 1)
             )
         return ast.ListLiteral(items, span)
