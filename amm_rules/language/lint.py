@@ -49,6 +49,7 @@ exactly (docs/rules.md lists the same):
 
 from __future__ import annotations
 
+import math
 import re
 
 from amm_rules.language.build import Draft, RuleDraft
@@ -174,20 +175,15 @@ def _replicate_move_never(rules: list[RuleDraft], where: Locator) -> None:
     # Computed once per kind and per text: a scan of the rules per rule took 8 s at
     # 10,000 rules (on a live scheduler's reload too).
     live = [r for r in rules if r.constant is not False]
-    position = {id(r): n for n, r in enumerate(live)}
-    stop = next(
-        (n for n, r in enumerate(live) if r.actions.move not in (None, "never")), len(live)
-    )
+    stop = next((r.index for r in live if r.actions.move not in (None, "never")), math.inf)
 
     def firsts(group: list[RuleDraft]) -> tuple[RuleDraft | None, RuleDraft | None]:
         replicate = next((r for r in group if r.actions.replicate is not None), None)
-        never = (r for r in group if r.actions.move == "never" and position[id(r)] < stop)
+        never = (r for r in group if r.actions.move == "never" and r.index < stop)
         return replicate, next(never, None)
 
     def earlier(a: RuleDraft | None, b: RuleDraft | None) -> RuleDraft | None:
-        if a is None or (b is not None and position[id(b)] < position[id(a)]):
-            return b
-        return a
+        return min((r for r in (a, b) if r is not None), key=lambda r: r.index, default=None)
 
     texts: dict[str, list[RuleDraft]] = {}
     for r in live:

@@ -196,17 +196,10 @@ def _missing_fields(error: Any, path: Path, words: FileWords) -> Iterable[Schema
         if isinstance(instance, dict) and name not in instance:
             if not path:
                 hint = words.top_hints.get(name)
-                yield SchemaProblem(
-                    path,
-                    f"missing required field '{name}'" + (f"; {hint}" if hint else ""),
-                    "missing-field",
-                )
+                message = f"missing required field '{name}'" + (f"; {hint}" if hint else "")
             else:
-                yield SchemaProblem(
-                    path,
-                    f"{_entry_kind(path, words)} is missing required field '{name}'",
-                    "missing-field",
-                )
+                message = f"{_entry_kind(path, words)} is missing required field '{name}'"
+            yield SchemaProblem(path, message, "missing-field")
 
 
 def _no_action(error: Any, path: Path) -> SchemaProblem:
