@@ -145,8 +145,9 @@ class Target:
 
 @dataclass(frozen=True)
 class TaskFacts:
-    """What a ``match`` can see of a key. The engine uses its own adapters with the
-    same attribute names; this class is for tests and tools."""
+    """What a ``match`` can see of a key, each attribute as
+    :data:`amm_rules.language.expr.attributes.ATTRIBUTES` describes it. The engine uses
+    its own adapters with the same attribute names; this class is for tests and tools."""
 
     key: str
     prefix: str = ""
@@ -157,26 +158,19 @@ class TaskFacts:
     waiters: int = 0
     reads: int = 0
     annotations: Mapping[str, Any] = field(default_factory=dict)
-    #: The resource restriction of the task that made the key (``resources=``).
     resources: Mapping[str, float] = field(default_factory=dict)
-    #: The key's span, its names joined by ``/``; ``"default"`` outside any span.
     span: str = "default"
-    #: Whether the span (with its sub-spans) has no task left to run.
     span_done: bool = False
-    #: The memory flow of the prefix (see :data:`FLOW_ATTRIBUTES`); None (null) before
-    #: a task of the prefix finished.
     prefix_tasks: int | None = None
     prefix_produced_per_task: float | None = None
     prefix_freed_by_per_task: float | None = None
     prefix_net_per_task: float | None = None
-    #: Compute seconds to bring the key back if every copy were lost (the engine's
-    #: cost model, engine/state/costs.py); None (null) while unknown.
     recompute_seconds: float | None = None
 
 
 @dataclass(frozen=True)
 class WorkerFacts:
-    """What a pool expression can see of a worker."""
+    """What a pool expression can see of a worker (see :class:`TaskFacts`)."""
 
     address: str
     name: str = ""

@@ -379,6 +379,17 @@ def _with_hint(text: str, problem: SourceProblem) -> SourceProblem:
     return SourceProblem(problem.line, problem.column, f"{problem.message}; {hint}", problem.code)
 
 
+def _refused_key(node: Node) -> tuple[str, str] | None:
+    """Why a mapping's key is not read (message and code), or None."""
+    if node.tag == _TAG_PREFIX + "merge":
+        return "merge keys ('<<') are not supported in rules files; write the fields out", "yaml"
+    if not isinstance(node, ScalarNode):
+        return "a key must be a plain name, not a list or mapping", "yaml"
+    if node.tag not in _PLAIN_TAGS:
+        return f"YAML tag '{short_tag(node.tag)}' is not allowed on a key", "yaml-tag"
+    return None
+
+
 class _Walker:
     """Node graph → plain data, recording nodes by path. Aliases are shared nodes in
     the graph and are walked once per path; :func:`prescan` bounded that expansion."""
@@ -415,24 +426,9 @@ class _Walker:
         out: dict[str, Any] = {}
         first_line: dict[str, int] = {}
         for key_node, value_node in node.value:
-            if key_node.tag == _TAG_PREFIX + "merge":
-                self.problem(
-                    key_node,
-                    "merge keys ('<<') are not supported in rules files; write the fields out",
-                    "yaml",
-                )
-                self.source.incomplete.add(path)
-                continue
-            if not isinstance(key_node, ScalarNode):
-                self.problem(key_node, "a key must be a plain name, not a list or mapping", "yaml")
-                self.source.incomplete.add(path)
-                continue
-            if key_node.tag not in _PLAIN_TAGS:
-                self.problem(
-                    key_node,
-                    f"YAML tag '{short_tag(key_node.tag)}' is not allowed on a key",
-                    "yaml-tag",
-                )
+            refused = _refused_key(key_node)
+            if refused is not None:
+                self.problem(key_node, *refused)
                 self.source.incomplete.add(path)
                 continue
             key = key_node.value
