@@ -40,8 +40,8 @@ from amm_rules.language.expr.literals import (
     decode_percent,
     decode_size,
     decode_string,
-    is_duration_unit,
 )
+from amm_rules.language.fields import DURATION_UNITS
 
 #: Longest expression accepted, in characters.
 MAX_LENGTH = 4096
@@ -387,7 +387,7 @@ class _AstBuilder(Transformer):
         span = _span(number).to(_span(unit))
         text = f"{number} {unit}"
         try:
-            if is_duration_unit(str(unit)):
+            if str(unit) in DURATION_UNITS:
                 seconds = decode_duration(str(number), str(unit))
                 return ast.Literal(seconds, "duration", text, span)
             return ast.Literal(decode_size(str(number), str(unit)), "size", text, span)
