@@ -374,11 +374,6 @@ class AdaptiveSettings:
     #: which the target rises by a worker.
     disk_rate: int = 2**20
 
-    @property
-    def room(self) -> float:
-        """The share of a worker's memory limit its data may fill."""
-        return 1.0 - self.headroom
-
 
 #: The most copies ``protect`` may hold of a key.
 MAX_PROTECT_COPIES = 8
