@@ -18,8 +18,9 @@ every entry that compiled even when other entries did not.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from amm_rules.language.fields import (
     ActionError,
@@ -42,7 +43,6 @@ from amm_rules.language.ruleset import (
     LEGACY_REPLICATE_VALUES,
     MAX_REBALANCE_SECONDS,
     PRODUCER_ATTRIBUTES,
-    RELOAD_SETTLE,
     Actions,
     AdaptiveSettings,
     DemandSettings,
@@ -56,31 +56,7 @@ from amm_rules.language.ruleset import (
     Ruleset,
     SpillSettings,
 )
-
-_FRACTIONS = {"sender-min": "sender_min", "recipient-max": "recipient_max", "gap": "gap"}
-#: Rebalance durations: field → (attribute, whether 0 is allowed). A cool-down of 0 means
-#: none; a timeout of 0 would abandon every move before its copy could land.
-_DURATIONS = {
-    "cool-down": ("cooldown", True),
-    "copy-timeout": ("copy_timeout", False),
-    "drop-timeout": ("drop_timeout", False),
-}
-#: Paused-workers fields → attributes, by kind. ``after: 0`` would act on every pause,
-#: however brief (a worker pauses routinely while it spills); a cool-down of 0 is none.
-_PAUSED_DURATIONS = {"after": ("after", False), "cool-down": ("cooldown", True)}
-_PAUSED_FRACTIONS = {
-    "require-unmanaged": "require_unmanaged",
-    "max-paused-fraction": "max_paused_fraction",
-}
-#: Memory-pressure fields → attributes, by kind. A check interval of 0 would look at the
-#: workers on every turn of the event loop; holds without a bound could hold for ever.
-_PRESSURE_DURATIONS = {
-    "check-interval": ("check_interval", False),
-    "min-hold": ("min_hold", True),
-    "max-hold": ("max_hold", False),
-    "cool-down": ("cooldown", True),
-}
-_PRESSURE_FRACTIONS = {"threshold": "threshold", "release": "release"}
+from amm_rules.language.yaml_source import Path
 
 
 @record
@@ -138,11 +114,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
     reduce = data.get("reduce-replicas", True)
     enforcement = data.get("enforcement")
     legacy = data.get("legacy-replicate", "honour")
-    settle = (
-        _duration(data["reload-settle"], ("reload-settle",), True, where)
-        if "reload-settle" in data and not where.reported_under(("reload-settle",))
-        else None
-    )
+    top = _read_section(data, (), where, {"reload-settle": ("reload_settle", _duration)})
     if where.has_errors:
         return None, draft
     ruleset = Ruleset(
@@ -161,7 +133,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
         source=source_name,
         version=1,
         enforcement=enforcement if isinstance(enforcement, str) else "enforce",
-        reload_settle=RELOAD_SETTLE if settle is None else settle,
+        **top,
     )
     return ruleset, draft
 
@@ -185,7 +157,7 @@ def _pool_names(data: dict[str, Any]) -> set[str] | None:
 def _compile(
     text: str,
     context: Literal["task", "worker"],
-    path: tuple[Any, ...],
+    path: Path,
     where: Locator,
     resources: frozenset[str] = frozenset(),
 ) -> Any:
@@ -201,7 +173,7 @@ def _compile(
     return compiled
 
 
-def _position(where: Locator, path: tuple[Any, ...], at_key: bool = False) -> Position | None:
+def _position(where: Locator, path: Path, at_key: bool = False) -> Position | None:
     line, column = where.position(path, at_key)
     return Position(line, column) if line else None
 
@@ -252,7 +224,7 @@ def _rules(
     for index, item in enumerate(section):
         if not isinstance(item, dict):
             continue
-        path: tuple[Any, ...] = ("rules", index)
+        path: Path = ("rules", index)
         name = item.get("name")
         if isinstance(name, str) and name:
             if name in first_use:
@@ -292,7 +264,7 @@ def _rules(
 
 
 def _actions(
-    item: dict[str, Any], path: tuple[Any, ...], where: Locator, known: set[str] | None
+    item: dict[str, Any], path: Path, where: Locator, known: set[str] | None
 ) -> Actions | None:
     fields = {f: item[f] for f in ACTION_FIELDS if f in item}
     if not fields:
@@ -320,9 +292,7 @@ def _actions(
         return None
 
 
-def _check_pools(
-    value: Any, path: tuple[Any, ...], where: Locator, known: set[str] | None
-) -> bool:
+def _check_pools(value: Any, path: Path, where: Locator, known: set[str] | None) -> bool:
     if known is None:
         return True  # the pools section is not a mapping, which is reported already
     if isinstance(value, str):
@@ -339,85 +309,163 @@ def _check_pools(
     return ok
 
 
+# -- section fields -----------------------------------------------------------------
+
+#: Reads the value of one field at its path: the value the settings take, or None after
+#: reporting why it is refused (or when it is of a shape the schema refused already).
+Reader = Callable[[Any, Path, Locator], Any]
+T = TypeVar("T")
+
+
+def _read_section(
+    section: dict[str, Any],
+    at: Path,
+    where: Locator,
+    table: dict[str, tuple[str, Reader]],
+) -> dict[str, Any]:
+    """The settings of the section at ``at``: each field of ``table`` (field →
+    (attribute, reader)) that is written in it and not reported yet, as read."""
+    kwargs: dict[str, Any] = {}
+    for key, (attr, read) in table.items():
+        if key in section and not where.reported_under((*at, key)):
+            value = read(section[key], (*at, key), where)
+            if value is not None:
+                kwargs[attr] = value
+    return kwargs
+
+
+def _shaped(*types: type) -> Reader:
+    """A reader of a field whose shape the schema checks (a boolean is no whole number
+    to it): the value, if it is of ``types``."""
+    return lambda value, path, where: value if isinstance(value, types) else None
+
+
+def _number(value: Any, path: Path, where: Locator) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _parsed(parse: Callable[[Any], T], value: Any, path: Path, where: Locator) -> T | None:
+    """``parse(value)``, or None after reporting why the value is not one."""
+    try:
+        return parse(value)
+    except UnitError as exc:
+        where.add(path, f"{path[-1]}: {exc}", exc.code)
+        return None
+
+
+def _refuse(value: Any, path: Path, where: Locator, bound: str) -> None:
+    """Report a value out of bounds: ``KEY: must be BOUND, got VALUE``."""
+    shown = value.strip() if isinstance(value, str) else value
+    where.add(path, f"{path[-1]}: must be {bound}, got {shown!r}", "bad-value")
+
+
+def _fraction(value: Any, path: Path, where: Locator) -> float | None:
+    return _parsed(parse_fraction, value, path, where)
+
+
+def _size(value: Any, path: Path, where: Locator) -> int | None:
+    """A size in bytes. The schema bounds plain numbers; text is bounded here: ``0.5 B``
+    is less than one byte, and a budget of 0 would never let anything move."""
+    size = _parsed(parse_size, value, path, where)
+    if size is not None and size < 1:
+        _refuse(value, path, where, "at least 1 byte")
+        return None
+    return size
+
+
+def _duration(value: Any, path: Path, where: Locator, zero: bool = True) -> float | None:
+    """A duration in seconds (0 allowed when ``zero``). The schema bounds plain numbers;
+    text (``"0s"``, ``"48h"``) is bounded here."""
+    seconds = _parsed(parse_duration, value, path, where)
+    if seconds == 0 and not zero:
+        _refuse(value, path, where, "more than 0 seconds")
+    elif seconds is not None and seconds > MAX_REBALANCE_SECONDS:
+        _refuse(value, path, where, f"at most {MAX_REBALANCE_SECONDS} seconds (one day)")
+    else:
+        return seconds
+    return None
+
+
+def _positive_duration(value: Any, path: Path, where: Locator) -> float | None:
+    return _duration(value, path, where, zero=False)
+
+
+def _rate(value: Any, path: Path, where: Locator) -> int | None:
+    rate = _parsed(parse_rate, value, path, where)
+    if rate is not None and rate < 1:
+        _refuse(value, path, where, "at least 1 byte per second")
+        return None
+    return rate
+
+
+def _headroom(value: Any, path: Path, where: Locator) -> float | None:
+    headroom = _parsed(parse_fraction, value, path, where)
+    if headroom is not None and headroom >= 1:
+        where.add(
+            path,
+            f"headroom: must be below 100%, got {format_fraction(headroom)}: no memory would "
+            "be left for data",
+            "bad-value",
+        )
+        return None
+    return headroom
+
+
+def _budget(value: Any, path: Path, where: Locator) -> dict[str, Any] | None:
+    """``protect``'s budget, as the settings' ``budget_*`` fields."""
+    budget = _parsed(parse_budget, value, path, where)
+    if budget is None:
+        return None
+    text = value.strip() if isinstance(value, str) else f"{value} B"
+    return {"budget_fraction": budget[0], "budget_bytes": budget[1], "budget_text": text}
+
+
+def _match(
+    section: dict[str, Any], at: Path, where: Locator, kwargs: dict[str, Any]
+) -> frozenset[str]:
+    """The section's ``match`` into ``kwargs`` (``match_source``, ``match``); the task
+    attributes it reads."""
+    text = expression_text(section.get("match"))
+    if text is None or where.reported_under((*at, "match")):
+        return frozenset()
+    compiled = _compile(text, "task", (*at, "match"), where)
+    if compiled is None:
+        return frozenset()
+    kwargs["match_source"] = text
+    kwargs["match"] = compiled.predicate
+    return frozenset(compiled.depends)
+
+
 # -- rebalance ----------------------------------------------------------------------
+
+#: A cool-down of 0 means none; a timeout of 0 would abandon every move before its copy
+#: could land.
+_REBALANCE: dict[str, tuple[str, Reader]] = {
+    "sender-min": ("sender_min", _fraction),
+    "recipient-max": ("recipient_max", _fraction),
+    "gap": ("gap", _fraction),
+    "max-bytes-per-cycle": ("max_bytes_per_cycle", _size),
+    "cool-down": ("cooldown", _duration),
+    "copy-timeout": ("copy_timeout", _positive_duration),
+    "drop-timeout": ("drop_timeout", _positive_duration),
+}
 
 
 def _rebalance(section: Any, where: Locator, draft: Draft) -> RebalanceSettings:
     if not isinstance(section, dict):
         return RebalanceSettings()
-    kwargs: dict[str, Any] = {}
+    kwargs = _read_section(section, ("rebalance",), where, _REBALANCE)
     # Writing the section turns rebalancing on unless it says `enabled: false`.
     enabled = section.get("enabled", True)
     kwargs["enabled"] = enabled if isinstance(enabled, bool) else True
     if isinstance(section.get("measure"), str):
         kwargs["measure"] = section["measure"]
-    for key, attr in _FRACTIONS.items():
-        if key in section and not where.reported_under(("rebalance", key)):
-            try:
-                kwargs[attr] = parse_fraction(section[key])
-            except UnitError as exc:
-                where.add(("rebalance", key), f"{key}: {exc}", exc.code)
-    key = "max-bytes-per-cycle"
-    if key in section and not where.reported_under(("rebalance", key)):
-        size = _budget(section[key], ("rebalance", key), where)
-        if size is not None:
-            kwargs["max_bytes_per_cycle"] = size
-    for key, (attr, zero) in _DURATIONS.items():
-        if key in section and not where.reported_under(("rebalance", key)):
-            seconds = _duration(section[key], ("rebalance", key), zero, where)
-            if seconds is not None:
-                kwargs[attr] = seconds
-    text = expression_text(section.get("match"))
-    if text is not None and not where.reported_under(("rebalance", "match")):
-        compiled = _compile(text, "task", ("rebalance", "match"), where)
-        if compiled is not None:
-            kwargs["match_source"] = text
-            kwargs["match"] = compiled.predicate
+    _match(section, ("rebalance",), where, kwargs)
     kwargs["enforcement"] = _enforcement(section)
     settings = RebalanceSettings(**kwargs)
     draft.rebalance = settings
     draft.rebalance_fields = frozenset(str(k) for k in section)
     return settings
-
-
-def _budget(value: Any, path: tuple[str, str], where: Locator) -> int | None:
-    """A budget in bytes, or ``None`` after reporting why it is not one. The schema
-    bounds plain numbers; text is bounded here: ``0.5 B`` is less than one byte, and a
-    budget of 0 would never let anything move."""
-    key = path[-1]
-    try:
-        size = parse_size(value)
-    except UnitError as exc:
-        where.add(path, f"{key}: {exc}", exc.code)
-        return None
-    if size < 1:
-        shown = value.strip() if isinstance(value, str) else value
-        where.add(path, f"{key}: must be at least 1 byte, got {shown!r}", "bad-value")
-        return None
-    return size
-
-
-def _duration(value: Any, path: tuple[str, ...], zero: bool, where: Locator) -> float | None:
-    """A duration in seconds, or ``None`` after reporting why it is not one. The schema
-    bounds plain numbers; text (``"0s"``, ``"48h"``) is bounded here."""
-    key = path[-1]
-    try:
-        seconds = parse_duration(value)
-    except UnitError as exc:
-        where.add(path, f"{key}: {exc}", exc.code)
-        return None
-    shown = value.strip() if isinstance(value, str) else value
-    if seconds == 0 and not zero:
-        where.add(path, f"{key}: must be more than 0 seconds, got {shown!r}", "bad-value")
-        return None
-    if seconds > MAX_REBALANCE_SECONDS:
-        where.add(
-            path,
-            f"{key}: must be at most {MAX_REBALANCE_SECONDS} seconds (one day), got {shown!r}",
-            "bad-value",
-        )
-        return None
-    return seconds
 
 
 # -- demand -------------------------------------------------------------------------
@@ -427,23 +475,18 @@ def _demand(section: Any, where: Locator) -> tuple[DemandSettings, frozenset[str
     """The ``demand:`` section, and the task attributes its match reads."""
     if not isinstance(section, dict):
         return DemandSettings(), frozenset()
-    kwargs: dict[str, Any] = {}
-    depends: frozenset[str] = frozenset()
-    if "hold" in section and not where.reported_under(("demand", "hold")):
-        seconds = _duration(section["hold"], ("demand", "hold"), True, where)
-        if seconds is not None:
-            kwargs["hold"] = seconds
-    text = expression_text(section.get("match"))
-    if text is not None and not where.reported_under(("demand", "match")):
-        compiled = _compile(text, "task", ("demand", "match"), where)
-        if compiled is not None:
-            kwargs["match_source"] = text
-            kwargs["match"] = compiled.predicate
-            depends = frozenset(compiled.depends)
+    kwargs = _read_section(section, ("demand",), where, {"hold": ("hold", _duration)})
+    depends = _match(section, ("demand",), where, kwargs)
     return DemandSettings(**kwargs), depends
 
 
 # -- protect ------------------------------------------------------------------------
+
+_PROTECT: dict[str, tuple[str, Reader]] = {
+    "budget": ("budget", _budget),
+    "min-recompute": ("min_recompute", _duration),
+    "copies": ("copies", _shaped(int)),
+}
 
 
 def _protect(section: Any, where: Locator) -> ProtectSettings | None:
@@ -451,35 +494,11 @@ def _protect(section: Any, where: Locator) -> ProtectSettings | None:
     were checked by the schema; the budget, ``min-recompute`` and match are here."""
     if not isinstance(section, dict):
         return None
-    kwargs: dict[str, Any] = {}
-
-    def fresh(key: str) -> bool:
-        return key in section and not where.reported_under(("protect", key))
-
-    if fresh("budget"):
-        try:
-            fraction, size = parse_budget(section["budget"])
-        except UnitError as exc:
-            where.add(("protect", "budget"), f"budget: {exc}", exc.code)
-        else:
-            kwargs["budget_fraction"], kwargs["budget_bytes"] = fraction, size
-            shown = section["budget"]
-            kwargs["budget_text"] = shown.strip() if isinstance(shown, str) else f"{shown} B"
-    if fresh("min-recompute"):
-        seconds = _duration(section["min-recompute"], ("protect", "min-recompute"), True, where)
-        if seconds is not None:
-            kwargs["min_recompute"] = seconds
-    copies = section.get("copies")
-    if fresh("copies") and isinstance(copies, int) and not isinstance(copies, bool):
-        kwargs["copies"] = copies
-    if fresh("spread") and section["spread"] in ("host", "none"):
-        kwargs["spread"] = "host" if section["spread"] == "host" else None
-    text = expression_text(section.get("match"))
-    if text is not None and fresh("match"):
-        compiled = _compile(text, "task", ("protect", "match"), where)
-        if compiled is not None:
-            kwargs["match_source"] = text
-            kwargs["match"] = compiled.predicate
+    kwargs = _read_section(section, ("protect",), where, _PROTECT)
+    kwargs.update(kwargs.pop("budget", {}))
+    if section.get("spread") == "none":
+        kwargs["spread"] = None  # the default is "host"
+    _match(section, ("protect",), where, kwargs)
     return ProtectSettings(**kwargs)
 
 
@@ -500,55 +519,35 @@ def _spill(section: Any) -> SpillSettings | None:
 
 # -- adaptive -----------------------------------------------------------------------
 
+_ADAPTIVE: dict[str, tuple[str, Reader]] = {
+    "memory": ("memory", _shaped(bool)),
+    "hold-rules": ("hold_rules", _shaped(bool)),
+    "headroom": ("headroom", _headroom),
+    "disk-rate": ("disk_rate", _rate),
+}
+
 
 def _adaptive(section: Any, where: Locator) -> AdaptiveSettings | None:
     """The ``adaptive:`` section (None when the file has none). Shapes were checked by
     the schema; the headroom's bound and the disk rate's unit are checked here."""
     if not isinstance(section, dict):
         return None
-    kwargs: dict[str, Any] = {}
-
-    def fresh(key: str) -> bool:
-        return key in section and not where.reported_under(("adaptive", key))
-
-    for key, attr in (("memory", "memory"), ("hold-rules", "hold_rules")):
-        if fresh(key) and isinstance(section[key], bool):
-            kwargs[attr] = section[key]
-    if fresh("headroom"):
-        try:
-            headroom = parse_fraction(section["headroom"])
-        except UnitError as exc:
-            where.add(("adaptive", "headroom"), f"headroom: {exc}", exc.code)
-        else:
-            if headroom >= 1:
-                where.add(
-                    ("adaptive", "headroom"),
-                    f"headroom: must be below 100%, got {format_fraction(headroom)}: no "
-                    "memory would be left for data",
-                    "bad-value",
-                )
-            else:
-                kwargs["headroom"] = headroom
-    if fresh("disk-rate"):
-        try:
-            rate = parse_rate(section["disk-rate"])
-        except UnitError as exc:
-            where.add(("adaptive", "disk-rate"), f"disk-rate: {exc}", exc.code)
-        else:
-            if rate < 1:
-                shown = section["disk-rate"]
-                shown = shown.strip() if isinstance(shown, str) else shown
-                where.add(
-                    ("adaptive", "disk-rate"),
-                    f"disk-rate: must be at least 1 byte per second, got {shown!r}",
-                    "bad-value",
-                )
-            else:
-                kwargs["disk_rate"] = rate
-    return AdaptiveSettings(**kwargs)
+    return AdaptiveSettings(**_read_section(section, ("adaptive",), where, _ADAPTIVE))
 
 
 # -- paused-workers -----------------------------------------------------------------
+
+#: ``after: 0`` would act on every pause, however brief (a worker pauses routinely while
+#: it spills); a cool-down of 0 is none.
+_PAUSED: dict[str, tuple[str, Reader]] = {
+    "action": ("action", _shaped(str)),
+    "max-concurrent": ("max_concurrent", _shaped(int)),
+    "after": ("after", _positive_duration),
+    "cool-down": ("cooldown", _duration),
+    "require-unmanaged": ("require_unmanaged", _fraction),
+    "max-paused-fraction": ("max_paused_fraction", _fraction),
+    "max-bytes-per-cycle": ("max_bytes_per_cycle", _size),
+}
 
 
 def _paused_workers(section: Any, where: Locator, draft: Draft) -> PausedWorkersSettings | None:
@@ -556,39 +555,28 @@ def _paused_workers(section: Any, where: Locator, draft: Draft) -> PausedWorkers
     and ``max-concurrent`` were checked by the schema; units and bounds are checked here."""
     if not isinstance(section, dict):
         return None
-    kwargs: dict[str, Any] = {}
-
-    def fresh(key: str) -> bool:
-        return key in section and not where.reported_under(("paused-workers", key))
-
-    if fresh("action") and isinstance(section["action"], str):
-        kwargs["action"] = section["action"]
-    count = section.get("max-concurrent")
-    if fresh("max-concurrent") and isinstance(count, int) and not isinstance(count, bool):
-        kwargs["max_concurrent"] = count
-    for key, (attr, zero) in _PAUSED_DURATIONS.items():
-        if fresh(key):
-            seconds = _duration(section[key], ("paused-workers", key), zero, where)
-            if seconds is not None:
-                kwargs[attr] = seconds
-    for key, attr in _PAUSED_FRACTIONS.items():
-        if fresh(key):
-            try:
-                kwargs[attr] = parse_fraction(section[key])
-            except UnitError as exc:
-                where.add(("paused-workers", key), f"{key}: {exc}", exc.code)
-    if fresh("max-bytes-per-cycle"):
-        path = ("paused-workers", "max-bytes-per-cycle")
-        size = _budget(section["max-bytes-per-cycle"], path, where)
-        if size is not None:
-            kwargs["max_bytes_per_cycle"] = size
-    settings = PausedWorkersSettings(**kwargs)
+    settings = PausedWorkersSettings(**_read_section(section, ("paused-workers",), where, _PAUSED))
     draft.paused_workers = settings
     draft.paused_workers_fields = frozenset(str(k) for k in section)
     return settings
 
 
 # -- memory-pressure ----------------------------------------------------------------
+
+#: A check interval of 0 would look at the workers on every turn of the event loop; holds
+#: without a bound could hold for ever.
+_PRESSURE: dict[str, tuple[str, Reader]] = {
+    "enabled": ("enabled", _shaped(bool)),
+    "require-transfers": ("require_transfers", _shaped(bool)),
+    "measure": ("measure", _shaped(str)),
+    "saturation": ("saturation", _number),
+    "threshold": ("threshold", _fraction),
+    "release": ("release", _fraction),
+    "check-interval": ("check_interval", _positive_duration),
+    "min-hold": ("min_hold", _duration),
+    "max-hold": ("max_hold", _positive_duration),
+    "cool-down": ("cooldown", _duration),
+}
 
 
 def _memory_pressure(section: Any, where: Locator, draft: Draft) -> MemoryPressureSettings | None:
@@ -597,30 +585,7 @@ def _memory_pressure(section: Any, where: Locator, draft: Draft) -> MemoryPressu
     how the fields fit together are checked here."""
     if not isinstance(section, dict):
         return None
-    kwargs: dict[str, Any] = {}
-
-    def fresh(key: str) -> bool:
-        return key in section and not where.reported_under(("memory-pressure", key))
-
-    for key, attr in (("enabled", "enabled"), ("require-transfers", "require_transfers")):
-        if fresh(key) and isinstance(section[key], bool):
-            kwargs[attr] = section[key]
-    if fresh("measure") and isinstance(section["measure"], str):
-        kwargs["measure"] = section["measure"]
-    saturation = section.get("saturation")
-    if fresh("saturation") and isinstance(saturation, (int, float)):
-        kwargs["saturation"] = float(saturation)
-    for key, attr in _PRESSURE_FRACTIONS.items():
-        if fresh(key):
-            try:
-                kwargs[attr] = parse_fraction(section[key])
-            except UnitError as exc:
-                where.add(("memory-pressure", key), f"{key}: {exc}", exc.code)
-    for key, (attr, zero) in _PRESSURE_DURATIONS.items():
-        if fresh(key):
-            seconds = _duration(section[key], ("memory-pressure", key), zero, where)
-            if seconds is not None:
-                kwargs[attr] = seconds
+    kwargs = _read_section(section, ("memory-pressure",), where, _PRESSURE)
     _producers(section, where, kwargs)
     settings = MemoryPressureSettings(**kwargs)
     _pressure_consistency(section, settings, where)

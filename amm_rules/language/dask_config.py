@@ -31,9 +31,10 @@ from amm_rules.language.loader import (
     CheckResult,
     check_source,
     check_yaml_source,
+    file_problem,
     read_rules_bytes,
 )
-from amm_rules.language.yaml_source import YamlSource, decode, read_yaml
+from amm_rules.language.yaml_source import YamlSource, decode, mark_position, read_yaml
 
 #: The ``class`` values that name the policy (its public name and its module path).
 POLICY_CLASSES = frozenset({"amm_rules.RulesPolicy", "amm_rules.engine.policy.RulesPolicy"})
@@ -61,12 +62,9 @@ def sub_source(source: YamlSource, at: Path) -> YamlSource:
     def inside(table: dict[Path, Any]) -> dict[Path, Any]:
         return {p[n:]: node for p, node in table.items() if p[:n] == at}
 
-    data = source.data
-    for step in at:
-        data = data[step]
     return YamlSource(
         text=source.text,
-        data=data,
+        data=_at(source.data, at),
         values=inside(source.values),
         keys=inside(source.keys),
         refused={p[n:] for p in source.refused if p[:n] == at},
@@ -80,10 +78,10 @@ def check_dask_config(path: str | os.PathLike[str]) -> list[CheckResult]:
     name = os.fspath(path)
     raw = read_rules_bytes(path, streams=True)
     if isinstance(raw, str):
-        return [_problem(name, None, raw, "unreadable")]
+        return [file_problem(name, raw, "unreadable")]
     text, problems = decode(raw)
     if text is None:
-        return [_problem(name, None, problems[0].message, problems[0].code)]
+        return [file_problem(name, problems[0].message, problems[0].code)]
     source, problems = read_yaml(text)
     if source is None:
         diagnostics = [
@@ -94,22 +92,19 @@ def check_dask_config(path: str | os.PathLike[str]) -> list[CheckResult]:
     found = list(entries(source.data))
     if not found:
         return [
-            _problem(
+            file_problem(
                 name,
-                text,
                 "no amm_rules.RulesPolicy entry in this dask config (an entry of "
                 "distributed.scheduler.active-memory-manager.policies with "
                 "'class: amm_rules.RulesPolicy')",
                 "no-policy",
+                text,
             )
         ]
     own = CheckResult(name, None, [], text)
     files: list[CheckResult] = []
     for at in found:
-        rules = source.data
-        for step in at:
-            rules = rules[step]
-        rules = rules.get("rules")
+        rules = _at(source.data, at).get("rules")
         if isinstance(rules, dict):
             result = check_yaml_source(sub_source(source, (*at, "rules")), name)
             own.diagnostics.extend(result.diagnostics)
@@ -134,18 +129,23 @@ def inline_diagnostics(text: str, name: str, rules: Any) -> list[Diagnostic] | N
     if source is None:
         return None
     for at in entries(source.data):
-        entry = source.data
-        for step in at:
-            entry = entry[step]
+        entry = _at(source.data, at)
         if isinstance(entry.get("rules"), dict) and entry["rules"] == rules:
             return check_yaml_source(sub_source(source, (*at, "rules")), name).diagnostics
     return None
 
 
+def _at(data: Any, path: Path) -> Any:
+    """The value at ``path`` in ``data``."""
+    for step in path:
+        data = data[step]
+    return data
+
+
 def _entry_problem(source: YamlSource, name: str, at: Path, rules: Any) -> Diagnostic:
     key = source.keys.get((*at, "rules"))
     node = key or source.values.get(at)
-    line, column = (node.start_mark.line + 1, node.start_mark.column + 1) if node else (0, 0)
+    line, column = mark_position(node.start_mark) if node else (0, 0)
     if rules is None and key is None:
         message = "this amm_rules.RulesPolicy entry has no 'rules' (a path or a mapping)"
     else:
@@ -155,7 +155,7 @@ def _entry_problem(source: YamlSource, name: str, at: Path, rules: Any) -> Diagn
 
 def _unreadable(source: YamlSource, name: str, at: Path, rules: str, why: str) -> Diagnostic:
     node = source.values.get((*at, "rules"))
-    line, column = (node.start_mark.line + 1, node.start_mark.column + 1) if node else (0, 0)
+    line, column = mark_position(node.start_mark) if node else (0, 0)
     relative = (
         ""
         if os.path.isabs(rules)
@@ -167,7 +167,3 @@ def _unreadable(source: YamlSource, name: str, at: Path, rules: str, why: str) -
     return Diagnostic(
         name, line, column, "error", f"rules: {rules!r}: {why}{relative}", None, "unreadable"
     )
-
-
-def _problem(name: str, text: str | None, message: str, code: str) -> CheckResult:
-    return CheckResult(name, None, [Diagnostic(name, 0, 0, "error", message, None, code)], text)

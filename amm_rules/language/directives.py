@@ -76,26 +76,17 @@ def apply(
     found = directives(source.text)
     if not found:
         return diagnostics
-    out = []
-    spans = entry_spans(source)
-    for d in diagnostics:
-        if d.is_error or not _silenced(d, found, spans):
-            out.append(d)
+    out = _kept(diagnostics, source, found)
     for line, codes in found.items():
         for code, column in codes:
             if code not in warning_codes:
+                message = (
+                    f"amm-rules: disable={code}: {code!r} is not a warning code; "
+                    f"only warnings can be disabled: {', '.join(sorted(warning_codes))}"
+                )
+                end = column + len(code)
                 out.append(
-                    Diagnostic(
-                        file,
-                        line,
-                        column,
-                        "warning",
-                        f"amm-rules: disable={code}: {code!r} is not a warning code; "
-                        f"only warnings can be disabled: {', '.join(sorted(warning_codes))}",
-                        None,
-                        "bad-directive",
-                        column + len(code),
-                    )
+                    Diagnostic(file, line, column, "warning", message, None, "bad-directive", end)
                 )
     return out
 
@@ -111,11 +102,15 @@ def silence(results: list[Any]) -> None:
         source, _ = read_yaml(result.text)
         if source is None:
             continue
-        found = directives(source.text)
-        spans = entry_spans(source)
-        result.diagnostics = [
-            d for d in result.diagnostics if d.is_error or not _silenced(d, found, spans)
-        ]
+        result.diagnostics = _kept(result.diagnostics, source, directives(source.text))
+
+
+def _kept(
+    diagnostics: list[Diagnostic], source: YamlSource, found: dict[int, list[tuple[str, int]]]
+) -> list[Diagnostic]:
+    """The diagnostics that no directive of ``found`` silences."""
+    spans = entry_spans(source)
+    return [d for d in diagnostics if d.is_error or not _silenced(d, found, spans)]
 
 
 def _silenced(

@@ -54,7 +54,6 @@ _PERCENT = re.compile(r"^\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*%\s*$")
 _DURATION = re.compile(
     r"^\s*(?P<sign>-?)\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]*)\s*$"
 )
-_DURATION_EXAMPLE = "expected a duration like '30s' or '500ms', or a number of seconds"
 #: A percentage written in words: ``10 percent``, ``10 per cent``, ``10 pct``.
 _PERCENT_WORDS = re.compile(
     r"^\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?:percent|per\s*cent|pct|perc)\.?\s*$", re.I
@@ -86,24 +85,24 @@ class UnitError(ValueError):
 
 def parse_size(value: object) -> int:
     """``"512 MiB"`` → 536870912; an integer is a number of bytes."""
-    if isinstance(value, bool):
-        raise UnitError(f"expected a size like '512 MiB' or a number of bytes, got {value!r}")
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         return int(value)
     if not isinstance(value, str) or not (m := _SIZE.match(value)):
         raise UnitError(f"expected a size like '512 MiB' or a number of bytes, got {value!r}")
-    unit = m["unit"] or "B"
-    if unit not in SIZE_UNITS:
+    return int(float(m["number"]) * _unit(m["unit"] or "B", SIZE_UNITS, "size"))
+
+
+def _unit(unit: str, units: Mapping[str, float], kind: str) -> float:
+    """The factor of ``unit`` among ``units``; :class:`UnitError` when it is none of them."""
+    if unit not in units:
         from amm_rules.language.spelling import closest
 
-        near = closest(unit, SIZE_UNITS, ignore_case=True)
-        hint = (
-            f"; did you mean {near!r}?" if near else f"; expected one of {', '.join(SIZE_UNITS)}"
-        )
-        raise UnitError(f"unknown size unit {unit!r}{hint}", code="unknown-unit")
-    return int(float(m["number"]) * SIZE_UNITS[unit])
+        near = closest(unit, units, ignore_case=True)
+        hint = f"; did you mean {near!r}?" if near else f"; expected one of {', '.join(units)}"
+        raise UnitError(f"unknown {kind} unit {unit!r}{hint}", code="unknown-unit")
+    return units[unit]
 
 
 _RATE = re.compile(r"^(?P<size>.*?)/\s*s\s*$")
@@ -179,9 +178,7 @@ def parse_duration(value: object) -> float:
     """``"30s"`` → 30.0, ``"500ms"`` → 0.5, ``"1.5 min"`` → 90.0; a plain number (or a
     number without a unit) is seconds. Never negative, never NaN or infinite: a timing
     that cannot be compared with a clock is refused here, not discovered mid-cycle."""
-    if isinstance(value, bool):
-        raise UnitError(f"{_DURATION_EXAMPLE}, got {value!r}")
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         try:
             seconds = float(value)
         except OverflowError:  # an integer beyond any float
@@ -193,21 +190,12 @@ def parse_duration(value: object) -> float:
             raise UnitError(f"a duration must be a finite number of seconds, got {value!r}")
         return seconds + 0.0  # -0.0 → 0.0
     if not isinstance(value, str) or not (m := _DURATION.match(value)):
-        raise UnitError(f"{_DURATION_EXAMPLE}, got {value!r}")
+        raise UnitError(
+            f"expected a duration like '30s' or '500ms', or a number of seconds, got {value!r}"
+        )
     if m["sign"]:
         raise UnitError(f"a duration cannot be negative, got {value.strip()!r}")
-    unit = m["unit"] or "s"
-    if unit not in DURATION_UNITS:
-        from amm_rules.language.spelling import closest
-
-        near = closest(unit, DURATION_UNITS, ignore_case=True)
-        hint = (
-            f"; did you mean {near!r}?"
-            if near
-            else f"; expected one of {', '.join(DURATION_UNITS)}"
-        )
-        raise UnitError(f"unknown duration unit {unit!r}{hint}", code="unknown-unit")
-    return float(m["number"]) * DURATION_UNITS[unit]
+    return float(m["number"]) * _unit(m["unit"] or "s", DURATION_UNITS, "duration")
 
 
 def format_fraction(value: float) -> str:

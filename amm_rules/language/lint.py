@@ -2,7 +2,7 @@
 
 Each check reads the :class:`~amm_rules.language.build.Draft` (compiled entries and the
 constants their expressions fold to) and reports through a
-:class:`~amm_rules.language.locator.Locator` with ``severity="warning"``. What is detected,
+:class:`~amm_rules.language.locator.Locator` as warnings. What is detected,
 exactly (docs/rules.md lists the same):
 
 ``shadowed-rule``
@@ -49,6 +49,7 @@ exactly (docs/rules.md lists the same):
 
 from __future__ import annotations
 
+import math
 import re
 
 from amm_rules.language.build import Draft, RuleDraft
@@ -112,13 +113,12 @@ def _unused_pools(draft: Draft, where: Locator) -> None:
     named = {p for r in draft.rules for p in (*(r.actions.pool or ()), *(r.actions.avoid or ()))}
     for name in draft.pools:
         if name not in named:
-            where.add(
+            where.warn(
                 ("pools", name),
                 f"pool '{name}' is named by no rule's pool or avoid (an 'amm' annotation "
                 "may still name it; then silence this with '# amm-rules: "
                 "disable=unused-pool')",
                 "unused-pool",
-                severity="warning",
                 at_key=True,
             )
 
@@ -133,11 +133,10 @@ def _shadowed(rules: list[RuleDraft], where: Locator) -> None:
         path = ("rules", rule.index)
         fields = rule.actions.set_fields()
         if rule.constant is False:
-            where.add(
+            where.warn(
                 (*path, "match"),
                 f"rule '{rule.name}' never matches: its match is always false",
                 "never-matches",
-                severity="warning",
             )
             continue
         text = normalize(rule.match_source)
@@ -151,12 +150,11 @@ def _shadowed(rules: list[RuleDraft], where: Locator) -> None:
             shadows.append(f"{name} by rule '{earlier.name}' (which {why})")
         else:
             if shadows:
-                where.add(
+                where.warn(
                     (*path, "name"),
                     f"rule '{rule.name}' can never decide anything: earlier rules always "
                     f"decide first: {'; '.join(shadows)}",
                     "shadowed-rule",
-                    severity="warning",
                 )
         for name in fields:
             if rule.constant is True:
@@ -177,20 +175,15 @@ def _replicate_move_never(rules: list[RuleDraft], where: Locator) -> None:
     # Computed once per kind and per text: a scan of the rules per rule took 8 s at
     # 10,000 rules (on a live scheduler's reload too).
     live = [r for r in rules if r.constant is not False]
-    position = {id(r): n for n, r in enumerate(live)}
-    stop = next(
-        (n for n, r in enumerate(live) if r.actions.move not in (None, "never")), len(live)
-    )
+    stop = next((r.index for r in live if r.actions.move not in (None, "never")), math.inf)
 
     def firsts(group: list[RuleDraft]) -> tuple[RuleDraft | None, RuleDraft | None]:
         replicate = next((r for r in group if r.actions.replicate is not None), None)
-        never = (r for r in group if r.actions.move == "never" and position[id(r)] < stop)
+        never = (r for r in group if r.actions.move == "never" and r.index < stop)
         return replicate, next(never, None)
 
     def earlier(a: RuleDraft | None, b: RuleDraft | None) -> RuleDraft | None:
-        if a is None or (b is not None and position[id(b)] < position[id(a)]):
-            return b
-        return a
+        return min((r for r in (a, b) if r is not None), key=lambda r: r.index, default=None)
 
     texts: dict[str, list[RuleDraft]] = {}
     for r in live:
@@ -225,7 +218,7 @@ def _replicate_move_never(rules: list[RuleDraft], where: Locator) -> None:
                 f"move: never wins, so replicate: {target} is never held for them"
             )
             at = "replicate" if rule is replicate else "move"
-        where.add(("rules", rule.index, at), message, "replicate-move-never", severity="warning")
+        where.warn(("rules", rule.index, at), message, "replicate-move-never")
 
 
 def _pool_avoid(rule: RuleDraft, draft: Draft, where: Locator) -> None:
@@ -235,11 +228,10 @@ def _pool_avoid(rule: RuleDraft, draft: Draft, where: Locator) -> None:
     both = [p for p in pool if p in avoid]
     if both:
         names = ", ".join(f"'{p}'" for p in both)
-        where.add(
+        where.warn(
             (*path, "avoid"),
             f"avoid: {names} also named in 'pool'; avoid wins, so those workers are never used",
             "pool-avoid-conflict",
-            severity="warning",
         )
     reason = None
     if pool and all(p in avoid for p in pool):
@@ -252,48 +244,41 @@ def _pool_avoid(rule: RuleDraft, draft: Draft, where: Locator) -> None:
             reason = f"pool '{everything[0]}' in 'avoid' has an expression that is always true"
     if reason:
         at = "pool" if pool else "avoid"
-        where.add(
+        where.warn(
             (*path, at),
             f"no worker could hold this rule's keys: {reason}",
             "unsatisfiable-target",
-            severity="warning",
         )
+
+
+def _field(section: str, name: str, given: frozenset[str]) -> tuple[str, ...]:
+    """Where to warn about a field of a section: at the field if the file writes it,
+    else at the section."""
+    return (section, name) if name in given else (section,)
 
 
 def _thresholds(draft: Draft, where: Locator) -> None:
-    # Only settings under which no key can ever move are reported. Senders and
-    # recipients are chosen by their distance from the cluster mean (gap / 2 either
-    # side); sender-min is a floor below which a worker never sends and recipient-max a
-    # ceiling above which it never receives. Neither bounds the other: with
-    # recipient-max below sender-min the fullest workers still send to the emptiest.
-    # A gap of 100% still lets a worker at 80% send while the mean is below 30%.
+    """``inverted-thresholds`` (the module docstring says which settings, and why only
+    those)."""
     settings = draft.rebalance
     if settings is None:
         return
-    given = draft.rebalance_fields
     pct = format_fraction
-
-    def at(name: str) -> tuple[str, ...]:
-        """The field if it is written in the file, else the section itself."""
-        return ("rebalance", name) if name in given else ("rebalance",)
-
     if settings.recipient_max <= 0:
-        where.add(
-            at("recipient-max"),
+        where.warn(
+            _field("rebalance", "recipient-max", draft.rebalance_fields),
             f"recipient-max is {pct(settings.recipient_max)}: no worker is ever below it, "
             "so no worker receives and nothing is rebalanced",
             "inverted-thresholds",
-            severity="warning",
         )
     if settings.sender_min >= 1 and settings.measure not in MEASURES_WITH_SPILLED:
-        where.add(
-            at("sender-min"),
+        where.warn(
+            _field("rebalance", "sender-min", draft.rebalance_fields),
             f"sender-min is {pct(settings.sender_min)}: by measure '{settings.measure}' a "
             "worker would send only once it holds its whole memory limit, which Dask's "
             "workers do not reach (they pause at 80% and restart at 95%), so nothing is "
             "rebalanced; only 'managed_total', which counts spilled bytes, goes past it",
             "inverted-thresholds",
-            severity="warning",
         )
 
 
@@ -301,15 +286,12 @@ def _paused_workers(draft: Draft, where: Locator) -> None:
     settings = draft.paused_workers
     if settings is None or settings.action == "report" or settings.max_paused_fraction > 0:
         return
-    given = draft.paused_workers_fields
-    at = ("paused-workers", "max-paused-fraction")
-    where.add(
-        at if "max-paused-fraction" in given else at[:1],
+    where.warn(
+        _field("paused-workers", "max-paused-fraction", draft.paused_workers_fields),
         f"max-paused-fraction is 0%: one paused worker is already more than 0% of the "
         f"cluster, so no worker is ever {'restarted' if settings.action == 'restart' else 'retired'}"
         "; write 'action: report' if only reports are wanted",
         "never-acts",
-        severity="warning",
     )
 
 
@@ -319,12 +301,11 @@ def _spill_lru(draft: Draft, where: Locator) -> None:
         return
     for rule in draft.rules:
         if rule.actions.spill is not None:
-            where.add(
+            where.warn(
                 ("rules", rule.index, "spill"),
                 f"spill: {rule.actions.spill} has no effect while spill.order is 'lru': "
                 "workers give up the least recently used keys first; write 'order: value'",
                 "never-acts",
-                severity="warning",
             )
 
 
@@ -332,11 +313,10 @@ def _adaptive(draft: Draft, where: Locator) -> None:
     settings = draft.adaptive
     if settings is None or settings.memory or settings.hold_rules:
         return
-    where.add(
+    where.warn(
         ("adaptive",),
         "memory and hold-rules are both off: the section changes nothing but the order in "
         "which workers leave (the target is distributed's, and scale-down keeps only what "
         "a retirement would refuse); turn one on, or remove the section",
         "never-acts",
-        severity="warning",
     )

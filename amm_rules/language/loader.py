@@ -1,12 +1,5 @@
-"""Reading rules: from a file, YAML text or an inline mapping to a checked Ruleset.
-
-The pipeline, each step in its own module:
-
-1. :mod:`amm_rules.language.yaml_source`: bytes → positioned plain data (safety limits, YAML
-   syntax, tags, duplicate keys);
-2. :mod:`amm_rules.language.schema_check`: structure, against :mod:`amm_rules.language.schema`;
-3. :mod:`amm_rules.language.build`: meaning (expressions, names, units) → :class:`Ruleset`;
-4. :mod:`amm_rules.language.lint`: warnings.
+"""Reading rules: from a file, YAML text or an inline mapping to a checked Ruleset,
+through the steps that :mod:`amm_rules.language` lists, each in its own module.
 
 Every step reports through one :class:`~amm_rules.language.locator.Locator`, so every problem
 of a file is collected, not just the first. :func:`load_ruleset` is the strict entry
@@ -109,7 +102,7 @@ def check_path(
     raw = read_rules_bytes(path, streams=streams)
     name = display or os.fspath(path)
     if isinstance(raw, str):
-        return _file_problem(name, raw, "unreadable")
+        return file_problem(name, raw, "unreadable")
     return check_source(raw, name)
 
 
@@ -181,7 +174,7 @@ def check_stream(stream: Any, name: str = "<stdin>") -> CheckResult:
     try:
         raw = read_bounded(stream, MAX_BYTES + 1)
     except OSError as exc:
-        return _file_problem(name, f"cannot read: {exc.strerror or exc}", "unreadable")
+        return file_problem(name, f"cannot read: {exc.strerror or exc}", "unreadable")
     return check_source(raw, name)
 
 
@@ -259,6 +252,7 @@ def _check_data(data: Any, where: Any, filename: str, text: str | None) -> Check
     from amm_rules.language.lint import lint
     from amm_rules.language.schema_check import describe, schema_problems
 
+    ruleset = None
     if data is None and not where.diagnostics:
         where.add((), "the rules file is empty; it needs at least 'version: 1'", "empty")
     elif not isinstance(data, dict):
@@ -274,10 +268,9 @@ def _check_data(data: Any, where: Any, filename: str, text: str | None) -> Check
         where.add_schema(schema_problems(data))
         ruleset, draft = build(data, where, filename)
         lint(draft, where)
-        if where.has_errors:
-            ruleset = None
-        return CheckResult(filename, ruleset, sorted(where.diagnostics, key=sort_key), text)
-    return CheckResult(filename, None, sorted(where.diagnostics, key=sort_key), text)
+    if where.has_errors:
+        ruleset = None
+    return CheckResult(filename, ruleset, sorted(where.diagnostics, key=sort_key), text)
 
 
 def _plain(value: Any, path: tuple[Any, ...], where: Any, depth: int = 0) -> Any:
@@ -314,8 +307,9 @@ def _diag(filename: str, problem: Any) -> Diagnostic:
     )
 
 
-def _file_problem(name: str, message: str, code: str) -> CheckResult:
-    return CheckResult(name, None, [Diagnostic(name, 0, 0, "error", message, None, code)])
+def file_problem(name: str, message: str, code: str, text: str | None = None) -> CheckResult:
+    """The result of a file with one problem, about the whole file."""
+    return CheckResult(name, None, [Diagnostic(name, 0, 0, "error", message, None, code)], text)
 
 
 def _internal(name: str, exc: Exception) -> CheckResult:
@@ -323,4 +317,4 @@ def _internal(name: str, exc: Exception) -> CheckResult:
     message = (
         f"internal error while checking this file ({type(exc).__name__}: {exc}); please report it"
     )
-    return CheckResult(name, None, [Diagnostic(name, 0, 0, "error", message, None, "internal")])
+    return file_problem(name, message, "internal")

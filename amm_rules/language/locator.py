@@ -87,6 +87,9 @@ class Locator:
         if severity == "error":
             self._mark(path)
 
+    def warn(self, path: Path, message: str, code: str, *, at_key: bool = False) -> None:
+        self.add(path, message, code, severity="warning", at_key=at_key)
+
     def add_schema(self, problems: Iterable[SchemaProblem]) -> None:
         refused = self.source.refused if self.source is not None else set()
         incomplete = self.source.incomplete if self.source is not None else set()
@@ -112,19 +115,9 @@ class Locator:
         for problem in problems:
             end_column = None
             if source is not None and isinstance(node, ScalarNode) and problem.line > 0:
-                line, column = expression_position(
-                    source,
-                    node,
-                    problem.line,
-                    problem.column,
-                )
+                line, column = expression_position(source, node, problem.line, problem.column)
                 if problem.end_column is not None and problem.end_column > problem.column:
-                    end = expression_position(
-                        source,
-                        node,
-                        problem.line,
-                        problem.end_column,
-                    )
+                    end = expression_position(source, node, problem.line, problem.end_column)
                     if end[0] == line and end[1] > column:
                         end_column = end[1]
             else:
@@ -132,16 +125,10 @@ class Locator:
             message = f"{label}: {problem.message}" if label else problem.message
             if problem.code == "syntax" and isinstance(node, ScalarNode):
                 message += self._comment_hint(node)
+            entry = self.entry(path)
             self.diagnostics.append(
                 Diagnostic(
-                    self.file,
-                    line,
-                    column,
-                    severity,
-                    message,
-                    self.entry(path),
-                    problem.code,
-                    end_column,
+                    self.file, line, column, severity, message, entry, problem.code, end_column
                 )
             )
         if severity == "error":

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amm_rules.language.expr import ast
+from amm_rules.language.expr.attributes import resource_attribute
 from amm_rules.language.expr.glob import glob_match
 from amm_rules.language.plurals import counted, plural
 from amm_rules.language.type_names import names_of
@@ -76,27 +77,22 @@ def near_misses(root: ast.Node, census: Census) -> list[str]:
 def _comparisons(root: ast.Node) -> Iterator[tuple[tuple[str, ...], list[str], bool]]:
     """``(attribute parts, string values, is a pattern)`` of every comparison of a task
     attribute with string literals."""
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.And, ast.Or)):
-            stack.extend(node.operands)
-        elif isinstance(node, ast.Not):
-            stack.append(node.operand)
-        elif isinstance(node, ast.Compare):
-            for side, other in ((node.left, node.right), (node.right, node.left)):
-                if not isinstance(side, ast.Attribute):
-                    continue
-                literals = other.items if isinstance(other, ast.ListLiteral) else (other,)
-                values = [
-                    lit.value
-                    for lit in literals
-                    if isinstance(lit, ast.Literal) and isinstance(lit.value, str)
-                ]
-                if values and node.op in ("==", "in", "matches"):
-                    yield side.parts, values, node.op == "matches"
-                elif node.op in ("<", "<=", ">", ">=", "==") and len(side.parts) == 3:
-                    yield side.parts, [], False  # task.resources.GPU >= 1
+    for node in _nodes(root, operands=False):
+        if not isinstance(node, ast.Compare):
+            continue
+        for side, other in ((node.left, node.right), (node.right, node.left)):
+            if not isinstance(side, ast.Attribute):
+                continue
+            literals = other.items if isinstance(other, ast.ListLiteral) else (other,)
+            values = [
+                lit.value
+                for lit in literals
+                if isinstance(lit, ast.Literal) and isinstance(lit.value, str)
+            ]
+            if values and node.op in ("==", "in", "matches"):
+                yield side.parts, values, node.op == "matches"
+            elif node.op in ("<", "<=", ">", ">=", "==") and len(side.parts) == 3:
+                yield side.parts, [], False  # task.resources.GPU >= 1
 
 
 def _hint(parts: tuple[str, ...], values: list[str], pattern: bool, census: Census) -> str | None:
@@ -159,12 +155,16 @@ def _resources(name: str, census: Census) -> str | None:
     if any(name in dict(r) for r in census.resources):
         return None
     restriction, n = census.resources.most_common(1)[0]
-    other = restriction[0][0]
-    written = f"task.resources.{other}" if other.isidentifier() else f'task.resources["{other}"]'
+    return _made_with(restriction, n, restriction[0][0], f"the rule reads task.resources.{name}; ")
+
+
+def _made_with(
+    restriction: tuple[tuple[str, float], ...], n: int, name: str, why: str = ""
+) -> str:
+    """``12 keys were made by tasks with resources={'GPU': 1} (use task.resources.GPU)``."""
     return (
         f"{counted(n, 'key')} {plural(n, 'was', 'were')} made by tasks with resources="
-        f"{dict(restriction)!r} "
-        f"(the rule reads task.resources.{name}; use {written})"
+        f"{dict(restriction)!r} ({why}use {resource_attribute(name)})"
     )
 
 
@@ -174,7 +174,9 @@ def _annotation_hints(root: ast.Node, census: Census) -> list[str]:
     made with ``resources={"GPU": 1}``): point at ``task.resources``."""
     out = []
     named = {name.casefold(): name for r in census.resources for name, _ in r}
-    for node in _attributes(root):
+    for node in _nodes(root, operands=True):
+        if not isinstance(node, ast.Attribute):
+            continue
         parts = node.parts
         if len(parts) < 3 or parts[:2] != ("task", "annotations") or not census.resources:
             continue
@@ -190,28 +192,23 @@ def _annotation_hints(root: ast.Node, census: Census) -> list[str]:
             )
         else:
             continue
-        written = f"task.resources.{name}" if name.isidentifier() else f'task.resources["{name}"]'
-        out.append(
-            f"{counted(n, 'key')} {plural(n, 'was', 'were')} made by tasks with resources="
-            f"{dict(restriction)!r} (use {written})"
-        )
+        out.append(_made_with(restriction, n, name))
     return out
 
 
-def _attributes(root: ast.Node) -> Iterator[ast.Attribute]:
+def _nodes(root: ast.Node, *, operands: bool) -> Iterator[ast.Node]:
+    """The nodes of a match, depth first; with ``operands``, those inside its
+    comparisons too."""
     stack = [root]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.Attribute):
-            yield node
-        elif isinstance(node, (ast.And, ast.Or)):
+        yield node
+        if isinstance(node, (ast.And, ast.Or)):
             stack.extend(node.operands)
         elif isinstance(node, ast.Not):
             stack.append(node.operand)
-        elif isinstance(node, ast.Compare):
+        elif isinstance(node, ast.Compare) and operands:
             stack.extend((node.left, node.right))
-        elif isinstance(node, ast.ListLiteral):
-            pass
 
 
 def _fold(text: str) -> str:

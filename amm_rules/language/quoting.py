@@ -27,15 +27,12 @@ _ATTRIBUTE = re.compile(r"\b(?:task|worker)\.[A-Za-z_]")
 #: A YAML comment: `` #`` after the value.
 _COMMENT = re.compile(r"[ \t]+#")
 
+_QUOTED_ALONE = "YAML reads a value that starts with a quote as that quoted string alone"
 #: The YAML syntax errors an unquoted expression causes, and what YAML did.
 _WHY = {
     "mapping values are not allowed": "YAML reads ': ' in an unquoted value as a new key",
-    "did not find expected key": (
-        "YAML reads a value that starts with a quote as that quoted string alone"
-    ),
-    "expected <block end>": (
-        "YAML reads a value that starts with a quote as that quoted string alone"
-    ),
+    "did not find expected key": _QUOTED_ALONE,
+    "expected <block end>": _QUOTED_ALONE,
 }
 
 

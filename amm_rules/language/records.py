@@ -83,15 +83,14 @@ def _build(cls: C, *, frozen: bool, eq: bool) -> C:
             setattr(klass, name, method)
 
     put("__init__", _init(klass, fields))
-    shown = attrgetter(*(f.name for f in fields if f.repr))
     shown_names = [f.name for f in fields if f.repr]
+    shown = _key(shown_names)
 
     def __repr__(self: Any) -> str:
-        values = shown(self) if len(shown_names) != 1 else (shown(self),)
-        inner = ", ".join(f"{n}={v!r}" for n, v in zip(shown_names, values, strict=True))
+        inner = ", ".join(f"{n}={v!r}" for n, v in zip(shown_names, shown(self), strict=True))
         return f"{type(self).__qualname__}({inner})"
 
-    put("__repr__", __repr__ if shown_names else lambda self: f"{type(self).__qualname__}()")
+    put("__repr__", __repr__)
     if eq:
         key = _key([f.name for f in fields if f.compare])
 

@@ -145,8 +145,9 @@ class Target:
 
 @dataclass(frozen=True)
 class TaskFacts:
-    """What a ``match`` can see of a key. The engine uses its own adapters with the
-    same attribute names; this class is for tests and tools."""
+    """What a ``match`` can see of a key, each attribute as
+    :data:`amm_rules.language.expr.attributes.ATTRIBUTES` describes it. The engine uses
+    its own adapters with the same attribute names; this class is for tests and tools."""
 
     key: str
     prefix: str = ""
@@ -157,26 +158,19 @@ class TaskFacts:
     waiters: int = 0
     reads: int = 0
     annotations: Mapping[str, Any] = field(default_factory=dict)
-    #: The resource restriction of the task that made the key (``resources=``).
     resources: Mapping[str, float] = field(default_factory=dict)
-    #: The key's span, its names joined by ``/``; ``"default"`` outside any span.
     span: str = "default"
-    #: Whether the span (with its sub-spans) has no task left to run.
     span_done: bool = False
-    #: The memory flow of the prefix (see :data:`FLOW_ATTRIBUTES`); None (null) before
-    #: a task of the prefix finished.
     prefix_tasks: int | None = None
     prefix_produced_per_task: float | None = None
     prefix_freed_by_per_task: float | None = None
     prefix_net_per_task: float | None = None
-    #: Compute seconds to bring the key back if every copy were lost (the engine's
-    #: cost model, engine/state/costs.py); None (null) while unknown.
     recompute_seconds: float | None = None
 
 
 @dataclass(frozen=True)
 class WorkerFacts:
-    """What a pool expression can see of a worker."""
+    """What a pool expression can see of a worker (see :class:`TaskFacts`)."""
 
     address: str
     name: str = ""
@@ -362,12 +356,6 @@ class SpillSettings:
     prefetch: bool = False
 
 
-#: ``adaptive``'s default ``headroom`` (a share of each worker's memory limit) and
-#: ``disk-rate`` (bytes per second over the cluster).
-ADAPTIVE_HEADROOM = 0.60
-ADAPTIVE_DISK_RATE = 2**20
-
-
 @record(frozen=True)
 class AdaptiveSettings:
     """The ``adaptive:`` section: what the scheduler's ``adaptive_target`` and
@@ -379,23 +367,16 @@ class AdaptiveSettings:
     memory: bool = True
     #: Share of each worker's memory limit kept free of managed data: the target asks
     #: for enough workers to hold the data below the rest.
-    headroom: float = ADAPTIVE_HEADROOM
+    headroom: float = 0.60
     #: Scale-down never breaks a rule's minimum, pool or spread.
     hold_rules: bool = True
     #: Bytes per second the workers write to disk or read back (all together) above
     #: which the target rises by a worker.
-    disk_rate: int = ADAPTIVE_DISK_RATE
-
-    @property
-    def room(self) -> float:
-        """The share of a worker's memory limit its data may fill."""
-        return 1.0 - self.headroom
+    disk_rate: int = 2**20
 
 
-#: ``protect``'s default ``copies``, its largest, and its default ``min-recompute``.
-PROTECT_COPIES = 2
+#: The most copies ``protect`` may hold of a key.
 MAX_PROTECT_COPIES = 8
-PROTECT_MIN_RECOMPUTE = 30.0
 
 
 @record(frozen=True)
@@ -408,9 +389,9 @@ class ProtectSettings:
     budget_fraction: float | None = 0.10
     budget_bytes: int | None = None
     #: Keys whose recompute estimate is below this (seconds) are never protected.
-    min_recompute: float = PROTECT_MIN_RECOMPUTE
+    min_recompute: float = 30.0
     #: Copies a protected key holds.
-    copies: int = PROTECT_COPIES
+    copies: int = 2
     #: ``"host"``: protected copies on distinct hosts where possible; None: anywhere.
     spread: str | None = "host"
     #: Only keys this expression matches are candidates (None: every key).
@@ -482,11 +463,10 @@ class Reason:
     def __str__(self) -> str:
         if self.kind == "rule":
             return f"rule {self.rule}"
-        if self.kind == "runtime":
-            return "runtime target"
-        if self.kind == "annotation":
-            return "amm annotation"
-        return self.kind  # "client.replicate", "scatter broadcast": the call itself
+        # "client.replicate", "scatter broadcast": the call itself
+        return {"runtime": "runtime target", "annotation": "amm annotation"}.get(
+            self.kind, self.kind
+        )
 
 
 #: Where a runtime target can come from: :func:`amm_rules.replicate` (``"runtime"``),
@@ -546,14 +526,11 @@ class Desired:
 
     def explain(self) -> str:
         """``"replicate=3 from rule stage-one, pool=gpu from rule device-arrays"``."""
-        parts = []
-        for name in ACTION_FIELDS:
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, tuple):
-                value = ",".join(value)
-            parts.append(f"{name}={value} from {self.reasons[name]}")
+        parts = [
+            f"{name}={_plain(getattr(self, name))} from {self.reasons[name]}"
+            for name in ACTION_FIELDS
+            if getattr(self, name) is not None
+        ]
         return ", ".join(parts) or "no rule applies"
 
 
@@ -565,13 +542,11 @@ def overrides(
     fields it sets."""
     decided: dict[str, Any] = {}
     reasons: dict[str, Reason] = {}
-    if isinstance(runtime, RuntimeTarget):
-        for name, value in runtime.fields().items():
-            decided[name] = value
-            reasons[name] = Reason(runtime.origin)
-    elif runtime is not None:
-        decided["replicate"] = runtime
-        reasons["replicate"] = Reason("runtime")
+    if isinstance(runtime, Target):
+        runtime = RuntimeTarget(runtime)
+    if runtime is not None:
+        decided = runtime.fields()
+        reasons = dict.fromkeys(decided, Reason(runtime.origin))
     if annotation is not None:
         for name in annotation.set_fields():
             if name not in decided:
@@ -658,10 +633,7 @@ class Ruleset:
     @property
     def depends(self) -> frozenset[str]:
         """Every task attribute any rule's match reads."""
-        out: frozenset[str] = frozenset()
-        for rule in self.rules:
-            out |= rule.depends
-        return out
+        return frozenset().union(*(rule.depends for rule in self.rules))
 
     @property
     def reads_demand(self) -> bool:

@@ -137,35 +137,23 @@ def _entry_kind(path: Path, words: FileWords = RULES_FILE) -> str:
 def _translate(error: Any, words: FileWords = RULES_FILE) -> Iterable[SchemaProblem]:
     """One jsonschema error as the problems a person reads, in the words of a rules file.
 
-    The cases, in order; the first that fits decides:
-
-    1. A pool name that is not a valid name.
-    2. Unknown fields.
-    3. Missing required fields.
-    4. A rule without any action field.
-    5. A value that fits none of several alternatives.
-    6. Any other single keyword (type, const, enum, bounds, lengths, pattern...).
+    The cases, in order (the first that fits decides; each function's docstring says
+    more): 1. a pool name that is not a valid name; 2. unknown fields; 3. missing
+    required fields; 4. a rule without any action field; 5. a value that fits none of
+    several alternatives; 6. any other single keyword (type, const, enum, bounds...).
     """
     path: Path = tuple(error.absolute_path)
     kind = error.validator
-
-    # 1. A pool name (a mapping key) that is not a valid name: point at the key.
     if "propertyNames" in error.schema_path:
         return [_bad_name(error, path)]
-    # 2. Unknown fields: one problem per key, at the key, with a suggestion.
     if kind == "additionalProperties":
         return _unknown_fields(error, path)
-    # 3. Missing fields, reported at the mapping that lacks them.
     if kind == "required":
         return _missing_fields(error, path, words)
-    # 4. A rule without any action field: unless a misspelt action is the cause, which
-    #    case 2 reports at its key, with the action meant.
     if kind == "anyOf" and all(set(branch) == {"required"} for branch in error.validator_value):
         return [] if _misspelt_action(error) else [_no_action(error, path)]
-    # 5. Alternatives (replicate, pool lists, percentages, sizes).
     if kind in ("oneOf", "anyOf"):
         return _alternatives(error, path, words)
-    # 6. Single-keyword failures.
     return _single_keyword(error, path, words)
 
 
@@ -208,17 +196,10 @@ def _missing_fields(error: Any, path: Path, words: FileWords) -> Iterable[Schema
         if isinstance(instance, dict) and name not in instance:
             if not path:
                 hint = words.top_hints.get(name)
-                yield SchemaProblem(
-                    path,
-                    f"missing required field '{name}'" + (f"; {hint}" if hint else ""),
-                    "missing-field",
-                )
+                message = f"missing required field '{name}'" + (f"; {hint}" if hint else "")
             else:
-                yield SchemaProblem(
-                    path,
-                    f"{_entry_kind(path, words)} is missing required field '{name}'",
-                    "missing-field",
-                )
+                message = f"{_entry_kind(path, words)} is missing required field '{name}'"
+            yield SchemaProblem(path, message, "missing-field")
 
 
 def _no_action(error: Any, path: Path) -> SchemaProblem:
@@ -263,40 +244,36 @@ def _alternatives(error: Any, path: Path, words: FileWords) -> Iterable[SchemaPr
     )
 
 
-def _single_keyword(error: Any, path: Path, words: FileWords) -> Iterable[SchemaProblem]:  # noqa: C901 - a flat list of keywords
+def _single_keyword(error: Any, path: Path, words: FileWords) -> list[SchemaProblem]:  # noqa: C901 - a flat list of keywords
     """Case 6: one keyword failed; say what it expects in the rules file's words (a
     "whole number", not an "integer"), with the value found. A keyword this module does
     not know still gets a positioned problem, with jsonschema's own message."""
     kind = error.validator
     value = error.validator_value
-
-    def _say(path: Path, message: str) -> str:
-        return _say_in(path, message, words)
-
     instance = error.instance
     schema = _schema(error)
+    code = "bad-value"
     if kind == "type":
         if "expression" in str(schema.get("title", "")):
             expected = "an expression (text)"
         else:
             expected = _type_name(value)
-        got = describe(instance) + _value_hint(error, path)
-        yield SchemaProblem(path, _say(path, f"expected {expected}, got {got}"), "wrong-type")
-    elif kind == "const":
-        if path == ("version",):
-            yield SchemaProblem(
+        message = f"expected {expected}, got {describe(instance)}{_value_hint(error, path)}"
+        code = "wrong-type"
+    elif kind == "const" and path == ("version",):
+        return [
+            SchemaProblem(
                 path,
                 f"unsupported version {describe(instance)}; this release reads version {value}",
                 "bad-version",
             )
-        else:
-            yield SchemaProblem(path, _say(path, f"expected {value!r}"), "bad-value")
+        ]
+    elif kind == "const":
+        message = f"expected {value!r}"
     elif kind == "enum":
         hint = did_you_mean(str(instance), [str(v) for v in value])
         choices = " or ".join(repr(v) for v in value)
-        yield SchemaProblem(
-            path, _say(path, f"expected {choices}, got {describe(instance)}{hint}"), "bad-value"
-        )
+        message = f"expected {choices}, got {describe(instance)}{hint}"
     elif kind in ("minimum", "maximum", "exclusiveMinimum"):
         bound = {"minimum": "at least", "maximum": "at most", "exclusiveMinimum": "more than"}[
             kind
@@ -313,54 +290,39 @@ def _single_keyword(error: Any, path: Path, words: FileWords) -> Iterable[Schema
         ):
             # sender-min: 30 most likely means 30%: say how to write it.
             hint = f"; did you mean '{instance:g}%'? (a plain number is a fraction)"
-        yield SchemaProblem(
-            path,
-            _say(path, f"must be {bound} {value}{why}, got {describe(instance)}{hint}"),
-            "bad-value",
-        )
+        message = f"must be {bound} {value}{why}, got {describe(instance)}{hint}"
     elif kind == "minItems":
         count = "one entry" if value == 1 else f"{value} entries"
-        yield SchemaProblem(
-            path,
-            _say(
-                path,
-                f"expected at least {count}, got "
-                f"{'an empty list' if not instance else len(instance)}",
-            ),
-            "bad-value",
-        )
+        got = "an empty list" if not instance else len(instance)
+        message = f"expected at least {count}, got {got}"
     elif kind == "maxItems":
-        yield SchemaProblem(
-            path,
-            _say(path, f"expected at most {value:,} entries, got {len(instance):,}"),
-            "too-long",
-        )
+        message = f"expected at most {value:,} entries, got {len(instance):,}"
+        code = "too-long"
     elif kind == "uniqueItems":
-        seen: list[Any] = []
-        for index, item in enumerate(instance):
-            if item in seen:
-                yield SchemaProblem(
-                    (*path, index),
-                    _say(path, f"{describe(item)} is listed twice"),
-                    "duplicate-item",
-                )
-            seen.append(item)
+        twice = [i for i, item in enumerate(instance) if item in instance[:i]]
+        return [
+            SchemaProblem(
+                (*path, i),
+                _say_in(path, f"{describe(instance[i])} is listed twice", words),
+                "duplicate-item",
+            )
+            for i in twice
+        ]
     elif kind == "minProperties":
         names = ", ".join(repr(p) for p in schema.get("properties", {}))
-        yield SchemaProblem(path, _say(path, f"expected at least one of {names}"), "bad-value")
+        message = f"expected at least one of {names}"
     elif kind == "minLength":
-        yield SchemaProblem(path, _say(path, "must not be empty"), "bad-value")
+        message = "must not be empty"
     elif kind == "maxLength":
-        yield SchemaProblem(path, _say(path, f"must be at most {value} characters"), "bad-value")
+        message = f"must be at most {value} characters"
     elif kind == "pattern":
-        message = schema.get("errorMessage", f"does not match {value}")
         got = describe(instance) + _value_hint(error, path)
-        yield SchemaProblem(path, _say(path, f"{message}, got {got}"), "bad-value")
+        message = f"{schema.get('errorMessage', f'does not match {value}')}, got {got}"
     else:  # a keyword this module does not know: still a readable, positioned message
         text = error.message  # it quotes the value, which may be large: clipped
-        yield SchemaProblem(
-            path, _say(path, text if len(text) <= 300 else text[:300] + "..."), "schema"
-        )
+        message = text if len(text) <= 300 else text[:300] + "..."
+        code = "schema"
+    return [SchemaProblem(path, _say_in(path, message, words), code)]
 
 
 def _value_hint(error: Any, path: Path) -> str:

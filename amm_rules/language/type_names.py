@@ -117,13 +117,12 @@ def misspelt(name: str) -> str | None:
     # Compared without the library's name, which every candidate shares.
     rest = name.split(".", 1)[1] if "." in name else ""
     close = closest(rest, sorted(rests), ignore_case=True) if rest else None
-    hint = rests[close] if close is not None else None
-    if hint is None:
-        # ``pandas.core.DataFrame``: the last part is a known class under another path.
-        last = name.rsplit(".", 1)[-1].casefold()
-        same = sorted(n for n in rests.values() if n.rsplit(".", 1)[-1].casefold() == last)
-        hint = same[0] if same else None
-    return hint
+    if close is not None:
+        return rests[close]
+    # ``pandas.core.DataFrame``: the last part is a known class under another path.
+    last = name.rsplit(".", 1)[-1].casefold()
+    same = sorted(n for n in rests.values() if n.rsplit(".", 1)[-1].casefold() == last)
+    return same[0] if same else None
 
 
 _ROOTS = {

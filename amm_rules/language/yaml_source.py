@@ -160,15 +160,8 @@ def decode(raw: bytes) -> tuple[str | None, list[SourceProblem]]:
         before = raw[: exc.start]
         line = before.count(b"\n") + 1
         column = len(before[before.rfind(b"\n") + 1 :].decode("utf-8", "replace")) + 1
-        byte = raw[exc.start]
-        return None, [
-            SourceProblem(
-                line,
-                column,
-                f"invalid UTF-8 (byte 0x{byte:02x}); rules files are UTF-8 text",
-                "encoding",
-            )
-        ]
+        message = f"invalid UTF-8 (byte 0x{raw[exc.start]:02x}); rules files are UTF-8 text"
+        return None, [SourceProblem(line, column, message, "encoding")]
     return text.removeprefix("\ufeff"), []
 
 
@@ -196,14 +189,8 @@ def text_problems(text: str) -> list[SourceProblem]:
     starts = line_starts(text)
     for m in _NON_PRINTABLE.finditer(text):
         row = bisect.bisect_right(starts, m.start()) - 1
-        problems.append(
-            SourceProblem(
-                row + 1,
-                m.start() - starts[row] + 1,
-                f"control character U+{ord(m.group()):04X} is not allowed in a rules file",
-                "encoding",
-            )
-        )
+        message = f"control character U+{ord(m.group()):04X} is not allowed in a rules file"
+        problems.append(SourceProblem(row + 1, m.start() - starts[row] + 1, message, "encoding"))
         if len(problems) >= 10:  # one binary blob would otherwise yield thousands
             break
     if problems:
@@ -211,18 +198,15 @@ def text_problems(text: str) -> list[SourceProblem]:
     for row, line in enumerate(split_lines(text)):
         indent = len(line) - len(line.lstrip(" \t"))
         if "\t" in line[:indent] and line[indent:].strip():
-            problems.append(
-                SourceProblem(
-                    row + 1,
-                    line.index("\t") + 1,
-                    "tab character in indentation; YAML indents with spaces only",
-                    "tab",
-                )
-            )
+            message = "tab character in indentation; YAML indents with spaces only"
+            problems.append(SourceProblem(row + 1, line.index("\t") + 1, message, "tab"))
     return problems
 
 
 # -- 3. pre-scan --------------------------------------------------------------------
+
+
+_TOO_DEEP = f"nesting deeper than {MAX_DEPTH} levels is not allowed in a rules file"
 
 
 def _yaml_problem(exc: Exception) -> SourceProblem:
@@ -232,12 +216,7 @@ def _yaml_problem(exc: Exception) -> SourceProblem:
         if "nesting depth" in str(exc.problem):
             # Newer libyaml stops at its own depth limit while reading ahead, before
             # the pre-scan sees our (lower) limit: the same refusal, said our way.
-            return SourceProblem(
-                line,
-                column,
-                f"nesting deeper than {MAX_DEPTH} levels is not allowed in a rules file",
-                "too-deep",
-            )
+            return SourceProblem(line, column, _TOO_DEEP, "too-deep")
         message = f"YAML syntax error: {exc.problem}"
         if exc.context and exc.context_mark is not None:
             message += f" ({exc.context} on line {exc.context_mark.line + 1})"
@@ -303,10 +282,7 @@ class _Prescan:
         # 2. A mapping or list opens: refused past the depth limit before it is built.
         elif isinstance(event, yaml.CollectionStartEvent):
             if len(self.stack) >= MAX_DEPTH:
-                return (
-                    f"nesting deeper than {MAX_DEPTH} levels is not allowed in a rules file",
-                    "too-deep",
-                )
+                return _TOO_DEEP, "too-deep"
             self.stack.append(_Frame(event.anchor))
             if event.anchor is not None:
                 self.open_anchors.add(event.anchor)
@@ -403,6 +379,17 @@ def _with_hint(text: str, problem: SourceProblem) -> SourceProblem:
     return SourceProblem(problem.line, problem.column, f"{problem.message}; {hint}", problem.code)
 
 
+def _refused_key(node: Node) -> tuple[str, str] | None:
+    """Why a mapping's key is not read (message and code), or None."""
+    if node.tag == _TAG_PREFIX + "merge":
+        return "merge keys ('<<') are not supported in rules files; write the fields out", "yaml"
+    if not isinstance(node, ScalarNode):
+        return "a key must be a plain name, not a list or mapping", "yaml"
+    if node.tag not in _PLAIN_TAGS:
+        return f"YAML tag '{short_tag(node.tag)}' is not allowed on a key", "yaml-tag"
+    return None
+
+
 class _Walker:
     """Node graph → plain data, recording nodes by path. Aliases are shared nodes in
     the graph and are walked once per path; :func:`prescan` bounded that expansion."""
@@ -439,24 +426,9 @@ class _Walker:
         out: dict[str, Any] = {}
         first_line: dict[str, int] = {}
         for key_node, value_node in node.value:
-            if key_node.tag == _TAG_PREFIX + "merge":
-                self.problem(
-                    key_node,
-                    "merge keys ('<<') are not supported in rules files; write the fields out",
-                    "yaml",
-                )
-                self.source.incomplete.add(path)
-                continue
-            if not isinstance(key_node, ScalarNode):
-                self.problem(key_node, "a key must be a plain name, not a list or mapping", "yaml")
-                self.source.incomplete.add(path)
-                continue
-            if key_node.tag not in _PLAIN_TAGS:
-                self.problem(
-                    key_node,
-                    f"YAML tag '{short_tag(key_node.tag)}' is not allowed on a key",
-                    "yaml-tag",
-                )
+            refused = _refused_key(key_node)
+            if refused is not None:
+                self.problem(key_node, *refused)
                 self.source.incomplete.add(path)
                 continue
             key = key_node.value

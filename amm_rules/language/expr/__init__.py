@@ -107,24 +107,23 @@ def compile_expression(
         raise ExpressionError(
             [Problem("the expression is nested too deeply", 1, 1, TOO_DEEP)], text
         ) from None
-    warnings = tuple(checked.warnings)
-    read = frozenset(checked.resources)
+    constant: bool | None = None
+    conjuncts: tuple[Conjunct, ...] = ()
     if code.fn is None:
-        value = bool(code.value)
-        predicate: Callable[[Any], bool] = (lambda _f: True) if value else (lambda _f: False)
-        return CompiledExpression(
-            text, context, predicate, frozenset(), value, root, warnings=warnings, resources=read
-        )
+        constant = bool(code.value)
+        predicate: Callable[[Any], bool] = (lambda _f: True) if constant else (lambda _f: False)
+    else:
+        predicate, conjuncts = code.fn, _conjuncts(root, checked)
     return CompiledExpression(
         text,
         context,
-        code.fn,
+        predicate,
         code.depends,
-        None,
+        constant,
         root,
-        _conjuncts(root, checked),
-        warnings,
-        read,
+        conjuncts,
+        tuple(checked.warnings),
+        frozenset(checked.resources),
     )
 
 

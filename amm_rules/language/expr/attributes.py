@@ -12,10 +12,17 @@ i.e. the fields of :class:`~amm_rules.language.ruleset.TaskFacts` and
 from __future__ import annotations
 
 import enum
+from functools import partial
 from typing import Any, Literal
 
-from amm_rules.language.expr.ast import Attribute, Span
-from amm_rules.language.expr.errors import BAD_LITERAL, UNKNOWN_ATTRIBUTE, WRONG_CONTEXT, Problem
+from amm_rules.language.expr.ast import Attribute
+from amm_rules.language.expr.errors import (
+    BAD_LITERAL,
+    UNKNOWN_ATTRIBUTE,
+    WRONG_CONTEXT,
+    Problem,
+    problem_at,
+)
 from amm_rules.language.records import record
 from amm_rules.language.spelling import closest
 
@@ -81,47 +88,43 @@ class AttributeSpec:
 
 
 _T = ValueType
+_task = partial(AttributeSpec, "task")
+_worker = partial(AttributeSpec, "worker")
 ATTRIBUTES: dict[Context, dict[str, AttributeSpec]] = {
     "task": {
         spec.name: spec
         for spec in (
-            AttributeSpec("task", "key", _T.STRING, "the key, as a string"),
-            AttributeSpec("task", "prefix", _T.STRING, "the key prefix, e.g. 'read_parquet'"),
-            AttributeSpec("task", "group", _T.STRING, "the task group name"),
-            AttributeSpec(
-                "task",
+            _task("key", _T.STRING, "the key, as a string"),
+            _task("prefix", _T.STRING, "the key prefix, e.g. 'read_parquet'"),
+            _task("group", _T.STRING, "the task group name"),
+            _task(
                 "type",
                 _T.STRING,
                 "fully qualified type name of the result, e.g. 'pandas.DataFrame'; a public "
                 "name and its module path both match (see the type names); null while unknown",
             ),
-            AttributeSpec("task", "nbytes", _T.SIZE, "size of the result"),
-            AttributeSpec("task", "replicas", _T.COUNT, "how many workers hold the result"),
-            AttributeSpec(
-                "task",
+            _task("nbytes", _T.SIZE, "size of the result"),
+            _task("replicas", _T.COUNT, "how many workers hold the result"),
+            _task(
                 "waiters",
                 _T.COUNT,
                 "how many dependents still to run will read the result (waiting, queued or "
                 "processing); current as they finish",
             ),
-            AttributeSpec(
-                "task",
+            _task(
                 "reads",
                 _T.COUNT,
                 "how many dependents have finished reading the result since it entered memory",
             ),
-            AttributeSpec(
-                "task",
+            _task(
                 "annotations",
                 _T.ANY,
                 "the annotation NAME (more names read nested mappings: "
                 "task.annotations.a.b); null if not set",
                 keyed=True,
-                default=None,
                 nested=True,
             ),
-            AttributeSpec(
-                "task",
+            _task(
                 "resources",
                 _T.NUMBER,
                 "the amount of resource NAME the task that made the key asked for (its "
@@ -129,47 +132,40 @@ ATTRIBUTES: dict[Context, dict[str, AttributeSpec]] = {
                 keyed=True,
                 default=0,
             ),
-            AttributeSpec(
-                "task",
+            _task(
                 "span",
                 _T.STRING,
                 "the key's span, its names joined by '/' (e.g. 'etl/load'); 'default' "
                 "outside any span",
             ),
-            AttributeSpec(
-                "task",
+            _task(
                 "span_done",
                 _T.BOOL,
                 "true once the key's span (with its sub-spans) has no task left to run",
             ),
-            AttributeSpec(
-                "task",
+            _task(
                 "prefix_tasks",
                 _T.COUNT,
                 "tasks of the key's prefix finished so far; null before the first",
             ),
-            AttributeSpec(
-                "task",
+            _task(
                 "prefix_produced_per_task",
                 _T.SIZE,
                 "bytes a task of the key's prefix produced, on average; null before the first",
             ),
-            AttributeSpec(
-                "task",
+            _task(
                 "prefix_freed_by_per_task",
                 _T.SIZE,
                 "bytes of inputs released because a task of the key's prefix finished, on "
                 "average; null before the first",
             ),
-            AttributeSpec(
-                "task",
+            _task(
                 "prefix_net_per_task",
                 _T.SIZE,
                 "produced minus freed-by per task of the key's prefix (negative for kinds "
                 "that free more than they make); null before the first",
             ),
-            AttributeSpec(
-                "task",
+            _task(
                 "recompute_seconds",
                 _T.DURATION,
                 "compute seconds the scheduler would spend to bring the key back if every "
@@ -181,24 +177,20 @@ ATTRIBUTES: dict[Context, dict[str, AttributeSpec]] = {
     "worker": {
         spec.name: spec
         for spec in (
-            AttributeSpec(
-                "worker", "address", _T.STRING, "the address, e.g. 'tcp://10.0.0.1:4567'"
-            ),
-            AttributeSpec("worker", "name", _T.STRING, "the worker's name, as a string"),
-            AttributeSpec("worker", "host", _T.STRING, "the host part of the address"),
-            AttributeSpec(
-                "worker",
+            _worker("address", _T.STRING, "the address, e.g. 'tcp://10.0.0.1:4567'"),
+            _worker("name", _T.STRING, "the worker's name, as a string"),
+            _worker("host", _T.STRING, "the host part of the address"),
+            _worker(
                 "resources",
                 _T.NUMBER,
                 "the amount of resource NAME; 0 if not set",
                 keyed=True,
                 default=0,
             ),
-            AttributeSpec("worker", "memory_limit", _T.SIZE, "the memory limit"),
-            AttributeSpec("worker", "nthreads", _T.COUNT, "number of threads"),
-            AttributeSpec("worker", "memory", _T.SIZE, "memory in use, by the configured measure"),
-            AttributeSpec(
-                "worker",
+            _worker("memory_limit", _T.SIZE, "the memory limit"),
+            _worker("nthreads", _T.COUNT, "number of threads"),
+            _worker("memory", _T.SIZE, "memory in use, by the configured measure"),
+            _worker(
                 "memory_fraction",
                 _T.FRACTION,
                 "memory in use, as a fraction of the limit",
@@ -229,7 +221,7 @@ def resolve(node: Attribute, context: Context) -> Resolved | Problem:
         return _unknown_root(node, context)
     if root != context:
         where, other = _WHERE[context], _OTHER[context]
-        return _problem(
+        return problem_at(
             node.span,
             WRONG_CONTEXT,
             f"{root} attributes cannot be used in {where}; {where} selects "
@@ -238,7 +230,7 @@ def resolve(node: Attribute, context: Context) -> Resolved | Problem:
         )
     names = ATTRIBUTES[context]
     if not rest:
-        return _problem(
+        return problem_at(
             node.span,
             UNKNOWN_ATTRIBUTE,
             f"'{root}' needs an attribute, e.g. {root}.{next(iter(names))}; "
@@ -252,12 +244,12 @@ def resolve(node: Attribute, context: Context) -> Resolved | Problem:
             if hint
             else f"{root} attributes are {_listing(context)}"
         )
-        return _problem(
+        return problem_at(
             node.part_spans[1], UNKNOWN_ATTRIBUTE, f"{root} has no attribute {rest[0]!r}; {detail}"
         )
     if spec.keyed:
         if len(rest) == 1:
-            return _problem(
+            return problem_at(
                 node.span,
                 UNKNOWN_ATTRIBUTE,
                 f"{root}.{spec.name} needs a name, e.g. {root}.{spec.name}."
@@ -265,7 +257,7 @@ def resolve(node: Attribute, context: Context) -> Resolved | Problem:
             )
         if len(rest) > 2 and not spec.nested:
             joined = ".".join(rest[1:])
-            return _problem(
+            return problem_at(
                 node.part_spans[3].to(node.span),
                 UNKNOWN_ATTRIBUTE,
                 f"{root}.{spec.name}.NAME takes exactly one name; for a name containing "
@@ -274,10 +266,10 @@ def resolve(node: Attribute, context: Context) -> Resolved | Problem:
         if spec.name == "resources":
             bad = _bad_resource_name(rest[1])
             if bad:
-                return _problem(node.part_spans[2], BAD_LITERAL, bad)
+                return problem_at(node.part_spans[2], BAD_LITERAL, bad)
         return Resolved(spec, rest[1], tuple(rest[2:]))
     if len(rest) > 1:
-        return _problem(
+        return problem_at(
             node.part_spans[2].to(node.span),
             UNKNOWN_ATTRIBUTE,
             f"{root}.{spec.name} has no attributes ({root}.{spec.name} is {spec.type.value})",
@@ -292,11 +284,11 @@ def _unknown_root(node: Attribute, context: Context) -> Problem:
         # A bare word: a forgotten prefix, a forgotten quote, or a literal from
         # another language.
         if root in ATTRIBUTES[context]:
-            return _problem(
+            return problem_at(
                 span, UNKNOWN_ATTRIBUTE, f"unknown name {root!r}; did you mean '{context}.{root}'?"
             )
         if root in ("null", "None", "nil", "none", "NULL"):
-            return _problem(
+            return problem_at(
                 span,
                 BAD_LITERAL,
                 f"there is no {root!r}: any comparison with a missing value is false; "
@@ -304,15 +296,15 @@ def _unknown_root(node: Attribute, context: Context) -> Problem:
                 f"{'annotations.NAME' if context == 'task' else 'resources.NAME'}'",
             )
         if root in ("True", "False", "TRUE", "FALSE"):
-            return _problem(
+            return problem_at(
                 span, UNKNOWN_ATTRIBUTE, f"unknown name {root!r}; did you mean {root.lower()!r}?"
             )
         hint = closest(root, ("task", "worker"), ignore_case=True)
         if hint:
-            return _problem(
+            return problem_at(
                 span, UNKNOWN_ATTRIBUTE, f"unknown name {root!r}; did you mean {hint!r}?"
             )
-        return _problem(
+        return problem_at(
             span,
             UNKNOWN_ATTRIBUTE,
             f"unknown name {root!r}; attributes start with '{context}.', and a string needs "
@@ -320,7 +312,13 @@ def _unknown_root(node: Attribute, context: Context) -> Problem:
         )
     hint = closest(root, CONTEXTS, ignore_case=True)
     detail = f"did you mean {hint!r}?" if hint else f"attributes start with '{context}.'"
-    return _problem(span, UNKNOWN_ATTRIBUTE, f"unknown name {root!r}; {detail}")
+    return problem_at(span, UNKNOWN_ATTRIBUTE, f"unknown name {root!r}; {detail}")
+
+
+def resource_attribute(name: str) -> str:
+    """How a match reads the resource ``name``: ``task.resources.GPU``,
+    ``task.resources["gpu-a100"]``."""
+    return f"task.resources.{name}" if name.isidentifier() else f'task.resources["{name}"]'
 
 
 def _quoted(name: str) -> str:
@@ -346,8 +344,3 @@ def _bad_resource_name(name: str) -> str | None:
 
 def _listing(context: Context) -> str:
     return ", ".join(spec.name for spec in ATTRIBUTES[context].values())
-
-
-def _problem(span: Span, code: str, message: str) -> Problem:
-    end = span.end_column if span.end_line == span.line else None
-    return Problem(message, span.line, span.column, code, end)

@@ -14,7 +14,7 @@ at run time; lists appear only on the right of ``in``/``not in``.
 
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import field, replace
 
 from amm_rules.language.expr import ast
 from amm_rules.language.expr.attributes import (
@@ -24,6 +24,7 @@ from amm_rules.language.expr.attributes import (
     Resolved,
     ValueType,
     resolve,
+    resource_attribute,
 )
 from amm_rules.language.expr.errors import (
     BAD_LITERAL,
@@ -32,6 +33,7 @@ from amm_rules.language.expr.errors import (
     TYPE_MISMATCH,
     TYPE_NAME,
     Problem,
+    problem_at,
 )
 from amm_rules.language.expr.glob import GlobError, Matcher, compile_glob, regex_meant
 from amm_rules.language.records import record
@@ -229,16 +231,12 @@ class _Checker:
             try:
                 self.result.patterns[id(pattern)] = compile_glob(pattern.value)
             except GlobError as error:
-                span = pattern.span
-                column = span.column
-                end = span.end_column if span.end_line == span.line else None
+                problem = problem_at(pattern.span, BAD_LITERAL, f"bad pattern: {error.message}")
                 if "\\" not in pattern.text:
                     # Without escapes, character i of the pattern is column + 1 + i.
-                    column = span.column + 1 + error.offset
-                    end = column + 1
-                self.result.problems.append(
-                    Problem(f"bad pattern: {error.message}", span.line, column, BAD_LITERAL, end)
-                )
+                    column = pattern.span.column + 1 + error.offset
+                    problem = replace(problem, column=column, end_column=column + 1)
+                self.result.problems.append(problem)
 
     # -- names written as strings: types and spans -------------------------------------
 
@@ -280,9 +278,7 @@ class _Checker:
         why = span_problem(value, pattern)
         if why is None:
             return
-        span = literal.span
-        end = span.end_column if span.end_line == span.line else None
-        self.result.problems.append(Problem(why, span.line, span.column, BAD_LITERAL, end))
+        self.result.problems.append(problem_at(literal.span, BAD_LITERAL, why))
 
     def _regex(self, pattern: ast.Literal) -> None:
         """A ``matches`` pattern that reads as a regular expression: say so, with the
@@ -305,21 +301,16 @@ class _Checker:
         )
 
     def _resources_annotation(self, node: ast.Attribute, resource: str) -> None:
-        suggestion = f"task.resources.{resource}" if resource.isidentifier() else None
-        if suggestion is None:
-            suggestion = f'task.resources["{resource}"]'
         self._warn(
             node,
             f"{node.name} reads an annotation; what a task asked for with resources= "
-            f"is its resource restriction: write {suggestion}",
+            f"is its resource restriction: write {resource_attribute(resource)}",
             RESOURCES_ANNOTATION,
         )
 
     def _warn(self, node: ast.Node, message: str, code: str) -> None:
         """A warning at ``node`` (legal, almost certainly not meant)."""
-        span = node.span
-        end = span.end_column if span.end_line == span.line else None
-        self.result.warnings.append(Problem(message, span.line, span.column, code, end))
+        self.result.warnings.append(problem_at(node.span, code, message))
 
     # -- messages --------------------------------------------------------------------
 
@@ -357,9 +348,7 @@ class _Checker:
         )
 
     def _problem(self, node: ast.Node, message: str) -> None:
-        span = node.span
-        end = span.end_column if span.end_line == span.line else None
-        self.result.problems.append(Problem(message, span.line, span.column, TYPE_MISMATCH, end))
+        self.result.problems.append(problem_at(node.span, TYPE_MISMATCH, message))
 
 
 def span_problem(value: str, pattern: bool = False) -> str | None:

@@ -86,10 +86,6 @@ class Code:
     #: Attribute roots the function reads.
     depends: frozenset[str] = frozenset()
 
-    @property
-    def is_constant(self) -> bool:
-        return self.fn is None
-
     def as_fn(self) -> Fn:
         if self.fn is not None:
             return self.fn
@@ -186,14 +182,15 @@ class _Compiler:
             and resolved.spec.name == "type"
         )
 
-    def _type_compare(self, node: ast.Compare, left: Code, right: Code) -> Code | None:
+    def _type_compare(
+        self, node: ast.Compare, left: Code, right: Code, depends: frozenset[str]
+    ) -> Code | None:
         """``task.type == c`` and ``!=``, with the constant's aliases; ``task.type``
         against another attribute, by public names. None: not a type comparison."""
         if node.op not in ("==", "!=") or not (
             self._is_type(node.left) or self._is_type(node.right)
         ):
             return None
-        depends = left.depends | right.depends
         negate = node.op == "!="
         if left.fn is None or right.fn is None:
             const, attr = (left, right) if left.fn is None else (right, left)
@@ -224,17 +221,17 @@ class _Compiler:
     # -- comparisons -----------------------------------------------------------------
 
     def compare(self, node: ast.Compare) -> Code:
-        if node.op in ("in", "not in"):
-            return self._membership(node)
-        if node.op == "matches":
-            return self._matches(node)
-        op: str = node.op
         left, right = self.value(node.left), self.value(node.right)
-        typed = self._type_compare(node, left, right)
+        depends = left.depends | right.depends
+        if node.op in ("in", "not in"):
+            return self._membership(node, left, right, depends)
+        if node.op == "matches":
+            return self._matches(node, left, right, depends)
+        typed = self._type_compare(node, left, right, depends)
         if typed is not None:
             return typed
+        op: str = node.op
         checked = self._is_any(node.left) or self._is_any(node.right)
-        depends = left.depends | right.depends
         if left.fn is None and right.fn is None:
             return constant(bool(_OPS[op](left.value, right.value)))
         if left.fn is None:
@@ -246,11 +243,10 @@ class _Compiler:
             fn = (_checked_between if checked else _typed_between)(op, left.fn, right.fn)
         return Code(fn, depends=depends)
 
-    def _membership(self, node: ast.Compare) -> Code:
+    def _membership(
+        self, node: ast.Compare, left: Code, right: Code, depends: frozenset[str]
+    ) -> Code:
         negate = node.op == "not in"
-        left = self.value(node.left)
-        right = self.value(node.right)
-        depends = left.depends | right.depends
         if right.fn is not None:
             # A list only known at run time: an annotation.
             lf, rf = left.as_fn(), right.fn
@@ -284,10 +280,9 @@ class _Compiler:
             fn = lambda f: (s := by_kind.get(kind_of(v := get(f)))) is not None and v in s  # noqa: E731
         return Code(fn, depends=depends)
 
-    def _matches(self, node: ast.Compare) -> Code:
-        left = self.value(node.left)
-        right = self.value(node.right)
-        depends = left.depends | right.depends
+    def _matches(
+        self, node: ast.Compare, left: Code, right: Code, depends: frozenset[str]
+    ) -> Code:
         matcher = self.checked.patterns.get(id(node.right))
         if matcher is not None:
             if left.fn is None:

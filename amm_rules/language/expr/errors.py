@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from amm_rules.language.expr.ast import Span
 from amm_rules.language.records import record
 
 #: The codes a :class:`Problem` can carry.
@@ -61,6 +62,12 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.line}:{self.column}: {self.message}"
+
+
+def problem_at(span: Span, code: str, message: str) -> Problem:
+    """A problem over ``span``, with its end when it ends on the line it starts on."""
+    end = span.end_column if span.end_line == span.line else None
+    return Problem(message, span.line, span.column, code, end)
 
 
 def sort_key(problem: Problem) -> tuple[int, int, str]:

@@ -197,21 +197,14 @@ def _match_at(segment: Segment, text: str, i: int) -> bool:
     return True
 
 
-def _find(segment: Segment, width: int, text: str, start: int, stop: int) -> int:
-    """Leftmost ``i`` in ``start .. stop - width`` where ``segment`` matches, or -1.
-
-    A segment has a fixed width and no star, so its regular expression has no
-    quantifier and cannot backtrack beyond one placement: the search is the same
-    "each start, at most ``width`` steps" as a loop here, but in C. (A Python loop
-    took half a minute for a 3,000-character pattern of classes on a 100k-character
-    key, on the scheduler's event loop.)"""
-    found = _segment_regex(segment).search(text, start, stop)
-    return -1 if found is None else found.start()
-
-
 @lru_cache(maxsize=1024)
 def _segment_regex(segment: Segment) -> re.Pattern[str]:
-    """The regular expression of one fixed-width segment (``?`` is any character)."""
+    """The regular expression of one fixed-width segment (``?`` is any character), which
+    :func:`_match` searches for its leftmost place. A segment has no star, so its regular
+    expression has no quantifier and cannot backtrack beyond one placement: the search is
+    the same "each start, at most its width in steps" as a loop here, but in C. (A Python
+    loop took half a minute for a 3,000-character pattern of classes on a 100k-character
+    key, on the scheduler's event loop.)"""
     parts = []
     for atom in segment:
         if isinstance(atom, str):
@@ -237,10 +230,10 @@ def _match(segments: list[Segment], widths: list[int], text: str) -> bool:
     ):
         return False
     for k in range(1, len(segments) - 1):
-        found = _find(segments[k], widths[k], text, start, stop)
-        if found < 0:
+        found = _segment_regex(segments[k]).search(text, start, stop)
+        if found is None:
             return False
-        start = found + widths[k]
+        start = found.start() + widths[k]
     return True
 
 

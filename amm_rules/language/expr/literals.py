@@ -69,11 +69,6 @@ def decode_number(token: str) -> int | float:
     return value
 
 
-def is_duration_unit(unit: str) -> bool:
-    """Whether ``unit`` makes a number a duration (``ms``, ``s``, ``m``, ``min``, ``h``)."""
-    return unit in DURATION_UNITS
-
-
 def decode_size(number: str, unit: str) -> int:
     """``("1.5", "GiB")`` → 1610612736 bytes, rounded down to whole bytes."""
     if unit not in SIZE_UNITS:

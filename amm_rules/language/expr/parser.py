@@ -40,8 +40,8 @@ from amm_rules.language.expr.literals import (
     decode_percent,
     decode_size,
     decode_string,
-    is_duration_unit,
 )
+from amm_rules.language.fields import DURATION_UNITS
 
 #: Longest expression accepted, in characters.
 MAX_LENGTH = 4096
@@ -78,17 +78,8 @@ def parse(text: str, problems: list[Problem] | None = None) -> ast.Node:
     literal is in the tree with ``kind == "invalid"``.
     """
     if len(text) > MAX_LENGTH:
-        raise ExpressionError(
-            [
-                Problem(
-                    f"the expression is {len(text)} characters long; the limit is {MAX_LENGTH}",
-                    1,
-                    1,
-                    TOO_LONG,
-                )
-            ],
-            text,
-        )
+        message = f"the expression is {len(text)} characters long; the limit is {MAX_LENGTH}"
+        raise ExpressionError([Problem(message, 1, 1, TOO_LONG)], text)
     if not text.strip():
         raise ExpressionError([Problem("the expression is empty", 1, 1, SYNTAX, 2)], text)
     try:
@@ -144,14 +135,8 @@ def _too_deep(tree: Tree) -> Problem | None:
     if worst is None:
         return None
     line, column, end = worst
-    return Problem(
-        f"the expression is nested too deeply: more than {MAX_DEPTH} levels of "
-        "parentheses and 'not'",
-        line,
-        column,
-        TOO_DEEP,
-        end,
-    )
+    message = f"the expression is nested too deeply: more than {MAX_DEPTH} levels of "
+    return Problem(message + "parentheses and 'not'", line, column, TOO_DEEP, end)
 
 
 # -- syntax errors -------------------------------------------------------------------
@@ -203,22 +188,13 @@ def _syntax_problem(exc: UnexpectedInput, text: str) -> Problem:
     expected = _expected(exc)
     if isinstance(exc, UnexpectedToken) and exc.token.type != "$END":
         token = exc.token
-        return Problem(
-            _unexpected_token_message(token, expected),
-            token.line or 1,
-            token.column or 1,
-            SYNTAX,
-            token.end_column if token.end_line == token.line else None,
-        )
+        message = _unexpected_token_message(token, expected)
+        end = token.end_column if token.end_line == token.line else None
+        return Problem(message, token.line or 1, token.column or 1, SYNTAX, end)
     # The end of the text came too early: point just past its last character.
     line, column = _end_position(text)
-    return Problem(
-        f"unexpected end of the expression; expected {_describe_expected(expected)}",
-        line,
-        column,
-        SYNTAX,
-        column + 1,
-    )
+    message = f"unexpected end of the expression; expected {_describe_expected(expected)}"
+    return Problem(message, line, column, SYNTAX, column + 1)
 
 
 #: An attribute of at least three parts written just before a character: ``task.annotations.x``
@@ -317,12 +293,16 @@ class _AstBuilder(Transformer):
         super().__init__()
         self.problems: list[Problem] = []
 
-    def _bad(self, error: LiteralError, token: Token, text: str) -> ast.Literal:
-        span = _span(token)
-        column = span.column + error.offset
-        end = column + error.length if error.length else span.end_column
-        self.problems.append(Problem(error.message, span.line, column, error.code, end))
-        return ast.Literal(None, "invalid", text, span)
+    def _bad(
+        self, error: LiteralError, token: Token, text: str, span: ast.Span | None = None
+    ) -> ast.Literal:
+        """Record the problem of a literal at ``token``; the literal, invalid, over
+        ``span`` (the token's by default)."""
+        at = _span(token)
+        column = at.column + error.offset
+        end = column + error.length if error.length else at.end_column
+        self.problems.append(Problem(error.message, at.line, column, error.code, end))
+        return ast.Literal(None, "invalid", text, span or at)
 
     # Boolean structure
 
@@ -407,14 +387,13 @@ class _AstBuilder(Transformer):
         span = _span(number).to(_span(unit))
         text = f"{number} {unit}"
         try:
-            if is_duration_unit(str(unit)):
+            if str(unit) in DURATION_UNITS:
                 seconds = decode_duration(str(number), str(unit))
                 return ast.Literal(seconds, "duration", text, span)
             return ast.Literal(decode_size(str(number), str(unit)), "size", text, span)
         except LiteralError as error:
             # An unknown unit is reported at the unit, anything else at the number.
-            self._bad(error, unit if error.code != BAD_LITERAL else number, text)
-            return ast.Literal(None, "invalid", text, span)
+            return self._bad(error, unit if error.code != BAD_LITERAL else number, text, span)
 
     def percent(self, children: list[Token]) -> ast.Literal:
         number, sign = children
@@ -423,8 +402,7 @@ class _AstBuilder(Transformer):
         try:
             return ast.Literal(decode_percent(str(number)), "fraction", text, span)
         except LiteralError as error:
-            self._bad(error, number, text)
-            return ast.Literal(None, "invalid", text, span)
+            return self._bad(error, number, text, span)
 
     def true(self, children: list[Token]) -> ast.Literal:
         return ast.Literal(True, "bool", "true", _span(children[0]))
@@ -436,13 +414,8 @@ class _AstBuilder(Transformer):
         items = tuple(c for c in children if not isinstance(c, Token))
         span = _node_span(children[0]).to(_node_span(children[-1]))
         if len(items) > MAX_LIST_ITEMS:
+            message = f"the list has {len(items)} items; the limit is {MAX_LIST_ITEMS}"
             self.problems.append(
-                Problem(
-                    f"the list has {len(items)} items; the limit is {MAX_LIST_ITEMS}",
-                    span.line,
-                    span.column,
-                    TOO_LONG,
-                    span.column + 1,
-                )
+                Problem(message, span.line, span.column, TOO_LONG, span.column + 1)
             )
         return ast.ListLiteral(items, span)
