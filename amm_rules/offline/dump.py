@@ -503,16 +503,13 @@ def _worker(address: Any, entry: Any, source: str, refs: _Refs) -> WorkerRecord:
     address = str(entry.get("address") or address)
     memory = entry.get("memory")
     memory = memory if isinstance(memory, Mapping) else {}
-    resources = entry.get("resources")
     name = entry.get("name")
     return WorkerRecord(
         address=address,
         name=address if name is None else str(name),
         host=str(entry.get("host") or host_of(address)),
         status=status_name(entry.get("status")),
-        resources={str(k): v for k, v in (resources or {}).items() if isinstance(v, (int, float))}
-        if isinstance(resources, Mapping)
-        else {},
+        resources=_restrictions(entry.get("resources")),
         nthreads=_int(entry.get("nthreads"), 1),
         memory_limit=_int(entry.get("memory_limit"), 0),
         memory={m: _int(memory.get(m), 0) for m in MEASURES},
@@ -555,7 +552,8 @@ def _task(
 
 
 def _restrictions(value: Any) -> dict[str, float]:
-    """A recorded resource restriction: names to amounts (numbers only)."""
+    """Recorded resources (a worker's, or a task's restriction): names to amounts,
+    numbers only (a boolean is no amount)."""
     if not isinstance(value, Mapping):
         return {}
     return {

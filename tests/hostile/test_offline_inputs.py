@@ -22,7 +22,7 @@ import yaml
 from click.testing import CliRunner
 
 from amm_rules.cli import main
-from amm_rules.offline.dump import MAX_ALIAS_VALUES, MAX_DUMP_BYTES
+from amm_rules.offline.dump import MAX_ALIAS_VALUES, MAX_DUMP_BYTES, parse_state
 from tests.support.hang import hang_bound
 
 RULES = 'version: 1\nrules:\n  - name: r\n    match: task.prefix == "x"\n    replicate: 2\n'
@@ -338,6 +338,15 @@ def test_a_number_where_a_list_of_references_goes_is_left_out(tmp_path: Path, ru
     assert (
         f"warning: {path}: 2 reference lists could not be read and were left out" in result.output
     )
+
+
+def test_resources_that_are_no_amounts_are_left_out_alike_for_workers_and_tasks() -> None:
+    """A worker's resources were read with booleans kept, a task's without."""
+    odd = {"GPU": True, "MEM": 2, "TPU": "one", "X": 0.5}
+    data = dump({"x-1": task("x-1", resource_restrictions=odd)}, resources=odd)
+    state = parse_state(data, "dump")
+    assert state.workers["tcp://h:1"].resources == {"MEM": 2, "X": 0.5}
+    assert state.tasks["x-1"].resources == {"MEM": 2, "X": 0.5}
 
 
 def test_a_msgpack_error_without_words_is_named(tmp_path: Path, rules: str) -> None:
