@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from typing import Any
 
 import dask
@@ -269,11 +270,24 @@ async def test_two_leaking_workers_are_restarted_one_at_a_time_then_cool_down(tm
             first = await add_leaky_worker(cluster, c, "leaky-a", "LEAKY_A")
             second = await add_leaky_worker(cluster, c, "leaky-b", "LEAKY_B")
             mib = {r: await leak_mib(c, w) for r, w in (("LEAKY_A", first), ("LEAKY_B", second))}
+            # Both workers paused for longer than `after` before the section's first look:
+            # under load one could reach `after` only once the other was restarted, with
+            # nothing left to hold.
+            await c.amm.stop()
             work = [
                 c.submit(leaky, i, mib[r], pace=PACE, resources={r: 1}, pure=False)
                 for r in ("LEAKY_A", "LEAKY_B")
                 for i in range(7)
             ]
+            since = policy_of(s).paused.clock.since
+            await wait_for(
+                lambda: all(
+                    time.monotonic() - since.get(a, math.inf) > 1.5 for a in (first, second)
+                ),
+                "both leaky workers paused for more than 1.5 s",
+                timeout=30,
+            )
+            await c.amm.start()
             assert await asyncio.wait_for(c.gather(work), 90) == list(range(7)) * 2
             await wait_for(
                 lambda: steps(s).count("restarted") == 2,
