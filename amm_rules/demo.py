@@ -43,7 +43,7 @@ from amm_rules.demo_workload import (
 )
 from amm_rules.engine.decide.deciders import count_copies, eligible
 from amm_rules.engine.decide.view import WorkerView
-from amm_rules.engine.words import counted, plural, size
+from amm_rules.engine.words import columns, counted, plural, size
 from amm_rules.language.diagnostics import RulesError
 from amm_rules.language.loader import load_ruleset
 from amm_rules.language.ruleset import UNGOVERNED, Desired, Ruleset, TaskFacts, WorkerFacts
@@ -551,19 +551,7 @@ def _table(
 ) -> str:
     """A plain-text table; columns listed in ``right`` are right-aligned (numbers)."""
     cells = [list(map(str, headers)), *([str(c) for c in row] for row in rows)]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    right = set(right)
-    lines = []
-    for n, row in enumerate(cells):
-        lines.append(
-            "  ".join(
-                c.rjust(w) if i in right else c.ljust(w)
-                for i, (c, w) in enumerate(zip(row, widths, strict=True))
-            ).rstrip()
-        )
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join(columns(cells, set(right), ruled=True))
 
 
 def _count_range(values: list[int]) -> str:

@@ -29,6 +29,7 @@ adaptive target (:func:`target_sentence`), from :mod:`amm_rules.engine.decide.ad
 from __future__ import annotations
 
 import time
+from collections.abc import Container, Sequence
 from typing import Any
 
 from dask.utils import format_bytes, format_time
@@ -94,6 +95,25 @@ def local_time(stamp: float | None) -> str:
     if stamp is None:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(stamp))
+
+
+def columns(
+    rows: Sequence[Sequence[str]], right: Container[int] = (), ruled: bool = False
+) -> list[str]:
+    """Rows of cells as lines of a plain-text table, each column as wide as its widest
+    cell and two spaces from the next: the columns numbered in ``right`` (figures) aligned
+    right, the others left; ``ruled``, a line of dashes under the first row (the header)."""
+    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
+    lines = [
+        "  ".join(
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
+    if ruled:
+        lines.insert(1, "  ".join("-" * width for width in widths))
+    return lines
 
 
 # ---------------------------------------------------------------------------------

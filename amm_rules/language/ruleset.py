@@ -460,6 +460,11 @@ class Reason:
     #: The rule's name, for ``kind == "rule"``.
     rule: str | None = None
 
+    @property
+    def who(self) -> str | None:
+        """The rule's name for a rule, else the kind (``annotation``, ``runtime``...)."""
+        return self.rule if self.kind == "rule" else self.kind
+
     def __str__(self) -> str:
         if self.kind == "rule":
             return f"rule {self.rule}"

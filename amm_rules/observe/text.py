@@ -9,11 +9,19 @@ Sizes are shown as dask shows them (``152.59 MiB``), times as local dates.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from amm_rules.engine.drain_request import DrainReport
-from amm_rules.engine.words import ago, counted, duration, local_time, signed_size, size
+from amm_rules.engine.words import (
+    ago,
+    columns,
+    counted,
+    duration,
+    local_time,
+    signed_size,
+    size,
+)
 from amm_rules.observe.conformance import SATISFIED
 
 
@@ -113,7 +121,7 @@ def _render_rules(report: Mapping[str, Any]) -> list[str]:
             for r in rows
         ),
     ]
-    for n, line in enumerate(aligned(table, left=2)):
+    for n, line in enumerate(columns(table, right=range(2, 6))):
         out.append(f"  {line}")
         if n and rows[n - 1]["state"] != SATISFIED:
             out.append(f"    {rows[n - 1]['sentence']}")
@@ -129,19 +137,6 @@ def cycle_timing(cycles: Mapping[str, Any]) -> str:
         f"last {cycles['last']:.1f} ms, median {cycles['median']:.1f} ms, worst "
         f"{cycles['worst']:.1f} ms of the last {cycles['recent']}"
     )
-
-
-def aligned(rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:
-    """Rows of cells as lines, each column as wide as its widest cell and two spaces
-    from the next: the first ``left`` columns aligned left, the others (figures) right."""
-    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
-    return [
-        "  ".join(
-            cell.ljust(width) if i < left else cell.rjust(width)
-            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
-        for row in rows
-    ]
 
 
 def _asked_before(report: Mapping[str, Any]) -> str:
@@ -442,7 +437,10 @@ def render_memory_flow(table: Mapping[str, Mapping[str, Any]], top: int) -> str:
         if not chosen:
             out.append("  none yet")
             continue
-        out += [f"  {line}" for line in aligned([header, *(cells(p, r) for p, r in chosen)])]
+        out += [
+            f"  {line}"
+            for line in columns([header, *(cells(p, r) for p, r in chosen)], right=range(1, 7))
+        ]
     return "\n".join(out) + "\n"
 
 

@@ -317,9 +317,6 @@ def _expectation(key: Any, desired: Desired, copies: int) -> dict[str, Any]:
             out[name] = value[0] if len(value) == 1 else list(value)
         elif value is not None:
             out[name] = value
-    out["rules"] = {
-        name: reason.rule if reason.kind == "rule" else reason.kind
-        for name, reason in desired.reasons.items()
-    }
+    out["rules"] = {name: reason.who for name, reason in desired.reasons.items()}
     out["copies"] = copies
     return out

@@ -46,6 +46,7 @@ from amm_rules.language.locator import Locator
 from amm_rules.language.near_miss import Census, near_misses
 from amm_rules.language.ruleset import Rule, Ruleset
 from amm_rules.offline.dump import ClusterState
+from amm_rules.offline.simulate import Simulation
 
 _NONE: frozenset[str] = frozenset()
 
@@ -56,7 +57,9 @@ def cluster_warnings(result: CheckResult, state: ClusterState, measure: str) -> 
     if ruleset is None:
         return []
     where = _locator(result)
-    pools = _pools(ruleset, state, measure)
+    # The engine itself on the dump, before any cycle: its pools, and what each rule takes.
+    sim = Simulation.of(ruleset, state, measure=measure)
+    pools = sim.initial_pools
     workers = [
         WorkerView(a, w.host, "closing" if _closing(w.status) else "running", pools.get(a, _NONE))
         for a, w in state.workers.items()
@@ -106,28 +109,18 @@ def cluster_warnings(result: CheckResult, state: ClusterState, measure: str) -> 
                     "spread-one-host",
                     severity="warning",
                 )
-    _unused_rules(ruleset, state, measure, where, index, cluster)
+    _unused_rules(ruleset, sim, where, index, cluster)
     return sorted(where.diagnostics, key=sort_key)
 
 
 def _unused_rules(
-    ruleset: Ruleset,
-    state: ClusterState,
-    measure: str,
-    where: Locator,
-    index: dict[Any, int],
-    cluster: str,
+    ruleset: Ruleset, sim: Simulation, where: Locator, index: dict[Any, int], cluster: str
 ) -> None:
     """``matches-no-key`` and ``shadowed-in-cluster``: rules that match none of the keys
     in memory of the dump, and rules that match some but decide none of their fields
     (something earlier in the cascade does), as live status calls them ``idle`` and
     ``shadowed``: the dump's keys classified by the engine itself (a simulation of
     the dump, before any cycle)."""
-    from amm_rules.offline.simulate import Simulation
-
-    if not any(t.state == "memory" for t in state.tasks.values()):
-        return
-    sim = Simulation.of(ruleset, state, measure=measure)
     tasks = list(sim.cluster.in_memory())
     if not tasks:
         return
@@ -161,18 +154,6 @@ def _locator(result: CheckResult) -> Locator:
     if result.text is not None:
         source, _ = read_yaml(result.text)
     return Locator(result.file, source.data if source is not None else {}, source)
-
-
-def _pools(ruleset: Ruleset, state: ClusterState, measure: str) -> dict[str, frozenset[str]]:
-    from amm_rules.engine.state.placement import Placements
-    from amm_rules.offline.sim_cluster import SimCluster
-
-    cluster = SimCluster(state)
-    placements = Placements(lambda pool, exc: None)
-    placements.attach(cluster.workers)
-    placements.configure(ruleset)
-    placements.refresh(measure, True)
-    return dict(placements.pools)
 
 
 def _scope(rule: Rule) -> str:

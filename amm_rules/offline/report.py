@@ -25,7 +25,7 @@ from amm_rules.engine.decide.shadows import IDLE, SHADOWED, shadow_words
 from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.dryrun import REBALANCE_LABEL
 from amm_rules.engine.sections.activity import census_of
-from amm_rules.engine.words import counted, duration, plural, size
+from amm_rules.engine.words import columns, counted, duration, plural, size
 from amm_rules.language.expr.parser import parse
 from amm_rules.language.near_miss import near_misses
 from amm_rules.language.ruleset import Desired, Ruleset
@@ -274,19 +274,8 @@ def pools_section(ruleset: Ruleset, result: Result) -> dict[str, dict[str, Any]]
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
     """Columns padded to their widest cell; numbers right-aligned."""
     rows = [[str(c) for c in r] for r in rows]
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
-    ]
-    numeric = [all(_numeric(r[i]) for r in rows) and bool(rows) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        parts = [
-            c.rjust(w) if num else c.ljust(w)
-            for c, w, num in zip(cells, widths, numeric, strict=True)
-        ]
-        return "  ".join(parts).rstrip()
-
-    return [line(header), *(line(r) for r in rows)]
+    numeric = {i for i in range(len(header)) if rows and all(_numeric(r[i]) for r in rows)}
+    return columns([header, *rows], numeric)
 
 
 def _numeric(cell: str) -> bool:

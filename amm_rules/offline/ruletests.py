@@ -429,9 +429,7 @@ class _Run:
 def _who(desired: Desired, name: str) -> str | None:
     """The rule that decided field ``name``, or ``annotation``/``runtime``; None if unset."""
     reason = desired.reasons.get(name)
-    if reason is None:
-        return None
-    return reason.rule if reason.kind == "rule" else reason.kind
+    return None if reason is None else reason.who
 
 
 def _show(value: Any) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from amm_rules.engine.decide.plan import source_label
 from amm_rules.language.plurals import counted
 from amm_rules.language.ruleset import Desired, Rule
 
@@ -58,7 +59,7 @@ class Shadow:
             if reason.kind == "rule" and reason.rule == rule.name:
                 self.decided += 1
                 return
-            taken.append((label(desired, name), name))
+            taken.append((source_label(desired, name), name))
         for who in dict.fromkeys(who for who, _ in taken):
             self.takers[who] += 1
         for who, name in taken:
@@ -72,12 +73,6 @@ class Shadow:
                 for who, n in self.takers.most_common()
             },
         }
-
-
-def label(desired: Desired, name: str) -> str:
-    """Who decided field ``name``: a rule's name, or ``(annotation)``, ``(runtime)``..."""
-    reason = desired.reasons[name]
-    return reason.rule or "?" if reason.kind == "rule" else f"({reason.kind})"
 
 
 def shadow_words(shadow: Shadow, looked_at: int | None = None) -> str:
