@@ -64,7 +64,7 @@ from tornado.ioloop import PeriodicCallback
 from amm_rules.engine.features import DATA_PRODUCER, QUEUEING, Feature
 from amm_rules.engine.sections.base import Cycle, Section
 from amm_rules.engine.state.flow import PrefixFlow
-from amm_rules.engine.words import counted
+from amm_rules.engine.words import counted, signed_size
 from amm_rules.language.fields import format_fraction
 from amm_rules.language.ruleset import MemoryPressureSettings, Ruleset, TaskFacts
 
@@ -85,16 +85,6 @@ SHOWN_WORKERS = 10
 PAYING = 0.01
 PAYING_SPAN = 5.0
 UNPAID_COOL_DOWN_MAX = 8
-
-
-def _fmt_bytes(n: float) -> str:
-    sign = "-" if n < 0 else "+"
-    n = abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 class MemoryPressure(Section, SchedulerPlugin):
@@ -403,7 +393,7 @@ class MemoryPressure(Section, SchedulerPlugin):
         prefix, producer = head
         entry = self.flow.prefixes.get(prefix)
         net = entry.net_per_task if entry is not None else None
-        figure = "not measured yet" if net is None else f"net {_fmt_bytes(net)} per task"
+        figure = "not measured yet" if net is None else f"net {signed_size(net)} per task"
         verdict = "a producer" if producer else "not a producer"
         return f"the queue's head is {prefix} ({figure}): {verdict}"
 

@@ -242,3 +242,22 @@ async def test_a_graph_arriving_under_pressure_is_held_from_its_first_task(c, s,
     assert "a graph arrived with tasks of producers: small" in hold["reasons"]
     await c.gather(small)
     del held
+
+
+def _three_mib(i: int) -> bytes:
+    return bytes(3 * 2**20)
+
+
+@gen_cluster(client=True, config=config(section()), **WORKERS)
+async def test_the_queue_heads_net_bytes_are_written_as_every_size_is(c, s, a, b):
+    """The reason names a prefix's net bytes per task in dask's own format, as status
+    and the page write sizes (it wrote '+3.0 MiB' beside their '3.00 MiB')."""
+    policy = policy_of(s)
+    futures = c.map(_three_mib, range(2), key=[f"big-{i}" for i in range(2)])
+    await c.gather(futures)
+    await wait_for(
+        lambda: (policy.flow.table().get("big") or {}).get("net_per_task"),
+        "the memory flow measured big's net bytes per task",
+    )
+    reason = policy.pressure._head_reason(("big", True))
+    assert reason == "the queue's head is big (net +3.00 MiB per task): a producer"
