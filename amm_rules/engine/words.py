@@ -231,6 +231,11 @@ def target_details(t: adaptive.MemoryTarget, headroom: str = "") -> str:
         whys.append("producers are held back")
     if whys:
         out += f"; one more than running: {', '.join(whys)}"
+    elif t.keeps_rise and t.disk_rate is not None:
+        out += (
+            "; the worker added while the workers spilled is kept: they write to disk or "
+            f"read back {bytes_per_second(t.disk_rate)}"
+        )
     return out
 
 

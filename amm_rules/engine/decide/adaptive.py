@@ -70,7 +70,8 @@ class MemoryDemand:
     disk_rate: float | None = None
     #: Producers are held back (the ``memory-pressure`` section holds).
     held_back: bool = False
-    #: The last target rose on disk traffic (see :func:`memory_target`, case 3).
+    #: The last target rose on disk traffic, or kept the worker such a rise added (see
+    #: :func:`memory_target`, cases 3 and 4).
     rose: bool = False
 
 
@@ -99,6 +100,8 @@ class MemoryTarget:
     disk_rate: float | None = None
     #: Prefixes expected to produce the most: (prefix, tasks to run, bytes expected).
     top: tuple[tuple[str, int, int], ...] = ()
+    #: It keeps the worker an earlier rise on disk traffic added (case 4).
+    keeps_rise: bool = False
 
 
 #: Prefixes named in a target (the largest expected producers).
@@ -133,9 +136,13 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
        back; while the workers spill with bytes on disk (traffic measured over a window
        goes on a little after the data read back was released: then nothing is on disk
        any more), as long as the data needs every running worker (case 2 asks for that
-       many), or, once the target rose (``rose``), all of them but the one the rise
-       added. When the data needs fewer, what spills is data being released, or data
-       on one worker that another would not relieve.
+       many). When the data needs fewer, what spills is data being released, or data
+       on one worker that another would not relieve;
+    4. once the target rose on disk traffic (``rose``), at least the running workers
+       while the workers still spill and the data needs all of them but the one the
+       rise added: that worker is kept, not let go at once, and no further one is asked
+       for on its account (asking for one more again, as each rise's worker joined,
+       climbed a worker at a time and then let two go at once).
     """
     limits = demand.limits
     running = len(limits)
@@ -158,15 +165,26 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
     # is 10 workers, whatever 0.4's last bit.)
     workers = math.ceil(needed / room - 1e-9) if needed > 0 else 0  # 2.
     signals = []
-    if spilling and workers >= running - (1 if demand.rose else 0):
+    if spilling and workers >= running:
         signals.append(DISK)
     if demand.held_back:
         signals.append(HELD_BACK)
     rising = tuple(signals)
+    keeps_rise = not rising and spilling and demand.rose and workers >= running - 1
     if rising:
         workers = max(workers, running + 1)  # 3.
+    elif keeps_rise:
+        workers = max(workers, running)  # 4.
     return MemoryTarget(
-        workers, needed, total_expected, per_worker, running, rising, demand.disk_rate, top
+        workers,
+        needed,
+        total_expected,
+        per_worker,
+        running,
+        rising,
+        demand.disk_rate,
+        top,
+        keeps_rise,
     )
 
 

@@ -414,7 +414,7 @@ class AdaptiveSection(Section):
         self.chosen_at: dict[str, float] = {}
         self._sampled = 0.0
         self._adapting = False
-        #: The last target rose on disk traffic.
+        #: The last target rose on disk traffic, or kept the worker such a rise added.
         self._rose = False
         #: Holders of the keys that must stay put, per class, as last read (see
         #: :func:`held_classes`).
@@ -568,7 +568,7 @@ class AdaptiveSection(Section):
         self.sample()
         demand = memory_demand(ctx, self.meter, rose=self._rose)
         found = memory_target(demand, settings.headroom, settings.disk_rate)
-        self._rose = DISK in found.rising
+        self._rose = DISK in found.rising or found.keeps_rise
         self.target, self.stock, self.target_at = found, stock, time.time()
         if found.workers > stock:
             self.counters["raised"] += 1
@@ -725,6 +725,7 @@ class AdaptiveSection(Section):
                 "per_worker": t.per_worker,
                 "running": t.running,
                 "rising": list(t.rising),
+                "keeps_rise": t.keeps_rise,
                 "disk_rate": t.disk_rate,
                 "text": target_sentence(t),
                 "at": self.target_at,

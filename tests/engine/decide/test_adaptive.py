@@ -101,14 +101,35 @@ def test_spilling_data_that_far_fewer_workers_hold_asks_for_no_more() -> None:
     assert memory_target(small, 0.6, MiB).rising == ()
     two = MemoryDemand(limits=(GiB,) * 2, in_memory=GiB // 10, on_disk=MiB, disk_rate=50 * MiB)
     assert memory_target(two, 0.6, MiB).rising == ()
-    # Once risen, the rise goes on while the data needs all the running workers but the
-    # one it added: that worker is not let go at once.
+    # Once risen, the worker the rise added is kept while the data needs all the
+    # running workers but that one: not let go at once, and no further one asked for.
     after_rise = MemoryDemand(
         limits=(GiB,) * 4, in_memory=int(1.1 * GiB), on_disk=MiB, disk_rate=50 * MiB
     )
     assert memory_target(after_rise, 0.6, MiB).rising == ()
     t = memory_target(replace(after_rise, rose=True), 0.6, MiB)
-    assert t.rising == (DISK,) and t.workers == 5
+    assert t.rising == () and t.keeps_rise and t.workers == 4
+    assert "the worker added while the workers spilled is kept" in target_sentence(t)
+
+
+def test_a_rise_on_disk_traffic_climbs_no_further_than_one_worker() -> None:
+    """Spilling on, the data needing two workers of 0.4 GiB: the target asks for a
+    third; once it runs, the target keeps three, not four (asking again for one more as
+    each rise's worker joined climbed to four, then let two go at once)."""
+    need = int(0.8 * GiB) - MiB  # with the MiB on disk: two workers' room
+    rose = False
+    asked = []
+    for running in (2, 3, 3, 3):
+        demand = MemoryDemand(
+            limits=(GiB,) * running, in_memory=need, on_disk=MiB, disk_rate=50 * MiB, rose=rose
+        )
+        t = memory_target(demand, 0.6, MiB)
+        rose = DISK in t.rising or t.keeps_rise
+        asked.append(t.workers)
+    assert asked == [3, 3, 3, 3]
+    # Once the traffic stops, the kept worker may go.
+    quiet = MemoryDemand(limits=(GiB,) * 3, in_memory=need, disk_rate=0.0, rose=True)
+    assert memory_target(quiet, 0.6, MiB).workers == 2
 
 
 def test_the_targets_sentence() -> None:
