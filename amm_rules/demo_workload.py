@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dask.utils import key_split, typename
+
 from amm_rules.language.fields import SIZE_UNITS
 from amm_rules.language.ruleset import Desired, Rule, Ruleset, TaskFacts
 
@@ -53,8 +55,6 @@ KINDS: dict[str, tuple[str, str | None]] = {
 def type_name(kind: str) -> str:
     """The type name the scheduler records for a key of ``kind``, as the installed
     library names its class (dask's ``typename``, which distributed uses)."""
-    from dask.utils import typename
-
     if kind == "pandas":
         import pandas
 
@@ -128,22 +128,20 @@ def plan(
 ) -> Workload:
     """The demo's keys for ``ruleset`` (see the module docstring). ``group_of`` names a
     key's task group as the scheduler does (distributed's ``key_split_group``)."""
-    from dask.utils import key_split
-
     kinds = kinds if kinds is not None else available_kinds()
     group_of = group_of or key_split
     out = Workload()
     for rule in ruleset.rules:
-        spec = _spec(rule, ruleset, kinds, key_split, group_of)
+        spec = _spec(rule, ruleset, kinds, group_of)
         if spec is None:
             out.unmatched.append(rule.name)
-            missing = missing_modules(rule, kinds, key_split)
+            missing = missing_modules(rule, kinds)
             if missing:
                 out.missing[rule.name] = missing
         else:
             out.specs.append(spec)
     for prefix in ("scratch", "spare", "unruled"):
-        facts = _facts(prefix, "bytes", KEY_NBYTES, {}, key_split, group_of)
+        facts = _facts(prefix, type_name("bytes"), KEY_NBYTES, {}, group_of)
         if not ruleset.resolve(facts).governed:
             out.scratch = prefix
             break
@@ -151,15 +149,11 @@ def plan(
 
 
 def _spec(
-    rule: Rule,
-    ruleset: Ruleset,
-    kinds: list[str],
-    key_split: Callable[[str], str],
-    group_of: Callable[[str], str],
+    rule: Rule, ruleset: Ruleset, kinds: list[str], group_of: Callable[[str], str]
 ) -> KeySpec | None:
     """The first candidate key that ``rule`` matches and decides a field of."""
-    for prefix, kind, nbytes, annotated in _candidates(rule, kinds, key_split):
-        facts = _facts(prefix, kind, nbytes, annotated, key_split, group_of)
+    for prefix, kind, nbytes, annotated in _candidates(rule, kinds):
+        facts = _facts(prefix, type_name(kind), nbytes, annotated, group_of)
         if not _safe_match(rule, facts):
             continue
         desired = ruleset.resolve(facts)
@@ -178,9 +172,7 @@ def _spec(
     return None
 
 
-def missing_modules(
-    rule: Rule, kinds: list[str], key_split: Callable[[str], str]
-) -> list[tuple[str, str]]:
+def missing_modules(rule: Rule, kinds: list[str]) -> list[tuple[str, str]]:
     """The modules not installed (kinds missing from ``kinds``) that would make a key
     ``rule`` matches, with that key's type: ``[("pandas", "pandas.DataFrame")]`` for
     ``task.type == "pandas.DataFrame"`` where pandas is not installed. Tried with every
@@ -191,12 +183,10 @@ def missing_modules(
     for kind, (public, module) in KINDS.items():
         if module is None or kind in kinds:
             continue
-        for prefix, _, nbytes, annotated in _candidates(rule, [kind], key_split):
-            key = f"{prefix}-0"
-            facts = [
-                TaskFacts(key, key_split(key), key_split(key), name, nbytes, annotations=annotated)
-                for name in names_of(public)
-            ]
+        for prefix, _, nbytes, annotated in _candidates(rule, [kind]):
+            facts = (
+                _facts(prefix, name, nbytes, annotated, key_split) for name in names_of(public)
+            )
             if any(_safe_match(rule, f) for f in facts):
                 out.append((module, public))
                 break
@@ -212,38 +202,36 @@ def _safe_match(rule: Rule, facts: TaskFacts) -> bool:
 
 def _facts(
     prefix: str,
-    kind: str,
+    of_type: str,
     nbytes: int,
     annotations: Mapping[str, Any],
-    key_split: Callable[[str], str],
     group_of: Callable[[str], str],
 ) -> TaskFacts:
+    """The facts of the key ``PREFIX-0``, of type ``of_type`` and ``nbytes``."""
     key = f"{prefix}-0"
     return TaskFacts(
         key=key,
         prefix=key_split(key),
         group=group_of(key),
-        type=type_name(kind),
+        type=of_type,
         nbytes=nbytes,
         replicas=1,
         annotations=dict(annotations),
     )
 
 
-def _candidates(
-    rule: Rule, kinds: list[str], key_split: Callable[[str], str]
-) -> Iterator[tuple[str, str, int, Mapping[str, Any]]]:
+def _candidates(rule: Rule, kinds: list[str]) -> Iterator[tuple[str, str, int, Mapping[str, Any]]]:
     """Candidate (prefix, kind, nbytes, annotations), plainest first."""
     source = rule.match_source
     strings = [a if a else b for a, b in _STRING.findall(source)]
-    prefixes = _prefixes([*strings, rule.name, "demo"], key_split)
+    prefixes = _prefixes([*strings, rule.name, "demo"])
     sizes = _sizes(source)
     annotations = _annotations(source, strings)
     for ann, kind, nbytes, prefix in itertools.product(annotations, kinds, sizes, prefixes):
         yield prefix, kind, nbytes, ann
 
 
-def _prefixes(words: list[str], key_split: Callable[[str], str]) -> list[str]:
+def _prefixes(words: list[str]) -> list[str]:
     """Key prefixes from the strings of a match (a glob is cut at its first wildcard)."""
     out: list[str] = []
     for word in words:
