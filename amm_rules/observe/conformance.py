@@ -1,40 +1,14 @@
 """Conformance: how far the cluster holds what each rule asks, in one word and one
 sentence per rule, and the fraction of governed keys that meet their target.
 
-The states (TiDB's ``SHOW PLACEMENT`` has the same three):
-
-- ``satisfied``: every key the rule governs holds its target inside its pool, out of
-  its avoided pools, and spread over hosts as asked;
-- ``in-progress``: some keys do not yet, but the engine is on it: copies or drops in
-  flight, an action waiting for a busy worker (a dependent processing there, a
-  rebalancing move), eligible workers paused or backing off, or keys in memory that
-  the classification budget has not reached;
-- ``unsatisfiable``: the current workers cannot satisfy some keys at all: fewer
-  eligible workers than copies wanted, fewer hosts than ``spread: host`` needs, or a
-  ``replicate`` target together with ``move: never`` (which wins: the keys are left
-  alone), with the number of keys and why;
-- ``dry-run``: the rule is in dry-run (``enforcement: dry-run``) and some of its keys do
-  not hold what it asks: the engine planned their copies and drops and held them back
-  (reason ``dry-run``, see :mod:`amm_rules.engine.dryrun`);
-- ``not-running``: the Active Memory Manager runs no cycle (stopped with
-  ``client.amm.stop()``, or configured with ``start: false``): nothing enforces the
-  rule, so it gets no other state (those are earned by cycles: what the last cycle saw
-  may be long gone). Every row has it, and :attr:`Conformance.running` says so first;
-- ``shadowed``: the rule has governed no key since the rules were loaded, but it
-  matches keys in memory: earlier rules (or the keys' annotations, runtime targets)
-  decide every field it sets for each of them first. The sentence says how many keys
-  it matches and who took them: ``matches 3 keys, all taken by checkpoints
-  (replicate)`` (of a sample, when there are more keys in memory than it holds: see
-  below; :mod:`amm_rules.engine.decide.shadows`);
-- ``idle``: the rule has governed no key since the rules were loaded, and matches none
-  of the keys in memory (and every key in memory is classified): it probably names its
-  keys otherwise than the data is named. The sentence gives near-miss hints
-  (:mod:`amm_rules.language.near_miss`).
-
-Both are told from one sample of at most :data:`SAMPLE` keys in memory, taken from the
-workers' keys (taken again at most every :data:`HINTS_FOR` seconds: an open dashboard
-page asks for a status every second), with at most :data:`SHADOW_BUDGET` match
-evaluations.
+The states and the reasons (:data:`STATES`, :data:`REASONS`) are those of
+docs/observe.md's tables, which say what each means. ``not-running`` outranks the
+others: they are earned by cycles, and what the last cycle saw may be long gone.
+``shadowed`` and ``idle`` (rules that govern nothing) are told from one sample of at
+most :data:`SAMPLE` keys in memory, taken from the workers' keys again at most every
+:data:`HINTS_FOR` seconds (an open dashboard page asks for a status every second), with
+at most :data:`SHADOW_BUDGET` match evaluations
+(:mod:`amm_rules.engine.decide.shadows`, :mod:`amm_rules.language.near_miss`).
 
 A key counts towards every rule that decided one of its fields, so one key short of
 its target shows under each of them; annotations and runtime targets are two groups,
@@ -203,7 +177,9 @@ class Conformance:
 def conformance(policy: RulesPolicy) -> Conformance:
     """The conformance of every rule of ``policy`` (see the module docstring)."""
     index = policy.index
-    rows = _rows(policy)
+    rows = {r.name: RuleConformance(r.name, "rule") for r in policy.ruleset.rules}
+    rows[ANNOTATION] = RuleConformance(ANNOTATION, "annotation")
+    rows[RUNTIME] = RuleConformance(RUNTIME, "runtime")
 
     def row(label: str) -> RuleConformance:
         r = rows.get(label)
@@ -440,13 +416,6 @@ def eligible_words(pool: tuple[str, ...] | None, avoid: tuple[str, ...] | None, 
         return f"no worker {' '.join(parts)} is running" if parts else "no worker is running"
     where = " ".join(parts) or "in the cluster"
     return f"only {counted(n, 'worker')} {where}"
-
-
-def _rows(policy: RulesPolicy) -> dict[str, RuleConformance]:
-    rows = {r.name: RuleConformance(r.name, "rule") for r in policy.ruleset.rules}
-    rows[ANNOTATION] = RuleConformance(ANNOTATION, "annotation")
-    rows[RUNTIME] = RuleConformance(RUNTIME, "runtime")
-    return rows
 
 
 def _judge(r: RuleConformance, backlog: int) -> tuple[str, str]:

@@ -44,6 +44,9 @@ from amm_rules.engine.words import counted
 from amm_rules.language.fields import ActionError, parse_actions
 from amm_rules.language.ruleset import Actions, Desired, Reason, RuntimeTarget, overrides
 from amm_rules.observe.conformance import (
+    ANNOTATION,
+    LEGACY_RUNTIME,
+    RUNTIME,
     TOO_FEW_HOSTS,
     class_problem,
     conformance,
@@ -151,8 +154,7 @@ def unmet_keys(policy: RulesPolicy, rule: str | None = None, limit: int = 10) ->
 
 def check_rule(policy: RulesPolicy, rule: str | None) -> None:
     """``ValueError`` for a ``rule`` that governs nothing and is not in the rules."""
-    known = {r.name for r in policy.ruleset.rules} | {"(annotation)", "(runtime)"}
-    known |= {"(client.replicate)", "(scatter broadcast)"}
+    known = {r.name for r in policy.ruleset.rules} | {ANNOTATION, RUNTIME, *LEGACY_RUNTIME}
     if rule is not None and rule not in known and rule not in policy.index.governed.governed_by:
         names = ", ".join(sorted(known))
         raise ValueError(f"rule: no rule named {rule!r}; the rules are {names}")
