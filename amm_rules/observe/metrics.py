@@ -1,38 +1,26 @@
 """Prometheus metrics of the rules engine: ``dask_amm_rules_*`` on the scheduler's
-``/metrics``.
+``/metrics`` (docs/observe.md lists and describes each; tests/observe/test_metrics.py
+keeps the two in step).
 
 distributed serves ``/metrics`` from ``prometheus_client``'s global registry when that
 package is installed. One collector per process (:class:`RulesCollector`, a
-``distributed.http.prometheus.PrometheusCollector``, so the namespace is dask's
-``distributed.dashboard.prometheus.namespace``, ``dask`` by default) is registered there
-while at least one :class:`~amm_rules.engine.policy.RulesPolicy` is attached, and
-removed when the last one detaches or its scheduler closes. It computes everything at
-scrape time from the engine's counters and index (never in the AMM cycle, never by
-scanning keys). Every sample carries a ``scheduler`` label (the scheduler's address),
-so that several schedulers in one process, which share that registry, each keep their
-own series.
+``distributed.http.prometheus.PrometheusCollector``, hence dask's namespace) is
+registered there while at least one :class:`~amm_rules.engine.policy.RulesPolicy` is
+attached, and removed when the last one detaches or its scheduler closes. It computes
+everything at scrape time from the engine's counters and index (never in the AMM
+cycle, never by scanning keys). Every sample carries a ``scheduler`` label, so that
+several schedulers in one process, which share that registry, keep their own series.
 
-The metrics are the families of :data:`FAMILIES`, of the memory flow and of the
-engine's sections (below); ``docs/observe.md`` lists and describes each
-(tests/observe/test_metrics.py keeps the two in step). Their ``rule`` label is a rule's
-name, ``(annotation)`` or ``(runtime)``; the copy counters' also ``(reduce-replicas)``
-and ``(rebalance)``.
+Rules with series of their own are the first :data:`RULE_SERIES` of the file; the
+others add up under ``rule="(other rules)"``: a file of 10,000 rules made scrapes of
+8 MB that took half a second to format on the event loop, and bounded so, a scrape
+costs about as much at any number of rules as at a few dozen.
 
-Rules with series of their own are the first :data:`RULE_SERIES` of the file (with the
-``(annotation)`` and ``(runtime)`` groups, and the copy counters' own groups): the
-figures of the others add up under ``rule="(other rules)"``, without ``rule_state``, and
-``rules_in_state`` counts every rule by state. A file of 10,000 rules made scrapes of
-8 MB that took half a second to format on the event loop; bounded so, a scrape costs
-about as much at any number of rules as at a few dozen.
-
-The paused-workers, memory-pressure, retirement, work-at-risk and protect figures are
-the ``metrics()`` of the engine's sections (:mod:`amm_rules.engine.sections`), each
-named by its section's ``METRICS`` table; the collector iterates the sections, so a new
-section's figures are published without a change here (a figure given as a mapping has
-a series per entry, under the label its table names: the work at risk per worker, for
-the 20 workers with the most and ``worker="(total)"``). The
-memory flow (:mod:`amm_rules.engine.state.flow`) has series per prefix for the top prefixes
-only (:func:`shown_prefixes`: bounded label cardinality) and totals over every prefix.
+Besides :data:`FAMILIES`, the collector publishes the ``metrics()`` of the engine's
+sections (:mod:`amm_rules.engine.sections`), each named by its section's ``METRICS``
+table, so that a new section's figures are published without a change here; and the
+memory flow (:mod:`amm_rules.engine.state.flow`), per prefix for the top prefixes only
+(:func:`shown_prefixes`: bounded label cardinality) and in totals over every prefix.
 
 Neighbours: :mod:`amm_rules.observe.extension` registers and unregisters policies here;
 :mod:`amm_rules.observe.conformance` computes the per-rule figures.
@@ -44,6 +32,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -232,10 +221,8 @@ class _Families:
                 f["rule_state"].add_metric([*where, r.name, state], float(r.state == state))
         if other is not None:
             self._rule(where, other)
-        by_state = dict.fromkeys(STATES, 0)
-        for r in c.rules:
-            if r.kind == "rule":
-                by_state[r.state] = by_state.get(r.state, 0) + 1
+        by_state = Counter(dict.fromkeys(STATES, 0))
+        by_state.update(r.state for r in c.rules if r.kind == "rule")
         for state, n in by_state.items():
             f["rules_in_state"].add_metric([*where, state], n)
         f["keys_met_ratio"].add_metric(where, c.fraction)
