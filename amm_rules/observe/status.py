@@ -243,15 +243,8 @@ def all_satisfied(report: Mapping[str, Any]) -> bool:
 
 
 def decision_dict(d: Decision) -> dict[str, Any]:
-    return {
-        "time": d.time,
-        "key": key_string(d.key),
-        "op": d.op,
-        "worker": d.worker,
-        "outcome": d.outcome,
-        "reason": d.reason,
-        "source": d.source,
-    }
+    """A decision as plain data: its fields in order, the key as a string."""
+    return {**d._asdict(), "key": key_string(d.key)}
 
 
 def _address(policy: RulesPolicy) -> str | None:
@@ -275,7 +268,7 @@ def _cycle_ms(policy: RulesPolicy) -> dict[str, Any]:
     }
 
 
-#: The columns of ``workers`` in a report, in order.
+#: The columns of ``workers`` in a report, in order (as :func:`_workers` makes them).
 WORKER_COLUMNS = (
     "address",
     "name",
@@ -300,7 +293,8 @@ def _workers(policy: RulesPolicy) -> dict[str, Any]:
         scheduler = policy.scheduler
         manager = policy.manager
     except AttributeError:
-        return {"memory_measure": None, "workers": _columns({}), "memory_by_pool": {}}
+        no_workers: dict[str, list[Any]] = {name: [] for name in WORKER_COLUMNS}
+        return {"memory_measure": None, "workers": no_workers, "memory_by_pool": {}}
     rebalancer = policy.rebalancer
     settings = rebalancer.settings
     measure = settings.measure if settings.enabled else manager.measure
@@ -359,7 +353,7 @@ def _workers(policy: RulesPolicy) -> dict[str, Any]:
             acc["workers"].append(address)
             acc["memory"] += m
             acc["memory_limit"] += x
-    return {"memory_measure": measure, "workers": _columns(columns), "memory_by_pool": by_pool}
+    return {"memory_measure": measure, "workers": columns, "memory_by_pool": by_pool}
 
 
 _NONE: frozenset[str] = frozenset()
@@ -367,11 +361,6 @@ _LIMIT = attrgetter("memory_limit")
 _NAME = attrgetter("name")
 _HOST = attrgetter("host")
 _METRICS = attrgetter("metrics")
-
-
-def _columns(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
-    """Every column of :data:`WORKER_COLUMNS`, in order."""
-    return {name: columns.get(name, []) for name in WORKER_COLUMNS}
 
 
 def _finite(value: Any) -> Any:
