@@ -100,7 +100,6 @@ def _render_rules_file(report: Mapping[str, Any]) -> list[str]:
 
 
 def _render_rules(report: Mapping[str, Any]) -> list[str]:
-
     c = report["conformance"]
     rows = c["rules"]
     out = [f"conformance  {conformance_line(c)}"]
@@ -147,7 +146,6 @@ def _asked_before(report: Mapping[str, Any]) -> str:
 
 
 def _render_engine(report: Mapping[str, Any]) -> list[str]:
-
     timing = cycle_timing(report["cycle_ms"])
     if report["cycle_ms"]["recent"]:
         timing = f"{report['cycles']:,} cycles; {timing}"
@@ -408,13 +406,12 @@ def render_memory_flow(table: Mapping[str, Mapping[str, Any]], top: int) -> str:
     task) and the top freers (most bytes freed by their tasks finishing)."""
 
     rows = list(table.items())
-    producers = sorted(
-        (r for r in rows if (r[1]["net_per_task"] or 0) > 0),
-        key=lambda r: -r[1]["net_per_task"],
-    )[:top]
-    freers = sorted((r for r in rows if r[1]["freed_by"] > 0), key=lambda r: -r[1]["freed_by"])[
-        :top
-    ]
+
+    def ranked(figure: str) -> list[tuple[str, Mapping[str, Any]]]:
+        """The ``top`` prefixes with the most of ``figure`` (those with none left out)."""
+        chosen = [r for r in rows if (r[1][figure] or 0) > 0]
+        return sorted(chosen, key=lambda r: -r[1][figure])[:top]
+
     header = ("prefix", "tasks", "produced", "freed by", "net/task", "freed", "live")
 
     def cells(prefix: str, r: Mapping[str, Any]) -> tuple[str, ...]:
@@ -430,8 +427,8 @@ def render_memory_flow(table: Mapping[str, Mapping[str, Any]], top: int) -> str:
 
     out = [f"memory flow of {len(rows):,} task prefixes"]
     for title, chosen in (
-        ("top producers (net bytes added per task)", producers),
-        ("top freers (bytes of inputs freed by their tasks finishing)", freers),
+        ("top producers (net bytes added per task)", ranked("net_per_task")),
+        ("top freers (bytes of inputs freed by their tasks finishing)", ranked("freed_by")),
     ):
         out += ["", title]
         if not chosen:
@@ -459,7 +456,6 @@ def render_explain(answers: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def _render_one(name: str, a: Mapping[str, Any]) -> str:
-
     lines = [f"{name}: {a['summary']}"]
     facts = a.get("facts")
     if facts is None:
