@@ -6,21 +6,8 @@ Once a second the page draws :func:`~amm_rules.observe.status.status_report` of 
 scheduler's :class:`~amm_rules.engine.policy.RulesPolicy`: the same figures as
 ``amm-rules status`` and ``/amm-rules/status.json``, computed once and shared by every
 open page (and every request to status.json) for
-:data:`~amm_rules.observe.status.SHARED_FOR` seconds. Its parts:
-
-- :class:`Header`: the rules in force, their last reload error, the cluster-wide
-  conformance, cycle times and what is in flight; or "no RulesPolicy attached";
-- :class:`RulesTable`: one row per rule (then annotations and runtime targets): state,
-  keys, bytes, copies held / wanted, met, unmet by reason, and the state's sentence;
-- :class:`WorkerMemory`: each worker's memory against its limit, grouped by pool, with
-  the rebalancing thresholds and the cluster mean drawn when rebalancing is on;
-- :class:`WorkAtRisk`: each worker's work at risk (the recompute seconds of the keys it
-  holds alone), grouped by pool, with what the ``protect`` section protects;
-- :class:`InFlight`: copies and rebalancing moves in flight, over the last minutes;
-- :class:`MemoryFlowTable`: the memory flow's top producers and freers (task prefixes),
-  and what the ``memory-pressure`` section is doing;
-- :class:`EventsTable`: the latest events the engine wrote (reloads, reload errors,
-  invalid annotations), of whatever shape, clipped.
+:data:`~amm_rules.observe.status.SHARED_FOR` seconds. Its parts are those
+:class:`RulesPage` lists, each saying what it shows (as docs/dashboard.md does).
 
 Importing this module imports Bokeh; :func:`register` adds the pages to
 ``distributed.dashboard.scheduler.applications``, which the scheduler reads when it
@@ -35,7 +22,7 @@ import html
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from operator import itemgetter
 from typing import Any
 
@@ -574,59 +561,47 @@ class MemoryFlowTable(DashboardComponent):
                 data["live"].append(size(r["live"]))
         _refill(self.table, data)
         _set(self.table, height=_table_height(len(data["role"])))
-        _set(
-            self.pressure,
-            text=pressure_html((report or {}).get("memory_pressure"), report is not None),
-        )
+        pressure = "" if report is None else pressure_html(report.get("memory_pressure"))
+        _set(self.pressure, text=pressure)
+
+
+#: A table's columns as (field, title, width), and what makes its rows from a report.
+Fields = tuple[tuple[str, str, int], ...]
+Rows = Callable[[Mapping[str, Any] | None], dict[str, list[Any]]]
 
 
 class _RowsTable(DashboardComponent):
-    """A table hidden while it has no rows: its columns as (field, title, width) in
-    :attr:`FIELDS`, its rows made from a status report by :meth:`rows`."""
+    """A table hidden while it has no rows, made by ``rows`` from a status report."""
 
-    FIELDS: tuple[tuple[str, str, int], ...] = ()
-    COLUMNS: tuple[str, ...] = ()
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.COLUMNS = tuple(name for name, _, _ in cls.FIELDS)
-
-    def __init__(self) -> None:
-        self.source = ColumnDataSource({name: [] for name in self.COLUMNS})
-        columns = [TableColumn(field=f, title=t, width=w) for f, t, w in self.FIELDS]
+    def __init__(self, fields: Fields, rows: Rows) -> None:
+        self.rows = rows
+        self.source = ColumnDataSource({name: [] for name, _, _ in fields})
+        columns = [TableColumn(field=f, title=t, width=w) for f, t, w in fields]
         self.table = _table(self.source, columns, 0, visible=False)
         self.root = self.table
-
-    def rows(self, report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
-        raise NotImplementedError
 
     def update(self, report: Mapping[str, Any] | None) -> None:
         data = self.rows(report)
         _refill(self.table, data)
-        rows = len(data[self.COLUMNS[0]])
+        rows = len(next(iter(data.values())))
         _set(self.table, visible=bool(rows), height=_table_height(rows))
 
 
-class DrainsTable(_RowsTable):
-    """Drains in progress (and those that ended recently): per worker what moved, what
-    is left, the predicted loss and the time left (the report's ``drain``)."""
-
-    FIELDS = (
-        ("worker", "draining worker", 200),
-        ("state", "state", 80),
-        ("moved", "moved", 130),
-        ("left", "left", 130),
-        ("loss", "predicted loss (or outcome)", 420),
-        ("time_left", "time left", 80),
-    )
-
-    def rows(self, report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
-        return drain_rows(report)
+DRAIN_FIELDS: Fields = (
+    ("worker", "draining worker", 200),
+    ("state", "state", 80),
+    ("moved", "moved", 130),
+    ("left", "left", 130),
+    ("loss", "predicted loss (or outcome)", 420),
+    ("time_left", "time left", 80),
+)
 
 
 def drain_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
-    """The rows of :class:`DrainsTable` (plain data, tested without Bokeh)."""
-    data: dict[str, list[Any]] = {name: [] for name in DrainsTable.COLUMNS}
+    """The rows of the drains table (plain data, tested without Bokeh): drains in
+    progress (and those that ended recently), per worker what moved, what is left, the
+    predicted loss and the time left (the report's ``drain``)."""
+    data: dict[str, list[Any]] = {name: [] for name, _, _ in DRAIN_FIELDS}
     drains = ((report or {}).get("drain") or {}).get("drains", ())
     for d in map(DrainReport.from_dict, drains):
         data["worker"].append(f"{d.worker} ({d.name})")
@@ -639,29 +614,24 @@ def drain_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
     return data
 
 
-class SpillTable(_RowsTable):
-    """What each worker holds on disk and what its order by value did (the report's
-    ``spill``), shown while the rules have a ``spill:`` section."""
-
-    FIELDS = (
-        ("worker", "worker (spill)", 200),
-        ("on_disk", "on disk", 150),
-        ("written", "written", 100),
-        ("read", "read back", 100),
-        ("saved", "saved (est.)", 150),
-        ("drops", "copies dropped, not written", 170),
-        ("prefetches", "read back ahead", 110),
-        ("near", "way to disk", 90),
-    )
-
-    def rows(self, report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
-        return spill_rows(report)
+SPILL_FIELDS: Fields = (
+    ("worker", "worker (spill)", 200),
+    ("on_disk", "on disk", 150),
+    ("written", "written", 100),
+    ("read", "read back", 100),
+    ("saved", "saved (est.)", 150),
+    ("drops", "copies dropped, not written", 170),
+    ("prefetches", "read back ahead", 110),
+    ("near", "way to disk", 90),
+)
 
 
 def spill_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
-    """The rows of :class:`SpillTable` (plain data, tested without Bokeh): a worker
-    left alone says why in its ``on disk`` cell."""
-    data: dict[str, list[Any]] = {name: [] for name in SpillTable.COLUMNS}
+    """The rows of the spill table (plain data, tested without Bokeh), shown while the
+    rules have a ``spill:`` section: what each worker holds on disk and what its order
+    by value did (the report's ``spill``); a worker left alone says why in its ``on
+    disk`` cell."""
+    data: dict[str, list[Any]] = {name: [] for name, _, _ in SPILL_FIELDS}
     spill = (report or {}).get("spill") or {}
     for address, w in (spill.get("workers") or {}).items():
         data["worker"].append(address)
@@ -679,15 +649,13 @@ def spill_rows(report: Mapping[str, Any] | None) -> dict[str, list[Any]]:
     for address, why in (spill.get("left_alone") or {}).items():
         data["worker"].append(address)
         data["on_disk"].append(f"left alone: {why}")
-        for name in SpillTable.COLUMNS[2:]:
+        for name, _, _ in SPILL_FIELDS[2:]:
             data[name].append("-")
     return data
 
 
-def pressure_html(pressure: Mapping[str, Any] | None, attached: bool = True) -> str:
+def pressure_html(pressure: Mapping[str, Any] | None) -> str:
     """One line on the ``memory-pressure`` section: its state and its latest reasons."""
-    if not attached:
-        return ""
     if not pressure:
         return "<div><b>memory pressure</b> no memory-pressure section</div>"
     e = html.escape
@@ -807,8 +775,8 @@ class RulesPage(DashboardComponent):
         self.in_flight = InFlight()
         self.events = EventsTable()
         self.flow = MemoryFlowTable()
-        self.drains = DrainsTable()
-        self.spill = SpillTable()
+        self.drains = _RowsTable(DRAIN_FIELDS, drain_rows)
+        self.spill = _RowsTable(SPILL_FIELDS, spill_rows)
         #: In the order they are updated.
         self.parts = (
             self.header,
