@@ -1,14 +1,7 @@
-"""The amm-rules page of the scheduler's dashboard, turned on as a scheduler preload::
-
-    dask scheduler --preload amm_rules.preload
-
-or, in the scheduler's dask configuration::
-
-    distributed:
-      scheduler:
-        preload: [amm_rules.preload]
-
-(``amm_rules.dashboard``, the name of earlier releases, is the same preload.)
+"""The amm-rules page of the scheduler's dashboard, turned on as a scheduler preload:
+``dask scheduler --preload amm_rules.preload``, or ``distributed.scheduler.preload`` in
+the scheduler's dask configuration (``amm_rules.dashboard``, the name of earlier
+releases, is the same preload; see docs/dashboard.md).
 
 Importing this module (which the scheduler does while it is created, before it builds
 its dashboard) adds the pages ``/amm-rules`` and ``/individual-amm-rules`` to the

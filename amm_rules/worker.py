@@ -1,21 +1,11 @@
 """The worker preload: SIGTERM becomes a drain before the worker exits.
 
-An orchestrator ends a worker with SIGTERM and, a grace period later, SIGKILL
-(Kubernetes: ``terminationGracePeriodSeconds``, 30 s by default). Load this module as a
-preload and the worker asks the scheduler's amm-rules engine to drain it (its keys
-copied away in order of value, see docs/drain.md) within ``amm-rules.drain.deadline``
-(default 25 s, under Kubernetes' 30 s) as soon as the signal arrives, and exits once the
-drain ended (every key safe, or the deadline):
-
-.. code-block:: console
-
-    $ dask worker tcp://scheduler:8786 --preload amm_rules.worker
-
-or in the workers' dask configuration (``distributed.worker.preload: [amm_rules.worker]``,
-``DASK_DISTRIBUTED__WORKER__PRELOAD='["amm_rules.worker"]'``). The deadline is dask
-configuration of the worker's own process: ``amm-rules.drain.deadline`` (a duration,
-``DASK_AMM_RULES__DRAIN__DEADLINE=50s``); a value that is not one fails the worker's start
-with a sentence naming it.
+``dask worker ... --preload amm_rules.worker`` (or ``distributed.worker.preload``): as
+soon as SIGTERM arrives, the worker asks the scheduler's amm-rules engine to drain it
+(its keys copied away in order of value) within ``amm-rules.drain.deadline``, dask
+configuration of the worker's own process (default 25 s, under Kubernetes' 30 s grace
+period), and exits once the drain ended: see docs/drain.md#sigterm-the-worker-preload. A
+deadline that is not a duration fails the worker's start with a sentence naming it.
 
 Where the signal arrives:
 
