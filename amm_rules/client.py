@@ -1,30 +1,21 @@
 """What a client calls: :func:`annotate`, :func:`persist`, :func:`replicate`,
 :func:`explain`, :func:`status`, :func:`memory_flow`, :func:`drain`.
 
-- ``amm`` annotations, checked on the client. A task's ``amm`` annotation
-  (``dask.annotate(amm={...})``) carries the same action fields as a rule
-  (``replicate``, ``pool``, ``avoid``, ``spread``, ``move``) and overrides the rules
-  field by field for that task. The engine reads it from ``TaskState.annotations`` and
-  checks it again with the scheduler's pool names; an invalid annotation there is
-  ignored for that key and reported as a warning event, never raised. :func:`annotate`
-  finds the mistakes a client can find *before* a graph is built, through
-  :func:`amm_rules.language.fields.parse_actions`, the same function the rules file and
-  the scheduler use, so that a field means the same thing everywhere.
-- Runtime targets and introspection: thin wrappers over the scheduler handlers that
-  :class:`amm_rules.RulesPolicy` registers when it is attached to a scheduler's Active
-  Memory Manager (``amm_rules_set_target``, ``amm_rules_explain``,
-  ``amm_rules_status``, ``amm_rules_memory_flow``); the engine owns the targets, this module only checks arguments
-  on the client and calls it. Like ``client.amm`` in distributed, every function is
-  synchronous with a synchronous client and returns an awaitable with an asynchronous
-  one.
+Arguments are checked here, on the client, by the functions the rules file and the
+scheduler use (:func:`amm_rules.language.fields.parse_actions`), so that a field means
+the same thing everywhere and the mistakes a client can find are raised before a graph
+is built or a call is sent. The rest is the engine's: these are thin wrappers over the scheduler handlers
+that :class:`amm_rules.RulesPolicy` registers when it attaches (``amm_rules_set_target``,
+``amm_rules_explain``, ``amm_rules_status``, ``amm_rules_memory_flow``,
+``amm_rules_drain``). Like ``client.amm`` in distributed, every function is synchronous
+with a synchronous client and returns an awaitable with an asynchronous one.
 """
 
 from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import dask
@@ -146,21 +137,15 @@ class AnnotateContext:
         return f"amm_rules.annotate({', '.join(f'{k}={v!r}' for k, v in self.fields.items())})"
 
     def __enter__(self) -> dict[str, Any]:
-        cm = _enter(self.fields)
-        merged = cm.__enter__()
+        outer = dask.get_annotations().get(ANNOTATION)
+        merged = {**outer, **self.fields} if isinstance(outer, Mapping) else dict(self.fields)
+        cm = dask.annotate(**{ANNOTATION: merged})
+        cm.__enter__()
         self._stack.append(cm)
         return merged
 
     def __exit__(self, *exc_info: Any) -> None:
         self._stack.pop().__exit__(*exc_info)
-
-
-@contextmanager
-def _enter(fields: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    outer = dask.get_annotations().get(ANNOTATION)
-    merged = {**outer, **fields} if isinstance(outer, Mapping) else dict(fields)
-    with dask.annotate(**{ANNOTATION: merged}):
-        yield merged
 
 
 # --- persist: targets on exactly the keys persisted -------------------------------------
@@ -199,17 +184,8 @@ def persist(
     an asynchronous client, an awaitable of it); a list or tuple of collections is
     persisted together and returned as a list.
     """
-    fields = {
-        name: value
-        for name, value in (
-            ("replicate", replicate),
-            ("pool", pool),
-            ("avoid", avoid),
-            ("spread", spread),
-            ("move", move),
-        )
-        if value is not None
-    }
+    given = {"replicate": replicate, "pool": pool, "avoid": avoid, "spread": spread, "move": move}
+    fields = {name: value for name, value in given.items() if value is not None}
     if not fields:
         raise TypeError("amm_rules.persist needs a field: replicate, pool, avoid, spread or move")
     checked = validate_annotation(fields)
