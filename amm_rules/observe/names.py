@@ -44,8 +44,7 @@ def name_offer(
         return {
             "kind": "group",
             "name": name,
-            "tasks": _known(group),
-            "in_memory": group.states.get("memory", 0),
+            **_counts(group),
             "keys": [key_string(k) for k in keys[:SHOWN]],
         }
     prefix = getattr(scheduler, "task_prefixes", {}).get(name)
@@ -54,20 +53,19 @@ def name_offer(
         return {
             "kind": "prefix",
             "name": name,
-            "tasks": _known(prefix),
-            "in_memory": prefix.states.get("memory", 0),
-            "groups": [
-                {"name": g.name, "tasks": _known(g), "in_memory": g.states.get("memory", 0)}
-                for g in groups[:SHOWN]
-            ],
+            **_counts(prefix),
+            "groups": [{"name": g.name, **_counts(g)} for g in groups[:SHOWN]],
             "more_groups": max(0, len(groups) - SHOWN),
         }
     return None
 
 
-def _known(collection: Any) -> int:
-    """Tasks of a group or prefix the scheduler still knows (not forgotten)."""
-    return sum(n for state, n in collection.states.items() if state != "forgotten")
+def _counts(collection: Any) -> dict[str, int]:
+    """The ``tasks`` of a group or prefix the scheduler still knows (not forgotten), and
+    those ``in_memory``."""
+    states = collection.states
+    known = sum(n for state, n in states.items() if state != "forgotten")
+    return {"tasks": known, "in_memory": states.get("memory", 0)}
 
 
 def probe(tasks: Mapping[Hashable, Any], name: str, want: int = SHOWN) -> list[Hashable]:
