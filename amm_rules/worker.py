@@ -90,8 +90,7 @@ async def drain_self(scheduler: Any, address: str, seconds: float) -> dict[str, 
     line = started.get(address) if isinstance(started, dict) else None
     if line is None:
         return None
-    record = DrainReport.from_dict(line)
-    logger.warning("amm-rules: SIGTERM: %s", record.notice())
+    logger.warning("amm-rules: SIGTERM: %s", DrainReport.from_dict(line).notice())
     try:
         report = await follow(ask, {address: line}, seconds, POLL, grace=0.0)
     except Exception as exc:

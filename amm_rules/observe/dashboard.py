@@ -817,14 +817,13 @@ class RulesPage(DashboardComponent):
             self.header.update(None, error)
 
 
-def _page(scheduler: Any, doc: Any) -> RulesPage:
+def _page(scheduler: Any, doc: Any) -> None:
     page = RulesPage(scheduler)
     page.update()
     add_periodic_callback(doc, page, INTERVAL_MS)
     doc.add_root(page.root)
     doc.title = TITLE
     doc.theme = BOKEH_THEME
-    return page
 
 
 def page_doc(scheduler: Any, extra: Mapping[str, Any], doc: Any) -> None:

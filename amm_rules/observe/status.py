@@ -163,13 +163,10 @@ def _reload_errors(
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """The reload errors, their texts clipped, and the last one, said as past when rules
     were installed after it (they replaced the file it was about)."""
-    clipped = [
-        {"time": e["time"], "error": clip_text(str(e["error"]), TEXT_SHOWN)} for e in errors
-    ]
-    last = clipped[-1] if clipped else None
-    if last is not None:
-        last = {**last, "since_reloaded": bool(policy.loaded_at > last["time"])}
-    return clipped, last
+    kept = [{"time": e["time"], "error": clip_text(str(e["error"]), TEXT_SHOWN)} for e in errors]
+    if not kept:
+        return kept, None
+    return kept, {**kept[-1], "since_reloaded": bool(policy.loaded_at > kept[-1]["time"])}
 
 
 def status_json(report: Mapping[str, Any]) -> str:
