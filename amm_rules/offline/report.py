@@ -16,7 +16,7 @@ Neighbours: :mod:`amm_rules.offline.simulate` produces the result; the ``simulat
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -283,9 +283,11 @@ def _numeric(cell: str) -> bool:
     return head.isdigit()
 
 
-def _more(items: Sequence[Any], shown: int = TEXT_LIMIT) -> list[str]:
-    rest = len(items) - shown
-    return [f"  ... and {rest} more (--format json lists them all)"] if rest > 0 else []
+def _listed(items: Sequence[Any], line: Callable[[Any], str]) -> list[str]:
+    """The first :data:`TEXT_LIMIT` items, a line each, and how many more there are."""
+    rest = len(items) - TEXT_LIMIT
+    more = [f"  ... and {rest} more (--format json lists them all)"] if rest > 0 else []
+    return [f"  {line(x)}" for x in items[:TEXT_LIMIT]] + more
 
 
 def render_text(report: Mapping[str, Any]) -> str:
@@ -331,11 +333,7 @@ def kill_lines(report: Mapping[str, Any]) -> list[str]:
             f"{plural(len(lost), 'loses its', 'lose their')} last copy "
             f"({size(sum(x['bytes'] for x in lost))}):"
         )
-        lines += [
-            f"  {x['key']}" + (f" (rule {x['rule']})" if x["rule"] else "")
-            for x in lost[:TEXT_LIMIT]
-        ]
-        lines += _more(lost)
+        lines += _listed(lost, lambda x: x["key"] + (f" (rule {x['rule']})" if x["rule"] else ""))
     else:
         lines.append("no key loses its last copy")
     below = report["below_target"]
@@ -345,11 +343,12 @@ def kill_lines(report: Mapping[str, Any]) -> list[str]:
             f"below target after the kill: {counted(len(below), 'key')}; restored by "
             f"{counted(r['copies'], 'copy')} ({size(r['bytes'])}):"
         )
-        lines += [
-            f"  {x['key']}: {x['copies']} of {counted(x['target'], 'copy')} {_paren(x['rule'])}"
-            for x in below[:TEXT_LIMIT]
-        ]
-        lines += _more(below)
+        lines += _listed(
+            below,
+            lambda x: (
+                f"{x['key']}: {x['copies']} of {counted(x['target'], 'copy')} {_paren(x['rule'])}"
+            ),
+        )
     return lines
 
 
@@ -430,33 +429,26 @@ def list_lines(report: Mapping[str, Any]) -> list[str]:
     unmet = report["unmet"]
     if unmet:
         out += ["", f"keys left below target ({len(unmet)}):"]
-        out += [f"  {x['key']} {_paren(x['rule'])}: {x['reason']}" for x in unmet[:TEXT_LIMIT]]
-        out += _more(unmet)
+        out += _listed(unmet, lambda x: f"{x['key']} {_paren(x['rule'])}: {x['reason']}")
     misplaced = report["misplaced"]
     if misplaced:
         out += ["", f"copies left where they should not be ({len(misplaced)}):"]
-        out += [f"  {x['key']} on {x['worker']}: {x['reason']}" for x in misplaced[:TEXT_LIMIT]]
-        out += _more(misplaced)
+        out += _listed(misplaced, lambda x: f"{x['key']} on {x['worker']}: {x['reason']}")
     dry = report["dry_run"]
     if dry:
         out += ["", f"held back by dry-run ({len(dry)}):"]
-        out += [
-            f"  {x['op']} {x['key']} on {x['worker']} {_paren(x['rule'])}"
-            for x in dry[:TEXT_LIMIT]
-        ]
-        out += _more(dry)
+        out += _listed(dry, lambda x: f"{x['op']} {x['key']} on {x['worker']} {_paren(x['rule'])}")
     actions = report["actions"]
     if actions:
         out += ["", f"actions ({len(actions)}):"]
-        out += [
-            f"  cycle {x['cycle']}: {x['op']} {x['key']} on {x['worker']} {_paren(x['rule'])}"
-            for x in actions[:TEXT_LIMIT]
-        ]
-        out += _more(actions)
-    for w in report["warnings"]:
-        out += [f"warning: {w}"]
-    for why in report.get("not_simulated", ()):
-        out += [f"note: {why}"]
+        out += _listed(
+            actions,
+            lambda x: (
+                f"cycle {x['cycle']}: {x['op']} {x['key']} on {x['worker']} {_paren(x['rule'])}"
+            ),
+        )
+    out += [f"warning: {w}" for w in report["warnings"]]
+    out += [f"note: {why}" for why in report.get("not_simulated", ())]
     return out
 
 
