@@ -1,14 +1,9 @@
 """Rule test files: their JSON Schema, and reading one into checked fixtures with positions.
 
-A test file (``amm-rules test``) names a rules file, describes a small cluster (workers
-with hosts, resources, memory limits) and lists cases: keys in memory (where, how
-large, of which prefix or type, with which annotations or runtime target), what may
-happen to the cluster first (``kill``), and what is expected: per key (``target``, the
-``rule`` that set it, ``pool``, eventual ``holders``, ``copies``,
-``copies-on-distinct-hosts``, ``unmet``...), and per case (``expect-actions``, the exact
-copies and drops; ``expect-lost``; ``expect-pools``). :data:`TEST_SCHEMA` says all of it
-for editors (``amm-rules test --schema``, the shipped ``amm-rules-test.schema.json``),
-with a description on every field.
+A test file (``amm-rules test``, docs/testing-rules.md) names a rules file, describes a
+small cluster and lists cases: keys in memory, workers lost first, and what is
+expected. :data:`TEST_SCHEMA` says all of it for editors (``amm-rules test --schema``,
+the shipped ``amm-rules-test.schema.json``), with a description on every field.
 
 Reading goes through the rules files' own machinery, so a test file gets the same
 safety limits and the same ``file:line:column`` diagnostics:
@@ -372,9 +367,6 @@ class TestFile:
     @property
     def ok(self) -> bool:
         return not self.locator.has_errors
-
-    def position(self, path: Path) -> tuple[int, int]:
-        return self.locator.position(path)
 
 
 class CaseLocator(Locator):
@@ -791,22 +783,20 @@ class _CaseBuilder:
         for name in ("pool", "avoid", "in-pool"):
             if name in exp and not self.b.skip((*path, name)):
                 self.pools(exp[name], (*path, name))
-        rules = set(r.name for r in self.ruleset.rules) if self.ruleset else None
-        sources = {"annotation", "runtime"}
-        rule = self.b.field(exp, path, "rule", str)
-        if rules is not None and rule is not None and rule not in rules | sources:
-            self.b.error((*path, "rule"), self.unknown_rule(rule, rules), "unknown-rule")
-        for field_name, rule in (self.b.field(exp, path, "rules", dict) or {}).items():
-            at = (*path, "rules", field_name)
-            if rules is None or not isinstance(rule, str) or self.b.skip(at):
-                continue
-            if rule not in rules | sources:
-                self.b.error(at, self.unknown_rule(rule, rules), "unknown-rule")
-        return path, out
-
-    @staticmethod
-    def unknown_rule(name: str, rules: set[str]) -> str:
+        if self.ruleset is None:
+            return path, out
         from amm_rules.language.spelling import did_you_mean
 
-        hint = did_you_mean(name, sorted(rules | {"annotation", "runtime"}))
-        return f"unknown rule '{name}'{hint} (a rule name, 'annotation' or 'runtime')"
+        deciders = sorted({r.name for r in self.ruleset.rules} | {"annotation", "runtime"})
+        named = [((*path, "rule"), exp.get("rule"))]
+        rules = self.b.field(exp, path, "rules", dict) or {}
+        named += [((*path, "rules", name), rule) for name, rule in rules.items()]
+        for at, rule in named:
+            if isinstance(rule, str) and not self.b.skip(at) and rule not in deciders:
+                self.b.error(
+                    at,
+                    f"unknown rule '{rule}'{did_you_mean(rule, deciders)} (a rule name, "
+                    "'annotation' or 'runtime')",
+                    "unknown-rule",
+                )
+        return path, out

@@ -243,13 +243,16 @@ class _Run:
         self.failures: list[str] = []
 
     def fail(self, path: tuple[Any, ...], message: str) -> None:
-        line, column = self.test.position(path)
+        line, column = self.test.locator.position(path)
         self.failures.append(f"{self.test.path}:{line}:{column}: {message}")
 
     def check(self) -> CaseResult:
         case = self.case
         for path, exp in case.expect:
+            failed = len(self.failures)
             self.key(path, exp)
+            if len(self.failures) > failed:
+                self.seen_as(exp["key"])
         if case.expect_actions is not None:
             self.actions()
         if case.expect_lost is not None:
@@ -264,7 +267,7 @@ class _Run:
                     (*case.path, "expect-pools", pool),
                     f"pool '{pool}': expected workers {sorted(members)}, got {got}",
                 )
-        return CaseResult(case.name, self.test.position(case.path)[0], self.failures)
+        return CaseResult(case.name, self.test.locator.position(case.path)[0], self.failures)
 
     def desired(self, key: Hashable) -> Desired:
         """What the rules want for ``key`` (after the run; before it for a key lost)."""
@@ -273,12 +276,6 @@ class _Run:
     def holders(self, key: Hashable) -> list[str]:
         ts = self.sim.cluster.tasks[key]
         return sorted(self.names[ws.address] for ws in ts.who_has or ())
-
-    def key(self, path: tuple[Any, ...], exp: dict[str, Any]) -> None:
-        failed = len(self.failures)
-        self._key(path, exp)
-        if len(self.failures) > failed:
-            self.seen_as(exp["key"])
 
     def seen_as(self, key: Hashable) -> None:
         """After a key's failed expectation: what a match saw of the key (its prefix,
@@ -314,7 +311,7 @@ class _Run:
             )
         self.fail(fixture.path, f"key {key_string(key)!r} is seen as {', '.join(parts)}{note}")
 
-    def _key(self, path: tuple[Any, ...], exp: dict[str, Any]) -> None:
+    def key(self, path: tuple[Any, ...], exp: dict[str, Any]) -> None:
         key = exp["key"]
         shown = f"key {key_string(key)!r}"
         desired = self.desired(key)
