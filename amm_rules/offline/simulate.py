@@ -6,17 +6,9 @@ running scheduler's state or a test fixture) and runs on it the engine itself: a
 whose clock is the simulation's and whose AMM is distributed's own
 ``ActiveMemoryManagerExtension`` (which validates each suggestion and keeps the memory
 tally, exactly as in the scheduler), and the engine's sections that a recorded cluster
-can run, in the policy's order, on the same :class:`~amm_rules.engine.sections.base.Cycle`:
-
-- replication (:class:`~amm_rules.engine.sections.replication.Replication`: the
-  classifier, the key index, placements, the planner, dry-run, the in-flight and
-  back-off bookkeeping, copies lost with dead workers given up);
-- rebalancing (:class:`~amm_rules.engine.sections.rebalance.RebalanceSection`);
-- the recompute estimates and ``protect:``
-  (:class:`~amm_rules.engine.sections.costs.RecomputeCostsSection`,
-  :class:`~amm_rules.engine.sections.protect.ProtectSection`), from the task groups the
-  dump recorded (compute seconds, states, dependencies);
-- reduce-replicas (:class:`~amm_rules.engine.sections.reduce_replicas.ReduceReplicasSection`).
+can run (:data:`SIMULATED`: classification, replication, rebalancing, the recompute
+estimates and ``protect:`` from the task groups the dump recorded, reduce-replicas), in
+the policy's order, on the same :class:`~amm_rules.engine.sections.base.Cycle`.
 
 Nothing of the cycle is written twice: what the simulation did is read from the
 engine's own journal (and, for reduce-replicas' drops, from the AMM's answers), its
@@ -39,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Hashable, Iterable, Mapping
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -389,26 +382,22 @@ class Simulation:
                 yield from section.run(cycle)
 
     def _record(self, suggestions: Iterable[Suggestion]) -> Generator[Suggestion, Any, None]:
-        """reduce-replicas' drops, passed on and noted with their answers."""
-        answer = None
-        it = iter(suggestions)
-        send = getattr(it, "send", None)
-        try:
+        """reduce-replicas' drops (a generator, or ``()`` when it is off), passed on and
+        noted with their answers."""
+        if not isinstance(suggestions, Generator):
+            yield from suggestions
+            return
+        with closing(suggestions):
+            answer = None
             while True:
                 try:
-                    s = next(it) if send is None or answer is None else send(answer)
+                    s = suggestions.send(answer)
                 except StopIteration:
                     return
                 answer = yield s
-                worker = answer.address if answer is not None else None
-                if worker is None:
-                    continue
-                why = f"{counted(len(s.ts.who_has or ()), 'copy')}; no rule governs the key"
-                self.note(s.op, s.ts.key, worker, DEFAULT_SOURCE, why, "accepted")
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
+                if answer is not None and answer.address is not None:
+                    why = f"{counted(len(s.ts.who_has or ()), 'copy')}; no rule governs the key"
+                    self.note(s.op, s.ts.key, answer.address, DEFAULT_SOURCE, why, "accepted")
 
     def note(self, op: str, key: Key, worker: str, rule: str, reason: str, outcome: str) -> None:
         """One decision of the cycle, as the engine journals it (``outcome``:
