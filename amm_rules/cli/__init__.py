@@ -1,14 +1,6 @@
-"""The ``amm-rules`` command line (also ``python -m amm_rules``).
-
-Commands: ``validate`` (check rules files, standard input or the rules of a dask config
-file, report every problem; with ``--dump``, also what needs a cluster), ``schema``
-(print the JSON Schema for editors), ``simulate`` (what the rules would do to a recorded
-or running cluster), ``diff`` (what changing them would do), ``test`` (rule tests),
-``demo`` (run :mod:`amm_rules.demo`, or validate the shipped examples when that module
-is not there), and, against a running scheduler, ``status`` (per-rule conformance and
-the engine's work), ``explain`` (why keys are where they are) and ``drain`` (move
-what a worker holds before a deadline, most valuable first); see
-:mod:`amm_rules.cli.remote`.
+"""The ``amm-rules`` command line (also ``python -m amm_rules``): its commands and their
+options, each command's help its docstring. Those against a running scheduler
+(``status``, ``explain``, ``drain``) talk to it through :mod:`amm_rules.cli.remote`.
 
 This module and everything ``validate`` needs belong to the language half: nothing
 here imports ``distributed``, and heavy imports are made inside the commands (the
@@ -157,8 +149,9 @@ def _validate(
     dump: str | None = None,
     disabled: frozenset[str] = frozenset(),
     dask_configs: list[str] | None = None,
-    max_dump_bytes: int | None = None,
+    max_dump_bytes: int = 0,
 ) -> int:
+    """``validate``'s exit status (``max_dump_bytes`` is read with ``dump`` only)."""
     from amm_rules.language.loader import check_argument
     from amm_rules.language.reporters import REPORTERS
 
@@ -174,10 +167,7 @@ def _validate(
         from amm_rules.language.directives import silence
         from amm_rules.offline.commands import add_cluster_warnings
 
-        if max_dump_bytes is None:
-            add_cluster_warnings(results, dump)
-        else:
-            add_cluster_warnings(results, dump, max_dump_bytes)
+        add_cluster_warnings(results, dump, max_dump_bytes)
         silence(results)  # '# amm-rules: disable=' covers the cluster's warnings too
     for r in results:
         r.diagnostics = [d for d in r.diagnostics if d.is_error or d.code not in disabled]
