@@ -11,17 +11,11 @@ status the repr of an enum. This module parses those texts (addresses and keys w
 :class:`ClusterState`: :class:`WorkerRecord` and :class:`TaskRecord` objects, keyed by
 address and by key (tuples for tuple keys, as the scheduler has them).
 
-A file that is not a readable dump (unknown layout, truncated gzip or msgpack, YAML
-cut short, not a dump at all) raises :class:`DumpError`, whose text is one line naming
-the file and what is wrong. So does a dump that would cost too much to read: a path
-that is not a regular file (a device, a named pipe: never opened), more than
-``max_bytes`` once decompressed (:data:`MAX_DUMP_BYTES` by default: ``--max-dump-size``
-raises it; gzip is decompressed as it is read), msgpack that would build more than a
-dump holds (:mod:`amm_rules.offline.bounded`: entries per array or map, values and
-objects per byte read), YAML whose aliases stand for more than :data:`MAX_ALIAS_VALUES` values, or
-nest deeper than :data:`MAX_DUMP_DEPTH`, and YAML integers longer than
-:data:`~amm_rules.language.yaml_source.MAX_INT_CHARS` characters. References that cannot be resolved (a holder that is not in
-the dump's workers, a repr in an unknown shape) are skipped and counted in
+A file that is not a readable dump, or that would cost too much to read (the bounds
+are listed in docs/simulate.md, "Cluster dumps"; msgpack's in
+:mod:`amm_rules.offline.bounded`), raises :class:`DumpError`, whose text is one line
+naming the file and what is wrong. References that cannot be resolved (a holder that is
+not in the dump's workers, a repr in an unknown shape) are skipped and counted in
 :attr:`ClusterState.warnings`.
 
 Nothing here imports ``distributed`` or the engine: :mod:`amm_rules.offline.sim_cluster`
