@@ -23,9 +23,9 @@ import click
 from amm_rules import __version__
 
 if TYPE_CHECKING:
-    from amm_rules.language.loader import CheckResult
+    from collections.abc import Callable
 
-FORMATS = ("text", "json", "github")
+    from amm_rules.language.loader import CheckResult
 
 
 def _format(choices: tuple[str, ...]) -> Any:
@@ -82,7 +82,7 @@ def main() -> None:
 
 @main.command()
 @click.argument("files", nargs=-1, metavar="FILE...")
-@_format(FORMATS)
+@_format(("text", "json", "github"))
 @click.option("--strict", is_flag=True, help="Fail (exit 1) on warnings too.")
 @click.option(
     "--dump",
@@ -518,20 +518,21 @@ _timeout_option = click.option(
 )
 
 
-def _address(given: str | None) -> str:
-    from amm_rules.cli.remote import scheduler_address
+def _remote(command: Callable[..., Any], given: str | None, *args: Any, **kwargs: Any) -> Any:
+    """``command`` run against the scheduler at ``--scheduler`` (else dask's config); a
+    :class:`~amm_rules.cli.remote.RemoteError` is one line on standard error, exit 1."""
+    from amm_rules.cli.remote import RemoteError, scheduler_address
 
     address = scheduler_address(given)
     if not address:
         raise click.UsageError(
             "no scheduler address: pass --scheduler ADDRESS, or set DASK_SCHEDULER_ADDRESS"
         )
-    return address
-
-
-def _fail(message: str) -> None:
-    click.echo(f"amm-rules: error: {message}", err=True)
-    sys.exit(1)
+    try:
+        return command(address, *args, **kwargs)
+    except RemoteError as exc:
+        click.echo(f"amm-rules: error: {exc}", err=True)
+        sys.exit(1)
 
 
 @main.command()
@@ -565,18 +566,14 @@ def status(
     --format json). Exit status: 0, or 1 if the scheduler cannot be reached, runs no
     amm-rules engine, or (with --check) a rule is not satisfied; 2 for usage errors.
     """
-    from amm_rules.cli.remote import RemoteError, memory_flow_command, status_command
+    from amm_rules.cli.remote import memory_flow_command, status_command
 
     if memory_flow and check:
         raise click.UsageError("--check and --memory-flow cannot be used together")
-    where = _address(address)
-    try:
-        if memory_flow:
-            text, code = memory_flow_command(where, fmt, top, timeout)
-        else:
-            text, code = status_command(where, fmt, check, timeout)
-    except RemoteError as exc:
-        _fail(str(exc))
+    if memory_flow:
+        text, code = _remote(memory_flow_command, address, fmt, top, timeout)
+    else:
+        text, code = _remote(status_command, address, fmt, check, timeout)
     click.echo(text, nl=False)
     sys.exit(code)
 
@@ -616,7 +613,7 @@ def explain(
     errors.
     """
     from amm_rules.cli.keys import parse_key
-    from amm_rules.cli.remote import RemoteError, explain_command
+    from amm_rules.cli.remote import explain_command
 
     if unmet == bool(keys):
         raise click.UsageError("give keys to explain, or --unmet (not both)")
@@ -626,20 +623,17 @@ def explain(
         parsed = [parse_key(k) for k in keys]
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="KEY") from None
-    where = _address(address)
-    try:
-        out, errors, code = explain_command(
-            where,
-            parsed,
-            list(keys),
-            unmet=unmet,
-            rule=rule,
-            limit=limit or 10,
-            fmt=fmt,
-            timeout=timeout,
-        )
-    except RemoteError as exc:
-        _fail(str(exc))
+    out, errors, code = _remote(
+        explain_command,
+        address,
+        parsed,
+        list(keys),
+        unmet=unmet,
+        rule=rule,
+        limit=limit or 10,
+        fmt=fmt,
+        timeout=timeout,
+    )
     click.echo(out, nl=False)
     for line in errors:
         click.echo(f"amm-rules: {line}", err=True)
@@ -692,15 +686,18 @@ def drain(
     not (or the scheduler cannot be reached, or runs no amm-rules engine), 2 for usage
     errors.
     """
-    from amm_rules.cli.remote import RemoteError, drain_command
+    from amm_rules.cli.remote import drain_command
 
     if not workers:
         raise click.UsageError("name at least one WORKER to drain (an address or a name)")
-    where = _address(address)
-    try:
-        code = drain_command(
-            where, list(workers), deadline, close=close, fmt=fmt, timeout=timeout, echo=click.echo
-        )
-    except RemoteError as exc:
-        _fail(str(exc))
+    code = _remote(
+        drain_command,
+        address,
+        list(workers),
+        deadline,
+        close=close,
+        fmt=fmt,
+        timeout=timeout,
+        echo=click.echo,
+    )
     sys.exit(code)
