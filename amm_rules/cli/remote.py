@@ -309,6 +309,8 @@ async def _explain_candidates(
 ) -> tuple[dict[str, Any], list[str]]:
     """Ask for each argument's most likely key; for the arguments the scheduler does not
     know, ask again with their next candidate (``5`` the string, then ``5`` the number)."""
+    from amm_rules.engine.decide.view import key_string
+
     answers: dict[str, Any] = {}
     todo = [(text, list(candidates)) for text, candidates in zip(texts, keys, strict=True)]
     errors = []
@@ -322,7 +324,7 @@ async def _explain_candidates(
         todo = [(text, candidates) for text, _, candidates in batch[got["shown"] :]]
         for text, key, candidates in batch[: got["shown"]]:
             candidates.pop(0)
-            answer = _answer_for(got["keys"], key)
+            answer = got["keys"].get(key_string(key)) if isinstance(got["keys"], dict) else None
             if answer is not None and answer.get("state") != "unknown":
                 answers[text] = answer
             elif candidates:
@@ -332,12 +334,6 @@ async def _explain_candidates(
                 said = answer.get("summary") if answer is not None else None
                 errors.append(f"unknown key: {text} ({said or 'not known to the scheduler'})")
     return answers, errors
-
-
-def _answer_for(got: Any, key: Hashable) -> Any:
-    from amm_rules.engine.decide.view import key_string
-
-    return got.get(key_string(key)) if isinstance(got, dict) else None
 
 
 #: Seconds between two looks at a drain while ``amm-rules drain`` follows it.
