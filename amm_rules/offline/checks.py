@@ -23,7 +23,7 @@ from typing import Any
 from amm_rules.engine.decide.deciders import eligible as placeable
 from amm_rules.engine.decide.shadows import shadow_words
 from amm_rules.engine.decide.view import WorkerView
-from amm_rules.engine.sections.activity import census_of
+from amm_rules.engine.sections.activity import census_of, rule_matches
 from amm_rules.engine.words import counted
 from amm_rules.language.diagnostics import Diagnostic, sort_key
 from amm_rules.language.expr.parser import parse
@@ -110,7 +110,7 @@ def _unused_rules(
     tasks = list(sim.cluster.in_memory())
     if not tasks:
         return
-    usage = sim.rule_usage(ruleset.rules)
+    usage = rule_matches(sim.ctx, ruleset.rules, tasks)
     census: Census | None = None
     n = len(tasks)
     for rule in ruleset.rules:

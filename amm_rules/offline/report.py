@@ -24,7 +24,7 @@ from amm_rules.engine.decide.plan import DEFAULT_SOURCE, source_label
 from amm_rules.engine.decide.shadows import IDLE, SHADOWED, shadow_words
 from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.dryrun import REBALANCE_LABEL
-from amm_rules.engine.sections.activity import census_of
+from amm_rules.engine.sections.activity import census_of, rule_matches
 from amm_rules.engine.words import columns, counted, duration, plural, size
 from amm_rules.language.expr.parser import parse
 from amm_rules.language.near_miss import near_misses
@@ -222,7 +222,7 @@ def _unused(ruleset: Ruleset, sim: Simulation, stats: dict[str, dict[str, Any]])
     tasks = list(sim.cluster.in_memory())
     if not unused or not tasks:
         return  # no key in memory: nothing to match, as in live status
-    usage = sim.rule_usage(unused)
+    usage = rule_matches(sim.ctx, unused, tasks)
     census = None
     for rule in unused:
         e = stats[rule.name]

@@ -44,12 +44,10 @@ from distributed.active_memory_manager import (
 from amm_rules.engine.adapters import key_view
 from amm_rules.engine.context import EngineContext
 from amm_rules.engine.decide.plan import DEFAULT_SOURCE, plan_key, target_bounds
-from amm_rules.engine.decide.shadows import Shadow
 from amm_rules.engine.dryrun import HELD_BACK
 from amm_rules.engine.events import EventLog
 from amm_rules.engine.rebalance.rebalancer import Rebalancer
 from amm_rules.engine.sections import SECTIONS, Cycle, steps
-from amm_rules.engine.sections.activity import rule_matches
 from amm_rules.engine.sections.classification import Classification
 from amm_rules.engine.sections.costs import RecomputeCostsSection
 from amm_rules.engine.sections.protect import ProtectSection
@@ -292,12 +290,6 @@ class Simulation:
             interval=interval,
             runtime=runtime_targets(state),
         )
-
-    def rule_usage(self, rules: Iterable[Any]) -> dict[str, Shadow]:
-        """Per rule, the keys in memory it matches and who decided its fields for them
-        (an ``idle`` rule matches none, a ``shadowed`` one decides none of those it
-        matches), as live status tells it (:func:`~amm_rules.engine.sections.activity.rule_matches`)."""
-        return rule_matches(self.ctx, rules, self.cluster.in_memory())
 
     def kill(self, addresses: Iterable[str]) -> list[SimTask]:
         """Workers die before the next cycle. Returns the keys that lost their last copy.
