@@ -23,7 +23,7 @@ from typing import Any
 from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.words import counted
 from amm_rules.language.diagnostics import Diagnostic
-from amm_rules.language.ruleset import Desired, Target
+from amm_rules.language.ruleset import Desired
 from amm_rules.offline.casefile import Case, TestFile, read_test_file
 from amm_rules.offline.dump import (
     ClusterState,
@@ -434,8 +434,6 @@ def _show(value: Any) -> str:
         return str(value).lower()
     if value is None:
         return "nothing"
-    if isinstance(value, Target):
-        return str(value)
     return repr(value) if isinstance(value, str) else str(value)
 
 
