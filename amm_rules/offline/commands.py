@@ -154,7 +154,6 @@ def simulate(
 ) -> int:
     """``amm-rules simulate``. Exit status: 1 if a kill (or a drain's deadline) loses
     data, or the input is bad."""
-    from amm_rules.offline.drain import drain_lines
     from amm_rules.offline.report import render_text
     from amm_rules.offline.simulate import amm_defaults
 
@@ -176,9 +175,7 @@ def simulate(
     if fmt == "json":
         click.echo(json.dumps(report, indent=2))
     else:
-        lines = drain_lines(report.get("drain"))
-        text = "\n".join(lines) + "\n" if lines else ""
-        click.echo(escape_controls(text + render_text(report)), nl=False)
+        click.echo(escape_controls(render_text(report)), nl=False)
     for warning in state.warnings:
         click.echo(escape_controls(f"warning: {state.source}: {warning}"), err=True)
     return 1 if report["lost"] else 0

@@ -13,8 +13,8 @@ simulation runs its cycles on what stays.
 
 Recompute estimates are those the simulation's engine has of the recorded cluster; where
 it has none, beyond the keys below their replication minimum keys are moved smallest
-first (the report says so). Neighbours: :mod:`amm_rules.offline.commands` runs it and prints
-:func:`drain_lines` before :mod:`amm_rules.offline.report`'s report.
+first (the report says so). Neighbours: :mod:`amm_rules.offline.commands` runs it;
+:mod:`amm_rules.offline.report`'s text report opens with :func:`drain_lines`.
 """
 
 from __future__ import annotations

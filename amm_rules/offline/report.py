@@ -1,13 +1,9 @@
 """What a simulation found, as data (``--format json``) and as text.
 
 :func:`simulation_report` turns a :class:`~amm_rules.offline.simulate.Result` (and, with
-``--kill``, what the kill did) into plain data: per rule (keys and bytes governed, copies
-added and dropped, bytes transferred, the state after: satisfied, unsatisfiable with
-reasons, in progress, dry-run, and for a rule that governs no key while keys are in
-memory ``shadowed`` or ``idle`` with a sentence, as live status says it), per worker and per pool (memory before and after), the
-actions, the keys left unmet, lost or below target, and the cycles taken. Keys are
-``str(key)``. :func:`render_text` lays the same data out for a terminal, with long lists
-cut short (the JSON has everything).
+``--kill``, what the kill did) into plain data, the report of ``--format json`` (its
+entries are listed in docs/simulate.md); :func:`render_text` lays the same data out for
+a terminal, with long lists cut short.
 
 Neighbours: :mod:`amm_rules.offline.simulate` produces the result; the ``simulate`` and
 ``diff`` commands of :mod:`amm_rules.cli` print what this module renders.
@@ -29,6 +25,7 @@ from amm_rules.engine.words import columns, counted, duration, plural, size
 from amm_rules.language.expr.parser import parse
 from amm_rules.language.near_miss import near_misses
 from amm_rules.language.ruleset import Desired, Ruleset
+from amm_rules.offline.drain import drain_lines
 from amm_rules.offline.simulate import Result, SimAction, Simulation
 from amm_rules.offline.workers_needed import workers_needed_lines
 
@@ -291,9 +288,10 @@ def _listed(items: Sequence[Any], line: Callable[[Any], str]) -> list[str]:
 
 
 def render_text(report: Mapping[str, Any]) -> str:
-    """The report for a terminal."""
+    """The report for a terminal (a drain's part first)."""
     t = report["totals"]
     lines = [
+        *drain_lines(report.get("drain")),
         f"cluster: {report['cluster']}: {counted(t['workers'], 'worker')}, "
         f"{counted(t['keys_in_memory'], 'key')} in memory ({size(t['bytes_in_memory'])}), "
         f"{t['governed']:,} governed by the rules",
