@@ -23,7 +23,7 @@ import math
 import os
 from collections import Counter
 from collections.abc import Hashable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice, zip_longest
 from typing import Any
 
@@ -54,7 +54,6 @@ class Generated:
     #: nor a flat tuple), and annotations left out because they are not plain data.
     unwritable_keys: int = 0
     dropped_annotations: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 def cases_from_dump(
