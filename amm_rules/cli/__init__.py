@@ -458,11 +458,6 @@ def schema_text() -> str:
     return json.dumps(SCHEMA, indent=2) + "\n"
 
 
-def examples_dir() -> Path:
-    """``examples/rules`` of a source checkout (next to the package directory)."""
-    return Path(__file__).resolve().parents[2] / "examples" / "rules"
-
-
 @main.command()
 @click.option(
     "--rules",
@@ -487,7 +482,9 @@ def demo(rules: str | None) -> None:
     if rules is not None:
         files = [rules]
     else:
-        files = sorted(str(p) for p in examples_dir().glob("*.yaml"))
+        # examples/rules of a source checkout (next to the package directory)
+        examples = Path(__file__).resolve().parents[2] / "examples" / "rules"
+        files = sorted(str(p) for p in examples.glob("*.yaml"))
         if not files:
             raise click.ClickException(
                 "no demo here, and no examples/rules/ directory (run from a source checkout)"
