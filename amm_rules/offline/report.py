@@ -50,11 +50,6 @@ class KillReport:
     recompute: dict[str, float] = field(default_factory=dict)
 
 
-def labels(desired: Desired) -> set[str]:
-    """Every counter label a key's wishes come from (one per deciding rule or source)."""
-    return {source_label(desired, name) for name in desired.reasons}
-
-
 def action_dict(a: SimAction) -> dict[str, Any]:
     return {
         "op": a.op,
@@ -166,7 +161,8 @@ def rules_section(ruleset: Ruleset, sim: Simulation, result: Result) -> dict[str
     tasks = sim.cluster.tasks
     for state in result.keys.values():
         nbytes = tasks[state.key].nbytes
-        for label in labels(state.desired):
+        # Every counter label its wishes come from (one per deciding rule or source).
+        for label in {source_label(state.desired, name) for name in state.desired.reasons}:
             stats[label]["keys"] += 1
             stats[label]["bytes"] += nbytes
         if sim.ctx.dry_run.label(state.desired) is not None:
