@@ -225,7 +225,6 @@ def memory_flow_command(address: str, fmt: str, top: int, timeout: float) -> tup
     from amm_rules.observe.text import render_memory_flow
 
     table = asyncio.run(_ask_once(address, timeout, "amm_rules_memory_flow"))
-
     if fmt == "json":
         return json.dumps(table, indent=2, default=str) + "\n", 0
     return escape_controls(render_memory_flow(table, top)), 0
