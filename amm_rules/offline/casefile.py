@@ -33,7 +33,7 @@ from amm_rules.language.fields import (
 )
 from amm_rules.language.loader import CheckResult, check_path
 from amm_rules.language.locator import Locator
-from amm_rules.language.ruleset import Ruleset, Target
+from amm_rules.language.ruleset import Target
 from amm_rules.language.schema import ACTION_PROPERTIES
 from amm_rules.language.schema_check import FileWords, Path
 
@@ -429,7 +429,7 @@ def parse_test_file(raw: bytes, path: str, roots: Sequence[str] | None = None) -
         return out
     where.add_schema(schema_problems(data, _validator(), TEST_FILE))
     # Meaning is checked too, skipping what the schema reported: every problem is told.
-    _Builder(out, data, where, roots).build()
+    _Builder(out, data, roots).build()
     return out
 
 
@@ -440,16 +440,10 @@ def _problem(path: str, p: Any) -> Diagnostic:
 class _Builder:
     """The meaning of a schema-valid test file (names, sizes, targets, the rules file)."""
 
-    def __init__(
-        self,
-        out: TestFile,
-        data: dict[str, Any],
-        where: Locator,
-        roots: Sequence[str] | None = None,
-    ):
+    def __init__(self, out: TestFile, data: dict[str, Any], roots: Sequence[str] | None):
         self.out = out
         self.data = data
-        self.where = where
+        self.where = out.locator
         self.roots = roots
         #: Keys the cases declared so far (bounded: see MAX_KEYS).
         self.keys = 0
@@ -483,9 +477,10 @@ class _Builder:
         ):
             return
         self._workers()
-        names = {w.name for w in self.out.workers}
-        hosts = {w.host for w in self.out.workers}
-        ruleset = self.out.rules.ruleset if self.out.rules is not None else None
+        # What the cases may name.
+        self.worker_names = {w.name for w in self.out.workers}
+        self.hosts = {w.host for w in self.out.workers}
+        self.ruleset = self.out.rules.ruleset if self.out.rules is not None else None
         seen: dict[str, int] = {}
         cases = []
         for i, item in enumerate(self.data["cases"]):
@@ -497,7 +492,7 @@ class _Builder:
                 if name in seen:
                     self.error((*path, "name"), f"duplicate case name '{name}'", "duplicate-case")
                 seen[name] = i
-            cases.append(_CaseBuilder(self, item, path, names, hosts, ruleset).build())
+            cases.append(_CaseBuilder(self, item, path).build())
         if not self.where.has_errors:
             self.out.cases = cases
 
@@ -598,21 +593,13 @@ def plain_key(value: Any) -> Hashable:
 class _CaseBuilder:
     """One case: its keys (``count`` expanded) and expectations, names checked."""
 
-    def __init__(
-        self,
-        b: _Builder,
-        item: dict[str, Any],
-        path: Path,
-        workers: set[str],
-        hosts: set[str],
-        ruleset: Ruleset | None,
-    ):
+    def __init__(self, b: _Builder, item: dict[str, Any], path: Path):
         self.b = b
         self.item = item
         self.path = path
-        self.workers = workers
-        self.hosts = hosts
-        self.ruleset = ruleset
+        self.workers = b.worker_names
+        self.hosts = b.hosts
+        self.ruleset = b.ruleset
 
     def names(self, values: Any, path: Path, known: set[str], what: str) -> None:
         from amm_rules.language.spelling import did_you_mean
