@@ -68,11 +68,16 @@ class Coverage:
     used_rules: dict[str, set[str]] = field(default_factory=dict)
     used_pools: dict[str, set[str]] = field(default_factory=dict)
 
-    def missing(self, rules_file: str) -> tuple[list[str], list[str]]:
-        return (
-            [r for r in self.rules[rules_file] if r not in self.used_rules[rules_file]],
-            [p for p in self.pools[rules_file] if p not in self.used_pools[rules_file]],
-        )
+    def missing(self, rules_file: str) -> dict[str, list[str]]:
+        """The rules and the pools of ``rules_file`` no case exercised (as JSON says them)."""
+        return {
+            "rules_not_exercised": [
+                r for r in self.rules[rules_file] if r not in self.used_rules[rules_file]
+            ],
+            "pools_not_exercised": [
+                p for p in self.pools[rules_file] if p not in self.used_pools[rules_file]
+            ],
+        }
 
 
 def find_test_files(paths: Iterable[str]) -> list[str]:
@@ -493,7 +498,8 @@ def summary(results: Sequence[FileResult]) -> str:
 def coverage_lines(coverage: Coverage) -> list[str]:
     lines = []
     for name in sorted(coverage.rules):
-        rules, pools = coverage.missing(name)
+        missing = coverage.missing(name)
+        rules, pools = missing["rules_not_exercised"], missing["pools_not_exercised"]
         n_rules, n_pools = len(coverage.rules[name]), len(coverage.pools[name])
         lines.append(
             f"coverage of {name}: {n_rules - len(rules)} of {counted(n_rules, 'rule')}, "
@@ -523,16 +529,7 @@ def render_json(results: Sequence[FileResult], coverage: Coverage | None) -> dic
         )
     out: dict[str, Any] = {"files": files, "summary": counts(results)}
     if coverage is not None:
-        out["coverage"] = {
-            name: dict(
-                zip(
-                    ("rules_not_exercised", "pools_not_exercised"),
-                    coverage.missing(name),
-                    strict=True,
-                )
-            )
-            for name in sorted(coverage.rules)
-        }
+        out["coverage"] = {name: coverage.missing(name) for name in sorted(coverage.rules)}
     return out
 
 
