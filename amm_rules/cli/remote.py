@@ -82,7 +82,7 @@ class Remote:
         except (ValueError, TypeError) as exc:  # a malformed address
             raise RemoteError(f"{self.address}: not a scheduler address ({exc})") from None
         try:
-            identity = await _step(self._rpc.identity(), self.address, self.timeout, CONNECT)
+            identity = await self._step(self._rpc.identity(), CONNECT)
             kind = identity.get("type") if isinstance(identity, dict) else None
             if kind != "Scheduler":
                 raise RemoteError(f"{self.address} is a {kind or 'server'}, not a Dask scheduler")
@@ -97,47 +97,42 @@ class Remote:
     async def ask(self, op: str, **kwargs: Any) -> Any:
         """Call the handler ``op`` of the amm-rules engine; a refusal (a bad rule
         name...) is a :class:`RemoteError` with the engine's words."""
-        from amm_rules.engine.handlers import refused
-
         if not self._engine_said and op not in self._checked:
             self._engine_said = await _probe(self._rpc, self.address, self.timeout, op)
             self._checked.add(op)
-        answer = await _step(
-            getattr(self._rpc, op)(**kwargs),
-            self.address,
-            self.timeout,
-            "get an answer from the amm-rules engine of",
-        )
+        call = _answer(getattr(self._rpc, op)(**kwargs))
+        return await self._step(call, "get an answer from the amm-rules engine of")
+
+    async def _step(self, call: Any, what: str) -> Any:
+        address, timeout = self.address, self.timeout
         try:
-            return refused(answer)
-        except ValueError as exc:
-            raise RemoteError(
-                f"the scheduler at {self.address} answered: {_first_line(exc)}"
-            ) from None
+            return await asyncio.wait_for(call, timeout)
+        except RemoteError:
+            raise
+        except Exception as exc:
+            # distributed's connect retries until the timeout ("Timed out..."): nothing
+            # answered there.
+            if isinstance(exc, asyncio.TimeoutError) or (
+                isinstance(exc, OSError) and str(exc).startswith("Timed out")
+            ):
+                raise RemoteError(
+                    f"could not {what} the scheduler at {address} within {timeout:g} s "
+                    f"({TIMEOUT_HINT})"
+                ) from None
+            if isinstance(exc, OSError) or what == CONNECT:
+                # Refused, unreachable, a malformed address, TLS: the comm's own words.
+                raise RemoteError(
+                    f"could not {what} the scheduler at {address}: {_first_line(exc)}"
+                ) from None
+            # Raised by the handler on the scheduler, or a refusal (a bad rule name...).
+            raise RemoteError(f"the scheduler at {address} answered: {_first_line(exc)}") from None
 
 
-async def _step(call: Any, address: str, timeout: float, what: str) -> Any:
-    try:
-        return await asyncio.wait_for(call, timeout)
-    except RemoteError:
-        raise
-    except Exception as exc:
-        # distributed's connect retries until the timeout ("Timed out..."): nothing
-        # answered there.
-        if isinstance(exc, asyncio.TimeoutError) or (
-            isinstance(exc, OSError) and str(exc).startswith("Timed out")
-        ):
-            raise RemoteError(
-                f"could not {what} the scheduler at {address} within {timeout:g} s "
-                f"({TIMEOUT_HINT})"
-            ) from None
-        if isinstance(exc, OSError) or what == CONNECT:
-            # Refused, unreachable, a malformed address, TLS: the comm's own words.
-            raise RemoteError(
-                f"could not {what} the scheduler at {address}: {_first_line(exc)}"
-            ) from None
-        # Raised by the handler on the scheduler (a bad rule name...).
-        raise RemoteError(f"the scheduler at {address} answered: {_first_line(exc)}") from None
+async def _answer(call: Any) -> Any:
+    """A handler's answer; a refusal raised as the ``ValueError`` it stands for."""
+    from amm_rules.engine.handlers import refused
+
+    return refused(await call)
 
 
 async def _probe(remote: Any, address: str, timeout: float, op: str) -> bool:
