@@ -129,11 +129,7 @@ _KEY_FIXTURE = {
     "additionalProperties": False,
     "properties": {
         "key": _KEY,
-        "holders": {
-            **_WORKERS,
-            "minItems": 1,
-            "description": "The workers holding a copy now.",
-        },
+        "holders": {**_WORKERS, "minItems": 1, "description": "The workers holding a copy now."},
         "nbytes": {"description": f"Its size (default {DEFAULT_NBYTES}).", **_SIZE},
         "prefix": {
             "description": "task.prefix (default: as dask names it from the key, "

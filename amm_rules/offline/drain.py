@@ -26,12 +26,7 @@ from amm_rules.engine.decide.drain import TIER_NAMES, predict
 from amm_rules.engine.decide.evacuate import plan_evacuation
 from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.evacuation import evacuation_input, rank_views
-from amm_rules.engine.words import (
-    bytes_per_second,
-    drain_item_why,
-    duration,
-    prediction_record,
-)
+from amm_rules.engine.words import bytes_per_second, drain_item_why, duration, prediction_record
 from amm_rules.language.fields import UnitError, parse_size
 
 #: Keys listed per worker, in the order they would leave.
