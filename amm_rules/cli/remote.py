@@ -14,9 +14,7 @@ with dask's security settings), as a client would, without starting a ``Client``
 3. call ``amm_rules_status``, ``amm_rules_memory_flow``, ``amm_rules_explain`` or the
    drain's handlers and render the answer.
 
-A command does steps 1 and 2 once, on one connection (:class:`Remote`) that it keeps
-for all its calls (``explain`` asks in batches, ``drain`` once a second) and closes
-at its end.
+A command does steps 1 and 2 once, on one connection (:class:`Remote`).
 
 Every failure is a :class:`RemoteError` with one line for the user; the command line
 prints it and exits 1. Neighbours: :mod:`amm_rules.cli` defines the commands;

@@ -1,19 +1,14 @@
 """Rule test cases from a recorded cluster: ``amm-rules test --from-dump DUMP --rules R``.
 
-Rule tests are written by hand (:mod:`amm_rules.offline.casefile`); a cluster dump
-(``Client.dump_cluster_state``, read by :mod:`amm_rules.offline.dump`) already holds
-the keys a rules file has to get right. :func:`cases_from_dump` writes a test file of
-one case: the dump's workers (names, hosts, addresses, resources, memory limits,
-threads, status), a sample of its keys in memory (at most ``sample``, taken in turn from
-each task group so that every kind of key is there; each with its holders, size,
-prefix, group, type, resources, plain annotations, runtime target and waiting
-dependents) and, as expectations, what the rules decide for each key today: its
-target, the rule behind each field, the fields' values, and the copies it ends with
-once the rules have run on the case. The expectations are read from a run of the case
-itself (:func:`amm_rules.offline.ruletests.outcome`), so the file passes on the rules it
-was written from, and a change of those rules that changes a decision fails it.
+A cluster dump (read by :mod:`amm_rules.offline.dump`) already holds the keys a rules
+file has to get right. :func:`cases_from_dump` writes a test file of one case: the
+dump's workers, a sample of its keys in memory and, as expectations, what the rules
+decide for each key today (what it holds is listed in docs/testing-rules.md, "Cases
+from a recorded cluster"). The expectations are read from a run of the case itself
+(:func:`amm_rules.offline.ruletests.outcome`), so the file passes on the rules it was
+written from, and a change of those rules that changes a decision fails it.
 
-Neighbours: :mod:`amm_rules.offline.commands` (``run_tests``) writes the file;
+Neighbours: :mod:`amm_rules.offline.commands` (``write_tests``) writes the file;
 :mod:`amm_rules.offline.ruletests` runs it.
 """
 
