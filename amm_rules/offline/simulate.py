@@ -93,7 +93,6 @@ class KeyState:
 
     key: Key
     desired: Desired
-    copies: int
     #: The label of its replication target.
     rule: str
     unmet: str | None = None
@@ -422,7 +421,6 @@ class Simulation:
         reduce = self.ruleset.reduce_replicas
         cluster = self.ctx.cluster_view()
         settings = self.ctx.settings(self.now)
-        tasks = self.cluster.tasks
         out = {}
         for cls, group in index.governed.groups.items():
             if placements.class_unmet(cls):
@@ -431,9 +429,9 @@ class Simulation:
                 look = {ts.key for ts in index.governed.suspects(cls, placements.of(cls), reduce)}
             for key, ts in group.items():
                 desired = index.desired[key]
-                state = KeyState(key, desired, len(ts.who_has or ()), cls.source)
+                state = KeyState(key, desired, cls.source)
                 if key in look:
-                    plan = plan_key(key_view(tasks[key], desired, {}, {}), cluster, settings)
+                    plan = plan_key(key_view(ts, desired, {}, {}), cluster, settings)
                     state.unmet = plan.unmet
                     state.misplaced = dict(plan.misplaced)
                     if self.ctx.dry_run.label(desired) is None:
