@@ -307,7 +307,6 @@ class WorkerFixture:
     memory: int
     nthreads: int
     status: str
-    path: Path
 
 
 @dataclass
@@ -548,7 +547,6 @@ class _Builder:
                     memory=self.size(item.get("memory", 0), (*path, "memory")),
                     nthreads=item.get("nthreads", 1),
                     status=item.get("status", "running"),
-                    path=path,
                 )
             )
 
