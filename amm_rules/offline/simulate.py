@@ -83,8 +83,6 @@ class SimAction:
     nbytes: int
     cycle: int
     reason: str = ""
-    #: Held back by dry-run: what enforcing would do.
-    dry_run: bool = False
 
 
 @dataclass(slots=True)
@@ -395,9 +393,8 @@ class Simulation:
         ``accepted``, ``refused`` or ``dry-run``)."""
         ts = self.cluster.tasks.get(key)
         nbytes = ts.nbytes if ts is not None else 0
-        dry = outcome == HELD_BACK
-        action = SimAction(op, key, worker, rule, nbytes, self.cycle, reason, dry)
-        if dry:
+        action = SimAction(op, key, worker, rule, nbytes, self.cycle, reason)
+        if outcome == HELD_BACK:
             self._held.setdefault((op, key, worker), action)
         elif outcome == "accepted":
             self._cycle_actions.append(action)
