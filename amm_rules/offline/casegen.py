@@ -28,8 +28,6 @@ from amm_rules.language.ruleset import ACTION_FIELDS, Desired, Ruleset, Target
 from amm_rules.offline.casefile import MAX_WORKERS, parse_test_file, plain_key
 from amm_rules.offline.dump import ClusterState, TaskRecord, WorkerRecord
 
-#: Keys a generated case holds by default (``--sample``).
-DEFAULT_SAMPLE = 200
 _STATUS = {"paused": "paused", "closing": "closing", "closing_gracefully": "closing"}
 
 
@@ -57,12 +55,12 @@ def cases_from_dump(
     rules_path: str,
     output: str,
     *,
-    sample: int = DEFAULT_SAMPLE,
-    command: str = "",
+    sample: int,
+    command: str,
 ) -> Generated:
     """The test file (YAML text) of ``state`` under ``ruleset`` (read from
     ``rules_path``), to be written at ``output`` (``-``: standard output, ``rules:``
-    then relative to the working directory)."""
+    then relative to the working directory); ``command`` is named in its header."""
     if len(state.workers) > MAX_WORKERS:
         raise CaseGenError(
             f"{state.source} has {len(state.workers):,} workers; a test file holds at most "
@@ -142,7 +140,7 @@ def _header(state: ClusterState, out: Generated, command: str) -> str:
     import textwrap
 
     words = (
-        f"Written by `{command or 'amm-rules test --from-dump'}`: the cluster of "
+        f"Written by `{command}`: the cluster of "
         f"{state.source} (its workers, {out.keys:,} of its {out.keys_in_memory:,} keys in "
         "memory, taken in turn from each task group) and what the rules decided for each "
         "key then, as expectations. Edit it as any test file: a case per concern, fewer "

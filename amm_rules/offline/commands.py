@@ -321,8 +321,8 @@ def write_tests(
     output: str,
     *,
     sample: int,
-    max_dump_bytes: int = MAX_DUMP_BYTES,
-    command: str = "",
+    max_dump_bytes: int,
+    command: str,
 ) -> int:
     """``amm-rules test --from-dump DUMP --rules RULES -o OUTPUT``: a test file of the
     dump's cluster, what the rules decide today as its expectations
