@@ -418,16 +418,8 @@ def test_command(
             )
         from amm_rules.offline.commands import write_tests
 
-        command = f"amm-rules test --from-dump {from_dump} --rules {rules}"
         sys.exit(
-            write_tests(
-                from_dump,
-                rules,
-                output,
-                sample=sample,
-                max_dump_bytes=max_dump_bytes,
-                command=command,
-            )
+            write_tests(from_dump, rules, output, sample=sample, max_dump_bytes=max_dump_bytes)
         )
     if not paths:
         raise click.UsageError("give test files or directories (or --schema)")

@@ -315,15 +315,7 @@ def run_tests(
     return exit_status(results)
 
 
-def write_tests(
-    dump: str,
-    rules: str,
-    output: str,
-    *,
-    sample: int,
-    max_dump_bytes: int,
-    command: str,
-) -> int:
+def write_tests(dump: str, rules: str, output: str, *, sample: int, max_dump_bytes: int) -> int:
     """``amm-rules test --from-dump DUMP --rules RULES -o OUTPUT``: a test file of the
     dump's cluster, what the rules decide today as its expectations
     (:mod:`amm_rules.offline.casegen`). ``-`` writes to standard output."""
@@ -336,6 +328,7 @@ def write_tests(
     if rules == "-":
         raise click.UsageError("--rules: a test file names its rules file: give a path, not '-'")
     state = load_cluster(dump, None, max_dump_bytes)
+    command = f"amm-rules test --from-dump {dump} --rules {rules}"  # named in the file
     try:
         made = cases_from_dump(state, ruleset, rules, output, sample=sample, command=command)
     except CaseGenError as exc:
