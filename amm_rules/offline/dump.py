@@ -29,6 +29,7 @@ import ast
 import os
 import re
 import stat
+from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -567,13 +568,13 @@ class _Refs:
         self._workers: dict[str, str | None] = {}
         self._tasks: dict[str, Key | None] = {}
         self._named: dict[str, str | None] = {}
-        self.bad: dict[str, int] = {}
+        self.bad: Counter[str] = Counter()
         self.unknown_holders = 0
 
     def worker(self, ref: Any) -> str | None:
         """The address in a ``WorkerState`` repr (or a plain address)."""
         if not isinstance(ref, str):
-            self._fail("worker reference")
+            self.bad["worker reference"] += 1
             return None
         if ref in self._workers:
             return self._workers[ref]
@@ -582,7 +583,7 @@ class _Refs:
             m = _WORKER_REPR.match(ref)
             address = _literal(m["addr"]) if m else None
             if not isinstance(address, str):
-                self._fail("worker reference")
+                self.bad["worker reference"] += 1
                 address = None
         else:
             address = ref
@@ -592,7 +593,7 @@ class _Refs:
     def task(self, ref: Any) -> Key | None:
         """The key in a ``TaskState`` repr."""
         if not isinstance(ref, str):
-            self._fail("task reference")
+            self.bad["task reference"] += 1
             return None
         if ref in self._tasks:
             return self._tasks[ref]
@@ -608,7 +609,7 @@ class _Refs:
         else:
             key = freeze_key(_literal(text)) if m else None
         if key is None:
-            self._fail("task reference")
+            self.bad["task reference"] += 1
         self._tasks[ref] = key
         return key
 
@@ -634,9 +635,6 @@ class _Refs:
         self._named[ref] = name
         return name
 
-    def _fail(self, what: str) -> None:
-        self.bad[what] = self.bad.get(what, 0) + 1
-
     def warnings(self) -> list[str]:
         out = [f"{n} {what}s could not be read and were left out" for what, n in self.bad.items()]
         if self.unknown_holders:
@@ -651,7 +649,7 @@ def _items(value: Any, refs: _Refs) -> list[Any] | tuple[Any, ...]:
     ``waiters``); anything else (a number, a mapping) is counted and left out."""
     if value is None or isinstance(value, (list, tuple)):
         return value or ()
-    refs._fail("reference list")
+    refs.bad["reference list"] += 1
     return ()
 
 
