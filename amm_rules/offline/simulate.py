@@ -46,7 +46,6 @@ from amm_rules.engine.context import EngineContext
 from amm_rules.engine.decide.plan import DEFAULT_SOURCE, plan_key, target_bounds
 from amm_rules.engine.dryrun import HELD_BACK
 from amm_rules.engine.events import EventLog
-from amm_rules.engine.rebalance.rebalancer import Rebalancer
 from amm_rules.engine.sections import SECTIONS, Cycle, steps
 from amm_rules.engine.sections.classification import Classification
 from amm_rules.engine.sections.costs import RecomputeCostsSection
@@ -264,12 +263,6 @@ class Simulation:
         self.names = {a: (str(ws.name), ws.host) for a, ws in cluster.workers.items()}
 
     @property
-    def rebalancer(self) -> Rebalancer:
-        rebalance = self.sections[self.SECTIONS.index(RebalanceSection)]
-        assert isinstance(rebalance, RebalanceSection)
-        return rebalance.rebalancer
-
-    @property
     def desired(self) -> Mapping[Key, Desired]:
         """Governed keys in memory -> what they want."""
         return self.ctx.index.desired
@@ -346,15 +339,17 @@ class Simulation:
         self.actions.extend(self._cycle_actions)
         if enacted:
             self.last_active = self.cycle
-        return bool(enacted) or bool(self.ctx.ledger.copies) or bool(self.rebalancer.book.pending)
+        return bool(enacted) or self._in_flight()
+
+    def _in_flight(self) -> bool:
+        """Copies the engine, or rebalancing, still waits for."""
+        rebalance = self.sections[self.SECTIONS.index(RebalanceSection)]
+        assert isinstance(rebalance, RebalanceSection)
+        return bool(self.ctx.ledger.copies) or bool(rebalance.rebalancer.book.pending)
 
     def _at_rest(self) -> bool:
         """Nothing would happen in the next cycle (after a run stopped by its limit)."""
-        return (
-            not self.ctx.ledger.copies
-            and not self.rebalancer.book.pending
-            and not any(s.pending for s in self.final_states().values())
-        )
+        return not self._in_flight() and not any(s.pending for s in self.final_states().values())
 
     # -- the policy's cycle --------------------------------------------------------------
 
