@@ -282,14 +282,10 @@ def simulate(
             dump,
             scheduler,
             cycles=cycles,
-            kill=kill,
-            kill_host=kill_host,
-            kill_pool=kill_pool,
+            kill=(kill, kill_host, kill_pool),
+            drain=(drain, seconds, per_second),
             fmt=fmt,
             max_dump_bytes=max_dump_bytes,
-            drain=drain,
-            deadline=seconds,
-            rate=per_second,
         )
     )
 

@@ -143,17 +143,14 @@ def simulate(
     scheduler: str | None,
     *,
     cycles: int | None,
-    kill: Sequence[str] = (),
-    kill_host: Sequence[str] = (),
-    kill_pool: Sequence[str] = (),
-    fmt: str = "text",
-    max_dump_bytes: int = MAX_DUMP_BYTES,
-    drain: Sequence[str] = (),
-    deadline: float = 60.0,
-    rate: float = 100 * 2**20,
+    kill: tuple[Sequence[str], Sequence[str], Sequence[str]],
+    drain: tuple[Sequence[str], float, float],
+    fmt: str,
+    max_dump_bytes: int,
 ) -> int:
-    """``amm-rules simulate``. Exit status: 1 if a kill (or a drain's deadline) loses
-    data, or the input is bad."""
+    """``amm-rules simulate`` (``kill`` and ``drain`` as :func:`run_simulation` takes
+    them). Exit status: 1 if a kill (or a drain's deadline) loses data, or the input is
+    bad."""
     from amm_rules.offline.report import render_text
     from amm_rules.offline.simulate import amm_defaults
 
@@ -168,9 +165,9 @@ def simulate(
         measure=measure,
         interval=interval,
         cycles=cycles,
-        kill=(kill, kill_host, kill_pool),
+        kill=kill,
         rules_file=rules,
-        drain=(drain, deadline, rate),
+        drain=drain,
     )
     if fmt == "json":
         click.echo(json.dumps(report, indent=2))
