@@ -21,7 +21,7 @@ import click
 
 from amm_rules.language.reporters import escape_controls
 from amm_rules.language.ruleset import Ruleset
-from amm_rules.offline.dump import MAX_DUMP_BYTES, ClusterState, DumpError, read_dump
+from amm_rules.offline.dump import ClusterState, DumpError, read_dump
 
 #: What a dump of a running scheduler leaves out: logs and histories the simulator does
 #: not read (they are most of a dump's size).
@@ -52,9 +52,7 @@ def load_rules(path: str) -> Ruleset | None:
     return result.ruleset
 
 
-def load_cluster(
-    dump: str | None, scheduler: str | None, max_bytes: int = MAX_DUMP_BYTES
-) -> ClusterState:
+def load_cluster(dump: str | None, scheduler: str | None, max_bytes: int) -> ClusterState:
     """The cluster of ``--dump FILE`` or ``--scheduler ADDRESS`` (exactly one), of at
     most ``max_bytes`` decompressed (``--max-dump-size``)."""
     if (dump is None) == (scheduler is None):
@@ -68,7 +66,7 @@ def load_cluster(
         raise click.ClickException(str(exc)) from None
 
 
-def read_scheduler(address: str, max_bytes: int = MAX_DUMP_BYTES) -> ClusterState:
+def read_scheduler(address: str, max_bytes: int) -> ClusterState:
     """The state of a running scheduler, through a cluster dump it writes for us. Waits
     for the scheduler as long as dask's ``distributed.comm.timeouts.connect`` says."""
     import dask
@@ -250,8 +248,8 @@ def diff(
     scheduler: str | None,
     *,
     cycles: int | None,
-    fmt: str = "text",
-    max_dump_bytes: int = MAX_DUMP_BYTES,
+    fmt: str,
+    max_dump_bytes: int,
 ) -> int:
     """``amm-rules diff``."""
     from amm_rules.offline.diff import diff_rules, render_diff
@@ -345,9 +343,7 @@ def write_tests(dump: str, rules: str, output: str, *, sample: int, max_dump_byt
     return 0
 
 
-def add_cluster_warnings(
-    results: Sequence[Any], dump: str, max_bytes: int = MAX_DUMP_BYTES
-) -> None:
+def add_cluster_warnings(results: Sequence[Any], dump: str, max_bytes: int) -> None:
     """``validate --dump``: add the warnings that need a cluster to each checked file."""
     from amm_rules.language.diagnostics import sort_key
     from amm_rules.offline.checks import cluster_warnings
