@@ -281,9 +281,7 @@ def diff(
     return 0
 
 
-def run_tests(
-    paths: Sequence[str], *, coverage: bool, fmt: str, allow_outside: bool = False
-) -> int:
+def run_tests(paths: Sequence[str], *, coverage: bool, fmt: str, allow_outside: bool) -> int:
     """``amm-rules test``; ``allow_outside``: a test file's ``rules:`` may be anywhere
     (see :func:`~amm_rules.offline.ruletests.run_files`)."""
     from amm_rules.offline.ruletests import (
