@@ -467,16 +467,14 @@ class _Builder:
     def build(self) -> None:
         if not self.skip(("rules",)) and isinstance(self.data.get("rules"), str):
             self._rules()
-        if not isinstance(self.data.get("workers"), list) or not isinstance(
-            self.data.get("cases"), list
-        ):
+        if not all(isinstance(self.data.get(name), list) for name in ("workers", "cases")):
             return
         self._workers()
         # What the cases may name.
         self.worker_names = {w.name for w in self.out.workers}
         self.hosts = {w.host for w in self.out.workers}
         self.ruleset = self.out.rules.ruleset if self.out.rules is not None else None
-        seen: dict[str, int] = {}
+        seen: set[str] = set()
         cases = []
         for i, item in enumerate(self.data["cases"]):
             path = ("cases", i)
@@ -486,7 +484,7 @@ class _Builder:
             if name is not None:
                 if name in seen:
                     self.error((*path, "name"), f"duplicate case name '{name}'", "duplicate-case")
-                seen[name] = i
+                seen.add(name)
             cases.append(_CaseBuilder(self, item, path).build())
         if not self.where.has_errors:
             self.out.cases = cases
