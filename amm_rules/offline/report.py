@@ -203,8 +203,8 @@ def rules_section(ruleset: Ruleset, sim: Simulation, result: Result) -> dict[str
             e["state"] = "satisfied"
         e["reasons"] = dict(e["reasons"].most_common())
     _unused(ruleset, sim, stats)
-    known = [k for k in order if k in stats]
-    return {k: stats[k] for k in [*known, *sorted(set(stats) - set(known))]}
+    # The rules in their file's order (each has a row), then the other labels.
+    return {k: stats[k] for k in [*order, *sorted(set(stats) - set(order))]}
 
 
 def _unused(ruleset: Ruleset, sim: Simulation, stats: dict[str, dict[str, Any]]) -> None:
