@@ -1,4 +1,5 @@
-"""The offline commands behind :mod:`amm_rules.cli`: ``simulate`` and ``diff``.
+"""The offline commands behind :mod:`amm_rules.cli`: ``simulate``, ``diff``, ``test`` and
+``validate --dump``.
 
 :mod:`amm_rules.cli` declares the commands and their options (and stays importable
 without ``distributed``); this module does the work: it reads the rules (reporting their
