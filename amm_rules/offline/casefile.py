@@ -693,7 +693,7 @@ class _CaseBuilder:
             )
             count = field(k, at, "count", int)
             raw = field(k, at, "key", (str, list))
-            if raw is None:
+            if raw is None or self.b.skip((*at, "key")):
                 continue  # no key, or one the schema refused: nothing to declare
             if count is not None and (not isinstance(raw, str) or "{i}" not in raw):
                 self.b.error((*at, "key"), "with 'count', the key must contain '{i}'", "bad-value")
