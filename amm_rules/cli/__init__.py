@@ -1,14 +1,6 @@
-"""The ``amm-rules`` command line (also ``python -m amm_rules``).
-
-Commands: ``validate`` (check rules files, standard input or the rules of a dask config
-file, report every problem; with ``--dump``, also what needs a cluster), ``schema``
-(print the JSON Schema for editors), ``simulate`` (what the rules would do to a recorded
-or running cluster), ``diff`` (what changing them would do), ``test`` (rule tests),
-``demo`` (run :mod:`amm_rules.demo`, or validate the shipped examples when that module
-is not there), and, against a running scheduler, ``status`` (per-rule conformance and
-the engine's work), ``explain`` (why keys are where they are) and ``drain`` (move
-what a worker holds before a deadline, most valuable first); see
-:mod:`amm_rules.cli.remote`.
+"""The ``amm-rules`` command line (also ``python -m amm_rules``): its commands and their
+options, each command's help its docstring. Those against a running scheduler
+(``status``, ``explain``, ``drain``) talk to it through :mod:`amm_rules.cli.remote`.
 
 This module and everything ``validate`` needs belong to the language half: nothing
 here imports ``distributed``, and heavy imports are made inside the commands (the
@@ -31,9 +23,9 @@ import click
 from amm_rules import __version__
 
 if TYPE_CHECKING:
-    from amm_rules.language.loader import CheckResult
+    from collections.abc import Callable
 
-FORMATS = ("text", "json", "github")
+    from amm_rules.language.loader import CheckResult
 
 
 def _format(choices: tuple[str, ...]) -> Any:
@@ -90,7 +82,7 @@ def main() -> None:
 
 @main.command()
 @click.argument("files", nargs=-1, metavar="FILE...")
-@_format(FORMATS)
+@_format(("text", "json", "github"))
 @click.option("--strict", is_flag=True, help="Fail (exit 1) on warnings too.")
 @click.option(
     "--dump",
@@ -157,8 +149,9 @@ def _validate(
     dump: str | None = None,
     disabled: frozenset[str] = frozenset(),
     dask_configs: list[str] | None = None,
-    max_dump_bytes: int | None = None,
+    max_dump_bytes: int = 0,
 ) -> int:
+    """``validate``'s exit status (``max_dump_bytes`` is read with ``dump`` only)."""
     from amm_rules.language.loader import check_argument
     from amm_rules.language.reporters import REPORTERS
 
@@ -174,10 +167,7 @@ def _validate(
         from amm_rules.language.directives import silence
         from amm_rules.offline.commands import add_cluster_warnings
 
-        if max_dump_bytes is None:
-            add_cluster_warnings(results, dump)
-        else:
-            add_cluster_warnings(results, dump, max_dump_bytes)
+        add_cluster_warnings(results, dump, max_dump_bytes)
         silence(results)  # '# amm-rules: disable=' covers the cluster's warnings too
     for r in results:
         r.diagnostics = [d for d in r.diagnostics if d.is_error or d.code not in disabled]
@@ -292,14 +282,10 @@ def simulate(
             dump,
             scheduler,
             cycles=cycles,
-            kill=kill,
-            kill_host=kill_host,
-            kill_pool=kill_pool,
+            kill=(kill, kill_host, kill_pool),
+            drain=(drain, seconds, per_second),
             fmt=fmt,
             max_dump_bytes=max_dump_bytes,
-            drain=drain,
-            deadline=seconds,
-            rate=per_second,
         )
     )
 
@@ -428,16 +414,8 @@ def test_command(
             )
         from amm_rules.offline.commands import write_tests
 
-        command = f"amm-rules test --from-dump {from_dump} --rules {rules}"
         sys.exit(
-            write_tests(
-                from_dump,
-                rules,
-                output,
-                sample=sample,
-                max_dump_bytes=max_dump_bytes,
-                command=command,
-            )
+            write_tests(from_dump, rules, output, sample=sample, max_dump_bytes=max_dump_bytes)
         )
     if not paths:
         raise click.UsageError("give test files or directories (or --schema)")
@@ -468,11 +446,6 @@ def schema_text() -> str:
     return json.dumps(SCHEMA, indent=2) + "\n"
 
 
-def examples_dir() -> Path:
-    """``examples/rules`` of a source checkout (next to the package directory)."""
-    return Path(__file__).resolve().parents[2] / "examples" / "rules"
-
-
 @main.command()
 @click.option(
     "--rules",
@@ -497,7 +470,9 @@ def demo(rules: str | None) -> None:
     if rules is not None:
         files = [rules]
     else:
-        files = sorted(str(p) for p in examples_dir().glob("*.yaml"))
+        # examples/rules of a source checkout (next to the package directory)
+        examples = Path(__file__).resolve().parents[2] / "examples" / "rules"
+        files = sorted(str(p) for p in examples.glob("*.yaml"))
         if not files:
             raise click.ClickException(
                 "no demo here, and no examples/rules/ directory (run from a source checkout)"
@@ -528,20 +503,21 @@ _timeout_option = click.option(
 )
 
 
-def _address(given: str | None) -> str:
-    from amm_rules.cli.remote import scheduler_address
+def _remote(command: Callable[..., Any], given: str | None, *args: Any, **kwargs: Any) -> Any:
+    """``command`` run against the scheduler at ``--scheduler`` (else dask's config); a
+    :class:`~amm_rules.cli.remote.RemoteError` is one line on standard error, exit 1."""
+    from amm_rules.cli.remote import RemoteError, scheduler_address
 
     address = scheduler_address(given)
     if not address:
         raise click.UsageError(
             "no scheduler address: pass --scheduler ADDRESS, or set DASK_SCHEDULER_ADDRESS"
         )
-    return address
-
-
-def _fail(message: str) -> None:
-    click.echo(f"amm-rules: error: {message}", err=True)
-    sys.exit(1)
+    try:
+        return command(address, *args, **kwargs)
+    except RemoteError as exc:
+        click.echo(f"amm-rules: error: {exc}", err=True)
+        sys.exit(1)
 
 
 @main.command()
@@ -575,18 +551,14 @@ def status(
     --format json). Exit status: 0, or 1 if the scheduler cannot be reached, runs no
     amm-rules engine, or (with --check) a rule is not satisfied; 2 for usage errors.
     """
-    from amm_rules.cli.remote import RemoteError, memory_flow_command, status_command
+    from amm_rules.cli.remote import memory_flow_command, status_command
 
     if memory_flow and check:
         raise click.UsageError("--check and --memory-flow cannot be used together")
-    where = _address(address)
-    try:
-        if memory_flow:
-            text, code = memory_flow_command(where, fmt, top, timeout)
-        else:
-            text, code = status_command(where, fmt, check, timeout)
-    except RemoteError as exc:
-        _fail(str(exc))
+    if memory_flow:
+        text, code = _remote(memory_flow_command, address, fmt, top, timeout)
+    else:
+        text, code = _remote(status_command, address, fmt, check, timeout)
     click.echo(text, nl=False)
     sys.exit(code)
 
@@ -626,7 +598,7 @@ def explain(
     errors.
     """
     from amm_rules.cli.keys import parse_key
-    from amm_rules.cli.remote import RemoteError, explain_command
+    from amm_rules.cli.remote import explain_command
 
     if unmet == bool(keys):
         raise click.UsageError("give keys to explain, or --unmet (not both)")
@@ -636,20 +608,17 @@ def explain(
         parsed = [parse_key(k) for k in keys]
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="KEY") from None
-    where = _address(address)
-    try:
-        out, errors, code = explain_command(
-            where,
-            parsed,
-            list(keys),
-            unmet=unmet,
-            rule=rule,
-            limit=limit or 10,
-            fmt=fmt,
-            timeout=timeout,
-        )
-    except RemoteError as exc:
-        _fail(str(exc))
+    out, errors, code = _remote(
+        explain_command,
+        address,
+        parsed,
+        list(keys),
+        unmet=unmet,
+        rule=rule,
+        limit=limit or 10,
+        fmt=fmt,
+        timeout=timeout,
+    )
     click.echo(out, nl=False)
     for line in errors:
         click.echo(f"amm-rules: {line}", err=True)
@@ -702,15 +671,18 @@ def drain(
     not (or the scheduler cannot be reached, or runs no amm-rules engine), 2 for usage
     errors.
     """
-    from amm_rules.cli.remote import RemoteError, drain_command
+    from amm_rules.cli.remote import drain_command
 
     if not workers:
         raise click.UsageError("name at least one WORKER to drain (an address or a name)")
-    where = _address(address)
-    try:
-        code = drain_command(
-            where, list(workers), deadline, close=close, fmt=fmt, timeout=timeout, echo=click.echo
-        )
-    except RemoteError as exc:
-        _fail(str(exc))
+    code = _remote(
+        drain_command,
+        address,
+        list(workers),
+        deadline,
+        close=close,
+        fmt=fmt,
+        timeout=timeout,
+        echo=click.echo,
+    )
     sys.exit(code)

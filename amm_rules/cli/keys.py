@@ -61,18 +61,14 @@ def parse_key(text: str) -> list[Hashable]:
                 "of strings and numbers only"
             )
         return [value]
-    if stripped[:1] in ("'", '"') or stripped[:2] in ("b'", 'b"'):
-        try:
-            value = _literal(stripped)
-        except KeyTextError:
-            return [text]
-        return [value] if isinstance(value, (str, bytes)) else [text]
     try:
-        number = _literal(stripped)
+        value = _literal(stripped)
     except KeyTextError:
         return [text]
-    if isinstance(number, (int, float)) and not isinstance(number, bool):
-        return [text, number]
+    if stripped[:1] in ("'", '"') or stripped[:2] in ("b'", 'b"'):
+        return [value] if isinstance(value, (str, bytes)) else [text]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [text, value]
     return [text]
 
 

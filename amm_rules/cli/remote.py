@@ -14,9 +14,7 @@ with dask's security settings), as a client would, without starting a ``Client``
 3. call ``amm_rules_status``, ``amm_rules_memory_flow``, ``amm_rules_explain`` or the
    drain's handlers and render the answer.
 
-A command does steps 1 and 2 once, on one connection (:class:`Remote`) that it keeps
-for all its calls (``explain`` asks in batches, ``drain`` once a second) and closes
-at its end.
+A command does steps 1 and 2 once, on one connection (:class:`Remote`).
 
 Every failure is a :class:`RemoteError` with one line for the user; the command line
 prints it and exits 1. Neighbours: :mod:`amm_rules.cli` defines the commands;
@@ -82,7 +80,7 @@ class Remote:
         except (ValueError, TypeError) as exc:  # a malformed address
             raise RemoteError(f"{self.address}: not a scheduler address ({exc})") from None
         try:
-            identity = await _step(self._rpc.identity(), self.address, self.timeout, CONNECT)
+            identity = await self._step(self._rpc.identity(), CONNECT)
             kind = identity.get("type") if isinstance(identity, dict) else None
             if kind != "Scheduler":
                 raise RemoteError(f"{self.address} is a {kind or 'server'}, not a Dask scheduler")
@@ -97,47 +95,42 @@ class Remote:
     async def ask(self, op: str, **kwargs: Any) -> Any:
         """Call the handler ``op`` of the amm-rules engine; a refusal (a bad rule
         name...) is a :class:`RemoteError` with the engine's words."""
-        from amm_rules.engine.handlers import refused
-
         if not self._engine_said and op not in self._checked:
             self._engine_said = await _probe(self._rpc, self.address, self.timeout, op)
             self._checked.add(op)
-        answer = await _step(
-            getattr(self._rpc, op)(**kwargs),
-            self.address,
-            self.timeout,
-            "get an answer from the amm-rules engine of",
-        )
+        call = _answer(getattr(self._rpc, op)(**kwargs))
+        return await self._step(call, "get an answer from the amm-rules engine of")
+
+    async def _step(self, call: Any, what: str) -> Any:
+        address, timeout = self.address, self.timeout
         try:
-            return refused(answer)
-        except ValueError as exc:
-            raise RemoteError(
-                f"the scheduler at {self.address} answered: {_first_line(exc)}"
-            ) from None
+            return await asyncio.wait_for(call, timeout)
+        except RemoteError:
+            raise
+        except Exception as exc:
+            # distributed's connect retries until the timeout ("Timed out..."): nothing
+            # answered there.
+            if isinstance(exc, asyncio.TimeoutError) or (
+                isinstance(exc, OSError) and str(exc).startswith("Timed out")
+            ):
+                raise RemoteError(
+                    f"could not {what} the scheduler at {address} within {timeout:g} s "
+                    f"({TIMEOUT_HINT})"
+                ) from None
+            if isinstance(exc, OSError) or what == CONNECT:
+                # Refused, unreachable, a malformed address, TLS: the comm's own words.
+                raise RemoteError(
+                    f"could not {what} the scheduler at {address}: {_first_line(exc)}"
+                ) from None
+            # Raised by the handler on the scheduler, or a refusal (a bad rule name...).
+            raise RemoteError(f"the scheduler at {address} answered: {_first_line(exc)}") from None
 
 
-async def _step(call: Any, address: str, timeout: float, what: str) -> Any:
-    try:
-        return await asyncio.wait_for(call, timeout)
-    except RemoteError:
-        raise
-    except Exception as exc:
-        # distributed's connect retries until the timeout ("Timed out..."): nothing
-        # answered there.
-        if isinstance(exc, asyncio.TimeoutError) or (
-            isinstance(exc, OSError) and str(exc).startswith("Timed out")
-        ):
-            raise RemoteError(
-                f"could not {what} the scheduler at {address} within {timeout:g} s "
-                f"({TIMEOUT_HINT})"
-            ) from None
-        if isinstance(exc, OSError) or what == CONNECT:
-            # Refused, unreachable, a malformed address, TLS: the comm's own words.
-            raise RemoteError(
-                f"could not {what} the scheduler at {address}: {_first_line(exc)}"
-            ) from None
-        # Raised by the handler on the scheduler (a bad rule name...).
-        raise RemoteError(f"the scheduler at {address} answered: {_first_line(exc)}") from None
+async def _answer(call: Any) -> Any:
+    """A handler's answer; a refusal raised as the ``ValueError`` it stands for."""
+    from amm_rules.engine.handlers import refused
+
+    return refused(await call)
 
 
 async def _probe(remote: Any, address: str, timeout: float, op: str) -> bool:
@@ -225,7 +218,6 @@ def memory_flow_command(address: str, fmt: str, top: int, timeout: float) -> tup
     from amm_rules.observe.text import render_memory_flow
 
     table = asyncio.run(_ask_once(address, timeout, "amm_rules_memory_flow"))
-
     if fmt == "json":
         return json.dumps(table, indent=2, default=str) + "\n", 0
     return escape_controls(render_memory_flow(table, top)), 0
@@ -309,6 +301,8 @@ async def _explain_candidates(
 ) -> tuple[dict[str, Any], list[str]]:
     """Ask for each argument's most likely key; for the arguments the scheduler does not
     know, ask again with their next candidate (``5`` the string, then ``5`` the number)."""
+    from amm_rules.engine.decide.view import key_string
+
     answers: dict[str, Any] = {}
     todo = [(text, list(candidates)) for text, candidates in zip(texts, keys, strict=True)]
     errors = []
@@ -322,7 +316,7 @@ async def _explain_candidates(
         todo = [(text, candidates) for text, _, candidates in batch[got["shown"] :]]
         for text, key, candidates in batch[: got["shown"]]:
             candidates.pop(0)
-            answer = _answer_for(got["keys"], key)
+            answer = got["keys"].get(key_string(key)) if isinstance(got["keys"], dict) else None
             if answer is not None and answer.get("state") != "unknown":
                 answers[text] = answer
             elif candidates:
@@ -332,12 +326,6 @@ async def _explain_candidates(
                 said = answer.get("summary") if answer is not None else None
                 errors.append(f"unknown key: {text} ({said or 'not known to the scheduler'})")
     return answers, errors
-
-
-def _answer_for(got: Any, key: Hashable) -> Any:
-    from amm_rules.engine.decide.view import key_string
-
-    return got.get(key_string(key)) if isinstance(got, dict) else None
 
 
 #: Seconds between two looks at a drain while ``amm-rules drain`` follows it.

@@ -1,14 +1,9 @@
 """Rule test files: their JSON Schema, and reading one into checked fixtures with positions.
 
-A test file (``amm-rules test``) names a rules file, describes a small cluster (workers
-with hosts, resources, memory limits) and lists cases: keys in memory (where, how
-large, of which prefix or type, with which annotations or runtime target), what may
-happen to the cluster first (``kill``), and what is expected: per key (``target``, the
-``rule`` that set it, ``pool``, eventual ``holders``, ``copies``,
-``copies-on-distinct-hosts``, ``unmet``...), and per case (``expect-actions``, the exact
-copies and drops; ``expect-lost``; ``expect-pools``). :data:`TEST_SCHEMA` says all of it
-for editors (``amm-rules test --schema``, the shipped ``amm-rules-test.schema.json``),
-with a description on every field.
+A test file (``amm-rules test``, docs/testing-rules.md) names a rules file, describes a
+small cluster and lists cases: keys in memory, workers lost first, and what is
+expected. :data:`TEST_SCHEMA` says all of it for editors (``amm-rules test --schema``,
+the shipped ``amm-rules-test.schema.json``), with a description on every field.
 
 Reading goes through the rules files' own machinery, so a test file gets the same
 safety limits and the same ``file:line:column`` diagnostics:
@@ -38,7 +33,7 @@ from amm_rules.language.fields import (
 )
 from amm_rules.language.loader import CheckResult, check_path
 from amm_rules.language.locator import Locator
-from amm_rules.language.ruleset import Ruleset, Target
+from amm_rules.language.ruleset import Target
 from amm_rules.language.schema import ACTION_PROPERTIES
 from amm_rules.language.schema_check import FileWords, Path
 
@@ -134,11 +129,7 @@ _KEY_FIXTURE = {
     "additionalProperties": False,
     "properties": {
         "key": _KEY,
-        "holders": {
-            **_WORKERS,
-            "minItems": 1,
-            "description": "The workers holding a copy now.",
-        },
+        "holders": {**_WORKERS, "minItems": 1, "description": "The workers holding a copy now."},
         "nbytes": {"description": f"Its size (default {DEFAULT_NBYTES}).", **_SIZE},
         "prefix": {
             "description": "task.prefix (default: as dask names it from the key, "
@@ -316,7 +307,6 @@ class WorkerFixture:
     memory: int
     nthreads: int
     status: str
-    path: Path
 
 
 @dataclass
@@ -372,9 +362,6 @@ class TestFile:
     @property
     def ok(self) -> bool:
         return not self.locator.has_errors
-
-    def position(self, path: Path) -> tuple[int, int]:
-        return self.locator.position(path)
 
 
 class CaseLocator(Locator):
@@ -437,7 +424,7 @@ def parse_test_file(raw: bytes, path: str, roots: Sequence[str] | None = None) -
         return out
     where.add_schema(schema_problems(data, _validator(), TEST_FILE))
     # Meaning is checked too, skipping what the schema reported: every problem is told.
-    _Builder(out, data, where, roots).build()
+    _Builder(out, data, roots).build()
     return out
 
 
@@ -448,16 +435,10 @@ def _problem(path: str, p: Any) -> Diagnostic:
 class _Builder:
     """The meaning of a schema-valid test file (names, sizes, targets, the rules file)."""
 
-    def __init__(
-        self,
-        out: TestFile,
-        data: dict[str, Any],
-        where: Locator,
-        roots: Sequence[str] | None = None,
-    ):
+    def __init__(self, out: TestFile, data: dict[str, Any], roots: Sequence[str] | None):
         self.out = out
         self.data = data
-        self.where = where
+        self.where = out.locator
         self.roots = roots
         #: Keys the cases declared so far (bounded: see MAX_KEYS).
         self.keys = 0
@@ -486,15 +467,14 @@ class _Builder:
     def build(self) -> None:
         if not self.skip(("rules",)) and isinstance(self.data.get("rules"), str):
             self._rules()
-        if not isinstance(self.data.get("workers"), list) or not isinstance(
-            self.data.get("cases"), list
-        ):
+        if not all(isinstance(self.data.get(name), list) for name in ("workers", "cases")):
             return
         self._workers()
-        names = {w.name for w in self.out.workers}
-        hosts = {w.host for w in self.out.workers}
-        ruleset = self.out.rules.ruleset if self.out.rules is not None else None
-        seen: dict[str, int] = {}
+        # What the cases may name.
+        self.worker_names = {w.name for w in self.out.workers}
+        self.hosts = {w.host for w in self.out.workers}
+        self.ruleset = self.out.rules.ruleset if self.out.rules is not None else None
+        seen: set[str] = set()
         cases = []
         for i, item in enumerate(self.data["cases"]):
             path = ("cases", i)
@@ -504,8 +484,8 @@ class _Builder:
             if name is not None:
                 if name in seen:
                     self.error((*path, "name"), f"duplicate case name '{name}'", "duplicate-case")
-                seen[name] = i
-            cases.append(_CaseBuilder(self, item, path, names, hosts, ruleset).build())
+                seen.add(name)
+            cases.append(_CaseBuilder(self, item, path).build())
         if not self.where.has_errors:
             self.out.cases = cases
 
@@ -565,7 +545,6 @@ class _Builder:
                     memory=self.size(item.get("memory", 0), (*path, "memory")),
                     nthreads=item.get("nthreads", 1),
                     status=item.get("status", "running"),
-                    path=path,
                 )
             )
 
@@ -606,21 +585,13 @@ def plain_key(value: Any) -> Hashable:
 class _CaseBuilder:
     """One case: its keys (``count`` expanded) and expectations, names checked."""
 
-    def __init__(
-        self,
-        b: _Builder,
-        item: dict[str, Any],
-        path: Path,
-        workers: set[str],
-        hosts: set[str],
-        ruleset: Ruleset | None,
-    ):
+    def __init__(self, b: _Builder, item: dict[str, Any], path: Path):
         self.b = b
         self.item = item
         self.path = path
-        self.workers = workers
-        self.hosts = hosts
-        self.ruleset = ruleset
+        self.workers = b.worker_names
+        self.hosts = b.hosts
+        self.ruleset = b.ruleset
 
     def names(self, values: Any, path: Path, known: set[str], what: str) -> None:
         from amm_rules.language.spelling import did_you_mean
@@ -722,7 +693,7 @@ class _CaseBuilder:
             )
             count = field(k, at, "count", int)
             raw = field(k, at, "key", (str, list))
-            if raw is None:
+            if raw is None or self.b.skip((*at, "key")):
                 continue  # no key, or one the schema refused: nothing to declare
             if count is not None and (not isinstance(raw, str) or "{i}" not in raw):
                 self.b.error((*at, "key"), "with 'count', the key must contain '{i}'", "bad-value")
@@ -791,22 +762,20 @@ class _CaseBuilder:
         for name in ("pool", "avoid", "in-pool"):
             if name in exp and not self.b.skip((*path, name)):
                 self.pools(exp[name], (*path, name))
-        rules = set(r.name for r in self.ruleset.rules) if self.ruleset else None
-        sources = {"annotation", "runtime"}
-        rule = self.b.field(exp, path, "rule", str)
-        if rules is not None and rule is not None and rule not in rules | sources:
-            self.b.error((*path, "rule"), self.unknown_rule(rule, rules), "unknown-rule")
-        for field_name, rule in (self.b.field(exp, path, "rules", dict) or {}).items():
-            at = (*path, "rules", field_name)
-            if rules is None or not isinstance(rule, str) or self.b.skip(at):
-                continue
-            if rule not in rules | sources:
-                self.b.error(at, self.unknown_rule(rule, rules), "unknown-rule")
-        return path, out
-
-    @staticmethod
-    def unknown_rule(name: str, rules: set[str]) -> str:
+        if self.ruleset is None:
+            return path, out
         from amm_rules.language.spelling import did_you_mean
 
-        hint = did_you_mean(name, sorted(rules | {"annotation", "runtime"}))
-        return f"unknown rule '{name}'{hint} (a rule name, 'annotation' or 'runtime')"
+        deciders = sorted({r.name for r in self.ruleset.rules} | {"annotation", "runtime"})
+        named = [((*path, "rule"), exp.get("rule"))]
+        rules = self.b.field(exp, path, "rules", dict) or {}
+        named += [((*path, "rules", name), rule) for name, rule in rules.items()]
+        for at, rule in named:
+            if isinstance(rule, str) and not self.b.skip(at) and rule not in deciders:
+                self.b.error(
+                    at,
+                    f"unknown rule '{rule}'{did_you_mean(rule, deciders)} (a rule name, "
+                    "'annotation' or 'runtime')",
+                    "unknown-rule",
+                )
+        return path, out

@@ -1,19 +1,14 @@
 """Rule test cases from a recorded cluster: ``amm-rules test --from-dump DUMP --rules R``.
 
-Rule tests are written by hand (:mod:`amm_rules.offline.casefile`); a cluster dump
-(``Client.dump_cluster_state``, read by :mod:`amm_rules.offline.dump`) already holds
-the keys a rules file has to get right. :func:`cases_from_dump` writes a test file of
-one case: the dump's workers (names, hosts, addresses, resources, memory limits,
-threads, status), a sample of its keys in memory (at most ``sample``, taken in turn from
-each task group so that every kind of key is there; each with its holders, size,
-prefix, group, type, resources, plain annotations, runtime target and waiting
-dependents) and, as expectations, what the rules decide for each key today: its
-target, the rule behind each field, the fields' values, and the copies it ends with
-once the rules have run on the case. The expectations are read from a run of the case
-itself (:func:`amm_rules.offline.ruletests.outcome`), so the file passes on the rules it
-was written from, and a change of those rules that changes a decision fails it.
+A cluster dump (read by :mod:`amm_rules.offline.dump`) already holds the keys a rules
+file has to get right. :func:`cases_from_dump` writes a test file of one case: the
+dump's workers, a sample of its keys in memory and, as expectations, what the rules
+decide for each key today (what it holds is listed in docs/testing-rules.md, "Cases
+from a recorded cluster"). The expectations are read from a run of the case itself
+(:func:`amm_rules.offline.ruletests.outcome`), so the file passes on the rules it was
+written from, and a change of those rules that changes a decision fails it.
 
-Neighbours: :mod:`amm_rules.offline.commands` (``run_tests``) writes the file;
+Neighbours: :mod:`amm_rules.offline.commands` (``write_tests``) writes the file;
 :mod:`amm_rules.offline.ruletests` runs it.
 """
 
@@ -23,7 +18,7 @@ import math
 import os
 from collections import Counter
 from collections.abc import Hashable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice, zip_longest
 from typing import Any
 
@@ -33,8 +28,6 @@ from amm_rules.language.ruleset import ACTION_FIELDS, Desired, Ruleset, Target
 from amm_rules.offline.casefile import MAX_WORKERS, parse_test_file, plain_key
 from amm_rules.offline.dump import ClusterState, TaskRecord, WorkerRecord
 
-#: Keys a generated case holds by default (``--sample``).
-DEFAULT_SAMPLE = 200
 _STATUS = {"paused": "paused", "closing": "closing", "closing_gracefully": "closing"}
 
 
@@ -54,7 +47,6 @@ class Generated:
     #: nor a flat tuple), and annotations left out because they are not plain data.
     unwritable_keys: int = 0
     dropped_annotations: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 def cases_from_dump(
@@ -63,12 +55,12 @@ def cases_from_dump(
     rules_path: str,
     output: str,
     *,
-    sample: int = DEFAULT_SAMPLE,
-    command: str = "",
+    sample: int,
+    command: str,
 ) -> Generated:
     """The test file (YAML text) of ``state`` under ``ruleset`` (read from
     ``rules_path``), to be written at ``output`` (``-``: standard output, ``rules:``
-    then relative to the working directory)."""
+    then relative to the working directory); ``command`` is named in its header."""
     if len(state.workers) > MAX_WORKERS:
         raise CaseGenError(
             f"{state.source} has {len(state.workers):,} workers; a test file holds at most "
@@ -148,7 +140,7 @@ def _header(state: ClusterState, out: Generated, command: str) -> str:
     import textwrap
 
     words = (
-        f"Written by `{command or 'amm-rules test --from-dump'}`: the cluster of "
+        f"Written by `{command}`: the cluster of "
         f"{state.source} (its workers, {out.keys:,} of its {out.keys_in_memory:,} keys in "
         "memory, taken in turn from each task group) and what the rules decided for each "
         "key then, as expectations. Edit it as any test file: a case per concern, fewer "

@@ -8,23 +8,9 @@ membership computed as the engine computes it
 counted by the engine's decider table (:mod:`amm_rules.engine.decide.deciders`), and
 reports a positioned warning
 through the rules file's own :class:`~amm_rules.language.locator.Locator`:
-
-``min-exceeds-eligible``
-    A rule's ``replicate`` minimum is above the number of workers its own ``pool`` and
-    ``avoid`` leave (retiring workers do not count): its keys would stay below target.
-``empty-pool``
-    A pool no worker of the cluster is in.
-``spread-one-host``
-    A rule says ``spread: host`` but the workers it may use are all on one host.
-``matches-no-key``
-    A rule's match is false for every key in memory of the dump (the dump holds some),
-    with near-miss hints (:mod:`amm_rules.language.near_miss`): a type, prefix, span or
-    resource named otherwise than the data is (live status: ``idle``).
-``shadowed-in-cluster``
-    A rule matches keys in memory of the dump, but something earlier in the cascade (a
-    rule, an annotation, a runtime target) decides every field it sets for each of
-    them: it decides nothing there (live status: ``shadowed``). Said as live status
-    says it: ``matches 3 keys, all taken by checkpoints (replicate)``.
+``min-exceeds-eligible``, ``empty-pool``, ``spread-one-host``, ``matches-no-key`` and
+``shadowed-in-cluster``, each explained in docs/rules.md ("Warnings that need a
+cluster"); the last two are live status's ``idle`` and ``shadowed``, said alike.
 
 Warnings, not errors: the cluster of a dump is one moment of one cluster, and the same
 file may serve others.
@@ -37,7 +23,7 @@ from typing import Any
 from amm_rules.engine.decide.deciders import eligible as placeable
 from amm_rules.engine.decide.shadows import shadow_words
 from amm_rules.engine.decide.view import WorkerView
-from amm_rules.engine.sections.activity import census_of
+from amm_rules.engine.sections.activity import census_of, rule_matches
 from amm_rules.engine.words import counted
 from amm_rules.language.diagnostics import Diagnostic, sort_key
 from amm_rules.language.expr.parser import parse
@@ -124,7 +110,7 @@ def _unused_rules(
     tasks = list(sim.cluster.in_memory())
     if not tasks:
         return
-    usage = sim.rule_usage(ruleset.rules)
+    usage = rule_matches(sim.ctx, ruleset.rules, tasks)
     census: Census | None = None
     n = len(tasks)
     for rule in ruleset.rules:

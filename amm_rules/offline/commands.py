@@ -1,4 +1,5 @@
-"""The offline commands behind :mod:`amm_rules.cli`: ``simulate`` and ``diff``.
+"""The offline commands behind :mod:`amm_rules.cli`: ``simulate``, ``diff``, ``test`` and
+``validate --dump``.
 
 :mod:`amm_rules.cli` declares the commands and their options (and stays importable
 without ``distributed``); this module does the work: it reads the rules (reporting their
@@ -21,7 +22,7 @@ import click
 
 from amm_rules.language.reporters import escape_controls
 from amm_rules.language.ruleset import Ruleset
-from amm_rules.offline.dump import MAX_DUMP_BYTES, ClusterState, DumpError, read_dump
+from amm_rules.offline.dump import ClusterState, DumpError, read_dump
 
 #: What a dump of a running scheduler leaves out: logs and histories the simulator does
 #: not read (they are most of a dump's size).
@@ -52,9 +53,7 @@ def load_rules(path: str) -> Ruleset | None:
     return result.ruleset
 
 
-def load_cluster(
-    dump: str | None, scheduler: str | None, max_bytes: int = MAX_DUMP_BYTES
-) -> ClusterState:
+def load_cluster(dump: str | None, scheduler: str | None, max_bytes: int) -> ClusterState:
     """The cluster of ``--dump FILE`` or ``--scheduler ADDRESS`` (exactly one), of at
     most ``max_bytes`` decompressed (``--max-dump-size``)."""
     if (dump is None) == (scheduler is None):
@@ -68,7 +67,7 @@ def load_cluster(
         raise click.ClickException(str(exc)) from None
 
 
-def read_scheduler(address: str, max_bytes: int = MAX_DUMP_BYTES) -> ClusterState:
+def read_scheduler(address: str, max_bytes: int) -> ClusterState:
     """The state of a running scheduler, through a cluster dump it writes for us. Waits
     for the scheduler as long as dask's ``distributed.comm.timeouts.connect`` says."""
     import dask
@@ -143,18 +142,14 @@ def simulate(
     scheduler: str | None,
     *,
     cycles: int | None,
-    kill: Sequence[str] = (),
-    kill_host: Sequence[str] = (),
-    kill_pool: Sequence[str] = (),
-    fmt: str = "text",
-    max_dump_bytes: int = MAX_DUMP_BYTES,
-    drain: Sequence[str] = (),
-    deadline: float = 60.0,
-    rate: float = 100 * 2**20,
+    kill: tuple[Sequence[str], Sequence[str], Sequence[str]],
+    drain: tuple[Sequence[str], float, float],
+    fmt: str,
+    max_dump_bytes: int,
 ) -> int:
-    """``amm-rules simulate``. Exit status: 1 if a kill (or a drain's deadline) loses
-    data, or the input is bad."""
-    from amm_rules.offline.drain import drain_lines
+    """``amm-rules simulate`` (``kill`` and ``drain`` as :func:`run_simulation` takes
+    them). Exit status: 1 if a kill (or a drain's deadline) loses data, or the input is
+    bad."""
     from amm_rules.offline.report import render_text
     from amm_rules.offline.simulate import amm_defaults
 
@@ -169,16 +164,14 @@ def simulate(
         measure=measure,
         interval=interval,
         cycles=cycles,
-        kill=(kill, kill_host, kill_pool),
+        kill=kill,
         rules_file=rules,
-        drain=(drain, deadline, rate),
+        drain=drain,
     )
     if fmt == "json":
         click.echo(json.dumps(report, indent=2))
     else:
-        lines = drain_lines(report.get("drain"))
-        text = "\n".join(lines) + "\n" if lines else ""
-        click.echo(escape_controls(text + render_text(report)), nl=False)
+        click.echo(escape_controls(render_text(report)), nl=False)
     for warning in state.warnings:
         click.echo(escape_controls(f"warning: {state.source}: {warning}"), err=True)
     return 1 if report["lost"] else 0
@@ -256,8 +249,8 @@ def diff(
     scheduler: str | None,
     *,
     cycles: int | None,
-    fmt: str = "text",
-    max_dump_bytes: int = MAX_DUMP_BYTES,
+    fmt: str,
+    max_dump_bytes: int,
 ) -> int:
     """``amm-rules diff``."""
     from amm_rules.offline.diff import diff_rules, render_diff
@@ -289,9 +282,7 @@ def diff(
     return 0
 
 
-def run_tests(
-    paths: Sequence[str], *, coverage: bool, fmt: str, allow_outside: bool = False
-) -> int:
+def run_tests(paths: Sequence[str], *, coverage: bool, fmt: str, allow_outside: bool) -> int:
     """``amm-rules test``; ``allow_outside``: a test file's ``rules:`` may be anywhere
     (see :func:`~amm_rules.offline.ruletests.run_files`)."""
     from amm_rules.offline.ruletests import (
@@ -318,15 +309,7 @@ def run_tests(
     return exit_status(results)
 
 
-def write_tests(
-    dump: str,
-    rules: str,
-    output: str,
-    *,
-    sample: int,
-    max_dump_bytes: int = MAX_DUMP_BYTES,
-    command: str = "",
-) -> int:
+def write_tests(dump: str, rules: str, output: str, *, sample: int, max_dump_bytes: int) -> int:
     """``amm-rules test --from-dump DUMP --rules RULES -o OUTPUT``: a test file of the
     dump's cluster, what the rules decide today as its expectations
     (:mod:`amm_rules.offline.casegen`). ``-`` writes to standard output."""
@@ -339,6 +322,7 @@ def write_tests(
     if rules == "-":
         raise click.UsageError("--rules: a test file names its rules file: give a path, not '-'")
     state = load_cluster(dump, None, max_dump_bytes)
+    command = f"amm-rules test --from-dump {dump} --rules {rules}"  # named in the file
     try:
         made = cases_from_dump(state, ruleset, rules, output, sample=sample, command=command)
     except CaseGenError as exc:
@@ -358,9 +342,7 @@ def write_tests(
     return 0
 
 
-def add_cluster_warnings(
-    results: Sequence[Any], dump: str, max_bytes: int = MAX_DUMP_BYTES
-) -> None:
+def add_cluster_warnings(results: Sequence[Any], dump: str, max_bytes: int) -> None:
     """``validate --dump``: add the warnings that need a cluster to each checked file."""
     from amm_rules.language.diagnostics import sort_key
     from amm_rules.offline.checks import cluster_warnings

@@ -82,12 +82,12 @@ def diff_rules(
         if not fields:
             continue
         changes.append({"key": key_string(ts.key), "fields": fields})
-        for label in {_label(was, now, f) for f in fields}:
-            changed_by[label] += 1
+        changed_by.update({_label(was, now, f) for f in fields})
     result = after.run(cycles)
     report = simulation_report(after, result, rules_file=new_file)
     for label, n in changed_by.items():
-        report["rules"].setdefault(label, _empty_rule())["keys_changed"] = n
+        removed = {**empty_rule_stats(), "state": "removed"}
+        report["rules"].setdefault(label, removed)["keys_changed"] = n
     for entry in report["rules"].values():
         entry.setdefault("keys_changed", 0)
     report.update(
@@ -107,10 +107,6 @@ def diff_rules(
 def _label(old: Desired, new: Desired, name: str) -> str:
     """The rule a change of field ``name`` is due to: the new side's, else the old's."""
     return source_label(new if name in new.reasons else old, name)
-
-
-def _empty_rule() -> dict[str, Any]:
-    return {**empty_rule_stats(), "state": "removed"}
 
 
 def render_diff(report: dict[str, Any]) -> str:

@@ -13,8 +13,8 @@ simulation runs its cycles on what stays.
 
 Recompute estimates are those the simulation's engine has of the recorded cluster; where
 it has none, beyond the keys below their replication minimum keys are moved smallest
-first (the report says so). Neighbours: :mod:`amm_rules.offline.commands` runs it and prints
-:func:`drain_lines` before :mod:`amm_rules.offline.report`'s report.
+first (the report says so). Neighbours: :mod:`amm_rules.offline.commands` runs it;
+:mod:`amm_rules.offline.report`'s text report opens with :func:`drain_lines`.
 """
 
 from __future__ import annotations
@@ -26,12 +26,7 @@ from amm_rules.engine.decide.drain import TIER_NAMES, predict
 from amm_rules.engine.decide.evacuate import plan_evacuation
 from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.evacuation import evacuation_input, rank_views
-from amm_rules.engine.words import (
-    bytes_per_second,
-    drain_item_why,
-    duration,
-    prediction_record,
-)
+from amm_rules.engine.words import bytes_per_second, drain_item_why, duration, prediction_record
 from amm_rules.language.fields import UnitError, parse_size
 
 #: Keys listed per worker, in the order they would leave.

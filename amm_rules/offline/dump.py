@@ -11,17 +11,11 @@ status the repr of an enum. This module parses those texts (addresses and keys w
 :class:`ClusterState`: :class:`WorkerRecord` and :class:`TaskRecord` objects, keyed by
 address and by key (tuples for tuple keys, as the scheduler has them).
 
-A file that is not a readable dump (unknown layout, truncated gzip or msgpack, YAML
-cut short, not a dump at all) raises :class:`DumpError`, whose text is one line naming
-the file and what is wrong. So does a dump that would cost too much to read: a path
-that is not a regular file (a device, a named pipe: never opened), more than
-``max_bytes`` once decompressed (:data:`MAX_DUMP_BYTES` by default: ``--max-dump-size``
-raises it; gzip is decompressed as it is read), msgpack that would build more than a
-dump holds (:mod:`amm_rules.offline.bounded`: entries per array or map, values and
-objects per byte read), YAML whose aliases stand for more than :data:`MAX_ALIAS_VALUES` values, or
-nest deeper than :data:`MAX_DUMP_DEPTH`, and YAML integers longer than
-:data:`~amm_rules.language.yaml_source.MAX_INT_CHARS` characters. References that cannot be resolved (a holder that is not in
-the dump's workers, a repr in an unknown shape) are skipped and counted in
+A file that is not a readable dump, or that would cost too much to read (the bounds
+are listed in docs/simulate.md, "Cluster dumps"; msgpack's in
+:mod:`amm_rules.offline.bounded`), raises :class:`DumpError`, whose text is one line
+naming the file and what is wrong. References that cannot be resolved (a holder that is
+not in the dump's workers, a repr in an unknown shape) are skipped and counted in
 :attr:`ClusterState.warnings`.
 
 Nothing here imports ``distributed`` or the engine: :mod:`amm_rules.offline.sim_cluster`
@@ -35,6 +29,7 @@ import ast
 import os
 import re
 import stat
+from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -573,13 +568,13 @@ class _Refs:
         self._workers: dict[str, str | None] = {}
         self._tasks: dict[str, Key | None] = {}
         self._named: dict[str, str | None] = {}
-        self.bad: dict[str, int] = {}
+        self.bad: Counter[str] = Counter()
         self.unknown_holders = 0
 
     def worker(self, ref: Any) -> str | None:
         """The address in a ``WorkerState`` repr (or a plain address)."""
         if not isinstance(ref, str):
-            self._fail("worker reference")
+            self.bad["worker reference"] += 1
             return None
         if ref in self._workers:
             return self._workers[ref]
@@ -588,7 +583,7 @@ class _Refs:
             m = _WORKER_REPR.match(ref)
             address = _literal(m["addr"]) if m else None
             if not isinstance(address, str):
-                self._fail("worker reference")
+                self.bad["worker reference"] += 1
                 address = None
         else:
             address = ref
@@ -598,7 +593,7 @@ class _Refs:
     def task(self, ref: Any) -> Key | None:
         """The key in a ``TaskState`` repr."""
         if not isinstance(ref, str):
-            self._fail("task reference")
+            self.bad["task reference"] += 1
             return None
         if ref in self._tasks:
             return self._tasks[ref]
@@ -614,7 +609,7 @@ class _Refs:
         else:
             key = freeze_key(_literal(text)) if m else None
         if key is None:
-            self._fail("task reference")
+            self.bad["task reference"] += 1
         self._tasks[ref] = key
         return key
 
@@ -640,9 +635,6 @@ class _Refs:
         self._named[ref] = name
         return name
 
-    def _fail(self, what: str) -> None:
-        self.bad[what] = self.bad.get(what, 0) + 1
-
     def warnings(self) -> list[str]:
         out = [f"{n} {what}s could not be read and were left out" for what, n in self.bad.items()]
         if self.unknown_holders:
@@ -657,7 +649,7 @@ def _items(value: Any, refs: _Refs) -> list[Any] | tuple[Any, ...]:
     ``waiters``); anything else (a number, a mapping) is counted and left out."""
     if value is None or isinstance(value, (list, tuple)):
         return value or ()
-    refs._fail("reference list")
+    refs.bad["reference list"] += 1
     return ()
 
 

@@ -1,13 +1,9 @@
 """What a simulation found, as data (``--format json``) and as text.
 
 :func:`simulation_report` turns a :class:`~amm_rules.offline.simulate.Result` (and, with
-``--kill``, what the kill did) into plain data: per rule (keys and bytes governed, copies
-added and dropped, bytes transferred, the state after: satisfied, unsatisfiable with
-reasons, in progress, dry-run, and for a rule that governs no key while keys are in
-memory ``shadowed`` or ``idle`` with a sentence, as live status says it), per worker and per pool (memory before and after), the
-actions, the keys left unmet, lost or below target, and the cycles taken. Keys are
-``str(key)``. :func:`render_text` lays the same data out for a terminal, with long lists
-cut short (the JSON has everything).
+``--kill``, what the kill did) into plain data, the report of ``--format json`` (its
+entries are listed in docs/simulate.md); :func:`render_text` lays the same data out for
+a terminal, with long lists cut short.
 
 Neighbours: :mod:`amm_rules.offline.simulate` produces the result; the ``simulate`` and
 ``diff`` commands of :mod:`amm_rules.cli` print what this module renders.
@@ -16,7 +12,7 @@ Neighbours: :mod:`amm_rules.offline.simulate` produces the result; the ``simulat
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,11 +20,12 @@ from amm_rules.engine.decide.plan import DEFAULT_SOURCE, source_label
 from amm_rules.engine.decide.shadows import IDLE, SHADOWED, shadow_words
 from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.dryrun import REBALANCE_LABEL
-from amm_rules.engine.sections.activity import census_of
+from amm_rules.engine.sections.activity import census_of, rule_matches
 from amm_rules.engine.words import columns, counted, duration, plural, size
 from amm_rules.language.expr.parser import parse
 from amm_rules.language.near_miss import near_misses
 from amm_rules.language.ruleset import Desired, Ruleset
+from amm_rules.offline.drain import drain_lines
 from amm_rules.offline.simulate import Result, SimAction, Simulation
 from amm_rules.offline.workers_needed import workers_needed_lines
 
@@ -51,11 +48,6 @@ class KillReport:
     #: Per worker killed, the seconds of recompute its keys held alone stand for (its
     #: work at risk before the kill; absent where the dump recorded no compute time).
     recompute: dict[str, float] = field(default_factory=dict)
-
-
-def labels(desired: Desired) -> set[str]:
-    """Every counter label a key's wishes come from (one per deciding rule or source)."""
-    return {source_label(desired, name) for name in desired.reasons}
 
 
 def action_dict(a: SimAction) -> dict[str, Any]:
@@ -169,7 +161,8 @@ def rules_section(ruleset: Ruleset, sim: Simulation, result: Result) -> dict[str
     tasks = sim.cluster.tasks
     for state in result.keys.values():
         nbytes = tasks[state.key].nbytes
-        for label in labels(state.desired):
+        # Every counter label its wishes come from (one per deciding rule or source).
+        for label in {source_label(state.desired, name) for name in state.desired.reasons}:
             stats[label]["keys"] += 1
             stats[label]["bytes"] += nbytes
         if sim.ctx.dry_run.label(state.desired) is not None:
@@ -210,8 +203,8 @@ def rules_section(ruleset: Ruleset, sim: Simulation, result: Result) -> dict[str
             e["state"] = "satisfied"
         e["reasons"] = dict(e["reasons"].most_common())
     _unused(ruleset, sim, stats)
-    known = [k for k in order if k in stats]
-    return {k: stats[k] for k in [*known, *sorted(set(stats) - set(known))]}
+    # The rules in their file's order (each has a row), then the other labels.
+    return {k: stats[k] for k in [*order, *sorted(set(stats) - set(order))]}
 
 
 def _unused(ruleset: Ruleset, sim: Simulation, stats: dict[str, dict[str, Any]]) -> None:
@@ -222,7 +215,7 @@ def _unused(ruleset: Ruleset, sim: Simulation, stats: dict[str, dict[str, Any]])
     tasks = list(sim.cluster.in_memory())
     if not unused or not tasks:
         return  # no key in memory: nothing to match, as in live status
-    usage = sim.rule_usage(unused)
+    usage = rule_matches(sim.ctx, unused, tasks)
     census = None
     for rule in unused:
         e = stats[rule.name]
@@ -283,15 +276,18 @@ def _numeric(cell: str) -> bool:
     return head.isdigit()
 
 
-def _more(items: Sequence[Any], shown: int = TEXT_LIMIT) -> list[str]:
-    rest = len(items) - shown
-    return [f"  ... and {rest} more (--format json lists them all)"] if rest > 0 else []
+def _listed(items: Sequence[Any], line: Callable[[Any], str]) -> list[str]:
+    """The first :data:`TEXT_LIMIT` items, a line each, and how many more there are."""
+    rest = len(items) - TEXT_LIMIT
+    more = [f"  ... and {rest} more (--format json lists them all)"] if rest > 0 else []
+    return [f"  {line(x)}" for x in items[:TEXT_LIMIT]] + more
 
 
 def render_text(report: Mapping[str, Any]) -> str:
-    """The report for a terminal."""
+    """The report for a terminal (a drain's part first)."""
     t = report["totals"]
     lines = [
+        *drain_lines(report.get("drain")),
         f"cluster: {report['cluster']}: {counted(t['workers'], 'worker')}, "
         f"{counted(t['keys_in_memory'], 'key')} in memory ({size(t['bytes_in_memory'])}), "
         f"{t['governed']:,} governed by the rules",
@@ -331,11 +327,7 @@ def kill_lines(report: Mapping[str, Any]) -> list[str]:
             f"{plural(len(lost), 'loses its', 'lose their')} last copy "
             f"({size(sum(x['bytes'] for x in lost))}):"
         )
-        lines += [
-            f"  {x['key']}" + (f" (rule {x['rule']})" if x["rule"] else "")
-            for x in lost[:TEXT_LIMIT]
-        ]
-        lines += _more(lost)
+        lines += _listed(lost, lambda x: x["key"] + (f" (rule {x['rule']})" if x["rule"] else ""))
     else:
         lines.append("no key loses its last copy")
     below = report["below_target"]
@@ -345,11 +337,12 @@ def kill_lines(report: Mapping[str, Any]) -> list[str]:
             f"below target after the kill: {counted(len(below), 'key')}; restored by "
             f"{counted(r['copies'], 'copy')} ({size(r['bytes'])}):"
         )
-        lines += [
-            f"  {x['key']}: {x['copies']} of {counted(x['target'], 'copy')} {_paren(x['rule'])}"
-            for x in below[:TEXT_LIMIT]
-        ]
-        lines += _more(below)
+        lines += _listed(
+            below,
+            lambda x: (
+                f"{x['key']}: {x['copies']} of {counted(x['target'], 'copy')} {_paren(x['rule'])}"
+            ),
+        )
     return lines
 
 
@@ -430,33 +423,26 @@ def list_lines(report: Mapping[str, Any]) -> list[str]:
     unmet = report["unmet"]
     if unmet:
         out += ["", f"keys left below target ({len(unmet)}):"]
-        out += [f"  {x['key']} {_paren(x['rule'])}: {x['reason']}" for x in unmet[:TEXT_LIMIT]]
-        out += _more(unmet)
+        out += _listed(unmet, lambda x: f"{x['key']} {_paren(x['rule'])}: {x['reason']}")
     misplaced = report["misplaced"]
     if misplaced:
         out += ["", f"copies left where they should not be ({len(misplaced)}):"]
-        out += [f"  {x['key']} on {x['worker']}: {x['reason']}" for x in misplaced[:TEXT_LIMIT]]
-        out += _more(misplaced)
+        out += _listed(misplaced, lambda x: f"{x['key']} on {x['worker']}: {x['reason']}")
     dry = report["dry_run"]
     if dry:
         out += ["", f"held back by dry-run ({len(dry)}):"]
-        out += [
-            f"  {x['op']} {x['key']} on {x['worker']} {_paren(x['rule'])}"
-            for x in dry[:TEXT_LIMIT]
-        ]
-        out += _more(dry)
+        out += _listed(dry, lambda x: f"{x['op']} {x['key']} on {x['worker']} {_paren(x['rule'])}")
     actions = report["actions"]
     if actions:
         out += ["", f"actions ({len(actions)}):"]
-        out += [
-            f"  cycle {x['cycle']}: {x['op']} {x['key']} on {x['worker']} {_paren(x['rule'])}"
-            for x in actions[:TEXT_LIMIT]
-        ]
-        out += _more(actions)
-    for w in report["warnings"]:
-        out += [f"warning: {w}"]
-    for why in report.get("not_simulated", ()):
-        out += [f"note: {why}"]
+        out += _listed(
+            actions,
+            lambda x: (
+                f"cycle {x['cycle']}: {x['op']} {x['key']} on {x['worker']} {_paren(x['rule'])}"
+            ),
+        )
+    out += [f"warning: {w}" for w in report["warnings"]]
+    out += [f"note: {why}" for why in report.get("not_simulated", ())]
     return out
 
 

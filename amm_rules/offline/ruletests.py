@@ -23,7 +23,7 @@ from typing import Any
 from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.words import counted
 from amm_rules.language.diagnostics import Diagnostic
-from amm_rules.language.ruleset import Desired, Target
+from amm_rules.language.ruleset import Desired
 from amm_rules.offline.casefile import Case, TestFile, read_test_file
 from amm_rules.offline.dump import (
     ClusterState,
@@ -68,11 +68,16 @@ class Coverage:
     used_rules: dict[str, set[str]] = field(default_factory=dict)
     used_pools: dict[str, set[str]] = field(default_factory=dict)
 
-    def missing(self, rules_file: str) -> tuple[list[str], list[str]]:
-        return (
-            [r for r in self.rules[rules_file] if r not in self.used_rules[rules_file]],
-            [p for p in self.pools[rules_file] if p not in self.used_pools[rules_file]],
-        )
+    def missing(self, rules_file: str) -> dict[str, list[str]]:
+        """The rules and the pools of ``rules_file`` no case exercised (as JSON says them)."""
+        return {
+            "rules_not_exercised": [
+                r for r in self.rules[rules_file] if r not in self.used_rules[rules_file]
+            ],
+            "pools_not_exercised": [
+                p for p in self.pools[rules_file] if p not in self.used_pools[rules_file]
+            ],
+        }
 
 
 def find_test_files(paths: Iterable[str]) -> list[str]:
@@ -243,13 +248,16 @@ class _Run:
         self.failures: list[str] = []
 
     def fail(self, path: tuple[Any, ...], message: str) -> None:
-        line, column = self.test.position(path)
+        line, column = self.test.locator.position(path)
         self.failures.append(f"{self.test.path}:{line}:{column}: {message}")
 
     def check(self) -> CaseResult:
         case = self.case
         for path, exp in case.expect:
+            failed = len(self.failures)
             self.key(path, exp)
+            if len(self.failures) > failed:
+                self.seen_as(exp["key"])
         if case.expect_actions is not None:
             self.actions()
         if case.expect_lost is not None:
@@ -264,7 +272,7 @@ class _Run:
                     (*case.path, "expect-pools", pool),
                     f"pool '{pool}': expected workers {sorted(members)}, got {got}",
                 )
-        return CaseResult(case.name, self.test.position(case.path)[0], self.failures)
+        return CaseResult(case.name, self.test.locator.position(case.path)[0], self.failures)
 
     def desired(self, key: Hashable) -> Desired:
         """What the rules want for ``key`` (after the run; before it for a key lost)."""
@@ -273,12 +281,6 @@ class _Run:
     def holders(self, key: Hashable) -> list[str]:
         ts = self.sim.cluster.tasks[key]
         return sorted(self.names[ws.address] for ws in ts.who_has or ())
-
-    def key(self, path: tuple[Any, ...], exp: dict[str, Any]) -> None:
-        failed = len(self.failures)
-        self._key(path, exp)
-        if len(self.failures) > failed:
-            self.seen_as(exp["key"])
 
     def seen_as(self, key: Hashable) -> None:
         """After a key's failed expectation: what a match saw of the key (its prefix,
@@ -314,7 +316,7 @@ class _Run:
             )
         self.fail(fixture.path, f"key {key_string(key)!r} is seen as {', '.join(parts)}{note}")
 
-    def _key(self, path: tuple[Any, ...], exp: dict[str, Any]) -> None:
+    def key(self, path: tuple[Any, ...], exp: dict[str, Any]) -> None:
         key = exp["key"]
         shown = f"key {key_string(key)!r}"
         desired = self.desired(key)
@@ -437,8 +439,6 @@ def _show(value: Any) -> str:
         return str(value).lower()
     if value is None:
         return "nothing"
-    if isinstance(value, Target):
-        return str(value)
     return repr(value) if isinstance(value, str) else str(value)
 
 
@@ -498,7 +498,8 @@ def summary(results: Sequence[FileResult]) -> str:
 def coverage_lines(coverage: Coverage) -> list[str]:
     lines = []
     for name in sorted(coverage.rules):
-        rules, pools = coverage.missing(name)
+        missing = coverage.missing(name)
+        rules, pools = missing["rules_not_exercised"], missing["pools_not_exercised"]
         n_rules, n_pools = len(coverage.rules[name]), len(coverage.pools[name])
         lines.append(
             f"coverage of {name}: {n_rules - len(rules)} of {counted(n_rules, 'rule')}, "
@@ -528,16 +529,7 @@ def render_json(results: Sequence[FileResult], coverage: Coverage | None) -> dic
         )
     out: dict[str, Any] = {"files": files, "summary": counts(results)}
     if coverage is not None:
-        out["coverage"] = {
-            name: dict(
-                zip(
-                    ("rules_not_exercised", "pools_not_exercised"),
-                    coverage.missing(name),
-                    strict=True,
-                )
-            )
-            for name in sorted(coverage.rules)
-        }
+        out["coverage"] = {name: coverage.missing(name) for name in sorted(coverage.rules)}
     return out
 
 

@@ -1,17 +1,14 @@
 """A recorded cluster as the engine sees a live one: scheduler-shaped objects.
 
 The engine reads the scheduler through duck-typed adapters
-(:mod:`amm_rules.engine.adapters`: ``TaskFactsAdapter``, ``worker_facts``, ``key_view``,
-``stock_waiter_count``, ``busy_workers``...) and its placements
-(:class:`~amm_rules.engine.state.placement.Placements`), the rebalancer reads
+(:mod:`amm_rules.engine.adapters`) and its placements, the rebalancer reads
 ``tasks``/``workers`` and the Active Memory Manager reads ``workers``, ``running`` and
 each worker's ``memory``. :class:`SimCluster` offers exactly those attributes, built from a
 :class:`~amm_rules.offline.dump.ClusterState` (a dump, a running scheduler's state, a
 test file's fixture): :class:`SimTask` stands for a ``TaskState``, :class:`SimWorker`
 for a ``WorkerState`` with a real ``distributed.scheduler.MemoryState``. So the same
-adapters turn them into the engine's views
-(:class:`~amm_rules.engine.decide.view.ClusterView`, :class:`~amm_rules.engine.decide.view.KeyView`,
-task facts), and nothing of the rules is implemented twice.
+adapters turn them into the engine's views, and nothing of the rules is implemented
+twice.
 
 A :class:`SimCluster` changes only as the simulator says: :meth:`SimCluster.add_replica`
 and :meth:`SimCluster.remove_replica` move copies (and bytes), and record which keys

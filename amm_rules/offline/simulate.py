@@ -6,17 +6,9 @@ running scheduler's state or a test fixture) and runs on it the engine itself: a
 whose clock is the simulation's and whose AMM is distributed's own
 ``ActiveMemoryManagerExtension`` (which validates each suggestion and keeps the memory
 tally, exactly as in the scheduler), and the engine's sections that a recorded cluster
-can run, in the policy's order, on the same :class:`~amm_rules.engine.sections.base.Cycle`:
-
-- replication (:class:`~amm_rules.engine.sections.replication.Replication`: the
-  classifier, the key index, placements, the planner, dry-run, the in-flight and
-  back-off bookkeeping, copies lost with dead workers given up);
-- rebalancing (:class:`~amm_rules.engine.sections.rebalance.RebalanceSection`);
-- the recompute estimates and ``protect:``
-  (:class:`~amm_rules.engine.sections.costs.RecomputeCostsSection`,
-  :class:`~amm_rules.engine.sections.protect.ProtectSection`), from the task groups the
-  dump recorded (compute seconds, states, dependencies);
-- reduce-replicas (:class:`~amm_rules.engine.sections.reduce_replicas.ReduceReplicasSection`).
+can run (:data:`SIMULATED`: classification, replication, rebalancing, the recompute
+estimates and ``protect:`` from the task groups the dump recorded, reduce-replicas), in
+the policy's order, on the same :class:`~amm_rules.engine.sections.base.Cycle`.
 
 Nothing of the cycle is written twice: what the simulation did is read from the
 engine's own journal (and, for reduce-replicas' drops, from the AMM's answers), its
@@ -39,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Hashable, Iterable, Mapping
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,12 +44,9 @@ from distributed.active_memory_manager import (
 from amm_rules.engine.adapters import key_view
 from amm_rules.engine.context import EngineContext
 from amm_rules.engine.decide.plan import DEFAULT_SOURCE, plan_key, target_bounds
-from amm_rules.engine.decide.shadows import Shadow
 from amm_rules.engine.dryrun import HELD_BACK
 from amm_rules.engine.events import EventLog
-from amm_rules.engine.rebalance.rebalancer import Rebalancer
 from amm_rules.engine.sections import SECTIONS, Cycle, steps
-from amm_rules.engine.sections.activity import rule_matches
 from amm_rules.engine.sections.classification import Classification
 from amm_rules.engine.sections.costs import RecomputeCostsSection
 from amm_rules.engine.sections.protect import ProtectSection
@@ -92,8 +82,6 @@ class SimAction:
     nbytes: int
     cycle: int
     reason: str = ""
-    #: Held back by dry-run: what enforcing would do.
-    dry_run: bool = False
 
 
 @dataclass(slots=True)
@@ -102,7 +90,6 @@ class KeyState:
 
     key: Key
     desired: Desired
-    copies: int
     #: The label of its replication target.
     rule: str
     unmet: str | None = None
@@ -276,12 +263,6 @@ class Simulation:
         self.names = {a: (str(ws.name), ws.host) for a, ws in cluster.workers.items()}
 
     @property
-    def rebalancer(self) -> Rebalancer:
-        rebalance = self.sections[self.SECTIONS.index(RebalanceSection)]
-        assert isinstance(rebalance, RebalanceSection)
-        return rebalance.rebalancer
-
-    @property
     def desired(self) -> Mapping[Key, Desired]:
         """Governed keys in memory -> what they want."""
         return self.ctx.index.desired
@@ -299,12 +280,6 @@ class Simulation:
             interval=interval,
             runtime=runtime_targets(state),
         )
-
-    def rule_usage(self, rules: Iterable[Any]) -> dict[str, Shadow]:
-        """Per rule, the keys in memory it matches and who decided its fields for them
-        (an ``idle`` rule matches none, a ``shadowed`` one decides none of those it
-        matches), as live status tells it (:func:`~amm_rules.engine.sections.activity.rule_matches`)."""
-        return rule_matches(self.ctx, rules, self.cluster.in_memory())
 
     def kill(self, addresses: Iterable[str]) -> list[SimTask]:
         """Workers die before the next cycle. Returns the keys that lost their last copy.
@@ -364,15 +339,17 @@ class Simulation:
         self.actions.extend(self._cycle_actions)
         if enacted:
             self.last_active = self.cycle
-        return bool(enacted) or bool(self.ctx.ledger.copies) or bool(self.rebalancer.book.pending)
+        return bool(enacted) or self._in_flight()
+
+    def _in_flight(self) -> bool:
+        """Copies the engine, or rebalancing, still waits for."""
+        rebalance = self.sections[self.SECTIONS.index(RebalanceSection)]
+        assert isinstance(rebalance, RebalanceSection)
+        return bool(self.ctx.ledger.copies) or bool(rebalance.rebalancer.book.pending)
 
     def _at_rest(self) -> bool:
         """Nothing would happen in the next cycle (after a run stopped by its limit)."""
-        return (
-            not self.ctx.ledger.copies
-            and not self.rebalancer.book.pending
-            and not any(s.pending for s in self.final_states().values())
-        )
+        return not self._in_flight() and not any(s.pending for s in self.final_states().values())
 
     # -- the policy's cycle --------------------------------------------------------------
 
@@ -389,35 +366,30 @@ class Simulation:
                 yield from section.run(cycle)
 
     def _record(self, suggestions: Iterable[Suggestion]) -> Generator[Suggestion, Any, None]:
-        """reduce-replicas' drops, passed on and noted with their answers."""
-        answer = None
-        it = iter(suggestions)
-        send = getattr(it, "send", None)
-        try:
+        """reduce-replicas' drops (a generator, or ``()`` when it is off), passed on and
+        noted with their answers."""
+        if not isinstance(suggestions, Generator):
+            yield from suggestions
+            return
+        with closing(suggestions):
+            answer = None
             while True:
                 try:
-                    s = next(it) if send is None or answer is None else send(answer)
+                    s = suggestions.send(answer)
                 except StopIteration:
                     return
                 answer = yield s
-                worker = answer.address if answer is not None else None
-                if worker is None:
-                    continue
-                why = f"{counted(len(s.ts.who_has or ()), 'copy')}; no rule governs the key"
-                self.note(s.op, s.ts.key, worker, DEFAULT_SOURCE, why, "accepted")
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
+                if answer is not None and answer.address is not None:
+                    why = f"{counted(len(s.ts.who_has or ()), 'copy')}; no rule governs the key"
+                    self.note(s.op, s.ts.key, answer.address, DEFAULT_SOURCE, why, "accepted")
 
     def note(self, op: str, key: Key, worker: str, rule: str, reason: str, outcome: str) -> None:
         """One decision of the cycle, as the engine journals it (``outcome``:
         ``accepted``, ``refused`` or ``dry-run``)."""
         ts = self.cluster.tasks.get(key)
         nbytes = ts.nbytes if ts is not None else 0
-        dry = outcome == HELD_BACK
-        action = SimAction(op, key, worker, rule, nbytes, self.cycle, reason, dry)
-        if dry:
+        action = SimAction(op, key, worker, rule, nbytes, self.cycle, reason)
+        if outcome == HELD_BACK:
             self._held.setdefault((op, key, worker), action)
         elif outcome == "accepted":
             self._cycle_actions.append(action)
@@ -441,7 +413,6 @@ class Simulation:
         reduce = self.ruleset.reduce_replicas
         cluster = self.ctx.cluster_view()
         settings = self.ctx.settings(self.now)
-        tasks = self.cluster.tasks
         out = {}
         for cls, group in index.governed.groups.items():
             if placements.class_unmet(cls):
@@ -450,9 +421,9 @@ class Simulation:
                 look = {ts.key for ts in index.governed.suspects(cls, placements.of(cls), reduce)}
             for key, ts in group.items():
                 desired = index.desired[key]
-                state = KeyState(key, desired, len(ts.who_has or ()), cls.source)
+                state = KeyState(key, desired, cls.source)
                 if key in look:
-                    plan = plan_key(key_view(tasks[key], desired, {}, {}), cluster, settings)
+                    plan = plan_key(key_view(ts, desired, {}, {}), cluster, settings)
                     state.unmet = plan.unmet
                     state.misplaced = dict(plan.misplaced)
                     if self.ctx.dry_run.label(desired) is None:

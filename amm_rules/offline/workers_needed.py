@@ -23,7 +23,7 @@ and :mod:`amm_rules.offline.report` prints it.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -52,17 +52,17 @@ BANDWIDTH = 100e6
 def memory_demand(cluster: Any) -> MemoryDemand:
     """The memory view of a recorded cluster (see the module docstring)."""
     workers = [ws for ws in cluster.workers.values() if worker_status(ws) != "closing"]
-    to_run: dict[str, int] = defaultdict(int)
-    held: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    to_run: Counter[str] = Counter()
+    held_bytes: Counter[str] = Counter()
+    held_keys: Counter[str] = Counter()
     for ts in cluster.tasks.values():
         name = ts.prefix.name
         if ts.state in TO_RUN:
             to_run[name] += 1
         elif ts.state == "memory" and ts.nbytes >= 0:
-            entry = held[name]
-            entry[0] += ts.nbytes
-            entry[1] += 1
-    per_task = {p: held[p][0] / held[p][1] for p in to_run if p in held and held[p][1]}
+            held_bytes[name] += ts.nbytes
+            held_keys[name] += 1
+    per_task = {p: held_bytes[p] / held_keys[p] for p in to_run if held_keys[p]}
     return MemoryDemand(
         limits=tuple(int(ws.memory_limit or 0) for ws in workers),
         in_memory=sum(ws.memory.managed for ws in workers),

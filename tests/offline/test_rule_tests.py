@@ -436,6 +436,17 @@ def test_every_problem_in_one_pass_beside_the_schemas(project: Path) -> None:
     ]
 
 
+def test_a_tuple_key_holding_a_mapping_is_an_error_not_a_crash(project: Path) -> None:
+    path = project / "key_test.yaml"
+    path.write_text(
+        "rules: rules.yaml\nworkers: [{name: a}]\n"
+        "cases: [{name: c, keys: [{key: [x, {a: 1}], holders: [a]}]}]\n"
+    )
+    status, output = run("test", str(path))
+    assert status == 1
+    assert f"{path}:3:36: error: keys.key: expected a string or a whole number" in output
+
+
 def test_a_rules_file_with_errors_is_reported_with_its_own_positions(tmp_path: Path) -> None:
     (tmp_path / "rules.yaml").write_text(RULES_TEXT.replace("task.prefix", "task.prefx", 1))
     path = tmp_path / "x_test.yaml"
