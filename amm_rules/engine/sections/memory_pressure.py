@@ -170,9 +170,8 @@ class MemoryPressure(Section, SchedulerPlugin):
     # -- attach ----------------------------------------------------------------------
 
     def attach(self) -> None:
-        ctx = self.ctx
         self._plug()
-        self.base = float(ctx.scheduler.WORKER_SATURATION)
+        self.base = float(self.ctx.scheduler.WORKER_SATURATION)
 
     def _plug(self) -> None:
         """Hear graphs arrive (a member of the engine's scheduler plugin) only while
@@ -201,9 +200,9 @@ class MemoryPressure(Section, SchedulerPlugin):
         have no section, or a disabled one; the new timings apply from the next check."""
         settings = ruleset.memory_pressure
         self.settings = settings if settings is not None and settings.enabled else None
-        if self.settings is None and self.state == "holding":
-            self.release(time.monotonic(), "the rules no longer hold producers back")
         if self.settings is None:
+            if self.state == "holding":
+                self.release(time.monotonic(), "the rules no longer hold producers back")
             self._stop_callback()
             self.state = "idle" if self.state != "unavailable" else self.state
         self._plug()
@@ -262,16 +261,15 @@ class MemoryPressure(Section, SchedulerPlugin):
             prefix = ts.prefix.name
             verdict = verdicts.get(prefix)
             if verdict is None:
-                verdict = verdicts[prefix] = self._root_producer(prefix)
+                verdict = verdicts[prefix] = self._is_producer(prefix)
             if verdict and not already:
                 spec._data_producer = True
                 flagged += 1
+        producers = sorted(p for p, v in verdicts.items() if v)
         if flagged:
             self.counters["queued_roots"] += flagged
-            names = sorted(p for p, v in verdicts.items() if v)
-            logger.debug("amm-rules: %d root tasks of %s made queueable", flagged, names)
+            logger.debug("amm-rules: %d root tasks of %s made queueable", flagged, producers)
         self.ensure_running()
-        producers = sorted(p for p, v in verdicts.items() if v)
         if producers and self.state in ("idle", "cooling"):
             self._hold_at_arrival(settings, scheduler, producers)
 
@@ -293,19 +291,15 @@ class MemoryPressure(Section, SchedulerPlugin):
         self.reasons = reasons
         self.hold(settings, scheduler, now)
 
-    def _root_producer(self, prefix: str) -> bool:
-        """Whether the tasks without dependencies of ``prefix`` are producers (the
-        default ``producers`` counts a prefix never measured as one: such a task frees
-        nothing)."""
-        return self._is_producer(prefix, self.flow.prefixes.get(prefix))
-
-    def _is_producer(self, prefix: str, entry: PrefixFlow | None) -> bool:
+    def _is_producer(self, prefix: str) -> bool:
+        """Whether the tasks of ``prefix`` are producers, by the ``producers`` expression
+        on its memory flow (the default counts a prefix never measured as one: such a
+        task frees nothing)."""
         settings = self.settings
         if settings is None or settings.producers is None:
             return False
-        facts = _facts(prefix, entry)
         try:
-            return bool(settings.producers(facts))
+            return bool(settings.producers(_facts(prefix, self.flow.prefixes.get(prefix))))
         except Exception:  # the expression is checked; never fail the scheduler for it
             logger.exception("amm-rules: memory-pressure producers failed on %r", prefix)
             return False
@@ -338,7 +332,7 @@ class MemoryPressure(Section, SchedulerPlugin):
             return
         above_release = self._look(settings, scheduler)
         head = self._head(scheduler)
-        reasons = self._pressure_reasons(settings)
+        reasons = [*self._pressure_reasons(settings), self._head_reason(head)]
         if self.state == "holding":
             self._while_holding(settings, scheduler, now, above_release, head, reasons)
         else:
@@ -372,7 +366,7 @@ class MemoryPressure(Section, SchedulerPlugin):
             self.head = None
             return None
         prefix = queued.peek().prefix.name
-        self.head = (prefix, self._is_producer(prefix, self.flow.prefixes.get(prefix)))
+        self.head = (prefix, self._is_producer(prefix))
         return self.head
 
     def _pressure_reasons(self, settings: MemoryPressureSettings) -> list[str]:
@@ -405,7 +399,6 @@ class MemoryPressure(Section, SchedulerPlugin):
         head: tuple[str, bool] | None,
         reasons: list[str],
     ) -> None:
-        reasons.append(self._head_reason(head))
         if self.state == "cooling":
             if now < self.cool_until:
                 reasons.append(f"cooling down for {self.cool_until - now:.0f}s")
@@ -427,7 +420,6 @@ class MemoryPressure(Section, SchedulerPlugin):
         head: tuple[str, bool] | None,
         reasons: list[str],
     ) -> None:
-        reasons.append(self._head_reason(head))
         held_for = now - (self.since or now)
         self.reasons = [*reasons, f"holding for {held_for:.0f}s"]
         if held_for >= settings.max_hold:
@@ -514,11 +506,6 @@ class MemoryPressure(Section, SchedulerPlugin):
 
     # -- reading -----------------------------------------------------------------------
 
-    def held_seconds(self, now: float | None = None) -> float:
-        now = time.monotonic() if now is None else now
-        running = now - self.since if self.state == "holding" and self.since else 0.0
-        return self.held_seconds_done + running
-
     def status(self) -> dict[str, Any] | None:
         """The section's state for ``amm_rules_status``; None without a section."""
         settings = self.settings
@@ -552,7 +539,7 @@ class MemoryPressure(Section, SchedulerPlugin):
         if self.settings is None or ts is None or ts.state != "queued":
             return None
         prefix = ts.prefix.name
-        producer = self._is_producer(prefix, self.flow.prefixes.get(prefix))
+        producer = self._is_producer(prefix)
         held = self.state == "holding" and producer
         if held:
             why = f"held back: worker-saturation is {self.held_at:g} while memory is short"
@@ -565,9 +552,14 @@ class MemoryPressure(Section, SchedulerPlugin):
     def metrics(self, now: float | None = None) -> dict[str, float]:
         """Counters for a collector: holds, releases, seconds held, root tasks made
         queueable, and whether a hold is in force."""
-        out = {"holding": float(self.state == "holding"), **self.counter_figures(self.counters)}
-        out["held_seconds"] = round(self.held_seconds(now), 3)
-        return out
+        now = time.monotonic() if now is None else now
+        holding = self.state == "holding"
+        held = self.held_seconds_done + (now - self.since if holding and self.since else 0.0)
+        return {
+            "holding": float(holding),
+            **self.counter_figures(self.counters),
+            "held_seconds": round(held, 3),
+        }
 
 
 class HoldJudge:
