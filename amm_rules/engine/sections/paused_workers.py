@@ -208,7 +208,7 @@ class PausedWorkers(Section):
 
     @classmethod
     def in_use(cls, ruleset: Ruleset) -> bool:
-        return bool(ruleset.paused_workers is not None)
+        return ruleset.paused_workers is not None
 
     name = "paused-workers"
     FEATURES = (
@@ -468,7 +468,8 @@ class PausedWorkers(Section):
         ctx = self.ctx
         settings = self.settings
         assert settings is not None  # (the cycle handles workers only with the section)
-        ws = ctx.scheduler.workers.get(h.address)
+        workers = ctx.scheduler.workers
+        ws = workers.get(h.address)
         if ws is None or worker_status(ws) != "paused":
             return  # left or unpaused: _account_pauses forgets it next cycle
         hold = self._hold(ws, census, now, starting=False)
@@ -484,7 +485,6 @@ class PausedWorkers(Section):
         has_what = ws.has_what
         todo = [ts for k in batch if (ts := tasks.get(k)) is not None and ts in has_what]
         views, cluster = evacuation_input(ctx, todo, ctx.leaving())
-        workers = ctx.scheduler.workers
         space = room(workers, cluster, ctx.ledger.unseen(ctx.last_seen))
         plan = plan_evacuation(
             views,
@@ -497,24 +497,7 @@ class PausedWorkers(Section):
         if plan.stuck or _no_room(plan):
             self._block(h, plan, now)
             return
-        yield from self._copy(h, plan, todo, now, budget, stats)
-        if plan.copies or plan.waiting:
-            h.clean = False
-        if not h.pending and h.clean:
-            self._finish(h)
-
-    def _copy(
-        self,
-        h: Handling,
-        plan: Evacuation,
-        todo: list[Any],
-        now: float,
-        budget: list[int],
-        stats: dict[str, Counter[str]],
-    ) -> Generator[Suggestion, Any, None]:
-        ctx = self.ctx
         by_key = {ts.key: ts for ts in todo}
-        workers = ctx.scheduler.workers
         accepted = yield from suggest_copies(plan, by_key, workers, f"paused {h.address}")
         for copy, _ in accepted:
             record_copy(ctx, self.name, copy, now)
@@ -524,6 +507,10 @@ class PausedWorkers(Section):
             self.counters["copies"] += 1
             self.counters["bytes"] += copy.nbytes
             stats[SOURCE]["requested"] += 1
+        if plan.copies or plan.waiting:
+            h.clean = False
+        if not h.pending and h.clean:
+            self._finish(h)
 
     def _block(self, h: Handling, plan: Evacuation, now: float) -> None:
         """Keys that may not go elsewhere: the worker stays; tried again ``after`` later."""
@@ -565,20 +552,22 @@ class PausedWorkers(Section):
         task.add_done_callback(self.tasks.discard)
 
     async def _restart_or_retire(self, h: Handling) -> None:
-        ctx = self.ctx
+        """Restart or retire the worker, then say what came of it: done (the cool-down
+        starts), or failed (tried again ``after`` later)."""
         try:
-            why = await restart_or_retire(ctx.scheduler, h.address, h.action == "restart")
+            why = await restart_or_retire(self.ctx.scheduler, h.address, h.action == "restart")
         except Exception as exc:  # never let a restart take anything else down
             logger.exception("amm-rules: handling paused worker %s failed", h.address)
             why = repr(exc)
-        if why is None:
-            self._done(h)
-        else:
-            self._failed(h, why)
-
-    def _done(self, h: Handling) -> None:
         settings = self.settings
         self._unhandle(h.address)
+        if why is not None:
+            self.retry[h.address] = time.monotonic() + (settings.after if settings else 0.0)
+            self.counters["failed"] += 1
+            self._note(h.address, "failed", why)
+            logger.warning("amm-rules: paused worker %s not handled: %s", h.address, why)
+            self._emit("failed", h.address, name=h.name, error=why)
+            return
         if settings is not None and settings.cooldown > 0:
             self.cooling[h.name] = time.monotonic() + settings.cooldown
         step = "restarted" if h.action == "restart" else "retired"
@@ -586,15 +575,6 @@ class PausedWorkers(Section):
         self.notes.pop(h.address, None)
         logger.warning("amm-rules: paused worker %s (%s) %s", h.address, h.name, step)
         self._emit(step, h.address, name=h.name, copies=h.copies, bytes=h.bytes, note=h.note)
-
-    def _failed(self, h: Handling, why: str) -> None:
-        settings = self.settings
-        self._unhandle(h.address)
-        self.retry[h.address] = time.monotonic() + (settings.after if settings else 0.0)
-        self.counters["failed"] += 1
-        self._note(h.address, "failed", why)
-        logger.warning("amm-rules: paused worker %s not handled: %s", h.address, why)
-        self._emit("failed", h.address, name=h.name, error=why)
 
     # -- reporting -----------------------------------------------------------------------
 
@@ -617,9 +597,7 @@ class PausedWorkers(Section):
             h = self.handling.get(addr)
             note = self.notes.get(addr, {})
             ws = workers.get(addr)
-            state = h.state if h is not None else note.get("state")
-            if state is None:
-                state = "waiting"
+            state = h.state if h is not None else note.get("state", "waiting")
             lines.append(
                 {
                     "worker": addr,
