@@ -149,15 +149,14 @@ def memory_demand(ctx: EngineContext, meter: DiskMeter, rose: bool = False) -> M
         memory = ws.memory
         in_memory += memory.managed
         on_disk += memory.spilled
-    to_run = {}
+    flow = ctx.flow.prefixes
+    to_run, per_task = {}, {}
     for name, tp in scheduler.task_prefixes.items():
         states = tp.states
         n = sum(states.get(s, 0) for s in TO_RUN)
-        if n:
-            to_run[name] = n
-    flow = ctx.flow.prefixes
-    per_task = {}
-    for name in to_run:
+        if not n:
+            continue
+        to_run[name] = n
         entry = flow.get(name)
         net = entry.net_per_task if entry is not None else None
         if net is not None:
@@ -429,18 +428,8 @@ class AdaptiveSection(Section):
         if not self.supports("adaptive scale-down guard"):
             return
         ctx.add_plugin(self.guard, ScaleDownGuard.name)
-        self._unwrap = self._wrap(ctx.scheduler)
-
-    def detach(self) -> None:
-        if self._unwrap is not None:
-            self._unwrap()
-            self._unwrap = None
-        self.ctx.remove_plugin(self.guard)
-
-    # -- the wrappers ------------------------------------------------------------------
-
-    def _wrap(self, scheduler: Any) -> Callable[[], None]:
-        return wrap_methods(
+        scheduler = ctx.scheduler
+        self._unwrap = wrap_methods(
             scheduler,
             {
                 "adaptive_target": self._target_ruled(scheduler.adaptive_target),
@@ -449,6 +438,14 @@ class AdaptiveSection(Section):
             },
             {name: name for name in WRAPPED},
         )
+
+    def detach(self) -> None:
+        if self._unwrap is not None:
+            self._unwrap()
+            self._unwrap = None
+        self.ctx.remove_plugin(self.guard)
+
+    # -- the wrappers ------------------------------------------------------------------
 
     def _target_ruled(self, adaptive_target: Callable[..., int]) -> Callable[..., int]:
         def adaptive_target_ruled(target_duration: Any = None) -> int:
@@ -543,29 +540,19 @@ class AdaptiveSection(Section):
 
     # -- up ----------------------------------------------------------------------------
 
-    def sample(self) -> None:
-        """A sample of the workers' disk metrics, at most every :data:`SAMPLE_EVERY`."""
-        ctx = self.ctx
-        settings = self.settings
-        if not ctx.attached or settings is None or not settings.memory:
-            return
-        if not self.supports("adaptive: memory"):
-            return
-        now = time.monotonic()
-        if now - self._sampled < SAMPLE_EVERY:
-            return
-        self._sampled = now
-        self.meter.sample(now, *disk_totals(ctx.scheduler))
-
     def answer_target(self, stock: int) -> int:
-        """The larger of distributed's target and memory's (see the module docstring)."""
+        """The larger of distributed's target and memory's (see the module docstring);
+        the workers' disk metrics are sampled at most every :data:`SAMPLE_EVERY`."""
         settings = self.settings
         ctx = self.ctx
         if settings is None or not settings.memory or not ctx.attached:
             return stock
         if not self.supports("adaptive: memory"):
             return stock
-        self.sample()
+        now = time.monotonic()
+        if now - self._sampled >= SAMPLE_EVERY:
+            self._sampled = now
+            self.meter.sample(now, *disk_totals(ctx.scheduler))
         demand = memory_demand(ctx, self.meter, rose=self._rose)
         found = memory_target(demand, settings.headroom, settings.disk_rate)
         self._rose = DISK in found.rising or found.keeps_rise
