@@ -42,7 +42,7 @@ targets these calls had set. Keys whose wishes are in dry-run (``enforcement:
 dry-run``) get their target recorded, for explain and status, and the stock call
 unchanged: dry-run changes nothing.
 
-Neighbours: the section installs the wrappers at attach (:meth:`LegacyCalls.install`) and
+Neighbours: the section installs the wrappers at attach (:meth:`LegacyCalls.attach`) and
 removes them at detach; targets live in :attr:`amm_rules.engine.state.index.KeyIndex.runtime`
 next to those of ``amm_rules.replicate``.
 """
@@ -128,9 +128,6 @@ class LegacyCalls(Section):
         if ruleset.legacy_replicate == "ignore":
             self.forget_targets()
 
-    def attach(self) -> None:
-        self._unwrap = self.install(self.ctx.scheduler)
-
     def detach(self) -> None:
         if self._unwrap is not None:
             self._unwrap()
@@ -142,8 +139,9 @@ class LegacyCalls(Section):
 
     # ------------------------------------------------------------------ install
 
-    def install(self, scheduler: Any) -> Callable[[], None]:
-        """Wrap the scheduler's ``replicate`` and ``scatter``; return the undo."""
+    def attach(self) -> None:
+        """Wrap the scheduler's ``replicate`` and ``scatter`` (undone at detach)."""
+        scheduler = self.ctx.scheduler
         replicate = self._replicate = scheduler.replicate
         scatter = scheduler.scatter
 
@@ -178,16 +176,18 @@ class LegacyCalls(Section):
             broadcast: bool | int = False,
             timeout: float = 2,
         ) -> Any:
-            if not broadcast or not self.honouring:
-                keys = await scatter(
-                    data=data, workers=workers, client=client, broadcast=broadcast, timeout=timeout
-                )
+            honour = bool(broadcast) and self.honouring
+            keys = await scatter(
+                data=data,
+                workers=workers,
+                client=client,
+                broadcast=False if honour else broadcast,
+                timeout=timeout,
+            )
+            if not honour:
                 if broadcast:
                     self._superseded(keys)
                 return keys
-            keys = await scatter(
-                data=data, workers=workers, client=client, broadcast=False, timeout=timeout
-            )
             n = None if broadcast is True else broadcast
             stock = {"n": n, "workers": workers}  # what the stock scatter asks of replicate
             if not await self._honour(keys, BROADCAST, stock):
@@ -198,7 +198,7 @@ class LegacyCalls(Section):
             "replicate": replicate_honoured,
             "scatter": scatter_honoured,
         }
-        return wrap_methods(scheduler, wrappers, {name: name for name in wrappers})
+        self._unwrap = wrap_methods(scheduler, wrappers, {name: name for name in wrappers})
 
     # ------------------------------------------------------------------ calls
 
@@ -402,13 +402,12 @@ class LegacyCalls(Section):
 
     # ------------------------------------------------------------------ rules
 
-    def forget_targets(self) -> int:
+    def forget_targets(self) -> None:
         """Remove the targets these calls had set (``legacy-replicate: ignore``)."""
         index = self.ctx.index
         gone = [k for k, t in index.runtime.items() if t.origin in ORIGINS]
         for key in gone:
             index.set_runtime_target(key, None)
-        return len(gone)
 
     def status(self) -> dict[str, Any]:
         return {
