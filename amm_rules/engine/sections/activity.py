@@ -48,11 +48,7 @@ class RuleActivity(Section):
         self.cycles = 0
 
     def run(self, cycle: Cycle) -> tuple[()]:
-        ctx = self.ctx
-        matched = self.matched
-        for label, n in ctx.index.governed.governed_by.items():
-            if n and label not in matched:
-                matched.add(label)
+        self.matched.update(label for label, n in self.ctx.index.governed.governed_by.items() if n)
         self.cycles += 1
         return ()
 

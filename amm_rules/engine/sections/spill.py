@@ -209,9 +209,6 @@ class ByRule:
         self._started = 0.0
         self._busy = False
 
-    def age(self, now: float) -> float | None:
-        return None if self.at is None else round(now - self.at, 1)
-
     def count(self, ctx: EngineContext, deadline: float) -> None:
         """Go on with the count until ``deadline``."""
         spilled = ctx.spilled
@@ -614,6 +611,7 @@ class SpillSection(Section):
         if settings is None:
             return None
         spilled = self.ctx.spilled
+        by_rule = self.by_rule
         shown = heapq.nlargest(
             STATUS_WORKERS, spilled.workers.items(), key=lambda item: (item[1].bytes, item[0])
         )
@@ -627,8 +625,8 @@ class SpillSection(Section):
             "workers": workers,
             "workers_reporting": len(spilled.workers),
             "left_alone": dict(sorted(spilled.left_alone.items())),
-            "bytes_on_disk_by_rule": self.by_rule.counted,
-            "by_rule_age": self.by_rule.age(self.ctx.clock()),
+            "bytes_on_disk_by_rule": by_rule.counted,
+            "by_rule_age": None if by_rule.at is None else round(self.ctx.clock() - by_rule.at, 1),
             "keys_on_disk": len(spilled),
             "bytes_on_disk": spilled.total_bytes(),
             "written_bytes": int(spilled.figure("written_bytes")),
