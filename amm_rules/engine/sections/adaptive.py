@@ -1,41 +1,25 @@
 """Adaptive scaling that sees memory and the rules: the ``adaptive:`` section, and the one
-guard of adaptive scale-down.
+guard of adaptive scale-down (docs/adaptive.md says what each part does and shows).
 
-Every adaptive deployment of Dask (``LocalCluster.adapt``, dask-kubernetes,
-dask-jobqueue) asks the scheduler ``adaptive_target()`` (how many workers) and, to scale
-down, ``workers_to_close(target=...)``, then ``retire_workers(names=...)`` and closes
+Every adaptive deployment of Dask asks the scheduler ``adaptive_target()`` and, to scale
+down, ``workers_to_close(target=...)``, then ``retire_workers(names=...)``, and closes
 the workers it named whether or not their retirement succeeded. While the policy is
 attached, this section wraps the three (method and comm handler, restored at detach)
-and adds a scheduler plugin whose ``valid_workers_downscaling`` hook filters the
-candidates of ``workers_to_close``:
+and adds a scheduler plugin whose ``valid_workers_downscaling`` hook is the guard:
 
-- **the guard** (always, with or without an ``adaptive:`` section): the candidates
-  whose leaving the rules allow, computed by
-  :func:`~amm_rules.engine.decide.adaptive.hold` over the governed classes of keys
-  (keys in dry-run keep no worker). Without the section, or with ``hold-rules:
-  false``, it keeps what a retirement would refuse: a pool a rule needs, a holder of
-  keys that may not move or have nowhere to go; with ``hold-rules`` (the section's
-  default) also a rule's ``min`` and ``spread: host``;
-- **the order** (with the section): among the workers the guard lets go, distributed's
-  count is kept and the workers are chosen cheapest to move first
-  (:func:`~amm_rules.engine.decide.adaptive.cheapest_first`: idle first, then bytes to
-  send, bytes to read back from disk, recompute at risk), where distributed chooses the
-  fewest bytes;
-- **the target** (with ``memory: true``): ``adaptive_target`` is the larger of
-  distributed's own and :func:`~amm_rules.engine.decide.adaptive.memory_target`, read
-  from the workers (limits, managed and spilled bytes), the task prefixes (tasks still
-  to run), the memory flow (net bytes per task), the workers' disk metrics (bytes
-  written and read back per second, sampled at each call, at most every half second) and
-  ``worker-saturation`` (lowered below its configured value: producers held back).
+- **the guard** (always): the candidates whose leaving the rules allow
+  (:func:`~amm_rules.engine.decide.adaptive.hold`; keys in dry-run keep no worker);
+- **the order** (with the section): of the workers the guard lets go, distributed's
+  count, cheapest to move first (:func:`~amm_rules.engine.decide.adaptive.cheapest_first`);
+- **the target** (with ``memory: true``): the larger of distributed's and
+  :func:`~amm_rules.engine.decide.adaptive.memory_target`.
 
-``workers_to_close`` also answers reads (``adaptive_target`` calls it, and every
-``/metrics`` scrape and the dashboard call that): its decision is shown in the status
-at once, and acted on (counted, and said in a ``retirement`` event with ``step:
-kept``, one per worker kept: "kept tcp://...:4567: 12 keys of rule precious would fall
-below min 2") only when a retirement of a worker it let through follows within
-:data:`FOLLOW_SECONDS`, or when adaptive's own scale-down (a call with ``target``) was
-refused every worker it wanted (no retirement can follow then). A decision that keeps
-the same workers for the same reasons as the last one acted on is not counted again.
+``workers_to_close`` also answers reads (``adaptive_target``, every ``/metrics`` scrape
+and the dashboard call it): its decision is shown in the status at once, and acted on
+(counted, and said in a ``retirement`` event with ``step: kept``) only when adaptive
+scaling made it, or when a retirement of a worker it let through follows within
+:data:`FOLLOW_SECONDS`; a decision that keeps the same workers for the same reasons as
+the last one acted on is not counted again.
 
 Neighbours: :mod:`amm_rules.engine.decide.adaptive` computes; :mod:`amm_rules.engine.words`
 words it; the retirement section places the keys of the workers that leave.

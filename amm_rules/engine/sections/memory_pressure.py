@@ -1,50 +1,17 @@
 """The ``memory-pressure`` section: hold memory producers back while workers are short
-of memory and data is moving between them.
+of memory and data is moving between them. docs/memory-flow.md ("Holding producers
+back") has the levers a scheduler has in distributed 2026.8, the steps, the floors and
+the measurements.
 
-What a scheduler-side engine can do in distributed 2026.8, without patching it and
-with nothing installed on workers (docs/memory-flow.md has the measurements):
-
-- a worker's *paused* status cannot be forced from the scheduler: the worker's memory
-  monitor sets it back at its next check. Not used;
-- root-ish tasks wait in the scheduler's queue while every worker has
-  ``max(1, ceil(worker-saturation x threads))`` tasks processing. The saturation is one
-  number for the cluster (``Scheduler.WORKER_SATURATION``); changing it at run time is
-  safe once the scheduler's idle set is recomputed for every worker
-  (``check_idle_saturated``), and, when it grows, the queue is offered the slots that
-  opened (``stimulus_queue_slots_maybe_opened``). This is the lever: :meth:`hold`
-  lowers it to ``saturation``, :meth:`release` puts back the scheduler's own value;
-- a task group at most twice the cluster's thread count is not root-ish, so its tasks
-  are all sent to workers at once and never queued. When a graph arrives (a scheduler
-  plugin's ``update_graph``, before its tasks are scheduled), the tasks without
-  dependencies of producer prefixes are flagged as data producers (dask's own flag on
-  its task spec, which the scheduler reads in ``is_rootish``), so that they queue like
-  a large root group and the hold reaches them;
-- task priorities can be changed only when a graph arrives, and only reorder what is
-  ready; they hold nothing back. Not used.
-
-Each ``check-interval`` (a periodic callback on the scheduler's event loop, one pass over
-the workers), :meth:`MemoryPressure.check`:
-
-1. finds the workers under pressure: at or above ``threshold`` of their memory limit by
-   ``measure``, with data in flight to or from them (``require-transfers``: keys the
-   scheduler knows they must fetch, and the transfers of their last heartbeat);
-2. looks at the head of the scheduler's queue: only a producer (the ``producers``
-   expression on its prefix's memory flow, :mod:`amm_rules.engine.state.flow`) is held back;
-3. holds when some worker is under pressure and the queue's head is a producer, unless
-   cooling down; releases once no worker is at or above ``release`` (after at least
-   ``min-hold``), when the queue's head is no longer a producer, or after ``max-hold``
-   (then cools down for ``cool-down``).
-
-A graph that arrives with producer tasks without dependencies while a worker is under
-pressure is held at once, before its tasks are scheduled: otherwise a slot's worth of
-them would go to every worker before the next check.
-
-The floors: distributed never sends a worker fewer than one queued task slot, so every
-worker keeps running at least one task, and the cluster at least one per worker and
-``saturation`` of its threads; ``max-hold`` bounds a hold in time. Non-root tasks (those
-that consume what is in memory) are never held. Every hold and release is an
-``amm-rules`` event (``action: "memory-pressure"``), the status says what is held and
-why (:meth:`MemoryPressure.status`), and :meth:`MemoryPressure.metrics` counts.
+The lever is the scheduler's ``worker-saturation`` (one number for the cluster):
+:meth:`MemoryPressure.hold` lowers it to ``saturation``, :meth:`MemoryPressure.release`
+puts back the scheduler's own value (:func:`_set_saturation`). It queues root-ish tasks
+only, so when a graph arrives (:meth:`MemoryPressure.update_graph`, before its tasks are
+scheduled) the tasks without dependencies of producer prefixes are flagged as data
+producers, so that they queue too, and the hold starts at once if a worker is under
+pressure. Each ``check-interval`` (a periodic callback on the scheduler's event loop,
+one pass over the workers) :meth:`MemoryPressure.check` holds or releases;
+:class:`HoldJudge` releases a hold that does not pay.
 
 Neighbours: the policy runs it as a section (attach, reloads, a cycle starts its check);
 :mod:`amm_rules.engine.state.flow` says which prefixes produce memory.

@@ -1,39 +1,19 @@
 """The ``paused-workers`` section: workers that stay paused are emptied by the rules,
-then restarted or retired, or only reported.
+then restarted or retired, or only reported. docs/paused-workers.md says each step,
+guard, event and figure.
 
-A worker pauses when its process memory passes ``distributed.worker.memory.pause``. If
-the memory is not Dask's data (a leak in a library), it never unpauses: it keeps its
-data but runs and fetches nothing, and nothing in distributed acts on it (dask issue
-5999). Each AMM cycle, :meth:`PausedWorkers.run`:
-
-1. learns when each worker paused from the scheduler's own status changes
-   (:class:`PauseClock`, a scheduler plugin reading the ``worker-status-change`` events;
-   checked against the workers' statuses every cycle); a worker that unpauses is
-   forgotten;
-2. for a worker paused for ``after`` seconds, checks the guards, in this order: not every
-   worker is paused, no more than ``max-paused-fraction`` of them, no actors on it, its
-   unmanaged memory (``ws.memory.unmanaged``) at least ``require-unmanaged`` of its
-   limit, not cooling down (by worker name, which a nanny restart keeps), not blocked at
-   its last attempt, fewer than ``max-concurrent`` workers handled; ``action: report``
-   stops at the report;
-3. copies the keys it holds alone, or below their target on the other workers, by the
-   rules (:func:`~amm_rules.engine.decide.evacuate.plan_evacuation`: pools, ``avoid``,
-   ``spread``), to workers with room: below their own pause threshold after receiving,
-   less :data:`ROOM_MARGIN` of their limit, counting the copies the engine sent them (any
-   section's, from the ledger) and they have not reported in a heartbeat since. At most
-   ``max-bytes-per-cycle`` per cycle, and :data:`KEYS_PER_CYCLE` keys looked at;
-4. once a full pass over its keys finds every one held where it should be, spawns (on
-   the scheduler's event loop, never waiting for it in the cycle) a coroutine that retires
-   it through ``Scheduler.retire_workers`` (whose placement is the rules', see
-   :mod:`amm_rules.engine.sections.retirement`; it flushes what landed on the worker meanwhile) and,
-   for ``restart``, then restarts it through its nanny (a worker without a nanny is
-   retired instead, and the event says so);
-5. a key that may not be copied (``move: never``), or that has no eligible worker, or no
-   worker with room, blocks the worker: an event names the keys and rules, and the worker
-   is looked at again ``after`` seconds later. Nothing is dropped to make room.
-
-Every step is an ``amm-rules`` event (``action: "paused-worker"``, with a ``step``), a
-line of :meth:`PausedWorkers.status` and a counter of :meth:`PausedWorkers.metrics`.
+A worker paused by memory that is not Dask's data never unpauses, and nothing in
+distributed acts on it (dask issue 5999). Each AMM cycle, :meth:`PausedWorkers.run`
+learns when each worker paused (:class:`PauseClock`: the scheduler's
+``worker-status-change`` events, checked against the workers' statuses), checks the
+guards of a worker paused for ``after`` seconds (:meth:`PausedWorkers._hold`), copies
+the keys it holds alone, or below their target elsewhere, by the rules
+(:func:`~amm_rules.engine.decide.evacuate.plan_evacuation`) to workers with
+:func:`room`, and once a full pass over its keys finds every one held where it should
+be, retires it through ``Scheduler.retire_workers`` (then, for ``restart``, restarts it
+through its nanny) in a coroutine the cycle never waits for. A key that may not go
+elsewhere blocks the worker, which is looked at again ``after`` seconds later: nothing
+is dropped to make room.
 
 Neighbours: the policy runs :meth:`PausedWorkers.run` as a step of its cycle;
 :mod:`amm_rules.engine.decide.evacuate` plans; :mod:`amm_rules.engine.evacuation` is
