@@ -302,8 +302,7 @@ class ScaleDownGuard(SchedulerPlugin):
 
     def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
         section = self.section
-        ctx = section.ctx
-        if not ctx.attached or not workers or self.bypass:
+        if not section.ctx.attached or not workers or self.bypass:
             return workers
         try:
             order, decided = section.decide(workers)

@@ -88,8 +88,7 @@ class RecomputeCostsSection(Section):
         ``task.recompute_seconds``, classify again the keys of the groups republished."""
         ctx = self.ctx
         costs = ctx.costs
-        index = ctx.index
-        if index.take_memory_changed():
+        if ctx.index.take_memory_changed():
             costs.changed = True
         republished = costs.refresh(ctx.scheduler.task_groups)
         if republished and ctx.ruleset.reads_costs and costs.track_keys:

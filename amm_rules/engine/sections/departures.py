@@ -64,7 +64,6 @@ class WorkerDepartures(Section):
             departing.listener = None
 
     def _left(self, tally: Departure, retired: bool) -> None:
-        ctx = self.ctx
         self.left += 1
         self.lost_keys += tally.lost
         entry = {
@@ -80,7 +79,7 @@ class WorkerDepartures(Section):
         }
         self.recent.append(entry)
         fields = {k: v for k, v in entry.items() if k != "time"}
-        ctx.events.emit("worker-left", **fields)
+        self.ctx.events.emit("worker-left", **fields)
         if tally.below or tally.lost:
             logger.warning("amm-rules: %s", departure_sentence(entry))
 

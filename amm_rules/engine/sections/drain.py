@@ -401,9 +401,8 @@ class DrainSection(Section):
             self._spawn(self._remove(d.address))
 
     async def _remove(self, address: str) -> None:
-        ctx = self.ctx
         try:
-            await ctx.scheduler.remove_worker(
+            await self.ctx.scheduler.remove_worker(
                 address, stimulus_id=f"amm-rules-drain-deadline-{time.time()}", close=True
             )
         except Exception:

@@ -284,9 +284,8 @@ class PausedWorkers(Section):
 
     def run(self, cycle: Cycle) -> Generator[Suggestion, Any, None]:
         """One cycle (see the module docstring); yields the copies."""
-        ctx = self.ctx
         now, stats = cycle.now, cycle.stats
-        workers = ctx.scheduler.workers
+        workers = self.ctx.scheduler.workers
         self.clock.reconcile(workers, now)
         self._account_pauses(now)
         settings = self.settings
@@ -391,8 +390,7 @@ class PausedWorkers(Section):
 
     def _held(self, ws: Any, since: float, now: float, code: str, words: str) -> None:
         self.notes[ws.address] = {"since": since, "state": "held", "reason": code, "detail": words}
-        ctx = self.ctx
-        if ctx.events.once(
+        if self.ctx.events.once(
             ("paused-held", ws.address, since, code),
             "paused-worker",
             step="held",

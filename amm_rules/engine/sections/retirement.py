@@ -174,7 +174,6 @@ class Retirements(Section):
 
     def run_for(self, rw: RulesRetireWorker, ws: Any) -> Generator[Suggestion, Any, None]:
         ctx = self.ctx
-        manager = rw.manager
         now = time.monotonic()
         tasks = [ts for ts in ws.has_what if not ts.actor]
         leaving = ctx.leaving()
@@ -214,7 +213,7 @@ class Retirements(Section):
                 dry_run_keys=shown_keys(dry),
             )
         by_key = {ts.key: ts for ts in tasks}
-        workers = manager.scheduler.workers
+        workers = rw.manager.scheduler.workers
         accepted = yield from suggest_copies(plan, by_key, workers, f"retiring {ws.address}")
         owner = retirement_owner(ws.address)
         for copy, _ in accepted:
@@ -288,8 +287,7 @@ class Retirements(Section):
         the rules want it on workers that stay. Cheap (it runs every few tens of ms
         while a retirement waits): it checks what the last run found each key needs."""
         ctx = self.ctx
-        scheduler = ctx.scheduler
-        ws = scheduler.workers.get(address)
+        ws = ctx.scheduler.workers.get(address)
         if ws is None:
             return True
         needs = self.needs.get(address)
