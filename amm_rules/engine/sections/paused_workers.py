@@ -119,14 +119,12 @@ class Handling:
     name: str
     #: ``"restart"`` or ``"retire"`` (a restart without a nanny becomes a retirement).
     action: str
-    started: float
     #: ``evacuating``, then ``restarting`` or ``retiring``.
     state: str = "evacuating"
     #: Keys left to look at in this pass over the worker's keys.
     pending: list[Hashable] = field(default_factory=list)
     #: No key needed a copy so far in this pass.
     clean: bool = True
-    keys: int = 0
     copies: int = 0
     bytes: int = 0
     #: Why a restart became a retirement (no nanny), for the events.
@@ -306,9 +304,9 @@ class PausedWorkers(Section):
                 continue
             hold = self._hold(ws, census, now, starting=True)
             if hold is not None:
-                self._held(ws, since, now, *hold)
+                self._held(ws, since, *hold)
                 continue
-            h = self._start(ws, now)
+            h = self._start(ws)
             yield from self._evacuate(h, now, census, budget, stats)
 
     def _account_pauses(self, now: float) -> None:
@@ -388,7 +386,7 @@ class PausedWorkers(Section):
             then=self.settings.action if self.settings else None,
         )
 
-    def _held(self, ws: Any, since: float, now: float, code: str, words: str) -> None:
+    def _held(self, ws: Any, since: float, code: str, words: str) -> None:
         self.notes[ws.address] = {"since": since, "state": "held", "reason": code, "detail": words}
         if self.ctx.events.once(
             ("paused-held", ws.address, since, code),
@@ -402,7 +400,7 @@ class PausedWorkers(Section):
             self.counters["held"] += 1
             logger.info("amm-rules: paused worker %s left alone: %s", ws.address, words)
 
-    def _start(self, ws: Any, now: float) -> Handling:
+    def _start(self, ws: Any) -> Handling:
         settings = self.settings
         assert settings is not None
         action, note = settings.action, None
@@ -410,7 +408,7 @@ class PausedWorkers(Section):
             action, note = "retire", "it has no nanny to restart it: retired instead"
         elif action == "restart" and not self.supports(RESTART):
             action, note = "retire", f"{self.unsupported[RESTART]}: retired instead"
-        h = Handling(ws.address, str(ws.name), action, now, keys=len(ws.has_what), note=note)
+        h = Handling(ws.address, str(ws.name), action, note=note)
         self._handle(h)
         self.stuck.pop(ws.address, None)
         self.counters["evacuations"] += 1
@@ -419,7 +417,7 @@ class PausedWorkers(Section):
             "evacuating",
             ws.address,
             name=h.name,
-            keys=h.keys,
+            keys=len(ws.has_what),
             bytes=ws.nbytes,
             then=action,
             note=note,
@@ -453,7 +451,7 @@ class PausedWorkers(Section):
         hold = self._hold(ws, census, now, starting=False)
         if hold is not None:
             self._unhandle(h.address)
-            self._held(ws, self.clock.since.get(h.address, now), now, *hold)
+            self._held(ws, self.clock.since.get(h.address, now), *hold)
             return
         if not h.pending:
             h.pending = [ts.key for ts in ws.has_what if not ts.actor]
