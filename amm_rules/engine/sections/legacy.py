@@ -131,7 +131,6 @@ class LegacyCalls(Section):
             stimulus_id: str | None = None,
         ) -> Any:
             stock = dict(
-                keys=keys,
                 n=n,
                 workers=workers,
                 branching_factor=branching_factor,
@@ -140,11 +139,9 @@ class LegacyCalls(Section):
             )
             if not self.honouring:
                 self._superseded(keys)
-                return await replicate(**stock)
-            stock.pop("keys")
-            if await self._honour(keys, REPLICATE, stock):
+            elif await self._honour(keys, REPLICATE, stock):
                 return None
-            return await replicate(keys=keys, **stock)  # the stock answer or error
+            return await replicate(keys=keys, **stock)  # the stock call, answer or error
 
         async def scatter_honoured(
             data: dict[Hashable, Any],
@@ -221,16 +218,10 @@ class LegacyCalls(Section):
             ctx.set_runtime_target(key, None)
 
     async def _honour(self, keys: Iterable[Hashable], origin: str, stock: dict[str, Any]) -> bool:
-        """Honour a call on ``keys``: once it holds the scheduler's replica lock, as the
-        stock call does (a retirement holding it may remove workers meanwhile), set the
-        target the call asks for, then make the call's own first copies where the engine
-        would keep them, leaving the keys to the engine afterwards. False if the call is
-        not one to honour (no target, keys not in memory): the stock call answers it.
-
-        ``stock`` holds the arguments of the stock ``replicate`` call besides the keys
-        (``n``, ``workers``, ...). Keys whose wishes are in dry-run get exactly that
-        call: the engine reports what it would do with their target, and changes
-        nothing of what the call does."""
+        """Honour a call on ``keys`` (see the module docstring); False if it is not one
+        to honour (no target, keys not in memory): the stock call answers it. ``stock``:
+        the arguments of the stock ``replicate`` call besides the keys, which the keys
+        whose wishes are in dry-run get exactly (the engine only reports their target)."""
         ctx = self.ctx
         workers = stock.get("workers")
         async with ctx.scheduler._replica_lock(("replicate", object())):  # not reentrant

@@ -287,11 +287,6 @@ class SpillSection(Section):
         self.values_sent = 0
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    @property
-    def sent(self) -> Mapping[str, Mapping[Hashable, float]]:
-        """Worker -> key -> the value per byte last sent to it."""
-        return self.sweep.sent
-
     # -- rules, attach, detach -------------------------------------------------------
 
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
@@ -682,7 +677,9 @@ class SpillSection(Section):
             f"(no copy asked there for {duration(max(0.0, drop.until - now))})"
             for address, drop in sorted(ctx.ledger.drops_of(key).items())
         ]
-        values = {address: sent[key] for address, sent in sorted(self.sent.items()) if key in sent}
+        values = {
+            address: sent[key] for address, sent in sorted(self.sweep.sent.items()) if key in sent
+        }
         d = ctx.index.desired.get(key)
         spill = d.spill if d is not None else None
         return {
