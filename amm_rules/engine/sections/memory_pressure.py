@@ -30,7 +30,7 @@ from tornado.ioloop import PeriodicCallback
 
 from amm_rules.engine.features import DATA_PRODUCER, QUEUEING, Feature
 from amm_rules.engine.sections.base import Cycle, Section
-from amm_rules.engine.state.flow import PrefixFlow
+from amm_rules.engine.state.flow import PrefixFacts, PrefixFlow
 from amm_rules.engine.words import counted, signed_size
 from amm_rules.language.fields import format_fraction
 from amm_rules.language.ruleset import MemoryPressureSettings, Ruleset, TaskFacts
@@ -621,14 +621,14 @@ def _facts(prefix: str, entry: PrefixFlow | None) -> TaskFacts:
     """What a ``producers`` expression sees of a prefix: its live memory flow."""
     if entry is None or not entry.tasks:
         return TaskFacts(key="", prefix=prefix)
-    n = entry.tasks
+    facts = PrefixFacts.of(entry)
     return TaskFacts(
         key="",
         prefix=prefix,
-        prefix_tasks=n,
-        prefix_produced_per_task=entry.produced / n,
-        prefix_freed_by_per_task=entry.freed_by / n,
-        prefix_net_per_task=(entry.produced - entry.freed_by) / n,
+        prefix_tasks=facts.tasks,
+        prefix_produced_per_task=facts.produced_per_task,
+        prefix_freed_by_per_task=facts.freed_by_per_task,
+        prefix_net_per_task=facts.net_per_task,
     )
 
 
