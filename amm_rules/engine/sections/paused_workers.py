@@ -299,7 +299,7 @@ class PausedWorkers(Section):
             ws = workers.get(addr)
             if ws is None:
                 continue
-            self._detected(ws, since, now)
+            self._detected(ws, since, now, settings.action)
             if settings.action == "report":
                 continue
             hold = self._hold(ws, census, now, starting=True)
@@ -364,16 +364,16 @@ class PausedWorkers(Section):
 
     # -- steps ---------------------------------------------------------------------------
 
-    def _detected(self, ws: Any, since: float, now: float) -> None:
-        """First cycle past ``after``: the report every action makes."""
+    def _detected(self, ws: Any, since: float, now: float, action: str) -> None:
+        """First cycle past ``after``: the report every ``action`` makes."""
         addr = ws.address
         note = self.notes.get(addr)
         if note is not None and note.get("since") == since:
             return
         limit = ws.memory_limit or 0
         self.counters["paused"] += 1
-        report = self.settings is not None and self.settings.action == "report"
-        self.notes[addr] = {"since": since, "state": "reported" if report else "paused"}
+        state = "reported" if action == "report" else "paused"
+        self.notes[addr] = {"since": since, "state": state}
         self._emit(
             "paused",
             addr,
@@ -383,7 +383,7 @@ class PausedWorkers(Section):
             process=ws.memory.process,
             keys=len(ws.has_what),
             bytes=ws.nbytes,
-            then=self.settings.action if self.settings else None,
+            then=action,
         )
 
     def _held(self, ws: Any, since: float, code: str, words: str) -> None:
