@@ -7,15 +7,8 @@ the cycle takes its planning time (:attr:`Cycle.now
 <amm_rules.engine.sections.base.Cycle.now>`): classification may take the cycle's
 budget, and every planning step plans at that one time; the context's ledger and claims
 are brought to it first (:meth:`~amm_rules.engine.context.EngineContext.settle`), so that
-no step sees a copy landed, given up or held past its time.
-
-The sections of :data:`OFF_CYCLE` never run in the cycle: they act through scheduler
-hooks, handlers and retirements, and report. They are not steps of it (a step that does
-nothing would still be called every cycle, and the list would no longer say what a
-cycle does).
-
-:data:`SECTIONS` is every section, steps first: the order in which the policy builds,
-attaches and configures them and in which status, explain and the metrics list them.
+no step sees a copy landed, given up or held past its time. The sections of
+:data:`OFF_CYCLE` are not steps of the cycle.
 
 Adding a feature: a module here with its ``Section`` subclass, and its class in one of
 the lists, at the place where it belongs, with its reason (see docs/architecture.md).
@@ -95,7 +88,8 @@ PLANNING: tuple[type[Section], ...] = (
 #: Sections that never run in the cycle: they act through the scheduler's hooks and
 #: handlers (retirements placed by the rules, drains pacing them, adaptive scaling's
 #: questions, the replicate and scatter calls, demand followed, workers leaving), and
-#: report.
+#: report. They are not steps (a step that does nothing would still be called every
+#: cycle, and the lists would no longer say what a cycle does).
 OFF_CYCLE: tuple[type[Section], ...] = (
     Retirements,
     # Adaptive scaling's target and the guard of scale-down, when adaptive asks: after
@@ -106,7 +100,8 @@ OFF_CYCLE: tuple[type[Section], ...] = (
     DemandSection,
     WorkerDepartures,
 )
-#: Every section, in the order status, explain and the metrics list them.
+#: Every section, steps first: the order in which the policy builds, attaches and
+#: configures them, and status, explain and the metrics list them.
 SECTIONS: tuple[type[Section], ...] = PREPARING + PLANNING + OFF_CYCLE
 
 _PLANNING = frozenset(PLANNING)

@@ -4,12 +4,9 @@ A rule that matched no key is the commonest silent mistake of a rules file (a ty
 prefix or a resource named otherwise than the data is). Each cycle, after
 classification, this section notes the rules that govern keys now (the index's counter
 per rule: one look per rule, never a look at keys), and forgets it all when the rules
-are reloaded. The conformance (:mod:`amm_rules.observe.conformance`) calls a rule
-``idle`` when it has governed nothing since it was loaded while the cluster holds keys,
-with near-miss hints from a bounded sample of keys, at status time; or ``shadowed``
-when it matches keys of that sample but earlier rules (or annotations, runtime targets)
-decide all its fields for them, as :func:`rule_matches` tells (``simulate`` and
-``diff`` ask it of every key of a dump).
+are reloaded. The conformance (:mod:`amm_rules.observe.conformance`) calls a rule that
+governed nothing ``idle`` or ``shadowed``, from the keys of a sample it matches, as
+:func:`rule_matches` tells (``simulate`` and ``diff`` ask it of every key of a dump).
 
 Neighbours: :mod:`amm_rules.engine.state.index` counts keys per rule
 (:attr:`~amm_rules.engine.state.index.KeyIndex.governed_by`).
@@ -48,11 +45,7 @@ class RuleActivity(Section):
         self.cycles = 0
 
     def run(self, cycle: Cycle) -> tuple[()]:
-        ctx = self.ctx
-        matched = self.matched
-        for label, n in ctx.index.governed.governed_by.items():
-            if n and label not in matched:
-                matched.add(label)
+        self.matched.update(label for label, n in self.ctx.index.governed.governed_by.items() if n)
         self.cycles += 1
         return ()
 

@@ -1,41 +1,25 @@
 """Adaptive scaling that sees memory and the rules: the ``adaptive:`` section, and the one
-guard of adaptive scale-down.
+guard of adaptive scale-down (docs/adaptive.md says what each part does and shows).
 
-Every adaptive deployment of Dask (``LocalCluster.adapt``, dask-kubernetes,
-dask-jobqueue) asks the scheduler ``adaptive_target()`` (how many workers) and, to scale
-down, ``workers_to_close(target=...)``, then ``retire_workers(names=...)`` and closes
+Every adaptive deployment of Dask asks the scheduler ``adaptive_target()`` and, to scale
+down, ``workers_to_close(target=...)``, then ``retire_workers(names=...)``, and closes
 the workers it named whether or not their retirement succeeded. While the policy is
 attached, this section wraps the three (method and comm handler, restored at detach)
-and adds a scheduler plugin whose ``valid_workers_downscaling`` hook filters the
-candidates of ``workers_to_close``:
+and adds a scheduler plugin whose ``valid_workers_downscaling`` hook is the guard:
 
-- **the guard** (always, with or without an ``adaptive:`` section): the candidates
-  whose leaving the rules allow, computed by
-  :func:`~amm_rules.engine.decide.adaptive.hold` over the governed classes of keys
-  (keys in dry-run keep no worker). Without the section, or with ``hold-rules:
-  false``, it keeps what a retirement would refuse: a pool a rule needs, a holder of
-  keys that may not move or have nowhere to go; with ``hold-rules`` (the section's
-  default) also a rule's ``min`` and ``spread: host``;
-- **the order** (with the section): among the workers the guard lets go, distributed's
-  count is kept and the workers are chosen cheapest to move first
-  (:func:`~amm_rules.engine.decide.adaptive.cheapest_first`: idle first, then bytes to
-  send, bytes to read back from disk, recompute at risk), where distributed chooses the
-  fewest bytes;
-- **the target** (with ``memory: true``): ``adaptive_target`` is the larger of
-  distributed's own and :func:`~amm_rules.engine.decide.adaptive.memory_target`, read
-  from the workers (limits, managed and spilled bytes), the task prefixes (tasks still
-  to run), the memory flow (net bytes per task), the workers' disk metrics (bytes
-  written and read back per second, sampled at each call, at most every half second) and
-  ``worker-saturation`` (lowered below its configured value: producers held back).
+- **the guard** (always): the candidates whose leaving the rules allow
+  (:func:`~amm_rules.engine.decide.adaptive.hold`; keys in dry-run keep no worker);
+- **the order** (with the section): of the workers the guard lets go, distributed's
+  count, cheapest to move first (:func:`~amm_rules.engine.decide.adaptive.cheapest_first`);
+- **the target** (with ``memory: true``): the larger of distributed's and
+  :func:`~amm_rules.engine.decide.adaptive.memory_target`.
 
-``workers_to_close`` also answers reads (``adaptive_target`` calls it, and every
-``/metrics`` scrape and the dashboard call that): its decision is shown in the status
-at once, and acted on (counted, and said in a ``retirement`` event with ``step:
-kept``, one per worker kept: "kept tcp://...:4567: 12 keys of rule precious would fall
-below min 2") only when a retirement of a worker it let through follows within
-:data:`FOLLOW_SECONDS`, or when adaptive's own scale-down (a call with ``target``) was
-refused every worker it wanted (no retirement can follow then). A decision that keeps
-the same workers for the same reasons as the last one acted on is not counted again.
+``workers_to_close`` also answers reads (``adaptive_target``, every ``/metrics`` scrape
+and the dashboard call it): its decision is shown in the status at once, and acted on
+(counted, and said in a ``retirement`` event with ``step: kept``) only when adaptive
+scaling made it, or when a retirement of a worker it let through follows within
+:data:`FOLLOW_SECONDS`; a decision that keeps the same workers for the same reasons as
+the last one acted on is not counted again.
 
 Neighbours: :mod:`amm_rules.engine.decide.adaptive` computes; :mod:`amm_rules.engine.words`
 words it; the retirement section places the keys of the workers that leave.
@@ -149,15 +133,14 @@ def memory_demand(ctx: EngineContext, meter: DiskMeter, rose: bool = False) -> M
         memory = ws.memory
         in_memory += memory.managed
         on_disk += memory.spilled
-    to_run = {}
+    flow = ctx.flow.prefixes
+    to_run, per_task = {}, {}
     for name, tp in scheduler.task_prefixes.items():
         states = tp.states
         n = sum(states.get(s, 0) for s in TO_RUN)
-        if n:
-            to_run[name] = n
-    flow = ctx.flow.prefixes
-    per_task = {}
-    for name in to_run:
+        if not n:
+            continue
+        to_run[name] = n
         entry = flow.get(name)
         net = entry.net_per_task if entry is not None else None
         if net is not None:
@@ -319,8 +302,7 @@ class ScaleDownGuard(SchedulerPlugin):
 
     def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
         section = self.section
-        ctx = section.ctx
-        if not ctx.attached or not workers or self.bypass:
+        if not section.ctx.attached or not workers or self.bypass:
             return workers
         try:
             order, decided = section.decide(workers)
@@ -429,18 +411,8 @@ class AdaptiveSection(Section):
         if not self.supports("adaptive scale-down guard"):
             return
         ctx.add_plugin(self.guard, ScaleDownGuard.name)
-        self._unwrap = self._wrap(ctx.scheduler)
-
-    def detach(self) -> None:
-        if self._unwrap is not None:
-            self._unwrap()
-            self._unwrap = None
-        self.ctx.remove_plugin(self.guard)
-
-    # -- the wrappers ------------------------------------------------------------------
-
-    def _wrap(self, scheduler: Any) -> Callable[[], None]:
-        return wrap_methods(
+        scheduler = ctx.scheduler
+        self._unwrap = wrap_methods(
             scheduler,
             {
                 "adaptive_target": self._target_ruled(scheduler.adaptive_target),
@@ -449,6 +421,14 @@ class AdaptiveSection(Section):
             },
             {name: name for name in WRAPPED},
         )
+
+    def detach(self) -> None:
+        if self._unwrap is not None:
+            self._unwrap()
+            self._unwrap = None
+        self.ctx.remove_plugin(self.guard)
+
+    # -- the wrappers ------------------------------------------------------------------
 
     def _target_ruled(self, adaptive_target: Callable[..., int]) -> Callable[..., int]:
         def adaptive_target_ruled(target_duration: Any = None) -> int:
@@ -543,29 +523,19 @@ class AdaptiveSection(Section):
 
     # -- up ----------------------------------------------------------------------------
 
-    def sample(self) -> None:
-        """A sample of the workers' disk metrics, at most every :data:`SAMPLE_EVERY`."""
-        ctx = self.ctx
-        settings = self.settings
-        if not ctx.attached or settings is None or not settings.memory:
-            return
-        if not self.supports("adaptive: memory"):
-            return
-        now = time.monotonic()
-        if now - self._sampled < SAMPLE_EVERY:
-            return
-        self._sampled = now
-        self.meter.sample(now, *disk_totals(ctx.scheduler))
-
     def answer_target(self, stock: int) -> int:
-        """The larger of distributed's target and memory's (see the module docstring)."""
+        """The larger of distributed's target and memory's (see the module docstring);
+        the workers' disk metrics are sampled at most every :data:`SAMPLE_EVERY`."""
         settings = self.settings
         ctx = self.ctx
         if settings is None or not settings.memory or not ctx.attached:
             return stock
         if not self.supports("adaptive: memory"):
             return stock
-        self.sample()
+        now = time.monotonic()
+        if now - self._sampled >= SAMPLE_EVERY:
+            self._sampled = now
+            self.meter.sample(now, *disk_totals(ctx.scheduler))
         demand = memory_demand(ctx, self.meter, rose=self._rose)
         found = memory_target(demand, settings.headroom, settings.disk_rate)
         self._rose = DISK in found.rising or found.keeps_rise

@@ -1,43 +1,14 @@
-"""The contract of a section: one feature of the engine.
+"""The contract of a section: one feature of the engine. docs/architecture.md ("Sections
+and the engine's context") has the table of what a section may define and when each
+method is called.
 
-A :class:`Section` is what the policy knows of a feature. It is built with the
-:class:`~amm_rules.engine.context.EngineContext` (``Section(ctx)``: the context exists
-before the sections, and a section keeps it, never the policy), and never sees another
-section: what sections must agree on is on the context (the ledger, the claims, the
-workers leaving).
-
-**What a section must have**: a :attr:`~Section.name` (its part of the rules file where it
-has one), and its place in :mod:`amm_rules.engine.sections`: a step of the cycle (it
-runs every cycle, in the order written there once, with the reason beside it), or
-a section off the cycle (it acts only through scheduler hooks, handlers and its
-reports, and is not a step of the cycle at all).
-
-**What a section may have** (each has a default that does nothing):
-
-- ``configure(ruleset, dry_run)``: the rules were installed (at start and on every
-  reload), before the keys are classified again;
-- ``attach()``: the policy has an AMM (and so a scheduler: ``ctx.scheduler`` is valid
-  from here on); install plugins and wrappers;
-- ``run(cycle)``: the cycle's work (steps of the cycle only); the suggestions it yields
-  go to the AMM, which validates and enacts them (a step with nothing to suggest returns
-  an empty tuple: each generator between the AMM and a suggestion costs a frame switch
-  per suggestion);
-- ``reloaded(in_memory)``: a reload installed new rules; the tasks in memory (the one
-  pass over ``scheduler.tasks`` a reload costs, shared by every section);
-- ``detach()``: the policy leaves the AMM: remove every plugin, wrapper and callback
-  ``attach`` installed (``ctx.attached`` is false from then on);
-- ``status()``, ``explain(ts, now)``, ``metrics()``: its entry in ``amm_rules_status``
-  under :attr:`~Section.status_key`, in an ``explain`` answer under
-  :attr:`~Section.explain_key`, and its figures for Prometheus, described by
-  :attr:`~Section.METRICS`;
-- ``cycle_summary(into)``: its part of the ``cycle`` event;
-- :attr:`~Section.FEATURES`: what it needs of dask's and distributed's internals
-  (:mod:`amm_rules.engine.features`): the policy checks them at attach; a section whose
-  own feature (named as the section) lacks a need is neither attached nor run, and a
-  part of it that lacks one is in :attr:`~Section.unsupported`, which the section
-  consults (:meth:`~Section.supports`) to leave that part off;
-- :attr:`~Section.offline` and :meth:`~Section.in_use`: why a simulation cannot run it,
-  and whether the rules use it.
+A :class:`Section` is built with the :class:`~amm_rules.engine.context.EngineContext`
+(``Section(ctx)``: the context exists before the sections, and a section keeps it, never
+the policy), and never sees another section: what sections must agree on is on the
+context (the ledger, the claims, the workers leaving). It must have a
+:attr:`~Section.name` and its place in :mod:`amm_rules.engine.sections`: a step of the
+cycle, run every cycle in the order written there once, or a section off the cycle,
+which acts only through scheduler hooks, handlers and its reports.
 
 Neighbours: :mod:`amm_rules.engine.sections` runs the cycle;
 :mod:`amm_rules.engine.context` is what the sections are given.
@@ -107,8 +78,11 @@ class Section:
     #: the section (:meth:`in_use`).
     offline: ClassVar[str] = ""
 
-    #: What the section and its parts need of dask's and distributed's internals: the
-    #: feature named as the section is the whole section, others are parts of it.
+    #: What the section and its parts need of dask's and distributed's internals
+    #: (:mod:`amm_rules.engine.features`), checked by the policy at attach: a section
+    #: whose own feature (named as the section) lacks a need is neither attached nor
+    #: run; a part that lacks one is in :attr:`unsupported`, and left off
+    #: (:meth:`supports`).
     FEATURES: ClassVar[tuple[Feature, ...]] = ()
     #: The features of :attr:`FEATURES` off on this scheduler, with their words (set by
     #: the policy's check at attach).
@@ -131,20 +105,27 @@ class Section:
         return False
 
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
-        """The rules in force changed (start or reload)."""
+        """The rules in force changed (start or reload), before the keys are classified
+        again."""
 
     def attach(self) -> None:
-        """The policy attached to an AMM: install what the section needs."""
+        """The policy attached to an AMM (``ctx.scheduler`` is valid from here on):
+        install the plugins and wrappers the section needs."""
 
     def detach(self) -> None:
-        """The policy leaves the AMM: remove everything :meth:`attach` installed."""
+        """The policy leaves the AMM: remove everything :meth:`attach` installed
+        (``ctx.attached`` is false from then on)."""
 
     def run(self, cycle: Cycle) -> Iterable[Any]:
-        """This cycle's work; the ``Suggestion`` objects it yields go to the AMM."""
+        """This cycle's work (steps of the cycle only); the ``Suggestion`` objects it
+        yields go to the AMM, which validates and enacts them. A step with nothing to
+        suggest returns an empty tuple: each generator between the AMM and a suggestion
+        costs a frame switch per suggestion."""
         return ()
 
     def reloaded(self, in_memory: list[Any]) -> None:
-        """A reload installed new rules; ``in_memory``: the tasks in memory now."""
+        """A reload installed new rules; ``in_memory``: the tasks in memory now (the one
+        pass over ``scheduler.tasks`` a reload costs, shared by every section)."""
 
     def status(self) -> Any:
         """The section's entry in ``amm_rules_status`` (plain data)."""

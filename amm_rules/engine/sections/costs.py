@@ -9,10 +9,7 @@ the index's first batch, not from a scan of its own), refreshes the estimates at
 start of each cycle if keys entered or left memory since the last (before
 classification, so that rules reading ``task.recompute_seconds`` see this cycle's
 figures; keys of groups whose estimate moved are classified again while rules read
-it), and reports: ``amm_rules_status`` (``recompute``: the work at risk in all, the 20
-workers with the most, the dearest groups), ``explain`` ("recompute ≈ 41 min: own 2 s,
-7 ancestors released") and Prometheus (``dask_amm_rules_work_at_risk_seconds`` per
-worker, the top 20 and the total).
+it), and reports them in the status, ``explain`` and Prometheus (docs/observe.md).
 
 Neighbours: :mod:`amm_rules.engine.state.costs` estimates;
 :mod:`amm_rules.engine.sections.protect` spends a budget on the dearest keys.
@@ -91,8 +88,7 @@ class RecomputeCostsSection(Section):
         ``task.recompute_seconds``, classify again the keys of the groups republished."""
         ctx = self.ctx
         costs = ctx.costs
-        index = ctx.index
-        if index.take_memory_changed():
+        if ctx.index.take_memory_changed():
             costs.changed = True
         republished = costs.refresh(ctx.scheduler.task_groups)
         if republished and ctx.ruleset.reads_costs and costs.track_keys:

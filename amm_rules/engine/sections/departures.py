@@ -1,18 +1,11 @@
 """Workers leaving: what each took with it, said when it happens.
 
 When a worker leaves (killed, lost, closed or retired), the key index tallies its copies
-(:mod:`amm_rules.engine.state.departures`); this section then
-
-- emits a ``worker-left`` event: ``worker``, ``retired`` (it left through a retirement),
-  ``below`` (governed keys now short of their target's minimum, with a copy left),
-  ``below_bytes``, ``below_keys`` (up to 20), ``lost`` (keys, governed or not, that lost
-  their last copy: recomputed if they can be, else gone), ``lost_bytes``, ``lost_keys``;
-- keeps the last :data:`RECENT_KEPT` departures for ``amm-rules status``, the dashboard
-  page and ``/amm-rules/status.json`` (status key ``workers_left``), so that "3 keys with
-  copies in flight" comes with why: ``in progress since tcp://10.0.0.7:4001 left 2 s
-  ago: 3 keys below target``;
-- counts them for Prometheus: ``dask_amm_rules_workers_left_total``,
-  ``dask_amm_rules_worker_left_lost_keys_total``.
+(:mod:`amm_rules.engine.state.departures`); this section emits a ``worker-left`` event
+(the governed keys it left below target and the keys that lost their last copy), keeps
+the last :data:`RECENT_KEPT` departures for the status (``workers_left``), so that "3
+keys with copies in flight" comes with why, and counts them for Prometheus
+(docs/observe.md has the fields and the series).
 
 Neighbours: :mod:`amm_rules.engine.state.index` (the hooks),
 :mod:`amm_rules.observe.text` and :mod:`amm_rules.observe.dashboard` (what is shown).
@@ -71,7 +64,6 @@ class WorkerDepartures(Section):
             departing.listener = None
 
     def _left(self, tally: Departure, retired: bool) -> None:
-        ctx = self.ctx
         self.left += 1
         self.lost_keys += tally.lost
         entry = {
@@ -87,7 +79,7 @@ class WorkerDepartures(Section):
         }
         self.recent.append(entry)
         fields = {k: v for k, v in entry.items() if k != "time"}
-        ctx.events.emit("worker-left", **fields)
+        self.ctx.events.emit("worker-left", **fields)
         if tally.below or tally.lost:
             logger.warning("amm-rules: %s", departure_sentence(entry))
 

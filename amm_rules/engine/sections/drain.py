@@ -1,43 +1,20 @@
 """The ``drain`` section: workers that must leave before a deadline send what is worth
-most first, and the engine says early what will be lost.
+most first, and the engine says early what will be lost. docs/drain.md has the order
+of value, the prediction, the deadline and what is shown.
 
 A drain is a retirement with a deadline and an order of value. :meth:`DrainSection.start`
 (the ``amm_rules_drain`` handler, behind :func:`amm_rules.drain`, ``amm-rules drain`` and
-the worker preload :mod:`amm_rules.worker`):
-
-1. checks the request (workers by address or name, the deadline), and says before it
-   starts what cannot stay where its rules want it: keys of a pool none of whose
-   workers stays, ``move: never`` keys (:func:`~amm_rules.engine.decide.evacuate.plan_evacuation`'s
-   stuck keys), with the first prediction (:func:`~amm_rules.engine.decide.drain.predict`);
-2. retires the workers through ``Scheduler.retire_workers`` (they stop receiving
-   tasks; the rules place their keys: :mod:`amm_rules.engine.sections.retirement`), as
-   the :class:`~amm_rules.engine.state.leaving.Pacer` of their retirements (their
-   departure on the context names the drain as their pacer, and says that they keep
-   their copies until they go): each
-   cycle it ranks the worker's keys by value (:func:`~amm_rules.engine.decide.drain.rank`:
-   below a replication minimum first, then recompute seconds saved per byte from the
-   recompute cost model, then the rest), and lets through only the copies that fit a
-   window of bytes in flight (:data:`WINDOW_SECONDS` of the measured rate), so that
-   the recipients fetch in that order rather than all at once, and holds the keys still
-   waiting for their turn (:mod:`amm_rules.engine.state.claims`: the rest of the engine
-   leaves them alone until then); keys that cannot move are reported, not a reason to
-   refuse; the drain never drops a copy itself;
-3. measures the rate while it runs, from the draining workers' heartbeats (bytes their
-   ``get-data`` handler sent: :class:`~amm_rules.engine.state.transfer.TransferMeter`,
-   read by the ticker),
-   else from its copies that landed (the ledger's count), else distributed's estimate
-   (``Scheduler.bandwidth``, said as ``assumed``), and updates the prediction every
-   cycle (an event when it moved);
-4. ends when every key is safe (held where its rules want it on workers that stay), at
-   the deadline, or when the worker leaves: with ``close``, the retirement closes the
-   worker once its keys are safe, and the drain removes it at the deadline; without,
-   the worker stays retiring (it gets no new tasks) until it leaves. What happened
-   is kept beside the first prediction; once the worker went, the drain says
-   ``closed`` (``left`` if it went before its drain ended).
-
-Between two cycles a ticker (every :data:`TICK` seconds while a drain runs) notes the
-copies that landed, asks for an early cycle when the window has room, and acts at the
-deadline.
+the worker preload :mod:`amm_rules.worker`) checks the request, says first what cannot
+stay where its rules want it, with the first prediction, and retires the workers through
+``Scheduler.retire_workers``, as the :class:`~amm_rules.engine.state.leaving.Pacer` of
+their retirements (their departure names the drain, and keeps their copies until they
+go): each cycle it ranks a worker's keys by value, lets through only the copies that fit
+a window of bytes in flight (:data:`WINDOW_SECONDS` of the measured rate), so that the
+recipients fetch in that order, and holds the keys still waiting for their turn
+(:mod:`amm_rules.engine.state.claims`). Keys that cannot move are reported, not a reason
+to refuse; the drain never drops a copy itself. Between two cycles a ticker (every
+:data:`TICK` seconds while a drain runs) measures the rate, notes the copies that
+landed, asks for an early cycle when the window has room, and acts at the deadline.
 
 What each drain knows of its worker's keys, and its report, is a
 :class:`~amm_rules.engine.state.drain.Drain`; the request's checks and the report's record
@@ -424,9 +401,8 @@ class DrainSection(Section):
             self._spawn(self._remove(d.address))
 
     async def _remove(self, address: str) -> None:
-        ctx = self.ctx
         try:
-            await ctx.scheduler.remove_worker(
+            await self.ctx.scheduler.remove_worker(
                 address, stimulus_id=f"amm-rules-drain-deadline-{time.time()}", close=True
             )
         except Exception:

@@ -1,50 +1,27 @@
-"""distributed's own replication calls, made durable.
+"""distributed's own replication calls, made durable (docs/policy.md, "client.replicate
+and scatter(broadcast=True)", and docs/rules.md, "legacy-replicate").
 
-``Client.replicate(futures, n=N)`` and ``Client.scatter(..., broadcast=True)`` reach
-the scheduler as its ``replicate`` and ``scatter`` handlers (``scatter`` calls
-``replicate`` itself when asked to broadcast; a client scattering directly to the
-workers calls ``replicate`` afterwards). Stock ``Scheduler.replicate`` copies the keys
-with a tree of ``gather_on_worker`` calls and deletes copies above ``n`` itself; the
-stock AMM's ReduceReplicas then drops every extra copy within a cycle.
+``Client.replicate(futures, n=N)`` and ``Client.scatter(..., broadcast=True)`` reach the
+scheduler as its ``replicate`` and ``scatter`` handlers. Stock ``Scheduler.replicate``
+deletes copies above ``n`` itself, and the stock AMM's ReduceReplicas drops every extra
+copy within a cycle. With ``legacy-replicate: honour`` (the default), :class:`LegacyCalls`
+wraps both (the handler table and the scheduler's attributes) and turns each call into a
+runtime target of the engine (origins :data:`REPLICATE` and :data:`BROADCAST`). Once it
+holds the scheduler's replica lock (``retire_workers`` holds it while it may remove
+workers), the call sets its target, then makes its first copies with its own tree of
+``gather_on_worker`` calls, only where the engine would keep them (pools, ``avoid``,
+under ``spread: host`` one per host without a copy: :func:`spread_recipients`; none for
+``move: never``), and never deletes. While it copies a key the section holds it
+(:mod:`amm_rules.engine.state.claims`), so that the engine and the call never copy the
+same key at once. Calls the engine cannot honour go to the stock handler unchanged.
 
-With ``legacy-replicate: honour`` (the default), :class:`LegacyCalls` wraps both
-handlers (the handler table and the scheduler's attributes, so that calls from
-Python and from ``scatter`` itself are seen too) and turns each call into a runtime
-target of the rules engine, whose origin explanations and counters name:
+While the AMM runs no cycle, and with ``legacy-replicate: ignore``, the calls are the
+stock ones; a stock call replaces the target an earlier call had set on its keys (no
+cycle would trim it), and switching to ``ignore`` removes them all. Keys whose wishes
+are in dry-run get their target recorded and the stock call unchanged.
 
-- ``replicate(keys, n=N)``: a target of ``N`` copies (``origin="client.replicate"``);
-  ``n=None`` (the default: every worker) is ``all``; with ``workers=[...]``, ``n``
-  is at most the number of those workers that are running;
-- ``scatter(..., broadcast=True)``: ``all``, one copy on every eligible worker,
-  following the cluster (``origin="scatter broadcast"``); ``broadcast=N``: ``N``.
-
-The call does all of it once it holds the scheduler's replica lock, as the stock call
-reads the workers only then (``retire_workers``, which holds that lock while it moves
-a worker's keys away, may remove workers meanwhile). It then makes its first copies as
-before, so that the client sees what it saw with stock Dask (the data on the workers
-when the call returns), with its own tree of ``gather_on_worker`` calls under that lock
-(the stock call takes the lock itself), restricted to where the engine would keep them: the workers inside the key's pool and outside its
-avoided pools, under ``spread: host`` one per host that holds no copy yet
-(:func:`spread_recipients`), and none for a ``move: never`` key. It never deletes: trimming a
-key above its target is the engine's (which never drops the last copy, nor a copy a
-running dependent reads). While a call copies a key, the section holds it
-(:mod:`amm_rules.engine.state.claims`) and the rest of the engine leaves it alone, so
-the two never copy the same key at once.
-Calls the engine cannot honour (an ``n`` that is not a number of copies, keys not
-in memory) go to the stock handler unchanged, with its answers and errors.
-
-While the AMM runs no cycle (stopped, or ``start: false``: see
-:mod:`amm_rules.engine.running`), nothing would hold or trim a target: the calls are
-the stock ones, and replace the target an earlier call had set on their keys. With
-``legacy-replicate: ignore``, the wrappers pass every call through: the calls
-behave as with the stock AMM. Switching to ``ignore`` by a reload removes the
-targets these calls had set. Keys whose wishes are in dry-run (``enforcement:
-dry-run``) get their target recorded, for explain and status, and the stock call
-unchanged: dry-run changes nothing.
-
-Neighbours: the section installs the wrappers at attach (:meth:`LegacyCalls.install`) and
-removes them at detach; targets live in :attr:`amm_rules.engine.state.index.KeyIndex.runtime`
-next to those of ``amm_rules.replicate``.
+Neighbours: targets live in :attr:`amm_rules.engine.state.index.KeyIndex.runtime` next
+to those of ``amm_rules.replicate``.
 """
 
 from __future__ import annotations
@@ -128,9 +105,6 @@ class LegacyCalls(Section):
         if ruleset.legacy_replicate == "ignore":
             self.forget_targets()
 
-    def attach(self) -> None:
-        self._unwrap = self.install(self.ctx.scheduler)
-
     def detach(self) -> None:
         if self._unwrap is not None:
             self._unwrap()
@@ -142,8 +116,9 @@ class LegacyCalls(Section):
 
     # ------------------------------------------------------------------ install
 
-    def install(self, scheduler: Any) -> Callable[[], None]:
-        """Wrap the scheduler's ``replicate`` and ``scatter``; return the undo."""
+    def attach(self) -> None:
+        """Wrap the scheduler's ``replicate`` and ``scatter`` (undone at detach)."""
+        scheduler = self.ctx.scheduler
         replicate = self._replicate = scheduler.replicate
         scatter = scheduler.scatter
 
@@ -156,7 +131,6 @@ class LegacyCalls(Section):
             stimulus_id: str | None = None,
         ) -> Any:
             stock = dict(
-                keys=keys,
                 n=n,
                 workers=workers,
                 branching_factor=branching_factor,
@@ -165,11 +139,9 @@ class LegacyCalls(Section):
             )
             if not self.honouring:
                 self._superseded(keys)
-                return await replicate(**stock)
-            stock.pop("keys")
-            if await self._honour(keys, REPLICATE, stock):
+            elif await self._honour(keys, REPLICATE, stock):
                 return None
-            return await replicate(keys=keys, **stock)  # the stock answer or error
+            return await replicate(keys=keys, **stock)  # the stock call, answer or error
 
         async def scatter_honoured(
             data: dict[Hashable, Any],
@@ -178,16 +150,18 @@ class LegacyCalls(Section):
             broadcast: bool | int = False,
             timeout: float = 2,
         ) -> Any:
-            if not broadcast or not self.honouring:
-                keys = await scatter(
-                    data=data, workers=workers, client=client, broadcast=broadcast, timeout=timeout
-                )
+            honour = bool(broadcast) and self.honouring
+            keys = await scatter(
+                data=data,
+                workers=workers,
+                client=client,
+                broadcast=False if honour else broadcast,
+                timeout=timeout,
+            )
+            if not honour:
                 if broadcast:
                     self._superseded(keys)
                 return keys
-            keys = await scatter(
-                data=data, workers=workers, client=client, broadcast=False, timeout=timeout
-            )
             n = None if broadcast is True else broadcast
             stock = {"n": n, "workers": workers}  # what the stock scatter asks of replicate
             if not await self._honour(keys, BROADCAST, stock):
@@ -198,7 +172,7 @@ class LegacyCalls(Section):
             "replicate": replicate_honoured,
             "scatter": scatter_honoured,
         }
-        return wrap_methods(scheduler, wrappers, {name: name for name in wrappers})
+        self._unwrap = wrap_methods(scheduler, wrappers, {name: name for name in wrappers})
 
     # ------------------------------------------------------------------ calls
 
@@ -244,16 +218,10 @@ class LegacyCalls(Section):
             ctx.set_runtime_target(key, None)
 
     async def _honour(self, keys: Iterable[Hashable], origin: str, stock: dict[str, Any]) -> bool:
-        """Honour a call on ``keys``: once it holds the scheduler's replica lock, as the
-        stock call does (a retirement holding it may remove workers meanwhile), set the
-        target the call asks for, then make the call's own first copies where the engine
-        would keep them, leaving the keys to the engine afterwards. False if the call is
-        not one to honour (no target, keys not in memory): the stock call answers it.
-
-        ``stock`` holds the arguments of the stock ``replicate`` call besides the keys
-        (``n``, ``workers``, ...). Keys whose wishes are in dry-run get exactly that
-        call: the engine reports what it would do with their target, and changes
-        nothing of what the call does."""
+        """Honour a call on ``keys`` (see the module docstring); False if it is not one
+        to honour (no target, keys not in memory): the stock call answers it. ``stock``:
+        the arguments of the stock ``replicate`` call besides the keys, which the keys
+        whose wishes are in dry-run get exactly (the engine only reports their target)."""
         ctx = self.ctx
         workers = stock.get("workers")
         async with ctx.scheduler._replica_lock(("replicate", object())):  # not reentrant
@@ -402,13 +370,12 @@ class LegacyCalls(Section):
 
     # ------------------------------------------------------------------ rules
 
-    def forget_targets(self) -> int:
+    def forget_targets(self) -> None:
         """Remove the targets these calls had set (``legacy-replicate: ignore``)."""
         index = self.ctx.index
         gone = [k for k, t in index.runtime.items() if t.origin in ORIGINS]
         for key in gone:
             index.set_runtime_target(key, None)
-        return len(gone)
 
     def status(self) -> dict[str, Any]:
         return {

@@ -1,50 +1,17 @@
 """The ``memory-pressure`` section: hold memory producers back while workers are short
-of memory and data is moving between them.
+of memory and data is moving between them. docs/memory-flow.md ("Holding producers
+back") has the levers a scheduler has in distributed 2026.8, the steps, the floors and
+the measurements.
 
-What a scheduler-side engine can do in distributed 2026.8, without patching it and
-with nothing installed on workers (docs/memory-flow.md has the measurements):
-
-- a worker's *paused* status cannot be forced from the scheduler: the worker's memory
-  monitor sets it back at its next check. Not used;
-- root-ish tasks wait in the scheduler's queue while every worker has
-  ``max(1, ceil(worker-saturation x threads))`` tasks processing. The saturation is one
-  number for the cluster (``Scheduler.WORKER_SATURATION``); changing it at run time is
-  safe once the scheduler's idle set is recomputed for every worker
-  (``check_idle_saturated``), and, when it grows, the queue is offered the slots that
-  opened (``stimulus_queue_slots_maybe_opened``). This is the lever: :meth:`hold`
-  lowers it to ``saturation``, :meth:`release` puts back the scheduler's own value;
-- a task group at most twice the cluster's thread count is not root-ish, so its tasks
-  are all sent to workers at once and never queued. When a graph arrives (a scheduler
-  plugin's ``update_graph``, before its tasks are scheduled), the tasks without
-  dependencies of producer prefixes are flagged as data producers (dask's own flag on
-  its task spec, which the scheduler reads in ``is_rootish``), so that they queue like
-  a large root group and the hold reaches them;
-- task priorities can be changed only when a graph arrives, and only reorder what is
-  ready; they hold nothing back. Not used.
-
-Each ``check-interval`` (a periodic callback on the scheduler's event loop, one pass over
-the workers), :meth:`MemoryPressure.check`:
-
-1. finds the workers under pressure: at or above ``threshold`` of their memory limit by
-   ``measure``, with data in flight to or from them (``require-transfers``: keys the
-   scheduler knows they must fetch, and the transfers of their last heartbeat);
-2. looks at the head of the scheduler's queue: only a producer (the ``producers``
-   expression on its prefix's memory flow, :mod:`amm_rules.engine.state.flow`) is held back;
-3. holds when some worker is under pressure and the queue's head is a producer, unless
-   cooling down; releases once no worker is at or above ``release`` (after at least
-   ``min-hold``), when the queue's head is no longer a producer, or after ``max-hold``
-   (then cools down for ``cool-down``).
-
-A graph that arrives with producer tasks without dependencies while a worker is under
-pressure is held at once, before its tasks are scheduled: otherwise a slot's worth of
-them would go to every worker before the next check.
-
-The floors: distributed never sends a worker fewer than one queued task slot, so every
-worker keeps running at least one task, and the cluster at least one per worker and
-``saturation`` of its threads; ``max-hold`` bounds a hold in time. Non-root tasks (those
-that consume what is in memory) are never held. Every hold and release is an
-``amm-rules`` event (``action: "memory-pressure"``), the status says what is held and
-why (:meth:`MemoryPressure.status`), and :meth:`MemoryPressure.metrics` counts.
+The lever is the scheduler's ``worker-saturation`` (one number for the cluster):
+:meth:`MemoryPressure.hold` lowers it to ``saturation``, :meth:`MemoryPressure.release`
+puts back the scheduler's own value (:func:`_set_saturation`). It queues root-ish tasks
+only, so when a graph arrives (:meth:`MemoryPressure.update_graph`, before its tasks are
+scheduled) the tasks without dependencies of producer prefixes are flagged as data
+producers, so that they queue too, and the hold starts at once if a worker is under
+pressure. Each ``check-interval`` (a periodic callback on the scheduler's event loop,
+one pass over the workers) :meth:`MemoryPressure.check` holds or releases;
+:class:`HoldJudge` releases a hold that does not pay.
 
 Neighbours: the policy runs it as a section (attach, reloads, a cycle starts its check);
 :mod:`amm_rules.engine.state.flow` says which prefixes produce memory.
@@ -63,7 +30,7 @@ from tornado.ioloop import PeriodicCallback
 
 from amm_rules.engine.features import DATA_PRODUCER, QUEUEING, Feature
 from amm_rules.engine.sections.base import Cycle, Section
-from amm_rules.engine.state.flow import PrefixFlow
+from amm_rules.engine.state.flow import PrefixFacts, PrefixFlow
 from amm_rules.engine.words import counted, signed_size
 from amm_rules.language.fields import format_fraction
 from amm_rules.language.ruleset import MemoryPressureSettings, Ruleset, TaskFacts
@@ -170,9 +137,8 @@ class MemoryPressure(Section, SchedulerPlugin):
     # -- attach ----------------------------------------------------------------------
 
     def attach(self) -> None:
-        ctx = self.ctx
         self._plug()
-        self.base = float(ctx.scheduler.WORKER_SATURATION)
+        self.base = float(self.ctx.scheduler.WORKER_SATURATION)
 
     def _plug(self) -> None:
         """Hear graphs arrive (a member of the engine's scheduler plugin) only while
@@ -201,9 +167,9 @@ class MemoryPressure(Section, SchedulerPlugin):
         have no section, or a disabled one; the new timings apply from the next check."""
         settings = ruleset.memory_pressure
         self.settings = settings if settings is not None and settings.enabled else None
-        if self.settings is None and self.state == "holding":
-            self.release(time.monotonic(), "the rules no longer hold producers back")
         if self.settings is None:
+            if self.state == "holding":
+                self.release(time.monotonic(), "the rules no longer hold producers back")
             self._stop_callback()
             self.state = "idle" if self.state != "unavailable" else self.state
         self._plug()
@@ -262,16 +228,15 @@ class MemoryPressure(Section, SchedulerPlugin):
             prefix = ts.prefix.name
             verdict = verdicts.get(prefix)
             if verdict is None:
-                verdict = verdicts[prefix] = self._root_producer(prefix)
+                verdict = verdicts[prefix] = self._is_producer(prefix)
             if verdict and not already:
                 spec._data_producer = True
                 flagged += 1
+        producers = sorted(p for p, v in verdicts.items() if v)
         if flagged:
             self.counters["queued_roots"] += flagged
-            names = sorted(p for p, v in verdicts.items() if v)
-            logger.debug("amm-rules: %d root tasks of %s made queueable", flagged, names)
+            logger.debug("amm-rules: %d root tasks of %s made queueable", flagged, producers)
         self.ensure_running()
-        producers = sorted(p for p, v in verdicts.items() if v)
         if producers and self.state in ("idle", "cooling"):
             self._hold_at_arrival(settings, scheduler, producers)
 
@@ -293,19 +258,15 @@ class MemoryPressure(Section, SchedulerPlugin):
         self.reasons = reasons
         self.hold(settings, scheduler, now)
 
-    def _root_producer(self, prefix: str) -> bool:
-        """Whether the tasks without dependencies of ``prefix`` are producers (the
-        default ``producers`` counts a prefix never measured as one: such a task frees
-        nothing)."""
-        return self._is_producer(prefix, self.flow.prefixes.get(prefix))
-
-    def _is_producer(self, prefix: str, entry: PrefixFlow | None) -> bool:
+    def _is_producer(self, prefix: str) -> bool:
+        """Whether the tasks of ``prefix`` are producers, by the ``producers`` expression
+        on its memory flow (the default counts a prefix never measured as one: such a
+        task frees nothing)."""
         settings = self.settings
         if settings is None or settings.producers is None:
             return False
-        facts = _facts(prefix, entry)
         try:
-            return bool(settings.producers(facts))
+            return bool(settings.producers(_facts(prefix, self.flow.prefixes.get(prefix))))
         except Exception:  # the expression is checked; never fail the scheduler for it
             logger.exception("amm-rules: memory-pressure producers failed on %r", prefix)
             return False
@@ -338,7 +299,7 @@ class MemoryPressure(Section, SchedulerPlugin):
             return
         above_release = self._look(settings, scheduler)
         head = self._head(scheduler)
-        reasons = self._pressure_reasons(settings)
+        reasons = [*self._pressure_reasons(settings), self._head_reason(head)]
         if self.state == "holding":
             self._while_holding(settings, scheduler, now, above_release, head, reasons)
         else:
@@ -372,7 +333,7 @@ class MemoryPressure(Section, SchedulerPlugin):
             self.head = None
             return None
         prefix = queued.peek().prefix.name
-        self.head = (prefix, self._is_producer(prefix, self.flow.prefixes.get(prefix)))
+        self.head = (prefix, self._is_producer(prefix))
         return self.head
 
     def _pressure_reasons(self, settings: MemoryPressureSettings) -> list[str]:
@@ -405,7 +366,6 @@ class MemoryPressure(Section, SchedulerPlugin):
         head: tuple[str, bool] | None,
         reasons: list[str],
     ) -> None:
-        reasons.append(self._head_reason(head))
         if self.state == "cooling":
             if now < self.cool_until:
                 reasons.append(f"cooling down for {self.cool_until - now:.0f}s")
@@ -427,7 +387,6 @@ class MemoryPressure(Section, SchedulerPlugin):
         head: tuple[str, bool] | None,
         reasons: list[str],
     ) -> None:
-        reasons.append(self._head_reason(head))
         held_for = now - (self.since or now)
         self.reasons = [*reasons, f"holding for {held_for:.0f}s"]
         if held_for >= settings.max_hold:
@@ -514,11 +473,6 @@ class MemoryPressure(Section, SchedulerPlugin):
 
     # -- reading -----------------------------------------------------------------------
 
-    def held_seconds(self, now: float | None = None) -> float:
-        now = time.monotonic() if now is None else now
-        running = now - self.since if self.state == "holding" and self.since else 0.0
-        return self.held_seconds_done + running
-
     def status(self) -> dict[str, Any] | None:
         """The section's state for ``amm_rules_status``; None without a section."""
         settings = self.settings
@@ -552,7 +506,7 @@ class MemoryPressure(Section, SchedulerPlugin):
         if self.settings is None or ts is None or ts.state != "queued":
             return None
         prefix = ts.prefix.name
-        producer = self._is_producer(prefix, self.flow.prefixes.get(prefix))
+        producer = self._is_producer(prefix)
         held = self.state == "holding" and producer
         if held:
             why = f"held back: worker-saturation is {self.held_at:g} while memory is short"
@@ -565,9 +519,14 @@ class MemoryPressure(Section, SchedulerPlugin):
     def metrics(self, now: float | None = None) -> dict[str, float]:
         """Counters for a collector: holds, releases, seconds held, root tasks made
         queueable, and whether a hold is in force."""
-        out = {"holding": float(self.state == "holding"), **self.counter_figures(self.counters)}
-        out["held_seconds"] = round(self.held_seconds(now), 3)
-        return out
+        now = time.monotonic() if now is None else now
+        holding = self.state == "holding"
+        held = self.held_seconds_done + (now - self.since if holding and self.since else 0.0)
+        return {
+            "holding": float(holding),
+            **self.counter_figures(self.counters),
+            "held_seconds": round(held, 3),
+        }
 
 
 class HoldJudge:
@@ -662,14 +621,14 @@ def _facts(prefix: str, entry: PrefixFlow | None) -> TaskFacts:
     """What a ``producers`` expression sees of a prefix: its live memory flow."""
     if entry is None or not entry.tasks:
         return TaskFacts(key="", prefix=prefix)
-    n = entry.tasks
+    facts = PrefixFacts.of(entry)
     return TaskFacts(
         key="",
         prefix=prefix,
-        prefix_tasks=n,
-        prefix_produced_per_task=entry.produced / n,
-        prefix_freed_by_per_task=entry.freed_by / n,
-        prefix_net_per_task=(entry.produced - entry.freed_by) / n,
+        prefix_tasks=facts.tasks,
+        prefix_produced_per_task=facts.produced_per_task,
+        prefix_freed_by_per_task=facts.freed_by_per_task,
+        prefix_net_per_task=facts.net_per_task,
     )
 
 

@@ -1,39 +1,19 @@
 """The ``paused-workers`` section: workers that stay paused are emptied by the rules,
-then restarted or retired, or only reported.
+then restarted or retired, or only reported. docs/paused-workers.md says each step,
+guard, event and figure.
 
-A worker pauses when its process memory passes ``distributed.worker.memory.pause``. If
-the memory is not Dask's data (a leak in a library), it never unpauses: it keeps its
-data but runs and fetches nothing, and nothing in distributed acts on it (dask issue
-5999). Each AMM cycle, :meth:`PausedWorkers.run`:
-
-1. learns when each worker paused from the scheduler's own status changes
-   (:class:`PauseClock`, a scheduler plugin reading the ``worker-status-change`` events;
-   checked against the workers' statuses every cycle); a worker that unpauses is
-   forgotten;
-2. for a worker paused for ``after`` seconds, checks the guards, in this order: not every
-   worker is paused, no more than ``max-paused-fraction`` of them, no actors on it, its
-   unmanaged memory (``ws.memory.unmanaged``) at least ``require-unmanaged`` of its
-   limit, not cooling down (by worker name, which a nanny restart keeps), not blocked at
-   its last attempt, fewer than ``max-concurrent`` workers handled; ``action: report``
-   stops at the report;
-3. copies the keys it holds alone, or below their target on the other workers, by the
-   rules (:func:`~amm_rules.engine.decide.evacuate.plan_evacuation`: pools, ``avoid``,
-   ``spread``), to workers with room: below their own pause threshold after receiving,
-   less :data:`ROOM_MARGIN` of their limit, counting the copies the engine sent them (any
-   section's, from the ledger) and they have not reported in a heartbeat since. At most
-   ``max-bytes-per-cycle`` per cycle, and :data:`KEYS_PER_CYCLE` keys looked at;
-4. once a full pass over its keys finds every one held where it should be, spawns (on
-   the scheduler's event loop, never waiting for it in the cycle) a coroutine that retires
-   it through ``Scheduler.retire_workers`` (whose placement is the rules', see
-   :mod:`amm_rules.engine.sections.retirement`; it flushes what landed on the worker meanwhile) and,
-   for ``restart``, then restarts it through its nanny (a worker without a nanny is
-   retired instead, and the event says so);
-5. a key that may not be copied (``move: never``), or that has no eligible worker, or no
-   worker with room, blocks the worker: an event names the keys and rules, and the worker
-   is looked at again ``after`` seconds later. Nothing is dropped to make room.
-
-Every step is an ``amm-rules`` event (``action: "paused-worker"``, with a ``step``), a
-line of :meth:`PausedWorkers.status` and a counter of :meth:`PausedWorkers.metrics`.
+A worker paused by memory that is not Dask's data never unpauses, and nothing in
+distributed acts on it (dask issue 5999). Each AMM cycle, :meth:`PausedWorkers.run`
+learns when each worker paused (:class:`PauseClock`: the scheduler's
+``worker-status-change`` events, checked against the workers' statuses), checks the
+guards of a worker paused for ``after`` seconds (:meth:`PausedWorkers._hold`), copies
+the keys it holds alone, or below their target elsewhere, by the rules
+(:func:`~amm_rules.engine.decide.evacuate.plan_evacuation`) to workers with
+:func:`room`, and once a full pass over its keys finds every one held where it should
+be, retires it through ``Scheduler.retire_workers`` (then, for ``restart``, restarts it
+through its nanny) in a coroutine the cycle never waits for. A key that may not go
+elsewhere blocks the worker, which is looked at again ``after`` seconds later: nothing
+is dropped to make room.
 
 Neighbours: the policy runs :meth:`PausedWorkers.run` as a step of its cycle;
 :mod:`amm_rules.engine.decide.evacuate` plans; :mod:`amm_rules.engine.evacuation` is
@@ -139,14 +119,12 @@ class Handling:
     name: str
     #: ``"restart"`` or ``"retire"`` (a restart without a nanny becomes a retirement).
     action: str
-    started: float
     #: ``evacuating``, then ``restarting`` or ``retiring``.
     state: str = "evacuating"
     #: Keys left to look at in this pass over the worker's keys.
     pending: list[Hashable] = field(default_factory=list)
     #: No key needed a copy so far in this pass.
     clean: bool = True
-    keys: int = 0
     copies: int = 0
     bytes: int = 0
     #: Why a restart became a retirement (no nanny), for the events.
@@ -208,7 +186,7 @@ class PausedWorkers(Section):
 
     @classmethod
     def in_use(cls, ruleset: Ruleset) -> bool:
-        return bool(ruleset.paused_workers is not None)
+        return ruleset.paused_workers is not None
 
     name = "paused-workers"
     FEATURES = (
@@ -304,9 +282,8 @@ class PausedWorkers(Section):
 
     def run(self, cycle: Cycle) -> Generator[Suggestion, Any, None]:
         """One cycle (see the module docstring); yields the copies."""
-        ctx = self.ctx
         now, stats = cycle.now, cycle.stats
-        workers = ctx.scheduler.workers
+        workers = self.ctx.scheduler.workers
         self.clock.reconcile(workers, now)
         self._account_pauses(now)
         settings = self.settings
@@ -322,14 +299,14 @@ class PausedWorkers(Section):
             ws = workers.get(addr)
             if ws is None:
                 continue
-            self._detected(ws, since, now)
+            self._detected(ws, since, now, settings.action)
             if settings.action == "report":
                 continue
             hold = self._hold(ws, census, now, starting=True)
             if hold is not None:
-                self._held(ws, since, now, *hold)
+                self._held(ws, since, *hold)
                 continue
-            h = self._start(ws, now)
+            h = self._start(ws)
             yield from self._evacuate(h, now, census, budget, stats)
 
     def _account_pauses(self, now: float) -> None:
@@ -387,16 +364,16 @@ class PausedWorkers(Section):
 
     # -- steps ---------------------------------------------------------------------------
 
-    def _detected(self, ws: Any, since: float, now: float) -> None:
-        """First cycle past ``after``: the report every action makes."""
+    def _detected(self, ws: Any, since: float, now: float, action: str) -> None:
+        """First cycle past ``after``: the report every ``action`` makes."""
         addr = ws.address
         note = self.notes.get(addr)
         if note is not None and note.get("since") == since:
             return
         limit = ws.memory_limit or 0
         self.counters["paused"] += 1
-        report = self.settings is not None and self.settings.action == "report"
-        self.notes[addr] = {"since": since, "state": "reported" if report else "paused"}
+        state = "reported" if action == "report" else "paused"
+        self.notes[addr] = {"since": since, "state": state}
         self._emit(
             "paused",
             addr,
@@ -406,13 +383,12 @@ class PausedWorkers(Section):
             process=ws.memory.process,
             keys=len(ws.has_what),
             bytes=ws.nbytes,
-            then=self.settings.action if self.settings else None,
+            then=action,
         )
 
-    def _held(self, ws: Any, since: float, now: float, code: str, words: str) -> None:
+    def _held(self, ws: Any, since: float, code: str, words: str) -> None:
         self.notes[ws.address] = {"since": since, "state": "held", "reason": code, "detail": words}
-        ctx = self.ctx
-        if ctx.events.once(
+        if self.ctx.events.once(
             ("paused-held", ws.address, since, code),
             "paused-worker",
             step="held",
@@ -424,7 +400,7 @@ class PausedWorkers(Section):
             self.counters["held"] += 1
             logger.info("amm-rules: paused worker %s left alone: %s", ws.address, words)
 
-    def _start(self, ws: Any, now: float) -> Handling:
+    def _start(self, ws: Any) -> Handling:
         settings = self.settings
         assert settings is not None
         action, note = settings.action, None
@@ -432,7 +408,7 @@ class PausedWorkers(Section):
             action, note = "retire", "it has no nanny to restart it: retired instead"
         elif action == "restart" and not self.supports(RESTART):
             action, note = "retire", f"{self.unsupported[RESTART]}: retired instead"
-        h = Handling(ws.address, str(ws.name), action, now, keys=len(ws.has_what), note=note)
+        h = Handling(ws.address, str(ws.name), action, note=note)
         self._handle(h)
         self.stuck.pop(ws.address, None)
         self.counters["evacuations"] += 1
@@ -441,7 +417,7 @@ class PausedWorkers(Section):
             "evacuating",
             ws.address,
             name=h.name,
-            keys=h.keys,
+            keys=len(ws.has_what),
             bytes=ws.nbytes,
             then=action,
             note=note,
@@ -468,13 +444,14 @@ class PausedWorkers(Section):
         ctx = self.ctx
         settings = self.settings
         assert settings is not None  # (the cycle handles workers only with the section)
-        ws = ctx.scheduler.workers.get(h.address)
+        workers = ctx.scheduler.workers
+        ws = workers.get(h.address)
         if ws is None or worker_status(ws) != "paused":
             return  # left or unpaused: _account_pauses forgets it next cycle
         hold = self._hold(ws, census, now, starting=False)
         if hold is not None:
             self._unhandle(h.address)
-            self._held(ws, self.clock.since.get(h.address, now), now, *hold)
+            self._held(ws, self.clock.since.get(h.address, now), *hold)
             return
         if not h.pending:
             h.pending = [ts.key for ts in ws.has_what if not ts.actor]
@@ -484,7 +461,6 @@ class PausedWorkers(Section):
         has_what = ws.has_what
         todo = [ts for k in batch if (ts := tasks.get(k)) is not None and ts in has_what]
         views, cluster = evacuation_input(ctx, todo, ctx.leaving())
-        workers = ctx.scheduler.workers
         space = room(workers, cluster, ctx.ledger.unseen(ctx.last_seen))
         plan = plan_evacuation(
             views,
@@ -497,24 +473,7 @@ class PausedWorkers(Section):
         if plan.stuck or _no_room(plan):
             self._block(h, plan, now)
             return
-        yield from self._copy(h, plan, todo, now, budget, stats)
-        if plan.copies or plan.waiting:
-            h.clean = False
-        if not h.pending and h.clean:
-            self._finish(h)
-
-    def _copy(
-        self,
-        h: Handling,
-        plan: Evacuation,
-        todo: list[Any],
-        now: float,
-        budget: list[int],
-        stats: dict[str, Counter[str]],
-    ) -> Generator[Suggestion, Any, None]:
-        ctx = self.ctx
         by_key = {ts.key: ts for ts in todo}
-        workers = ctx.scheduler.workers
         accepted = yield from suggest_copies(plan, by_key, workers, f"paused {h.address}")
         for copy, _ in accepted:
             record_copy(ctx, self.name, copy, now)
@@ -524,6 +483,10 @@ class PausedWorkers(Section):
             self.counters["copies"] += 1
             self.counters["bytes"] += copy.nbytes
             stats[SOURCE]["requested"] += 1
+        if plan.copies or plan.waiting:
+            h.clean = False
+        if not h.pending and h.clean:
+            self._finish(h)
 
     def _block(self, h: Handling, plan: Evacuation, now: float) -> None:
         """Keys that may not go elsewhere: the worker stays; tried again ``after`` later."""
@@ -565,20 +528,22 @@ class PausedWorkers(Section):
         task.add_done_callback(self.tasks.discard)
 
     async def _restart_or_retire(self, h: Handling) -> None:
-        ctx = self.ctx
+        """Restart or retire the worker, then say what came of it: done (the cool-down
+        starts), or failed (tried again ``after`` later)."""
         try:
-            why = await restart_or_retire(ctx.scheduler, h.address, h.action == "restart")
+            why = await restart_or_retire(self.ctx.scheduler, h.address, h.action == "restart")
         except Exception as exc:  # never let a restart take anything else down
             logger.exception("amm-rules: handling paused worker %s failed", h.address)
             why = repr(exc)
-        if why is None:
-            self._done(h)
-        else:
-            self._failed(h, why)
-
-    def _done(self, h: Handling) -> None:
         settings = self.settings
         self._unhandle(h.address)
+        if why is not None:
+            self.retry[h.address] = time.monotonic() + (settings.after if settings else 0.0)
+            self.counters["failed"] += 1
+            self._note(h.address, "failed", why)
+            logger.warning("amm-rules: paused worker %s not handled: %s", h.address, why)
+            self._emit("failed", h.address, name=h.name, error=why)
+            return
         if settings is not None and settings.cooldown > 0:
             self.cooling[h.name] = time.monotonic() + settings.cooldown
         step = "restarted" if h.action == "restart" else "retired"
@@ -586,15 +551,6 @@ class PausedWorkers(Section):
         self.notes.pop(h.address, None)
         logger.warning("amm-rules: paused worker %s (%s) %s", h.address, h.name, step)
         self._emit(step, h.address, name=h.name, copies=h.copies, bytes=h.bytes, note=h.note)
-
-    def _failed(self, h: Handling, why: str) -> None:
-        settings = self.settings
-        self._unhandle(h.address)
-        self.retry[h.address] = time.monotonic() + (settings.after if settings else 0.0)
-        self.counters["failed"] += 1
-        self._note(h.address, "failed", why)
-        logger.warning("amm-rules: paused worker %s not handled: %s", h.address, why)
-        self._emit("failed", h.address, name=h.name, error=why)
 
     # -- reporting -----------------------------------------------------------------------
 
@@ -617,9 +573,7 @@ class PausedWorkers(Section):
             h = self.handling.get(addr)
             note = self.notes.get(addr, {})
             ws = workers.get(addr)
-            state = h.state if h is not None else note.get("state")
-            if state is None:
-                state = "waiting"
+            state = h.state if h is not None else note.get("state", "waiting")
             lines.append(
                 {
                     "worker": addr,

@@ -1,37 +1,26 @@
 """The protect section: the ``protect:`` part of the rules, a memory budget spent on
-extra copies of the keys whose loss would cost most recompute per byte.
+extra copies of the keys whose loss would cost most recompute per byte (docs/rules.md,
+"protect", says what is chosen, when, and what wins).
 
 Each cycle:
 
-1. if the rules were reloaded, or the last choice passed over keys not classified yet
-   (at once when none is left waiting, else every :data:`CHOOSE_EVERY` intervals), or,
-   :data:`CHOOSE_EVERY` AMM intervals after the last choice, keys entered or left memory
-   (the recompute costs were refreshed) or the workers changed (so did the budget):
-   choose the keys to protect (:class:`amm_rules.engine.decide.protect.Ranking`, fed
-   :data:`CHOOSE_SLICE` seconds of each cycle until done: a choice among many keys takes
-   several cycles, the one in force holding meanwhile) among
-   the keys in memory of the groups whose estimate is at least ``min-recompute``
-   (:mod:`amm_rules.engine.state.costs` keeps them by group while the section is in
-   the rules), that ``match`` selects, whose rules leave their copies free: a key with
-   a replication target of its own (rule, annotation or runtime) or ``move: never`` is
-   never a candidate; a key that is not classified yet waits;
-2. for every protected key holding fewer than ``copies`` copies (landed or in flight),
-   ask for one more (a cycle looks only at the keys chosen since, those whose copies
-   fell to one or that left memory since, as :class:`~amm_rules.engine.state.costs.RecomputeCosts`
-   tells, those still short or in flight, and :data:`SWEEP` more in turn; at most
-   :data:`MAX_CHECKED`; a key no worker can take is put off for the in-flight timeout,
-   or until the workers change): on the least loaded running worker where the key may live (its
-   rules' ``pool`` and ``avoid``), with room for it, not holding it, on a host without
-   a copy where there is one (``spread: host``); at most the rebalance section's
-   ``max-bytes-per-cycle`` per cycle (the first copy of a cycle may exceed it), and
-   none in dry-run.
+1. when the choice is due (a reload; keys the last choice passed over for want of a
+   classification; or, :data:`CHOOSE_EVERY` AMM intervals after the last choice, keys
+   that entered or left memory or workers that changed), choose the keys to protect
+   (:class:`amm_rules.engine.decide.protect.Ranking`, fed :data:`CHOOSE_SLICE` seconds
+   of each cycle until done, the choice in force holding meanwhile) among the keys in
+   memory of the groups :mod:`amm_rules.engine.state.costs` keeps, never a key whose
+   rules decide its copies (a replication target, ``move: never``);
+2. for the protected keys short of ``copies`` copies, ask for one more on a worker
+   where the key may live, with room for it (:func:`room_for`), on a host without a copy
+   first: a cycle looks at the keys whose copies changed and :data:`SWEEP` more in
+   turn, at most :data:`MAX_CHECKED`, within the rebalance section's
+   ``max-bytes-per-cycle``, and none in dry-run.
 
 What it protects it holds (:mod:`amm_rules.engine.state.claims`, a claim keeping
-``copies`` copies): reduce-replicas and the planner (for keys without a replication
-target) spare that many copies. Its copies in flight and back-offs are the engine's
-ledger's (:mod:`amm_rules.engine.state.ledger`), which it shares with the rest of the
-engine. A key that loses its protection joins the keys whose copies changed, so that the
-next cycle trims it as before.
+``copies`` copies): reduce-replicas and the planner spare that many copies. Its copies
+in flight and back-offs are the engine's ledger's. A key that loses its protection
+joins the keys whose copies changed, so that the next cycle trims it as before.
 
 Neighbours: :mod:`amm_rules.engine.decide.protect` chooses;
 :mod:`amm_rules.engine.sections.reduce_replicas` spares what is protected.

@@ -2,16 +2,11 @@
 
 amm-rules removes distributed's own ``ReduceReplicas`` policy (it would undo every
 replication target) and applies the same reduction here to the keys nobody governs, when
-the rules file's ``reduce-replicas`` is on. :meth:`ReduceReplicasSection.run` returns
-the :func:`reduce_replicas` generator itself, for the policy to delegate to directly:
-every suggestion passes through each generator between the AMM and the one yielding it,
-and this one yields a drop per excess copy (120,000 per cycle at a million keys in the
-scale benchmark). It honours the claims
-(:mod:`amm_rules.engine.state.claims`): a key held whole (a move in flight, a
-``replicate`` call copying it) keeps its copies, and a key held for a number of copies
-(the ``protect:`` section's) keeps that many, one per host first
-(:func:`~amm_rules.engine.adapters.kept_copies`); a key holding no more leaves the walk
-until its copies or the hold change.
+the rules file's ``reduce-replicas`` is on, sparing what the claims keep
+(:mod:`amm_rules.engine.state.claims`). :meth:`ReduceReplicasSection.run` returns the
+:func:`reduce_replicas` generator itself, for the policy to delegate to directly: every
+suggestion passes through each generator between the AMM and the one yielding it, and
+this one yields a drop per excess copy.
 """
 
 from __future__ import annotations

@@ -63,16 +63,14 @@ class Replication(Section):
         # keys passed over for half an interval (see Departures.give_up_orphaned_copies).
         until = ctx.clock() + ctx.amm.interval / 2
         index.departing.give_up_orphaned_copies(ctx.ledger, ctx.scheduler.tasks, until)
-        filed = cycle.filed
-        now = cycle.now
         stats = cycle.stats
         for label, n in index.governed.governed_by.items():
             stats[label]["governed"] = n
 
-        todo = self._suspects(ctx, stats, cycle.full, filed)
+        todo = self._suspects(ctx, stats, cycle.full, cycle.filed)
         if todo:
             yield from ctx.dry_run.replication(
-                self._plan_and_suggest(ctx, todo, now, stats), index.desired, stats
+                self._plan_and_suggest(ctx, todo, cycle.now, stats), index.desired, stats
             )
 
     @staticmethod

@@ -1,41 +1,27 @@
 """Retirement that keeps the rules: where a retiring worker's keys go while
-RulesPolicy is attached.
+RulesPolicy is attached (docs/retirement.md: the guarantee, events, cost).
 
 ``client.retire_workers``, adaptive scale-down and the restarts of
-:mod:`amm_rules.engine.sections.paused_workers` all go through ``Scheduler.retire_workers``, which adds one
-``RetireWorker`` policy per worker to the AMM and waits for its ``done()``. The stock
-policy copies each key held only there to the running worker with the least memory,
-ignoring pools, ``avoid``, ``spread`` and ``move: never``, and the rules then undo it a
-cycle later. Here:
+:mod:`amm_rules.engine.sections.paused_workers` all go through ``Scheduler.retire_workers``,
+which adds one ``RetireWorker`` policy per worker to the AMM and waits for its
+``done()``. The stock policy places each key held only there ignoring pools, ``avoid``,
+``spread`` and ``move: never``, and the rules undo it a cycle later. Here:
 
 - :class:`Retirements` wraps the manager's ``add_policy`` (and converts the instances
-  already there) so that every ``RetireWorker`` the scheduler adds becomes a
-  :class:`RulesRetireWorker` *before* it runs once: the object ``retire_workers`` holds
-  and polls is the same, only its class changes (same slots, no new state);
-- :meth:`RulesRetireWorker.run` asks :func:`~amm_rules.engine.decide.evacuate.plan_evacuation`
-  which copies must exist first and where (pools, ``avoid``, ``spread``, replication
-  targets on the workers that stay), suggests them with the recipient as the only
-  candidate, and drops the retiring worker's copy of a key once the key is held where
-  the rules want it; RulesPolicy's own planning of the same keys in the same cycle sees
-  these copies (pending or in flight) and asks for none besides;
-- a key that has no copy elsewhere and may not get one (``move: never``, or no eligible
-  worker left) fails the retirement of its worker as distributed fails it when no
-  worker can receive a key: ``no_recipients`` is set, the worker keeps running and is
-  not in ``retire_workers``' answer, and a ``retirement`` event names the keys and rule;
+  already there) so that every ``RetireWorker`` becomes a :class:`RulesRetireWorker`
+  *before* it runs once: the object ``retire_workers`` polls is the same, only its
+  class changes (same slots, no new state);
+- :meth:`RulesRetireWorker.run` plans the copies that must exist first and where
+  (:func:`~amm_rules.engine.decide.evacuate.plan_evacuation`), suggests them, and drops
+  the retiring worker's copy of a key once it is held where the rules want it; a key
+  that may not get a copy fails the retirement as distributed fails it when no worker
+  can receive a key (``no_recipients``);
 - :meth:`RulesRetireWorker.done` waits until every key is held where the rules want it
-  on the workers that stay (the stock one waits for any second copy, even one on
-  another retiring worker);
-- a worker whose departure has a pacer (a *drain*, :mod:`amm_rules.engine.sections.drain`,
-  says so on the context: :mod:`amm_rules.engine.state.leaving`): the pacer orders the
-  worker's keys by value before they are planned, lets through only the copies that fit
-  its window of bytes in flight, takes the keys that cannot move off the plan (a drain
-  reports them as lost rather than refusing: the worker leaves at the deadline anyway);
-  a departure that keeps its copies until it goes (a drain's) has none dropped (its
-  copies vanish with it);
-- adaptive scale-down closes the workers it chose whether or not their retirement
-  succeeded: which workers it may choose is the adaptive section's guard
-  (:mod:`amm_rules.engine.sections.adaptive`), whose departures order their keys by
-  value too (and let every copy through at once).
+  on the workers that stay;
+- a departure with a pacer (a drain's, or adaptive scale-down's: see
+  :mod:`amm_rules.engine.state.leaving`) orders the keys by value before they are
+  planned and lets through the copies it admits; a departure that keeps its copies
+  until it goes (a drain's) has none dropped.
 
 The copies a retirement asks for are in the engine's ledger (asked by
 :func:`~amm_rules.engine.state.leaving.retirement_owner`), where the planner counts them.
@@ -188,7 +174,6 @@ class Retirements(Section):
 
     def run_for(self, rw: RulesRetireWorker, ws: Any) -> Generator[Suggestion, Any, None]:
         ctx = self.ctx
-        manager = rw.manager
         now = time.monotonic()
         tasks = [ts for ts in ws.has_what if not ts.actor]
         leaving = ctx.leaving()
@@ -228,7 +213,7 @@ class Retirements(Section):
                 dry_run_keys=shown_keys(dry),
             )
         by_key = {ts.key: ts for ts in tasks}
-        workers = manager.scheduler.workers
+        workers = rw.manager.scheduler.workers
         accepted = yield from suggest_copies(plan, by_key, workers, f"retiring {ws.address}")
         owner = retirement_owner(ws.address)
         for copy, _ in accepted:
@@ -302,8 +287,7 @@ class Retirements(Section):
         the rules want it on workers that stay. Cheap (it runs every few tens of ms
         while a retirement waits): it checks what the last run found each key needs."""
         ctx = self.ctx
-        scheduler = ctx.scheduler
-        ws = scheduler.workers.get(address)
+        ws = ctx.scheduler.workers.get(address)
         if ws is None:
             return True
         needs = self.needs.get(address)

@@ -1,38 +1,29 @@
 """The spill section: the ``spill:`` part of the rules (and the rules' ``spill``
 action): what each worker keeps in memory, chosen by value, and what the scheduler
-knows of what is on disk.
+knows of what is on disk (docs/spill.md).
 
 When the rules ask for it (:attr:`Ruleset.spill_settings
 <amm_rules.language.ruleset.Ruleset.spill_settings>`), the section registers the worker
-plugin (:class:`~amm_rules.engine.spill.plugin.SpillPlugin`) from the scheduler, so
-that running workers and those that join run it, and removes it when the rules stop
-asking or the policy detaches (each worker's order is then stock again). The plugin's
-reports (:data:`~amm_rules.engine.spill.plugin.TO_SCHEDULER`) fill ``ctx.spilled``
+plugin (:class:`~amm_rules.engine.spill.plugin.SpillPlugin`) from the scheduler, and
+removes it when the rules stop asking or the policy detaches. The plugin's reports
+(:data:`~amm_rules.engine.spill.plugin.TO_SCHEDULER`) fill ``ctx.spilled``
 (:class:`~amm_rules.engine.state.spilled.SpilledKeys`); a worker whose data is not a
-``SpillBuffer`` is said once (a log line, a ``spill-left-alone`` event, status).
+``SpillBuffer`` is said once.
 
-Each cycle, within :data:`SLICE` seconds (the section reads the clock every few keys;
-what it did not reach goes on at the next cycle):
+Each cycle, within :data:`SLICE` seconds (what it did not reach goes on at the next):
 
-1. workers that left are forgotten (the section's own tables looked at, not the
-   scheduler's workers);
+1. workers that left are forgotten (from the section's own tables);
 2. with ``drop-copies``, on each worker at least :data:`DROP_AT` of the way to writing
-   to disk (its memory buffer's share of its target, or its process's share of the
-   memory monitor's spill threshold, as it last reported), copies that other workers
-   hold too are dropped, lowest value first, until it would be at :data:`DROP_TO`,
-   among the candidates the sweep found on it: through the AMM, never below a rule's
-   ``min``, never the copies a claim keeps (a move, a call, ``protect:``), never the
-   last copy (copies on workers leaving do not count), never its only copy on a host
-   under ``spread: host``, never a key with a copy in flight, a task on that worker
-   about to read it, or ``move: never``; at most :data:`MAX_DROPS` per worker and
-   cycle, half the slice at most; in dry-run only counted. Each drop is recorded in
-   the ledger (:meth:`~amm_rules.engine.state.ledger.Ledger.dropped`): no copy of the
-   key is asked of that worker for :data:`BACK_OFF` seconds, and explain says why;
+   to disk, copies that other workers hold too are dropped, lowest value first, until
+   it would be at :data:`DROP_TO` (:meth:`SpillSection.keeps` says which may not be:
+   the last copy, a rule's ``min``, a claim's copies, ``spread: host``, a copy in
+   flight, a task about to read it, ``move: never``...); at most :data:`MAX_DROPS` per
+   worker, half the slice at most, in dry-run only counted; each drop is in the ledger,
+   which asks no copy of the key of that worker for :data:`BACK_OFF` seconds;
 3. the sweep (:class:`~amm_rules.engine.spill.sweep.Sweep`) goes on over the keys of
    the workers near their target, the fullest first: with ``order: value`` it sends
-   each worker, in one message, the values per byte that changed of the keys the
-   scheduler knows more of than the worker (read by tasks elsewhere, held elsewhere
-   too, a rule's ``spill``); with ``drop-copies`` it finds the candidates for step 2;
+   each worker, in one message, the values per byte that changed; with
+   ``drop-copies`` it finds the candidates for step 2;
 4. with what is left of the slice, the count of bytes on disk by rule goes on
    (:class:`ByRule`, status).
 
@@ -209,9 +200,6 @@ class ByRule:
         self._started = 0.0
         self._busy = False
 
-    def age(self, now: float) -> float | None:
-        return None if self.at is None else round(now - self.at, 1)
-
     def count(self, ctx: EngineContext, deadline: float) -> None:
         """Go on with the count until ``deadline``."""
         spilled = ctx.spilled
@@ -298,11 +286,6 @@ class SpillSection(Section):
         self.would_drop = 0
         self.values_sent = 0
         self._tasks: set[asyncio.Task[Any]] = set()
-
-    @property
-    def sent(self) -> Mapping[str, Mapping[Hashable, float]]:
-        """Worker -> key -> the value per byte last sent to it."""
-        return self.sweep.sent
 
     # -- rules, attach, detach -------------------------------------------------------
 
@@ -614,6 +597,7 @@ class SpillSection(Section):
         if settings is None:
             return None
         spilled = self.ctx.spilled
+        by_rule = self.by_rule
         shown = heapq.nlargest(
             STATUS_WORKERS, spilled.workers.items(), key=lambda item: (item[1].bytes, item[0])
         )
@@ -627,8 +611,8 @@ class SpillSection(Section):
             "workers": workers,
             "workers_reporting": len(spilled.workers),
             "left_alone": dict(sorted(spilled.left_alone.items())),
-            "bytes_on_disk_by_rule": self.by_rule.counted,
-            "by_rule_age": self.by_rule.age(self.ctx.clock()),
+            "bytes_on_disk_by_rule": by_rule.counted,
+            "by_rule_age": None if by_rule.at is None else round(self.ctx.clock() - by_rule.at, 1),
             "keys_on_disk": len(spilled),
             "bytes_on_disk": spilled.total_bytes(),
             "written_bytes": int(spilled.figure("written_bytes")),
@@ -693,7 +677,9 @@ class SpillSection(Section):
             f"(no copy asked there for {duration(max(0.0, drop.until - now))})"
             for address, drop in sorted(ctx.ledger.drops_of(key).items())
         ]
-        values = {address: sent[key] for address, sent in sorted(self.sent.items()) if key in sent}
+        values = {
+            address: sent[key] for address, sent in sorted(self.sweep.sent.items()) if key in sent
+        }
         d = ctx.index.desired.get(key)
         spill = d.spill if d is not None else None
         return {

@@ -118,7 +118,7 @@ async def test_restarts_without_restart_workers_retire_instead_and_say_why(c, s,
         assert paused.clock in policy.ctx.hooks and not paused.supports(RESTART)  # the rest is on
         ws = s.workers[a.address]
         monkeypatch.setattr(ws, "nanny", "tcp://127.0.0.1:1")  # restartable, but for this
-        handling = paused._start(ws, now=0.0)
+        handling = paused._start(ws)
         assert (handling.action, handling.note) == ("retire", f"{RESTARTS}: retired instead")
         assert any(e["message"] == RESTARTS for e in events(s, "unsupported"))
     finally:
