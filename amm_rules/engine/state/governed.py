@@ -130,35 +130,8 @@ class GovernedKeys:
 
     def put(self, key: Hashable, ts: Any, desired: Desired) -> None:
         """Index a governed key (or move it to its new group)."""
-        old = self._desired.get(key)
-        if old is desired:
-            return
-        if old is not None:
-            self.unindex(key)
-        self._changes += 1
-        # A governed key is never in replicated_free: reduce-replicas need not ask.
-        self._free.pop(key, None)
-        self._desired[key] = desired
-        if desired.spill is not None and self._spill_ruled is not None:
-            self._spill_ruled.filed([ts])
-        cls = PlanClass.of(desired)
-        self._groups.setdefault(cls, {})[key] = ts
-        labels = labels_of(desired)
-        self._governed_by.update(labels)
-        counts = self._class_labels.get(cls)
-        if counts is None:
-            counts = self._class_labels[cls] = Counter()
-        counts.update(labels)
-        nbytes = max(ts.nbytes, 0)
-        if nbytes:
-            bytes_by = self._bytes_by
-            for label in labels:
-                bytes_by[label] += nbytes
-        held = len(ts.who_has or ())
-        if held:
-            copies_by = self._copies_by
-            for label in labels:
-                copies_by[label] += held
+        if self._desired.get(key) is not desired:
+            self.file([(desired, [key], [ts])])
 
     def file(self, batches: Iterable[Batch], fresh: bool = False) -> dict[PlanClass, list[Any]]:
         """Index classified keys (:data:`~amm_rules.engine.decide.classify.Batch` tuples:
