@@ -44,16 +44,7 @@ finishing that held up the drop of a misplaced copy, and keys entering memory on
 retiring worker also wake the policy (the ``wake`` given to :meth:`KeyIndex.attach`),
 which may ask the AMM for an early cycle (:mod:`amm_rules.engine.early`).
 
-What the index keeps is read through read-only views
-(:class:`~amm_rules.engine.readonly.ReadOnly`) and written only by its hooks and its
-methods: the planner's state per key (what a plan left short, drops waiting for a
-dependent, keys to look at again: :meth:`~KeyIndex.note_plan`,
-:meth:`~KeyIndex.look_again`), runtime targets (:meth:`~KeyIndex.set_runtime_target`),
-keys to classify (:meth:`~KeyIndex.queue`, :meth:`~KeyIndex.reclassify`).
-
-Governed keys live in :class:`~amm_rules.engine.state.governed.GovernedKeys`, one group
-per plan class (the resolved fields that decide the plan, plus the label of the
-replication target), so a full check (``suspects``) costs one length comparison per key.
+Governed keys live in :class:`~amm_rules.engine.state.governed.GovernedKeys`.
 """
 
 from __future__ import annotations
@@ -694,24 +685,24 @@ def _watch_update_data(scheduler: Any, index: KeyIndex) -> Callable[..., Any]:
 
     def update_data_watched(*args: Any, **kwargs: Any) -> Any:
         who_has = kwargs.get("who_has") or {}
-        flow = index._flow if index._active and who_has else None
+        if not (index._active and who_has):
+            return update_data(*args, **kwargs)
+        flow = index._flow
         before: set[Hashable] = set()
         if flow is not None:
             tasks = scheduler.tasks
             before = {
                 k for k in who_has if (ts := tasks.get(k)) is not None and ts.state == "memory"
             }
-        if index._active and who_has:
-            # Scattered again, maybe with a new size: un-filed now (with the size it was
-            # filed with), filed again when classified.
-            for key in who_has:
-                if key in desired:
-                    index.governed.unindex(key)
+        # Scattered again, maybe with a new size: un-filed now (with the size it was
+        # filed with), filed again when classified.
+        for key in who_has:
+            if key in desired:
+                index.governed.unindex(key)
         result = update_data(*args, **kwargs)
-        if index._active and who_has:
-            index.queue(who_has)  # un-filed above: not indexed
-            if flow is not None:
-                flow.scattered(who_has, before)
+        index.queue(who_has)  # un-filed above: not indexed
+        if flow is not None:
+            flow.scattered(who_has, before)
         return result
 
     return update_data_watched
