@@ -68,7 +68,7 @@ class Journal:
         self.decisions: deque[Decision] = deque(maxlen=DECISIONS_KEPT)
         #: The same decisions by key, oldest first (``for_key`` reads one key's
         #: without a scan of the ring: ``explain`` asks for thousands of keys at once).
-        self._by_key: dict[Hashable, deque[Decision]] = {}
+        self._by_key: defaultdict[Hashable, deque[Decision]] = defaultdict(deque)
         #: Durations (seconds) of the latest cycles, oldest first.
         self.cycle_seconds: deque[float] = deque(maxlen=CYCLES_KEPT)
         #: Cycles run and their total duration since the policy started.
@@ -101,10 +101,7 @@ class Journal:
                     del self._by_key[old.key]
         d = Decision(time.time(), key, op, worker, outcome, reason, source)
         decisions.append(d)
-        mine = self._by_key.get(key)
-        if mine is None:
-            mine = self._by_key[key] = deque()
-        mine.append(d)
+        self._by_key[key].append(d)
 
     def cycle(self, seconds: float) -> None:
         self.cycles += 1
@@ -135,15 +132,11 @@ class Journal:
             return []
         if not mine or limit <= 0:
             return []
-        out = list(islice(reversed(mine), limit))
-        out.reverse()
-        return out
+        return _latest(mine, limit)
 
     def recent(self, limit: int) -> list[Decision]:
         """The latest ``limit`` decisions, oldest first."""
-        out = list(islice(reversed(self.decisions), limit))
-        out.reverse()
-        return out
+        return _latest(self.decisions, limit)
 
     def rebalancing(
         self,
@@ -176,6 +169,11 @@ class Journal:
             else:
                 outcome = "refused"
             self.decision(key, suggestion.op, getattr(ws, "address", "?"), outcome, why, REBALANCE)
+
+
+def _latest(decisions: deque[Decision], limit: int) -> list[Decision]:
+    """The last ``limit`` of ``decisions``, oldest first."""
+    return list(islice(reversed(decisions), limit))[::-1]
 
 
 def shortfall(plan: Any, refused: bool) -> tuple[str, str] | None:
