@@ -22,6 +22,7 @@ flight; a disabled rebalancer with nothing in flight costs nothing. It never sca
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Collection, Generator, Hashable, Iterable, Mapping
@@ -82,14 +83,10 @@ class Rebalancer:
 
     def __init__(self, moves: dict[Key, Any] | None = None) -> None:
         #: The settings in force (replaced on reload by :meth:`configure`).
-        self.settings = s = RebalanceSettings()
-        #: Moves in flight, keys cooling down, roles of the last plan.
-        self.book = MoveBook(
-            cooldown=s.cooldown,
-            copy_timeout=s.copy_timeout,
-            drop_timeout=s.drop_timeout,
-            pending=moves,
-        )
+        self.settings = RebalanceSettings()
+        #: Moves in flight, keys cooling down, roles of the last plan (the book's
+        #: default timings are the default settings').
+        self.book = MoveBook(pending=moves)
         #: The plan of the last cycle that planned (``None`` before the first).
         self.last_plan: RebalancePlan | None = None
         #: What the last settlement decided.
@@ -129,10 +126,9 @@ class Rebalancer:
         Moves in flight are kept and settled even if rebalancing was switched off: their
         copies were asked for, and the sender's copy must still go once they land (or the
         key keeps an extra copy that only replication would trim). Keys cooling down
-        keep cooling. New timings apply at once: the timeouts to the moves in flight, a
-        new cool-down to the keys already cooling as well, counted from when each started
-        (see :meth:`MoveBook.retime`). The roles of the last plan are forgotten when the
-        settings changed: they carry the old band's hysteresis.
+        keep cooling. New timings apply at once (:meth:`MoveBook.retime`). The roles of
+        the last plan are forgotten when the settings changed: they carry the old band's
+        hysteresis.
         """
         if settings != self.settings:
             self.book.roles = {}
@@ -180,12 +176,7 @@ class Rebalancer:
         settings = self.settings
         tasks = scheduler.tasks
         workers = scheduler.workers
-        views: list[ClusterView] = []
-
-        def view() -> ClusterView:
-            if not views:
-                views.append(cluster())
-            return views[0]
+        view = functools.cache(cluster)
 
         # 1. Measure before anything is yielded: the AMM's tally moves with each accepted
         #    suggestion, and this cycle's drops of landed moves are already counted by
@@ -465,12 +456,8 @@ class Rebalancer:
             if d.move == "never":
                 return f"move: never ({d.reasons['move']})"
             if ts.waiters:
-                # A dependent still to run reads the key soon: on the sender if it is
-                # queued or running there, else wherever it is scheduled once its other
-                # inputs are ready. Moving the key now races with that read or pays a
-                # transfer (under spilling, also a read from disk) for no relief: a key
-                # no client wants is released once its dependents ran, a wanted one can
-                # move then.
+                # Moving it now races with that read or pays a transfer for no relief
+                # (docs/rebalance.md, "Safety while computing").
                 return READ_SOON
             if on_disk is not None and on_disk(key, sender):
                 return ON_DISK
