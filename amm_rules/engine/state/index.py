@@ -90,17 +90,11 @@ class KeyIndex(SchedulerPlugin):
     idempotent = False
 
     def __init__(self, ledger: Ledger | None = None) -> None:
-        # Keys that entered memory (or must be classified again) since the last cycle,
-        # in the order they arrived: key -> its TaskState, or None (looked up then:
-        # only keys to classify again, see reclassify); what a cycle's budget left
-        # over waits in the backlog (see classify).
         self._dirty: dict[Hashable, Any] = {}
         self._backlog = Backlog()
         # Set when keys that may be indexed already joined _dirty (see reclassify).
         self._reclassifying = False
-        # When the last classification stopped taking chunks (time.perf_counter()).
         self._loop_ended = 0.0
-        # The scheduler's tasks once attached (read by the transition hook).
         self._tasks: Mapping[Hashable, Any] = {}
         self._runtime: dict[Hashable, RuntimeTarget] = {}
         self._ledger = Ledger() if ledger is None else ledger
@@ -117,8 +111,6 @@ class KeyIndex(SchedulerPlugin):
         self._costs: RecomputeCosts | None = None
         self._costs_kept: RecomputeCosts | None = None
         self._memory_changed = False
-        # Addresses of the workers whose status says they are on their way out
-        # (retiring, closing), from their status changes, until they leave.
         self._closing: dict[str, str] = {}
         self._trim_waits: set[Hashable] = set()
         self._governed = GovernedKeys(self._free, self._forget_plan)
