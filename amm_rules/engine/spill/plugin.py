@@ -164,20 +164,20 @@ class SpillPlugin(WorkerPlugin):
                 # Values are in writes of the key (see amm_rules.engine.decide.spill):
                 # a key the scheduler did not value is one no task reads again.
                 shadow = self.shadow = ShadowLRU()
-                for key in fast.order:
-                    shadow.touch(key, fast.weights.get(key, 0))
                 for key in data.slow:
                     shadow.disk[key] = 0.0  # its weight is known once read back
                 self._read_before = float(data.cumulative_metrics.get(("disk-read", "bytes"), 0))
+                # The keys in memory reach the shadow as the order adds them, in their
+                # order of use.
                 self.values = ValueOrder(
                     fast.order,
                     neutral=1.0,
                     weights=fast.weights,
+                    shadow=shadow,
                     young=self.young,
                     young_value=self.read_rate,
                     disk=data.slow,  # still there while a key is read back
                 )
-                self.values.shadow = shadow
                 fast.order = self.values
                 # Stores (and reads back) reach the shadow through the weight function.
                 self._weight = weight = fast.weight
