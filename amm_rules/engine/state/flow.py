@@ -258,11 +258,11 @@ class MemoryFlow(SchedulerPlugin):
         """prefix -> {produced, freed, freed_by, live, tasks, net_per_task}."""
         return {name: entry.as_dict() for name, entry in self.prefixes.items()}
 
-    def top(self, n: int, by: str, reverse: bool = True) -> list[tuple[str, PrefixFlow]]:
-        """The ``n`` prefixes with the largest (``reverse``) or smallest value of the
-        counter or property ``by``; prefixes without a value are left out."""
+    def top(self, n: int, by: str) -> list[tuple[str, PrefixFlow]]:
+        """The ``n`` prefixes with the largest value of the counter or property ``by``;
+        prefixes without a value are left out."""
         rows = [(name, e) for name, e in self.prefixes.items() if getattr(e, by) is not None]
-        rows.sort(key=lambda kv: getattr(kv[1], by), reverse=reverse)
+        rows.sort(key=lambda kv: getattr(kv[1], by), reverse=True)
         return rows[:n]
 
     def totals(self) -> dict[str, int]:
