@@ -715,8 +715,19 @@ def settle_moves(
             # 3b. ... the sender's copy has been kept too long: leave it to replication.
             elif now - landed_at > drop_timeout:
                 void.append((p, f"sender's copy not dropped within {drop_timeout:g}s"))
+            # 3c. ... the sender may still drop it: the key's replication target comes
+            #     first (docs/rebalance.md, "The rules still hold").
             else:
-                _landed(p, target, can_drop, drops, void, keep)
+                standing = target(p.key, p.sender) if target is not None else None
+                if standing == NEEDED:
+                    void.append((p, NEEDED))  # a holder was lost mid-move: both copies stay
+                elif can_drop is None or _refusal(can_drop(p.key, p.sender), "no") is None:
+                    keep[p.key] = p
+                    drops.append(p)
+                elif standing == ABOVE:
+                    void.append((p, ABOVE))  # replication trims a copy elsewhere now
+                else:
+                    keep[p.key] = p  # asked again next cycle, until the drop timeout
         # 4. The copy has not landed.
         elif not sender_holds:
             void.append((p, "sender lost its copy before the copy landed"))
@@ -727,37 +738,6 @@ def settle_moves(
         else:
             keep[p.key] = p
     return Settlement(tuple(drops), tuple(done), tuple(void), keep)
-
-
-def _landed(
-    p: PendingMove,
-    target: Target | None,
-    can_drop: Check | None,
-    drops: list[PendingMove],
-    void: list[tuple[PendingMove, str]],
-    keep: dict[Key, PendingMove],
-) -> None:
-    """Case 3c of :func:`settle_moves`: the copy landed, the sender still holds the key
-    and may still drop it. The key's replication target comes first:
-
-    1. it needs the sender's copy (a holder was lost mid-move): void, both copies stay;
-    2. the sender's copy may go now: drop it;
-    3. it cannot go now (a dependent is processing there) and the key holds more copies
-       than its target allows: void, and replication trims a copy elsewhere now rather
-       than keep the extra one for as long as the dependent runs;
-    4. it cannot go now: ask again next cycle, until the drop timeout.
-    """
-    standing = target(p.key, p.sender) if target is not None else None
-    if standing == NEEDED:
-        void.append((p, NEEDED))
-        return
-    if can_drop is None or _refusal(can_drop(p.key, p.sender), "no") is None:
-        keep[p.key] = p
-        drops.append(p)
-    elif standing == ABOVE:
-        void.append((p, ABOVE))
-    else:
-        keep[p.key] = p
 
 
 # --- memory between cycles ---------------------------------------------------------------

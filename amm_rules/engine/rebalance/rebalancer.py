@@ -266,9 +266,7 @@ class Rebalancer:
         void = Counter(reason for _, reason in settlement.void)
         for p, reason in settlement.void:
             key_logger.debug("(move, %s, %s) abandoned: %s", p.key, p.sender, reason)
-        self.totals["done"] += len(settlement.done)
-        self.totals["drops"] += dropped
-        self.totals["void"] += len(settlement.void)
+        self.totals.update(done=len(settlement.done), drops=dropped, void=len(settlement.void))
         self.void_reasons.update(void)
         if dropped:
             stats[SOURCE]["dropped"] += dropped
@@ -317,9 +315,7 @@ class Rebalancer:
             )
         self.book.remember(plan)
         self.last_plan = plan
-        self.totals["moves"] += started
-        self.totals["bytes"] += copied
-        self.totals["refused"] += refused
+        self.totals.update(moves=started, bytes=copied, refused=refused)
         if started:
             stats[SOURCE]["requested"] += started
         self._cycle.update(
