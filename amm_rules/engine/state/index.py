@@ -22,21 +22,16 @@ paths):
 - ``add_worker`` / ``remove_worker``: pools and placements are recomputed and every
   governed key is checked once (so a target of ``all`` reaches a worker that joined
   within one cycle);
-- the same transition hook feeds the :class:`~amm_rules.engine.state.demand.DemandTracker`
-  (reads and waiters of keys), when the rules read demand, the
-  :class:`~amm_rules.engine.state.flow.MemoryFlow` (keys entering and leaving memory, with
-  their tasks), when the policy gives it one (:meth:`~KeyIndex.follow_flow`);
 - ``log_event``: a worker's status changed (retiring, closing, resumed after a pause):
   the workers on their way out by their status (:attr:`~KeyIndex.closing`) are known
   without a scan of the workers;
-- the same ``remove_replica`` wrapper and ``remove_worker`` hook tally, per worker
-  leaving, the keys that fell below their target and those that lost their last copy
-  (:class:`~amm_rules.engine.state.departures.Departures`, :attr:`KeyIndex.departing`).
-- for the :class:`~amm_rules.engine.state.costs.RecomputeCosts` the transition hook
-  notes that memory changed (:meth:`~KeyIndex.take_memory_changed`), and hands it the
-  keys entering and leaving memory only while it keeps them per group; the replica
-  wrappers tell the costs which worker holds a key's only copy
-  (:meth:`~KeyIndex.follow_costs`).
+- the same hooks feed, so that they need no hooks of their own, the
+  :class:`~amm_rules.engine.state.demand.DemandTracker` (when the rules read demand),
+  the :class:`~amm_rules.engine.state.flow.MemoryFlow`
+  (:meth:`~KeyIndex.follow_flow`), the
+  :class:`~amm_rules.engine.state.departures.Departures` (:attr:`KeyIndex.departing`)
+  and the :class:`~amm_rules.engine.state.costs.RecomputeCosts`
+  (:meth:`~KeyIndex.follow_costs`): each module says what it takes from them.
 
 Workers leaving, joining, retiring or resuming, governed keys falling below their
 target, the engine's own copies landing above a target's ``max`` (a move), tasks
@@ -500,16 +495,13 @@ class KeyIndex(SchedulerPlugin):
         as each chunk is filed, while the processor's caches still hold them (checking
         them at the end of the loop cost twice as much).
 
-        Keys are taken oldest first, in the order they arrived: keys that arrived
-        together, and whose tasks were made together, are read together, which the
-        processor's caches reward (three times faster than a set's hash order at 100k
-        keys). They are taken a chunk at a time, as far as the budget goes: nothing else
-        changes the tables meanwhile (the hooks do not run during a cycle). When the
-        budget stops the loop in :attr:`dirty`, what is left of it becomes the backlog
-        as it is, with the loop's place in it, and a new ``dirty`` takes the keys that
-        arrive next; keys to classify again (indexed already: a reload, a runtime
-        target) are taken out one by one instead, so that the backlog holds keys that
-        entered memory only (never indexed before their turn)."""
+        Keys are taken oldest first, a chunk at a time as far as the budget goes
+        (:mod:`~amm_rules.engine.state.backlog`): keys that arrived together, and whose
+        tasks were made together, are read together, which the processor's caches reward
+        (three times faster than a set's hash order at 100k keys); the hooks do not run
+        during a cycle. Keys to classify again (indexed already: a reload, a runtime
+        target) that the budget leaves over are taken out of :attr:`dirty` one by one
+        rather than becoming the backlog, which holds keys that entered memory only."""
         filed: dict[PlanClass, list[Any]] = {}
         done = 0
         stopped = False
