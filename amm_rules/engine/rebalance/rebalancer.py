@@ -1,17 +1,14 @@
 """Rebalancing inside :class:`~amm_rules.engine.policy.RulesPolicy`: the adapter between the
-scheduler's objects and the pure planner of :mod:`amm_rules.engine.rebalance.plan`.
-
-:mod:`amm_rules.engine.rebalance.plan` decides from plain data (:class:`~amm_rules.engine.rebalance.plan.WorkerLoad`,
-keys with sizes, predicates) and keeps the moves in flight in a
-:class:`~amm_rules.engine.rebalance.plan.MoveBook`. This module reads the live scheduler to feed it, and
-turns its answers into AMM ``Suggestion``\\ s. One :class:`Rebalancer` lives as long as its
-policy (hot reloads keep it); each AMM cycle :meth:`Rebalancer.run` measures the workers,
-settles the moves in flight, plans with the rules as predicates and suggests the copies
-(its steps say how).
+scheduler's objects and the pure planner of :mod:`amm_rules.engine.rebalance.plan`: it
+reads the live scheduler to feed the planner, and turns its answers into AMM
+``Suggestion``\\ s. One :class:`Rebalancer` lives as long as its policy (hot reloads
+keep it); each AMM cycle :meth:`Rebalancer.run` measures the workers, settles the moves
+in flight, plans with the rules as predicates and suggests the copies (its steps say
+how).
 
 Neighbours: the rebalance section (:mod:`amm_rules.engine.sections.rebalance`) runs it,
-holds the keys of the moves in flight (the other sections
-keep their copies) and reports it; the moves in flight are kept in the engine's ledger
+holds the keys of the moves in flight (the other sections keep their copies) and reports
+it; the moves in flight are kept in the engine's ledger
 (:mod:`amm_rules.engine.state.ledger`); :meth:`Rebalancer.cycle_summary` adds its part
 to ``cycle`` events.
 
@@ -196,7 +193,7 @@ class Rebalancer:
             settings,
             keys_on=self._keys_on(workers),
             can_move=self._can_move(tasks, manager, desired, inflight, on_disk),
-            can_place=self._can_place(tasks, workers, manager, desired, inflight, view),
+            can_place=self._can_place(tasks, manager, desired, inflight, view),
             pending=self.book.pending.values(),
             cooling=self.book.cooling(now),
             previous=self.book.roles,
@@ -473,7 +470,6 @@ class Rebalancer:
     def _can_place(
         self,
         tasks: Mapping[Key, Any],
-        workers: Mapping[str, Any],
         manager: Any,
         desired: Mapping[Key, Any],
         inflight: Mapping[Key, Mapping[str, Copy]],
