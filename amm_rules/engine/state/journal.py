@@ -120,8 +120,7 @@ class Journal:
             for label, counts in stats.items()
         }
         for label, c in stats.items():
-            self.totals[label]["requested"] += c["requested"]
-            self.totals[label]["dropped"] += c["dropped"]
+            self.totals[label].update(requested=c["requested"], dropped=c["dropped"])
 
     def for_key(self, key: Hashable, limit: int = 10) -> list[Decision]:
         """The key's latest decisions, oldest first (from the index by key: a few
