@@ -96,7 +96,7 @@ class KeyIndex(SchedulerPlugin):
         self._shortfall: dict[Hashable, tuple[str, str]] = {}
         self._workers_changed = True
         self._active = True
-        self._wake: Callable[[str], None] = _no_wake
+        self._wake: Callable[[str], None] = lambda reason: None
         self._touched: set[Hashable] = set()
         self._recheck: set[Hashable] = set()
         self._free: dict[Hashable, Any] = {}
@@ -129,7 +129,7 @@ class KeyIndex(SchedulerPlugin):
         self._closing = {
             a: status
             for a, ws in (workers or {}).items()
-            if (status := _status(ws)) not in _STAYING
+            if (status := str(getattr(ws.status, "name", ws.status))) not in _STAYING
         }
         if wake is not None:
             self._wake = wake
@@ -690,11 +690,3 @@ def _watch_update_data(scheduler: Any, index: KeyIndex) -> Callable[..., Any]:
         return result
 
     return update_data_watched
-
-
-def _status(ws: Any) -> str:
-    return str(getattr(ws.status, "name", ws.status))
-
-
-def _no_wake(reason: str) -> None:
-    return None
