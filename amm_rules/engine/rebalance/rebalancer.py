@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import Counter
-from collections.abc import Callable, Collection, Generator, Hashable, Iterable, Mapping
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping
 from typing import Any
 
 import dask
@@ -35,6 +35,7 @@ from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.engine.rebalance.plan import (
     ABOVE,
     NEEDED,
+    Key,
     MoveBook,
     RebalancePlan,
     Settlement,
@@ -55,8 +56,6 @@ READ_SOON = "read by a task still to run"
 ON_DISK = "on disk on the sender: moving it relieves no memory"
 #: How many void reasons and examples ``status`` keeps from the last plan.
 EXAMPLES_KEPT = 10
-
-Key = Hashable
 
 
 def spill_thresholds() -> tuple[float | None, float | None]:
