@@ -109,9 +109,8 @@ class RecomputeCosts:
         #: While the protect section asks (a set, else None): keys whose copies fell to
         #: one, or that left memory, since it last looked.
         self.reduced: set[Hashable] | None = None
-        #: Refreshes that recomputed, and groups republished, since the start.
+        #: Refreshes that recomputed, since the start.
         self.refreshes = 0
-        self.republished = 0
 
     # -- the hooks: keep them minimal ---------------------------------------------------
 
@@ -258,7 +257,6 @@ class RecomputeCosts:
                 out.append(group)
         if task_groups is not None and len(self.groups) > 2 * len(task_groups) + SPARE_GROUPS:
             self._forget_groups(task_groups)
-        self.republished += len(out)
         return out
 
     def own(self, group: Any) -> tuple[float | None, str]:
