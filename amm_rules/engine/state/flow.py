@@ -48,8 +48,6 @@ from amm_rules.language.ruleset import FLOW_ATTRIBUTES
 MAX_PREFIXES = 10_000
 #: A published figure is replaced when it moved by more than this share of its size.
 REPUBLISH_TOLERANCE = 0.10
-#: The figures of one prefix, as ``memory_flow()`` returns them.
-FIELDS = ("produced", "freed", "freed_by", "live", "tasks", "net_per_task")
 #: The counters that only grow (totals over every prefix, see :meth:`MemoryFlow.totals`).
 TOTALS = ("produced", "freed", "freed_by", "tasks")
 
@@ -323,4 +321,4 @@ class MemoryFlow(SchedulerPlugin):
             entry.keys = None
 
 
-__all__ = ["FIELDS", "FLOW_ATTRIBUTES", "MemoryFlow", "PrefixFacts", "PrefixFlow"]
+__all__ = ["FLOW_ATTRIBUTES", "MemoryFlow", "PrefixFacts", "PrefixFlow"]
