@@ -43,13 +43,12 @@ from amm_rules.engine.rebalance.plan import (
     WorkerLoad,
     plan_rebalance,
 )
+from amm_rules.engine.state.journal import REBALANCE as SOURCE
 from amm_rules.engine.state.ledger import Copy
 from amm_rules.language.ruleset import UNGOVERNED, RebalanceSettings
 
 logger = logging.getLogger(__name__)
 
-#: Counter label of copies and drops made by rebalancing (``amm_rules_status``, events).
-SOURCE = "(rebalance)"
 #: Why a key with dependents still to run is not moved.
 READ_SOON = "read by a task still to run"
 #: Why a key its sender holds on disk is not moved (its memory is not the sender's).

@@ -33,7 +33,7 @@ DECISIONS_KEPT = 10_000
 #: Cycle durations kept (the recent cycles of ``status``: median and worst).
 CYCLES_KEPT = 100
 
-#: Counter label of rebalancing moves (as :mod:`amm_rules.engine.rebalance.rebalancer`).
+#: Counter label of rebalancing's copies and drops (``amm_rules_status``, events).
 REBALANCE = "(rebalance)"
 
 #: Shortfall reasons of keys the workers can satisfy (in-progress).
