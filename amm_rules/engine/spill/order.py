@@ -368,9 +368,7 @@ class ShadowLRU:
     of its weight. Whenever the real buffer gives room up (:meth:`fit`, with what it
     will hold), the shadow gives up its least recently used keys down to the same
     weight. Keys released are forgotten (:meth:`forget`). An estimate, not a
-    measurement: the accesses are those of this order (a stock order would not have
-    read back ahead, and tasks would have run at other times), and the memory monitor's
-    own evictions count only through the buffer's.
+    measurement (docs/spill.md, "What the order saved", says why).
     """
 
     __slots__ = ("disk", "memory", "paused", "read_bytes", "reads", "total")
