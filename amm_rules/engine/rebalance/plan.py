@@ -10,15 +10,10 @@ Neighbours: :mod:`amm_rules.language.ruleset` holds the settings;
 predicates that carry the rules, turns :class:`Move` into a ``replicate`` suggestion and
 a settled move into a ``drop`` one, and keeps a :class:`MoveBook` between cycles.
 
-A move is never one step. It is a copy onto the recipient in one cycle and a drop from
-the sender in a later one, once the copy has landed (:func:`settle_moves`). Until then
-nothing destructive has happened: if the world changes in between (a worker leaves, the
-key is released, the copy never lands), the move is void and the key simply stays where
-it was. A key's number of replicas is therefore unchanged by a move: +1 on the recipient,
-then -1 on the sender.
-
-Cost per cycle (see :func:`plan_rebalance`): O(W log W + M log W) for W workers and M keys
-moved, plus a bounded number of keys examined and not moved; never a scan of all keys.
+A move is a copy onto the recipient in one cycle and a drop from the sender in a later
+one, once the copy has landed (:func:`settle_moves`): until then nothing destructive has
+happened, and a move the world overtook is void. docs/rebalance.md says what a cycle
+does, when a move is void, and what it costs.
 """
 
 from __future__ import annotations
@@ -77,8 +72,7 @@ SIZE_MISSES = 16
 NO_ROOM = "no recipient has room for it"
 #: Keys smaller than this are never moved (see :func:`smallest_move`): they change no
 #: worker's memory by what a heartbeat can tell apart, and a move costs the same
-#: messages and bookkeeping whatever its size (distributed's ``da.store`` leaves a
-#: 16-byte ``None`` per chunk written, which used to be all a spilling cluster moved).
+#: messages and bookkeeping whatever its size.
 SMALLEST_MOVE = 2**20
 #: ... or than this fraction of the sender's memory limit, if that is less.
 SMALLEST_MOVE_FRACTION = 1 / 1000
@@ -380,15 +374,9 @@ def _roles(
     roles: dict[str, str],
 ) -> tuple[list[tuple[float, int, _Side]], list[tuple[float, int, _Side]]]:
     """Step 2 of :func:`plan_rebalance`: each worker's role, written into ``roles``;
-    returns the senders and the recipients, as heaps.
-
-    Senders shed towards the mean and recipients fill towards it, never past it: so a
-    sender cannot become a recipient (nor the reverse) by this plan, and the dead band
-    around the mean keeps them from trading places on the next cycles. Both aim at the
-    mean, the middle of the band, not at its edge (where the legacy rebalance stops): a
-    worker brought there needs a change of gap/2 to start again, and one sender is not
-    left outside the band by recipients that each stopped a little short of the mean.
-    """
+    returns the senders and the recipients, as heaps. Senders shed towards the mean and
+    recipients fill towards it, never past it, so that they never trade places
+    (docs/rebalance.md, "Convergence without oscillation")."""
     half_gap = settings.gap / 2
     # A sender that started stops this close to the mean: with keys of finite size the
     # exact mean is out of reach, and chasing it would keep it sending crumbs. Recipients
@@ -696,13 +684,9 @@ def settle_moves(
     key's replication target stands with the sender's copy (``None``: no target, or
     always within it).
 
-    A sender's copy is dropped only when the recipient is seen holding the key. A drop
-    that does not happen is asked for again on the next cycles, until ``drop_timeout``
-    after landing; then the move is void and the key keeps its extra copy, which
-    replication trims to the key's target like any other. A move never overrides the
-    key's replication target: it is void at once when the target needs the sender's
-    copy (a holder was lost mid-move), or when the sender's copy cannot go now while
-    the key holds more copies than its target allows (replication trims one elsewhere).
+    A sender's copy is dropped only when the recipient is seen holding the key; a move
+    never overrides the key's replication target (docs/rebalance.md, "When the world
+    changes").
     """
     drops: list[PendingMove] = []
     done: list[PendingMove] = []
@@ -731,8 +715,19 @@ def settle_moves(
             # 3b. ... the sender's copy has been kept too long: leave it to replication.
             elif now - landed_at > drop_timeout:
                 void.append((p, f"sender's copy not dropped within {drop_timeout:g}s"))
+            # 3c. ... the sender may still drop it: the key's replication target comes
+            #     first (docs/rebalance.md, "The rules still hold").
             else:
-                _landed(p, target, can_drop, drops, void, keep)
+                standing = target(p.key, p.sender) if target is not None else None
+                if standing == NEEDED:
+                    void.append((p, NEEDED))  # a holder was lost mid-move: both copies stay
+                elif can_drop is None or _refusal(can_drop(p.key, p.sender), "no") is None:
+                    keep[p.key] = p
+                    drops.append(p)
+                elif standing == ABOVE:
+                    void.append((p, ABOVE))  # replication trims a copy elsewhere now
+                else:
+                    keep[p.key] = p  # asked again next cycle, until the drop timeout
         # 4. The copy has not landed.
         elif not sender_holds:
             void.append((p, "sender lost its copy before the copy landed"))
@@ -743,37 +738,6 @@ def settle_moves(
         else:
             keep[p.key] = p
     return Settlement(tuple(drops), tuple(done), tuple(void), keep)
-
-
-def _landed(
-    p: PendingMove,
-    target: Target | None,
-    can_drop: Check | None,
-    drops: list[PendingMove],
-    void: list[tuple[PendingMove, str]],
-    keep: dict[Key, PendingMove],
-) -> None:
-    """Case 3c of :func:`settle_moves`: the copy landed, the sender still holds the key
-    and may still drop it. The key's replication target comes first:
-
-    1. it needs the sender's copy (a holder was lost mid-move): void, both copies stay;
-    2. the sender's copy may go now: drop it;
-    3. it cannot go now (a dependent is processing there) and the key holds more copies
-       than its target allows: void, and replication trims a copy elsewhere now rather
-       than keep the extra one for as long as the dependent runs;
-    4. it cannot go now: ask again next cycle, until the drop timeout.
-    """
-    standing = target(p.key, p.sender) if target is not None else None
-    if standing == NEEDED:
-        void.append((p, NEEDED))
-        return
-    if can_drop is None or _refusal(can_drop(p.key, p.sender), "no") is None:
-        keep[p.key] = p
-        drops.append(p)
-    elif standing == ABOVE:
-        void.append((p, ABOVE))
-    else:
-        keep[p.key] = p
 
 
 # --- memory between cycles ---------------------------------------------------------------

@@ -1,17 +1,14 @@
 """Rebalancing inside :class:`~amm_rules.engine.policy.RulesPolicy`: the adapter between the
-scheduler's objects and the pure planner of :mod:`amm_rules.engine.rebalance.plan`.
-
-:mod:`amm_rules.engine.rebalance.plan` decides from plain data (:class:`~amm_rules.engine.rebalance.plan.WorkerLoad`,
-keys with sizes, predicates) and keeps the moves in flight in a
-:class:`~amm_rules.engine.rebalance.plan.MoveBook`. This module reads the live scheduler to feed it, and
-turns its answers into AMM ``Suggestion``\\ s. One :class:`Rebalancer` lives as long as its
-policy (hot reloads keep it); each AMM cycle :meth:`Rebalancer.run` measures the workers,
-settles the moves in flight, plans with the rules as predicates and suggests the copies
-(its steps say how).
+scheduler's objects and the pure planner of :mod:`amm_rules.engine.rebalance.plan`: it
+reads the live scheduler to feed the planner, and turns its answers into AMM
+``Suggestion``\\ s. One :class:`Rebalancer` lives as long as its policy (hot reloads
+keep it); each AMM cycle :meth:`Rebalancer.run` measures the workers, settles the moves
+in flight, plans with the rules as predicates and suggests the copies (its steps say
+how).
 
 Neighbours: the rebalance section (:mod:`amm_rules.engine.sections.rebalance`) runs it,
-holds the keys of the moves in flight (the other sections
-keep their copies) and reports it; the moves in flight are kept in the engine's ledger
+holds the keys of the moves in flight (the other sections keep their copies) and reports
+it; the moves in flight are kept in the engine's ledger
 (:mod:`amm_rules.engine.state.ledger`); :meth:`Rebalancer.cycle_summary` adds its part
 to ``cycle`` events.
 
@@ -22,9 +19,10 @@ flight; a disabled rebalancer with nothing in flight costs nothing. It never sca
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
-from collections.abc import Callable, Collection, Generator, Hashable, Iterable, Mapping
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping
 from typing import Any
 
 import dask
@@ -37,6 +35,7 @@ from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.engine.rebalance.plan import (
     ABOVE,
     NEEDED,
+    Key,
     MoveBook,
     RebalancePlan,
     Settlement,
@@ -44,21 +43,18 @@ from amm_rules.engine.rebalance.plan import (
     WorkerLoad,
     plan_rebalance,
 )
+from amm_rules.engine.state.journal import REBALANCE as SOURCE
 from amm_rules.engine.state.ledger import Copy
 from amm_rules.language.ruleset import UNGOVERNED, RebalanceSettings
 
 logger = logging.getLogger(__name__)
 
-#: Counter label of copies and drops made by rebalancing (``amm_rules_status``, events).
-SOURCE = "(rebalance)"
 #: Why a key with dependents still to run is not moved.
 READ_SOON = "read by a task still to run"
 #: Why a key its sender holds on disk is not moved (its memory is not the sender's).
 ON_DISK = "on disk on the sender: moving it relieves no memory"
 #: How many void reasons and examples ``status`` keeps from the last plan.
 EXAMPLES_KEPT = 10
-
-Key = Hashable
 
 
 def spill_thresholds() -> tuple[float | None, float | None]:
@@ -82,14 +78,10 @@ class Rebalancer:
 
     def __init__(self, moves: dict[Key, Any] | None = None) -> None:
         #: The settings in force (replaced on reload by :meth:`configure`).
-        self.settings = s = RebalanceSettings()
-        #: Moves in flight, keys cooling down, roles of the last plan.
-        self.book = MoveBook(
-            cooldown=s.cooldown,
-            copy_timeout=s.copy_timeout,
-            drop_timeout=s.drop_timeout,
-            pending=moves,
-        )
+        self.settings = RebalanceSettings()
+        #: Moves in flight, keys cooling down, roles of the last plan (the book's
+        #: default timings are the default settings').
+        self.book = MoveBook(pending=moves)
         #: The plan of the last cycle that planned (``None`` before the first).
         self.last_plan: RebalancePlan | None = None
         #: What the last settlement decided.
@@ -129,10 +121,9 @@ class Rebalancer:
         Moves in flight are kept and settled even if rebalancing was switched off: their
         copies were asked for, and the sender's copy must still go once they land (or the
         key keeps an extra copy that only replication would trim). Keys cooling down
-        keep cooling. New timings apply at once: the timeouts to the moves in flight, a
-        new cool-down to the keys already cooling as well, counted from when each started
-        (see :meth:`MoveBook.retime`). The roles of the last plan are forgotten when the
-        settings changed: they carry the old band's hysteresis.
+        keep cooling. New timings apply at once (:meth:`MoveBook.retime`). The roles of
+        the last plan are forgotten when the settings changed: they carry the old band's
+        hysteresis.
         """
         if settings != self.settings:
             self.book.roles = {}
@@ -180,12 +171,7 @@ class Rebalancer:
         settings = self.settings
         tasks = scheduler.tasks
         workers = scheduler.workers
-        views: list[ClusterView] = []
-
-        def view() -> ClusterView:
-            if not views:
-                views.append(cluster())
-            return views[0]
+        view = functools.cache(cluster)
 
         # 1. Measure before anything is yielded: the AMM's tally moves with each accepted
         #    suggestion, and this cycle's drops of landed moves are already counted by
@@ -205,7 +191,7 @@ class Rebalancer:
             settings,
             keys_on=self._keys_on(workers),
             can_move=self._can_move(tasks, manager, desired, inflight, on_disk),
-            can_place=self._can_place(tasks, workers, manager, desired, inflight, view),
+            can_place=self._can_place(tasks, manager, desired, inflight, view),
             pending=self.book.pending.values(),
             cooling=self.book.cooling(now),
             previous=self.book.roles,
@@ -275,9 +261,7 @@ class Rebalancer:
         void = Counter(reason for _, reason in settlement.void)
         for p, reason in settlement.void:
             key_logger.debug("(move, %s, %s) abandoned: %s", p.key, p.sender, reason)
-        self.totals["done"] += len(settlement.done)
-        self.totals["drops"] += dropped
-        self.totals["void"] += len(settlement.void)
+        self.totals.update(done=len(settlement.done), drops=dropped, void=len(settlement.void))
         self.void_reasons.update(void)
         if dropped:
             stats[SOURCE]["dropped"] += dropped
@@ -326,9 +310,7 @@ class Rebalancer:
             )
         self.book.remember(plan)
         self.last_plan = plan
-        self.totals["moves"] += started
-        self.totals["bytes"] += copied
-        self.totals["refused"] += refused
+        self.totals.update(moves=started, bytes=copied, refused=refused)
         if started:
             stats[SOURCE]["requested"] += started
         self._cycle.update(
@@ -465,12 +447,8 @@ class Rebalancer:
             if d.move == "never":
                 return f"move: never ({d.reasons['move']})"
             if ts.waiters:
-                # A dependent still to run reads the key soon: on the sender if it is
-                # queued or running there, else wherever it is scheduled once its other
-                # inputs are ready. Moving the key now races with that read or pays a
-                # transfer (under spilling, also a read from disk) for no relief: a key
-                # no client wants is released once its dependents ran, a wanted one can
-                # move then.
+                # Moving it now races with that read or pays a transfer for no relief
+                # (docs/rebalance.md, "Safety while computing").
                 return READ_SOON
             if on_disk is not None and on_disk(key, sender):
                 return ON_DISK
@@ -490,7 +468,6 @@ class Rebalancer:
     def _can_place(
         self,
         tasks: Mapping[Key, Any],
-        workers: Mapping[str, Any],
         manager: Any,
         desired: Mapping[Key, Any],
         inflight: Mapping[Key, Mapping[str, Copy]],

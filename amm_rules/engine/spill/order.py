@@ -13,37 +13,17 @@ within a band. So the LRU's own eviction, along all its paths, evicts the cheape
 to give up; nothing else of the LRU or the buffer changes, and putting a plain
 ``InsertionSortedSet`` back (:meth:`ValueOrder.keys_by_use`) restores stock behaviour.
 
-A key's value per byte is what the scheduler sent for it (:meth:`ValueOrder.set_values`;
-seconds that keeping it in memory saves, per byte), or :attr:`ValueOrder.neutral` when it
-sent none, plus, for each task on the worker about to read it
-(:meth:`ValueOrder.set_readers`), the seconds per byte of reading it back from disk. Bands are :data:`RATIO` wide (values within about 19% are equal, and
-the least recently used goes first): an exact order would cost a heap operation on
-every read of every key, a band a dictionary operation. A key whose last reader on the
-worker just finished, with no other reader known, is *consumed* once it stayed in memory
-:data:`CONSUMED_AFTER` since: it goes half a band lower, before the keys of its value,
-the last consumed first (a dataset read in passes then keeps in memory the part the pass
-has not read yet, where least-recently-used gives up exactly that part: the worst case
-of a scan). Until then it keeps its place: a key read by its last task is most often an
-intermediate result that the scheduler releases within milliseconds, and giving it up
-at once would write to disk what was about to be freed. A key with no value sent, no
-reader and not consumed is in the band of :attr:`ValueOrder.neutral`: ordered as stock
-does among the others alike. The scheduler sends values only for the keys it knows more
-of than the worker (read by tasks elsewhere, held elsewhere too, or a rule's ``spill``).
-
-A key is *young* from when it is stored (or read back) until the scheduler sent a value
-for it (or forgot it), or for :attr:`ValueOrder.young` seconds at most (the plugin: two
-of the Active Memory Manager's cycles, time for the scheduler's sweep to come to it):
-while young, with no reader on the worker and not consumed, it counts as read once more
-(:attr:`ValueOrder.young_value`). The scheduler values a worker's keys once a cycle;
-without this, a key just stored stands below every key valued already, and an
-intermediate result that a task not yet assigned reads within the second (a reduction's
-partial sums) is written to disk before older keys, where least-recently-used writes the
-oldest first. A new key read by its last task stays young through the grace, as an
-intermediate result about to be released should. A key read back is young too (else,
-stored among young keys, it would be the next to go, written again at once), until a
-task of the worker reads it: a pass over a dataset larger than memory gives up first what
-it just read back, rather than keeping it, tied with the keys the pass is about to read,
-through the grace.
+A key's value per byte is what the scheduler sent for it (:meth:`ValueOrder.set_values`),
+or :attr:`ValueOrder.neutral` when it sent none, plus, for each task on the worker about
+to read it (:meth:`ValueOrder.set_readers`), the seconds per byte of reading it back.
+Bands are :data:`RATIO` wide (values within about 19% are a tie, the least recently used
+going first): an exact order would cost a heap operation on every read of every key, a
+band a dictionary operation. A key whose last reader on the worker finished, with no
+other reader known, is *consumed* once it stayed in memory :data:`CONSUMED_AFTER` since:
+it goes half a band lower, the last consumed first. A key stored (or read back) is
+*young* until the scheduler sent a value for it, or for :attr:`ValueOrder.young` seconds
+at most: meanwhile, with no reader on the worker and not consumed, it counts
+:attr:`ValueOrder.young_value` more. docs/spill.md ("The model") says why.
 
 Pure (no distributed, no zict): :mod:`amm_rules.engine.spill.plugin` installs it on a
 worker; tests drive it alone.
@@ -55,6 +35,7 @@ import math
 import time
 from bisect import bisect_left, insort
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator, Mapping
+from operator import itemgetter
 from typing import TypeVar
 
 _T = TypeVar("_T")
@@ -164,9 +145,6 @@ class ValueOrder:
 
     def __len__(self) -> int:
         return len(self._by_use)
-
-    def __bool__(self) -> bool:
-        return bool(self._by_use)
 
     def __iter__(self) -> Iterator[Hashable]:
         """Keys from the first to give up to the last (the LRU takes the first)."""
@@ -325,7 +303,7 @@ class ValueOrder:
         """Keys stored ``young`` ago or more that the scheduler did not come to are young
         no longer (ordered by what the worker knows of them)."""
         # (Those no longer present are skipped by the rebanding.)
-        self._rebands(_take_due(self._young, self.clock() - self.young, _first))
+        self._rebands(_take_due(self._young, self.clock() - self.young, itemgetter(0)))
 
     # -- bands -------------------------------------------------------------------------
 
@@ -380,10 +358,6 @@ def _stamp(since: float) -> float:
     return since
 
 
-def _first(entry: tuple[float, bool]) -> float:
-    return entry[0]
-
-
 class ShadowLRU:
     """What least-recently-used would have read back from disk under the same accesses:
     the keys a stock buffer of the same size would hold in memory, and those it would
@@ -394,9 +368,7 @@ class ShadowLRU:
     of its weight. Whenever the real buffer gives room up (:meth:`fit`, with what it
     will hold), the shadow gives up its least recently used keys down to the same
     weight. Keys released are forgotten (:meth:`forget`). An estimate, not a
-    measurement: the accesses are those of this order (a stock order would not have
-    read back ahead, and tasks would have run at other times), and the memory monitor's
-    own evictions count only through the buffer's.
+    measurement (docs/spill.md, "What the order saved", says why).
     """
 
     __slots__ = ("disk", "memory", "paused", "read_bytes", "reads", "total")

@@ -2,12 +2,9 @@
 value, reports which keys are on disk and reads back ahead the keys its tasks are about
 to read.
 
-The engine registers :class:`SpillPlugin` from the scheduler
-(``Scheduler.register_worker_plugin``): every running worker and every worker that
-joins later runs :meth:`SpillPlugin.setup`, and removing it (the policy detaches, the
-rules drop ``spill:``) runs :meth:`SpillPlugin.teardown` on each. Workers need no
-change to how they start. On a worker whose data is a ``SpillBuffer`` (a
-``zict.Buffer`` whose ``fast`` mapping is a ``zict.LRU``), the plugin:
+The engine registers :class:`SpillPlugin` from the scheduler (docs/spill.md, "How it
+is installed"). On a worker whose data is a ``SpillBuffer`` (a ``zict.Buffer`` whose
+``fast`` mapping is a ``zict.LRU``), the plugin:
 
 1. with ``order: value``, puts a :class:`~amm_rules.engine.spill.order.ValueOrder`
    in the place of the LRU's ``order``, with the keys already in memory in their order
@@ -30,9 +27,7 @@ change to how they start. On a worker whose data is a ``SpillBuffer`` (a
    buffer cannot read a key back from two threads at once), one key at a time, at
    most :data:`PREFETCH_BYTES` a turn.
 
-A worker whose data is anything else (dask-cuda's ``ProxifyHostFile``, a plain
-``dict``, a user's own mapping) is left alone: the plugin sends why, once, and the
-scheduler says it (a log line, an event, status).
+A worker whose data is anything else is left alone: the plugin sends why, once.
 
 Neighbours: :mod:`amm_rules.engine.sections.spill` installs it, computes the values
 and reads the reports; :mod:`amm_rules.engine.spill.order` is the order.
@@ -169,20 +164,20 @@ class SpillPlugin(WorkerPlugin):
                 # Values are in writes of the key (see amm_rules.engine.decide.spill):
                 # a key the scheduler did not value is one no task reads again.
                 shadow = self.shadow = ShadowLRU()
-                for key in fast.order:
-                    shadow.touch(key, fast.weights.get(key, 0))
                 for key in data.slow:
                     shadow.disk[key] = 0.0  # its weight is known once read back
                 self._read_before = float(data.cumulative_metrics.get(("disk-read", "bytes"), 0))
+                # The keys in memory reach the shadow as the order adds them, in their
+                # order of use.
                 self.values = ValueOrder(
                     fast.order,
                     neutral=1.0,
                     weights=fast.weights,
+                    shadow=shadow,
                     young=self.young,
                     young_value=self.read_rate,
                     disk=data.slow,  # still there while a key is read back
                 )
-                self.values.shadow = shadow
                 fast.order = self.values
                 # Stores (and reads back) reach the shadow through the weight function.
                 self._weight = weight = fast.weight
@@ -317,13 +312,10 @@ class SpillPlugin(WorkerPlugin):
                 for dep in ts.dependencies:
                     counts[dep.key] = counts.get(dep.key, 0) + 1
         self.readers = counts
-        if self.values is not None:
-            self._apply_readers()
-
-    def _apply_readers(self) -> None:
+        if self.values is None:
+            return
         write, read = rates(self.data.cumulative_metrics)
         self.read_rate = read = read / write  # in writes, as the scheduler's values
-        assert self.values is not None
         with self.data.fast.lock:
             self.values.set_readers({k: n * read for k, n in self.readers.items()})
             self.values.set_young_value(read)
@@ -394,7 +386,7 @@ class SpillPlugin(WorkerPlugin):
         limit = getattr(manager, "memory_limit", None)
         fraction = getattr(manager, "memory_spill_fraction", False)
         monitor = getattr(self.worker, "monitor", None)
-        if not limit or fraction is False or not fraction or monitor is None:
+        if not limit or not fraction or monitor is None:
             return 0.0, 0.0
         return float(monitor.get_process_memory()), float(limit * fraction)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Mapping
+from operator import itemgetter
 from typing import Any
 
 from amm_rules.engine.decide.spill import changed, value_per_byte
@@ -197,14 +198,10 @@ class Sweep:
             for key in [k for k in sent if k not in p.seen]:
                 del sent[key]
         if p.candidates:
-            p.candidates.sort(key=_value_of, reverse=True)
+            p.candidates.sort(key=itemgetter(0), reverse=True)
             self.candidates[p.address] = p.candidates
         else:
             self.candidates.pop(p.address, None)
-
-
-def _value_of(candidate: tuple[float, Any]) -> float:
-    return candidate[0]
 
 
 __all__ = ["CHUNK", "VALUE_AT", "Sweep"]

@@ -1,5 +1,6 @@
 """Recompute costs: what each key in memory would cost the scheduler to compute again if
-every copy of it were lost, and the work at risk on each worker.
+every copy of it were lost, and the work at risk on each worker (for users:
+docs/rules.md, "protect", which lists the approximations).
 
 :class:`RecomputeCosts` keeps, per task group (the keys of a group are one function on
 different chunks, and share their lineage), what the scheduler itself records as its
@@ -18,49 +19,29 @@ tasks finish, read when the estimates are refreshed, never per task:
   else the ratio of the two groups' sizes.
 
 The key index's ``transition`` hook (:class:`~amm_rules.engine.state.index.KeyIndex`)
-only sets a flag when a key enters or leaves memory (``KeyIndex.memory_changed``): the
-cost of the model on the scheduler's transitions is one attribute write. While the
-protect section is in the rules, or a rule reads ``task.recompute_seconds``, the model
-keeps the keys in memory per group (:attr:`RecomputeCosts.track_keys`), and the hook
-then hands it each key entering or leaving memory (:meth:`RecomputeCosts.finished`,
-:meth:`~RecomputeCosts.entered`, :meth:`~RecomputeCosts.left`).
+only sets a flag when a key enters or leaves memory: the cost of the model on the
+scheduler's transitions is one attribute write. While the protect section is in the
+rules, or a rule reads ``task.recompute_seconds``, the model keeps the keys in memory
+per group (:attr:`RecomputeCosts.track_keys`), and the hook then hands it each key
+entering or leaving memory.
 
 From these, once per cycle and only if something entered or left memory since the
 last, :meth:`RecomputeCosts.refresh` estimates for every group the seconds to bring
-one of its keys back (:attr:`GroupCost.estimate`), walking the *group* graph
+one of its keys back, walking the *group* graph
 (``TaskGroup.dependencies``), memoized, never the task graph:
 
     cost(G) = own(G) + sum over dependency groups D of fanin(G, D) * missing(D) * cost(D)
 
 ``own(G)`` is the group's compute seconds per finished task; ``missing(D)`` the share of
 D's tasks released (not in memory, and not forgotten: a forgotten dependency is never
-asked for again). The estimate of a group is the same for each of its keys:
-``task.recompute_seconds``.
-
-Approximations (docs/rules.md lists them for users):
-
-- a key's own time is its group's mean, not its own task's; without keys kept per
-  group, a task computed twice counts its seconds twice against one task done;
-- a dependency group's tasks are missing in proportion (a key whose own inputs are all
-  in memory while most of their group is released is estimated dear);
-- ``fanin`` is that of the group's first task seen finishing while keys are kept, else
-  the ratio of the two groups' sizes (exact for maps and tree reductions; an
-  all-to-all shuffle, where each task reads every input, is estimated low);
-- the work at risk of a worker adds the estimates of its keys one by one: ancestors
-  that several lost keys share are counted once per key (an upper bound), and
-  ancestors lost with the same worker are not counted (a lower bound);
-- where a group has no measured time, the prefix's average duration
-  (``TaskPrefix.duration_average``) stands in; scattered data has no estimate (null):
-  it cannot be computed again at all.
+asked for again).
 
 **Work at risk.** The replica wrappers of :func:`~amm_rules.engine.state.index.watch_scheduler`
-tell :meth:`RecomputeCosts.copy_added` / :meth:`copy_removed` / :meth:`all_removed`
-when a key gets or loses its only copy; per group and worker, the keys of which the
-worker holds the only copy are counted (:attr:`RecomputeCosts.sole`), and per worker
-the seconds they would cost (:attr:`RecomputeCosts.at_risk`): the count times the
-group's published estimate, kept up to date as estimates are republished (when they
-move by more than :data:`REPUBLISH_TOLERANCE`). A status call reads one number per
-worker, never the keys.
+tell the model when a key gets or loses its only copy; per group and worker, the keys of
+which the worker holds the only copy are counted (:attr:`RecomputeCosts.sole`), and per
+worker the seconds they would cost (:attr:`RecomputeCosts.at_risk`): the count times the
+group's published estimate, kept up to date as estimates are republished. A status call
+reads one number per worker, never the keys.
 
 Neighbours: :mod:`amm_rules.engine.state.index` feeds it;
 :mod:`amm_rules.engine.sections.costs` refreshes it each cycle and shows it;
@@ -70,6 +51,7 @@ Neighbours: :mod:`amm_rules.engine.state.index` feeds it;
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
@@ -88,27 +70,16 @@ UNKNOWN = "unknown"
 class GroupCost:
     """What the model knows of one task group (see the module docstring)."""
 
-    __slots__ = (
-        "group",
-        "finished",
-        "fanin",
-        "estimate",
-        "ancestors",
-        "own",
-        "source",
-        "published",
-        "keys",
-    )
+    __slots__ = ("group", "finished", "fanin", "ancestors", "own", "source", "published", "keys")
 
-    def __init__(self, group: Any, finished: int = 0):
+    def __init__(self, group: Any):
         self.group = group
         #: Tasks of the group that finished, counted while keys are kept (0: not).
-        self.finished = finished
+        self.finished = 0
         #: Dependencies per task, by dependency group (None: not sampled).
         self.fanin: dict[Any, int] | None = None
-        #: The last refresh's estimate: seconds per key (None: unknown), ancestor tasks
-        #: that would run again per key, own seconds per task and where they came from.
-        self.estimate: float | None = None
+        #: As of the last refresh: ancestor tasks that would run again per key, own
+        #: seconds per task and where they came from.
         self.ancestors = 0.0
         self.own: float | None = None
         self.source = UNKNOWN
@@ -138,9 +109,8 @@ class RecomputeCosts:
         #: While the protect section asks (a set, else None): keys whose copies fell to
         #: one, or that left memory, since it last looked.
         self.reduced: set[Hashable] | None = None
-        #: Refreshes that recomputed, and groups republished, since the start.
+        #: Refreshes that recomputed, since the start.
         self.refreshes = 0
-        self.republished = 0
 
     # -- the hooks: keep them minimal ---------------------------------------------------
 
@@ -178,16 +148,9 @@ class RecomputeCosts:
         so far (this one, and any that finished before the engine watched) and its
         dependencies per task, counted on this task."""
         group = ts.group
-        states = group.states
         entry = self.groups.get(group) or self._entry(group)
-        entry.finished = max(
-            1, states.get("memory", 0) + states.get("released", 0) + states.get("forgotten", 0)
-        )
-        fanin: dict[Any, int] = {}
-        for dts in ts.dependencies:
-            dg = dts.group
-            fanin[dg] = fanin.get(dg, 0) + 1
-        entry.fanin = fanin
+        entry.finished = max(1, _done(group))
+        entry.fanin = Counter(dts.group for dts in ts.dependencies)
         return entry
 
     def _entry(self, group: Any) -> GroupCost:
@@ -288,13 +251,12 @@ class RecomputeCosts:
             cost, ancestors = self._estimate(group, memo)
             entry.ancestors = ancestors
             entry.own, entry.source = self.own(group)
-            entry.estimate = None if entry.own is None and cost == 0 else cost
-            if _moved(entry.published, entry.estimate):
-                self._publish(group, entry, entry.estimate)
+            estimate = None if entry.own is None and cost == 0 else cost
+            if _moved(entry.published, estimate):
+                self._publish(group, entry, estimate)
                 out.append(group)
         if task_groups is not None and len(self.groups) > 2 * len(task_groups) + SPARE_GROUPS:
             self._forget_groups(task_groups)
-        self.republished += len(out)
         return out
 
     def own(self, group: Any) -> tuple[float | None, str]:
@@ -305,8 +267,7 @@ class RecomputeCosts:
         entry = self.groups.get(group)
         if entry is not None and entry.finished > 0 and total > 0:
             return total / entry.finished, MEASURED
-        states = group.states
-        done = states.get("memory", 0) + states.get("released", 0) + states.get("forgotten", 0)
+        done = _done(group)
         if total > 0 and done > 0:
             return total / done, GROUP_AVERAGE
         average = getattr(group.prefix, "duration_average", None)
@@ -413,6 +374,12 @@ class RecomputeCosts:
         """The keys of ``group`` in memory (empty unless :attr:`track_keys`)."""
         entry = self.groups.get(group)
         return entry.keys if entry is not None and entry.keys is not None else {}
+
+
+def _done(group: Any) -> int:
+    """The group's tasks done: in memory, released or forgotten."""
+    states = group.states
+    return states.get("memory", 0) + states.get("released", 0) + states.get("forgotten", 0)
 
 
 def _moved(old: float | None, new: float | None) -> bool:

@@ -118,7 +118,7 @@ class Drain:
 
     def predict(self, rate: float, source: str, now: float) -> Prediction:
         """The prediction for the keys left, at ``rate`` with the seconds left."""
-        ranked = [item for _, item in sorted(self.places.values(), key=lambda p: p[0])]
+        ranked = [item for _, item in self.places.values()]  # kept in the drain's order
         cannot = [item for item, _ in self.cannot.values()]
         return predict(ranked, rate, self.seconds_left(now), source, cannot)
 
@@ -244,8 +244,7 @@ class Drain:
         cannot move, or safe."""
         out: dict[str, Any] = {"worker": self.address, "drain": self.drain_id, "state": self.state}
         if key in self.cannot:
-            item, why = self.cannot[key]
-            return {**out, "standing": "cannot move", "why": why}
+            return {**out, "standing": "cannot move", "why": self.cannot[key][1]}
         if key in self.places:
             place, item = self.places[key]
             cutoff = self.last.cutoff if self.last is not None else None

@@ -3,22 +3,13 @@ leave memory, and how many leave *because* a task of the kind finished.
 
 distributed keeps ``TaskPrefix.nbytes_total`` (bytes produced, never decreased while the
 prefix's groups live) and nothing about freed bytes. :class:`MemoryFlow`, fed by the
-scheduler's transitions, keeps per prefix (the counters of :class:`PrefixFlow`):
-
-- ``produced`` and ``tasks``: bytes of results that went ``processing -> memory``, and
-  how many tasks did;
-- ``freed``: bytes of keys that left memory (``memory -> released``, ``forgotten`` or
-  ``erred``), each key once whatever its number of replicas: unique bytes;
-- ``freed_by``: bytes of other keys that left memory in the same stimulus as a task of
-  the prefix finishing. The scheduler handles a ``task-finished`` message as one
-  stimulus: the task enters memory, then its inputs whose last waiter it was are
-  released, with the same ``stimulus_id`` (checked against distributed 2026.8 by
-  ``tests/engine/sections/memory_flow/test_memory_flow.py``). This is the "bytes freed by finishing" of
-  dask/distributed issue 3898;
-- ``live``: bytes of the prefix's keys in memory now (unique bytes; scattered data
-  included, through :meth:`MemoryFlow.scattered`);
-- ``net_per_task``: ``(produced - freed_by) / tasks``, what one more task of the kind
-  adds to the cluster's memory, on average.
+scheduler's transitions, keeps per prefix the counters of :class:`PrefixFlow`, the
+figures docs/memory-flow.md tabulates. ``freed_by`` (bytes of other keys that left
+memory in the same stimulus as a task of the prefix finishing) rests on the scheduler
+handling a ``task-finished`` message as one stimulus: the task enters memory, then its
+inputs whose last waiter it was are released, with the same ``stimulus_id`` (checked
+against the installed distributed by
+``tests/engine/sections/memory_flow/test_memory_flow.py``).
 
 It is fed in one of two ways. In the engine, the index's ``transition`` hook
 (:class:`~amm_rules.engine.state.index.KeyIndex`), which already looks at every key entering
@@ -31,7 +22,7 @@ lookup and a few additions (the scale benchmark measures both ways).
 At most :data:`MAX_PREFIXES` prefixes are kept: past that, prefixes with nothing in
 memory are forgotten, oldest first, and counted in :attr:`MemoryFlow.evicted`.
 
-Rules read the flow as ``task.prefix_*`` attributes (see :data:`FLOW_FIELDS`) through
+Rules read the flow as ``task.prefix_*`` attributes (:data:`FLOW_ATTRIBUTES`) through
 :meth:`MemoryFlow.publish`: a snapshot, republished per prefix when a figure moved by
 more than :data:`REPUBLISH_TOLERANCE`, so that rules see stable values and keys are
 classified again only when their kind's figures really changed (the keys in memory per
@@ -57,8 +48,6 @@ from amm_rules.language.ruleset import FLOW_ATTRIBUTES
 MAX_PREFIXES = 10_000
 #: A published figure is replaced when it moved by more than this share of its size.
 REPUBLISH_TOLERANCE = 0.10
-#: The figures of one prefix, as ``memory_flow()`` returns them.
-FIELDS = ("produced", "freed", "freed_by", "live", "tasks", "net_per_task")
 #: The counters that only grow (totals over every prefix, see :meth:`MemoryFlow.totals`).
 TOTALS = ("produced", "freed", "freed_by", "tasks")
 
@@ -163,9 +152,8 @@ class MemoryFlow(SchedulerPlugin):
         stimulus_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        """The hook when the flow is a scheduler plugin of its own. The engine does not
-        register it: its index's hook, which looks at the same transitions, calls
-        :meth:`entered` and :meth:`left` (one plugin call per transition, not two)."""
+        """The hook when the flow is a scheduler plugin of its own (the engine's index
+        calls :meth:`entered` and :meth:`left` instead)."""
         if finish == "memory":
             ts = self.tasks.get(key)
             if ts is not None:
@@ -268,11 +256,11 @@ class MemoryFlow(SchedulerPlugin):
         """prefix -> {produced, freed, freed_by, live, tasks, net_per_task}."""
         return {name: entry.as_dict() for name, entry in self.prefixes.items()}
 
-    def top(self, n: int, by: str, reverse: bool = True) -> list[tuple[str, PrefixFlow]]:
-        """The ``n`` prefixes with the largest (``reverse``) or smallest value of the
-        counter or property ``by``; prefixes without a value are left out."""
+    def top(self, n: int, by: str) -> list[tuple[str, PrefixFlow]]:
+        """The ``n`` prefixes with the largest value of the counter or property ``by``;
+        prefixes without a value are left out."""
         rows = [(name, e) for name, e in self.prefixes.items() if getattr(e, by) is not None]
-        rows.sort(key=lambda kv: getattr(kv[1], by), reverse=reverse)
+        rows.sort(key=lambda kv: getattr(kv[1], by), reverse=True)
         return rows[:n]
 
     def totals(self) -> dict[str, int]:
@@ -333,4 +321,4 @@ class MemoryFlow(SchedulerPlugin):
             entry.keys = None
 
 
-__all__ = ["FIELDS", "FLOW_ATTRIBUTES", "MemoryFlow", "PrefixFacts", "PrefixFlow"]
+__all__ = ["FLOW_ATTRIBUTES", "MemoryFlow", "PrefixFacts", "PrefixFlow"]

@@ -75,28 +75,16 @@ class GovernedKeys:
     key is unfiled, to forget what the engine planned for it."""
 
     def __init__(self, free: dict[Hashable, Any], forget_plan: Callable[[Hashable], None]) -> None:
-        #: Governed key -> its resolved wishes.
         self._desired: dict[Hashable, Desired] = {}
-        #: Plan class -> {key: TaskState} for every governed key.
         self._groups: dict[PlanClass, dict[Hashable, Any]] = {}
-        #: Governed keys per counter label (rule name, ``(annotation)``, ``(runtime)``).
         self._governed_by: Counter[str] = Counter()
-        #: Bytes of one copy of the governed keys, per counter label.
         self._bytes_by: Counter[str] = Counter()
-        #: Copies in memory of the governed keys, per counter label (kept up to date by
-        #: the replica wrappers of :func:`~amm_rules.engine.state.index.watch_scheduler`:
-        #: a dashboard shows copies held against copies wanted without counting them
-        #: key by key).
         self._copies_by: Counter[str] = Counter()
-        #: Plan class -> governed keys per counter label: how a class's keys count
-        #: towards each rule (the keys of one class may take fields from other rules).
         self._class_labels: dict[PlanClass, Counter[str]] = {}
         self._free = free
         self._forget_plan = forget_plan
         #: id(desired) -> (it, its plan class, its labels), for :meth:`file`.
         self._derived: dict[int, tuple[Desired, PlanClass, set[str]]] = {}
-        #: Counts every change of the governed keys or of their copies: what was read of
-        #: them (the holders scale-down looks at) is current while it stays the same.
         self._changes = 0
         #: Told of the keys whose rule sets ``spill`` as they are filed (and, by the
         #: replica wrappers, as they gain a copy), while the spill section follows them.
@@ -108,14 +96,18 @@ class GovernedKeys:
     desired = ReadOnly[Mapping[Hashable, Desired]]("_desired")
     #: Plan class -> {key: TaskState} for every governed key.
     groups = ReadOnly[Mapping[PlanClass, Mapping[Hashable, Any]]]("_groups")
-    #: Governed keys, bytes of one copy and copies in memory, per counter label.
+    #: Governed keys, bytes of one copy and copies in memory, per counter label (rule
+    #: name, ``(annotation)``, ``(runtime)``). The copies are kept up to date by the
+    #: replica wrappers of :func:`~amm_rules.engine.state.index.watch_scheduler`: a
+    #: dashboard shows copies held against copies wanted without counting them key by key.
     governed_by = ReadOnly[Mapping[str, int]]("_governed_by")
     bytes_by = ReadOnly[Mapping[str, int]]("_bytes_by")
     copies_by = ReadOnly[Mapping[str, int]]("_copies_by")
-    #: Plan class -> governed keys per counter label.
+    #: Plan class -> governed keys per counter label: how a class's keys count towards
+    #: each rule (the keys of one class may take fields from other rules).
     class_labels = ReadOnly[Mapping[PlanClass, Mapping[str, int]]]("_class_labels")
     #: Every change of the governed keys or of their copies, counted: what was read of
-    #: them is current while it stays the same.
+    #: them (the holders scale-down looks at) is current while it stays the same.
     changes = ReadOnly[int]("_changes")
     #: See :meth:`follow_spill_rules`.
     spill_ruled = ReadOnly["RuledKeys | None"]("_spill_ruled")
@@ -130,35 +122,8 @@ class GovernedKeys:
 
     def put(self, key: Hashable, ts: Any, desired: Desired) -> None:
         """Index a governed key (or move it to its new group)."""
-        old = self._desired.get(key)
-        if old is desired:
-            return
-        if old is not None:
-            self.unindex(key)
-        self._changes += 1
-        # A governed key is never in replicated_free: reduce-replicas need not ask.
-        self._free.pop(key, None)
-        self._desired[key] = desired
-        if desired.spill is not None and self._spill_ruled is not None:
-            self._spill_ruled.filed([ts])
-        cls = PlanClass.of(desired)
-        self._groups.setdefault(cls, {})[key] = ts
-        labels = labels_of(desired)
-        self._governed_by.update(labels)
-        counts = self._class_labels.get(cls)
-        if counts is None:
-            counts = self._class_labels[cls] = Counter()
-        counts.update(labels)
-        nbytes = max(ts.nbytes, 0)
-        if nbytes:
-            bytes_by = self._bytes_by
-            for label in labels:
-                bytes_by[label] += nbytes
-        held = len(ts.who_has or ())
-        if held:
-            copies_by = self._copies_by
-            for label in labels:
-                copies_by[label] += held
+        if self._desired.get(key) is not desired:
+            self.file([(desired, [key], [ts])])
 
     def file(self, batches: Iterable[Batch], fresh: bool = False) -> dict[PlanClass, list[Any]]:
         """Index classified keys (:data:`~amm_rules.engine.decide.classify.Batch` tuples:

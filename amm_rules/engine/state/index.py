@@ -22,21 +22,16 @@ paths):
 - ``add_worker`` / ``remove_worker``: pools and placements are recomputed and every
   governed key is checked once (so a target of ``all`` reaches a worker that joined
   within one cycle);
-- the same transition hook feeds the :class:`~amm_rules.engine.state.demand.DemandTracker`
-  (reads and waiters of keys), when the rules read demand, the
-  :class:`~amm_rules.engine.state.flow.MemoryFlow` (keys entering and leaving memory, with
-  their tasks), when the policy gives it one (:meth:`~KeyIndex.follow_flow`);
 - ``log_event``: a worker's status changed (retiring, closing, resumed after a pause):
   the workers on their way out by their status (:attr:`~KeyIndex.closing`) are known
   without a scan of the workers;
-- the same ``remove_replica`` wrapper and ``remove_worker`` hook tally, per worker
-  leaving, the keys that fell below their target and those that lost their last copy
-  (:class:`~amm_rules.engine.state.departures.Departures`, :attr:`KeyIndex.departing`).
-- for the :class:`~amm_rules.engine.state.costs.RecomputeCosts` the transition hook
-  notes that memory changed (:meth:`~KeyIndex.take_memory_changed`), and hands it the
-  keys entering and leaving memory only while it keeps them per group; the replica
-  wrappers tell the costs which worker holds a key's only copy
-  (:meth:`~KeyIndex.follow_costs`).
+- the same hooks feed, so that they need no hooks of their own, the
+  :class:`~amm_rules.engine.state.demand.DemandTracker` (when the rules read demand),
+  the :class:`~amm_rules.engine.state.flow.MemoryFlow`
+  (:meth:`~KeyIndex.follow_flow`), the
+  :class:`~amm_rules.engine.state.departures.Departures` (:attr:`KeyIndex.departing`)
+  and the :class:`~amm_rules.engine.state.costs.RecomputeCosts`
+  (:meth:`~KeyIndex.follow_costs`): each module says what it takes from them.
 
 Workers leaving, joining, retiring or resuming, governed keys falling below their
 target, the engine's own copies landing above a target's ``max`` (a move), tasks
@@ -44,16 +39,7 @@ finishing that held up the drop of a misplaced copy, and keys entering memory on
 retiring worker also wake the policy (the ``wake`` given to :meth:`KeyIndex.attach`),
 which may ask the AMM for an early cycle (:mod:`amm_rules.engine.early`).
 
-What the index keeps is read through read-only views
-(:class:`~amm_rules.engine.readonly.ReadOnly`) and written only by its hooks and its
-methods: the planner's state per key (what a plan left short, drops waiting for a
-dependent, keys to look at again: :meth:`~KeyIndex.note_plan`,
-:meth:`~KeyIndex.look_again`), runtime targets (:meth:`~KeyIndex.set_runtime_target`),
-keys to classify (:meth:`~KeyIndex.queue`, :meth:`~KeyIndex.reclassify`).
-
-Governed keys live in :class:`~amm_rules.engine.state.governed.GovernedKeys`, one group
-per plan class (the resolved fields that decide the plan, plus the label of the
-replication target), so a full check (``suspects``) costs one length comparison per key.
+Governed keys live in :class:`~amm_rules.engine.state.governed.GovernedKeys`.
 """
 
 from __future__ import annotations
@@ -99,24 +85,18 @@ class KeyIndex(SchedulerPlugin):
     idempotent = False
 
     def __init__(self, ledger: Ledger | None = None) -> None:
-        # Keys that entered memory (or must be classified again) since the last cycle,
-        # in the order they arrived: key -> its TaskState, or None (looked up then:
-        # only keys to classify again, see reclassify); what a cycle's budget left
-        # over waits in the backlog (see classify).
         self._dirty: dict[Hashable, Any] = {}
         self._backlog = Backlog()
         # Set when keys that may be indexed already joined _dirty (see reclassify).
         self._reclassifying = False
-        # When the last classification stopped taking chunks (time.perf_counter()).
         self._loop_ended = 0.0
-        # The scheduler's tasks once attached (read by the transition hook).
         self._tasks: Mapping[Hashable, Any] = {}
         self._runtime: dict[Hashable, RuntimeTarget] = {}
         self._ledger = Ledger() if ledger is None else ledger
         self._shortfall: dict[Hashable, tuple[str, str]] = {}
         self._workers_changed = True
         self._active = True
-        self._wake: Callable[[str], None] = _no_wake
+        self._wake: Callable[[str], None] = lambda reason: None
         self._touched: set[Hashable] = set()
         self._recheck: set[Hashable] = set()
         self._free: dict[Hashable, Any] = {}
@@ -126,8 +106,6 @@ class KeyIndex(SchedulerPlugin):
         self._costs: RecomputeCosts | None = None
         self._costs_kept: RecomputeCosts | None = None
         self._memory_changed = False
-        # Addresses of the workers whose status says they are on their way out
-        # (retiring, closing), from their status changes, until they leave.
         self._closing: dict[str, str] = {}
         self._trim_waits: set[Hashable] = set()
         self._governed = GovernedKeys(self._free, self._forget_plan)
@@ -151,7 +129,7 @@ class KeyIndex(SchedulerPlugin):
         self._closing = {
             a: status
             for a, ws in (workers or {}).items()
-            if (status := _status(ws)) not in _STAYING
+            if (status := str(getattr(ws.status, "name", ws.status))) not in _STAYING
         }
         if wake is not None:
             self._wake = wake
@@ -517,16 +495,13 @@ class KeyIndex(SchedulerPlugin):
         as each chunk is filed, while the processor's caches still hold them (checking
         them at the end of the loop cost twice as much).
 
-        Keys are taken oldest first, in the order they arrived: keys that arrived
-        together, and whose tasks were made together, are read together, which the
-        processor's caches reward (three times faster than a set's hash order at 100k
-        keys). They are taken a chunk at a time, as far as the budget goes: nothing else
-        changes the tables meanwhile (the hooks do not run during a cycle). When the
-        budget stops the loop in :attr:`dirty`, what is left of it becomes the backlog
-        as it is, with the loop's place in it, and a new ``dirty`` takes the keys that
-        arrive next; keys to classify again (indexed already: a reload, a runtime
-        target) are taken out one by one instead, so that the backlog holds keys that
-        entered memory only (never indexed before their turn)."""
+        Keys are taken oldest first, a chunk at a time as far as the budget goes
+        (:mod:`~amm_rules.engine.state.backlog`): keys that arrived together, and whose
+        tasks were made together, are read together, which the processor's caches reward
+        (three times faster than a set's hash order at 100k keys); the hooks do not run
+        during a cycle. Keys to classify again (indexed already: a reload, a runtime
+        target) that the budget leaves over are taken out of :attr:`dirty` one by one
+        rather than becoming the backlog, which holds keys that entered memory only."""
         filed: dict[PlanClass, list[Any]] = {}
         done = 0
         stopped = False
@@ -694,32 +669,24 @@ def _watch_update_data(scheduler: Any, index: KeyIndex) -> Callable[..., Any]:
 
     def update_data_watched(*args: Any, **kwargs: Any) -> Any:
         who_has = kwargs.get("who_has") or {}
-        flow = index._flow if index._active and who_has else None
+        if not (index._active and who_has):
+            return update_data(*args, **kwargs)
+        flow = index._flow
         before: set[Hashable] = set()
         if flow is not None:
             tasks = scheduler.tasks
             before = {
                 k for k in who_has if (ts := tasks.get(k)) is not None and ts.state == "memory"
             }
-        if index._active and who_has:
-            # Scattered again, maybe with a new size: un-filed now (with the size it was
-            # filed with), filed again when classified.
-            for key in who_has:
-                if key in desired:
-                    index.governed.unindex(key)
+        # Scattered again, maybe with a new size: un-filed now (with the size it was
+        # filed with), filed again when classified.
+        for key in who_has:
+            if key in desired:
+                index.governed.unindex(key)
         result = update_data(*args, **kwargs)
-        if index._active and who_has:
-            index.queue(who_has)  # un-filed above: not indexed
-            if flow is not None:
-                flow.scattered(who_has, before)
+        index.queue(who_has)  # un-filed above: not indexed
+        if flow is not None:
+            flow.scattered(who_has, before)
         return result
 
     return update_data_watched
-
-
-def _status(ws: Any) -> str:
-    return str(getattr(ws.status, "name", ws.status))
-
-
-def _no_wake(reason: str) -> None:
-    return None

@@ -33,7 +33,7 @@ DECISIONS_KEPT = 10_000
 #: Cycle durations kept (the recent cycles of ``status``: median and worst).
 CYCLES_KEPT = 100
 
-#: Counter label of rebalancing moves (as :mod:`amm_rules.engine.rebalance.rebalancer`).
+#: Counter label of rebalancing's copies and drops (``amm_rules_status``, events).
 REBALANCE = "(rebalance)"
 
 #: Shortfall reasons of keys the workers can satisfy (in-progress).
@@ -68,7 +68,7 @@ class Journal:
         self.decisions: deque[Decision] = deque(maxlen=DECISIONS_KEPT)
         #: The same decisions by key, oldest first (``for_key`` reads one key's
         #: without a scan of the ring: ``explain`` asks for thousands of keys at once).
-        self._by_key: dict[Hashable, deque[Decision]] = {}
+        self._by_key: defaultdict[Hashable, deque[Decision]] = defaultdict(deque)
         #: Durations (seconds) of the latest cycles, oldest first.
         self.cycle_seconds: deque[float] = deque(maxlen=CYCLES_KEPT)
         #: Cycles run and their total duration since the policy started.
@@ -101,10 +101,7 @@ class Journal:
                     del self._by_key[old.key]
         d = Decision(time.time(), key, op, worker, outcome, reason, source)
         decisions.append(d)
-        mine = self._by_key.get(key)
-        if mine is None:
-            mine = self._by_key[key] = deque()
-        mine.append(d)
+        self._by_key[key].append(d)
 
     def cycle(self, seconds: float) -> None:
         self.cycles += 1
@@ -123,8 +120,7 @@ class Journal:
             for label, counts in stats.items()
         }
         for label, c in stats.items():
-            self.totals[label]["requested"] += c["requested"]
-            self.totals[label]["dropped"] += c["dropped"]
+            self.totals[label].update(requested=c["requested"], dropped=c["dropped"])
 
     def for_key(self, key: Hashable, limit: int = 10) -> list[Decision]:
         """The key's latest decisions, oldest first (from the index by key: a few
@@ -135,15 +131,11 @@ class Journal:
             return []
         if not mine or limit <= 0:
             return []
-        out = list(islice(reversed(mine), limit))
-        out.reverse()
-        return out
+        return _latest(mine, limit)
 
     def recent(self, limit: int) -> list[Decision]:
         """The latest ``limit`` decisions, oldest first."""
-        out = list(islice(reversed(self.decisions), limit))
-        out.reverse()
-        return out
+        return _latest(self.decisions, limit)
 
     def rebalancing(
         self,
@@ -176,6 +168,11 @@ class Journal:
             else:
                 outcome = "refused"
             self.decision(key, suggestion.op, getattr(ws, "address", "?"), outcome, why, REBALANCE)
+
+
+def _latest(decisions: deque[Decision], limit: int) -> list[Decision]:
+    """The last ``limit`` of ``decisions``, oldest first."""
+    return list(islice(reversed(decisions), limit))[::-1]
 
 
 def shortfall(plan: Any, refused: bool) -> tuple[str, str] | None:

@@ -27,12 +27,7 @@ elsewhere dropped rather than written to disk) is recorded all the same
 key, so that no section copies the key back to the worker short of memory, and explain
 says why.
 
-The hooks keep it current between cycles (the ``add_replica`` wrapper calls
-:meth:`~Ledger.landed`, the transition hook :meth:`~Ledger.forget`, ``remove_worker``
-:meth:`~Ledger.worker_left`); at each cycle's planning time
-:meth:`~Ledger.expire` gives up what passed its deadline and notes what no hook saw (a
-simulation has none). :mod:`amm_rules.engine.decide` never imports it: the planners read
-what :meth:`~amm_rules.engine.context.EngineContext.key_view` copied of it.
+Who writes and reads it, and when: docs/architecture.md (``ctx.ledger``).
 """
 
 from __future__ import annotations

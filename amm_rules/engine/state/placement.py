@@ -78,16 +78,15 @@ class Placements:
         if not changed and not self._volatile and signature == self._status_signature:
             return False
         self._status_signature = signature
-        assert self._ruleset is not None
-        pools = self._ruleset.pools
-        self.pools = {
-            a: pool_membership(
-                worker_facts(ws, getattr(ws.memory, measure)), pools, self._on_pool_error
-            )
-            for a, ws in workers.items()
-        }
+        self.pools = {a: self._membership(ws, measure) for a, ws in workers.items()}
         self._by_class = {}
         return True
+
+    def _membership(self, ws: Any, measure: str) -> frozenset[str]:
+        """The pools ``ws`` is in, its memory read by ``measure``."""
+        assert self._ruleset is not None
+        facts = worker_facts(ws, getattr(ws.memory, measure))
+        return pool_membership(facts, self._ruleset.pools, self._on_pool_error)
 
     @property
     def volatile(self) -> bool:
@@ -103,8 +102,7 @@ class Placements:
         was = self.pools.get(address)
         if ws is None or was is None or self._ruleset is None:
             return False
-        facts = worker_facts(ws, getattr(ws.memory, measure))
-        now = pool_membership(facts, self._ruleset.pools, self._on_pool_error)
+        now = self._membership(ws, measure)
         if now == was:
             return False
         self.pools[address] = now
@@ -116,12 +114,9 @@ class Placements:
         refreshing (the next refresh still recomputes everything): for decisions taken
         before the policy's next cycle, such as a retirement's, in which a worker missing
         here would be in no pool, and so eligible for keys that avoid one."""
-        assert self._ruleset is not None
-        pools = self._ruleset.pools
         for a, ws in self._workers.items():
             if a not in self.pools:
-                facts = worker_facts(ws, getattr(ws.memory, measure))
-                self.pools[a] = pool_membership(facts, pools, self._on_pool_error)
+                self.pools[a] = self._membership(ws, measure)
 
     def of(self, cls: PlanClass) -> Placement:
         """Where keys of ``cls`` may live: inside its pools, outside its avoided pools, on

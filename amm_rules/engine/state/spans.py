@@ -57,9 +57,7 @@ class SpanStates:
     def _ask(self, span_id: Hashable) -> bool:
         extension = self.extension
         span = extension.spans.get(span_id) if extension is not None else None
-        if span is None:
-            return False
-        return bool(span.done)
+        return span is not None and bool(span.done)
 
     def refresh(self, groups_budget: int = GROUPS_PER_CYCLE) -> list[Hashable]:
         """Ask again whether the followed spans are done, in turn, until
@@ -97,7 +95,7 @@ class SpanStates:
     def _evict(self) -> None:
         """Forget the oldest done spans (then the oldest) down to 90% of the limit."""
         excess = len(self.published) - MAX_SPANS * 9 // 10
-        done = [s for s, d in islice(self.published.items(), None) if d][:excess]
+        done = [s for s, d in self.published.items() if d][:excess]
         for span_id in done:
             del self.published[span_id]
         excess -= len(done)

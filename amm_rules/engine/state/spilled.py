@@ -159,9 +159,7 @@ class SpilledKeys:
         spill_at: float = 0.0,
     ) -> WorkerDisk:
         """Take one report of ``worker``: ``spilled`` as (key, seconds ago, bytes)."""
-        disk = self.workers.get(worker)
-        if disk is None:
-            disk = self.workers[worker] = WorkerDisk()
+        disk = self.workers.setdefault(worker, WorkerDisk())
         self.left_alone.pop(worker, None)
         keys = disk.keys
         by_key = self.by_key

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
+from itertools import islice
 from typing import Any
 
 #: Seconds of heartbeats the rate is measured over.
@@ -85,16 +86,13 @@ class TransferMeter:
         entries = self.samples.get(address)
         if not entries or len(entries) < 2:
             return None
-        start = entries[0][0]
-        end = entries[-1][0]
-        if end <= start:
-            return None
-        return sum(n for _, n in list(entries)[1:]) / (end - start)
+        start, end = entries[0][0], entries[-1][0]
+        return self.sent(address) / (end - start) if end > start else None
 
     def sent(self, address: str) -> int:
         """Bytes ``address`` sent within the window."""
         entries = self.samples.get(address)
-        return sum(n for _, n in list(entries)[1:]) if entries else 0
+        return sum(n for _, n in islice(entries, 1, None)) if entries else 0
 
 
 __all__ = ["SENT_DIGESTS", "TransferMeter", "WINDOW", "sent_bytes"]
