@@ -501,11 +501,7 @@ class Classifier:
         return out
 
     def _invalid(self, value: Any, exc: Exception, key: Hashable, name: str) -> None:
-        if self._on_invalid_annotation is None:
-            return
-        if name == "amm":
-            self._on_invalid_annotation(value, exc, key)
-        else:
+        if self._on_invalid_annotation is not None:
             self._on_invalid_annotation(value, exc, key, name=name)
 
     def _cascade(

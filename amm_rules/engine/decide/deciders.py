@@ -344,12 +344,6 @@ class CopyCount:
         """Copies above ``hi`` (0 when within it)."""
         return 0 if self.hi is None else max(0, len(self.good) - self.hi)
 
-    @property
-    def met(self) -> bool:
-        """Within the target, as far as the eligible workers allow (a target larger than
-        the eligible workers is met by a copy on each)."""
-        return len(self.good) >= min(self.lo, max(1, self.eligible)) and not self.above
-
 
 def count_copies(
     desired: Desired,

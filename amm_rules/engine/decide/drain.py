@@ -34,7 +34,7 @@ and the evacuation planner (:mod:`amm_rules.engine.decide.evacuate`), and the si
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 #: The tiers of :func:`rank`, and what status and explain call them.
 BELOW_MIN, RECOMPUTE, REST = 0, 1, 2
@@ -156,31 +156,15 @@ class Prediction:
         return self.total_bytes / self.rate if self.rate > 0 else float("inf")
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "rate": round(self.rate, 1),
-            "rate_source": self.rate_source,
-            "seconds_left": round(self.seconds_left, 3),
-            "total_bytes": self.total_bytes,
-            "in_time_bytes": self.in_time_bytes,
-            "in_time_keys": self.in_time_keys,
-            "lost_keys": self.lost_keys,
-            "lost_bytes": self.lost_bytes,
-            "lost_seconds": round(self.lost_seconds, 3),
-            "lost_unknown": self.lost_unknown,
-            "below_min": self.below_min,
-            "cannot_move": self.cannot_move,
-            "cannot_move_bytes": self.cannot_move_bytes,
-            "cannot_move_seconds": round(self.cannot_move_seconds, 3),
-            "groups": [
-                {
-                    "group": g.group,
-                    "keys": g.keys,
-                    "bytes": g.bytes,
-                    "seconds": round(g.seconds, 3),
-                }
-                for g in self.groups
-            ],
-        }
+        """Its figures as plain data, rounded (without :attr:`cutoff`)."""
+        out = asdict(self)
+        del out["cutoff"]
+        out["rate"] = round(self.rate, 1)
+        for name in ("seconds_left", "lost_seconds", "cannot_move_seconds"):
+            out[name] = round(out[name], 3)
+        for group in out["groups"]:
+            group["seconds"] = round(group["seconds"], 3)
+        return out
 
 
 def predict(
