@@ -105,8 +105,7 @@ class EarlyCycles:
     def close(self) -> None:
         """No more early cycles (the policy is detached or the scheduler closes)."""
         self._cancel()
-        self._requested_at = None
-        self._reasons.clear()
+        self._forget()
         self._manager = None
 
     # -- what the hooks call: keep it cheap, a worker's removal calls it per key -------
@@ -132,8 +131,7 @@ class EarlyCycles:
         if self._requested_at is not None and not self._early:
             self.counts["superseded"] += 1
             self._cancel()
-            self._requested_at = None
-            self._reasons.clear()
+            self._forget()
 
     def cycle_ended(self) -> None:
         now = time.monotonic()
@@ -152,12 +150,16 @@ class EarlyCycles:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no event loop here (a scheduler built by hand): no timer
-            self._requested_at = None
-            self._reasons.clear()
+            self._forget()
             return
         at = max(at, self.earliest())
         self._planned = at
         self._handle = loop.call_later(max(at - time.monotonic(), 0.0), self._fire)
+
+    def _forget(self) -> None:
+        """No request pending any more."""
+        self._requested_at = None
+        self._reasons.clear()
 
     def _cancel(self) -> None:
         if self._handle is not None:
@@ -175,8 +177,7 @@ class EarlyCycles:
         scheduler = manager.scheduler
         status = getattr(getattr(scheduler, "status", None), "name", "running")
         if not manager.running or status not in ("running", "init", "starting"):
-            self._requested_at = None
-            self._reasons.clear()
+            self._forget()
             return
         # Case 2: a cycle is in progress (the AMM holds ``pending`` during one): later.
         if hasattr(manager, "pending"):
@@ -190,8 +191,7 @@ class EarlyCycles:
         # Case 4: run it, as the periodic callback does.
         reasons = tuple(sorted(self._reasons))
         self.timings.append((self._requested_at, self._planned, now))
-        self._requested_at = None
-        self._reasons.clear()
+        self._forget()
         self.counts["ran"] += 1
         self.history.append((now, reasons))
         in_last_second = 0
@@ -228,9 +228,7 @@ class EarlyCycles:
 def _seconds(name: str, value: Any, zero_ok: bool) -> float:
     """A duration parameter as float seconds, or a ValueError saying what is wrong."""
     bound = "at least 0" if zero_ok else "more than 0"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not (value >= 0 if zero_ok else value > 0) or value == float("inf"):
         raise ValueError(f"{name}: expected a number of seconds ({bound}), got {value!r}")
-    seconds = float(value)
-    if not (seconds >= 0 if zero_ok else seconds > 0) or seconds == float("inf"):
-        raise ValueError(f"{name}: expected a number of seconds ({bound}), got {value!r}")
-    return seconds
+    return float(value)

@@ -56,18 +56,13 @@ def desired_of(ctx: EngineContext, ts: Any) -> Desired:
     return desired
 
 
-def ensure_pools(ctx: EngineContext) -> None:
-    """Pool membership of the workers that joined since the policy's last cycle: a
-    retirement may come before that cycle."""
-    ctx.placements.include_new_workers(ctx.amm.measure)
-
-
 def evacuation_input(
     ctx: EngineContext, tasks: Iterable[Any], leaving: Iterable[str]
 ) -> tuple[list[KeyView], ClusterView]:
     """Key views of ``tasks`` (with the ledger's copies in flight) and the cluster with
     ``leaving`` marked, for :func:`~amm_rules.engine.decide.evacuate.plan_evacuation`."""
-    ensure_pools(ctx)
+    # Workers that joined since the policy's last cycle: a retirement may come before it.
+    ctx.placements.include_new_workers(ctx.amm.measure)
     manager = ctx.manager
     pending = getattr(manager, "pending", None)  # only exists during an AMM cycle
     cluster = leaving_view(ctx.cluster_view().workers.values(), leaving)

@@ -29,6 +29,7 @@ Neighbours: :mod:`amm_rules.engine.policy` runs the check; the sections declare.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -108,10 +109,19 @@ def unsupported_in(ruleset: Any, features: Iterable[Feature]) -> list[tuple[Feat
 # How a need is checked
 
 
-def _scheduler_class() -> Any:
-    from distributed.scheduler import Scheduler
+def _imported(module: str, name: str | None = None) -> Callable[[], Any]:
+    """What imports ``module`` (and gives its attribute ``name``) when called: the check
+    of a need imports what it looks at."""
 
-    return Scheduler
+    def load() -> Any:
+        found = importlib.import_module(module)
+        return found if name is None else getattr(found, name)
+
+    return load
+
+
+_scheduler_class = _imported("distributed.scheduler", "Scheduler")
+_plugin = _imported("distributed.diagnostics.plugin", "SchedulerPlugin")
 
 
 def method(name: str, *params: str) -> Callable[[Any], bool]:
@@ -138,7 +148,7 @@ def attribute(name: str) -> Callable[[Any], bool]:
 def of_class(
     load: Callable[[], Any], *names: str, params: Sequence[str] = ()
 ) -> Callable[[Any], bool]:
-    """The class or module ``load()`` returns (it imports it: an ``ImportError`` is
+    """The class or module ``load()`` returns (it imports it: an error there is
     "missing"), with the attributes ``names``; with ``params``, its callable
     ``names[0]`` takes those keyword arguments."""
 
@@ -152,52 +162,6 @@ def of_class(
         return True
 
     return present
-
-
-def _task() -> Any:
-    from dask._task_spec import Task
-
-    return Task
-
-
-def _plugin() -> Any:
-    from distributed.diagnostics.plugin import SchedulerPlugin
-
-    return SchedulerPlugin
-
-
-def _retire_worker() -> Any:
-    from distributed.active_memory_manager import RetireWorker
-
-    return RetireWorker
-
-
-def _prometheus() -> Any:
-    import distributed.http.prometheus
-
-    return distributed.http.prometheus
-
-
-def _applications() -> Any:
-    import distributed.dashboard.scheduler
-
-    return distributed.dashboard.scheduler
-
-
-def _components() -> Any:
-    import distributed.dashboard.components
-
-    return distributed.dashboard.components
-
-
-def _scheduler_components() -> Any:
-    import distributed.dashboard.components.scheduler
-
-    return distributed.dashboard.components.scheduler
-
-
-def _dask(what: str, since: str, check: Callable[[Any], bool]) -> Need:
-    return Need(what, "dask", since, check)
 
 
 def _distributed(what: str, since: str, check: Callable[[Any], bool]) -> Need:
@@ -231,7 +195,12 @@ WORKER_WATCH = Feature(
     "pools following resources and memory", scheduler_methods("add_resources", "heartbeat_worker")
 )
 #: dask's flag of a task that produces data (read by the scheduler's ``is_rootish``).
-DATA_PRODUCER = _dask("Task._data_producer", "2025.1", of_class(_task, "_data_producer"))
+DATA_PRODUCER = Need(
+    "Task._data_producer",
+    "dask",
+    "2025.1",
+    of_class(_imported("dask._task_spec", "Task"), "_data_producer"),
+)
 #: The scheduler's queue of root-ish tasks and its saturation.
 QUEUEING = (
     _distributed("Scheduler.WORKER_SATURATION", FLOOR, attribute("WORKER_SATURATION")),
@@ -243,7 +212,13 @@ RETIRING = (
     _distributed(
         "RetireWorker (run, done, manager, address)",
         FLOOR,
-        of_class(_retire_worker, "run", "done", "manager", "address"),
+        of_class(
+            _imported("distributed.active_memory_manager", "RetireWorker"),
+            "run",
+            "done",
+            "manager",
+            "address",
+        ),
     ),
     _distributed(
         "Scheduler.retire_workers(close_workers=, remove=)",
@@ -283,7 +258,7 @@ PROMETHEUS = Feature(
         _distributed(
             "distributed.http.prometheus.PrometheusCollector",
             FLOOR,
-            of_class(_prometheus, "PrometheusCollector"),
+            of_class(_imported("distributed.http.prometheus"), "PrometheusCollector"),
         ),
     ),
 )
@@ -294,12 +269,14 @@ DASHBOARD = Feature(
         _distributed(
             "distributed.dashboard.scheduler.applications",
             FLOOR,
-            of_class(_applications, "applications"),
+            of_class(_imported("distributed.dashboard.scheduler"), "applications"),
         ),
         _distributed(
             "distributed.dashboard.components.scheduler.BOKEH_THEME and env",
             FLOOR,
-            of_class(_scheduler_components, "BOKEH_THEME", "env"),
+            of_class(
+                _imported("distributed.dashboard.components.scheduler"), "BOKEH_THEME", "env"
+            ),
         ),
         _distributed(
             "the simple.html template",
@@ -309,7 +286,11 @@ DASHBOARD = Feature(
         _distributed(
             "distributed.dashboard.components.DashboardComponent and add_periodic_callback",
             FLOOR,
-            of_class(_components, "DashboardComponent", "add_periodic_callback"),
+            of_class(
+                _imported("distributed.dashboard.components"),
+                "DashboardComponent",
+                "add_periodic_callback",
+            ),
         ),
         _distributed(
             "Scheduler.http_application",

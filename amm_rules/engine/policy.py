@@ -163,6 +163,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     unsupported = ReadOnly[dict[str, str]]("ctx.unsupported")
     #: What the ``status`` and ``explain`` handlers answer (see :attr:`handlers`).
     answers = ReadOnly[Answers]("handlers.answers")
+    #: Where the rules came from (see :class:`~amm_rules.engine.rules_file.RulesFile`).
+    path = ReadOnly[str | None]("rules_file.path")
+    reload = ReadOnly[bool]("rules_file.reload")
+    loaded_at = ReadOnly[float]("rules_file.loaded_at")
+    reload_errors = ReadOnly[list[dict[str, Any]]]("rules_file.errors")
 
     def __init__(
         self,
@@ -323,12 +328,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         """Check what every feature needs of the scheduler's internals
         (:mod:`amm_rules.engine.features`); say each feature that is off. The sections
         that are off: those whose own feature is, all of them if the engine's is."""
-        engine = missing(ENGINE, scheduler)
-        if engine:
-            self.unsupported_feature(ENGINE.name, engine)
-        watch = missing(WORKER_WATCH, scheduler)
-        if watch:
-            self.unsupported_feature(WORKER_WATCH.name, watch)
+        for feature in (ENGINE, WORKER_WATCH):
+            if needs := missing(feature, scheduler):
+                self.unsupported_feature(feature.name, needs)
+        engine = ENGINE.name in self.unsupported
         off = set()
         for section in self.sections:
             section.unsupported = lacking = {}
@@ -394,26 +397,6 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 )
                 logger.warning(why)
                 self.ctx.events.emit("reduce-replicas-removed", reason=why)
-
-    @property
-    def path(self) -> str | None:
-        """The rules file's path, if the rules came from a file, else None."""
-        return self.rules_file.path
-
-    @property
-    def reload(self) -> bool:
-        """Whether a changed rules file is reloaded."""
-        return self.rules_file.reload
-
-    @property
-    def loaded_at(self) -> float:
-        """Wall-clock time (seconds since the epoch) when the rules in force were loaded."""
-        return self.rules_file.loaded_at
-
-    @property
-    def reload_errors(self) -> list[dict[str, Any]]:
-        """The recent reload errors, newest last: ``{"time", "error"}``."""
-        return self.rules_file.errors
 
     def __repr__(self) -> str:
         source = self.path if self.path is not None else self.ruleset.source
