@@ -2,22 +2,14 @@
 
 :class:`EngineContext` is built by :class:`~amm_rules.engine.policy.RulesPolicy` before
 its sections, and each section is built with it (:mod:`amm_rules.engine.sections.base`).
-It holds the engine's shared state (the key index, placements, the event log, the
-journal, the memory flow, the recompute costs, early cycles), the rules in force with
-their classifier and dry-run, and the scheduler and AMM once attached; and it answers the
-questions every feature asks: what the rules want for a key (:meth:`~EngineContext.resolve`),
-the planner's view of a key and of the workers (:meth:`~EngineContext.key_view`,
-:meth:`~EngineContext.cluster_view`), the planner's settings, and how to add and remove
-a scheduler plugin.
+It holds the engine's shared state (its attributes say what each is), the rules in force
+with their classifier and dry-run, and the scheduler and AMM once attached; and it answers
+the questions every feature asks: what the rules want for a key, the planner's views and
+settings, how to add and remove a scheduler plugin.
 
-Sections never look each other up. What they must agree on is here, typed:
-
-- :attr:`~EngineContext.ledger`: what the engine asked of the workers and has not seen
-  land (:mod:`amm_rules.engine.state.ledger`);
-- :attr:`~EngineContext.claims`: keys a section holds, which the others leave alone
-  (:mod:`amm_rules.engine.state.claims`);
-- :meth:`~EngineContext.leaving`: the workers on their way out, and why
-  (:mod:`amm_rules.engine.state.leaving`).
+Sections never look each other up: what they must agree on is here, typed (the
+:attr:`~EngineContext.ledger`, the :attr:`~EngineContext.claims`, the workers
+:meth:`~EngineContext.leaving`).
 
 Neighbours: :mod:`amm_rules.engine.policy` owns it; :mod:`amm_rules.engine.sections.base`
 is the contract of what receives it.

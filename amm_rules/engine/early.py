@@ -8,15 +8,9 @@ the AMM's own ``ActiveMemoryManagerExtension.run_once()``, the method the AMM's 
 callback calls, so every policy runs and the AMM validates and enacts the suggestions
 as in any cycle. An early cycle is:
 
-- **wanted**: asked for when a worker leaves or starts retiring (its copies stop
-  counting), a worker joins or resumes after a pause (if the rules rebalance or some
-  target is unmet: the workers that may receive a pool's copies change), a worker
-  moves in or out of a pool at run time (resources, or memory a pool reads: see
-  :mod:`amm_rules.engine.worker_watch`), a governed key falls below its target's
-  ``min``, the engine's own copy lands above a target's ``max`` (a move's drop
-  follows), a task finishes that held up the drop of a copy outside its pool, or a
-  task finishes on a retiring worker (its retirement waits until a cycle has planned
-  where the new key goes);
+- **wanted**: asked for when something happened that a cycle should repair at once (a
+  worker leaving, a governed key below its ``min``...: docs/policy.md, "Early cycles",
+  lists what asks);
 - **debounced**: it runs ``delay`` seconds after the first request, so that a worker's
   removal (a request per key it held) or two workers dying together cost one cycle;
 - **rate-limited**: it starts at least ``gap`` seconds after the start of the previous

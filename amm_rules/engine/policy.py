@@ -111,14 +111,13 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         million keys thus costs a few cycles of ``classify_seconds`` each instead of
         one cycle of seconds on the event loop.
     early_cycle_delay, early_cycle_gap:
-        Early cycles (see :mod:`amm_rules.engine.early`): when a worker leaves or
-        starts retiring, a worker joins or resumes after a pause (if the rules rebalance
-        or a target is unmet), a worker's pools change at run time, a governed key falls
-        below its target, or a move's copy lands (see docs/policy.md), the
-        policy asks the AMM for a cycle ``early_cycle_delay`` seconds later (debounce)
-        rather than at its next tick, at least ``early_cycle_gap`` seconds after the
-        start of the previous cycle (None: no early cycles), and at least nine times
-        the last cycle's duration after its end. Only while the AMM runs periodically.
+        Early cycles (see :mod:`amm_rules.engine.early`): when something happened that a
+        cycle should repair at once (a worker leaving, a governed key below its target:
+        see docs/policy.md), the policy asks the AMM for a cycle ``early_cycle_delay``
+        seconds later (debounce) rather than at its next tick, at least
+        ``early_cycle_gap`` seconds after the start of the previous cycle (None: no
+        early cycles), and at least nine times the last cycle's duration after its end.
+        Only while the AMM runs periodically.
     audit_interval:
         Seconds between the starts of two audit sweeps (None: never). The engine learns
         of changes through scheduler hooks; the audit is the safety net behind them

@@ -4,16 +4,9 @@ section (:mod:`amm_rules.engine.sections.drain`).
 A worker that must leave within a deadline (a spot instance's notice, a pod's
 termination grace period) cannot always send everything it holds in time. Each key it
 holds that needs a copy elsewhere is a :class:`DrainItem`, and :func:`rank` orders them
-by value, in three tiers:
-
-1. **below its minimum**: the key has a replication target of its own (a rule's
-   ``replicate``, an annotation, a runtime target) and holds fewer copies than its
-   ``min`` on the workers that stay; those that would be lost outright first;
-2. **recompute seconds saved per byte**: the key's recompute estimate (the recompute
-   cost model, :mod:`amm_rules.engine.state.costs`) divided by the bytes it takes to
-   save it; dearest per byte first;
-3. **the rest**: keys without an estimate (nothing measured of their group, or data
-   that was never computed); the smallest first (more keys safe per second).
+by value, in the three tiers of docs/drain.md ("The order of value"): below its
+minimum (those that would be lost outright first), recompute seconds saved per byte
+(dearest first), the rest (smallest first).
 
 A key the draining worker holds on disk must be read back before it is sent: its
 bytes count twice in its cost (:attr:`DrainItem.cost`, a byte read back taken to cost
