@@ -215,8 +215,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self._unwatch: list[Any] = []
         #: The plugin keeping the handlers' metadata in place, while attached.
         self._published: Any = None
-        #: The sections off for want of an internal (see :meth:`unsupported_feature`).
-        self._off: frozenset[Section] = frozenset()
+        #: The sections on here, in order: all but those off for want of an internal
+        #: (see :meth:`unsupported_feature`).
+        self._on: tuple[Section, ...] = self.sections
         #: The steps of the cycle that run here (see _attach).
         self._steps: tuple[Section, ...] = ()
         self._install(ruleset)
@@ -297,7 +298,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         index.attach(scheduler.tasks, scheduler.workers, self._wake, queue_in_memory=True)
         # Keys with several copies already: reduce-replicas' walk if no rule governs them.
         index.touch(ts.key for ts in scheduler.replicated_tasks)
-        self._off = off = self._check_features(scheduler)
+        self._on = self._check_features(scheduler)
         if ENGINE.name not in self.unsupported:
             ctx.add_plugin(index, "amm-rules")
             self._unwatch = [watch_scheduler(scheduler, index)]
@@ -311,36 +312,32 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         # A changed rules file is read in a thread: its rules are taken by an early cycle.
         self.rules_file.ready = lambda: ctx.early.request("rules-file-read")
         self._remove_reduce_replicas()
-        self._steps = tuple(
-            s for s in self.sections if s not in off and not isinstance(s, OFF_CYCLE)
-        )
-        for section in self.sections:
-            if section not in off:
-                section.attach()
+        self._steps = tuple(s for s in self._on if not isinstance(s, OFF_CYCLE))
+        for section in self._on:
+            section.attach()
         _tell("attached", scheduler, self)
         logger.info("%s", loaded_line(self.ruleset, self.path))
         for error in self.rules_file.errors:
             if error.get("at_start"):
                 ctx.events.emit("reload-error", source=self.path, error=error["error"])
 
-    def _check_features(self, scheduler: Any) -> frozenset[Section]:
+    def _check_features(self, scheduler: Any) -> tuple[Section, ...]:
         """Check what every feature needs of the scheduler's internals
         (:mod:`amm_rules.engine.features`); say each feature that is off. The sections
-        that are off: those whose own feature is, all of them if the engine's is."""
+        that stay on: those whose own feature is on, none if the engine's is off."""
         for feature in (ENGINE, WORKER_WATCH):
             if needs := missing(feature, scheduler):
                 self.unsupported_feature(feature.name, needs)
-        engine = ENGINE.name in self.unsupported
-        off = set()
+        engine_off = ENGINE.name in self.unsupported
+        on = []
         for section in self.sections:
             section.unsupported = lacking = {}
             for feature in section.FEATURES:
-                needs = missing(feature, scheduler)
-                if needs:
+                if needs := missing(feature, scheduler):
                     lacking[feature.name] = self.unsupported_feature(feature.name, needs)
-            if engine or section.name in lacking:
-                off.add(section)
-        return frozenset(off)
+            if not engine_off and section.name not in lacking:
+                on.append(section)
+        return tuple(on)
 
     def unsupported_feature(self, feature: str, needs: Sequence[Need]) -> str:
         """Say that ``feature`` is off here for want of ``needs``: one log line, one
@@ -374,9 +371,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         if self._published is not None:
             ctx.remove_plugin(self._published)
         unregister(scheduler, self.handlers)
-        for section in reversed(self.sections):
-            if section not in self._off:
-                section.detach()
+        for section in reversed(self._on):
+            section.detach()
         _tell("detached", scheduler, self)
         manager.policies.discard(self)
         self._manager = ctx.manager = None
@@ -439,9 +435,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         # indexed. This is the one pass over scheduler.tasks a reload costs.
         in_memory = [ts for ts in self.scheduler.tasks.values() if ts.state == "memory"]
         ctx.index.reclassify(ts.key for ts in in_memory)
-        for section in self.sections:
-            if section not in self._off:
-                section.reloaded(in_memory)
+        for section in self._on:
+            section.reloaded(in_memory)
         logger.info("%s", loaded_line(outcome, self.path, reloaded=True))
         ctx.events.emit(
             "reload", source=self.path, rules=len(outcome.rules), pools=len(outcome.pools)
@@ -521,8 +516,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         """Keep the cycle's counters (status, totals) and emit its summary event."""
         now = time.monotonic()
         self.ctx.journal.counted(stats)
-        running = [s for s in self.sections if s not in self._off]
-        self.ctx.events.summary(self.last_cycle, now, running)
+        self.ctx.events.summary(self.last_cycle, now, self._on)
 
 
 class Observer(Protocol):

@@ -240,12 +240,17 @@ class RulesFile:
             self.settle = outcome.reload_settle
             return outcome
         self._signature = before
-        error = clip_text(outcome)  # kept in the scheduler's memory, shown by status
+        return ReloadFailed(before, self.note_error(outcome))
+
+    def note_error(self, error: str, **extra: Any) -> str:
+        """Keep ``error`` among the recent ones (clipped: kept in the scheduler's memory,
+        shown by status), with ``extra`` fields; returns it as kept."""
+        error = clip_text(error)
         self.errors = [
             *self.errors[-(RELOAD_ERRORS_KEPT - 1) :],
-            {"time": time.time(), "error": error},
+            {"time": time.time(), "error": error, **extra},
         ]
-        return ReloadFailed(before, error)
+        return error
 
     def _in_place(self, now: Signature | None) -> bool:
         """Whether the file changed in place since the state last handled: the same
