@@ -456,7 +456,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         try:
             self._remove_reduce_replicas()
             self._maybe_reload()
-            cycle = Cycle(self._refresh_workers(), ctx.clock(), start)
+            # 2. of the module docstring: True if the pools were recomputed.
+            changed = ctx.index.take_workers_changed()
+            refreshed = ctx.placements.refresh(self.manager.measure, changed)
+            cycle = Cycle(refreshed, ctx.clock(), start)
             for section in steps(ctx, cycle, self._steps):
                 yield from section.run(cycle)
             self._count(cycle.stats)
@@ -469,13 +472,6 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 ended(end)
             ctx.journal.cycle(end - start)
             ctx.early.cycle_ended()
-
-    def _refresh_workers(self) -> bool:
-        """Recompute pools and placements if workers joined, left or changed status (or
-        every cycle, if a pool reads worker memory). True if they were recomputed: then
-        every governed key is checked this cycle."""
-        changed = self.ctx.index.take_workers_changed()
-        return self.ctx.placements.refresh(self.manager.measure, changed)
 
     def _wake(self, reason: str) -> None:
         """From the index's hooks: something happened that an early cycle should repair.

@@ -41,6 +41,8 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
+from functools import reduce
+from operator import getitem
 from typing import Any
 
 from amm_rules.engine.events import clip_text
@@ -85,7 +87,7 @@ def in_dask_config(rules: Mapping[str, Any]) -> RulesError | None:
     except Exception:  # an unreadable config file: the errors keep no positions
         return None
     for path, config in found:
-        if not any(_entry_at(config, at).get("rules") == rules for at in entries(config)):
+        if not any(reduce(getitem, at, config).get("rules") == rules for at in entries(config)):
             continue
         raw = read_rules_bytes(path)
         text = decode(raw)[0] if isinstance(raw, bytes) else None
@@ -93,12 +95,6 @@ def in_dask_config(rules: Mapping[str, Any]) -> RulesError | None:
         if diagnostics and any(d.is_error for d in diagnostics):
             return RulesError(diagnostics, text)
     return None
-
-
-def _entry_at(config: Any, at: tuple[Any, ...]) -> Mapping[str, Any]:
-    for step in at:
-        config = config[step]
-    return config
 
 
 class RulesFile:
