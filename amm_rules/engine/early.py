@@ -49,29 +49,22 @@ HISTORY = 256
 class EarlyCycles:
     """Debounced, rate-limited early AMM cycles (see the module docstring)."""
 
-    #: Seconds from the first request to the early cycle (gathers a burst of events).
-    delay: float
-    #: Minimum seconds between the start of any cycle and an early cycle; None: off.
-    gap: float | None
-    #: Requests made, early cycles run, and requests answered by another cycle.
-    counts: Counter[str]
-    #: (monotonic start time, reasons) of the last early cycles, oldest first.
-    history: deque[tuple[float, tuple[str, ...]]]
-    #: The most early cycles that started within one second, so far.
-    max_per_second: int
-    #: (monotonic time of the first request, time the timer was set for, time the
-    #: cycle started) of the last early cycles: what the debounce and the rate limit
-    #: chose (``planned - requested``) apart from how late the event loop ran the timer
-    #: (``started - planned``).
-    timings: deque[tuple[float, float, float]]
-
     def __init__(self, delay: float = 0.02, gap: float | None = 0.1):
+        #: Seconds from the first request to the early cycle (gathers a burst of events).
         self.delay = _seconds("early_cycle_delay", delay, zero_ok=True)
+        #: Minimum seconds between the start of any cycle and an early cycle; None: off.
         self.gap = None if gap is None else _seconds("early_cycle_gap", gap, zero_ok=False)
-        self.counts = Counter()
-        self.history = deque(maxlen=HISTORY)
+        #: Requests made, early cycles run, and requests answered by another cycle.
+        self.counts: Counter[str] = Counter()
+        #: (monotonic start time, reasons) of the last early cycles, oldest first.
+        self.history: deque[tuple[float, tuple[str, ...]]] = deque(maxlen=HISTORY)
+        #: The most early cycles that started within one second, so far.
         self.max_per_second = 0
-        self.timings = deque(maxlen=HISTORY)
+        #: (monotonic time of the first request, time the timer was set for, time the
+        #: cycle started) of the last early cycles: what the debounce and the rate limit
+        #: chose (``planned - requested``) apart from how late the event loop ran the timer
+        #: (``started - planned``).
+        self.timings: deque[tuple[float, float, float]] = deque(maxlen=HISTORY)
         self._planned = 0.0
         self._manager: Any = None
         self._handle: asyncio.TimerHandle | None = None

@@ -95,14 +95,8 @@ def words(name: str, needs: Sequence[Need]) -> str:
 def unsupported_in(ruleset: Any, features: Iterable[Feature]) -> list[tuple[Feature, str]]:
     """The features ``ruleset`` uses whose needs this environment lacks, each with its
     words (what ``validate --dask-config`` reports)."""
-    out = []
-    for feature in features:
-        if feature.in_use is None or not feature.in_use(ruleset):
-            continue
-        lacking = missing(feature)
-        if lacking:
-            out.append((feature, words(feature.name, lacking)))
-    return out
+    used = [f for f in features if f.in_use is not None and f.in_use(ruleset)]
+    return [(f, words(f.name, lacking)) for f in used if (lacking := missing(f))]
 
 
 # ---------------------------------------------------------------------------------

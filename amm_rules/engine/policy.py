@@ -132,13 +132,6 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         memory, and the rules move it afterwards.
     """
 
-    #: Everything the sections use (see :mod:`amm_rules.engine.context`).
-    ctx: EngineContext
-    #: Where the rules came from (path, reload, loaded at, reload errors).
-    rules_file: RulesFile
-    #: The sections, in the order they run (see :mod:`amm_rules.engine.sections`).
-    sections: tuple[Section, ...]
-
     # What the context holds, under the names the observers and tests use.
     ruleset = ReadOnly[Ruleset]("ctx.ruleset")
     index = ReadOnly[KeyIndex]("ctx.index")
@@ -184,12 +177,14 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         on_invalid_rules: str = "refuse",
     ):
         on_invalid = check_choice(on_invalid_rules)
+        #: Where the rules came from (path, reload, loaded at, reload errors).
         self.rules_file = RulesFile(rules, reload)
         try:
             ruleset = self.rules_file.load(rules)
         except RulesError as exc:  # refuse: raised again, the scheduler does not start
             source = self.rules_file.path or "inline rules of the policy"
             ruleset = invalid_at_start(exc, self.rules_file, on_invalid, source)
+        #: Everything the sections use (see :mod:`amm_rules.engine.context`).
         self.ctx = ctx = EngineContext(
             inflight_timeout=inflight_timeout,
             summary_interval=summary_interval,
@@ -205,7 +200,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 "classify_keys": classify_keys,
             },
         }
-        self.sections = tuple(cls(ctx, **options.get(cls, {})) for cls in SECTIONS)
+        #: The sections, in the order they run (see :mod:`amm_rules.engine.sections`).
+        self.sections: tuple[Section, ...] = tuple(
+            cls(ctx, **options.get(cls, {})) for cls in SECTIONS
+        )
         self._manager: ActiveMemoryManagerExtension | None = None
         #: The scheduler handlers clients call (:mod:`amm_rules.engine.handlers`); what
         #: ``status`` and ``explain`` answer is its ``answers``, the engine's own until

@@ -100,23 +100,17 @@ def in_dask_config(rules: Mapping[str, Any]) -> RulesError | None:
 class RulesFile:
     """The source of a policy's rules (see the module docstring)."""
 
-    #: The path, if the rules came from a file (watched for changes), else None.
-    path: str | None
-    #: Whether a changed file is reloaded.
-    reload: bool
-    #: Wall-clock time (seconds since the epoch) when the rules in force were loaded.
-    loaded_at: float
-    #: The recent reload errors, newest last: ``{"time", "error"}``.
-    errors: list[dict[str, Any]]
-    #: Seconds a file changed in place must stay unchanged before it is reloaded (the
-    #: ``reload-settle`` of the rules in force).
-    settle: float
-
     def __init__(self, rules: str | os.PathLike[str] | Mapping[str, Any] | Ruleset, reload: bool):
+        #: The path, if the rules came from a file (watched for changes), else None.
         self.path = os.fspath(rules) if isinstance(rules, (str, os.PathLike)) else None
+        #: Whether a changed file is reloaded.
         self.reload = bool(reload)
-        self.errors = []
+        #: The recent reload errors, newest last: ``{"time", "error"}``.
+        self.errors: list[dict[str, Any]] = []
+        #: Wall-clock time (seconds since the epoch) when the rules in force were loaded.
         self.loaded_at = time.time()
+        #: Seconds a file changed in place must stay unchanged before it is reloaded (the
+        #: ``reload-settle`` of the rules in force).
         self.settle = RELOAD_SETTLE
         self._signature = self._stat()
         #: A state of the file changed in place, and when it was first seen (monotonic).

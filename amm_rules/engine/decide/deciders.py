@@ -271,14 +271,8 @@ DECIDERS: tuple[tuple[str, Decider], ...] = (
 def decide(q: Question, w: WorkerView, *, spread: bool = True) -> list[Decision]:
     """What the deciders say against a new copy of the key on ``w`` (empty: yes).
     ``spread=False`` leaves the ``spread`` decider out (it asks the others itself)."""
-    out = []
-    for name, decider in DECIDERS:
-        if name == "spread" and not spread:
-            continue
-        said = decider(q, w)
-        if said is not None:
-            out.append(said)
-    return out
+    said = (decider(q, w) for name, decider in DECIDERS if spread or name != "spread")
+    return [d for d in said if d is not None]
 
 
 def first_refusal(q: Question, w: WorkerView) -> Decision | None:
