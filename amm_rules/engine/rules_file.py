@@ -10,7 +10,7 @@ once per cycle; loading and checking is the language half's
 A changed file is read, parsed and checked off the event loop, in a thread of its own
 (the language half is pure: it touches nothing of the scheduler): a file of 10,000
 rules takes seconds to check. :meth:`RulesFile.poll` starts the load, waits for it a
-moment (:data:`LOAD_WAIT`: a small file is installed in the same cycle, as before), and
+moment (:data:`LOAD_WAIT`: a small file is installed in the same cycle), and
 otherwise returns; the thread asks for an early cycle when it is done
 (:attr:`RulesFile.ready`), and the poll of that cycle takes the compiled rules, which
 the policy swaps in on the loop. One load at a time: a file that changes again meanwhile

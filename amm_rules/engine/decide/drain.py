@@ -91,12 +91,10 @@ class DrainItem:
 
 
 def _order(item: DrainItem) -> tuple[int, int, float, int]:
+    # (A key of the recompute tier is lost outright; the rest go by size alone.)
     tier = item.tier
-    if tier == BELOW_MIN:
-        return (tier, 0 if item.lost_outright else 1, -item.worth, item.cost)
-    if tier == RECOMPUTE:
-        return (tier, 0, -item.worth, item.cost)
-    return (tier, 0 if item.lost_outright else 1, 0.0, item.cost)
+    worth = 0.0 if tier == REST else -item.worth
+    return (tier, 0 if item.lost_outright else 1, worth, item.cost)
 
 
 def rank(items: Iterable[DrainItem]) -> list[DrainItem]:
