@@ -405,13 +405,9 @@ def key_view(
     landed: frozenset[str] = frozenset(),
     dropped: Mapping[str, str] | None = None,
 ) -> KeyView:
-    """The planner's view of one scheduler task: its holders, size and waiters, the
-    copies the engine has in flight (``inflight``, worker -> deadline), the workers it
-    backs off from and the copies that just landed (``landed``), what other policies had
-    the AMM accept for it in this cycle (``pending``: the AMM's ``manager.pending``), and
-    the workers whose copy the demand hold or a claim keeps (``held``), and of the
-    workers backed off from, those whose copy was dropped to give them room, with why
-    (``dropped``)."""
+    """The planner's view of one scheduler task (:class:`KeyView` says each part), with
+    what other policies had the AMM accept for it in this cycle (``pending``: the AMM's
+    ``manager.pending``)."""
     add: frozenset[str] = frozenset()
     drop: frozenset[str] = frozenset()
     if pending:

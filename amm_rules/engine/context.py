@@ -42,7 +42,7 @@ from amm_rules.engine.state.ledger import Ledger
 from amm_rules.engine.state.placement import Placements
 from amm_rules.engine.state.spans import SpanStates
 from amm_rules.engine.state.spilled import SpilledKeys
-from amm_rules.language.ruleset import Actions, Desired, Pool, Ruleset, RuntimeTarget, Target
+from amm_rules.language.ruleset import Actions, Desired, Ruleset, RuntimeTarget, Target
 
 if TYPE_CHECKING:
     from distributed.active_memory_manager import ActiveMemoryManagerExtension
@@ -76,7 +76,9 @@ class EngineContext:
         #: Recent decisions, cycle durations, reloads by result, classification backlog.
         self.journal = Journal()
         #: Pool membership of the workers and where each class of keys may live.
-        self.placements = Placements(on_pool_error=self._pool_error)
+        self.placements = Placements(
+            on_pool_error=lambda pool, exc: self.events.rule_error(f"pools.{pool.name}", exc)
+        )
         #: Memory flow per task prefix (fed by the index's transition hook).
         self.flow = MemoryFlow()
         #: Whether each span is done (``task.span_done``; the spans section refreshes it).
@@ -217,9 +219,6 @@ class EngineContext:
         #: What of the rules is in dry-run (``enforcement: dry-run``): planned and
         #: reported, its suggestions held back (see amm_rules.engine.dryrun).
         self.dry_run = DryRun(ruleset)
-
-    def _pool_error(self, pool: Pool, exc: Exception) -> None:
-        self.events.rule_error(f"pools.{pool.name}", exc)
 
     def resolve(self, ts: Any) -> Desired:
         """What the rules, the key's annotation and its runtime target want for a key."""

@@ -136,9 +136,9 @@ def rank_views(
     items = [drain_item(v, cluster, tasks.get(v.key), estimate) for v in views]
     if on_disk:
         items = [replace(i, on_disk=i.nbytes) if i.key in on_disk else i for i in items]
-    order = {id(item): i for i, item in enumerate(rank(items))}
-    ranked = sorted(zip(views, items, strict=True), key=lambda vi: order[id(vi[1])])
-    return [v for v, _ in ranked], {v.key: item for v, item in zip(views, items, strict=True)}
+    pairs = list(zip(views, items, strict=True))
+    view_of = {id(item): view for view, item in pairs}
+    return [view_of[id(i)] for i in rank(items)], {view.key: item for view, item in pairs}
 
 
 def drain_item(

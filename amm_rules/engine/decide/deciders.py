@@ -300,13 +300,10 @@ def stays(desired: Placed, w: WorkerView) -> Decision | None:
     return said
 
 
-class _StayQuestion:
+class _StayQuestion(NamedTuple):
     """The part of a :class:`Question` the stay deciders read."""
 
-    __slots__ = ("desired",)
-
-    def __init__(self, desired: Placed):
-        self.desired = desired
+    desired: Placed
 
 
 def eligible(desired: Placed, workers: Iterable[WorkerView]) -> set[str]:
