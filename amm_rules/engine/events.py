@@ -66,9 +66,9 @@ class Part(Protocol):
 class EventLog:
     """Writes ``amm-rules`` events to a scheduler (or anything with ``log_event``)."""
 
-    def __init__(self, scheduler: Any = None, summary_interval: float = 10.0):
+    def __init__(self, summary_interval: float = 10.0):
         #: Where events go; None until the policy is attached (events are then dropped).
-        self.scheduler = scheduler
+        self.scheduler: Any = None
         #: Minimum seconds between two ``cycle`` events.
         self.summary_interval = summary_interval
         self._seen: set[Hashable] = set()
