@@ -29,10 +29,10 @@ Neighbours: :mod:`amm_rules.engine.policy` runs the check; the sections declare.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from importlib import import_module
 from typing import Any
 
 #: The declared floor of dask and distributed (pyproject.toml).
@@ -103,19 +103,12 @@ def unsupported_in(ruleset: Any, features: Iterable[Feature]) -> list[tuple[Feat
 # How a need is checked
 
 
-def _imported(module: str, name: str | None = None) -> Callable[[], Any]:
-    """What imports ``module`` (and gives its attribute ``name``) when called: the check
-    of a need imports what it looks at."""
-
-    def load() -> Any:
-        found = importlib.import_module(module)
-        return found if name is None else getattr(found, name)
-
-    return load
+def _scheduler_class() -> Any:
+    return import_module("distributed.scheduler").Scheduler
 
 
-_scheduler_class = _imported("distributed.scheduler", "Scheduler")
-_plugin = _imported("distributed.diagnostics.plugin", "SchedulerPlugin")
+def _plugin() -> Any:
+    return import_module("distributed.diagnostics.plugin").SchedulerPlugin
 
 
 def method(name: str, *params: str) -> Callable[[Any], bool]:
@@ -193,7 +186,7 @@ DATA_PRODUCER = Need(
     "Task._data_producer",
     "dask",
     "2025.1",
-    of_class(_imported("dask._task_spec", "Task"), "_data_producer"),
+    of_class(lambda: import_module("dask._task_spec").Task, "_data_producer"),
 )
 #: The scheduler's queue of root-ish tasks and its saturation.
 QUEUEING = (
@@ -207,7 +200,7 @@ RETIRING = (
         "RetireWorker (run, done, manager, address)",
         FLOOR,
         of_class(
-            _imported("distributed.active_memory_manager", "RetireWorker"),
+            lambda: import_module("distributed.active_memory_manager").RetireWorker,
             "run",
             "done",
             "manager",
@@ -252,7 +245,7 @@ PROMETHEUS = Feature(
         _distributed(
             "distributed.http.prometheus.PrometheusCollector",
             FLOOR,
-            of_class(_imported("distributed.http.prometheus"), "PrometheusCollector"),
+            of_class(lambda: import_module("distributed.http.prometheus"), "PrometheusCollector"),
         ),
     ),
 )
@@ -263,13 +256,15 @@ DASHBOARD = Feature(
         _distributed(
             "distributed.dashboard.scheduler.applications",
             FLOOR,
-            of_class(_imported("distributed.dashboard.scheduler"), "applications"),
+            of_class(lambda: import_module("distributed.dashboard.scheduler"), "applications"),
         ),
         _distributed(
             "distributed.dashboard.components.scheduler.BOKEH_THEME and env",
             FLOOR,
             of_class(
-                _imported("distributed.dashboard.components.scheduler"), "BOKEH_THEME", "env"
+                lambda: import_module("distributed.dashboard.components.scheduler"),
+                "BOKEH_THEME",
+                "env",
             ),
         ),
         _distributed(
@@ -281,7 +276,7 @@ DASHBOARD = Feature(
             "distributed.dashboard.components.DashboardComponent and add_periodic_callback",
             FLOOR,
             of_class(
-                _imported("distributed.dashboard.components"),
+                lambda: import_module("distributed.dashboard.components"),
                 "DashboardComponent",
                 "add_periodic_callback",
             ),
