@@ -12,7 +12,7 @@ AMM cycle, inside the scheduler.
   flow, journal);
 - scheduler glue: :mod:`.adapters` (scheduler objects as views), :mod:`.handlers` (what
   clients ask), :mod:`.events`, :mod:`.early` (early cycles), :mod:`.dryrun`,
-  :mod:`.rules_file`, :mod:`.wrapping`, :mod:`.worker_watch`, :mod:`.observers`.
+  :mod:`.rules_file`, :mod:`.wrapping`, :mod:`.worker_watch`.
 """
 
 import logging

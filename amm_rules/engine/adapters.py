@@ -5,12 +5,10 @@ engine's pure parts read.
 - :class:`TaskFactsAdapter`, :func:`worker_facts`: what rule and pool expressions read
   (:class:`~amm_rules.language.ruleset.TaskFacts`,
   :class:`~amm_rules.language.ruleset.WorkerFacts`);
-- :func:`class_reader`, :func:`freeze`: the class of a key for the classifier's memo;
-  :func:`freeze` walks at most :data:`MAX_ANNOTATION_NODES` values and
-  :data:`MAX_ANNOTATION_CHARS` characters of an annotation (a shared reference counts
-  each time it is reached: a pickled value of a few bytes may stand for millions), and
-  raises :class:`AnnotationTooLarge` beyond; :func:`bounded_repr` shows any value in a
-  few hundred characters without walking more of it;
+- :func:`class_reader`, :func:`freeze`: the class of a key for the classifier's memo,
+  walking a bounded part of an annotation (a shared reference counts each time it is
+  reached: a pickled value of a few bytes may stand for millions); :func:`bounded_repr`
+  likewise shows any value in a few hundred characters;
 - :func:`stock_waiter_count`, :func:`busy_workers`: waiters as the stock ReduceReplicas
   counts them, and where dependents run;
 - :func:`kept_copies`: which of a protected key's copies trimming spares;
@@ -45,11 +43,7 @@ WAITERS_LOOKUP_LIMIT = 20
 def worker_status(ws: Any) -> WorkerStatus:
     """Map a ``WorkerState.status`` to the planner's three states."""
     name = getattr(ws.status, "name", ws.status)
-    if name == "running":
-        return "running"
-    if name == "paused":
-        return "paused"
-    return "closing"
+    return name if name in ("running", "paused") else "closing"
 
 
 def worker_facts(ws: Any, memory: int) -> WorkerFacts:
@@ -411,13 +405,9 @@ def key_view(
     landed: frozenset[str] = frozenset(),
     dropped: Mapping[str, str] | None = None,
 ) -> KeyView:
-    """The planner's view of one scheduler task: its holders, size and waiters, the
-    copies the engine has in flight (``inflight``, worker -> deadline), the workers it
-    backs off from and the copies that just landed (``landed``), what other policies had
-    the AMM accept for it in this cycle (``pending``: the AMM's ``manager.pending``), and
-    the workers whose copy the demand hold or a claim keeps (``held``), and of the
-    workers backed off from, those whose copy was dropped to give them room, with why
-    (``dropped``)."""
+    """The planner's view of one scheduler task (:class:`KeyView` says each part), with
+    what other policies had the AMM accept for it in this cycle (``pending``: the AMM's
+    ``manager.pending``)."""
     add: frozenset[str] = frozenset()
     drop: frozenset[str] = frozenset()
     if pending:

@@ -2,22 +2,14 @@
 
 :class:`EngineContext` is built by :class:`~amm_rules.engine.policy.RulesPolicy` before
 its sections, and each section is built with it (:mod:`amm_rules.engine.sections.base`).
-It holds the engine's shared state (the key index, placements, the event log, the
-journal, the memory flow, the recompute costs, early cycles), the rules in force with
-their classifier and dry-run, and the scheduler and AMM once attached; and it answers the
-questions every feature asks: what the rules want for a key (:meth:`~EngineContext.resolve`),
-the planner's view of a key and of the workers (:meth:`~EngineContext.key_view`,
-:meth:`~EngineContext.cluster_view`), the planner's settings, and how to add and remove
-a scheduler plugin.
+It holds the engine's shared state (its attributes say what each is), the rules in force
+with their classifier and dry-run, and the scheduler and AMM once attached; and it answers
+the questions every feature asks: what the rules want for a key, the planner's views and
+settings, how to add and remove a scheduler plugin.
 
-Sections never look each other up. What they must agree on is here, typed:
-
-- :attr:`~EngineContext.ledger`: what the engine asked of the workers and has not seen
-  land (:mod:`amm_rules.engine.state.ledger`);
-- :attr:`~EngineContext.claims`: keys a section holds, which the others leave alone
-  (:mod:`amm_rules.engine.state.claims`);
-- :meth:`~EngineContext.leaving`: the workers on their way out, and why
-  (:mod:`amm_rules.engine.state.leaving`).
+Sections never look each other up: what they must agree on is here, typed (the
+:attr:`~EngineContext.ledger`, the :attr:`~EngineContext.claims`, the workers
+:meth:`~EngineContext.leaving`).
 
 Neighbours: :mod:`amm_rules.engine.policy` owns it; :mod:`amm_rules.engine.sections.base`
 is the contract of what receives it.
@@ -50,7 +42,7 @@ from amm_rules.engine.state.ledger import Ledger
 from amm_rules.engine.state.placement import Placements
 from amm_rules.engine.state.spans import SpanStates
 from amm_rules.engine.state.spilled import SpilledKeys
-from amm_rules.language.ruleset import Actions, Desired, Pool, Ruleset, RuntimeTarget, Target
+from amm_rules.language.ruleset import Actions, Desired, Ruleset, RuntimeTarget, Target
 
 if TYPE_CHECKING:
     from distributed.active_memory_manager import ActiveMemoryManagerExtension
@@ -61,48 +53,10 @@ logger = logging.getLogger(__name__)
 class EngineContext:
     """What a section may use (see the module docstring)."""
 
-    #: Governed keys and per-key engine state; also the scheduler plugin feeding them.
-    index: KeyIndex
-    #: The ``amm-rules`` event log.
-    events: EventLog
-    #: Recent decisions, cycle durations, reloads by result, classification backlog.
-    journal: Journal
-    #: Pool membership of the workers and where each class of keys may live.
-    placements: Placements
-    #: Memory flow per task prefix (fed by the index's transition hook).
-    flow: MemoryFlow
-    #: Recompute estimates per task group and work at risk per worker (fed likewise).
-    costs: RecomputeCosts
-    #: What the engine asked of the workers and has not seen land.
-    ledger: Ledger
-    #: Keys a section holds, which the others leave alone.
-    claims: Claims
-    #: The engine's one scheduler plugin: the parts that hear the scheduler are its
-    #: members (:meth:`add_plugin`).
-    hooks: EngineHooks
-    #: The workers the sections send away (read through :meth:`leaving`).
-    departures: Leaving
-    #: Which keys each worker holds on disk, as the ``spill`` section's worker plugin
-    #: reports them (empty without ``spill:`` in the rules).
-    spilled: SpilledKeys
-    #: Early AMM cycles.
-    early: EarlyCycles
-    #: Whether each span is done (``task.span_done``; the spans section refreshes it).
-    spans: SpanStates
     #: The rules in force, their classifier and their dry-run parts (see :meth:`install`).
     ruleset: Ruleset
     classifier: Classifier
     dry_run: DryRun
-    #: The AMM, once attached (None before and after).
-    manager: ActiveMemoryManagerExtension | None
-    #: Whether the AMM runs its cycles periodically, and since when (followed while
-    #: the policy is attached; a simulation's never runs).
-    amm_running: AmmRunning
-    #: Where the rules came from (path, reload, loaded at, reload errors).
-    rules_file: RulesFile
-    #: Features off on this scheduler for want of an internal of dask or distributed,
-    #: with their words (:mod:`amm_rules.engine.features`; the policy checks at attach).
-    unsupported: dict[str, str]
 
     def __init__(
         self,
@@ -117,23 +71,45 @@ class EngineContext:
         self._inflight_timeout = inflight_timeout
         #: Whether retiring workers' keys are placed by the rules.
         self.retire_by_rules = bool(retire_by_rules)
+        #: The ``amm-rules`` event log.
         self.events = EventLog(summary_interval=summary_interval)
+        #: Recent decisions, cycle durations, reloads by result, classification backlog.
         self.journal = Journal()
-        self.placements = Placements(on_pool_error=self._pool_error)
+        #: Pool membership of the workers and where each class of keys may live.
+        self.placements = Placements(
+            on_pool_error=lambda pool, exc: self.events.rule_error(f"pools.{pool.name}", exc)
+        )
+        #: Memory flow per task prefix (fed by the index's transition hook).
         self.flow = MemoryFlow()
+        #: Whether each span is done (``task.span_done``; the spans section refreshes it).
         self.spans = SpanStates()
+        #: Recompute estimates per task group and work at risk per worker (fed likewise).
         self.costs = RecomputeCosts()
+        #: What the engine asked of the workers and has not seen land.
         self.ledger = Ledger()
+        #: Governed keys and per-key engine state; also the scheduler plugin feeding them.
         self.index = KeyIndex(self.ledger)
+        #: Keys a section holds, which the others leave alone.
         self.claims = Claims()
+        #: The engine's one scheduler plugin: the parts that hear the scheduler are its
+        #: members (:meth:`add_plugin`).
         self.hooks = EngineHooks()
+        #: The workers the sections send away (read through :meth:`leaving`).
         self.departures = Leaving()
+        #: Which keys each worker holds on disk, as the ``spill`` section's worker plugin
+        #: reports them (empty without ``spill:`` in the rules).
         self.spilled = SpilledKeys()
         self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
-        self.manager = None
+        #: The AMM, once attached (None before and after).
+        self.manager: ActiveMemoryManagerExtension | None = None
+        #: Whether the AMM runs its cycles periodically, and since when (followed while
+        #: the policy is attached; a simulation's never runs).
         self.amm_running = AmmRunning()
+        #: Where the rules came from (path, reload, loaded at, reload errors).
         self.rules_file = RulesFile({}, reload=False) if rules_file is None else rules_file
-        self.unsupported = {}
+        #: Features off on this scheduler for want of an internal of dask or distributed,
+        #: with their words (:mod:`amm_rules.engine.features`; the policy checks at attach).
+        self.unsupported: dict[str, str] = {}
         #: The engine's clock (``time.monotonic`` in a scheduler; a simulation's own).
         self.clock: Callable[[], float] = time.monotonic
 
@@ -243,9 +219,6 @@ class EngineContext:
         #: What of the rules is in dry-run (``enforcement: dry-run``): planned and
         #: reported, its suggestions held back (see amm_rules.engine.dryrun).
         self.dry_run = DryRun(ruleset)
-
-    def _pool_error(self, pool: Pool, exc: Exception) -> None:
-        self.events.rule_error(f"pools.{pool.name}", exc)
 
     def resolve(self, ts: Any) -> Desired:
         """What the rules, the key's annotation and its runtime target want for a key."""

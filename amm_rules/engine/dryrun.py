@@ -24,13 +24,11 @@ stock Active Memory Manager's behaviour, which amm-rules takes over, not a rule'
 (:meth:`DryRun.paused_settings`): it reports the workers it would empty, restart or
 retire, and copies, restarts and retires nothing.
 
-Held-back suggestions are counted per label (the dry-run rule, ``(annotation)``,
-``(runtime)`` or ``(rebalance)``) as ``would_request`` and ``would_drop`` in the cycle's
-counters, which status and the ``cycle`` event show. Neighbours:
-:mod:`amm_rules.engine.policy` wraps its two suggestion streams (replication, rebalancing)
-with :meth:`DryRun.replication` and :meth:`DryRun.rebalancing`;
-:mod:`amm_rules.engine.handlers` asks :meth:`DryRun.label` for explain. The offline
-simulator (:mod:`amm_rules.offline.simulate`) uses the same filter.
+Held-back suggestions are counted per label as ``would_request`` and ``would_drop``
+(docs/policy.md, "Dry-run", says where they show). Neighbours: the replication and
+rebalance sections wrap their suggestions with :meth:`DryRun.replication` and
+:meth:`DryRun.rebalancing`; :mod:`amm_rules.engine.handlers` asks :meth:`DryRun.label` for
+explain. The offline simulator (:mod:`amm_rules.offline.simulate`) uses the same filter.
 """
 
 from __future__ import annotations

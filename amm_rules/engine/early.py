@@ -8,15 +8,9 @@ the AMM's own ``ActiveMemoryManagerExtension.run_once()``, the method the AMM's 
 callback calls, so every policy runs and the AMM validates and enacts the suggestions
 as in any cycle. An early cycle is:
 
-- **wanted**: asked for when a worker leaves or starts retiring (its copies stop
-  counting), a worker joins or resumes after a pause (if the rules rebalance or some
-  target is unmet: the workers that may receive a pool's copies change), a worker
-  moves in or out of a pool at run time (resources, or memory a pool reads: see
-  :mod:`amm_rules.engine.worker_watch`), a governed key falls below its target's
-  ``min``, the engine's own copy lands above a target's ``max`` (a move's drop
-  follows), a task finishes that held up the drop of a copy outside its pool, or a
-  task finishes on a retiring worker (its retirement waits until a cycle has planned
-  where the new key goes);
+- **wanted**: asked for when something happened that a cycle should repair at once (a
+  worker leaving, a governed key below its ``min``...: docs/policy.md, "Early cycles",
+  lists what asks);
 - **debounced**: it runs ``delay`` seconds after the first request, so that a worker's
   removal (a request per key it held) or two workers dying together cost one cycle;
 - **rate-limited**: it starts at least ``gap`` seconds after the start of the previous
@@ -55,29 +49,22 @@ HISTORY = 256
 class EarlyCycles:
     """Debounced, rate-limited early AMM cycles (see the module docstring)."""
 
-    #: Seconds from the first request to the early cycle (gathers a burst of events).
-    delay: float
-    #: Minimum seconds between the start of any cycle and an early cycle; None: off.
-    gap: float | None
-    #: Requests made, early cycles run, and requests answered by another cycle.
-    counts: Counter[str]
-    #: (monotonic start time, reasons) of the last early cycles, oldest first.
-    history: deque[tuple[float, tuple[str, ...]]]
-    #: The most early cycles that started within one second, so far.
-    max_per_second: int
-    #: (monotonic time of the first request, time the timer was set for, time the
-    #: cycle started) of the last early cycles: what the debounce and the rate limit
-    #: chose (``planned - requested``) apart from how late the event loop ran the timer
-    #: (``started - planned``).
-    timings: deque[tuple[float, float, float]]
-
     def __init__(self, delay: float = 0.02, gap: float | None = 0.1):
+        #: Seconds from the first request to the early cycle (gathers a burst of events).
         self.delay = _seconds("early_cycle_delay", delay, zero_ok=True)
+        #: Minimum seconds between the start of any cycle and an early cycle; None: off.
         self.gap = None if gap is None else _seconds("early_cycle_gap", gap, zero_ok=False)
-        self.counts = Counter()
-        self.history = deque(maxlen=HISTORY)
+        #: Requests made, early cycles run, and requests answered by another cycle.
+        self.counts: Counter[str] = Counter()
+        #: (monotonic start time, reasons) of the last early cycles, oldest first.
+        self.history: deque[tuple[float, tuple[str, ...]]] = deque(maxlen=HISTORY)
+        #: The most early cycles that started within one second, so far.
         self.max_per_second = 0
-        self.timings = deque(maxlen=HISTORY)
+        #: (monotonic time of the first request, time the timer was set for, time the
+        #: cycle started) of the last early cycles: what the debounce and the rate limit
+        #: chose (``planned - requested``) apart from how late the event loop ran the timer
+        #: (``started - planned``).
+        self.timings: deque[tuple[float, float, float]] = deque(maxlen=HISTORY)
         self._planned = 0.0
         self._manager: Any = None
         self._handle: asyncio.TimerHandle | None = None
@@ -105,8 +92,7 @@ class EarlyCycles:
     def close(self) -> None:
         """No more early cycles (the policy is detached or the scheduler closes)."""
         self._cancel()
-        self._requested_at = None
-        self._reasons.clear()
+        self._forget()
         self._manager = None
 
     # -- what the hooks call: keep it cheap, a worker's removal calls it per key -------
@@ -132,8 +118,7 @@ class EarlyCycles:
         if self._requested_at is not None and not self._early:
             self.counts["superseded"] += 1
             self._cancel()
-            self._requested_at = None
-            self._reasons.clear()
+            self._forget()
 
     def cycle_ended(self) -> None:
         now = time.monotonic()
@@ -152,12 +137,16 @@ class EarlyCycles:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no event loop here (a scheduler built by hand): no timer
-            self._requested_at = None
-            self._reasons.clear()
+            self._forget()
             return
         at = max(at, self.earliest())
         self._planned = at
         self._handle = loop.call_later(max(at - time.monotonic(), 0.0), self._fire)
+
+    def _forget(self) -> None:
+        """No request pending any more."""
+        self._requested_at = None
+        self._reasons.clear()
 
     def _cancel(self) -> None:
         if self._handle is not None:
@@ -175,8 +164,7 @@ class EarlyCycles:
         scheduler = manager.scheduler
         status = getattr(getattr(scheduler, "status", None), "name", "running")
         if not manager.running or status not in ("running", "init", "starting"):
-            self._requested_at = None
-            self._reasons.clear()
+            self._forget()
             return
         # Case 2: a cycle is in progress (the AMM holds ``pending`` during one): later.
         if hasattr(manager, "pending"):
@@ -190,8 +178,7 @@ class EarlyCycles:
         # Case 4: run it, as the periodic callback does.
         reasons = tuple(sorted(self._reasons))
         self.timings.append((self._requested_at, self._planned, now))
-        self._requested_at = None
-        self._reasons.clear()
+        self._forget()
         self.counts["ran"] += 1
         self.history.append((now, reasons))
         in_last_second = 0
@@ -228,9 +215,7 @@ class EarlyCycles:
 def _seconds(name: str, value: Any, zero_ok: bool) -> float:
     """A duration parameter as float seconds, or a ValueError saying what is wrong."""
     bound = "at least 0" if zero_ok else "more than 0"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not (value >= 0 if zero_ok else value > 0) or value == float("inf"):
         raise ValueError(f"{name}: expected a number of seconds ({bound}), got {value!r}")
-    seconds = float(value)
-    if not (seconds >= 0 if zero_ok else seconds > 0) or seconds == float("inf"):
-        raise ValueError(f"{name}: expected a number of seconds ({bound}), got {value!r}")
-    return seconds
+    return float(value)

@@ -56,18 +56,13 @@ def desired_of(ctx: EngineContext, ts: Any) -> Desired:
     return desired
 
 
-def ensure_pools(ctx: EngineContext) -> None:
-    """Pool membership of the workers that joined since the policy's last cycle: a
-    retirement may come before that cycle."""
-    ctx.placements.include_new_workers(ctx.amm.measure)
-
-
 def evacuation_input(
     ctx: EngineContext, tasks: Iterable[Any], leaving: Iterable[str]
 ) -> tuple[list[KeyView], ClusterView]:
     """Key views of ``tasks`` (with the ledger's copies in flight) and the cluster with
     ``leaving`` marked, for :func:`~amm_rules.engine.decide.evacuate.plan_evacuation`."""
-    ensure_pools(ctx)
+    # Workers that joined since the policy's last cycle: a retirement may come before it.
+    ctx.placements.include_new_workers(ctx.amm.measure)
     manager = ctx.manager
     pending = getattr(manager, "pending", None)  # only exists during an AMM cycle
     cluster = leaving_view(ctx.cluster_view().workers.values(), leaving)
@@ -141,9 +136,9 @@ def rank_views(
     items = [drain_item(v, cluster, tasks.get(v.key), estimate) for v in views]
     if on_disk:
         items = [replace(i, on_disk=i.nbytes) if i.key in on_disk else i for i in items]
-    order = {id(item): i for i, item in enumerate(rank(items))}
-    ranked = sorted(zip(views, items, strict=True), key=lambda vi: order[id(vi[1])])
-    return [v for v, _ in ranked], {v.key: item for v, item in zip(views, items, strict=True)}
+    pairs = list(zip(views, items, strict=True))
+    view_of = {id(item): view for view, item in pairs}
+    return [view_of[id(i)] for i in rank(items)], {view.key: item for view, item in pairs}
 
 
 def drain_item(

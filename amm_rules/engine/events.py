@@ -1,28 +1,8 @@
 """Events of the rules engine in the scheduler's event log, topic ``amm-rules``.
 
 Clients read them with ``client.get_events("amm-rules")``. Every event is a dict with an
-``"action"``:
-
-- ``"reload"``: the rules file changed and was loaded (``rules``, ``pools``, ``source``);
-- ``"reload-error"``: it changed but cannot be used; the running rules stay
-  (``error``: the diagnostics text);
-- ``"invalid-annotation"``: an ``amm`` annotation that cannot be used; its keys follow
-  the rules (``error``, ``annotation``, ``example_key``);
-- ``"rule-error"``: a match or pool expression raised on some input (``rule``, ``error``);
-- ``"reduce-replicas-removed"``: the stock ReduceReplicas was taken out of the AMM;
-- ``"cycle"``: what was done since the last such event, per rule (``rules``: label ->
-  ``{governed, requested, dropped, unmet}``), only when something was done; with
-  rebalancing on, also ``rebalance``: moves started, bytes, drops, moves done and void
-  (by reason), keys skipped (by reason) added up since the last event, and the roles,
-  mean and stop reason of the latest plan; with rules in dry-run, also ``dry_run``:
-  label -> ``{would_request, would_drop}`` of the latest cycle (what enforcing them
-  would do now; see :mod:`amm_rules.engine.dryrun`);
-- ``"memory-pressure"``: the ``memory-pressure`` section held producers back or stopped
-  (``step``: ``hold``, ``release``, ``stopped``, ``unavailable``; see
-  :mod:`amm_rules.engine.sections.memory_pressure`);
-- ``"worker-left"``: a worker left the cluster; the keys it left below their target and
-  those that lost their last copy (see :mod:`amm_rules.engine.sections.departures`);
-- ``"error"``: a cycle failed and was skipped (a bug: please report it).
+``"action"``: docs/policy.md ("Events") lists the engine's actions and their fields, and
+a section's page its own (``memory-pressure``: docs/memory-flow.md).
 
 Rate limits: an identical error is logged once (:meth:`EventLog.once`); cycle summaries
 at most once per ``summary_interval`` seconds, adding up what happened in between. Texts
@@ -86,9 +66,9 @@ class Part(Protocol):
 class EventLog:
     """Writes ``amm-rules`` events to a scheduler (or anything with ``log_event``)."""
 
-    def __init__(self, scheduler: Any = None, summary_interval: float = 10.0):
+    def __init__(self, summary_interval: float = 10.0):
         #: Where events go; None until the policy is attached (events are then dropped).
-        self.scheduler = scheduler
+        self.scheduler: Any = None
         #: Minimum seconds between two ``cycle`` events.
         self.summary_interval = summary_interval
         self._seen: set[Hashable] = set()

@@ -32,6 +32,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from importlib import import_module
 from typing import Any
 
 #: The declared floor of dask and distributed (pyproject.toml).
@@ -94,14 +95,8 @@ def words(name: str, needs: Sequence[Need]) -> str:
 def unsupported_in(ruleset: Any, features: Iterable[Feature]) -> list[tuple[Feature, str]]:
     """The features ``ruleset`` uses whose needs this environment lacks, each with its
     words (what ``validate --dask-config`` reports)."""
-    out = []
-    for feature in features:
-        if feature.in_use is None or not feature.in_use(ruleset):
-            continue
-        lacking = missing(feature)
-        if lacking:
-            out.append((feature, words(feature.name, lacking)))
-    return out
+    used = [f for f in features if f.in_use is not None and f.in_use(ruleset)]
+    return [(f, words(f.name, lacking)) for f in used if (lacking := missing(f))]
 
 
 # ---------------------------------------------------------------------------------
@@ -109,9 +104,11 @@ def unsupported_in(ruleset: Any, features: Iterable[Feature]) -> list[tuple[Feat
 
 
 def _scheduler_class() -> Any:
-    from distributed.scheduler import Scheduler
+    return import_module("distributed.scheduler").Scheduler
 
-    return Scheduler
+
+def _plugin() -> Any:
+    return import_module("distributed.diagnostics.plugin").SchedulerPlugin
 
 
 def method(name: str, *params: str) -> Callable[[Any], bool]:
@@ -138,7 +135,7 @@ def attribute(name: str) -> Callable[[Any], bool]:
 def of_class(
     load: Callable[[], Any], *names: str, params: Sequence[str] = ()
 ) -> Callable[[Any], bool]:
-    """The class or module ``load()`` returns (it imports it: an ``ImportError`` is
+    """The class or module ``load()`` returns (it imports it: an error there is
     "missing"), with the attributes ``names``; with ``params``, its callable
     ``names[0]`` takes those keyword arguments."""
 
@@ -152,52 +149,6 @@ def of_class(
         return True
 
     return present
-
-
-def _task() -> Any:
-    from dask._task_spec import Task
-
-    return Task
-
-
-def _plugin() -> Any:
-    from distributed.diagnostics.plugin import SchedulerPlugin
-
-    return SchedulerPlugin
-
-
-def _retire_worker() -> Any:
-    from distributed.active_memory_manager import RetireWorker
-
-    return RetireWorker
-
-
-def _prometheus() -> Any:
-    import distributed.http.prometheus
-
-    return distributed.http.prometheus
-
-
-def _applications() -> Any:
-    import distributed.dashboard.scheduler
-
-    return distributed.dashboard.scheduler
-
-
-def _components() -> Any:
-    import distributed.dashboard.components
-
-    return distributed.dashboard.components
-
-
-def _scheduler_components() -> Any:
-    import distributed.dashboard.components.scheduler
-
-    return distributed.dashboard.components.scheduler
-
-
-def _dask(what: str, since: str, check: Callable[[Any], bool]) -> Need:
-    return Need(what, "dask", since, check)
 
 
 def _distributed(what: str, since: str, check: Callable[[Any], bool]) -> Need:
@@ -231,7 +182,12 @@ WORKER_WATCH = Feature(
     "pools following resources and memory", scheduler_methods("add_resources", "heartbeat_worker")
 )
 #: dask's flag of a task that produces data (read by the scheduler's ``is_rootish``).
-DATA_PRODUCER = _dask("Task._data_producer", "2025.1", of_class(_task, "_data_producer"))
+DATA_PRODUCER = Need(
+    "Task._data_producer",
+    "dask",
+    "2025.1",
+    of_class(lambda: import_module("dask._task_spec").Task, "_data_producer"),
+)
 #: The scheduler's queue of root-ish tasks and its saturation.
 QUEUEING = (
     _distributed("Scheduler.WORKER_SATURATION", FLOOR, attribute("WORKER_SATURATION")),
@@ -243,7 +199,13 @@ RETIRING = (
     _distributed(
         "RetireWorker (run, done, manager, address)",
         FLOOR,
-        of_class(_retire_worker, "run", "done", "manager", "address"),
+        of_class(
+            lambda: import_module("distributed.active_memory_manager").RetireWorker,
+            "run",
+            "done",
+            "manager",
+            "address",
+        ),
     ),
     _distributed(
         "Scheduler.retire_workers(close_workers=, remove=)",
@@ -283,7 +245,7 @@ PROMETHEUS = Feature(
         _distributed(
             "distributed.http.prometheus.PrometheusCollector",
             FLOOR,
-            of_class(_prometheus, "PrometheusCollector"),
+            of_class(lambda: import_module("distributed.http.prometheus"), "PrometheusCollector"),
         ),
     ),
 )
@@ -294,12 +256,16 @@ DASHBOARD = Feature(
         _distributed(
             "distributed.dashboard.scheduler.applications",
             FLOOR,
-            of_class(_applications, "applications"),
+            of_class(lambda: import_module("distributed.dashboard.scheduler"), "applications"),
         ),
         _distributed(
             "distributed.dashboard.components.scheduler.BOKEH_THEME and env",
             FLOOR,
-            of_class(_scheduler_components, "BOKEH_THEME", "env"),
+            of_class(
+                lambda: import_module("distributed.dashboard.components.scheduler"),
+                "BOKEH_THEME",
+                "env",
+            ),
         ),
         _distributed(
             "the simple.html template",
@@ -309,7 +275,11 @@ DASHBOARD = Feature(
         _distributed(
             "distributed.dashboard.components.DashboardComponent and add_periodic_callback",
             FLOOR,
-            of_class(_components, "DashboardComponent", "add_periodic_callback"),
+            of_class(
+                lambda: import_module("distributed.dashboard.components"),
+                "DashboardComponent",
+                "add_periodic_callback",
+            ),
         ),
         _distributed(
             "Scheduler.http_application",

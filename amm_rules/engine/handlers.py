@@ -12,13 +12,11 @@ names. Called by :mod:`amm_rules.client` (``replicate``, ``explain``, ``status``
   memory (what :func:`amm_rules.persist` asks); returns ``{"set": n, "missing":
   [keys]}``, and with ``pending`` ``"pending": n``;
 - ``amm_rules_explain(keys, unmet=False, rule=None, limit=10, counts=False)``: per
-  ``str(key)``, where the key is, what is wanted for it and why, and what the planner
-  would do now (see :func:`explain_key`); with ``unmet=True``, for up to ``limit`` keys
-  whose target is unmet instead. One call explains at most :func:`explain_cap` keys
-  (1,000; fewer at many workers); with ``counts=True`` the answer says how many there
-  were: ``{"keys": {str(key): ...}, "shown": n, "total": N, "most": cap}``. The keys
-  are explained a slice of :data:`EXPLAIN_SLICE` seconds at a time, the event loop
-  running between two slices (the handler is a coroutine);
+  ``str(key)``, what the engine makes of the key (:func:`explain_key`); with
+  ``unmet=True``, of up to ``limit`` keys whose target is unmet instead. At most
+  :func:`explain_cap` keys, a slice of :data:`EXPLAIN_SLICE` seconds at a time (a
+  coroutine: the event loop runs between two); with ``counts=True``: ``{"keys":
+  {str(key): ...}, "shown": n, "total": N, "most": cap}``;
 - ``amm_rules_status()``: the rules in force, per-rule counters, reload errors, and each
   section's own entry (see :func:`engine_status`);
 - ``amm_rules_memory_flow()``: per task prefix, ``{produced, freed, freed_by, live,
@@ -26,16 +24,14 @@ names. Called by :mod:`amm_rules.client` (``replicate``, ``explain``, ``status``
 - ``amm_rules_drain(workers, deadline, close_workers=False)``: drain workers (addresses
   or names) before a deadline, closing them after with ``close_workers`` (not
   ``close``: the comm takes a message's ``close`` for itself); returns per worker the
-  drain's report with its first
-  prediction, and ``amm_rules_drain_report(workers=None)`` the reports as the drains go
-  (see :mod:`amm_rules.engine.sections.drain`).
+  drain's report with its first prediction, and ``amm_rules_drain_report(workers=None)``
+  the reports as the drains go (see :mod:`amm_rules.engine.sections.drain`).
 
 The handlers of one engine are a :class:`Handlers` object (the policy's ``handlers``),
 built with the engine's context and sections, never the policy. What ``status`` and
 ``explain`` answer is its :attr:`Handlers.answers`: the engine's own
-(:class:`EngineAnswers`) until the observer above the engine gives fuller ones
-(:mod:`amm_rules.observe.extension`), built on :func:`engine_status` and
-:func:`explain_key`.
+(:class:`EngineAnswers`) until the observer above the engine
+(:mod:`amm_rules.observe.extension`) gives fuller ones.
 
 Bad input is refused: a handler raises ``ValueError`` with a message, and the
 answer is then ``{"refused": message}`` (:func:`refusing`), which

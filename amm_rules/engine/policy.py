@@ -111,14 +111,13 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         million keys thus costs a few cycles of ``classify_seconds`` each instead of
         one cycle of seconds on the event loop.
     early_cycle_delay, early_cycle_gap:
-        Early cycles (see :mod:`amm_rules.engine.early`): when a worker leaves or
-        starts retiring, a worker joins or resumes after a pause (if the rules rebalance
-        or a target is unmet), a worker's pools change at run time, a governed key falls
-        below its target, or a move's copy lands (see docs/policy.md), the
-        policy asks the AMM for a cycle ``early_cycle_delay`` seconds later (debounce)
-        rather than at its next tick, at least ``early_cycle_gap`` seconds after the
-        start of the previous cycle (None: no early cycles), and at least nine times
-        the last cycle's duration after its end. Only while the AMM runs periodically.
+        Early cycles (see :mod:`amm_rules.engine.early`): when something happened that a
+        cycle should repair at once (a worker leaving, a governed key below its target:
+        see docs/policy.md), the policy asks the AMM for a cycle ``early_cycle_delay``
+        seconds later (debounce) rather than at its next tick, at least
+        ``early_cycle_gap`` seconds after the start of the previous cycle (None: no
+        early cycles), and at least nine times the last cycle's duration after its end.
+        Only while the AMM runs periodically.
     audit_interval:
         Seconds between the starts of two audit sweeps (None: never). The engine learns
         of changes through scheduler hooks; the audit is the safety net behind them
@@ -132,13 +131,6 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         ``RetireWorker`` alone: each key goes to the running worker with the least
         memory, and the rules move it afterwards.
     """
-
-    #: Everything the sections use (see :mod:`amm_rules.engine.context`).
-    ctx: EngineContext
-    #: Where the rules came from (path, reload, loaded at, reload errors).
-    rules_file: RulesFile
-    #: The sections, in the order they run (see :mod:`amm_rules.engine.sections`).
-    sections: tuple[Section, ...]
 
     # What the context holds, under the names the observers and tests use.
     ruleset = ReadOnly[Ruleset]("ctx.ruleset")
@@ -163,6 +155,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     unsupported = ReadOnly[dict[str, str]]("ctx.unsupported")
     #: What the ``status`` and ``explain`` handlers answer (see :attr:`handlers`).
     answers = ReadOnly[Answers]("handlers.answers")
+    #: Where the rules came from (see :class:`~amm_rules.engine.rules_file.RulesFile`).
+    path = ReadOnly[str | None]("rules_file.path")
+    reload = ReadOnly[bool]("rules_file.reload")
+    loaded_at = ReadOnly[float]("rules_file.loaded_at")
+    reload_errors = ReadOnly[list[dict[str, Any]]]("rules_file.errors")
 
     def __init__(
         self,
@@ -180,12 +177,14 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         on_invalid_rules: str = "refuse",
     ):
         on_invalid = check_choice(on_invalid_rules)
+        #: Where the rules came from (path, reload, loaded at, reload errors).
         self.rules_file = RulesFile(rules, reload)
         try:
             ruleset = self.rules_file.load(rules)
         except RulesError as exc:  # refuse: raised again, the scheduler does not start
             source = self.rules_file.path or "inline rules of the policy"
             ruleset = invalid_at_start(exc, self.rules_file, on_invalid, source)
+        #: Everything the sections use (see :mod:`amm_rules.engine.context`).
         self.ctx = ctx = EngineContext(
             inflight_timeout=inflight_timeout,
             summary_interval=summary_interval,
@@ -201,7 +200,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 "classify_keys": classify_keys,
             },
         }
-        self.sections = tuple(cls(ctx, **options.get(cls, {})) for cls in SECTIONS)
+        #: The sections, in the order they run (see :mod:`amm_rules.engine.sections`).
+        self.sections: tuple[Section, ...] = tuple(
+            cls(ctx, **options.get(cls, {})) for cls in SECTIONS
+        )
         self._manager: ActiveMemoryManagerExtension | None = None
         #: The scheduler handlers clients call (:mod:`amm_rules.engine.handlers`); what
         #: ``status`` and ``explain`` answer is its ``answers``, the engine's own until
@@ -211,8 +213,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         self._unwatch: list[Any] = []
         #: The plugin keeping the handlers' metadata in place, while attached.
         self._published: Any = None
-        #: The sections off for want of an internal (see :meth:`unsupported_feature`).
-        self._off: frozenset[Section] = frozenset()
+        #: The sections on here, in order: all but those off for want of an internal
+        #: (see :meth:`unsupported_feature`).
+        self._on: tuple[Section, ...] = self.sections
         #: The steps of the cycle that run here (see _attach).
         self._steps: tuple[Section, ...] = ()
         self._install(ruleset)
@@ -293,7 +296,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         index.attach(scheduler.tasks, scheduler.workers, self._wake, queue_in_memory=True)
         # Keys with several copies already: reduce-replicas' walk if no rule governs them.
         index.touch(ts.key for ts in scheduler.replicated_tasks)
-        self._off = off = self._check_features(scheduler)
+        self._on = self._check_features(scheduler)
         if ENGINE.name not in self.unsupported:
             ctx.add_plugin(index, "amm-rules")
             self._unwatch = [watch_scheduler(scheduler, index)]
@@ -307,38 +310,32 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         # A changed rules file is read in a thread: its rules are taken by an early cycle.
         self.rules_file.ready = lambda: ctx.early.request("rules-file-read")
         self._remove_reduce_replicas()
-        self._steps = tuple(
-            s for s in self.sections if s not in off and not isinstance(s, OFF_CYCLE)
-        )
-        for section in self.sections:
-            if section not in off:
-                section.attach()
+        self._steps = tuple(s for s in self._on if not isinstance(s, OFF_CYCLE))
+        for section in self._on:
+            section.attach()
         _tell("attached", scheduler, self)
         logger.info("%s", loaded_line(self.ruleset, self.path))
         for error in self.rules_file.errors:
             if error.get("at_start"):
                 ctx.events.emit("reload-error", source=self.path, error=error["error"])
 
-    def _check_features(self, scheduler: Any) -> frozenset[Section]:
+    def _check_features(self, scheduler: Any) -> tuple[Section, ...]:
         """Check what every feature needs of the scheduler's internals
         (:mod:`amm_rules.engine.features`); say each feature that is off. The sections
-        that are off: those whose own feature is, all of them if the engine's is."""
-        engine = missing(ENGINE, scheduler)
-        if engine:
-            self.unsupported_feature(ENGINE.name, engine)
-        watch = missing(WORKER_WATCH, scheduler)
-        if watch:
-            self.unsupported_feature(WORKER_WATCH.name, watch)
-        off = set()
+        that stay on: those whose own feature is on, none if the engine's is off."""
+        for feature in (ENGINE, WORKER_WATCH):
+            if needs := missing(feature, scheduler):
+                self.unsupported_feature(feature.name, needs)
+        engine_off = ENGINE.name in self.unsupported
+        on = []
         for section in self.sections:
             section.unsupported = lacking = {}
             for feature in section.FEATURES:
-                needs = missing(feature, scheduler)
-                if needs:
+                if needs := missing(feature, scheduler):
                     lacking[feature.name] = self.unsupported_feature(feature.name, needs)
-            if engine or section.name in lacking:
-                off.add(section)
-        return frozenset(off)
+            if not engine_off and section.name not in lacking:
+                on.append(section)
+        return tuple(on)
 
     def unsupported_feature(self, feature: str, needs: Sequence[Need]) -> str:
         """Say that ``feature`` is off here for want of ``needs``: one log line, one
@@ -372,9 +369,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         if self._published is not None:
             ctx.remove_plugin(self._published)
         unregister(scheduler, self.handlers)
-        for section in reversed(self.sections):
-            if section not in self._off:
-                section.detach()
+        for section in reversed(self._on):
+            section.detach()
         _tell("detached", scheduler, self)
         manager.policies.discard(self)
         self._manager = ctx.manager = None
@@ -394,26 +390,6 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 )
                 logger.warning(why)
                 self.ctx.events.emit("reduce-replicas-removed", reason=why)
-
-    @property
-    def path(self) -> str | None:
-        """The rules file's path, if the rules came from a file, else None."""
-        return self.rules_file.path
-
-    @property
-    def reload(self) -> bool:
-        """Whether a changed rules file is reloaded."""
-        return self.rules_file.reload
-
-    @property
-    def loaded_at(self) -> float:
-        """Wall-clock time (seconds since the epoch) when the rules in force were loaded."""
-        return self.rules_file.loaded_at
-
-    @property
-    def reload_errors(self) -> list[dict[str, Any]]:
-        """The recent reload errors, newest last: ``{"time", "error"}``."""
-        return self.rules_file.errors
 
     def __repr__(self) -> str:
         source = self.path if self.path is not None else self.ruleset.source
@@ -457,9 +433,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         # indexed. This is the one pass over scheduler.tasks a reload costs.
         in_memory = [ts for ts in self.scheduler.tasks.values() if ts.state == "memory"]
         ctx.index.reclassify(ts.key for ts in in_memory)
-        for section in self.sections:
-            if section not in self._off:
-                section.reloaded(in_memory)
+        for section in self._on:
+            section.reloaded(in_memory)
         logger.info("%s", loaded_line(outcome, self.path, reloaded=True))
         ctx.events.emit(
             "reload", source=self.path, rules=len(outcome.rules), pools=len(outcome.pools)
@@ -479,7 +454,10 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         try:
             self._remove_reduce_replicas()
             self._maybe_reload()
-            cycle = Cycle(self._refresh_workers(), ctx.clock(), start)
+            # 2. of the module docstring: True if the pools were recomputed.
+            changed = ctx.index.take_workers_changed()
+            refreshed = ctx.placements.refresh(self.manager.measure, changed)
+            cycle = Cycle(refreshed, ctx.clock(), start)
             for section in steps(ctx, cycle, self._steps):
                 yield from section.run(cycle)
             self._count(cycle.stats)
@@ -492,13 +470,6 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 ended(end)
             ctx.journal.cycle(end - start)
             ctx.early.cycle_ended()
-
-    def _refresh_workers(self) -> bool:
-        """Recompute pools and placements if workers joined, left or changed status (or
-        every cycle, if a pool reads worker memory). True if they were recomputed: then
-        every governed key is checked this cycle."""
-        changed = self.ctx.index.take_workers_changed()
-        return self.ctx.placements.refresh(self.manager.measure, changed)
 
     def _wake(self, reason: str) -> None:
         """From the index's hooks: something happened that an early cycle should repair.
@@ -539,8 +510,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         """Keep the cycle's counters (status, totals) and emit its summary event."""
         now = time.monotonic()
         self.ctx.journal.counted(stats)
-        running = [s for s in self.sections if s not in self._off]
-        self.ctx.events.summary(self.last_cycle, now, running)
+        self.ctx.events.summary(self.last_cycle, now, self._on)
 
 
 class Observer(Protocol):

@@ -10,7 +10,7 @@ once per cycle; loading and checking is the language half's
 A changed file is read, parsed and checked off the event loop, in a thread of its own
 (the language half is pure: it touches nothing of the scheduler): a file of 10,000
 rules takes seconds to check. :meth:`RulesFile.poll` starts the load, waits for it a
-moment (:data:`LOAD_WAIT`: a small file is installed in the same cycle, as before), and
+moment (:data:`LOAD_WAIT`: a small file is installed in the same cycle), and
 otherwise returns; the thread asks for an early cycle when it is done
 (:attr:`RulesFile.ready`), and the poll of that cycle takes the compiled rules, which
 the policy swaps in on the loop. One load at a time: a file that changes again meanwhile
@@ -41,6 +41,8 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
+from functools import reduce
+from operator import getitem
 from typing import Any
 
 from amm_rules.engine.events import clip_text
@@ -85,7 +87,7 @@ def in_dask_config(rules: Mapping[str, Any]) -> RulesError | None:
     except Exception:  # an unreadable config file: the errors keep no positions
         return None
     for path, config in found:
-        if not any(_entry_at(config, at).get("rules") == rules for at in entries(config)):
+        if not any(reduce(getitem, at, config).get("rules") == rules for at in entries(config)):
             continue
         raw = read_rules_bytes(path)
         text = decode(raw)[0] if isinstance(raw, bytes) else None
@@ -95,32 +97,20 @@ def in_dask_config(rules: Mapping[str, Any]) -> RulesError | None:
     return None
 
 
-def _entry_at(config: Any, at: tuple[Any, ...]) -> Mapping[str, Any]:
-    for step in at:
-        config = config[step]
-    return config
-
-
 class RulesFile:
     """The source of a policy's rules (see the module docstring)."""
 
-    #: The path, if the rules came from a file (watched for changes), else None.
-    path: str | None
-    #: Whether a changed file is reloaded.
-    reload: bool
-    #: Wall-clock time (seconds since the epoch) when the rules in force were loaded.
-    loaded_at: float
-    #: The recent reload errors, newest last: ``{"time", "error"}``.
-    errors: list[dict[str, Any]]
-    #: Seconds a file changed in place must stay unchanged before it is reloaded (the
-    #: ``reload-settle`` of the rules in force).
-    settle: float
-
     def __init__(self, rules: str | os.PathLike[str] | Mapping[str, Any] | Ruleset, reload: bool):
+        #: The path, if the rules came from a file (watched for changes), else None.
         self.path = os.fspath(rules) if isinstance(rules, (str, os.PathLike)) else None
+        #: Whether a changed file is reloaded.
         self.reload = bool(reload)
-        self.errors = []
+        #: The recent reload errors, newest last: ``{"time", "error"}``.
+        self.errors: list[dict[str, Any]] = []
+        #: Wall-clock time (seconds since the epoch) when the rules in force were loaded.
         self.loaded_at = time.time()
+        #: Seconds a file changed in place must stay unchanged before it is reloaded (the
+        #: ``reload-settle`` of the rules in force).
         self.settle = RELOAD_SETTLE
         self._signature = self._stat()
         #: A state of the file changed in place, and when it was first seen (monotonic).
@@ -240,12 +230,17 @@ class RulesFile:
             self.settle = outcome.reload_settle
             return outcome
         self._signature = before
-        error = clip_text(outcome)  # kept in the scheduler's memory, shown by status
+        return ReloadFailed(before, self.note_error(outcome))
+
+    def note_error(self, error: str, **extra: Any) -> str:
+        """Keep ``error`` among the recent ones (clipped: kept in the scheduler's memory,
+        shown by status), with ``extra`` fields; returns it as kept."""
+        error = clip_text(error)
         self.errors = [
             *self.errors[-(RELOAD_ERRORS_KEPT - 1) :],
-            {"time": time.time(), "error": error},
+            {"time": time.time(), "error": error, **extra},
         ]
-        return ReloadFailed(before, error)
+        return error
 
     def _in_place(self, now: Signature | None) -> bool:
         """Whether the file changed in place since the state last handled: the same

@@ -33,23 +33,22 @@ from typing import Any
 class AmmRunning:
     """Whether the AMM of one policy runs periodically, and since when (wall clock)."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self._clock = clock
+    def __init__(self) -> None:
         self._manager: Any = None
         self._policy: Any = None
         self._last = False
         #: Seconds since the epoch of the last change (or of the attach).
-        self._since = clock()
+        self._since = time.time()
         self._wrappers: dict[str, Callable[[], None]] = {}
 
-    def attach(self, manager: Any, policy: Any = None) -> None:
+    def attach(self, manager: Any, policy: Any) -> None:
         """Follow ``manager``, whose cycles run ``policy`` while it is among its
         policies. (It is attached before the AMM starts itself: ``start: true`` calls
         the wrapped ``start`` right after.)"""
         self._manager = manager
         self._policy = policy
         self._last = bool(manager.running)
-        self._since = self._clock()
+        self._since = time.time()
         for name in ("start", "stop"):
             method = getattr(manager, name)
 
@@ -77,14 +76,10 @@ class AmmRunning:
         """Whether the AMM runs now; a change since the last look is noted, with its
         time."""
         manager = self._manager
-        now = bool(
-            manager is not None
-            and manager.running
-            and (self._policy is None or self._policy in manager.policies)
-        )
+        now = bool(manager is not None and manager.running and self._policy in manager.policies)
         if now != self._last:
             self._last = now
-            self._since = self._clock()
+            self._since = time.time()
         return now
 
     @property

@@ -22,12 +22,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import sys
-import time
 from types import TracebackType
 from typing import Any
 
-from amm_rules.engine.events import clip_text
-from amm_rules.engine.rules_file import RELOAD_ERRORS_KEPT, RulesFile
+from amm_rules.engine.rules_file import RulesFile
 from amm_rules.engine.words import counted
 from amm_rules.language.diagnostics import RulesError
 from amm_rules.language.ruleset import Ruleset
@@ -96,10 +94,7 @@ def invalid_at_start(exc: RulesError, rules_file: RulesFile, choice: str, source
         if rules_file.path is not None and rules_file.reload
         else "",
     )
-    rules_file.errors = [
-        *rules_file.errors[-(RELOAD_ERRORS_KEPT - 1) :],
-        {"time": time.time(), "error": clip_text(str(exc)), "at_start": True},
-    ]
+    rules_file.note_error(str(exc), at_start=True)
     from amm_rules.language.loader import load_ruleset
 
     return load_ruleset({"version": 1}, filename=NO_RULES)

@@ -19,11 +19,9 @@ lowest place open both to dask and to every part that writes sentences. The plur
 alone needs no dask and lives in the language half (:mod:`amm_rules.language.plurals`),
 which its reporters and the pure parts use; it is given here with the rest.
 
-The pure parts compute figures; the sentences made of them with sizes and durations are
-here: a drain's prediction (:func:`prediction_sentence`) and a key's place in a drain's
-order (:func:`drain_item_why`), from :mod:`amm_rules.engine.decide.drain`; what kept a
-worker out of adaptive scale-down (:func:`kept_sentence`) and what memory asks of the
-adaptive target (:func:`target_sentence`), from :mod:`amm_rules.engine.decide.adaptive`.
+The pure parts compute figures; the sentences made of them with sizes and durations
+(those of :mod:`amm_rules.engine.decide.drain` and :mod:`~amm_rules.engine.decide.adaptive`)
+are here.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from amm_rules.language.ruleset import Target
@@ -175,16 +175,8 @@ def memory_target(demand: MemoryDemand, headroom: float, disk_rate: float) -> Me
         workers = max(workers, running + 1)  # 3.
     elif keeps_rise:
         workers = max(workers, running)  # 4.
-    return MemoryTarget(
-        workers,
-        needed,
-        total_expected,
-        per_worker,
-        running,
-        rising,
-        demand.disk_rate,
-        top,
-        keeps_rise,
+    return replace(
+        base, workers=workers, per_worker=per_worker, rising=rising, keeps_rise=keeps_rise
     )
 
 

@@ -133,17 +133,20 @@ class _ClassCascade:
 
     def _branch(self, path: tuple[bool, ...]) -> _Branch:
         """What follows the per-key outcomes ``path``: the next per-key match that
-        ``Ruleset.resolve`` would evaluate, or the answer when there is none."""
+        ``Ruleset.resolve`` would evaluate, or the answer when there is none (the steps
+        replayed with those outcomes, keeping values and reasons)."""
         if self._nodes >= MEMO_LIMIT:
             # Keys of one class taking ever new paths: forget the tree, start again.
             self._nodes = 0
             self._root = self._branch(())
-        decided = set(self.base)
+        values = dict(self.base)
+        reasons = dict(self.reasons)
         outcomes = iter(path)
-        for _rule, fields, match in self.steps:
-            if len(decided) == _ALL_FIELDS:
+        for rule, fields, match in self.steps:
+            if len(values) == _ALL_FIELDS:
                 break
-            if decided.issuperset(fields):
+            todo = [f for f in fields if f not in values]
+            if not todo:
                 continue
             if match is not None:
                 try:
@@ -153,20 +156,6 @@ class _ClassCascade:
                     return _Node(match, path)
                 if not hit:
                     continue
-            decided.update(fields)
-        return self._build(path)
-
-    def _build(self, path: tuple[bool, ...]) -> Desired:
-        """Replay the steps with the given per-key outcomes, keeping values and reasons."""
-        values = dict(self.base)
-        reasons = dict(self.reasons)
-        outcomes = iter(path)
-        for rule, fields, match in self.steps:
-            if len(values) == _ALL_FIELDS:
-                break
-            todo = [f for f in fields if f not in values]
-            if not todo or (match is not None and not next(outcomes)):
-                continue
             for name in todo:
                 values[name] = getattr(rule.actions, name)
                 reasons[name] = Reason("rule", rule.name)
@@ -501,11 +490,7 @@ class Classifier:
         return out
 
     def _invalid(self, value: Any, exc: Exception, key: Hashable, name: str) -> None:
-        if self._on_invalid_annotation is None:
-            return
-        if name == "amm":
-            self._on_invalid_annotation(value, exc, key)
-        else:
+        if self._on_invalid_annotation is not None:
             self._on_invalid_annotation(value, exc, key, name=name)
 
     def _cascade(

@@ -271,14 +271,8 @@ DECIDERS: tuple[tuple[str, Decider], ...] = (
 def decide(q: Question, w: WorkerView, *, spread: bool = True) -> list[Decision]:
     """What the deciders say against a new copy of the key on ``w`` (empty: yes).
     ``spread=False`` leaves the ``spread`` decider out (it asks the others itself)."""
-    out = []
-    for name, decider in DECIDERS:
-        if name == "spread" and not spread:
-            continue
-        said = decider(q, w)
-        if said is not None:
-            out.append(said)
-    return out
+    said = (decider(q, w) for name, decider in DECIDERS if spread or name != "spread")
+    return [d for d in said if d is not None]
 
 
 def first_refusal(q: Question, w: WorkerView) -> Decision | None:
@@ -306,13 +300,10 @@ def stays(desired: Placed, w: WorkerView) -> Decision | None:
     return said
 
 
-class _StayQuestion:
+class _StayQuestion(NamedTuple):
     """The part of a :class:`Question` the stay deciders read."""
 
-    __slots__ = ("desired",)
-
-    def __init__(self, desired: Placed):
-        self.desired = desired
+    desired: Placed
 
 
 def eligible(desired: Placed, workers: Iterable[WorkerView]) -> set[str]:
@@ -343,12 +334,6 @@ class CopyCount:
     def above(self) -> int:
         """Copies above ``hi`` (0 when within it)."""
         return 0 if self.hi is None else max(0, len(self.good) - self.hi)
-
-    @property
-    def met(self) -> bool:
-        """Within the target, as far as the eligible workers allow (a target larger than
-        the eligible workers is met by a copy on each)."""
-        return len(self.good) >= min(self.lo, max(1, self.eligible)) and not self.above
 
 
 def count_copies(

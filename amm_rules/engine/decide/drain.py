@@ -4,16 +4,9 @@ section (:mod:`amm_rules.engine.sections.drain`).
 A worker that must leave within a deadline (a spot instance's notice, a pod's
 termination grace period) cannot always send everything it holds in time. Each key it
 holds that needs a copy elsewhere is a :class:`DrainItem`, and :func:`rank` orders them
-by value, in three tiers:
-
-1. **below its minimum**: the key has a replication target of its own (a rule's
-   ``replicate``, an annotation, a runtime target) and holds fewer copies than its
-   ``min`` on the workers that stay; those that would be lost outright first;
-2. **recompute seconds saved per byte**: the key's recompute estimate (the recompute
-   cost model, :mod:`amm_rules.engine.state.costs`) divided by the bytes it takes to
-   save it; dearest per byte first;
-3. **the rest**: keys without an estimate (nothing measured of their group, or data
-   that was never computed); the smallest first (more keys safe per second).
+by value, in the three tiers of docs/drain.md ("The order of value"): below its
+minimum (those that would be lost outright first), recompute seconds saved per byte
+(dearest first), the rest (smallest first).
 
 A key the draining worker holds on disk must be read back before it is sent: its
 bytes count twice in its cost (:attr:`DrainItem.cost`, a byte read back taken to cost
@@ -34,7 +27,7 @@ and the evacuation planner (:mod:`amm_rules.engine.decide.evacuate`), and the si
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 #: The tiers of :func:`rank`, and what status and explain call them.
 BELOW_MIN, RECOMPUTE, REST = 0, 1, 2
@@ -98,12 +91,10 @@ class DrainItem:
 
 
 def _order(item: DrainItem) -> tuple[int, int, float, int]:
+    # (A key of the recompute tier is lost outright; the rest go by size alone.)
     tier = item.tier
-    if tier == BELOW_MIN:
-        return (tier, 0 if item.lost_outright else 1, -item.worth, item.cost)
-    if tier == RECOMPUTE:
-        return (tier, 0, -item.worth, item.cost)
-    return (tier, 0 if item.lost_outright else 1, 0.0, item.cost)
+    worth = 0.0 if tier == REST else -item.worth
+    return (tier, 0 if item.lost_outright else 1, worth, item.cost)
 
 
 def rank(items: Iterable[DrainItem]) -> list[DrainItem]:
@@ -156,31 +147,15 @@ class Prediction:
         return self.total_bytes / self.rate if self.rate > 0 else float("inf")
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "rate": round(self.rate, 1),
-            "rate_source": self.rate_source,
-            "seconds_left": round(self.seconds_left, 3),
-            "total_bytes": self.total_bytes,
-            "in_time_bytes": self.in_time_bytes,
-            "in_time_keys": self.in_time_keys,
-            "lost_keys": self.lost_keys,
-            "lost_bytes": self.lost_bytes,
-            "lost_seconds": round(self.lost_seconds, 3),
-            "lost_unknown": self.lost_unknown,
-            "below_min": self.below_min,
-            "cannot_move": self.cannot_move,
-            "cannot_move_bytes": self.cannot_move_bytes,
-            "cannot_move_seconds": round(self.cannot_move_seconds, 3),
-            "groups": [
-                {
-                    "group": g.group,
-                    "keys": g.keys,
-                    "bytes": g.bytes,
-                    "seconds": round(g.seconds, 3),
-                }
-                for g in self.groups
-            ],
-        }
+        """Its figures as plain data, rounded (without :attr:`cutoff`)."""
+        out = asdict(self)
+        del out["cutoff"]
+        out["rate"] = round(self.rate, 1)
+        for name in ("seconds_left", "lost_seconds", "cannot_move_seconds"):
+            out[name] = round(out[name], 3)
+        for group in out["groups"]:
+            group["seconds"] = round(group["seconds"], 3)
+        return out
 
 
 def predict(

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, MutableMapping
 from dataclasses import dataclass, field, replace
 
-from amm_rules.engine.decide.plan import source_label
+from amm_rules.engine.decide.plan import placement_source, source_label
 from amm_rules.engine.decide.view import ClusterView, KeyView, WorkerView
 from amm_rules.language.ruleset import Desired
 
@@ -144,7 +144,8 @@ def plan_evacuation(
             if staying:
                 out.satisfied.append(key.key)
             else:
-                out.stuck.append(Stuck(key.key, _nowhere(d, cluster), _placement_source(d)))
+                source = placement_source(d, source_label(d, "replicate"))
+                out.stuck.append(Stuck(key.key, _nowhere(d, cluster), source))
             continue
         # Case 3: enough landed copies stay.
         if len(good) >= want:
@@ -216,15 +217,6 @@ def _plan_copies(
         counted.add(choice)
         exclude.add(choice)
         hosts.add(cluster.host(choice))
-
-
-def _placement_source(d: Desired) -> str:
-    """The label of the field that restricts where the key may go."""
-    if d.pool is not None:
-        return source_label(d, "pool")
-    if d.avoid is not None:
-        return source_label(d, "avoid")
-    return source_label(d, "replicate")
 
 
 def _nowhere(d: Desired, cluster: ClusterView) -> str:

@@ -271,7 +271,7 @@ def _add_copies(
             reason, source = f"below replicate={lo} ({plan.source})", plan.source
         else:
             # No target of its own: the copy moves the key where its pool or avoid wants it.
-            reason, source = "no copy on an eligible worker", _placement_source(d, plan.source)
+            reason, source = "no copy on an eligible worker", placement_source(d, plan.source)
         choice = None
         if spread:
             choice = cluster.least_loaded(
@@ -479,8 +479,9 @@ def _misplaced(addr: str, d: Desired, cluster: ClusterView) -> tuple[str, str]:
     return "worker is retiring", "replicate"
 
 
-def _placement_source(d: Desired, default: str) -> str:
-    """Counter label of the rule placing a key (its ``pool``, else its ``avoid``)."""
+def placement_source(d: Desired, default: str) -> str:
+    """Counter label of the rule placing a key (its ``pool``, else its ``avoid``, else
+    ``default``)."""
     for name in ("pool", "avoid"):
         if getattr(d, name) is not None:
             return source_label(d, name)

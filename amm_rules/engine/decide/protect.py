@@ -87,7 +87,7 @@ class Ranking:
         extra copies, at most ``max_keys`` of them."""
         extra = max(1, copies - 1)
         out = Choice(below=self.below)
-        self.ranked.sort(key=_order)
+        self.ranked.sort()  # (arrivals differ: candidates are never compared)
         keys = out.keys
         for _, _, c in self.ranked:
             cost = max(0, c.nbytes) * extra
@@ -101,10 +101,6 @@ class Ranking:
                 if len(keys) < max_keys:
                     out.no_room += 1
         return out
-
-
-def _order(r: tuple[float, int, Candidate]) -> tuple[float, int]:
-    return r[0], r[1]
 
 
 def choose(

@@ -1,30 +1,12 @@
 """The value of keeping a key in a worker's memory, per byte (pure).
 
-What giving a key up costs, in seconds, on worker W (docs/spill.md, "The model"):
-
-- writing it to disk: ``OVERHEAD + nbytes * write`` (``write``: seconds per byte
-  measured on W), unless another worker holds a copy and ``drop-copies`` is on: then
-  the engine drops it rather than write it (nothing to write);
-- each later read of it: ``OVERHEAD + nbytes * read`` (reading back from disk, or
-  fetching it from a worker holding it: taken as equal). The reads counted here are
-  the key's dependents that have not run, except those already on W (the worker counts
-  its own and adds them itself, as they come and go), shared among the workers
-  holding a copy (each dependent reads one copy), plus the reads the ``demand``
-  tracker saw of it within its hold. A dependent running on another worker that holds a
-  copy reads that copy, not W's: it is no read of W's copy, but once it is done W's copy
-  is released (*releasing*, when no client holds the key and no other dependent waits).
-  Writing such a copy frees W's memory only until it would have been freed anyway, and
-  the memory its release would have freed must then be made by writing another key: it
-  is valued as one read more (kept as a key about to be read is), unless
-  ``drop-copies`` lets the engine drop it;
-
-and a rule's ``spill`` decides over all of that: ``last`` is an infinite value (kept
-while anything else can go), ``first`` is 0 (given up first). The value per byte is the
-cost divided by ``nbytes``: a small key costs its :data:`OVERHEAD` for few bytes, so
-small keys stay in memory before large ones of the same reads. It is sent in *writes*:
-divided by the seconds per byte of a write on that worker, so that the worker, which
-counts its own readers with the rates it measures, and a key no value was sent for (1:
-written once, never read again) stand on the same scale.
+The model is docs/spill.md's ("The model"): what giving the key up costs on worker W,
+in seconds (its write, unless ``drop-copies`` lets the engine drop a copy another worker
+holds; each later read of it elsewhere than W's own tasks, shared among the copies; one
+read more for a copy about to be released), divided by ``nbytes``, in writes of W (so
+that the worker's own count of its readers stands on the same scale); a rule's ``spill``
+overrides it (``last``: infinite, ``first``: 0). A key no value was sent for is worth 1
+(written once, never read again).
 
 Neighbours: :mod:`amm_rules.engine.sections.spill` computes the inputs and sends the
 values; :mod:`amm_rules.engine.spill.order` orders by them on the worker.

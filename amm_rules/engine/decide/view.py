@@ -87,7 +87,6 @@ class ClusterView:
         self.closing: frozenset[str] = frozenset(
             a for a, w in self.workers.items() if w.status == "closing"
         )
-        self._allowed: dict[tuple[Any, Any], frozenset[str]] = {}
         self._derived: dict[tuple[Any, ...], Any] = {}
         self._heaps: dict[tuple[Any, ...], list[tuple[int, str]]] = {}
 
@@ -95,20 +94,16 @@ class ClusterView:
         self, pool: tuple[str, ...] | None, avoid: tuple[str, ...] | None
     ) -> frozenset[str]:
         """Workers (any status) in one of ``pool`` (all if None) and in none of ``avoid``."""
-        cache_key = (pool, avoid)
-        try:
-            return self._allowed[cache_key]
-        except KeyError:
-            pass
         want = frozenset(pool) if pool is not None else None
         shun = frozenset(avoid or ())
-        out = frozenset(
-            a
-            for a, w in self.workers.items()
-            if (want is None or not want.isdisjoint(w.pools)) and shun.isdisjoint(w.pools)
+        return self._memo(
+            ("allowed", pool, avoid),
+            lambda: frozenset(
+                a
+                for a, w in self.workers.items()
+                if (want is None or not want.isdisjoint(w.pools)) and shun.isdisjoint(w.pools)
+            ),
         )
-        self._allowed[cache_key] = out
-        return out
 
     def placeable(
         self, pool: tuple[str, ...] | None, avoid: tuple[str, ...] | None
