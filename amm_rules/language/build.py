@@ -75,18 +75,15 @@ class RuleDraft:
 class Draft:
     """What lint looks at: compiled parts of the file, with their constants."""
 
+    #: The file's data (lint warns at a section's field where the file writes it).
+    data: dict[str, Any] = field(default_factory=dict)
     #: Pool name → constant value of its expression (None: depends on the worker).
     pools: dict[str, bool | None] = field(default_factory=dict)
     #: The resource names the pools read (``worker.resources.GPU``: ``GPU``).
     resources: set[str] = field(default_factory=set)
     rules: list[RuleDraft] = field(default_factory=list)
     rebalance: RebalanceSettings | None = None
-    #: Which rebalance fields the file sets explicitly.
-    rebalance_fields: frozenset[str] = frozenset()
     paused_workers: PausedWorkersSettings | None = None
-    #: Which paused-workers fields the file sets explicitly.
-    paused_workers_fields: frozenset[str] = frozenset()
-    memory_pressure: MemoryPressureSettings | None = None
     spill: SpillSettings | None = None
     adaptive: AdaptiveSettings | None = None
 
@@ -99,15 +96,15 @@ def expression_text(value: Any) -> str | None:
 
 
 def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, Draft]:
-    draft = Draft()
     if not isinstance(data, dict):
-        return None, draft
+        return None, Draft()
+    draft = Draft(data)
     pools = _pools(data.get("pools"), where, draft)
     rules = _rules(data.get("rules"), where, draft, _pool_names(data), frozenset(draft.resources))
-    rebalance = _rebalance(data.get("rebalance"), where, draft)
-    paused = _paused_workers(data.get("paused-workers"), where, draft)
+    rebalance = draft.rebalance = _rebalance(data.get("rebalance"), where)
+    paused = draft.paused_workers = _paused_workers(data.get("paused-workers"), where)
     demand, demand_depends = _demand(data.get("demand"), where)
-    pressure = _memory_pressure(data.get("memory-pressure"), where, draft)
+    pressure = _memory_pressure(data.get("memory-pressure"), where)
     protect = _protect(data.get("protect"), where)
     spill = draft.spill = _spill(data.get("spill"))
     adaptive = draft.adaptive = _adaptive(data.get("adaptive"), where)
@@ -285,11 +282,8 @@ def _actions(
             ok &= _check_pools(fields[name], (*path, name), where, known)
     if not ok or where.reported_under(path):
         return None
-    try:
-        return parse_actions(fields, known_pools=None)
-    except ActionError as exc:  # not reached after the checks above; kept as a guard
-        where.add((*path, exc.field.split(".")[0]), str(exc), "bad-value")
-        return None
+    # The checks above and the schema leave parse_actions nothing to refuse.
+    return parse_actions(fields, known_pools=None)
 
 
 def _check_pools(value: Any, path: Path, where: Locator, known: set[str] | None) -> bool:
@@ -451,7 +445,7 @@ _REBALANCE: dict[str, tuple[str, Reader]] = {
 }
 
 
-def _rebalance(section: Any, where: Locator, draft: Draft) -> RebalanceSettings:
+def _rebalance(section: Any, where: Locator) -> RebalanceSettings:
     if not isinstance(section, dict):
         return RebalanceSettings()
     kwargs = _read_section(section, ("rebalance",), where, _REBALANCE)
@@ -462,10 +456,7 @@ def _rebalance(section: Any, where: Locator, draft: Draft) -> RebalanceSettings:
         kwargs["measure"] = section["measure"]
     _match(section, ("rebalance",), where, kwargs)
     kwargs["enforcement"] = _enforcement(section)
-    settings = RebalanceSettings(**kwargs)
-    draft.rebalance = settings
-    draft.rebalance_fields = frozenset(str(k) for k in section)
-    return settings
+    return RebalanceSettings(**kwargs)
 
 
 # -- demand -------------------------------------------------------------------------
@@ -550,15 +541,12 @@ _PAUSED: dict[str, tuple[str, Reader]] = {
 }
 
 
-def _paused_workers(section: Any, where: Locator, draft: Draft) -> PausedWorkersSettings | None:
+def _paused_workers(section: Any, where: Locator) -> PausedWorkersSettings | None:
     """The ``paused-workers`` section (None when the file has none). Shapes, the action
     and ``max-concurrent`` were checked by the schema; units and bounds are checked here."""
     if not isinstance(section, dict):
         return None
-    settings = PausedWorkersSettings(**_read_section(section, ("paused-workers",), where, _PAUSED))
-    draft.paused_workers = settings
-    draft.paused_workers_fields = frozenset(str(k) for k in section)
-    return settings
+    return PausedWorkersSettings(**_read_section(section, ("paused-workers",), where, _PAUSED))
 
 
 # -- memory-pressure ----------------------------------------------------------------
@@ -579,7 +567,7 @@ _PRESSURE: dict[str, tuple[str, Reader]] = {
 }
 
 
-def _memory_pressure(section: Any, where: Locator, draft: Draft) -> MemoryPressureSettings | None:
+def _memory_pressure(section: Any, where: Locator) -> MemoryPressureSettings | None:
     """The ``memory-pressure`` section (None when the file has none). Shapes, the
     measure and the saturation's bounds were checked by the schema; units, bounds and
     how the fields fit together are checked here."""
@@ -589,7 +577,6 @@ def _memory_pressure(section: Any, where: Locator, draft: Draft) -> MemoryPressu
     _producers(section, where, kwargs)
     settings = MemoryPressureSettings(**kwargs)
     _pressure_consistency(section, settings, where)
-    draft.memory_pressure = settings
     return settings
 
 
