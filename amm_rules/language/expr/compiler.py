@@ -9,16 +9,9 @@ subexpressions are folded, ``in`` with a literal list becomes a frozenset lookup
 is one ``attrgetter`` call (plus one ``.get`` for annotations and resources). No
 closure builds a dict or a list per call. Nothing here uses ``eval``/``exec``.
 
-Run-time semantics (documented in ``docs/expressions.md``):
-
-- A comparison with null (a missing annotation, an unknown ``task.type``) is false,
-  whatever the operator, ``!=`` and ``not in`` included.
-- For annotations, a value whose kind (string, number, true/false) does not fit the
-  other operand makes the comparison false rather than raising.
-- An attribute used alone as a condition is tested for truth: 0, "" and null are false.
-- ``task.type`` compares type names through the table of
-  :mod:`amm_rules.language.type_names`: a public name and its module path are equal
-  (``==``, ``in``), and a pattern matches a type if it matches any of its names.
+Run-time semantics are docs/expressions.md's ("Null and annotations", "Type names"): a
+comparison with null, or with an annotation of another kind, is false and never raises;
+``task.type`` compares names through :mod:`amm_rules.language.type_names`.
 """
 
 from __future__ import annotations
