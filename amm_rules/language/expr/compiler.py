@@ -164,7 +164,9 @@ class _Compiler:
         return self.condition(node)
 
     def _is_any(self, node: ast.Node) -> bool:
-        return self.checked.types.get(id(node)) is ValueType.ANY
+        """Is ``node`` an annotation (its type known only at run time)?"""
+        resolved = self.checked.attributes.get(id(node))
+        return resolved is not None and resolved.spec.type is ValueType.ANY
 
     def _is_type(self, node: ast.Node) -> bool:
         """Is ``node`` ``task.type`` (compared through the table of type names)?"""
