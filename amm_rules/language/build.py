@@ -1,15 +1,12 @@
 """Checked data → :class:`~amm_rules.language.ruleset.Ruleset`: the meaning of a rules file.
 
-Runs after the schema check (:mod:`amm_rules.language.schema_check`) and skips whatever it
-already reported, so each problem is told once. Checks here: expressions (pools in the
-``worker`` context, matches in the ``task`` context), unique rule names, unknown pool
-names in ``pool``/``avoid``, ``replicate`` bounds, the percentages, sizes and
-durations of the ``rebalance``, ``paused-workers`` and ``memory-pressure`` sections,
-the ``demand`` section's hold and match, the ``protect`` section's budget,
-``min-recompute`` and match, and the ``adaptive`` section's headroom and disk rate (the
-``spill`` section is all shape: the schema checks it).
-Action fields are converted by :func:`amm_rules.language.fields.parse_actions`, the same
-function that reads ``amm`` annotations, so a field means the same in both places.
+Runs after the schema check (:mod:`amm_rules.language.schema_check`), which checks
+shapes, and skips whatever it already reported, so each problem is told once. Checked
+here: expressions (pools in the ``worker`` context, matches in the ``task`` context),
+unique rule names, pool names in ``pool``/``avoid``, ``replicate`` bounds, and the units,
+bounds and combinations of the sections' fields. Action fields are converted by
+:func:`amm_rules.language.fields.parse_actions`, the same function that reads ``amm``
+annotations, so a field means the same in both places.
 
 Besides the :class:`Ruleset` (``None`` when there are errors), :func:`build` returns a
 :class:`Draft`: what :mod:`amm_rules.language.lint` needs to look for suspicious rules, kept for
@@ -481,8 +478,7 @@ _PROTECT: dict[str, tuple[str, Reader]] = {
 
 
 def _protect(section: Any, where: Locator) -> ProtectSettings | None:
-    """The ``protect:`` section (None when the file has none). Shapes and ``copies``
-    were checked by the schema; the budget, ``min-recompute`` and match are here."""
+    """The ``protect:`` section (None when the file has none)."""
     if not isinstance(section, dict):
         return None
     kwargs = _read_section(section, ("protect",), where, _PROTECT)
@@ -519,8 +515,7 @@ _ADAPTIVE: dict[str, tuple[str, Reader]] = {
 
 
 def _adaptive(section: Any, where: Locator) -> AdaptiveSettings | None:
-    """The ``adaptive:`` section (None when the file has none). Shapes were checked by
-    the schema; the headroom's bound and the disk rate's unit are checked here."""
+    """The ``adaptive:`` section (None when the file has none)."""
     if not isinstance(section, dict):
         return None
     return AdaptiveSettings(**_read_section(section, ("adaptive",), where, _ADAPTIVE))
@@ -542,8 +537,7 @@ _PAUSED: dict[str, tuple[str, Reader]] = {
 
 
 def _paused_workers(section: Any, where: Locator) -> PausedWorkersSettings | None:
-    """The ``paused-workers`` section (None when the file has none). Shapes, the action
-    and ``max-concurrent`` were checked by the schema; units and bounds are checked here."""
+    """The ``paused-workers`` section (None when the file has none)."""
     if not isinstance(section, dict):
         return None
     return PausedWorkersSettings(**_read_section(section, ("paused-workers",), where, _PAUSED))
@@ -568,9 +562,7 @@ _PRESSURE: dict[str, tuple[str, Reader]] = {
 
 
 def _memory_pressure(section: Any, where: Locator) -> MemoryPressureSettings | None:
-    """The ``memory-pressure`` section (None when the file has none). Shapes, the
-    measure and the saturation's bounds were checked by the schema; units, bounds and
-    how the fields fit together are checked here."""
+    """The ``memory-pressure`` section (None when the file has none)."""
     if not isinstance(section, dict):
         return None
     kwargs = _read_section(section, ("memory-pressure",), where, _PRESSURE)
