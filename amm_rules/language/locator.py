@@ -19,7 +19,7 @@ from yaml.nodes import CollectionNode, ScalarNode
 
 from amm_rules.language.diagnostics import Diagnostic, Severity
 from amm_rules.language.schema_check import Path, SchemaProblem, field_label
-from amm_rules.language.yaml_source import YamlSource
+from amm_rules.language.yaml_source import YamlSource, split_lines
 
 
 class Locator:
@@ -140,7 +140,6 @@ class Locator:
         if node.style not in (None, "") or self.source is None:
             return ""
         from amm_rules.language.quoting import comment_hint
-        from amm_rules.language.yaml_source import split_lines
 
         lines = split_lines(self.source.text)
         row = node.end_mark.line

@@ -20,6 +20,7 @@ from typing import Any
 
 from amm_rules.language.fields import percent_meant, quoted_number
 from amm_rules.language.records import record
+from amm_rules.language.ruleset import ACTION_FIELDS
 from amm_rules.language.schema import SCHEMA
 from amm_rules.language.spelling import closest, did_you_mean
 
@@ -214,8 +215,6 @@ def _misspelt_action(error: Any) -> bool:
     """Case 4's exception: the rule has an unknown field whose nearest known name is an
     action field (``replicas: 2``). That field is the cause of "no action", and its own
     problem says which action was meant."""
-    from amm_rules.language.ruleset import ACTION_FIELDS
-
     rule = error.instance
     if not isinstance(rule, dict):
         return False
