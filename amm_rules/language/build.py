@@ -427,7 +427,7 @@ def _match(
     return frozenset(compiled.depends)
 
 
-# -- rebalance ----------------------------------------------------------------------
+# -- sections -----------------------------------------------------------------------
 
 #: A cool-down of 0 means none; a timeout of 0 would abandon every move before its copy
 #: could land.
@@ -456,9 +456,6 @@ def _rebalance(section: Any, where: Locator) -> RebalanceSettings:
     return RebalanceSettings(**kwargs)
 
 
-# -- demand -------------------------------------------------------------------------
-
-
 def _demand(section: Any, where: Locator) -> tuple[DemandSettings, frozenset[str]]:
     """The ``demand:`` section, and the task attributes its match reads."""
     if not isinstance(section, dict):
@@ -467,8 +464,6 @@ def _demand(section: Any, where: Locator) -> tuple[DemandSettings, frozenset[str
     depends = _match(section, ("demand",), where, kwargs)
     return DemandSettings(**kwargs), depends
 
-
-# -- protect ------------------------------------------------------------------------
 
 _PROTECT: dict[str, tuple[str, Reader]] = {
     "budget": ("budget", _budget),
@@ -489,9 +484,6 @@ def _protect(section: Any, where: Locator) -> ProtectSettings | None:
     return ProtectSettings(**kwargs)
 
 
-# -- spill --------------------------------------------------------------------------
-
-
 def _spill(section: Any) -> SpillSettings | None:
     """The ``spill:`` section (None when the file has none); the schema checked it."""
     if not isinstance(section, dict):
@@ -503,8 +495,6 @@ def _spill(section: Any) -> SpillSettings | None:
         prefetch=section.get("prefetch") is True,
     )
 
-
-# -- adaptive -----------------------------------------------------------------------
 
 _ADAPTIVE: dict[str, tuple[str, Reader]] = {
     "memory": ("memory", _shaped(bool)),
@@ -520,8 +510,6 @@ def _adaptive(section: Any, where: Locator) -> AdaptiveSettings | None:
         return None
     return AdaptiveSettings(**_read_section(section, ("adaptive",), where, _ADAPTIVE))
 
-
-# -- paused-workers -----------------------------------------------------------------
 
 #: ``after: 0`` would act on every pause, however brief (a worker pauses routinely while
 #: it spills); a cool-down of 0 is none.
@@ -542,8 +530,6 @@ def _paused_workers(section: Any, where: Locator) -> PausedWorkersSettings | Non
         return None
     return PausedWorkersSettings(**_read_section(section, ("paused-workers",), where, _PAUSED))
 
-
-# -- memory-pressure ----------------------------------------------------------------
 
 #: A check interval of 0 would look at the workers on every turn of the event loop; holds
 #: without a bound could hold for ever.
