@@ -210,10 +210,6 @@ def _unknown_root(node: Attribute, context: Context) -> Problem:
     if len(node.parts) == 1:
         # A bare word: a forgotten prefix, a forgotten quote, or a literal from
         # another language.
-        if root in ATTRIBUTES[context]:
-            return problem_at(
-                span, UNKNOWN_ATTRIBUTE, f"unknown name {root!r}; did you mean '{context}.{root}'?"
-            )
         if root in ("null", "None", "nil", "none", "NULL"):
             return problem_at(
                 span,
@@ -222,11 +218,13 @@ def _unknown_root(node: Attribute, context: Context) -> Problem:
                 f"test for a value with the attribute alone, e.g. 'not {context}."
                 f"{'annotations.NAME' if context == 'task' else 'resources.NAME'}'",
             )
-        if root in ("True", "False", "TRUE", "FALSE"):
-            return problem_at(
-                span, UNKNOWN_ATTRIBUTE, f"unknown name {root!r}; did you mean {root.lower()!r}?"
-            )
-        hint = closest(root, ("task", "worker"), ignore_case=True)
+        hint: str | None
+        if root in ATTRIBUTES[context]:
+            hint = f"{context}.{root}"
+        elif root in ("True", "False", "TRUE", "FALSE"):
+            hint = root.lower()
+        else:
+            hint = closest(root, CONTEXTS, ignore_case=True)
         if hint:
             return problem_at(
                 span, UNKNOWN_ATTRIBUTE, f"unknown name {root!r}; did you mean {hint!r}?"
