@@ -253,10 +253,8 @@ def _single_keyword(error: Any, path: Path, words: FileWords) -> list[SchemaProb
     schema = _schema(error)
     code = "bad-value"
     if kind == "type":
-        if "expression" in str(schema.get("title", "")):
-            expected = "an expression (text)"
-        else:
-            expected = _type_name(value)
+        expression = "expression" in str(schema.get("title", ""))
+        expected = "an expression (text)" if expression else _type_name(value)
         message = f"expected {expected}, got {describe(instance)}{_value_hint(error, path)}"
         code = "wrong-type"
     elif kind == "const" and path == ("version",):
