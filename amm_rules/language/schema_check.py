@@ -1,12 +1,10 @@
 """Validation against :data:`amm_rules.language.schema.SCHEMA`, with messages for humans.
 
 jsonschema's own messages ("... is not valid under any of the given schemas") name
-validator keywords; this module rewrites the common ones (type, const, enum, required,
-additionalProperties, propertyNames, minimum/maximum, minItems, maxItems, uniqueItems,
-minProperties, minLength/maxLength, pattern, oneOf, anyOf) into sentences about the
+validator keywords; this module rewrites those the schema uses into sentences about the
 rules file, and says *where*: the path of the offending value, or of the offending key
-for unknown fields and bad pool names. :mod:`amm_rules.language.locator` turns paths into file
-positions.
+for unknown fields and bad pool names. :mod:`amm_rules.language.locator` turns paths into
+file positions.
 
 jsonschema is imported on first use, so that ``import amm_rules`` stays cheap.
 """
