@@ -242,33 +242,20 @@ class _Checker:
                 continue
             literals = other.items if isinstance(other, ast.ListLiteral) else (other,)
             for literal in literals:
-                if not isinstance(literal, ast.Literal) or not isinstance(literal.value, str):
+                value = literal.value if isinstance(literal, ast.Literal) else None
+                if not isinstance(value, str):
                     continue
                 if name == "span":
-                    self._span_literal(literal, node.op == "matches")
-                elif node.op != "matches":
-                    self._type_literal(literal)
-
-    def _type_literal(self, literal: ast.Literal) -> None:
-        value = literal.value
-        assert isinstance(value, str)
-        hint = misspelt(value)
-        if hint is None:
-            return
-        self._warn(
-            literal,
-            f"no type is recorded as {value!r}; did you mean {hint!r}? (the type "
-            "names in docs/expressions.md match whichever name a release records)",
-            TYPE_NAME,
-        )
-
-    def _span_literal(self, literal: ast.Literal, pattern: bool) -> None:
-        value = literal.value
-        assert isinstance(value, str)
-        why = span_problem(value, pattern)
-        if why is None:
-            return
-        self.result.problems.append(problem_at(literal.span, BAD_LITERAL, why))
+                    why = span_problem(value, node.op == "matches")
+                    if why is not None:
+                        self.result.problems.append(problem_at(literal.span, BAD_LITERAL, why))
+                elif node.op != "matches" and (hint := misspelt(value)) is not None:
+                    self._warn(
+                        literal,
+                        f"no type is recorded as {value!r}; did you mean {hint!r}? (the type "
+                        "names in docs/expressions.md match whichever name a release records)",
+                        TYPE_NAME,
+                    )
 
     def _regex(self, pattern: ast.Literal) -> None:
         """A ``matches`` pattern that reads as a regular expression: say so, with the
