@@ -37,7 +37,6 @@ from amm_rules.language.records import record
 from amm_rules.language.ruleset import (
     ACTION_FIELDS,
     DEFAULT_PRODUCERS,
-    LEGACY_REPLICATE_VALUES,
     MAX_REBALANCE_SECONDS,
     PRODUCER_ATTRIBUTES,
     Actions,
@@ -105,20 +104,18 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
     protect = _protect(data.get("protect"), where)
     spill = draft.spill = _spill(data.get("spill"))
     adaptive = draft.adaptive = _adaptive(data.get("adaptive"), where)
-    reduce = data.get("reduce-replicas", True)
-    enforcement = data.get("enforcement")
-    legacy = data.get("legacy-replicate", "honour")
     top = _read_section(data, (), where, {"reload-settle": ("reload_settle", _duration)})
     if where.has_errors:
         return None, draft
+    # Without errors, the schema vouches for the values of the top-level fields.
     ruleset = Ruleset(
         pools=pools,
         rules=tuple(rules),
         rebalance=rebalance,
         paused_workers=paused,
         memory_pressure=pressure,
-        reduce_replicas=reduce if isinstance(reduce, bool) else True,
-        legacy_replicate=legacy if legacy in LEGACY_REPLICATE_VALUES else "honour",
+        reduce_replicas=data.get("reduce-replicas", True),
+        legacy_replicate=data.get("legacy-replicate", "honour"),
         demand=demand,
         demand_depends=demand_depends,
         protect=protect,
@@ -126,7 +123,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
         adaptive=adaptive,
         source=source_name,
         version=1,
-        enforcement=enforcement if isinstance(enforcement, str) else "enforce",
+        enforcement=data.get("enforcement", "enforce"),
         **top,
     )
     return ruleset, draft
