@@ -264,9 +264,8 @@ class _Compiler:
                 )
             return Code(lambda f: get(f) in members, depends=depends)
         # An annotation: only items of the value's own kind can match it.
-        by_kind: dict[str | None, frozenset[Any]] = {}
-        for kind in {kind_of(x) for x in items}:
-            by_kind[kind] = frozenset(x for x in items if kind_of(x) is kind)
+        kinds = {kind_of(x) for x in items}
+        by_kind = {kind: frozenset(x for x in items if kind_of(x) is kind) for kind in kinds}
         if negate and not items:
             fn: Fn = lambda f: kind_of(get(f)) is not None  # noqa: E731
         elif negate:
