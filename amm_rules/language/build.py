@@ -129,12 +129,6 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
     return ruleset, draft
 
 
-def _enforcement(entry: dict[str, Any]) -> str | None:
-    """An entry's own ``enforcement`` (the schema checked its value), or None."""
-    value = entry.get("enforcement")
-    return value if isinstance(value, str) else None
-
-
 def _pool_names(data: dict[str, Any]) -> set[str] | None:
     """The pool names rules may use; ``None`` when the ``pools`` section is written but
     is not a mapping: the schema reported that, and "unknown pool" for every name a
@@ -248,7 +242,7 @@ def _rules(
                 frozenset(compiled.depends),
                 _position(where, path),
                 compiled.conjuncts,
-                _enforcement(item),
+                item.get("enforcement"),
             )
         )
     return out
@@ -444,12 +438,11 @@ def _rebalance(section: Any, where: Locator) -> RebalanceSettings:
         return RebalanceSettings()
     kwargs = _read_section(section, ("rebalance",), where, _REBALANCE)
     # Writing the section turns rebalancing on unless it says `enabled: false`.
-    enabled = section.get("enabled", True)
-    kwargs["enabled"] = enabled if isinstance(enabled, bool) else True
+    kwargs["enabled"] = section.get("enabled", True)
     if isinstance(section.get("measure"), str):
         kwargs["measure"] = section["measure"]
     _match(section, ("rebalance",), where, kwargs)
-    kwargs["enforcement"] = _enforcement(section)
+    kwargs["enforcement"] = section.get("enforcement")
     return RebalanceSettings(**kwargs)
 
 
