@@ -478,11 +478,10 @@ def _spill(section: Any) -> SpillSettings | None:
     """The ``spill:`` section (None when the file has none); the schema checked it."""
     if not isinstance(section, dict):
         return None
-    order = section.get("order", "value")
     return SpillSettings(
-        order=order if isinstance(order, str) else "value",
-        drop_copies=section.get("drop-copies") is True,
-        prefetch=section.get("prefetch") is True,
+        order=section.get("order", "value"),
+        drop_copies=section.get("drop-copies", False),
+        prefetch=section.get("prefetch", False),
     )
 
 
