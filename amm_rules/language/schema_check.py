@@ -212,10 +212,8 @@ def _no_action(error: Any, path: Path) -> SchemaProblem:
 def _misspelt_action(error: Any) -> bool:
     """Case 4's exception: the rule has an unknown field whose nearest known name is an
     action field (``replicas: 2``). That field is the cause of "no action", and its own
-    problem says which action was meant."""
+    problem says which action was meant. (``required`` fails only on a mapping.)"""
     rule = error.instance
-    if not isinstance(rule, dict):
-        return False
     known = list(_schema(error).get("properties", {}))
     return any(key not in known and closest(str(key), known) in ACTION_FIELDS for key in rule)
 
