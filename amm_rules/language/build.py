@@ -1,15 +1,12 @@
 """Checked data → :class:`~amm_rules.language.ruleset.Ruleset`: the meaning of a rules file.
 
-Runs after the schema check (:mod:`amm_rules.language.schema_check`) and skips whatever it
-already reported, so each problem is told once. Checks here: expressions (pools in the
-``worker`` context, matches in the ``task`` context), unique rule names, unknown pool
-names in ``pool``/``avoid``, ``replicate`` bounds, the percentages, sizes and
-durations of the ``rebalance``, ``paused-workers`` and ``memory-pressure`` sections,
-the ``demand`` section's hold and match, the ``protect`` section's budget,
-``min-recompute`` and match, and the ``adaptive`` section's headroom and disk rate (the
-``spill`` section is all shape: the schema checks it).
-Action fields are converted by :func:`amm_rules.language.fields.parse_actions`, the same
-function that reads ``amm`` annotations, so a field means the same in both places.
+Runs after the schema check (:mod:`amm_rules.language.schema_check`), which checks
+shapes, and skips whatever it already reported, so each problem is told once. Checked
+here: expressions (pools in the ``worker`` context, matches in the ``task`` context),
+unique rule names, pool names in ``pool``/``avoid``, ``replicate`` bounds, and the units,
+bounds and combinations of the sections' fields. Action fields are converted by
+:func:`amm_rules.language.fields.parse_actions`, the same function that reads ``amm``
+annotations, so a field means the same in both places.
 
 Besides the :class:`Ruleset` (``None`` when there are errors), :func:`build` returns a
 :class:`Draft`: what :mod:`amm_rules.language.lint` needs to look for suspicious rules, kept for
@@ -40,7 +37,6 @@ from amm_rules.language.records import record
 from amm_rules.language.ruleset import (
     ACTION_FIELDS,
     DEFAULT_PRODUCERS,
-    LEGACY_REPLICATE_VALUES,
     MAX_REBALANCE_SECONDS,
     PRODUCER_ATTRIBUTES,
     Actions,
@@ -75,18 +71,15 @@ class RuleDraft:
 class Draft:
     """What lint looks at: compiled parts of the file, with their constants."""
 
+    #: The file's data (lint warns at a section's field where the file writes it).
+    data: dict[str, Any] = field(default_factory=dict)
     #: Pool name → constant value of its expression (None: depends on the worker).
     pools: dict[str, bool | None] = field(default_factory=dict)
     #: The resource names the pools read (``worker.resources.GPU``: ``GPU``).
     resources: set[str] = field(default_factory=set)
     rules: list[RuleDraft] = field(default_factory=list)
     rebalance: RebalanceSettings | None = None
-    #: Which rebalance fields the file sets explicitly.
-    rebalance_fields: frozenset[str] = frozenset()
     paused_workers: PausedWorkersSettings | None = None
-    #: Which paused-workers fields the file sets explicitly.
-    paused_workers_fields: frozenset[str] = frozenset()
-    memory_pressure: MemoryPressureSettings | None = None
     spill: SpillSettings | None = None
     adaptive: AdaptiveSettings | None = None
 
@@ -99,32 +92,30 @@ def expression_text(value: Any) -> str | None:
 
 
 def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, Draft]:
-    draft = Draft()
     if not isinstance(data, dict):
-        return None, draft
+        return None, Draft()
+    draft = Draft(data)
     pools = _pools(data.get("pools"), where, draft)
     rules = _rules(data.get("rules"), where, draft, _pool_names(data), frozenset(draft.resources))
-    rebalance = _rebalance(data.get("rebalance"), where, draft)
-    paused = _paused_workers(data.get("paused-workers"), where, draft)
+    rebalance = draft.rebalance = _rebalance(data.get("rebalance"), where)
+    paused = draft.paused_workers = _paused_workers(data.get("paused-workers"), where)
     demand, demand_depends = _demand(data.get("demand"), where)
-    pressure = _memory_pressure(data.get("memory-pressure"), where, draft)
+    pressure = _memory_pressure(data.get("memory-pressure"), where)
     protect = _protect(data.get("protect"), where)
     spill = draft.spill = _spill(data.get("spill"))
     adaptive = draft.adaptive = _adaptive(data.get("adaptive"), where)
-    reduce = data.get("reduce-replicas", True)
-    enforcement = data.get("enforcement")
-    legacy = data.get("legacy-replicate", "honour")
     top = _read_section(data, (), where, {"reload-settle": ("reload_settle", _duration)})
     if where.has_errors:
         return None, draft
+    # Without errors, the schema vouches for the values of the top-level fields.
     ruleset = Ruleset(
         pools=pools,
         rules=tuple(rules),
         rebalance=rebalance,
         paused_workers=paused,
         memory_pressure=pressure,
-        reduce_replicas=reduce if isinstance(reduce, bool) else True,
-        legacy_replicate=legacy if legacy in LEGACY_REPLICATE_VALUES else "honour",
+        reduce_replicas=data.get("reduce-replicas", True),
+        legacy_replicate=data.get("legacy-replicate", "honour"),
         demand=demand,
         demand_depends=demand_depends,
         protect=protect,
@@ -132,16 +123,10 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
         adaptive=adaptive,
         source=source_name,
         version=1,
-        enforcement=enforcement if isinstance(enforcement, str) else "enforce",
+        enforcement=data.get("enforcement", "enforce"),
         **top,
     )
     return ruleset, draft
-
-
-def _enforcement(entry: dict[str, Any]) -> str | None:
-    """An entry's own ``enforcement`` (the schema checked its value), or None."""
-    value = entry.get("enforcement")
-    return value if isinstance(value, str) else None
 
 
 def _pool_names(data: dict[str, Any]) -> set[str] | None:
@@ -257,7 +242,7 @@ def _rules(
                 frozenset(compiled.depends),
                 _position(where, path),
                 compiled.conjuncts,
-                _enforcement(item),
+                item.get("enforcement"),
             )
         )
     return out
@@ -285,11 +270,8 @@ def _actions(
             ok &= _check_pools(fields[name], (*path, name), where, known)
     if not ok or where.reported_under(path):
         return None
-    try:
-        return parse_actions(fields, known_pools=None)
-    except ActionError as exc:  # not reached after the checks above; kept as a guard
-        where.add((*path, exc.field.split(".")[0]), str(exc), "bad-value")
-        return None
+    # The checks above and the schema leave parse_actions nothing to refuse.
+    return parse_actions(fields, known_pools=None)
 
 
 def _check_pools(value: Any, path: Path, where: Locator, known: set[str] | None) -> bool:
@@ -436,7 +418,7 @@ def _match(
     return frozenset(compiled.depends)
 
 
-# -- rebalance ----------------------------------------------------------------------
+# -- sections -----------------------------------------------------------------------
 
 #: A cool-down of 0 means none; a timeout of 0 would abandon every move before its copy
 #: could land.
@@ -451,24 +433,17 @@ _REBALANCE: dict[str, tuple[str, Reader]] = {
 }
 
 
-def _rebalance(section: Any, where: Locator, draft: Draft) -> RebalanceSettings:
+def _rebalance(section: Any, where: Locator) -> RebalanceSettings:
     if not isinstance(section, dict):
         return RebalanceSettings()
     kwargs = _read_section(section, ("rebalance",), where, _REBALANCE)
     # Writing the section turns rebalancing on unless it says `enabled: false`.
-    enabled = section.get("enabled", True)
-    kwargs["enabled"] = enabled if isinstance(enabled, bool) else True
+    kwargs["enabled"] = section.get("enabled", True)
     if isinstance(section.get("measure"), str):
         kwargs["measure"] = section["measure"]
     _match(section, ("rebalance",), where, kwargs)
-    kwargs["enforcement"] = _enforcement(section)
-    settings = RebalanceSettings(**kwargs)
-    draft.rebalance = settings
-    draft.rebalance_fields = frozenset(str(k) for k in section)
-    return settings
-
-
-# -- demand -------------------------------------------------------------------------
+    kwargs["enforcement"] = section.get("enforcement")
+    return RebalanceSettings(**kwargs)
 
 
 def _demand(section: Any, where: Locator) -> tuple[DemandSettings, frozenset[str]]:
@@ -480,8 +455,6 @@ def _demand(section: Any, where: Locator) -> tuple[DemandSettings, frozenset[str
     return DemandSettings(**kwargs), depends
 
 
-# -- protect ------------------------------------------------------------------------
-
 _PROTECT: dict[str, tuple[str, Reader]] = {
     "budget": ("budget", _budget),
     "min-recompute": ("min_recompute", _duration),
@@ -490,8 +463,7 @@ _PROTECT: dict[str, tuple[str, Reader]] = {
 
 
 def _protect(section: Any, where: Locator) -> ProtectSettings | None:
-    """The ``protect:`` section (None when the file has none). Shapes and ``copies``
-    were checked by the schema; the budget, ``min-recompute`` and match are here."""
+    """The ``protect:`` section (None when the file has none)."""
     if not isinstance(section, dict):
         return None
     kwargs = _read_section(section, ("protect",), where, _PROTECT)
@@ -502,22 +474,16 @@ def _protect(section: Any, where: Locator) -> ProtectSettings | None:
     return ProtectSettings(**kwargs)
 
 
-# -- spill --------------------------------------------------------------------------
-
-
 def _spill(section: Any) -> SpillSettings | None:
     """The ``spill:`` section (None when the file has none); the schema checked it."""
     if not isinstance(section, dict):
         return None
-    order = section.get("order", "value")
     return SpillSettings(
-        order=order if isinstance(order, str) else "value",
-        drop_copies=section.get("drop-copies") is True,
-        prefetch=section.get("prefetch") is True,
+        order=section.get("order", "value"),
+        drop_copies=section.get("drop-copies", False),
+        prefetch=section.get("prefetch", False),
     )
 
-
-# -- adaptive -----------------------------------------------------------------------
 
 _ADAPTIVE: dict[str, tuple[str, Reader]] = {
     "memory": ("memory", _shaped(bool)),
@@ -528,14 +494,11 @@ _ADAPTIVE: dict[str, tuple[str, Reader]] = {
 
 
 def _adaptive(section: Any, where: Locator) -> AdaptiveSettings | None:
-    """The ``adaptive:`` section (None when the file has none). Shapes were checked by
-    the schema; the headroom's bound and the disk rate's unit are checked here."""
+    """The ``adaptive:`` section (None when the file has none)."""
     if not isinstance(section, dict):
         return None
     return AdaptiveSettings(**_read_section(section, ("adaptive",), where, _ADAPTIVE))
 
-
-# -- paused-workers -----------------------------------------------------------------
 
 #: ``after: 0`` would act on every pause, however brief (a worker pauses routinely while
 #: it spills); a cool-down of 0 is none.
@@ -550,18 +513,12 @@ _PAUSED: dict[str, tuple[str, Reader]] = {
 }
 
 
-def _paused_workers(section: Any, where: Locator, draft: Draft) -> PausedWorkersSettings | None:
-    """The ``paused-workers`` section (None when the file has none). Shapes, the action
-    and ``max-concurrent`` were checked by the schema; units and bounds are checked here."""
+def _paused_workers(section: Any, where: Locator) -> PausedWorkersSettings | None:
+    """The ``paused-workers`` section (None when the file has none)."""
     if not isinstance(section, dict):
         return None
-    settings = PausedWorkersSettings(**_read_section(section, ("paused-workers",), where, _PAUSED))
-    draft.paused_workers = settings
-    draft.paused_workers_fields = frozenset(str(k) for k in section)
-    return settings
+    return PausedWorkersSettings(**_read_section(section, ("paused-workers",), where, _PAUSED))
 
-
-# -- memory-pressure ----------------------------------------------------------------
 
 #: A check interval of 0 would look at the workers on every turn of the event loop; holds
 #: without a bound could hold for ever.
@@ -579,17 +536,14 @@ _PRESSURE: dict[str, tuple[str, Reader]] = {
 }
 
 
-def _memory_pressure(section: Any, where: Locator, draft: Draft) -> MemoryPressureSettings | None:
-    """The ``memory-pressure`` section (None when the file has none). Shapes, the
-    measure and the saturation's bounds were checked by the schema; units, bounds and
-    how the fields fit together are checked here."""
+def _memory_pressure(section: Any, where: Locator) -> MemoryPressureSettings | None:
+    """The ``memory-pressure`` section (None when the file has none)."""
     if not isinstance(section, dict):
         return None
     kwargs = _read_section(section, ("memory-pressure",), where, _PRESSURE)
     _producers(section, where, kwargs)
     settings = MemoryPressureSettings(**kwargs)
     _pressure_consistency(section, settings, where)
-    draft.memory_pressure = settings
     return settings
 
 

@@ -126,8 +126,7 @@ class RulesError(ValueError):
         #: The text the diagnostics point into, when there is one (a report shows its
         #: lines, with a caret under each problem, as ``validate`` does).
         self.text = text
-        errors = [d for d in self.diagnostics if d.is_error] or self.diagnostics
-        super().__init__("\n".join(str(d) for d in errors))
+        super().__init__("\n".join(str(d) for d in self.errors or self.diagnostics))
 
     @property
     def errors(self) -> list[Diagnostic]:

@@ -20,7 +20,8 @@ import re
 from typing import Any
 
 from amm_rules.language.diagnostics import Diagnostic
-from amm_rules.language.yaml_source import YamlSource, split_lines
+from amm_rules.language.lint import ALL_WARNING_CODES
+from amm_rules.language.yaml_source import YamlSource, read_yaml, split_lines
 
 #: The directive, after a ``#`` that starts a comment (at the start of the line or
 #: after a space).
@@ -30,8 +31,6 @@ DIRECTIVE = re.compile(r"(?:^|\s)#\s*amm-rules:\s*disable\s*=\s*(?P<codes>[^\s#]
 def directives(text: str) -> dict[int, list[tuple[str, int]]]:
     """Line (1-based) -> the codes its directive names, each with its column."""
     out: dict[int, list[tuple[str, int]]] = {}
-    if "amm-rules:" not in text:
-        return out
     for row, line in enumerate(split_lines(text), start=1):
         m = DIRECTIVE.search(line)
         if m is None:
@@ -68,9 +67,7 @@ def entry_spans(source: YamlSource) -> list[tuple[int, int]]:
     return spans
 
 
-def apply(
-    diagnostics: list[Diagnostic], source: YamlSource, file: str, warning_codes: frozenset[str]
-) -> list[Diagnostic]:
+def apply(diagnostics: list[Diagnostic], source: YamlSource, file: str) -> list[Diagnostic]:
     """``diagnostics`` without the warnings that a directive silences, plus a
     ``bad-directive`` warning for each code a directive names that is not a warning's."""
     found = directives(source.text)
@@ -79,10 +76,10 @@ def apply(
     out = _kept(diagnostics, source, found)
     for line, codes in found.items():
         for code, column in codes:
-            if code not in warning_codes:
+            if code not in ALL_WARNING_CODES:
                 message = (
                     f"amm-rules: disable={code}: {code!r} is not a warning code; "
-                    f"only warnings can be disabled: {', '.join(sorted(warning_codes))}"
+                    f"only warnings can be disabled: {', '.join(sorted(ALL_WARNING_CODES))}"
                 )
                 end = column + len(code)
                 out.append(
@@ -94,8 +91,6 @@ def apply(
 def silence(results: list[Any]) -> None:
     """Drop from each checked file's diagnostics the warnings its directives silence
     (for warnings added after the check, such as ``validate --dump``'s)."""
-    from amm_rules.language.yaml_source import read_yaml
-
     for result in results:
         if result.text is None or "amm-rules:" not in result.text:
             continue

@@ -282,15 +282,12 @@ def parse_pools(value: Any, field: str, known: Collection[str] | None) -> tuple[
         raise ActionError(
             field, f"expected a pool name or a non-empty list of them, got {value!r}"
         )
-    out: list[str] = []
     for name in names:
         if not isinstance(name, str) or not POOL_NAME.match(name):
             raise ActionError(field, f"{name!r} is not a pool name")
         if known is not None and name not in known:
             raise ActionError(field, unknown_pool_message(name, known))
-        if name not in out:
-            out.append(name)
-    return tuple(out)
+    return tuple(dict.fromkeys(names))  # without repeats, in order
 
 
 def unknown_pool_message(name: str, known: Collection[str]) -> str:

@@ -2,49 +2,10 @@
 
 Each check reads the :class:`~amm_rules.language.build.Draft` (compiled entries and the
 constants their expressions fold to) and reports through a
-:class:`~amm_rules.language.locator.Locator` as warnings. What is detected,
-exactly (docs/rules.md lists the same):
-
-``shadowed-rule``
-    Every action field the rule sets is also set by an earlier rule whose match is
-    always true, or whose match is the same text (ignoring spaces outside quotes).
-    Such an earlier rule decides the field first for every key the later one matches.
-``never-matches``
-    The rule's match is always false.
-``pool-avoid-conflict``
-    A pool is named both in the rule's ``pool`` and its ``avoid``.
-``unsatisfiable-target``
-    The rule's own ``pool``/``avoid`` leave no worker that could hold its keys: every
-    pool in ``pool`` is also avoided, or every pool in ``pool`` has an always-false
-    expression, or a pool in ``avoid`` has an always-true expression.
-``replicate-move-never``
-    The keys of a rule get both a ``replicate`` target and ``move: never``: from the
-    rule itself, or from rules that certainly match the same keys (a rule whose match
-    is always true, or the same text) with no other rule deciding first. ``move: never``
-    wins: the engine leaves such keys alone, so the replication target is never held.
-    Reported once, on the later of the two rules.
-``inverted-thresholds``
-    In ``rebalance``, thresholds under which nothing can ever move: ``recipient-max``
-    is 0% (no worker is ever below it, so none receives); or ``sender-min`` is 100%
-    with a measure that Dask's workers never let reach the memory limit (every measure
-    but ``managed_total``, which counts bytes spilled to disk). The gap is measured
-    around the cluster mean and the thresholds are absolute floors and ceilings, so
-    ``recipient-max`` below ``sender-min`` (only the fullest send, only the emptiest
-    receive) and any gap up to 100% can work, and are not reported.
-``type-name``, ``resources-annotation``, ``regex-pattern``
-    Found by the expression checker (:mod:`amm_rules.language.expr.checker`): a type
-    name that looks misspelt, a match reading a resource as an annotation (the
-    ``resources`` annotation, or one named as a resource the pools read), a ``matches``
-    pattern written as a regular expression.
-``unused-pool``
-    A pool no rule names in ``pool`` or ``avoid``. (An ``amm`` annotation may still name
-    it at run time: silence the warning there with ``# amm-rules: disable=unused-pool``.)
-``never-acts``
-    In ``paused-workers``, settings under which no worker is ever restarted or retired
-    although the action asks for it: ``max-paused-fraction`` is 0% (one paused worker is
-    already more than 0% of the cluster, so the section only ever reports). In
-    ``adaptive``, ``memory`` and ``hold-rules`` both off: the section changes nothing
-    but the order in which workers leave.
+:class:`~amm_rules.language.locator.Locator` as warnings. What each code detects, and
+why only that, is the table of docs/rules.md ("Warnings"); the expression checker
+(:mod:`amm_rules.language.expr.checker`) finds ``type-name``, ``resources-annotation``
+and ``regex-pattern``.
 """
 
 from __future__ import annotations
@@ -251,29 +212,30 @@ def _pool_avoid(rule: RuleDraft, draft: Draft, where: Locator) -> None:
         )
 
 
-def _field(section: str, name: str, given: frozenset[str]) -> tuple[str, ...]:
+def _field(draft: Draft, section: str, name: str) -> tuple[str, ...]:
     """Where to warn about a field of a section: at the field if the file writes it,
     else at the section."""
-    return (section, name) if name in given else (section,)
+    written = draft.data.get(section)
+    return (section, name) if isinstance(written, dict) and name in written else (section,)
 
 
 def _thresholds(draft: Draft, where: Locator) -> None:
-    """``inverted-thresholds`` (the module docstring says which settings, and why only
-    those)."""
+    """``inverted-thresholds``: only settings under which nothing can ever move (the gap
+    is measured around the mean, so thresholds that are strict but work are not)."""
     settings = draft.rebalance
     if settings is None:
         return
     pct = format_fraction
     if settings.recipient_max <= 0:
         where.warn(
-            _field("rebalance", "recipient-max", draft.rebalance_fields),
+            _field(draft, "rebalance", "recipient-max"),
             f"recipient-max is {pct(settings.recipient_max)}: no worker is ever below it, "
             "so no worker receives and nothing is rebalanced",
             "inverted-thresholds",
         )
     if settings.sender_min >= 1 and settings.measure not in MEASURES_WITH_SPILLED:
         where.warn(
-            _field("rebalance", "sender-min", draft.rebalance_fields),
+            _field(draft, "rebalance", "sender-min"),
             f"sender-min is {pct(settings.sender_min)}: by measure '{settings.measure}' a "
             "worker would send only once it holds its whole memory limit, which Dask's "
             "workers do not reach (they pause at 80% and restart at 95%), so nothing is "
@@ -287,7 +249,7 @@ def _paused_workers(draft: Draft, where: Locator) -> None:
     if settings is None or settings.action == "report" or settings.max_paused_fraction > 0:
         return
     where.warn(
-        _field("paused-workers", "max-paused-fraction", draft.paused_workers_fields),
+        _field(draft, "paused-workers", "max-paused-fraction"),
         f"max-paused-fraction is 0%: one paused worker is already more than 0% of the "
         f"cluster, so no worker is ever {'restarted' if settings.action == 'restart' else 'retired'}"
         "; write 'action: report' if only reports are wanted",

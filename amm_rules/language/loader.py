@@ -240,9 +240,8 @@ def check_yaml_source(
     result = _check_data(source.data, where, filename, source.text)
     if "amm-rules:" in source.text:
         from amm_rules.language import directives
-        from amm_rules.language.lint import ALL_WARNING_CODES
 
-        kept = directives.apply(result.diagnostics, source, filename, ALL_WARNING_CODES)
+        kept = directives.apply(result.diagnostics, source, filename)
         result.diagnostics = sorted(kept, key=sort_key)
     return result
 

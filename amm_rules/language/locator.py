@@ -19,7 +19,7 @@ from yaml.nodes import CollectionNode, ScalarNode
 
 from amm_rules.language.diagnostics import Diagnostic, Severity
 from amm_rules.language.schema_check import Path, SchemaProblem, field_label
-from amm_rules.language.yaml_source import YamlSource
+from amm_rules.language.yaml_source import YamlSource, split_lines
 
 
 class Locator:
@@ -79,10 +79,13 @@ class Locator:
         *,
         severity: Severity = "error",
         at_key: bool = False,
+        span: tuple[int, int, int | None] | None = None,
     ) -> None:
-        line, column = self.position(path, at_key)
+        """A problem at ``path``: at its position (of its key, with ``at_key``), or at
+        ``span`` (line, column and end column) when known."""
+        line, column, end = span or (*self.position(path, at_key), None)
         self.diagnostics.append(
-            Diagnostic(self.file, line, column, severity, message, self.entry(path), code)
+            Diagnostic(self.file, line, column, severity, message, self.entry(path), code, end)
         )
         if severity == "error":
             self._mark(path)
@@ -113,26 +116,19 @@ class Locator:
         source = self.source
         node = source.values.get(path) if source is not None else None
         for problem in problems:
-            end_column = None
+            span = None
             if source is not None and isinstance(node, ScalarNode) and problem.line > 0:
                 line, column = expression_position(source, node, problem.line, problem.column)
+                end_column = None
                 if problem.end_column is not None and problem.end_column > problem.column:
                     end = expression_position(source, node, problem.line, problem.end_column)
                     if end[0] == line and end[1] > column:
                         end_column = end[1]
-            else:
-                line, column = self.position(path)
+                span = (line, column, end_column)
             message = f"{label}: {problem.message}" if label else problem.message
             if problem.code == "syntax" and isinstance(node, ScalarNode):
                 message += self._comment_hint(node)
-            entry = self.entry(path)
-            self.diagnostics.append(
-                Diagnostic(
-                    self.file, line, column, severity, message, entry, problem.code, end_column
-                )
-            )
-        if severity == "error":
-            self._mark(path)
+            self.add(path, message, problem.code, severity=severity, span=span)
 
     def _comment_hint(self, node: ScalarNode) -> str:
         """``"; YAML read ... as a comment: quote ..."`` when a plain (unquoted) value
@@ -140,7 +136,6 @@ class Locator:
         if node.style not in (None, "") or self.source is None:
             return ""
         from amm_rules.language.quoting import comment_hint
-        from amm_rules.language.yaml_source import split_lines
 
         lines = split_lines(self.source.text)
         row = node.end_mark.line

@@ -150,9 +150,7 @@ def _spans(values: list[str], census: Census, pattern: bool) -> str | None:
 
 
 def _resources(name: str, census: Census) -> str | None:
-    if not census.resources:
-        return None
-    if any(name in dict(r) for r in census.resources):
+    if not census.resources or any(name in dict(r) for r in census.resources):
         return None
     restriction, n = census.resources.most_common(1)[0]
     return _made_with(restriction, n, restriction[0][0], f"the rule reads task.resources.{name}; ")

@@ -126,8 +126,7 @@ def format_github(results: Sequence[CheckResult]) -> str:
             if d.line > 0:
                 props += [f"line={d.line}", f"col={d.column}"]
             props.append(f"title={_escape_property('amm-rules ' + d.code)}")
-            message = d.described()
-            out.append(f"::{d.severity} {','.join(props)}::{_escape_data(message)}")
+            out.append(f"::{d.severity} {','.join(props)}::{_escape_data(d.described())}")
     return "".join(line + "\n" for line in out)
 
 

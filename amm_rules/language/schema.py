@@ -44,7 +44,7 @@ _POOL_NAME = {
     "errorMessage": "a pool name is ASCII letters, digits, '_' and '-', starting with a letter or "
     "'_' (at most 64 characters)",
 }
-_COUNT = {"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS}
+_COUNT = {"title": "a number of copies", "type": "integer", "minimum": 1, "maximum": MAX_REPLICAS}
 #: ``all``: one copy on every eligible worker, following the workers as they come and go.
 _ALL = {
     "title": "'all'",
@@ -53,7 +53,7 @@ _ALL = {
     "errorMessage": "expected a number of copies, 'all' (every eligible worker) or a mapping "
     "with 'min' and/or 'max'",
 }
-_BOUND_ALL = {**_ALL, "errorMessage": "expected a number of copies or 'all'"}
+_BOUND = {"oneOf": [_COUNT, {**_ALL, "errorMessage": "expected a number of copies or 'all'"}]}
 _PERCENT = {
     "title": "percentage or fraction",
     "oneOf": [
@@ -103,6 +103,13 @@ _DURATION_TEXT = {
 }
 
 
+_ENABLED = {
+    "description": "Defaults to true when the section is present.",
+    "type": "boolean",
+    "default": True,
+}
+
+
 def _duration(*, positive: bool) -> dict[str, Any]:
     """A duration: text with a unit, or a number of seconds; at most one day, and more
     than 0 when ``positive`` (else 0 or more)."""
@@ -121,20 +128,14 @@ ACTION_PROPERTIES: dict[str, Any] = {
         "and leave) or {min, max}, where either bound may be 'all'. Without max, extra "
         "copies are never trimmed.",
         "oneOf": [
-            {"title": "a number of copies", **_COUNT},
+            _COUNT,
             _ALL,
             {
                 "title": "a mapping with 'min' and/or 'max'",
                 "type": "object",
                 "properties": {
-                    "min": {
-                        "description": "Add copies while there are fewer.",
-                        "oneOf": [{"title": "a number of copies", **_COUNT}, _BOUND_ALL],
-                    },
-                    "max": {
-                        "description": "Drop copies while there are more.",
-                        "oneOf": [{"title": "a number of copies", **_COUNT}, _BOUND_ALL],
-                    },
+                    "min": {"description": "Add copies while there are fewer.", **_BOUND},
+                    "max": {"description": "Drop copies while there are more.", **_BOUND},
                 },
                 "additionalProperties": False,
                 "minProperties": 1,
@@ -448,11 +449,7 @@ SCHEMA: dict[str, Any] = {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "enabled": {
-                    "description": "Defaults to true when the section is present.",
-                    "type": "boolean",
-                    "default": True,
-                },
+                "enabled": _ENABLED,
                 "measure": {
                     "description": "Which memory measure decides senders and recipients.",
                     "enum": list(MEASURES),
@@ -567,11 +564,7 @@ SCHEMA: dict[str, Any] = {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "enabled": {
-                    "description": "Defaults to true when the section is present.",
-                    "type": "boolean",
-                    "default": True,
-                },
+                "enabled": _ENABLED,
                 "measure": {
                     "description": "Which memory measure is compared with the thresholds.",
                     "enum": list(MEASURES),

@@ -1,12 +1,10 @@
 """Validation against :data:`amm_rules.language.schema.SCHEMA`, with messages for humans.
 
 jsonschema's own messages ("... is not valid under any of the given schemas") name
-validator keywords; this module rewrites the common ones (type, const, enum, required,
-additionalProperties, propertyNames, minimum/maximum, minItems, maxItems, uniqueItems,
-minProperties, minLength/maxLength, pattern, oneOf, anyOf) into sentences about the
+validator keywords; this module rewrites those the schema uses into sentences about the
 rules file, and says *where*: the path of the offending value, or of the offending key
-for unknown fields and bad pool names. :mod:`amm_rules.language.locator` turns paths into file
-positions.
+for unknown fields and bad pool names. :mod:`amm_rules.language.locator` turns paths into
+file positions.
 
 jsonschema is imported on first use, so that ``import amm_rules`` stays cheap.
 """
@@ -20,6 +18,7 @@ from typing import Any
 
 from amm_rules.language.fields import percent_meant, quoted_number
 from amm_rules.language.records import record
+from amm_rules.language.ruleset import ACTION_FIELDS
 from amm_rules.language.schema import SCHEMA
 from amm_rules.language.spelling import closest, did_you_mean
 
@@ -213,12 +212,8 @@ def _no_action(error: Any, path: Path) -> SchemaProblem:
 def _misspelt_action(error: Any) -> bool:
     """Case 4's exception: the rule has an unknown field whose nearest known name is an
     action field (``replicas: 2``). That field is the cause of "no action", and its own
-    problem says which action was meant."""
-    from amm_rules.language.ruleset import ACTION_FIELDS
-
+    problem says which action was meant. (``required`` fails only on a mapping.)"""
     rule = error.instance
-    if not isinstance(rule, dict):
-        return False
     known = list(_schema(error).get("properties", {}))
     return any(key not in known and closest(str(key), known) in ACTION_FIELDS for key in rule)
 
@@ -254,10 +249,8 @@ def _single_keyword(error: Any, path: Path, words: FileWords) -> list[SchemaProb
     schema = _schema(error)
     code = "bad-value"
     if kind == "type":
-        if "expression" in str(schema.get("title", "")):
-            expected = "an expression (text)"
-        else:
-            expected = _type_name(value)
+        expression = "expression" in str(schema.get("title", ""))
+        expected = "an expression (text)" if expression else _type_name(value)
         message = f"expected {expected}, got {describe(instance)}{_value_hint(error, path)}"
         code = "wrong-type"
     elif kind == "const" and path == ("version",):

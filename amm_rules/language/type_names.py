@@ -88,10 +88,7 @@ def names_of(name: str) -> tuple[str, ...]:
 
 def expand(names: Iterable[str]) -> frozenset[str]:
     """The names, each with its aliases."""
-    out: set[str] = set()
-    for name in names:
-        out.update(names_of(name))
-    return frozenset(out)
+    return frozenset(alias for name in names for alias in names_of(name))
 
 
 def public_name(name: str) -> str:

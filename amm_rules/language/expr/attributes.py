@@ -1,9 +1,9 @@
 """The attributes an expression can read, their value types, and their lookup.
 
-This registry is the single description of ``task.*`` (a rule's ``match``) and
-``worker.*`` (a pool): :mod:`amm_rules.language.expr.checker` resolves attribute nodes here,
+This registry is the single list of ``task.*`` (a rule's ``match``) and ``worker.*``
+(a pool) attributes: :mod:`amm_rules.language.expr.checker` resolves attribute nodes here,
 :mod:`amm_rules.language.expr.compiler` builds getters from the result, and the attribute
-tables in ``docs/expressions.md`` describe the same entries. The root names are those
+tables in ``docs/expressions.md`` say what each one means. The root names are those
 of :data:`amm_rules.language.ruleset.TASK_ATTRIBUTES` and :data:`~amm_rules.language.ruleset.WORKER_ATTRIBUTES`,
 i.e. the fields of :class:`~amm_rules.language.ruleset.TaskFacts` and
 :class:`~amm_rules.language.ruleset.WorkerFacts`.
@@ -72,8 +72,6 @@ class AttributeSpec:
     #: The root: a field of the facts object (``"nbytes"``, ``"resources"``).
     name: str
     type: ValueType
-    #: What it is, for the documentation.
-    description: str
     #: True for ``annotations`` and ``resources``: a mapping read by ``.NAME``.
     keyed: bool = False
     #: The value of a missing key of a keyed attribute.
@@ -94,107 +92,36 @@ ATTRIBUTES: dict[Context, dict[str, AttributeSpec]] = {
     "task": {
         spec.name: spec
         for spec in (
-            _task("key", _T.STRING, "the key, as a string"),
-            _task("prefix", _T.STRING, "the key prefix, e.g. 'read_parquet'"),
-            _task("group", _T.STRING, "the task group name"),
-            _task(
-                "type",
-                _T.STRING,
-                "fully qualified type name of the result, e.g. 'pandas.DataFrame'; a public "
-                "name and its module path both match (see the type names); null while unknown",
-            ),
-            _task("nbytes", _T.SIZE, "size of the result"),
-            _task("replicas", _T.COUNT, "how many workers hold the result"),
-            _task(
-                "waiters",
-                _T.COUNT,
-                "how many dependents still to run will read the result (waiting, queued or "
-                "processing); current as they finish",
-            ),
-            _task(
-                "reads",
-                _T.COUNT,
-                "how many dependents have finished reading the result since it entered memory",
-            ),
-            _task(
-                "annotations",
-                _T.ANY,
-                "the annotation NAME (more names read nested mappings: "
-                "task.annotations.a.b); null if not set",
-                keyed=True,
-                nested=True,
-            ),
-            _task(
-                "resources",
-                _T.NUMBER,
-                "the amount of resource NAME the task that made the key asked for (its "
-                "resource restriction, as resources= sets it); 0 if none",
-                keyed=True,
-                default=0,
-            ),
-            _task(
-                "span",
-                _T.STRING,
-                "the key's span, its names joined by '/' (e.g. 'etl/load'); 'default' "
-                "outside any span",
-            ),
-            _task(
-                "span_done",
-                _T.BOOL,
-                "true once the key's span (with its sub-spans) has no task left to run",
-            ),
-            _task(
-                "prefix_tasks",
-                _T.COUNT,
-                "tasks of the key's prefix finished so far; null before the first",
-            ),
-            _task(
-                "prefix_produced_per_task",
-                _T.SIZE,
-                "bytes a task of the key's prefix produced, on average; null before the first",
-            ),
-            _task(
-                "prefix_freed_by_per_task",
-                _T.SIZE,
-                "bytes of inputs released because a task of the key's prefix finished, on "
-                "average; null before the first",
-            ),
-            _task(
-                "prefix_net_per_task",
-                _T.SIZE,
-                "produced minus freed-by per task of the key's prefix (negative for kinds "
-                "that free more than they make); null before the first",
-            ),
-            _task(
-                "recompute_seconds",
-                _T.DURATION,
-                "compute seconds the scheduler would spend to bring the key back if every "
-                "copy were lost (its task group's measured time per task plus the ancestors "
-                "no longer in memory); null while unknown",
-            ),
+            _task("key", _T.STRING),
+            _task("prefix", _T.STRING),
+            _task("group", _T.STRING),
+            _task("type", _T.STRING),
+            _task("nbytes", _T.SIZE),
+            _task("replicas", _T.COUNT),
+            _task("waiters", _T.COUNT),
+            _task("reads", _T.COUNT),
+            _task("annotations", _T.ANY, keyed=True, nested=True),
+            _task("resources", _T.NUMBER, keyed=True, default=0),
+            _task("span", _T.STRING),
+            _task("span_done", _T.BOOL),
+            _task("prefix_tasks", _T.COUNT),
+            _task("prefix_produced_per_task", _T.SIZE),
+            _task("prefix_freed_by_per_task", _T.SIZE),
+            _task("prefix_net_per_task", _T.SIZE),
+            _task("recompute_seconds", _T.DURATION),
         )
     },
     "worker": {
         spec.name: spec
         for spec in (
-            _worker("address", _T.STRING, "the address, e.g. 'tcp://10.0.0.1:4567'"),
-            _worker("name", _T.STRING, "the worker's name, as a string"),
-            _worker("host", _T.STRING, "the host part of the address"),
-            _worker(
-                "resources",
-                _T.NUMBER,
-                "the amount of resource NAME; 0 if not set",
-                keyed=True,
-                default=0,
-            ),
-            _worker("memory_limit", _T.SIZE, "the memory limit"),
-            _worker("nthreads", _T.COUNT, "number of threads"),
-            _worker("memory", _T.SIZE, "memory in use, by the configured measure"),
-            _worker(
-                "memory_fraction",
-                _T.FRACTION,
-                "memory in use, as a fraction of the limit",
-            ),
+            _worker("address", _T.STRING),
+            _worker("name", _T.STRING),
+            _worker("host", _T.STRING),
+            _worker("resources", _T.NUMBER, keyed=True, default=0),
+            _worker("memory_limit", _T.SIZE),
+            _worker("nthreads", _T.COUNT),
+            _worker("memory", _T.SIZE),
+            _worker("memory_fraction", _T.FRACTION),
         )
     },
 }
@@ -283,10 +210,6 @@ def _unknown_root(node: Attribute, context: Context) -> Problem:
     if len(node.parts) == 1:
         # A bare word: a forgotten prefix, a forgotten quote, or a literal from
         # another language.
-        if root in ATTRIBUTES[context]:
-            return problem_at(
-                span, UNKNOWN_ATTRIBUTE, f"unknown name {root!r}; did you mean '{context}.{root}'?"
-            )
         if root in ("null", "None", "nil", "none", "NULL"):
             return problem_at(
                 span,
@@ -295,11 +218,13 @@ def _unknown_root(node: Attribute, context: Context) -> Problem:
                 f"test for a value with the attribute alone, e.g. 'not {context}."
                 f"{'annotations.NAME' if context == 'task' else 'resources.NAME'}'",
             )
-        if root in ("True", "False", "TRUE", "FALSE"):
-            return problem_at(
-                span, UNKNOWN_ATTRIBUTE, f"unknown name {root!r}; did you mean {root.lower()!r}?"
-            )
-        hint = closest(root, ("task", "worker"), ignore_case=True)
+        hint: str | None
+        if root in ATTRIBUTES[context]:
+            hint = f"{context}.{root}"
+        elif root in ("True", "False", "TRUE", "FALSE"):
+            hint = root.lower()
+        else:
+            hint = closest(root, CONTEXTS, ignore_case=True)
         if hint:
             return problem_at(
                 span, UNKNOWN_ATTRIBUTE, f"unknown name {root!r}; did you mean {hint!r}?"

@@ -2,9 +2,9 @@
 
 Runs after :mod:`amm_rules.language.expr.parser` and before :mod:`amm_rules.language.expr.compiler`.
 It walks the whole tree and collects every problem (one bad operand does not hide
-another), then hands the compiler what it learnt: the type of every node, the
-registry entry of every attribute (:mod:`amm_rules.language.expr.attributes`) and the
-precompiled matcher of every literal glob pattern (:mod:`amm_rules.language.expr.glob`).
+another), then hands the compiler what it learnt: the registry entry of every attribute
+(:mod:`amm_rules.language.expr.attributes`) and the precompiled matcher of every literal
+glob pattern (:mod:`amm_rules.language.expr.glob`).
 
 The typing rules, in short: numbers fit any numeric type, but sizes, counts,
 fractions and durations do not fit each other; strings fit strings; ``true``/``false`` fit each
@@ -60,7 +60,6 @@ class Checked:
     """What the checker learnt, keyed by ``id()`` of the AST nodes (the tree is alive
     for as long as this is used)."""
 
-    types: dict[int, ValueType] = field(default_factory=dict)
     attributes: dict[int, Resolved] = field(default_factory=dict)
     patterns: dict[int, Matcher] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
@@ -107,20 +106,17 @@ class _Checker:
             # Any attribute may stand alone: it is tested for truth (0, "" and null
             # are false), as in 'not worker.resources.GPU'.
             self.value(node)
-            return
-        if isinstance(node, (ast.Literal, ast.ListLiteral)):
+        elif isinstance(node, (ast.Literal, ast.ListLiteral)):
             kind = self.value(node)
             if kind not in (ValueType.BOOL, ValueType.ERROR):
                 self._not_a_condition(node, kind)
-            return
-        if isinstance(node, (ast.And, ast.Or)):
+        elif isinstance(node, (ast.And, ast.Or)):
             for operand in node.operands:
                 self.condition(operand)
         elif isinstance(node, ast.Not):
             self.condition(node.operand)
         else:
             self.compare(node)
-        self.result.types[id(node)] = ValueType.BOOL
 
     def value(self, node: ast.Node) -> ValueType:
         """The type of ``node`` used as an operand of a comparison."""
@@ -128,32 +124,26 @@ class _Checker:
             resolved = resolve(node, self.context)
             if isinstance(resolved, Problem):
                 self.result.problems.append(resolved)
-                kind = ValueType.ERROR
-            else:
-                self.result.attributes[id(node)] = resolved
-                kind = resolved.spec.type
-                if resolved.spec.name == "resources" and resolved.key is not None:
-                    self.result.resources.add(resolved.key)
-                elif resolved.spec.name == "annotations" and resolved.key == "resources":
-                    self._resources_annotation(node, resolved.path[0] if resolved.path else "GPU")
-                elif (
-                    resolved.spec.name == "annotations"
-                    and resolved.key is not None
-                    and resolved.key.casefold() in self.resources
-                ):
-                    written = self.resources[resolved.key.casefold()]
-                    self._resources_annotation(node, written or resolved.key)
-        elif isinstance(node, ast.Literal):
-            kind = _LITERAL_TYPES[node.kind]
-        elif isinstance(node, ast.ListLiteral):
-            for item in node.items:
-                self.result.types[id(item)] = _LITERAL_TYPES[item.kind]
-            kind = ValueType.LIST
-        else:
-            self.condition(node)
-            kind = ValueType.BOOL
-        self.result.types[id(node)] = kind
-        return kind
+                return ValueType.ERROR
+            self.result.attributes[id(node)] = resolved
+            if resolved.spec.name == "resources" and resolved.key is not None:
+                self.result.resources.add(resolved.key)
+            elif resolved.spec.name == "annotations" and resolved.key == "resources":
+                self._resources_annotation(node, resolved.path[0] if resolved.path else "GPU")
+            elif (
+                resolved.spec.name == "annotations"
+                and resolved.key is not None
+                and resolved.key.casefold() in self.resources
+            ):
+                written = self.resources[resolved.key.casefold()]
+                self._resources_annotation(node, written or resolved.key)
+            return resolved.spec.type
+        if isinstance(node, ast.Literal):
+            return _LITERAL_TYPES[node.kind]
+        if isinstance(node, ast.ListLiteral):
+            return ValueType.LIST
+        self.condition(node)
+        return ValueType.BOOL
 
     # -- comparisons -----------------------------------------------------------------
 
@@ -252,33 +242,20 @@ class _Checker:
                 continue
             literals = other.items if isinstance(other, ast.ListLiteral) else (other,)
             for literal in literals:
-                if not isinstance(literal, ast.Literal) or not isinstance(literal.value, str):
+                value = literal.value if isinstance(literal, ast.Literal) else None
+                if not isinstance(value, str):
                     continue
                 if name == "span":
-                    self._span_literal(literal, node.op == "matches")
-                elif node.op != "matches":
-                    self._type_literal(literal)
-
-    def _type_literal(self, literal: ast.Literal) -> None:
-        value = literal.value
-        assert isinstance(value, str)
-        hint = misspelt(value)
-        if hint is None:
-            return
-        self._warn(
-            literal,
-            f"no type is recorded as {value!r}; did you mean {hint!r}? (the type "
-            "names in docs/expressions.md match whichever name a release records)",
-            TYPE_NAME,
-        )
-
-    def _span_literal(self, literal: ast.Literal, pattern: bool) -> None:
-        value = literal.value
-        assert isinstance(value, str)
-        why = span_problem(value, pattern)
-        if why is None:
-            return
-        self.result.problems.append(problem_at(literal.span, BAD_LITERAL, why))
+                    why = span_problem(value, node.op == "matches")
+                    if why is not None:
+                        self.result.problems.append(problem_at(literal.span, BAD_LITERAL, why))
+                elif node.op != "matches" and (hint := misspelt(value)) is not None:
+                    self._warn(
+                        literal,
+                        f"no type is recorded as {value!r}; did you mean {hint!r}? (the type "
+                        "names in docs/expressions.md match whichever name a release records)",
+                        TYPE_NAME,
+                    )
 
     def _regex(self, pattern: ast.Literal) -> None:
         """A ``matches`` pattern that reads as a regular expression: say so, with the

@@ -9,16 +9,9 @@ subexpressions are folded, ``in`` with a literal list becomes a frozenset lookup
 is one ``attrgetter`` call (plus one ``.get`` for annotations and resources). No
 closure builds a dict or a list per call. Nothing here uses ``eval``/``exec``.
 
-Run-time semantics (documented in ``docs/expressions.md``):
-
-- A comparison with null (a missing annotation, an unknown ``task.type``) is false,
-  whatever the operator, ``!=`` and ``not in`` included.
-- For annotations, a value whose kind (string, number, true/false) does not fit the
-  other operand makes the comparison false rather than raising.
-- An attribute used alone as a condition is tested for truth: 0, "" and null are false.
-- ``task.type`` compares type names through the table of
-  :mod:`amm_rules.language.type_names`: a public name and its module path are equal
-  (``==``, ``in``), and a pattern matches a type if it matches any of its names.
+Run-time semantics are docs/expressions.md's ("Null and annotations", "Type names"): a
+comparison with null, or with an annotation of another kind, is false and never raises;
+``task.type`` compares names through :mod:`amm_rules.language.type_names`.
 """
 
 from __future__ import annotations
@@ -171,7 +164,9 @@ class _Compiler:
         return self.condition(node)
 
     def _is_any(self, node: ast.Node) -> bool:
-        return self.checked.types.get(id(node)) is ValueType.ANY
+        """Is ``node`` an annotation (its type known only at run time)?"""
+        resolved = self.checked.attributes.get(id(node))
+        return resolved is not None and resolved.spec.type is ValueType.ANY
 
     def _is_type(self, node: ast.Node) -> bool:
         """Is ``node`` ``task.type`` (compared through the table of type names)?"""
@@ -269,9 +264,8 @@ class _Compiler:
                 )
             return Code(lambda f: get(f) in members, depends=depends)
         # An annotation: only items of the value's own kind can match it.
-        by_kind: dict[str | None, frozenset[Any]] = {}
-        for kind in {kind_of(x) for x in items}:
-            by_kind[kind] = frozenset(x for x in items if kind_of(x) is kind)
+        kinds = {kind_of(x) for x in items}
+        by_kind = {kind: frozenset(x for x in items if kind_of(x) is kind) for kind in kinds}
         if negate and not items:
             fn: Fn = lambda f: kind_of(get(f)) is not None  # noqa: E731
         elif negate:

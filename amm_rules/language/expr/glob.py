@@ -239,16 +239,9 @@ def _match(segments: list[Segment], widths: list[int], text: str) -> bool:
 
 # -- a regular expression written where a glob is read ---------------------------------------
 
-#: Escapes of a regular expression and what a glob writes for them (None: no glob can).
-_REGEX_ESCAPES: dict[str, str | None] = {
-    "d": "[0-9]",
-    "w": None,
-    "s": None,
-    "D": None,
-    "W": None,
-    "S": None,
-    "b": None,
-}
+#: Escapes of a regular expression that no glob can write (``\d`` is ``[0-9]``; any other
+#: escaped character is itself).
+_CLASS_ESCAPES = frozenset("wsDWSb")
 
 
 def regex_meant(pattern: str) -> tuple[bool, str | None]:
@@ -286,15 +279,9 @@ def _glob_of(regex: str) -> str | None:
         ch = text[i]
         nxt = text[i + 1] if i + 1 < n else ""
         if ch == "\\":
-            if not nxt:
+            if not nxt or nxt in _CLASS_ESCAPES:
                 return None
-            if nxt in _REGEX_ESCAPES:
-                glob = _REGEX_ESCAPES[nxt]
-                if glob is None:
-                    return None
-                out.append(glob)
-            else:
-                out.append(_literal(nxt))
+            out.append("[0-9]" if nxt == "d" else _literal(nxt))
             i += 2
         elif ch == ".":
             if nxt in ("*", "+"):  # ".+": at least one character; "*" is what is meant
