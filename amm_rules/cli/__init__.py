@@ -272,9 +272,13 @@ def simulate(
 
     try:
         seconds = _duration(None, None, deadline)
+    except click.BadParameter as exc:
+        exc.param_hint = "'--deadline'"
+        raise
+    try:
         per_second = parse_rate(rate)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--deadline' / '--rate'") from None
+        raise click.BadParameter(str(exc), param_hint="'--rate'") from None
 
     sys.exit(
         run(

@@ -74,17 +74,18 @@ class Diagnostic:
 #: Entries named ``SECTION.NAME`` in :attr:`Diagnostic.rule`, and what each is called
 #: (rules files have pools; the test files of ``amm-rules test`` cases and workers).
 _ENTRIES = {"pools.": "pool", "cases.": "case", "workers.": "worker"}
-#: Top-level entries named as ``section 'NAME'`` in messages.
-SECTIONS = (
+#: The sections of a rules file whose problems say ``(in section 'NAME')``.
+FILE_SECTIONS = (
     "rebalance",
     "paused-workers",
     "memory-pressure",
     "demand",
-    "pools",
-    "rules",
-    "version",
-    "reduce-replicas",
+    "protect",
+    "spill",
+    "adaptive",
 )
+#: Top-level entries named as ``section 'NAME'`` in messages.
+SECTIONS = (*FILE_SECTIONS, "pools", "rules", "version", "reduce-replicas")
 
 
 def _context(rule: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 from yaml.nodes import CollectionNode, ScalarNode
 
-from amm_rules.language.diagnostics import Diagnostic, Severity
+from amm_rules.language.diagnostics import FILE_SECTIONS, Diagnostic, Severity
 from amm_rules.language.schema_check import Path, SchemaProblem, field_label
 from amm_rules.language.yaml_source import YamlSource, split_lines
 
@@ -65,7 +65,7 @@ class Locator:
             return name if isinstance(name, str) and name else f"#{path[1] + 1}"
         if len(path) >= 2 and path[0] == "pools":
             return f"pools.{path[1]}"
-        if path and path[0] in ("rebalance", "paused-workers", "demand", "memory-pressure"):
+        if path and path[0] in FILE_SECTIONS:
             return str(path[0])
         return None
 

@@ -35,7 +35,6 @@ SCHEDULER_DUMP_EXCLUDE = (
     "transfer_incoming_log",
     "transfer_outgoing_log",
     "events",
-    "task_groups",
 )
 
 

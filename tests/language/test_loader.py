@@ -181,6 +181,29 @@ def test_load_ruleset_raises_with_every_error(tmp_path: Path) -> None:
     assert str(info.value).splitlines()[0].startswith(f"{path}:4:17: error: ")
 
 
+def test_every_section_of_the_file_names_its_problems(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(
+        "version: 1\nspill:\n  order: mru\nprotect:\n  budget: lots\n"
+        "adaptive:\n  headroom: 300%\nrebalance:\n  gap: 3\nrules: []\n"
+    )
+    with pytest.raises(RulesError) as info:
+        load_ruleset(path)
+    assert [(d.line, d.rule) for d in info.value.errors] == [
+        (3, "spill"),
+        (5, "protect"),
+        (7, "adaptive"),
+        (9, "rebalance"),
+    ]
+    lines = [line for line in str(info.value).splitlines() if ": error: " in line]
+    assert [line.rsplit(" (in ", 1)[-1] for line in lines] == [
+        "section 'spill')",
+        "section 'protect')",
+        "section 'adaptive')",
+        "section 'rebalance')",
+    ]
+
+
 def test_load_ruleset_filename_and_types(tmp_path: Path) -> None:
     path = tmp_path / "r.yaml"
     path.write_text("version: 2\n")

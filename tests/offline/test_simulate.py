@@ -20,6 +20,7 @@ from amm_rules.cli import main
 from amm_rules.engine.policy import RulesPolicy
 from amm_rules.language.loader import load_ruleset
 from amm_rules.observe.conformance import STATES
+from amm_rules.offline.commands import read_scheduler
 from amm_rules.offline.dump import read_dump
 from amm_rules.offline.report import rules_section
 from amm_rules.offline.sim_cluster import SimCluster
@@ -316,6 +317,11 @@ def test_a_running_scheduler_as_the_source(tmp_path) -> None:
         assert Counter(a["rule"] for a in report["actions"]) == {"two": 4}
         # Nothing was enacted on the real cluster.
         assert all(len(ts.who_has) == 1 for ts in cluster.scheduler.tasks.values())
+        # The task groups come with the state (the recompute estimates and protect read
+        # them), as they do from a dump the user wrote.
+        state = read_scheduler(cluster.scheduler_address, 64 * 2**20)
+        group = state.groups["inc"]
+        assert group.states["memory"] == 4 and group.compute > 0
     with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
         status, output = cli("simulate", str(rules), "--scheduler", "tcp://127.0.0.1:1")
     assert status == 1 and "cannot reach the scheduler at tcp://127.0.0.1:1" in output

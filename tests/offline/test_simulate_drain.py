@@ -48,8 +48,12 @@ def test_a_fast_enough_link_saves_it() -> None:
 
 
 def test_bad_drain_arguments_are_usage_errors() -> None:
-    assert run("--drain", "gpu-1", "--rate", "fast").exit_code == 2
-    assert run("--drain", "gpu-1", "--deadline", "0s").exit_code == 2
+    rate = run("--drain", "gpu-1", "--rate", "fast")
+    assert rate.exit_code == 2 and "Invalid value for '--rate'" in rate.output
+    for deadline in ("0s", "soon"):
+        result = run("--drain", "gpu-1", "--deadline", deadline)
+        # The option is named whichever way its value is wrong.
+        assert result.exit_code == 2 and "Invalid value for '--deadline'" in result.output
     result = run("--drain", "nobody")
     assert result.exit_code == 2 and "--drain nobody: no worker" in result.output
     assert run("--drain", "gpu-1", "--kill", "cpu-1").exit_code == 2
