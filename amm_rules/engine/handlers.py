@@ -357,6 +357,13 @@ class EngineAnswers:
     def explain(
         self, keys: list[Hashable], unmet: bool = False, rule: Any = None, limit: Any = 10
     ) -> Explanation:
+        if unmet or rule is not None:
+            # Choosing the unmet keys (of a rule) is the observer's conformance: without
+            # it, say so rather than explain the keys given (usually none).
+            raise ValueError(
+                "explaining the unmet keys needs amm_rules.observe, which this scheduler "
+                "could not load (its log says why); name the keys to explain instead"
+            )
         ctx = self.ctx
         cluster = ctx.cluster_view()
         now = time.monotonic()

@@ -53,3 +53,20 @@ def test_a_policy_is_observed_once_attached(name: str) -> None:
         assert scraped is None or policy not in scraped.policies
 
     check()
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config=amm_config())
+async def test_without_the_observer_explain_of_unmet_keys_is_refused(c, s, a) -> None:
+    from amm_rules.engine.handlers import REFUSED, EngineAnswers
+
+    policy = policy_of(s)
+    # The engine's own answers, as when the observer cannot be loaded.
+    policy.handlers.answers = EngineAnswers(policy.ctx, policy.sections)
+    x = c.submit(int, 7, key="x-1")
+    await x
+    for asked in ({"unmet": True}, {"rule": "two"}):
+        answer = await c.scheduler.amm_rules_explain(**asked)
+        assert "needs amm_rules.observe" in answer[REFUSED], asked
+    answer = await c.scheduler.amm_rules_explain(keys=["x-1"])
+    assert set(answer) == {"x-1"}
+    assert "conformance" not in await c.scheduler.amm_rules_status()
