@@ -119,6 +119,17 @@ def shown_keys(keys: Iterable[Hashable]) -> list[str]:
     return [key_string(k) for k in list(keys)[:KEYS_SHOWN]]
 
 
+def blocked_fields(stuck: Mapping[Hashable, tuple[str, str]]) -> dict[str, Any]:
+    """An event's words for the keys that keep a worker from leaving (``stuck``: key ->
+    (why, rule)): the first keys, their count, the rules and the reasons, sorted."""
+    return {
+        "keys": shown_keys(stuck),
+        "count": len(stuck),
+        "rules": sorted({rule for _, rule in stuck.values()}),
+        "why": sorted({why for why, _ in stuck.values()}),
+    }
+
+
 # -- the order of value of a worker's keys ------------------------------------------
 
 

@@ -39,9 +39,9 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from amm_rules.engine.adapters import worker_status
 from amm_rules.engine.decide.evacuate import Evacuation, plan_evacuation
 from amm_rules.engine.evacuation import (
+    blocked_fields,
     evacuation_input,
     record_copy,
-    shown_keys,
     suggest_copies,
 )
 from amm_rules.engine.features import RESTART_WORKERS, RETIRING, Feature
@@ -495,28 +495,19 @@ class PausedWorkers(Section):
         self._unhandle(h.address)
         self.retry[h.address] = now + settings.after
         stuck = self.stuck[h.address] = blocked_by(plan)
-        rules = sorted({rule for _, rule in stuck.values()})
-        whys = sorted({why for why, _ in stuck.values()})
+        blocked = blocked_fields(stuck)
+        whys = "; ".join(blocked["why"])
         self.counters["blocked"] += 1
-        self._note(h.address, "blocked", "; ".join(whys))
+        self._note(h.address, "blocked", whys)
         logger.warning(
             "amm-rules: not %s paused worker %s: %d keys may not go elsewhere (%s; %s)",
             "restarting" if h.action == "restart" else "retiring",
             h.address,
             len(stuck),
-            "; ".join(whys),
-            ", ".join(rules),
+            whys,
+            ", ".join(blocked["rules"]),
         )
-        self._emit(
-            "blocked",
-            h.address,
-            name=h.name,
-            keys=shown_keys(stuck),
-            count=len(stuck),
-            rules=rules,
-            why=whys,
-            retry_in=settings.after,
-        )
+        self._emit("blocked", h.address, name=h.name, **blocked, retry_in=settings.after)
 
     def _finish(self, h: Handling) -> None:
         """Every key is held elsewhere: retire (and restart) without blocking the cycle."""

@@ -46,6 +46,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from amm_rules.engine.decide.evacuate import Evacuation, needed_copies, plan_evacuation
 from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.engine.evacuation import (
+    blocked_fields,
     dry_run_keys,
     evacuation_input,
     record_copy,
@@ -248,26 +249,17 @@ class Retirements(Section):
         rw.manager.policies.discard(rw)
         self.counters["blocked"] += 1
         self.forget(ws.address)
-        rules = sorted({s.rule for s in plan.stuck})
-        whys = sorted({s.why for s in plan.stuck})
+        blocked = blocked_fields({s.key: (s.why, s.rule) for s in plan.stuck})
         logger.warning(
             "amm-rules: not retiring %s: %d keys held only there may not go elsewhere "
             "(%s; rules %s), e.g. %s",
             ws.address,
-            len(plan.stuck),
-            "; ".join(whys),
-            ", ".join(rules),
-            shown_keys(s.key for s in plan.stuck)[:3],
+            blocked["count"],
+            "; ".join(blocked["why"]),
+            ", ".join(blocked["rules"]),
+            blocked["keys"][:3],
         )
-        ctx.events.emit(
-            "retirement",
-            step="blocked",
-            worker=ws.address,
-            keys=shown_keys(s.key for s in plan.stuck),
-            count=len(plan.stuck),
-            rules=rules,
-            why=whys,
-        )
+        ctx.events.emit("retirement", step="blocked", worker=ws.address, **blocked)
 
     def _remember_needs(self, address: str, views: list[KeyView], cluster: ClusterView) -> None:
         needs: dict[Hashable, tuple[int, frozenset[str] | None]] = {}
