@@ -181,6 +181,19 @@ class EngineContext:
         if all(p is not hooks for p in scheduler.plugins.values()):
             scheduler.add_plugin(hooks, name=f"amm-rules-{id(hooks)}", idempotent=True)
 
+    def plug(self, plugin: Any, name: str, wanted: bool) -> None:
+        """Make ``plugin`` a member of the engine's scheduler plugin (:meth:`add_plugin`)
+        while ``wanted`` (a section's part that hears the scheduler only while the rules
+        have the section: the scheduler calls its plugins on every transition), and
+        remove it when not; nothing before attach."""
+        if not self.attached:
+            return
+        plugged = plugin in self.hooks
+        if wanted and not plugged:
+            self.add_plugin(plugin, name)
+        elif not wanted and plugged:
+            self.remove_plugin(plugin)
+
     def remove_plugin(self, plugin: Any) -> None:
         """Stop ``plugin`` hearing the scheduler (nothing if it does not); the engine's
         plugin leaves the scheduler's with its last member."""

@@ -141,16 +141,8 @@ class MemoryPressure(Section, SchedulerPlugin):
         self.base = float(self.ctx.scheduler.WORKER_SATURATION)
 
     def _plug(self) -> None:
-        """Hear graphs arrive (a member of the engine's scheduler plugin) only while
-        the rules have a section."""
-        ctx = self.ctx
-        if not ctx.attached:
-            return
-        plugged = self in ctx.hooks
-        if self.settings is not None and not plugged:
-            ctx.add_plugin(self, CALLBACK)
-        elif self.settings is None and plugged:
-            ctx.remove_plugin(self)
+        """Hear graphs arrive only while the rules have a section."""
+        self.ctx.plug(self, CALLBACK, self.settings is not None)
 
     def detach(self) -> None:
         """Put the scheduler's saturation back and stop looking."""

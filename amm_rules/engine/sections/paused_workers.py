@@ -234,20 +234,13 @@ class PausedWorkers(Section):
         self._plug()
 
     def _plug(self) -> None:
-        """Keep the pause clock among the scheduler's plugins only while the rules have
-        a section (the scheduler calls every plugin on every transition; the clock
-        needs only the status events). Pauses that began before it was plugged in are
+        """Keep the pause clock plugged in only while the rules have a section
+        (:meth:`EngineContext.plug`). Pauses that began before it was plugged in are
         found by :meth:`PauseClock.reconcile` at the next cycle; restarts and
         retirements still running keep it plugged in (it cancels them if the scheduler
         closes first)."""
-        ctx = self.ctx
-        if not ctx.attached:
-            return
-        plugged = self.clock in ctx.hooks
-        if self.settings is not None and not plugged:
-            ctx.add_plugin(self.clock, "amm-rules-pause-clock")
-        elif self.settings is None and plugged and not self.tasks:
-            ctx.remove_plugin(self.clock)
+        if self.settings is not None or not self.tasks:
+            self.ctx.plug(self.clock, PauseClock.name, self.settings is not None)
 
     def detach(self) -> None:
         self.ctx.remove_plugin(self.clock)
