@@ -16,8 +16,9 @@ Neighbours: :mod:`amm_rules.engine.sections` runs the cycle;
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -155,3 +156,12 @@ class Section:
         ``cycle`` event (kept since the last one: flows add up, states are the
         latest); True if they are work worth an event. Asked after every cycle."""
         return False
+
+
+def spawn(tasks: set[asyncio.Future[Any]], coro: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
+    """Run ``coro`` without waiting for it, in ``tasks`` until it ends (what a section
+    cancels when it leaves)."""
+    task = asyncio.ensure_future(coro)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+    return task

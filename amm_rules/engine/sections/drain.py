@@ -49,7 +49,7 @@ from amm_rules.engine.drain_request import (
     resolve_workers,
 )
 from amm_rules.engine.evacuation import evacuation_input, rank_views
-from amm_rules.engine.sections.base import Section
+from amm_rules.engine.sections.base import Section, spawn
 from amm_rules.engine.state.drain import Drain
 from amm_rules.engine.state.leaving import Departure, retirement_owner
 from amm_rules.engine.state.transfer import TransferMeter
@@ -186,7 +186,7 @@ class DrainSection(Section):
             leaving = set(ctx.leaving())
             for d in new:
                 self._first_prediction(d, leaving, now)
-            self._spawn(self._retire([d.address for d in new], close))
+            spawn(self._tasks, self._retire([d.address for d in new], close))
             self._ensure_ticker()
         return self.report(addresses)
 
@@ -238,12 +238,6 @@ class DrainSection(Section):
         except Exception as exc:  # never let a drain take anything else down
             logger.exception("amm-rules: retiring drained workers %s failed", addresses)
             ctx.events.emit("drain", step="failed", workers=addresses, error=repr(exc))
-
-    def _spawn(self, coro: Any) -> asyncio.Future[Any]:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
     # -- the pacer of the drained workers' retirements ---------------------------------
 
@@ -358,7 +352,7 @@ class DrainSection(Section):
 
     def _ensure_ticker(self) -> None:
         if self._ticker is None or self._ticker.done():
-            self._ticker = self._spawn(self._tick_loop())
+            self._ticker = spawn(self._tasks, self._tick_loop())
 
     async def _tick_loop(self) -> None:
         while self.ctx.attached and self.drains:
@@ -398,7 +392,7 @@ class DrainSection(Section):
         """The deadline came before every key was safe."""
         self._end(d, EXPIRED, now)
         if d.close:
-            self._spawn(self._remove(d.address))
+            spawn(self._tasks, self._remove(d.address))
 
     async def _remove(self, address: str) -> None:
         try:

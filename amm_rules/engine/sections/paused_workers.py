@@ -45,7 +45,7 @@ from amm_rules.engine.evacuation import (
     suggest_copies,
 )
 from amm_rules.engine.features import RESTART_WORKERS, RETIRING, Feature
-from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.engine.sections.base import Cycle, Section, spawn
 from amm_rules.engine.state.leaving import Departure
 from amm_rules.engine.words import counted, plural
 from amm_rules.language.fields import format_fraction
@@ -507,9 +507,7 @@ class PausedWorkers(Section):
         h.state = "restarting" if h.action == "restart" else "retiring"
         self._note(h.address, h.state)
         self._emit(h.state, h.address, name=h.name, copies=h.copies, bytes=h.bytes, note=h.note)
-        task = asyncio.ensure_future(self._restart_or_retire(h))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        spawn(self.tasks, self._restart_or_retire(h))
 
     async def _restart_or_retire(self, h: Handling) -> None:
         """Restart or retire the worker, then say what came of it: done (the cool-down

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine.features import FLOOR, Feature, Need, method
-from amm_rules.engine.sections.base import Cycle, Section
+from amm_rules.engine.sections.base import Cycle, Section, spawn
 from amm_rules.engine.spill.plugin import (
     DEFAULT_READ,
     DEFAULT_WRITE,
@@ -285,7 +285,7 @@ class SpillSection(Section):
         self.drop_bytes: Counter[str] = Counter()
         self.would_drop = 0
         self.values_sent = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Future[Any]] = set()
 
     # -- rules, attach, detach -------------------------------------------------------
 
@@ -368,14 +368,14 @@ class SpillSection(Section):
             logger.info("amm-rules spill: removing the worker plugin: %r", exc)
 
     def _later(self, coro: Any) -> None:
-        """Run ``coro`` on the scheduler's loop (attach and detach are not coroutines)."""
+        """Run ``coro`` on the scheduler's loop (attach and detach are not coroutines);
+        without a running loop, nothing."""
         try:
-            task = asyncio.get_running_loop().create_task(coro)
+            asyncio.get_running_loop()
         except RuntimeError:
             coro.close()
             return
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn(self._tasks, coro)
 
     # -- the workers' reports ----------------------------------------------------------
 
