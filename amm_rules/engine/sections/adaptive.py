@@ -31,6 +31,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -666,14 +667,7 @@ class AdaptiveSection(Section):
         settings = self.settings
         out: dict[str, Any] = {
             "enabled": settings is not None,
-            "settings": None
-            if settings is None
-            else {
-                "memory": settings.memory,
-                "headroom": settings.headroom,
-                "hold_rules": settings.hold_rules,
-                "disk_rate": settings.disk_rate,
-            },
+            "settings": None if settings is None else asdict(settings),
             "kept": {
                 a: {
                     "why": kept_sentence(a, reasons),
