@@ -28,7 +28,7 @@ from distributed import Client, Future, get_client
 from distributed.client import _wait, futures_of
 
 from amm_rules.language.fields import ActionError, parse_actions, parse_target
-from amm_rules.language.ruleset import ACTION_FIELDS, Actions, Target
+from amm_rules.language.ruleset import ACTION_FIELDS, Actions, Desired, Target
 
 __all__ = [
     "ActionError",
@@ -62,8 +62,8 @@ def plain_target(target: Target) -> Any:
     return out
 
 
-def plain_actions(actions: Actions) -> dict[str, Any]:
-    """Checked :class:`Actions` as plain, msgpack-friendly values.
+def plain_actions(actions: Actions | Desired) -> dict[str, Any]:
+    """Checked :class:`Actions` (or what a key wants) as plain, msgpack-friendly values.
 
     The result goes over the wire inside the task graph, so it uses only ints, strings,
     lists and dicts; :func:`parse_actions` turns it back into the same ``Actions``.
