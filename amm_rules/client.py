@@ -13,10 +13,12 @@ with a synchronous client and returns an awaitable with an asynchronous one.
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from functools import partial
+from typing import Any, Literal, cast
 
 import dask
 from distributed import Client, Future, get_client
@@ -26,7 +28,7 @@ from distributed import Client, Future, get_client
 from distributed.client import _wait, futures_of
 
 from amm_rules.language.fields import ActionError, parse_actions, parse_target
-from amm_rules.language.ruleset import ACTION_FIELDS, Actions, Target
+from amm_rules.language.ruleset import ACTION_FIELDS, Actions, Desired, Target
 
 __all__ = [
     "ActionError",
@@ -60,8 +62,8 @@ def plain_target(target: Target) -> Any:
     return out
 
 
-def plain_actions(actions: Actions) -> dict[str, Any]:
-    """Checked :class:`Actions` as plain, msgpack-friendly values.
+def plain_actions(actions: Actions | Desired) -> dict[str, Any]:
+    """Checked :class:`Actions` (or what a key wants) as plain, msgpack-friendly values.
 
     The result goes over the wire inside the task graph, so it uses only ints, strings,
     lists and dicts; :func:`parse_actions` turns it back into the same ``Actions``.
@@ -216,7 +218,7 @@ async def _persist_async(
 async def _set_pending(client: Client, keys: list[Any], target: Any, fields: Any) -> Any:
     """Set the target and fields on ``keys``, also on those still to compute; with no
     keys, only check them (the scheduler knows the pools): a ``ValueError`` if refused."""
-    await _require_engine(client)
+    await _require_engine(client, "amm_rules_set_target")
     return _refused(
         await client.scheduler.amm_rules_set_target(
             keys=keys, target=target, fields=fields, pending=True
@@ -225,14 +227,6 @@ async def _set_pending(client: Client, keys: list[Any], target: Any, fields: Any
 
 
 # --- runtime targets and introspection --------------------------------------------------
-
-#: The scheduler handlers the helpers call; registered by RulesPolicy at attach.
-HANDLERS = (
-    "amm_rules_set_target",
-    "amm_rules_explain",
-    "amm_rules_status",
-    "amm_rules_memory_flow",
-)
 
 
 class EngineNotFoundError(RuntimeError):
@@ -426,48 +420,81 @@ def _client(futures: list[Future], client: Client | None) -> Client:
 _confirmed: weakref.WeakKeyDictionary[Client, str] = weakref.WeakKeyDictionary()
 
 
-async def _require_engine(client: Client) -> None:
-    # A scheduler without the handler does not answer an unknown operation: it logs
-    # a warning and the caller would wait forever. Ask first, and say why. Handlers
-    # are never unregistered, so a positive answer holds for that scheduler.
+async def _require_engine(client: Client, op: str) -> None:
+    # Handlers are never unregistered, so the metadata's word holds for that scheduler.
     address = client.scheduler.address
     if _confirmed.get(client) == address:
         return
-    from amm_rules.engine.handlers import METADATA_KEY, engine_in_metadata
-
-    try:
-        said = await client.scheduler.get_metadata(keys=[METADATA_KEY], default=None)
-    except Exception:
-        said = None
-    if engine_in_metadata(said):
+    found = await engine_found(client.scheduler, op)
+    if found == "said":
         _confirmed[client] = address
-        return
-    # The scheduler does not say (no engine, or one older than its metadata entry).
-    try:
-        found = await client.run_on_scheduler(_engine_attached, asynchronous=True)
-    except Exception:
-        # run_function may be disabled on this scheduler; try the call anyway.
-        return
-    if found:
-        _confirmed[client] = address
-    else:
+    elif found == "absent":
         raise EngineNotFoundError(
             "the scheduler runs no amm-rules engine: add "
             "{'class': 'amm_rules.RulesPolicy', 'rules': ...} to the dask config "
             "distributed.scheduler.active-memory-manager.policies of the scheduler"
         )
+    elif found == "without-op":
+        raise EngineNotFoundError(
+            f"the scheduler's amm-rules engine has no {op!r} handler: upgrade amm-rules "
+            "on the scheduler"
+        )
 
 
-def _engine_attached(dask_scheduler: Any) -> bool:
-    """Runs in the scheduler: are the amm-rules handlers registered?"""
-    return all(name in dask_scheduler.handlers for name in HANDLERS)
+Found = Literal["said", "found", "absent", "without-op", "unknown"]
+
+
+async def engine_found(scheduler: Any, op: str, timeout: float | None = None) -> Found:
+    """Whether the scheduler (``client.scheduler``, or an ``rpc`` to it) runs the engine
+    with the handler ``op``. A scheduler does not answer an operation it has no handler
+    for, so a caller asks first and says why rather than waiting forever.
+
+    ``"said"``: its metadata says so (then every handler of this release is there: the
+    entry came with them). Else (no engine, or one older than the entry) what
+    :func:`engine_attached` answers when run there, or ``"unknown"`` when running
+    functions is not allowed there: then call the handler anyway.
+    """
+    from distributed.protocol.pickle import dumps
+
+    from amm_rules.engine.handlers import METADATA_KEY, engine_in_metadata
+
+    try:
+        said = await asyncio.wait_for(
+            scheduler.get_metadata(keys=[METADATA_KEY], default=None), timeout
+        )
+    except Exception:
+        said = None
+    if engine_in_metadata(said):
+        return "said"
+    try:
+        answer = await asyncio.wait_for(
+            scheduler.run_function(function=dumps(partial(engine_attached, op=op))), timeout
+        )
+    except Exception:
+        return "unknown"
+    if not isinstance(answer, dict) or answer.get("status") != "OK":
+        return "unknown"
+    return cast(Found, answer.get("result"))
+
+
+#: The handlers every release of the engine registers (the others came later).
+CORE_HANDLERS = ("amm_rules_set_target", "amm_rules_explain", "amm_rules_status")
+
+
+def engine_attached(dask_scheduler: Any, op: str) -> Found:
+    """Runs in the scheduler: are the amm-rules handlers registered? ``"without-op"``
+    when the engine is there but has no handler ``op`` (an older release)."""
+    handlers = dask_scheduler.handlers
+    if not all(name in handlers for name in CORE_HANDLERS):
+        return "absent"
+    return "found" if op in handlers else "without-op"
 
 
 async def _set_target(client: Client, futures: list[Future], keys: list[Any], target: Any) -> Any:
     if futures:
         # Like Client.replicate: the target is for data in memory, so let the data land.
         await _wait(futures)
-    await _require_engine(client)
+    await _require_engine(client, "amm_rules_set_target")
     keys = list(dict.fromkeys([*(f.key for f in futures), *keys]))
     answer = _refused(await client.scheduler.amm_rules_set_target(keys=keys, target=target))
     # Lists come back as tuples over TCP (msgpack) but as lists in-process: pick one.
@@ -475,7 +502,7 @@ async def _set_target(client: Client, futures: list[Future], keys: list[Any], ta
 
 
 async def _explain(client: Client, keys: list[Any]) -> Any:
-    await _require_engine(client)
+    await _require_engine(client, "amm_rules_explain")
     got = _refused(
         await client.scheduler.amm_rules_explain(keys=list(dict.fromkeys(keys)), counts=True)
     )
@@ -490,7 +517,7 @@ async def _explain(client: Client, keys: list[Any]) -> Any:
 
 
 async def _memory_flow(client: Client) -> Any:
-    await _require_engine(client)
+    await _require_engine(client, "amm_rules_memory_flow")
     return dict(await client.scheduler.amm_rules_memory_flow())
 
 
@@ -501,8 +528,7 @@ DRAIN_POLL = 0.25
 async def _drain(client: Client, workers: list[str], seconds: float, close: bool) -> Any:
     from amm_rules.engine.drain_request import follow
 
-    await _require_engine(client)
-    await _require_handler(client, "amm_rules_drain")
+    await _require_engine(client, "amm_rules_drain")
     started = _refused(
         await client.scheduler.amm_rules_drain(
             workers=workers, deadline=seconds, close_workers=close
@@ -515,24 +541,6 @@ async def _drain(client: Client, workers: list[str], seconds: float, close: bool
     return await follow(ask, started, seconds, DRAIN_POLL)
 
 
-async def _require_handler(client: Client, name: str) -> None:
-    """The engine of an older release may lack a handler: say so, never wait forever."""
-    try:
-        found = await client.run_on_scheduler(_has_handler, name, asynchronous=True)
-    except Exception:
-        return  # run_function may be disabled: try the call anyway
-    if not found:
-        raise EngineNotFoundError(
-            f"the scheduler's amm-rules engine has no {name!r} handler: upgrade amm-rules "
-            "on the scheduler"
-        )
-
-
-def _has_handler(name: str, dask_scheduler: Any = None) -> bool:
-    """Runs in the scheduler: is the handler ``name`` registered?"""
-    return name in dask_scheduler.handlers
-
-
 async def _status(client: Client) -> Any:
-    await _require_engine(client)
+    await _require_engine(client, "amm_rules_status")
     return await client.scheduler.amm_rules_status()

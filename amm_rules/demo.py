@@ -30,13 +30,13 @@ from typing import Any
 
 import click
 import dask
-from dask.utils import key_split
 
 from amm_rules.demo_workload import (
     KEY_NBYTES,
     MAX_NBYTES,
     Workload,
     available_kinds,
+    key_facts,
     plan,
     type_name,
     workers_for,
@@ -325,13 +325,7 @@ def _submit(
                     pure=False,
                 )
             )
-            facts[key] = TaskFacts(
-                key=key,
-                prefix=key_split(key),
-                group=key_split_group(key),
-                type=type_name(kind),
-                annotations=dict(annotations),
-            )
+            facts[key] = key_facts(key, type_name(kind), nbytes, annotations, key_split_group)
     return out
 
 

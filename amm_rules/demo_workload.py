@@ -141,7 +141,7 @@ def plan(
         else:
             out.specs.append(spec)
     for prefix in ("scratch", "spare", "unruled"):
-        facts = _facts(prefix, type_name("bytes"), KEY_NBYTES, {}, group_of)
+        facts = key_facts(f"{prefix}-0", type_name("bytes"), KEY_NBYTES, {}, group_of)
         if not ruleset.resolve(facts).governed:
             out.scratch = prefix
             break
@@ -153,7 +153,7 @@ def _spec(
 ) -> KeySpec | None:
     """The first candidate key that ``rule`` matches and decides a field of."""
     for prefix, kind, nbytes, annotated in _candidates(rule, kinds):
-        facts = _facts(prefix, type_name(kind), nbytes, annotated, group_of)
+        facts = key_facts(f"{prefix}-0", type_name(kind), nbytes, annotated, group_of)
         if not _safe_match(rule, facts):
             continue
         desired = ruleset.resolve(facts)
@@ -185,7 +185,8 @@ def missing_modules(rule: Rule, kinds: list[str]) -> list[tuple[str, str]]:
             continue
         for prefix, _, nbytes, annotated in _candidates(rule, [kind]):
             facts = (
-                _facts(prefix, name, nbytes, annotated, key_split) for name in names_of(public)
+                key_facts(f"{prefix}-0", name, nbytes, annotated, key_split)
+                for name in names_of(public)
             )
             if any(_safe_match(rule, f) for f in facts):
                 out.append((module, public))
@@ -200,15 +201,14 @@ def _safe_match(rule: Rule, facts: TaskFacts) -> bool:
         return False
 
 
-def _facts(
-    prefix: str,
+def key_facts(
+    key: str,
     of_type: str,
     nbytes: int,
     annotations: Mapping[str, Any],
     group_of: Callable[[str], str],
 ) -> TaskFacts:
-    """The facts of the key ``PREFIX-0``, of type ``of_type`` and ``nbytes``."""
-    key = f"{prefix}-0"
+    """The facts of ``key``, of type ``of_type`` and ``nbytes``, held once."""
     return TaskFacts(
         key=key,
         prefix=key_split(key),

@@ -5,12 +5,9 @@ with dask's security settings), as a client would, without starting a ``Client``
 
 1. connect and ask ``identity`` (a short timeout: an unreachable address fails fast,
    and an address that is not a scheduler is named as such);
-2. ask whether the amm-rules handlers are registered: a scheduler does not answer an
-   operation it has no handler for, so calling it blindly would wait for the timeout.
-   The scheduler's metadata says so (the engine's entry, ``get_metadata``, as
-   :func:`amm_rules.status` asks it); without the entry (no engine, or an older one),
-   a function of this package is run on the scheduler to look; where running functions
-   is not allowed, the handler is called and its silence reported after the timeout;
+2. ask whether the amm-rules handlers are registered, as the client API does
+   (:func:`amm_rules.client.engine_found`); where the scheduler cannot tell, the handler
+   is called and its silence reported after the timeout;
 3. call ``amm_rules_status``, ``amm_rules_memory_flow``, ``amm_rules_explain`` or the
    drain's handlers and render the answer.
 
@@ -96,7 +93,21 @@ class Remote:
         """Call the handler ``op`` of the amm-rules engine; a refusal (a bad rule
         name...) is a :class:`RemoteError` with the engine's words."""
         if not self._engine_said and op not in self._checked:
-            self._engine_said = await _probe(self._rpc, self.address, self.timeout, op)
+            from amm_rules.client import engine_found
+
+            found = await engine_found(self._rpc, op, self.timeout)
+            if found == "absent":
+                raise RemoteError(
+                    f"the scheduler at {self.address} runs no amm-rules engine: add "
+                    "{'class': 'amm_rules.RulesPolicy', 'rules': ...} to its dask config "
+                    "distributed.scheduler.active-memory-manager.policies"
+                )
+            if found == "without-op":
+                raise RemoteError(
+                    f"the amm-rules engine of the scheduler at {self.address} has no {op!r} "
+                    "handler: upgrade amm-rules on the scheduler"
+                )
+            self._engine_said = found == "said"
             self._checked.add(op)
         call = _answer(getattr(self._rpc, op)(**kwargs))
         return await self._step(call, "get an answer from the amm-rules engine of")
@@ -131,64 +142,6 @@ async def _answer(call: Any) -> Any:
     from amm_rules.engine.handlers import refused
 
     return refused(await call)
-
-
-async def _probe(remote: Any, address: str, timeout: float, op: str) -> bool:
-    """Raise :class:`RemoteError` when the scheduler has no engine or no handler ``op``;
-    True when its metadata says the engine is there (then every handler of this release
-    is: the entry came with them)."""
-    from functools import partial
-
-    from distributed.protocol.pickle import dumps
-
-    from amm_rules.engine.handlers import METADATA_KEY, engine_in_metadata
-
-    try:
-        said = await asyncio.wait_for(
-            remote.get_metadata(keys=[METADATA_KEY], default=None), timeout
-        )
-    except Exception:
-        said = None
-    if engine_in_metadata(said):
-        return True
-    # The scheduler does not say (no engine, or one older than its metadata entry): run
-    # a function there that looks for the handlers.
-    try:
-        answer = await asyncio.wait_for(
-            remote.run_function(function=dumps(partial(_engine_attached, op=op))), timeout
-        )
-    except Exception:
-        return False  # cannot tell (running functions is not allowed there): call it
-    if not isinstance(answer, dict) or answer.get("status") != "OK":
-        return False
-    found = answer.get("result")
-    if not found:
-        raise RemoteError(
-            f"the scheduler at {address} runs no amm-rules engine: add "
-            "{'class': 'amm_rules.RulesPolicy', 'rules': ...} to its dask config "
-            "distributed.scheduler.active-memory-manager.policies"
-        )
-    if found == "without-op":
-        raise RemoteError(
-            f"the amm-rules engine of the scheduler at {address} has no {op!r} handler: "
-            "upgrade amm-rules on the scheduler"
-        )
-    return False
-
-
-#: The handlers every release of the engine registers (the others came later).
-CORE_HANDLERS = ("amm_rules_set_target", "amm_rules_explain", "amm_rules_status")
-
-
-def _engine_attached(dask_scheduler: Any, op: str | None = None) -> bool | str:
-    """Runs in the scheduler: are the amm-rules handlers registered? ``"without-op"``
-    when the engine is there but has no handler ``op`` (an older release)."""
-    handlers = dask_scheduler.handlers
-    if not all(name in handlers for name in CORE_HANDLERS):
-        return False
-    if op is not None and op not in handlers:
-        return "without-op"
-    return True
 
 
 def _first_line(exc: BaseException) -> str:

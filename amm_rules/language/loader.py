@@ -17,11 +17,14 @@ import stat
 import sys
 from collections.abc import Mapping
 from dataclasses import field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from amm_rules.language.diagnostics import Diagnostic, RulesError, sort_key
 from amm_rules.language.records import record
 from amm_rules.language.ruleset import Ruleset
+
+if TYPE_CHECKING:
+    from amm_rules.language.yaml_source import YamlSource
 
 logger = logging.getLogger(__name__)
 
@@ -212,19 +215,27 @@ def check_mapping_result(mapping: Any, filename: str = INLINE) -> CheckResult:
 
 
 def _guarded_source(content: str | bytes, filename: str) -> CheckResult:
+    text, source, diagnostics = read_source(content, filename)
+    if source is None:
+        return CheckResult(filename, None, diagnostics, text)
+    return check_yaml_source(source, filename, diagnostics)
+
+
+def read_source(
+    content: str | bytes, filename: str
+) -> tuple[str | None, YamlSource | None, list[Diagnostic]]:
+    """The text of ``content`` (bytes are decoded), its YAML read with positions, and the
+    problems met doing so as diagnostics (None for what could not be read)."""
     from amm_rules.language.yaml_source import decode, read_yaml
 
     if isinstance(content, bytes):
         text, problems = decode(content)
         if text is None:
-            return CheckResult(filename, None, [_diag(filename, p) for p in problems])
+            return None, None, [_diag(filename, p) for p in problems]
     else:
         text = content.removeprefix("\ufeff")
     source, problems = read_yaml(text)
-    diagnostics = [_diag(filename, p) for p in problems]
-    if source is None:
-        return CheckResult(filename, None, diagnostics, text)
-    return check_yaml_source(source, filename, diagnostics)
+    return text, source, [_diag(filename, p) for p in problems]
 
 
 def check_yaml_source(

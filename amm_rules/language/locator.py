@@ -59,15 +59,20 @@ class Locator:
     def entry(self, path: Path) -> str | None:
         """The ``rule`` field of a diagnostic at ``path``."""
         if len(path) >= 2 and path[0] == "rules" and isinstance(path[1], int):
-            rules = self.data.get("rules") if isinstance(self.data, dict) else None
-            item = rules[path[1]] if isinstance(rules, list) and path[1] < len(rules) else None
-            name = item.get("name") if isinstance(item, dict) else None
-            return name if isinstance(name, str) and name else f"#{path[1] + 1}"
+            return self.item_name(path[0], path[1])
         if len(path) >= 2 and path[0] == "pools":
             return f"pools.{path[1]}"
         if path and path[0] in FILE_SECTIONS:
             return str(path[0])
         return None
+
+    def item_name(self, section: str, index: int) -> str:
+        """The ``name`` of the item ``index`` of the list ``section``, or ``#N`` (from 1)
+        when it has none."""
+        items = self.data.get(section) if isinstance(self.data, dict) else None
+        item = items[index] if isinstance(items, list) and index < len(items) else None
+        name = item.get("name") if isinstance(item, dict) else None
+        return name if isinstance(name, str) and name else f"#{index + 1}"
 
     # -- recording ------------------------------------------------------------------
 

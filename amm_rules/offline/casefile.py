@@ -31,7 +31,7 @@ from amm_rules.language.fields import (
     parse_size,
     parse_target,
 )
-from amm_rules.language.loader import CheckResult, check_path
+from amm_rules.language.loader import CheckResult, check_path, read_source
 from amm_rules.language.locator import Locator
 from amm_rules.language.ruleset import Target
 from amm_rules.language.schema import ACTION_PROPERTIES
@@ -369,11 +369,7 @@ class CaseLocator(Locator):
 
     def entry(self, path: Path) -> str | None:
         if len(path) >= 2 and path[0] in ("cases", "workers") and isinstance(path[1], int):
-            items = self.data.get(path[0]) if isinstance(self.data, dict) else None
-            item = items[path[1]] if isinstance(items, list) and path[1] < len(items) else None
-            name = item.get("name") if isinstance(item, dict) else None
-            label = name if isinstance(name, str) and name else f"#{path[1] + 1}"
-            return f"{path[0]}.{label}"
+            return f"{path[0]}.{self.item_name(path[0], path[1])}"
         return None
 
 
@@ -405,16 +401,10 @@ def parse_test_file(raw: bytes, path: str, roots: Sequence[str] | None = None) -
     """Check the bytes of a test file as if read from ``path`` (its ``rules:`` is
     relative to that path); see :func:`read_test_file`."""
     from amm_rules.language.schema_check import schema_problems
-    from amm_rules.language.yaml_source import decode, read_yaml
 
-    text, problems = decode(raw)
-    where = CaseLocator(path, None)
-    if text is None:
-        where.diagnostics.extend(_problem(path, p) for p in problems)
-        return TestFile(path, None, where)
-    source, problems = read_yaml(text)
+    text, source, problems = read_source(raw, path)
     where = CaseLocator(path, source.data if source else None, source)
-    where.diagnostics.extend(_problem(path, p) for p in problems)
+    where.diagnostics.extend(problems)
     out = TestFile(path, text, where)
     if source is None or where.has_errors:
         return out
@@ -426,10 +416,6 @@ def parse_test_file(raw: bytes, path: str, roots: Sequence[str] | None = None) -
     # Meaning is checked too, skipping what the schema reported: every problem is told.
     _Builder(out, data, roots).build()
     return out
-
-
-def _problem(path: str, p: Any) -> Diagnostic:
-    return Diagnostic(path, p.line, p.column, "error", p.message, None, p.code)
 
 
 class _Builder:

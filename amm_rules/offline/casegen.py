@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from itertools import islice, zip_longest
 from typing import Any
 
+from amm_rules.client import plain_actions, plain_target
 from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.words import counted
-from amm_rules.language.ruleset import ACTION_FIELDS, Desired, Ruleset, Target
+from amm_rules.language.ruleset import Desired, Ruleset, Target
 from amm_rules.offline.casefile import MAX_WORKERS, parse_test_file, plain_key
 from amm_rules.offline.dump import ClusterState, TaskRecord, WorkerRecord
 
@@ -230,7 +231,7 @@ def _key_fixture(
             fixture["annotations"] = plain
     runtime = state.runtime.get(task.key)
     if runtime is not None:
-        fixture["target"] = _target_text(Target(*runtime))
+        fixture["target"] = plain_target(Target(*runtime))
     if task.waiters:
         fixture["waiters"] = len(task.waiters)
     recompute = _recompute(task, state)
@@ -287,28 +288,15 @@ def _recompute(task: TaskRecord, state: ClusterState) -> float | None:
     return round(group.compute / done, 6)
 
 
-def _target_text(target: Target) -> Any:
-    """A target as a test file writes it: ``3``, ``all``, ``{min: 2, max: 4}``."""
-    if target.max == target.min:
-        return target.min
-    if target.max is None:
-        return {"min": target.min}
-    return {"min": target.min, "max": target.max}
-
-
 def _expectation(key: Any, desired: Desired, copies: int) -> dict[str, Any]:
     """What the rules decided for a key, as an ``expect`` entry."""
     if not desired.governed:
         return {"key": key, "governed": False, "copies": copies}
     out: dict[str, Any] = {"key": key}
-    if desired.replicate is not None:
-        out["target"] = _target_text(desired.replicate)
-    for name in ACTION_FIELDS[1:]:
-        value = getattr(desired, name)
-        if isinstance(value, tuple):
-            out[name] = value[0] if len(value) == 1 else list(value)
-        elif value is not None:
-            out[name] = value
+    fields = plain_actions(desired)
+    if "replicate" in fields:
+        out["target"] = fields.pop("replicate")
+    out.update(fields)
     out["rules"] = {name: reason.who for name, reason in desired.reasons.items()}
     out["copies"] = copies
     return out
