@@ -24,8 +24,8 @@ from collections.abc import Callable, Generator, Hashable, Mapping
 from itertools import islice
 from typing import Any, NamedTuple
 
-from amm_rules.engine.dryrun import HELD_BACK, dry_run_counts
-from amm_rules.engine.events import COUNTERS
+from amm_rules.engine.dryrun import HELD_BACK, REBALANCE_LABEL
+from amm_rules.engine.events import COUNTERS, dry_run_counts
 from amm_rules.engine.words import counted
 
 #: Decisions kept (across all keys); ``explain`` shows a key's own among them.
@@ -34,7 +34,7 @@ DECISIONS_KEPT = 10_000
 CYCLES_KEPT = 100
 
 #: Counter label of rebalancing's copies and drops (``amm_rules_status``, events).
-REBALANCE = "(rebalance)"
+REBALANCE = REBALANCE_LABEL
 
 #: Shortfall reasons of keys the workers can satisfy (in-progress).
 IN_FLIGHT = "in-flight"
