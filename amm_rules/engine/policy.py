@@ -314,7 +314,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         for section in self._on:
             section.attach()
         _tell("attached", scheduler, self)
-        logger.info("%s", loaded_line(self.ruleset, self.path))
+        logger.info("%s", loaded_line(self.ruleset, ctx.source))
         for error in self.rules_file.errors:
             if error.get("at_start"):
                 ctx.events.emit("reload-error", source=self.path, error=error["error"])
@@ -392,9 +392,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 self.ctx.events.emit("reduce-replicas-removed", reason=why)
 
     def __repr__(self) -> str:
-        source = self.path if self.path is not None else self.ruleset.source
         return (
-            f"RulesPolicy(rules={source!r}, {counted(len(self.ruleset.rules), 'rule')}, "
+            f"RulesPolicy(rules={self.ctx.source!r}, {counted(len(self.ruleset.rules), 'rule')}, "
             f"{counted(len(self.ruleset.pools), 'pool')})"
         )
 
@@ -435,7 +434,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         ctx.index.reclassify(ts.key for ts in in_memory)
         for section in self._on:
             section.reloaded(in_memory)
-        logger.info("%s", loaded_line(outcome, self.path, reloaded=True))
+        logger.info("%s", loaded_line(outcome, ctx.source, reloaded=True))
         ctx.events.emit(
             "reload", source=self.path, rules=len(outcome.rules), pools=len(outcome.pools)
         )
