@@ -185,18 +185,16 @@ def shortfall(plan: Any, refused: bool) -> tuple[str, str] | None:
     """
     if plan.frozen:
         return None
-    copies = [a for a in plan.actions if a.op == "replicate"]
-    drops = [a for a in plan.actions if a.op == "drop"]
+    drops = plan.drops
     if plan.inflight:
-        n = len(plan.inflight)
-        return IN_FLIGHT, f"{counted(n, 'copy')} in flight"
+        return IN_FLIGHT, f"{counted(len(plan.inflight), 'copy')} in flight"
     if drops and not refused:
         return IN_FLIGHT, f"{counted(len(drops), 'drop')} requested"
     if plan.deferred:
         return BUSY, plan.deferred[0]
     if plan.unmet:
         return WAITING, plan.unmet
-    if refused or copies:
+    if refused or plan.replicas:
         return WAITING, "a suggestion was refused by the Active Memory Manager; retried"
     if plan.misplaced:
         where = ", ".join(sorted(set(plan.misplaced.values())))
