@@ -215,8 +215,8 @@ def _plan_copies(
 
 def _nowhere(d: Desired, cluster: ClusterView) -> str:
     """``"no eligible worker: pool gpu has no worker that stays (1 paused)"``."""
-    allowed = cluster.allowed(d.pool, d.avoid) - cluster.closing
-    paused = sum(1 for a in allowed if cluster.workers[a].status == "paused")
+    placeable = cluster.placeable(d.pool, d.avoid)
+    paused = sum(1 for a in placeable if cluster.workers[a].status == "paused")
     if d.pool is not None:
         where = f"pool {','.join(d.pool)}"
     elif d.avoid is not None:
