@@ -459,7 +459,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             cycle = Cycle(refreshed, ctx.clock(), start)
             for section in steps(ctx, cycle, self._steps):
                 yield from section.run(cycle)
-            self._count(cycle.stats)
+            # 4. of the module docstring.
+            ctx.journal.counted(cycle.stats)
+            ctx.events.summary(self.last_cycle, time.monotonic(), self._on)
         except Exception as exc:
             logger.exception("amm-rules: cycle failed; skipped")
             ctx.events.once(("error", repr(exc)), "error", error=repr(exc))
@@ -504,12 +506,6 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         except Exception as exc:  # a scheduler handler must not fail because of us
             logger.exception("amm-rules: re-evaluating the pools of %s failed", address)
             ctx.events.once(("error", repr(exc)), "error", error=repr(exc))
-
-    def _count(self, stats: Mapping[str, Counter[str]]) -> None:
-        """Keep the cycle's counters (status, totals) and emit its summary event."""
-        now = time.monotonic()
-        self.ctx.journal.counted(stats)
-        self.ctx.events.summary(self.last_cycle, now, self._on)
 
 
 class Observer(Protocol):
