@@ -57,6 +57,9 @@ class EngineContext:
     ruleset: Ruleset
     classifier: Classifier
     dry_run: DryRun
+    #: A task as a rule's match sees it (:meth:`Classifier.facts
+    #: <amm_rules.engine.decide.classify.Classifier.facts>`).
+    facts: Callable[[Any], TaskFactsAdapter]
 
     def __init__(
         self,
@@ -208,6 +211,13 @@ class EngineContext:
 
     # ------------------------------------------------------------------ the rules
 
+    @property
+    def source(self) -> str:
+        """Where the rules in force came from: the rules file's path, else the ruleset's
+        own source (inline rules, a compiled ruleset)."""
+        path = self.rules_file.path
+        return path if path is not None else self.ruleset.source
+
     def install(self, ruleset: Ruleset) -> None:
         """Make ``ruleset`` the rules in force: its classifier, demand and placements."""
         self.ruleset = ruleset
@@ -227,6 +237,7 @@ class EngineContext:
             ruleset.reads_demand,
             lambda exc: events.rule_error("demand.match", exc),
         )
+        self.facts = self.classifier.facts
         self.placements.configure(ruleset)
         index.note_workers_changed()
         #: What of the rules is in dry-run (``enforcement: dry-run``): planned and
@@ -285,13 +296,6 @@ class EngineContext:
                 ws: getattr(ws.memory, manager.measure) for ws in self.scheduler.workers.values()
             }
         return self.placements.cluster_view(memory)
-
-    def facts(self, ts: Any) -> TaskFactsAdapter:
-        """``ts`` as a rule's match sees it: with demand's reads, the published memory
-        flow, the spans and the recompute costs (as the classifier sees it)."""
-        return TaskFactsAdapter(
-            ts, self.index.demand.reads, self.flow.published, self.spans, self.costs.published
-        )
 
     def key_view(
         self,

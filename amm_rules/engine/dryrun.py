@@ -38,7 +38,6 @@ from collections.abc import Callable, Generator, Hashable, Mapping, MutableMappi
 from dataclasses import replace
 from typing import Any
 
-from amm_rules.engine.events import DRY_RUN_COUNTERS
 from amm_rules.language.ruleset import ACTION_FIELDS, DRY_RUN, Desired, Ruleset
 
 #: Label of rebalancing's held-back suggestions (the rebalancer's own counter label).
@@ -162,8 +161,3 @@ def hold_back(
                 answer = None
     finally:
         suggestions.close()
-
-
-def dry_run_counts(counts: Mapping[str, int]) -> dict[str, int]:
-    """The dry-run counters of one label that are not zero."""
-    return {c: counts[c] for c in DRY_RUN_COUNTERS if counts.get(c)}

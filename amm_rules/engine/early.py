@@ -181,11 +181,7 @@ class EarlyCycles:
         self._forget()
         self.counts["ran"] += 1
         self.history.append((now, reasons))
-        in_last_second = 0
-        for start, _ in reversed(self.history):
-            if start <= now - 1.0:
-                break
-            in_last_second += 1
+        in_last_second = sum(1 for start, _ in self.history if start > now - 1.0)
         self.max_per_second = max(self.max_per_second, in_last_second)
         logger.debug("amm-rules: early AMM cycle for %s", ", ".join(reasons))
         self._early = True

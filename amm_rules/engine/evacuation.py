@@ -27,8 +27,8 @@ from distributed.active_memory_manager import Suggestion
 
 from amm_rules.engine import key_logger
 from amm_rules.engine.decide.drain import DrainItem, rank
-from amm_rules.engine.decide.evacuate import Copy, Evacuation, leaving_view, needed_copies
-from amm_rules.engine.decide.plan import source_label
+from amm_rules.engine.decide.evacuate import Copy, Evacuation, leaving_view
+from amm_rules.engine.decide.plan import needed_copies, source_label
 from amm_rules.engine.decide.view import ClusterView, KeyView, key_string
 from amm_rules.language.ruleset import UNGOVERNED, Desired
 
@@ -161,7 +161,7 @@ def drain_item(
     d = view.desired
     placeable = cluster.placeable(d.pool, d.avoid)
     staying = len((view.holders - cluster.closing) & placeable)
-    minimum = needed_copies(d, len(placeable)) if d.replicate is not None else 0
+    minimum = needed_copies(d.replicate, len(placeable)) if d.replicate is not None else 0
     group = getattr(ts, "group", None)
     return DrainItem(
         key=view.key,

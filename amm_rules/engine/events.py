@@ -45,6 +45,11 @@ def clip_text(text: str, limit: int = TEXT_LIMIT) -> str:
     return f"{text[:limit]}... [clipped: {len(text):,} characters]"
 
 
+def dry_run_counts(counts: Mapping[str, int]) -> dict[str, int]:
+    """The dry-run counters of one label that are not zero."""
+    return {c: counts[c] for c in DRY_RUN_COUNTERS if counts.get(c)}
+
+
 #: Longest text taken from a client's value into an event or a log line.
 CLIP = 300
 
@@ -164,9 +169,7 @@ class EventLog:
                 self._pending_work = True
         # Held back by dry-run: a state (what enforcing would do now), the latest cycle's.
         dry_run = {
-            label: would
-            for label, counts in per_rule.items()
-            if (would := {c: counts.get(c, 0) for c in DRY_RUN_COUNTERS if counts.get(c, 0)})
+            label: would for label, counts in per_rule.items() if (would := dry_run_counts(counts))
         }
         if dry_run:
             self._dry_run = dry_run

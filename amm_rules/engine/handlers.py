@@ -49,6 +49,7 @@ import functools
 import inspect
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -411,7 +412,7 @@ def engine_status(ctx: EngineContext, sections: tuple[Section, ...]) -> dict[str
     out: dict[str, Any] = {
         # First: whether the AMM runs its cycles at all, since when, and its interval.
         "amm": ctx.amm_running.status(),
-        "source": rules_file.path if rules_file.path is not None else ruleset.source,
+        "source": ctx.source,
         "loaded_at": rules_file.loaded_at,
         "reload": rules_file.reload,
         "rules": [r.name for r in ruleset.rules],
@@ -428,10 +429,7 @@ def engine_status(ctx: EngineContext, sections: tuple[Section, ...]) -> dict[str
         "last_cycle_ms": round(journal.last_cycle_seconds * 1000, 3),
         "last_cycle": journal.last_cycle,
         "totals": {
-            label: {
-                "requested": journal.totals[label]["requested"],
-                "dropped": journal.totals[label]["dropped"],
-            }
+            label: {c: journal.totals.get(label, Counter())[c] for c in ("requested", "dropped")}
             for label in sorted(labels)
         },
         "reload_errors": list(rules_file.errors),

@@ -314,7 +314,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         for section in self._on:
             section.attach()
         _tell("attached", scheduler, self)
-        logger.info("%s", loaded_line(self.ruleset, self.path))
+        logger.info("%s", loaded_line(self.ruleset, ctx.source))
         for error in self.rules_file.errors:
             if error.get("at_start"):
                 ctx.events.emit("reload-error", source=self.path, error=error["error"])
@@ -392,9 +392,8 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
                 self.ctx.events.emit("reduce-replicas-removed", reason=why)
 
     def __repr__(self) -> str:
-        source = self.path if self.path is not None else self.ruleset.source
         return (
-            f"RulesPolicy(rules={source!r}, {counted(len(self.ruleset.rules), 'rule')}, "
+            f"RulesPolicy(rules={self.ctx.source!r}, {counted(len(self.ruleset.rules), 'rule')}, "
             f"{counted(len(self.ruleset.pools), 'pool')})"
         )
 
@@ -435,7 +434,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         ctx.index.reclassify(ts.key for ts in in_memory)
         for section in self._on:
             section.reloaded(in_memory)
-        logger.info("%s", loaded_line(outcome, self.path, reloaded=True))
+        logger.info("%s", loaded_line(outcome, ctx.source, reloaded=True))
         ctx.events.emit(
             "reload", source=self.path, rules=len(outcome.rules), pools=len(outcome.pools)
         )
@@ -460,7 +459,9 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
             cycle = Cycle(refreshed, ctx.clock(), start)
             for section in steps(ctx, cycle, self._steps):
                 yield from section.run(cycle)
-            self._count(cycle.stats)
+            # 4. of the module docstring.
+            ctx.journal.counted(cycle.stats)
+            ctx.events.summary(self.last_cycle, time.monotonic(), self._on)
         except Exception as exc:
             logger.exception("amm-rules: cycle failed; skipped")
             ctx.events.once(("error", repr(exc)), "error", error=repr(exc))
@@ -505,12 +506,6 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         except Exception as exc:  # a scheduler handler must not fail because of us
             logger.exception("amm-rules: re-evaluating the pools of %s failed", address)
             ctx.events.once(("error", repr(exc)), "error", error=repr(exc))
-
-    def _count(self, stats: Mapping[str, Counter[str]]) -> None:
-        """Keep the cycle's counters (status, totals) and emit its summary event."""
-        now = time.monotonic()
-        self.ctx.journal.counted(stats)
-        self.ctx.events.summary(self.last_cycle, now, self._on)
 
 
 class Observer(Protocol):

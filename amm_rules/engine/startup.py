@@ -100,12 +100,11 @@ def invalid_at_start(exc: RulesError, rules_file: RulesFile, choice: str, source
     return load_ruleset({"version": 1}, filename=NO_RULES)
 
 
-def loaded_line(ruleset: Ruleset, path: str | None, *, reloaded: bool = False) -> str:
-    """One line for the log when the rules come into force: where from, which version of
-    the text (the start of its SHA-256, as ``sha256sum`` prints it), how many rules and
-    which pools. A reload says ``reloaded rules from ...``, the same line otherwise: an
-    operator tells from the digest that a change landed."""
-    source = path if path is not None else ruleset.source
+def loaded_line(ruleset: Ruleset, source: str, *, reloaded: bool = False) -> str:
+    """One line for the log when the rules come into force: where from (``source``),
+    which version of the text (the start of its SHA-256, as ``sha256sum`` prints it),
+    how many rules and which pools. A reload says ``reloaded rules from ...``, the same
+    line otherwise: an operator tells from the digest that a change landed."""
     if ruleset.source == NO_RULES:
         return (
             f"amm-rules: no rules in force: those of {source} are invalid "

@@ -37,6 +37,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from amm_rules.engine.decide.plan import needed_copies
+from amm_rules.engine.decide.view import in_pools
 from amm_rules.language.ruleset import Target
 
 #: Task states whose tasks have not produced their result yet: what the target
@@ -323,20 +325,6 @@ def holder_index(holders: Iterable[frozenset[str]]) -> dict[str, list[frozenset[
     return out
 
 
-def _eligible(
-    slots: Mapping[str, Slot], pool: tuple[str, ...] | None, avoid: tuple[str, ...] | None
-) -> frozenset[str]:
-    want = set(pool) if pool is not None else None
-    shun = set(avoid or ())
-    return frozenset(
-        a
-        for a, s in slots.items()
-        if s.running
-        and (want is None or not want.isdisjoint(s.pools))
-        and shun.isdisjoint(s.pools)
-    )
-
-
 def hold(
     slots: Mapping[str, Slot],
     classes: Iterable[HeldClass],
@@ -374,8 +362,9 @@ def hold(
         where = (cls.pool, cls.avoid)
         placement = placements.get(where)
         if placement is None:
+            running = ((a, s.pools) for a, s in slots.items() if s.running)
             placement = placements[where] = _Placement(
-                _eligible(slots, cls.pool, cls.avoid), host_of
+                in_pools(running, cls.pool, cls.avoid), host_of
             )
         stay_put = cls.move == "never" or (
             (cls.pool is not None or cls.avoid is not None) and not placement.eligible
@@ -438,7 +427,7 @@ def _check(
         return Kept(POOL, cls.keys, cls.source(field_name), 0, cls.pool or cls.avoid or ())  # 3.
     if not minimums:
         return None
-    lo = cls.target.bounds(after)[0] if cls.target is not None else 1
+    lo = needed_copies(cls.target, after)
     if after < lo:
         return Kept(MIN, cls.keys, cls.source("replicate"), lo)  # 4.
     if cls.spread == "host":

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, MutableMapping
 from dataclasses import dataclass, field, replace
 
-from amm_rules.engine.decide.plan import placement_source, source_label
+from amm_rules.engine.decide.plan import needed_copies, placement_source, source_label
 from amm_rules.engine.decide.view import ClusterView, KeyView, WorkerView
 from amm_rules.language.ruleset import Desired
 
@@ -90,12 +90,6 @@ def leaving_view(workers: Iterable[WorkerView], leaving: Iterable[str]) -> Clust
     )
 
 
-def needed_copies(d: Desired, eligible: int) -> int:
-    """The copies a key should keep on the workers that stay: its target's ``min``
-    (``all``: the ``eligible`` workers that stay)."""
-    return d.replicate.bounds(eligible)[0] if d.replicate is not None else 1
-
-
 def plan_evacuation(
     keys: Iterable[KeyView],
     cluster: ClusterView,
@@ -138,7 +132,7 @@ def plan_evacuation(
         placeable = cluster.placeable(d.pool, d.avoid)
         recipients = cluster.recipients(d.pool, d.avoid)
         good = staying & placeable
-        want = min(needed_copies(d, len(placeable)), len(good | recipients))
+        want = min(needed_copies(d.replicate, len(placeable)), len(good | recipients))
         # Case 2: nowhere eligible.
         if want == 0:
             if staying:
@@ -221,8 +215,8 @@ def _plan_copies(
 
 def _nowhere(d: Desired, cluster: ClusterView) -> str:
     """``"no eligible worker: pool gpu has no worker that stays (1 paused)"``."""
-    allowed = cluster.allowed(d.pool, d.avoid) - cluster.closing
-    paused = sum(1 for a in allowed if cluster.workers[a].status == "paused")
+    placeable = cluster.placeable(d.pool, d.avoid)
+    paused = sum(1 for a in placeable if cluster.workers[a].status == "paused")
     if d.pool is not None:
         where = f"pool {','.join(d.pool)}"
     elif d.avoid is not None:

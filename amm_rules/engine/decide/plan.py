@@ -32,7 +32,7 @@ from typing import Literal
 
 from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.language.plurals import plural
-from amm_rules.language.ruleset import Desired
+from amm_rules.language.ruleset import Desired, Target
 
 #: Counter label of targets that come from the reduce-replicas default, not a field.
 DEFAULT_SOURCE = "(reduce-replicas)"
@@ -128,6 +128,12 @@ def target_bounds(
     if reduce_replicas:
         return 1, max(1, waiters)
     return 1, None
+
+
+def needed_copies(target: Target | None, eligible: int) -> int:
+    """The copies a key keeps at least: its target's ``min`` (``all``: the ``eligible``
+    workers), 1 without a target (the ``lo`` of :func:`target_bounds`)."""
+    return target.bounds(eligible)[0] if target is not None else 1
 
 
 def reduce_replicas_excess(

@@ -94,15 +94,9 @@ class ClusterView:
         self, pool: tuple[str, ...] | None, avoid: tuple[str, ...] | None
     ) -> frozenset[str]:
         """Workers (any status) in one of ``pool`` (all if None) and in none of ``avoid``."""
-        want = frozenset(pool) if pool is not None else None
-        shun = frozenset(avoid or ())
         return self._memo(
             ("allowed", pool, avoid),
-            lambda: frozenset(
-                a
-                for a, w in self.workers.items()
-                if (want is None or not want.isdisjoint(w.pools)) and shun.isdisjoint(w.pools)
-            ),
+            lambda: in_pools(((a, w.pools) for a, w in self.workers.items()), pool, avoid),
         )
 
     def placeable(
@@ -190,6 +184,22 @@ class ClusterView:
 
     def __repr__(self) -> str:
         return f"<ClusterView: {len(self.workers)} workers, {len(self.running)} running>"
+
+
+def in_pools(
+    members: Iterable[tuple[str, frozenset[str]]],
+    pool: tuple[str, ...] | None,
+    avoid: tuple[str, ...] | None,
+) -> frozenset[str]:
+    """The addresses of ``members`` (address, its pools) in one of ``pool`` (all if
+    None) and in none of ``avoid``."""
+    want = frozenset(pool) if pool is not None else None
+    shun = frozenset(avoid or ())
+    return frozenset(
+        a
+        for a, pools in members
+        if (want is None or not want.isdisjoint(pools)) and shun.isdisjoint(pools)
+    )
 
 
 def pool_membership(

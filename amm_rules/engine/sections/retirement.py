@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any
 from distributed.active_memory_manager import RetireWorker, Suggestion
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from amm_rules.engine.decide.evacuate import Evacuation, needed_copies, plan_evacuation
+from amm_rules.engine.decide.evacuate import Evacuation, plan_evacuation
+from amm_rules.engine.decide.plan import needed_copies
 from amm_rules.engine.decide.view import ClusterView, KeyView
 from amm_rules.engine.evacuation import (
     blocked_fields,
@@ -270,7 +271,7 @@ class Retirements(Section):
                 continue
             eligible = cluster.placeable(d.pool, d.avoid)
             reachable = eligible & (cluster.running | view.holders)
-            want = min(needed_copies(d, len(eligible)), len(reachable))
+            want = min(needed_copies(d.replicate, len(eligible)), len(reachable))
             needs[view.key] = (want, eligible) if want else (1, None)
         self.needs[address] = needs
 

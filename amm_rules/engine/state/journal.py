@@ -24,8 +24,8 @@ from collections.abc import Callable, Generator, Hashable, Mapping
 from itertools import islice
 from typing import Any, NamedTuple
 
-from amm_rules.engine.dryrun import HELD_BACK, dry_run_counts
-from amm_rules.engine.events import COUNTERS
+from amm_rules.engine.dryrun import HELD_BACK, REBALANCE_LABEL
+from amm_rules.engine.events import COUNTERS, dry_run_counts
 from amm_rules.engine.words import counted
 
 #: Decisions kept (across all keys); ``explain`` shows a key's own among them.
@@ -34,7 +34,7 @@ DECISIONS_KEPT = 10_000
 CYCLES_KEPT = 100
 
 #: Counter label of rebalancing's copies and drops (``amm_rules_status``, events).
-REBALANCE = "(rebalance)"
+REBALANCE = REBALANCE_LABEL
 
 #: Shortfall reasons of keys the workers can satisfy (in-progress).
 IN_FLIGHT = "in-flight"
@@ -185,18 +185,16 @@ def shortfall(plan: Any, refused: bool) -> tuple[str, str] | None:
     """
     if plan.frozen:
         return None
-    copies = [a for a in plan.actions if a.op == "replicate"]
-    drops = [a for a in plan.actions if a.op == "drop"]
+    drops = plan.drops
     if plan.inflight:
-        n = len(plan.inflight)
-        return IN_FLIGHT, f"{counted(n, 'copy')} in flight"
+        return IN_FLIGHT, f"{counted(len(plan.inflight), 'copy')} in flight"
     if drops and not refused:
         return IN_FLIGHT, f"{counted(len(drops), 'drop')} requested"
     if plan.deferred:
         return BUSY, plan.deferred[0]
     if plan.unmet:
         return WAITING, plan.unmet
-    if refused or copies:
+    if refused or plan.replicas:
         return WAITING, "a suggestion was refused by the Active Memory Manager; retried"
     if plan.misplaced:
         where = ", ".join(sorted(set(plan.misplaced.values())))
