@@ -232,12 +232,13 @@ class EngineContext:
             spans=self.spans,
             costs=self.costs.published,
         )
+        self.facts = self.classifier.facts
         index.demand.configure(
             ruleset.demand,
             ruleset.reads_demand,
             lambda exc: events.rule_error("demand.match", exc),
+            self.facts,
         )
-        self.facts = self.classifier.facts
         self.placements.configure(ruleset)
         index.note_workers_changed()
         #: What of the rules is in dry-run (``enforcement: dry-run``): planned and

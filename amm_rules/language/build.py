@@ -97,7 +97,8 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
     draft = Draft(data)
     pools = _pools(data.get("pools"), where, draft)
     rules = _rules(data.get("rules"), where, draft, _pool_names(data), frozenset(draft.resources))
-    rebalance = draft.rebalance = _rebalance(data.get("rebalance"), where)
+    rebalance, rebalance_depends = _rebalance(data.get("rebalance"), where)
+    draft.rebalance = rebalance
     paused = draft.paused_workers = _paused_workers(data.get("paused-workers"), where)
     demand, demand_depends = _demand(data.get("demand"), where)
     pressure = _memory_pressure(data.get("memory-pressure"), where)
@@ -118,6 +119,7 @@ def build(data: Any, where: Locator, source_name: str) -> tuple[Ruleset | None, 
         legacy_replicate=data.get("legacy-replicate", "honour"),
         demand=demand,
         demand_depends=demand_depends,
+        rebalance_depends=rebalance_depends,
         protect=protect,
         spill=spill,
         adaptive=adaptive,
@@ -433,17 +435,18 @@ _REBALANCE: dict[str, tuple[str, Reader]] = {
 }
 
 
-def _rebalance(section: Any, where: Locator) -> RebalanceSettings:
+def _rebalance(section: Any, where: Locator) -> tuple[RebalanceSettings, frozenset[str]]:
+    """The ``rebalance:`` section, and the task attributes its match reads."""
     if not isinstance(section, dict):
-        return RebalanceSettings()
+        return RebalanceSettings(), frozenset()
     kwargs = _read_section(section, ("rebalance",), where, _REBALANCE)
     # Writing the section turns rebalancing on unless it says `enabled: false`.
     kwargs["enabled"] = section.get("enabled", True)
     if isinstance(section.get("measure"), str):
         kwargs["measure"] = section["measure"]
-    _match(section, ("rebalance",), where, kwargs)
+    depends = _match(section, ("rebalance",), where, kwargs)
     kwargs["enforcement"] = section.get("enforcement")
-    return RebalanceSettings(**kwargs)
+    return RebalanceSettings(**kwargs), depends
 
 
 def _demand(section: Any, where: Locator) -> tuple[DemandSettings, frozenset[str]]:

@@ -585,6 +585,8 @@ class Ruleset:
     demand: DemandSettings = field(default_factory=DemandSettings)
     #: Task attributes the ``demand`` section's match reads.
     demand_depends: frozenset[str] = frozenset()
+    #: Task attributes the ``rebalance`` section's match reads.
+    rebalance_depends: frozenset[str] = frozenset()
     #: The ``protect:`` section, or None when the file has none (nothing is protected).
     protect: ProtectSettings | None = None
     #: The ``spill:`` section, or None when the file has none (stock order, unless a
@@ -663,6 +665,14 @@ class Ruleset:
     def reads_span_state(self) -> bool:
         """True if some rule's match reads ``task.span_done``."""
         return not self.depends.isdisjoint(SPAN_STATE_ATTRIBUTES)
+
+    @property
+    def follows_spans(self) -> bool:
+        """True if a rule's match, or the ``demand`` or ``rebalance`` section's, reads
+        ``task.span_done``: the engine then follows the spans' states."""
+        return self.reads_span_state or not SPAN_STATE_ATTRIBUTES.isdisjoint(
+            self.demand_depends | self.rebalance_depends
+        )
 
     @property
     def reads_flow(self) -> bool:

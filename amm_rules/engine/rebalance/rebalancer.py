@@ -104,6 +104,8 @@ class Rebalancer:
         self.flow: Mapping[str, Any] | None = None
         #: task group -> its published recompute estimate (``task.recompute_seconds``).
         self.costs: Mapping[Any, float] | None = None
+        #: The spans' states (``task.span_done``).
+        self.spans: Any = None
 
     def __repr__(self) -> str:
         state = "enabled" if self.settings.enabled else "disabled"
@@ -454,7 +456,8 @@ class Rebalancer:
                 return ON_DISK
             if match is not None:
                 try:
-                    if not match(TaskFactsAdapter(ts, self.reads, self.flow, costs=self.costs)):
+                    facts = TaskFactsAdapter(ts, self.reads, self.flow, self.spans, self.costs)
+                    if not match(facts):
                         return "outside rebalance.match"
                 except Exception as exc:
                     if self._on_match_error is not None:

@@ -42,6 +42,7 @@ class RebalanceSection(Section):
         rebalancer.reads = ctx.index.demand.reads
         rebalancer.flow = ctx.flow.published
         rebalancer.costs = ctx.costs.published
+        rebalancer.spans = ctx.spans
 
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
         self.rebalancer.configure(ruleset.rebalance, self._match_error)

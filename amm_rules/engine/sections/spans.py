@@ -32,7 +32,7 @@ class SpansSection(Section):
 
     @classmethod
     def in_use(cls, ruleset: Ruleset) -> bool:
-        return bool(ruleset.reads_span_state)
+        return ruleset.follows_spans
 
     def attach(self) -> None:
         ctx = self.ctx
@@ -40,13 +40,18 @@ class SpansSection(Section):
 
     def run(self, cycle: Cycle) -> tuple[()]:
         ctx = self.ctx
-        if not ctx.ruleset.reads_span_state:
+        ruleset = ctx.ruleset
+        if not ruleset.follows_spans:
             return ()
         if ctx.spans.extension is None:
             # The scheduler makes its extensions in turn, the AMM's before the spans'.
             ctx.spans.extension = ctx.scheduler.extensions.get("spans")
-        for span_id in ctx.spans.refresh():
-            ctx.index.reclassify(self._keys_of(span_id))
+        finished = ctx.spans.refresh()
+        if ruleset.reads_span_state:
+            # The rules' classes read the state: classify the span's keys again. (The
+            # demand and rebalance matches read it as they run.)
+            for span_id in finished:
+                ctx.index.reclassify(self._keys_of(span_id))
         return ()
 
     def _keys_of(self, span_id: Hashable) -> list[Hashable]:

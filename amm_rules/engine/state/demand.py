@@ -55,17 +55,23 @@ class DemandTracker:
         #: The ``demand:`` section in force.
         self.settings = DemandSettings()
         self._on_match_error: Callable[[Exception], None] | None = None
+        #: A task as the section's match sees it (the engine's, as the rules see it).
+        self._facts: Callable[[Any], Any] = lambda ts: TaskFactsAdapter(ts, self.reads)
 
     def configure(
         self,
         settings: DemandSettings,
         enabled: bool,
         on_match_error: Callable[[Exception], None] | None = None,
+        facts: Callable[[Any], Any] | None = None,
     ) -> None:
         """Apply a (re)loaded rules file. Turning the tracker off forgets what it had
-        counted: counts kept while nobody updates them would be wrong later."""
+        counted: counts kept while nobody updates them would be wrong later. ``facts``:
+        a task as rules see it (reads, memory flow, spans, recompute costs)."""
         self.settings = settings
         self._on_match_error = on_match_error
+        if facts is not None:
+            self._facts = facts
         if self.enabled and not enabled:
             self.clear()
         self.enabled = enabled
@@ -142,7 +148,7 @@ class DemandTracker:
         held = self.held(ts.key, now, settings.hold)
         if held and settings.match is not None:
             try:
-                selected = settings.match(TaskFactsAdapter(ts, self.reads))
+                selected = settings.match(self._facts(ts))
             except Exception as exc:
                 selected = False
                 if self._on_match_error is not None:

@@ -121,6 +121,20 @@ async def test_the_hold_applies_to_the_keys_its_match_selects(c, s, a, b, w3):
     no_errors(s)
 
 
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 3,
+    config=amm_config(rules(demand={"hold": "60s", "match": "task.prefix_tasks >= 1"})),
+)
+async def test_the_hold_match_reads_the_memory_flow_as_rules_do(c, s, a, b, w3):
+    x = await read_everywhere(c, s, a, [b, w3])  # noqa: F841 - keeps the key
+    await wait_cycles(s, 10)
+    # The prefix's figures are published for the match (it read null before).
+    assert {b.address, w3.address} <= holders(s, "x-1")
+    assert set((await explain(c, "x-1"))["demand"]["held"]) == {b.address, w3.address}
+    no_errors(s)
+
+
 @gen_cluster(client=True, nthreads=[("", 1)] * 3, config=amm_config(rules()))
 async def test_without_demand_rules_copies_go_as_with_stock_dask(c, s, a, b, w3):
     x = await read_everywhere(c, s, a, [b, w3])  # noqa: F841 - keeps the key
