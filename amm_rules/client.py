@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-import weakref
 from collections.abc import Mapping
 from functools import partial
 from typing import Any, Literal, cast
@@ -416,19 +415,11 @@ def _client(futures: list[Future], client: Client | None) -> Client:
 # Coroutines run by client.sync (on the client's event loop)
 
 
-#: Clients known to talk to a scheduler with the handlers, with that scheduler's address.
-_confirmed: weakref.WeakKeyDictionary[Client, str] = weakref.WeakKeyDictionary()
-
-
 async def _require_engine(client: Client, op: str) -> None:
-    # Handlers are never unregistered, so the metadata's word holds for that scheduler.
-    address = client.scheduler.address
-    if _confirmed.get(client) == address:
-        return
+    # Asked at every call (one round trip): a policy that detaches takes its handlers
+    # with it, and a call to a handler that is gone is answered with None.
     found = await engine_found(client.scheduler, op)
-    if found == "said":
-        _confirmed[client] = address
-    elif found == "absent":
+    if found == "absent":
         raise EngineNotFoundError(
             "the scheduler runs no amm-rules engine: add "
             "{'class': 'amm_rules.RulesPolicy', 'rules': ...} to the dask config "

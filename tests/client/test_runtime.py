@@ -18,7 +18,15 @@ from amm_rules.client import EngineNotFoundError
 from amm_rules.engine import handlers
 from amm_rules.language.fields import ActionError
 from benchmarks.support.waiting import wait_cycles, wait_for, wait_for_sync
-from tests.support.cluster import Requests, amm_config, copies, holders, keep, who_has
+from tests.support.cluster import (
+    Requests,
+    amm_config,
+    copies,
+    holders,
+    keep,
+    policy_of,
+    who_has,
+)
 from tests.support.rulesets import GPU, GPU_POOL, SPOT_POOL, rules
 
 #: Keys with the prefix "three" have 3 copies by rule.
@@ -203,6 +211,16 @@ async def test_a_scheduler_without_the_engine_is_reported(c, s, a):
     with pytest.raises(EngineNotFoundError, match="amm_rules.RulesPolicy"):
         await amm_rules.replicate(x, n=2)
     with pytest.raises(EngineNotFoundError):
+        await amm_rules.status(c)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config=amm_config(), timeout=30)
+async def test_a_policy_that_detached_is_reported_to_a_client_that_saw_it(c, s, a):
+    # A detached policy takes its handlers with it; a client that found the engine
+    # before asks again rather than sending a call nobody answers.
+    assert "rules" in await amm_rules.status(c)
+    policy_of(s).detach()
+    with pytest.raises(EngineNotFoundError, match="amm_rules.RulesPolicy"):
         await amm_rules.status(c)
 
 
