@@ -92,6 +92,7 @@ ADAPTIVE_FIELDS = {
     "headroom": ("headroom", parse_fraction),
     "hold-rules": ("hold_rules", lambda text: {"true": True, "false": False}[text]),
     "disk-rate": ("disk_rate", parse_rate),
+    "balance": ("balance", lambda text: {"true": True, "false": False}[text]),
 }
 
 

@@ -102,6 +102,10 @@ class EngineContext:
         #: Which keys each worker holds on disk, as the ``spill`` section's worker plugin
         #: reports them (empty without ``spill:`` in the rules).
         self.spilled = SpilledKeys()
+        #: When adaptive scaling last asked the scheduler its target (:attr:`clock`;
+        #: recorded by the adaptive section; None: never): ``adaptive:
+        #: balance`` rebalances while this is recent.
+        self.adapting_at: float | None = None
         self.early = EarlyCycles(early_cycle_delay, early_cycle_gap)
         #: The AMM, once attached (None before and after).
         self.manager: ActiveMemoryManagerExtension | None = None

@@ -482,8 +482,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
     def _room_helps(self) -> bool:
         """Whether a worker that can take copies now may change what a cycle does: the
         rules rebalance, or some target was left unmet by the last cycle."""
-        return self.ruleset.rebalance.enabled or any(
-            counts["unmet"] for counts in self.last_cycle.values()
+        ruleset = self.ruleset
+        return (
+            ruleset.rebalance.enabled
+            or ruleset.balance is not None
+            or any(counts["unmet"] for counts in self.last_cycle.values())
         )
 
     def worker_changed(self, address: str, what: str) -> None:

@@ -493,6 +493,7 @@ _ADAPTIVE: dict[str, tuple[str, Reader]] = {
     "hold-rules": ("hold_rules", _shaped(bool)),
     "headroom": ("headroom", _headroom),
     "disk-rate": ("disk_rate", _rate),
+    "balance": ("balance", _shaped(bool)),
 }
 
 

@@ -373,6 +373,19 @@ class AdaptiveSettings:
     #: Bytes per second the workers write to disk or read back (all together) above
     #: which the target rises by a worker.
     disk_rate: int = 2**20
+    #: While adaptive scaling runs, a worker holding more than its share under the
+    #: headroom sends keys to one holding less (the workers the target adds take data
+    #: from the full ones), when the file's own ``rebalance`` is off: :meth:`balancing`.
+    balance: bool = True
+
+    def balancing(self) -> RebalanceSettings:
+        """The rebalancing of ``balance``: senders from, and recipients up to, the share
+        of the limit the headroom leaves, measured in managed memory; the rest at the
+        ``rebalance`` section's defaults."""
+        room = 1.0 - self.headroom
+        return RebalanceSettings(
+            enabled=True, measure="managed", sender_min=room, recipient_max=room
+        )
 
 
 #: The most copies ``protect`` may hold of a key.
@@ -622,6 +635,16 @@ class Ruleset:
     def rebalance_dry_run(self) -> bool:
         """Whether rebalancing plans and reports without moving anything."""
         return (self.rebalance.enforcement or self.enforcement) == DRY_RUN
+
+    @property
+    def balance(self) -> RebalanceSettings | None:
+        """The rebalancing ``adaptive: balance`` asks for while adaptive scaling runs
+        (:meth:`AdaptiveSettings.balancing`); None when the file's own rebalancing is on,
+        or the section is absent or does not ask (``balance`` or ``memory`` off)."""
+        adaptive = self.adaptive
+        if adaptive is None or not (adaptive.memory and adaptive.balance):
+            return None
+        return None if self.rebalance.enabled else adaptive.balancing()
 
     @property
     def sections_on(self) -> tuple[str, ...]:

@@ -420,6 +420,14 @@ SCHEMA: dict[str, Any] = {
                     "default": "1 MiB/s",
                     **_RATE,
                 },
+                "balance": {
+                    "description": "While adaptive scaling runs and the file's rebalance is "
+                    "off, a worker holding more managed data than the headroom leaves "
+                    "sends keys to a worker holding less: the workers the target adds take "
+                    "data from the full ones.",
+                    "type": "boolean",
+                    "default": True,
+                },
             },
         },
         "demand": {

@@ -173,6 +173,8 @@ def _render_engine(report: Mapping[str, Any]) -> list[str]:
         f"recipient-max {r['recipient_max']:.0%}, gap {r['gap']:.0%}"
     )
     state = "on" if r.get("enabled") else "off (moves in flight finish)"
+    if r.get("balancing"):
+        state = "on for adaptive's balance"
     out.append(f"rebalance    {state} ({settings})")
     out.append(
         f"  {counted(r['in_flight'], 'move')} in flight ({size(r['in_flight_bytes'])}); "

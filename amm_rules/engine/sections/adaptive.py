@@ -436,6 +436,8 @@ class AdaptiveSection(Section):
             # Adaptive passes its target duration; a /metrics scrape, the dashboard and
             # the HTTP API ask without one: their choice of workers is a read.
             self._adapting = target_duration is not None
+            if self._adapting:
+                self.ctx.adapting_at = self.ctx.clock()
             try:
                 stock = adaptive_target(target_duration=target_duration)
             finally:

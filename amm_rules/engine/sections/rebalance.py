@@ -6,6 +6,12 @@ its suggestions are held back by dry-run and journalled here. The section holds 
 of each move in flight (:mod:`amm_rules.engine.state.claims`: its copies stay, so that
 no other section drops the new copy and undoes the move) until the move settles.
 
+The section also rebalances for ``adaptive: balance`` (:attr:`Ruleset.balance
+<amm_rules.language.ruleset.Ruleset.balance>`) while adaptive scaling asked the target
+within :data:`ADAPTING_SECONDS` (the adaptive section records when, in the context): the
+rebalancer then works with the settings the headroom gives, and with the file's again
+once adaptive scaling stopped asking.
+
 Neighbours: :mod:`amm_rules.engine.rebalance` plans and settles the moves.
 """
 
@@ -21,10 +27,14 @@ from amm_rules.engine.decide.view import key_string
 from amm_rules.engine.dryrun import DryRun
 from amm_rules.engine.rebalance.rebalancer import EXAMPLES_KEPT, Rebalancer
 from amm_rules.engine.sections.base import Cycle, Section
-from amm_rules.language.ruleset import Ruleset
+from amm_rules.language.ruleset import RebalanceSettings, Ruleset
 
 if TYPE_CHECKING:
     from amm_rules.engine.context import EngineContext
+
+#: Seconds since adaptive scaling last asked the scheduler its target within which
+#: ``adaptive: balance`` rebalances (adaptive asks every second by default).
+ADAPTING_SECONDS = 30.0
 
 
 class RebalanceSection(Section):
@@ -43,14 +53,38 @@ class RebalanceSection(Section):
         rebalancer.flow = ctx.flow.published
         rebalancer.costs = ctx.costs.published
         rebalancer.spans = ctx.spans
+        #: The file's ``rebalance:`` settings, and those of ``adaptive: balance`` (None:
+        #: the file's rebalancing is on, or the adaptive section does not balance).
+        self.settings = RebalanceSettings()
+        self.balance: RebalanceSettings | None = None
+        #: The rebalancer works with :attr:`balance` (adaptive scaling is running).
+        self.balancing = False
 
     def configure(self, ruleset: Ruleset, dry_run: DryRun) -> None:
-        self.rebalancer.configure(ruleset.rebalance, self._match_error)
+        self.settings, self.balance = ruleset.rebalance, ruleset.balance
+        self._follow_adaptive(self.ctx.clock(), reloaded=True)
+
+    def _follow_adaptive(self, now: float, reloaded: bool = False) -> None:
+        """Work with ``adaptive: balance``'s settings while adaptive scaling asks the
+        target, with the file's otherwise (``reloaded``: the settings are new); an
+        event says when balancing starts or stops."""
+        at, balance = self.ctx.adapting_at, self.balance
+        on = balance is not None and at is not None and now - at <= ADAPTING_SECONDS
+        changed = on != self.balancing
+        if not (changed or reloaded):
+            return
+        self.balancing = on
+        settings = balance if on and balance is not None else self.settings
+        self.rebalancer.configure(settings, self._match_error)
+        if changed:
+            room = balance.recipient_max if balance is not None else None
+            self.ctx.events.emit("balance", balancing=on, room=room)
 
     def _match_error(self, exc: Exception) -> None:
         self.ctx.events.rule_error("rebalance.match", exc)
 
     def run(self, cycle: Cycle) -> Any:
+        self._follow_adaptive(cycle.now)
         if self.rebalancer.idle:
             return ()
         return self._run(cycle)
@@ -134,6 +168,7 @@ class RebalanceSection(Section):
         s, plan, settled, book = r.settings, r.last_plan, r.last_settlement, r.book
         out: dict[str, Any] = {
             "enabled": s.enabled,
+            "balancing": self.balancing,
             "measure": s.measure,
             "sender_min": s.sender_min,
             "recipient_max": s.recipient_max,

@@ -16,6 +16,7 @@ from distributed import Client, Event, LocalCluster, Scheduler, wait
 from distributed.utils_test import gen_cluster, gen_test
 
 from amm_rules.engine.sections.adaptive import AdaptiveSection
+from amm_rules.engine.sections.rebalance import ADAPTING_SECONDS, RebalanceSection
 from amm_rules.observe.text import render_status
 from benchmarks.support.waiting import wait_cycles, wait_for
 from tests.support.cluster import (
@@ -160,6 +161,87 @@ async def test_the_target_rises_while_producers_are_held_back(c, s, a, b):
         await event.set()
     await c.gather(futures)
     del held
+
+
+# -- balance -----------------------------------------------------------------------------
+
+
+def balance_of(s: Any) -> RebalanceSection:
+    return policy_of(s).section(RebalanceSection)
+
+
+async def fill_one(c: Client, s: Any, worker: Any) -> dict[str, Any]:
+    """50 MiB on ``worker``, in ten keys: above its 40 MiB share under the default
+    headroom of 60% (100 MiB limits), below dask's spill threshold of 60 MiB."""
+    data = {f"x-{i}": np.full(5 * MiB // 8, i, dtype="float64") for i in range(10)}
+    return await c.scatter(data, workers=[worker.address])
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 2,
+    worker_kwargs=LIMIT,
+    config={**amm_config(adaptive_rules()), **MEMORY},
+    timeout=120,
+)
+async def test_while_adaptive_scaling_asks_a_full_worker_gives_keys_to_an_empty_one(c, s, a, b):
+    futures = await fill_one(c, s, a)
+    balance = balance_of(s)
+    await wait_cycles(s, 3)
+    # Nothing moves while adaptive scaling does not ask (a read without a target duration,
+    # as a /metrics scrape makes, is not adaptive scaling).
+    s.adaptive_target()
+    await wait_cycles(s, 3)
+    assert not b.data and not balance.balancing
+
+    s.adaptive_target(target_duration="5s")  # what Adaptive asks every second
+    await wait_for(
+        lambda: (
+            s.workers[a.address].nbytes <= 40 * MiB
+            and all(len(holders(s, k)) == 1 for k in futures)
+        ),
+        "the full worker down to its share, every key with one copy",
+        show=lambda: {w: ws.nbytes / MiB for w, ws in s.workers.items()},
+    )
+    assert b.data and s.workers[b.address].nbytes <= 40 * MiB
+    report = await c.scheduler.amm_rules_status()
+    rebalance = report["rebalance"]
+    assert rebalance["balancing"] and rebalance["measure"] == "managed"
+    assert rebalance["sender_min"] == rebalance["recipient_max"] == pytest.approx(0.4)
+    assert rebalance["totals"]["moves"] >= 1
+    assert "rebalance    on for adaptive's balance (managed" in render_status(report)
+    assert events(s, "balance") == [{"action": "balance", "balancing": True, "room": 0.4}]
+    values = await c.gather(list(futures.values()))
+    assert [int(v[0]) for v in values] == list(range(10))
+
+    # The rules installed again (a reload): still balancing, and not said again.
+    policy = policy_of(s)
+    policy._install(policy.ruleset)
+    assert balance.balancing and balance.rebalancer.settings.measure == "managed"
+    assert len(events(s, "balance")) == 1
+
+    # Adaptive scaling stopped asking (as long ago as the balance waits): the file's
+    # settings again, and it says so.
+    ctx = policy_of(s).ctx
+    ctx.adapting_at = ctx.clock() - ADAPTING_SECONDS - 1
+    await wait_for(lambda: not balance.balancing, "the balance off")
+    assert events(s, "balance")[-1] == {"action": "balance", "balancing": False, "room": 0.4}
+    assert not balance.rebalancer.settings.enabled
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 2,
+    worker_kwargs=LIMIT,
+    config={**amm_config(adaptive_rules(balance=False)), **MEMORY},
+)
+async def test_without_balance_the_full_worker_keeps_its_keys(c, s, a, b):
+    futures = await fill_one(c, s, a)
+    s.adaptive_target(target_duration="5s")
+    await wait_cycles(s, 5)
+    assert not b.data and not balance_of(s).balancing and not events(s, "balance")
+    assert all(holders(s, k) == {a.address} for k in futures)
 
 
 # -- down --------------------------------------------------------------------------------
