@@ -244,6 +244,43 @@ async def test_without_balance_the_full_worker_keeps_its_keys(c, s, a, b):
     assert all(holders(s, k) == {a.address} for k in futures)
 
 
+@gen_test(timeout=90)
+async def test_the_worker_adapt_adds_for_memory_takes_data_from_the_full_one():
+    """The whole loop: one worker above its share asks for a second, LocalCluster.adapt
+    starts it, and keys move to it until neither holds more than its share."""
+    with dask.config.set({**amm_config(adaptive_rules()), **MEMORY}):
+        async with (
+            LocalCluster(
+                n_workers=1,
+                threads_per_worker=1,
+                processes=False,
+                asynchronous=True,
+                dashboard_address=":0",
+                memory_limit=LIMIT["memory_limit"],
+            ) as lc,
+            Client(lc, asynchronous=True) as c,
+        ):
+            s = lc.scheduler
+            (first,) = lc.workers.values()
+            futures = await fill_one(c, s, first)
+            lc.adapt(minimum=1, maximum=2, interval="100ms")
+            await wait_for(
+                lambda: (
+                    len(s.workers) == 2
+                    and all(ws.nbytes <= 40 * MiB for ws in s.workers.values())
+                    and all(len(holders(s, k)) == 1 for k in futures)
+                ),
+                "a second worker, and each worker at most its share",
+                timeout=60,
+                show=lambda: {w: ws.nbytes / MiB for w, ws in s.workers.items()},
+            )
+            assert not first.data.slow  # nothing written to disk on the way
+            assert events(s, "balance")[0]["balancing"]
+            values = await c.gather(list(futures.values()))
+            assert [int(v[0]) for v in values] == list(range(10))
+            no_errors(s)
+
+
 # -- down --------------------------------------------------------------------------------
 
 PRECIOUS = rules({"name": "precious", "match": 'task.key matches "precious-*"', "replicate": 2})
