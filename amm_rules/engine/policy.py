@@ -243,6 +243,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         return self.section(RebalanceSection).rebalancer
 
     @property
+    def balancing(self) -> bool:
+        """Rebalancing works for the adaptive section's balance (docs/adaptive.md)."""
+        return self.section(RebalanceSection).balancing
+
+    @property
     def paused(self) -> PausedWorkers:
         return self.section(PausedWorkers)
 

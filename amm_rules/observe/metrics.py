@@ -168,6 +168,8 @@ FAMILIES = (
     ("rebalance_moves", "counter", (), "Rebalancing moves started"),
     ("rebalance_moved_bytes", "counter", (), "Bytes copied by rebalancing moves"),
     ("rebalance_moves_in_flight", "gauge", (), "Rebalancing moves not finished"),
+    ("rebalance_balancing", "gauge", (),
+     "1 while rebalancing works for the adaptive section's balance, else 0"),
     ("cycle_duration_seconds", "summary", (), "Duration of the policy's AMM cycles"),
     ("last_cycle_duration_seconds", "gauge", (), "Duration of the last AMM cycle"),
     ("classification_backlog_keys", "gauge", (),
@@ -254,6 +256,7 @@ class _Families:
         f["rebalance_moves"].add_metric(where, rebalancer.totals["moves"])
         f["rebalance_moved_bytes"].add_metric(where, rebalancer.totals["bytes"])
         f["rebalance_moves_in_flight"].add_metric(where, len(rebalancer.book.pending))
+        f["rebalance_balancing"].add_metric(where, float(policy.balancing))
         journal = policy.journal
         f["cycle_duration_seconds"].add_metric(where, journal.cycles, journal.cycle_seconds_total)
         f["last_cycle_duration_seconds"].add_metric(where, policy.last_cycle_seconds)

@@ -29,6 +29,7 @@ from tests.support.cluster import (
     policy_of,
     rules,
 )
+from tests.observe.test_metrics import scrape, value
 from tests.support.pressure import slow
 
 MiB = 2**20
@@ -182,6 +183,7 @@ async def fill_one(c: Client, s: Any, worker: Any) -> dict[str, Any]:
     nthreads=[("", 1)] * 2,
     worker_kwargs=LIMIT,
     config={**amm_config(adaptive_rules()), **MEMORY},
+    scheduler_kwargs={"dashboard": True, "dashboard_address": "127.0.0.1:0"},
     timeout=120,
 )
 async def test_while_adaptive_scaling_asks_a_full_worker_gives_keys_to_an_empty_one(c, s, a, b):
@@ -211,6 +213,8 @@ async def test_while_adaptive_scaling_asks_a_full_worker_gives_keys_to_an_empty_
     assert rebalance["totals"]["moves"] >= 1
     assert "rebalance    on for adaptive's balance (managed" in render_status(report)
     assert events(s, "balance") == [{"action": "balance", "balancing": True, "room": 0.4}]
+    here = {"scheduler": s.address}
+    assert value(await scrape(s), "dask_amm_rules_rebalance_balancing", **here) == 1
     values = await c.gather(list(futures.values()))
     assert [int(v[0]) for v in values] == list(range(10))
 
@@ -227,6 +231,7 @@ async def test_while_adaptive_scaling_asks_a_full_worker_gives_keys_to_an_empty_
     await wait_for(lambda: not balance.balancing, "the balance off")
     assert events(s, "balance")[-1] == {"action": "balance", "balancing": False, "room": 0.4}
     assert not balance.rebalancer.settings.enabled
+    assert value(await scrape(s), "dask_amm_rules_rebalance_balancing", **here) == 0
     no_errors(s)
 
 
