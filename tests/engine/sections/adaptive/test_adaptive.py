@@ -19,6 +19,7 @@ from amm_rules.engine.sections.adaptive import AdaptiveSection
 from amm_rules.engine.sections.rebalance import ADAPTING_SECONDS, RebalanceSection
 from amm_rules.observe.text import render_status
 from benchmarks.support.waiting import wait_cycles, wait_for
+from tests.observe.test_metrics import scrape, value
 from tests.support.cluster import (
     CopiesFloor,
     Requests,
@@ -29,7 +30,6 @@ from tests.support.cluster import (
     policy_of,
     rules,
 )
-from tests.observe.test_metrics import scrape, value
 from tests.support.pressure import slow
 
 MiB = 2**20
