@@ -486,11 +486,11 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
 
     def _room_helps(self) -> bool:
         """Whether a worker that can take copies now may change what a cycle does: the
-        rules rebalance, or some target was left unmet by the last cycle."""
-        ruleset = self.ruleset
+        rules rebalance, the adaptive section balances (the worker may be one adaptive
+        scaling added), or some target was left unmet by the last cycle."""
         return (
-            ruleset.rebalance.enabled
-            or ruleset.balance is not None
+            self.ruleset.rebalance.enabled
+            or self.section(RebalanceSection).adapting(self.ctx.clock())
             or any(counts["unmet"] for counts in self.last_cycle.values())
         )
 

@@ -64,12 +64,18 @@ class RebalanceSection(Section):
         self.settings, self.balance = ruleset.rebalance, ruleset.balance
         self._follow_adaptive(self.ctx.clock(), reloaded=True)
 
+    def adapting(self, now: float) -> bool:
+        """The rules balance for the adaptive section, and adaptive scaling asked the
+        target within :data:`ADAPTING_SECONDS`."""
+        at = self.ctx.adapting_at
+        return self.balance is not None and at is not None and now - at <= ADAPTING_SECONDS
+
     def _follow_adaptive(self, now: float, reloaded: bool = False) -> None:
         """Work with ``adaptive: balance``'s settings while adaptive scaling asks the
         target, with the file's otherwise (``reloaded``: the settings are new); an
         event says when balancing starts or stops."""
-        at, balance = self.ctx.adapting_at, self.balance
-        on = balance is not None and at is not None and now - at <= ADAPTING_SECONDS
+        balance = self.balance
+        on = self.adapting(now)
         changed = on != self.balancing
         if not (changed or reloaded):
             return

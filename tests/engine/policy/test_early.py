@@ -6,7 +6,8 @@ from an early cycle. What must hold:
 
 - a worker killed without warning (in-process, and a worker process killed with
   SIGKILL under a nanny) has its governed keys copied again by an early cycle;
-- a worker joining lets an unmet target be met by an early cycle;
+- a worker joining lets an unmet target be met by an early cycle, and takes data from
+  a full worker by one while the adaptive section balances;
 - early cycles are debounced (a worker's removal asks for one cycle per lost copy, and
   gets one cycle) and rate-limited under churn (never two cycles closer than
   ``early_cycle_gap``), and a cycle that starts in between answers the request;
@@ -51,6 +52,7 @@ from tests.support.cluster import (
 pytestmark = pytest.mark.compat
 
 KEYS = [f"held-{i}" for i in range(12)]
+MiB = 2**20
 
 
 async def held(c: Any, s: Any, n: int) -> dict[str, Any]:
@@ -251,6 +253,33 @@ async def test_a_joining_worker_meets_an_unmet_target_at_once(c, s, *workers):
     async with Worker(s.address, nthreads=1):
         await wait_for(lambda: all(copies(s, k) == 3 for k in KEYS), "every held key at 3")
     assert any("worker-joined" in reasons for _, reasons in policy.early.history)
+    no_errors(s)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)],
+    worker_kwargs={"memory_limit": 100 * MiB},
+    config={
+        **long_interval({"version": 1, "adaptive": {}}),
+        # In-process workers: data goes to disk above 60% of the limit, nothing else.
+        "distributed.worker.memory.spill": False,
+        "distributed.worker.memory.pause": False,
+    },
+    timeout=60,
+)
+async def test_a_worker_joining_while_adaptive_scaling_balances_takes_data_at_once(c, s, a):
+    """50 MiB on one worker of 100 MiB (its share under the default headroom: 40 MiB);
+    adaptive scaling asks the target, and the worker it would add joins: an early cycle
+    starts moving keys to it, a minute before the periodic one."""
+    policy = policy_of(s)
+    data = {f"x-{i}": b"x" * (5 * MiB) for i in range(10)}
+    futures = await c.scatter(data, workers=[a.address])  # noqa: F841 - keeps the keys
+    s.adaptive_target(target_duration="5s")
+    async with Worker(s.address, nthreads=1, memory_limit=100 * MiB) as newcomer:
+        await wait_for(lambda: len(newcomer.data) > 0, "keys copied to the newcomer")
+    assert any("worker-joined" in reasons for _, reasons in policy.early.history)
+    assert policy.balancing
     no_errors(s)
 
 
