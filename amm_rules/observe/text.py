@@ -353,6 +353,8 @@ def _render_adaptive(adaptive: Mapping[str, Any] | None, now: float | None) -> l
         if not settings["memory"]:
             parts.insert(0, "memory off")
         parts.append("hold-rules" if settings["hold_rules"] else "hold-rules off")
+        if settings["memory"]:
+            parts.append("balance" if settings.get("balance", True) else "balance off")
         head = f"on ({', '.join(parts)})"
     out = [f"adaptive     {head}"]
     target = adaptive.get("target")

@@ -247,6 +247,9 @@ async def test_without_balance_the_full_worker_keeps_its_keys(c, s, a, b):
     await wait_cycles(s, 5)
     assert not b.data and not balance_of(s).balancing and not events(s, "balance")
     assert all(holders(s, k) == {a.address} for k in futures)
+    text = render_status(await c.scheduler.amm_rules_status())
+    assert "adaptive     on (headroom 60%, hold-rules, balance off)" in text
+    assert "rebalance    off" in text
 
 
 @gen_test(timeout=90)
@@ -337,7 +340,7 @@ async def test_adapt_keeps_the_workers_a_rules_minimum_needs_and_says_why():
             status = report["adaptive"]
             assert len(status["kept"]) == 1 and set(status["kept"]) <= set(s.workers)
             text = render_status(report)
-            assert "adaptive     on (headroom 60%, hold-rules)" in text
+            assert "adaptive     on (headroom 60%, hold-rules, balance)" in text
             assert next(iter(status["kept"].values()))["why"] in text
             assert all(
                 k["why"].endswith("12 keys of rule precious would fall below min 2")
