@@ -490,7 +490,7 @@ class RulesPolicy(ActiveMemoryManagerPolicy):
         scaling added), or some target was left unmet by the last cycle."""
         return (
             self.ruleset.rebalance.enabled
-            or self.section(RebalanceSection).adapting(self.ctx.clock())
+            or self.section(RebalanceSection).wants_balance(self.ctx.clock())
             or any(counts["unmet"] for counts in self.last_cycle.values())
         )
 

@@ -64,7 +64,7 @@ class RebalanceSection(Section):
         self.settings, self.balance = ruleset.rebalance, ruleset.balance
         self._follow_adaptive(self.ctx.clock(), reloaded=True)
 
-    def adapting(self, now: float) -> bool:
+    def wants_balance(self, now: float) -> bool:
         """The rules balance for the adaptive section, and adaptive scaling asked the
         target within :data:`ADAPTING_SECONDS`."""
         at = self.ctx.adapting_at
@@ -75,7 +75,7 @@ class RebalanceSection(Section):
         target, with the file's otherwise (``reloaded``: the settings are new); an
         event says when balancing starts or stops."""
         balance = self.balance
-        on = self.adapting(now)
+        on = self.wants_balance(now)
         changed = on != self.balancing
         if not (changed or reloaded):
             return
