@@ -273,7 +273,20 @@ def _spill_lru(draft: Draft, where: Locator) -> None:
 
 def _adaptive(draft: Draft, where: Locator) -> None:
     settings = draft.adaptive
-    if settings is None or settings.memory or settings.hold_rules:
+    if settings is None:
+        return
+    section = draft.data.get("adaptive")
+    if isinstance(section, dict) and section.get("balance") is True:
+        rebalance = draft.rebalance
+        if not settings.memory:
+            why = "memory is off: the target is distributed's and nothing is balanced"
+        elif rebalance is not None and rebalance.enabled:
+            why = "the rebalance section is on: rebalancing follows its settings"
+        else:
+            why = ""
+        if why:
+            where.warn(("adaptive", "balance"), f"balance has no effect: {why}", "never-acts")
+    if settings.memory or settings.hold_rules:
         return
     where.warn(
         ("adaptive",),
