@@ -12,7 +12,9 @@ and adds a scheduler plugin whose ``valid_workers_downscaling`` hook is the guar
 - **the order** (with the section): of the workers the guard lets go, distributed's
   count, cheapest to move first (:func:`~amm_rules.engine.decide.adaptive.cheapest_first`);
 - **the target** (with ``memory: true``): the larger of distributed's and
-  :func:`~amm_rules.engine.decide.adaptive.memory_target`.
+  :func:`~amm_rules.engine.decide.adaptive.memory_target`; when adaptive scaling asks
+  (with its target duration), the time is kept in ``ctx.adapting_at``, which the
+  rebalance section follows for ``adaptive: balance``.
 
 ``workers_to_close`` also answers reads (``adaptive_target``, every ``/metrics`` scrape
 and the dashboard call it): its decision is shown in the status at once, and acted on
